@@ -1,0 +1,1792 @@
+//! The caching allocator: PyTorch's CUDA caching policy over any [`Backend`], with statistics,
+//! provenance and an event ring.
+//!
+//! [`CachingAllocator`] is a cheap handle (an `Arc`) to one device's state behind one
+//! `parking_lot` mutex. Requests are rounded, routed to the small or large pool, served by the
+//! smallest cached block on the same stream, split, and merged back with free neighbours on free,
+//! exactly as `c10/cuda/CUDACachingAllocator.cpp` does; new segments come from the backend
+//! (`crate::backend`), and `crate::sim` stands in for a GPU. Every operation updates
+//! [`MemoryStats`](crate::stats::MemoryStats) and, when tracking is on, pushes an event into the
+//! ring (`crate::ring`) with an interned provenance id (`crate::provenance`). Handed-out memory
+//! is a [`DeviceBuffer`](crate::buffer::DeviceBuffer) that frees itself on drop; the raw
+//! pointer API serves the C ABI and trace replay.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
+use std::panic::Location;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+
+use crate::backend::{Backend, BackendError, EventId, StreamId};
+use crate::config::{AllocatorConfig, BacktraceMode, MIB};
+use crate::model::{
+    Block, BlockState, DeviceInfo, EventKind, Pool, Segment, Snapshot, SnapshotSource, StepMark,
+};
+use crate::provenance::{self, Provenance, ProvenanceTables, NIL};
+use crate::ring::{EventRing, RawEvent};
+use crate::stats::{format_bytes, MemoryStats};
+
+/// Requests are rounded up to a multiple of this (and never below it).
+pub const MIN_BLOCK_SIZE: u64 = 512;
+/// Rounded requests up to this size use the small pool.
+pub const SMALL_SIZE: u64 = MIB;
+/// Segment size for small-pool requests.
+pub const SMALL_BUFFER: u64 = 2 * MIB;
+/// Segment size for large-pool requests under [`MIN_LARGE_ALLOC`]; also the most an oversize
+/// request may waste when `max_split_size` is set.
+pub const LARGE_BUFFER: u64 = 20 * MIB;
+/// Large requests from this size get a segment of their own size, rounded to [`ROUND_LARGE`].
+pub const MIN_LARGE_ALLOC: u64 = 10 * MIB;
+/// Rounding of large segments.
+pub const ROUND_LARGE: u64 = 2 * MIB;
+
+static NEXT_ALLOCATOR_ID: AtomicU64 = AtomicU64::new(1);
+
+const ALLOCATED: u8 = 1;
+const PENDING_FREE: u8 = 2;
+
+/// Allocator-side metadata of one block: 48 bytes.
+#[derive(Clone, Copy, Debug)]
+struct BlockMeta {
+    addr: u64,
+    size: u64,
+    requested: u64,
+    prev: u32,
+    next: u32,
+    segment: u32,
+    provenance: u32,
+    step: u32,
+    flags: u8,
+}
+
+impl BlockMeta {
+    fn is_allocated(&self) -> bool {
+        self.flags & ALLOCATED != 0
+    }
+    fn is_free(&self) -> bool {
+        self.flags == 0
+    }
+    fn is_split(&self) -> bool {
+        self.prev != NIL || self.next != NIL
+    }
+}
+
+/// Allocator-side metadata of one segment.
+#[derive(Clone, Debug)]
+struct SegmentMeta {
+    addr: u64,
+    /// Bytes backed by memory (for expandable segments, the mapped prefix).
+    size: u64,
+    /// Address space reserved (expandable segments only).
+    reserved: u64,
+    stream: StreamId,
+    pool: Pool,
+    expandable: bool,
+    first: u32,
+    last: u32,
+    /// Blocks allocated or pending free.
+    active_blocks: u32,
+    /// Operation counter of the last time a block of the segment was freed (for GC order).
+    last_used: u64,
+}
+
+/// A vector of slots with a free list, addressed by `u32` ids.
+struct Slab<T> {
+    slots: Vec<Option<T>>,
+    vacant: Vec<u32>,
+}
+
+impl<T> Slab<T> {
+    fn new() -> Self {
+        Slab {
+            slots: Vec::new(),
+            vacant: Vec::new(),
+        }
+    }
+    fn insert(&mut self, value: T) -> u32 {
+        if let Some(id) = self.vacant.pop() {
+            self.slots[id as usize] = Some(value);
+            id
+        } else {
+            self.slots.push(Some(value));
+            (self.slots.len() - 1) as u32
+        }
+    }
+    fn remove(&mut self, id: u32) -> T {
+        let value = self.slots[id as usize].take().expect("slab slot is live");
+        self.vacant.push(id);
+        value
+    }
+    #[inline]
+    fn get(&self, id: u32) -> &T {
+        self.slots[id as usize].as_ref().expect("slab slot is live")
+    }
+    #[inline]
+    fn get_mut(&mut self, id: u32) -> &mut T {
+        self.slots[id as usize].as_mut().expect("slab slot is live")
+    }
+    fn iter(&self) -> impl Iterator<Item = (u32, &T)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|v| (i as u32, v)))
+    }
+    fn len(&self) -> usize {
+        self.slots.len() - self.vacant.len()
+    }
+}
+
+/// Free blocks of one pool, ordered like PyTorch's `BlockComparatorSize`: stream, size, address.
+type FreeSet = BTreeSet<(u64, u64, u64, u32)>;
+
+/// Why an allocation or free failed.
+#[derive(Debug)]
+pub enum AllocError {
+    /// The device could not supply the memory even after freeing the cache.
+    OutOfMemory(Box<OomReport>),
+    /// The pointer was already freed.
+    DoubleFree {
+        /// The pointer.
+        addr: u64,
+    },
+    /// The pointer was never handed out by this allocator (or is not the start of a block).
+    UnknownPointer {
+        /// The pointer.
+        addr: u64,
+    },
+    /// The pointer or stream belongs to another device.
+    WrongDevice {
+        /// This allocator's device.
+        expected: u32,
+        /// The device named by the caller.
+        found: u32,
+    },
+    /// A copy does not fit the buffer.
+    OutOfBounds {
+        /// Buffer length.
+        len: u64,
+        /// Bytes the copy wanted.
+        wanted: u64,
+    },
+    /// The backend failed.
+    Backend(BackendError),
+}
+
+impl fmt::Display for AllocError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AllocError::OutOfMemory(report) => report.fmt(f),
+            AllocError::DoubleFree { addr } => {
+                write!(f, "double free: the block at {addr:#x} is already free")
+            }
+            AllocError::UnknownPointer { addr } => write!(
+                f,
+                "free of unknown pointer {addr:#x}: it was not allocated by this allocator"
+            ),
+            AllocError::WrongDevice { expected, found } => write!(
+                f,
+                "wrong device: this allocator serves device {expected}, the call named device {found}"
+            ),
+            AllocError::OutOfBounds { len, wanted } => write!(
+                f,
+                "copy of {wanted} bytes does not fit a buffer of {len} bytes"
+            ),
+            AllocError::Backend(e) => write!(f, "device error: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for AllocError {}
+
+impl From<BackendError> for AllocError {
+    fn from(e: BackendError) -> Self {
+        AllocError::Backend(e)
+    }
+}
+
+/// Everything known when an allocation fails for good.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OomReport {
+    /// Bytes the program asked for.
+    pub requested: u64,
+    /// The request after rounding.
+    pub rounded: u64,
+    /// Device ordinal.
+    pub device: u32,
+    /// Device capacity.
+    pub capacity: u64,
+    /// Free device memory at the time.
+    pub device_free: u64,
+    /// Bytes allocated by this allocator.
+    pub allocated: u64,
+    /// Bytes reserved by this allocator.
+    pub reserved: u64,
+    /// The call sites holding the most live memory: (site, bytes, blocks).
+    pub top_sites: Vec<(String, u64, u64)>,
+    /// A setting that would help, when fragmentation is the likely cause.
+    pub hint: Option<String>,
+}
+
+impl OomReport {
+    /// Reserved but unallocated bytes (the cache).
+    pub fn reserved_unallocated(&self) -> u64 {
+        self.reserved.saturating_sub(self.allocated)
+    }
+}
+
+impl fmt::Display for OomReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "out of memory: tried to allocate {} ({} bytes requested) on device {}; the device has {} in total, {} free; vramscope has {} allocated and {} reserved but unallocated",
+            format_bytes(self.rounded),
+            self.requested,
+            self.device,
+            format_bytes(self.capacity),
+            format_bytes(self.device_free),
+            format_bytes(self.allocated),
+            format_bytes(self.reserved_unallocated()),
+        )?;
+        if !self.top_sites.is_empty() {
+            f.write_str("; largest live call sites:")?;
+            for (site, bytes, blocks) in &self.top_sites {
+                write!(f, " {site} ({}, {blocks} blocks);", format_bytes(*bytes))?;
+            }
+        }
+        if let Some(hint) = &self.hint {
+            write!(f, " {hint}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Where an allocation came from, gathered before the lock is taken.
+pub(crate) struct Origin<'a> {
+    pub location: &'static Location<'static>,
+    pub tag: Option<&'a str>,
+}
+
+/// A block found for a request, and how it was found.
+struct Found {
+    block: u32,
+}
+
+struct State {
+    blocks: Slab<BlockMeta>,
+    segments: Slab<SegmentMeta>,
+    segments_by_addr: BTreeMap<u64, u32>,
+    live: FxHashMap<u64, u32>,
+    small_free: FreeSet,
+    large_free: FreeSet,
+    expandable: Vec<(StreamId, Pool, u32)>,
+    stream_uses: FxHashMap<u32, Vec<StreamId>>,
+    pending_events: FxHashMap<u32, u32>,
+    outstanding: VecDeque<(EventId, u32)>,
+    spare_events: Vec<EventId>,
+    stats: MemoryStats,
+    ring: EventRing,
+    provenance: ProvenanceTables,
+    step: u64,
+    steps: Vec<StepMark>,
+    op_counter: u64,
+}
+
+struct Shared<B: Backend> {
+    id: u64,
+    backend: B,
+    device: u32,
+    capacity: u64,
+    config: AllocatorConfig,
+    epoch: Instant,
+    epoch_unix_ns: u64,
+    state: Mutex<State>,
+}
+
+/// A PyTorch-compatible caching allocator for one device. Clones share the same state.
+pub struct CachingAllocator<B: Backend> {
+    shared: Arc<Shared<B>>,
+}
+
+impl<B: Backend> Clone for CachingAllocator<B> {
+    fn clone(&self) -> Self {
+        CachingAllocator {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// Rounds a request as PyTorch's `round_size` does.
+pub fn round_size(size: u64, roundup_power2_divisions: u32) -> u64 {
+    if size < MIN_BLOCK_SIZE {
+        return MIN_BLOCK_SIZE;
+    }
+    let divisions = roundup_power2_divisions as u64;
+    if divisions > 1 && size > MIN_BLOCK_SIZE * divisions {
+        return roundup_power2_next_division(size, divisions);
+    }
+    size.div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
+}
+
+fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
+    if size.is_power_of_two() {
+        return size;
+    }
+    let floor = 1u64 << (63 - size.leading_zeros());
+    let division = floor >> (63 - divisions.leading_zeros());
+    if division == 0 {
+        return floor << 1;
+    }
+    let rounded_floor = size & !(division - 1);
+    if rounded_floor == size {
+        size
+    } else {
+        rounded_floor + division
+    }
+}
+
+/// The pool a rounded request belongs to.
+pub fn pool_for(rounded: u64) -> Pool {
+    if rounded <= SMALL_SIZE {
+        Pool::Small
+    } else {
+        Pool::Large
+    }
+}
+
+/// The size of a new segment for a rounded request (PyTorch's `get_allocation_size`).
+pub fn segment_size_for(rounded: u64) -> u64 {
+    if rounded <= SMALL_SIZE {
+        SMALL_BUFFER
+    } else if rounded < MIN_LARGE_ALLOC {
+        LARGE_BUFFER
+    } else {
+        rounded.div_ceil(ROUND_LARGE) * ROUND_LARGE
+    }
+}
+
+impl State {
+    fn free_set(&mut self, pool: Pool) -> &mut FreeSet {
+        match pool {
+            Pool::Small => &mut self.small_free,
+            Pool::Large => &mut self.large_free,
+        }
+    }
+
+    fn free_set_ref(&self, pool: Pool) -> &FreeSet {
+        match pool {
+            Pool::Small => &self.small_free,
+            Pool::Large => &self.large_free,
+        }
+    }
+
+    fn pool_of(&self, block: u32) -> (Pool, StreamId) {
+        let seg = self.segments.get(self.blocks.get(block).segment);
+        (seg.pool, seg.stream)
+    }
+
+    /// Puts a free block into its pool's free set and counts it as inactive split if split.
+    fn insert_free(&mut self, id: u32) {
+        let (pool, stream) = self.pool_of(id);
+        let b = *self.blocks.get(id);
+        self.free_set(pool).insert((stream.0, b.size, b.addr, id));
+        if b.is_split() {
+            self.stats.inactive_split.increase(pool, 1);
+            self.stats.inactive_split_bytes.increase(pool, b.size);
+        }
+    }
+
+    /// Takes a free block out of its pool's free set, undoing [`State::insert_free`].
+    fn remove_free(&mut self, id: u32) {
+        let (pool, stream) = self.pool_of(id);
+        let b = *self.blocks.get(id);
+        let removed = self.free_set(pool).remove(&(stream.0, b.size, b.addr, id));
+        debug_assert!(removed, "free block was in its pool");
+        if b.is_split() {
+            self.stats.inactive_split.decrease(pool, 1);
+            self.stats.inactive_split_bytes.decrease(pool, b.size);
+        }
+    }
+
+    #[inline]
+    fn record(&mut self, epoch: Instant, kind: EventKind, event: RawEventParts) {
+        let time_ns = epoch.elapsed().as_nanos() as u64;
+        self.ring.push(RawEvent {
+            seq: 0,
+            time_ns,
+            addr: event.addr,
+            size: event.size,
+            requested: event.requested,
+            stream: event.stream,
+            provenance: event.provenance,
+            step: self.step.min(u32::MAX as u64) as u32,
+            kind,
+        });
+    }
+}
+
+/// The variable parts of an event.
+#[derive(Clone, Copy, Default)]
+struct RawEventParts {
+    addr: u64,
+    size: u64,
+    requested: u64,
+    stream: u64,
+    provenance: u32,
+}
+
+impl<B: Backend> CachingAllocator<B> {
+    /// An allocator for `device` with `config`.
+    pub fn new(device: B, config: AllocatorConfig) -> CachingAllocator<B> {
+        let info = device.mem_info();
+        let epoch_unix_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let ring_capacity = if config.record_events {
+            config.max_entries
+        } else {
+            1
+        };
+        CachingAllocator {
+            shared: Arc::new(Shared {
+                id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
+                device: device.device_index(),
+                capacity: info.total,
+                backend: device,
+                epoch: Instant::now(),
+                epoch_unix_ns,
+                state: Mutex::new(State {
+                    blocks: Slab::new(),
+                    segments: Slab::new(),
+                    segments_by_addr: BTreeMap::new(),
+                    live: FxHashMap::default(),
+                    small_free: BTreeSet::new(),
+                    large_free: BTreeSet::new(),
+                    expandable: Vec::new(),
+                    stream_uses: FxHashMap::default(),
+                    pending_events: FxHashMap::default(),
+                    outstanding: VecDeque::new(),
+                    spare_events: Vec::new(),
+                    stats: MemoryStats::default(),
+                    ring: EventRing::new(ring_capacity),
+                    provenance: ProvenanceTables::default(),
+                    step: 0,
+                    steps: Vec::new(),
+                    op_counter: 0,
+                }),
+                config,
+            }),
+        }
+    }
+
+    /// The backend this allocator draws from.
+    pub fn backend(&self) -> &B {
+        &self.shared.backend
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &AllocatorConfig {
+        &self.shared.config
+    }
+
+    /// Device ordinal.
+    pub fn device(&self) -> u32 {
+        self.shared.device
+    }
+
+    /// Allocates `size` bytes on the default stream.
+    #[track_caller]
+    pub fn alloc(&self, size: u64) -> Result<crate::DeviceBuffer<B>, AllocError> {
+        self.alloc_from(size, StreamId::DEFAULT, None, Location::caller())
+    }
+
+    /// Allocates `size` bytes for use on `stream`.
+    #[track_caller]
+    pub fn alloc_on(&self, size: u64, stream: StreamId) -> Result<crate::DeviceBuffer<B>, AllocError> {
+        self.alloc_from(size, stream, None, Location::caller())
+    }
+
+    /// A handle whose allocations carry `tag` (`alloc.tagged("loss").alloc(n)`).
+    pub fn tagged<'a>(&'a self, tag: &'a str) -> Tagged<'a, B> {
+        Tagged {
+            allocator: self,
+            tag,
+        }
+    }
+
+    pub(crate) fn alloc_from(
+        &self,
+        size: u64,
+        stream: StreamId,
+        tag: Option<&str>,
+        location: &'static Location<'static>,
+    ) -> Result<crate::DeviceBuffer<B>, AllocError> {
+        let addr = self.allocate(size, stream, Origin { location, tag })?;
+        Ok(crate::DeviceBuffer::new(self.clone(), addr, size, stream))
+    }
+
+    /// Allocates through the raw pointer API; free it with [`CachingAllocator::free_ptr`].
+    #[track_caller]
+    pub fn alloc_ptr(&self, size: u64, stream: StreamId) -> Result<u64, AllocError> {
+        self.allocate(
+            size,
+            stream,
+            Origin {
+                location: Location::caller(),
+                tag: None,
+            },
+        )
+    }
+
+    /// Frees a pointer from [`CachingAllocator::alloc_ptr`] (or a leaked buffer's address).
+    pub fn free_ptr(&self, addr: u64) -> Result<(), AllocError> {
+        self.deallocate(addr)
+    }
+
+    /// Frees a pointer, checking that the caller means this allocator's device.
+    pub fn free_ptr_on(&self, addr: u64, device: u32) -> Result<(), AllocError> {
+        if device != self.shared.device {
+            return Err(AllocError::WrongDevice {
+                expected: self.shared.device,
+                found: device,
+            });
+        }
+        self.deallocate(addr)
+    }
+
+    /// Opens a named scope on this thread; allocations until the guard drops carry it.
+    pub fn scope(&self, name: &str) -> ScopeGuard {
+        let owner = self.shared.id;
+        let parent = provenance::current_scope(owner);
+        let id = {
+            let mut state = self.shared.state.lock();
+            let path = if parent == NIL {
+                name.to_string()
+            } else {
+                format!("{}/{name}", state.provenance.scopes.strings[parent as usize])
+            };
+            state.provenance.scopes.intern(&path)
+        };
+        provenance::push_scope(owner, id);
+        ScopeGuard {
+            owner,
+            id,
+            _not_send: std::marker::PhantomData,
+        }
+    }
+
+    fn provenance_for(&self, state: &mut State, origin: &Origin<'_>, backtrace: Option<Vec<usize>>) -> u32 {
+        let config = &self.shared.config;
+        if !config.record_sites && !config.record_events {
+            return NIL;
+        }
+        let site = if config.record_sites {
+            state.provenance.site(origin.location, backtrace)
+        } else {
+            NIL
+        };
+        let tag = origin
+            .tag
+            .map(|t| state.provenance.tags.intern(t))
+            .unwrap_or(NIL);
+        state.provenance.provenance(Provenance {
+            site,
+            tag,
+            scope: provenance::current_scope(self.shared.id),
+            thread: provenance::thread_number(),
+        })
+    }
+
+    fn wants_backtrace(&self) -> bool {
+        match self.shared.config.backtraces {
+            BacktraceMode::Off => false,
+            BacktraceMode::All => true,
+            BacktraceMode::Sampled(n) => provenance::sample_backtrace(n),
+        }
+    }
+
+    pub(crate) fn allocate(&self, size: u64, stream: StreamId, origin: Origin<'_>) -> Result<u64, AllocError> {
+        if size == 0 {
+            return Ok(0);
+        }
+        let backtrace = if self.shared.config.record_sites && self.wants_backtrace() {
+            Some(provenance::capture_backtrace())
+        } else {
+            None
+        };
+        let shared = &*self.shared;
+        let config = &shared.config;
+        let mut guard = shared.state.lock();
+        let state = &mut *guard;
+        state.op_counter += 1;
+        if !state.outstanding.is_empty() {
+            self.process_events(state);
+        }
+        let rounded = round_size(size, config.roundup_power2_divisions);
+        let pool = pool_for(rounded);
+        let found = match self.get_free_block(state, pool, stream, rounded) {
+            Some(found) => found,
+            None => match self.grow(state, pool, stream, rounded, size, &origin)? {
+                Some(found) => found,
+                None => unreachable!("grow returns a block or an error"),
+            },
+        };
+        let provenance = self.provenance_for(state, &origin, backtrace);
+        let block = self.use_block(state, found.block, rounded, size, provenance);
+        if config.record_events {
+            state.record(
+                shared.epoch,
+                EventKind::Alloc,
+                RawEventParts {
+                    addr: block.addr,
+                    size: block.size,
+                    requested: size,
+                    stream: stream.0,
+                    provenance,
+                },
+            );
+        }
+        Ok(block.addr)
+    }
+
+    /// PyTorch's `get_free_block`: the smallest free block on the same stream that fits.
+    #[inline]
+    fn get_free_block(&self, state: &mut State, pool: Pool, stream: StreamId, rounded: u64) -> Option<Found> {
+        let max_split = self.shared.config.max_split_size.unwrap_or(u64::MAX);
+        let set = state.free_set(pool);
+        let &(s, size, _, id) = set.range((stream.0, rounded, 0, 0)..).next()?;
+        if s != stream.0 {
+            return None;
+        }
+        if rounded < max_split && size >= max_split {
+            return None;
+        }
+        if rounded >= max_split && size >= rounded + LARGE_BUFFER {
+            return None;
+        }
+        state.remove_free(id);
+        Some(Found { block: id })
+    }
+
+    /// The slow path: new memory from the device, with PyTorch's free-and-retry sequence.
+    fn grow(
+        &self,
+        state: &mut State,
+        pool: Pool,
+        stream: StreamId,
+        rounded: u64,
+        requested: u64,
+        origin: &Origin<'_>,
+    ) -> Result<Option<Found>, AllocError> {
+        if let Some(threshold) = self.shared.config.garbage_collection_threshold {
+            self.garbage_collect(state, threshold);
+        }
+        if let Some(found) = self.new_block(state, pool, stream, rounded) {
+            return Ok(Some(found));
+        }
+        if self.release_available_cached_blocks(state, pool, stream, rounded) {
+            if let Some(found) = self.new_block(state, pool, stream, rounded) {
+                return Ok(Some(found));
+            }
+        }
+        self.release_cached_blocks(state);
+        state.stats.num_alloc_retries += 1;
+        if let Some(found) = self.new_block(state, pool, stream, rounded) {
+            return Ok(Some(found));
+        }
+        Err(self.out_of_memory(state, stream, rounded, requested, origin))
+    }
+
+    fn out_of_memory(
+        &self,
+        state: &mut State,
+        stream: StreamId,
+        rounded: u64,
+        requested: u64,
+        origin: &Origin<'_>,
+    ) -> AllocError {
+        let shared = &*self.shared;
+        state.stats.num_ooms += 1;
+        let info = shared.backend.mem_info();
+        let provenance = self.provenance_for(state, origin, None);
+        if shared.config.record_events {
+            state.record(
+                shared.epoch,
+                EventKind::Oom,
+                RawEventParts {
+                    addr: info.free,
+                    size: rounded,
+                    requested,
+                    stream: stream.0,
+                    provenance,
+                },
+            );
+        }
+        let allocated = state.stats.allocated_bytes.all.current;
+        let reserved = state.stats.reserved_bytes.all.current;
+        let cached = reserved.saturating_sub(allocated);
+        let hint = if cached >= rounded || cached > info.total / 5 {
+            Some(format!(
+                "{} is reserved but unallocated: fragmentation is likely; try VRAMSCOPE_ALLOC_CONF=expandable_segments:True (or max_split_size_mb) to reduce it.",
+                format_bytes(cached)
+            ))
+        } else {
+            None
+        };
+        AllocError::OutOfMemory(Box::new(OomReport {
+            requested,
+            rounded,
+            device: shared.device,
+            capacity: info.total,
+            device_free: info.free,
+            allocated,
+            reserved,
+            top_sites: self.top_sites(state, 5),
+            hint,
+        }))
+    }
+
+    /// Live bytes and blocks by call site, largest first.
+    fn top_sites(&self, state: &State, limit: usize) -> Vec<(String, u64, u64)> {
+        let mut by_site: FxHashMap<u32, (u64, u64)> = FxHashMap::default();
+        for &id in state.live.values() {
+            let b = state.blocks.get(id);
+            let site = state.provenance.get(b.provenance).map(|p| p.site).unwrap_or(NIL);
+            let entry = by_site.entry(site).or_default();
+            entry.0 += b.size;
+            entry.1 += 1;
+        }
+        let mut rows: Vec<(String, u64, u64)> = by_site
+            .into_iter()
+            .map(|(site, (bytes, blocks))| {
+                let label = state
+                    .provenance
+                    .site_label(site)
+                    .unwrap_or_else(|| "(untracked)".to_string());
+                (label, bytes, blocks)
+            })
+            .collect();
+        rows.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        rows.truncate(limit);
+        rows
+    }
+
+    /// Gets a new block from the device: a raw segment, or pages mapped into an expandable one.
+    fn new_block(&self, state: &mut State, pool: Pool, stream: StreamId, rounded: u64) -> Option<Found> {
+        if self.shared.config.expandable_segments {
+            return self.grow_expandable(state, pool, stream, rounded);
+        }
+        let shared = &*self.shared;
+        let size = segment_size_for(rounded);
+        let addr = shared.backend.malloc(size).ok()?;
+        let segment = state.segments.insert(SegmentMeta {
+            addr,
+            size,
+            reserved: size,
+            stream,
+            pool,
+            expandable: false,
+            first: NIL,
+            last: NIL,
+            active_blocks: 0,
+            last_used: state.op_counter,
+        });
+        let block = state.blocks.insert(BlockMeta {
+            addr,
+            size,
+            requested: 0,
+            prev: NIL,
+            next: NIL,
+            segment,
+            provenance: NIL,
+            step: 0,
+            flags: 0,
+        });
+        let seg = state.segments.get_mut(segment);
+        seg.first = block;
+        seg.last = block;
+        state.segments_by_addr.insert(addr, segment);
+        state.stats.segment.increase(pool, 1);
+        state.stats.reserved_bytes.increase(pool, size);
+        state.stats.num_device_alloc += 1;
+        if let Some(max_split) = shared.config.max_split_size {
+            if size >= max_split {
+                state.stats.oversize_segments.increase(1);
+            }
+        }
+        if shared.config.record_events {
+            state.record(
+                shared.epoch,
+                EventKind::SegmentAlloc,
+                RawEventParts {
+                    addr,
+                    size,
+                    stream: stream.0,
+                    ..RawEventParts::default()
+                },
+            );
+        }
+        Some(Found { block })
+    }
+
+    /// Maps more pages at the end of the (stream, pool) expandable segment.
+    fn grow_expandable(&self, state: &mut State, pool: Pool, stream: StreamId, rounded: u64) -> Option<Found> {
+        let shared = &*self.shared;
+        let granularity = shared.backend.vm_granularity();
+        let segment = match state
+            .expandable
+            .iter()
+            .find(|(s, p, _)| *s == stream && *p == pool)
+            .map(|(_, _, id)| *id)
+        {
+            Some(id) => id,
+            None => {
+                let reserve = shared.capacity.max(granularity).div_ceil(granularity) * granularity;
+                let addr = shared.backend.reserve_address_range(reserve).ok()?;
+                let id = state.segments.insert(SegmentMeta {
+                    addr,
+                    size: 0,
+                    reserved: reserve,
+                    stream,
+                    pool,
+                    expandable: true,
+                    first: NIL,
+                    last: NIL,
+                    active_blocks: 0,
+                    last_used: state.op_counter,
+                });
+                state.segments_by_addr.insert(addr, id);
+                state.expandable.push((stream, pool, id));
+                state.stats.segment.increase(pool, 1);
+                id
+            }
+        };
+        let seg = state.segments.get(segment).clone();
+        let tail_free = (seg.last != NIL && state.blocks.get(seg.last).is_free()).then_some(seg.last);
+        let have = tail_free.map(|id| state.blocks.get(id).size).unwrap_or(0);
+        let grow_by = (rounded - have).div_ceil(granularity) * granularity;
+        if seg.size + grow_by > seg.reserved {
+            return None;
+        }
+        let map_at = seg.addr + seg.size;
+        shared.backend.map(map_at, grow_by).ok()?;
+        state.segments.get_mut(segment).size += grow_by;
+        state.stats.reserved_bytes.increase(pool, grow_by);
+        state.stats.num_device_alloc += 1;
+        if shared.config.record_events {
+            state.record(
+                shared.epoch,
+                EventKind::SegmentMap,
+                RawEventParts {
+                    addr: map_at,
+                    size: grow_by,
+                    stream: stream.0,
+                    ..RawEventParts::default()
+                },
+            );
+        }
+        let block = match tail_free {
+            Some(id) => {
+                state.remove_free(id);
+                state.blocks.get_mut(id).size += grow_by;
+                id
+            }
+            None => {
+                let id = state.blocks.insert(BlockMeta {
+                    addr: map_at,
+                    size: grow_by,
+                    requested: 0,
+                    prev: seg.last,
+                    next: NIL,
+                    segment,
+                    provenance: NIL,
+                    step: 0,
+                    flags: 0,
+                });
+                if seg.last != NIL {
+                    state.blocks.get_mut(seg.last).next = id;
+                } else {
+                    state.segments.get_mut(segment).first = id;
+                }
+                state.segments.get_mut(segment).last = id;
+                id
+            }
+        };
+        Some(Found { block })
+    }
+
+    /// PyTorch's `should_split`.
+    fn should_split(&self, pool: Pool, block_size: u64, rounded: u64) -> bool {
+        let remaining = block_size - rounded;
+        if pool == Pool::Small || self.shared.config.expandable_segments {
+            remaining >= MIN_BLOCK_SIZE
+        } else {
+            rounded < self.shared.config.max_split_size.unwrap_or(u64::MAX) && remaining > SMALL_SIZE
+        }
+    }
+
+    /// Hands out a found block (already out of the free set), splitting off the remainder.
+    fn use_block(&self, state: &mut State, id: u32, rounded: u64, requested: u64, provenance: u32) -> BlockMeta {
+        let (pool, _) = state.pool_of(id);
+        let b = *state.blocks.get(id);
+        if self.should_split(pool, b.size, rounded) {
+            let remainder = state.blocks.insert(BlockMeta {
+                addr: b.addr + rounded,
+                size: b.size - rounded,
+                requested: 0,
+                prev: id,
+                next: b.next,
+                segment: b.segment,
+                provenance: NIL,
+                step: 0,
+                flags: 0,
+            });
+            if b.next != NIL {
+                state.blocks.get_mut(b.next).prev = remainder;
+            } else {
+                state.segments.get_mut(b.segment).last = remainder;
+            }
+            let block = state.blocks.get_mut(id);
+            block.size = rounded;
+            block.next = remainder;
+            state.insert_free(remainder);
+        }
+        let step = state.step.min(u32::MAX as u64) as u32;
+        let block = state.blocks.get_mut(id);
+        block.flags = ALLOCATED;
+        block.requested = requested;
+        block.provenance = provenance;
+        block.step = step;
+        let block = *block;
+        state.segments.get_mut(block.segment).active_blocks += 1;
+        let stats = &mut state.stats;
+        stats.allocation.increase(pool, 1);
+        stats.allocated_bytes.increase(pool, block.size);
+        stats.active.increase(pool, 1);
+        stats.active_bytes.increase(pool, block.size);
+        stats.requested_bytes.increase(pool, requested);
+        if let Some(max_split) = self.shared.config.max_split_size {
+            if block.size >= max_split {
+                stats.oversize_allocations.increase(1);
+            }
+        }
+        state.live.insert(block.addr, id);
+        block
+    }
+
+    pub(crate) fn deallocate(&self, addr: u64) -> Result<(), AllocError> {
+        if addr == 0 {
+            return Ok(());
+        }
+        let shared = &*self.shared;
+        let mut guard = shared.state.lock();
+        let state = &mut *guard;
+        state.op_counter += 1;
+        let Some(id) = state.live.remove(&addr) else {
+            return Err(self.classify_bad_free(state, addr));
+        };
+        let (pool, stream) = state.pool_of(id);
+        let block = state.blocks.get_mut(id);
+        block.flags = 0;
+        let b = *block;
+        let stats = &mut state.stats;
+        stats.allocation.decrease(pool, 1);
+        stats.allocated_bytes.decrease(pool, b.size);
+        stats.requested_bytes.decrease(pool, b.requested);
+        if let Some(max_split) = shared.config.max_split_size {
+            if b.size >= max_split {
+                stats.oversize_allocations.decrease(1);
+            }
+        }
+        if shared.config.record_events {
+            state.record(
+                shared.epoch,
+                EventKind::FreeRequested,
+                RawEventParts {
+                    addr,
+                    size: b.size,
+                    requested: b.requested,
+                    stream: stream.0,
+                    provenance: b.provenance,
+                },
+            );
+        }
+        if let Some(streams) = state.stream_uses.remove(&id) {
+            if self.defer_free(state, id, &streams) {
+                return Ok(());
+            }
+        }
+        self.free_block(state, id);
+        Ok(())
+    }
+
+    /// Records an event on each stream that used the block; the block waits for all of them.
+    fn defer_free(&self, state: &mut State, id: u32, streams: &[StreamId]) -> bool {
+        let backend = &self.shared.backend;
+        let mut count = 0;
+        for &stream in streams {
+            let event = match state.spare_events.pop() {
+                Some(e) => Ok(e),
+                None => backend.create_event(),
+            };
+            let Ok(event) = event else { continue };
+            if backend.record_event(event, stream).is_err() {
+                state.spare_events.push(event);
+                continue;
+            }
+            state.outstanding.push_back((event, id));
+            count += 1;
+        }
+        if count == 0 {
+            return false;
+        }
+        state.blocks.get_mut(id).flags = PENDING_FREE;
+        state.pending_events.insert(id, count);
+        true
+    }
+
+    /// Frees blocks whose stream events have completed, in the order they were recorded.
+    fn process_events(&self, state: &mut State) {
+        let backend = &self.shared.backend;
+        while let Some(&(event, block)) = state.outstanding.front() {
+            if !backend.query_event(event).unwrap_or(true) {
+                break;
+            }
+            state.outstanding.pop_front();
+            state.spare_events.push(event);
+            self.event_done(state, block);
+        }
+    }
+
+    fn event_done(&self, state: &mut State, block: u32) {
+        let remaining = state
+            .pending_events
+            .get_mut(&block)
+            .map(|c| {
+                *c -= 1;
+                *c
+            })
+            .unwrap_or(0);
+        if remaining == 0 {
+            state.pending_events.remove(&block);
+            self.free_block(state, block);
+        }
+    }
+
+    /// Waits for every outstanding stream event and frees the blocks behind them.
+    fn synchronize_and_free_events(&self, state: &mut State) {
+        if state.outstanding.is_empty() {
+            return;
+        }
+        state.stats.num_sync_all_streams += 1;
+        let _ = self.shared.backend.synchronize();
+        while let Some((event, block)) = state.outstanding.pop_front() {
+            state.spare_events.push(event);
+            self.event_done(state, block);
+        }
+    }
+
+    /// PyTorch's `free_block`: merge with free neighbours in the segment, return to the pool.
+    fn free_block(&self, state: &mut State, id: u32) {
+        let shared = &*self.shared;
+        let (pool, stream) = state.pool_of(id);
+        let original = *state.blocks.get(id);
+        state.blocks.get_mut(id).flags = 0;
+        for neighbour in [original.prev, original.next] {
+            if neighbour == NIL || !state.blocks.get(neighbour).is_free() {
+                continue;
+            }
+            state.remove_free(neighbour);
+            let n = state.blocks.remove(neighbour);
+            let block = state.blocks.get_mut(id);
+            if n.addr < block.addr {
+                block.addr = n.addr;
+                block.prev = n.prev;
+                if n.prev != NIL {
+                    state.blocks.get_mut(n.prev).next = id;
+                } else {
+                    state.segments.get_mut(n.segment).first = id;
+                }
+            } else {
+                block.next = n.next;
+                if n.next != NIL {
+                    state.blocks.get_mut(n.next).prev = id;
+                } else {
+                    state.segments.get_mut(n.segment).last = id;
+                }
+            }
+            state.blocks.get_mut(id).size += n.size;
+        }
+        let block = state.blocks.get_mut(id);
+        block.requested = 0;
+        state.insert_free(id);
+        let op = state.op_counter;
+        let seg = state.segments.get_mut(original.segment);
+        seg.active_blocks -= 1;
+        seg.last_used = op;
+        state.stats.active.decrease(pool, 1);
+        state.stats.active_bytes.decrease(pool, original.size);
+        if shared.config.record_events {
+            state.record(
+                shared.epoch,
+                EventKind::FreeCompleted,
+                RawEventParts {
+                    addr: original.addr,
+                    size: original.size,
+                    requested: original.requested,
+                    stream: stream.0,
+                    provenance: original.provenance,
+                },
+            );
+        }
+    }
+
+    /// Releases one whole free segment back to the device.
+    fn release_segment(&self, state: &mut State, segment: u32) {
+        let shared = &*self.shared;
+        let seg = state.segments.get(segment).clone();
+        debug_assert!(!seg.expandable && seg.first == seg.last);
+        let block = seg.first;
+        state.remove_free(block);
+        state.blocks.remove(block);
+        state.segments.remove(segment);
+        state.segments_by_addr.remove(&seg.addr);
+        if shared.backend.free(seg.addr).is_err() {
+            // The device refused the free; the memory is lost to the device but not to our
+            // books, which must reflect what the program can use.
+        }
+        state.stats.segment.decrease(seg.pool, 1);
+        state.stats.reserved_bytes.decrease(seg.pool, seg.size);
+        state.stats.num_device_free += 1;
+        if let Some(max_split) = shared.config.max_split_size {
+            if seg.size >= max_split {
+                state.stats.oversize_segments.decrease(1);
+            }
+        }
+        if shared.config.record_events {
+            state.record(
+                shared.epoch,
+                EventKind::SegmentFree,
+                RawEventParts {
+                    addr: seg.addr,
+                    size: seg.size,
+                    stream: seg.stream.0,
+                    ..RawEventParts::default()
+                },
+            );
+        }
+    }
+
+    /// Unmaps the free, page-aligned tail of an expandable segment; returns bytes released.
+    fn trim_expandable(&self, state: &mut State, segment: u32) -> u64 {
+        let shared = &*self.shared;
+        let granularity = shared.backend.vm_granularity();
+        let seg = state.segments.get(segment).clone();
+        if seg.last == NIL || !state.blocks.get(seg.last).is_free() {
+            return 0;
+        }
+        let tail = *state.blocks.get(seg.last);
+        let end = seg.addr + seg.size;
+        let cut = tail.addr.div_ceil(granularity) * granularity;
+        if cut >= end {
+            return 0;
+        }
+        let released = end - cut;
+        if shared.backend.unmap(cut, released).is_err() {
+            return 0;
+        }
+        state.remove_free(seg.last);
+        if cut == tail.addr {
+            state.blocks.remove(seg.last);
+            if tail.prev != NIL {
+                state.blocks.get_mut(tail.prev).next = NIL;
+            }
+            let s = state.segments.get_mut(segment);
+            s.last = tail.prev;
+            if tail.prev == NIL {
+                s.first = NIL;
+            }
+        } else {
+            state.blocks.get_mut(seg.last).size = cut - tail.addr;
+            state.insert_free(seg.last);
+        }
+        state.segments.get_mut(segment).size -= released;
+        state.stats.reserved_bytes.decrease(seg.pool, released);
+        state.stats.num_device_free += 1;
+        if shared.config.record_events {
+            state.record(
+                shared.epoch,
+                EventKind::SegmentUnmap,
+                RawEventParts {
+                    addr: cut,
+                    size: released,
+                    stream: seg.stream.0,
+                    ..RawEventParts::default()
+                },
+            );
+        }
+        if state.segments.get(segment).size == 0 {
+            let _ = shared.backend.release_address_range(seg.addr, seg.reserved);
+            state.segments.remove(segment);
+            state.segments_by_addr.remove(&seg.addr);
+            state.expandable.retain(|(_, _, id)| *id != segment);
+            state.stats.segment.decrease(seg.pool, 1);
+        }
+        released
+    }
+
+    /// PyTorch's `release_available_cached_blocks`: with `max_split_size` set, frees oversize
+    /// cached segments on the stream, the smallest that covers the request or else the largest
+    /// ones until enough is freed.
+    fn release_available_cached_blocks(&self, state: &mut State, pool: Pool, stream: StreamId, rounded: u64) -> bool {
+        let Some(max_split) = self.shared.config.max_split_size else {
+            return false;
+        };
+        let key_size = rounded.max(max_split);
+        let candidates: Vec<(u64, u32)> = state
+            .free_set(pool)
+            .range((stream.0, 0, 0, 0)..(stream.0 + 1, 0, 0, 0))
+            .filter(|&&(_, size, _, _)| size >= max_split)
+            .map(|&(_, size, _, id)| (size, id))
+            .collect();
+        let whole = |state: &State, id: u32| {
+            let b = state.blocks.get(id);
+            !b.is_split() && !state.segments.get(b.segment).expandable
+        };
+        if let Some(&(_, id)) = candidates.iter().find(|(size, _)| *size >= key_size) {
+            if whole(state, id) {
+                let segment = state.blocks.get(id).segment;
+                self.release_segment(state, segment);
+                return true;
+            }
+            return false;
+        }
+        let mut released = 0;
+        for &(size, id) in candidates.iter().rev() {
+            if released >= key_size {
+                break;
+            }
+            if whole(state, id) {
+                let segment = state.blocks.get(id).segment;
+                self.release_segment(state, segment);
+                released += size;
+            }
+        }
+        released >= key_size
+    }
+
+    /// PyTorch's `release_cached_blocks`: wait for pending frees, then release every cached
+    /// segment with no live block. Returns the bytes released.
+    fn release_cached_blocks(&self, state: &mut State) -> u64 {
+        self.synchronize_and_free_events(state);
+        let before = state.stats.reserved_bytes.all.current;
+        let whole: Vec<u32> = state
+            .segments
+            .iter()
+            .filter(|(_, s)| !s.expandable && s.active_blocks == 0)
+            .map(|(id, _)| id)
+            .collect();
+        for segment in whole {
+            self.release_segment(state, segment);
+        }
+        let expandable: Vec<u32> = state.expandable.iter().map(|(_, _, id)| *id).collect();
+        for segment in expandable {
+            self.trim_expandable(state, segment);
+        }
+        before - state.stats.reserved_bytes.all.current
+    }
+
+    /// Frees the least recently used whole cached segments until reserved memory is under
+    /// `threshold` of capacity.
+    fn garbage_collect(&self, state: &mut State, threshold: f64) {
+        let limit = (self.shared.capacity as f64 * threshold) as u64;
+        if state.stats.reserved_bytes.all.current <= limit {
+            return;
+        }
+        let mut idle: Vec<(u64, u32)> = state
+            .segments
+            .iter()
+            .filter(|(_, s)| !s.expandable && s.active_blocks == 0)
+            .map(|(id, s)| (s.last_used, id))
+            .collect();
+        idle.sort_unstable();
+        for (_, segment) in idle {
+            if state.stats.reserved_bytes.all.current <= limit {
+                break;
+            }
+            self.release_segment(state, segment);
+        }
+    }
+
+    fn classify_bad_free(&self, state: &State, addr: u64) -> AllocError {
+        if let Some((_, &segment)) = state.segments_by_addr.range(..=addr).next_back() {
+            let seg = state.segments.get(segment);
+            if addr < seg.addr + seg.size {
+                let mut id = seg.first;
+                while id != NIL {
+                    let b = state.blocks.get(id);
+                    if b.addr == addr {
+                        return AllocError::DoubleFree { addr };
+                    }
+                    id = b.next;
+                }
+            }
+        }
+        AllocError::UnknownPointer { addr }
+    }
+
+    /// Marks the block at `addr` as used by `stream` too: when freed, it is reused only after
+    /// the work queued on `stream` so far has completed.
+    pub fn record_stream_ptr(&self, addr: u64, stream: StreamId) -> Result<(), AllocError> {
+        let mut state = self.shared.state.lock();
+        let Some(&id) = state.live.get(&addr) else {
+            return Err(self.classify_bad_free(&state, addr));
+        };
+        let (_, own) = state.pool_of(id);
+        if own != stream {
+            let uses = state.stream_uses.entry(id).or_default();
+            if !uses.contains(&stream) {
+                uses.push(stream);
+            }
+        }
+        Ok(())
+    }
+
+    /// Releases every cached segment that holds no live block (`torch.cuda.empty_cache()`).
+    /// Returns the bytes given back to the device.
+    #[track_caller]
+    pub fn empty_cache(&self) -> u64 {
+        let location = Location::caller();
+        let shared = &*self.shared;
+        let mut guard = shared.state.lock();
+        let state = &mut *guard;
+        let released = self.release_cached_blocks(state);
+        if shared.config.record_events {
+            let provenance = self.provenance_for(state, &Origin { location, tag: None }, None);
+            state.record(
+                shared.epoch,
+                EventKind::EmptyCache,
+                RawEventParts {
+                    size: released,
+                    provenance,
+                    ..RawEventParts::default()
+                },
+            );
+        }
+        released
+    }
+
+    /// Starts a new training step: later allocations carry the new step number.
+    #[track_caller]
+    pub fn mark_step(&self) -> u64 {
+        let location = Location::caller();
+        let shared = &*self.shared;
+        let mut guard = shared.state.lock();
+        let state = &mut *guard;
+        state.step += 1;
+        let step = state.step;
+        let seq = state.ring.next_seq();
+        let time_ns = shared.epoch.elapsed().as_nanos() as u64;
+        state.steps.push(StepMark {
+            step,
+            seq,
+            time_ns,
+            label: "mark_step".to_string(),
+        });
+        if shared.config.record_events {
+            let provenance = self.provenance_for(state, &Origin { location, tag: None }, None);
+            state.record(
+                shared.epoch,
+                EventKind::Step,
+                RawEventParts {
+                    provenance,
+                    ..RawEventParts::default()
+                },
+            );
+        }
+        step
+    }
+
+    /// The current step number (0 before the first `mark_step`).
+    pub fn step(&self) -> u64 {
+        self.shared.state.lock().step
+    }
+
+    /// Records a transfer or sync event for the caller's site.
+    pub(crate) fn record_transfer(&self, kind: EventKind, addr: u64, bytes: u64, stream: StreamId, location: &'static Location<'static>) {
+        let shared = &*self.shared;
+        if !shared.config.record_events {
+            return;
+        }
+        let mut guard = shared.state.lock();
+        let state = &mut *guard;
+        let provenance = self.provenance_for(state, &Origin { location, tag: None }, None);
+        state.record(
+            shared.epoch,
+            kind,
+            RawEventParts {
+                addr,
+                size: bytes,
+                stream: stream.0,
+                provenance,
+                ..RawEventParts::default()
+            },
+        );
+    }
+
+    /// Blocks until all work on `stream` is done, recorded as a sync at the caller's site.
+    #[track_caller]
+    pub fn synchronize(&self, stream: StreamId) -> Result<(), AllocError> {
+        self.shared.backend.synchronize_stream(stream)?;
+        self.record_transfer(EventKind::Sync, 0, 0, stream, Location::caller());
+        Ok(())
+    }
+
+    /// Current statistics.
+    pub fn stats(&self) -> MemoryStats {
+        self.shared.state.lock().stats
+    }
+
+    /// Resets every peak statistic to its current value.
+    pub fn reset_peak_stats(&self) {
+        self.shared.state.lock().stats.reset_peak();
+    }
+
+    /// The statistics as PyTorch's `memory_summary()` table.
+    pub fn memory_summary(&self) -> String {
+        self.stats().summary()
+    }
+
+    /// Events recorded so far that the ring overwrote.
+    pub fn dropped_events(&self) -> u64 {
+        self.shared.state.lock().ring.overwritten()
+    }
+
+    /// Bytes the event ring occupies when full.
+    pub fn event_ring_bytes(&self) -> usize {
+        self.shared.state.lock().ring.max_bytes()
+    }
+
+    /// Number of live (allocated or pending) blocks.
+    pub fn live_blocks(&self) -> usize {
+        let state = self.shared.state.lock();
+        state.live.len() + state.pending_events.len()
+    }
+
+    /// Everything the allocator knows, as the one data model: device, settings, statistics,
+    /// segments with blocks, events, call sites (symbolized now), tags, scopes and steps.
+    pub fn snapshot(&self) -> Snapshot {
+        let shared = &*self.shared;
+        let mut guard = shared.state.lock();
+        let state = &mut *guard;
+        if shared.config.record_events {
+            state.record(shared.epoch, EventKind::Snapshot, RawEventParts::default());
+        }
+        let info = shared.backend.mem_info();
+        let mut snapshot = Snapshot::empty(
+            SnapshotSource::Vramscope,
+            DeviceInfo {
+                index: shared.device,
+                name: shared.backend.name(),
+                backend: shared.backend.kind().to_string(),
+                capacity: info.total,
+            },
+        );
+        snapshot.config = shared.config.clone();
+        snapshot.stats = state.stats;
+        snapshot.epoch_unix_ns = shared.epoch_unix_ns;
+        snapshot.dropped_events = state.ring.overwritten();
+        snapshot.steps = state.steps.clone();
+        let prov = |state: &State, id: u32| state.provenance.get(id).unwrap_or(Provenance {
+            site: NIL,
+            tag: NIL,
+            scope: NIL,
+            thread: 0,
+        });
+        let opt = |id: u32| (id != NIL).then_some(id);
+        for (&addr, &segment) in &state.segments_by_addr {
+            let seg = state.segments.get(segment);
+            let mut blocks = Vec::new();
+            let mut id = seg.first;
+            while id != NIL {
+                let b = state.blocks.get(id);
+                let p = prov(state, b.provenance);
+                let block_state = if b.flags & ALLOCATED != 0 {
+                    BlockState::ActiveAllocated
+                } else if b.flags & PENDING_FREE != 0 {
+                    BlockState::ActivePendingFree
+                } else {
+                    BlockState::Inactive
+                };
+                let owned = block_state != BlockState::Inactive;
+                blocks.push(Block {
+                    address: b.addr,
+                    size: b.size,
+                    requested_size: if owned { b.requested } else { 0 },
+                    state: block_state,
+                    site: if owned { opt(p.site) } else { None },
+                    tag: if owned { opt(p.tag) } else { None },
+                    scope: if owned { opt(p.scope) } else { None },
+                    step: if owned { b.step as u64 } else { 0 },
+                    thread: if owned { p.thread } else { 0 },
+                });
+                id = b.next;
+            }
+            snapshot.segments.push(Segment {
+                device: shared.device,
+                address: addr,
+                total_size: seg.size,
+                stream: seg.stream.0,
+                pool: seg.pool,
+                expandable: seg.expandable,
+                blocks,
+            });
+        }
+        snapshot.events = state
+            .ring
+            .since(0, usize::MAX)
+            .map(|e| {
+                let p = prov(state, e.provenance);
+                crate::model::Event {
+                    seq: e.seq,
+                    time_ns: e.time_ns,
+                    kind: e.kind,
+                    device: shared.device,
+                    stream: e.stream,
+                    addr: e.addr,
+                    size: e.size,
+                    requested: e.requested,
+                    site: opt(p.site),
+                    tag: opt(p.tag),
+                    scope: opt(p.scope),
+                    step: e.step as u64,
+                    thread: p.thread,
+                }
+            })
+            .collect();
+        snapshot.sites = state.provenance.call_sites();
+        snapshot.tags = state.provenance.tags.strings.clone();
+        snapshot.scopes = state.provenance.scopes.strings.clone();
+        snapshot
+    }
+
+    /// Checks the allocator's books against its blocks: blocks tile their segments without
+    /// overlap, free sets hold exactly the free blocks, and every statistic equals the sum over
+    /// the block map. Returns what is wrong, for tests and debugging.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let state = self.shared.state.lock();
+        let mut expect = MemoryStats::default();
+        let mut free_count = 0usize;
+        let mut live_count = 0usize;
+        let mut last_end = 0u64;
+        for (&addr, &segment) in &state.segments_by_addr {
+            let seg = state.segments.get(segment);
+            if seg.addr != addr {
+                return Err(format!("segment {segment} is indexed at {addr:#x} but starts at {:#x}", seg.addr));
+            }
+            if addr < last_end {
+                return Err(format!("segment at {addr:#x} overlaps the previous one"));
+            }
+            last_end = addr + seg.reserved.max(seg.size);
+            expect.segment.increase(seg.pool, 1);
+            expect.reserved_bytes.increase(seg.pool, seg.size);
+            let mut cursor = seg.addr;
+            let mut prev = NIL;
+            let mut id = seg.first;
+            let mut active = 0;
+            while id != NIL {
+                let b = state.blocks.get(id);
+                if b.addr != cursor {
+                    return Err(format!("block {id} at {:#x} does not follow {cursor:#x}: gap or overlap", b.addr));
+                }
+                if b.prev != prev || b.segment != segment {
+                    return Err(format!("block {id} has broken links"));
+                }
+                if b.size == 0 {
+                    return Err(format!("block {id} is empty"));
+                }
+                cursor += b.size;
+                if b.is_free() {
+                    free_count += 1;
+                    if !state.free_set_ref(seg.pool).contains(&(seg.stream.0, b.size, b.addr, id)) {
+                        return Err(format!("free block {id} at {:#x} is missing from its pool", b.addr));
+                    }
+                    if b.prev != NIL && state.blocks.get(b.prev).is_free() {
+                        return Err(format!("free block {id} was not merged with its free neighbour"));
+                    }
+                    if b.is_split() {
+                        expect.inactive_split.increase(seg.pool, 1);
+                        expect.inactive_split_bytes.increase(seg.pool, b.size);
+                    }
+                } else {
+                    active += 1;
+                    expect.active.increase(seg.pool, 1);
+                    expect.active_bytes.increase(seg.pool, b.size);
+                    if b.is_allocated() {
+                        live_count += 1;
+                        if state.live.get(&b.addr) != Some(&id) {
+                            return Err(format!("allocated block {id} is missing from the live map"));
+                        }
+                        expect.allocation.increase(seg.pool, 1);
+                        expect.allocated_bytes.increase(seg.pool, b.size);
+                        expect.requested_bytes.increase(seg.pool, b.requested);
+                    }
+                }
+                prev = id;
+                id = b.next;
+            }
+            if cursor != seg.addr + seg.size {
+                return Err(format!("segment at {addr:#x} is not covered by its blocks"));
+            }
+            if seg.last != prev || active != seg.active_blocks {
+                return Err(format!("segment at {addr:#x} has a stale tail or active count"));
+            }
+        }
+        let pools = state.small_free.len() + state.large_free.len();
+        if pools != free_count || state.live.len() != live_count {
+            return Err(format!(
+                "{pools} pooled blocks for {free_count} free ones; {} live entries for {live_count} allocated blocks",
+                state.live.len()
+            ));
+        }
+        if state.blocks.len() < live_count + free_count {
+            return Err("block slab lost blocks".to_string());
+        }
+        let s = &state.stats;
+        let pairs = [
+            ("allocated_bytes", s.allocated_bytes, expect.allocated_bytes),
+            ("reserved_bytes", s.reserved_bytes, expect.reserved_bytes),
+            ("active_bytes", s.active_bytes, expect.active_bytes),
+            ("inactive_split_bytes", s.inactive_split_bytes, expect.inactive_split_bytes),
+            ("requested_bytes", s.requested_bytes, expect.requested_bytes),
+            ("allocation", s.allocation, expect.allocation),
+            ("segment", s.segment, expect.segment),
+            ("active", s.active, expect.active),
+            ("inactive_split", s.inactive_split, expect.inactive_split),
+        ];
+        for (name, have, want) in pairs {
+            for (pool, h, w) in [
+                ("all", have.all.current, want.all.current),
+                ("small_pool", have.small_pool.current, want.small_pool.current),
+                ("large_pool", have.large_pool.current, want.large_pool.current),
+            ] {
+                if h != w {
+                    return Err(format!("{name}.{pool} is {h} but the blocks sum to {w}"));
+                }
+            }
+        }
+        let allocated = s.allocated_bytes.all.current;
+        let reserved = s.reserved_bytes.all.current;
+        if allocated > reserved || (self.shared.capacity > 0 && reserved > self.shared.capacity) {
+            return Err(format!(
+                "allocated {allocated} ≤ reserved {reserved} ≤ capacity {} does not hold",
+                self.shared.capacity
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn backend_ref(&self) -> &B {
+        &self.shared.backend
+    }
+}
+
+impl<B: Backend> Drop for Shared<B> {
+    /// Returns every segment to the device, so dropping the allocator leaks nothing.
+    fn drop(&mut self) {
+        let state = self.state.get_mut();
+        let _ = self.backend.synchronize();
+        for (_, seg) in state.segments.iter() {
+            if seg.expandable {
+                if seg.size > 0 {
+                    let _ = self.backend.unmap(seg.addr, seg.size);
+                }
+                let _ = self.backend.release_address_range(seg.addr, seg.reserved);
+            } else {
+                let _ = self.backend.free(seg.addr);
+            }
+        }
+        for (event, _) in state.outstanding.drain(..) {
+            let _ = self.backend.destroy_event(event);
+        }
+        for event in state.spare_events.drain(..) {
+            let _ = self.backend.destroy_event(event);
+        }
+    }
+}
+
+/// An allocator handle whose allocations carry a tag.
+pub struct Tagged<'a, B: Backend> {
+    allocator: &'a CachingAllocator<B>,
+    tag: &'a str,
+}
+
+impl<B: Backend> Tagged<'_, B> {
+    /// Allocates `size` bytes on the default stream with the tag.
+    #[track_caller]
+    pub fn alloc(&self, size: u64) -> Result<crate::DeviceBuffer<B>, AllocError> {
+        self.allocator
+            .alloc_from(size, StreamId::DEFAULT, Some(self.tag), Location::caller())
+    }
+
+    /// Allocates `size` bytes on `stream` with the tag.
+    #[track_caller]
+    pub fn alloc_on(&self, size: u64, stream: StreamId) -> Result<crate::DeviceBuffer<B>, AllocError> {
+        self.allocator
+            .alloc_from(size, stream, Some(self.tag), Location::caller())
+    }
+}
+
+/// Keeps a named scope open on this thread until dropped.
+#[must_use = "the scope closes when the guard is dropped"]
+pub struct ScopeGuard {
+    owner: u64,
+    id: u32,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for ScopeGuard {
+    fn drop(&mut self) {
+        provenance::pop_scope(self.owner, self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_metadata_fits_64_bytes_with_its_map_entry() {
+        let per_block = std::mem::size_of::<BlockMeta>() + std::mem::size_of::<(u64, u32)>();
+        assert!(per_block <= 64, "{per_block} bytes per live block");
+    }
+
+    #[test]
+    fn rounding_follows_pytorch() {
+        assert_eq!(round_size(1, 0), 512);
+        assert_eq!(round_size(512, 0), 512);
+        assert_eq!(round_size(513, 0), 1024);
+        assert_eq!(round_size(1_000_000, 0), 1_000_448);
+        // With 4 divisions, 1200 MiB rounds to the next quarter between 1 and 2 GiB.
+        assert_eq!(round_size(1200 * MIB, 4), 1280 * MIB);
+        assert_eq!(round_size(1024 * MIB, 4), 1024 * MIB);
+        // Small sizes below 512 * divisions round to 512 bytes as usual.
+        assert_eq!(round_size(1500, 4), 1536);
+    }
+
+    #[test]
+    fn pools_and_segment_sizes_follow_pytorch() {
+        assert_eq!(pool_for(MIB), Pool::Small);
+        assert_eq!(pool_for(MIB + 512), Pool::Large);
+        assert_eq!(segment_size_for(512), 2 * MIB);
+        assert_eq!(segment_size_for(MIB), 2 * MIB);
+        assert_eq!(segment_size_for(MIB + 512), 20 * MIB);
+        assert_eq!(segment_size_for(10 * MIB - 512), 20 * MIB);
+        assert_eq!(segment_size_for(10 * MIB), 10 * MIB);
+        assert_eq!(segment_size_for(11 * MIB), 12 * MIB);
+    }
+}

@@ -1,0 +1,542 @@
+//! The one data model of vramscope: snapshots, segments, blocks, events, call sites and steps.
+//!
+//! Everything that describes device memory is defined here, once, where the data is born. The
+//! caching allocator (`crate::caching`) fills these types when asked for a [`Snapshot`]; the
+//! inspector's importers convert PyTorch pickles and Chrome traces *into* them, and its
+//! detectors, reports and the dashboard read only these types. A snapshot is plain data: it can
+//! be saved and loaded as JSON and carries a [`FORMAT_VERSION`].
+
+use std::fmt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::AllocatorConfig;
+use crate::stats::MemoryStats;
+
+/// The version of the JSON snapshot format written by [`Snapshot::save`].
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Index into [`Snapshot::sites`].
+pub type SiteId = u32;
+/// Index into [`Snapshot::tags`].
+pub type TagId = u32;
+/// Index into [`Snapshot::scopes`].
+pub type ScopeId = u32;
+
+/// Where a snapshot came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotSource {
+    /// Written by vramscope's own caching allocator.
+    #[default]
+    Vramscope,
+    /// Imported from `torch.cuda.memory._dump_snapshot()`.
+    Pytorch,
+    /// Imported from a torch.profiler Chrome trace with memory events.
+    ChromeTrace,
+}
+
+impl fmt::Display for SnapshotSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SnapshotSource::Vramscope => "vramscope",
+            SnapshotSource::Pytorch => "pytorch",
+            SnapshotSource::ChromeTrace => "chrome-trace",
+        })
+    }
+}
+
+/// The device a snapshot describes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct DeviceInfo {
+    /// Device ordinal.
+    pub index: u32,
+    /// Human-readable name (`"sim (phantom)"`, `"NVIDIA H200"`).
+    pub name: String,
+    /// Backend kind: `"sim"` or `"cuda"`, or `"unknown"` for imported files.
+    pub backend: String,
+    /// Total device memory in bytes (0 when unknown).
+    pub capacity: u64,
+}
+
+/// Which block pool a segment belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Pool {
+    /// Requests up to 1 MiB.
+    Small,
+    /// Requests over 1 MiB.
+    #[default]
+    Large,
+}
+
+/// The state of a block, as PyTorch names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockState {
+    /// Handed out to the program.
+    ActiveAllocated,
+    /// Freed by the program, waiting for streams that used it.
+    ActivePendingFree,
+    /// Cached and free for reuse.
+    Inactive,
+}
+
+impl BlockState {
+    /// PyTorch's spelling of this state.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BlockState::ActiveAllocated => "active_allocated",
+            BlockState::ActivePendingFree => "active_pending_free",
+            BlockState::Inactive => "inactive",
+        }
+    }
+}
+
+/// One block inside a segment.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Block {
+    /// Device address of the block.
+    pub address: u64,
+    /// Size of the block in bytes (rounded, including split waste).
+    pub size: u64,
+    /// Bytes the program asked for (0 for free blocks).
+    pub requested_size: u64,
+    /// Allocation state.
+    pub state: BlockState,
+    /// Call site of the allocation that owns (or last owned) the block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<SiteId>,
+    /// Tag given with `alloc.tagged(..)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<TagId>,
+    /// Innermost named scope that was open at allocation time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<ScopeId>,
+    /// Step number at allocation time.
+    #[serde(default)]
+    pub step: u64,
+    /// Thread that allocated the block (vramscope's own small thread numbers).
+    #[serde(default)]
+    pub thread: u32,
+}
+
+/// A contiguous range of device memory obtained with one raw allocation (or one expandable
+/// reservation), cut into blocks.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Segment {
+    /// Device ordinal.
+    pub device: u32,
+    /// Base address.
+    pub address: u64,
+    /// Total size in bytes (mapped size for expandable segments).
+    pub total_size: u64,
+    /// Stream the segment serves.
+    pub stream: u64,
+    /// Pool of the segment.
+    pub pool: Pool,
+    /// Whether the segment is an expandable (virtual memory) segment.
+    #[serde(default)]
+    pub expandable: bool,
+    /// The blocks, in address order, covering the segment exactly.
+    pub blocks: Vec<Block>,
+}
+
+impl Segment {
+    /// Bytes in blocks handed out to the program.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.blocks
+            .iter()
+            .filter(|b| b.state == BlockState::ActiveAllocated)
+            .map(|b| b.size)
+            .sum()
+    }
+
+    /// Bytes in blocks that are allocated or pending free.
+    pub fn active_bytes(&self) -> u64 {
+        self.blocks
+            .iter()
+            .filter(|b| b.state != BlockState::Inactive)
+            .map(|b| b.size)
+            .sum()
+    }
+
+    /// Bytes the program asked for in this segment's live blocks.
+    pub fn requested_bytes(&self) -> u64 {
+        self.blocks
+            .iter()
+            .filter(|b| b.state == BlockState::ActiveAllocated)
+            .map(|b| b.requested_size)
+            .sum()
+    }
+
+    /// The largest free block, in bytes.
+    pub fn largest_free_block(&self) -> u64 {
+        self.blocks
+            .iter()
+            .filter(|b| b.state == BlockState::Inactive)
+            .map(|b| b.size)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// Direction of a host/device copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TransferDirection {
+    /// Host memory to device memory.
+    HostToDevice,
+    /// Device memory to host memory (also a sync of the stream).
+    DeviceToHost,
+    /// Device memory to device memory.
+    DeviceToDevice,
+}
+
+/// What an event records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// A block was handed out.
+    Alloc,
+    /// The program freed a block (it may still be pending on other streams).
+    FreeRequested,
+    /// A freed block returned to the cache.
+    FreeCompleted,
+    /// A raw device allocation (new segment).
+    SegmentAlloc,
+    /// A raw device free (segment released).
+    SegmentFree,
+    /// Physical pages mapped into an expandable segment.
+    SegmentMap,
+    /// Physical pages unmapped from an expandable segment.
+    SegmentUnmap,
+    /// `empty_cache()` was called; `size` holds the bytes released.
+    EmptyCache,
+    /// An allocation failed; `size` is the request, `addr` the device's free memory.
+    Oom,
+    /// A host/device copy of `size` bytes.
+    Transfer(TransferDirection),
+    /// The host waited for a stream or the device.
+    Sync,
+    /// `mark_step()`: a new training step begins; `step` is the new step number.
+    Step,
+    /// A snapshot was taken.
+    Snapshot,
+}
+
+impl EventKind {
+    /// A short stable name for the kind (PyTorch's action names where they exist).
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::Alloc => "alloc",
+            EventKind::FreeRequested => "free_requested",
+            EventKind::FreeCompleted => "free_completed",
+            EventKind::SegmentAlloc => "segment_alloc",
+            EventKind::SegmentFree => "segment_free",
+            EventKind::SegmentMap => "segment_map",
+            EventKind::SegmentUnmap => "segment_unmap",
+            EventKind::EmptyCache => "empty_cache",
+            EventKind::Oom => "oom",
+            EventKind::Transfer(TransferDirection::HostToDevice) => "transfer_h2d",
+            EventKind::Transfer(TransferDirection::DeviceToHost) => "transfer_d2h",
+            EventKind::Transfer(TransferDirection::DeviceToDevice) => "transfer_d2d",
+            EventKind::Sync => "sync",
+            EventKind::Step => "step",
+            EventKind::Snapshot => "snapshot",
+        }
+    }
+}
+
+/// One recorded allocator event.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// Sequence number, increasing by one per event recorded (gaps mean dropped events).
+    pub seq: u64,
+    /// Nanoseconds since [`Snapshot::epoch_unix_ns`].
+    pub time_ns: u64,
+    /// What happened.
+    pub kind: EventKind,
+    /// Device ordinal.
+    pub device: u32,
+    /// Stream handle.
+    pub stream: u64,
+    /// Device address (for `oom`, the device's free memory, as PyTorch records it).
+    pub addr: u64,
+    /// Size in bytes (block size, segment size, or bytes copied).
+    pub size: u64,
+    /// Bytes the program asked for (allocations only).
+    #[serde(default)]
+    pub requested: u64,
+    /// Call site.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<SiteId>,
+    /// Tag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<TagId>,
+    /// Innermost named scope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<ScopeId>,
+    /// Step number when the event happened.
+    #[serde(default)]
+    pub step: u64,
+    /// Thread number.
+    #[serde(default)]
+    pub thread: u32,
+}
+
+/// One frame of a stack.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Frame {
+    /// Source file (`"??"` when unknown).
+    pub file: String,
+    /// Line number (0 when unknown).
+    pub line: u32,
+    /// Function name (may be empty).
+    #[serde(default)]
+    pub function: String,
+}
+
+/// A call site: where an allocation or transfer came from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CallSite {
+    /// Source file of the primary location.
+    pub file: String,
+    /// Line of the primary location.
+    pub line: u32,
+    /// Column of the primary location (0 when unknown).
+    #[serde(default)]
+    pub column: u32,
+    /// Function at the primary location, when known.
+    #[serde(default)]
+    pub function: String,
+    /// The full stack, innermost frame first, when one was captured or imported.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frames: Vec<Frame>,
+}
+
+impl CallSite {
+    /// `file:line`, the form reports use.
+    pub fn file_line(&self) -> String {
+        format!("{}:{}", self.file, self.line)
+    }
+}
+
+impl fmt::Display for CallSite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.column > 0 {
+            write!(f, "{}:{}:{}", self.file, self.line, self.column)
+        } else {
+            write!(f, "{}:{}", self.file, self.line)
+        }
+    }
+}
+
+/// The start of a training step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepMark {
+    /// Step number (the first step is 1; allocations before it are step 0).
+    pub step: u64,
+    /// Sequence number of the first event that belongs to the step.
+    pub seq: u64,
+    /// Time of the mark, in nanoseconds since the epoch of the snapshot.
+    pub time_ns: u64,
+    /// Where the mark came from (`"mark_step"`, an annotation or profiler slice name).
+    #[serde(default)]
+    pub label: String,
+}
+
+/// A named annotation with a time, such as PyTorch's `external_annotations`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Annotation {
+    /// Annotation name (`"Optimizer.step#AdamW.step"`).
+    pub name: String,
+    /// Stage (`"START"`, `"END"`), or empty.
+    #[serde(default)]
+    pub stage: String,
+    /// Time in nanoseconds since the epoch of the snapshot.
+    pub time_ns: u64,
+    /// Device ordinal.
+    #[serde(default)]
+    pub device: u32,
+}
+
+/// Everything vramscope knows about one allocator (or one imported file) at one moment.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Format version, [`FORMAT_VERSION`] when written by this build.
+    pub format_version: u32,
+    /// Where the data came from.
+    pub source: SnapshotSource,
+    /// The device.
+    pub device: DeviceInfo,
+    /// The allocator settings in force.
+    pub config: AllocatorConfig,
+    /// Statistics at the time of the snapshot.
+    pub stats: MemoryStats,
+    /// Wall-clock time of event time zero, in nanoseconds since the Unix epoch.
+    #[serde(default)]
+    pub epoch_unix_ns: u64,
+    /// Segments with their blocks, ordered by address.
+    pub segments: Vec<Segment>,
+    /// Recorded events, oldest first.
+    pub events: Vec<Event>,
+    /// Events lost because the ring was full.
+    #[serde(default)]
+    pub dropped_events: u64,
+    /// The call-site table that events and blocks index.
+    pub sites: Vec<CallSite>,
+    /// The tag table.
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// The scope table (each entry a `/`-joined scope path).
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    /// Step starts.
+    #[serde(default)]
+    pub steps: Vec<StepMark>,
+    /// Named, timed annotations.
+    #[serde(default)]
+    pub annotations: Vec<Annotation>,
+}
+
+/// Why a snapshot could not be saved or loaded.
+#[derive(Debug)]
+pub enum SnapshotError {
+    /// Reading or writing the file failed.
+    Io {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not a valid vramscope snapshot.
+    Format {
+        /// The file.
+        path: String,
+        /// What is wrong, with line and column.
+        message: String,
+    },
+    /// The file was written by a newer, incompatible version.
+    Version {
+        /// The file.
+        path: String,
+        /// The version found.
+        found: u32,
+    },
+}
+
+impl fmt::Display for SnapshotError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SnapshotError::Io { path, source } => write!(f, "{path}: {source}"),
+            SnapshotError::Format { path, message } => {
+                write!(f, "{path}: not a valid vramscope snapshot: {message}")
+            }
+            SnapshotError::Version { path, found } => write!(
+                f,
+                "{path}: snapshot format version {found} is newer than this build reads ({FORMAT_VERSION})"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SnapshotError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SnapshotError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+impl Snapshot {
+    /// An empty snapshot of `source` for `device`, with default settings and zero statistics.
+    pub fn empty(source: SnapshotSource, device: DeviceInfo) -> Snapshot {
+        Snapshot {
+            format_version: FORMAT_VERSION,
+            source,
+            device,
+            config: AllocatorConfig::default(),
+            stats: MemoryStats::default(),
+            epoch_unix_ns: 0,
+            segments: Vec::new(),
+            events: Vec::new(),
+            dropped_events: 0,
+            sites: Vec::new(),
+            tags: Vec::new(),
+            scopes: Vec::new(),
+            steps: Vec::new(),
+            annotations: Vec::new(),
+        }
+    }
+
+    /// Writes the snapshot as JSON to `path`.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<(), SnapshotError> {
+        let path = path.as_ref();
+        let io = |source| SnapshotError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        let file = std::fs::File::create(path).map_err(io)?;
+        let mut writer = std::io::BufWriter::new(file);
+        serde_json::to_writer(&mut writer, self).map_err(|e| SnapshotError::Format {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        std::io::Write::flush(&mut writer).map_err(io)
+    }
+
+    /// Reads a JSON snapshot written by [`Snapshot::save`].
+    pub fn load(path: impl AsRef<Path>) -> Result<Snapshot, SnapshotError> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|source| SnapshotError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Snapshot::from_json_bytes(&bytes, &path.display().to_string())
+    }
+
+    /// Parses a JSON snapshot from memory; `origin` names the data in errors.
+    pub fn from_json_bytes(bytes: &[u8], origin: &str) -> Result<Snapshot, SnapshotError> {
+        #[derive(Deserialize)]
+        struct VersionProbe {
+            format_version: u32,
+        }
+        let format = |e: serde_json::Error| SnapshotError::Format {
+            path: origin.to_string(),
+            message: e.to_string(),
+        };
+        let probe: VersionProbe = serde_json::from_slice(bytes).map_err(format)?;
+        if probe.format_version > FORMAT_VERSION {
+            return Err(SnapshotError::Version {
+                path: origin.to_string(),
+                found: probe.format_version,
+            });
+        }
+        let snapshot: Snapshot = serde_json::from_slice(bytes).map_err(format)?;
+        Ok(snapshot)
+    }
+
+    /// The call site with id `id`, if the table has it.
+    pub fn site(&self, id: Option<SiteId>) -> Option<&CallSite> {
+        id.and_then(|i| self.sites.get(i as usize))
+    }
+
+    /// The tag string with id `id`.
+    pub fn tag(&self, id: Option<TagId>) -> Option<&str> {
+        id.and_then(|i| self.tags.get(i as usize)).map(String::as_str)
+    }
+
+    /// The scope path with id `id`.
+    pub fn scope(&self, id: Option<ScopeId>) -> Option<&str> {
+        id.and_then(|i| self.scopes.get(i as usize))
+            .map(String::as_str)
+    }
+
+    /// Number of the last step seen (0 when no step was marked).
+    pub fn last_step(&self) -> u64 {
+        self.steps.last().map(|s| s.step).unwrap_or(0)
+    }
+}

@@ -1,0 +1,248 @@
+//! Provenance: where an allocation came from, captured cheaply on the hot path and resolved
+//! only when a snapshot or report is made.
+//!
+//! `crate::caching` asks this module for the calling thread's number and innermost scope
+//! (thread-locals, no lock), captures an unresolved backtrace when sampling says so (outside
+//! its lock), and then, under its device lock, interns the `#[track_caller]` location, the
+//! backtrace, the tag and the scope into small integer ids ([`ProvenanceTables`]). A block keeps
+//! one `u32` provenance id; [`ProvenanceTables::call_sites`] symbolizes lazily into the model's
+//! `CallSite` table.
+
+use std::cell::{Cell, RefCell};
+use std::panic::Location;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use rustc_hash::FxHashMap;
+
+use crate::model::{CallSite, Frame};
+
+/// The id that means "none".
+pub(crate) const NIL: u32 = u32::MAX;
+
+static NEXT_THREAD: AtomicU32 = AtomicU32::new(1);
+
+thread_local! {
+    static THREAD_NUMBER: Cell<u32> = const { Cell::new(0) };
+    static SCOPES: RefCell<Vec<(u64, u32)>> = const { RefCell::new(Vec::new()) };
+    static SAMPLE_COUNTER: Cell<u32> = const { Cell::new(0) };
+}
+
+/// vramscope's small number for the calling thread (1, 2, ... in order of first use).
+pub fn thread_number() -> u32 {
+    THREAD_NUMBER.with(|n| {
+        let current = n.get();
+        if current != 0 {
+            return current;
+        }
+        let fresh = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+        n.set(fresh);
+        fresh
+    })
+}
+
+/// The innermost scope id the calling thread has open on allocator `owner`, or [`NIL`].
+pub(crate) fn current_scope(owner: u64) -> u32 {
+    SCOPES.with(|stack| {
+        stack
+            .borrow()
+            .iter()
+            .rev()
+            .find(|(o, _)| *o == owner)
+            .map(|(_, id)| *id)
+            .unwrap_or(NIL)
+    })
+}
+
+pub(crate) fn push_scope(owner: u64, id: u32) {
+    SCOPES.with(|stack| stack.borrow_mut().push((owner, id)));
+}
+
+pub(crate) fn pop_scope(owner: u64, id: u32) {
+    SCOPES.with(|stack| {
+        let mut stack = stack.borrow_mut();
+        if let Some(pos) = stack.iter().rposition(|entry| *entry == (owner, id)) {
+            stack.remove(pos);
+        }
+    });
+}
+
+/// Whether this allocation should carry a full backtrace: every `n`th on this thread.
+pub(crate) fn sample_backtrace(every: u32) -> bool {
+    SAMPLE_COUNTER.with(|c| {
+        let next = c.get() + 1;
+        if next >= every {
+            c.set(0);
+            true
+        } else {
+            c.set(next);
+            false
+        }
+    })
+}
+
+/// Captures the caller's stack as raw instruction pointers, without symbolizing.
+pub(crate) fn capture_backtrace() -> Vec<usize> {
+    let mut ips = Vec::with_capacity(32);
+    backtrace::trace(|frame| {
+        ips.push(frame.ip() as usize);
+        ips.len() < 64
+    });
+    ips
+}
+
+/// Provenance of one allocation, as interned ids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Provenance {
+    pub site: u32,
+    pub tag: u32,
+    pub scope: u32,
+    pub thread: u32,
+}
+
+/// One entry of the site table: a location and, optionally, the backtrace taken there.
+struct SiteEntry {
+    location: &'static Location<'static>,
+    backtrace: Option<Vec<usize>>,
+    resolved: Option<Vec<Frame>>,
+}
+
+/// Interned strings with ids.
+#[derive(Default)]
+pub(crate) struct Interner {
+    ids: FxHashMap<String, u32>,
+    pub strings: Vec<String>,
+}
+
+impl Interner {
+    pub fn intern(&mut self, text: &str) -> u32 {
+        if let Some(&id) = self.ids.get(text) {
+            return id;
+        }
+        let id = self.strings.len() as u32;
+        self.strings.push(text.to_string());
+        self.ids.insert(text.to_string(), id);
+        id
+    }
+}
+
+/// The allocator's tables of call sites, tags, scopes and provenance tuples.
+#[derive(Default)]
+pub(crate) struct ProvenanceTables {
+    sites: Vec<SiteEntry>,
+    by_location: FxHashMap<usize, u32>,
+    by_backtrace: FxHashMap<(usize, Vec<usize>), u32>,
+    pub tags: Interner,
+    pub scopes: Interner,
+    provenance: Vec<Provenance>,
+    by_provenance: FxHashMap<Provenance, u32>,
+}
+
+impl ProvenanceTables {
+    /// Interns a call site; `backtrace` makes it distinct from the bare location.
+    pub fn site(&mut self, location: &'static Location<'static>, backtrace: Option<Vec<usize>>) -> u32 {
+        let key = location as *const Location<'static> as usize;
+        match backtrace {
+            None => *self.by_location.entry(key).or_insert_with(|| {
+                self.sites.push(SiteEntry {
+                    location,
+                    backtrace: None,
+                    resolved: None,
+                });
+                (self.sites.len() - 1) as u32
+            }),
+            Some(ips) => {
+                let map_key = (key, ips);
+                if let Some(&id) = self.by_backtrace.get(&map_key) {
+                    return id;
+                }
+                let id = self.sites.len() as u32;
+                self.sites.push(SiteEntry {
+                    location,
+                    backtrace: Some(map_key.1.clone()),
+                    resolved: None,
+                });
+                self.by_backtrace.insert(map_key, id);
+                id
+            }
+        }
+    }
+
+    /// Interns a provenance tuple.
+    #[inline]
+    pub fn provenance(&mut self, prov: Provenance) -> u32 {
+        if let Some(&id) = self.by_provenance.get(&prov) {
+            return id;
+        }
+        let id = self.provenance.len() as u32;
+        self.provenance.push(prov);
+        self.by_provenance.insert(prov, id);
+        id
+    }
+
+    /// The tuple behind a provenance id.
+    pub fn get(&self, id: u32) -> Option<Provenance> {
+        self.provenance.get(id as usize).copied()
+    }
+
+    /// The location of a site id as `file:line:column`.
+    pub fn site_label(&self, site: u32) -> Option<String> {
+        self.sites
+            .get(site as usize)
+            .map(|s| format!("{}:{}:{}", s.location.file(), s.location.line(), s.location.column()))
+    }
+
+    /// Symbolizes every site not yet resolved and returns the model's call-site table, indexed
+    /// by site id.
+    pub fn call_sites(&mut self) -> Vec<CallSite> {
+        self.sites
+            .iter_mut()
+            .map(|entry| {
+                if entry.resolved.is_none() {
+                    if let Some(ips) = &entry.backtrace {
+                        entry.resolved = Some(resolve(ips));
+                    }
+                }
+                CallSite {
+                    file: entry.location.file().to_string(),
+                    line: entry.location.line(),
+                    column: entry.location.column(),
+                    function: String::new(),
+                    frames: entry.resolved.clone().unwrap_or_default(),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Turns instruction pointers into frames, skipping vramscope's own and the runtime's frames
+/// at the top of the stack.
+fn resolve(ips: &[usize]) -> Vec<Frame> {
+    let mut frames = Vec::new();
+    for &ip in ips {
+        backtrace::resolve(ip as *mut std::ffi::c_void, |symbol| {
+            let function = symbol
+                .name()
+                .map(|n| format!("{n:#}"))
+                .unwrap_or_default();
+            frames.push(Frame {
+                file: symbol
+                    .filename()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| "??".to_string()),
+                line: symbol.lineno().unwrap_or(0),
+                function,
+            });
+        });
+    }
+    let first_user = frames
+        .iter()
+        .position(|f| {
+            !f.function.starts_with("backtrace::")
+                && !f.function.starts_with("vramscope_allocator::")
+                && !f.function.starts_with("core::")
+                && !f.function.starts_with("<vramscope_allocator::")
+        })
+        .unwrap_or(0);
+    frames.drain(..first_user);
+    frames
+}

@@ -1,0 +1,128 @@
+//! The bounded event ring: every allocator event, in order, in fixed memory.
+//!
+//! `crate::caching` pushes a compact [`RawEvent`] under its device lock; when the ring is full
+//! the oldest entry is overwritten and counted as dropped, so recording never allocates past the
+//! configured `max_entries` and never waits for a reader. Snapshots and the telemetry publisher
+//! read the ring by sequence number and convert entries into the model's `Event`.
+
+use crate::model::EventKind;
+
+/// One event as the ring stores it: 64 bytes, provenance as an interned id.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct RawEvent {
+    pub seq: u64,
+    pub time_ns: u64,
+    pub addr: u64,
+    pub size: u64,
+    pub requested: u64,
+    pub stream: u64,
+    pub provenance: u32,
+    pub step: u32,
+    pub kind: EventKind,
+}
+
+/// A ring of at most `capacity` events.
+pub(crate) struct EventRing {
+    entries: Vec<RawEvent>,
+    capacity: usize,
+    next_seq: u64,
+    overwritten: u64,
+}
+
+impl EventRing {
+    /// An empty ring that holds up to `capacity` events (at least one).
+    pub fn new(capacity: usize) -> EventRing {
+        EventRing {
+            entries: Vec::new(),
+            capacity: capacity.max(1),
+            next_seq: 0,
+            overwritten: 0,
+        }
+    }
+
+    /// Appends an event, assigning its sequence number; overwrites the oldest when full.
+    #[inline]
+    pub fn push(&mut self, mut event: RawEvent) -> u64 {
+        let seq = self.next_seq;
+        event.seq = seq;
+        self.next_seq += 1;
+        if self.entries.len() < self.capacity {
+            self.entries.push(event);
+        } else {
+            let slot = (seq % self.capacity as u64) as usize;
+            self.entries[slot] = event;
+            self.overwritten += 1;
+        }
+        seq
+    }
+
+    /// Events overwritten before anyone read them from the ring.
+    pub fn overwritten(&self) -> u64 {
+        self.overwritten
+    }
+
+    /// The sequence number the next event will get.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// The oldest sequence number still held.
+    pub fn oldest_seq(&self) -> u64 {
+        self.next_seq - self.entries.len() as u64
+    }
+
+    /// Events with sequence number ≥ `from` still held, oldest first, at most `limit` of them.
+    pub fn since(&self, from: u64, limit: usize) -> impl Iterator<Item = &RawEvent> + '_ {
+        let start = from.max(self.oldest_seq());
+        let len = self.entries.len() as u64;
+        let cap = self.capacity as u64;
+        (start..self.next_seq).take(limit).map(move |seq| {
+            let slot = if len < cap { seq } else { seq % cap };
+            &self.entries[slot as usize]
+        })
+    }
+
+    /// Bytes the ring can occupy when full.
+    pub fn max_bytes(&self) -> usize {
+        self.capacity * std::mem::size_of::<RawEvent>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(size: u64) -> RawEvent {
+        RawEvent {
+            seq: 0,
+            time_ns: 0,
+            addr: 0,
+            size,
+            requested: 0,
+            stream: 0,
+            provenance: 0,
+            step: 0,
+            kind: EventKind::Alloc,
+        }
+    }
+
+    #[test]
+    fn raw_event_is_64_bytes() {
+        assert!(std::mem::size_of::<RawEvent>() <= 64);
+    }
+
+    #[test]
+    fn ring_overwrites_oldest_and_counts() {
+        let mut ring = EventRing::new(3);
+        for i in 0..5 {
+            assert_eq!(ring.push(event(i)), i);
+        }
+        assert_eq!(ring.overwritten(), 2);
+        assert_eq!(ring.oldest_seq(), 2);
+        let sizes: Vec<u64> = ring.since(0, usize::MAX).map(|e| e.size).collect();
+        assert_eq!(sizes, vec![2, 3, 4]);
+        let seqs: Vec<u64> = ring.since(3, 1).map(|e| e.seq).collect();
+        assert_eq!(seqs, vec![3]);
+        assert_eq!(ring.since(5, 10).count(), 0);
+    }
+}

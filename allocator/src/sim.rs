@@ -1,0 +1,722 @@
+//! The simulated device: a [`Backend`] that needs no GPU.
+//!
+//! `SimDevice::phantom` hands out addresses with no memory behind them, so traces that needed
+//! terabytes can be replayed on a laptop; `SimDevice::backed` puts real, 512-byte aligned host
+//! memory behind every address so copies, CPU kernels and poison checks work. Both enforce the
+//! capacity like `cudaMalloc`, can be told to fail raw allocations (fault injection), count what
+//! they hand out so tests can prove nothing leaked, and complete stream events either at once or
+//! only when a test says so (to test `record_stream` deferral in `crate::caching`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+
+use crate::backend::{Backend, BackendError, EventId, MemInfo, StreamId};
+
+/// Alignment of every simulated device address and of the host memory behind it.
+pub const SIM_ALIGNMENT: u64 = 512;
+/// Page size of the simulated virtual-memory API.
+pub const SIM_GRANULARITY: u64 = 2 << 20;
+/// First address the simulated device hands out.
+const BASE_ADDRESS: u64 = 0x7f00_0000_0000;
+
+/// 512 bytes of host memory aligned to 512 bytes: the unit of backed storage.
+#[derive(Clone, Copy)]
+#[repr(C, align(512))]
+struct Chunk([u8; 512]);
+
+// SAFETY: `Chunk` is a byte array with no padding (size 512 = alignment 512), so the all-zero
+// bit pattern is valid.
+unsafe impl bytemuck::Zeroable for Chunk {}
+// SAFETY: `Chunk` is `Copy`, `repr(C)`, has no padding and holds only bytes, so every bit
+// pattern is valid and it may be viewed as bytes.
+unsafe impl bytemuck::Pod for Chunk {}
+
+/// Host memory behind one device range.
+struct Storage {
+    chunks: Vec<Chunk>,
+}
+
+impl Storage {
+    fn zeroed(size: u64) -> Storage {
+        let count = size.div_ceil(SIM_ALIGNMENT) as usize;
+        Storage {
+            chunks: vec![Chunk([0; 512]); count],
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        bytemuck::cast_slice_mut(&mut self.chunks)
+    }
+}
+
+/// One live raw allocation or mapped page.
+struct Region {
+    size: u64,
+    storage: Option<Storage>,
+}
+
+/// How raw allocations are made to fail.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum FaultPlan {
+    None,
+    /// The raw allocation attempt with this ordinal (1-based, counted from the plan) fails.
+    Nth { remaining: u64 },
+    /// Each attempt fails with this probability, from a seeded generator.
+    Random { probability: f64, state: u64 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EventState {
+    Created,
+    Pending(StreamId),
+    Complete,
+}
+
+struct SimState {
+    next_address: u64,
+    used: u64,
+    segments: BTreeMap<u64, Region>,
+    pages: BTreeMap<u64, Region>,
+    reservations: BTreeMap<u64, u64>,
+    next_stream: u64,
+    next_event: u64,
+    events: FxHashMap<u64, EventState>,
+    manual_events: bool,
+    faults: FaultPlan,
+    counters: SimCounters,
+}
+
+/// What a simulated device has handed out, for leak checks in tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SimCounters {
+    /// Successful raw allocations (`malloc` and page maps).
+    pub raw_allocs: u64,
+    /// Raw frees (`free` and page unmaps).
+    pub raw_frees: u64,
+    /// Bytes currently allocated or mapped.
+    pub outstanding_bytes: u64,
+    /// Raw allocation attempts that failed (capacity or injected faults).
+    pub failed_allocs: u64,
+    /// Attempts failed by fault injection.
+    pub injected_failures: u64,
+}
+
+/// A simulated GPU. Cloning gives another handle to the same device.
+#[derive(Clone)]
+pub struct SimDevice {
+    inner: Arc<SimInner>,
+}
+
+struct SimInner {
+    index: u32,
+    capacity: u64,
+    backed: bool,
+    state: Mutex<SimState>,
+}
+
+impl SimDevice {
+    /// A device with addresses only: nothing behind them, so capacities of terabytes are fine.
+    pub fn phantom(capacity: u64) -> SimDevice {
+        SimDevice::new(capacity, false)
+    }
+
+    /// A device with real host memory behind every address (512-byte aligned, zeroed).
+    pub fn backed(capacity: u64) -> SimDevice {
+        SimDevice::new(capacity, true)
+    }
+
+    fn new(capacity: u64, backed: bool) -> SimDevice {
+        SimDevice {
+            inner: Arc::new(SimInner {
+                index: 0,
+                capacity,
+                backed,
+                state: Mutex::new(SimState {
+                    next_address: BASE_ADDRESS,
+                    used: 0,
+                    segments: BTreeMap::new(),
+                    pages: BTreeMap::new(),
+                    reservations: BTreeMap::new(),
+                    next_stream: 1,
+                    next_event: 1,
+                    events: FxHashMap::default(),
+                    manual_events: false,
+                    faults: FaultPlan::None,
+                    counters: SimCounters::default(),
+                }),
+            }),
+        }
+    }
+
+    /// A device that reports ordinal `index` (for multi-device and wrong-device tests).
+    pub fn with_index(capacity: u64, backed: bool, index: u32) -> SimDevice {
+        let mut device = SimDevice::new(capacity, backed);
+        if let Some(inner) = Arc::get_mut(&mut device.inner) {
+            inner.index = index;
+        }
+        device
+    }
+
+    /// Whether host memory stands behind the addresses.
+    pub fn is_backed(&self) -> bool {
+        self.inner.backed
+    }
+
+    /// The device's capacity in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.inner.capacity
+    }
+
+    /// What the device has handed out so far.
+    pub fn counters(&self) -> SimCounters {
+        self.inner.state.lock().counters
+    }
+
+    /// Makes the `n`th raw allocation attempt from now fail (1 = the next one).
+    pub fn fail_nth_raw_alloc(&self, n: u64) {
+        self.inner.state.lock().faults = FaultPlan::Nth { remaining: n.max(1) };
+    }
+
+    /// Makes each raw allocation attempt fail with `probability`, reproducibly from `seed`.
+    pub fn fail_raw_allocs_randomly(&self, probability: f64, seed: u64) {
+        self.inner.state.lock().faults = FaultPlan::Random {
+            probability: probability.clamp(0.0, 1.0),
+            state: seed | 1,
+        };
+    }
+
+    /// Stops injecting faults.
+    pub fn clear_faults(&self) {
+        self.inner.state.lock().faults = FaultPlan::None;
+    }
+
+    /// With `true`, recorded events stay pending until [`SimDevice::complete_stream`],
+    /// [`SimDevice::complete_all_events`] or a synchronize; with `false` (the default) they
+    /// complete at once.
+    pub fn set_manual_events(&self, manual: bool) {
+        self.inner.state.lock().manual_events = manual;
+    }
+
+    /// Completes every pending event recorded on `stream`.
+    pub fn complete_stream(&self, stream: StreamId) {
+        let mut state = self.inner.state.lock();
+        for event in state.events.values_mut() {
+            if *event == EventState::Pending(stream) {
+                *event = EventState::Complete;
+            }
+        }
+    }
+
+    /// Completes every pending event.
+    pub fn complete_all_events(&self) {
+        let mut state = self.inner.state.lock();
+        for event in state.events.values_mut() {
+            if matches!(event, EventState::Pending(_)) {
+                *event = EventState::Complete;
+            }
+        }
+    }
+
+    /// Number of events still pending.
+    pub fn pending_events(&self) -> usize {
+        self.inner
+            .state
+            .lock()
+            .events
+            .values()
+            .filter(|e| matches!(e, EventState::Pending(_)))
+            .count()
+    }
+
+    /// Runs `f` over the host memory behind `[addr, addr + len)`, which must lie inside one
+    /// raw allocation or a run of mapped pages.
+    fn with_range<R>(
+        &self,
+        addr: u64,
+        len: u64,
+        mut f: impl FnMut(&mut [u8], u64) -> R,
+    ) -> Result<(), BackendError> {
+        if !self.inner.backed {
+            return Err(BackendError::NoBackingMemory);
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let end = addr
+            .checked_add(len)
+            .ok_or(BackendError::OutOfBounds { addr, len })?;
+        let mut state = self.inner.state.lock();
+        // A raw segment holds the whole range, or consecutive pages do.
+        if let Some((&base, region)) = state.segments.range_mut(..=addr).next_back() {
+            if end <= base + region.size {
+                let storage = region.storage.as_mut().expect("backed device has storage");
+                let start = (addr - base) as usize;
+                f(&mut storage.bytes_mut()[start..start + len as usize], 0);
+                return Ok(());
+            }
+        }
+        let mut cursor = addr;
+        let mut done = 0u64;
+        while cursor < end {
+            let page = cursor - cursor % SIM_GRANULARITY;
+            let region = state
+                .pages
+                .get_mut(&page)
+                .ok_or(BackendError::OutOfBounds { addr, len })?;
+            let storage = region.storage.as_mut().expect("backed device has storage");
+            let start = (cursor - page) as usize;
+            let take = (SIM_GRANULARITY - (cursor - page)).min(end - cursor) as usize;
+            f(&mut storage.bytes_mut()[start..start + take], done);
+            cursor += take as u64;
+            done += take as u64;
+        }
+        Ok(())
+    }
+
+    fn read(&self, addr: u64, len: u64) -> Result<Vec<u8>, BackendError> {
+        let mut out = vec![0u8; len as usize];
+        self.with_range(addr, len, |bytes, offset| {
+            out[offset as usize..offset as usize + bytes.len()].copy_from_slice(bytes);
+        })?;
+        Ok(out)
+    }
+
+    fn check_stream(state: &SimState, stream: StreamId) -> Result<(), BackendError> {
+        if stream.0 < state.next_stream {
+            Ok(())
+        } else {
+            Err(BackendError::InvalidHandle {
+                kind: "stream",
+                id: stream.0,
+            })
+        }
+    }
+}
+
+impl SimState {
+    /// Decides whether the next raw allocation of `size` bytes may proceed.
+    fn admit(&mut self, size: u64, capacity: u64) -> Result<(), BackendError> {
+        let injected = match &mut self.faults {
+            FaultPlan::None => false,
+            FaultPlan::Nth { remaining } => {
+                *remaining -= 1;
+                if *remaining == 0 {
+                    self.faults = FaultPlan::None;
+                    true
+                } else {
+                    false
+                }
+            }
+            FaultPlan::Random { probability, state } => {
+                // xorshift64*: a small, seeded, reproducible generator.
+                *state ^= *state >> 12;
+                *state ^= *state << 25;
+                *state ^= *state >> 27;
+                let draw = state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11;
+                (draw as f64 / (1u64 << 53) as f64) < *probability
+            }
+        };
+        let free = capacity.saturating_sub(self.used);
+        if injected || size > free {
+            self.counters.failed_allocs += 1;
+            if injected {
+                self.counters.injected_failures += 1;
+            }
+            return Err(BackendError::OutOfMemory {
+                requested: size,
+                free,
+            });
+        }
+        Ok(())
+    }
+
+    fn take_addresses(&mut self, size: u64, alignment: u64) -> u64 {
+        let addr = self.next_address.div_ceil(alignment) * alignment;
+        self.next_address = addr + size.max(SIM_ALIGNMENT);
+        addr
+    }
+}
+
+impl Backend for SimDevice {
+    fn name(&self) -> String {
+        if self.inner.backed {
+            "sim (backed)".to_string()
+        } else {
+            "sim (phantom)".to_string()
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        "sim"
+    }
+
+    fn device_index(&self) -> u32 {
+        self.inner.index
+    }
+
+    fn malloc(&self, size: u64) -> Result<u64, BackendError> {
+        let mut state = self.inner.state.lock();
+        state.admit(size, self.inner.capacity)?;
+        let addr = state.take_addresses(size, SIM_ALIGNMENT);
+        let storage = self.inner.backed.then(|| Storage::zeroed(size));
+        state.segments.insert(addr, Region { size, storage });
+        state.used += size;
+        state.counters.raw_allocs += 1;
+        state.counters.outstanding_bytes += size;
+        Ok(addr)
+    }
+
+    fn free(&self, addr: u64) -> Result<(), BackendError> {
+        let mut state = self.inner.state.lock();
+        let region = state
+            .segments
+            .remove(&addr)
+            .ok_or(BackendError::InvalidAddress {
+                addr,
+                operation: "free",
+            })?;
+        state.used -= region.size;
+        state.counters.raw_frees += 1;
+        state.counters.outstanding_bytes -= region.size;
+        Ok(())
+    }
+
+    fn mem_info(&self) -> MemInfo {
+        let state = self.inner.state.lock();
+        MemInfo {
+            free: self.inner.capacity.saturating_sub(state.used),
+            total: self.inner.capacity,
+        }
+    }
+
+    fn create_stream(&self) -> Result<StreamId, BackendError> {
+        let mut state = self.inner.state.lock();
+        let id = state.next_stream;
+        state.next_stream += 1;
+        Ok(StreamId(id))
+    }
+
+    fn create_event(&self) -> Result<EventId, BackendError> {
+        let mut state = self.inner.state.lock();
+        let id = state.next_event;
+        state.next_event += 1;
+        state.events.insert(id, EventState::Created);
+        Ok(EventId(id))
+    }
+
+    fn destroy_event(&self, event: EventId) -> Result<(), BackendError> {
+        let mut state = self.inner.state.lock();
+        state
+            .events
+            .remove(&event.0)
+            .map(|_| ())
+            .ok_or(BackendError::InvalidHandle {
+                kind: "event",
+                id: event.0,
+            })
+    }
+
+    fn record_event(&self, event: EventId, stream: StreamId) -> Result<(), BackendError> {
+        let mut state = self.inner.state.lock();
+        SimDevice::check_stream(&state, stream)?;
+        let manual = state.manual_events;
+        let slot = state
+            .events
+            .get_mut(&event.0)
+            .ok_or(BackendError::InvalidHandle {
+                kind: "event",
+                id: event.0,
+            })?;
+        *slot = if manual {
+            EventState::Pending(stream)
+        } else {
+            EventState::Complete
+        };
+        Ok(())
+    }
+
+    fn query_event(&self, event: EventId) -> Result<bool, BackendError> {
+        let state = self.inner.state.lock();
+        match state.events.get(&event.0) {
+            Some(EventState::Pending(_)) => Ok(false),
+            Some(_) => Ok(true),
+            None => Err(BackendError::InvalidHandle {
+                kind: "event",
+                id: event.0,
+            }),
+        }
+    }
+
+    fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<(), BackendError> {
+        let state = self.inner.state.lock();
+        SimDevice::check_stream(&state, stream)?;
+        if state.events.contains_key(&event.0) {
+            Ok(())
+        } else {
+            Err(BackendError::InvalidHandle {
+                kind: "event",
+                id: event.0,
+            })
+        }
+    }
+
+    fn synchronize_stream(&self, stream: StreamId) -> Result<(), BackendError> {
+        SimDevice::check_stream(&self.inner.state.lock(), stream)?;
+        self.complete_stream(stream);
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<(), BackendError> {
+        self.complete_all_events();
+        Ok(())
+    }
+
+    fn memset(
+        &self,
+        addr: u64,
+        value: u8,
+        len: u64,
+        _stream: StreamId,
+    ) -> Result<(), BackendError> {
+        self.with_range(addr, len, |bytes, _| bytes.fill(value))
+    }
+
+    fn copy_host_to_device(
+        &self,
+        dst: u64,
+        src: &[u8],
+        _stream: StreamId,
+    ) -> Result<(), BackendError> {
+        self.with_range(dst, src.len() as u64, |bytes, offset| {
+            bytes.copy_from_slice(&src[offset as usize..offset as usize + bytes.len()]);
+        })
+    }
+
+    fn copy_device_to_host(
+        &self,
+        dst: &mut [u8],
+        src: u64,
+        _stream: StreamId,
+    ) -> Result<(), BackendError> {
+        self.with_range(src, dst.len() as u64, |bytes, offset| {
+            dst[offset as usize..offset as usize + bytes.len()].copy_from_slice(bytes);
+        })
+    }
+
+    fn copy_device_to_device(
+        &self,
+        dst: u64,
+        src: u64,
+        len: u64,
+        _stream: StreamId,
+    ) -> Result<(), BackendError> {
+        let data = self.read(src, len)?;
+        self.with_range(dst, len, |bytes, offset| {
+            bytes.copy_from_slice(&data[offset as usize..offset as usize + bytes.len()]);
+        })
+    }
+
+    fn vm_granularity(&self) -> u64 {
+        SIM_GRANULARITY
+    }
+
+    fn reserve_address_range(&self, size: u64) -> Result<u64, BackendError> {
+        let mut state = self.inner.state.lock();
+        let size = size.div_ceil(SIM_GRANULARITY) * SIM_GRANULARITY;
+        let addr = state.take_addresses(size, SIM_GRANULARITY);
+        state.reservations.insert(addr, size);
+        Ok(addr)
+    }
+
+    fn release_address_range(&self, addr: u64, size: u64) -> Result<(), BackendError> {
+        let mut state = self.inner.state.lock();
+        match state.reservations.get(&addr) {
+            Some(&reserved) if reserved >= size => {
+                if state.pages.range(addr..addr + reserved).next().is_some() {
+                    return Err(BackendError::InvalidAddress {
+                        addr,
+                        operation: "release_address_range (pages still mapped)",
+                    });
+                }
+                state.reservations.remove(&addr);
+                Ok(())
+            }
+            _ => Err(BackendError::InvalidAddress {
+                addr,
+                operation: "release_address_range",
+            }),
+        }
+    }
+
+    fn map(&self, addr: u64, size: u64) -> Result<(), BackendError> {
+        if addr % SIM_GRANULARITY != 0 || size % SIM_GRANULARITY != 0 || size == 0 {
+            return Err(BackendError::InvalidAddress {
+                addr,
+                operation: "map (range not page aligned)",
+            });
+        }
+        let mut state = self.inner.state.lock();
+        let inside = state
+            .reservations
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&base, &len)| addr + size <= base + len);
+        let overlaps = state.pages.range(addr..addr + size).next().is_some();
+        if !inside || overlaps {
+            return Err(BackendError::InvalidAddress {
+                addr,
+                operation: "map",
+            });
+        }
+        state.admit(size, self.inner.capacity)?;
+        for page in (addr..addr + size).step_by(SIM_GRANULARITY as usize) {
+            let storage = self.inner.backed.then(|| Storage::zeroed(SIM_GRANULARITY));
+            state.pages.insert(
+                page,
+                Region {
+                    size: SIM_GRANULARITY,
+                    storage,
+                },
+            );
+        }
+        state.used += size;
+        state.counters.raw_allocs += 1;
+        state.counters.outstanding_bytes += size;
+        Ok(())
+    }
+
+    fn unmap(&self, addr: u64, size: u64) -> Result<(), BackendError> {
+        let mut state = self.inner.state.lock();
+        let pages: Vec<u64> = (addr..addr.saturating_add(size))
+            .step_by(SIM_GRANULARITY as usize)
+            .collect();
+        if size == 0 || pages.iter().any(|p| !state.pages.contains_key(p)) {
+            return Err(BackendError::InvalidAddress {
+                addr,
+                operation: "unmap",
+            });
+        }
+        for page in &pages {
+            state.pages.remove(page);
+        }
+        let bytes = pages.len() as u64 * SIM_GRANULARITY;
+        state.used -= bytes;
+        state.counters.raw_frees += 1;
+        state.counters.outstanding_bytes -= bytes;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_allocation_over_capacity_fails_like_cuda_malloc() {
+        let dev = SimDevice::phantom(10 << 20);
+        let a = dev.malloc(8 << 20).unwrap();
+        assert!(matches!(
+            dev.malloc(4 << 20),
+            Err(BackendError::OutOfMemory { requested, free }) if requested == 4 << 20 && free == 2 << 20
+        ));
+        dev.free(a).unwrap();
+        assert_eq!(dev.counters().outstanding_bytes, 0);
+        assert!(dev.free(a).is_err());
+    }
+
+    #[test]
+    fn phantom_device_holds_terabytes() {
+        let dev = SimDevice::phantom(4 << 40);
+        let a = dev.malloc(3 << 40).unwrap();
+        assert_eq!(a % SIM_ALIGNMENT, 0);
+        assert_eq!(dev.mem_info().free, 1 << 40);
+        assert_eq!(
+            dev.copy_host_to_device(a, &[1], StreamId::DEFAULT),
+            Err(BackendError::NoBackingMemory)
+        );
+    }
+
+    #[test]
+    fn backed_device_copies_round_trip() {
+        let dev = SimDevice::backed(1 << 20);
+        let a = dev.malloc(4096).unwrap();
+        assert_eq!(a % SIM_ALIGNMENT, 0);
+        dev.copy_host_to_device(a + 10, b"hello", StreamId::DEFAULT)
+            .unwrap();
+        let b = dev.malloc(4096).unwrap();
+        dev.copy_device_to_device(b, a + 10, 5, StreamId::DEFAULT)
+            .unwrap();
+        dev.memset(b + 5, b'!', 2, StreamId::DEFAULT).unwrap();
+        let mut out = [0u8; 7];
+        dev.copy_device_to_host(&mut out, b, StreamId::DEFAULT)
+            .unwrap();
+        assert_eq!(&out, b"hello!!");
+        assert!(dev
+            .copy_device_to_host(&mut out, a + 4093, StreamId::DEFAULT)
+            .is_err());
+    }
+
+    #[test]
+    fn injected_faults_fail_the_nth_attempt_only() {
+        let dev = SimDevice::phantom(1 << 30);
+        dev.fail_nth_raw_alloc(2);
+        assert!(dev.malloc(512).is_ok());
+        assert!(dev.malloc(512).is_err());
+        assert!(dev.malloc(512).is_ok());
+        assert_eq!(dev.counters().injected_failures, 1);
+    }
+
+    #[test]
+    fn random_faults_are_reproducible() {
+        let run = || {
+            let dev = SimDevice::phantom(1 << 40);
+            dev.fail_raw_allocs_randomly(0.3, 42);
+            (0..200).map(|_| dev.malloc(512).is_ok()).collect::<Vec<_>>()
+        };
+        let first = run();
+        assert_eq!(first, run());
+        let failures = first.iter().filter(|ok| !**ok).count();
+        assert!((30..=90).contains(&failures), "{failures} failures");
+    }
+
+    #[test]
+    fn manual_events_complete_when_told() {
+        let dev = SimDevice::phantom(1 << 20);
+        let s = dev.create_stream().unwrap();
+        let e = dev.create_event().unwrap();
+        dev.record_event(e, s).unwrap();
+        assert!(dev.query_event(e).unwrap());
+        dev.set_manual_events(true);
+        dev.record_event(e, s).unwrap();
+        assert!(!dev.query_event(e).unwrap());
+        dev.complete_stream(StreamId::DEFAULT);
+        assert!(!dev.query_event(e).unwrap());
+        dev.complete_stream(s);
+        assert!(dev.query_event(e).unwrap());
+        assert!(dev.record_event(e, StreamId(99)).is_err());
+    }
+
+    #[test]
+    fn virtual_memory_maps_pages_and_copies_across_them() {
+        let dev = SimDevice::backed(16 << 20);
+        let base = dev.reserve_address_range(8 << 20).unwrap();
+        dev.map(base, 4 << 20).unwrap();
+        assert_eq!(dev.mem_info().free, 12 << 20);
+        let data: Vec<u8> = (0..=255).cycle().take(4096).collect();
+        let at = base + SIM_GRANULARITY - 2048;
+        dev.copy_host_to_device(at, &data, StreamId::DEFAULT).unwrap();
+        let mut back = vec![0; 4096];
+        dev.copy_device_to_host(&mut back, at, StreamId::DEFAULT)
+            .unwrap();
+        assert_eq!(back, data);
+        assert!(dev.map(base, 2 << 20).is_err(), "double map");
+        assert!(dev.release_address_range(base, 8 << 20).is_err());
+        dev.unmap(base + (2 << 20), 2 << 20).unwrap();
+        dev.unmap(base, 2 << 20).unwrap();
+        dev.release_address_range(base, 8 << 20).unwrap();
+        assert_eq!(dev.counters().outstanding_bytes, 0);
+    }
+}

@@ -1,0 +1,339 @@
+//! PyTorch-compatible memory statistics: the figures of `torch.cuda.memory_stats()` under the
+//! same names, and the aligned `memory_summary()` table.
+//!
+//! `crate::caching` updates a [`MemoryStats`] under its device lock on every allocation, free and
+//! segment change; snapshots (`crate::model`) carry a copy, and the inspector prints the same
+//! table for imported files.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::Pool;
+
+/// One statistic: its current value, its peak, and the running totals added and removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stat {
+    /// Current value.
+    pub current: u64,
+    /// Highest value since creation or the last `reset_peak_stats()`.
+    pub peak: u64,
+    /// Total ever added.
+    pub allocated: u64,
+    /// Total ever removed.
+    pub freed: u64,
+}
+
+impl Stat {
+    /// Adds `amount` to the current value, updating the peak and the total allocated.
+    #[inline]
+    pub fn increase(&mut self, amount: u64) {
+        self.current += amount;
+        self.allocated += amount;
+        if self.current > self.peak {
+            self.peak = self.current;
+        }
+    }
+
+    /// Removes `amount` from the current value and adds it to the total freed.
+    #[inline]
+    pub fn decrease(&mut self, amount: u64) {
+        debug_assert!(self.current >= amount, "statistic would go negative");
+        self.current = self.current.saturating_sub(amount);
+        self.freed += amount;
+    }
+
+    /// Sets the peak to the current value.
+    pub fn reset_peak(&mut self) {
+        self.peak = self.current;
+    }
+}
+
+/// A statistic for all pools together and for each pool alone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatArray {
+    /// Both pools together.
+    pub all: Stat,
+    /// The small pool (requests ≤ 1 MiB).
+    pub small_pool: Stat,
+    /// The large pool.
+    pub large_pool: Stat,
+}
+
+impl StatArray {
+    /// Adds `amount` to `all` and to `pool`.
+    #[inline]
+    pub fn increase(&mut self, pool: Pool, amount: u64) {
+        self.all.increase(amount);
+        self.pool_mut(pool).increase(amount);
+    }
+
+    /// Removes `amount` from `all` and from `pool`.
+    #[inline]
+    pub fn decrease(&mut self, pool: Pool, amount: u64) {
+        self.all.decrease(amount);
+        self.pool_mut(pool).decrease(amount);
+    }
+
+    /// The statistic of one pool.
+    pub fn pool(&self, pool: Pool) -> &Stat {
+        match pool {
+            Pool::Small => &self.small_pool,
+            Pool::Large => &self.large_pool,
+        }
+    }
+
+    fn pool_mut(&mut self, pool: Pool) -> &mut Stat {
+        match pool {
+            Pool::Small => &mut self.small_pool,
+            Pool::Large => &mut self.large_pool,
+        }
+    }
+
+    /// Resets every peak to its current value.
+    pub fn reset_peak(&mut self) {
+        self.all.reset_peak();
+        self.small_pool.reset_peak();
+        self.large_pool.reset_peak();
+    }
+}
+
+/// The statistics PyTorch's caching allocator keeps, under PyTorch's names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryStats {
+    /// Bytes in blocks handed out to the program.
+    pub allocated_bytes: StatArray,
+    /// Bytes obtained from the device (segments).
+    pub reserved_bytes: StatArray,
+    /// Bytes in blocks allocated or pending free.
+    pub active_bytes: StatArray,
+    /// Bytes in free blocks inside segments that also hold an active block (not releasable).
+    pub inactive_split_bytes: StatArray,
+    /// Bytes the program asked for (before rounding).
+    pub requested_bytes: StatArray,
+    /// Number of blocks handed out.
+    pub allocation: StatArray,
+    /// Number of segments.
+    pub segment: StatArray,
+    /// Number of blocks allocated or pending free.
+    pub active: StatArray,
+    /// Number of free blocks inside segments that also hold an active block.
+    pub inactive_split: StatArray,
+    /// Raw allocations that failed and were retried after freeing the cache.
+    pub num_alloc_retries: u64,
+    /// Allocations that failed for good.
+    pub num_ooms: u64,
+    /// Times every stream was synchronized to free the cache.
+    pub num_sync_all_streams: u64,
+    /// Raw device allocations (including expandable page maps).
+    pub num_device_alloc: u64,
+    /// Raw device frees (including expandable page unmaps).
+    pub num_device_free: u64,
+    /// Allocations of at least `max_split_size`.
+    pub oversize_allocations: Stat,
+    /// Segments of at least `max_split_size`.
+    pub oversize_segments: Stat,
+}
+
+impl MemoryStats {
+    /// Reserved bytes that no live block uses: the cache.
+    pub fn cached_bytes(&self) -> u64 {
+        self.reserved_bytes
+            .all
+            .current
+            .saturating_sub(self.allocated_bytes.all.current)
+    }
+
+    /// Allocated over reserved, in 0..=1 (1 when nothing is reserved).
+    pub fn utilization(&self) -> f64 {
+        let reserved = self.reserved_bytes.all.current;
+        if reserved == 0 {
+            1.0
+        } else {
+            self.allocated_bytes.all.current as f64 / reserved as f64
+        }
+    }
+
+    /// Bytes lost to rounding and unsplit remainders in live blocks.
+    pub fn rounding_waste(&self) -> u64 {
+        self.allocated_bytes
+            .all
+            .current
+            .saturating_sub(self.requested_bytes.all.current)
+    }
+
+    /// Resets every peak to its current value.
+    pub fn reset_peak(&mut self) {
+        for array in [
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.active,
+            &mut self.inactive_split,
+        ] {
+            array.reset_peak();
+        }
+        self.oversize_allocations.reset_peak();
+        self.oversize_segments.reset_peak();
+    }
+
+    /// The `memory_summary()` table, at most 80 columns wide.
+    pub fn summary(&self) -> String {
+        self.to_string()
+    }
+}
+
+/// Formats a byte count with a binary unit, at most 7 characters (`1023 B`, `12.5 MiB`).
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if value >= 100.0 {
+        format!("{value:.0} {}", UNITS[unit])
+    } else if value >= 10.0 {
+        format!("{value:.1} {}", UNITS[unit])
+    } else {
+        format!("{value:.2} {}", UNITS[unit])
+    }
+}
+
+impl fmt::Display for MemoryStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const RULE: &str =
+            "|==============================================================================|";
+        const THIN: &str =
+            "|------------------------------------------------------------------------------|";
+        writeln!(f, "{RULE}")?;
+        writeln!(f, "| {:<76} |", "vramscope memory summary")?;
+        writeln!(f, "{THIN}")?;
+        writeln!(
+            f,
+            "| {:<24} | {:>10} | {:>10} | {:>10} | {:>10} |",
+            "Metric", "Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed"
+        )?;
+        let rows: [(&str, &StatArray, bool); 9] = [
+            ("Allocated memory", &self.allocated_bytes, true),
+            ("Active memory", &self.active_bytes, true),
+            ("Requested memory", &self.requested_bytes, true),
+            ("GPU reserved memory", &self.reserved_bytes, true),
+            ("Non-releasable memory", &self.inactive_split_bytes, true),
+            ("Allocations", &self.allocation, false),
+            ("Active allocs", &self.active, false),
+            ("GPU reserved segments", &self.segment, false),
+            ("Non-releasable allocs", &self.inactive_split, false),
+        ];
+        for (name, array, bytes) in rows {
+            writeln!(f, "{THIN}")?;
+            for (label, stat) in [
+                (name.to_string(), &array.all),
+                ("  from large pool".to_string(), &array.large_pool),
+                ("  from small pool".to_string(), &array.small_pool),
+            ] {
+                let cell = |v: u64| {
+                    if bytes {
+                        format_bytes(v)
+                    } else {
+                        v.to_string()
+                    }
+                };
+                writeln!(
+                    f,
+                    "| {:<24} | {:>10} | {:>10} | {:>10} | {:>10} |",
+                    label,
+                    cell(stat.current),
+                    cell(stat.peak),
+                    cell(stat.allocated),
+                    cell(stat.freed)
+                )?;
+            }
+        }
+        writeln!(f, "{THIN}")?;
+        writeln!(
+            f,
+            "| {:<24} | {:>10} | {:<23} | {:>10} |",
+            "Device allocs", self.num_device_alloc, "Device frees", self.num_device_free
+        )?;
+        writeln!(
+            f,
+            "| {:<24} | {:>10} | {:<23} | {:>10} |",
+            "Alloc retries", self.num_alloc_retries, "OOMs", self.num_ooms
+        )?;
+        writeln!(
+            f,
+            "| {:<24} | {:>10} | {:<23} | {:>10} |",
+            "Sync all streams",
+            self.num_sync_all_streams,
+            "Utilization",
+            format!("{:.1} %", self.utilization() * 100.0)
+        )?;
+        writeln!(f, "{RULE}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_tracks_peak_and_totals() {
+        let mut s = Stat::default();
+        s.increase(10);
+        s.increase(5);
+        s.decrease(12);
+        s.increase(1);
+        assert_eq!(s.current, 4);
+        assert_eq!(s.peak, 15);
+        assert_eq!(s.allocated, 16);
+        assert_eq!(s.freed, 12);
+        s.reset_peak();
+        assert_eq!(s.peak, 4);
+    }
+
+    #[test]
+    fn stat_array_updates_pool_and_all() {
+        let mut a = StatArray::default();
+        a.increase(Pool::Small, 512);
+        a.increase(Pool::Large, 2048);
+        a.decrease(Pool::Small, 512);
+        assert_eq!(a.all.current, 2048);
+        assert_eq!(a.small_pool.current, 0);
+        assert_eq!(a.small_pool.peak, 512);
+        assert_eq!(a.pool(Pool::Large).current, 2048);
+    }
+
+    #[test]
+    fn formats_bytes_compactly() {
+        assert_eq!(format_bytes(0), "0 B");
+        assert_eq!(format_bytes(1023), "1023 B");
+        assert_eq!(format_bytes(1024), "1.00 KiB");
+        assert_eq!(format_bytes(20 << 20), "20.0 MiB");
+        assert_eq!(format_bytes(1810 << 20), "1.77 GiB");
+        assert_eq!(format_bytes(300 << 30), "300 GiB");
+    }
+
+    #[test]
+    fn summary_fits_80_columns() {
+        let mut s = MemoryStats::default();
+        s.allocated_bytes.increase(Pool::Large, 123 << 30);
+        s.allocation.increase(Pool::Large, 123_456_789);
+        let text = s.summary();
+        assert!(text.lines().count() > 30);
+        for line in text.lines() {
+            assert!(line.chars().count() <= 80, "too wide: {line:?}");
+            assert_eq!(line.chars().count(), 80, "misaligned: {line:?}");
+        }
+        assert!(text.contains("Allocated memory"));
+        assert!(text.contains("123 GiB"));
+    }
+}

@@ -1,0 +1,472 @@
+//! One test per rule of PyTorch's caching policy, on the simulated device.
+
+use vramscope_allocator::{
+    AllocError, AllocatorConfig, BlockState, CachingAllocator, EventKind, Pool, SimDevice,
+    StreamId,
+};
+
+const MIB: u64 = 1 << 20;
+
+fn phantom(capacity: u64, conf: &str) -> (SimDevice, CachingAllocator<SimDevice>) {
+    let device = SimDevice::phantom(capacity);
+    let alloc = CachingAllocator::new(device.clone(), AllocatorConfig::parse(conf).unwrap());
+    (device, alloc)
+}
+
+fn segment_sizes(alloc: &CachingAllocator<SimDevice>) -> Vec<u64> {
+    alloc
+        .snapshot()
+        .segments
+        .iter()
+        .map(|s| s.total_size)
+        .collect()
+}
+
+#[test]
+fn small_requests_share_a_2_mib_segment_and_round_to_512() {
+    let (_, alloc) = phantom(1 << 30, "");
+    let a = alloc.alloc(1).unwrap();
+    let b = alloc.alloc(700).unwrap();
+    assert_eq!(b.addr() - a.addr(), 512, "a 1-byte request takes one 512-byte block");
+    let stats = alloc.stats();
+    assert_eq!(stats.allocated_bytes.small_pool.current, 512 + 1024);
+    assert_eq!(stats.requested_bytes.all.current, 701);
+    assert_eq!(segment_sizes(&alloc), vec![2 * MIB]);
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
+fn large_requests_get_20_mib_or_rounded_segments() {
+    let (_, alloc) = phantom(1 << 30, "");
+    let _a = alloc.alloc(MIB + 1).unwrap();
+    // 11 MiB fits in the 19 MiB left of the first segment: no new segment.
+    let _b = alloc.alloc(11 * MIB).unwrap();
+    assert_eq!(segment_sizes(&alloc), vec![20 * MIB]);
+    // 21 MiB gets a segment of its own, rounded up to 2 MiB.
+    let _c = alloc.alloc(21 * MIB).unwrap();
+    assert_eq!(segment_sizes(&alloc), vec![20 * MIB, 22 * MIB]);
+    let stats = alloc.stats();
+    assert_eq!(stats.reserved_bytes.large_pool.current, 42 * MIB);
+    assert_eq!(stats.segment.all.current, 2);
+    assert_eq!(stats.num_device_alloc, 2);
+}
+
+#[test]
+fn blocks_never_move_between_pools() {
+    let (_, alloc) = phantom(1 << 30, "");
+    let big = alloc.alloc(3 * MIB).unwrap();
+    drop(big);
+    // A small request must not be carved out of the cached 20 MiB large segment.
+    let _small = alloc.alloc(4096).unwrap();
+    assert_eq!(alloc.stats().segment.all.current, 2);
+    assert_eq!(alloc.stats().segment.small_pool.current, 1);
+}
+
+#[test]
+fn best_fit_takes_the_smallest_block_that_fits() {
+    let (_, alloc) = phantom(1 << 30, "");
+    let a = alloc.alloc(12 * MIB).unwrap();
+    let b = alloc.alloc(16 * MIB).unwrap();
+    let (a_addr, b_addr) = (a.addr(), b.addr());
+    drop(a);
+    drop(b);
+    let c = alloc.alloc(11 * MIB).unwrap();
+    assert_eq!(c.addr(), a_addr, "the 12 MiB segment is the smallest that fits");
+    let d = alloc.alloc(13 * MIB).unwrap();
+    assert_eq!(d.addr(), b_addr);
+    assert_eq!(alloc.stats().num_device_alloc, 2);
+}
+
+#[test]
+fn free_blocks_are_reused_only_on_the_same_stream() {
+    let (device, alloc) = phantom(1 << 30, "");
+    let side = vramscope_allocator::Backend::create_stream(&device).unwrap();
+    let a = alloc.alloc(4096).unwrap();
+    drop(a);
+    let b = alloc.alloc_on(4096, side).unwrap();
+    assert_eq!(alloc.stats().segment.all.current, 2, "other stream gets its own segment");
+    assert_eq!(b.stream(), side);
+}
+
+#[test]
+fn small_pool_splits_remainders_of_512_bytes() {
+    let (_, alloc) = phantom(1 << 30, "");
+    let a = alloc.alloc(MIB).unwrap();
+    let _b = alloc.alloc(MIB - 512).unwrap();
+    let c = alloc.alloc(512).unwrap();
+    assert_eq!(c.addr(), a.addr() + 2 * MIB - 512);
+    assert_eq!(alloc.stats().segment.all.current, 1);
+}
+
+#[test]
+fn large_pool_keeps_remainders_of_1_mib_or_less_inside_the_block() {
+    let (_, alloc) = phantom(1 << 30, "");
+    // 19 MiB from a 20 MiB segment leaves exactly 1 MiB: not split, so the block is 20 MiB.
+    let a = alloc.alloc(19 * MIB).unwrap();
+    assert_eq!(alloc.stats().allocated_bytes.all.current, 20 * MIB);
+    assert_eq!(alloc.stats().requested_bytes.all.current, 19 * MIB);
+    drop(a);
+    // 18 MiB leaves 2 MiB: split.
+    let _b = alloc.alloc(18 * MIB).unwrap();
+    assert_eq!(alloc.stats().allocated_bytes.all.current, 18 * MIB);
+    assert_eq!(alloc.stats().inactive_split_bytes.all.current, 2 * MIB);
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
+fn max_split_size_stops_splitting_and_limits_oversize_waste() {
+    let (_, alloc) = phantom(1 << 30, "max_split_size_mb:20");
+    let a = alloc.alloc(40 * MIB).unwrap();
+    drop(a);
+    // A small request may not take the cached 40 MiB oversize block.
+    let _b = alloc.alloc(2 * MIB).unwrap();
+    assert_eq!(alloc.stats().segment.all.current, 2);
+    // A 21 MiB request may take it whole (unsplit) since it wastes less than 20 MiB.
+    let c = alloc.alloc(21 * MIB).unwrap();
+    assert_eq!(alloc.stats().segment.all.current, 2);
+    assert_eq!(alloc.stats().allocated_bytes.all.current, 2 * MIB + 40 * MIB);
+    drop(c);
+    // A 30 MiB request on a fresh allocator with a cached 60 MiB block gets a new segment.
+    let (_, alloc) = phantom(1 << 30, "max_split_size_mb:20");
+    drop(alloc.alloc(60 * MIB).unwrap());
+    let _d = alloc.alloc(30 * MIB).unwrap();
+    assert_eq!(alloc.stats().segment.all.current, 2);
+    assert_eq!(alloc.stats().oversize_segments.current, 2);
+}
+
+#[test]
+fn frees_merge_with_free_neighbours_inside_the_segment_only() {
+    let (_, alloc) = phantom(1 << 30, "");
+    let a = alloc.alloc(4096).unwrap();
+    let b = alloc.alloc(4096).unwrap();
+    let c = alloc.alloc(4096).unwrap();
+    drop(a);
+    drop(c);
+    alloc.check_invariants().unwrap();
+    let snap = alloc.snapshot();
+    assert_eq!(snap.segments[0].blocks.len(), 3, "a | b | c+rest");
+    drop(b);
+    let snap = alloc.snapshot();
+    assert_eq!(snap.segments[0].blocks.len(), 1, "everything merged back");
+    assert_eq!(snap.segments[0].blocks[0].state, BlockState::Inactive);
+    assert_eq!(alloc.stats().inactive_split.all.current, 0);
+    // Never released on a plain free.
+    assert_eq!(alloc.stats().num_device_free, 0);
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 2 * MIB);
+}
+
+#[test]
+fn record_stream_defers_reuse_until_the_event_completes() {
+    let (device, alloc) = phantom(1 << 30, "");
+    device.set_manual_events(true);
+    let side = vramscope_allocator::Backend::create_stream(&device).unwrap();
+    let a = alloc.alloc(4096).unwrap();
+    let addr = a.addr();
+    a.record_stream(side).unwrap();
+    drop(a);
+    assert_eq!(alloc.stats().active.all.current, 1, "pending free is still active");
+    assert_eq!(
+        alloc.snapshot().segments[0].blocks[0].state,
+        BlockState::ActivePendingFree
+    );
+    let b = alloc.alloc(4096).unwrap();
+    assert_ne!(b.addr(), addr, "the pending block is not reused");
+    device.complete_stream(side);
+    drop(b);
+    let c = alloc.alloc(4096).unwrap();
+    assert_eq!(c.addr(), addr, "after the event completes the block is reused");
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
+fn empty_cache_releases_only_segments_without_live_blocks() {
+    let (device, alloc) = phantom(1 << 30, "");
+    let keep = alloc.alloc(4096).unwrap();
+    let big = alloc.alloc(30 * MIB).unwrap();
+    let small2 = alloc.alloc(MIB).unwrap();
+    drop(big);
+    drop(small2);
+    let released = alloc.empty_cache();
+    assert_eq!(released, 30 * MIB);
+    let stats = alloc.stats();
+    assert_eq!(stats.reserved_bytes.all.current, 2 * MIB);
+    assert_eq!(stats.num_device_free, 1);
+    assert_eq!(stats.inactive_split_bytes.all.current, 2 * MIB - 4096);
+    drop(keep);
+    alloc.empty_cache();
+    assert_eq!(device.counters().outstanding_bytes, 0);
+    let snap = alloc.snapshot();
+    assert!(snap.events.iter().any(|e| e.kind == EventKind::EmptyCache));
+}
+
+#[test]
+fn oom_frees_the_cache_and_retries_before_failing() {
+    let (_, alloc) = phantom(64 * MIB, "");
+    drop(alloc.alloc(40 * MIB).unwrap());
+    // 40 MiB is cached; a 50 MiB request only fits after it is released.
+    let b = alloc.alloc(50 * MIB).unwrap();
+    let stats = alloc.stats();
+    assert_eq!(stats.num_alloc_retries, 1);
+    assert_eq!(stats.num_device_free, 1);
+    assert_eq!(stats.num_ooms, 0);
+    drop(b);
+}
+
+#[test]
+fn oom_error_names_request_capacity_holders_and_a_setting() {
+    let (_, alloc) = phantom(100 * MIB, "");
+    let mut keep = Vec::new();
+    for _ in 0..4 {
+        keep.push(alloc.tagged("weights").alloc(18 * MIB).unwrap());
+    }
+    let err = alloc.alloc(30 * MIB).unwrap_err();
+    let AllocError::OutOfMemory(report) = &err else {
+        panic!("expected OOM, got {err}");
+    };
+    assert_eq!(report.requested, 30 * MIB);
+    assert_eq!(report.capacity, 100 * MIB);
+    assert_eq!(report.allocated, 72 * MIB);
+    assert_eq!(report.reserved_unallocated(), 0);
+    assert_eq!(report.top_sites.len(), 1);
+    assert!(report.top_sites[0].0.contains("tests/policy.rs"));
+    let text = err.to_string();
+    assert!(text.contains("30.0 MiB"), "{text}");
+    assert!(text.contains("100 MiB in total"), "{text}");
+    assert!(text.contains("policy.rs"), "{text}");
+    let stats = alloc.stats();
+    assert_eq!(stats.num_ooms, 1);
+    let snap = alloc.snapshot();
+    let oom = snap.events.iter().find(|e| e.kind == EventKind::Oom).unwrap();
+    assert_eq!(oom.size, 30 * MIB);
+    // Fragmentation: lots reserved but unallocated gets a setting named.
+    let (_, alloc) = phantom(100 * MIB, "");
+    let mut held = Vec::new();
+    let mut freed_later = Vec::new();
+    for _ in 0..5 {
+        // Each 2 MiB block pins a 20 MiB segment whose other 18 MiB is freed below.
+        held.push(alloc.alloc(2 * MIB).unwrap());
+        freed_later.push(alloc.alloc(17 * MIB).unwrap());
+    }
+    drop(freed_later);
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 100 * MIB);
+    let err = alloc.alloc(30 * MIB).unwrap_err().to_string();
+    assert!(err.contains("expandable_segments:True"), "{err}");
+}
+
+#[test]
+fn misuse_is_an_error_not_a_crash() {
+    let (_, alloc) = phantom(1 << 30, "");
+    let a = alloc.alloc_ptr(4096, StreamId::DEFAULT).unwrap();
+    alloc.free_ptr(a).unwrap();
+    assert!(matches!(alloc.free_ptr(a), Err(AllocError::DoubleFree { .. })));
+    assert!(matches!(
+        alloc.free_ptr(0xdead_beef),
+        Err(AllocError::UnknownPointer { .. })
+    ));
+    let b = alloc.alloc_ptr(4096, StreamId::DEFAULT).unwrap();
+    assert!(matches!(
+        alloc.free_ptr_on(b, 3),
+        Err(AllocError::WrongDevice {
+            expected: 0,
+            found: 3
+        })
+    ));
+    alloc.free_ptr_on(b, 0).unwrap();
+    let mut buf = alloc.alloc(16).unwrap();
+    assert!(matches!(
+        buf.copy_from_host(&[0; 32]),
+        Err(AllocError::OutOfBounds { .. })
+    ));
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
+fn zero_sized_allocations_hold_nothing() {
+    let (_, alloc) = phantom(1 << 30, "");
+    let a = alloc.alloc(0).unwrap();
+    assert!(a.is_empty());
+    assert_eq!(alloc.stats().allocation.all.current, 0);
+}
+
+#[test]
+fn roundup_power2_divisions_rounds_large_requests() {
+    let (_, alloc) = phantom(1 << 34, "roundup_power2_divisions:4");
+    let _a = alloc.alloc(1200 * MIB).unwrap();
+    assert_eq!(alloc.stats().allocated_bytes.all.current, 1280 * MIB);
+}
+
+#[test]
+fn garbage_collection_threshold_frees_idle_segments_early() {
+    let (_, alloc) = phantom(100 * MIB, "garbage_collection_threshold:0.5");
+    drop(alloc.alloc(30 * MIB).unwrap());
+    drop(alloc.alloc(34 * MIB).unwrap());
+    // 64 MiB reserved > 50 MiB: the next miss frees the least recently used idle segment.
+    let _c = alloc.alloc(40 * MIB).unwrap();
+    let stats = alloc.stats();
+    assert_eq!(stats.num_device_free, 1);
+    assert_eq!(stats.num_alloc_retries, 0);
+    assert_eq!(stats.reserved_bytes.all.current, 74 * MIB);
+}
+
+#[test]
+fn expandable_segments_grow_in_place_and_trim() {
+    let (device, alloc) = phantom(1 << 30, "expandable_segments:True");
+    let a = alloc.alloc(3 * MIB).unwrap();
+    let b = alloc.alloc(5 * MIB).unwrap();
+    assert_eq!(b.addr(), a.addr() + 3 * MIB, "contiguous in one segment");
+    let snap = alloc.snapshot();
+    let large: Vec<_> = snap.segments.iter().filter(|s| s.pool == Pool::Large).collect();
+    assert_eq!(large.len(), 1);
+    assert!(large[0].expandable);
+    assert_eq!(large[0].total_size, 8 * MIB, "mapped in 2 MiB pages, no 20 MiB segments");
+    assert!(snap.events.iter().any(|e| e.kind == EventKind::SegmentMap));
+    alloc.check_invariants().unwrap();
+    drop(b);
+    alloc.empty_cache();
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 4 * MIB);
+    drop(a);
+    alloc.empty_cache();
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 0);
+    assert_eq!(alloc.stats().segment.all.current, 0);
+    alloc.check_invariants().unwrap();
+    assert_eq!(device.counters().outstanding_bytes, 0);
+}
+
+#[test]
+fn expandable_segments_fit_where_20_mib_segments_do_not() {
+    // On a 16 MiB device a 3 MiB request needs a 20 MiB segment without expandable segments.
+    for (conf, should_fit) in [("", false), ("expandable_segments:True", true)] {
+        let (device, alloc) = phantom(16 * MIB, conf);
+        let fits = alloc.alloc(3 * MIB).is_ok() && alloc.alloc(5 * MIB).is_ok();
+        assert_eq!(fits, should_fit, "conf {conf:?}");
+        alloc.check_invariants().unwrap();
+        drop(alloc);
+        assert_eq!(device.counters().outstanding_bytes, 0);
+    }
+}
+
+#[test]
+fn provenance_records_site_tag_scope_step_and_thread() {
+    let (_, alloc) = phantom(1 << 30, "");
+    alloc.mark_step();
+    let _weights = {
+        let _s = alloc.scope("model");
+        let _inner = alloc.scope("layer1");
+        alloc.tagged("weight").alloc(4096).unwrap()
+    };
+    let line = line!() - 2;
+    let _other = alloc.alloc(4096).unwrap();
+    let snap = alloc.snapshot();
+    let block = snap.segments[0]
+        .blocks
+        .iter()
+        .find(|b| b.tag.is_some())
+        .unwrap();
+    let site = snap.site(block.site).unwrap();
+    assert!(site.file.ends_with("policy.rs"));
+    assert_eq!(site.line, line);
+    assert_eq!(snap.tag(block.tag), Some("weight"));
+    assert_eq!(snap.scope(block.scope), Some("model/layer1"));
+    assert_eq!(block.step, 1);
+    assert!(block.thread > 0);
+    let other = snap.segments[0]
+        .blocks
+        .iter()
+        .find(|b| b.state == BlockState::ActiveAllocated && b.tag.is_none())
+        .unwrap();
+    assert_eq!(other.scope, None, "the scope closed with its guard");
+    assert_eq!(snap.steps.len(), 1);
+}
+
+#[test]
+fn sampled_backtraces_are_symbolized_in_snapshots() {
+    let device = SimDevice::phantom(1 << 30);
+    let alloc = CachingAllocator::new(device, AllocatorConfig::parse("backtraces:all").unwrap());
+    let _a = alloc.alloc(4096).unwrap();
+    let snap = alloc.snapshot();
+    let site = &snap.sites[0];
+    assert!(!site.frames.is_empty(), "a backtrace was captured");
+    assert!(
+        site.frames.iter().any(|f| f.function.contains("sampled_backtraces")),
+        "{:?}",
+        site.frames
+    );
+}
+
+#[test]
+fn events_record_kinds_in_order_and_the_ring_is_bounded() {
+    let device = SimDevice::backed(1 << 30);
+    let alloc = CachingAllocator::new(device, AllocatorConfig::parse("max_entries:8").unwrap());
+    let mut a = alloc.alloc(4096).unwrap();
+    a.copy_from_host(&[1; 16]).unwrap();
+    let mut back = [0u8; 4];
+    a.copy_to_host(&mut back).unwrap();
+    assert_eq!(back, [1; 4]);
+    drop(a);
+    let snap = alloc.snapshot();
+    let kinds: Vec<&str> = snap.events.iter().map(|e| e.kind.name()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "segment_alloc",
+            "alloc",
+            "transfer_h2d",
+            "transfer_d2h",
+            "free_requested",
+            "free_completed",
+            "snapshot"
+        ]
+    );
+    for _ in 0..10 {
+        drop(alloc.alloc(512).unwrap());
+    }
+    let snap = alloc.snapshot();
+    assert_eq!(snap.events.len(), 8);
+    assert!(snap.dropped_events > 0);
+    assert!(snap.events.windows(2).all(|w| w[1].seq == w[0].seq + 1));
+}
+
+#[test]
+fn snapshots_round_trip_through_json() {
+    let (_, alloc) = phantom(1 << 30, "");
+    let _a = alloc.tagged("x").alloc(12345).unwrap();
+    alloc.mark_step();
+    let snap = alloc.snapshot();
+    let dir = std::env::temp_dir().join(format!("vramscope-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("snap.json");
+    snap.save(&path).unwrap();
+    let back = vramscope_allocator::Snapshot::load(&path).unwrap();
+    assert_eq!(back, snap);
+    std::fs::write(&path, b"{\"format_version\": 1, \"source\": ").unwrap();
+    let err = vramscope_allocator::Snapshot::load(&path).unwrap_err().to_string();
+    assert!(err.contains("snap.json"), "{err}");
+    std::fs::write(&path, b"{\"format_version\": 99}").unwrap();
+    let err = vramscope_allocator::Snapshot::load(&path).unwrap_err().to_string();
+    assert!(err.contains("version 99"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn memory_summary_is_an_aligned_table() {
+    let (_, alloc) = phantom(1 << 30, "");
+    let _a = alloc.alloc(5 * MIB).unwrap();
+    let text = alloc.memory_summary();
+    assert!(text.contains("Allocated memory"));
+    assert!(text.contains("GPU reserved memory"));
+    assert!(text.lines().all(|l| l.chars().count() <= 80));
+    alloc.reset_peak_stats();
+    assert_eq!(alloc.stats().allocated_bytes.all.peak, 5 * MIB);
+}
+
+#[test]
+fn dropping_the_allocator_returns_every_segment() {
+    let device = SimDevice::phantom(1 << 30);
+    {
+        let alloc = CachingAllocator::new(device.clone(), AllocatorConfig::default());
+        let _a = alloc.alloc(4096).unwrap();
+        let leaked = alloc.alloc(30 * MIB).unwrap().into_raw();
+        assert!(leaked != 0);
+    }
+    assert_eq!(device.counters().outstanding_bytes, 0);
+}

@@ -1,0 +1,1 @@
+//! Importers (placeholder, being written).

@@ -1,0 +1,1 @@
+//! Pickle reader (placeholder, being written).
