@@ -1,1 +1,197 @@
-fn main(){}
+//! The `vramscope` command line: argument parsing, calls into the library crates, printing.
+//!
+//! Every subcommand is glue: `report`, `summary` and `diff` load files with the inspector's
+//! importers and render its reports; `demo` runs the built-in workload of `demo.rs` on the
+//! simulated device and reports on it. Exit status: 0 on success, 1 when a finding reaches
+//! `--fail-on`, 2 for unusable input.
+
+mod demo;
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use vramscope::inspector::detect::Severity;
+use vramscope::inspector::import::{self, ImportOptions};
+use vramscope::inspector::report::{self, Format, ReportOptions};
+use vramscope::inspector::diff;
+
+/// GPU memory debugger and allocator inspector.
+#[derive(Parser)]
+#[command(name = "vramscope", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a built-in training loop with planted memory bugs and report on it.
+    Demo {
+        /// Bugs to plant: retained-loss, item-in-loop, or none (comma-separated).
+        #[arg(long, default_value = "retained-loss,item-in-loop")]
+        bug: demo::Bugs,
+        /// Training steps to run.
+        #[arg(long, default_value_t = 20)]
+        steps: u64,
+        /// Run without a terminal dashboard and print the report.
+        #[arg(long)]
+        headless: bool,
+        /// Report format: text, markdown, json or html.
+        #[arg(long, default_value = "text")]
+        format: Format,
+    },
+    /// Diagnose a snapshot: ours, a PyTorch pickle, or a torch.profiler Chrome trace.
+    Report {
+        /// The file to read.
+        file: PathBuf,
+        /// Output format: text, markdown, json or html.
+        #[arg(long, default_value = "text")]
+        format: Format,
+        /// Write the report to this file instead of standard output.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// A function name whose allocations start a new training step.
+        #[arg(long)]
+        step_marker: Option<String>,
+        /// Exit with status 1 when a finding is at least this severe: info, warning or error.
+        #[arg(long)]
+        fail_on: Option<Severity>,
+    },
+    /// Print the memory summary table of any snapshot.
+    Summary {
+        /// The file to read.
+        file: PathBuf,
+    },
+    /// Compare two snapshots by call site: what grew and what shrank.
+    Diff {
+        /// The earlier snapshot.
+        before: PathBuf,
+        /// The later snapshot.
+        after: PathBuf,
+        /// Output format: text or json.
+        #[arg(long, default_value = "text")]
+        format: Format,
+    },
+}
+
+/// An error that ends the command with a status code.
+struct Failure {
+    message: String,
+    status: u8,
+}
+
+impl Failure {
+    fn input(message: impl std::fmt::Display) -> Failure {
+        Failure {
+            message: message.to_string(),
+            status: 2,
+        }
+    }
+}
+
+fn use_color() -> bool {
+    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+}
+
+fn emit(text: &str, output: Option<&PathBuf>) -> Result<(), Failure> {
+    match output {
+        Some(path) => std::fs::write(path, text)
+            .map_err(|e| Failure::input(format!("{}: {e}", path.display()))),
+        None => {
+            let mut stdout = std::io::stdout().lock();
+            // A closed pipe (`| head`) is not an error worth reporting.
+            let _ = stdout.write_all(text.as_bytes());
+            let _ = stdout.flush();
+            Ok(())
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<u8, Failure> {
+    match cli.command {
+        Command::Demo {
+            bug,
+            steps,
+            headless,
+            format,
+        } => {
+            if !headless {
+                eprintln!("vramscope demo: the terminal dashboard is not built yet; printing the report.");
+            }
+            let snapshot = demo::run(steps, bug).map_err(|e| Failure {
+                message: format!("demo failed: {e}"),
+                status: 1,
+            })?;
+            let options = ReportOptions {
+                input: Some("vramscope demo".to_string()),
+                ..ReportOptions::default()
+            };
+            let built = report::build_report(&snapshot, &options);
+            emit(&report::render(&built, format, use_color() && format == Format::Text), None)?;
+            Ok(0)
+        }
+        Command::Report {
+            file,
+            format,
+            output,
+            step_marker,
+            fail_on,
+        } => {
+            let import_options = ImportOptions {
+                step_marker,
+                ..ImportOptions::default()
+            };
+            let snapshot = import::load_with(&file, &import_options).map_err(Failure::input)?;
+            let options = ReportOptions {
+                input: Some(file.display().to_string()),
+                ..ReportOptions::default()
+            };
+            let built = report::build_report(&snapshot, &options);
+            let color = output.is_none() && use_color() && format == Format::Text;
+            emit(&report::render(&built, format, color), output.as_ref())?;
+            Ok(match fail_on {
+                Some(level) if built.fails_on(level) => 1,
+                _ => 0,
+            })
+        }
+        Command::Summary { file } => {
+            let snapshot = import::load(&file).map_err(Failure::input)?;
+            let built = report::build_report(&snapshot, &ReportOptions::default());
+            emit(&report::render_summary(&built), None)?;
+            Ok(0)
+        }
+        Command::Diff {
+            before,
+            after,
+            format,
+        } => {
+            let a = import::load(&before).map_err(Failure::input)?;
+            let b = import::load(&after).map_err(Failure::input)?;
+            let d = diff::diff(&a, &b);
+            let text = match format {
+                Format::Json => diff::render_json(&d),
+                Format::Text => diff::render_text(&d),
+                other => {
+                    return Err(Failure::input(format!(
+                        "diff prints text or json, not {other:?}"
+                    )))
+                }
+            };
+            emit(&text, None)?;
+            Ok(0)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(status) => ExitCode::from(status),
+        Err(failure) => {
+            eprintln!("vramscope: {}", failure.message);
+            ExitCode::from(failure.status)
+        }
+    }
+}

@@ -11,17 +11,18 @@
 //! is a [`DeviceBuffer`](crate::buffer::DeviceBuffer) that frees itself on drop; the raw
 //! pointer API serves the C ABI and trace replay.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use crate::backend::{Backend, BackendError, EventId, StreamId};
+use crate::clock::Clock;
 use crate::config::{AllocatorConfig, BacktraceMode, MIB};
 use crate::model::{
     Block, BlockState, DeviceInfo, EventKind, Pool, Segment, Snapshot, SnapshotSource, StepMark,
@@ -60,6 +61,8 @@ struct BlockMeta {
     segment: u32,
     provenance: u32,
     step: u32,
+    /// Index of the segment's free list in `State::free_lists`.
+    list: u16,
     flags: u8,
 }
 
@@ -140,8 +143,18 @@ impl<T> Slab<T> {
     }
 }
 
-/// Free blocks of one pool, ordered like PyTorch's `BlockComparatorSize`: stream, size, address.
-type FreeSet = BTreeSet<(u64, u64, u64, u32)>;
+/// The free blocks of one (stream, pool) pair, ordered like PyTorch's `BlockComparatorSize`
+/// within a stream: by size, then address, packed into one `u128` key for cheap comparisons.
+struct FreeList {
+    stream: StreamId,
+    pool: Pool,
+    blocks: BTreeMap<u128, u32>,
+}
+
+#[inline]
+fn free_key(size: u64, addr: u64) -> u128 {
+    ((size as u128) << 64) | addr as u128
+}
 
 /// Why an allocation or free failed.
 #[derive(Debug)]
@@ -280,8 +293,7 @@ struct State {
     segments: Slab<SegmentMeta>,
     segments_by_addr: BTreeMap<u64, u32>,
     live: FxHashMap<u64, u32>,
-    small_free: FreeSet,
-    large_free: FreeSet,
+    free_lists: Vec<FreeList>,
     expandable: Vec<(StreamId, Pool, u32)>,
     stream_uses: FxHashMap<u32, Vec<StreamId>>,
     pending_events: FxHashMap<u32, u32>,
@@ -301,7 +313,7 @@ struct Shared<B: Backend> {
     device: u32,
     capacity: u64,
     config: AllocatorConfig,
-    epoch: Instant,
+    clock: Clock,
     epoch_unix_ns: u64,
     state: Mutex<State>,
 }
@@ -369,51 +381,63 @@ pub fn segment_size_for(rounded: u64) -> u64 {
 }
 
 impl State {
-    fn free_set(&mut self, pool: Pool) -> &mut FreeSet {
-        match pool {
-            Pool::Small => &mut self.small_free,
-            Pool::Large => &mut self.large_free,
+    /// The free list of (stream, pool), created on first use.
+    fn list_index(&mut self, stream: StreamId, pool: Pool) -> u16 {
+        if let Some(i) = self.find_list(stream, pool) {
+            return i;
         }
+        self.free_lists.push(FreeList {
+            stream,
+            pool,
+            blocks: BTreeMap::new(),
+        });
+        (self.free_lists.len() - 1) as u16
     }
 
-    fn free_set_ref(&self, pool: Pool) -> &FreeSet {
-        match pool {
-            Pool::Small => &self.small_free,
-            Pool::Large => &self.large_free,
-        }
+    #[inline]
+    fn find_list(&self, stream: StreamId, pool: Pool) -> Option<u16> {
+        self.free_lists
+            .iter()
+            .position(|l| l.stream == stream && l.pool == pool)
+            .map(|i| i as u16)
     }
 
+    #[inline]
     fn pool_of(&self, block: u32) -> (Pool, StreamId) {
-        let seg = self.segments.get(self.blocks.get(block).segment);
-        (seg.pool, seg.stream)
+        let list = &self.free_lists[self.blocks.get(block).list as usize];
+        (list.pool, list.stream)
     }
 
-    /// Puts a free block into its pool's free set and counts it as inactive split if split.
+    /// Puts a free block into its free list and counts it as inactive split if split.
+    #[inline]
     fn insert_free(&mut self, id: u32) {
-        let (pool, stream) = self.pool_of(id);
         let b = *self.blocks.get(id);
-        self.free_set(pool).insert((stream.0, b.size, b.addr, id));
+        let list = &mut self.free_lists[b.list as usize];
+        list.blocks.insert(free_key(b.size, b.addr), id);
         if b.is_split() {
+            let pool = list.pool;
             self.stats.inactive_split.increase(pool, 1);
             self.stats.inactive_split_bytes.increase(pool, b.size);
         }
     }
 
-    /// Takes a free block out of its pool's free set, undoing [`State::insert_free`].
+    /// Takes a free block out of its free list, undoing [`State::insert_free`].
+    #[inline]
     fn remove_free(&mut self, id: u32) {
-        let (pool, stream) = self.pool_of(id);
         let b = *self.blocks.get(id);
-        let removed = self.free_set(pool).remove(&(stream.0, b.size, b.addr, id));
-        debug_assert!(removed, "free block was in its pool");
+        let list = &mut self.free_lists[b.list as usize];
+        let removed = list.blocks.remove(&free_key(b.size, b.addr));
+        debug_assert_eq!(removed, Some(id), "free block was in its list");
         if b.is_split() {
+            let pool = list.pool;
             self.stats.inactive_split.decrease(pool, 1);
             self.stats.inactive_split_bytes.decrease(pool, b.size);
         }
     }
 
     #[inline]
-    fn record(&mut self, epoch: Instant, kind: EventKind, event: RawEventParts) {
-        let time_ns = epoch.elapsed().as_nanos() as u64;
+    fn record(&mut self, clock: &Clock, kind: EventKind, event: RawEventParts) {
+        let time_ns = clock.ticks();
         self.ring.push(RawEvent {
             seq: 0,
             time_ns,
@@ -457,15 +481,14 @@ impl<B: Backend> CachingAllocator<B> {
                 device: device.device_index(),
                 capacity: info.total,
                 backend: device,
-                epoch: Instant::now(),
+                clock: Clock::new(),
                 epoch_unix_ns,
                 state: Mutex::new(State {
                     blocks: Slab::new(),
                     segments: Slab::new(),
                     segments_by_addr: BTreeMap::new(),
                     live: FxHashMap::default(),
-                    small_free: BTreeSet::new(),
-                    large_free: BTreeSet::new(),
+                    free_lists: Vec::new(),
                     expandable: Vec::new(),
                     stream_uses: FxHashMap::default(),
                     pending_events: FxHashMap::default(),
@@ -584,21 +607,29 @@ impl<B: Backend> CachingAllocator<B> {
         if !config.record_sites && !config.record_events {
             return NIL;
         }
-        let site = if config.record_sites {
-            state.provenance.site(origin.location, backtrace)
-        } else {
-            NIL
-        };
         let tag = origin
             .tag
             .map(|t| state.provenance.tags.intern(t))
             .unwrap_or(NIL);
-        state.provenance.provenance(Provenance {
-            site,
-            tag,
-            scope: provenance::current_scope(self.shared.id),
-            thread: provenance::thread_number(),
-        })
+        let scope = provenance::current_scope(self.shared.id);
+        let thread = provenance::thread_number();
+        match backtrace {
+            Some(ips) if config.record_sites => {
+                let site = state.provenance.site(origin.location, Some(ips));
+                state.provenance.provenance(Provenance {
+                    site,
+                    tag,
+                    scope,
+                    thread,
+                })
+            }
+            _ => {
+                let location = config.record_sites.then_some(origin.location);
+                state
+                    .provenance
+                    .provenance_at(location, tag, scope, thread)
+            }
+        }
     }
 
     fn wants_backtrace(&self) -> bool {
@@ -639,7 +670,7 @@ impl<B: Backend> CachingAllocator<B> {
         let block = self.use_block(state, found.block, rounded, size, provenance);
         if config.record_events {
             state.record(
-                shared.epoch,
+                &shared.clock,
                 EventKind::Alloc,
                 RawEventParts {
                     addr: block.addr,
@@ -657,11 +688,12 @@ impl<B: Backend> CachingAllocator<B> {
     #[inline]
     fn get_free_block(&self, state: &mut State, pool: Pool, stream: StreamId, rounded: u64) -> Option<Found> {
         let max_split = self.shared.config.max_split_size.unwrap_or(u64::MAX);
-        let set = state.free_set(pool);
-        let &(s, size, _, id) = set.range((stream.0, rounded, 0, 0)..).next()?;
-        if s != stream.0 {
-            return None;
-        }
+        let list = state.find_list(stream, pool)?;
+        let (&key, &id) = state.free_lists[list as usize]
+            .blocks
+            .range(free_key(rounded, 0)..)
+            .next()?;
+        let size = (key >> 64) as u64;
         if rounded < max_split && size >= max_split {
             return None;
         }
@@ -715,7 +747,7 @@ impl<B: Backend> CachingAllocator<B> {
         let provenance = self.provenance_for(state, origin, None);
         if shared.config.record_events {
             state.record(
-                shared.epoch,
+                &shared.clock,
                 EventKind::Oom,
                 RawEventParts {
                     addr: info.free,
@@ -783,6 +815,7 @@ impl<B: Backend> CachingAllocator<B> {
         let shared = &*self.shared;
         let size = segment_size_for(rounded);
         let addr = shared.backend.malloc(size).ok()?;
+        let list = state.list_index(stream, pool);
         let segment = state.segments.insert(SegmentMeta {
             addr,
             size,
@@ -804,6 +837,7 @@ impl<B: Backend> CachingAllocator<B> {
             segment,
             provenance: NIL,
             step: 0,
+            list,
             flags: 0,
         });
         let seg = state.segments.get_mut(segment);
@@ -820,7 +854,7 @@ impl<B: Backend> CachingAllocator<B> {
         }
         if shared.config.record_events {
             state.record(
-                shared.epoch,
+                &shared.clock,
                 EventKind::SegmentAlloc,
                 RawEventParts {
                     addr,
@@ -868,6 +902,11 @@ impl<B: Backend> CachingAllocator<B> {
         let seg = state.segments.get(segment).clone();
         let tail_free = (seg.last != NIL && state.blocks.get(seg.last).is_free()).then_some(seg.last);
         let have = tail_free.map(|id| state.blocks.get(id).size).unwrap_or(0);
+        if let (Some(id), true) = (tail_free, have >= rounded) {
+            // The tail already fits (the best-fit search passed it over); use it as it is.
+            state.remove_free(id);
+            return Some(Found { block: id });
+        }
         let grow_by = (rounded - have).div_ceil(granularity) * granularity;
         if seg.size + grow_by > seg.reserved {
             return None;
@@ -879,7 +918,7 @@ impl<B: Backend> CachingAllocator<B> {
         state.stats.num_device_alloc += 1;
         if shared.config.record_events {
             state.record(
-                shared.epoch,
+                &shared.clock,
                 EventKind::SegmentMap,
                 RawEventParts {
                     addr: map_at,
@@ -896,6 +935,7 @@ impl<B: Backend> CachingAllocator<B> {
                 id
             }
             None => {
+                let list = state.list_index(stream, pool);
                 let id = state.blocks.insert(BlockMeta {
                     addr: map_at,
                     size: grow_by,
@@ -905,6 +945,7 @@ impl<B: Backend> CachingAllocator<B> {
                     segment,
                     provenance: NIL,
                     step: 0,
+                    list,
                     flags: 0,
                 });
                 if seg.last != NIL {
@@ -943,6 +984,7 @@ impl<B: Backend> CachingAllocator<B> {
                 segment: b.segment,
                 provenance: NIL,
                 step: 0,
+                list: b.list,
                 flags: 0,
             });
             if b.next != NIL {
@@ -1004,7 +1046,7 @@ impl<B: Backend> CachingAllocator<B> {
         }
         if shared.config.record_events {
             state.record(
-                shared.epoch,
+                &shared.clock,
                 EventKind::FreeRequested,
                 RawEventParts {
                     addr,
@@ -1132,7 +1174,7 @@ impl<B: Backend> CachingAllocator<B> {
         state.stats.active_bytes.decrease(pool, original.size);
         if shared.config.record_events {
             state.record(
-                shared.epoch,
+                &shared.clock,
                 EventKind::FreeCompleted,
                 RawEventParts {
                     addr: original.addr,
@@ -1169,7 +1211,7 @@ impl<B: Backend> CachingAllocator<B> {
         }
         if shared.config.record_events {
             state.record(
-                shared.epoch,
+                &shared.clock,
                 EventKind::SegmentFree,
                 RawEventParts {
                     addr: seg.addr,
@@ -1219,7 +1261,7 @@ impl<B: Backend> CachingAllocator<B> {
         state.stats.num_device_free += 1;
         if shared.config.record_events {
             state.record(
-                shared.epoch,
+                &shared.clock,
                 EventKind::SegmentUnmap,
                 RawEventParts {
                     addr: cut,
@@ -1247,11 +1289,13 @@ impl<B: Backend> CachingAllocator<B> {
             return false;
         };
         let key_size = rounded.max(max_split);
-        let candidates: Vec<(u64, u32)> = state
-            .free_set(pool)
-            .range((stream.0, 0, 0, 0)..(stream.0 + 1, 0, 0, 0))
-            .filter(|&&(_, size, _, _)| size >= max_split)
-            .map(|&(_, size, _, id)| (size, id))
+        let Some(list) = state.find_list(stream, pool) else {
+            return false;
+        };
+        let candidates: Vec<(u64, u32)> = state.free_lists[list as usize]
+            .blocks
+            .range(free_key(max_split, 0)..)
+            .map(|(&key, &id)| ((key >> 64) as u64, id))
             .collect();
         let whole = |state: &State, id: u32| {
             let b = state.blocks.get(id);
@@ -1368,7 +1412,7 @@ impl<B: Backend> CachingAllocator<B> {
         if shared.config.record_events {
             let provenance = self.provenance_for(state, &Origin { location, tag: None }, None);
             state.record(
-                shared.epoch,
+                &shared.clock,
                 EventKind::EmptyCache,
                 RawEventParts {
                     size: released,
@@ -1390,7 +1434,7 @@ impl<B: Backend> CachingAllocator<B> {
         state.step += 1;
         let step = state.step;
         let seq = state.ring.next_seq();
-        let time_ns = shared.epoch.elapsed().as_nanos() as u64;
+        let time_ns = shared.clock.ticks();
         state.steps.push(StepMark {
             step,
             seq,
@@ -1400,7 +1444,7 @@ impl<B: Backend> CachingAllocator<B> {
         if shared.config.record_events {
             let provenance = self.provenance_for(state, &Origin { location, tag: None }, None);
             state.record(
-                shared.epoch,
+                &shared.clock,
                 EventKind::Step,
                 RawEventParts {
                     provenance,
@@ -1426,7 +1470,7 @@ impl<B: Backend> CachingAllocator<B> {
         let state = &mut *guard;
         let provenance = self.provenance_for(state, &Origin { location, tag: None }, None);
         state.record(
-            shared.epoch,
+            &shared.clock,
             kind,
             RawEventParts {
                 addr,
@@ -1484,7 +1528,7 @@ impl<B: Backend> CachingAllocator<B> {
         let mut guard = shared.state.lock();
         let state = &mut *guard;
         if shared.config.record_events {
-            state.record(shared.epoch, EventKind::Snapshot, RawEventParts::default());
+            state.record(&shared.clock, EventKind::Snapshot, RawEventParts::default());
         }
         let info = shared.backend.mem_info();
         let mut snapshot = Snapshot::empty(
@@ -1500,7 +1544,16 @@ impl<B: Backend> CachingAllocator<B> {
         snapshot.stats = state.stats;
         snapshot.epoch_unix_ns = shared.epoch_unix_ns;
         snapshot.dropped_events = state.ring.overwritten();
-        snapshot.steps = state.steps.clone();
+        let ns_per_tick = shared.clock.ns_per_tick();
+        let to_ns = |ticks: u64| (ticks as f64 * ns_per_tick) as u64;
+        snapshot.steps = state
+            .steps
+            .iter()
+            .map(|m| StepMark {
+                time_ns: to_ns(m.time_ns),
+                ..m.clone()
+            })
+            .collect();
         let prov = |state: &State, id: u32| state.provenance.get(id).unwrap_or(Provenance {
             site: NIL,
             tag: NIL,
@@ -1553,7 +1606,7 @@ impl<B: Backend> CachingAllocator<B> {
                 let p = prov(state, e.provenance);
                 crate::model::Event {
                     seq: e.seq,
-                    time_ns: e.time_ns,
+                    time_ns: to_ns(e.time_ns),
                     kind: e.kind,
                     device: shared.device,
                     stream: e.stream,
@@ -1612,7 +1665,8 @@ impl<B: Backend> CachingAllocator<B> {
                 cursor += b.size;
                 if b.is_free() {
                     free_count += 1;
-                    if !state.free_set_ref(seg.pool).contains(&(seg.stream.0, b.size, b.addr, id)) {
+                    let listed = state.free_lists[b.list as usize].blocks.get(&free_key(b.size, b.addr));
+                    if listed != Some(&id) {
                         return Err(format!("free block {id} at {:#x} is missing from its pool", b.addr));
                     }
                     if b.prev != NIL && state.blocks.get(b.prev).is_free() {
@@ -1646,7 +1700,7 @@ impl<B: Backend> CachingAllocator<B> {
                 return Err(format!("segment at {addr:#x} has a stale tail or active count"));
             }
         }
-        let pools = state.small_free.len() + state.large_free.len();
+        let pools: usize = state.free_lists.iter().map(|l| l.blocks.len()).sum();
         if pools != free_count || state.live.len() != live_count {
             return Err(format!(
                 "{pools} pooled blocks for {free_count} free ones; {} live entries for {live_count} allocated blocks",

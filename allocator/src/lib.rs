@@ -25,6 +25,7 @@
 pub mod backend;
 pub mod buffer;
 pub mod caching;
+mod clock;
 pub mod config;
 pub mod model;
 pub mod provenance;

@@ -135,6 +135,8 @@ pub(crate) struct ProvenanceTables {
     pub scopes: Interner,
     provenance: Vec<Provenance>,
     by_provenance: FxHashMap<Provenance, u32>,
+    /// Fast path: (location, tag, scope, thread) straight to a provenance id.
+    by_origin: FxHashMap<(usize, u32, u32, u32), u32>,
 }
 
 impl ProvenanceTables {
@@ -165,6 +167,36 @@ impl ProvenanceTables {
                 id
             }
         }
+    }
+
+    /// The provenance id of an allocation at `location` (or at no location, when call sites are
+    /// off) with no backtrace: one hash lookup once seen.
+    #[inline]
+    pub fn provenance_at(
+        &mut self,
+        location: Option<&'static Location<'static>>,
+        tag: u32,
+        scope: u32,
+        thread: u32,
+    ) -> u32 {
+        let key = (
+            location.map_or(0, |l| l as *const Location<'static> as usize),
+            tag,
+            scope,
+            thread,
+        );
+        if let Some(&id) = self.by_origin.get(&key) {
+            return id;
+        }
+        let site = location.map_or(NIL, |l| self.site(l, None));
+        let id = self.provenance(Provenance {
+            site,
+            tag,
+            scope,
+            thread,
+        });
+        self.by_origin.insert(key, id);
+        id
     }
 
     /// Interns a provenance tuple.

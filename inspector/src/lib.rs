@@ -7,3 +7,10 @@
 
 pub mod import;
 pub mod pickle;
+
+pub mod checks;
+pub mod detect;
+pub mod diff;
+pub mod html;
+pub mod model_view;
+pub mod report;

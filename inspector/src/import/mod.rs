@@ -1,1 +1,421 @@
-//! Importers (placeholder, being written).
+//! Importers: turn a file on disk into the one data model, [`vramscope_allocator::Snapshot`].
+//!
+//! [`load`] and [`load_bytes`] detect the format by content, not by file name: a pickle
+//! (first byte `0x80`, the protocol opcode) is a PyTorch `_dump_snapshot()` file read by
+//! [`pytorch`] through the safe reader of `crate::pickle`; gzip (magic `1f 8b`) is unpacked
+//! within a size limit and detected again; a JSON object with `format_version` is vramscope's
+//! own snapshot (`Snapshot::from_json_bytes` in the allocator crate); a JSON object with
+//! `traceEvents`, or a JSON array, is a torch.profiler Chrome trace read by [`chrome`].
+//! Detectors, reports and the dashboard only ever see the resulting `Snapshot`.
+//!
+//! Every failure is an [`ImportError`] that names the file and says what is wrong (and, for
+//! pickles and JSON, where); no input makes an importer panic. [`ImportOptions`] carries the
+//! choices a user can make on the command line: which paths count as framework code when a
+//! call site is chosen from a stack, and how training steps are recognised.
+
+pub mod chrome;
+pub mod pytorch;
+pub mod sites;
+mod timeline;
+
+use std::fmt;
+use std::io::Read;
+use std::path::Path;
+
+use vramscope_allocator::{Snapshot, SnapshotError};
+
+use crate::pickle::PickleError;
+
+/// The largest file [`load`] reads, in bytes (2 GiB).
+pub const MAX_FILE_BYTES: u64 = 2 << 30;
+
+/// The most bytes a gzip file may unpack to (1 GiB).
+pub const MAX_DECOMPRESSED_BYTES: u64 = 1 << 30;
+
+/// Choices that change how a file is imported.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImportOptions {
+    /// Path fragments that mark a stack frame as framework code rather than the user's own:
+    /// a fragment without a leading `/` matches at the start of a path component (`torch/`
+    /// matches `/x/torch/nn.py` but not `/x/mytorch/nn.py`), one with a leading `/` matches
+    /// anywhere. Matching ignores case and treats `\` as `/`. C++ frames (file `??`, a C/C++
+    /// source, or line 0) and the Python standard library are always framework code. The call
+    /// site of an allocation is the innermost frame that is not framework code, or the
+    /// innermost frame when every frame is.
+    pub framework_paths: Vec<String>,
+    /// A function name whose allocations start a new training step (`--step-marker NAME`):
+    /// each allocation whose stack contains a frame of that function, after one whose stack
+    /// did not, begins a step. When set, it replaces steps taken from annotations.
+    pub step_marker: Option<String>,
+    /// The annotation name (or name prefix) whose `START` begins a step in a PyTorch snapshot.
+    /// `None` picks the first family present of `ProfilerStep#`, `Optimizer.step#`,
+    /// `Optimizer.zero_grad#` and `enumerate(DataLoader)#`, else the first annotated name.
+    pub step_annotation: Option<String>,
+    /// The largest file accepted, in bytes.
+    pub max_file_bytes: u64,
+    /// The most bytes a gzip file may unpack to.
+    pub max_decompressed_bytes: u64,
+}
+
+impl Default for ImportOptions {
+    fn default() -> Self {
+        ImportOptions {
+            framework_paths: sites::DEFAULT_FRAMEWORK_PATHS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            step_marker: None,
+            step_annotation: None,
+            max_file_bytes: MAX_FILE_BYTES,
+            max_decompressed_bytes: MAX_DECOMPRESSED_BYTES,
+        }
+    }
+}
+
+/// A file format [`load_bytes`] recognises.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// A PyTorch `_dump_snapshot()` pickle.
+    PytorchPickle,
+    /// A torch.profiler Chrome trace (JSON).
+    ChromeTrace,
+    /// vramscope's own JSON snapshot.
+    VramscopeJson,
+}
+
+/// Why a file could not be imported.
+#[derive(Debug)]
+pub enum ImportErrorKind {
+    /// Reading the file failed.
+    Io(std::io::Error),
+    /// The file or its unpacked content is larger than the limit.
+    TooLarge {
+        /// What is too large (`"file"`, `"unpacked gzip data"`).
+        what: &'static str,
+        /// The limit in bytes.
+        limit: u64,
+    },
+    /// Unpacking gzip data failed.
+    Gzip(std::io::Error),
+    /// The content is not a format vramscope reads.
+    UnknownFormat {
+        /// What was found instead.
+        found: String,
+    },
+    /// The pickle is corrupt, truncated, or not plain data.
+    Pickle(PickleError),
+    /// The JSON is malformed (with line and column) or nested too deeply.
+    Json(serde_json::Error),
+    /// A vramscope snapshot that could not be read.
+    Snapshot(SnapshotError),
+    /// The data parsed, but a field is missing or has the wrong type.
+    Structure {
+        /// Where, as a Python-style path (`device_traces[0][17].size`).
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// An import failure: the file (or the origin name given to [`load_bytes`]) and what is wrong.
+#[derive(Debug)]
+pub struct ImportError {
+    /// The file or origin name.
+    pub origin: String,
+    /// What is wrong.
+    pub kind: ImportErrorKind,
+}
+
+impl ImportError {
+    /// An error about `origin`.
+    pub fn new(origin: &str, kind: ImportErrorKind) -> ImportError {
+        ImportError {
+            origin: origin.to_string(),
+            kind,
+        }
+    }
+}
+
+impl fmt::Display for ImportError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: ", self.origin)?;
+        match &self.kind {
+            ImportErrorKind::Io(e) => write!(f, "cannot read: {e}"),
+            ImportErrorKind::TooLarge { what, limit } => {
+                write!(f, "{what} is larger than the limit of {limit} bytes")
+            }
+            ImportErrorKind::Gzip(e) => write!(f, "corrupt gzip data: {e}"),
+            ImportErrorKind::UnknownFormat { found } => write!(
+                f,
+                "not a format vramscope reads (a PyTorch snapshot pickle, a Chrome trace, or a vramscope JSON snapshot): {found}"
+            ),
+            ImportErrorKind::Pickle(e) => write!(f, "{e}"),
+            ImportErrorKind::Json(e) => write!(f, "invalid JSON: {e}"),
+            ImportErrorKind::Snapshot(e) => match e {
+                SnapshotError::Io { source, .. } => write!(f, "cannot read: {source}"),
+                SnapshotError::Format { message, .. } => {
+                    write!(f, "not a valid vramscope snapshot: {message}")
+                }
+                SnapshotError::Version { found, .. } => write!(
+                    f,
+                    "snapshot format version {found} is newer than this build reads ({})",
+                    vramscope_allocator::FORMAT_VERSION
+                ),
+            },
+            ImportErrorKind::Structure { path, message } => {
+                if path.is_empty() {
+                    write!(f, "{message}")
+                } else {
+                    write!(f, "at {path}: {message}")
+                }
+            }
+        }
+    }
+}
+
+impl std::error::Error for ImportError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.kind {
+            ImportErrorKind::Io(e) | ImportErrorKind::Gzip(e) => Some(e),
+            ImportErrorKind::Pickle(e) => Some(e),
+            ImportErrorKind::Json(e) => Some(e),
+            ImportErrorKind::Snapshot(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Reads and imports the file at `path` with default options.
+///
+/// This is the entry point benchmarks time: it reads the file, detects its format and
+/// converts it.
+pub fn load(path: impl AsRef<Path>) -> Result<Snapshot, ImportError> {
+    load_with(path, &ImportOptions::default())
+}
+
+/// Reads and imports the file at `path` with `options`.
+pub fn load_with(path: impl AsRef<Path>, options: &ImportOptions) -> Result<Snapshot, ImportError> {
+    let path = path.as_ref();
+    let origin = path.display().to_string();
+    let io = |e| ImportError::new(&origin, ImportErrorKind::Io(e));
+    let file = std::fs::File::open(path).map_err(io)?;
+    let size = file.metadata().map_err(io)?.len();
+    let too_large = || {
+        ImportError::new(
+            &origin,
+            ImportErrorKind::TooLarge {
+                what: "file",
+                limit: options.max_file_bytes,
+            },
+        )
+    };
+    if size > options.max_file_bytes {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    // The file may grow while it is read; `take` keeps the limit regardless.
+    file.take(options.max_file_bytes.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    if bytes.len() as u64 > options.max_file_bytes {
+        return Err(too_large());
+    }
+    load_bytes(&bytes, &origin, options)
+}
+
+/// Imports a file already in memory; `origin` names it in errors.
+pub fn load_bytes(
+    bytes: &[u8],
+    origin: &str,
+    options: &ImportOptions,
+) -> Result<Snapshot, ImportError> {
+    if bytes.len() as u64 > options.max_file_bytes {
+        return Err(ImportError::new(
+            origin,
+            ImportErrorKind::TooLarge {
+                what: "file",
+                limit: options.max_file_bytes,
+            },
+        ));
+    }
+    if is_gzip(bytes) {
+        let unpacked = gunzip(bytes, origin, options.max_decompressed_bytes)?;
+        if is_gzip(&unpacked) {
+            return Err(ImportError::new(
+                origin,
+                ImportErrorKind::UnknownFormat {
+                    found: "gzip data inside gzip data".to_string(),
+                },
+            ));
+        }
+        return load_plain(&unpacked, origin, options);
+    }
+    load_plain(bytes, origin, options)
+}
+
+/// Detects the format of (unpacked) content, without converting it.
+pub fn detect(bytes: &[u8]) -> Option<Format> {
+    match bytes.first()? {
+        0x80 => Some(Format::PytorchPickle),
+        _ => match json_start(bytes)? {
+            b'[' => Some(Format::ChromeTrace),
+            _ if starts_with_key(bytes, "format_version") => Some(Format::VramscopeJson),
+            _ => Some(Format::ChromeTrace),
+        },
+    }
+}
+
+fn load_plain(bytes: &[u8], origin: &str, options: &ImportOptions) -> Result<Snapshot, ImportError> {
+    match detect(bytes) {
+        Some(Format::PytorchPickle) => pytorch::from_pickle_bytes(bytes, origin, options),
+        Some(Format::VramscopeJson) => Snapshot::from_json_bytes(bytes, origin)
+            .map_err(|e| ImportError::new(origin, ImportErrorKind::Snapshot(e))),
+        // A JSON object whose first key is not `format_version` is read as a Chrome trace,
+        // which recognises a vramscope snapshot with its keys in another order.
+        Some(Format::ChromeTrace) => match chrome::read(bytes, origin, options)? {
+            chrome::Read::Trace(snapshot) => Ok(*snapshot),
+            chrome::Read::OwnSnapshot => Snapshot::from_json_bytes(bytes, origin)
+                .map_err(|e| ImportError::new(origin, ImportErrorKind::Snapshot(e))),
+        },
+        None => Err(ImportError::new(
+            origin,
+            ImportErrorKind::UnknownFormat {
+                found: describe_start(bytes),
+            },
+        )),
+    }
+}
+
+fn is_gzip(bytes: &[u8]) -> bool {
+    bytes.len() >= 2 && bytes[0] == 0x1f && bytes[1] == 0x8b
+}
+
+fn gunzip(bytes: &[u8], origin: &str, limit: u64) -> Result<Vec<u8>, ImportError> {
+    let mut out = Vec::new();
+    // MultiGzDecoder also reads files made of several concatenated gzip members.
+    flate2::read::MultiGzDecoder::new(bytes)
+        .take(limit.saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(|e| ImportError::new(origin, ImportErrorKind::Gzip(e)))?;
+    if out.len() as u64 > limit {
+        return Err(ImportError::new(
+            origin,
+            ImportErrorKind::TooLarge {
+                what: "unpacked gzip data",
+                limit,
+            },
+        ));
+    }
+    Ok(out)
+}
+
+/// The first byte of a JSON document (after a byte-order mark and whitespace), when it opens
+/// an object or an array.
+fn json_start(bytes: &[u8]) -> Option<u8> {
+    let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
+    let first = *bytes.iter().find(|b| !b.is_ascii_whitespace())?;
+    matches!(first, b'{' | b'[').then_some(first)
+}
+
+/// Whether the JSON object in `bytes` begins with the key `key`.
+fn starts_with_key(bytes: &[u8], key: &str) -> bool {
+    let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
+    let mut rest = bytes.iter().skip_while(|b| b.is_ascii_whitespace());
+    if rest.next() != Some(&b'{') {
+        return false;
+    }
+    let rest: Vec<u8> = rest
+        .skip_while(|b| b.is_ascii_whitespace())
+        .take(key.len() + 2)
+        .copied()
+        .collect();
+    rest.len() == key.len() + 2
+        && rest[0] == b'"'
+        && &rest[1..=key.len()] == key.as_bytes()
+        && rest[key.len() + 1] == b'"'
+}
+
+/// A short description of unrecognised content, for error messages.
+fn describe_start(bytes: &[u8]) -> String {
+    if bytes.is_empty() {
+        return "the file is empty".to_string();
+    }
+    let head: Vec<String> = bytes.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("it starts with bytes {}", head.join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_formats_by_content() {
+        assert_eq!(detect(b"\x80\x04N."), Some(Format::PytorchPickle));
+        assert_eq!(
+            detect(b" \n{\"format_version\": 1}"),
+            Some(Format::VramscopeJson)
+        );
+        assert_eq!(detect(b"{\"traceEvents\": []}"), Some(Format::ChromeTrace));
+        assert_eq!(detect(b"[{}]"), Some(Format::ChromeTrace));
+        assert_eq!(detect(b"hello"), None);
+        assert_eq!(detect(b""), None);
+    }
+
+    #[test]
+    fn unknown_content_is_named() {
+        let e = load_bytes(b"GIF89a", "x.gif", &ImportOptions::default()).unwrap_err();
+        let text = e.to_string();
+        assert!(text.starts_with("x.gif: "), "{text}");
+        assert!(text.contains("47 49 46"), "{text}");
+        let e = load_bytes(b"", "empty", &ImportOptions::default()).unwrap_err();
+        assert!(e.to_string().contains("empty"), "{e}");
+    }
+
+    #[test]
+    fn size_limits_apply() {
+        let options = ImportOptions {
+            max_file_bytes: 4,
+            ..ImportOptions::default()
+        };
+        let e = load_bytes(b"\x80\x04N.xx", "big", &options).unwrap_err();
+        assert!(matches!(e.kind, ImportErrorKind::TooLarge { what: "file", .. }));
+
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, &[b' '; 10_000]).unwrap();
+        let packed = gz.finish().unwrap();
+        let options = ImportOptions {
+            max_decompressed_bytes: 1000,
+            ..ImportOptions::default()
+        };
+        let e = load_bytes(&packed, "bomb.gz", &options).unwrap_err();
+        assert!(matches!(
+            e.kind,
+            ImportErrorKind::TooLarge {
+                what: "unpacked gzip data",
+                ..
+            }
+        ));
+        let e = load_bytes(&packed[..packed.len() / 2], "cut.gz", &ImportOptions::default())
+            .unwrap_err();
+        assert!(matches!(e.kind, ImportErrorKind::Gzip(_)), "{e}");
+    }
+
+    #[test]
+    fn own_snapshot_round_trips_in_either_key_order() {
+        let snap = Snapshot::empty(
+            vramscope_allocator::SnapshotSource::Vramscope,
+            vramscope_allocator::DeviceInfo::default(),
+        );
+        let json = serde_json::to_vec(&snap).unwrap();
+        let back = load_bytes(&json, "snap.json", &ImportOptions::default()).unwrap();
+        assert_eq!(back, snap);
+        // The same object with its keys sorted (`format_version` no longer first) still loads.
+        let reordered: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        assert!(!serde_json::to_string(&reordered)
+            .unwrap()
+            .starts_with("{\"format_version\""));
+        let json = serde_json::to_vec(&reordered).unwrap();
+        let back = load_bytes(&json, "snap.json", &ImportOptions::default()).unwrap();
+        assert_eq!(back, snap);
+    }
+}

@@ -1,0 +1,82 @@
+//! `sync_in_loop`: a call site that makes the host wait for the device many times per step.
+//!
+//! Every device-to-host copy waits for the stream, so `.item()` or `print(t[0, 0])` inside a
+//! hot loop stalls the pipeline once per element. The detector counts, per call-site group and
+//! loop step, the tiny device-to-host copies (at most `sync_max_bytes`) and the explicit `Sync`
+//! events recorded by `crate::model_view`, and reports groups that average `sync_per_step` or
+//! more over at least `min_steps` steps.
+
+use rustc_hash::FxHashMap;
+use vramscope_allocator::{EventKind, TransferDirection};
+
+use super::{DetectOptions, Finding, FindingKind, FindingSink, PerStep, Severity};
+use crate::model_view::ModelView;
+
+/// Reports call sites that synchronize with the device many times per step.
+pub fn sync_in_loop(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn FindingSink) {
+    let loop_steps = view.loop_steps();
+    if loop_steps.is_empty() {
+        return;
+    }
+    let events = &view.snapshot().events;
+    for group in 0..view.groups().len() as u32 {
+        // Per loop step: (tiny device-to-host copies, their bytes, explicit syncs).
+        let mut per_step: FxHashMap<u32, (u64, u64, u64)> = FxHashMap::default();
+        for &i in view.group_events(group) {
+            let e = &events[i as usize];
+            let step = view.event_step(i);
+            if !loop_steps.contains(&step) {
+                continue;
+            }
+            match e.kind {
+                EventKind::Transfer(TransferDirection::DeviceToHost)
+                    if e.size <= options.sync_max_bytes =>
+                {
+                    let c = per_step.entry(step).or_default();
+                    c.0 += 1;
+                    c.1 += e.size;
+                }
+                EventKind::Sync => per_step.entry(step).or_default().2 += 1,
+                _ => {}
+            }
+        }
+        let active = per_step.len() as u64;
+        if active < options.min_steps.max(1) {
+            continue;
+        }
+        let copies: u64 = per_step.values().map(|c| c.0).sum();
+        let bytes: u64 = per_step.values().map(|c| c.1).sum();
+        let syncs: u64 = per_step.values().map(|c| c.2).sum();
+        let total = copies + syncs;
+        let average = total as f64 / active as f64;
+        if average < options.sync_per_step {
+            continue;
+        }
+        let most = per_step.values().map(|c| c.0 + c.2).max().unwrap_or(0);
+        let first = per_step.keys().copied().min().unwrap_or(0);
+        let last = per_step.keys().copied().max().unwrap_or(0);
+
+        let mut f = Finding::at_group(view, FindingKind::SyncInLoop, Severity::Warning, Some(group));
+        f.bytes = bytes;
+        f.count = total;
+        f.per_step = Some(PerStep::new(bytes as f64 / active as f64, average));
+        f.first_step = Some(view.step_number(first));
+        f.last_step = Some(view.step_number(last));
+        f.summary = format!(
+            "waits for the device {:.1} times per step over {} steps ({} tiny device-to-host copies, {} explicit syncs)",
+            average, active, copies, syncs
+        );
+        f.evidence = f
+            .evidence
+            .float("syncs_per_step", average)
+            .float("tiny_d2h_copies_per_step", copies as f64 / active as f64)
+            .float("explicit_syncs_per_step", syncs as f64 / active as f64)
+            .int("max_syncs_in_one_step", most)
+            .int("steps", active)
+            .int("tiny_d2h_copies", copies)
+            .int("explicit_syncs", syncs)
+            .int("tiny_copy_max_bytes", options.sync_max_bytes);
+        f.fix = "accumulate on the device (total += loss.detach()) and copy to the host once per step, not per element".to_string();
+        sink.report(f);
+    }
+}

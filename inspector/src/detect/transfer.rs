@@ -1,0 +1,173 @@
+//! `transfer_heavy`: host/device copies that dominate the training loop.
+//!
+//! Two patterns are reported. A loop is *transfer-heavy* when its host-to-device plus
+//! device-to-host bytes per step reach `transfer_min_bytes_per_step` and `transfer_ratio` of the
+//! bytes it allocates per step; every call site carrying at least a fifth of those bytes gets a
+//! warning. Separately, a call site that uploads a buffer of the same size (at least
+//! `transfer_min_bytes_per_step`) in nearly every step gets an informational finding: if that
+//! data does not change, it belongs on the device before the loop. The per-step tallies come
+//! from `crate::model_view`.
+
+use rustc_hash::FxHashMap;
+use vramscope_allocator::{format_bytes, EventKind, TransferDirection};
+
+use super::{DetectOptions, Finding, FindingKind, FindingSink, PerStep, Severity};
+use crate::model_view::ModelView;
+
+/// Reports transfer-heavy loops and same-size uploads repeated every step.
+pub fn transfer_heavy(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn FindingSink) {
+    let loop_steps = view.loop_steps();
+    let n_steps = loop_steps.len() as u64;
+    if n_steps < options.min_steps.max(1) {
+        return;
+    }
+    let totals = &view.step_totals()[loop_steps.start as usize..loop_steps.end as usize];
+    let transfer_bytes: u64 = totals.iter().map(|t| t.h2d_bytes + t.d2h_bytes).sum();
+    let alloc_bytes: u64 = totals.iter().map(|t| t.alloc_bytes).sum();
+    let steps_with_transfers = totals.iter().filter(|t| t.h2d + t.d2h > 0).count() as u64;
+    let transfer_per_step = transfer_bytes as f64 / n_steps as f64;
+    let alloc_per_step = alloc_bytes as f64 / n_steps as f64;
+    let heavy = steps_with_transfers >= options.min_steps.max(1)
+        && transfer_per_step >= options.transfer_min_bytes_per_step as f64
+        && transfer_per_step >= options.transfer_ratio * alloc_per_step;
+
+    let mut reported = vec![false; view.groups().len()];
+    if heavy {
+        // Each group's share of the loop's transfers, largest first.
+        let mut shares: Vec<(u32, u64, u64, u64, u64)> = Vec::new();
+        for group in 0..view.groups().len() as u32 {
+            let (mut h2d, mut d2h, mut copies, mut steps) = (0u64, 0u64, 0u64, 0u64);
+            for (_, t) in view
+                .group_steps(group)
+                .iter()
+                .filter(|(s, _)| loop_steps.contains(s))
+            {
+                h2d += t.h2d_bytes;
+                d2h += t.d2h_bytes;
+                copies += t.h2d + t.d2h;
+                if t.h2d + t.d2h > 0 {
+                    steps += 1;
+                }
+            }
+            if h2d + d2h > 0 {
+                shares.push((group, h2d, d2h, copies, steps));
+            }
+        }
+        shares.sort_by(|a, b| (b.1 + b.2).cmp(&(a.1 + a.2)).then(a.0.cmp(&b.0)));
+        for (rank, &(group, h2d, d2h, copies, steps)) in shares.iter().enumerate() {
+            let share = (h2d + d2h) as f64 / transfer_bytes as f64;
+            if rank > 0 && share < 0.2 {
+                break;
+            }
+            reported[group as usize] = true;
+            let site_per_step = (h2d + d2h) as f64 / n_steps as f64;
+            let seconds = site_per_step / options.assumed_transfer_bytes_per_s;
+            let mut f = Finding::at_group(
+                view,
+                FindingKind::TransferHeavy,
+                Severity::Warning,
+                Some(group),
+            );
+            f.bytes = h2d + d2h;
+            f.count = copies;
+            f.per_step = Some(PerStep::new(site_per_step, copies as f64 / n_steps as f64));
+            f.first_step = Some(view.step_number(loop_steps.start));
+            f.last_step = Some(view.step_number(loop_steps.end - 1));
+            f.summary = format!(
+                "copies {} per step between host and device ({:.0}% of the loop's copies); the loop copies {:.0}% as many bytes as it allocates",
+                format_bytes(site_per_step.round() as u64),
+                share * 100.0,
+                if alloc_per_step > 0.0 { transfer_per_step / alloc_per_step * 100.0 } else { 100.0 }
+            );
+            f.evidence = f
+                .evidence
+                .float("h2d_bytes_per_step", h2d as f64 / n_steps as f64)
+                .float("d2h_bytes_per_step", d2h as f64 / n_steps as f64)
+                .float("copies_per_step", copies as f64 / n_steps as f64)
+                .float("share_of_loop_transfers", share)
+                .float("loop_transfer_bytes_per_step", transfer_per_step)
+                .float("loop_allocated_bytes_per_step", alloc_per_step)
+                .float(
+                    "transfer_to_alloc_ratio",
+                    if alloc_per_step > 0.0 {
+                        transfer_per_step / alloc_per_step
+                    } else {
+                        0.0
+                    },
+                )
+                .int("steps", n_steps)
+                .int("steps_with_copies", steps)
+                .float(
+                    "assumed_transfer_gb_per_s",
+                    options.assumed_transfer_bytes_per_s / 1e9,
+                )
+                .float("est_ms_per_step", seconds * 1e3);
+            f.fix = "keep the data resident on the device (move it once before the loop); use pinned memory and non_blocking copies for what must move".to_string();
+            sink.report(f);
+        }
+    }
+
+    // Same-size uploads in (nearly) every step.
+    let needed = options
+        .min_steps
+        .max(((n_steps as f64) * 0.9).ceil() as u64)
+        .max(1);
+    let events = &view.snapshot().events;
+    for group in 0..view.groups().len() as u32 {
+        if reported[group as usize] {
+            continue;
+        }
+        // size → (steps seen, last step index seen, uploads)
+        let mut sizes: FxHashMap<u64, (u64, u32, u64)> = FxHashMap::default();
+        for &i in view.group_events(group) {
+            let e = &events[i as usize];
+            let step = view.event_step(i);
+            if e.kind != EventKind::Transfer(TransferDirection::HostToDevice)
+                || e.size < options.transfer_min_bytes_per_step
+                || !loop_steps.contains(&step)
+            {
+                continue;
+            }
+            let entry = sizes.entry(e.size).or_insert((0, u32::MAX, 0));
+            if entry.1 != step {
+                entry.0 += 1;
+                entry.1 = step;
+            }
+            entry.2 += 1;
+        }
+        let best = sizes
+            .iter()
+            .filter(|(_, v)| v.0 >= needed)
+            .max_by(|a, b| {
+                (a.1 .0 * a.0)
+                    .cmp(&(b.1 .0 * b.0))
+                    .then(b.0.cmp(a.0))
+            });
+        let Some((&size, &(steps, _, uploads))) = best else {
+            continue;
+        };
+        let mut f = Finding::at_group(view, FindingKind::TransferHeavy, Severity::Info, Some(group));
+        f.bytes = size * uploads;
+        f.count = uploads;
+        f.per_step = Some(PerStep::new(
+            (size * uploads) as f64 / n_steps as f64,
+            uploads as f64 / n_steps as f64,
+        ));
+        f.first_step = Some(view.step_number(loop_steps.start));
+        f.last_step = Some(view.step_number(loop_steps.end - 1));
+        f.summary = format!(
+            "uploads {} of the same size in {} of {} steps; if the data does not change, it can stay on the device",
+            format_bytes(size),
+            steps,
+            n_steps
+        );
+        f.evidence = f
+            .evidence
+            .int("upload_bytes", size)
+            .int("steps_with_upload", steps)
+            .int("steps", n_steps)
+            .int("uploads", uploads);
+        f.fix = "if this buffer is constant (weights, masks, lookup tables), upload it once before the loop and reuse it".to_string();
+        sink.report(f);
+    }
+}

@@ -1,0 +1,194 @@
+//! What grew and what shrank between two snapshots, by call site.
+//!
+//! Each snapshot is reduced by `crate::model_view` to the bytes and blocks each `file:line`
+//! holds at its end (site ids differ between files, so sites are matched by `file:line`, never
+//! by id). [`diff`] subtracts the two; [`render_text`] and [`render_json`] print the result for
+//! `vramscope diff A B`. Typical use: a snapshot after step 10 against one after step 20 shows
+//! which call sites keep memory that they should have released.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+use vramscope_allocator::{format_bytes, Snapshot};
+
+use crate::model_view::ModelView;
+
+/// Version of the JSON diff schema.
+pub const DIFF_FORMAT_VERSION: u32 = 1;
+
+/// One call site's holdings in both snapshots.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SiteDelta {
+    /// `file:line`, or null for blocks without a known site.
+    pub site: Option<String>,
+    /// Function at the site (from whichever snapshot names it).
+    pub function: String,
+    /// Bytes live at the end of the first snapshot.
+    pub before_bytes: u64,
+    /// Bytes live at the end of the second snapshot.
+    pub after_bytes: u64,
+    /// Blocks live at the end of the first snapshot.
+    pub before_blocks: u64,
+    /// Blocks live at the end of the second snapshot.
+    pub after_blocks: u64,
+    /// `after_bytes - before_bytes`.
+    pub delta_bytes: i64,
+    /// `after_blocks - before_blocks`.
+    pub delta_blocks: i64,
+}
+
+/// The difference between two snapshots.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Diff {
+    /// [`DIFF_FORMAT_VERSION`].
+    pub format_version: u32,
+    /// Total live bytes at the end of the first snapshot.
+    pub before_bytes: u64,
+    /// Total live bytes at the end of the second snapshot.
+    pub after_bytes: u64,
+    /// Total live blocks at the end of the first snapshot.
+    pub before_blocks: u64,
+    /// Total live blocks at the end of the second snapshot.
+    pub after_blocks: u64,
+    /// Sites holding more bytes (or more blocks) afterwards, largest growth first.
+    pub grew: Vec<SiteDelta>,
+    /// Sites holding fewer bytes (or fewer blocks) afterwards, largest shrink first.
+    pub shrank: Vec<SiteDelta>,
+    /// Sites holding the same in both.
+    pub unchanged: u64,
+}
+
+/// Compares what each call site holds at the end of `before` and of `after`.
+pub fn diff(before: &Snapshot, after: &Snapshot) -> Diff {
+    diff_views(&ModelView::new(before), &ModelView::new(after))
+}
+
+/// Compares two views built earlier.
+pub fn diff_views(before: &ModelView<'_>, after: &ModelView<'_>) -> Diff {
+    let mut sites: BTreeMap<Option<String>, SiteDelta> = BTreeMap::new();
+    let mut add = |view: &ModelView<'_>, is_after: bool| {
+        for h in view.live_at_end() {
+            let group = view.group(h.group);
+            let row = sites
+                .entry(group.file_line.clone())
+                .or_insert_with(|| SiteDelta {
+                    site: group.file_line.clone(),
+                    function: String::new(),
+                    before_bytes: 0,
+                    after_bytes: 0,
+                    before_blocks: 0,
+                    after_blocks: 0,
+                    delta_bytes: 0,
+                    delta_blocks: 0,
+                });
+            if row.function.is_empty() {
+                row.function = group.function.clone();
+            }
+            if is_after {
+                row.after_bytes += h.bytes;
+                row.after_blocks += h.blocks;
+            } else {
+                row.before_bytes += h.bytes;
+                row.before_blocks += h.blocks;
+            }
+        }
+    };
+    add(before, false);
+    add(after, true);
+
+    let mut result = Diff {
+        format_version: DIFF_FORMAT_VERSION,
+        before_bytes: 0,
+        after_bytes: 0,
+        before_blocks: 0,
+        after_blocks: 0,
+        grew: Vec::new(),
+        shrank: Vec::new(),
+        unchanged: 0,
+    };
+    for (_, mut row) in sites {
+        row.delta_bytes = row.after_bytes as i64 - row.before_bytes as i64;
+        row.delta_blocks = row.after_blocks as i64 - row.before_blocks as i64;
+        result.before_bytes += row.before_bytes;
+        result.after_bytes += row.after_bytes;
+        result.before_blocks += row.before_blocks;
+        result.after_blocks += row.after_blocks;
+        if row.delta_bytes > 0 || (row.delta_bytes == 0 && row.delta_blocks > 0) {
+            result.grew.push(row);
+        } else if row.delta_bytes < 0 || row.delta_blocks < 0 {
+            result.shrank.push(row);
+        } else {
+            result.unchanged += 1;
+        }
+    }
+    // Stable sorts over rows already ordered by site keep ties in site order.
+    result.grew.sort_by(|a, b| {
+        b.delta_bytes
+            .cmp(&a.delta_bytes)
+            .then(b.delta_blocks.cmp(&a.delta_blocks))
+    });
+    result.shrank.sort_by(|a, b| {
+        a.delta_bytes
+            .cmp(&b.delta_bytes)
+            .then(a.delta_blocks.cmp(&b.delta_blocks))
+    });
+    result
+}
+
+fn signed_bytes(delta: i64) -> String {
+    if delta < 0 {
+        format!("-{}", format_bytes(delta.unsigned_abs()))
+    } else {
+        format!("+{}", format_bytes(delta as u64))
+    }
+}
+
+/// The diff as text.
+pub fn render_text(diff: &Diff) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "live at the end: {} in {} blocks -> {} in {} blocks ({}, {:+} blocks)",
+        format_bytes(diff.before_bytes),
+        diff.before_blocks,
+        format_bytes(diff.after_bytes),
+        diff.after_blocks,
+        signed_bytes(diff.after_bytes as i64 - diff.before_bytes as i64),
+        diff.after_blocks as i64 - diff.before_blocks as i64
+    );
+    for (title, rows) in [("grew", &diff.grew), ("shrank", &diff.shrank)] {
+        let _ = writeln!(out, "\n{title} ({}):", rows.len());
+        if rows.is_empty() {
+            let _ = writeln!(out, "  none");
+        }
+        for r in rows {
+            let site = r.site.as_deref().unwrap_or("(unknown site)");
+            let function = if r.function.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", r.function)
+            };
+            let _ = writeln!(
+                out,
+                "  {:>11} {:>+7} blocks  {:>10} -> {:<10}  {site}{function}",
+                signed_bytes(r.delta_bytes),
+                r.delta_blocks,
+                format_bytes(r.before_bytes),
+                format_bytes(r.after_bytes),
+            );
+        }
+    }
+    if diff.unchanged > 0 {
+        let _ = writeln!(out, "\n{} site(s) unchanged", diff.unchanged);
+    }
+    out
+}
+
+/// The diff as pretty-printed JSON.
+pub fn render_json(diff: &Diff) -> String {
+    let mut text = serde_json::to_string_pretty(diff)
+        .unwrap_or_else(|e| format!("{{\"error\": \"could not serialize the diff: {e}\"}}"));
+    text.push('\n');
+    text
+}

@@ -1,0 +1,341 @@
+//! The HTML report: one self-contained page with an inline SVG timeline, the findings and the
+//! top call sites.
+//!
+//! `crate::report` builds the [`Report`] (with its downsampled timeline); this module only
+//! draws it. The page loads nothing: styles are inline, the chart is inline SVG (without even an
+//! `xmlns` URL, which HTML does not need), and there is no script. Every string that came from a
+//! file (paths, function names, device names, labels) is escaped with [`escape`].
+
+use std::fmt::Write as _;
+
+use vramscope_allocator::format_bytes;
+
+use crate::detect::Severity;
+use crate::report::{headline, Report, Timeline};
+
+/// Escapes `&`, `<`, `>`, `"` and `'` for HTML text and attribute values.
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+const STYLE: &str = "body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1100px;color:#222;padding:0 16px}\
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px}\
+.muted{color:#666}ul.stats{margin:8px 0;padding-left:20px}\
+table{border-collapse:collapse;width:100%;margin-top:6px}th,td{border-bottom:1px solid #ddd;padding:5px 8px;text-align:left;vertical-align:top}\
+th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}\
+.sev{display:inline-block;padding:1px 7px;border-radius:9px;font-size:12px;font-weight:600;color:#fff}\
+.sev-error{background:#c62828}.sev-warning{background:#e08e00}.sev-info{background:#1e6fb8}\
+code{font-family:ui-monospace,monospace;font-size:13px}.ev{color:#555;font-size:12px}\
+svg{background:#fcfcfc;border:1px solid #e3e3e3}.legend span{margin-right:16px}";
+
+/// Renders the report as one self-contained HTML page.
+pub fn render_html(report: &Report) -> String {
+    let mut out = String::new();
+    out.push_str("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n");
+    let _ = writeln!(
+        out,
+        "<title>vramscope report: {}</title>",
+        escape(&headline(report))
+    );
+    let _ = writeln!(out, "<style>{STYLE}</style>\n</head>\n<body>");
+    let _ = writeln!(out, "<h1>vramscope report</h1>");
+    let _ = writeln!(out, "<div class=\"muted\">{}</div>", escape(&headline(report)));
+
+    let s = &report.stats;
+    out.push_str("<ul class=\"stats\">\n");
+    let _ = writeln!(
+        out,
+        "<li>{} events, {} steps, {} allocations, {} frees ({} of blocks allocated before the trace)</li>",
+        s.events, report.steps, s.allocations, s.frees, s.unmatched_frees
+    );
+    let _ = writeln!(
+        out,
+        "<li>peak allocated {}, peak reserved {}; at the end {} live blocks, {} allocated, {} reserved</li>",
+        format_bytes(s.peak_allocated_bytes),
+        format_bytes(s.peak_reserved_bytes),
+        s.live_blocks,
+        format_bytes(s.allocated_bytes),
+        format_bytes(s.reserved_bytes)
+    );
+    let _ = writeln!(
+        out,
+        "<li>{} transfers ({} to device, {} to host), {} syncs, {} device allocs, {} device frees, {} OOMs</li>",
+        s.transfers,
+        format_bytes(s.h2d_bytes),
+        format_bytes(s.d2h_bytes),
+        s.syncs,
+        s.device_allocs,
+        s.device_frees,
+        s.ooms
+    );
+    out.push_str("</ul>\n");
+
+    out.push_str("<h2>Timeline</h2>\n");
+    out.push_str(&timeline_svg(&report.timeline));
+
+    let (errors, warnings, infos) = report.counts();
+    let _ = writeln!(
+        out,
+        "<h2>Findings ({errors} error(s), {warnings} warning(s), {infos} info)</h2>"
+    );
+    if report.findings.is_empty() {
+        out.push_str("<p>None.</p>\n");
+    } else {
+        out.push_str("<table>\n<tr><th>severity</th><th>kind</th><th>site</th><th>what</th></tr>\n");
+        for f in &report.findings {
+            let evidence = f
+                .evidence
+                .entries()
+                .iter()
+                .map(|(k, v)| format!("{}={}", escape(k), escape(&v.to_string())))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let _ = writeln!(
+                out,
+                "<tr><td><span class=\"sev sev-{sev}\">{sev}</span></td><td><code>{kind}</code></td><td><code>{site}</code><br><span class=\"muted\">{function}</span></td><td>{summary}<div class=\"ev\">{evidence}</div><div><b>fix:</b> {fix}</div></td></tr>",
+                sev = severity_class(f.severity),
+                kind = escape(f.kind.as_str()),
+                site = escape(f.site_label()),
+                function = escape(&f.function),
+                summary = escape(&f.summary),
+                fix = escape(&f.fix),
+            );
+        }
+        out.push_str("</table>\n");
+    }
+
+    out.push_str("<h2>Top sites</h2>\n");
+    if report.top_sites.is_empty() {
+        out.push_str("<p>Nothing is live.</p>\n");
+    } else {
+        out.push_str("<table>\n<tr><th>live</th><th>blocks</th><th>at peak</th><th>blocks</th><th>allocations</th><th>site</th></tr>\n");
+        for t in &report.top_sites {
+            let _ = writeln!(
+                out,
+                "<tr><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td><code>{}</code> <span class=\"muted\">{}</span></td></tr>",
+                format_bytes(t.live_bytes),
+                t.live_blocks,
+                format_bytes(t.peak_bytes),
+                t.peak_blocks,
+                t.allocations,
+                escape(t.site.as_deref().unwrap_or("(unknown site)")),
+                escape(&t.function)
+            );
+        }
+        out.push_str("</table>\n");
+    }
+    out.push_str("</body>\n</html>\n");
+    out
+}
+
+fn severity_class(severity: Severity) -> &'static str {
+    severity.as_str()
+}
+
+const WIDTH: f64 = 960.0;
+const HEIGHT: f64 = 320.0;
+const LEFT: f64 = 80.0;
+const RIGHT: f64 = 16.0;
+const TOP: f64 = 16.0;
+const BOTTOM: f64 = 40.0;
+
+/// A round distance between y-axis ticks that gives three to seven ticks up to `top`: 1, 2 or 5
+/// times a power of ten of a binary unit (B, KiB, MiB, GiB, ...), or a power-of-two multiple.
+fn tick_step(top: u64) -> u64 {
+    let mut unit = 1u64;
+    while unit <= u64::MAX / 1024 && top / unit >= 1024 {
+        unit *= 1024;
+    }
+    let mut step = unit;
+    for factor in [1u64, 2, 5, 10, 20, 50, 100, 200, 500, 1000] {
+        step = unit.saturating_mul(factor);
+        if top.div_ceil(step) <= 6 {
+            break;
+        }
+    }
+    step.max(1)
+}
+
+/// The timeline of allocated and reserved bytes as inline SVG, with step marks and OOMs.
+fn timeline_svg(t: &Timeline) -> String {
+    let mut out = String::new();
+    if t.points.is_empty() {
+        out.push_str("<p class=\"muted\">No allocation events to draw.</p>\n");
+        return out;
+    }
+    let plot_w = WIDTH - LEFT - RIGHT;
+    let plot_h = HEIGHT - TOP - BOTTOM;
+    let mut top = t.start.0.max(t.start.1);
+    for p in &t.points {
+        top = top.max(p.allocated).max(p.reserved);
+    }
+    let capacity = t.capacity.filter(|&c| c <= top.saturating_mul(2));
+    if let Some(c) = capacity {
+        top = top.max(c);
+    }
+    let step = tick_step(top.max(1));
+    let ticks = top.max(1).div_ceil(step);
+    let top = (ticks * step) as f64;
+    let last = t.events.saturating_sub(1).max(1) as f64;
+    let x = |event: u32| LEFT + f64::from(event) / last * plot_w;
+    let y = |bytes: u64| TOP + plot_h - bytes as f64 / top * plot_h;
+
+    let _ = writeln!(
+        out,
+        "<svg viewBox=\"0 0 {WIDTH} {HEIGHT}\" width=\"100%\" role=\"img\" aria-label=\"allocated and reserved bytes over the trace\">"
+    );
+    // Grid and y labels.
+    for i in 0..=ticks {
+        let bytes = i * step;
+        let yy = y(bytes);
+        let _ = writeln!(
+            out,
+            "<line x1=\"{LEFT}\" x2=\"{:.1}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\" stroke=\"#e6e6e6\"/><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\" fill=\"#555\">{}</text>",
+            WIDTH - RIGHT,
+            LEFT - 6.0,
+            yy + 4.0,
+            escape(&format_bytes(bytes))
+        );
+    }
+    // Step marks, labelled sparsely when there are many.
+    let every = t.steps.len().div_ceil(30).max(1);
+    for (i, tick) in t.steps.iter().enumerate() {
+        let xx = x(tick.event);
+        let _ = write!(
+            out,
+            "<line x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{TOP}\" y2=\"{:.1}\" stroke=\"#9e9e9e\" stroke-dasharray=\"3,3\"><title>step {} {}</title></line>",
+            TOP + plot_h,
+            tick.step,
+            escape(&tick.label)
+        );
+        if i % every == 0 {
+            let _ = write!(
+                out,
+                "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" fill=\"#777\">{}</text>",
+                xx + 2.0,
+                TOP + 10.0,
+                tick.step
+            );
+        }
+        out.push('\n');
+    }
+    if let Some(c) = capacity {
+        let yy = y(c);
+        let _ = writeln!(
+            out,
+            "<line x1=\"{LEFT}\" x2=\"{:.1}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\" stroke=\"#c62828\" stroke-dasharray=\"6,3\"/><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\" fill=\"#c62828\">capacity</text>",
+            WIDTH - RIGHT,
+            WIDTH - RIGHT - 4.0,
+            yy - 4.0
+        );
+    }
+    // The two curves, drawn as steps.
+    let path = |value: &dyn Fn(&crate::model_view::TimelinePoint) -> u64, start: u64| {
+        let mut d = format!("M{:.1},{:.1}", LEFT, y(start));
+        let mut prev = start;
+        for p in &t.points {
+            let xx = x(p.event);
+            let v = value(p);
+            let _ = write!(d, " H{xx:.1}");
+            if v != prev {
+                let _ = write!(d, " V{:.1}", y(v));
+                prev = v;
+            }
+        }
+        let _ = write!(d, " H{:.1}", LEFT + plot_w);
+        d
+    };
+    if t.reserved_known {
+        let _ = writeln!(
+            out,
+            "<path d=\"{}\" fill=\"none\" stroke=\"#ef8a17\" stroke-width=\"1.5\"/>",
+            path(&|p| p.reserved, t.start.1)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "<path d=\"{}\" fill=\"none\" stroke=\"#1e6fb8\" stroke-width=\"1.5\"/>",
+        path(&|p| p.allocated, t.start.0)
+    );
+    for &oom in &t.ooms {
+        let xx = x(oom);
+        let _ = writeln!(
+            out,
+            "<line x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{TOP}\" y2=\"{:.1}\" stroke=\"#c62828\" stroke-width=\"2\"><title>OOM</title></line><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" fill=\"#c62828\">OOM</text>",
+            TOP + plot_h,
+            xx + 3.0,
+            TOP + 24.0
+        );
+    }
+    // Axes.
+    let _ = writeln!(
+        out,
+        "<line x1=\"{LEFT}\" x2=\"{LEFT}\" y1=\"{TOP}\" y2=\"{:.1}\" stroke=\"#888\"/><line x1=\"{LEFT}\" x2=\"{:.1}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#888\"/>",
+        TOP + plot_h,
+        WIDTH - RIGHT,
+        TOP + plot_h,
+        TOP + plot_h
+    );
+    let _ = writeln!(
+        out,
+        "<text x=\"{LEFT}\" y=\"{:.1}\" font-size=\"11\" fill=\"#555\">event 0</text><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\" fill=\"#555\">event {}</text>",
+        TOP + plot_h + 16.0,
+        WIDTH - RIGHT,
+        TOP + plot_h + 16.0,
+        t.events.saturating_sub(1)
+    );
+    out.push_str("</svg>\n");
+    let _ = writeln!(
+        out,
+        "<div class=\"legend muted\"><span style=\"color:#1e6fb8\">&#9632; allocated</span>{}<span style=\"color:#9e9e9e\">&#9482; step start</span>{}</div>",
+        if t.reserved_known {
+            "<span style=\"color:#ef8a17\">&#9632; reserved</span>"
+        } else {
+            ""
+        },
+        if t.ooms.is_empty() {
+            ""
+        } else {
+            "<span style=\"color:#c62828\">&#9474; OOM</span>"
+        }
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_markup() {
+        assert_eq!(
+            escape("<a href=\"x\">'&'</a>"),
+            "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;"
+        );
+    }
+
+    #[test]
+    fn tick_steps_are_round() {
+        const MIB: u64 = 1 << 20;
+        const GIB: u64 = 1 << 30;
+        assert_eq!(tick_step(12_190 * MIB), 2 * GIB);
+        assert_eq!(tick_step(800 * MIB), 200 * MIB);
+        assert_eq!(tick_step(3), 1);
+        assert_eq!(tick_step(1000), 200);
+        for top in [1, 7, 513, 5 * MIB + 3, 77 * GIB, u64::MAX / 2] {
+            let step = tick_step(top);
+            assert!(top.div_ceil(step) <= 7, "{top}: {step}");
+        }
+    }
+}

@@ -1,0 +1,620 @@
+//! Importer for torch.profiler Chrome traces recorded with `profile_memory=True`.
+//!
+//! `super::load_bytes` unpacks gzip and hands the JSON here (an object with `traceEvents`, or
+//! a bare array of events). The profiler writes one instant event named `[memory]` per
+//! allocation and free, with args `Addr`, `Bytes` (negative for a free), `Total Allocated`,
+//! `Total Reserved`, `Device Type` (1 is CUDA) and `Device Id`. Those of CUDA devices become
+//! `Alloc` and `FreeCompleted` events of a `vramscope_allocator::Snapshot` with source
+//! `ChromeTrace`, ordered by time (the file is not); their `requested` is 0 because the
+//! profiler records only block sizes. `ProfilerStep#N` slices (phase `X`) become the steps of
+//! `Snapshot::steps`, numbered from 1 in time order and labelled with the slice name, and every
+//! event gets the step it falls in. The statistics keep the last `Total Allocated` and
+//! `Total Reserved` as current values and their maxima as peaks; allocation counts and the
+//! per-pool split of allocated bytes come from replaying the recorded window. The trace has
+//! no segments, stacks or allocator settings.
+//!
+//! Only the fields needed are deserialized, leniently: an argument of an unexpected type is
+//! ignored rather than fatal, so traces of other profiler versions still load. Values the
+//! importer does not need are skipped by serde_json without recursion, however deeply nested;
+//! malformed JSON, and nesting deeper than serde_json's limit (128) where the importer does
+//! descend, are clean errors with line and column.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use vramscope_allocator::{
+    DeviceInfo, Event, EventKind, MemoryStats, Pool, Snapshot, SnapshotSource, Stat,
+    FORMAT_VERSION,
+};
+
+use super::timeline::{self, TrackArray};
+use super::{ImportError, ImportErrorKind, ImportOptions};
+
+/// The `Device Type` of CUDA devices in profiler memory events.
+const CUDA_DEVICE_TYPE: i128 = 1;
+/// Allocations up to this size come from the small pool.
+const SMALL_BLOCK: u64 = 1 << 20;
+
+/// Converts a Chrome trace; `origin` names the data in errors.
+pub fn from_json_bytes(
+    bytes: &[u8],
+    origin: &str,
+    options: &ImportOptions,
+) -> Result<Snapshot, ImportError> {
+    match read(bytes, origin, options)? {
+        Read::Trace(snapshot) => Ok(*snapshot),
+        Read::OwnSnapshot => Err(ImportError::new(
+            origin,
+            ImportErrorKind::UnknownFormat {
+                found: "a vramscope JSON snapshot, not a Chrome trace".to_string(),
+            },
+        )),
+    }
+}
+
+/// What a JSON object turned out to be.
+pub(crate) enum Read {
+    /// A Chrome trace, converted.
+    Trace(Box<Snapshot>),
+    /// A vramscope snapshot whose first key is not `format_version`.
+    OwnSnapshot,
+}
+
+/// Reads a Chrome trace, or recognises a vramscope snapshot for the caller to load.
+pub(crate) fn read(bytes: &[u8], origin: &str, options: &ImportOptions) -> Result<Read, ImportError> {
+    let json = |e| ImportError::new(origin, ImportErrorKind::Json(e));
+    let first = bytes
+        .strip_prefix(b"\xef\xbb\xbf")
+        .unwrap_or(bytes)
+        .iter()
+        .find(|b| !b.is_ascii_whitespace());
+    let (events, devices, base_ns) = if first == Some(&b'[') {
+        let events: Vec<RawEvent<'_>> = serde_json::from_slice(bytes).map_err(json)?;
+        (events, Vec::new(), None)
+    } else {
+        let doc: Document<'_> = serde_json::from_slice(bytes).map_err(json)?;
+        if doc.format_version.is_some() {
+            return Ok(Read::OwnSnapshot);
+        }
+        let Some(events) = doc.trace_events else {
+            return Err(ImportError::new(
+                origin,
+                ImportErrorKind::UnknownFormat {
+                    found: "a JSON object with neither `traceEvents` nor `format_version`"
+                        .to_string(),
+                },
+            ));
+        };
+        (
+            events,
+            doc.device_properties.unwrap_or_default(),
+            doc.base_time_ns.int(),
+        )
+    };
+    Ok(Read::Trace(Box::new(convert(
+        &events, &devices, base_ns, options,
+    ))))
+}
+
+/// The top level of a trace file, reduced to what the importer needs.
+#[derive(Deserialize)]
+struct Document<'a> {
+    #[serde(rename = "traceEvents", borrow, default)]
+    trace_events: Option<Vec<RawEvent<'a>>>,
+    #[serde(rename = "deviceProperties", borrow, default)]
+    device_properties: Option<Vec<DeviceProps<'a>>>,
+    #[serde(rename = "baseTimeNanoseconds", default)]
+    base_time_ns: Num,
+    #[serde(default)]
+    format_version: Option<IgnoredAny>,
+}
+
+/// One trace event, reduced to what the importer needs.
+#[derive(Deserialize)]
+struct RawEvent<'a> {
+    #[serde(borrow, default)]
+    name: Text<'a>,
+    #[serde(borrow, default)]
+    ph: Text<'a>,
+    #[serde(borrow, default)]
+    cat: Text<'a>,
+    #[serde(default)]
+    ts: Num,
+    #[serde(default)]
+    args: MemArgs,
+}
+
+/// One entry of `deviceProperties`.
+#[derive(Deserialize)]
+struct DeviceProps<'a> {
+    #[serde(default)]
+    id: Num,
+    #[serde(borrow, default)]
+    name: Text<'a>,
+    #[serde(rename = "totalGlobalMem", default)]
+    total_global_mem: Num,
+}
+
+/// A string, or nothing when the JSON value is of another type.
+#[derive(Default)]
+struct Text<'a>(Option<Cow<'a, str>>);
+
+impl Text<'_> {
+    fn as_str(&self) -> &str {
+        self.0.as_deref().unwrap_or("")
+    }
+}
+
+/// A number, or nothing when the JSON value is of another type. Integers are kept exactly.
+#[derive(Default, Clone, Copy)]
+enum Num {
+    #[default]
+    Absent,
+    Int(i128),
+    Float(f64),
+}
+
+impl Num {
+    fn int(self) -> Option<i128> {
+        match self {
+            Num::Int(i) => Some(i),
+            Num::Float(f) if f.is_finite() && f.fract() == 0.0 && f.abs() < 1e30 => {
+                Some(f as i128)
+            }
+            _ => None,
+        }
+    }
+
+    fn float(self) -> Option<f64> {
+        match self {
+            Num::Int(i) => Some(i as f64),
+            Num::Float(f) if f.is_finite() => Some(f),
+            _ => None,
+        }
+    }
+
+    fn u64(self) -> Option<u64> {
+        self.int().and_then(|i| u64::try_from(i).ok())
+    }
+}
+
+/// The args of a `[memory]` event; other events' args are skipped.
+#[derive(Default)]
+struct MemArgs {
+    addr: Num,
+    bytes: Num,
+    total_allocated: Num,
+    total_reserved: Num,
+    device_type: Num,
+    device_id: Num,
+}
+
+/// Consumes and discards the rest of a sequence.
+fn skip_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
+    while seq.next_element::<IgnoredAny>()?.is_some() {}
+    Ok(())
+}
+
+/// Consumes and discards the rest of a map.
+fn skip_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
+    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+    Ok(())
+}
+
+/// Implements the visits that make a lenient value "absent".
+macro_rules! absent_otherwise {
+    () => {
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok(Default::default())
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(Default::default())
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(Default::default())
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            skip_seq(seq)?;
+            Ok(Default::default())
+        }
+    };
+}
+
+struct TextVisitor<'a>(std::marker::PhantomData<&'a ()>);
+
+impl<'de: 'a, 'a> Visitor<'de> for TextVisitor<'a> {
+    type Value = Text<'a>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Text(Some(Cow::Borrowed(v))))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Text(Some(Cow::Owned(v.to_string()))))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(Text(Some(Cow::Owned(v))))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(Text(None))
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(Text(None))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(Text(None))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        skip_map(map)?;
+        Ok(Text(None))
+    }
+
+    absent_otherwise!();
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(TextVisitor(std::marker::PhantomData))
+    }
+}
+
+struct NumVisitor;
+
+impl<'de> Visitor<'de> for NumVisitor {
+    type Value = Num;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Num, E> {
+        Ok(Num::Int(v as i128))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Num, E> {
+        Ok(Num::Int(v as i128))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Num, E> {
+        Ok(Num::Float(v))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Num, E> {
+        let v = v.trim();
+        Ok(match v.parse::<i128>() {
+            Ok(i) => Num::Int(i),
+            Err(_) => v.parse::<f64>().map(Num::Float).unwrap_or(Num::Absent),
+        })
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Num, A::Error> {
+        skip_map(map)?;
+        Ok(Num::Absent)
+    }
+
+    absent_otherwise!();
+}
+
+impl<'de> Deserialize<'de> for Num {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(NumVisitor)
+    }
+}
+
+struct MemArgsVisitor;
+
+impl<'de> Visitor<'de> for MemArgsVisitor {
+    type Value = MemArgs;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<MemArgs, A::Error> {
+        let mut args = MemArgs::default();
+        while let Some(key) = map.next_key::<Text<'de>>()? {
+            let slot = match key.as_str() {
+                "Addr" => &mut args.addr,
+                "Bytes" => &mut args.bytes,
+                "Total Allocated" => &mut args.total_allocated,
+                "Total Reserved" => &mut args.total_reserved,
+                "Device Type" => &mut args.device_type,
+                "Device Id" => &mut args.device_id,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+            };
+            *slot = map.next_value()?;
+        }
+        Ok(args)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<MemArgs, E> {
+        Ok(MemArgs::default())
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<MemArgs, E> {
+        Ok(MemArgs::default())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<MemArgs, E> {
+        Ok(MemArgs::default())
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<MemArgs, E> {
+        Ok(MemArgs::default())
+    }
+
+    absent_otherwise!();
+}
+
+impl<'de> Deserialize<'de> for MemArgs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(MemArgsVisitor)
+    }
+}
+
+/// A CUDA memory event, before times are made relative.
+struct Memory {
+    ts: f64,
+    device: u32,
+    addr: u64,
+    bytes: i128,
+    total_allocated: Option<u64>,
+    total_reserved: Option<u64>,
+}
+
+fn memory_event(e: &RawEvent<'_>) -> Option<Memory> {
+    let args = &e.args;
+    if args.device_type.int()? != CUDA_DEVICE_TYPE {
+        return None;
+    }
+    let bytes = args.bytes.int().filter(|&b| b != 0)?;
+    Some(Memory {
+        ts: e.ts.float()?,
+        device: u32::try_from(args.device_id.int().unwrap_or(0)).ok()?,
+        addr: args.addr.u64()?,
+        bytes,
+        total_allocated: args.total_allocated.u64(),
+        total_reserved: args.total_reserved.u64(),
+    })
+}
+
+fn convert(
+    raw: &[RawEvent<'_>],
+    devices: &[DeviceProps<'_>],
+    base_ns: Option<i128>,
+    _options: &ImportOptions,
+) -> Snapshot {
+    let mut memory = Vec::new();
+    let mut step_slices: Vec<(f64, &str)> = Vec::new();
+    for e in raw {
+        let name = e.name.as_str();
+        if name == "[memory]" {
+            memory.extend(memory_event(e));
+        } else if name.starts_with("ProfilerStep#")
+            && e.ph.as_str() == "X"
+            && e.cat.as_str() != "gpu_user_annotation"
+        {
+            if let Some(ts) = e.ts.float() {
+                step_slices.push((ts, name));
+            }
+        }
+    }
+    // The file lists events per thread, not in time order; a stable sort keeps the file's order
+    // for events at the same microsecond.
+    memory.sort_by(|a, b| a.ts.total_cmp(&b.ts));
+    step_slices.sort_by(|a, b| a.0.total_cmp(&b.0));
+    // A step's slice can appear more than once (several threads): keep the first.
+    let mut seen = std::collections::HashSet::new();
+    step_slices.retain(|(_, name)| seen.insert(*name));
+
+    let epoch_ts = memory
+        .first()
+        .map(|m| m.ts)
+        .into_iter()
+        .chain(step_slices.first().map(|s| s.0))
+        .reduce(f64::min)
+        .unwrap_or(0.0);
+    let relative = |ts: f64| ((ts - epoch_ts) * 1000.0).round().max(0.0) as u64;
+    let epoch_unix_ns = match base_ns {
+        Some(base) => {
+            let base = u64::try_from(base).unwrap_or(0);
+            base.saturating_add((epoch_ts * 1000.0).round().max(0.0) as u64)
+        }
+        None => timeline::unix_epoch_ns(epoch_ts),
+    };
+
+    let mut events: Vec<Event> = memory
+        .iter()
+        .enumerate()
+        .map(|(seq, m)| {
+            let size = u64::try_from(m.bytes.unsigned_abs()).unwrap_or(u64::MAX);
+            Event {
+                seq: seq as u64,
+                time_ns: relative(m.ts),
+                kind: if m.bytes > 0 {
+                    EventKind::Alloc
+                } else {
+                    EventKind::FreeCompleted
+                },
+                device: m.device,
+                stream: 0,
+                addr: m.addr,
+                size,
+                requested: 0,
+                site: None,
+                tag: None,
+                scope: None,
+                step: 0,
+                thread: 0,
+            }
+        })
+        .collect();
+    let starts = step_slices
+        .iter()
+        .map(|(ts, name)| (relative(*ts), name.to_string()))
+        .collect();
+    let steps = timeline::assign_steps_by_time(&mut events, starts);
+
+    let index = memory.iter().map(|m| m.device).min().unwrap_or(0);
+    let stats = compute_stats(&memory, &events, index);
+    let props = devices.iter().find(|d| d.id.int() == Some(index as i128));
+    let device = DeviceInfo {
+        index,
+        name: props
+            .and_then(|p| p.name.0.as_deref())
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("cuda:{index}")),
+        backend: "cuda".to_string(),
+        capacity: props.and_then(|p| p.total_global_mem.u64()).unwrap_or(0),
+    };
+    let mut snapshot = Snapshot::empty(SnapshotSource::ChromeTrace, device);
+    snapshot.format_version = FORMAT_VERSION;
+    snapshot.stats = stats;
+    snapshot.epoch_unix_ns = epoch_unix_ns;
+    snapshot.events = events;
+    snapshot.steps = steps;
+    snapshot
+}
+
+/// A statistic known only from a series of totals: the last as current, the largest as peak.
+fn from_totals(values: impl Iterator<Item = u64>) -> Option<Stat> {
+    let mut stat: Option<Stat> = None;
+    for v in values {
+        let s = stat.get_or_insert_with(Stat::default);
+        s.current = v;
+        s.peak = s.peak.max(v);
+    }
+    stat
+}
+
+fn compute_stats(memory: &[Memory], events: &[Event], device: u32) -> MemoryStats {
+    let mut allocated = TrackArray::default();
+    let mut allocation = TrackArray::default();
+    for e in events.iter().filter(|e| e.device == device) {
+        let pool = if e.size <= SMALL_BLOCK {
+            Pool::Small
+        } else {
+            Pool::Large
+        };
+        if e.kind == EventKind::Alloc {
+            allocated.add(pool, e.size);
+            allocation.add(pool, 1);
+        } else {
+            allocated.remove(pool, e.size);
+            allocation.remove(pool, 1);
+        }
+    }
+    let mut stats = MemoryStats {
+        allocated_bytes: allocated.finish(None),
+        allocation: allocation.finish(None),
+        ..MemoryStats::default()
+    };
+    let mine = || memory.iter().filter(|m| m.device == device);
+    if let Some(total) = from_totals(mine().filter_map(|m| m.total_allocated)) {
+        let all = &mut stats.allocated_bytes.all;
+        all.current = total.current;
+        all.peak = total.peak;
+    }
+    if let Some(total) = from_totals(mine().filter_map(|m| m.total_reserved)) {
+        stats.reserved_bytes.all.current = total.current;
+        stats.reserved_bytes.all.peak = total.peak;
+    }
+    stats
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(json: &str) -> Result<Snapshot, ImportError> {
+        from_json_bytes(json.as_bytes(), "t.json", &ImportOptions::default())
+    }
+
+    const TRACE: &str = r#"{
+      "schemaVersion": 1,
+      "deviceProperties": [{"id": 0, "name": "Test GPU", "totalGlobalMem": 1000000}],
+      "traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#7", "ts": 100.0, "dur": 50},
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#7", "ts": 90, "dur": 50},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#8", "ts": 200, "dur": 50},
+        {"ph": "i", "name": "[memory]", "ts": 210, "args": {"Device Type": 1, "Device Id": 0,
+          "Addr": 4096, "Bytes": -512, "Total Allocated": 2048, "Total Reserved": 4096}},
+        {"ph": "i", "name": "[memory]", "ts": 110, "args": {"Device Type": 1, "Device Id": 0,
+          "Addr": 4096, "Bytes": 512, "Total Allocated": 2560, "Total Reserved": 4096}},
+        {"ph": "i", "name": "[memory]", "ts": 50, "args": {"Device Type": 1, "Device Id": 0,
+          "Addr": 8192, "Bytes": 2097152, "Total Allocated": 2048, "Total Reserved": 4096}},
+        {"ph": "i", "name": "[memory]", "ts": 60, "args": {"Device Type": 0, "Device Id": -1,
+          "Addr": 1, "Bytes": 64, "Total Allocated": 64, "Total Reserved": 0}},
+        {"ph": "i", "name": "[memory]", "ts": 70, "args": "odd"},
+        {"ph": "X", "name": "aten::add", "ts": 120, "dur": 3, "args": {"Bytes": "x", "n": [1, {}]}}
+      ]
+    }"#;
+
+    #[test]
+    fn reads_memory_events_and_steps() {
+        let s = load(TRACE).unwrap();
+        assert_eq!(s.source, SnapshotSource::ChromeTrace);
+        assert_eq!(s.device.name, "Test GPU");
+        assert_eq!(s.device.capacity, 1_000_000);
+        let kinds: Vec<(EventKind, u64, u64)> =
+            s.events.iter().map(|e| (e.kind, e.addr, e.step)).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (EventKind::Alloc, 8192, 0),
+                (EventKind::Alloc, 4096, 1),
+                (EventKind::FreeCompleted, 4096, 2),
+            ]
+        );
+        assert_eq!(s.events[0].time_ns, 0);
+        assert_eq!(s.events[1].time_ns, 60_000);
+        assert_eq!(s.steps.len(), 2);
+        assert_eq!(s.steps[0].label, "ProfilerStep#7");
+        assert_eq!((s.steps[0].step, s.steps[0].seq), (1, 1));
+        assert_eq!((s.steps[1].step, s.steps[1].seq), (2, 2));
+        assert_eq!(s.stats.allocated_bytes.all.peak, 2560);
+        assert_eq!(s.stats.allocated_bytes.all.current, 2048);
+        assert_eq!(s.stats.reserved_bytes.all.peak, 4096);
+        assert_eq!(s.stats.allocation.all.current, 1);
+        assert_eq!(s.stats.allocated_bytes.large_pool.current, 2 << 20);
+        assert_eq!(s.stats.allocated_bytes.small_pool.peak, 512);
+    }
+
+    #[test]
+    fn reads_the_array_form() {
+        let s = load(r#"[{"name": "[memory]", "ph": "i", "ts": 1,
+            "args": {"Device Type": 1, "Device Id": 2, "Addr": 5, "Bytes": 7}}]"#)
+        .unwrap();
+        assert_eq!(s.events.len(), 1);
+        assert_eq!(s.device.index, 2);
+        assert_eq!(s.device.name, "cuda:2");
+    }
+
+    #[test]
+    fn malformed_json_is_an_error() {
+        let e = load(r#"{"traceEvents": [{"name": "[memory]", "#).unwrap_err();
+        assert!(matches!(e.kind, ImportErrorKind::Json(_)), "{e}");
+        // Deep nesting where the importer expects nothing is skipped without recursion; deep
+        // nesting that is cut off is a syntax error.
+        let deep = format!("{{\"traceEvents\": {}{}}}", "[".repeat(5000), "]".repeat(5000));
+        assert_eq!(load(&deep).unwrap().events.len(), 0);
+        let e = load(&deep[..3000]).unwrap_err();
+        assert!(matches!(e.kind, ImportErrorKind::Json(_)), "{e}");
+        let e = load(r#"{"other": 1}"#).unwrap_err();
+        assert!(matches!(e.kind, ImportErrorKind::UnknownFormat { .. }), "{e}");
+    }
+}

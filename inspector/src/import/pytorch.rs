@@ -1,0 +1,871 @@
+//! Importer for PyTorch's `torch.cuda.memory._dump_snapshot()` pickles.
+//!
+//! The pickle is read by the safe reader of `crate::pickle` into a [`Value`] tree and converted
+//! here into a `vramscope_allocator::Snapshot` with source `Pytorch`:
+//!
+//! - every segment of every device with its blocks (pool from `segment_type`, stream,
+//!   expandable flag; blocks of older files without `address` are placed one after another);
+//! - every `device_traces` entry as an `Event`, keeping its `device`; the kinds `alloc`,
+//!   `free_requested`, `free_completed`, `segment_alloc`, `segment_free`, `segment_map`,
+//!   `segment_unmap`, `snapshot` and `oom` are read and other actions are skipped. An event's
+//!   `size` (and `requested`, for block events) is the size PyTorch recorded, which for blocks
+//!   is the size the program asked for. For `oom`, `addr` is the device's free memory, as
+//!   PyTorch records it. Entries without `time_us` (older files) get time 0. Frees of blocks
+//!   allocated before recording began are kept as they are.
+//! - each stack (`frames`, innermost first) as a call site of `Snapshot::sites`, chosen and
+//!   deduplicated by `super::sites`;
+//! - `external_annotations` as `Snapshot::annotations`, whose `START`s (or a step-marker
+//!   function, see `super::ImportOptions`) number the training steps of `Snapshot::steps` and
+//!   of every event and live block;
+//! - statistics: current values from the segments, peaks and totals from replaying the trace
+//!   (an estimate for allocated and active bytes, whose block rounding the trace does not
+//!   record: sizes are rounded to PyTorch's 512 bytes);
+//! - settings from `allocator_settings` (unknown keys ignored).
+//!
+//! Times are nanoseconds since the earliest time in the file, which becomes
+//! `Snapshot::epoch_unix_ns`. `Snapshot::device` is the lowest device that has data; its
+//! capacity is unknown (0).
+
+use std::fmt;
+
+use rustc_hash::FxHashMap;
+use vramscope_allocator::{
+    AllocatorConfig, Annotation, Block, BlockState, DeviceInfo, Event, EventKind, Frame,
+    MemoryStats, Pool, Segment, SiteId, Snapshot, SnapshotSource, Stat, StatArray, StepMark,
+    FORMAT_VERSION,
+};
+
+use super::sites::SiteTable;
+use super::timeline::{self, TrackArray};
+use super::{ImportError, ImportErrorKind, ImportOptions};
+use crate::pickle::{self, Value};
+
+/// Requests up to this size are served from the small pool.
+const SMALL_REQUEST: u64 = 1 << 20;
+/// The size of a small-pool segment.
+const SMALL_SEGMENT: u64 = 2 << 20;
+/// Annotation families that mark training steps, in order of preference.
+const STEP_ANNOTATIONS: &[&str] = &[
+    "ProfilerStep#",
+    "Optimizer.step#",
+    "Optimizer.zero_grad#",
+    "enumerate(DataLoader)#",
+];
+
+/// Parses a snapshot pickle and converts it; `origin` names the data in errors.
+pub fn from_pickle_bytes(
+    bytes: &[u8],
+    origin: &str,
+    options: &ImportOptions,
+) -> Result<Snapshot, ImportError> {
+    let value =
+        pickle::parse(bytes).map_err(|e| ImportError::new(origin, ImportErrorKind::Pickle(e)))?;
+    from_value(&value, origin, options)
+}
+
+/// Converts an already parsed snapshot pickle; `origin` names the data in errors.
+pub fn from_value(
+    root: &Value,
+    origin: &str,
+    options: &ImportOptions,
+) -> Result<Snapshot, ImportError> {
+    convert(root, options).map_err(|fault| {
+        ImportError::new(
+            origin,
+            ImportErrorKind::Structure {
+                path: fault.path,
+                message: fault.message,
+            },
+        )
+    })
+}
+
+/// A structural problem at a path of the pickle.
+struct Fault {
+    path: String,
+    message: String,
+}
+
+/// Where in the pickle a value lies, for error paths.
+#[derive(Clone, Copy)]
+enum Loc {
+    Root,
+    Segment(usize),
+    Block(usize, usize),
+    Entry(usize, usize),
+    Annotation(usize),
+}
+
+impl fmt::Display for Loc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Loc::Root => Ok(()),
+            Loc::Segment(i) => write!(f, "segments[{i}]"),
+            Loc::Block(i, j) => write!(f, "segments[{i}].blocks[{j}]"),
+            Loc::Entry(d, i) => write!(f, "device_traces[{d}][{i}]"),
+            Loc::Annotation(i) => write!(f, "external_annotations[{i}]"),
+        }
+    }
+}
+
+impl Loc {
+    fn key(self, key: &str) -> String {
+        match self {
+            Loc::Root => key.to_string(),
+            _ => format!("{self}.{key}"),
+        }
+    }
+
+    fn fault(self, key: &str, message: impl Into<String>) -> Fault {
+        Fault {
+            path: self.key(key),
+            message: message.into(),
+        }
+    }
+
+    fn wrong(self, key: &str, expected: &str, found: &Value) -> Fault {
+        self.fault(
+            key,
+            format!("expected {expected}, found {}", found.type_name()),
+        )
+    }
+}
+
+/// Checks that `value` at `loc` is a dict.
+fn dict(value: &Value, loc: Loc) -> Result<&Value, Fault> {
+    match value {
+        Value::Dict(_) => Ok(value),
+        other => Err(Fault {
+            path: loc.to_string(),
+            message: format!("expected a dict, found {}", other.type_name()),
+        }),
+    }
+}
+
+/// The value under `key`, treating `None` as absent.
+fn opt<'v>(obj: &'v Value, key: &str) -> Option<&'v Value> {
+    obj.get(key).filter(|v| !v.is_none())
+}
+
+fn need<'v>(obj: &'v Value, key: &str, loc: Loc) -> Result<&'v Value, Fault> {
+    opt(obj, key).ok_or_else(|| loc.fault(key, "missing"))
+}
+
+fn to_u64(v: &Value, key: &str, loc: Loc) -> Result<u64, Fault> {
+    v.as_u64()
+        .ok_or_else(|| loc.wrong(key, "a non-negative integer", v))
+}
+
+fn need_u64(obj: &Value, key: &str, loc: Loc) -> Result<u64, Fault> {
+    to_u64(need(obj, key, loc)?, key, loc)
+}
+
+fn opt_u64(obj: &Value, key: &str, loc: Loc) -> Result<Option<u64>, Fault> {
+    opt(obj, key).map(|v| to_u64(v, key, loc)).transpose()
+}
+
+/// A stream handle: any integer, negative ones kept as their two's-complement bits.
+fn opt_stream(obj: &Value, key: &str, loc: Loc) -> Result<u64, Fault> {
+    match opt(obj, key) {
+        None => Ok(0),
+        Some(Value::Int(i)) => Ok(*i as u64),
+        Some(v) => v.as_u64().ok_or_else(|| loc.wrong(key, "an integer", v)),
+    }
+}
+
+fn need_str<'v>(obj: &'v Value, key: &str, loc: Loc) -> Result<&'v str, Fault> {
+    let v = need(obj, key, loc)?;
+    v.as_str().ok_or_else(|| loc.wrong(key, "a string", v))
+}
+
+fn opt_str<'v>(obj: &'v Value, key: &str, loc: Loc) -> Result<Option<&'v str>, Fault> {
+    opt(obj, key)
+        .map(|v| v.as_str().ok_or_else(|| loc.wrong(key, "a string", v)))
+        .transpose()
+}
+
+fn opt_seq<'v>(obj: &'v Value, key: &str, loc: Loc) -> Result<&'v [Value], Fault> {
+    match opt(obj, key) {
+        None => Ok(&[]),
+        Some(v) => v
+            .as_seq()
+            .ok_or_else(|| loc.wrong(key, "a list", v)),
+    }
+}
+
+/// A time in microseconds: an integer or a float; negative times count as 0.
+fn opt_time_us(obj: &Value, key: &str, loc: Loc) -> Result<Option<u64>, Fault> {
+    match opt(obj, key) {
+        None => Ok(None),
+        Some(Value::Int(i)) => Ok(Some((*i).max(0) as u64)),
+        Some(Value::Float(f)) if f.is_finite() => Ok(Some(f.max(0.0) as u64)),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| loc.wrong(key, "a time in microseconds", v)),
+    }
+}
+
+fn device_index(v: u64, key: &str, loc: Loc) -> Result<u32, Fault> {
+    u32::try_from(v).map_err(|_| loc.fault(key, format!("device {v} is out of range")))
+}
+
+/// Converts stacks into call sites, remembering each shared frame list of the pickle.
+struct Stacks {
+    table: SiteTable,
+    by_identity: FxHashMap<usize, Option<SiteId>>,
+}
+
+impl Stacks {
+    fn site(&mut self, frames: Option<&Value>, loc: Loc) -> Result<Option<SiteId>, Fault> {
+        let Some(frames) = frames.filter(|v| !v.is_none()) else {
+            return Ok(None);
+        };
+        let identity = frames.identity();
+        if let Some(site) = identity.and_then(|id| self.by_identity.get(&id)) {
+            return Ok(*site);
+        }
+        let list = frames
+            .as_seq()
+            .ok_or_else(|| loc.wrong("frames", "a list", frames))?;
+        let mut stack = Vec::with_capacity(list.len());
+        for (k, frame) in list.iter().enumerate() {
+            stack.push(read_frame(frame).ok_or_else(|| {
+                loc.fault(
+                    &format!("frames[{k}]"),
+                    format!(
+                        "expected a dict with filename, line and name, found {}",
+                        frame.type_name()
+                    ),
+                )
+            })?);
+        }
+        let site = self.table.intern(stack);
+        if let Some(id) = identity {
+            self.by_identity.insert(id, site);
+        }
+        Ok(site)
+    }
+}
+
+/// One frame `{filename, line, name}`; missing parts become `??`, 0 and an empty name.
+fn read_frame(frame: &Value) -> Option<Frame> {
+    frame.as_dict()?;
+    let text = |key| {
+        frame
+            .get(key)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    let line = match frame.get("line") {
+        Some(Value::Int(i)) => (*i).clamp(0, u32::MAX as i64) as u32,
+        _ => 0,
+    };
+    Some(Frame {
+        file: text("filename").unwrap_or_else(|| "??".to_string()),
+        line,
+        function: text("name").unwrap_or_default(),
+    })
+}
+
+/// An event read from a trace entry, before times are made relative.
+struct RawEvent {
+    event: Event,
+    time_us: Option<u64>,
+}
+
+fn event_kind(action: &str) -> Option<EventKind> {
+    Some(match action {
+        "alloc" => EventKind::Alloc,
+        "free_requested" => EventKind::FreeRequested,
+        "free_completed" => EventKind::FreeCompleted,
+        "segment_alloc" => EventKind::SegmentAlloc,
+        "segment_free" => EventKind::SegmentFree,
+        "segment_map" => EventKind::SegmentMap,
+        "segment_unmap" => EventKind::SegmentUnmap,
+        "snapshot" => EventKind::Snapshot,
+        "oom" => EventKind::Oom,
+        _ => return None,
+    })
+}
+
+fn read_entry(
+    entry: &Value,
+    device: u32,
+    loc: Loc,
+    stacks: &mut Stacks,
+) -> Result<Option<RawEvent>, Fault> {
+    let entry = dict(entry, loc)?;
+    let Some(kind) = event_kind(need_str(entry, "action", loc)?) else {
+        return Ok(None);
+    };
+    let located = !matches!(kind, EventKind::Snapshot | EventKind::Oom);
+    let (addr, size) = if located {
+        (need_u64(entry, "addr", loc)?, need_u64(entry, "size", loc)?)
+    } else {
+        (
+            opt_u64(entry, "addr", loc)?.unwrap_or(0),
+            opt_u64(entry, "size", loc)?.unwrap_or(0),
+        )
+    };
+    let requested = match kind {
+        EventKind::Alloc | EventKind::FreeRequested | EventKind::FreeCompleted => size,
+        _ => 0,
+    };
+    Ok(Some(RawEvent {
+        event: Event {
+            seq: 0,
+            time_ns: 0,
+            kind,
+            device,
+            stream: opt_stream(entry, "stream", loc)?,
+            addr,
+            size,
+            requested,
+            site: stacks.site(entry.get("frames"), loc)?,
+            tag: None,
+            scope: None,
+            step: 0,
+            thread: 0,
+        },
+        time_us: opt_time_us(entry, "time_us", loc)?,
+    }))
+}
+
+/// An annotation before its time is made relative.
+struct RawAnnotation {
+    name: String,
+    stage: String,
+    device: u32,
+    time_us: Option<u64>,
+}
+
+fn read_annotation(value: &Value, loc: Loc) -> Result<RawAnnotation, Fault> {
+    let value = dict(value, loc)?;
+    Ok(RawAnnotation {
+        name: opt_str(value, "name", loc)?.unwrap_or_default().to_string(),
+        stage: opt_str(value, "stage", loc)?.unwrap_or_default().to_string(),
+        device: device_index(opt_u64(value, "device", loc)?.unwrap_or(0), "device", loc)?,
+        time_us: opt_time_us(value, "time_us", loc)?,
+    })
+}
+
+fn block_state(text: &str) -> Option<BlockState> {
+    match text {
+        "active_allocated" => Some(BlockState::ActiveAllocated),
+        "active_pending_free" => Some(BlockState::ActivePendingFree),
+        "inactive" => Some(BlockState::Inactive),
+        _ => None,
+    }
+}
+
+/// Where and when each live block was last allocated in the trace.
+type LastAlloc = FxHashMap<(u32, u64), (Option<SiteId>, u64)>;
+
+fn read_segment(
+    value: &Value,
+    i: usize,
+    stacks: &mut Stacks,
+    last_alloc: &LastAlloc,
+) -> Result<Segment, Fault> {
+    let loc = Loc::Segment(i);
+    let value = dict(value, loc)?;
+    let device = device_index(opt_u64(value, "device", loc)?.unwrap_or(0), "device", loc)?;
+    let address = need_u64(value, "address", loc)?;
+    let total_size = need_u64(value, "total_size", loc)?;
+    let pool = match opt_str(value, "segment_type", loc)? {
+        Some("small") => Pool::Small,
+        Some(_) => Pool::Large,
+        None if total_size == SMALL_SEGMENT => Pool::Small,
+        None => Pool::Large,
+    };
+    let expandable = match opt(value, "is_expandable") {
+        None => false,
+        Some(v) => v
+            .as_bool()
+            .ok_or_else(|| loc.wrong("is_expandable", "a bool", v))?,
+    };
+    let mut blocks = Vec::new();
+    let mut next_address = address;
+    for (j, block) in opt_seq(value, "blocks", loc)?.iter().enumerate() {
+        let loc = Loc::Block(i, j);
+        let block = dict(block, loc)?;
+        let size = need_u64(block, "size", loc)?;
+        // Blocks of older files have no address: they follow one another from the segment's.
+        let block_address = opt_u64(block, "address", loc)?.unwrap_or(next_address);
+        next_address = block_address.saturating_add(size);
+        let state_text = need_str(block, "state", loc)?;
+        let state = block_state(state_text)
+            .ok_or_else(|| loc.fault("state", format!("unknown block state `{state_text}`")))?;
+        let requested_size = match opt_u64(block, "requested_size", loc)? {
+            Some(r) => r,
+            None if state == BlockState::Inactive => 0,
+            None => size,
+        };
+        // Older files keep the stack in the last entry of `history`.
+        let frames = match opt(block, "frames") {
+            Some(frames) => Some(frames),
+            None => opt_seq(block, "history", loc)?
+                .last()
+                .and_then(|h| h.get("frames")),
+        };
+        let mut site = stacks.site(frames, loc)?;
+        let mut step = 0;
+        if state != BlockState::Inactive {
+            if let Some(&(alloc_site, alloc_step)) = last_alloc.get(&(device, block_address)) {
+                site = site.or(alloc_site);
+                step = alloc_step;
+            }
+        }
+        blocks.push(Block {
+            address: block_address,
+            size,
+            requested_size,
+            state,
+            site,
+            tag: None,
+            scope: None,
+            step,
+            thread: 0,
+        });
+    }
+    blocks.sort_by_key(|b| b.address);
+    Ok(Segment {
+        device,
+        address,
+        total_size,
+        stream: opt_stream(value, "stream", loc)?,
+        pool,
+        expandable,
+        blocks,
+    })
+}
+
+/// Reads `allocator_settings` on top of the defaults, ignoring unknown keys and values.
+fn read_config(settings: Option<&Value>) -> AllocatorConfig {
+    let mut config = AllocatorConfig::default();
+    let Some(settings) = settings.filter(|s| s.as_dict().is_some()) else {
+        return config;
+    };
+    if let Some(text) = settings.get("PYTORCH_CUDA_ALLOC_CONF").and_then(Value::as_str) {
+        for entry in text.split(',') {
+            if let Some((key, value)) = entry.split_once(':') {
+                // PyTorch accepts keys vramscope does not model (`backend`, ...): skip them.
+                let _ = config.set(key.trim(), value.trim());
+            }
+        }
+    }
+    if let Some(v) = settings.get("max_split_size").and_then(Value::as_i64) {
+        // PyTorch reports "unlimited" as -1 (SIZE_MAX).
+        config.max_split_size = (v > 0).then_some(v as u64);
+    }
+    if let Some(t) = settings
+        .get("garbage_collection_threshold")
+        .and_then(Value::as_f64)
+    {
+        config.garbage_collection_threshold = (t > 0.0 && t < 1.0).then_some(t);
+    }
+    if let Some(b) = settings.get("expandable_segments").and_then(Value::as_bool) {
+        config.expandable_segments = b;
+    }
+    let divisions = match settings.get("roundup_power2_divisions") {
+        Some(Value::Int(i)) => Some(*i),
+        // Per-size divisions: vramscope keeps one figure, the largest.
+        Some(Value::Dict(pairs)) => pairs.iter().filter_map(|(_, v)| v.as_i64()).max(),
+        _ => None,
+    };
+    if let Some(d) = divisions.and_then(|d| u32::try_from(d).ok()) {
+        if d == 0 || (d.is_power_of_two() && d <= 64) {
+            config.roundup_power2_divisions = d;
+        }
+    }
+    config
+}
+
+/// PyTorch's rounding of a request to a block size (multiples of 512 bytes, at least 512).
+fn round_block(size: u64) -> u64 {
+    if size < 512 {
+        512
+    } else {
+        size.div_ceil(512).saturating_mul(512)
+    }
+}
+
+fn request_pool(size: u64) -> Pool {
+    if size <= SMALL_REQUEST {
+        Pool::Small
+    } else {
+        Pool::Large
+    }
+}
+
+/// The pool of the segment at `addr` of `device` among the final segments (sorted by device
+/// and address), else guessed from the size.
+fn segment_pool(segments: &[Segment], device: u32, addr: u64, size: u64) -> Pool {
+    let at = segments.partition_point(|s| (s.device, s.address) <= (device, addr));
+    if at > 0 {
+        let s = &segments[at - 1];
+        if s.device == device && addr < s.address.saturating_add(s.total_size.max(1)) {
+            return s.pool;
+        }
+    }
+    if size == SMALL_SEGMENT {
+        Pool::Small
+    } else {
+        Pool::Large
+    }
+}
+
+fn current_only(value: StatArray) -> StatArray {
+    let fix = |s: Stat| Stat {
+        current: s.current,
+        peak: s.current,
+        allocated: s.current,
+        freed: 0,
+    };
+    StatArray {
+        all: fix(value.all),
+        small_pool: fix(value.small_pool),
+        large_pool: fix(value.large_pool),
+    }
+}
+
+/// Statistics of `device`: current values from its segments, the rest from replaying its
+/// events.
+fn compute_stats(
+    segments: &[Segment],
+    events: &[Event],
+    device: u32,
+    config: &AllocatorConfig,
+) -> MemoryStats {
+    let mut end = MemoryStats::default();
+    for seg in segments.iter().filter(|s| s.device == device) {
+        let pool = seg.pool;
+        end.reserved_bytes.increase(pool, seg.total_size);
+        end.segment.increase(pool, 1);
+        let split_free = seg.blocks.iter().any(|b| b.state != BlockState::Inactive);
+        if let Some(limit) = config.max_split_size {
+            if seg.total_size >= limit {
+                end.oversize_segments.increase(1);
+            }
+        }
+        for b in &seg.blocks {
+            match b.state {
+                BlockState::ActiveAllocated => {
+                    end.allocated_bytes.increase(pool, b.size);
+                    end.allocation.increase(pool, 1);
+                    end.requested_bytes.increase(pool, b.requested_size);
+                    end.active_bytes.increase(pool, b.size);
+                    end.active.increase(pool, 1);
+                    if config.max_split_size.is_some_and(|limit| b.size >= limit) {
+                        end.oversize_allocations.increase(1);
+                    }
+                }
+                BlockState::ActivePendingFree => {
+                    end.active_bytes.increase(pool, b.size);
+                    end.active.increase(pool, 1);
+                }
+                BlockState::Inactive if split_free => {
+                    end.inactive_split_bytes.increase(pool, b.size);
+                    end.inactive_split.increase(pool, 1);
+                }
+                BlockState::Inactive => {}
+            }
+        }
+    }
+
+    let mut allocated = TrackArray::default();
+    let mut requested = TrackArray::default();
+    let mut allocation = TrackArray::default();
+    let mut active_bytes = TrackArray::default();
+    let mut active = TrackArray::default();
+    let mut reserved = TrackArray::default();
+    let mut segment = TrackArray::default();
+    let mut stats = MemoryStats::default();
+    for e in events.iter().filter(|e| e.device == device) {
+        let pool = request_pool(e.size);
+        let block = round_block(e.size);
+        match e.kind {
+            EventKind::Alloc => {
+                allocated.add(pool, block);
+                requested.add(pool, e.size);
+                allocation.add(pool, 1);
+                active_bytes.add(pool, block);
+                active.add(pool, 1);
+            }
+            EventKind::FreeRequested => {
+                allocated.remove(pool, block);
+                requested.remove(pool, e.size);
+                allocation.remove(pool, 1);
+            }
+            EventKind::FreeCompleted => {
+                active_bytes.remove(pool, block);
+                active.remove(pool, 1);
+            }
+            EventKind::SegmentAlloc | EventKind::SegmentMap => {
+                let pool = segment_pool(segments, device, e.addr, e.size);
+                reserved.add(pool, e.size);
+                if e.kind == EventKind::SegmentAlloc {
+                    segment.add(pool, 1);
+                }
+                stats.num_device_alloc += 1;
+            }
+            EventKind::SegmentFree | EventKind::SegmentUnmap => {
+                let pool = segment_pool(segments, device, e.addr, e.size);
+                reserved.remove(pool, e.size);
+                if e.kind == EventKind::SegmentFree {
+                    segment.remove(pool, 1);
+                }
+                stats.num_device_free += 1;
+            }
+            EventKind::Oom => stats.num_ooms += 1,
+            _ => {}
+        }
+    }
+    stats.allocated_bytes = allocated.finish(Some(&end.allocated_bytes));
+    stats.requested_bytes = requested.finish(Some(&end.requested_bytes));
+    stats.allocation = allocation.finish(Some(&end.allocation));
+    stats.active_bytes = active_bytes.finish(Some(&end.active_bytes));
+    stats.active = active.finish(Some(&end.active));
+    stats.reserved_bytes = reserved.finish(Some(&end.reserved_bytes));
+    stats.segment = segment.finish(Some(&end.segment));
+    stats.inactive_split_bytes = current_only(end.inactive_split_bytes);
+    stats.inactive_split = current_only(end.inactive_split);
+    stats.oversize_allocations = end.oversize_allocations;
+    stats.oversize_segments = end.oversize_segments;
+    stats
+}
+
+/// Picks the annotation family that marks steps and returns its `START` times.
+fn annotation_steps(
+    annotations: &[Annotation],
+    chosen: Option<&str>,
+) -> Vec<(u64, String)> {
+    let is_start = |a: &&Annotation| a.stage.eq_ignore_ascii_case("START");
+    let family: Option<String> = match chosen {
+        Some(name) => Some(name.to_string()),
+        None => STEP_ANNOTATIONS
+            .iter()
+            .find(|p| annotations.iter().filter(is_start).any(|a| a.name.starts_with(**p)))
+            .map(|p| p.to_string())
+            .or_else(|| annotations.iter().find(is_start).map(|a| a.name.clone())),
+    };
+    let Some(family) = family else {
+        return Vec::new();
+    };
+    annotations
+        .iter()
+        .filter(is_start)
+        .filter(|a| a.name.starts_with(&family))
+        .map(|a| (a.time_ns, a.name.clone()))
+        .collect()
+}
+
+/// Step starts at allocations whose stack enters `marker` after one whose stack did not.
+fn marker_steps(events: &[Event], stacks: &Stacks, marker: &str) -> Vec<(usize, String)> {
+    let mut memo: FxHashMap<SiteId, bool> = FxHashMap::default();
+    let mut inside = false;
+    let mut starts = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        if e.kind != EventKind::Alloc {
+            continue;
+        }
+        let has = e.site.is_some_and(|id| {
+            *memo.entry(id).or_insert_with(|| {
+                stacks
+                    .table
+                    .get(id)
+                    .is_some_and(|s| s.frames.iter().any(|f| f.function == marker))
+            })
+        });
+        if has && !inside {
+            starts.push((i, marker.to_string()));
+        }
+        inside = has;
+    }
+    starts
+}
+
+fn convert(root: &Value, options: &ImportOptions) -> Result<Snapshot, Fault> {
+    // Very old files are a bare list of segments.
+    let (segment_values, trace_values, settings, annotation_values): (
+        &[Value],
+        &[Value],
+        Option<&Value>,
+        &[Value],
+    ) = match root {
+        Value::List(segments) => (segments, &[], None, &[]),
+        Value::Dict(_) => {
+            if root.get("segments").is_none() && root.get("device_traces").is_none() {
+                return Err(Fault {
+                    path: String::new(),
+                    message: "not a PyTorch memory snapshot: the dict has neither `segments` nor `device_traces`".to_string(),
+                });
+            }
+            (
+                opt_seq(root, "segments", Loc::Root)?,
+                opt_seq(root, "device_traces", Loc::Root)?,
+                opt(root, "allocator_settings"),
+                opt_seq(root, "external_annotations", Loc::Root)?,
+            )
+        }
+        other => {
+            return Err(Fault {
+                path: String::new(),
+                message: format!(
+                    "not a PyTorch memory snapshot: expected a dict with `segments` and `device_traces`, found {}",
+                    other.type_name()
+                ),
+            })
+        }
+    };
+
+    let mut stacks = Stacks {
+        table: SiteTable::new(&options.framework_paths),
+        by_identity: FxHashMap::default(),
+    };
+
+    // Events of every device.
+    let mut raw = Vec::new();
+    let mut devices_with_events = 0;
+    let mut first_device: Option<u32> = None;
+    for (d, trace) in trace_values.iter().enumerate() {
+        let entries = trace.as_seq().ok_or_else(|| Fault {
+            path: format!("device_traces[{d}]"),
+            message: format!("expected a list, found {}", trace.type_name()),
+        })?;
+        let device = u32::try_from(d).unwrap_or(u32::MAX);
+        if !entries.is_empty() {
+            devices_with_events += 1;
+            first_device = Some(first_device.map_or(device, |f| f.min(device)));
+        }
+        raw.reserve(entries.len());
+        for (i, entry) in entries.iter().enumerate() {
+            if let Some(e) = read_entry(entry, device, Loc::Entry(d, i), &mut stacks)? {
+                raw.push(e);
+            }
+        }
+    }
+    let mut annotations_raw = Vec::with_capacity(annotation_values.len());
+    for (i, a) in annotation_values.iter().enumerate() {
+        annotations_raw.push(read_annotation(a, Loc::Annotation(i))?);
+    }
+
+    // Times relative to the earliest one in the file.
+    let epoch_us = raw
+        .iter()
+        .filter_map(|e| e.time_us)
+        .chain(annotations_raw.iter().filter_map(|a| a.time_us))
+        .min();
+    let relative = |t: Option<u64>| match (t, epoch_us) {
+        (Some(t), Some(epoch)) => t.saturating_sub(epoch).saturating_mul(1000),
+        _ => 0,
+    };
+    let mut events: Vec<Event> = raw
+        .into_iter()
+        .map(|r| Event {
+            time_ns: relative(r.time_us),
+            ..r.event
+        })
+        .collect();
+    if devices_with_events > 1 {
+        events.sort_by_key(|e| e.time_ns);
+    }
+    for (seq, e) in events.iter_mut().enumerate() {
+        e.seq = seq as u64;
+    }
+    let annotations: Vec<Annotation> = annotations_raw
+        .into_iter()
+        .map(|a| Annotation {
+            time_ns: relative(a.time_us),
+            name: a.name,
+            stage: a.stage,
+            device: a.device,
+        })
+        .collect();
+
+    // Steps.
+    let steps: Vec<StepMark> = match &options.step_marker {
+        Some(marker) => {
+            let starts = marker_steps(&events, &stacks, marker);
+            timeline::assign_steps_at(&mut events, starts)
+        }
+        None if epoch_us.is_some() => {
+            let starts = annotation_steps(&annotations, options.step_annotation.as_deref());
+            timeline::assign_steps_by_time(&mut events, starts)
+        }
+        None => Vec::new(),
+    };
+
+    // Segments, with the site and step of each live block's allocation.
+    let mut last_alloc: LastAlloc = FxHashMap::default();
+    for e in events.iter().filter(|e| e.kind == EventKind::Alloc) {
+        last_alloc.insert((e.device, e.addr), (e.site, e.step));
+    }
+    let mut segments = Vec::with_capacity(segment_values.len());
+    for (i, s) in segment_values.iter().enumerate() {
+        segments.push(read_segment(s, i, &mut stacks, &last_alloc)?);
+    }
+    segments.sort_by_key(|s| (s.device, s.address));
+
+    let first_segment_device = segments.iter().map(|s| s.device).min();
+    let index = match (first_device, first_segment_device) {
+        (Some(a), Some(b)) => a.min(b),
+        (a, b) => a.or(b).unwrap_or(0),
+    };
+    let config = read_config(settings);
+    let stats = compute_stats(&segments, &events, index, &config);
+    Ok(Snapshot {
+        format_version: FORMAT_VERSION,
+        source: SnapshotSource::Pytorch,
+        device: DeviceInfo {
+            index,
+            name: format!("cuda:{index}"),
+            backend: "cuda".to_string(),
+            capacity: 0,
+        },
+        config,
+        stats,
+        epoch_unix_ns: timeline::unix_epoch_ns(epoch_us.unwrap_or(0) as f64),
+        segments,
+        events,
+        dropped_events: 0,
+        sites: stacks.table.into_sites(),
+        tags: Vec::new(),
+        scopes: Vec::new(),
+        steps,
+        annotations,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_like_pytorch() {
+        assert_eq!(round_block(1), 512);
+        assert_eq!(round_block(512), 512);
+        assert_eq!(round_block(513), 1024);
+        assert_eq!(round_block(u64::MAX), u64::MAX);
+        assert_eq!(request_pool(1 << 20), Pool::Small);
+        assert_eq!(request_pool((1 << 20) + 1), Pool::Large);
+    }
+
+    #[test]
+    fn reads_pytorch_settings() {
+        let settings = crate::pickle::parse(
+            // {'PYTORCH_CUDA_ALLOC_CONF': 'backend:native,max_split_size_mb:64',
+            //  'max_split_size': 67108864, 'garbage_collection_threshold': 0.0,
+            //  'expandable_segments': True, 'roundup_power2_divisions': {'1': 0, '2': 4},
+            //  'unknown': 1}
+            b"\x80\x04\x95\xd1\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x17PYTORCH_CUDA_ALLOC_CONF\x94\x8c#backend:native,max_split_size_mb:64\x94\x8c\x0emax_split_size\x94J\x00\x00\x00\x04\x8c\x1cgarbage_collection_threshold\x94G\x00\x00\x00\x00\x00\x00\x00\x00\x8c\x13expandable_segments\x94\x88\x8c\x18roundup_power2_divisions\x94}\x94(\x8c\x011\x94K\x00\x8c\x012\x94K\x04u\x8c\x07unknown\x94K\x01u.",
+        )
+        .unwrap();
+        let config = read_config(Some(&settings));
+        assert_eq!(config.max_split_size, Some(64 << 20));
+        assert_eq!(config.garbage_collection_threshold, None);
+        assert!(config.expandable_segments);
+        assert_eq!(config.roundup_power2_divisions, 4);
+    }
+}

@@ -1,0 +1,251 @@
+//! Shared helpers of the importers for what happens over time: numbering training steps and
+//! replaying a trace to recover the peaks of PyTorch-style statistics.
+//!
+//! `pytorch` and `chrome` both end with a list of `Event`s (the model of
+//! `vramscope_allocator::model`) and a set of step starts, found by time (annotations,
+//! profiler slices) or by event (a step-marker function). [`assign_steps_by_time`] and
+//! [`assign_steps_at`] fill every event's `step` and build `Snapshot::steps`. A recorded trace
+//! often starts after the program allocated, so [`Track`] replays additions and removals and
+//! then anchors them to a known final value (from the snapshot's segments) or, without one,
+//! to the smallest start that never goes negative.
+
+use vramscope_allocator::{Event, Pool, Stat, StatArray, StepMark};
+
+/// Numbers steps from start times: each `(time_ns, label)` begins a step; an event belongs to
+/// the last step that began at or before its time (step 0 before the first). Returns the
+/// step marks, numbered from 1 in time order.
+pub(crate) fn assign_steps_by_time(
+    events: &mut [Event],
+    mut starts: Vec<(u64, String)>,
+) -> Vec<StepMark> {
+    starts.sort_by_key(|(t, _)| *t);
+    let times: Vec<u64> = starts.iter().map(|(t, _)| *t).collect();
+    for event in events.iter_mut() {
+        event.step = times.partition_point(|&t| t <= event.time_ns) as u64;
+    }
+    marks(events, starts)
+}
+
+/// Numbers steps from event positions: each `(index, label)` (an index into `events`, in
+/// increasing order) begins a step at that event.
+pub(crate) fn assign_steps_at(events: &mut [Event], starts: Vec<(usize, String)>) -> Vec<StepMark> {
+    let mut next = starts.iter().map(|(i, _)| *i).peekable();
+    let mut step = 0u64;
+    for (i, event) in events.iter_mut().enumerate() {
+        while next.peek() == Some(&i) {
+            next.next();
+            step += 1;
+        }
+        event.step = step;
+    }
+    let with_times = starts
+        .into_iter()
+        .map(|(i, label)| (events.get(i).map(|e| e.time_ns).unwrap_or(0), label))
+        .collect();
+    marks(events, with_times)
+}
+
+/// Builds the step marks once every event has its step: a step's `seq` is the first event of
+/// that step or a later one (one past the last event when none follows).
+fn marks(events: &[Event], starts: Vec<(u64, String)>) -> Vec<StepMark> {
+    let n = starts.len();
+    let end = events.last().map(|e| e.seq + 1).unwrap_or(0);
+    let mut first = vec![u64::MAX; n + 2];
+    for e in events {
+        let s = (e.step as usize).min(n + 1);
+        first[s] = first[s].min(e.seq);
+    }
+    for s in (0..=n).rev() {
+        first[s] = first[s].min(first[s + 1]);
+    }
+    starts
+        .into_iter()
+        .enumerate()
+        .map(|(k, (time_ns, label))| StepMark {
+            step: k as u64 + 1,
+            seq: if first[k + 1] == u64::MAX {
+                end
+            } else {
+                first[k + 1]
+            },
+            time_ns,
+            label,
+        })
+        .collect()
+}
+
+/// Microseconds of 2000-01-01 since the Unix epoch: earlier times are taken to be relative
+/// to some other clock.
+const UNIX_2000_US: f64 = 946_684_800_000_000.0;
+
+/// The Unix time in nanoseconds of a time given in microseconds, or 0 when the time does not
+/// look like a Unix time (it is before the year 2000, or not finite).
+pub(crate) fn unix_epoch_ns(us: f64) -> u64 {
+    if !(us.is_finite() && us >= UNIX_2000_US) {
+        return 0;
+    }
+    let whole = us.trunc();
+    let fraction_ns = ((us - whole) * 1000.0).round() as u64;
+    (whole as u64).saturating_mul(1000).saturating_add(fraction_ns)
+}
+
+/// A statistic replayed over a trace whose starting value is unknown.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Track {
+    net: i128,
+    low: i128,
+    high: i128,
+    added: u128,
+    removed: u128,
+}
+
+impl Track {
+    /// Adds `amount`.
+    pub(crate) fn add(&mut self, amount: u64) {
+        self.net += amount as i128;
+        self.added += amount as u128;
+        self.high = self.high.max(self.net);
+    }
+
+    /// Removes `amount`.
+    pub(crate) fn remove(&mut self, amount: u64) {
+        self.net -= amount as i128;
+        self.removed += amount as u128;
+        self.low = self.low.min(self.net);
+    }
+
+    /// The statistic, anchored so that it ends at `end` when that is known (but never goes
+    /// below zero), or starts at the smallest value that keeps it non-negative otherwise.
+    pub(crate) fn finish(&self, end: Option<u64>) -> Stat {
+        let floor = -self.low;
+        let start = match end {
+            Some(end) => (end as i128 - self.net).max(floor),
+            None => floor,
+        };
+        let replayed_end = start + self.net;
+        let current = end.map(|e| e as i128).unwrap_or(replayed_end);
+        let clamp = |v: i128| v.clamp(0, u64::MAX as i128) as u64;
+        Stat {
+            current: clamp(current),
+            peak: clamp((start + self.high).max(current).max(start)),
+            allocated: clamp(start + self.added as i128),
+            freed: clamp(self.removed as i128),
+        }
+    }
+}
+
+/// A [`Track`] for all pools together and for each pool.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct TrackArray {
+    all: Track,
+    small: Track,
+    large: Track,
+}
+
+impl TrackArray {
+    /// Adds `amount` in `pool`.
+    pub(crate) fn add(&mut self, pool: Pool, amount: u64) {
+        self.all.add(amount);
+        self.pool(pool).add(amount);
+    }
+
+    /// Removes `amount` from `pool`.
+    pub(crate) fn remove(&mut self, pool: Pool, amount: u64) {
+        self.all.remove(amount);
+        self.pool(pool).remove(amount);
+    }
+
+    fn pool(&mut self, pool: Pool) -> &mut Track {
+        match pool {
+            Pool::Small => &mut self.small,
+            Pool::Large => &mut self.large,
+        }
+    }
+
+    /// The statistics, anchored to the current values of `end` when given.
+    pub(crate) fn finish(&self, end: Option<&StatArray>) -> StatArray {
+        StatArray {
+            all: self.all.finish(end.map(|e| e.all.current)),
+            small_pool: self.small.finish(end.map(|e| e.small_pool.current)),
+            large_pool: self.large.finish(end.map(|e| e.large_pool.current)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vramscope_allocator::EventKind;
+
+    fn event(seq: u64, time_ns: u64) -> Event {
+        Event {
+            seq,
+            time_ns,
+            kind: EventKind::Alloc,
+            device: 0,
+            stream: 0,
+            addr: 0,
+            size: 0,
+            requested: 0,
+            site: None,
+            tag: None,
+            scope: None,
+            step: 0,
+            thread: 0,
+        }
+    }
+
+    #[test]
+    fn steps_by_time() {
+        let mut events: Vec<Event> = (0..6).map(|i| event(i, i * 10)).collect();
+        let marks = assign_steps_by_time(
+            &mut events,
+            vec![(25, "b".to_string()), (10, "a".to_string()), (500, "c".into())],
+        );
+        let steps: Vec<u64> = events.iter().map(|e| e.step).collect();
+        assert_eq!(steps, vec![0, 1, 1, 2, 2, 2]);
+        assert_eq!(marks.len(), 3);
+        assert_eq!((marks[0].step, marks[0].seq, marks[0].label.as_str()), (1, 1, "a"));
+        assert_eq!((marks[1].step, marks[1].seq), (2, 3));
+        assert_eq!((marks[2].step, marks[2].seq), (3, 6));
+    }
+
+    #[test]
+    fn steps_at_events() {
+        let mut events: Vec<Event> = (0..5).map(|i| event(i, i * 10)).collect();
+        let marks = assign_steps_at(&mut events, vec![(1, "x".into()), (3, "x".into())]);
+        let steps: Vec<u64> = events.iter().map(|e| e.step).collect();
+        assert_eq!(steps, vec![0, 1, 1, 2, 2]);
+        assert_eq!(marks[1].seq, 3);
+        assert_eq!(marks[1].time_ns, 30);
+    }
+
+    #[test]
+    fn unix_epochs() {
+        assert_eq!(unix_epoch_ns(1_763_324_225_770_003.0), 1_763_324_225_770_003_000);
+        assert_eq!(unix_epoch_ns(1_669_783_687_464_300.5), 1_669_783_687_464_300_500);
+        assert_eq!(unix_epoch_ns(12.0), 0);
+        assert_eq!(unix_epoch_ns(f64::NAN), 0);
+    }
+
+    #[test]
+    fn track_anchors_to_known_end() {
+        let mut t = Track::default();
+        t.remove(100); // freed something allocated before the trace
+        t.add(50);
+        t.add(70);
+        t.remove(20);
+        let s = t.finish(Some(300));
+        // Net change is 0, so the trace started at 300 and peaked at 300 - 100 + 120.
+        assert_eq!(s.current, 300);
+        assert_eq!(s.peak, 320);
+        assert_eq!(s.freed, 120);
+        assert_eq!(s.allocated, 420);
+        let s = t.finish(None);
+        assert_eq!((s.current, s.peak), (100, 120));
+        // An end that would make the replay negative is raised to the floor.
+        let s = t.finish(Some(0));
+        assert_eq!(s.current, 0);
+        assert_eq!(s.peak, 120);
+    }
+}

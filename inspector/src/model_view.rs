@@ -1,0 +1,1100 @@
+//! A precomputed analysis view of one [`Snapshot`], built once and shared by every detector,
+//! the reports and the diff.
+//!
+//! The snapshot itself is a flat list of events plus the segments at the end. Most questions the
+//! detectors ask ("which allocations of this call site were still live at the end?", "how many
+//! tiny device-to-host copies did this site make in step 7?", "how much was allocated and
+//! reserved when the OOM happened?") need the same reconstruction: allocations paired with their
+//! frees (live intervals), call sites grouped by `file:line`, tallies per step and per group, and
+//! a timeline of allocated and reserved bytes. [`ModelView::new`] does all of that in one pass
+//! over the events (a few milliseconds for the ~23k-event traces in `shared/traces`), so that
+//! `crate::detect` can stay a set of small pure functions. `crate::report` draws its timeline and
+//! top sites from the same view, and `crate::diff` compares the live-at-end holdings of two views.
+//!
+//! Imported traces are often incomplete: a PyTorch trace may start after the process allocated,
+//! so frees without a matching allocation are counted and otherwise ignored, and the timeline is
+//! lifted by a baseline inferred from the segments at the end. Nothing here fails on odd input.
+
+use rustc_hash::{FxHashMap, FxHashSet};
+use vramscope_allocator::{BlockState, EventKind, SiteId, Snapshot, TransferDirection};
+
+/// Index into [`ModelView::groups`].
+pub type GroupId = u32;
+
+/// One call-site group: every site id whose call site has the same `file:line`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SiteGroup {
+    /// `file:line`, or `None` for events and blocks without a known call site.
+    pub file_line: Option<String>,
+    /// The function at the site (the first non-empty one among the member sites).
+    pub function: String,
+    /// The site ids that belong to the group, in increasing order.
+    pub sites: Vec<SiteId>,
+}
+
+/// One allocation paired with its free, if the trace has one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Interval {
+    /// Call-site group of the allocation.
+    pub group: GroupId,
+    /// Device ordinal.
+    pub device: u32,
+    /// Device address.
+    pub addr: u64,
+    /// Block size in bytes.
+    pub size: u64,
+    /// Bytes the program asked for.
+    pub requested: u64,
+    /// Index of the `Alloc` event in [`Snapshot::events`].
+    pub alloc_event: u32,
+    /// Index of the first free event of the block, `None` when it is live at the end.
+    pub free_event: Option<u32>,
+    /// Step index (into [`ModelView::steps`]) of the allocation.
+    pub alloc_step: u32,
+    /// Step index of the free.
+    pub free_step: Option<u32>,
+}
+
+impl Interval {
+    /// Whether the block is still allocated at the end of the trace.
+    pub fn is_live_at_end(&self) -> bool {
+        self.free_event.is_none()
+    }
+
+    /// Whether the block is allocated just after event `event` has happened.
+    pub fn is_live_after(&self, event: u32) -> bool {
+        self.alloc_event <= event && self.free_event.is_none_or(|f| f > event)
+    }
+}
+
+/// What happened in one step, for one group or for the whole trace.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepTally {
+    /// Allocations made.
+    pub allocs: u64,
+    /// Bytes allocated (block sizes).
+    pub alloc_bytes: u64,
+    /// Frees of allocations the trace saw.
+    pub frees: u64,
+    /// Bytes freed by those frees.
+    pub free_bytes: u64,
+    /// Allocations made in this step that are still live at the end of the trace.
+    pub retained: u64,
+    /// Bytes of those allocations.
+    pub retained_bytes: u64,
+    /// Host-to-device copies.
+    pub h2d: u64,
+    /// Bytes copied host to device.
+    pub h2d_bytes: u64,
+    /// Device-to-host copies.
+    pub d2h: u64,
+    /// Bytes copied device to host.
+    pub d2h_bytes: u64,
+    /// Device-to-device copies.
+    pub d2d: u64,
+    /// Bytes copied device to device.
+    pub d2d_bytes: u64,
+    /// Explicit host waits (`Sync` events).
+    pub syncs: u64,
+    /// `empty_cache()` calls.
+    pub empty_cache: u64,
+    /// Raw device allocations (new segments or mapped pages).
+    pub segment_allocs: u64,
+    /// Bytes of those raw allocations.
+    pub segment_alloc_bytes: u64,
+    /// Raw device frees (released segments or unmapped pages).
+    pub segment_frees: u64,
+    /// Bytes of those raw frees.
+    pub segment_free_bytes: u64,
+    /// Failed allocations.
+    pub ooms: u64,
+}
+
+impl StepTally {
+    fn add(&mut self, other: &StepTally) {
+        self.allocs += other.allocs;
+        self.alloc_bytes += other.alloc_bytes;
+        self.frees += other.frees;
+        self.free_bytes += other.free_bytes;
+        self.retained += other.retained;
+        self.retained_bytes += other.retained_bytes;
+        self.h2d += other.h2d;
+        self.h2d_bytes += other.h2d_bytes;
+        self.d2h += other.d2h;
+        self.d2h_bytes += other.d2h_bytes;
+        self.d2d += other.d2d;
+        self.d2d_bytes += other.d2d_bytes;
+        self.syncs += other.syncs;
+        self.empty_cache += other.empty_cache;
+        self.segment_allocs += other.segment_allocs;
+        self.segment_alloc_bytes += other.segment_alloc_bytes;
+        self.segment_frees += other.segment_frees;
+        self.segment_free_bytes += other.segment_free_bytes;
+        self.ooms += other.ooms;
+    }
+}
+
+/// One step of the trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepInfo {
+    /// Step number (0 is everything before the first mark).
+    pub step: u64,
+    /// Index of the first event of the step, if the trace has one.
+    pub first_event: Option<u32>,
+    /// Label of the step mark (`"mark_step"`, a profiler slice name), or empty.
+    pub label: String,
+}
+
+/// Allocated and reserved bytes just after one event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TimelinePoint {
+    /// Index of the event in [`Snapshot::events`].
+    pub event: u32,
+    /// Sequence number of the event.
+    pub seq: u64,
+    /// Time of the event in nanoseconds since the snapshot's epoch.
+    pub time_ns: u64,
+    /// Step number of the event.
+    pub step: u64,
+    /// Bytes allocated to the program, including the inferred baseline.
+    pub allocated: u64,
+    /// Bytes reserved from the device, including the inferred baseline (0 when unknown).
+    pub reserved: u64,
+}
+
+/// What one group holds at one moment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holding {
+    /// The group.
+    pub group: GroupId,
+    /// Bytes held (block sizes).
+    pub bytes: u64,
+    /// Blocks held.
+    pub blocks: u64,
+    /// Bytes the program asked for in those blocks.
+    pub requested: u64,
+    /// Lowest step number at which one of the blocks was allocated.
+    pub first_step: u64,
+    /// Highest step number at which one of the blocks was allocated.
+    pub last_step: u64,
+}
+
+/// Figures about the segments at the time of the snapshot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SegmentSummary {
+    /// Number of segments.
+    pub segments: u64,
+    /// Bytes reserved in segments.
+    pub reserved: u64,
+    /// Bytes in allocated blocks.
+    pub allocated: u64,
+    /// Bytes in allocated or pending-free blocks.
+    pub active: u64,
+    /// Free bytes inside segments that also hold an active block (cannot be released).
+    pub inactive_split_bytes: u64,
+    /// Free blocks inside segments that also hold an active block.
+    pub inactive_split_blocks: u64,
+    /// Free bytes in segments with no active block (`empty_cache()` would release them).
+    pub releasable_bytes: u64,
+    /// The largest free block in any segment.
+    pub largest_free_block: u64,
+    /// The largest segment.
+    pub largest_segment: u64,
+}
+
+/// Totals over the whole trace.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceTotals {
+    /// Events in the trace.
+    pub events: u64,
+    /// `Alloc` events.
+    pub allocs: u64,
+    /// Frees matched to an allocation in the trace.
+    pub frees: u64,
+    /// Frees whose allocation is not in the trace (allocated before recording began).
+    pub unmatched_frees: u64,
+    /// Bytes of those unmatched frees.
+    pub unmatched_free_bytes: u64,
+    /// Allocations whose address was allocated again without a free in between.
+    pub lost_frees: u64,
+    /// Host-to-device bytes copied.
+    pub h2d_bytes: u64,
+    /// Device-to-host bytes copied.
+    pub d2h_bytes: u64,
+    /// Transfers of any direction.
+    pub transfers: u64,
+    /// `Sync` events.
+    pub syncs: u64,
+    /// Raw device allocations.
+    pub segment_allocs: u64,
+    /// Raw device frees.
+    pub segment_frees: u64,
+    /// `empty_cache()` calls.
+    pub empty_cache: u64,
+    /// Failed allocations.
+    pub ooms: u64,
+}
+
+/// The analysis view of one snapshot. See the module documentation.
+#[derive(Clone, Debug)]
+pub struct ModelView<'a> {
+    snapshot: &'a Snapshot,
+    groups: Vec<SiteGroup>,
+    site_group: Vec<GroupId>,
+    intervals: Vec<Interval>,
+    group_intervals: Vec<Vec<u32>>,
+    group_events: Vec<Vec<u32>>,
+    steps: Vec<StepInfo>,
+    event_step: Vec<u32>,
+    step_totals: Vec<StepTally>,
+    group_steps: Vec<Vec<(u32, StepTally)>>,
+    timeline: Vec<TimelinePoint>,
+    reserved_known: bool,
+    baseline_allocated: u64,
+    baseline_reserved: u64,
+    peak_allocated: u64,
+    peak_allocated_event: Option<u32>,
+    peak_reserved: u64,
+    end_allocated: u64,
+    end_reserved: u64,
+    totals: TraceTotals,
+    ooms: Vec<u32>,
+    live_end: Vec<Holding>,
+    live_peak: Vec<Holding>,
+    segments: SegmentSummary,
+}
+
+struct GroupTable {
+    groups: Vec<SiteGroup>,
+    by_key: FxHashMap<(String, u32), GroupId>,
+    unknown: Option<GroupId>,
+}
+
+impl GroupTable {
+    fn unknown(&mut self) -> GroupId {
+        if let Some(g) = self.unknown {
+            return g;
+        }
+        let g = self.groups.len() as GroupId;
+        self.groups.push(SiteGroup {
+            file_line: None,
+            function: String::new(),
+            sites: Vec::new(),
+        });
+        self.unknown = Some(g);
+        g
+    }
+}
+
+impl<'a> ModelView<'a> {
+    /// Builds the view of `snapshot` in one pass over its events and segments.
+    pub fn new(snapshot: &'a Snapshot) -> ModelView<'a> {
+        // Group the call sites by file:line.
+        let mut table = GroupTable {
+            groups: Vec::new(),
+            by_key: FxHashMap::default(),
+            unknown: None,
+        };
+        let mut site_group = Vec::with_capacity(snapshot.sites.len());
+        for (id, site) in snapshot.sites.iter().enumerate() {
+            let key = (site.file.clone(), site.line);
+            let g = match table.by_key.get(&key) {
+                Some(&g) => g,
+                None => {
+                    let g = table.groups.len() as GroupId;
+                    table.groups.push(SiteGroup {
+                        file_line: Some(site.file_line()),
+                        function: String::new(),
+                        sites: Vec::new(),
+                    });
+                    table.by_key.insert(key, g);
+                    g
+                }
+            };
+            let group = &mut table.groups[g as usize];
+            group.sites.push(id as SiteId);
+            if group.function.is_empty() && !site.function.is_empty() {
+                group.function = site.function.clone();
+            }
+            site_group.push(g);
+        }
+        let group_of = |table: &mut GroupTable, site: Option<SiteId>| -> GroupId {
+            match site.and_then(|s| site_group.get(s as usize)) {
+                Some(&g) => g,
+                None => table.unknown(),
+            }
+        };
+
+        // The steps: every step number seen in events or marks, in order.
+        let mut numbers: Vec<u64> = snapshot.events.iter().map(|e| e.step).collect();
+        numbers.extend(snapshot.steps.iter().map(|m| m.step));
+        numbers.sort_unstable();
+        numbers.dedup();
+        let mut steps: Vec<StepInfo> = numbers
+            .iter()
+            .map(|&step| StepInfo {
+                step,
+                first_event: None,
+                label: String::new(),
+            })
+            .collect();
+        for mark in &snapshot.steps {
+            if let Ok(i) = numbers.binary_search(&mark.step) {
+                if steps[i].label.is_empty() {
+                    steps[i].label = mark.label.clone();
+                }
+            }
+        }
+        let step_index = |step: u64, hint: &mut usize| -> u32 {
+            if numbers.get(*hint) != Some(&step) {
+                *hint = numbers.binary_search(&step).unwrap_or(0);
+            }
+            *hint as u32
+        };
+
+        let mut intervals: Vec<Interval> = Vec::new();
+        let mut live: FxHashMap<(u32, u64), u32> = FxHashMap::default();
+        let mut pending: FxHashSet<(u32, u64)> = FxHashSet::default();
+        let mut tallies: FxHashMap<(GroupId, u32), StepTally> = FxHashMap::default();
+        let mut group_extra_events: Vec<(GroupId, u32)> = Vec::new();
+        let mut event_step = Vec::with_capacity(snapshot.events.len());
+        let mut timeline_raw: Vec<(u32, i64, i64)> = Vec::new();
+        let mut totals = TraceTotals {
+            events: snapshot.events.len() as u64,
+            ..TraceTotals::default()
+        };
+        let mut ooms = Vec::new();
+        let (mut allocated, mut reserved) = (0i64, 0i64);
+        let (mut min_allocated, mut min_reserved) = (0i64, 0i64);
+        let mut saw_segment_event = false;
+        let mut hint = 0usize;
+
+        for (i, e) in snapshot.events.iter().enumerate() {
+            let idx = i as u32;
+            let s = step_index(e.step, &mut hint);
+            event_step.push(s);
+            if steps[s as usize].first_event.is_none() {
+                steps[s as usize].first_event = Some(idx);
+            }
+            let key = (e.device, e.addr);
+            let mut changed = false;
+            match e.kind {
+                EventKind::Alloc => {
+                    let g = group_of(&mut table, e.site);
+                    pending.remove(&key);
+                    if let Some(old) = live.insert(key, intervals.len() as u32) {
+                        // The trace lost the free of the previous block at this address.
+                        let old = &mut intervals[old as usize];
+                        old.free_event = Some(idx);
+                        old.free_step = Some(s);
+                        allocated -= old.size as i64;
+                        totals.lost_frees += 1;
+                    }
+                    intervals.push(Interval {
+                        group: g,
+                        device: e.device,
+                        addr: e.addr,
+                        size: e.size,
+                        requested: e.requested,
+                        alloc_event: idx,
+                        free_event: None,
+                        alloc_step: s,
+                        free_step: None,
+                    });
+                    let t = tallies.entry((g, s)).or_default();
+                    t.allocs += 1;
+                    t.alloc_bytes += e.size;
+                    totals.allocs += 1;
+                    allocated += e.size as i64;
+                    changed = true;
+                }
+                EventKind::FreeRequested | EventKind::FreeCompleted => {
+                    let completes_pending =
+                        e.kind == EventKind::FreeCompleted && pending.remove(&key);
+                    if !completes_pending {
+                        if let Some(at) = live.remove(&key) {
+                            let interval = &mut intervals[at as usize];
+                            interval.free_event = Some(idx);
+                            interval.free_step = Some(s);
+                            let t = tallies.entry((interval.group, s)).or_default();
+                            t.frees += 1;
+                            t.free_bytes += interval.size;
+                            totals.frees += 1;
+                            allocated -= interval.size as i64;
+                        } else {
+                            totals.unmatched_frees += 1;
+                            totals.unmatched_free_bytes += e.size;
+                            allocated -= e.size as i64;
+                        }
+                        if e.kind == EventKind::FreeRequested {
+                            pending.insert(key);
+                        }
+                        changed = true;
+                    }
+                }
+                EventKind::SegmentAlloc | EventKind::SegmentMap => {
+                    let g = group_of(&mut table, e.site);
+                    let t = tallies.entry((g, s)).or_default();
+                    t.segment_allocs += 1;
+                    t.segment_alloc_bytes += e.size;
+                    totals.segment_allocs += 1;
+                    reserved += e.size as i64;
+                    saw_segment_event = true;
+                    changed = true;
+                    group_extra_events.push((g, idx));
+                }
+                EventKind::SegmentFree | EventKind::SegmentUnmap => {
+                    let g = group_of(&mut table, e.site);
+                    let t = tallies.entry((g, s)).or_default();
+                    t.segment_frees += 1;
+                    t.segment_free_bytes += e.size;
+                    totals.segment_frees += 1;
+                    reserved -= e.size as i64;
+                    saw_segment_event = true;
+                    changed = true;
+                    group_extra_events.push((g, idx));
+                }
+                EventKind::EmptyCache => {
+                    let g = group_of(&mut table, e.site);
+                    tallies.entry((g, s)).or_default().empty_cache += 1;
+                    totals.empty_cache += 1;
+                    group_extra_events.push((g, idx));
+                }
+                EventKind::Oom => {
+                    let g = group_of(&mut table, e.site);
+                    tallies.entry((g, s)).or_default().ooms += 1;
+                    totals.ooms += 1;
+                    ooms.push(idx);
+                    group_extra_events.push((g, idx));
+                }
+                EventKind::Transfer(direction) => {
+                    let g = group_of(&mut table, e.site);
+                    let t = tallies.entry((g, s)).or_default();
+                    match direction {
+                        TransferDirection::HostToDevice => {
+                            t.h2d += 1;
+                            t.h2d_bytes += e.size;
+                            totals.h2d_bytes += e.size;
+                        }
+                        TransferDirection::DeviceToHost => {
+                            t.d2h += 1;
+                            t.d2h_bytes += e.size;
+                            totals.d2h_bytes += e.size;
+                        }
+                        TransferDirection::DeviceToDevice => {
+                            t.d2d += 1;
+                            t.d2d_bytes += e.size;
+                        }
+                    }
+                    totals.transfers += 1;
+                    group_extra_events.push((g, idx));
+                }
+                EventKind::Sync => {
+                    let g = group_of(&mut table, e.site);
+                    tallies.entry((g, s)).or_default().syncs += 1;
+                    totals.syncs += 1;
+                    group_extra_events.push((g, idx));
+                }
+                EventKind::Step | EventKind::Snapshot => {}
+            }
+            if changed {
+                min_allocated = min_allocated.min(allocated);
+                min_reserved = min_reserved.min(reserved);
+                timeline_raw.push((idx, allocated, reserved));
+            }
+        }
+
+        // Blocks still live at the end count as retained by the step that allocated them.
+        for interval in intervals.iter().filter(|iv| iv.is_live_at_end()) {
+            let t = tallies.entry((interval.group, interval.alloc_step)).or_default();
+            t.retained += 1;
+            t.retained_bytes += interval.size;
+        }
+
+        // The segments at the end, and the baseline they imply for the timeline. With segments,
+        // the bytes allocated before the trace are known block by block: those freed in the
+        // trace plus those still live at the end. (Comparing totals instead would mix block
+        // sizes with the request sizes some traces record.) Without segments, the statistics'
+        // current figure at the end is the best guide.
+        let segments = summarize_segments(snapshot);
+        // What is live at the end: the trace's live intervals plus allocated blocks of the
+        // segments that the trace never saw allocated (they predate the recording).
+        let (live_end, preexisting_live) = {
+            let mut preexisting = 0u64;
+            let mut by_group: FxHashMap<GroupId, Holding> = FxHashMap::default();
+            let mut seen: FxHashSet<(u32, u64)> = FxHashSet::default();
+            for iv in intervals.iter().filter(|iv| iv.is_live_at_end()) {
+                seen.insert((iv.device, iv.addr));
+                let step = steps[iv.alloc_step as usize].step;
+                add_holding(&mut by_group, iv.group, iv.size, iv.requested, step);
+            }
+            for segment in &snapshot.segments {
+                for block in &segment.blocks {
+                    if block.state == BlockState::ActiveAllocated
+                        && !seen.contains(&(segment.device, block.address))
+                    {
+                        preexisting += block.size;
+                        let g = group_of(&mut table, block.site);
+                        add_holding(&mut by_group, g, block.size, block.requested_size, block.step);
+                    }
+                }
+            }
+            (sorted_holdings(by_group), preexisting)
+        };
+
+        let end_reserved_known = if snapshot.segments.is_empty() {
+            snapshot.stats.reserved_bytes.all.current
+        } else {
+            segments.reserved
+        };
+        let baseline_allocated = if snapshot.segments.is_empty() {
+            (snapshot.stats.allocated_bytes.all.current as i64 - allocated)
+                .max(-min_allocated)
+                .max(0)
+        } else {
+            (totals.unmatched_free_bytes + preexisting_live) as i64
+        }
+        .max(-min_allocated);
+        let baseline_reserved = (end_reserved_known as i64 - reserved)
+            .max(-min_reserved)
+            .max(0);
+        let reserved_known = saw_segment_event || end_reserved_known > 0;
+        let mut timeline = Vec::with_capacity(timeline_raw.len());
+        let (mut peak_allocated, mut peak_allocated_event, mut peak_reserved) =
+            (baseline_allocated as u64, None, 0u64);
+        if reserved_known {
+            peak_reserved = baseline_reserved as u64;
+        }
+        for (idx, a, r) in timeline_raw {
+            let e = &snapshot.events[idx as usize];
+            let allocated = (a + baseline_allocated).max(0) as u64;
+            let reserved = if reserved_known {
+                (r + baseline_reserved).max(0) as u64
+            } else {
+                0
+            };
+            if allocated > peak_allocated {
+                peak_allocated = allocated;
+                peak_allocated_event = Some(idx);
+            }
+            peak_reserved = peak_reserved.max(reserved);
+            timeline.push(TimelinePoint {
+                event: idx,
+                seq: e.seq,
+                time_ns: e.time_ns,
+                step: e.step,
+                allocated,
+                reserved,
+            });
+        }
+        let end_allocated = timeline
+            .last()
+            .map(|p| p.allocated)
+            .unwrap_or(baseline_allocated as u64);
+        let end_reserved = timeline
+            .last()
+            .map(|p| p.reserved)
+            .unwrap_or(if reserved_known {
+                baseline_reserved as u64
+            } else {
+                0
+            });
+
+        // Per-group indexes.
+        let n_groups = table.groups.len();
+        let mut group_intervals = vec![Vec::new(); n_groups];
+        for (i, iv) in intervals.iter().enumerate() {
+            group_intervals[iv.group as usize].push(i as u32);
+        }
+        let mut group_events = vec![Vec::new(); n_groups];
+        for (g, idx) in group_extra_events {
+            group_events[g as usize].push(idx);
+        }
+        let mut step_totals = vec![StepTally::default(); steps.len()];
+        let mut group_steps: Vec<Vec<(u32, StepTally)>> = vec![Vec::new(); n_groups];
+        for ((g, s), t) in tallies {
+            step_totals[s as usize].add(&t);
+            group_steps[g as usize].push((s, t));
+        }
+        for list in &mut group_steps {
+            list.sort_unstable_by_key(|(s, _)| *s);
+        }
+
+        let mut view = ModelView {
+            snapshot,
+            groups: table.groups,
+            site_group,
+            intervals,
+            group_intervals,
+            group_events,
+            steps,
+            event_step,
+            step_totals,
+            group_steps,
+            timeline,
+            reserved_known,
+            baseline_allocated: baseline_allocated as u64,
+            baseline_reserved: baseline_reserved as u64,
+            peak_allocated,
+            peak_allocated_event,
+            peak_reserved,
+            end_allocated,
+            end_reserved,
+            totals,
+            ooms,
+            live_end,
+            live_peak: Vec::new(),
+            segments,
+        };
+        view.live_peak = match view.peak_allocated_event {
+            Some(at) => view.holdings(|iv| iv.is_live_after(at)),
+            None => Vec::new(),
+        };
+        view
+    }
+
+    /// What each group holds just after event `event` (blocks allocated inside the trace),
+    /// largest first.
+    pub fn live_after_event(&self, event: u32) -> Vec<Holding> {
+        self.holdings(|iv| iv.is_live_after(event))
+    }
+
+    /// Holdings by group of the intervals selected by `keep`, largest first.
+    fn holdings(&self, keep: impl Fn(&Interval) -> bool) -> Vec<Holding> {
+        let mut by_group: FxHashMap<GroupId, Holding> = FxHashMap::default();
+        for iv in self.intervals.iter().filter(|iv| keep(iv)) {
+            let step = self.steps[iv.alloc_step as usize].step;
+            add_holding(&mut by_group, iv.group, iv.size, iv.requested, step);
+        }
+        sorted_holdings(by_group)
+    }
+
+    /// The snapshot this view describes.
+    pub fn snapshot(&self) -> &'a Snapshot {
+        self.snapshot
+    }
+
+    /// The call-site groups.
+    pub fn groups(&self) -> &[SiteGroup] {
+        &self.groups
+    }
+
+    /// One group.
+    pub fn group(&self, group: GroupId) -> &SiteGroup {
+        &self.groups[group as usize]
+    }
+
+    /// The group a site id belongs to (`None` for ids outside the site table).
+    pub fn group_of_site(&self, site: SiteId) -> Option<GroupId> {
+        self.site_group.get(site as usize).copied()
+    }
+
+    /// Every allocation of the trace with its free, in allocation order.
+    pub fn intervals(&self) -> &[Interval] {
+        &self.intervals
+    }
+
+    /// Indices into [`ModelView::intervals`] of one group's allocations, in order.
+    pub fn group_intervals(&self, group: GroupId) -> &[u32] {
+        &self.group_intervals[group as usize]
+    }
+
+    /// Indices into [`Snapshot::events`] of one group's transfers, syncs, `empty_cache()` calls,
+    /// segment events and OOMs, in order.
+    pub fn group_events(&self, group: GroupId) -> &[u32] {
+        &self.group_events[group as usize]
+    }
+
+    /// The steps in increasing order; positions in this list are "step indices".
+    pub fn steps(&self) -> &[StepInfo] {
+        &self.steps
+    }
+
+    /// Step indices of the steps numbered 1 or more (the training loop, not the setup).
+    pub fn loop_steps(&self) -> std::ops::Range<u32> {
+        let first = self.steps.iter().position(|s| s.step >= 1);
+        match first {
+            Some(f) => f as u32..self.steps.len() as u32,
+            None => 0..0,
+        }
+    }
+
+    /// Step number of a step index.
+    pub fn step_number(&self, index: u32) -> u64 {
+        self.steps[index as usize].step
+    }
+
+    /// Step index of the event at `event`.
+    pub fn event_step(&self, event: u32) -> u32 {
+        self.event_step[event as usize]
+    }
+
+    /// Tallies of the whole trace, one per step index.
+    pub fn step_totals(&self) -> &[StepTally] {
+        &self.step_totals
+    }
+
+    /// Tallies of one group: `(step index, tally)` for the steps where it did something.
+    pub fn group_steps(&self, group: GroupId) -> &[(u32, StepTally)] {
+        &self.group_steps[group as usize]
+    }
+
+    /// Blocks and bytes of `group` live at the end of the step with index `step`.
+    pub fn live_after_step(&self, group: GroupId, step: u32) -> (u64, u64) {
+        let mut blocks = 0;
+        let mut bytes = 0;
+        for &i in self.group_intervals(group) {
+            let iv = &self.intervals[i as usize];
+            if iv.alloc_step <= step && iv.free_step.is_none_or(|f| f > step) {
+                blocks += 1;
+                bytes += iv.size;
+            }
+        }
+        (blocks, bytes)
+    }
+
+    /// Blocks and bytes of `group` allocated in the trace and live at its end.
+    pub fn live_at_end_in_trace(&self, group: GroupId) -> (u64, u64) {
+        let mut blocks = 0;
+        let mut bytes = 0;
+        for &i in self.group_intervals(group) {
+            let iv = &self.intervals[i as usize];
+            if iv.is_live_at_end() {
+                blocks += 1;
+                bytes += iv.size;
+            }
+        }
+        (blocks, bytes)
+    }
+
+    /// Allocated and reserved bytes after every event that changed them.
+    pub fn timeline(&self) -> &[TimelinePoint] {
+        &self.timeline
+    }
+
+    /// Allocated and reserved bytes just after event `event` (the baseline before any change).
+    pub fn usage_at(&self, event: u32) -> (u64, u64) {
+        let n = self.timeline.partition_point(|p| p.event <= event);
+        match n.checked_sub(1).map(|i| &self.timeline[i]) {
+            Some(p) => (p.allocated, p.reserved),
+            None => (
+                self.baseline_allocated,
+                if self.reserved_known {
+                    self.baseline_reserved
+                } else {
+                    0
+                },
+            ),
+        }
+    }
+
+    /// Whether reserved bytes are known (the trace has segment events or segments).
+    pub fn reserved_known(&self) -> bool {
+        self.reserved_known
+    }
+
+    /// Bytes allocated before the trace began, inferred from the segments at the end and from
+    /// frees of unknown blocks.
+    pub fn baseline_allocated(&self) -> u64 {
+        self.baseline_allocated
+    }
+
+    /// Bytes reserved before the trace began, inferred the same way.
+    pub fn baseline_reserved(&self) -> u64 {
+        self.baseline_reserved
+    }
+
+    /// The highest allocated bytes on the timeline.
+    pub fn peak_allocated(&self) -> u64 {
+        self.peak_allocated
+    }
+
+    /// The event after which allocated bytes peaked.
+    pub fn peak_allocated_event(&self) -> Option<u32> {
+        self.peak_allocated_event
+    }
+
+    /// The highest reserved bytes on the timeline (0 when unknown).
+    pub fn peak_reserved(&self) -> u64 {
+        self.peak_reserved
+    }
+
+    /// Allocated bytes at the end of the trace.
+    pub fn end_allocated(&self) -> u64 {
+        self.end_allocated
+    }
+
+    /// Reserved bytes at the end of the trace (0 when unknown).
+    pub fn end_reserved(&self) -> u64 {
+        self.end_reserved
+    }
+
+    /// Totals over the whole trace.
+    pub fn totals(&self) -> &TraceTotals {
+        &self.totals
+    }
+
+    /// Indices of the `Oom` events.
+    pub fn ooms(&self) -> &[u32] {
+        &self.ooms
+    }
+
+    /// What each group holds at the end, largest first (blocks allocated before the trace
+    /// began are included when the snapshot's segments show them).
+    pub fn live_at_end(&self) -> &[Holding] {
+        &self.live_end
+    }
+
+    /// What each group holds at the peak of allocated bytes, largest first (only blocks
+    /// allocated inside the trace).
+    pub fn live_at_peak(&self) -> &[Holding] {
+        &self.live_peak
+    }
+
+    /// Figures about the segments of the snapshot.
+    pub fn segments(&self) -> &SegmentSummary {
+        &self.segments
+    }
+
+    /// Device capacity in bytes: `override_bytes` if given, else the snapshot's, else `None`.
+    pub fn capacity(&self, override_bytes: Option<u64>) -> Option<u64> {
+        override_bytes
+            .or(Some(self.snapshot.device.capacity))
+            .filter(|&c| c > 0)
+    }
+}
+
+fn add_holding(
+    by_group: &mut FxHashMap<GroupId, Holding>,
+    group: GroupId,
+    bytes: u64,
+    requested: u64,
+    step: u64,
+) {
+    let h = by_group.entry(group).or_insert(Holding {
+        group,
+        bytes: 0,
+        blocks: 0,
+        requested: 0,
+        first_step: step,
+        last_step: step,
+    });
+    h.bytes += bytes;
+    h.blocks += 1;
+    h.requested += requested;
+    h.first_step = h.first_step.min(step);
+    h.last_step = h.last_step.max(step);
+}
+
+fn sorted_holdings(by_group: FxHashMap<GroupId, Holding>) -> Vec<Holding> {
+    let mut list: Vec<Holding> = by_group.into_values().collect();
+    list.sort_unstable_by(|a, b| {
+        b.bytes
+            .cmp(&a.bytes)
+            .then(b.blocks.cmp(&a.blocks))
+            .then(a.group.cmp(&b.group))
+    });
+    list
+}
+
+fn summarize_segments(snapshot: &Snapshot) -> SegmentSummary {
+    let mut s = SegmentSummary::default();
+    for segment in &snapshot.segments {
+        s.segments += 1;
+        s.reserved += segment.total_size;
+        s.largest_segment = s.largest_segment.max(segment.total_size);
+        let allocated = segment.allocated_bytes();
+        let active = segment.active_bytes();
+        s.allocated += allocated;
+        s.active += active;
+        let free_bytes = segment.total_size.saturating_sub(active);
+        if active > 0 {
+            s.inactive_split_bytes += free_bytes;
+            s.inactive_split_blocks += segment
+                .blocks
+                .iter()
+                .filter(|b| b.state == BlockState::Inactive)
+                .count() as u64;
+        } else {
+            s.releasable_bytes += free_bytes;
+        }
+        s.largest_free_block = s.largest_free_block.max(segment.largest_free_block());
+    }
+    s
+}
+
+/// Re-derives the steps of `snapshot` from marks whose name contains `marker`.
+///
+/// Step marks ([`Snapshot::steps`]) whose label contains `marker` are used first: each starts a
+/// step at its sequence number. Failing those, annotations ([`Snapshot::annotations`]) whose
+/// name contains `marker` and whose stage is `START` (or empty) start a step at their time.
+/// Every event's `step` and the snapshot's step marks are rewritten; the function returns the
+/// number of steps found, and leaves the snapshot unchanged when it finds none.
+pub fn apply_step_marker(snapshot: &mut Snapshot, marker: &str) -> usize {
+    use vramscope_allocator::StepMark;
+
+    let by_label: Vec<(u64, u64, String)> = snapshot
+        .steps
+        .iter()
+        .filter(|m| m.label.contains(marker))
+        .map(|m| (m.seq, m.time_ns, m.label.clone()))
+        .collect();
+    if !by_label.is_empty() {
+        let mut marks = by_label;
+        marks.sort_by_key(|m| m.0);
+        for e in &mut snapshot.events {
+            e.step = marks.partition_point(|m| m.0 <= e.seq) as u64;
+        }
+        snapshot.steps = marks
+            .iter()
+            .enumerate()
+            .map(|(i, (seq, time_ns, label))| StepMark {
+                step: i as u64 + 1,
+                seq: *seq,
+                time_ns: *time_ns,
+                label: label.clone(),
+            })
+            .collect();
+        return snapshot.steps.len();
+    }
+
+    let mut times: Vec<(u64, String)> = snapshot
+        .annotations
+        .iter()
+        .filter(|a| {
+            a.name.contains(marker) && (a.stage.is_empty() || a.stage.eq_ignore_ascii_case("start"))
+        })
+        .map(|a| (a.time_ns, a.name.clone()))
+        .collect();
+    if times.is_empty() {
+        return 0;
+    }
+    times.sort();
+    times.dedup_by_key(|t| t.0);
+    for e in &mut snapshot.events {
+        e.step = times.partition_point(|t| t.0 <= e.time_ns) as u64;
+    }
+    let next_seq = snapshot.events.last().map(|e| e.seq + 1).unwrap_or(0);
+    let mut marks = Vec::with_capacity(times.len());
+    let mut cursor = 0;
+    for (i, (time_ns, label)) in times.into_iter().enumerate() {
+        while cursor < snapshot.events.len() && snapshot.events[cursor].time_ns < time_ns {
+            cursor += 1;
+        }
+        marks.push(StepMark {
+            step: i as u64 + 1,
+            seq: snapshot
+                .events
+                .get(cursor)
+                .map(|e| e.seq)
+                .unwrap_or(next_seq),
+            time_ns,
+            label,
+        });
+    }
+    snapshot.steps = marks;
+    snapshot.steps.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::detect::testutil::{Trace, MIB};
+
+    #[test]
+    fn pairs_allocations_with_their_frees() {
+        let mut t = Trace::new();
+        let a = t.site("a.py", 1, "f");
+        let b = t.site("b.py", 2, "g");
+        let x = t.alloc(a, MIB);
+        t.step();
+        let y = t.alloc(b, 2 * MIB);
+        t.free(x, MIB);
+        // Address reuse after the free is a new interval.
+        t.alloc_at(b, x, 512);
+        let snapshot = t.finish();
+        let view = ModelView::new(&snapshot);
+        let iv = view.intervals();
+        assert_eq!(iv.len(), 3);
+        assert_eq!(iv[0].free_step, Some(1));
+        assert!(iv[1].is_live_at_end());
+        assert!(iv[2].is_live_at_end());
+        assert_eq!(iv[0].addr, iv[2].addr);
+        assert_eq!(view.totals().frees, 1);
+        assert_eq!(view.totals().unmatched_frees, 0);
+        assert_eq!(view.peak_allocated(), 3 * MIB);
+        assert_eq!(view.end_allocated(), 2 * MIB + 512);
+        assert_eq!(view.live_at_end()[0].bytes, 2 * MIB + 512);
+        assert_eq!(view.live_at_end()[0].blocks, 2);
+        let _ = y;
+    }
+
+    #[test]
+    fn missing_free_closes_the_older_block() {
+        let mut t = Trace::new();
+        let a = t.site("a.py", 1, "f");
+        t.alloc_at(a, 0x1000, 512);
+        t.alloc_at(a, 0x1000, 512);
+        let snapshot = t.finish();
+        let view = ModelView::new(&snapshot);
+        assert_eq!(view.totals().lost_frees, 1);
+        assert_eq!(view.end_allocated(), 512);
+    }
+
+    #[test]
+    fn segments_before_the_trace_lift_the_timeline() {
+        let mut t = Trace::new();
+        let a = t.site("a.py", 1, "f");
+        // A segment reserved before recording holds an old block and a new one.
+        t.add_segment(
+            0x10_0000,
+            &[(0, MIB, true), (MIB, MIB, false), (2 * MIB, 18 * MIB, false)],
+            20 * MIB,
+        );
+        t.alloc_at(a, 0x10_0000 + MIB, MIB);
+        t.snap.segments[0].blocks[1].state = vramscope_allocator::BlockState::ActiveAllocated;
+        let snapshot = t.finish();
+        let view = ModelView::new(&snapshot);
+        assert_eq!(view.baseline_allocated(), MIB);
+        assert_eq!(view.baseline_reserved(), 20 * MIB);
+        assert!(view.reserved_known());
+        assert_eq!(view.usage_at(0), (2 * MIB, 20 * MIB));
+        // The old block shows under the unknown site, the new one under its own.
+        let live = view.live_at_end();
+        assert_eq!(live.len(), 2);
+        assert!(live
+            .iter()
+            .any(|h| view.group(h.group).file_line.is_none() && h.bytes == MIB));
+        assert_eq!(view.segments().inactive_split_bytes, 18 * MIB);
+        assert_eq!(view.segments().largest_free_block, 18 * MIB);
+    }
+
+    #[test]
+    fn free_requested_then_completed_counts_once() {
+        let mut t = Trace::new();
+        t.free(0x5000, 4096);
+        let snapshot = t.finish();
+        let view = ModelView::new(&snapshot);
+        assert_eq!(view.totals().unmatched_frees, 1);
+        assert_eq!(view.baseline_allocated(), 4096);
+        assert_eq!(view.end_allocated(), 0);
+    }
+
+    #[test]
+    fn steps_are_indexed_in_order() {
+        let mut t = Trace::new();
+        let a = t.site("a.py", 1, "f");
+        t.alloc(a, 512);
+        t.step();
+        t.step();
+        t.alloc(a, 512);
+        let snapshot = t.finish();
+        let view = ModelView::new(&snapshot);
+        let numbers: Vec<u64> = view.steps().iter().map(|s| s.step).collect();
+        assert_eq!(numbers, vec![0, 1, 2]);
+        assert_eq!(view.loop_steps(), 1..3);
+        assert_eq!(view.steps()[2].label, "mark_step");
+        assert_eq!(view.step_totals()[2].allocs, 1);
+        assert_eq!(view.live_after_step(0, 0), (1, 512));
+    }
+}

@@ -1,0 +1,762 @@
+//! Reports: findings, top call sites and statistics of one snapshot, rendered as text (with
+//! optional ANSI colour), markdown, JSON or HTML.
+//!
+//! [`build_report`] builds a `crate::model_view::ModelView` once, runs every detector of
+//! `crate::detect` on it, and gathers what a reader needs next to the findings: the headline
+//! statistics, the call sites holding the most memory at the end and at the peak, and a
+//! downsampled timeline of allocated and reserved bytes for `crate::html`. The [`Report`] is
+//! plain data; [`render`] turns it into one of the [`Format`]s, and [`Report::fails_on`] answers
+//! the CLI's `--fail-on`. The JSON schema is stable: see [`REPORT_FORMAT_VERSION`].
+
+use std::fmt::Write as _;
+use std::str::FromStr;
+
+use serde::Serialize;
+use vramscope_allocator::{format_bytes, Snapshot};
+
+use crate::detect::{self, DetectOptions, Finding, Severity};
+use crate::model_view::{GroupId, ModelView, TimelinePoint};
+
+/// Version of the JSON report schema. Keys are only ever added within a version.
+///
+/// Top level: `format_version`, `source`, `input`, `device` {`name`, `backend`,
+/// `capacity_bytes`}, `steps`, `stats` (see [`ReportStats`]), `findings[]` (each with `kind`,
+/// `severity`, `site` as `"file:line"` or null, `function`, `bytes`, `count`, `per_step`
+/// {`bytes`, `count`} or null, `first_step`, `last_step`, `summary`, `evidence` {key: number or
+/// string, in detector order}, `fix`) and `top_sites[]` (see [`TopSite`]).
+pub const REPORT_FORMAT_VERSION: u32 = 1;
+
+/// The device a report describes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ReportDevice {
+    /// Device name.
+    pub name: String,
+    /// Backend kind (`sim`, `cuda`, `unknown`).
+    pub backend: String,
+    /// Total device memory in bytes (0 when unknown).
+    pub capacity_bytes: u64,
+}
+
+/// Headline statistics of a report.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ReportStats {
+    /// Events in the trace.
+    pub events: u64,
+    /// Events the recorder lost.
+    pub dropped_events: u64,
+    /// Allocations.
+    pub allocations: u64,
+    /// Frees matched to an allocation in the trace.
+    pub frees: u64,
+    /// Frees of blocks allocated before the trace began.
+    pub unmatched_frees: u64,
+    /// Host/device copies.
+    pub transfers: u64,
+    /// Bytes copied host to device.
+    pub h2d_bytes: u64,
+    /// Bytes copied device to host.
+    pub d2h_bytes: u64,
+    /// Explicit syncs.
+    pub syncs: u64,
+    /// Raw device allocations.
+    pub device_allocs: u64,
+    /// Raw device frees.
+    pub device_frees: u64,
+    /// `empty_cache()` calls.
+    pub empty_cache_calls: u64,
+    /// Failed allocations.
+    pub ooms: u64,
+    /// Bytes allocated before the trace began (inferred).
+    pub baseline_allocated_bytes: u64,
+    /// Highest allocated bytes.
+    pub peak_allocated_bytes: u64,
+    /// Highest reserved bytes (0 when unknown).
+    pub peak_reserved_bytes: u64,
+    /// Allocated bytes at the end.
+    pub allocated_bytes: u64,
+    /// Reserved bytes at the end (0 when unknown).
+    pub reserved_bytes: u64,
+    /// Blocks live at the end.
+    pub live_blocks: u64,
+    /// Segments at the end.
+    pub segments: u64,
+    /// Free bytes in segments that also hold live blocks.
+    pub inactive_split_bytes: u64,
+    /// The largest free block in the segments.
+    pub largest_free_block: u64,
+}
+
+/// One call site's holdings, for the `top_sites` table.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TopSite {
+    /// `file:line`, or null when unknown.
+    pub site: Option<String>,
+    /// Function at the site.
+    pub function: String,
+    /// Bytes live at the end.
+    pub live_bytes: u64,
+    /// Blocks live at the end.
+    pub live_blocks: u64,
+    /// Bytes live at the peak of allocated bytes.
+    pub peak_bytes: u64,
+    /// Blocks live at the peak.
+    pub peak_blocks: u64,
+    /// Allocations made by the site in the trace.
+    pub allocations: u64,
+    /// Bytes allocated by the site in the trace.
+    pub allocated_bytes: u64,
+}
+
+/// A step boundary on the timeline.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepTick {
+    /// Index of the first event of the step.
+    pub event: u32,
+    /// Step number.
+    pub step: u64,
+    /// Label of the mark.
+    pub label: String,
+}
+
+/// A downsampled timeline for drawing (not part of the JSON output).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Timeline {
+    /// Events in the trace (the x range).
+    pub events: u64,
+    /// Points in event order; per bucket, the lowest and highest allocated and the highest
+    /// reserved point survive.
+    pub points: Vec<TimelinePoint>,
+    /// Allocated and reserved bytes before the first event.
+    pub start: (u64, u64),
+    /// Step boundaries (loop steps only).
+    pub steps: Vec<StepTick>,
+    /// Event indices of OOMs.
+    pub ooms: Vec<u32>,
+    /// Whether reserved bytes are known.
+    pub reserved_known: bool,
+    /// Device capacity, when known.
+    pub capacity: Option<u64>,
+}
+
+/// A report on one snapshot.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Report {
+    /// [`REPORT_FORMAT_VERSION`].
+    pub format_version: u32,
+    /// Where the data came from (`vramscope`, `pytorch`, `chrome-trace`).
+    pub source: String,
+    /// The input file, when the caller named it.
+    pub input: Option<String>,
+    /// The device.
+    pub device: ReportDevice,
+    /// Number of loop steps (steps numbered 1 or more).
+    pub steps: u64,
+    /// Headline statistics.
+    pub stats: ReportStats,
+    /// Findings, most severe first.
+    pub findings: Vec<Finding>,
+    /// Call sites holding the most memory at the end (then at the peak).
+    pub top_sites: Vec<TopSite>,
+    /// The timeline for HTML.
+    #[serde(skip)]
+    pub timeline: Timeline,
+    /// PyTorch's `memory_summary()` table of the snapshot's statistics, when it has any.
+    #[serde(skip)]
+    pub memory_summary: Option<String>,
+}
+
+impl Report {
+    /// Whether any finding is at least as severe as `level` (the CLI's `--fail-on`).
+    pub fn fails_on(&self, level: Severity) -> bool {
+        detect::reaches(&self.findings, level)
+    }
+
+    /// Number of findings of each severity: `(errors, warnings, infos)`.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let n = |s| self.findings.iter().filter(|f| f.severity == s).count();
+        (n(Severity::Error), n(Severity::Warning), n(Severity::Info))
+    }
+}
+
+/// What to put in a report.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReportOptions {
+    /// Detector thresholds.
+    pub detect: DetectOptions,
+    /// Rows of the `top_sites` table (10).
+    pub top_sites: usize,
+    /// The input file name to record in the report.
+    pub input: Option<String>,
+    /// Buckets of the downsampled timeline (600).
+    pub timeline_buckets: usize,
+}
+
+impl Default for ReportOptions {
+    fn default() -> ReportOptions {
+        ReportOptions {
+            detect: DetectOptions::default(),
+            top_sites: 10,
+            input: None,
+            timeline_buckets: 600,
+        }
+    }
+}
+
+/// Builds the report of `snapshot`: runs every detector and gathers statistics and top sites.
+pub fn build_report(snapshot: &Snapshot, options: &ReportOptions) -> Report {
+    let view = ModelView::new(snapshot);
+    build_report_view(&view, options)
+}
+
+/// Builds a report from a view built earlier.
+pub fn build_report_view(view: &ModelView<'_>, options: &ReportOptions) -> Report {
+    let snapshot = view.snapshot();
+    let mut findings = Vec::new();
+    detect::run_all_view(view, &options.detect, &mut findings);
+    let totals = view.totals();
+    let segments = view.segments();
+    let stats = ReportStats {
+        events: totals.events,
+        dropped_events: snapshot.dropped_events,
+        allocations: totals.allocs,
+        frees: totals.frees,
+        unmatched_frees: totals.unmatched_frees,
+        transfers: totals.transfers,
+        h2d_bytes: totals.h2d_bytes,
+        d2h_bytes: totals.d2h_bytes,
+        syncs: totals.syncs,
+        device_allocs: totals.segment_allocs,
+        device_frees: totals.segment_frees,
+        empty_cache_calls: totals.empty_cache,
+        ooms: totals.ooms.max(snapshot.stats.num_ooms),
+        baseline_allocated_bytes: view.baseline_allocated(),
+        peak_allocated_bytes: view
+            .peak_allocated()
+            .max(snapshot.stats.allocated_bytes.all.peak),
+        peak_reserved_bytes: view
+            .peak_reserved()
+            .max(snapshot.stats.reserved_bytes.all.peak),
+        allocated_bytes: view.end_allocated(),
+        reserved_bytes: view.end_reserved(),
+        live_blocks: view.live_at_end().iter().map(|h| h.blocks).sum(),
+        segments: segments.segments,
+        inactive_split_bytes: segments.inactive_split_bytes,
+        largest_free_block: segments.largest_free_block,
+    };
+    let memory_summary = (snapshot.stats != Default::default()).then(|| snapshot.stats.summary());
+    Report {
+        format_version: REPORT_FORMAT_VERSION,
+        source: snapshot.source.to_string(),
+        input: options.input.clone(),
+        device: ReportDevice {
+            name: snapshot.device.name.clone(),
+            backend: snapshot.device.backend.clone(),
+            capacity_bytes: snapshot.device.capacity,
+        },
+        steps: view.loop_steps().len() as u64,
+        stats,
+        findings,
+        top_sites: top_sites(view, options.top_sites),
+        timeline: timeline(view, options),
+        memory_summary,
+    }
+}
+
+/// The call sites holding the most at the end (then at the peak), at most `limit` of them.
+pub fn top_sites(view: &ModelView<'_>, limit: usize) -> Vec<TopSite> {
+    let n = view.groups().len();
+    let mut rows: Vec<Option<TopSite>> = vec![None; n];
+    let row = |rows: &mut Vec<Option<TopSite>>, g: GroupId| -> usize {
+        let i = g as usize;
+        if rows[i].is_none() {
+            let group = view.group(g);
+            let (mut allocations, mut allocated_bytes) = (0, 0);
+            for (_, t) in view.group_steps(g) {
+                allocations += t.allocs;
+                allocated_bytes += t.alloc_bytes;
+            }
+            rows[i] = Some(TopSite {
+                site: group.file_line.clone(),
+                function: group.function.clone(),
+                live_bytes: 0,
+                live_blocks: 0,
+                peak_bytes: 0,
+                peak_blocks: 0,
+                allocations,
+                allocated_bytes,
+            });
+        }
+        i
+    };
+    for h in view.live_at_end() {
+        let i = row(&mut rows, h.group);
+        if let Some(r) = rows[i].as_mut() {
+            r.live_bytes = h.bytes;
+            r.live_blocks = h.blocks;
+        }
+    }
+    for h in view.live_at_peak() {
+        let i = row(&mut rows, h.group);
+        if let Some(r) = rows[i].as_mut() {
+            r.peak_bytes = h.bytes;
+            r.peak_blocks = h.blocks;
+        }
+    }
+    let mut list: Vec<TopSite> = rows
+        .into_iter()
+        .flatten()
+        .filter(|r| r.live_bytes > 0 || r.peak_bytes > 0)
+        .collect();
+    list.sort_by(|a, b| {
+        b.live_bytes
+            .cmp(&a.live_bytes)
+            .then(b.peak_bytes.cmp(&a.peak_bytes))
+            .then(a.site.cmp(&b.site))
+    });
+    list.truncate(limit);
+    list
+}
+
+fn timeline(view: &ModelView<'_>, options: &ReportOptions) -> Timeline {
+    let events = view.snapshot().events.len() as u64;
+    let loop_steps = view.loop_steps();
+    let steps = view.steps()[loop_steps.start as usize..loop_steps.end as usize]
+        .iter()
+        .filter_map(|s| {
+            s.first_event.map(|event| StepTick {
+                event,
+                step: s.step,
+                label: s.label.clone(),
+            })
+        })
+        .collect();
+    Timeline {
+        events,
+        points: downsample(view.timeline(), events, options.timeline_buckets.max(1)),
+        start: (
+            view.baseline_allocated(),
+            if view.reserved_known() {
+                view.baseline_reserved()
+            } else {
+                0
+            },
+        ),
+        steps,
+        ooms: view.ooms().to_vec(),
+        reserved_known: view.reserved_known(),
+        capacity: view.capacity(options.detect.capacity),
+    }
+}
+
+/// Keeps, per bucket of events, the points with the lowest and highest allocated bytes, the
+/// point with the highest reserved bytes and the last point, in event order.
+fn downsample(points: &[TimelinePoint], events: u64, buckets: usize) -> Vec<TimelinePoint> {
+    if points.len() <= buckets * 4 {
+        return points.to_vec();
+    }
+    let mut out = Vec::with_capacity(buckets * 4);
+    let bucket_of = |p: &TimelinePoint| (u64::from(p.event) * buckets as u64 / events.max(1)) as usize;
+    let mut start = 0;
+    while start < points.len() {
+        let b = bucket_of(&points[start]);
+        let mut end = start;
+        while end < points.len() && bucket_of(&points[end]) == b {
+            end += 1;
+        }
+        let chunk = &points[start..end];
+        let mut keep = [
+            argmin(chunk, |p| p.allocated),
+            argmax(chunk, |p| p.allocated),
+            argmax(chunk, |p| p.reserved),
+            chunk.len() - 1,
+        ];
+        keep.sort_unstable();
+        let mut last = usize::MAX;
+        for k in keep {
+            if k != last {
+                out.push(chunk[k]);
+                last = k;
+            }
+        }
+        start = end;
+    }
+    out
+}
+
+fn argmin(chunk: &[TimelinePoint], key: impl Fn(&TimelinePoint) -> u64) -> usize {
+    let mut best = 0;
+    for (i, p) in chunk.iter().enumerate() {
+        if key(p) < key(&chunk[best]) {
+            best = i;
+        }
+    }
+    best
+}
+
+fn argmax(chunk: &[TimelinePoint], key: impl Fn(&TimelinePoint) -> u64) -> usize {
+    let mut best = 0;
+    for (i, p) in chunk.iter().enumerate() {
+        if key(p) > key(&chunk[best]) {
+            best = i;
+        }
+    }
+    best
+}
+
+/// An output format of `vramscope report`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// Plain text for a terminal (optionally coloured).
+    Text,
+    /// GitHub-flavoured markdown.
+    Markdown,
+    /// JSON with the schema of [`REPORT_FORMAT_VERSION`].
+    Json,
+    /// One self-contained HTML page.
+    Html,
+}
+
+impl FromStr for Format {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Format, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "text" | "txt" => Ok(Format::Text),
+            "markdown" | "md" => Ok(Format::Markdown),
+            "json" => Ok(Format::Json),
+            "html" => Ok(Format::Html),
+            _ => Err(format!(
+                "unknown report format `{s}` (expected text, markdown, json or html)"
+            )),
+        }
+    }
+}
+
+/// Renders `report` in `format`; `color` adds ANSI colours to text.
+pub fn render(report: &Report, format: Format, color: bool) -> String {
+    match format {
+        Format::Text => render_text(report, color),
+        Format::Markdown => render_markdown(report),
+        Format::Json => render_json(report),
+        Format::Html => crate::html::render_html(report),
+    }
+}
+
+/// The report as pretty-printed JSON.
+pub fn render_json(report: &Report) -> String {
+    let mut text = serde_json::to_string_pretty(report).unwrap_or_else(|e| {
+        // Serializing plain data into a string cannot fail; say so if it ever does.
+        format!("{{\"error\": \"could not serialize the report: {e}\"}}")
+    });
+    text.push('\n');
+    text
+}
+
+const RESET: &str = "\x1b[0m";
+const BOLD: &str = "\x1b[1m";
+const DIM: &str = "\x1b[2m";
+
+fn severity_colour(severity: Severity) -> &'static str {
+    match severity {
+        Severity::Error => "\x1b[1;31m",
+        Severity::Warning => "\x1b[1;33m",
+        Severity::Info => "\x1b[36m",
+    }
+}
+
+/// One line naming the data and the device.
+pub fn headline(report: &Report) -> String {
+    let mut line = format!("{} trace", report.source);
+    if let Some(input) = &report.input {
+        let _ = write!(line, " {input}");
+    }
+    if !report.device.name.is_empty() {
+        let _ = write!(line, " on {}", report.device.name);
+    }
+    if report.device.capacity_bytes > 0 {
+        let _ = write!(
+            line,
+            " ({} capacity)",
+            format_bytes(report.device.capacity_bytes)
+        );
+    }
+    line
+}
+
+/// Lines of headline statistics, shared by the text and markdown renderers.
+fn stat_lines(report: &Report) -> Vec<String> {
+    let s = &report.stats;
+    let mut lines = vec![format!(
+        "{} events, {} steps, {} allocations, {} frees{}",
+        s.events,
+        report.steps,
+        s.allocations,
+        s.frees,
+        if s.unmatched_frees > 0 {
+            format!(
+                " (+{} of blocks allocated before the trace)",
+                s.unmatched_frees
+            )
+        } else {
+            String::new()
+        }
+    )];
+    let mut peak = format!("peak allocated {}", format_bytes(s.peak_allocated_bytes));
+    if s.peak_reserved_bytes > 0 {
+        let _ = write!(peak, ", peak reserved {}", format_bytes(s.peak_reserved_bytes));
+    }
+    let _ = write!(
+        peak,
+        "; at the end {} live blocks, {} allocated",
+        s.live_blocks,
+        format_bytes(s.allocated_bytes)
+    );
+    if s.reserved_bytes > 0 {
+        let _ = write!(peak, ", {} reserved", format_bytes(s.reserved_bytes));
+    }
+    lines.push(peak);
+    if s.transfers + s.syncs + s.device_allocs + s.ooms > 0 {
+        lines.push(format!(
+            "{} transfers ({} to device, {} to host), {} syncs, {} device allocs, {} device frees, {} OOMs",
+            s.transfers,
+            format_bytes(s.h2d_bytes),
+            format_bytes(s.d2h_bytes),
+            s.syncs,
+            s.device_allocs,
+            s.device_frees,
+            s.ooms
+        ));
+    }
+    if s.dropped_events > 0 {
+        lines.push(format!(
+            "{} events were dropped by the recorder; figures are lower bounds",
+            s.dropped_events
+        ));
+    }
+    lines
+}
+
+fn site_with_function(site: Option<&str>, function: &str) -> String {
+    let site = site.unwrap_or("(unknown site)");
+    if function.is_empty() {
+        site.to_string()
+    } else {
+        format!("{site} ({function})")
+    }
+}
+
+fn evidence_line(finding: &Finding) -> String {
+    finding
+        .evidence
+        .entries()
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The report as text for a terminal; `color` adds ANSI colours.
+pub fn render_text(report: &Report, color: bool) -> String {
+    let paint = |code: &str, text: &str| {
+        if color {
+            format!("{code}{text}{RESET}")
+        } else {
+            text.to_string()
+        }
+    };
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", paint(BOLD, &format!("vramscope report: {}", headline(report))));
+    for line in stat_lines(report) {
+        let _ = writeln!(out, "  {line}");
+    }
+    let (errors, warnings, infos) = report.counts();
+    let _ = writeln!(
+        out,
+        "\n{}",
+        paint(
+            BOLD,
+            &format!("Findings: {errors} error(s), {warnings} warning(s), {infos} info")
+        )
+    );
+    if report.findings.is_empty() {
+        let _ = writeln!(out, "  none");
+    }
+    for f in &report.findings {
+        let tag = format!("[{}]", f.severity.as_str().to_ascii_uppercase());
+        let _ = writeln!(
+            out,
+            "  {} {} at {}",
+            paint(severity_colour(f.severity), &format!("{tag:<9}")),
+            paint(BOLD, f.kind.as_str()),
+            site_with_function(f.site.as_deref(), &f.function)
+        );
+        let _ = writeln!(out, "            {}", f.summary);
+        if !f.evidence.is_empty() {
+            let _ = writeln!(
+                out,
+                "            {}",
+                paint(DIM, &format!("evidence: {}", evidence_line(f)))
+            );
+        }
+        let _ = writeln!(out, "            fix: {}", f.fix);
+    }
+    if !report.top_sites.is_empty() {
+        let _ = writeln!(out, "\n{}", paint(BOLD, "Top sites (live at the end, at the peak)"));
+        let _ = writeln!(
+            out,
+            "  {:>10} {:>8} {:>10} {:>8}  site",
+            "live", "blocks", "peak", "blocks"
+        );
+        for t in &report.top_sites {
+            let _ = writeln!(
+                out,
+                "  {:>10} {:>8} {:>10} {:>8}  {}",
+                format_bytes(t.live_bytes),
+                t.live_blocks,
+                format_bytes(t.peak_bytes),
+                t.peak_blocks,
+                site_with_function(t.site.as_deref(), &t.function)
+            );
+        }
+    }
+    out
+}
+
+/// Escapes text for a markdown table cell or paragraph.
+fn md_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '|' | '\\' | '`' | '*' | '_' | '<' | '>' | '[' | ']' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '\n' | '\r' => out.push(' '),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// The report as GitHub-flavoured markdown.
+pub fn render_markdown(report: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# vramscope report\n");
+    let _ = writeln!(out, "{}\n", md_escape(&headline(report)));
+    for line in stat_lines(report) {
+        let _ = writeln!(out, "- {}", md_escape(&line));
+    }
+    let (errors, warnings, infos) = report.counts();
+    let _ = writeln!(
+        out,
+        "\n## Findings ({errors} error(s), {warnings} warning(s), {infos} info)\n"
+    );
+    if report.findings.is_empty() {
+        let _ = writeln!(out, "None.");
+    } else {
+        let _ = writeln!(out, "| severity | kind | site | summary | fix |");
+        let _ = writeln!(out, "|---|---|---|---|---|");
+        for f in &report.findings {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} |",
+                f.severity,
+                f.kind,
+                md_escape(&site_with_function(f.site.as_deref(), &f.function)),
+                md_escape(&f.summary),
+                md_escape(&f.fix)
+            );
+        }
+        let _ = writeln!(out, "\n### Evidence\n");
+        for (i, f) in report.findings.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "{}. **{}** at {}: `{}`",
+                i + 1,
+                f.kind,
+                md_escape(f.site_label()),
+                evidence_line(f).replace('`', "'")
+            );
+        }
+    }
+    if !report.top_sites.is_empty() {
+        let _ = writeln!(out, "\n## Top sites\n");
+        let _ = writeln!(
+            out,
+            "| live | blocks | at peak | blocks | allocations | site |"
+        );
+        let _ = writeln!(out, "|---:|---:|---:|---:|---:|---|");
+        for t in &report.top_sites {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} |",
+                format_bytes(t.live_bytes),
+                t.live_blocks,
+                format_bytes(t.peak_bytes),
+                t.peak_blocks,
+                t.allocations,
+                md_escape(&site_with_function(t.site.as_deref(), &t.function))
+            );
+        }
+    }
+    out
+}
+
+/// A short summary for `vramscope summary`: the headline, the finding counts, the five largest
+/// holders and, when the snapshot has statistics, PyTorch's `memory_summary()` table.
+pub fn render_summary(report: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", headline(report));
+    for line in stat_lines(report) {
+        let _ = writeln!(out, "  {line}");
+    }
+    let (errors, warnings, infos) = report.counts();
+    let _ = writeln!(
+        out,
+        "  findings: {errors} error(s), {warnings} warning(s), {infos} info (run `vramscope report` for details)"
+    );
+    for t in report.top_sites.iter().take(5) {
+        let _ = writeln!(
+            out,
+            "  {:>10} live, {:>10} at peak  {}",
+            format_bytes(t.live_bytes),
+            format_bytes(t.peak_bytes),
+            site_with_function(t.site.as_deref(), &t.function)
+        );
+    }
+    if let Some(table) = &report.memory_summary {
+        let _ = writeln!(out);
+        out.push_str(table);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(event: u32, allocated: u64) -> TimelinePoint {
+        TimelinePoint {
+            event,
+            seq: u64::from(event),
+            time_ns: 0,
+            step: 0,
+            allocated,
+            reserved: allocated * 2,
+        }
+    }
+
+    #[test]
+    fn downsampling_keeps_peaks_and_order() {
+        let points: Vec<TimelinePoint> = (0..10_000u32)
+            .map(|i| point(i, if i == 4321 { 1 << 40 } else { u64::from(i % 97) }))
+            .collect();
+        let kept = downsample(&points, 10_000, 100);
+        assert!(kept.len() <= 400);
+        assert!(kept.iter().any(|p| p.allocated == 1 << 40));
+        assert!(kept.windows(2).all(|w| w[0].event < w[1].event));
+        assert_eq!(kept.last(), points.last());
+        let few = downsample(&points[..50], 50, 100);
+        assert_eq!(few.len(), 50);
+    }
+}

@@ -1,0 +1,240 @@
+//! Tests of what users read: the report formats (text, markdown, JSON schema, HTML), the
+//! `--fail-on` decision, the diff of two snapshots, and the assertions for users' tests.
+
+#[path = "../src/detect/testutil.rs"]
+mod testutil;
+
+use testutil::{clean_loop, Trace, MIB};
+use vramscope_allocator::{Snapshot, TransferDirection};
+use vramscope_inspector::checks::{
+    assert_no_leaks, assert_peak_below, check_no_leaks, check_peak_below,
+};
+use vramscope_inspector::detect::Severity;
+use vramscope_inspector::diff::{self, diff};
+use vramscope_inspector::report::{build_report, render, Format, Report, ReportOptions};
+
+fn leaky(steps: u64) -> Snapshot {
+    let mut t = clean_loop(0);
+    let leak = t.site("train.py", 33, "train");
+    let item = t.site("train.py", 44, "log");
+    for _ in 0..steps {
+        t.step();
+        t.alloc(leak, 512);
+        for _ in 0..20 {
+            t.transfer(item, TransferDirection::DeviceToHost, 4);
+        }
+    }
+    t.finish()
+}
+
+fn report_of(snapshot: &Snapshot) -> Report {
+    let options = ReportOptions {
+        input: Some("run.json".to_string()),
+        ..ReportOptions::default()
+    };
+    build_report(snapshot, &options)
+}
+
+#[test]
+fn json_report_has_the_stable_schema() {
+    let report = report_of(&leaky(10));
+    let text = render(&report, Format::Json, false);
+    let json: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    for key in [
+        "format_version",
+        "source",
+        "input",
+        "device",
+        "steps",
+        "stats",
+        "findings",
+        "top_sites",
+    ] {
+        assert!(json.get(key).is_some(), "missing top-level key {key}");
+    }
+    assert_eq!(json["format_version"], 1);
+    assert_eq!(json["source"], "vramscope");
+    assert_eq!(json["steps"], 10);
+    for key in ["peak_allocated_bytes", "allocations", "events", "live_blocks"] {
+        assert!(json["stats"].get(key).is_some(), "missing stats key {key}");
+    }
+    let findings = json["findings"].as_array().expect("findings array");
+    assert!(!findings.is_empty());
+    for f in findings {
+        for key in [
+            "kind",
+            "severity",
+            "site",
+            "function",
+            "bytes",
+            "count",
+            "per_step",
+            "evidence",
+            "fix",
+        ] {
+            assert!(f.get(key).is_some(), "finding lacks {key}: {f}");
+        }
+        assert!(f["evidence"].is_object());
+    }
+    let leak = findings
+        .iter()
+        .find(|f| f["kind"] == "retained_per_step")
+        .expect("leak");
+    assert_eq!(leak["site"], "train.py:33");
+    assert_eq!(leak["severity"], "warning");
+    assert_eq!(leak["per_step"]["count"], 1.0);
+    assert_eq!(leak["evidence"]["retained_bytes_per_step"], 512.0);
+    // Evidence keeps the detector's order.
+    let first_key = text
+        .split("\"evidence\": {")
+        .nth(1)
+        .and_then(|rest| rest.split('"').nth(1));
+    assert_eq!(first_key, Some("retained_bytes_per_step"));
+    let top = json["top_sites"].as_array().expect("top_sites array");
+    assert_eq!(top[0]["site"], "model.py:10");
+    for key in ["function", "live_bytes", "live_blocks", "peak_bytes"] {
+        assert!(top[0].get(key).is_some(), "top site lacks {key}");
+    }
+}
+
+#[test]
+fn reports_are_deterministic() {
+    let snapshot = leaky(10);
+    for format in [Format::Text, Format::Markdown, Format::Json, Format::Html] {
+        assert_eq!(
+            render(&report_of(&snapshot), format, true),
+            render(&report_of(&snapshot), format, true)
+        );
+    }
+}
+
+#[test]
+fn text_report_names_findings_sites_and_fixes() {
+    let report = report_of(&leaky(10));
+    let plain = render(&report, Format::Text, false);
+    assert!(plain.contains("retained_per_step at train.py:33 (train)"), "{plain}");
+    assert!(plain.contains("sync_in_loop at train.py:44 (log)"), "{plain}");
+    assert!(plain.contains("fix: "));
+    assert!(plain.contains("Top sites"));
+    assert!(!plain.contains('\x1b'));
+    let coloured = render(&report, Format::Text, true);
+    assert!(coloured.contains("\x1b[1;33m"));
+}
+
+#[test]
+fn markdown_report_has_tables_and_escapes_pipes() {
+    let mut t = clean_loop(0);
+    let leak = t.site("we|ird_name.py", 3, "f");
+    for _ in 0..5 {
+        t.step();
+        t.alloc(leak, 512);
+    }
+    let md = render(&report_of(&t.finish()), Format::Markdown, false);
+    assert!(md.starts_with("# vramscope report"));
+    assert!(md.contains("| severity | kind | site | summary | fix |"));
+    assert!(md.contains("we\\|ird\\_name.py:3"), "{md}");
+}
+
+#[test]
+fn html_report_is_self_contained_and_escaped() {
+    let mut t = clean_loop(0);
+    let evil = t.site("<script>alert(1)</script>.py", 1, "a&b");
+    for _ in 0..5 {
+        t.step();
+        t.alloc(evil, 512);
+    }
+    let act = t.site("model.py", 55, "forward");
+    t.oom(act, 1 << 40, 0);
+    let html = render(&report_of(&t.finish()), Format::Html, false);
+    assert!(html.starts_with("<!DOCTYPE html>"));
+    assert!(html.contains("<svg"));
+    assert!(html.contains("<path"));
+    assert!(html.contains("step start"));
+    assert!(html.contains("OOM"));
+    assert!(!html.contains("http://"));
+    assert!(!html.contains("https://"));
+    assert!(!html.contains("<script"));
+    assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;.py:1"));
+    assert!(html.contains("a&amp;b"));
+}
+
+#[test]
+fn fail_on_compares_severities() {
+    let clean = report_of(&clean_loop(10).finish());
+    assert!(clean.fails_on(Severity::Info));
+    assert!(!clean.fails_on(Severity::Warning));
+    assert!(!clean.fails_on(Severity::Error));
+    let leaky = report_of(&leaky(10));
+    assert!(leaky.fails_on(Severity::Warning));
+    assert!(!leaky.fails_on(Severity::Error));
+    assert_eq!("warning".parse::<Severity>(), Ok(Severity::Warning));
+    assert!("fatal".parse::<Severity>().is_err());
+    assert_eq!("md".parse::<Format>(), Ok(Format::Markdown));
+}
+
+#[test]
+fn diff_shows_what_grew_and_shrank() {
+    let before = leaky(5);
+    let mut after = leaky(10);
+    // Different site ids for the same file:line must still match.
+    after.sites.reverse();
+    let n = after.sites.len() as u32;
+    for e in &mut after.events {
+        e.site = e.site.map(|s| n - 1 - s);
+    }
+    let d = diff(&before, &after);
+    assert_eq!(d.grew.len(), 1, "{}", diff::render_text(&d));
+    assert_eq!(d.grew[0].site.as_deref(), Some("train.py:33"));
+    assert_eq!(d.grew[0].delta_blocks, 5);
+    assert_eq!(d.grew[0].delta_bytes, 5 * 512);
+    assert!(d.shrank.is_empty());
+    assert_eq!(d.unchanged, 1);
+    let reverse = diff(&after, &before);
+    assert_eq!(reverse.shrank[0].delta_bytes, -5 * 512);
+    let text = diff::render_text(&d);
+    assert!(text.contains("+2.50 KiB"), "{text}");
+    let json: serde_json::Value = serde_json::from_str(&diff::render_json(&d)).unwrap();
+    assert_eq!(json["grew"][0]["site"], "train.py:33");
+    assert_eq!(json["format_version"], 1);
+}
+
+#[test]
+fn leak_checks_pass_on_clean_loops_and_fail_with_a_report() {
+    let clean = clean_loop(10).finish();
+    assert!(check_no_leaks(&clean).is_ok());
+    assert_no_leaks(&clean);
+    let err = check_no_leaks(&leaky(10)).expect_err("leaky loop");
+    let text = err.to_string();
+    assert!(text.contains("train.py:33"), "{text}");
+    assert!(text.contains("fix:"), "{text}");
+    let panic = std::panic::catch_unwind(|| assert_no_leaks(&leaky(10)));
+    assert!(panic.is_err());
+}
+
+#[test]
+fn peak_budget_checks() {
+    let mut t = Trace::new();
+    let big = t.site("model.py", 1, "build");
+    let a = t.alloc(big, 100 * MIB);
+    t.free(a, 100 * MIB);
+    let snapshot = t.finish();
+    assert!(check_peak_below(&snapshot, 100 * MIB).is_ok());
+    assert_peak_below(&snapshot, 200 * MIB);
+    let err = check_peak_below(&snapshot, 64 * MIB).expect_err("over budget");
+    assert!(err.report.contains("model.py:1"), "{}", err.report);
+    assert!(err.report.contains("36.0 MiB over"), "{}", err.report);
+    let panic = std::panic::catch_unwind(|| assert_peak_below(&snapshot, MIB));
+    assert!(panic.is_err());
+}
+
+#[test]
+fn summary_and_empty_snapshot_render() {
+    let empty = Trace::new().finish();
+    let report = report_of(&empty);
+    assert!(report.findings.is_empty());
+    for format in [Format::Text, Format::Markdown, Format::Json, Format::Html] {
+        assert!(!render(&report, format, false).is_empty());
+    }
+    let summary = vramscope_inspector::report::render_summary(&report_of(&leaky(4)));
+    assert!(summary.contains("findings: 0 error(s), 2 warning(s)"), "{summary}");
+}

@@ -1,0 +1,14 @@
+//! vramscope: a GPU memory debugger and allocator inspector.
+//!
+//! This facade re-exports the workspace's library crates so that a program can depend on one
+//! crate: [`allocator`] (the link-in caching allocator, simulated device, statistics,
+//! provenance and the one data model) and [`inspector`] (importers, detectors, reports, diff).
+//! The `vramscope` binary in `src/main.rs` is command-line glue over these libraries.
+
+pub use vramscope_allocator as allocator;
+pub use vramscope_inspector as inspector;
+
+pub use vramscope_allocator::{
+    AllocError, AllocatorConfig, Backend, CachingAllocator, DeviceBuffer, MemoryStats, SimDevice,
+    Snapshot, StreamId,
+};
