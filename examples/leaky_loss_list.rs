@@ -22,7 +22,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         alloc.mark_step();
         let activations = alloc.alloc(96 * MIB)?;
         let hidden = alloc.alloc(24 * MIB)?;
-        let loss = alloc.alloc(4 * MIB)?; // BUG: retained_per_step (the loss is kept every step)
+        let loss = alloc.alloc(4 * MIB)?; // BUG: retained_per_step (kept below, every step)
         let gradients = alloc.alloc(256 * MIB)?;
         losses.push(loss);
         drop(hidden);

@@ -56,7 +56,7 @@ pub fn run(steps: u64, bugs: Bugs) -> Result<Snapshot, AllocError> {
                 activations.push(alloc.tagged("activation").alloc(6 * MIB)?);
             }
         }
-        let mut loss = alloc.tagged("loss").alloc(2 * MIB)?;
+        let mut loss = alloc.tagged("loss").alloc(2 * MIB)?; // planted: retained_per_step when kept
         loss.copy_from_host(&0.25f32.to_le_bytes())?;
         {
             let _backward = alloc.scope("backward");
@@ -76,7 +76,7 @@ pub fn run(steps: u64, bugs: Bugs) -> Result<Snapshot, AllocError> {
             host_losses.push(f32::from_le_bytes(element));
         }
         if bugs.retained_loss {
-            kept_losses.push(loss); // planted: retained_per_step (the loss buffer is kept)
+            kept_losses.push(loss);
         }
     }
     Ok(alloc.snapshot())

@@ -56,11 +56,21 @@ pub fn check_no_leaks_with(snapshot: &Snapshot, options: &DetectOptions) -> Resu
         } else {
             format!(" ({})", f.function)
         };
-        let _ = writeln!(report, "  {} at {}{}: {}", f.severity, f.site_label(), function, f.summary);
+        let _ = writeln!(
+            report,
+            "  {} at {}{}: {}",
+            f.severity,
+            f.site_label(),
+            function,
+            f.summary
+        );
         let _ = writeln!(report, "    fix: {}", f.fix);
     }
     Err(CheckError {
-        check: format!("no leaks ({} call site(s) retain memory every step)", findings.len()),
+        check: format!(
+            "no leaks ({} call site(s) retain memory every step)",
+            findings.len()
+        ),
         findings,
         report,
     })

@@ -50,7 +50,11 @@ pub fn render_html(report: &Report) -> String {
     );
     let _ = writeln!(out, "<style>{STYLE}</style>\n</head>\n<body>");
     let _ = writeln!(out, "<h1>vramscope report</h1>");
-    let _ = writeln!(out, "<div class=\"muted\">{}</div>", escape(&headline(report)));
+    let _ = writeln!(
+        out,
+        "<div class=\"muted\">{}</div>",
+        escape(&headline(report))
+    );
 
     let s = &report.stats;
     out.push_str("<ul class=\"stats\">\n");
@@ -92,7 +96,9 @@ pub fn render_html(report: &Report) -> String {
     if report.findings.is_empty() {
         out.push_str("<p>None.</p>\n");
     } else {
-        out.push_str("<table>\n<tr><th>severity</th><th>kind</th><th>site</th><th>what</th></tr>\n");
+        out.push_str(
+            "<table>\n<tr><th>severity</th><th>kind</th><th>site</th><th>what</th></tr>\n",
+        );
         for f in &report.findings {
             let evidence = f
                 .evidence

@@ -63,7 +63,7 @@ impl Interval {
 
     /// Whether the block is allocated just after event `event` has happened.
     pub fn is_live_after(&self, event: u32) -> bool {
-        self.alloc_event <= event && self.free_event.is_none_or(|f| f > event)
+        self.alloc_event <= event && self.free_event.map_or(true, |f| f > event)
     }
 }
 
@@ -506,7 +506,9 @@ impl<'a> ModelView<'a> {
 
         // Blocks still live at the end count as retained by the step that allocated them.
         for interval in intervals.iter().filter(|iv| iv.is_live_at_end()) {
-            let t = tallies.entry((interval.group, interval.alloc_step)).or_default();
+            let t = tallies
+                .entry((interval.group, interval.alloc_step))
+                .or_default();
             t.retained += 1;
             t.retained_bytes += interval.size;
         }
@@ -535,7 +537,13 @@ impl<'a> ModelView<'a> {
                     {
                         preexisting += block.size;
                         let g = group_of(&mut table, block.site);
-                        add_holding(&mut by_group, g, block.size, block.requested_size, block.step);
+                        add_holding(
+                            &mut by_group,
+                            g,
+                            block.size,
+                            block.requested_size,
+                            block.step,
+                        );
                     }
                 }
             }
@@ -745,7 +753,7 @@ impl<'a> ModelView<'a> {
         let mut bytes = 0;
         for &i in self.group_intervals(group) {
             let iv = &self.intervals[i as usize];
-            if iv.alloc_step <= step && iv.free_step.is_none_or(|f| f > step) {
+            if iv.alloc_step <= step && iv.free_step.map_or(true, |f| f > step) {
                 blocks += 1;
                 bytes += iv.size;
             }
@@ -1048,7 +1056,11 @@ mod tests {
         // A segment reserved before recording holds an old block and a new one.
         t.add_segment(
             0x10_0000,
-            &[(0, MIB, true), (MIB, MIB, false), (2 * MIB, 18 * MIB, false)],
+            &[
+                (0, MIB, true),
+                (MIB, MIB, false),
+                (2 * MIB, 18 * MIB, false),
+            ],
             20 * MIB,
         );
         t.alloc_at(a, 0x10_0000 + MIB, MIB);

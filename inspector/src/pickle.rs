@@ -1201,8 +1201,25 @@ fn first_occurrences<'v>(keys: impl Iterator<Item = &'v Value>) -> Vec<usize> {
     first
 }
 
+/// Whether all values are distinct, decided without allocating for short lists; `None` when
+/// the list is too long to check this way.
+fn all_distinct<'v>(keys: impl Iterator<Item = &'v Value> + Clone, len: usize) -> Option<bool> {
+    if len > 16 {
+        return None;
+    }
+    for (i, k) in keys.clone().enumerate() {
+        if keys.clone().take(i).any(|o| o == k) {
+            return Some(false);
+        }
+    }
+    Some(true)
+}
+
 /// Removes repeated elements of a set, keeping the first of each.
 fn dedupe(items: Vec<Value>) -> Vec<Value> {
+    if all_distinct(items.iter(), items.len()) == Some(true) {
+        return items;
+    }
     let first = first_occurrences(items.iter());
     if first.iter().enumerate().all(|(i, &j)| i == j) {
         return items;
@@ -1217,6 +1234,9 @@ fn dedupe(items: Vec<Value>) -> Vec<Value> {
 
 /// Keeps one pair per key, at the key's first position and with its last value.
 fn dedupe_pairs(pairs: Vec<(Value, Value)>) -> Vec<(Value, Value)> {
+    if all_distinct(pairs.iter().map(|(k, _)| k), pairs.len()) == Some(true) {
+        return pairs;
+    }
     let first = first_occurrences(pairs.iter().map(|(k, _)| k));
     if first.iter().enumerate().all(|(i, &j)| i == j) {
         return pairs;

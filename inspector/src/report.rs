@@ -355,7 +355,8 @@ fn downsample(points: &[TimelinePoint], events: u64, buckets: usize) -> Vec<Time
         return points.to_vec();
     }
     let mut out = Vec::with_capacity(buckets * 4);
-    let bucket_of = |p: &TimelinePoint| (u64::from(p.event) * buckets as u64 / events.max(1)) as usize;
+    let bucket_of =
+        |p: &TimelinePoint| (u64::from(p.event) * buckets as u64 / events.max(1)) as usize;
     let mut start = 0;
     while start < points.len() {
         let b = bucket_of(&points[start]);
@@ -503,7 +504,11 @@ fn stat_lines(report: &Report) -> Vec<String> {
     )];
     let mut peak = format!("peak allocated {}", format_bytes(s.peak_allocated_bytes));
     if s.peak_reserved_bytes > 0 {
-        let _ = write!(peak, ", peak reserved {}", format_bytes(s.peak_reserved_bytes));
+        let _ = write!(
+            peak,
+            ", peak reserved {}",
+            format_bytes(s.peak_reserved_bytes)
+        );
     }
     let _ = write!(
         peak,
@@ -565,7 +570,11 @@ pub fn render_text(report: &Report, color: bool) -> String {
         }
     };
     let mut out = String::new();
-    let _ = writeln!(out, "{}", paint(BOLD, &format!("vramscope report: {}", headline(report))));
+    let _ = writeln!(
+        out,
+        "{}",
+        paint(BOLD, &format!("vramscope report: {}", headline(report)))
+    );
     for line in stat_lines(report) {
         let _ = writeln!(out, "  {line}");
     }
@@ -601,7 +610,11 @@ pub fn render_text(report: &Report, color: bool) -> String {
         let _ = writeln!(out, "            fix: {}", f.fix);
     }
     if !report.top_sites.is_empty() {
-        let _ = writeln!(out, "\n{}", paint(BOLD, "Top sites (live at the end, at the peak)"));
+        let _ = writeln!(
+            out,
+            "\n{}",
+            paint(BOLD, "Top sites (live at the end, at the peak)")
+        );
         let _ = writeln!(
             out,
             "  {:>10} {:>8} {:>10} {:>8}  site",
@@ -749,7 +762,16 @@ mod tests {
     #[test]
     fn downsampling_keeps_peaks_and_order() {
         let points: Vec<TimelinePoint> = (0..10_000u32)
-            .map(|i| point(i, if i == 4321 { 1 << 40 } else { u64::from(i % 97) }))
+            .map(|i| {
+                point(
+                    i,
+                    if i == 4321 {
+                        1 << 40
+                    } else {
+                        u64::from(i % 97)
+                    },
+                )
+            })
             .collect();
         let kept = downsample(&points, 10_000, 100);
         assert!(kept.len() <= 400);

@@ -55,22 +55,19 @@ fn json_report_has_the_stable_schema() {
     assert_eq!(json["format_version"], 1);
     assert_eq!(json["source"], "vramscope");
     assert_eq!(json["steps"], 10);
-    for key in ["peak_allocated_bytes", "allocations", "events", "live_blocks"] {
+    for key in [
+        "peak_allocated_bytes",
+        "allocations",
+        "events",
+        "live_blocks",
+    ] {
         assert!(json["stats"].get(key).is_some(), "missing stats key {key}");
     }
     let findings = json["findings"].as_array().expect("findings array");
     assert!(!findings.is_empty());
     for f in findings {
         for key in [
-            "kind",
-            "severity",
-            "site",
-            "function",
-            "bytes",
-            "count",
-            "per_step",
-            "evidence",
-            "fix",
+            "kind", "severity", "site", "function", "bytes", "count", "per_step", "evidence", "fix",
         ] {
             assert!(f.get(key).is_some(), "finding lacks {key}: {f}");
         }
@@ -112,8 +109,14 @@ fn reports_are_deterministic() {
 fn text_report_names_findings_sites_and_fixes() {
     let report = report_of(&leaky(10));
     let plain = render(&report, Format::Text, false);
-    assert!(plain.contains("retained_per_step at train.py:33 (train)"), "{plain}");
-    assert!(plain.contains("sync_in_loop at train.py:44 (log)"), "{plain}");
+    assert!(
+        plain.contains("retained_per_step at train.py:33 (train)"),
+        "{plain}"
+    );
+    assert!(
+        plain.contains("sync_in_loop at train.py:44 (log)"),
+        "{plain}"
+    );
     assert!(plain.contains("fix: "));
     assert!(plain.contains("Top sites"));
     assert!(!plain.contains('\x1b'));
@@ -236,5 +239,8 @@ fn summary_and_empty_snapshot_render() {
         assert!(!render(&report, format, false).is_empty());
     }
     let summary = vramscope_inspector::report::render_summary(&report_of(&leaky(4)));
-    assert!(summary.contains("findings: 0 error(s), 2 warning(s)"), "{summary}");
+    assert!(
+        summary.contains("findings: 0 error(s), 2 warning(s)"),
+        "{summary}"
+    );
 }

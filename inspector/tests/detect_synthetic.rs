@@ -58,7 +58,9 @@ fn clean_loop_has_no_warning_or_error() {
     assert_eq!(holders[0].site.as_deref(), Some("model.py:10"));
     assert_eq!(holders[0].bytes, 32 * MIB);
     assert_eq!(holders[0].severity, Severity::Info);
-    assert!(holders.iter().any(|h| h.site.as_deref() == Some("optim.py:40")));
+    assert!(holders
+        .iter()
+        .any(|h| h.site.as_deref() == Some("optim.py:40")));
 }
 
 #[test]
@@ -298,7 +300,11 @@ fn oom_with_enough_free_cache_is_fragmentation() {
     t.step();
     t.oom(act, 40 * MIB, 10 * MIB);
     for seg in segs {
-        t.add_segment(seg, &[(0, 2 * MIB, true), (2 * MIB, 18 * MIB, false)], 20 * MIB);
+        t.add_segment(
+            seg,
+            &[(0, 2 * MIB, true), (2 * MIB, 18 * MIB, false)],
+            20 * MIB,
+        );
     }
     let found = findings(&t.finish());
     let serious = serious(&found);

@@ -74,7 +74,10 @@ pub fn cache_churn(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
             .float("device_frees_per_step", per_step(device_frees))
             .float("bytes_released_per_step", per_step(released))
             .float("empty_cache_calls_per_step", per_step(empty_calls))
-            .float("assumed_us_per_device_call", options.assumed_us_per_device_call)
+            .float(
+                "assumed_us_per_device_call",
+                options.assumed_us_per_device_call,
+            )
             .float("est_us_per_step", cost_us);
         f.fix = if empty_calls > 0 {
             "remove empty_cache() from the loop (call it once after training, if at all); the cache exists to be reused".to_string()
@@ -121,7 +124,7 @@ fn busiest_group(view: &ModelView<'_>, wanted: impl Fn(EventKind) -> bool) -> Op
                 wanted(events[i as usize].kind) && loop_steps.contains(&view.event_step(i))
             })
             .count() as u64;
-        if n > 0 && best.is_none_or(|(m, _)| n > m) {
+        if n > 0 && best.map_or(true, |(m, _)| n > m) {
             best = Some((n, group));
         }
     }

@@ -78,8 +78,14 @@ pub fn fragmentation(view: &ModelView<'_>, options: &DetectOptions, sink: &mut d
             .int("reserved_unallocated_at_oom", worst.cache_free());
         if segments.segments > 0 {
             evidence = evidence
-                .int("largest_free_block_at_snapshot", segments.largest_free_block)
-                .int("inactive_split_bytes_at_snapshot", segments.inactive_split_bytes);
+                .int(
+                    "largest_free_block_at_snapshot",
+                    segments.largest_free_block,
+                )
+                .int(
+                    "inactive_split_bytes_at_snapshot",
+                    segments.inactive_split_bytes,
+                );
         }
         f.evidence = evidence.text("setting", setting.clone());
         f.fix = format!(
@@ -199,16 +205,20 @@ pub fn fragmentation(view: &ModelView<'_>, options: &DetectOptions, sink: &mut d
         evidence = evidence.int("device_capacity_bytes", c);
     }
     f.evidence = evidence.text("setting", setting.clone());
-    f.fix = format!("set {var}={setting} to let freed pieces of segments be reused for larger requests");
+    f.fix = format!(
+        "set {var}={setting} to let freed pieces of segments be reused for larger requests"
+    );
     sink.report(f);
 }
 
 /// The OOM with the largest request (the first one on ties).
 fn largest<'a, 'e>(cases: &'a [OomCase<'e>]) -> Option<&'a OomCase<'e>> {
-    cases.iter().fold(None, |best: Option<&OomCase<'_>>, c| match best {
-        Some(b) if b.event.size >= c.event.size => Some(b),
-        _ => Some(c),
-    })
+    cases
+        .iter()
+        .fold(None, |best: Option<&OomCase<'_>>, c| match best {
+            Some(b) if b.event.size >= c.event.size => Some(b),
+            _ => Some(c),
+        })
 }
 
 /// The allocator setting to suggest: expandable segments when they are off, else a split limit

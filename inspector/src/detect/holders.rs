@@ -26,9 +26,11 @@ pub fn top_holders(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
     // Rank ties by site name, as the finding order does.
     let mut top: Vec<_> = holdings.iter().take(options.top_holders).collect();
     top.sort_by(|a, b| {
-        b.bytes
-            .cmp(&a.bytes)
-            .then_with(|| view.group(a.group).file_line.cmp(&view.group(b.group).file_line))
+        b.bytes.cmp(&a.bytes).then_with(|| {
+            view.group(a.group)
+                .file_line
+                .cmp(&view.group(b.group).file_line)
+        })
     });
     for (rank, h) in top.into_iter().enumerate() {
         let share = h.bytes as f64 / total as f64;

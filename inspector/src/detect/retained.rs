@@ -13,7 +13,11 @@ use crate::model_view::ModelView;
 use vramscope_allocator::format_bytes;
 
 /// Reports call sites that keep one or more blocks alive per step.
-pub fn retained_per_step(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn FindingSink) {
+pub fn retained_per_step(
+    view: &ModelView<'_>,
+    options: &DetectOptions,
+    sink: &mut dyn FindingSink,
+) {
     let loop_steps = view.loop_steps();
     if loop_steps.is_empty() {
         return;

@@ -138,15 +138,16 @@ pub fn transfer_heavy(view: &ModelView<'_>, options: &DetectOptions, sink: &mut 
         let best = sizes
             .iter()
             .filter(|(_, v)| v.0 >= needed)
-            .max_by(|a, b| {
-                (a.1 .0 * a.0)
-                    .cmp(&(b.1 .0 * b.0))
-                    .then(b.0.cmp(a.0))
-            });
+            .max_by(|a, b| (a.1 .0 * a.0).cmp(&(b.1 .0 * b.0)).then(b.0.cmp(a.0)));
         let Some((&size, &(steps, _, uploads))) = best else {
             continue;
         };
-        let mut f = Finding::at_group(view, FindingKind::TransferHeavy, Severity::Info, Some(group));
+        let mut f = Finding::at_group(
+            view,
+            FindingKind::TransferHeavy,
+            Severity::Info,
+            Some(group),
+        );
         f.bytes = size * uploads;
         f.count = uploads;
         f.per_step = Some(PerStep::new(

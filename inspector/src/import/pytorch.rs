@@ -210,27 +210,70 @@ fn device_index(v: u64, key: &str, loc: Loc) -> Result<u32, Fault> {
     u32::try_from(v).map_err(|_| loc.fault(key, format!("device {v} is out of range")))
 }
 
-/// Converts stacks into call sites, remembering each shared frame list of the pickle.
+/// Converts stacks into call sites. The pickle shares frame lists and frame dicts through its
+/// memo, so both are remembered by identity: a shared list is converted once, and a new list
+/// made of known frames is looked up by frame numbers without copying any text.
 struct Stacks {
     table: SiteTable,
-    by_identity: FxHashMap<usize, Option<SiteId>>,
+    /// Site of each frame list seen, by the list's identity.
+    by_list: FxHashMap<usize, Option<SiteId>>,
+    /// Number of each frame dict seen, by the dict's identity.
+    by_dict: FxHashMap<usize, u32>,
+    /// Number of each distinct frame, by content (for frame dicts that are not shared).
+    by_frame: FxHashMap<Frame, u32>,
+    /// The distinct frames, by number.
+    frames: Vec<Frame>,
+    /// Site of each stack seen, by its frame numbers.
+    by_numbers: FxHashMap<Vec<u32>, Option<SiteId>>,
 }
 
 impl Stacks {
+    fn new(framework_paths: &[String]) -> Stacks {
+        Stacks {
+            table: SiteTable::new(framework_paths),
+            by_list: FxHashMap::default(),
+            by_dict: FxHashMap::default(),
+            by_frame: FxHashMap::default(),
+            frames: Vec::new(),
+            by_numbers: FxHashMap::default(),
+        }
+    }
+
+    fn frame_number(&mut self, frame: &Value) -> Option<u32> {
+        let identity = frame.identity();
+        if let Some(n) = identity.and_then(|id| self.by_dict.get(&id)) {
+            return Some(*n);
+        }
+        let frame_value = read_frame(frame)?;
+        let n = match self.by_frame.get(&frame_value) {
+            Some(&n) => n,
+            None => {
+                let n = self.frames.len() as u32;
+                self.frames.push(frame_value.clone());
+                self.by_frame.insert(frame_value, n);
+                n
+            }
+        };
+        if let Some(id) = identity {
+            self.by_dict.insert(id, n);
+        }
+        Some(n)
+    }
+
     fn site(&mut self, frames: Option<&Value>, loc: Loc) -> Result<Option<SiteId>, Fault> {
         let Some(frames) = frames.filter(|v| !v.is_none()) else {
             return Ok(None);
         };
         let identity = frames.identity();
-        if let Some(site) = identity.and_then(|id| self.by_identity.get(&id)) {
+        if let Some(site) = identity.and_then(|id| self.by_list.get(&id)) {
             return Ok(*site);
         }
         let list = frames
             .as_seq()
             .ok_or_else(|| loc.wrong("frames", "a list", frames))?;
-        let mut stack = Vec::with_capacity(list.len());
+        let mut numbers = Vec::with_capacity(list.len());
         for (k, frame) in list.iter().enumerate() {
-            stack.push(read_frame(frame).ok_or_else(|| {
+            numbers.push(self.frame_number(frame).ok_or_else(|| {
                 loc.fault(
                     &format!("frames[{k}]"),
                     format!(
@@ -240,9 +283,20 @@ impl Stacks {
                 )
             })?);
         }
-        let site = self.table.intern(stack);
+        let site = match self.by_numbers.get(&numbers) {
+            Some(&site) => site,
+            None => {
+                let stack = numbers
+                    .iter()
+                    .map(|&n| self.frames[n as usize].clone())
+                    .collect();
+                let site = self.table.intern(stack);
+                self.by_numbers.insert(numbers, site);
+                site
+            }
+        };
         if let Some(id) = identity {
-            self.by_identity.insert(id, site);
+            self.by_list.insert(id, site);
         }
         Ok(site)
     }
@@ -720,10 +774,7 @@ fn convert(root: &Value, options: &ImportOptions) -> Result<Snapshot, Fault> {
         }
     };
 
-    let mut stacks = Stacks {
-        table: SiteTable::new(&options.framework_paths),
-        by_identity: FxHashMap::default(),
-    };
+    let mut stacks = Stacks::new(&options.framework_paths);
 
     // Events of every device.
     let mut raw = Vec::new();

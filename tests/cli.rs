@@ -1,0 +1,144 @@
+//! End-to-end tests of the `vramscope` binary: the headless demo, `report` in every format,
+//! `--fail-on`, `summary`, `diff`, and clear errors with status 2 for unusable input.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn vramscope(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("vramscope runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn temp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("vramscope-cli-{}-{name}", std::process::id()))
+}
+
+fn demo_line(marker: &str) -> String {
+    let source = include_str!("../src/demo.rs");
+    let line = source
+        .lines()
+        .position(|l| l.contains(marker))
+        .expect("marker in demo.rs")
+        + 1;
+    format!("src/demo.rs:{line}")
+}
+
+#[test]
+fn headless_demo_reports_the_planted_bugs_at_their_lines() {
+    let output = vramscope(&["demo", "--headless", "--steps", "8", "--format", "json"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    let findings = report["findings"].as_array().unwrap();
+    let site_of = |kind: &str| {
+        findings
+            .iter()
+            .find(|f| f["kind"] == kind)
+            .and_then(|f| f["site"].as_str())
+            .map(str::to_string)
+    };
+    assert_eq!(site_of("retained_per_step"), Some(demo_line("planted: retained_per_step")));
+    assert_eq!(site_of("sync_in_loop"), Some(demo_line("planted: sync_in_loop")));
+    assert_eq!(report["steps"], 8);
+}
+
+#[test]
+fn headless_demo_without_bugs_reports_no_warning_or_error() {
+    let output = vramscope(&["demo", "--headless", "--steps", "8", "--bug", "none", "--format", "json"]);
+    assert!(output.status.success());
+    let report: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    let serious = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["severity"] != "info")
+        .count();
+    assert_eq!(serious, 0, "{report:#}");
+}
+
+#[test]
+fn unknown_bug_name_is_rejected() {
+    let output = vramscope(&["demo", "--headless", "--bug", "typo"]);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("unknown bug `typo`"));
+}
+
+#[test]
+fn report_formats_fail_on_summary_and_diff() {
+    let leaky = temp("leaky.json");
+    let clean = temp("clean.json");
+    // Build two snapshots with the library: one leaking, one not.
+    {
+        use vramscope::{AllocatorConfig, CachingAllocator, SimDevice};
+        let alloc = CachingAllocator::new(SimDevice::phantom(1 << 34), AllocatorConfig::default());
+        alloc.snapshot().save(&clean).unwrap();
+        let mut kept = Vec::new();
+        for _ in 0..6 {
+            alloc.mark_step();
+            kept.push(alloc.alloc(8 << 20).unwrap());
+        }
+        alloc.snapshot().save(&leaky).unwrap();
+    }
+    let leaky_s = leaky.to_str().unwrap();
+    let clean_s = clean.to_str().unwrap();
+
+    let text = vramscope(&["report", leaky_s]);
+    assert!(text.status.success());
+    assert!(stdout(&text).contains("retained_per_step"), "{}", stdout(&text));
+    assert!(stdout(&text).contains("tests/cli.rs:"), "the site is this file");
+
+    let json = vramscope(&["report", leaky_s, "--format", "json"]);
+    let value: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    for key in ["format_version", "source", "steps", "stats", "findings", "top_sites"] {
+        assert!(value.get(key).is_some(), "report JSON has `{key}`");
+    }
+    let finding = &value["findings"][0];
+    for key in ["kind", "severity", "site", "function", "bytes", "count", "per_step", "evidence", "fix"] {
+        assert!(finding.get(key).is_some(), "finding JSON has `{key}`");
+    }
+
+    let markdown = vramscope(&["report", leaky_s, "--format", "markdown"]);
+    assert!(stdout(&markdown).contains("retained_per_step"));
+
+    let html_path = temp("report.html");
+    let html = vramscope(&["report", leaky_s, "--format", "html", "-o", html_path.to_str().unwrap()]);
+    assert!(html.status.success());
+    let page = std::fs::read_to_string(&html_path).unwrap();
+    assert!(page.contains("<svg"));
+    assert!(!page.contains("http://") && !page.contains("https://"), "nothing fetched");
+
+    assert_eq!(vramscope(&["report", leaky_s, "--fail-on", "error"]).status.code(), Some(1));
+    assert_eq!(vramscope(&["report", clean_s, "--fail-on", "warning"]).status.code(), Some(0));
+
+    let summary = vramscope(&["summary", leaky_s]);
+    assert!(stdout(&summary).contains("Allocated memory"), "{}", stdout(&summary));
+
+    let diff = vramscope(&["diff", clean_s, leaky_s]);
+    assert!(diff.status.success());
+    assert!(stdout(&diff).contains("tests/cli.rs:"), "{}", stdout(&diff));
+
+    for path in [leaky, clean, html_path] {
+        std::fs::remove_file(path).ok();
+    }
+}
+
+#[test]
+fn unusable_input_is_status_2_with_the_file_named() {
+    let missing = vramscope(&["report", "/nonexistent/snapshot.pickle"]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/snapshot.pickle"));
+
+    let garbage = temp("garbage.bin");
+    std::fs::write(&garbage, [0x80u8, 0x04, 0x95, 0xff, 0x00]).unwrap();
+    let output = vramscope(&["report", garbage.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("garbage.bin"), "{stderr}");
+    std::fs::remove_file(garbage).ok();
+}
