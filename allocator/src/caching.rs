@@ -1057,9 +1057,11 @@ impl<B: Backend> CachingAllocator<B> {
                 },
             );
         }
-        if let Some(streams) = state.stream_uses.remove(&id) {
-            if self.defer_free(state, id, &streams) {
-                return Ok(());
+        if !state.stream_uses.is_empty() {
+            if let Some(streams) = state.stream_uses.remove(&id) {
+                if self.defer_free(state, id, &streams) {
+                    return Ok(());
+                }
             }
         }
         self.free_block(state, id);
@@ -1602,29 +1604,77 @@ impl<B: Backend> CachingAllocator<B> {
         snapshot.events = state
             .ring
             .since(0, usize::MAX)
-            .map(|e| {
-                let p = prov(state, e.provenance);
-                crate::model::Event {
-                    seq: e.seq,
-                    time_ns: to_ns(e.time_ns),
-                    kind: e.kind,
-                    device: shared.device,
-                    stream: e.stream,
-                    addr: e.addr,
-                    size: e.size,
-                    requested: e.requested,
-                    site: opt(p.site),
-                    tag: opt(p.tag),
-                    scope: opt(p.scope),
-                    step: e.step as u64,
-                    thread: p.thread,
-                }
-            })
+            .map(|e| self.to_event(state, e, ns_per_tick))
             .collect();
         snapshot.sites = state.provenance.call_sites();
         snapshot.tags = state.provenance.tags.strings.clone();
         snapshot.scopes = state.provenance.scopes.strings.clone();
         snapshot
+    }
+
+    /// Converts a ring entry into the model's event.
+    fn to_event(&self, state: &State, raw: &RawEvent, ns_per_tick: f64) -> crate::model::Event {
+        let p = state.provenance.get(raw.provenance).unwrap_or(Provenance {
+            site: NIL,
+            tag: NIL,
+            scope: NIL,
+            thread: 0,
+        });
+        let opt = |id: u32| (id != NIL).then_some(id);
+        crate::model::Event {
+            seq: raw.seq,
+            time_ns: (raw.time_ns as f64 * ns_per_tick) as u64,
+            kind: raw.kind,
+            device: self.shared.device,
+            stream: raw.stream,
+            addr: raw.addr,
+            size: raw.size,
+            requested: raw.requested,
+            site: opt(p.site),
+            tag: opt(p.tag),
+            scope: opt(p.scope),
+            step: raw.step as u64,
+            thread: p.thread,
+        }
+    }
+
+    /// Events with sequence number `from_seq` or later that the ring still holds, at most
+    /// `limit` of them, with the current statistics: what a live consumer (the telemetry
+    /// publisher, the in-process dashboard) pulls. `missed` counts events from `from_seq` on
+    /// that the ring overwrote before this call.
+    pub fn events_since(&self, from_seq: u64, limit: usize) -> EventBatch {
+        let state = self.shared.state.lock();
+        let ns_per_tick = self.shared.clock.ns_per_tick();
+        let oldest = state.ring.oldest_seq();
+        let events: Vec<crate::model::Event> = state
+            .ring
+            .since(from_seq, limit)
+            .map(|e| self.to_event(&state, e, ns_per_tick))
+            .collect();
+        let next_seq = events.last().map(|e| e.seq + 1).unwrap_or_else(|| from_seq.max(oldest));
+        EventBatch {
+            events,
+            next_seq,
+            missed: oldest.saturating_sub(from_seq),
+            stats: state.stats,
+            step: state.step,
+        }
+    }
+
+    /// The call-site, tag and scope tables that events index, symbolizing new backtraces.
+    /// Ids are stable: the tables only grow.
+    pub fn site_tables(&self) -> SiteTables {
+        let mut state = self.shared.state.lock();
+        SiteTables {
+            sites: state.provenance.call_sites(),
+            tags: state.provenance.tags.strings.clone(),
+            scopes: state.provenance.scopes.strings.clone(),
+        }
+    }
+
+    /// Wall-clock time of event time zero, in nanoseconds since the Unix epoch.
+    pub fn epoch_unix_ns(&self) -> u64 {
+        self.shared.epoch_unix_ns
     }
 
     /// Checks the allocator's books against its blocks: blocks tile their segments without
@@ -1771,6 +1821,32 @@ impl<B: Backend> Drop for Shared<B> {
             let _ = self.backend.destroy_event(event);
         }
     }
+}
+
+/// A batch of events pulled from the ring by [`CachingAllocator::events_since`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct EventBatch {
+    /// The events, oldest first.
+    pub events: Vec<crate::model::Event>,
+    /// The sequence number to ask for next.
+    pub next_seq: u64,
+    /// Events after the requested sequence number that were overwritten before this pull.
+    pub missed: u64,
+    /// Statistics at the time of the pull.
+    pub stats: MemoryStats,
+    /// The current step number.
+    pub step: u64,
+}
+
+/// The tables that events and blocks index by id.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SiteTables {
+    /// Call sites by `SiteId`.
+    pub sites: Vec<crate::model::CallSite>,
+    /// Tags by `TagId`.
+    pub tags: Vec<String>,
+    /// Scope paths by `ScopeId`.
+    pub scopes: Vec<String>,
 }
 
 /// An allocator handle whose allocations carry a tag.

@@ -22,21 +22,27 @@
 //! assert_eq!(snapshot.segments.len(), 1);
 //! ```
 
+pub mod any;
 pub mod backend;
 pub mod buffer;
 pub mod caching;
 mod clock;
 pub mod config;
+pub mod cuda;
 pub mod model;
 pub mod provenance;
 mod ring;
 pub mod sim;
 pub mod stats;
 
+pub use any::{doctor, DeviceBackend, DoctorReport};
 pub use backend::{Backend, BackendError, EventId, MemInfo, StreamId};
 pub use buffer::DeviceBuffer;
-pub use caching::{AllocError, CachingAllocator, OomReport, ScopeGuard, Tagged};
+pub use caching::{
+    AllocError, CachingAllocator, EventBatch, OomReport, ScopeGuard, SiteTables, Tagged,
+};
 pub use config::{AllocatorConfig, BacktraceMode, ConfigError, Policy};
+pub use cuda::CudaBackend;
 pub use model::*;
 pub use sim::{SimCounters, SimDevice};
 pub use stats::{format_bytes, MemoryStats, Stat, StatArray};

@@ -470,3 +470,27 @@ fn dropping_the_allocator_returns_every_segment() {
     }
     assert_eq!(device.counters().outstanding_bytes, 0);
 }
+
+#[test]
+fn events_since_pulls_by_sequence_and_counts_missed() {
+    let device = SimDevice::phantom(1 << 30);
+    let alloc = CachingAllocator::new(device, AllocatorConfig::parse("max_entries:4").unwrap());
+    let a = alloc.alloc(512).unwrap();
+    let batch = alloc.events_since(0, 100);
+    assert_eq!(batch.events.len(), 2, "segment_alloc and alloc");
+    assert_eq!(batch.next_seq, 2);
+    assert_eq!(batch.missed, 0);
+    assert_eq!(batch.stats.allocation.all.current, 1);
+    drop(a);
+    for _ in 0..3 {
+        drop(alloc.alloc(512).unwrap());
+    }
+    let later = alloc.events_since(batch.next_seq, 100);
+    assert!(later.missed > 0, "the 4-entry ring overwrote events");
+    assert_eq!(later.events.len(), 4);
+    assert!(later.events.windows(2).all(|w| w[1].seq == w[0].seq + 1));
+    let tables = alloc.site_tables();
+    let site = &tables.sites[later.events[0].site.unwrap() as usize];
+    assert!(site.file.ends_with("policy.rs"));
+    assert_eq!(alloc.events_since(later.next_seq, 10).events.len(), 0);
+}

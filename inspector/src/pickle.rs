@@ -470,9 +470,11 @@ fn refusal(byte: u8) -> Option<&'static str> {
 /// Index of a node in the arena.
 type Id = u32;
 
-/// A value under construction. Lists, dicts and sets stay mutable until `STOP`.
+/// A value under construction. Lists, dicts and sets stay mutable until `STOP`; then each
+/// becomes a finished `Leaf`, passing through `Building` while its elements are built.
 enum Node {
     Leaf(Value),
+    Building,
     List(Vec<Id>),
     Tuple(Vec<Id>),
     Dict(Vec<(Id, Id)>),
@@ -484,6 +486,7 @@ impl Node {
     fn type_name(&self) -> &'static str {
         match self {
             Node::Leaf(v) => v.type_name(),
+            Node::Building => "container being built",
             Node::List(_) => "list",
             Node::Tuple(_) => "tuple",
             Node::Dict(_) => "dict",
@@ -1059,26 +1062,17 @@ impl<'a> Machine<'a> {
         let mut builder = Builder {
             nodes: self.nodes,
             origins: self.origins,
-            built: Vec::new(),
             limits: self.limits,
         };
-        builder.built = vec![Slot::Todo; builder.nodes.len()];
         builder.build(root, 1)
     }
 }
 
-#[derive(Clone)]
-enum Slot {
-    Todo,
-    InProgress,
-    Done(Value),
-}
-
-/// Turns arena nodes into [`Value`]s, memoizing each node so that sharing is preserved.
+/// Turns arena nodes into [`Value`]s. A container, once built, replaces its node with the
+/// finished value, so that every later reference shares it.
 struct Builder<'a> {
     nodes: Vec<Node>,
     origins: Vec<usize>,
-    built: Vec<Slot>,
     limits: &'a Limits,
 }
 
@@ -1091,15 +1085,10 @@ impl Builder<'_> {
     }
 
     fn build(&mut self, id: Id, depth: usize) -> Step<Value> {
-        match &self.built[id as usize] {
-            Slot::Done(v) => return Ok(v.clone()),
-            Slot::InProgress => return Err(self.error(id, PickleErrorKind::Cycle)),
-            Slot::Todo => {}
-        }
-        if let Node::Leaf(v) = &self.nodes[id as usize] {
-            let v = v.clone();
-            self.built[id as usize] = Slot::Done(v.clone());
-            return Ok(v);
+        match &self.nodes[id as usize] {
+            Node::Leaf(v) => return Ok(v.clone()),
+            Node::Building => return Err(self.error(id, PickleErrorKind::Cycle)),
+            _ => {}
         }
         if depth > self.limits.max_depth {
             return Err(self.error(
@@ -1110,19 +1099,18 @@ impl Builder<'_> {
                 },
             ));
         }
-        self.built[id as usize] = Slot::InProgress;
-        // The node's children are taken out while they are built; the node is only read again
-        // through `built`, which now says it is in progress.
-        let node = std::mem::replace(&mut self.nodes[id as usize], Node::List(Vec::new()));
-        let value = match &node {
-            Node::Leaf(_) => unreachable_leaf(),
-            Node::List(ids) => Value::List(self.build_all(ids, depth)?.into()),
-            Node::Tuple(ids) => Value::Tuple(self.build_all(ids, depth)?.into()),
-            Node::Set(ids) => Value::Set(dedupe(self.build_all(ids, depth)?).into()),
-            Node::FrozenSet(ids) => Value::FrozenSet(dedupe(self.build_all(ids, depth)?).into()),
+        let node = std::mem::replace(&mut self.nodes[id as usize], Node::Building);
+        let value = match node {
+            // Leaves and nodes being built returned above; this arm only satisfies the match.
+            Node::Leaf(v) => v,
+            Node::Building => Value::None,
+            Node::List(ids) => Value::List(self.build_all(&ids, depth)?.into()),
+            Node::Tuple(ids) => Value::Tuple(self.build_all(&ids, depth)?.into()),
+            Node::Set(ids) => Value::Set(dedupe(self.build_all(&ids, depth)?).into()),
+            Node::FrozenSet(ids) => Value::FrozenSet(dedupe(self.build_all(&ids, depth)?).into()),
             Node::Dict(pairs) => {
                 let mut out = Vec::with_capacity(pairs.len());
-                for &(k, v) in pairs {
+                for &(k, v) in &pairs {
                     let key = self.build(k, depth + 1)?;
                     let value = self.build(v, depth + 1)?;
                     out.push((key, value));
@@ -1130,8 +1118,7 @@ impl Builder<'_> {
                 Value::Dict(dedupe_pairs(out).into())
             }
         };
-        self.nodes[id as usize] = node;
-        self.built[id as usize] = Slot::Done(value.clone());
+        self.nodes[id as usize] = Node::Leaf(value.clone());
         Ok(value)
     }
 
@@ -1142,12 +1129,6 @@ impl Builder<'_> {
         }
         Ok(out)
     }
-}
-
-/// Leaves return before the match in [`Builder::build`]; this arm cannot be reached, and
-/// answers `None` rather than panicking should that ever change.
-fn unreachable_leaf() -> Value {
-    Value::None
 }
 
 /// A hashable view of the key types that real pickles use, for de-duplication.

@@ -10,7 +10,7 @@
 use vramscope_allocator::format_bytes;
 
 use super::{DetectOptions, Finding, FindingKind, FindingSink, Severity};
-use crate::model_view::ModelView;
+use crate::model_view::{GroupId, ModelView};
 
 /// Reports the largest holders of memory, as information.
 pub fn top_holders(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn FindingSink) {
@@ -57,9 +57,11 @@ pub fn top_holders(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
             share_text,
             steps
         );
-        f.evidence = f
-            .evidence
-            .text("when", when)
+        let mut evidence = f.evidence.text("when", when);
+        if let Some(tag) = tag_of(view, h.group) {
+            evidence = evidence.text("tag", tag);
+        }
+        f.evidence = evidence
             .int("rank", rank as u64 + 1)
             .int("live_bytes", h.bytes)
             .int("live_blocks", h.blocks)
@@ -79,4 +81,13 @@ pub fn top_holders(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
         };
         sink.report(f);
     }
+}
+
+/// The tag of the group's first allocation that has one (`alloc.tagged("weights")`).
+fn tag_of<'a>(view: &ModelView<'a>, group: GroupId) -> Option<&'a str> {
+    let snapshot = view.snapshot();
+    view.group_intervals(group).iter().find_map(|&i| {
+        let event = &snapshot.events[view.intervals()[i as usize].alloc_event as usize];
+        snapshot.tag(event.tag)
+    })
 }
