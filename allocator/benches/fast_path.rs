@@ -31,12 +31,16 @@ fn alloc_free_pair(c: &mut Criterion) {
                     drop(black_box(buffer));
                 })
             });
-            group.bench_with_input(BenchmarkId::new(format!("{name}/raw_ptr"), label), &size, |b, &size| {
-                b.iter(|| {
-                    let ptr = alloc.alloc_ptr(black_box(size), StreamId::DEFAULT).unwrap();
-                    alloc.free_ptr(black_box(ptr)).unwrap();
-                })
-            });
+            group.bench_with_input(
+                BenchmarkId::new(format!("{name}/raw_ptr"), label),
+                &size,
+                |b, &size| {
+                    b.iter(|| {
+                        let ptr = alloc.alloc_ptr(black_box(size), StreamId::DEFAULT).unwrap();
+                        alloc.free_ptr(black_box(ptr)).unwrap();
+                    })
+                },
+            );
         }
     }
     group.finish();

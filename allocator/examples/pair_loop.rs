@@ -6,7 +6,10 @@ use vramscope_allocator::{AllocatorConfig, CachingAllocator, SimDevice};
 fn main() {
     let mut args = std::env::args().skip(1);
     let mode = args.next().unwrap_or_else(|| "off".to_string());
-    let pairs: u64 = args.next().and_then(|n| n.parse().ok()).unwrap_or(1_000_000);
+    let pairs: u64 = args
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1_000_000);
     let config = match mode.as_str() {
         "off" => AllocatorConfig::default().untracked(),
         _ => AllocatorConfig::default(),

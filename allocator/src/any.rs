@@ -61,7 +61,7 @@ impl DeviceBackend {
                 let line = device.describe();
                 (device, line)
             }
-            Err(reason) => sim(&reason),
+            Err(reason) => sim(&format!("no usable CUDA device ({reason})")),
         }
     }
 
@@ -185,15 +185,31 @@ impl Backend for DeviceBackend {
         delegate!(self, d => d.memset(addr, value, len, stream))
     }
 
-    fn copy_host_to_device(&self, dst: u64, src: &[u8], stream: StreamId) -> Result<(), BackendError> {
+    fn copy_host_to_device(
+        &self,
+        dst: u64,
+        src: &[u8],
+        stream: StreamId,
+    ) -> Result<(), BackendError> {
         delegate!(self, d => d.copy_host_to_device(dst, src, stream))
     }
 
-    fn copy_device_to_host(&self, dst: &mut [u8], src: u64, stream: StreamId) -> Result<(), BackendError> {
+    fn copy_device_to_host(
+        &self,
+        dst: &mut [u8],
+        src: u64,
+        stream: StreamId,
+    ) -> Result<(), BackendError> {
         delegate!(self, d => d.copy_device_to_host(dst, src, stream))
     }
 
-    fn copy_device_to_device(&self, dst: u64, src: u64, len: u64, stream: StreamId) -> Result<(), BackendError> {
+    fn copy_device_to_device(
+        &self,
+        dst: u64,
+        src: u64,
+        len: u64,
+        stream: StreamId,
+    ) -> Result<(), BackendError> {
         delegate!(self, d => d.copy_device_to_device(dst, src, len, stream))
     }
 
@@ -291,7 +307,9 @@ impl fmt::Display for DoctorReport {
             )?;
         }
         match &self.nvrtc {
-            Ok((major, minor)) => writeln!(f, "NVRTC: {major}.{minor} (kernels compile at first use)")?,
+            Ok((major, minor)) => {
+                writeln!(f, "NVRTC: {major}.{minor} (kernels compile at first use)")?
+            }
             Err(reason) => writeln!(f, "NVRTC: unavailable: {reason}")?,
         }
         write!(f, "backend: {}: {}", self.backend, self.backend_reason)
@@ -309,7 +327,10 @@ mod tests {
         assert!(!reason.is_empty() && !reason.contains('\n'), "{reason}");
         assert_eq!(device.kind() == "cuda", device.is_cuda());
         if !device.is_cuda() {
-            assert!(reason.starts_with("simulated device (backed, 64.0 MiB)"), "{reason}");
+            assert!(
+                reason.starts_with("simulated device (backed, 64.0 MiB)"),
+                "{reason}"
+            );
             assert_eq!(device.mem_info().total, 64 << 20);
         }
         let alloc = CachingAllocator::new(device, AllocatorConfig::default());
@@ -329,7 +350,9 @@ mod tests {
         device.map(base, 2 << 20).unwrap();
         device.memset(base, 3, 16, StreamId::DEFAULT).unwrap();
         let mut out = [0u8; 4];
-        device.copy_device_to_host(&mut out, base + 4, StreamId::DEFAULT).unwrap();
+        device
+            .copy_device_to_host(&mut out, base + 4, StreamId::DEFAULT)
+            .unwrap();
         assert_eq!(out, [3; 4]);
         device.unmap(base, 2 << 20).unwrap();
         device.release_address_range(base, 4 << 20).unwrap();

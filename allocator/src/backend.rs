@@ -133,8 +133,7 @@ pub trait Backend: Send + Sync + 'static {
     fn synchronize(&self) -> Result<(), BackendError>;
 
     /// Sets `len` bytes at `addr` to `value`.
-    fn memset(&self, addr: u64, value: u8, len: u64, stream: StreamId)
-        -> Result<(), BackendError>;
+    fn memset(&self, addr: u64, value: u8, len: u64, stream: StreamId) -> Result<(), BackendError>;
     /// Copies host memory to the device.
     fn copy_host_to_device(
         &self,

@@ -21,7 +21,12 @@ pub struct DeviceBuffer<B: Backend> {
 }
 
 impl<B: Backend> DeviceBuffer<B> {
-    pub(crate) fn new(allocator: CachingAllocator<B>, addr: u64, len: u64, stream: StreamId) -> Self {
+    pub(crate) fn new(
+        allocator: CachingAllocator<B>,
+        addr: u64,
+        len: u64,
+        stream: StreamId,
+    ) -> Self {
         DeviceBuffer {
             allocator,
             addr,
@@ -113,9 +118,12 @@ impl<B: Backend> DeviceBuffer<B> {
                 wanted: len,
             });
         }
-        self.allocator
-            .backend_ref()
-            .copy_device_to_device(self.addr, src.addr, len, self.stream)?;
+        self.allocator.backend_ref().copy_device_to_device(
+            self.addr,
+            src.addr,
+            len,
+            self.stream,
+        )?;
         self.allocator.record_transfer(
             EventKind::Transfer(TransferDirection::DeviceToDevice),
             self.addr,

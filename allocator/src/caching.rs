@@ -24,6 +24,7 @@ use rustc_hash::FxHashMap;
 use crate::backend::{Backend, BackendError, EventId, StreamId};
 use crate::clock::Clock;
 use crate::config::{AllocatorConfig, BacktraceMode, MIB};
+use crate::free_index::FreeIndex;
 use crate::model::{
     Block, BlockState, DeviceInfo, EventKind, Pool, Segment, Snapshot, SnapshotSource, StepMark,
 };
@@ -79,7 +80,7 @@ impl BlockMeta {
 }
 
 /// Allocator-side metadata of one segment.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 struct SegmentMeta {
     addr: u64,
     /// Bytes backed by memory (for expandable segments, the mapped prefix).
@@ -97,46 +98,73 @@ struct SegmentMeta {
     last_used: u64,
 }
 
-/// A vector of slots with a free list, addressed by `u32` ids.
+/// A vector of slots with a free list, addressed by `u32` ids. Vacant slots keep their last
+/// value (debug builds check that only live slots are read).
 struct Slab<T> {
-    slots: Vec<Option<T>>,
+    slots: Vec<T>,
     vacant: Vec<u32>,
+    #[cfg(debug_assertions)]
+    live: Vec<bool>,
 }
 
-impl<T> Slab<T> {
+impl<T: Copy> Slab<T> {
     fn new() -> Self {
         Slab {
             slots: Vec::new(),
             vacant: Vec::new(),
+            #[cfg(debug_assertions)]
+            live: Vec::new(),
         }
     }
+    #[inline]
     fn insert(&mut self, value: T) -> u32 {
-        if let Some(id) = self.vacant.pop() {
-            self.slots[id as usize] = Some(value);
+        let id = if let Some(id) = self.vacant.pop() {
+            self.slots[id as usize] = value;
             id
         } else {
-            self.slots.push(Some(value));
+            self.slots.push(value);
+            #[cfg(debug_assertions)]
+            self.live.push(false);
             (self.slots.len() - 1) as u32
+        };
+        #[cfg(debug_assertions)]
+        {
+            self.live[id as usize] = true;
         }
+        id
     }
+    #[inline]
     fn remove(&mut self, id: u32) -> T {
-        let value = self.slots[id as usize].take().expect("slab slot is live");
+        #[cfg(debug_assertions)]
+        {
+            assert!(self.live[id as usize], "slab slot {id} removed twice");
+            self.live[id as usize] = false;
+        }
         self.vacant.push(id);
-        value
+        self.slots[id as usize]
     }
     #[inline]
     fn get(&self, id: u32) -> &T {
-        self.slots[id as usize].as_ref().expect("slab slot is live")
+        #[cfg(debug_assertions)]
+        debug_assert!(self.live[id as usize], "slab slot {id} is vacant");
+        &self.slots[id as usize]
     }
     #[inline]
     fn get_mut(&mut self, id: u32) -> &mut T {
-        self.slots[id as usize].as_mut().expect("slab slot is live")
+        #[cfg(debug_assertions)]
+        debug_assert!(self.live[id as usize], "slab slot {id} is vacant");
+        &mut self.slots[id as usize]
     }
     fn iter(&self) -> impl Iterator<Item = (u32, &T)> {
+        let mut vacant = vec![false; self.slots.len()];
+        for &id in &self.vacant {
+            vacant[id as usize] = true;
+        }
         self.slots
             .iter()
             .enumerate()
-            .filter_map(|(i, s)| s.as_ref().map(|v| (i as u32, v)))
+            .filter(move |(i, _)| !vacant[*i])
+            .map(|(i, v)| (i as u32, v))
     }
     fn len(&self) -> usize {
         self.slots.len() - self.vacant.len()
@@ -148,7 +176,7 @@ impl<T> Slab<T> {
 struct FreeList {
     stream: StreamId,
     pool: Pool,
-    blocks: BTreeMap<u128, u32>,
+    blocks: FreeIndex,
 }
 
 #[inline]
@@ -389,7 +417,7 @@ impl State {
         self.free_lists.push(FreeList {
             stream,
             pool,
-            blocks: BTreeMap::new(),
+            blocks: FreeIndex::new(),
         });
         (self.free_lists.len() - 1) as u16
     }
@@ -426,7 +454,7 @@ impl State {
     fn remove_free(&mut self, id: u32) {
         let b = *self.blocks.get(id);
         let list = &mut self.free_lists[b.list as usize];
-        let removed = list.blocks.remove(&free_key(b.size, b.addr));
+        let removed = list.blocks.remove(free_key(b.size, b.addr));
         debug_assert_eq!(removed, Some(id), "free block was in its list");
         if b.is_split() {
             let pool = list.pool;
@@ -529,7 +557,11 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// Allocates `size` bytes for use on `stream`.
     #[track_caller]
-    pub fn alloc_on(&self, size: u64, stream: StreamId) -> Result<crate::DeviceBuffer<B>, AllocError> {
+    pub fn alloc_on(
+        &self,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<crate::DeviceBuffer<B>, AllocError> {
         self.alloc_from(size, stream, None, Location::caller())
     }
 
@@ -590,7 +622,10 @@ impl<B: Backend> CachingAllocator<B> {
             let path = if parent == NIL {
                 name.to_string()
             } else {
-                format!("{}/{name}", state.provenance.scopes.strings[parent as usize])
+                format!(
+                    "{}/{name}",
+                    state.provenance.scopes.strings[parent as usize]
+                )
             };
             state.provenance.scopes.intern(&path)
         };
@@ -602,7 +637,12 @@ impl<B: Backend> CachingAllocator<B> {
         }
     }
 
-    fn provenance_for(&self, state: &mut State, origin: &Origin<'_>, backtrace: Option<Vec<usize>>) -> u32 {
+    fn provenance_for(
+        &self,
+        state: &mut State,
+        origin: &Origin<'_>,
+        backtrace: Option<Vec<usize>>,
+    ) -> u32 {
         let config = &self.shared.config;
         if !config.record_sites && !config.record_events {
             return NIL;
@@ -625,9 +665,7 @@ impl<B: Backend> CachingAllocator<B> {
             }
             _ => {
                 let location = config.record_sites.then_some(origin.location);
-                state
-                    .provenance
-                    .provenance_at(location, tag, scope, thread)
+                state.provenance.provenance_at(location, tag, scope, thread)
             }
         }
     }
@@ -640,7 +678,12 @@ impl<B: Backend> CachingAllocator<B> {
         }
     }
 
-    pub(crate) fn allocate(&self, size: u64, stream: StreamId, origin: Origin<'_>) -> Result<u64, AllocError> {
+    pub(crate) fn allocate(
+        &self,
+        size: u64,
+        stream: StreamId,
+        origin: Origin<'_>,
+    ) -> Result<u64, AllocError> {
         if size == 0 {
             return Ok(0);
         }
@@ -686,13 +729,18 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// PyTorch's `get_free_block`: the smallest free block on the same stream that fits.
     #[inline]
-    fn get_free_block(&self, state: &mut State, pool: Pool, stream: StreamId, rounded: u64) -> Option<Found> {
+    fn get_free_block(
+        &self,
+        state: &mut State,
+        pool: Pool,
+        stream: StreamId,
+        rounded: u64,
+    ) -> Option<Found> {
         let max_split = self.shared.config.max_split_size.unwrap_or(u64::MAX);
         let list = state.find_list(stream, pool)?;
-        let (&key, &id) = state.free_lists[list as usize]
+        let (key, id) = state.free_lists[list as usize]
             .blocks
-            .range(free_key(rounded, 0)..)
-            .next()?;
+            .first_from(free_key(rounded, 0))?;
         let size = (key >> 64) as u64;
         if rounded < max_split && size >= max_split {
             return None;
@@ -787,7 +835,11 @@ impl<B: Backend> CachingAllocator<B> {
         let mut by_site: FxHashMap<u32, (u64, u64)> = FxHashMap::default();
         for &id in state.live.values() {
             let b = state.blocks.get(id);
-            let site = state.provenance.get(b.provenance).map(|p| p.site).unwrap_or(NIL);
+            let site = state
+                .provenance
+                .get(b.provenance)
+                .map(|p| p.site)
+                .unwrap_or(NIL);
             let entry = by_site.entry(site).or_default();
             entry.0 += b.size;
             entry.1 += 1;
@@ -808,7 +860,13 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// Gets a new block from the device: a raw segment, or pages mapped into an expandable one.
-    fn new_block(&self, state: &mut State, pool: Pool, stream: StreamId, rounded: u64) -> Option<Found> {
+    fn new_block(
+        &self,
+        state: &mut State,
+        pool: Pool,
+        stream: StreamId,
+        rounded: u64,
+    ) -> Option<Found> {
         if self.shared.config.expandable_segments {
             return self.grow_expandable(state, pool, stream, rounded);
         }
@@ -868,7 +926,13 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// Maps more pages at the end of the (stream, pool) expandable segment.
-    fn grow_expandable(&self, state: &mut State, pool: Pool, stream: StreamId, rounded: u64) -> Option<Found> {
+    fn grow_expandable(
+        &self,
+        state: &mut State,
+        pool: Pool,
+        stream: StreamId,
+        rounded: u64,
+    ) -> Option<Found> {
         let shared = &*self.shared;
         let granularity = shared.backend.vm_granularity();
         let segment = match state
@@ -899,8 +963,9 @@ impl<B: Backend> CachingAllocator<B> {
                 id
             }
         };
-        let seg = state.segments.get(segment).clone();
-        let tail_free = (seg.last != NIL && state.blocks.get(seg.last).is_free()).then_some(seg.last);
+        let seg = *state.segments.get(segment);
+        let tail_free =
+            (seg.last != NIL && state.blocks.get(seg.last).is_free()).then_some(seg.last);
         let have = tail_free.map(|id| state.blocks.get(id).size).unwrap_or(0);
         if let (Some(id), true) = (tail_free, have >= rounded) {
             // The tail already fits (the best-fit search passed it over); use it as it is.
@@ -966,12 +1031,20 @@ impl<B: Backend> CachingAllocator<B> {
         if pool == Pool::Small || self.shared.config.expandable_segments {
             remaining >= MIN_BLOCK_SIZE
         } else {
-            rounded < self.shared.config.max_split_size.unwrap_or(u64::MAX) && remaining > SMALL_SIZE
+            rounded < self.shared.config.max_split_size.unwrap_or(u64::MAX)
+                && remaining > SMALL_SIZE
         }
     }
 
     /// Hands out a found block (already out of the free set), splitting off the remainder.
-    fn use_block(&self, state: &mut State, id: u32, rounded: u64, requested: u64, provenance: u32) -> BlockMeta {
+    fn use_block(
+        &self,
+        state: &mut State,
+        id: u32,
+        rounded: u64,
+        requested: u64,
+        provenance: u32,
+    ) -> BlockMeta {
         let (pool, _) = state.pool_of(id);
         let b = *state.blocks.get(id);
         if self.should_split(pool, b.size, rounded) {
@@ -1192,7 +1265,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// Releases one whole free segment back to the device.
     fn release_segment(&self, state: &mut State, segment: u32) {
         let shared = &*self.shared;
-        let seg = state.segments.get(segment).clone();
+        let seg = *state.segments.get(segment);
         debug_assert!(!seg.expandable && seg.first == seg.last);
         let block = seg.first;
         state.remove_free(block);
@@ -1229,7 +1302,7 @@ impl<B: Backend> CachingAllocator<B> {
     fn trim_expandable(&self, state: &mut State, segment: u32) -> u64 {
         let shared = &*self.shared;
         let granularity = shared.backend.vm_granularity();
-        let seg = state.segments.get(segment).clone();
+        let seg = *state.segments.get(segment);
         if seg.last == NIL || !state.blocks.get(seg.last).is_free() {
             return 0;
         }
@@ -1286,7 +1359,13 @@ impl<B: Backend> CachingAllocator<B> {
     /// PyTorch's `release_available_cached_blocks`: with `max_split_size` set, frees oversize
     /// cached segments on the stream, the smallest that covers the request or else the largest
     /// ones until enough is freed.
-    fn release_available_cached_blocks(&self, state: &mut State, pool: Pool, stream: StreamId, rounded: u64) -> bool {
+    fn release_available_cached_blocks(
+        &self,
+        state: &mut State,
+        pool: Pool,
+        stream: StreamId,
+        rounded: u64,
+    ) -> bool {
         let Some(max_split) = self.shared.config.max_split_size else {
             return false;
         };
@@ -1296,8 +1375,9 @@ impl<B: Backend> CachingAllocator<B> {
         };
         let candidates: Vec<(u64, u32)> = state.free_lists[list as usize]
             .blocks
-            .range(free_key(max_split, 0)..)
-            .map(|(&key, &id)| ((key >> 64) as u64, id))
+            .all_from(free_key(max_split, 0))
+            .into_iter()
+            .map(|(key, id)| ((key >> 64) as u64, id))
             .collect();
         let whole = |state: &State, id: u32| {
             let b = state.blocks.get(id);
@@ -1412,7 +1492,14 @@ impl<B: Backend> CachingAllocator<B> {
         let state = &mut *guard;
         let released = self.release_cached_blocks(state);
         if shared.config.record_events {
-            let provenance = self.provenance_for(state, &Origin { location, tag: None }, None);
+            let provenance = self.provenance_for(
+                state,
+                &Origin {
+                    location,
+                    tag: None,
+                },
+                None,
+            );
             state.record(
                 &shared.clock,
                 EventKind::EmptyCache,
@@ -1444,7 +1531,14 @@ impl<B: Backend> CachingAllocator<B> {
             label: "mark_step".to_string(),
         });
         if shared.config.record_events {
-            let provenance = self.provenance_for(state, &Origin { location, tag: None }, None);
+            let provenance = self.provenance_for(
+                state,
+                &Origin {
+                    location,
+                    tag: None,
+                },
+                None,
+            );
             state.record(
                 &shared.clock,
                 EventKind::Step,
@@ -1463,14 +1557,28 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// Records a transfer or sync event for the caller's site.
-    pub(crate) fn record_transfer(&self, kind: EventKind, addr: u64, bytes: u64, stream: StreamId, location: &'static Location<'static>) {
+    pub(crate) fn record_transfer(
+        &self,
+        kind: EventKind,
+        addr: u64,
+        bytes: u64,
+        stream: StreamId,
+        location: &'static Location<'static>,
+    ) {
         let shared = &*self.shared;
         if !shared.config.record_events {
             return;
         }
         let mut guard = shared.state.lock();
         let state = &mut *guard;
-        let provenance = self.provenance_for(state, &Origin { location, tag: None }, None);
+        let provenance = self.provenance_for(
+            state,
+            &Origin {
+                location,
+                tag: None,
+            },
+            None,
+        );
         state.record(
             &shared.clock,
             kind,
@@ -1556,12 +1664,14 @@ impl<B: Backend> CachingAllocator<B> {
                 ..m.clone()
             })
             .collect();
-        let prov = |state: &State, id: u32| state.provenance.get(id).unwrap_or(Provenance {
-            site: NIL,
-            tag: NIL,
-            scope: NIL,
-            thread: 0,
-        });
+        let prov = |state: &State, id: u32| {
+            state.provenance.get(id).unwrap_or(Provenance {
+                site: NIL,
+                tag: NIL,
+                scope: NIL,
+                thread: 0,
+            })
+        };
         let opt = |id: u32| (id != NIL).then_some(id);
         for (&addr, &segment) in &state.segments_by_addr {
             let seg = state.segments.get(segment);
@@ -1651,7 +1761,10 @@ impl<B: Backend> CachingAllocator<B> {
             .since(from_seq, limit)
             .map(|e| self.to_event(&state, e, ns_per_tick))
             .collect();
-        let next_seq = events.last().map(|e| e.seq + 1).unwrap_or_else(|| from_seq.max(oldest));
+        let next_seq = events
+            .last()
+            .map(|e| e.seq + 1)
+            .unwrap_or_else(|| from_seq.max(oldest));
         EventBatch {
             events,
             next_seq,
@@ -1689,7 +1802,10 @@ impl<B: Backend> CachingAllocator<B> {
         for (&addr, &segment) in &state.segments_by_addr {
             let seg = state.segments.get(segment);
             if seg.addr != addr {
-                return Err(format!("segment {segment} is indexed at {addr:#x} but starts at {:#x}", seg.addr));
+                return Err(format!(
+                    "segment {segment} is indexed at {addr:#x} but starts at {:#x}",
+                    seg.addr
+                ));
             }
             if addr < last_end {
                 return Err(format!("segment at {addr:#x} overlaps the previous one"));
@@ -1704,7 +1820,10 @@ impl<B: Backend> CachingAllocator<B> {
             while id != NIL {
                 let b = state.blocks.get(id);
                 if b.addr != cursor {
-                    return Err(format!("block {id} at {:#x} does not follow {cursor:#x}: gap or overlap", b.addr));
+                    return Err(format!(
+                        "block {id} at {:#x} does not follow {cursor:#x}: gap or overlap",
+                        b.addr
+                    ));
                 }
                 if b.prev != prev || b.segment != segment {
                     return Err(format!("block {id} has broken links"));
@@ -1715,12 +1834,19 @@ impl<B: Backend> CachingAllocator<B> {
                 cursor += b.size;
                 if b.is_free() {
                     free_count += 1;
-                    let listed = state.free_lists[b.list as usize].blocks.get(&free_key(b.size, b.addr));
-                    if listed != Some(&id) {
-                        return Err(format!("free block {id} at {:#x} is missing from its pool", b.addr));
+                    let listed = state.free_lists[b.list as usize]
+                        .blocks
+                        .get(free_key(b.size, b.addr));
+                    if listed != Some(id) {
+                        return Err(format!(
+                            "free block {id} at {:#x} is missing from its pool",
+                            b.addr
+                        ));
                     }
                     if b.prev != NIL && state.blocks.get(b.prev).is_free() {
-                        return Err(format!("free block {id} was not merged with its free neighbour"));
+                        return Err(format!(
+                            "free block {id} was not merged with its free neighbour"
+                        ));
                     }
                     if b.is_split() {
                         expect.inactive_split.increase(seg.pool, 1);
@@ -1733,7 +1859,9 @@ impl<B: Backend> CachingAllocator<B> {
                     if b.is_allocated() {
                         live_count += 1;
                         if state.live.get(&b.addr) != Some(&id) {
-                            return Err(format!("allocated block {id} is missing from the live map"));
+                            return Err(format!(
+                                "allocated block {id} is missing from the live map"
+                            ));
                         }
                         expect.allocation.increase(seg.pool, 1);
                         expect.allocated_bytes.increase(seg.pool, b.size);
@@ -1747,7 +1875,9 @@ impl<B: Backend> CachingAllocator<B> {
                 return Err(format!("segment at {addr:#x} is not covered by its blocks"));
             }
             if seg.last != prev || active != seg.active_blocks {
-                return Err(format!("segment at {addr:#x} has a stale tail or active count"));
+                return Err(format!(
+                    "segment at {addr:#x} has a stale tail or active count"
+                ));
             }
         }
         let pools: usize = state.free_lists.iter().map(|l| l.blocks.len()).sum();
@@ -1765,7 +1895,11 @@ impl<B: Backend> CachingAllocator<B> {
             ("allocated_bytes", s.allocated_bytes, expect.allocated_bytes),
             ("reserved_bytes", s.reserved_bytes, expect.reserved_bytes),
             ("active_bytes", s.active_bytes, expect.active_bytes),
-            ("inactive_split_bytes", s.inactive_split_bytes, expect.inactive_split_bytes),
+            (
+                "inactive_split_bytes",
+                s.inactive_split_bytes,
+                expect.inactive_split_bytes,
+            ),
             ("requested_bytes", s.requested_bytes, expect.requested_bytes),
             ("allocation", s.allocation, expect.allocation),
             ("segment", s.segment, expect.segment),
@@ -1775,8 +1909,16 @@ impl<B: Backend> CachingAllocator<B> {
         for (name, have, want) in pairs {
             for (pool, h, w) in [
                 ("all", have.all.current, want.all.current),
-                ("small_pool", have.small_pool.current, want.small_pool.current),
-                ("large_pool", have.large_pool.current, want.large_pool.current),
+                (
+                    "small_pool",
+                    have.small_pool.current,
+                    want.small_pool.current,
+                ),
+                (
+                    "large_pool",
+                    have.large_pool.current,
+                    want.large_pool.current,
+                ),
             ] {
                 if h != w {
                     return Err(format!("{name}.{pool} is {h} but the blocks sum to {w}"));
@@ -1865,7 +2007,11 @@ impl<B: Backend> Tagged<'_, B> {
 
     /// Allocates `size` bytes on `stream` with the tag.
     #[track_caller]
-    pub fn alloc_on(&self, size: u64, stream: StreamId) -> Result<crate::DeviceBuffer<B>, AllocError> {
+    pub fn alloc_on(
+        &self,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<crate::DeviceBuffer<B>, AllocError> {
         self.allocator
             .alloc_from(size, stream, Some(self.tag), Location::caller())
     }

@@ -357,9 +357,18 @@ mod tests {
             ("max_split_size_mb:99999999999999999", "max_split_size_mb"),
             ("roundup_power2_divisions:3", "roundup_power2_divisions"),
             ("roundup_power2_divisions:128", "roundup_power2_divisions"),
-            ("garbage_collection_threshold:1.0", "garbage_collection_threshold"),
-            ("garbage_collection_threshold:0", "garbage_collection_threshold"),
-            ("garbage_collection_threshold:NaN", "garbage_collection_threshold"),
+            (
+                "garbage_collection_threshold:1.0",
+                "garbage_collection_threshold",
+            ),
+            (
+                "garbage_collection_threshold:0",
+                "garbage_collection_threshold",
+            ),
+            (
+                "garbage_collection_threshold:NaN",
+                "garbage_collection_threshold",
+            ),
             ("expandable_segments:yes", "expandable_segments"),
             ("policy:best", "policy"),
             ("backtraces:-1", "backtraces"),

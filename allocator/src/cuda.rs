@@ -143,7 +143,8 @@ pub fn driver_library_present() -> bool {
 /// Whether the NVRTC library (`libnvrtc.so`) can be opened, and its version when it can.
 pub fn nvrtc_version() -> Result<(u32, u32), String> {
     // SAFETY: as for `driver_library_present`: the probe opens and closes the library.
-    let present = catch_unwind(|| unsafe { cudarc::nvrtc::sys::is_culib_present() }).unwrap_or(false);
+    let present =
+        catch_unwind(|| unsafe { cudarc::nvrtc::sys::is_culib_present() }).unwrap_or(false);
     if !present {
         return Err("NVRTC library (libnvrtc.so) not found".to_string());
     }
@@ -166,7 +167,7 @@ pub fn nvrtc_version() -> Result<(u32, u32), String> {
 /// from cudarc (a driver too old to have a symbol) are caught.
 pub fn probe() -> Result<DriverInfo, String> {
     if !driver_library_present() {
-        return Err("no CUDA driver (libcuda.so not found)".to_string());
+        return Err("the driver library libcuda.so was not found".to_string());
     }
     guarded("CUDA driver probe", || {
         result::init().map_err(|e| format!("cuInit failed: {}", describe(e)))?;
@@ -267,7 +268,11 @@ impl CudaBackend {
             .map_err(|e| driver_error("cuCtxSetCurrent", e))
     }
 
-    fn stream_handle(&self, state: &CudaState, stream: StreamId) -> Result<sys::CUstream, BackendError> {
+    fn stream_handle(
+        &self,
+        state: &CudaState,
+        stream: StreamId,
+    ) -> Result<sys::CUstream, BackendError> {
         if stream == StreamId::DEFAULT {
             return Ok(result::stream::null());
         }
@@ -401,7 +406,9 @@ impl Backend for CudaBackend {
                 self.inner.state.lock().segments.insert(addr, size);
                 Ok(addr)
             }
-            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => Err(self.out_of_memory(size)),
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                Err(self.out_of_memory(size))
+            }
             Err(e) => Err(driver_error("cuMemAlloc", e)),
         }
     }
@@ -452,16 +459,16 @@ impl Backend for CudaBackend {
 
     fn destroy_event(&self, event: EventId) -> Result<(), BackendError> {
         self.bind()?;
-        let raw = self
-            .inner
-            .state
-            .lock()
-            .events
-            .remove(&event.0)
-            .ok_or(BackendError::InvalidHandle {
-                kind: "event",
-                id: event.0,
-            })?;
+        let raw =
+            self.inner
+                .state
+                .lock()
+                .events
+                .remove(&event.0)
+                .ok_or(BackendError::InvalidHandle {
+                    kind: "event",
+                    id: event.0,
+                })?;
         // SAFETY: the event was created here and removed from the table, so it is destroyed once.
         unsafe { result::event::destroy(raw.0) }.map_err(|e| driver_error("cuEventDestroy", e))
     }
@@ -508,7 +515,8 @@ impl Backend for CudaBackend {
         self.bind()?;
         let raw = self.stream_handle(&self.inner.state.lock(), stream)?;
         // SAFETY: the stream handle is live (streams are only destroyed when the backend drops).
-        unsafe { result::stream::synchronize(raw) }.map_err(|e| driver_error("cuStreamSynchronize", e))
+        unsafe { result::stream::synchronize(raw) }
+            .map_err(|e| driver_error("cuStreamSynchronize", e))
     }
 
     fn synchronize(&self) -> Result<(), BackendError> {
@@ -527,7 +535,12 @@ impl Backend for CudaBackend {
             .map_err(|e| driver_error("cuMemsetD8Async", e))
     }
 
-    fn copy_host_to_device(&self, dst: u64, src: &[u8], stream: StreamId) -> Result<(), BackendError> {
+    fn copy_host_to_device(
+        &self,
+        dst: u64,
+        src: &[u8],
+        stream: StreamId,
+    ) -> Result<(), BackendError> {
         if src.is_empty() {
             return Ok(());
         }
@@ -536,13 +549,17 @@ impl Backend for CudaBackend {
         // stream synchronize, so the driver has read it before this function returns (as
         // PyTorch's blocking `copy_` does). The driver validates `dst`.
         unsafe {
-            result::memcpy_htod_async(dst, src, raw)
-                .and_then(|_| result::stream::synchronize(raw))
+            result::memcpy_htod_async(dst, src, raw).and_then(|_| result::stream::synchronize(raw))
         }
         .map_err(|e| driver_error("cuMemcpyHtoDAsync", e))
     }
 
-    fn copy_device_to_host(&self, dst: &mut [u8], src: u64, stream: StreamId) -> Result<(), BackendError> {
+    fn copy_device_to_host(
+        &self,
+        dst: &mut [u8],
+        src: u64,
+        stream: StreamId,
+    ) -> Result<(), BackendError> {
         if dst.is_empty() {
             return Ok(());
         }
@@ -550,13 +567,18 @@ impl Backend for CudaBackend {
         // SAFETY: `dst` is a live, exclusively borrowed host slice; the stream synchronize makes
         // the driver finish writing it before this function returns. The driver validates `src`.
         unsafe {
-            result::memcpy_dtoh_async(dst, src, raw)
-                .and_then(|_| result::stream::synchronize(raw))
+            result::memcpy_dtoh_async(dst, src, raw).and_then(|_| result::stream::synchronize(raw))
         }
         .map_err(|e| driver_error("cuMemcpyDtoHAsync", e))
     }
 
-    fn copy_device_to_device(&self, dst: u64, src: u64, len: u64, stream: StreamId) -> Result<(), BackendError> {
+    fn copy_device_to_device(
+        &self,
+        dst: u64,
+        src: u64,
+        len: u64,
+        stream: StreamId,
+    ) -> Result<(), BackendError> {
         if len == 0 {
             return Ok(());
         }
@@ -663,7 +685,8 @@ impl Backend for CudaBackend {
             };
             // SAFETY: `[addr, addr + size)` is now fully mapped and `access` is one valid
             // descriptor.
-            if let Err(e) = unsafe { sys::cuMemSetAccess(addr, size as usize, &access, 1) }.result() {
+            if let Err(e) = unsafe { sys::cuMemSetAccess(addr, size as usize, &access, 1) }.result()
+            {
                 failure = Some((e, "cuMemSetAccess"));
             }
         }
@@ -688,7 +711,9 @@ impl Backend for CudaBackend {
         self.bind()?;
         let g = self.inner.granularity;
         let mut state = self.inner.state.lock();
-        let pages: Vec<u64> = (addr..addr.saturating_add(size)).step_by(g as usize).collect();
+        let pages: Vec<u64> = (addr..addr.saturating_add(size))
+            .step_by(g as usize)
+            .collect();
         if size == 0 || addr % g != 0 || pages.iter().any(|p| !state.pages.contains_key(p)) {
             return Err(BackendError::InvalidAddress {
                 addr,
@@ -735,7 +760,8 @@ mod tests {
         let Some(dev) = device() else { return };
         let a = dev.malloc(4096).unwrap();
         let b = dev.malloc(4096).unwrap();
-        dev.copy_host_to_device(a + 10, b"hello", StreamId::DEFAULT).unwrap();
+        dev.copy_host_to_device(a + 10, b"hello", StreamId::DEFAULT)
+            .unwrap();
         let s = dev.create_stream().unwrap();
         dev.copy_device_to_device(b, a + 10, 5, s).unwrap();
         dev.memset(b + 5, b'!', 2, s).unwrap();
@@ -751,7 +777,10 @@ mod tests {
         assert!(dev.destroy_event(e).is_err());
         dev.free(a).unwrap();
         dev.free(b).unwrap();
-        assert!(matches!(dev.free(a), Err(BackendError::InvalidAddress { .. })));
+        assert!(matches!(
+            dev.free(a),
+            Err(BackendError::InvalidAddress { .. })
+        ));
         assert!(dev.mem_info().total > 0);
     }
 
@@ -773,9 +802,11 @@ mod tests {
         dev.map(base, 2 * g).unwrap();
         let data: Vec<u8> = (0..=255).cycle().take(4096).collect();
         let at = base + g - 2048;
-        dev.copy_host_to_device(at, &data, StreamId::DEFAULT).unwrap();
+        dev.copy_host_to_device(at, &data, StreamId::DEFAULT)
+            .unwrap();
         let mut back = vec![0; 4096];
-        dev.copy_device_to_host(&mut back, at, StreamId::DEFAULT).unwrap();
+        dev.copy_device_to_host(&mut back, at, StreamId::DEFAULT)
+            .unwrap();
         assert_eq!(back, data);
         assert!(dev.map(base, g).is_err(), "double map");
         assert!(dev.release_address_range(base, 4 * g).is_err());

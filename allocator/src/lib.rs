@@ -29,6 +29,7 @@ pub mod caching;
 mod clock;
 pub mod config;
 pub mod cuda;
+mod free_index;
 pub mod model;
 pub mod provenance;
 mod ring;

@@ -526,7 +526,8 @@ impl Snapshot {
 
     /// The tag string with id `id`.
     pub fn tag(&self, id: Option<TagId>) -> Option<&str> {
-        id.and_then(|i| self.tags.get(i as usize)).map(String::as_str)
+        id.and_then(|i| self.tags.get(i as usize))
+            .map(String::as_str)
     }
 
     /// The scope path with id `id`.

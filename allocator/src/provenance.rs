@@ -141,7 +141,11 @@ pub(crate) struct ProvenanceTables {
 
 impl ProvenanceTables {
     /// Interns a call site; `backtrace` makes it distinct from the bare location.
-    pub fn site(&mut self, location: &'static Location<'static>, backtrace: Option<Vec<usize>>) -> u32 {
+    pub fn site(
+        &mut self,
+        location: &'static Location<'static>,
+        backtrace: Option<Vec<usize>>,
+    ) -> u32 {
         let key = location as *const Location<'static> as usize;
         match backtrace {
             None => *self.by_location.entry(key).or_insert_with(|| {
@@ -218,9 +222,14 @@ impl ProvenanceTables {
 
     /// The location of a site id as `file:line:column`.
     pub fn site_label(&self, site: u32) -> Option<String> {
-        self.sites
-            .get(site as usize)
-            .map(|s| format!("{}:{}:{}", s.location.file(), s.location.line(), s.location.column()))
+        self.sites.get(site as usize).map(|s| {
+            format!(
+                "{}:{}:{}",
+                s.location.file(),
+                s.location.line(),
+                s.location.column()
+            )
+        })
     }
 
     /// Symbolizes every site not yet resolved and returns the model's call-site table, indexed
@@ -252,10 +261,7 @@ fn resolve(ips: &[usize]) -> Vec<Frame> {
     let mut frames = Vec::new();
     for &ip in ips {
         backtrace::resolve(ip as *mut std::ffi::c_void, |symbol| {
-            let function = symbol
-                .name()
-                .map(|n| format!("{n:#}"))
-                .unwrap_or_default();
+            let function = symbol.name().map(|n| format!("{n:#}")).unwrap_or_default();
             frames.push(Frame {
                 file: symbol
                     .filename()

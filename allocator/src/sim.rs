@@ -63,9 +63,14 @@ struct Region {
 enum FaultPlan {
     None,
     /// The raw allocation attempt with this ordinal (1-based, counted from the plan) fails.
-    Nth { remaining: u64 },
+    Nth {
+        remaining: u64,
+    },
     /// Each attempt fails with this probability, from a seeded generator.
-    Random { probability: f64, state: u64 },
+    Random {
+        probability: f64,
+        state: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,7 +182,9 @@ impl SimDevice {
 
     /// Makes the `n`th raw allocation attempt from now fail (1 = the next one).
     pub fn fail_nth_raw_alloc(&self, n: u64) {
-        self.inner.state.lock().faults = FaultPlan::Nth { remaining: n.max(1) };
+        self.inner.state.lock().faults = FaultPlan::Nth {
+            remaining: n.max(1),
+        };
     }
 
     /// Makes each raw allocation attempt fail with `probability`, reproducibly from `seed`.
@@ -674,7 +681,9 @@ mod tests {
         let run = || {
             let dev = SimDevice::phantom(1 << 40);
             dev.fail_raw_allocs_randomly(0.3, 42);
-            (0..200).map(|_| dev.malloc(512).is_ok()).collect::<Vec<_>>()
+            (0..200)
+                .map(|_| dev.malloc(512).is_ok())
+                .collect::<Vec<_>>()
         };
         let first = run();
         assert_eq!(first, run());
@@ -707,7 +716,8 @@ mod tests {
         assert_eq!(dev.mem_info().free, 12 << 20);
         let data: Vec<u8> = (0..=255).cycle().take(4096).collect();
         let at = base + SIM_GRANULARITY - 2048;
-        dev.copy_host_to_device(at, &data, StreamId::DEFAULT).unwrap();
+        dev.copy_host_to_device(at, &data, StreamId::DEFAULT)
+            .unwrap();
         let mut back = vec![0; 4096];
         dev.copy_device_to_host(&mut back, at, StreamId::DEFAULT)
             .unwrap();

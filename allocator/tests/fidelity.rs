@@ -6,9 +6,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use vramscope_allocator::{
-    AllocatorConfig, CachingAllocator, EventKind, SimDevice, StreamId,
-};
+use vramscope_allocator::{AllocatorConfig, CachingAllocator, EventKind, SimDevice, StreamId};
 
 fn traces_dir() -> Option<PathBuf> {
     let dir = std::env::var_os("VRAMSCOPE_TRACES")

@@ -1,8 +1,7 @@
 //! One test per rule of PyTorch's caching policy, on the simulated device.
 
 use vramscope_allocator::{
-    AllocError, AllocatorConfig, BlockState, CachingAllocator, EventKind, Pool, SimDevice,
-    StreamId,
+    AllocError, AllocatorConfig, BlockState, CachingAllocator, EventKind, Pool, SimDevice, StreamId,
 };
 
 const MIB: u64 = 1 << 20;
@@ -27,7 +26,11 @@ fn small_requests_share_a_2_mib_segment_and_round_to_512() {
     let (_, alloc) = phantom(1 << 30, "");
     let a = alloc.alloc(1).unwrap();
     let b = alloc.alloc(700).unwrap();
-    assert_eq!(b.addr() - a.addr(), 512, "a 1-byte request takes one 512-byte block");
+    assert_eq!(
+        b.addr() - a.addr(),
+        512,
+        "a 1-byte request takes one 512-byte block"
+    );
     let stats = alloc.stats();
     assert_eq!(stats.allocated_bytes.small_pool.current, 512 + 1024);
     assert_eq!(stats.requested_bytes.all.current, 701);
@@ -71,7 +74,11 @@ fn best_fit_takes_the_smallest_block_that_fits() {
     drop(a);
     drop(b);
     let c = alloc.alloc(11 * MIB).unwrap();
-    assert_eq!(c.addr(), a_addr, "the 12 MiB segment is the smallest that fits");
+    assert_eq!(
+        c.addr(),
+        a_addr,
+        "the 12 MiB segment is the smallest that fits"
+    );
     let d = alloc.alloc(13 * MIB).unwrap();
     assert_eq!(d.addr(), b_addr);
     assert_eq!(alloc.stats().num_device_alloc, 2);
@@ -84,7 +91,11 @@ fn free_blocks_are_reused_only_on_the_same_stream() {
     let a = alloc.alloc(4096).unwrap();
     drop(a);
     let b = alloc.alloc_on(4096, side).unwrap();
-    assert_eq!(alloc.stats().segment.all.current, 2, "other stream gets its own segment");
+    assert_eq!(
+        alloc.stats().segment.all.current,
+        2,
+        "other stream gets its own segment"
+    );
     assert_eq!(b.stream(), side);
 }
 
@@ -124,7 +135,10 @@ fn max_split_size_stops_splitting_and_limits_oversize_waste() {
     // A 21 MiB request may take it whole (unsplit) since it wastes less than 20 MiB.
     let c = alloc.alloc(21 * MIB).unwrap();
     assert_eq!(alloc.stats().segment.all.current, 2);
-    assert_eq!(alloc.stats().allocated_bytes.all.current, 2 * MIB + 40 * MIB);
+    assert_eq!(
+        alloc.stats().allocated_bytes.all.current,
+        2 * MIB + 40 * MIB
+    );
     drop(c);
     // A 30 MiB request on a fresh allocator with a cached 60 MiB block gets a new segment.
     let (_, alloc) = phantom(1 << 30, "max_split_size_mb:20");
@@ -164,7 +178,11 @@ fn record_stream_defers_reuse_until_the_event_completes() {
     let addr = a.addr();
     a.record_stream(side).unwrap();
     drop(a);
-    assert_eq!(alloc.stats().active.all.current, 1, "pending free is still active");
+    assert_eq!(
+        alloc.stats().active.all.current,
+        1,
+        "pending free is still active"
+    );
     assert_eq!(
         alloc.snapshot().segments[0].blocks[0].state,
         BlockState::ActivePendingFree
@@ -174,7 +192,11 @@ fn record_stream_defers_reuse_until_the_event_completes() {
     device.complete_stream(side);
     drop(b);
     let c = alloc.alloc(4096).unwrap();
-    assert_eq!(c.addr(), addr, "after the event completes the block is reused");
+    assert_eq!(
+        c.addr(),
+        addr,
+        "after the event completes the block is reused"
+    );
     alloc.check_invariants().unwrap();
 }
 
@@ -236,7 +258,11 @@ fn oom_error_names_request_capacity_holders_and_a_setting() {
     let stats = alloc.stats();
     assert_eq!(stats.num_ooms, 1);
     let snap = alloc.snapshot();
-    let oom = snap.events.iter().find(|e| e.kind == EventKind::Oom).unwrap();
+    let oom = snap
+        .events
+        .iter()
+        .find(|e| e.kind == EventKind::Oom)
+        .unwrap();
     assert_eq!(oom.size, 30 * MIB);
     // Fragmentation: lots reserved but unallocated gets a setting named.
     let (_, alloc) = phantom(100 * MIB, "");
@@ -258,7 +284,10 @@ fn misuse_is_an_error_not_a_crash() {
     let (_, alloc) = phantom(1 << 30, "");
     let a = alloc.alloc_ptr(4096, StreamId::DEFAULT).unwrap();
     alloc.free_ptr(a).unwrap();
-    assert!(matches!(alloc.free_ptr(a), Err(AllocError::DoubleFree { .. })));
+    assert!(matches!(
+        alloc.free_ptr(a),
+        Err(AllocError::DoubleFree { .. })
+    ));
     assert!(matches!(
         alloc.free_ptr(0xdead_beef),
         Err(AllocError::UnknownPointer { .. })
@@ -315,10 +344,18 @@ fn expandable_segments_grow_in_place_and_trim() {
     let b = alloc.alloc(5 * MIB).unwrap();
     assert_eq!(b.addr(), a.addr() + 3 * MIB, "contiguous in one segment");
     let snap = alloc.snapshot();
-    let large: Vec<_> = snap.segments.iter().filter(|s| s.pool == Pool::Large).collect();
+    let large: Vec<_> = snap
+        .segments
+        .iter()
+        .filter(|s| s.pool == Pool::Large)
+        .collect();
     assert_eq!(large.len(), 1);
     assert!(large[0].expandable);
-    assert_eq!(large[0].total_size, 8 * MIB, "mapped in 2 MiB pages, no 20 MiB segments");
+    assert_eq!(
+        large[0].total_size,
+        8 * MIB,
+        "mapped in 2 MiB pages, no 20 MiB segments"
+    );
     assert!(snap.events.iter().any(|e| e.kind == EventKind::SegmentMap));
     alloc.check_invariants().unwrap();
     drop(b);
@@ -387,7 +424,9 @@ fn sampled_backtraces_are_symbolized_in_snapshots() {
     let site = &snap.sites[0];
     assert!(!site.frames.is_empty(), "a backtrace was captured");
     assert!(
-        site.frames.iter().any(|f| f.function.contains("sampled_backtraces")),
+        site.frames
+            .iter()
+            .any(|f| f.function.contains("sampled_backtraces")),
         "{:?}",
         site.frames
     );
@@ -439,10 +478,14 @@ fn snapshots_round_trip_through_json() {
     let back = vramscope_allocator::Snapshot::load(&path).unwrap();
     assert_eq!(back, snap);
     std::fs::write(&path, b"{\"format_version\": 1, \"source\": ").unwrap();
-    let err = vramscope_allocator::Snapshot::load(&path).unwrap_err().to_string();
+    let err = vramscope_allocator::Snapshot::load(&path)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("snap.json"), "{err}");
     std::fs::write(&path, b"{\"format_version\": 99}").unwrap();
-    let err = vramscope_allocator::Snapshot::load(&path).unwrap_err().to_string();
+    let err = vramscope_allocator::Snapshot::load(&path)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("version 99"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -73,7 +73,9 @@ fn run_program(conf: &str, ops: &[Op]) -> Result<(), TestCaseError> {
                 Op::Free { index } => {
                     if !live.is_empty() {
                         let buffer = live.swap_remove(index % live.len());
-                        buffer.free().map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        buffer
+                            .free()
+                            .map_err(|e| TestCaseError::fail(e.to_string()))?;
                     }
                 }
                 Op::RecordStream { index, stream } => {
@@ -93,7 +95,9 @@ fn run_program(conf: &str, ops: &[Op]) -> Result<(), TestCaseError> {
                 Op::FailNextRawAlloc => device.fail_nth_raw_alloc(1),
             }
             if let Err(problem) = alloc.check_invariants() {
-                return Err(TestCaseError::fail(format!("after step {step} ({op:?}): {problem}")));
+                return Err(TestCaseError::fail(format!(
+                    "after step {step} ({op:?}): {problem}"
+                )));
             }
             // Live buffers never overlap.
             let mut ranges: Vec<(u64, u64)> = live
@@ -196,7 +200,7 @@ fn four_threads_with_cross_thread_frees_keep_the_books_straight() {
                         mine.drain(..10);
                     }
                     // Free what other threads sent.
-                    if let Some(theirs) = rx.lock().try_recv().ok() {
+                    if let Ok(theirs) = rx.lock().try_recv() {
                         drop(theirs);
                     }
                     if i % 500 == 0 {
