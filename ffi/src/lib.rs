@@ -1,0 +1,265 @@
+//! The C ABI of vramscope's caching allocator: what PyTorch's `CUDAPluggableAllocator` and C or
+//! C++ programs load.
+//!
+//! PyTorch calls [`vramscope_malloc`] and [`vramscope_free`] for every device allocation once
+//! `torch.cuda.memory.change_current_allocator` points at this library. Behind them sits one
+//! `CachingAllocator` per device, created on first use on the backend `DeviceBackend::detect`
+//! picks (CUDA, or the simulated device with `VRAMSCOPE_BACKEND=sim`), configured from
+//! `VRAMSCOPE_ALLOC_CONF`. A pluggable allocator costs PyTorch its own `memory_stats()` and
+//! snapshots, so this library gives them back: [`vramscope_stats_json`],
+//! [`vramscope_memory_summary`], [`vramscope_snapshot`] and, with `VRAMSCOPE_SNAPSHOT_ON_EXIT`,
+//! a snapshot written when the process exits.
+//!
+//! Misuse never aborts the host process: a free of an unknown or already-freed pointer, a
+//! negative size or a bad device is counted ([`vramscope_error_count`]) and logged to standard
+//! error, and the call returns.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use vramscope_allocator::any::DeviceBackend;
+use vramscope_allocator::{AllocError, AllocatorConfig, CachingAllocator, StreamId};
+
+/// Devices this library serves (ordinals `0..MAX_DEVICES`).
+pub const MAX_DEVICES: usize = 64;
+
+/// The environment variable naming a file to write a snapshot to at process exit.
+pub const SNAPSHOT_ON_EXIT_ENV: &str = "VRAMSCOPE_SNAPSHOT_ON_EXIT";
+
+/// Capacity of the simulated device (`VRAMSCOPE_BACKEND=sim`): addresses only, no memory.
+const SIM_CAPACITY: u64 = 1 << 40;
+
+static ALLOCATORS: [OnceLock<Option<CachingAllocator<DeviceBackend>>>; MAX_DEVICES] =
+    [const { OnceLock::new() }; MAX_DEVICES];
+static ERRORS: AtomicU64 = AtomicU64::new(0);
+static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
+static EXIT_HOOK: AtomicBool = AtomicBool::new(false);
+
+/// Counts a misuse or failure and logs it to standard error (never panics).
+fn report_error(message: String) {
+    ERRORS.fetch_add(1, Ordering::Relaxed);
+    eprintln!("vramscope: {message}");
+    if let Ok(mut last) = LAST_ERROR.lock() {
+        *last = message;
+    }
+}
+
+/// The backend for `device`: CUDA device `device` unless `VRAMSCOPE_BACKEND=sim`.
+fn open_backend(device: u32) -> Result<DeviceBackend, String> {
+    let forced_sim = std::env::var(vramscope_allocator::any::BACKEND_ENV)
+        .is_ok_and(|v| v.eq_ignore_ascii_case("sim"));
+    if forced_sim {
+        return Ok(DeviceBackend::Sim(
+            vramscope_allocator::SimDevice::with_index(SIM_CAPACITY, false, device),
+        ));
+    }
+    DeviceBackend::cuda(device)
+}
+
+/// The allocator of `device`, created on first use; `None` when the device cannot be opened.
+fn allocator(device: c_int) -> Option<&'static CachingAllocator<DeviceBackend>> {
+    let Ok(index) = usize::try_from(device) else {
+        report_error(format!("device {device} is not a valid device ordinal"));
+        return None;
+    };
+    let Some(slot) = ALLOCATORS.get(index) else {
+        report_error(format!(
+            "device {device} is beyond the {MAX_DEVICES} devices served"
+        ));
+        return None;
+    };
+    let created = slot.get_or_init(|| {
+        let config = match AllocatorConfig::from_env() {
+            Ok(config) => config,
+            Err(e) => {
+                report_error(format!("{e}; using the default settings"));
+                AllocatorConfig::default()
+            }
+        };
+        match open_backend(index as u32) {
+            Ok(backend) => {
+                install_exit_hook();
+                Some(CachingAllocator::new(backend, config))
+            }
+            Err(reason) => {
+                report_error(format!("cannot open device {device}: {reason}"));
+                None
+            }
+        }
+    });
+    created.as_ref()
+}
+
+fn live_allocators() -> impl Iterator<Item = &'static CachingAllocator<DeviceBackend>> {
+    ALLOCATORS
+        .iter()
+        .filter_map(|slot| slot.get().and_then(Option::as_ref))
+}
+
+/// Allocates `size` bytes on `device` for `stream` (PyTorch's `alloc_fn`). Returns null when
+/// the device is out of memory (the report goes to standard error) or on misuse.
+#[no_mangle]
+pub extern "C" fn vramscope_malloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
+    let Ok(size) = u64::try_from(size) else {
+        report_error(format!("vramscope_malloc: negative size {size}"));
+        return std::ptr::null_mut();
+    };
+    let Some(alloc) = allocator(device) else {
+        return std::ptr::null_mut();
+    };
+    match alloc.alloc_ptr(size, StreamId(stream as u64)) {
+        Ok(addr) => addr as *mut c_void,
+        Err(e @ AllocError::OutOfMemory(_)) => {
+            eprintln!("vramscope: {e}");
+            std::ptr::null_mut()
+        }
+        Err(e) => {
+            report_error(format!("vramscope_malloc: {e}"));
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// Frees a pointer from [`vramscope_malloc`] (PyTorch's `free_fn`). A pointer that is unknown,
+/// already freed or on another device is counted and logged; the call still returns.
+#[no_mangle]
+pub extern "C" fn vramscope_free(
+    ptr: *mut c_void,
+    _size: isize,
+    device: c_int,
+    _stream: *mut c_void,
+) {
+    if ptr.is_null() {
+        return;
+    }
+    let Some(alloc) = allocator(device) else {
+        return;
+    };
+    if let Err(e) = alloc.free_ptr_on(ptr as u64, alloc.device()) {
+        report_error(format!("vramscope_free: {e}"));
+    }
+}
+
+/// Releases every cached segment without live blocks on every device
+/// (`torch.cuda.empty_cache()`). Returns the bytes released.
+#[no_mangle]
+pub extern "C" fn vramscope_empty_cache() -> u64 {
+    live_allocators().map(|a| a.empty_cache()).sum()
+}
+
+/// Marks the start of a training step on every device.
+#[no_mangle]
+pub extern "C" fn vramscope_mark_step() {
+    for alloc in live_allocators() {
+        alloc.mark_step();
+    }
+}
+
+/// Misuses and failures counted so far.
+#[no_mangle]
+pub extern "C" fn vramscope_error_count() -> u64 {
+    ERRORS.load(Ordering::Relaxed)
+}
+
+/// Copies `text` and a terminating NUL into `buf` of `len` bytes when it fits; returns the
+/// length of `text` (without the NUL), so a caller can retry with a larger buffer, or -1.
+fn copy_out(text: &str, buf: *mut c_char, len: usize) -> isize {
+    let needed = text.len();
+    if !buf.is_null() && len > needed {
+        // SAFETY: the caller promises `buf` points to `len` writable bytes; we write
+        // `needed + 1 <= len` of them, and `text` does not overlap a caller's buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), needed);
+            *buf.add(needed) = 0;
+        }
+    }
+    isize::try_from(needed).unwrap_or(-1)
+}
+
+/// Writes the statistics of every device in use as JSON (an object keyed by device ordinal)
+/// into `buf`. Returns the JSON's length; when that is `len` or more, nothing was written.
+#[no_mangle]
+pub extern "C" fn vramscope_stats_json(buf: *mut c_char, len: usize) -> isize {
+    let mut all = serde_json::Map::new();
+    for alloc in live_allocators() {
+        let stats = serde_json::to_value(alloc.stats()).unwrap_or_default();
+        all.insert(alloc.device().to_string(), stats);
+    }
+    copy_out(&serde_json::Value::Object(all).to_string(), buf, len)
+}
+
+/// Writes PyTorch's `memory_summary()` table for `device` into `buf`. Returns its length, or
+/// -1 when the device was never used.
+#[no_mangle]
+pub extern "C" fn vramscope_memory_summary(device: c_int, buf: *mut c_char, len: usize) -> isize {
+    let found = usize::try_from(device)
+        .ok()
+        .and_then(|i| ALLOCATORS.get(i))
+        .and_then(|slot| slot.get())
+        .and_then(Option::as_ref);
+    match found {
+        Some(alloc) => copy_out(&alloc.memory_summary(), buf, len),
+        None => -1,
+    }
+}
+
+/// Writes a JSON snapshot of every device in use: device 0 (or the first in use) to `path`,
+/// any other device `N` to `path` with `.deviceN.json` appended. Returns 0, or -1 on failure
+/// (counted and logged).
+///
+/// # Safety
+///
+/// `path` must be null or point to a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn vramscope_snapshot(path: *const c_char) -> c_int {
+    if path.is_null() {
+        report_error("vramscope_snapshot: null path".to_string());
+        return -1;
+    }
+    // SAFETY: the caller promises a NUL-terminated string, checked non-null above.
+    let path = unsafe { CStr::from_ptr(path) }
+        .to_string_lossy()
+        .into_owned();
+    write_snapshots(&path)
+}
+
+fn write_snapshots(path: &str) -> c_int {
+    let mut status = 0;
+    for (i, alloc) in live_allocators().enumerate() {
+        let target = if i == 0 {
+            path.to_string()
+        } else {
+            format!("{path}.device{}.json", alloc.device())
+        };
+        if let Err(e) = alloc.snapshot().save(&target) {
+            report_error(format!("vramscope_snapshot: {e}"));
+            status = -1;
+        }
+    }
+    status
+}
+
+extern "C" fn snapshot_at_exit() {
+    if let Ok(path) = std::env::var(SNAPSHOT_ON_EXIT_ENV) {
+        if !path.is_empty() && write_snapshots(&path) == 0 {
+            eprintln!("vramscope: snapshot written to {path}");
+        }
+    }
+}
+
+extern "C" {
+    fn atexit(callback: extern "C" fn()) -> c_int;
+}
+
+/// Registers the exit snapshot once, when `VRAMSCOPE_SNAPSHOT_ON_EXIT` is set.
+fn install_exit_hook() {
+    if std::env::var_os(SNAPSHOT_ON_EXIT_ENV).is_none() || EXIT_HOOK.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    // SAFETY: `atexit` is the C library's; the callback is a plain `extern "C" fn` with no
+    // arguments that lives as long as the program (this library is never unloaded by PyTorch).
+    if unsafe { atexit(snapshot_at_exit) } != 0 {
+        report_error("could not register the exit snapshot".to_string());
+    }
+}

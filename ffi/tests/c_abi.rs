@@ -1,0 +1,133 @@
+//! The C ABI, loaded as PyTorch loads it: the built shared library opened with `dlopen` and its
+//! symbols called, on the simulated backend (`VRAMSCOPE_BACKEND=sim`).
+
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use libloading::{Library, Symbol};
+
+type Malloc = unsafe extern "C" fn(isize, c_int, *mut c_void) -> *mut c_void;
+type Free = unsafe extern "C" fn(*mut c_void, isize, c_int, *mut c_void);
+type Counter = unsafe extern "C" fn() -> u64;
+type WriteJson = unsafe extern "C" fn(*mut c_char, usize) -> isize;
+type Snapshot = unsafe extern "C" fn(*const c_char) -> c_int;
+
+/// The target directory of this test build.
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+fn library_path() -> PathBuf {
+    let name = format!(
+        "{}vramscope_ffi{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
+    let dir = target_dir();
+    [dir.join(&name), dir.join("deps").join(&name)]
+        .into_iter()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("{name} not built under {}", dir.display()))
+}
+
+/// The library's allocators are process-wide, so tests that use them in this process take
+/// turns.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn load() -> Library {
+    std::env::set_var("VRAMSCOPE_BACKEND", "sim");
+    // SAFETY: the library is this workspace's own cdylib.
+    unsafe { Library::new(library_path()) }.expect("the C library loads")
+}
+
+#[test]
+fn allocates_frees_and_reports_misuse_without_aborting() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lib = load();
+    // SAFETY: each symbol is looked up with the signature it is defined with in src/lib.rs, and
+    // called with valid arguments or with the misuse the test is about.
+    unsafe {
+        let malloc: Symbol<Malloc> = lib.get(b"vramscope_malloc").unwrap();
+        let free: Symbol<Free> = lib.get(b"vramscope_free").unwrap();
+        let errors: Symbol<Counter> = lib.get(b"vramscope_error_count").unwrap();
+        let stats: Symbol<WriteJson> = lib.get(b"vramscope_stats_json").unwrap();
+        let empty_cache: Symbol<Counter> = lib.get(b"vramscope_empty_cache").unwrap();
+        let stream = std::ptr::null_mut();
+
+        let a = malloc(4096, 0, stream);
+        let b = malloc(3 << 20, 0, stream);
+        assert!(!a.is_null() && !b.is_null());
+        assert_eq!(a as usize % 512, 0);
+
+        let mut buf = vec![0 as c_char; 1 << 16];
+        let len = stats(buf.as_mut_ptr(), buf.len());
+        assert!(len > 0 && (len as usize) < buf.len());
+        let text = std::ffi::CStr::from_ptr(buf.as_ptr()).to_str().unwrap();
+        let value: serde_json::Value = serde_json::from_str(text).unwrap();
+        let live = value["0"]["allocation"]["all"]["current"].as_u64().unwrap();
+        assert_eq!(live, 2, "two live blocks: {text}");
+        // Too small a buffer: nothing written, the needed length returned.
+        let mut tiny = [0 as c_char; 4];
+        assert_eq!(stats(tiny.as_mut_ptr(), tiny.len()), len);
+
+        let before = errors();
+        free(a, 4096, 0, stream);
+        free(a, 4096, 0, stream); // double free: counted, not fatal
+        free(0x1234_5000 as *mut c_void, 1, 0, stream); // unknown pointer
+        assert!(malloc(-5, 0, stream).is_null()); // negative size
+        assert!(malloc(16, -1, stream).is_null()); // bad device
+        assert_eq!(errors() - before, 4);
+
+        free(b, 3 << 20, 0, stream);
+        assert!(empty_cache() > 0);
+    }
+}
+
+#[test]
+fn writes_a_snapshot_on_request() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lib = load();
+    let path = std::env::temp_dir().join(format!("vramscope-ffi-snap-{}.json", std::process::id()));
+    let c_path = CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: as above.
+    unsafe {
+        let malloc: Symbol<Malloc> = lib.get(b"vramscope_malloc").unwrap();
+        let snapshot: Symbol<Snapshot> = lib.get(b"vramscope_snapshot").unwrap();
+        let free: Symbol<Free> = lib.get(b"vramscope_free").unwrap();
+        let block = malloc(1000, 0, std::ptr::null_mut());
+        assert!(!block.is_null());
+        assert_eq!(snapshot(c_path.as_ptr()), 0);
+        free(block, 1000, 0, std::ptr::null_mut());
+        assert_eq!(snapshot(std::ptr::null()), -1);
+    }
+    let snap = vramscope_allocator_snapshot(&path);
+    assert!(snap["segments"].as_array().is_some_and(|s| !s.is_empty()));
+    std::fs::remove_file(path).ok();
+}
+
+fn vramscope_allocator_snapshot(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+#[test]
+fn writes_a_snapshot_when_the_host_process_exits() {
+    let path = std::env::temp_dir().join(format!("vramscope-ffi-exit-{}.json", std::process::id()));
+    std::fs::remove_file(&path).ok();
+    let host = target_dir().join("examples").join("exit_snapshot");
+    let output = Command::new(&host)
+        .arg(library_path())
+        .env("VRAMSCOPE_BACKEND", "sim")
+        .env("VRAMSCOPE_SNAPSHOT_ON_EXIT", &path)
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", host.display()));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let snap = vramscope_allocator_snapshot(&path);
+    assert_eq!(snap["stats"]["allocation"]["all"]["current"], 1);
+    std::fs::remove_file(path).ok();
+}
