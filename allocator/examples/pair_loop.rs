@@ -20,7 +20,10 @@ fn main() {
     if mode == "raw" {
         for _ in 0..pairs {
             let ptr = alloc
-                .alloc_ptr(std::hint::black_box(4096), vramscope_allocator::StreamId::DEFAULT)
+                .alloc_ptr(
+                    std::hint::black_box(4096),
+                    vramscope_allocator::StreamId::DEFAULT,
+                )
                 .unwrap();
             alloc.free_ptr(std::hint::black_box(ptr)).unwrap();
         }

@@ -1465,6 +1465,134 @@ impl<B: Backend> CachingAllocator<B> {
         AllocError::UnknownPointer { addr }
     }
 
+    /// Recreates a segment as it stood at some moment of another run: one raw allocation of
+    /// `size` bytes for `stream` in `pool`, with a live block of `(offset, size, requested)` at
+    /// each given offset and free blocks in between. Returns the segment's new base address; a
+    /// block's new address is that base plus its offset. Replay uses this to start a trace that
+    /// began after its program allocated from the state it started in.
+    ///
+    /// Blocks must lie inside the segment, in any order, without overlapping.
+    pub fn restore_segment(
+        &self,
+        size: u64,
+        stream: StreamId,
+        pool: Pool,
+        blocks: &[(u64, u64, u64)],
+    ) -> Result<u64, AllocError> {
+        let mut sorted: Vec<(u64, u64, u64)> = blocks.to_vec();
+        sorted.sort_unstable();
+        let mut end = 0;
+        for &(offset, block_size, _) in &sorted {
+            if offset < end || block_size == 0 || offset.saturating_add(block_size) > size {
+                return Err(AllocError::OutOfBounds {
+                    len: size,
+                    wanted: offset.saturating_add(block_size),
+                });
+            }
+            end = offset + block_size;
+        }
+        let shared = &*self.shared;
+        let mut guard = shared.state.lock();
+        let state = &mut *guard;
+        state.op_counter += 1;
+        let addr = match shared.backend.malloc(size) {
+            Ok(addr) => addr,
+            Err(_) => {
+                let origin = Origin {
+                    location: Location::caller(),
+                    tag: None,
+                };
+                return Err(self.out_of_memory(state, stream, size, size, &origin));
+            }
+        };
+        let list = state.list_index(stream, pool);
+        let segment = state.segments.insert(SegmentMeta {
+            addr,
+            size,
+            reserved: size,
+            stream,
+            pool,
+            expandable: false,
+            first: NIL,
+            last: NIL,
+            active_blocks: 0,
+            last_used: state.op_counter,
+        });
+        // Lay the blocks out in address order: free gaps and live blocks.
+        let mut pieces: Vec<(u64, u64, Option<u64>)> = Vec::new();
+        let mut cursor = 0;
+        for &(offset, block_size, requested) in &sorted {
+            if offset > cursor {
+                pieces.push((cursor, offset - cursor, None));
+            }
+            pieces.push((offset, block_size, Some(requested)));
+            cursor = offset + block_size;
+        }
+        if cursor < size {
+            pieces.push((cursor, size - cursor, None));
+        }
+        let mut prev = NIL;
+        let mut ids = Vec::with_capacity(pieces.len());
+        for &(offset, piece_size, _) in &pieces {
+            let id = state.blocks.insert(BlockMeta {
+                addr: addr + offset,
+                size: piece_size,
+                requested: 0,
+                prev,
+                next: NIL,
+                segment,
+                provenance: NIL,
+                step: 0,
+                list,
+                flags: 0,
+            });
+            if prev != NIL {
+                state.blocks.get_mut(prev).next = id;
+            } else {
+                state.segments.get_mut(segment).first = id;
+            }
+            prev = id;
+            ids.push(id);
+        }
+        state.segments.get_mut(segment).last = prev;
+        state.segments_by_addr.insert(addr, segment);
+        state.stats.segment.increase(pool, 1);
+        state.stats.reserved_bytes.increase(pool, size);
+        state.stats.num_device_alloc += 1;
+        if shared.config.record_events {
+            state.record(
+                &shared.clock,
+                EventKind::SegmentAlloc,
+                RawEventParts {
+                    addr,
+                    size,
+                    stream: stream.0,
+                    ..RawEventParts::default()
+                },
+            );
+        }
+        for (&id, &(_, _, requested)) in ids.iter().zip(&pieces) {
+            match requested {
+                Some(requested) => {
+                    let b = *state.blocks.get(id);
+                    let block = state.blocks.get_mut(id);
+                    block.flags = ALLOCATED;
+                    block.requested = requested;
+                    state.segments.get_mut(segment).active_blocks += 1;
+                    let stats = &mut state.stats;
+                    stats.allocation.increase(pool, 1);
+                    stats.allocated_bytes.increase(pool, b.size);
+                    stats.active.increase(pool, 1);
+                    stats.active_bytes.increase(pool, b.size);
+                    stats.requested_bytes.increase(pool, requested);
+                    state.live.insert(b.addr, id);
+                }
+                None => state.insert_free(id),
+            }
+        }
+        Ok(addr)
+    }
+
     /// Marks the block at `addr` as used by `stream` too: when freed, it is reused only after
     /// the work queued on `stream` so far has completed.
     pub fn record_stream_ptr(&self, addr: u64, stream: StreamId) -> Result<(), AllocError> {
