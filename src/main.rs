@@ -59,6 +59,27 @@ enum Command {
         #[arg(long)]
         fail_on: Option<Severity>,
     },
+    /// Replay a trace's allocations through the caching allocator: peaks, segment calls, OOMs
+    /// at a capacity, beside what the trace shows PyTorch did.
+    Replay {
+        /// The trace to replay.
+        file: PathBuf,
+        /// Device capacity (24GiB, 80G, ...); unlimited when not given.
+        #[arg(long, value_parser = parse_size)]
+        capacity: Option<u64>,
+        /// Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax.
+        #[arg(long, default_value = "")]
+        conf: String,
+        /// Placement policy (pytorch).
+        #[arg(long)]
+        policy: Option<String>,
+        /// Try a set of settings and say which fit the capacity.
+        #[arg(long)]
+        sweep: bool,
+        /// Output format: text or json.
+        #[arg(long, default_value = "text")]
+        format: Format,
+    },
     /// Print the memory summary table of any snapshot.
     Summary {
         /// The file to read.
@@ -87,6 +108,24 @@ impl Failure {
         Failure {
             message: message.to_string(),
             status: 2,
+        }
+    }
+}
+
+fn parse_size(text: &str) -> Result<u64, String> {
+    vramscope::allocator::stats::parse_bytes(text)
+}
+
+/// A progress line on standard error while long work runs, when standard error is a terminal.
+fn progress_line(label: &'static str) -> impl FnMut(usize, usize) {
+    let show = std::io::stderr().is_terminal();
+    move |done, total| {
+        if show && total > 0 {
+            let percent = done * 100 / total;
+            eprint!("\r{label} {percent:3}% ({done}/{total})");
+            if done >= total {
+                eprint!("\r{:60}\r", "");
+            }
         }
     }
 }
@@ -155,6 +194,46 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                 Some(level) if built.fails_on(level) => 1,
                 _ => 0,
             })
+        }
+        Command::Replay {
+            file,
+            capacity,
+            conf,
+            policy,
+            sweep,
+            format,
+        } => {
+            use vramscope::inspector::replay;
+            let mut config = vramscope::AllocatorConfig::parse(&conf).map_err(Failure::input)?;
+            if let Some(policy) = policy {
+                config.set("policy", &policy).map_err(Failure::input)?;
+            }
+            let snapshot = import::load(&file).map_err(Failure::input)?;
+            let source = file.display().to_string();
+            let text = if sweep {
+                let rows = replay::sweep(&snapshot, capacity, &mut progress_line("sweeping"));
+                match format {
+                    Format::Json => serde_json::to_string_pretty(&rows).unwrap_or_default() + "\n",
+                    _ => replay::render_sweep_text(
+                        &source,
+                        capacity.unwrap_or(replay::UNLIMITED_CAPACITY),
+                        &rows,
+                    ),
+                }
+            } else {
+                let options = replay::ReplayOptions {
+                    capacity,
+                    config,
+                    reconstruct_start: true,
+                };
+                let result = replay::replay(&snapshot, &options, &mut progress_line("replaying"));
+                match format {
+                    Format::Json => serde_json::to_string_pretty(&result).unwrap_or_default() + "\n",
+                    _ => replay::render_text(&source, &result),
+                }
+            };
+            emit(&text, None)?;
+            Ok(0)
         }
         Command::Summary { file } => {
             let snapshot = import::load(&file).map_err(Failure::input)?;

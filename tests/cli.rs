@@ -142,3 +142,43 @@ fn unusable_input_is_status_2_with_the_file_named() {
     assert!(stderr.contains("garbage.bin"), "{stderr}");
     std::fs::remove_file(garbage).ok();
 }
+
+#[test]
+fn replay_prints_the_figures_external_checks_read() {
+    let trace = temp("replay.json");
+    {
+        use vramscope::{AllocatorConfig, CachingAllocator, SimDevice};
+        let alloc = CachingAllocator::new(SimDevice::phantom(1 << 34), AllocatorConfig::default());
+        let _weights = alloc.alloc(64 << 20).unwrap();
+        for _ in 0..4 {
+            alloc.mark_step();
+            drop(alloc.alloc(40 << 20).unwrap());
+        }
+        alloc.snapshot().save(&trace).unwrap();
+    }
+    let path = trace.to_str().unwrap();
+    let output = vramscope(&["replay", path, "--capacity", "80MiB", "--format", "json"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let value: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    for key in [
+        "events",
+        "peak_allocated",
+        "peak_reserved",
+        "segment_allocs",
+        "segment_frees",
+        "num_alloc_retries",
+        "num_ooms",
+    ] {
+        assert!(value[key].is_u64(), "`{key}` is an integer: {value:#}");
+        assert!(value["original"].get(key).is_none() || value["original"][key].is_u64());
+    }
+    assert!(value["num_ooms"].as_u64().unwrap() > 0, "104 MiB does not fit in 80 MiB");
+    assert_eq!(value["original"]["segment_allocs"], 2);
+
+    let sweep = vramscope(&["replay", path, "--capacity", "200MiB", "--sweep"]);
+    assert!(stdout(&sweep).contains("fits with"), "{}", stdout(&sweep));
+    let bad = vramscope(&["replay", path, "--conf", "max_split_size_mb:1"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("max_split_size_mb"));
+    std::fs::remove_file(trace).ok();
+}

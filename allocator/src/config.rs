@@ -24,6 +24,15 @@ pub enum Policy {
     Pytorch,
 }
 
+impl Policy {
+    /// The policy's name in settings strings.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Pytorch => "pytorch",
+        }
+    }
+}
+
 /// How often a full backtrace is captured for an allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -272,14 +281,13 @@ impl AllocatorConfig {
 }
 
 impl fmt::Display for AllocatorConfig {
-    /// Writes the settings back in the `key:value,...` syntax `parse` reads.
+    /// Writes the settings back in the `key:value,...` syntax `parse` reads, omitting the
+    /// defaults (so the default settings print as an empty string).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut parts = vec![format!(
-            "policy:{}",
-            match self.policy {
-                Policy::Pytorch => "pytorch",
-            }
-        )];
+        let mut parts: Vec<String> = Vec::new();
+        if self.policy != Policy::default() {
+            parts.push(format!("policy:{}", self.policy.name()));
+        }
         if let Some(bytes) = self.max_split_size {
             parts.push(format!("max_split_size_mb:{}", bytes / MIB));
         }

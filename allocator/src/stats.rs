@@ -208,6 +208,40 @@ pub fn format_bytes(bytes: u64) -> String {
     }
 }
 
+/// Parses a byte count: a plain number of bytes, or a number with a unit (`B`, `K`/`KB`/`KiB`,
+/// `M`/`MB`/`MiB`, `G`/`GB`/`GiB`, `T`/`TB`/`TiB`; all binary, case-insensitive, spaces
+/// allowed), such as `24GiB` or `1.5 T`.
+///
+/// ```
+/// use vramscope_allocator::stats::parse_bytes;
+/// assert_eq!(parse_bytes("24GiB"), Ok(24 << 30));
+/// assert_eq!(parse_bytes("512"), Ok(512));
+/// assert!(parse_bytes("lots").is_err());
+/// ```
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size (write e.g. 24GiB, 512M or 1048576)"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        other => return Err(format!("unknown size unit `{other}` in `{text}`")),
+    };
+    let bytes = value * (1u64 << shift) as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        return Err(format!("`{text}` is out of range"));
+    }
+    Ok(bytes.round() as u64)
+}
+
 impl fmt::Display for MemoryStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         const RULE: &str =
@@ -310,6 +344,15 @@ mod tests {
         assert_eq!(a.small_pool.current, 0);
         assert_eq!(a.small_pool.peak, 512);
         assert_eq!(a.pool(Pool::Large).current, 2048);
+    }
+
+    #[test]
+    fn parses_sizes_with_units() {
+        assert_eq!(parse_bytes("1.5 KiB"), Ok(1536));
+        assert_eq!(parse_bytes("2t"), Ok(2 << 40));
+        assert_eq!(parse_bytes(" 7 MB "), Ok(7 << 20));
+        assert!(parse_bytes("3 parsecs").unwrap_err().contains("parsecs"));
+        assert!(parse_bytes("").is_err());
     }
 
     #[test]

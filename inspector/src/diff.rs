@@ -86,11 +86,11 @@ pub fn diff_views(before: &ModelView<'_>, after: &ModelView<'_>) -> Diff {
                 row.function = group.function.clone();
             }
             if is_after {
-                row.after_bytes += h.bytes;
-                row.after_blocks += h.blocks;
+                row.after_bytes = row.after_bytes.saturating_add(h.bytes);
+                row.after_blocks = row.after_blocks.saturating_add(h.blocks);
             } else {
-                row.before_bytes += h.bytes;
-                row.before_blocks += h.blocks;
+                row.before_bytes = row.before_bytes.saturating_add(h.bytes);
+                row.before_blocks = row.before_blocks.saturating_add(h.blocks);
             }
         }
     };
@@ -108,12 +108,12 @@ pub fn diff_views(before: &ModelView<'_>, after: &ModelView<'_>) -> Diff {
         unchanged: 0,
     };
     for (_, mut row) in sites {
-        row.delta_bytes = row.after_bytes as i64 - row.before_bytes as i64;
-        row.delta_blocks = row.after_blocks as i64 - row.before_blocks as i64;
-        result.before_bytes += row.before_bytes;
-        result.after_bytes += row.after_bytes;
-        result.before_blocks += row.before_blocks;
-        result.after_blocks += row.after_blocks;
+        row.delta_bytes = delta(row.after_bytes, row.before_bytes);
+        row.delta_blocks = delta(row.after_blocks, row.before_blocks);
+        result.before_bytes = result.before_bytes.saturating_add(row.before_bytes);
+        result.after_bytes = result.after_bytes.saturating_add(row.after_bytes);
+        result.before_blocks = result.before_blocks.saturating_add(row.before_blocks);
+        result.after_blocks = result.after_blocks.saturating_add(row.after_blocks);
         if row.delta_bytes > 0 || (row.delta_bytes == 0 && row.delta_blocks > 0) {
             result.grew.push(row);
         } else if row.delta_bytes < 0 || row.delta_blocks < 0 {
@@ -136,6 +136,12 @@ pub fn diff_views(before: &ModelView<'_>, after: &ModelView<'_>) -> Diff {
     result
 }
 
+/// `after - before`, clamped to the range of `i64`.
+fn delta(after: u64, before: u64) -> i64 {
+    (i128::from(after) - i128::from(before)).clamp(i128::from(i64::MIN), i128::from(i64::MAX))
+        as i64
+}
+
 fn signed_bytes(delta: i64) -> String {
     if delta < 0 {
         format!("-{}", format_bytes(delta.unsigned_abs()))
@@ -154,8 +160,8 @@ pub fn render_text(diff: &Diff) -> String {
         diff.before_blocks,
         format_bytes(diff.after_bytes),
         diff.after_blocks,
-        signed_bytes(diff.after_bytes as i64 - diff.before_bytes as i64),
-        diff.after_blocks as i64 - diff.before_blocks as i64
+        signed_bytes(delta(diff.after_bytes, diff.before_bytes)),
+        delta(diff.after_blocks, diff.before_blocks)
     );
     for (title, rows) in [("grew", &diff.grew), ("shrank", &diff.shrank)] {
         let _ = writeln!(out, "\n{title} ({}):", rows.len());

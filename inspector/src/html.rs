@@ -156,21 +156,14 @@ const RIGHT: f64 = 16.0;
 const TOP: f64 = 16.0;
 const BOTTOM: f64 = 40.0;
 
-/// A round distance between y-axis ticks that gives three to seven ticks up to `top`: 1, 2 or 5
-/// times a power of ten of a binary unit (B, KiB, MiB, GiB, ...), or a power-of-two multiple.
+/// The distance between y-axis ticks: the smallest power of two that needs at most six ticks to
+/// reach `top`, so that labels come out round in binary units (256 MiB, 512 MiB, 1.00 GiB).
 fn tick_step(top: u64) -> u64 {
-    let mut unit = 1u64;
-    while unit <= u64::MAX / 1024 && top / unit >= 1024 {
-        unit *= 1024;
+    let mut step = 1u64;
+    while top.div_ceil(step) > 6 && step < 1 << 62 {
+        step *= 2;
     }
-    let mut step = unit;
-    for factor in [1u64, 2, 5, 10, 20, 50, 100, 200, 500, 1000] {
-        step = unit.saturating_mul(factor);
-        if top.div_ceil(step) <= 6 {
-            break;
-        }
-    }
-    step.max(1)
+    step
 }
 
 /// The timeline of allocated and reserved bytes as inline SVG, with step marks and OOMs.
@@ -192,7 +185,7 @@ fn timeline_svg(t: &Timeline) -> String {
     }
     let step = tick_step(top.max(1));
     let ticks = top.max(1).div_ceil(step);
-    let top = (ticks * step) as f64;
+    let top = ticks.saturating_mul(step) as f64;
     let last = t.events.saturating_sub(1).max(1) as f64;
     let x = |event: u32| LEFT + f64::from(event) / last * plot_w;
     let y = |bytes: u64| TOP + plot_h - bytes as f64 / top * plot_h;
@@ -203,7 +196,7 @@ fn timeline_svg(t: &Timeline) -> String {
     );
     // Grid and y labels.
     for i in 0..=ticks {
-        let bytes = i * step;
+        let bytes = i.saturating_mul(step);
         let yy = y(bytes);
         let _ = writeln!(
             out,
@@ -336,12 +329,17 @@ mod tests {
         const MIB: u64 = 1 << 20;
         const GIB: u64 = 1 << 30;
         assert_eq!(tick_step(12_190 * MIB), 2 * GIB);
-        assert_eq!(tick_step(800 * MIB), 200 * MIB);
+        assert_eq!(tick_step(1423 * MIB), 256 * MIB);
+        assert_eq!(tick_step(1700 * MIB), 512 * MIB);
+        assert_eq!(tick_step(800 * MIB), 256 * MIB);
         assert_eq!(tick_step(3), 1);
-        assert_eq!(tick_step(1000), 200);
+        assert_eq!(tick_step(1000), 256);
         for top in [1, 7, 513, 5 * MIB + 3, 77 * GIB, u64::MAX / 2] {
             let step = tick_step(top);
-            assert!(top.div_ceil(step) <= 7, "{top}: {step}");
+            assert!(
+                (4..=6).contains(&top.div_ceil(step)) || top < 4,
+                "{top}: {step}"
+            );
         }
     }
 }

@@ -14,3 +14,4 @@ pub mod diff;
 pub mod html;
 pub mod model_view;
 pub mod report;
+pub mod replay;

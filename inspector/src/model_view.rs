@@ -112,25 +112,29 @@ pub struct StepTally {
 
 impl StepTally {
     fn add(&mut self, other: &StepTally) {
-        self.allocs += other.allocs;
-        self.alloc_bytes += other.alloc_bytes;
-        self.frees += other.frees;
-        self.free_bytes += other.free_bytes;
-        self.retained += other.retained;
-        self.retained_bytes += other.retained_bytes;
-        self.h2d += other.h2d;
-        self.h2d_bytes += other.h2d_bytes;
-        self.d2h += other.d2h;
-        self.d2h_bytes += other.d2h_bytes;
-        self.d2d += other.d2d;
-        self.d2d_bytes += other.d2d_bytes;
-        self.syncs += other.syncs;
-        self.empty_cache += other.empty_cache;
-        self.segment_allocs += other.segment_allocs;
-        self.segment_alloc_bytes += other.segment_alloc_bytes;
-        self.segment_frees += other.segment_frees;
-        self.segment_free_bytes += other.segment_free_bytes;
-        self.ooms += other.ooms;
+        self.allocs = self.allocs.saturating_add(other.allocs);
+        self.alloc_bytes = self.alloc_bytes.saturating_add(other.alloc_bytes);
+        self.frees = self.frees.saturating_add(other.frees);
+        self.free_bytes = self.free_bytes.saturating_add(other.free_bytes);
+        self.retained = self.retained.saturating_add(other.retained);
+        self.retained_bytes = self.retained_bytes.saturating_add(other.retained_bytes);
+        self.h2d = self.h2d.saturating_add(other.h2d);
+        self.h2d_bytes = self.h2d_bytes.saturating_add(other.h2d_bytes);
+        self.d2h = self.d2h.saturating_add(other.d2h);
+        self.d2h_bytes = self.d2h_bytes.saturating_add(other.d2h_bytes);
+        self.d2d = self.d2d.saturating_add(other.d2d);
+        self.d2d_bytes = self.d2d_bytes.saturating_add(other.d2d_bytes);
+        self.syncs = self.syncs.saturating_add(other.syncs);
+        self.empty_cache = self.empty_cache.saturating_add(other.empty_cache);
+        self.segment_allocs = self.segment_allocs.saturating_add(other.segment_allocs);
+        self.segment_alloc_bytes = self
+            .segment_alloc_bytes
+            .saturating_add(other.segment_alloc_bytes);
+        self.segment_frees = self.segment_frees.saturating_add(other.segment_frees);
+        self.segment_free_bytes = self
+            .segment_free_bytes
+            .saturating_add(other.segment_free_bytes);
+        self.ooms = self.ooms.saturating_add(other.ooms);
     }
 }
 
@@ -271,25 +275,9 @@ struct GroupTable {
 }
 
 impl GroupTable {
-    fn unknown(&mut self) -> GroupId {
-        if let Some(g) = self.unknown {
-            return g;
-        }
-        let g = self.groups.len() as GroupId;
-        self.groups.push(SiteGroup {
-            file_line: None,
-            function: String::new(),
-            sites: Vec::new(),
-        });
-        self.unknown = Some(g);
-        g
-    }
-}
-
-impl<'a> ModelView<'a> {
-    /// Builds the view of `snapshot` in one pass over its events and segments.
-    pub fn new(snapshot: &'a Snapshot) -> ModelView<'a> {
-        // Group the call sites by file:line.
+    /// Groups the call sites of `snapshot` by `file:line`; returns the table and the group of
+    /// each site id.
+    fn from_sites(snapshot: &Snapshot) -> (GroupTable, Vec<GroupId>) {
         let mut table = GroupTable {
             groups: Vec::new(),
             by_key: FxHashMap::default(),
@@ -318,6 +306,28 @@ impl<'a> ModelView<'a> {
             }
             site_group.push(g);
         }
+        (table, site_group)
+    }
+
+    fn unknown(&mut self) -> GroupId {
+        if let Some(g) = self.unknown {
+            return g;
+        }
+        let g = self.groups.len() as GroupId;
+        self.groups.push(SiteGroup {
+            file_line: None,
+            function: String::new(),
+            sites: Vec::new(),
+        });
+        self.unknown = Some(g);
+        g
+    }
+}
+
+impl<'a> ModelView<'a> {
+    /// Builds the view of `snapshot` in one pass over its events and segments.
+    pub fn new(snapshot: &'a Snapshot) -> ModelView<'a> {
+        let (mut table, site_group) = GroupTable::from_sites(snapshot);
         let group_of = |table: &mut GroupTable, site: Option<SiteId>| -> GroupId {
             match site.and_then(|s| site_group.get(s as usize)) {
                 Some(&g) => g,
@@ -325,26 +335,7 @@ impl<'a> ModelView<'a> {
             }
         };
 
-        // The steps: every step number seen in events or marks, in order.
-        let mut numbers: Vec<u64> = snapshot.events.iter().map(|e| e.step).collect();
-        numbers.extend(snapshot.steps.iter().map(|m| m.step));
-        numbers.sort_unstable();
-        numbers.dedup();
-        let mut steps: Vec<StepInfo> = numbers
-            .iter()
-            .map(|&step| StepInfo {
-                step,
-                first_event: None,
-                label: String::new(),
-            })
-            .collect();
-        for mark in &snapshot.steps {
-            if let Ok(i) = numbers.binary_search(&mark.step) {
-                if steps[i].label.is_empty() {
-                    steps[i].label = mark.label.clone();
-                }
-            }
-        }
+        let (numbers, mut steps) = collect_steps(snapshot);
         let step_index = |step: u64, hint: &mut usize| -> u32 {
             if numbers.get(*hint) != Some(&step) {
                 *hint = numbers.binary_search(&step).unwrap_or(0);
@@ -387,7 +378,7 @@ impl<'a> ModelView<'a> {
                         let old = &mut intervals[old as usize];
                         old.free_event = Some(idx);
                         old.free_step = Some(s);
-                        allocated -= old.size as i64;
+                        allocated = allocated.saturating_sub(signed(old.size));
                         totals.lost_frees += 1;
                     }
                     intervals.push(Interval {
@@ -403,9 +394,9 @@ impl<'a> ModelView<'a> {
                     });
                     let t = tallies.entry((g, s)).or_default();
                     t.allocs += 1;
-                    t.alloc_bytes += e.size;
+                    t.alloc_bytes = t.alloc_bytes.saturating_add(e.size);
                     totals.allocs += 1;
-                    allocated += e.size as i64;
+                    allocated = allocated.saturating_add(signed(e.size));
                     changed = true;
                 }
                 EventKind::FreeRequested | EventKind::FreeCompleted => {
@@ -418,13 +409,14 @@ impl<'a> ModelView<'a> {
                             interval.free_step = Some(s);
                             let t = tallies.entry((interval.group, s)).or_default();
                             t.frees += 1;
-                            t.free_bytes += interval.size;
+                            t.free_bytes = t.free_bytes.saturating_add(interval.size);
                             totals.frees += 1;
-                            allocated -= interval.size as i64;
+                            allocated = allocated.saturating_sub(signed(interval.size));
                         } else {
                             totals.unmatched_frees += 1;
-                            totals.unmatched_free_bytes += e.size;
-                            allocated -= e.size as i64;
+                            totals.unmatched_free_bytes =
+                                totals.unmatched_free_bytes.saturating_add(e.size);
+                            allocated = allocated.saturating_sub(signed(e.size));
                         }
                         if e.kind == EventKind::FreeRequested {
                             pending.insert(key);
@@ -436,9 +428,9 @@ impl<'a> ModelView<'a> {
                     let g = group_of(&mut table, e.site);
                     let t = tallies.entry((g, s)).or_default();
                     t.segment_allocs += 1;
-                    t.segment_alloc_bytes += e.size;
+                    t.segment_alloc_bytes = t.segment_alloc_bytes.saturating_add(e.size);
                     totals.segment_allocs += 1;
-                    reserved += e.size as i64;
+                    reserved = reserved.saturating_add(signed(e.size));
                     saw_segment_event = true;
                     changed = true;
                     group_extra_events.push((g, idx));
@@ -447,9 +439,9 @@ impl<'a> ModelView<'a> {
                     let g = group_of(&mut table, e.site);
                     let t = tallies.entry((g, s)).or_default();
                     t.segment_frees += 1;
-                    t.segment_free_bytes += e.size;
+                    t.segment_free_bytes = t.segment_free_bytes.saturating_add(e.size);
                     totals.segment_frees += 1;
-                    reserved -= e.size as i64;
+                    reserved = reserved.saturating_sub(signed(e.size));
                     saw_segment_event = true;
                     changed = true;
                     group_extra_events.push((g, idx));
@@ -473,17 +465,17 @@ impl<'a> ModelView<'a> {
                     match direction {
                         TransferDirection::HostToDevice => {
                             t.h2d += 1;
-                            t.h2d_bytes += e.size;
-                            totals.h2d_bytes += e.size;
+                            t.h2d_bytes = t.h2d_bytes.saturating_add(e.size);
+                            totals.h2d_bytes = totals.h2d_bytes.saturating_add(e.size);
                         }
                         TransferDirection::DeviceToHost => {
                             t.d2h += 1;
-                            t.d2h_bytes += e.size;
-                            totals.d2h_bytes += e.size;
+                            t.d2h_bytes = t.d2h_bytes.saturating_add(e.size);
+                            totals.d2h_bytes = totals.d2h_bytes.saturating_add(e.size);
                         }
                         TransferDirection::DeviceToDevice => {
                             t.d2d += 1;
-                            t.d2d_bytes += e.size;
+                            t.d2d_bytes = t.d2d_bytes.saturating_add(e.size);
                         }
                     }
                     totals.transfers += 1;
@@ -510,14 +502,9 @@ impl<'a> ModelView<'a> {
                 .entry((interval.group, interval.alloc_step))
                 .or_default();
             t.retained += 1;
-            t.retained_bytes += interval.size;
+            t.retained_bytes = t.retained_bytes.saturating_add(interval.size);
         }
 
-        // The segments at the end, and the baseline they imply for the timeline. With segments,
-        // the bytes allocated before the trace are known block by block: those freed in the
-        // trace plus those still live at the end. (Comparing totals instead would mix block
-        // sizes with the request sizes some traces record.) Without segments, the statistics'
-        // current figure at the end is the best guide.
         let segments = summarize_segments(snapshot);
         // What is live at the end: the trace's live intervals plus allocated blocks of the
         // segments that the trace never saw allocated (they predate the recording).
@@ -535,7 +522,7 @@ impl<'a> ModelView<'a> {
                     if block.state == BlockState::ActiveAllocated
                         && !seen.contains(&(segment.device, block.address))
                     {
-                        preexisting += block.size;
+                        preexisting = preexisting.saturating_add(block.size);
                         let g = group_of(&mut table, block.site);
                         add_holding(
                             &mut by_group,
@@ -550,21 +537,28 @@ impl<'a> ModelView<'a> {
             (sorted_holdings(by_group), preexisting)
         };
 
+        // The segments at the end, and the baseline they imply for the timeline. With segments,
+        // the bytes allocated before the trace are known block by block: those freed in the
+        // trace plus those still live at the end. (Comparing totals instead would mix block
+        // sizes with the request sizes some traces record.) Without segments, the statistics'
+        // current figure at the end is the best guide.
         let end_reserved_known = if snapshot.segments.is_empty() {
             snapshot.stats.reserved_bytes.all.current
         } else {
             segments.reserved
         };
         let baseline_allocated = if snapshot.segments.is_empty() {
-            (snapshot.stats.allocated_bytes.all.current as i64 - allocated)
-                .max(-min_allocated)
+            signed(snapshot.stats.allocated_bytes.all.current)
+                .saturating_sub(allocated)
+                .max(min_allocated.saturating_neg())
                 .max(0)
         } else {
-            (totals.unmatched_free_bytes + preexisting_live) as i64
+            signed(totals.unmatched_free_bytes.saturating_add(preexisting_live))
         }
-        .max(-min_allocated);
-        let baseline_reserved = (end_reserved_known as i64 - reserved)
-            .max(-min_reserved)
+        .max(min_allocated.saturating_neg());
+        let baseline_reserved = signed(end_reserved_known)
+            .saturating_sub(reserved)
+            .max(min_reserved.saturating_neg())
             .max(0);
         let reserved_known = saw_segment_event || end_reserved_known > 0;
         let mut timeline = Vec::with_capacity(timeline_raw.len());
@@ -575,9 +569,9 @@ impl<'a> ModelView<'a> {
         }
         for (idx, a, r) in timeline_raw {
             let e = &snapshot.events[idx as usize];
-            let allocated = (a + baseline_allocated).max(0) as u64;
+            let allocated = a.saturating_add(baseline_allocated).max(0) as u64;
             let reserved = if reserved_known {
-                (r + baseline_reserved).max(0) as u64
+                r.saturating_add(baseline_reserved).max(0) as u64
             } else {
                 0
             };
@@ -750,12 +744,12 @@ impl<'a> ModelView<'a> {
     /// Blocks and bytes of `group` live at the end of the step with index `step`.
     pub fn live_after_step(&self, group: GroupId, step: u32) -> (u64, u64) {
         let mut blocks = 0;
-        let mut bytes = 0;
+        let mut bytes = 0u64;
         for &i in self.group_intervals(group) {
             let iv = &self.intervals[i as usize];
             if iv.alloc_step <= step && iv.free_step.map_or(true, |f| f > step) {
                 blocks += 1;
-                bytes += iv.size;
+                bytes = bytes.saturating_add(iv.size);
             }
         }
         (blocks, bytes)
@@ -764,12 +758,12 @@ impl<'a> ModelView<'a> {
     /// Blocks and bytes of `group` allocated in the trace and live at its end.
     pub fn live_at_end_in_trace(&self, group: GroupId) -> (u64, u64) {
         let mut blocks = 0;
-        let mut bytes = 0;
+        let mut bytes = 0u64;
         for &i in self.group_intervals(group) {
             let iv = &self.intervals[i as usize];
             if iv.is_live_at_end() {
                 blocks += 1;
-                bytes += iv.size;
+                bytes = bytes.saturating_add(iv.size);
             }
         }
         (blocks, bytes)
@@ -872,6 +866,35 @@ impl<'a> ModelView<'a> {
     }
 }
 
+/// Every step number seen in events or marks, in order, with the label of its mark.
+fn collect_steps(snapshot: &Snapshot) -> (Vec<u64>, Vec<StepInfo>) {
+    let mut numbers: Vec<u64> = snapshot.events.iter().map(|e| e.step).collect();
+    numbers.extend(snapshot.steps.iter().map(|m| m.step));
+    numbers.sort_unstable();
+    numbers.dedup();
+    let mut steps: Vec<StepInfo> = numbers
+        .iter()
+        .map(|&step| StepInfo {
+            step,
+            first_event: None,
+            label: String::new(),
+        })
+        .collect();
+    for mark in &snapshot.steps {
+        if let Ok(i) = numbers.binary_search(&mark.step) {
+            if steps[i].label.is_empty() {
+                steps[i].label = mark.label.clone();
+            }
+        }
+    }
+    (numbers, steps)
+}
+
+/// A byte count as a signed figure, clamped so that sums and differences stay in range.
+fn signed(bytes: u64) -> i64 {
+    bytes.min(1 << 62) as i64
+}
+
 fn add_holding(
     by_group: &mut FxHashMap<GroupId, Holding>,
     group: GroupId,
@@ -887,9 +910,9 @@ fn add_holding(
         first_step: step,
         last_step: step,
     });
-    h.bytes += bytes;
+    h.bytes = h.bytes.saturating_add(bytes);
     h.blocks += 1;
-    h.requested += requested;
+    h.requested = h.requested.saturating_add(requested);
     h.first_step = h.first_step.min(step);
     h.last_step = h.last_step.max(step);
 }
@@ -909,24 +932,34 @@ fn summarize_segments(snapshot: &Snapshot) -> SegmentSummary {
     let mut s = SegmentSummary::default();
     for segment in &snapshot.segments {
         s.segments += 1;
-        s.reserved += segment.total_size;
+        s.reserved = s.reserved.saturating_add(segment.total_size);
         s.largest_segment = s.largest_segment.max(segment.total_size);
-        let allocated = segment.allocated_bytes();
-        let active = segment.active_bytes();
-        s.allocated += allocated;
-        s.active += active;
+        // Sums are saturating: an imported file may hold absurd sizes.
+        let (mut allocated, mut active, mut free_blocks, mut largest_free) =
+            (0u64, 0u64, 0u64, 0u64);
+        for block in &segment.blocks {
+            match block.state {
+                BlockState::ActiveAllocated => {
+                    allocated = allocated.saturating_add(block.size);
+                    active = active.saturating_add(block.size);
+                }
+                BlockState::ActivePendingFree => active = active.saturating_add(block.size),
+                BlockState::Inactive => {
+                    free_blocks += 1;
+                    largest_free = largest_free.max(block.size);
+                }
+            }
+        }
+        s.allocated = s.allocated.saturating_add(allocated);
+        s.active = s.active.saturating_add(active);
         let free_bytes = segment.total_size.saturating_sub(active);
         if active > 0 {
-            s.inactive_split_bytes += free_bytes;
-            s.inactive_split_blocks += segment
-                .blocks
-                .iter()
-                .filter(|b| b.state == BlockState::Inactive)
-                .count() as u64;
+            s.inactive_split_bytes = s.inactive_split_bytes.saturating_add(free_bytes);
+            s.inactive_split_blocks += free_blocks;
         } else {
-            s.releasable_bytes += free_bytes;
+            s.releasable_bytes = s.releasable_bytes.saturating_add(free_bytes);
         }
-        s.largest_free_block = s.largest_free_block.max(segment.largest_free_block());
+        s.largest_free_block = s.largest_free_block.max(largest_free);
     }
     s
 }
@@ -938,6 +971,10 @@ fn summarize_segments(snapshot: &Snapshot) -> SegmentSummary {
 /// name contains `marker` and whose stage is `START` (or empty) start a step at their time.
 /// Every event's `step` and the snapshot's step marks are rewritten; the function returns the
 /// number of steps found, and leaves the snapshot unchanged when it finds none.
+///
+/// The importers (`crate::import::ImportOptions`) recognise steps while reading a file, by a
+/// function in the allocation stacks or by an annotation family; this function re-steps a
+/// snapshot that is already loaded, for example to pick one family of profiler slices.
 pub fn apply_step_marker(snapshot: &mut Snapshot, marker: &str) -> usize {
     use vramscope_allocator::StepMark;
 

@@ -336,9 +336,9 @@ impl fmt::Display for PickleError {
             PickleErrorKind::LimitExceeded { what, limit } => {
                 write!(f, "limit exceeded: more than {limit} {what}")
             }
-            PickleErrorKind::Cycle => f.write_str(
-                "a container contains itself; recursive structures are not plain data",
-            ),
+            PickleErrorKind::Cycle => {
+                f.write_str("a container contains itself; recursive structures are not plain data")
+            }
         }
     }
 }
@@ -709,13 +709,29 @@ impl<'a> Machine<'a> {
         }
     }
 
-    /// Pops the values above the last mark and the mark itself.
-    fn pop_mark(&mut self) -> Step<Vec<Id>> {
-        let mark = self.marks.pop().ok_or_else(|| {
+    /// Pops the last mark and returns the stack length it recorded.
+    fn take_mark(&mut self) -> Step<usize> {
+        self.marks.pop().ok_or_else(|| {
             self.error(PickleErrorKind::MissingMark {
                 opcode: self.name(),
             })
-        })?;
+        })
+    }
+
+    /// The value just below a popped mark at `mark`, which must lie above the previous mark.
+    fn below(&self, mark: usize) -> Step<Id> {
+        if mark > self.floor() {
+            Ok(self.stack[mark - 1])
+        } else {
+            Err(self.error(PickleErrorKind::StackUnderflow {
+                opcode: self.name(),
+            }))
+        }
+    }
+
+    /// Pops the values above the last mark and the mark itself.
+    fn pop_mark(&mut self) -> Step<Vec<Id>> {
+        let mark = self.take_mark()?;
         Ok(self.stack.split_off(mark))
     }
 
@@ -965,8 +981,8 @@ impl<'a> Machine<'a> {
                 }
                 b'S' => {
                     let line = self.take_line()?;
-                    let bytes =
-                        quoted_unescape(line).ok_or_else(|| self.bad("a malformed quoted string"))?;
+                    let bytes = quoted_unescape(line)
+                        .ok_or_else(|| self.bad("a malformed quoted string"))?;
                     self.push_leaf(byte_string(&bytes))?;
                 }
                 b'C' => {
@@ -1027,9 +1043,15 @@ impl<'a> Machine<'a> {
                     self.extend_list(target, vec![value])?;
                 }
                 b'e' => {
-                    let items = self.pop_mark()?;
-                    let target = self.top()?;
-                    self.extend_list(target, items)?;
+                    // Extends the list in place from the stack, without an intermediate vector.
+                    let mark = self.take_mark()?;
+                    let target = self.below(mark)?;
+                    self.count_items(self.stack.len() - mark)?;
+                    match &mut self.nodes[target as usize] {
+                        Node::List(list) => list.extend_from_slice(&self.stack[mark..]),
+                        _ => return Err(self.wrong_type("list", target)),
+                    }
+                    self.stack.truncate(mark);
                 }
                 b's' => {
                     let value = self.pop()?;
@@ -1038,10 +1060,24 @@ impl<'a> Machine<'a> {
                     self.extend_dict(target, vec![(key, value)])?;
                 }
                 b'u' => {
-                    let items = self.pop_mark()?;
-                    let pairs = self.pairs(items)?;
-                    let target = self.top()?;
-                    self.extend_dict(target, pairs)?;
+                    let mark = self.take_mark()?;
+                    let target = self.below(mark)?;
+                    let n = self.stack.len() - mark;
+                    if n % 2 != 0 {
+                        return Err(
+                            self.bad(format!("an odd number of values ({n}) for key/value pairs"))
+                        );
+                    }
+                    self.count_items(n)?;
+                    match &mut self.nodes[target as usize] {
+                        Node::Dict(dict) => dict.extend(
+                            self.stack[mark..]
+                                .chunks_exact(2)
+                                .map(|pair| (pair[0], pair[1])),
+                        ),
+                        _ => return Err(self.wrong_type("dict", target)),
+                    }
+                    self.stack.truncate(mark);
                 }
                 0x90 => {
                     let items = self.pop_mark()?;
@@ -1063,6 +1099,7 @@ impl<'a> Machine<'a> {
             nodes: self.nodes,
             origins: self.origins,
             limits: self.limits,
+            sequences: FxHashMap::default(),
         };
         builder.build(root, 1)
     }
@@ -1074,6 +1111,8 @@ struct Builder<'a> {
     nodes: Vec<Node>,
     origins: Vec<usize>,
     limits: &'a Limits,
+    /// Finished lists and tuples by their element nodes.
+    sequences: FxHashMap<(bool, Vec<Id>), Value>,
 }
 
 impl Builder<'_> {
@@ -1085,8 +1124,23 @@ impl Builder<'_> {
     }
 
     fn build(&mut self, id: Id, depth: usize) -> Step<Value> {
+        self.ensure(id, depth)?;
+        Ok(self.peek(id).clone())
+    }
+
+    /// The finished value of a node that [`Builder::ensure`] has built.
+    fn peek(&self, id: Id) -> &Value {
         match &self.nodes[id as usize] {
-            Node::Leaf(v) => return Ok(v.clone()),
+            Node::Leaf(v) => v,
+            // Callers ensure the node first, so this arm is never taken.
+            _ => &Value::None,
+        }
+    }
+
+    /// Builds the node `id` (at nesting `depth`) unless it is already a finished value.
+    fn ensure(&mut self, id: Id, depth: usize) -> Step<()> {
+        match &self.nodes[id as usize] {
+            Node::Leaf(_) => return Ok(()),
             Node::Building => return Err(self.error(id, PickleErrorKind::Cycle)),
             _ => {}
         }
@@ -1101,33 +1155,64 @@ impl Builder<'_> {
         }
         let node = std::mem::replace(&mut self.nodes[id as usize], Node::Building);
         let value = match node {
-            // Leaves and nodes being built returned above; this arm only satisfies the match.
+            // Leaves and nodes being built returned above; these arms only satisfy the match.
             Node::Leaf(v) => v,
             Node::Building => Value::None,
-            Node::List(ids) => Value::List(self.build_all(&ids, depth)?.into()),
-            Node::Tuple(ids) => Value::Tuple(self.build_all(&ids, depth)?.into()),
-            Node::Set(ids) => Value::Set(dedupe(self.build_all(&ids, depth)?).into()),
-            Node::FrozenSet(ids) => Value::FrozenSet(dedupe(self.build_all(&ids, depth)?).into()),
+            Node::List(ids) => self.build_seq(ids, false, depth)?,
+            Node::Tuple(ids) => self.build_seq(ids, true, depth)?,
+            Node::Set(ids) => Value::Set(dedupe(self.build_all(&ids, depth)?.to_vec()).into()),
+            Node::FrozenSet(ids) => {
+                Value::FrozenSet(dedupe(self.build_all(&ids, depth)?.to_vec()).into())
+            }
             Node::Dict(pairs) => {
-                let mut out = Vec::with_capacity(pairs.len());
                 for &(k, v) in &pairs {
-                    let key = self.build(k, depth + 1)?;
-                    let value = self.build(v, depth + 1)?;
-                    out.push((key, value));
+                    self.ensure(k, depth + 1)?;
+                    self.ensure(v, depth + 1)?;
                 }
-                Value::Dict(dedupe_pairs(out).into())
+                let keys = pairs.iter().map(|&(k, _)| self.peek(k));
+                let pair = |&(k, v): &(Id, Id)| (self.peek(k).clone(), self.peek(v).clone());
+                if all_distinct(keys, pairs.len()) == Some(true) {
+                    Value::Dict(pairs.iter().map(pair).collect())
+                } else {
+                    Value::Dict(dedupe_pairs(pairs.iter().map(pair).collect()).into())
+                }
             }
         };
-        self.nodes[id as usize] = Node::Leaf(value.clone());
+        self.nodes[id as usize] = Node::Leaf(value);
+        Ok(())
+    }
+
+    /// Builds a list or tuple. Sequences of the very same elements (such as the separate but
+    /// identical frame lists of a PyTorch trace) share one allocation: values are immutable,
+    /// so the sharing cannot be observed except through [`Value::identity`].
+    fn build_seq(&mut self, ids: Vec<Id>, tuple: bool, depth: usize) -> Step<Value> {
+        if ids.is_empty() {
+            return Ok(if tuple {
+                Value::Tuple(Rc::from(Vec::new()))
+            } else {
+                Value::List(Rc::from(Vec::new()))
+            });
+        }
+        let key = (tuple, ids);
+        if let Some(v) = self.sequences.get(&key) {
+            return Ok(v.clone());
+        }
+        let items = self.build_all(&key.1, depth)?;
+        let value = if tuple {
+            Value::Tuple(items)
+        } else {
+            Value::List(items)
+        };
+        self.sequences.insert(key, value.clone());
         Ok(value)
     }
 
-    fn build_all(&mut self, ids: &[Id], depth: usize) -> Step<Vec<Value>> {
-        let mut out = Vec::with_capacity(ids.len());
+    /// Builds the elements `ids` and collects them straight into a shared slice.
+    fn build_all(&mut self, ids: &[Id], depth: usize) -> Step<Rc<[Value]>> {
         for &child in ids {
-            out.push(self.build(child, depth + 1)?);
+            self.ensure(child, depth + 1)?;
         }
-        Ok(out)
+        Ok(ids.iter().map(|&child| self.peek(child).clone()).collect())
     }
 }
 
@@ -1469,7 +1554,9 @@ mod tests {
         );
         assert_eq!(
             p(b"L-9223372036854775809L\n."),
-            Value::BigInt(Rc::from(&[0xffu8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0xff][..]))
+            Value::BigInt(Rc::from(
+                &[0xffu8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0xff][..]
+            ))
         );
     }
 
@@ -1483,7 +1570,10 @@ mod tests {
         assert_eq!(p(b"T\x01\x00\x00\x00k."), s("k"));
         assert_eq!(p(b"S'a\\nb'\n."), s("a\nb"));
         assert_eq!(p(b"U\x01\xff."), Value::Bytes(Rc::from(&b"\xff"[..])));
-        assert_eq!(p(b"C\x02\x00\x01."), Value::Bytes(Rc::from(&b"\x00\x01"[..])));
+        assert_eq!(
+            p(b"C\x02\x00\x01."),
+            Value::Bytes(Rc::from(&b"\x00\x01"[..]))
+        );
         assert_eq!(p(b"B\x01\x00\x00\x00q."), Value::Bytes(Rc::from(&b"q"[..])));
         assert_eq!(
             p(b"\x8e\x01\x00\x00\x00\x00\x00\x00\x00q."),
@@ -1502,7 +1592,10 @@ mod tests {
         assert_eq!(p(b"]."), list(vec![]));
         assert_eq!(p(b")."), tuple(vec![]));
         assert_eq!(p(b"}."), Value::Dict(Vec::new().into()));
-        assert_eq!(p(b"(K\x01K\x02l."), list(vec![Value::Int(1), Value::Int(2)]));
+        assert_eq!(
+            p(b"(K\x01K\x02l."),
+            list(vec![Value::Int(1), Value::Int(2)])
+        );
         assert_eq!(p(b"(K\x01t."), tuple(vec![Value::Int(1)]));
         assert_eq!(p(b"K\x01\x85."), tuple(vec![Value::Int(1)]));
         assert_eq!(
@@ -1557,10 +1650,7 @@ mod tests {
     fn stack_opcodes() {
         assert_eq!(p(b"K\x01K\x020."), Value::Int(1));
         assert_eq!(p(b"K\x01(K\x02K\x031."), Value::Int(1));
-        assert_eq!(
-            p(b"K\x012\x86."),
-            tuple(vec![Value::Int(1), Value::Int(1)])
-        );
+        assert_eq!(p(b"K\x012\x86."), tuple(vec![Value::Int(1), Value::Int(1)]));
         // POP with nothing above the mark pops the mark.
         assert_eq!(p(b"K\x01(0."), Value::Int(1));
     }
@@ -1613,7 +1703,13 @@ mod tests {
             Value::None
         );
         let e = err(b"\x80\x04\x95\xff\x00\x00\x00\x00\x00\x00\x00N.");
-        assert!(matches!(e.kind, PickleErrorKind::Truncated { opcode: "FRAME", .. }));
+        assert!(matches!(
+            e.kind,
+            PickleErrorKind::Truncated {
+                opcode: "FRAME",
+                ..
+            }
+        ));
         assert_eq!(e.offset, 2);
         let e = err(b"\x80\x06N.");
         assert_eq!(e.kind, PickleErrorKind::UnsupportedProtocol { version: 6 });
@@ -1623,7 +1719,13 @@ mod tests {
     fn refuses_code_execution_opcodes() {
         let e = err(b"\x80\x02cos\nsystem\n.");
         assert_eq!(e.offset, 2);
-        assert!(matches!(e.kind, PickleErrorKind::Refused { opcode: "GLOBAL", .. }));
+        assert!(matches!(
+            e.kind,
+            PickleErrorKind::Refused {
+                opcode: "GLOBAL",
+                ..
+            }
+        ));
         assert!(e.to_string().contains("GLOBAL"), "{e}");
         assert!(e.to_string().contains("offset 2"), "{e}");
         for (byte, name) in [
@@ -1683,7 +1785,10 @@ mod tests {
         ));
         assert!(matches!(
             err(b"T\xff\xff\xff\xff.").kind,
-            PickleErrorKind::BadArgument { opcode: "BINSTRING", .. }
+            PickleErrorKind::BadArgument {
+                opcode: "BINSTRING",
+                ..
+            }
         ));
         assert!(matches!(
             err(b"X\xff\xff\xff\x7f.").kind,
@@ -1697,7 +1802,10 @@ mod tests {
             err(b"(\x86.").kind,
             PickleErrorKind::StackUnderflow { opcode: "TUPLE2" }
         ));
-        assert!(matches!(err(b"]\x94(h\x00a.").kind, PickleErrorKind::StackUnderflow { .. }));
+        assert!(matches!(
+            err(b"]\x94(h\x00a.").kind,
+            PickleErrorKind::StackUnderflow { .. }
+        ));
     }
 
     #[test]
@@ -1758,7 +1866,10 @@ mod tests {
         assert_eq!(trace.len(), 2);
         assert_eq!(trace[0].identity(), frames.identity());
         assert_eq!(
-            frames.as_seq().unwrap()[0].get("filename").unwrap().as_str(),
+            frames.as_seq().unwrap()[0]
+                .get("filename")
+                .unwrap()
+                .as_str(),
             Some("a.py")
         );
         assert_eq!(

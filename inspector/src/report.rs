@@ -238,7 +238,7 @@ pub fn build_report_view(view: &ModelView<'_>, options: &ReportOptions) -> Repor
             .max(snapshot.stats.reserved_bytes.all.peak),
         allocated_bytes: view.end_allocated(),
         reserved_bytes: view.end_reserved(),
-        live_blocks: view.live_at_end().iter().map(|h| h.blocks).sum(),
+        live_blocks: detect::sat_sum(view.live_at_end().iter().map(|h| h.blocks)),
         segments: segments.segments,
         inactive_split_bytes: segments.inactive_split_bytes,
         largest_free_block: segments.largest_free_block,
@@ -273,7 +273,7 @@ pub fn top_sites(view: &ModelView<'_>, limit: usize) -> Vec<TopSite> {
             let (mut allocations, mut allocated_bytes) = (0, 0);
             for (_, t) in view.group_steps(g) {
                 allocations += t.allocs;
-                allocated_bytes += t.alloc_bytes;
+                allocated_bytes = t.alloc_bytes.saturating_add(allocated_bytes);
             }
             rows[i] = Some(TopSite {
                 site: group.file_line.clone(),

@@ -35,7 +35,8 @@ use vramscope_inspector::pickle::{self, Value};
 ///  'external_annotations': [{'name': 'Optimizer.step#SGD.step', 'stage': 'START', 'device': 0, 'time_us': 1005},
 ///                           {'name': 'Optimizer.step#SGD.step', 'stage': 'END', 'device': 0, 'time_us': 1006}]}
 /// ```
-const SYNTHETIC: &[u8] = b"\x80\x04\x95b\x04\x00\x00\x00\x00\x00\x00}\x94(\x8c\x08segments\x94]\x94}\x94(\x8c\x06de\
+const SYNTHETIC: &[u8] =
+    b"\x80\x04\x95b\x04\x00\x00\x00\x00\x00\x00}\x94(\x8c\x08segments\x94]\x94}\x94(\x8c\x06de\
     vice\x94K\x00\x8c\x07address\x94J\x00\x00\x00\x01\x8c\x0atotal_size\x94J\x00\x00\x20\x00\
     \x8c\x0eallocated_size\x94M\x00\x02\x8c\x0bactive_size\x94M\x00\x02\x8c\x0erequested_siz\
     e\x94Kd\x8c\x06stream\x94K\x00\x8c\x0csegment_type\x94\x8c\x05small\x94\x8c\x0fsegment_p\

@@ -139,7 +139,11 @@ fn decomfl_pickle() {
 
     // Segments (each with a `segment_pool_id` tuple) and statistics.
     assert_eq!(s.segments.len(), 61);
-    let small = s.segments.iter().filter(|seg| seg.pool == Pool::Small).count();
+    let small = s
+        .segments
+        .iter()
+        .filter(|seg| seg.pool == Pool::Small)
+        .count();
     assert_eq!(small, 17);
     assert_eq!(s.stats.reserved_bytes.all.current, 1_810 * MIB);
     assert_eq!(s.stats.reserved_bytes.all.peak, 1_810 * MIB);
@@ -148,7 +152,11 @@ fn decomfl_pickle() {
     assert_eq!(s.stats.num_device_alloc, 61);
     for seg in &s.segments {
         let covered: u64 = seg.blocks.iter().map(|b| b.size).sum();
-        assert_eq!(covered, seg.total_size, "blocks cover segment {:#x}", seg.address);
+        assert_eq!(
+            covered, seg.total_size,
+            "blocks cover segment {:#x}",
+            seg.address
+        );
     }
     assert_eq!(s.config.max_split_size, None);
     assert!(!s.config.expandable_segments);
@@ -258,7 +266,11 @@ fn cs336_pickle() {
         }
     }
     let first = s.site(ev[0].site).unwrap();
-    assert!(first.file.ends_with("cs336_basics/model.py"), "{}", first.file);
+    assert!(
+        first.file.ends_with("cs336_basics/model.py"),
+        "{}",
+        first.file
+    );
     assert_eq!((first.line, first.function.as_str()), (54, "forward"));
 
     // The optimizer step's START begins step 1.

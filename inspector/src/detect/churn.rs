@@ -11,7 +11,7 @@
 
 use vramscope_allocator::{format_bytes, EventKind};
 
-use super::{DetectOptions, Finding, FindingKind, FindingSink, PerStep, Severity};
+use super::{sat_sum, DetectOptions, Finding, FindingKind, FindingSink, PerStep, Severity};
 use crate::model_view::{GroupId, ModelView};
 
 /// Reports segments allocated and released every step.
@@ -28,10 +28,10 @@ pub fn cache_churn(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
         .filter(|t| t.segment_allocs > 0 && t.segment_frees > 0)
         .count() as u64;
     let empty_cache_steps = totals.iter().filter(|t| t.empty_cache > 0).count() as u64;
-    let device_allocs: u64 = totals.iter().map(|t| t.segment_allocs).sum();
-    let device_frees: u64 = totals.iter().map(|t| t.segment_frees).sum();
-    let released: u64 = totals.iter().map(|t| t.segment_free_bytes).sum();
-    let empty_calls: u64 = totals.iter().map(|t| t.empty_cache).sum();
+    let device_allocs = sat_sum(totals.iter().map(|t| t.segment_allocs));
+    let device_frees = sat_sum(totals.iter().map(|t| t.segment_frees));
+    let released = sat_sum(totals.iter().map(|t| t.segment_free_bytes));
+    let empty_calls = sat_sum(totals.iter().map(|t| t.empty_cache));
 
     let empty_cache_site = busiest_group(view, |kind| kind == EventKind::EmptyCache);
     let churning = churn_steps >= min_steps && churn_steps * 2 >= n_steps;
@@ -49,7 +49,7 @@ pub fn cache_churn(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
                 matches!(kind, EventKind::SegmentAlloc | EventKind::SegmentMap)
             })
         });
-        let calls = device_allocs + device_frees;
+        let calls = device_allocs.saturating_add(device_frees);
         let cost_us = per_step(calls) * options.assumed_us_per_device_call;
         let mut f = Finding::at_group(view, FindingKind::CacheChurn, Severity::Warning, site);
         f.bytes = released;

@@ -19,7 +19,7 @@ pub fn top_holders(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
     } else {
         (view.live_at_peak(), "peak")
     };
-    let total: u64 = holdings.iter().map(|h| h.bytes).sum();
+    let total = super::sat_sum(holdings.iter().map(|h| h.bytes));
     if total == 0 {
         return;
     }

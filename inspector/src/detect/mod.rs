@@ -484,6 +484,11 @@ pub fn reaches(findings: &[Finding], level: Severity) -> bool {
     findings.iter().any(|f| f.severity >= level)
 }
 
+/// Adds up byte figures without overflowing (imported files may hold absurd sizes).
+pub(crate) fn sat_sum(values: impl IntoIterator<Item = u64>) -> u64 {
+    values.into_iter().fold(0, u64::saturating_add)
+}
+
 /// The environment variable that holds allocator settings for data from `source`.
 pub(crate) fn config_env_var(source: SnapshotSource) -> &'static str {
     match source {

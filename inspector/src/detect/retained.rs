@@ -8,7 +8,7 @@
 //! the last few steps' blocks in a sliding window, a holder allocated once, activations freed
 //! within their step, and a buffer replaced every step are all left alone).
 
-use super::{DetectOptions, Finding, FindingKind, FindingSink, PerStep, Severity};
+use super::{sat_sum, DetectOptions, Finding, FindingKind, FindingSink, PerStep, Severity};
 use crate::model_view::ModelView;
 use vramscope_allocator::format_bytes;
 
@@ -38,18 +38,18 @@ pub fn retained_per_step(
         let first = retained[0].0;
         let last = retained[retained.len() - 1].0;
         let span = u64::from(last - first) + 1;
-        if (retained.len() as u64) * 2 < span {
+        if (retained.len() as u64).saturating_mul(2) < span {
             continue;
         }
-        let total_blocks: u64 = retained.iter().map(|r| r.1).sum();
-        let total_bytes: u64 = retained.iter().map(|r| r.2).sum();
+        let total_blocks = sat_sum(retained.iter().map(|r| r.1));
+        let total_bytes = sat_sum(retained.iter().map(|r| r.2));
         let (before_blocks, _) = match first.checked_sub(1) {
             Some(prev) => view.live_after_step(group, prev),
             None => (0, 0),
         };
         let (end_blocks, end_bytes) = view.live_at_end_in_trace(group);
         let growth = end_blocks.saturating_sub(before_blocks);
-        if growth < min_steps || growth * 2 < total_blocks {
+        if growth < min_steps || growth.saturating_mul(2) < total_blocks {
             continue;
         }
 
@@ -62,8 +62,8 @@ pub fn retained_per_step(
                 &retained
             };
         let rate_span = f64::from(rate_steps[rate_steps.len() - 1].0 - first + 1);
-        let blocks_per_step = rate_steps.iter().map(|r| r.1).sum::<u64>() as f64 / rate_span;
-        let bytes_per_step = rate_steps.iter().map(|r| r.2).sum::<u64>() as f64 / rate_span;
+        let blocks_per_step = sat_sum(rate_steps.iter().map(|r| r.1)) as f64 / rate_span;
+        let bytes_per_step = sat_sum(rate_steps.iter().map(|r| r.2)) as f64 / rate_span;
 
         let capacity = view.capacity(options.capacity);
         let steps_until_oom = capacity.map(|c| {

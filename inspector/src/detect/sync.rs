@@ -9,7 +9,7 @@
 use rustc_hash::FxHashMap;
 use vramscope_allocator::{EventKind, TransferDirection};
 
-use super::{DetectOptions, Finding, FindingKind, FindingSink, PerStep, Severity};
+use super::{sat_sum, DetectOptions, Finding, FindingKind, FindingSink, PerStep, Severity};
 use crate::model_view::ModelView;
 
 /// Reports call sites that synchronize with the device many times per step.
@@ -44,9 +44,9 @@ pub fn sync_in_loop(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dy
         if active < options.min_steps.max(1) {
             continue;
         }
-        let copies: u64 = per_step.values().map(|c| c.0).sum();
-        let bytes: u64 = per_step.values().map(|c| c.1).sum();
-        let syncs: u64 = per_step.values().map(|c| c.2).sum();
+        let copies = sat_sum(per_step.values().map(|c| c.0));
+        let bytes = sat_sum(per_step.values().map(|c| c.1));
+        let syncs = sat_sum(per_step.values().map(|c| c.2));
         let total = copies + syncs;
         let average = total as f64 / active as f64;
         if average < options.sync_per_step {

@@ -11,7 +11,7 @@
 use rustc_hash::FxHashMap;
 use vramscope_allocator::{format_bytes, EventKind, TransferDirection};
 
-use super::{DetectOptions, Finding, FindingKind, FindingSink, PerStep, Severity};
+use super::{sat_sum, DetectOptions, Finding, FindingKind, FindingSink, PerStep, Severity};
 use crate::model_view::ModelView;
 
 /// Reports transfer-heavy loops and same-size uploads repeated every step.
@@ -22,9 +22,13 @@ pub fn transfer_heavy(view: &ModelView<'_>, options: &DetectOptions, sink: &mut 
         return;
     }
     let totals = &view.step_totals()[loop_steps.start as usize..loop_steps.end as usize];
-    let transfer_bytes: u64 = totals.iter().map(|t| t.h2d_bytes + t.d2h_bytes).sum();
-    let alloc_bytes: u64 = totals.iter().map(|t| t.alloc_bytes).sum();
-    let steps_with_transfers = totals.iter().filter(|t| t.h2d + t.d2h > 0).count() as u64;
+    let transfer_bytes = sat_sum(
+        totals
+            .iter()
+            .map(|t| t.h2d_bytes.saturating_add(t.d2h_bytes)),
+    );
+    let alloc_bytes = sat_sum(totals.iter().map(|t| t.alloc_bytes));
+    let steps_with_transfers = totals.iter().filter(|t| t.h2d > 0 || t.d2h > 0).count() as u64;
     let transfer_per_step = transfer_bytes as f64 / n_steps as f64;
     let alloc_per_step = alloc_bytes as f64 / n_steps as f64;
     let heavy = steps_with_transfers >= options.min_steps.max(1)
@@ -42,25 +46,30 @@ pub fn transfer_heavy(view: &ModelView<'_>, options: &DetectOptions, sink: &mut 
                 .iter()
                 .filter(|(s, _)| loop_steps.contains(s))
             {
-                h2d += t.h2d_bytes;
-                d2h += t.d2h_bytes;
-                copies += t.h2d + t.d2h;
-                if t.h2d + t.d2h > 0 {
+                h2d = h2d.saturating_add(t.h2d_bytes);
+                d2h = d2h.saturating_add(t.d2h_bytes);
+                copies = copies.saturating_add(t.h2d).saturating_add(t.d2h);
+                if t.h2d > 0 || t.d2h > 0 {
                     steps += 1;
                 }
             }
-            if h2d + d2h > 0 {
+            if h2d > 0 || d2h > 0 {
                 shares.push((group, h2d, d2h, copies, steps));
             }
         }
-        shares.sort_by(|a, b| (b.1 + b.2).cmp(&(a.1 + a.2)).then(a.0.cmp(&b.0)));
+        shares.sort_by(|a, b| {
+            b.1.saturating_add(b.2)
+                .cmp(&a.1.saturating_add(a.2))
+                .then(a.0.cmp(&b.0))
+        });
         for (rank, &(group, h2d, d2h, copies, steps)) in shares.iter().enumerate() {
-            let share = (h2d + d2h) as f64 / transfer_bytes as f64;
+            let moved = h2d.saturating_add(d2h);
+            let share = moved as f64 / transfer_bytes as f64;
             if rank > 0 && share < 0.2 {
                 break;
             }
             reported[group as usize] = true;
-            let site_per_step = (h2d + d2h) as f64 / n_steps as f64;
+            let site_per_step = moved as f64 / n_steps as f64;
             let seconds = site_per_step / options.assumed_transfer_bytes_per_s;
             let mut f = Finding::at_group(
                 view,
@@ -68,7 +77,7 @@ pub fn transfer_heavy(view: &ModelView<'_>, options: &DetectOptions, sink: &mut 
                 Severity::Warning,
                 Some(group),
             );
-            f.bytes = h2d + d2h;
+            f.bytes = moved;
             f.count = copies;
             f.per_step = Some(PerStep::new(site_per_step, copies as f64 / n_steps as f64));
             f.first_step = Some(view.step_number(loop_steps.start));
@@ -135,10 +144,12 @@ pub fn transfer_heavy(view: &ModelView<'_>, options: &DetectOptions, sink: &mut 
             }
             entry.2 += 1;
         }
-        let best = sizes
-            .iter()
-            .filter(|(_, v)| v.0 >= needed)
-            .max_by(|a, b| (a.1 .0 * a.0).cmp(&(b.1 .0 * b.0)).then(b.0.cmp(a.0)));
+        let best = sizes.iter().filter(|(_, v)| v.0 >= needed).max_by(|a, b| {
+            a.1 .0
+                .saturating_mul(*a.0)
+                .cmp(&b.1 .0.saturating_mul(*b.0))
+                .then(b.0.cmp(a.0))
+        });
         let Some((&size, &(steps, _, uploads))) = best else {
             continue;
         };
@@ -148,10 +159,10 @@ pub fn transfer_heavy(view: &ModelView<'_>, options: &DetectOptions, sink: &mut 
             Severity::Info,
             Some(group),
         );
-        f.bytes = size * uploads;
+        f.bytes = size.saturating_mul(uploads);
         f.count = uploads;
         f.per_step = Some(PerStep::new(
-            (size * uploads) as f64 / n_steps as f64,
+            size.saturating_mul(uploads) as f64 / n_steps as f64,
             uploads as f64 / n_steps as f64,
         ));
         f.first_step = Some(view.step_number(loop_steps.start));

@@ -25,8 +25,7 @@ use std::fmt;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use vramscope_allocator::{
-    DeviceInfo, Event, EventKind, MemoryStats, Pool, Snapshot, SnapshotSource, Stat,
-    FORMAT_VERSION,
+    DeviceInfo, Event, EventKind, MemoryStats, Pool, Snapshot, SnapshotSource, Stat, FORMAT_VERSION,
 };
 
 use super::timeline::{self, TrackArray};
@@ -34,6 +33,8 @@ use super::{ImportError, ImportErrorKind, ImportOptions};
 
 /// The `Device Type` of CUDA devices in profiler memory events.
 const CUDA_DEVICE_TYPE: i128 = 1;
+/// The name of the profiler's memory events.
+const MEMORY_EVENT: &str = "[memory]";
 /// Allocations up to this size come from the small pool.
 const SMALL_BLOCK: u64 = 1 << 20;
 
@@ -63,7 +64,11 @@ pub(crate) enum Read {
 }
 
 /// Reads a Chrome trace, or recognises a vramscope snapshot for the caller to load.
-pub(crate) fn read(bytes: &[u8], origin: &str, options: &ImportOptions) -> Result<Read, ImportError> {
+pub(crate) fn read(
+    bytes: &[u8],
+    origin: &str,
+    options: &ImportOptions,
+) -> Result<Read, ImportError> {
     let json = |e| ImportError::new(origin, ImportErrorKind::Json(e));
     let first = bytes
         .strip_prefix(b"\xef\xbb\xbf")
@@ -71,7 +76,7 @@ pub(crate) fn read(bytes: &[u8], origin: &str, options: &ImportOptions) -> Resul
         .iter()
         .find(|b| !b.is_ascii_whitespace());
     let (events, devices, base_ns) = if first == Some(&b'[') {
-        let events: Vec<RawEvent<'_>> = serde_json::from_slice(bytes).map_err(json)?;
+        let events: Collected<'_> = serde_json::from_slice(bytes).map_err(json)?;
         (events, Vec::new(), None)
     } else {
         let doc: Document<'_> = serde_json::from_slice(bytes).map_err(json)?;
@@ -94,36 +99,70 @@ pub(crate) fn read(bytes: &[u8], origin: &str, options: &ImportOptions) -> Resul
         )
     };
     Ok(Read::Trace(Box::new(convert(
-        &events, &devices, base_ns, options,
+        events, &devices, base_ns, options,
     ))))
+}
+
+/// The events the importer keeps, gathered while `traceEvents` is read (so that the many
+/// other events are never stored).
+#[derive(Default)]
+struct Collected<'a> {
+    memory: Vec<Memory>,
+    /// Start time and name of each `ProfilerStep#N` slice.
+    step_slices: Vec<(f64, Cow<'a, str>)>,
+}
+
+impl<'a> Collected<'a> {
+    fn add(&mut self, e: RawEvent<'a>) {
+        let name = e.name.as_str();
+        if name == MEMORY_EVENT {
+            self.memory.extend(memory_event(&e));
+        } else if name.starts_with("ProfilerStep#")
+            && e.ph.as_str() == "X"
+            && e.cat.as_str() != "gpu_user_annotation"
+        {
+            if let (Some(ts), Some(name)) = (e.ts.float(), e.name.0) {
+                self.step_slices.push((ts, name));
+            }
+        }
+    }
+}
+
+struct CollectVisitor<'a>(std::marker::PhantomData<&'a ()>);
+
+impl<'de: 'a, 'a> Visitor<'de> for CollectVisitor<'a> {
+    type Value = Collected<'a>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a list of trace events")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Collected<'a>, A::Error> {
+        let mut collected = Collected::default();
+        while let Some(event) = seq.next_element::<RawEvent<'a>>()? {
+            collected.add(event);
+        }
+        Ok(collected)
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Collected<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_seq(CollectVisitor(std::marker::PhantomData))
+    }
 }
 
 /// The top level of a trace file, reduced to what the importer needs.
 #[derive(Deserialize)]
 struct Document<'a> {
     #[serde(rename = "traceEvents", borrow, default)]
-    trace_events: Option<Vec<RawEvent<'a>>>,
+    trace_events: Option<Collected<'a>>,
     #[serde(rename = "deviceProperties", borrow, default)]
     device_properties: Option<Vec<DeviceProps<'a>>>,
     #[serde(rename = "baseTimeNanoseconds", default)]
     base_time_ns: Num,
     #[serde(default)]
     format_version: Option<IgnoredAny>,
-}
-
-/// One trace event, reduced to what the importer needs.
-#[derive(Deserialize)]
-struct RawEvent<'a> {
-    #[serde(borrow, default)]
-    name: Text<'a>,
-    #[serde(borrow, default)]
-    ph: Text<'a>,
-    #[serde(borrow, default)]
-    cat: Text<'a>,
-    #[serde(default)]
-    ts: Num,
-    #[serde(default)]
-    args: MemArgs,
 }
 
 /// One entry of `deviceProperties`.
@@ -160,9 +199,7 @@ impl Num {
     fn int(self) -> Option<i128> {
         match self {
             Num::Int(i) => Some(i),
-            Num::Float(f) if f.is_finite() && f.fract() == 0.0 && f.abs() < 1e30 => {
-                Some(f as i128)
-            }
+            Num::Float(f) if f.is_finite() && f.fract() == 0.0 && f.abs() < 1e30 => Some(f as i128),
             _ => None,
         }
     }
@@ -366,6 +403,72 @@ impl<'de> Deserialize<'de> for MemArgs {
     }
 }
 
+/// One trace event, reduced to what the importer needs. An event that is not a JSON object
+/// is read as an empty event and ignored.
+#[derive(Default)]
+struct RawEvent<'a> {
+    name: Text<'a>,
+    ph: Text<'a>,
+    cat: Text<'a>,
+    ts: Num,
+    args: MemArgs,
+}
+
+struct RawEventVisitor<'a>(std::marker::PhantomData<&'a ()>);
+
+impl<'de: 'a, 'a> Visitor<'de> for RawEventVisitor<'a> {
+    type Value = RawEvent<'a>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a trace event")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawEvent<'a>, A::Error> {
+        let mut event = RawEvent::default();
+        while let Some(key) = map.next_key::<Text<'de>>()? {
+            match key.as_str() {
+                "name" => event.name = map.next_value()?,
+                "ph" => event.ph = map.next_value()?,
+                "cat" => event.cat = map.next_value()?,
+                "ts" => event.ts = map.next_value()?,
+                // The profiler writes `name` before `args`: the args of the many events that
+                // are not memory events are skipped without being looked at.
+                "args" if event.name.0.is_none() || event.name.as_str() == MEMORY_EVENT => {
+                    event.args = map.next_value()?
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(event)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<RawEvent<'a>, E> {
+        Ok(RawEvent::default())
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<RawEvent<'a>, E> {
+        Ok(RawEvent::default())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<RawEvent<'a>, E> {
+        Ok(RawEvent::default())
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<RawEvent<'a>, E> {
+        Ok(RawEvent::default())
+    }
+
+    absent_otherwise!();
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for RawEvent<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(RawEventVisitor(std::marker::PhantomData))
+    }
+}
+
 /// A CUDA memory event, before times are made relative.
 struct Memory {
     ts: f64,
@@ -393,33 +496,22 @@ fn memory_event(e: &RawEvent<'_>) -> Option<Memory> {
 }
 
 fn convert(
-    raw: &[RawEvent<'_>],
+    collected: Collected<'_>,
     devices: &[DeviceProps<'_>],
     base_ns: Option<i128>,
     _options: &ImportOptions,
 ) -> Snapshot {
-    let mut memory = Vec::new();
-    let mut step_slices: Vec<(f64, &str)> = Vec::new();
-    for e in raw {
-        let name = e.name.as_str();
-        if name == "[memory]" {
-            memory.extend(memory_event(e));
-        } else if name.starts_with("ProfilerStep#")
-            && e.ph.as_str() == "X"
-            && e.cat.as_str() != "gpu_user_annotation"
-        {
-            if let Some(ts) = e.ts.float() {
-                step_slices.push((ts, name));
-            }
-        }
-    }
+    let Collected {
+        mut memory,
+        mut step_slices,
+    } = collected;
     // The file lists events per thread, not in time order; a stable sort keeps the file's order
     // for events at the same microsecond.
     memory.sort_by(|a, b| a.ts.total_cmp(&b.ts));
     step_slices.sort_by(|a, b| a.0.total_cmp(&b.0));
     // A step's slice can appear more than once (several threads): keep the first.
     let mut seen = std::collections::HashSet::new();
-    step_slices.retain(|(_, name)| seen.insert(*name));
+    step_slices.retain(|(_, name)| seen.insert(name.clone()));
 
     let epoch_ts = memory
         .first()
@@ -596,8 +688,10 @@ mod tests {
 
     #[test]
     fn reads_the_array_form() {
-        let s = load(r#"[{"name": "[memory]", "ph": "i", "ts": 1,
-            "args": {"Device Type": 1, "Device Id": 2, "Addr": 5, "Bytes": 7}}]"#)
+        let s = load(
+            r#"[{"name": "[memory]", "ph": "i", "ts": 1,
+            "args": {"Device Type": 1, "Device Id": 2, "Addr": 5, "Bytes": 7}}]"#,
+        )
         .unwrap();
         assert_eq!(s.events.len(), 1);
         assert_eq!(s.device.index, 2);
@@ -610,11 +704,18 @@ mod tests {
         assert!(matches!(e.kind, ImportErrorKind::Json(_)), "{e}");
         // Deep nesting where the importer expects nothing is skipped without recursion; deep
         // nesting that is cut off is a syntax error.
-        let deep = format!("{{\"traceEvents\": {}{}}}", "[".repeat(5000), "]".repeat(5000));
+        let deep = format!(
+            "{{\"traceEvents\": {}{}}}",
+            "[".repeat(5000),
+            "]".repeat(5000)
+        );
         assert_eq!(load(&deep).unwrap().events.len(), 0);
         let e = load(&deep[..3000]).unwrap_err();
         assert!(matches!(e.kind, ImportErrorKind::Json(_)), "{e}");
         let e = load(r#"{"other": 1}"#).unwrap_err();
-        assert!(matches!(e.kind, ImportErrorKind::UnknownFormat { .. }), "{e}");
+        assert!(
+            matches!(e.kind, ImportErrorKind::UnknownFormat { .. }),
+            "{e}"
+        );
     }
 }

@@ -265,7 +265,11 @@ pub fn detect(bytes: &[u8]) -> Option<Format> {
     }
 }
 
-fn load_plain(bytes: &[u8], origin: &str, options: &ImportOptions) -> Result<Snapshot, ImportError> {
+fn load_plain(
+    bytes: &[u8],
+    origin: &str,
+    options: &ImportOptions,
+) -> Result<Snapshot, ImportError> {
     match detect(bytes) {
         Some(Format::PytorchPickle) => pytorch::from_pickle_bytes(bytes, origin, options),
         Some(Format::VramscopeJson) => Snapshot::from_json_bytes(bytes, origin)
@@ -378,7 +382,10 @@ mod tests {
             ..ImportOptions::default()
         };
         let e = load_bytes(b"\x80\x04N.xx", "big", &options).unwrap_err();
-        assert!(matches!(e.kind, ImportErrorKind::TooLarge { what: "file", .. }));
+        assert!(matches!(
+            e.kind,
+            ImportErrorKind::TooLarge { what: "file", .. }
+        ));
 
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         std::io::Write::write_all(&mut gz, &[b' '; 10_000]).unwrap();
@@ -395,8 +402,12 @@ mod tests {
                 ..
             }
         ));
-        let e = load_bytes(&packed[..packed.len() / 2], "cut.gz", &ImportOptions::default())
-            .unwrap_err();
+        let e = load_bytes(
+            &packed[..packed.len() / 2],
+            "cut.gz",
+            &ImportOptions::default(),
+        )
+        .unwrap_err();
         assert!(matches!(e.kind, ImportErrorKind::Gzip(_)), "{e}");
     }
 

@@ -187,9 +187,7 @@ fn opt_str<'v>(obj: &'v Value, key: &str, loc: Loc) -> Result<Option<&'v str>, F
 fn opt_seq<'v>(obj: &'v Value, key: &str, loc: Loc) -> Result<&'v [Value], Fault> {
     match opt(obj, key) {
         None => Ok(&[]),
-        Some(v) => v
-            .as_seq()
-            .ok_or_else(|| loc.wrong(key, "a list", v)),
+        Some(v) => v.as_seq().ok_or_else(|| loc.wrong(key, "a list", v)),
     }
 }
 
@@ -305,12 +303,7 @@ impl Stacks {
 /// One frame `{filename, line, name}`; missing parts become `??`, 0 and an empty name.
 fn read_frame(frame: &Value) -> Option<Frame> {
     frame.as_dict()?;
-    let text = |key| {
-        frame
-            .get(key)
-            .and_then(Value::as_str)
-            .map(str::to_string)
-    };
+    let text = |key| frame.get(key).and_then(Value::as_str).map(str::to_string);
     let line = match frame.get("line") {
         Some(Value::Int(i)) => (*i).clamp(0, u32::MAX as i64) as u32,
         _ => 0,
@@ -398,7 +391,9 @@ fn read_annotation(value: &Value, loc: Loc) -> Result<RawAnnotation, Fault> {
     let value = dict(value, loc)?;
     Ok(RawAnnotation {
         name: opt_str(value, "name", loc)?.unwrap_or_default().to_string(),
-        stage: opt_str(value, "stage", loc)?.unwrap_or_default().to_string(),
+        stage: opt_str(value, "stage", loc)?
+            .unwrap_or_default()
+            .to_string(),
         device: device_index(opt_u64(value, "device", loc)?.unwrap_or(0), "device", loc)?,
         time_us: opt_time_us(value, "time_us", loc)?,
     })
@@ -501,7 +496,10 @@ fn read_config(settings: Option<&Value>) -> AllocatorConfig {
     let Some(settings) = settings.filter(|s| s.as_dict().is_some()) else {
         return config;
     };
-    if let Some(text) = settings.get("PYTORCH_CUDA_ALLOC_CONF").and_then(Value::as_str) {
+    if let Some(text) = settings
+        .get("PYTORCH_CUDA_ALLOC_CONF")
+        .and_then(Value::as_str)
+    {
         for entry in text.split(',') {
             if let Some((key, value)) = entry.split_once(':') {
                 // PyTorch accepts keys vramscope does not model (`backend`, ...): skip them.
@@ -691,16 +689,18 @@ fn compute_stats(
 }
 
 /// Picks the annotation family that marks steps and returns its `START` times.
-fn annotation_steps(
-    annotations: &[Annotation],
-    chosen: Option<&str>,
-) -> Vec<(u64, String)> {
+fn annotation_steps(annotations: &[Annotation], chosen: Option<&str>) -> Vec<(u64, String)> {
     let is_start = |a: &&Annotation| a.stage.eq_ignore_ascii_case("START");
     let family: Option<String> = match chosen {
         Some(name) => Some(name.to_string()),
         None => STEP_ANNOTATIONS
             .iter()
-            .find(|p| annotations.iter().filter(is_start).any(|a| a.name.starts_with(**p)))
+            .find(|p| {
+                annotations
+                    .iter()
+                    .filter(is_start)
+                    .any(|a| a.name.starts_with(**p))
+            })
             .map(|p| p.to_string())
             .or_else(|| annotations.iter().find(is_start).map(|a| a.name.clone())),
     };

@@ -148,7 +148,10 @@ mod tests {
     }
 
     fn defaults() -> Vec<String> {
-        DEFAULT_FRAMEWORK_PATHS.iter().map(|s| s.to_string()).collect()
+        DEFAULT_FRAMEWORK_PATHS
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
     }
 
     #[test]
@@ -159,7 +162,10 @@ mod tests {
             ("memory_snapshot.cpp", 0),
             ("/src/aten/foo.cu", 12),
             ("/x/.venv/lib/python3.12/site-packages/transformers/m.py", 3),
-            ("C:\\research\\.venv\\lib\\site-packages\\torch\\nn\\modules\\module.py", 930),
+            (
+                "C:\\research\\.venv\\lib\\site-packages\\torch\\nn\\modules\\module.py",
+                930,
+            ),
             ("/usr/lib/python3.12/threading.py", 1010),
             ("C:\\Python311\\Lib\\runpy.py", 88),
             ("<frozen runpy>", 198),
@@ -183,7 +189,10 @@ mod tests {
             &frame("/home/lin/cs336/cs336_basics/model.py", 3, "f"),
             &custom
         ));
-        assert!(!is_framework_frame(&frame("/home/u/train.py", 3, "f"), &custom));
+        assert!(!is_framework_frame(
+            &frame("/home/u/train.py", 3, "f"),
+            &custom
+        ));
     }
 
     #[test]

@@ -86,7 +86,9 @@ pub(crate) fn unix_epoch_ns(us: f64) -> u64 {
     }
     let whole = us.trunc();
     let fraction_ns = ((us - whole) * 1000.0).round() as u64;
-    (whole as u64).saturating_mul(1000).saturating_add(fraction_ns)
+    (whole as u64)
+        .saturating_mul(1000)
+        .saturating_add(fraction_ns)
 }
 
 /// A statistic replayed over a trace whose starting value is unknown.
@@ -200,12 +202,19 @@ mod tests {
         let mut events: Vec<Event> = (0..6).map(|i| event(i, i * 10)).collect();
         let marks = assign_steps_by_time(
             &mut events,
-            vec![(25, "b".to_string()), (10, "a".to_string()), (500, "c".into())],
+            vec![
+                (25, "b".to_string()),
+                (10, "a".to_string()),
+                (500, "c".into()),
+            ],
         );
         let steps: Vec<u64> = events.iter().map(|e| e.step).collect();
         assert_eq!(steps, vec![0, 1, 1, 2, 2, 2]);
         assert_eq!(marks.len(), 3);
-        assert_eq!((marks[0].step, marks[0].seq, marks[0].label.as_str()), (1, 1, "a"));
+        assert_eq!(
+            (marks[0].step, marks[0].seq, marks[0].label.as_str()),
+            (1, 1, "a")
+        );
         assert_eq!((marks[1].step, marks[1].seq), (2, 3));
         assert_eq!((marks[2].step, marks[2].seq), (3, 6));
     }
@@ -222,8 +231,14 @@ mod tests {
 
     #[test]
     fn unix_epochs() {
-        assert_eq!(unix_epoch_ns(1_763_324_225_770_003.0), 1_763_324_225_770_003_000);
-        assert_eq!(unix_epoch_ns(1_669_783_687_464_300.5), 1_669_783_687_464_300_500);
+        assert_eq!(
+            unix_epoch_ns(1_763_324_225_770_003.0),
+            1_763_324_225_770_003_000
+        );
+        assert_eq!(
+            unix_epoch_ns(1_669_783_687_464_300.5),
+            1_669_783_687_464_300_500
+        );
         assert_eq!(unix_epoch_ns(12.0), 0);
         assert_eq!(unix_epoch_ns(f64::NAN), 0);
     }

@@ -1,0 +1,634 @@
+//! Replay and what-if: run a trace's allocations and frees through vramscope's caching
+//! allocator on a phantom simulated device, under any settings and capacity.
+//!
+//! The input is the one model (`vramscope_allocator::Snapshot`, from any importer). A trace
+//! that started after its program had allocated (PyTorch's recording usually does) is replayed
+//! from the allocator state it started in: [`initial_state`] walks the trace backwards from the
+//! segments at the end, as PyTorch's own memory visualizer does, and the allocator's
+//! `restore_segment` recreates those segments and their live blocks. [`replay`] then reports
+//! peak allocated and reserved bytes, raw segment allocations and frees, retries, OOMs (with the
+//! step and request of the first) and fragmentation, beside the same figures read from the
+//! trace itself; [`sweep`] repeats it over a set of settings to answer "will this run fit in
+//! 24 GiB, and with what setting". The CLI's `vramscope replay` is glue over these functions.
+
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+use vramscope_allocator::caching::round_size;
+use vramscope_allocator::{
+    AllocError, AllocatorConfig, BlockState, CachingAllocator, EventKind, Pool, SimDevice,
+    Snapshot, StreamId,
+};
+
+/// Capacity used when neither the caller nor the snapshot names one: large enough that nothing
+/// fails (1 PiB of addresses, no memory behind them).
+pub const UNLIMITED_CAPACITY: u64 = 1 << 50;
+
+/// How to replay.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplayOptions {
+    /// Device capacity; `None` means unlimited.
+    pub capacity: Option<u64>,
+    /// Allocator settings (tracking is switched off for speed whatever this says).
+    pub config: AllocatorConfig,
+    /// Start from the state reconstructed from the segments at the end (true), or from an
+    /// empty device (false).
+    pub reconstruct_start: bool,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions {
+            capacity: None,
+            config: AllocatorConfig::default(),
+            reconstruct_start: true,
+        }
+    }
+}
+
+/// The figures a replay produces, and the same figures read from the trace where it has them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Figures {
+    /// Allocation and free events replayed (or present in the trace).
+    pub events: u64,
+    /// Highest allocated bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_allocated: Option<u64>,
+    /// Highest reserved bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_reserved: Option<u64>,
+    /// Raw segment allocations during the trace (including expandable page maps; segments
+    /// restored to recreate the state a late trace started in are not counted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub segment_allocs: Option<u64>,
+    /// Raw segment frees (including expandable page unmaps).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub segment_frees: Option<u64>,
+    /// Retries after freeing the cache.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_alloc_retries: Option<u64>,
+    /// Allocations that failed for good.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_ooms: Option<u64>,
+}
+
+/// The first allocation that failed in a replay.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FirstOom {
+    /// Sequence number of the trace event.
+    pub seq: u64,
+    /// Training step of the event.
+    pub step: u64,
+    /// Bytes requested.
+    pub requested: u64,
+    /// Bytes allocated when it failed.
+    pub allocated: u64,
+    /// Bytes reserved when it failed.
+    pub reserved: u64,
+}
+
+/// What one replay found.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ReplayResult {
+    /// Figures of the replay (every field present).
+    #[serde(flatten)]
+    pub figures: Figures,
+    /// The settings replayed, in `PYTORCH_CUDA_ALLOC_CONF` syntax.
+    pub config: String,
+    /// The capacity replayed against.
+    pub capacity: u64,
+    /// The first failed allocation, if any.
+    pub first_oom: Option<FirstOom>,
+    /// Peak reserved minus peak allocated: memory the policy held without using it at worst.
+    pub fragmentation: u64,
+    /// Free bytes inside partly used segments at the end.
+    pub inactive_split_bytes: u64,
+    /// Segments recreated at the start (trace started late).
+    pub restored_segments: u64,
+    /// Live blocks recreated at the start.
+    pub restored_blocks: u64,
+    /// Frees of blocks the replay never saw allocated (outside any reconstructed segment).
+    pub unmatched_frees: u64,
+    /// The same figures read from the trace.
+    pub original: Figures,
+}
+
+/// A segment and its live blocks at the start of a trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StartSegment {
+    /// Address in the trace.
+    pub address: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Stream.
+    pub stream: u64,
+    /// Pool.
+    pub pool: Pool,
+    /// Live blocks: (address in the trace, block size, requested size).
+    pub blocks: Vec<(u64, u64, u64)>,
+}
+
+/// The device a replay works on: the snapshot's own.
+fn device_of(snapshot: &Snapshot) -> u32 {
+    snapshot.device.index
+}
+
+/// Reconstructs the segments and live blocks at the start of the trace by undoing its events,
+/// last first, starting from the segments at the end.
+pub fn initial_state(snapshot: &Snapshot) -> Vec<StartSegment> {
+    let device = device_of(snapshot);
+    let mut segments: BTreeMap<u64, (u64, u64, Pool)> = BTreeMap::new();
+    let mut live: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    for segment in snapshot.segments.iter().filter(|s| s.device == device) {
+        segments.insert(segment.address, (segment.total_size, segment.stream, segment.pool));
+        for block in &segment.blocks {
+            if block.state != BlockState::Inactive {
+                live.insert(block.address, (block.size, block.requested_size));
+            }
+        }
+    }
+    for event in snapshot.events.iter().rev().filter(|e| e.device == device) {
+        match event.kind {
+            EventKind::Alloc => {
+                live.remove(&event.addr);
+            }
+            EventKind::FreeCompleted => {
+                let requested = if event.requested > 0 { event.requested } else { event.size };
+                live.insert(event.addr, (round_size(event.size.max(1), 0), requested));
+            }
+            EventKind::SegmentAlloc => {
+                segments.remove(&event.addr);
+            }
+            EventKind::SegmentFree => {
+                let pool = if event.size <= 2 << 20 { Pool::Small } else { Pool::Large };
+                segments.insert(event.addr, (event.size, event.stream, pool));
+            }
+            _ => {}
+        }
+    }
+    let mut start: Vec<StartSegment> = segments
+        .iter()
+        .map(|(&address, &(size, stream, pool))| StartSegment {
+            address,
+            size,
+            stream,
+            pool,
+            blocks: Vec::new(),
+        })
+        .collect();
+    for (&addr, &(size, requested)) in &live {
+        let index = start.partition_point(|s| s.address <= addr);
+        if index == 0 {
+            continue;
+        }
+        let segment = &mut start[index - 1];
+        let end_of_previous = segment.blocks.last().map(|&(a, s, _)| a + s).unwrap_or(0);
+        if addr + size <= segment.address + segment.size && addr >= end_of_previous {
+            segment.blocks.push((addr, size, requested));
+        }
+    }
+    start
+}
+
+/// The trace's own figures: events, segment calls, OOMs, and peaks where they can be known.
+fn original_figures(snapshot: &Snapshot, start: &[StartSegment]) -> Figures {
+    let device = device_of(snapshot);
+    let mut figures = Figures::default();
+    let mut allocated: i128 = start
+        .iter()
+        .flat_map(|s| s.blocks.iter())
+        .map(|&(_, size, _)| size as i128)
+        .sum();
+    let mut reserved: i128 = start.iter().map(|s| s.size as i128).sum();
+    let mut sizes: FxHashMap<u64, u64> = FxHashMap::default();
+    for segment in start {
+        for &(addr, size, _) in &segment.blocks {
+            sizes.insert(addr, size);
+        }
+    }
+    let (mut peak_allocated, mut peak_reserved) = (allocated, reserved);
+    let (mut segment_allocs, mut segment_frees, mut ooms) = (0, 0, 0);
+    let mut saw_segments = !snapshot.segments.is_empty();
+    for event in snapshot.events.iter().filter(|e| e.device == device) {
+        match event.kind {
+            EventKind::Alloc => {
+                figures.events += 1;
+                let size = round_size(event.size.max(1), 0);
+                sizes.insert(event.addr, size);
+                allocated += size as i128;
+                peak_allocated = peak_allocated.max(allocated);
+            }
+            EventKind::FreeCompleted => {
+                figures.events += 1;
+                if let Some(size) = sizes.remove(&event.addr) {
+                    allocated -= size as i128;
+                }
+            }
+            EventKind::SegmentAlloc | EventKind::SegmentMap => {
+                saw_segments = true;
+                segment_allocs += 1;
+                reserved += event.size as i128;
+                peak_reserved = peak_reserved.max(reserved);
+            }
+            EventKind::SegmentFree | EventKind::SegmentUnmap => {
+                saw_segments = true;
+                segment_frees += 1;
+                reserved -= event.size as i128;
+            }
+            EventKind::Oom => ooms += 1,
+            _ => {}
+        }
+    }
+    figures.peak_allocated = Some(peak_allocated.max(0) as u64);
+    if saw_segments {
+        figures.peak_reserved = Some(peak_reserved.max(0) as u64);
+        figures.segment_allocs = Some(segment_allocs);
+        figures.segment_frees = Some(segment_frees);
+    } else if snapshot.stats.reserved_bytes.all.peak > 0 {
+        figures.peak_reserved = Some(snapshot.stats.reserved_bytes.all.peak);
+    }
+    figures.num_ooms = Some(ooms);
+    if snapshot.stats.num_alloc_retries > 0 {
+        figures.num_alloc_retries = Some(snapshot.stats.num_alloc_retries);
+    }
+    figures
+}
+
+/// Replays `snapshot`'s allocations and frees under `options`. `progress` is called now and
+/// then with (events done, events in all).
+pub fn replay(
+    snapshot: &Snapshot,
+    options: &ReplayOptions,
+    progress: &mut dyn FnMut(usize, usize),
+) -> ReplayResult {
+    let device = device_of(snapshot);
+    let capacity = options.capacity.unwrap_or(UNLIMITED_CAPACITY);
+    let config = options.config.clone().untracked();
+    let alloc = CachingAllocator::new(SimDevice::phantom(capacity), config);
+    let start = if options.reconstruct_start {
+        initial_state(snapshot)
+    } else {
+        Vec::new()
+    };
+    let original = original_figures(snapshot, &start);
+
+    // Map the trace's addresses to the replay's.
+    let mut addresses: FxHashMap<u64, u64> = FxHashMap::default();
+    let (mut restored_segments, mut restored_blocks) = (0, 0);
+    let mut first_oom = None;
+    for segment in &start {
+        let offsets: Vec<(u64, u64, u64)> = segment
+            .blocks
+            .iter()
+            .map(|&(addr, size, requested)| (addr - segment.address, size, requested))
+            .collect();
+        match alloc.restore_segment(segment.size, StreamId(segment.stream), segment.pool, &offsets)
+        {
+            Ok(base) => {
+                restored_segments += 1;
+                for &(addr, _, _) in &segment.blocks {
+                    addresses.insert(addr, base + (addr - segment.address));
+                    restored_blocks += 1;
+                }
+            }
+            Err(_) => {
+                let stats = alloc.stats();
+                first_oom.get_or_insert(FirstOom {
+                    seq: 0,
+                    step: 0,
+                    requested: segment.size,
+                    allocated: stats.allocated_bytes.all.current,
+                    reserved: stats.reserved_bytes.all.current,
+                });
+            }
+        }
+    }
+
+    let events: Vec<_> = snapshot
+        .events
+        .iter()
+        .filter(|e| {
+            e.device == device && matches!(e.kind, EventKind::Alloc | EventKind::FreeCompleted)
+        })
+        .collect();
+    let total = events.len();
+    let mut unmatched_frees = 0;
+    for (i, event) in events.iter().enumerate() {
+        if i % 8192 == 0 {
+            progress(i, total);
+        }
+        match event.kind {
+            EventKind::Alloc => {
+                let requested = if event.requested > 0 { event.requested } else { event.size };
+                match alloc.alloc_ptr(requested, StreamId(event.stream)) {
+                    Ok(ours) => {
+                        addresses.insert(event.addr, ours);
+                    }
+                    Err(AllocError::OutOfMemory(report)) => {
+                        addresses.remove(&event.addr);
+                        first_oom.get_or_insert(FirstOom {
+                            seq: event.seq,
+                            step: event.step,
+                            requested,
+                            allocated: report.allocated,
+                            reserved: report.reserved,
+                        });
+                    }
+                    Err(_) => {
+                        addresses.remove(&event.addr);
+                    }
+                }
+            }
+            _ => match addresses.remove(&event.addr) {
+                Some(ours) => {
+                    // The replay frees only what it allocated, so this cannot fail.
+                    let _ = alloc.free_ptr(ours);
+                }
+                None => unmatched_frees += 1,
+            },
+        }
+    }
+    progress(total, total);
+    let stats = alloc.stats();
+    let peak_allocated = stats.allocated_bytes.all.peak;
+    let peak_reserved = stats.reserved_bytes.all.peak;
+    ReplayResult {
+        figures: Figures {
+            events: total as u64,
+            peak_allocated: Some(peak_allocated),
+            peak_reserved: Some(peak_reserved),
+            segment_allocs: Some(stats.num_device_alloc - restored_segments),
+            segment_frees: Some(stats.num_device_free),
+            num_alloc_retries: Some(stats.num_alloc_retries),
+            num_ooms: Some(stats.num_ooms),
+        },
+        config: options.config.to_string(),
+        capacity,
+        first_oom,
+        fragmentation: peak_reserved.saturating_sub(peak_allocated),
+        inactive_split_bytes: stats.inactive_split_bytes.all.current,
+        restored_segments,
+        restored_blocks,
+        unmatched_frees,
+        original,
+    }
+}
+
+/// One row of a settings sweep.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SweepRow {
+    /// The settings tried.
+    pub config: String,
+    /// The replay under them.
+    pub result: ReplayResult,
+    /// Whether the run fits: no OOM, and peak reserved within the capacity.
+    pub fits: bool,
+}
+
+/// The settings a sweep tries: PyTorch's defaults, expandable segments, several
+/// `max_split_size_mb` values and power-of-two rounding.
+pub fn sweep_configs() -> Vec<AllocatorConfig> {
+    [
+        "",
+        "expandable_segments:True",
+        "max_split_size_mb:64",
+        "max_split_size_mb:128",
+        "max_split_size_mb:256",
+        "max_split_size_mb:512",
+        "roundup_power2_divisions:4",
+        "max_split_size_mb:128,roundup_power2_divisions:4",
+    ]
+    .iter()
+    .map(|text| AllocatorConfig::parse(text).expect("built-in sweep settings parse"))
+    .collect()
+}
+
+/// Replays `snapshot` under every setting of [`sweep_configs`] against `capacity`, best fit
+/// first (fits, then lowest peak reserved).
+pub fn sweep(
+    snapshot: &Snapshot,
+    capacity: Option<u64>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Vec<SweepRow> {
+    let configs = sweep_configs();
+    let count = configs.len();
+    let mut rows: Vec<SweepRow> = configs
+        .into_iter()
+        .enumerate()
+        .map(|(i, config)| {
+            let options = ReplayOptions {
+                capacity,
+                config,
+                reconstruct_start: true,
+            };
+            let result = replay(snapshot, &options, &mut |_, _| {});
+            progress(i + 1, count);
+            let fits = result.figures.num_ooms == Some(0)
+                && result.first_oom.is_none()
+                && result.figures.peak_reserved.unwrap_or(0) <= result.capacity;
+            SweepRow {
+                config: if result.config.is_empty() {
+                    "(defaults)".to_string()
+                } else {
+                    result.config.clone()
+                },
+                result,
+                fits,
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        b.fits
+            .cmp(&a.fits)
+            .then(a.result.figures.peak_reserved.cmp(&b.result.figures.peak_reserved))
+    });
+    rows
+}
+
+fn cell(value: Option<u64>, bytes: bool) -> String {
+    match value {
+        None => "-".to_string(),
+        Some(v) if bytes => vramscope_allocator::format_bytes(v),
+        Some(v) => v.to_string(),
+    }
+}
+
+/// The replay as a text table: the replay's figures beside the trace's own.
+pub fn render_text(source: &str, result: &ReplayResult) -> String {
+    let mut out = format!(
+        "replay of {source}\n  settings {} on {} capacity\n",
+        if result.config.is_empty() { "(defaults)" } else { &result.config },
+        vramscope_allocator::format_bytes(result.capacity)
+    );
+    if result.restored_segments > 0 {
+        out.push_str(&format!(
+            "  started from the state at the beginning of the trace: {} segments, {} live blocks\n",
+            result.restored_segments, result.restored_blocks
+        ));
+    }
+    out.push_str(&format!("\n  {:<20} {:>12} {:>12}\n", "", "replay", "trace"));
+    let (r, o) = (&result.figures, &result.original);
+    let rows = [
+        ("events", Some(r.events), Some(o.events), false),
+        ("peak allocated", r.peak_allocated, o.peak_allocated, true),
+        ("peak reserved", r.peak_reserved, o.peak_reserved, true),
+        ("segment allocs", r.segment_allocs, o.segment_allocs, false),
+        ("segment frees", r.segment_frees, o.segment_frees, false),
+        ("alloc retries", r.num_alloc_retries, o.num_alloc_retries, false),
+        ("OOMs", r.num_ooms, o.num_ooms, false),
+    ];
+    for (name, ours, theirs, bytes) in rows {
+        out.push_str(&format!(
+            "  {:<20} {:>12} {:>12}\n",
+            name,
+            cell(ours, bytes),
+            cell(theirs, bytes)
+        ));
+    }
+    out.push_str(&format!(
+        "\n  fragmentation: {} reserved beyond allocated at the peaks; {} free inside partly used segments at the end\n",
+        vramscope_allocator::format_bytes(result.fragmentation),
+        vramscope_allocator::format_bytes(result.inactive_split_bytes)
+    ));
+    match &result.first_oom {
+        Some(oom) => out.push_str(&format!(
+            "  first OOM: event {} in step {}, a request of {} with {} allocated and {} reserved\n",
+            oom.seq,
+            oom.step,
+            vramscope_allocator::format_bytes(oom.requested),
+            vramscope_allocator::format_bytes(oom.allocated),
+            vramscope_allocator::format_bytes(oom.reserved)
+        )),
+        None => out.push_str("  no OOM at this capacity\n"),
+    }
+    if result.unmatched_frees > 0 {
+        out.push_str(&format!(
+            "  {} frees of blocks allocated before the trace were skipped\n",
+            result.unmatched_frees
+        ));
+    }
+    out
+}
+
+/// A sweep as a text table, best setting first.
+pub fn render_sweep_text(source: &str, capacity: u64, rows: &[SweepRow]) -> String {
+    let mut out = format!(
+        "settings sweep of {source} on {} capacity\n\n  {:<52} {:>5} {:>12} {:>12} {:>5}\n",
+        vramscope_allocator::format_bytes(capacity),
+        "settings",
+        "fits",
+        "peak resv",
+        "peak alloc",
+        "OOMs"
+    );
+    for row in rows {
+        out.push_str(&format!(
+            "  {:<52} {:>5} {:>12} {:>12} {:>5}\n",
+            row.config,
+            if row.fits { "yes" } else { "no" },
+            cell(row.result.figures.peak_reserved, true),
+            cell(row.result.figures.peak_allocated, true),
+            cell(row.result.figures.num_ooms, false)
+        ));
+    }
+    match rows.iter().find(|r| r.fits) {
+        Some(best) => out.push_str(&format!(
+            "\n  fits with {} at a peak of {} reserved\n",
+            best.config,
+            cell(best.result.figures.peak_reserved, true)
+        )),
+        None => out.push_str("\n  no setting tried fits this capacity\n"),
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn traced_run(config: &str) -> Snapshot {
+        let alloc = CachingAllocator::new(
+            SimDevice::phantom(1 << 40),
+            AllocatorConfig::parse(config).unwrap(),
+        );
+        let _weights = alloc.alloc(100 << 20).unwrap();
+        for _ in 0..5 {
+            alloc.mark_step();
+            let a = alloc.alloc(30 << 20).unwrap();
+            let _b = alloc.alloc(3 << 20).unwrap();
+            drop(a);
+            let _c = alloc.alloc(50 << 20).unwrap();
+        }
+        alloc.snapshot()
+    }
+
+    #[test]
+    fn replaying_our_own_trace_reproduces_its_figures() {
+        let snapshot = traced_run("");
+        let result = replay(&snapshot, &ReplayOptions::default(), &mut |_, _| {});
+        assert_eq!(result.figures.segment_allocs, result.original.segment_allocs);
+        assert_eq!(result.figures.peak_reserved, result.original.peak_reserved);
+        assert_eq!(
+            result.figures.peak_reserved,
+            Some(snapshot.stats.reserved_bytes.all.peak)
+        );
+        assert_eq!(result.unmatched_frees, 0);
+        assert_eq!(result.restored_segments, 0, "the trace starts from an empty device");
+    }
+
+    #[test]
+    fn a_small_capacity_names_the_first_oom() {
+        let snapshot = traced_run("");
+        let options = ReplayOptions {
+            capacity: Some(150 << 20),
+            ..ReplayOptions::default()
+        };
+        let result = replay(&snapshot, &options, &mut |_, _| {});
+        let oom = result.first_oom.clone().expect("150 MiB is too small");
+        assert!(oom.step >= 1);
+        assert!(result.figures.num_ooms.unwrap() >= 1);
+        let json = serde_json::to_value(&result).unwrap();
+        for key in [
+            "events",
+            "peak_allocated",
+            "peak_reserved",
+            "segment_allocs",
+            "segment_frees",
+            "num_alloc_retries",
+            "num_ooms",
+            "original",
+        ] {
+            assert!(json.get(key).is_some(), "{key}");
+        }
+    }
+
+    #[test]
+    fn late_traces_start_from_the_reconstructed_state() {
+        // Record only the second half of a run: drop the events of the first half.
+        let mut snapshot = traced_run("");
+        let cut = snapshot
+            .events
+            .iter()
+            .position(|e| e.kind == EventKind::Step && e.step >= 3)
+            .unwrap();
+        snapshot.events.drain(..cut);
+        let start = initial_state(&snapshot);
+        assert!(!start.is_empty());
+        assert!(start.iter().any(|s| !s.blocks.is_empty()), "the weights were live");
+        let result = replay(&snapshot, &ReplayOptions::default(), &mut |_, _| {});
+        assert_eq!(result.unmatched_frees, 0);
+        assert_eq!(result.figures.segment_allocs, Some(0));
+        assert_eq!(result.original.segment_allocs, Some(0));
+    }
+
+    #[test]
+    fn sweep_ranks_fitting_settings_first() {
+        let snapshot = traced_run("");
+        let rows = sweep(&snapshot, Some(400 << 20), &mut |_, _| {});
+        assert_eq!(rows.len(), sweep_configs().len());
+        assert!(rows[0].fits || rows.iter().all(|r| !r.fits));
+        let fits_then_not = rows.windows(2).all(|w| w[0].fits || !w[1].fits);
+        assert!(fits_then_not);
+    }
+}

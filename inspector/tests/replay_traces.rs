@@ -1,0 +1,67 @@
+//! Replay of the real traces in `../shared/traces` (or `$VRAMSCOPE_TRACES`): PyTorch's policy
+//! replayed from the state each trace started in must reproduce PyTorch's own segment
+//! allocations. Skipped with one printed line when the traces are absent.
+
+use std::path::PathBuf;
+
+use vramscope_inspector::import;
+use vramscope_inspector::replay::{replay, sweep, ReplayOptions};
+
+fn trace(name: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("VRAMSCOPE_TRACES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces"));
+    let path = dir.join(name);
+    if path.is_file() {
+        Some(path)
+    } else {
+        println!("skipped: shared trace {} not found", path.display());
+        None
+    }
+}
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn decomfl_replay_matches_pytorch() {
+    let Some(path) = trace("decomfl_opt125m_zo_fedlearn.pickle") else {
+        return;
+    };
+    let snapshot = import::load(&path).unwrap();
+    let result = replay(&snapshot, &ReplayOptions::default(), &mut |_, _| {});
+    assert_eq!(result.restored_segments, 0, "recording started from an empty device");
+    assert_eq!(result.figures.segment_allocs, Some(61));
+    assert_eq!(result.original.segment_allocs, Some(61));
+    assert_eq!(result.figures.peak_reserved, Some(1810 * MIB));
+    assert_eq!(result.figures.peak_reserved, result.original.peak_reserved);
+    assert_eq!(result.figures.events, 7946 + 7549);
+    assert_eq!(result.unmatched_frees, 0);
+}
+
+#[test]
+fn cs336_replay_starts_late_and_still_matches_pytorch() {
+    let Some(path) = trace("cs336_medium_ctx512_train_step.pickle") else {
+        return;
+    };
+    let snapshot = import::load(&path).unwrap();
+    let result = replay(&snapshot, &ReplayOptions::default(), &mut |_, _| {});
+    assert_eq!(result.restored_segments, 399, "400 segments at the end, 1 allocated in the trace");
+    assert_eq!(result.original.segment_allocs, Some(1));
+    assert_eq!(result.figures.segment_allocs, Some(1), "{result:#?}");
+    assert_eq!(result.unmatched_frees, 0);
+}
+
+#[test]
+fn sweep_on_decomfl_finds_settings_that_fit_2_gib() {
+    let Some(path) = trace("decomfl_opt125m_zo_fedlearn.pickle") else {
+        return;
+    };
+    let snapshot = import::load(&path).unwrap();
+    let rows = sweep(&snapshot, Some(2 << 30), &mut |_, _| {});
+    assert!(rows[0].fits);
+    let expandable = rows
+        .iter()
+        .find(|r| r.config.contains("expandable_segments"))
+        .unwrap();
+    assert!(expandable.result.figures.peak_reserved < Some(1810 * MIB));
+}
