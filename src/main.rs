@@ -13,9 +13,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use vramscope::inspector::detect::Severity;
+use vramscope::inspector::diff;
 use vramscope::inspector::import::{self, ImportOptions};
 use vramscope::inspector::report::{self, Format, ReportOptions};
-use vramscope::inspector::diff;
 
 /// GPU memory debugger and allocator inspector.
 #[derive(Parser)]
@@ -80,6 +80,18 @@ enum Command {
         #[arg(long, default_value = "text")]
         format: Format,
     },
+    /// Convert a snapshot: to PyTorch's pickle (memory_viz reads it), Perfetto's trace JSON,
+    /// or vramscope's JSON.
+    Convert {
+        /// The file to read.
+        file: PathBuf,
+        /// Target format: pytorch, perfetto or json.
+        #[arg(long)]
+        to: ConvertTarget,
+        /// The file to write.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
     /// Print the memory summary table of any snapshot.
     Summary {
         /// The file to read.
@@ -95,6 +107,17 @@ enum Command {
         #[arg(long, default_value = "text")]
         format: Format,
     },
+}
+
+/// A format `vramscope convert` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ConvertTarget {
+    /// A `torch.cuda.memory._dump_snapshot()` pickle.
+    Pytorch,
+    /// Chrome trace JSON for ui.perfetto.dev.
+    Perfetto,
+    /// vramscope's JSON snapshot.
+    Json,
 }
 
 /// An error that ends the command with a status code.
@@ -157,7 +180,9 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             format,
         } => {
             if !headless {
-                eprintln!("vramscope demo: the terminal dashboard is not built yet; printing the report.");
+                eprintln!(
+                    "vramscope demo: the terminal dashboard is not built yet; printing the report."
+                );
             }
             let snapshot = demo::run(steps, bug).map_err(|e| Failure {
                 message: format!("demo failed: {e}"),
@@ -168,7 +193,10 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                 ..ReportOptions::default()
             };
             let built = report::build_report(&snapshot, &options);
-            emit(&report::render(&built, format, use_color() && format == Format::Text), None)?;
+            emit(
+                &report::render(&built, format, use_color() && format == Format::Text),
+                None,
+            )?;
             Ok(0)
         }
         Command::Report {
@@ -228,11 +256,27 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                 };
                 let result = replay::replay(&snapshot, &options, &mut progress_line("replaying"));
                 match format {
-                    Format::Json => serde_json::to_string_pretty(&result).unwrap_or_default() + "\n",
+                    Format::Json => {
+                        serde_json::to_string_pretty(&result).unwrap_or_default() + "\n"
+                    }
                     _ => replay::render_text(&source, &result),
                 }
             };
             emit(&text, None)?;
+            Ok(0)
+        }
+        Command::Convert { file, to, output } => {
+            use vramscope::inspector::export;
+            let snapshot = import::load(&file).map_err(Failure::input)?;
+            let written = match to {
+                ConvertTarget::Pytorch => {
+                    std::fs::write(&output, export::to_pytorch_pickle(&snapshot))
+                }
+                ConvertTarget::Perfetto => std::fs::write(&output, export::to_perfetto(&snapshot)),
+                ConvertTarget::Json => snapshot.save(&output).map_err(std::io::Error::other),
+            };
+            written.map_err(|e| Failure::input(format!("{}: {e}", output.display())))?;
+            eprintln!("wrote {}", output.display());
             Ok(0)
         }
         Command::Summary { file } => {

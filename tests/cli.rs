@@ -33,7 +33,11 @@ fn demo_line(marker: &str) -> String {
 #[test]
 fn headless_demo_reports_the_planted_bugs_at_their_lines() {
     let output = vramscope(&["demo", "--headless", "--steps", "8", "--format", "json"]);
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let report: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
     let findings = report["findings"].as_array().unwrap();
     let site_of = |kind: &str| {
@@ -43,14 +47,29 @@ fn headless_demo_reports_the_planted_bugs_at_their_lines() {
             .and_then(|f| f["site"].as_str())
             .map(str::to_string)
     };
-    assert_eq!(site_of("retained_per_step"), Some(demo_line("planted: retained_per_step")));
-    assert_eq!(site_of("sync_in_loop"), Some(demo_line("planted: sync_in_loop")));
+    assert_eq!(
+        site_of("retained_per_step"),
+        Some(demo_line("planted: retained_per_step"))
+    );
+    assert_eq!(
+        site_of("sync_in_loop"),
+        Some(demo_line("planted: sync_in_loop"))
+    );
     assert_eq!(report["steps"], 8);
 }
 
 #[test]
 fn headless_demo_without_bugs_reports_no_warning_or_error() {
-    let output = vramscope(&["demo", "--headless", "--steps", "8", "--bug", "none", "--format", "json"]);
+    let output = vramscope(&[
+        "demo",
+        "--headless",
+        "--steps",
+        "8",
+        "--bug",
+        "none",
+        "--format",
+        "json",
+    ]);
     assert!(output.status.success());
     let report: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
     let serious = report["findings"]
@@ -90,16 +109,32 @@ fn report_formats_fail_on_summary_and_diff() {
 
     let text = vramscope(&["report", leaky_s]);
     assert!(text.status.success());
-    assert!(stdout(&text).contains("retained_per_step"), "{}", stdout(&text));
-    assert!(stdout(&text).contains("tests/cli.rs:"), "the site is this file");
+    assert!(
+        stdout(&text).contains("retained_per_step"),
+        "{}",
+        stdout(&text)
+    );
+    assert!(
+        stdout(&text).contains("tests/cli.rs:"),
+        "the site is this file"
+    );
 
     let json = vramscope(&["report", leaky_s, "--format", "json"]);
     let value: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
-    for key in ["format_version", "source", "steps", "stats", "findings", "top_sites"] {
+    for key in [
+        "format_version",
+        "source",
+        "steps",
+        "stats",
+        "findings",
+        "top_sites",
+    ] {
         assert!(value.get(key).is_some(), "report JSON has `{key}`");
     }
     let finding = &value["findings"][0];
-    for key in ["kind", "severity", "site", "function", "bytes", "count", "per_step", "evidence", "fix"] {
+    for key in [
+        "kind", "severity", "site", "function", "bytes", "count", "per_step", "evidence", "fix",
+    ] {
         assert!(finding.get(key).is_some(), "finding JSON has `{key}`");
     }
 
@@ -107,17 +142,41 @@ fn report_formats_fail_on_summary_and_diff() {
     assert!(stdout(&markdown).contains("retained_per_step"));
 
     let html_path = temp("report.html");
-    let html = vramscope(&["report", leaky_s, "--format", "html", "-o", html_path.to_str().unwrap()]);
+    let html = vramscope(&[
+        "report",
+        leaky_s,
+        "--format",
+        "html",
+        "-o",
+        html_path.to_str().unwrap(),
+    ]);
     assert!(html.status.success());
     let page = std::fs::read_to_string(&html_path).unwrap();
     assert!(page.contains("<svg"));
-    assert!(!page.contains("http://") && !page.contains("https://"), "nothing fetched");
+    assert!(
+        !page.contains("http://") && !page.contains("https://"),
+        "nothing fetched"
+    );
 
-    assert_eq!(vramscope(&["report", leaky_s, "--fail-on", "error"]).status.code(), Some(1));
-    assert_eq!(vramscope(&["report", clean_s, "--fail-on", "warning"]).status.code(), Some(0));
+    assert_eq!(
+        vramscope(&["report", leaky_s, "--fail-on", "error"])
+            .status
+            .code(),
+        Some(1)
+    );
+    assert_eq!(
+        vramscope(&["report", clean_s, "--fail-on", "warning"])
+            .status
+            .code(),
+        Some(0)
+    );
 
     let summary = vramscope(&["summary", leaky_s]);
-    assert!(stdout(&summary).contains("Allocated memory"), "{}", stdout(&summary));
+    assert!(
+        stdout(&summary).contains("Allocated memory"),
+        "{}",
+        stdout(&summary)
+    );
 
     let diff = vramscope(&["diff", clean_s, leaky_s]);
     assert!(diff.status.success());
@@ -158,7 +217,11 @@ fn replay_prints_the_figures_external_checks_read() {
     }
     let path = trace.to_str().unwrap();
     let output = vramscope(&["replay", path, "--capacity", "80MiB", "--format", "json"]);
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let value: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
     for key in [
         "events",
@@ -172,7 +235,10 @@ fn replay_prints_the_figures_external_checks_read() {
         assert!(value[key].is_u64(), "`{key}` is an integer: {value:#}");
         assert!(value["original"].get(key).is_none() || value["original"][key].is_u64());
     }
-    assert!(value["num_ooms"].as_u64().unwrap() > 0, "104 MiB does not fit in 80 MiB");
+    assert!(
+        value["num_ooms"].as_u64().unwrap() > 0,
+        "104 MiB does not fit in 80 MiB"
+    );
     assert_eq!(value["original"]["segment_allocs"], 2);
 
     let sweep = vramscope(&["replay", path, "--capacity", "200MiB", "--sweep"]);
@@ -181,4 +247,47 @@ fn replay_prints_the_figures_external_checks_read() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("max_split_size_mb"));
     std::fs::remove_file(trace).ok();
+}
+
+#[test]
+fn convert_writes_pytorch_perfetto_and_json() {
+    let source = temp("convert-src.json");
+    {
+        use vramscope::{AllocatorConfig, CachingAllocator, SimDevice};
+        let alloc = CachingAllocator::new(SimDevice::phantom(1 << 34), AllocatorConfig::default());
+        let _a = alloc.alloc(3 << 20).unwrap();
+        alloc.mark_step();
+        drop(alloc.alloc(512).unwrap());
+        alloc.snapshot().save(&source).unwrap();
+    }
+    let src = source.to_str().unwrap();
+    for (target, name) in [
+        ("pytorch", "out.pickle"),
+        ("perfetto", "out.trace.json"),
+        ("json", "out.json"),
+    ] {
+        let out = temp(name);
+        let output = vramscope(&["convert", src, "--to", target, "-o", out.to_str().unwrap()]);
+        assert!(
+            output.status.success(),
+            "{target}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        // Every converted file reads back (Perfetto's is a Chrome trace with no memory events
+        // of torch.profiler's kind, so it is checked as JSON instead).
+        if target == "perfetto" {
+            let value: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+            assert!(value["traceEvents"]
+                .as_array()
+                .is_some_and(|e| !e.is_empty()));
+        } else {
+            let summary = vramscope(&["summary", out.to_str().unwrap()]);
+            assert!(summary.status.success(), "{target} reads back");
+        }
+        std::fs::remove_file(out).ok();
+    }
+    let bad = vramscope(&["convert", src, "--to", "excel", "-o", "/tmp/x"]);
+    assert_eq!(bad.status.code(), Some(2));
+    std::fs::remove_file(source).ok();
 }

@@ -20,7 +20,8 @@ fn examples_dir() -> PathBuf {
 /// The `file:line` and kind named by the `// BUG: kind` marker in an example's source.
 fn marked_bug(example: &str) -> Option<(String, String)> {
     let file = format!("examples/{example}.rs");
-    let source = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(&file)).unwrap();
+    let source =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(&file)).unwrap();
     source.lines().enumerate().find_map(|(i, line)| {
         let (_, rest) = line.split_once("// BUG: ")?;
         let kind = rest.split_whitespace().next()?.to_string();
@@ -35,9 +36,16 @@ fn run_example(example: &str) -> Snapshot {
         .arg(&out)
         .output()
         .unwrap_or_else(|e| panic!("{}: {e}", binary.display()));
-    assert!(output.status.success(), "{example}: {}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{example}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(stdout.contains(&out.display().to_string()), "{example} prints its snapshot path");
+    assert!(
+        stdout.contains(&out.display().to_string()),
+        "{example} prints its snapshot path"
+    );
     let snapshot = Snapshot::load(&out).unwrap();
     std::fs::remove_file(&out).ok();
     snapshot

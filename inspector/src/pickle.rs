@@ -15,8 +15,10 @@
 //! The reader first builds an arena of nodes (so that memoized lists and dicts can still be
 //! appended to, as the pickle machine requires) and then converts the arena into immutable
 //! [`Value`]s in which every memo-shared object becomes one reference-counted allocation: a frame
-//! list referenced by ten thousand trace entries is stored once.
+//! list referenced by ten thousand trace entries is stored once, and so are separate lists that
+//! hold the very same (memoized) elements, such as the identical stacks of a training loop.
 
+#![warn(missing_docs)]
 use std::fmt;
 use std::hash::Hash;
 use std::rc::Rc;
@@ -166,8 +168,9 @@ impl Value {
     }
 
     /// An address that identifies the shared allocation behind a string, bytes or container
-    /// value (two values with the same identity are the same memoized object); `None` for
-    /// scalars and empty containers.
+    /// value; `None` for scalars and empty containers. Two values with the same identity are
+    /// equal: they are one memoized object, or lists (or tuples) of the very same elements,
+    /// which the reader stores once. Importers use it to convert each shared object once.
     pub fn identity(&self) -> Option<usize> {
         fn addr<T: ?Sized>(rc: &Rc<T>) -> usize {
             Rc::as_ptr(rc) as *const u8 as usize
@@ -1818,13 +1821,9 @@ mod tests {
 
     #[test]
     fn limits_are_enforced() {
-        let mut deep = Vec::new();
-        for _ in 0..300 {
-            deep.push(b']');
-        }
-        for _ in 0..299 {
-            deep.push(b'a');
-        }
+        // 300 nested lists: ]]]...]aaa...a.
+        let mut deep = vec![b']'; 300];
+        deep.extend_from_slice(&[b'a'; 299]);
         deep.push(b'.');
         let e = err(&deep);
         assert!(matches!(

@@ -141,7 +141,10 @@ pub fn initial_state(snapshot: &Snapshot) -> Vec<StartSegment> {
     let mut segments: BTreeMap<u64, (u64, u64, Pool)> = BTreeMap::new();
     let mut live: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
     for segment in snapshot.segments.iter().filter(|s| s.device == device) {
-        segments.insert(segment.address, (segment.total_size, segment.stream, segment.pool));
+        segments.insert(
+            segment.address,
+            (segment.total_size, segment.stream, segment.pool),
+        );
         for block in &segment.blocks {
             if block.state != BlockState::Inactive {
                 live.insert(block.address, (block.size, block.requested_size));
@@ -154,14 +157,22 @@ pub fn initial_state(snapshot: &Snapshot) -> Vec<StartSegment> {
                 live.remove(&event.addr);
             }
             EventKind::FreeCompleted => {
-                let requested = if event.requested > 0 { event.requested } else { event.size };
+                let requested = if event.requested > 0 {
+                    event.requested
+                } else {
+                    event.size
+                };
                 live.insert(event.addr, (round_size(event.size.max(1), 0), requested));
             }
             EventKind::SegmentAlloc => {
                 segments.remove(&event.addr);
             }
             EventKind::SegmentFree => {
-                let pool = if event.size <= 2 << 20 { Pool::Small } else { Pool::Large };
+                let pool = if event.size <= 2 << 20 {
+                    Pool::Small
+                } else {
+                    Pool::Large
+                };
                 segments.insert(event.addr, (event.size, event.stream, pool));
             }
             _ => {}
@@ -283,8 +294,12 @@ pub fn replay(
             .iter()
             .map(|&(addr, size, requested)| (addr - segment.address, size, requested))
             .collect();
-        match alloc.restore_segment(segment.size, StreamId(segment.stream), segment.pool, &offsets)
-        {
+        match alloc.restore_segment(
+            segment.size,
+            StreamId(segment.stream),
+            segment.pool,
+            &offsets,
+        ) {
             Ok(base) => {
                 restored_segments += 1;
                 for &(addr, _, _) in &segment.blocks {
@@ -320,7 +335,11 @@ pub fn replay(
         }
         match event.kind {
             EventKind::Alloc => {
-                let requested = if event.requested > 0 { event.requested } else { event.size };
+                let requested = if event.requested > 0 {
+                    event.requested
+                } else {
+                    event.size
+                };
                 match alloc.alloc_ptr(requested, StreamId(event.stream)) {
                     Ok(ours) => {
                         addresses.insert(event.addr, ours);
@@ -439,9 +458,12 @@ pub fn sweep(
         })
         .collect();
     rows.sort_by(|a, b| {
-        b.fits
-            .cmp(&a.fits)
-            .then(a.result.figures.peak_reserved.cmp(&b.result.figures.peak_reserved))
+        b.fits.cmp(&a.fits).then(
+            a.result
+                .figures
+                .peak_reserved
+                .cmp(&b.result.figures.peak_reserved),
+        )
     });
     rows
 }
@@ -458,7 +480,11 @@ fn cell(value: Option<u64>, bytes: bool) -> String {
 pub fn render_text(source: &str, result: &ReplayResult) -> String {
     let mut out = format!(
         "replay of {source}\n  settings {} on {} capacity\n",
-        if result.config.is_empty() { "(defaults)" } else { &result.config },
+        if result.config.is_empty() {
+            "(defaults)"
+        } else {
+            &result.config
+        },
         vramscope_allocator::format_bytes(result.capacity)
     );
     if result.restored_segments > 0 {
@@ -467,7 +493,10 @@ pub fn render_text(source: &str, result: &ReplayResult) -> String {
             result.restored_segments, result.restored_blocks
         ));
     }
-    out.push_str(&format!("\n  {:<20} {:>12} {:>12}\n", "", "replay", "trace"));
+    out.push_str(&format!(
+        "\n  {:<20} {:>12} {:>12}\n",
+        "", "replay", "trace"
+    ));
     let (r, o) = (&result.figures, &result.original);
     let rows = [
         ("events", Some(r.events), Some(o.events), false),
@@ -475,7 +504,12 @@ pub fn render_text(source: &str, result: &ReplayResult) -> String {
         ("peak reserved", r.peak_reserved, o.peak_reserved, true),
         ("segment allocs", r.segment_allocs, o.segment_allocs, false),
         ("segment frees", r.segment_frees, o.segment_frees, false),
-        ("alloc retries", r.num_alloc_retries, o.num_alloc_retries, false),
+        (
+            "alloc retries",
+            r.num_alloc_retries,
+            o.num_alloc_retries,
+            false,
+        ),
         ("OOMs", r.num_ooms, o.num_ooms, false),
     ];
     for (name, ours, theirs, bytes) in rows {
@@ -567,14 +601,20 @@ mod tests {
     fn replaying_our_own_trace_reproduces_its_figures() {
         let snapshot = traced_run("");
         let result = replay(&snapshot, &ReplayOptions::default(), &mut |_, _| {});
-        assert_eq!(result.figures.segment_allocs, result.original.segment_allocs);
+        assert_eq!(
+            result.figures.segment_allocs,
+            result.original.segment_allocs
+        );
         assert_eq!(result.figures.peak_reserved, result.original.peak_reserved);
         assert_eq!(
             result.figures.peak_reserved,
             Some(snapshot.stats.reserved_bytes.all.peak)
         );
         assert_eq!(result.unmatched_frees, 0);
-        assert_eq!(result.restored_segments, 0, "the trace starts from an empty device");
+        assert_eq!(
+            result.restored_segments, 0,
+            "the trace starts from an empty device"
+        );
     }
 
     #[test]
@@ -615,7 +655,10 @@ mod tests {
         snapshot.events.drain(..cut);
         let start = initial_state(&snapshot);
         assert!(!start.is_empty());
-        assert!(start.iter().any(|s| !s.blocks.is_empty()), "the weights were live");
+        assert!(
+            start.iter().any(|s| !s.blocks.is_empty()),
+            "the weights were live"
+        );
         let result = replay(&snapshot, &ReplayOptions::default(), &mut |_, _| {});
         assert_eq!(result.unmatched_frees, 0);
         assert_eq!(result.figures.segment_allocs, Some(0));

@@ -29,7 +29,10 @@ fn decomfl_replay_matches_pytorch() {
     };
     let snapshot = import::load(&path).unwrap();
     let result = replay(&snapshot, &ReplayOptions::default(), &mut |_, _| {});
-    assert_eq!(result.restored_segments, 0, "recording started from an empty device");
+    assert_eq!(
+        result.restored_segments, 0,
+        "recording started from an empty device"
+    );
     assert_eq!(result.figures.segment_allocs, Some(61));
     assert_eq!(result.original.segment_allocs, Some(61));
     assert_eq!(result.figures.peak_reserved, Some(1810 * MIB));
@@ -45,7 +48,10 @@ fn cs336_replay_starts_late_and_still_matches_pytorch() {
     };
     let snapshot = import::load(&path).unwrap();
     let result = replay(&snapshot, &ReplayOptions::default(), &mut |_, _| {});
-    assert_eq!(result.restored_segments, 399, "400 segments at the end, 1 allocated in the trace");
+    assert_eq!(
+        result.restored_segments, 399,
+        "400 segments at the end, 1 allocated in the trace"
+    );
     assert_eq!(result.original.segment_allocs, Some(1));
     assert_eq!(result.figures.segment_allocs, Some(1), "{result:#?}");
     assert_eq!(result.unmatched_frees, 0);

@@ -13,6 +13,8 @@
 //! choices a user can make on the command line: which paths count as framework code when a
 //! call site is chosen from a stack, and how training steps are recognised.
 
+#![warn(missing_docs)]
+
 pub mod chrome;
 pub mod pytorch;
 pub mod sites;

@@ -1,0 +1,247 @@
+//! A small streaming writer for pickle protocol 4, the counterpart of `crate::pickle`'s reader
+//! for the data subset: dicts, lists, tuples, strings, integers of any size, floats, booleans
+//! and None, with the memo for shared objects.
+//!
+//! `crate::export` writes PyTorch snapshot pickles with it. Like PyTorch's own files, the output
+//! shares repeated objects (a stack's frame list, a file name) through the memo, so a trace
+//! whose 20,000 events share a few hundred stacks stays small. It writes no opcode that imports
+//! or calls anything, so any unpickler can read it safely.
+
+/// Opcodes of the pickle protocol used here.
+mod op {
+    pub const PROTO: u8 = 0x80;
+    pub const STOP: u8 = b'.';
+    pub const MARK: u8 = b'(';
+    pub const NONE: u8 = b'N';
+    pub const NEWTRUE: u8 = 0x88;
+    pub const NEWFALSE: u8 = 0x89;
+    pub const BININT: u8 = b'J';
+    pub const BININT1: u8 = b'K';
+    pub const BININT2: u8 = b'M';
+    pub const LONG1: u8 = 0x8a;
+    pub const BINFLOAT: u8 = b'G';
+    pub const SHORT_BINUNICODE: u8 = 0x8c;
+    pub const BINUNICODE: u8 = b'X';
+    pub const BINUNICODE8: u8 = 0x8d;
+    pub const EMPTY_DICT: u8 = b'}';
+    pub const SETITEMS: u8 = b'u';
+    pub const EMPTY_LIST: u8 = b']';
+    pub const APPENDS: u8 = b'e';
+    pub const TUPLE: u8 = b't';
+    pub const MEMOIZE: u8 = 0x94;
+    pub const BINGET: u8 = b'h';
+    pub const LONG_BINGET: u8 = b'j';
+}
+
+/// A memo slot holding an object written earlier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoRef(u32);
+
+/// Writes one pickled object into a byte vector, piece by piece.
+///
+/// Containers are opened and closed explicitly (`begin_dict` … `end_dict`); a dict's items are
+/// written as key, value, key, value. [`PickleWriter::finish`] ends the stream.
+pub struct PickleWriter {
+    out: Vec<u8>,
+    memo_len: u32,
+}
+
+impl Default for PickleWriter {
+    fn default() -> Self {
+        PickleWriter::new()
+    }
+}
+
+impl PickleWriter {
+    /// A writer positioned after the protocol header.
+    pub fn new() -> PickleWriter {
+        PickleWriter {
+            out: vec![op::PROTO, 4],
+            memo_len: 0,
+        }
+    }
+
+    /// Ends the stream and returns the bytes.
+    pub fn finish(mut self) -> Vec<u8> {
+        self.out.push(op::STOP);
+        self.out
+    }
+
+    /// Writes `None`.
+    pub fn none(&mut self) {
+        self.out.push(op::NONE);
+    }
+
+    /// Writes a boolean.
+    pub fn bool(&mut self, value: bool) {
+        self.out
+            .push(if value { op::NEWTRUE } else { op::NEWFALSE });
+    }
+
+    /// Writes a signed integer.
+    pub fn int(&mut self, value: i64) {
+        if (0..256).contains(&value) {
+            self.out.extend([op::BININT1, value as u8]);
+        } else if (0..65536).contains(&value) {
+            self.out.push(op::BININT2);
+            self.out.extend((value as u16).to_le_bytes());
+        } else if let Ok(small) = i32::try_from(value) {
+            self.out.push(op::BININT);
+            self.out.extend(small.to_le_bytes());
+        } else {
+            self.long(value as i128);
+        }
+    }
+
+    /// Writes an unsigned integer (as a Python int of any size).
+    pub fn uint(&mut self, value: u64) {
+        match i64::try_from(value) {
+            Ok(v) => self.int(v),
+            Err(_) => self.long(value as i128),
+        }
+    }
+
+    fn long(&mut self, value: i128) {
+        // Little-endian two's complement, trimmed to the shortest form that keeps the sign.
+        let bytes = value.to_le_bytes();
+        let mut len = bytes.len();
+        while len > 1 {
+            let top = bytes[len - 1];
+            let next_sign = bytes[len - 2] & 0x80;
+            if (top == 0 && next_sign == 0) || (top == 0xff && next_sign != 0) {
+                len -= 1;
+            } else {
+                break;
+            }
+        }
+        self.out.extend([op::LONG1, len as u8]);
+        self.out.extend(&bytes[..len]);
+    }
+
+    /// Writes a float.
+    pub fn float(&mut self, value: f64) {
+        self.out.push(op::BINFLOAT);
+        self.out.extend(value.to_be_bytes());
+    }
+
+    /// Writes a string.
+    pub fn str(&mut self, value: &str) {
+        let bytes = value.as_bytes();
+        if bytes.len() < 256 {
+            self.out.extend([op::SHORT_BINUNICODE, bytes.len() as u8]);
+        } else if let Ok(len) = u32::try_from(bytes.len()) {
+            self.out.push(op::BINUNICODE);
+            self.out.extend(len.to_le_bytes());
+        } else {
+            self.out.push(op::BINUNICODE8);
+            self.out.extend((bytes.len() as u64).to_le_bytes());
+        }
+        self.out.extend(bytes);
+    }
+
+    /// Opens a dict; write key, value pairs, then [`PickleWriter::end_dict`].
+    pub fn begin_dict(&mut self) {
+        self.out.extend([op::EMPTY_DICT, op::MARK]);
+    }
+
+    /// Closes a dict.
+    pub fn end_dict(&mut self) {
+        self.out.push(op::SETITEMS);
+    }
+
+    /// Opens a list; write items, then [`PickleWriter::end_list`].
+    pub fn begin_list(&mut self) {
+        self.out.extend([op::EMPTY_LIST, op::MARK]);
+    }
+
+    /// Closes a list.
+    pub fn end_list(&mut self) {
+        self.out.push(op::APPENDS);
+    }
+
+    /// Opens a tuple; write items, then [`PickleWriter::end_tuple`].
+    pub fn begin_tuple(&mut self) {
+        self.out.push(op::MARK);
+    }
+
+    /// Closes a tuple.
+    pub fn end_tuple(&mut self) {
+        self.out.push(op::TUPLE);
+    }
+
+    /// Stores the object just written in the memo, for [`PickleWriter::get`].
+    pub fn memoize(&mut self) -> MemoRef {
+        self.out.push(op::MEMOIZE);
+        self.memo_len += 1;
+        MemoRef(self.memo_len - 1)
+    }
+
+    /// Writes a reference to an object stored earlier: the reader shares it.
+    pub fn get(&mut self, slot: MemoRef) {
+        match u8::try_from(slot.0) {
+            Ok(small) => self.out.extend([op::BINGET, small]),
+            Err(_) => {
+                self.out.push(op::LONG_BINGET);
+                self.out.extend(slot.0.to_le_bytes());
+            }
+        }
+    }
+
+    /// Writes a string, sharing it through the memo after its first occurrence.
+    pub fn shared_str(&mut self, value: &str, memo: &mut rustc_hash::FxHashMap<String, MemoRef>) {
+        match memo.get(value) {
+            Some(&slot) => self.get(slot),
+            None => {
+                self.str(value);
+                let slot = self.memoize();
+                memo.insert(value.to_string(), slot);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pickle::{parse, Value};
+
+    #[test]
+    fn round_trips_through_the_reader() {
+        let mut w = PickleWriter::new();
+        w.begin_dict();
+        w.str("ints");
+        w.begin_list();
+        for v in [
+            0i64,
+            255,
+            256,
+            65535,
+            65536,
+            -1,
+            i32::MIN as i64,
+            i64::MAX,
+            i64::MIN,
+        ] {
+            w.int(v);
+        }
+        w.uint(u64::MAX);
+        w.end_list();
+        w.str("text");
+        w.str(&"é".repeat(300));
+        w.str("shared");
+        w.begin_tuple();
+        w.float(1.5);
+        w.bool(true);
+        w.none();
+        w.end_tuple();
+        let slot = w.memoize();
+        w.str("again");
+        w.get(slot);
+        w.end_dict();
+        let bytes = w.finish();
+        let value = parse(&bytes).unwrap();
+        let text = format!("{value:?}");
+        assert!(text.contains("255") && text.contains("65536"), "{text}");
+        assert!(matches!(value, Value::Dict(_)));
+    }
+}
