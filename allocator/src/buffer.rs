@@ -18,6 +18,8 @@ pub struct DeviceBuffer<B: Backend> {
     addr: u64,
     len: u64,
     stream: StreamId,
+    /// The allocator's id of the block, so that drop frees it without a pointer lookup.
+    block: u32,
 }
 
 impl<B: Backend> DeviceBuffer<B> {
@@ -26,12 +28,14 @@ impl<B: Backend> DeviceBuffer<B> {
         addr: u64,
         len: u64,
         stream: StreamId,
+        block: u32,
     ) -> Self {
         DeviceBuffer {
             allocator,
             addr,
             len,
             stream,
+            block,
         }
     }
 
@@ -147,13 +151,14 @@ impl<B: Backend> DeviceBuffer<B> {
         if self.len == 0 {
             return Ok(());
         }
-        self.allocator.record_stream_ptr(self.addr, stream)
+        self.allocator
+            .record_stream_block(self.block, self.addr, stream)
     }
 
     /// Frees the buffer now, reporting any error instead of ignoring it as drop must.
     pub fn free(self) -> Result<(), AllocError> {
         let this = std::mem::ManuallyDrop::new(self);
-        let result = this.allocator.deallocate(this.addr);
+        let result = this.allocator.deallocate_buffer(this.block, this.addr);
         // SAFETY: `this` is never used again and its destructor does not run, so reading the
         // allocator handle out of it moves it exactly once and releases its reference count.
         drop(unsafe { std::ptr::read(&this.allocator) });
@@ -165,6 +170,7 @@ impl<B: Backend> DeviceBuffer<B> {
     pub fn into_raw(self) -> u64 {
         let this = std::mem::ManuallyDrop::new(self);
         let addr = this.addr;
+        this.allocator.disown_buffer(this.block, addr);
         // SAFETY: as in `free`, the handle is moved out once and `this` is never used again.
         drop(unsafe { std::ptr::read(&this.allocator) });
         addr
@@ -175,7 +181,7 @@ impl<B: Backend> Drop for DeviceBuffer<B> {
     fn drop(&mut self) {
         // A buffer owns its block, so this free cannot be a double free unless the raw API
         // freed the same address; that misuse is reported there, and ignored here.
-        let _ = self.allocator.deallocate(self.addr);
+        let _ = self.allocator.deallocate_buffer(self.block, self.addr);
     }
 }
 

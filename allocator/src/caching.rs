@@ -50,6 +50,9 @@ static NEXT_ALLOCATOR_ID: AtomicU64 = AtomicU64::new(1);
 
 const ALLOCATED: u8 = 1;
 const PENDING_FREE: u8 = 2;
+/// The allocated block belongs to a `DeviceBuffer`, which frees it by block id; it has no
+/// entry in the raw-pointer map.
+const BUFFER_OWNED: u8 = 4;
 
 /// Allocator-side metadata of one block: 48 bytes.
 #[derive(Clone, Copy, Debug)]
@@ -199,6 +202,11 @@ pub enum AllocError {
         /// The pointer.
         addr: u64,
     },
+    /// The pointer belongs to a live `DeviceBuffer`, which frees it when dropped.
+    OwnedByBuffer {
+        /// The pointer.
+        addr: u64,
+    },
     /// The pointer or stream belongs to another device.
     WrongDevice {
         /// This allocator's device.
@@ -227,6 +235,10 @@ impl fmt::Display for AllocError {
             AllocError::UnknownPointer { addr } => write!(
                 f,
                 "free of unknown pointer {addr:#x}: it was not allocated by this allocator"
+            ),
+            AllocError::OwnedByBuffer { addr } => write!(
+                f,
+                "free of {addr:#x} through the pointer API, but a live DeviceBuffer owns it and frees it when dropped"
             ),
             AllocError::WrongDevice { expected, found } => write!(
                 f,
@@ -580,8 +592,14 @@ impl<B: Backend> CachingAllocator<B> {
         tag: Option<&str>,
         location: &'static Location<'static>,
     ) -> Result<crate::DeviceBuffer<B>, AllocError> {
-        let addr = self.allocate(size, stream, Origin { location, tag })?;
-        Ok(crate::DeviceBuffer::new(self.clone(), addr, size, stream))
+        let (addr, block) = self.allocate(size, stream, Origin { location, tag }, true)?;
+        Ok(crate::DeviceBuffer::new(
+            self.clone(),
+            addr,
+            size,
+            stream,
+            block,
+        ))
     }
 
     /// Allocates through the raw pointer API; free it with [`CachingAllocator::free_ptr`].
@@ -594,7 +612,9 @@ impl<B: Backend> CachingAllocator<B> {
                 location: Location::caller(),
                 tag: None,
             },
+            false,
         )
+        .map(|(addr, _)| addr)
     }
 
     /// Frees a pointer from [`CachingAllocator::alloc_ptr`] (or a leaked buffer's address).
@@ -678,14 +698,17 @@ impl<B: Backend> CachingAllocator<B> {
         }
     }
 
+    /// Allocates a block; `for_buffer` marks it as owned by a `DeviceBuffer` (freed by id)
+    /// instead of entering it in the raw-pointer map. Returns the address and block id.
     pub(crate) fn allocate(
         &self,
         size: u64,
         stream: StreamId,
         origin: Origin<'_>,
-    ) -> Result<u64, AllocError> {
+        for_buffer: bool,
+    ) -> Result<(u64, u32), AllocError> {
         if size == 0 {
-            return Ok(0);
+            return Ok((0, NIL));
         }
         let backtrace = if self.shared.config.record_sites && self.wants_backtrace() {
             Some(provenance::capture_backtrace())
@@ -709,8 +732,12 @@ impl<B: Backend> CachingAllocator<B> {
                 None => unreachable!("grow returns a block or an error"),
             },
         };
-        let provenance = self.provenance_for(state, &origin, backtrace);
-        let block = self.use_block(state, found.block, rounded, size, provenance);
+        let provenance = if config.record_sites || config.record_events {
+            self.provenance_for(state, &origin, backtrace)
+        } else {
+            NIL
+        };
+        let block = self.use_block(state, found.block, rounded, size, provenance, for_buffer);
         if config.record_events {
             state.record(
                 &shared.clock,
@@ -724,7 +751,7 @@ impl<B: Backend> CachingAllocator<B> {
                 },
             );
         }
-        Ok(block.addr)
+        Ok((block.addr, found.block))
     }
 
     /// PyTorch's `get_free_block`: the smallest free block on the same stream that fits.
@@ -833,8 +860,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// Live bytes and blocks by call site, largest first.
     fn top_sites(&self, state: &State, limit: usize) -> Vec<(String, u64, u64)> {
         let mut by_site: FxHashMap<u32, (u64, u64)> = FxHashMap::default();
-        for &id in state.live.values() {
-            let b = state.blocks.get(id);
+        for (_, b) in state.blocks.iter().filter(|(_, b)| b.is_allocated()) {
             let site = state
                 .provenance
                 .get(b.provenance)
@@ -1044,6 +1070,7 @@ impl<B: Backend> CachingAllocator<B> {
         rounded: u64,
         requested: u64,
         provenance: u32,
+        for_buffer: bool,
     ) -> BlockMeta {
         let (pool, _) = state.pool_of(id);
         let b = *state.blocks.get(id);
@@ -1072,7 +1099,11 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let step = state.step.min(u32::MAX as u64) as u32;
         let block = state.blocks.get_mut(id);
-        block.flags = ALLOCATED;
+        block.flags = if for_buffer {
+            ALLOCATED | BUFFER_OWNED
+        } else {
+            ALLOCATED
+        };
         block.requested = requested;
         block.provenance = provenance;
         block.step = step;
@@ -1089,21 +1120,61 @@ impl<B: Backend> CachingAllocator<B> {
                 stats.oversize_allocations.increase(1);
             }
         }
-        state.live.insert(block.addr, id);
+        if !for_buffer {
+            state.live.insert(block.addr, id);
+        }
         block
     }
 
+    /// Frees a block of the raw-pointer API by address.
     pub(crate) fn deallocate(&self, addr: u64) -> Result<(), AllocError> {
         if addr == 0 {
             return Ok(());
         }
-        let shared = &*self.shared;
-        let mut guard = shared.state.lock();
+        let mut guard = self.shared.state.lock();
         let state = &mut *guard;
-        state.op_counter += 1;
         let Some(id) = state.live.remove(&addr) else {
             return Err(self.classify_bad_free(state, addr));
         };
+        self.release_allocated(state, id)
+    }
+
+    /// Frees the block a `DeviceBuffer` owns, by id; `addr` guards against a stale id.
+    pub(crate) fn deallocate_buffer(&self, block: u32, addr: u64) -> Result<(), AllocError> {
+        if addr == 0 {
+            return Ok(());
+        }
+        let mut guard = self.shared.state.lock();
+        let state = &mut *guard;
+        let owned = (block as usize) < state.blocks.slots.len() && {
+            let b = state.blocks.slots[block as usize];
+            b.addr == addr && b.flags == ALLOCATED | BUFFER_OWNED
+        };
+        if !owned {
+            return Err(self.classify_bad_free(state, addr));
+        }
+        self.release_allocated(state, block)
+    }
+
+    /// Turns a buffer-owned block into a raw-pointer block (`DeviceBuffer::into_raw`).
+    pub(crate) fn disown_buffer(&self, block: u32, addr: u64) {
+        if addr == 0 {
+            return;
+        }
+        let mut state = self.shared.state.lock();
+        if (block as usize) < state.blocks.slots.len()
+            && state.blocks.slots[block as usize].flags == ALLOCATED | BUFFER_OWNED
+        {
+            state.blocks.get_mut(block).flags = ALLOCATED;
+            state.live.insert(addr, block);
+        }
+    }
+
+    /// The common part of a free: statistics, the event, deferral or return to the cache.
+    fn release_allocated(&self, state: &mut State, id: u32) -> Result<(), AllocError> {
+        let shared = &*self.shared;
+        state.op_counter += 1;
+        let addr = state.blocks.get(id).addr;
         let (pool, stream) = state.pool_of(id);
         let block = state.blocks.get_mut(id);
         block.flags = 0;
@@ -1456,6 +1527,9 @@ impl<B: Backend> CachingAllocator<B> {
                 while id != NIL {
                     let b = state.blocks.get(id);
                     if b.addr == addr {
+                        if b.flags & BUFFER_OWNED != 0 {
+                            return AllocError::OwnedByBuffer { addr };
+                        }
                         return AllocError::DoubleFree { addr };
                     }
                     id = b.next;
@@ -1600,6 +1674,24 @@ impl<B: Backend> CachingAllocator<B> {
         let Some(&id) = state.live.get(&addr) else {
             return Err(self.classify_bad_free(&state, addr));
         };
+        Self::add_stream_use(&mut state, id, stream);
+        Ok(())
+    }
+
+    /// `record_stream` for a buffer's block, by id.
+    pub(crate) fn record_stream_block(&self, block: u32, addr: u64, stream: StreamId) -> Result<(), AllocError> {
+        let mut state = self.shared.state.lock();
+        let owned = (block as usize) < state.blocks.slots.len()
+            && state.blocks.slots[block as usize].addr == addr
+            && state.blocks.slots[block as usize].flags == ALLOCATED | BUFFER_OWNED;
+        if !owned {
+            return Err(self.classify_bad_free(&state, addr));
+        }
+        Self::add_stream_use(&mut state, block, stream);
+        Ok(())
+    }
+
+    fn add_stream_use(state: &mut State, id: u32, stream: StreamId) {
         let (_, own) = state.pool_of(id);
         if own != stream {
             let uses = state.stream_uses.entry(id).or_default();
@@ -1607,7 +1699,6 @@ impl<B: Backend> CachingAllocator<B> {
                 uses.push(stream);
             }
         }
-        Ok(())
     }
 
     /// Releases every cached segment that holds no live block (`torch.cuda.empty_cache()`).
@@ -1756,7 +1847,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// Number of live (allocated or pending) blocks.
     pub fn live_blocks(&self) -> usize {
         let state = self.shared.state.lock();
-        state.live.len() + state.pending_events.len()
+        state.stats.allocation.all.current as usize + state.pending_events.len()
     }
 
     /// Everything the allocator knows, as the one data model: device, settings, statistics,
@@ -1926,6 +2017,7 @@ impl<B: Backend> CachingAllocator<B> {
         let mut expect = MemoryStats::default();
         let mut free_count = 0usize;
         let mut live_count = 0usize;
+        let mut mapped_count = 0usize;
         let mut last_end = 0u64;
         for (&addr, &segment) in &state.segments_by_addr {
             let seg = state.segments.get(segment);
@@ -1986,9 +2078,12 @@ impl<B: Backend> CachingAllocator<B> {
                     expect.active_bytes.increase(seg.pool, b.size);
                     if b.is_allocated() {
                         live_count += 1;
-                        if state.live.get(&b.addr) != Some(&id) {
+                        mapped_count += usize::from(b.flags & BUFFER_OWNED == 0);
+                        let in_map = state.live.get(&b.addr) == Some(&id);
+                        let buffer_owned = b.flags & BUFFER_OWNED != 0;
+                        if in_map == buffer_owned {
                             return Err(format!(
-                                "allocated block {id} is missing from the live map"
+                                "allocated block {id} must be either buffer-owned or in the pointer map"
                             ));
                         }
                         expect.allocation.increase(seg.pool, 1);
@@ -2009,9 +2104,9 @@ impl<B: Backend> CachingAllocator<B> {
             }
         }
         let pools: usize = state.free_lists.iter().map(|l| l.blocks.len()).sum();
-        if pools != free_count || state.live.len() != live_count {
+        if pools != free_count || state.live.len() != mapped_count {
             return Err(format!(
-                "{pools} pooled blocks for {free_count} free ones; {} live entries for {live_count} allocated blocks",
+                "{pools} pooled blocks for {free_count} free ones; {} pointer-map entries for {mapped_count} raw-pointer blocks",
                 state.live.len()
             ));
         }

@@ -720,6 +720,10 @@ impl Backend for CudaBackend {
                 operation: "unmap",
             });
         }
+        // Work queued earlier may still read these pages; unmapping under it would fault, so
+        // wait for the device first (as PyTorch's expandable segments do). This is the slow
+        // path: pages are unmapped only when the cache is emptied or memory runs out.
+        result::ctx::synchronize().map_err(|e| driver_error("cuCtxSynchronize", e))?;
         let removed = pages
             .iter()
             .filter_map(|p| state.pages.remove(p).map(|page| (*p, page)))

@@ -35,6 +35,7 @@ pub mod provenance;
 mod ring;
 pub mod sim;
 pub mod stats;
+pub mod telemetry;
 
 pub use any::{doctor, DeviceBackend, DoctorReport};
 pub use backend::{Backend, BackendError, EventId, MemInfo, StreamId};
@@ -47,3 +48,6 @@ pub use cuda::CudaBackend;
 pub use model::*;
 pub use sim::{SimCounters, SimDevice};
 pub use stats::{format_bytes, MemoryStats, Stat, StatArray};
+pub use telemetry::{
+    PublisherStats, ServeOptions, Telemetry, TelemetryAddr, TelemetryClient, TelemetryError,
+};

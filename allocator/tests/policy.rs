@@ -566,3 +566,23 @@ fn restored_segments_hold_their_blocks_and_serve_the_gaps() {
         .restore_segment(MIB, StreamId::DEFAULT, Pool::Small, &[(0, 2 * MIB, 1)])
         .is_err());
 }
+
+#[test]
+fn buffers_and_raw_pointers_do_not_free_each_other() {
+    let (_, alloc) = phantom(1 << 30, "");
+    let buffer = alloc.alloc(4096).unwrap();
+    assert!(matches!(
+        alloc.free_ptr(buffer.addr()),
+        Err(AllocError::OwnedByBuffer { .. })
+    ));
+    alloc.check_invariants().unwrap();
+    // Handing the buffer over to the raw API makes the pointer freeable there, once.
+    let raw = buffer.into_raw();
+    alloc.check_invariants().unwrap();
+    alloc.free_ptr(raw).unwrap();
+    assert!(matches!(alloc.free_ptr(raw), Err(AllocError::DoubleFree { .. })));
+    let buffer = alloc.alloc(4096).unwrap();
+    buffer.free().unwrap();
+    assert_eq!(alloc.stats().allocation.all.current, 0);
+    alloc.check_invariants().unwrap();
+}
