@@ -11,9 +11,12 @@ use vramscope::{AllocatorConfig, CachingAllocator, SimDevice};
 const MIB: u64 = 1 << 20;
 
 fn main() -> Result<(), Box<dyn Error>> {
-    let out = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| std::env::temp_dir().join("clean_training.json").display().to_string());
+    let out = std::env::args().nth(1).unwrap_or_else(|| {
+        std::env::temp_dir()
+            .join("clean_training.json")
+            .display()
+            .to_string()
+    });
     let alloc = CachingAllocator::new(SimDevice::backed(2 << 30), AllocatorConfig::default());
     let _weights = alloc.tagged("weights").alloc(64 * MIB)?;
     let _optimizer_state = alloc.tagged("adam").alloc(128 * MIB)?;
@@ -32,6 +35,9 @@ fn main() -> Result<(), Box<dyn Error>> {
     }
     let snapshot = alloc.snapshot();
     snapshot.save(&out)?;
-    println!("{} losses kept on the host; snapshot written to {out}", losses.len());
+    println!(
+        "{} losses kept on the host; snapshot written to {out}",
+        losses.len()
+    );
     Ok(())
 }

@@ -9,9 +9,12 @@ use std::error::Error;
 use vramscope::{AllocatorConfig, CachingAllocator, SimDevice};
 
 fn main() -> Result<(), Box<dyn Error>> {
-    let out = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| std::env::temp_dir().join("item_in_hot_loop.json").display().to_string());
+    let out = std::env::args().nth(1).unwrap_or_else(|| {
+        std::env::temp_dir()
+            .join("item_in_hot_loop.json")
+            .display()
+            .to_string()
+    });
     let alloc = CachingAllocator::new(SimDevice::backed(1 << 30), AllocatorConfig::default());
     let mut total = 0.0f32;
     for _ in 0..10 {

@@ -11,9 +11,12 @@ use vramscope::{AllocatorConfig, CachingAllocator, SimDevice};
 const MIB: u64 = 1 << 20;
 
 fn main() -> Result<(), Box<dyn Error>> {
-    let out = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| std::env::temp_dir().join("leaky_loss_list.json").display().to_string());
+    let out = std::env::args().nth(1).unwrap_or_else(|| {
+        std::env::temp_dir()
+            .join("leaky_loss_list.json")
+            .display()
+            .to_string()
+    });
     let alloc = CachingAllocator::new(SimDevice::phantom(16 << 30), AllocatorConfig::default());
     let _weights = alloc.tagged("weights").alloc(256 * MIB)?;
     let _optimizer_state = alloc.tagged("adam").alloc(512 * MIB)?;
@@ -31,6 +34,10 @@ fn main() -> Result<(), Box<dyn Error>> {
     }
     let snapshot = alloc.snapshot();
     snapshot.save(&out)?;
-    println!("{} steps, {} losses kept; snapshot written to {out}", alloc.step(), losses.len());
+    println!(
+        "{} steps, {} losses kept; snapshot written to {out}",
+        alloc.step(),
+        losses.len()
+    );
     Ok(())
 }

@@ -1679,7 +1679,12 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// `record_stream` for a buffer's block, by id.
-    pub(crate) fn record_stream_block(&self, block: u32, addr: u64, stream: StreamId) -> Result<(), AllocError> {
+    pub(crate) fn record_stream_block(
+        &self,
+        block: u32,
+        addr: u64,
+        stream: StreamId,
+    ) -> Result<(), AllocError> {
         let mut state = self.shared.state.lock();
         let owned = (block as usize) < state.blocks.slots.len()
             && state.blocks.slots[block as usize].addr == addr

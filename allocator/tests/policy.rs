@@ -580,7 +580,10 @@ fn buffers_and_raw_pointers_do_not_free_each_other() {
     let raw = buffer.into_raw();
     alloc.check_invariants().unwrap();
     alloc.free_ptr(raw).unwrap();
-    assert!(matches!(alloc.free_ptr(raw), Err(AllocError::DoubleFree { .. })));
+    assert!(matches!(
+        alloc.free_ptr(raw),
+        Err(AllocError::DoubleFree { .. })
+    ));
     let buffer = alloc.alloc(4096).unwrap();
     buffer.free().unwrap();
     assert_eq!(alloc.stats().allocation.all.current, 0);

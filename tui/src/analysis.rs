@@ -1,0 +1,157 @@
+//! The findings and per-site growth behind the dashboard's panels, computed off the UI thread.
+//!
+//! An [`Analysis`] is what the inspector says about a snapshot: the findings of every detector
+//! (`vramscope_inspector::detect`) and, for each call-site group, how many bytes it added per
+//! step lately. [`analyze`] computes one from a snapshot, a pure function that tests call
+//! directly; [`Analyzer`] runs it on a background thread so that the dashboard (`crate::app`)
+//! keeps drawing while a large trace is analysed, and hands back the latest result. The
+//! snapshot comes from `crate::data::Dataset`, either shared (the whole data) or cut at the time
+//! cursor.
+
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+use vramscope_allocator::Snapshot;
+use vramscope_inspector::detect::{self, DetectOptions, Finding};
+use vramscope_inspector::model_view::ModelView;
+
+/// Steps over which growth per step is averaged.
+const GROWTH_WINDOW: u32 = 8;
+
+/// What the inspector found in one snapshot.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Analysis {
+    /// The position the snapshot was cut at (`None`: all the data).
+    pub cut: Option<usize>,
+    /// The dataset version analysed.
+    pub version: u64,
+    /// Findings, most severe first.
+    pub findings: Vec<Finding>,
+    /// Bytes added per step lately, by call-site label (`file:line`).
+    pub growth: FxHashMap<String, f64>,
+}
+
+/// A request for an analysis.
+#[derive(Clone, Debug)]
+pub struct Job {
+    /// The snapshot to analyse.
+    pub snapshot: Arc<Snapshot>,
+    /// Its position, passed through to the result.
+    pub cut: Option<usize>,
+    /// The dataset version, passed through to the result.
+    pub version: u64,
+}
+
+/// Runs every detector on `job.snapshot` and measures growth per call site.
+pub fn analyze(job: &Job) -> Analysis {
+    let view = ModelView::new(&job.snapshot);
+    let mut findings = Vec::new();
+    detect::run_all_view(&view, &DetectOptions::default(), &mut findings);
+    Analysis {
+        cut: job.cut,
+        version: job.version,
+        findings,
+        growth: growth(&view),
+    }
+}
+
+/// Bytes each group gained per step over the last completed steps (at most
+/// [`GROWTH_WINDOW`]).
+fn growth(view: &ModelView<'_>) -> FxHashMap<String, f64> {
+    let mut out = FxHashMap::default();
+    let steps = view.loop_steps();
+    if steps.len() < 2 {
+        return out;
+    }
+    // The last step may still be running: measure up to the one before it.
+    let last = steps.end - 2;
+    let window = (last - steps.start).clamp(1, GROWTH_WINDOW);
+    let first = last.saturating_sub(window);
+    for (g, group) in view.groups().iter().enumerate() {
+        if view.group_intervals(g as u32).is_empty() {
+            continue;
+        }
+        let (_, before) = view.live_after_step(g as u32, first);
+        let (_, after) = view.live_after_step(g as u32, last);
+        let per_step = (after as f64 - before as f64) / f64::from(last - first);
+        let label = group
+            .file_line
+            .clone()
+            .unwrap_or_else(|| "(unknown site)".to_string());
+        out.insert(label, per_step);
+    }
+    out
+}
+
+/// A background thread that analyses the latest snapshot it is given.
+pub struct Analyzer {
+    jobs: Option<Sender<Job>>,
+    results: Receiver<(Analysis, usize)>,
+    pending: usize,
+}
+
+impl Analyzer {
+    /// Starts the thread.
+    pub fn spawn() -> Analyzer {
+        let (jobs, inbox) = mpsc::channel::<Job>();
+        let (outbox, results) = mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("vramscope-analysis".to_string())
+            .spawn(move || {
+                while let Ok(mut job) = inbox.recv() {
+                    // Only the newest request matters; the result answers all of them.
+                    let mut answered = 1;
+                    while let Ok(newer) = inbox.try_recv() {
+                        job = newer;
+                        answered += 1;
+                    }
+                    if outbox.send((analyze(&job), answered)).is_err() {
+                        return;
+                    }
+                }
+            });
+        Analyzer {
+            jobs: spawned.ok().map(|_| jobs),
+            results,
+            pending: 0,
+        }
+    }
+
+    /// Asks for an analysis; returns false when the thread is gone.
+    pub fn request(&mut self, job: Job) -> bool {
+        match &self.jobs {
+            Some(tx) if tx.send(job).is_ok() => {
+                self.pending += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether a requested analysis has not come back yet.
+    pub fn busy(&self) -> bool {
+        self.pending > 0
+    }
+
+    /// The newest finished analysis, if one came back since the last call.
+    pub fn latest(&mut self) -> Option<Analysis> {
+        let mut newest = None;
+        while let Ok((a, answered)) = self.results.try_recv() {
+            self.pending = self.pending.saturating_sub(answered);
+            newest = Some(a);
+        }
+        newest
+    }
+
+    /// Waits up to `timeout` for the pending analysis (used before the first screen).
+    pub fn wait(&mut self, timeout: std::time::Duration) -> Option<Analysis> {
+        match self.results.recv_timeout(timeout) {
+            Ok((a, answered)) => {
+                self.pending = self.pending.saturating_sub(answered);
+                Some(self.latest().unwrap_or(a))
+            }
+            Err(_) => None,
+        }
+    }
+}

@@ -1,0 +1,665 @@
+//! The dashboard's dataset: one snapshot that grows, and the state after any of its events.
+//!
+//! Every data source ends up here. A file is loaded once with the inspector's importers; a live
+//! program (`crate::source::LiveSource`) and an in-process allocator
+//! (`crate::source::InProcessSource`) start from a snapshot with its history and then append
+//! events, table additions and statistics. [`Dataset`] keeps the events in the one data model
+//! (`vramscope_allocator::Snapshot`, shared with the analysis thread of `crate::analysis`),
+//! pairs frees with their allocations, and uses `crate::replay` to know the allocated and
+//! reserved bytes after every event and the segments and live blocks at any cursor position.
+//!
+//! Positions are counts of events applied: position `k` is the state after the first `k`
+//! events, so `0` is the state before the first event and `len()` the latest.
+
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+use vramscope_allocator::telemetry::TablesFrame;
+use vramscope_allocator::{
+    CallSite, Event, EventKind, MemoryStats, SiteId, Snapshot, StepMark,
+};
+
+use crate::replay::{MemoryState, Usage, NO_EVENT};
+
+/// Flag on a free's link: the trace also has the free request, so the block was pending just
+/// before the free completed.
+const REQUESTED: u32 = 1 << 31;
+const INDEX: u32 = REQUESTED - 1;
+
+/// The most checkpoints kept; past that every other one is dropped.
+const MAX_CHECKPOINTS: usize = 64;
+
+/// A call-site group: every call site with the same `file:line`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupInfo {
+    /// `file:line`, or `(unknown site)`.
+    pub label: String,
+    /// The function at the site, when known.
+    pub function: String,
+    /// Site ids in the group.
+    pub sites: Vec<SiteId>,
+}
+
+/// Call sites grouped by `file:line`, kept in step with a growing site table.
+#[derive(Clone, Debug, Default)]
+pub struct Groups {
+    list: Vec<GroupInfo>,
+    site_group: Vec<u32>,
+    by_label: FxHashMap<String, u32>,
+}
+
+impl Groups {
+    /// The group of sites without a known call site.
+    pub const UNKNOWN: u32 = 0;
+
+    fn new() -> Groups {
+        let mut g = Groups::default();
+        g.list.push(GroupInfo {
+            label: "(unknown site)".to_string(),
+            function: String::new(),
+            sites: Vec::new(),
+        });
+        g
+    }
+
+    /// Adds the sites the table has beyond those already grouped.
+    fn sync(&mut self, sites: &[CallSite]) {
+        for (id, site) in sites.iter().enumerate().skip(self.site_group.len()) {
+            let label = site.file_line();
+            let next = self.list.len() as u32;
+            let g = *self.by_label.entry(label.clone()).or_insert(next);
+            if g == next {
+                self.list.push(GroupInfo {
+                    label,
+                    function: site.function.clone(),
+                    sites: Vec::new(),
+                });
+            }
+            let info = &mut self.list[g as usize];
+            if info.function.is_empty() {
+                info.function = site.function.clone();
+            }
+            info.sites.push(id as SiteId);
+            self.site_group.push(g);
+        }
+    }
+
+    /// The group of a site id.
+    pub fn of(&self, site: Option<SiteId>) -> u32 {
+        site.and_then(|s| self.site_group.get(s as usize).copied())
+            .unwrap_or(Groups::UNKNOWN)
+    }
+
+    /// One group.
+    pub fn get(&self, group: u32) -> &GroupInfo {
+        &self.list[group as usize]
+    }
+
+    /// Every group; index 0 is the unknown site.
+    pub fn all(&self) -> &[GroupInfo] {
+        &self.list
+    }
+
+    /// The group whose label is `label`.
+    pub fn by_label(&self, label: &str) -> Option<u32> {
+        self.by_label.get(label).copied()
+    }
+}
+
+/// Where the data comes from, for the header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// A file on disk.
+    File(String),
+    /// A live program through telemetry.
+    Live(String),
+    /// An allocator in this process.
+    InProcess(String),
+}
+
+impl Origin {
+    /// The name shown in the header.
+    pub fn label(&self) -> &str {
+        match self {
+            Origin::File(s) | Origin::Live(s) | Origin::InProcess(s) => s,
+        }
+    }
+}
+
+/// The connection state of a live source.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Link {
+    /// Not a live source, or connected.
+    Up,
+    /// Waiting for the first connection.
+    Connecting,
+    /// The program went away at this time (Unix nanoseconds); retrying.
+    Down {
+        /// When the connection was lost.
+        since_unix_ns: u64,
+        /// Why.
+        reason: String,
+    },
+    /// The workload or program finished normally.
+    Ended,
+}
+
+/// The latest figures a live source reported.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LiveFigures {
+    /// The allocator's statistics.
+    pub stats: Option<MemoryStats>,
+    /// The current step.
+    pub step: u64,
+    /// Events the dashboard did not receive.
+    pub dropped_events: u64,
+}
+
+/// The growing snapshot and everything derived from it. See the module documentation.
+#[derive(Clone, Debug)]
+pub struct Dataset {
+    snapshot: Arc<Snapshot>,
+    origin: Origin,
+    head: MemoryState,
+    start_usage: Usage,
+    usage: Vec<Usage>,
+    peaks: Vec<Usage>,
+    checkpoints: Vec<(usize, MemoryState)>,
+    checkpoint_every: usize,
+    link: Vec<u32>,
+    open: FxHashMap<u64, u32>,
+    step_starts: Vec<(u64, usize)>,
+    ooms: Vec<usize>,
+    groups: Groups,
+    cache: Option<(usize, MemoryState)>,
+    version: u64,
+    /// Whether `snapshot.segments` still describe the head state.
+    segments_current: bool,
+    /// The most events kept; older ones are dropped in chunks (live sources).
+    pub max_events: usize,
+    /// What a live source reported last.
+    pub live: LiveFigures,
+    /// The connection state.
+    pub link_state: Link,
+}
+
+impl Dataset {
+    /// A dataset of `snapshot`, whose segments are the state after its last event.
+    pub fn new(snapshot: Snapshot, origin: Origin) -> Dataset {
+        let mut d = Dataset {
+            snapshot: Arc::new(Snapshot::empty(
+                snapshot.source,
+                snapshot.device.clone(),
+            )),
+            origin,
+            head: MemoryState::default(),
+            start_usage: Usage::default(),
+            usage: Vec::new(),
+            peaks: Vec::new(),
+            checkpoints: Vec::new(),
+            checkpoint_every: 16_384,
+            link: Vec::new(),
+            open: FxHashMap::default(),
+            step_starts: Vec::new(),
+            ooms: Vec::new(),
+            groups: Groups::new(),
+            cache: None,
+            version: 0,
+            segments_current: true,
+            max_events: 4 << 20,
+            live: LiveFigures::default(),
+            link_state: Link::Up,
+        };
+        d.load(snapshot);
+        d
+    }
+
+    /// Replaces everything with `snapshot` (a live source re-synchronised), keeping the origin,
+    /// the live figures and the connection state.
+    pub fn reset(&mut self, snapshot: Snapshot) {
+        self.load(snapshot);
+    }
+
+    fn load(&mut self, snapshot: Snapshot) {
+        let n = snapshot.events.len();
+        self.checkpoint_every = (n / 48).clamp(16_384, 1 << 20);
+        // Pair frees with allocations, going forwards.
+        let mut link = vec![NO_EVENT; n];
+        let mut open: FxHashMap<u64, u32> = FxHashMap::default();
+        for (i, e) in snapshot.events.iter().enumerate() {
+            link_event(&mut open, &mut link, i, e);
+        }
+        // The end state, then every event undone, going backwards.
+        let mut state = MemoryState::from_segments(&snapshot.segments);
+        for (&addr, &i) in &open {
+            if let Some(b) = state.blocks.get_mut(&addr) {
+                b.alloc_event = i & INDEX;
+            }
+        }
+        self.head = state.clone();
+        let mut usage = vec![Usage::default(); n];
+        let mut checkpoints = Vec::new();
+        for i in (0..n).rev() {
+            usage[i] = state.usage();
+            if (i + 1) % self.checkpoint_every == 0 && i + 1 < n {
+                checkpoints.push((i + 1, state.clone()));
+            }
+            let e = &snapshot.events[i];
+            let l = link[i];
+            let alloc = (l != NO_EVENT).then(|| {
+                let a = (l & INDEX) as usize;
+                (&snapshot.events[a], a as u32)
+            });
+            state.undo(e, alloc, l != NO_EVENT && l & REQUESTED != 0);
+        }
+        self.start_usage = state.usage();
+        checkpoints.push((0, state));
+        checkpoints.reverse();
+        let mut peaks = Vec::with_capacity(n);
+        let mut peak = self.start_usage;
+        for u in &usage {
+            peak.allocated = peak.allocated.max(u.allocated);
+            peak.reserved = peak.reserved.max(u.reserved);
+            peaks.push(peak);
+        }
+        self.usage = usage;
+        self.peaks = peaks;
+        self.checkpoints = checkpoints;
+        self.link = link;
+        self.open = open;
+        self.ooms = snapshot
+            .events
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.kind == EventKind::Oom)
+            .map(|(i, _)| i)
+            .collect();
+        self.groups = Groups::new();
+        self.groups.sync(&snapshot.sites);
+        self.cache = None;
+        self.segments_current = true;
+        self.snapshot = Arc::new(snapshot);
+        self.step_starts = step_starts(&self.snapshot);
+        self.version += 1;
+    }
+
+    /// Appends events that happened after the last one (a live source).
+    pub fn append(&mut self, events: &[Event]) {
+        if events.is_empty() {
+            return;
+        }
+        let snapshot = Arc::make_mut(&mut self.snapshot);
+        for e in events {
+            let i = snapshot.events.len();
+            self.link.push(NO_EVENT);
+            link_event(&mut self.open, &mut self.link, i, e);
+            self.head.apply(e, i as u32);
+            let u = self.head.usage();
+            let mut peak = self.peaks.last().copied().unwrap_or(self.start_usage);
+            peak.allocated = peak.allocated.max(u.allocated);
+            peak.reserved = peak.reserved.max(u.reserved);
+            self.usage.push(u);
+            self.peaks.push(peak);
+            match e.kind {
+                EventKind::Step => {
+                    snapshot.steps.push(StepMark {
+                        step: e.step,
+                        seq: e.seq,
+                        time_ns: e.time_ns,
+                        label: "mark_step".to_string(),
+                    });
+                    self.step_starts.push((e.step, i));
+                }
+                EventKind::Oom => self.ooms.push(i),
+                _ => {}
+            }
+            snapshot.events.push(*e);
+            let len = i + 1;
+            if len % self.checkpoint_every == 0 {
+                self.checkpoints.push((len, self.head.clone()));
+            }
+        }
+        if self.checkpoints.len() > MAX_CHECKPOINTS {
+            self.checkpoint_every *= 2;
+            let every = self.checkpoint_every;
+            self.checkpoints.retain(|(k, _)| k % every == 0);
+        }
+        self.segments_current = false;
+        self.version += 1;
+        let len = self.len();
+        if len > self.max_events + self.max_events / 4 {
+            self.trim_front(len - self.max_events);
+        }
+    }
+
+    /// Drops the oldest `count` events, keeping the state after them as the new start.
+    pub fn trim_front(&mut self, count: usize) {
+        let count = count.min(self.len());
+        if count == 0 {
+            return;
+        }
+        let start = self.state_at(count).clone();
+        let shift = |i: u32| -> u32 {
+            if i == NO_EVENT {
+                return NO_EVENT;
+            }
+            let flag = i & REQUESTED;
+            let idx = i & INDEX;
+            if (idx as usize) < count {
+                NO_EVENT
+            } else {
+                (idx - count as u32) | flag
+            }
+        };
+        let fix_blocks = |state: &mut MemoryState| {
+            for b in state.blocks.values_mut() {
+                if b.alloc_event != NO_EVENT {
+                    b.alloc_event = if (b.alloc_event as usize) < count {
+                        NO_EVENT
+                    } else {
+                        b.alloc_event - count as u32
+                    };
+                }
+            }
+        };
+        let snapshot = Arc::make_mut(&mut self.snapshot);
+        snapshot.events.drain(..count);
+        snapshot.dropped_events += count as u64;
+        self.start_usage = self.usage[count - 1];
+        self.usage.drain(..count);
+        self.peaks.drain(..count);
+        self.link.drain(..count);
+        for l in &mut self.link {
+            *l = shift(*l);
+        }
+        for v in self.open.values_mut() {
+            *v = shift(*v);
+        }
+        self.open.retain(|_, v| *v != NO_EVENT);
+        fix_blocks(&mut self.head);
+        let mut checkpoints = vec![(0, start)];
+        for (k, mut s) in std::mem::take(&mut self.checkpoints) {
+            if k > count {
+                fix_blocks(&mut s);
+                checkpoints.push((k - count, s));
+            }
+        }
+        fix_blocks(&mut checkpoints[0].1);
+        self.checkpoints = checkpoints;
+        self.step_starts.retain(|&(_, i)| i >= count);
+        for s in &mut self.step_starts {
+            s.1 -= count;
+        }
+        self.ooms.retain(|&i| i >= count);
+        for i in &mut self.ooms {
+            *i -= count;
+        }
+        self.cache = None;
+        self.version += 1;
+    }
+
+    /// Applies table additions from a live source.
+    pub fn apply_tables(&mut self, tables: &TablesFrame) {
+        let snapshot = Arc::make_mut(&mut self.snapshot);
+        tables.apply_to(snapshot);
+        self.groups.sync(&snapshot.sites);
+        self.version += 1;
+    }
+
+    /// Records statistics from a live source.
+    pub fn set_live(&mut self, stats: MemoryStats, step: u64, dropped_events: u64) {
+        self.live = LiveFigures {
+            stats: Some(stats),
+            step,
+            dropped_events,
+        };
+        Arc::make_mut(&mut self.snapshot).stats = stats;
+        self.version += 1;
+    }
+
+    /// The snapshot (its segments describe the end state only for files; see
+    /// [`Dataset::snapshot_at`]).
+    pub fn snapshot(&self) -> &Snapshot {
+        &self.snapshot
+    }
+
+    /// The shared snapshot, with its segments brought up to date with the head state.
+    pub fn shared_snapshot(&mut self) -> Arc<Snapshot> {
+        if !self.segments_current {
+            let device = self.snapshot.device.index;
+            let segments = self.head.to_segments(device);
+            Arc::make_mut(&mut self.snapshot).segments = segments;
+            self.segments_current = true;
+        }
+        Arc::clone(&self.snapshot)
+    }
+
+    /// A snapshot of the state at position `pos`: the events before it and the segments then.
+    pub fn snapshot_at(&mut self, pos: usize) -> Snapshot {
+        let pos = pos.min(self.len());
+        if pos == self.len() {
+            return (*self.shared_snapshot()).clone();
+        }
+        let device = self.snapshot.device.index;
+        let segments = self.state_at(pos).to_segments(device);
+        let s = &self.snapshot;
+        let last_seq = pos.checked_sub(1).map(|i| s.events[i].seq);
+        let mut cut = Snapshot::empty(s.source, s.device.clone());
+        cut.format_version = s.format_version;
+        cut.config = s.config.clone();
+        cut.stats = s.stats;
+        cut.epoch_unix_ns = s.epoch_unix_ns;
+        cut.segments = segments;
+        cut.events = s.events[..pos].to_vec();
+        cut.dropped_events = s.dropped_events;
+        cut.sites = s.sites.clone();
+        cut.tags = s.tags.clone();
+        cut.scopes = s.scopes.clone();
+        cut.steps = s
+            .steps
+            .iter()
+            .filter(|m| last_seq.is_some_and(|q| m.seq <= q))
+            .cloned()
+            .collect();
+        cut.annotations = s.annotations.clone();
+        cut
+    }
+
+    /// Where the data comes from.
+    pub fn origin(&self) -> &Origin {
+        &self.origin
+    }
+
+    /// Number of events.
+    pub fn len(&self) -> usize {
+        self.usage.len()
+    }
+
+    /// Whether there are no events.
+    pub fn is_empty(&self) -> bool {
+        self.usage.is_empty()
+    }
+
+    /// The events.
+    pub fn events(&self) -> &[Event] {
+        &self.snapshot.events
+    }
+
+    /// A number that changes whenever the data changes.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// The call-site groups.
+    pub fn groups(&self) -> &Groups {
+        &self.groups
+    }
+
+    /// Allocated and reserved bytes at position `pos`.
+    pub fn usage_at(&self, pos: usize) -> Usage {
+        match pos.min(self.len()).checked_sub(1) {
+            Some(i) => self.usage[i],
+            None => self.start_usage,
+        }
+    }
+
+    /// The highest allocated and reserved bytes up to position `pos`.
+    pub fn peak_at(&self, pos: usize) -> Usage {
+        match pos.min(self.len()).checked_sub(1) {
+            Some(i) => self.peaks[i],
+            None => self.start_usage,
+        }
+    }
+
+    /// Allocated and reserved bytes after every event.
+    pub fn usage(&self) -> &[Usage] {
+        &self.usage
+    }
+
+    /// Usage before the first event.
+    pub fn start_usage(&self) -> Usage {
+        self.start_usage
+    }
+
+    /// `(step number, index of its first event)` for every step start, in order.
+    pub fn step_starts(&self) -> &[(u64, usize)] {
+        &self.step_starts
+    }
+
+    /// Indices of OOM events.
+    pub fn ooms(&self) -> &[usize] {
+        &self.ooms
+    }
+
+    /// The step number at position `pos` (of the last event applied).
+    pub fn step_at(&self, pos: usize) -> u64 {
+        match pos.min(self.len()).checked_sub(1) {
+            Some(i) => self.snapshot.events[i].step,
+            None => self.snapshot.events.first().map_or(0, |e| e.step),
+        }
+    }
+
+    /// The allocation event paired with the free at `index`, if the trace has it.
+    pub fn alloc_of(&self, index: usize) -> Option<usize> {
+        self.link
+            .get(index)
+            .filter(|&&l| l != NO_EVENT)
+            .map(|&l| (l & INDEX) as usize)
+    }
+
+    /// The state at position `pos` (after the first `pos` events).
+    pub fn state_at(&mut self, pos: usize) -> &MemoryState {
+        let n = self.len();
+        let pos = pos.min(n);
+        if pos == n {
+            return &self.head;
+        }
+        let reuse = matches!(&self.cache, Some((k, _)) if *k <= pos && pos - *k <= self.checkpoint_every);
+        if !reuse {
+            let at = self.checkpoints.partition_point(|(k, _)| *k <= pos);
+            let (k, state) = &self.checkpoints[at.saturating_sub(1)];
+            self.cache = Some((*k, state.clone()));
+        }
+        let events = &self.snapshot.events;
+        if let Some((k, state)) = &mut self.cache {
+            for (i, e) in events.iter().enumerate().take(pos).skip(*k) {
+                state.apply(e, i as u32);
+            }
+            *k = pos;
+            return state;
+        }
+        &self.head
+    }
+
+    /// The state at the end.
+    pub fn head(&self) -> &MemoryState {
+        &self.head
+    }
+}
+
+/// Records the allocation a free event releases, keeping `open` (address to allocation) up to
+/// date.
+fn link_event(open: &mut FxHashMap<u64, u32>, link: &mut [u32], i: usize, e: &Event) {
+    match e.kind {
+        EventKind::Alloc => {
+            open.insert(e.addr, i as u32);
+        }
+        EventKind::FreeRequested => {
+            if let Some(a) = open.get_mut(&e.addr) {
+                link[i] = *a & INDEX;
+                *a |= REQUESTED;
+            }
+        }
+        EventKind::FreeCompleted => {
+            if let Some(a) = open.remove(&e.addr) {
+                link[i] = a;
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Step starts of a snapshot: each step mark at the first event with its sequence number.
+fn step_starts(snapshot: &Snapshot) -> Vec<(u64, usize)> {
+    let events = &snapshot.events;
+    let mut out: Vec<(u64, usize)> = snapshot
+        .steps
+        .iter()
+        .map(|m| (m.step, events.partition_point(|e| e.seq < m.seq)))
+        .filter(|&(_, i)| i < events.len())
+        .collect();
+    out.sort_by_key(|&(step, i)| (i, step));
+    out.dedup_by_key(|s| s.1);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixture;
+
+    #[test]
+    fn the_state_at_the_end_is_the_snapshot_and_replays_agree() {
+        let snapshot = fixture::training_snapshot();
+        let mut data = Dataset::new(snapshot.clone(), Origin::File("f".into()));
+        let end = MemoryState::from_segments(&snapshot.segments);
+        assert_eq!(data.head().blocks.len(), end.blocks.len());
+        assert_eq!(data.usage_at(data.len()), end.usage());
+        // Forwards from the start reproduces the end.
+        let n = data.len();
+        let mut fwd = data.state_at(0).clone();
+        for (i, e) in snapshot.events.iter().enumerate() {
+            fwd.apply(e, i as u32);
+            assert_eq!(fwd.usage(), data.usage_at(i + 1), "after event {i}");
+        }
+        assert_eq!(fwd.usage(), data.usage_at(n));
+        // Random access agrees with the usage series.
+        for pos in [n / 3, 1, n - 1, 0, n / 2] {
+            let u = data.usage_at(pos);
+            assert_eq!(data.state_at(pos).usage(), u, "at {pos}");
+        }
+    }
+
+    #[test]
+    fn appending_matches_loading_at_once() {
+        let snapshot = fixture::training_snapshot();
+        let half = snapshot.events.len() / 2;
+        let mut first = snapshot.clone();
+        let rest = first.events.split_off(half);
+        // The first half's end state is the state after `half` events.
+        let mut whole = Dataset::new(snapshot.clone(), Origin::File("f".into()));
+        first.segments = whole.state_at(half).to_segments(0);
+        first.steps.retain(|m| m.seq < rest[0].seq);
+        let mut grown = Dataset::new(first, Origin::Live("l".into()));
+        grown.append(&rest);
+        assert_eq!(grown.len(), whole.len());
+        assert_eq!(grown.usage(), whole.usage());
+        assert_eq!(grown.step_starts(), whole.step_starts());
+        assert_eq!(grown.head().usage(), whole.head().usage());
+        grown.trim_front(half / 2);
+        assert_eq!(grown.len(), whole.len() - half / 2);
+        assert_eq!(grown.state_at(0).usage(), whole.usage_at(half / 2));
+        let k = grown.len() - 3;
+        assert_eq!(grown.state_at(k).usage(), whole.usage_at(k + half / 2));
+    }
+}

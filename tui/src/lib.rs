@@ -1,0 +1,1 @@
+//! vramscope-tui: the terminal dashboard (work in progress).
