@@ -893,7 +893,7 @@ impl<B: Backend> CachingAllocator<B> {
         stream: StreamId,
         rounded: u64,
     ) -> Option<Found> {
-        if self.shared.config.expandable_segments {
+        if self.shared.config.uses_expandable_segments() {
             return self.grow_expandable(state, pool, stream, rounded);
         }
         let shared = &*self.shared;
@@ -1054,7 +1054,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// PyTorch's `should_split`.
     fn should_split(&self, pool: Pool, block_size: u64, rounded: u64) -> bool {
         let remaining = block_size - rounded;
-        if pool == Pool::Small || self.shared.config.expandable_segments {
+        if pool == Pool::Small || self.shared.config.uses_expandable_segments() {
             remaining >= MIN_BLOCK_SIZE
         } else {
             rounded < self.shared.config.max_split_size.unwrap_or(u64::MAX)

@@ -22,6 +22,10 @@ pub enum Policy {
     /// PyTorch's CUDA caching allocator, rule for rule.
     #[default]
     Pytorch,
+    /// PyTorch's best fit over page-mapped segments that grow in place (one per stream and
+    /// pool), whatever `expandable_segments` says: no 2 MiB or 20 MiB segment rounding, free
+    /// tails unmapped by `empty_cache`. Reserves the least memory for the same work.
+    Compact,
 }
 
 impl Policy {
@@ -29,6 +33,7 @@ impl Policy {
     pub fn name(self) -> &'static str {
         match self {
             Policy::Pytorch => "pytorch",
+            Policy::Compact => "compact",
         }
     }
 }
@@ -230,7 +235,8 @@ impl AllocatorConfig {
             "policy" => {
                 self.policy = match value {
                     "pytorch" => Policy::Pytorch,
-                    _ => return Err(bad("pytorch")),
+                    "compact" => Policy::Compact,
+                    _ => return Err(bad("pytorch or compact")),
                 }
             }
             "record_events" => self.record_events = parse_bool(key, value)?,
@@ -269,6 +275,12 @@ impl AllocatorConfig {
             Ok(text) => AllocatorConfig::parse(&text),
             Err(_) => Ok(AllocatorConfig::default()),
         }
+    }
+
+    /// Whether segments are page-mapped and grow in place: `expandable_segments`, or the
+    /// `compact` policy.
+    pub fn uses_expandable_segments(&self) -> bool {
+        self.expandable_segments || self.policy == Policy::Compact
     }
 
     /// Turns off every kind of tracking (events, call sites, backtraces): the fastest setting.

@@ -589,3 +589,14 @@ fn buffers_and_raw_pointers_do_not_free_each_other() {
     assert_eq!(alloc.stats().allocation.all.current, 0);
     alloc.check_invariants().unwrap();
 }
+
+#[test]
+fn compact_policy_grows_segments_in_place() {
+    let (_, alloc) = phantom(1 << 30, "policy:compact");
+    assert!(alloc.config().uses_expandable_segments());
+    let a = alloc.alloc(3 * MIB).unwrap();
+    let b = alloc.alloc(5 * MIB).unwrap();
+    assert_eq!(b.addr(), a.addr() + 3 * MIB);
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 8 * MIB);
+    alloc.check_invariants().unwrap();
+}

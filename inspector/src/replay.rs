@@ -406,7 +406,7 @@ pub struct SweepRow {
 }
 
 /// The settings a sweep tries: PyTorch's defaults, expandable segments, several
-/// `max_split_size_mb` values and power-of-two rounding.
+/// `max_split_size_mb` values, power-of-two rounding, and each policy.
 pub fn sweep_configs() -> Vec<AllocatorConfig> {
     [
         "",
@@ -417,6 +417,7 @@ pub fn sweep_configs() -> Vec<AllocatorConfig> {
         "max_split_size_mb:512",
         "roundup_power2_divisions:4",
         "max_split_size_mb:128,roundup_power2_divisions:4",
+        "policy:compact",
     ]
     .iter()
     .map(|text| AllocatorConfig::parse(text).expect("built-in sweep settings parse"))

@@ -71,3 +71,41 @@ fn sweep_on_decomfl_finds_settings_that_fit_2_gib() {
         .unwrap();
     assert!(expandable.result.figures.peak_reserved < Some(1810 * MIB));
 }
+
+#[test]
+fn compact_policy_reserves_within_3_percent_and_never_more_than_pytorch() {
+    use vramscope_allocator::AllocatorConfig;
+    for (name, bound) in [
+        ("decomfl_opt125m_zo_fedlearn.pickle", Some(1.03)),
+        ("cs336_medium_ctx512_train_step.pickle", Some(1.03)),
+        ("hta_ddp_rank1_v100_profile_memory.trace.json.gz", None),
+    ] {
+        let Some(path) = trace(name) else {
+            continue;
+        };
+        let snapshot = import::load(&path).unwrap();
+        let run = |conf: &str| {
+            let options = ReplayOptions {
+                config: AllocatorConfig::parse(conf).unwrap(),
+                ..ReplayOptions::default()
+            };
+            replay(&snapshot, &options, &mut |_, _| {})
+        };
+        let pytorch = run("");
+        let compact = run("policy:compact");
+        let reserved = compact.figures.peak_reserved.unwrap();
+        assert!(
+            reserved <= pytorch.figures.peak_reserved.unwrap(),
+            "{name}: compact reserves {reserved}, pytorch {:?}",
+            pytorch.figures.peak_reserved
+        );
+        if let Some(bound) = bound {
+            let allocated = compact.original.peak_allocated.unwrap() as f64;
+            let ratio = reserved as f64 / allocated;
+            assert!(
+                ratio <= bound,
+                "{name}: {ratio:.4}× the trace's peak allocated"
+            );
+        }
+    }
+}
