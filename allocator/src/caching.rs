@@ -24,9 +24,11 @@ use rustc_hash::FxHashMap;
 use crate::backend::{Backend, BackendError, EventId, StreamId};
 use crate::clock::Clock;
 use crate::config::{AllocatorConfig, BacktraceMode, MIB};
+use crate::debug::{self, FreedOwners, FreedRange};
 use crate::free_index::FreeIndex;
 use crate::model::{
-    Block, BlockState, DeviceInfo, EventKind, Pool, Segment, Snapshot, SnapshotSource, StepMark,
+    Block, BlockState, DeviceInfo, EventKind, Owner, Pool, Segment, Snapshot, SnapshotSource,
+    StepMark, Violation, ViolationKind,
 };
 use crate::provenance::{self, Provenance, ProvenanceTables, NIL};
 use crate::ring::{EventRing, RawEvent};
@@ -345,6 +347,10 @@ struct State {
     step: u64,
     steps: Vec<StepMark>,
     op_counter: u64,
+    /// Last owners of freed ranges (with `debug`).
+    freed: FreedOwners,
+    /// Violations found by the debug checks.
+    violations: Vec<Violation>,
 }
 
 struct Shared<B: Backend> {
@@ -540,6 +546,8 @@ impl<B: Backend> CachingAllocator<B> {
                     step: 0,
                     steps: Vec::new(),
                     op_counter: 0,
+                    freed: FreedOwners::default(),
+                    violations: Vec::new(),
                 }),
                 config,
             }),
@@ -723,7 +731,10 @@ impl<B: Backend> CachingAllocator<B> {
         if !state.outstanding.is_empty() {
             self.process_events(state);
         }
-        let rounded = round_size(size, config.roundup_power2_divisions);
+        let rounded = round_size(
+            size.saturating_add(config.guard_bytes),
+            config.roundup_power2_divisions,
+        );
         let pool = pool_for(rounded);
         let found = match self.get_free_block(state, pool, stream, rounded) {
             Some(found) => found,
@@ -738,6 +749,9 @@ impl<B: Backend> CachingAllocator<B> {
             NIL
         };
         let block = self.use_block(state, found.block, rounded, size, provenance, for_buffer);
+        if config.debug || config.guard_bytes > 0 {
+            self.check_reused(state, &block, size);
+        }
         if config.record_events {
             state.record(
                 &shared.clock,
@@ -752,6 +766,81 @@ impl<B: Backend> CachingAllocator<B> {
             );
         }
         Ok((block.addr, found.block))
+    }
+
+    /// The owner recorded for a provenance id and step.
+    fn owner(state: &State, provenance: u32, step: u32) -> Owner {
+        let p = state.provenance.get(provenance);
+        let opt = |id: u32| (id != NIL).then_some(id);
+        Owner {
+            site: p.and_then(|p| opt(p.site)),
+            tag: p.and_then(|p| opt(p.tag)),
+            step: step as u64,
+        }
+    }
+
+    /// Debug checks when a block is handed out: the poison over the whole block must be
+    /// intact; then the guard bytes after the request are laid down.
+    fn check_reused(&self, state: &mut State, block: &BlockMeta, requested: u64) {
+        let backend = &self.shared.backend;
+        let config = &self.shared.config;
+        if config.debug {
+            if let Some((at, bytes)) =
+                debug::first_difference(backend, block.addr, block.size, debug::POISON)
+            {
+                let previous = state
+                    .freed
+                    .owner_of(at)
+                    .map(|r| Self::owner(state, r.provenance, r.step));
+                let new_owner = Self::owner(state, block.provenance, block.step);
+                state.violations.push(Violation {
+                    kind: ViolationKind::UseAfterFree,
+                    address: at,
+                    bytes,
+                    block_address: block.addr,
+                    block_size: block.size,
+                    previous_owner: previous,
+                    new_owner: Some(new_owner),
+                });
+            }
+        }
+        if config.guard_bytes > 0 {
+            debug::fill(
+                backend,
+                block.addr + requested,
+                config.guard_bytes,
+                debug::GUARD,
+            );
+        }
+    }
+
+    /// Checks the guard bytes after a block that is being freed.
+    fn check_guard(&self, state: &mut State, id: u32) {
+        let b = *state.blocks.get(id);
+        let guard_at = b.addr + b.requested;
+        if let Some((at, bytes)) = debug::first_difference(
+            &self.shared.backend,
+            guard_at,
+            self.shared.config.guard_bytes,
+            debug::GUARD,
+        ) {
+            let owner = Self::owner(state, b.provenance, b.step);
+            state.violations.push(Violation {
+                kind: ViolationKind::Overflow,
+                address: at,
+                bytes,
+                block_address: b.addr,
+                block_size: b.requested,
+                previous_owner: Some(owner),
+                new_owner: None,
+            });
+        }
+    }
+
+    /// Use-after-free and overflow violations found so far by the `debug` and `guard_bytes`
+    /// checks.
+    pub fn violations(&self) -> Vec<Violation> {
+        self.shared.state.lock().violations.clone()
     }
 
     /// PyTorch's `get_free_block`: the smallest free block on the same stream that fits.
@@ -899,6 +988,9 @@ impl<B: Backend> CachingAllocator<B> {
         let shared = &*self.shared;
         let size = segment_size_for(rounded);
         let addr = shared.backend.malloc(size).ok()?;
+        if shared.config.debug {
+            debug::fill(&shared.backend, addr, size, debug::POISON);
+        }
         let list = state.list_index(stream, pool);
         let segment = state.segments.insert(SegmentMeta {
             addr,
@@ -1004,6 +1096,9 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let map_at = seg.addr + seg.size;
         shared.backend.map(map_at, grow_by).ok()?;
+        if shared.config.debug {
+            debug::fill(&shared.backend, map_at, grow_by, debug::POISON);
+        }
         state.segments.get_mut(segment).size += grow_by;
         state.stats.reserved_bytes.increase(pool, grow_by);
         state.stats.num_device_alloc += 1;
@@ -1174,6 +1269,9 @@ impl<B: Backend> CachingAllocator<B> {
     fn release_allocated(&self, state: &mut State, id: u32) -> Result<(), AllocError> {
         let shared = &*self.shared;
         state.op_counter += 1;
+        if shared.config.guard_bytes > 0 {
+            self.check_guard(state, id);
+        }
         let addr = state.blocks.get(id).addr;
         let (pool, stream) = state.pool_of(id);
         let block = state.blocks.get_mut(id);
@@ -1312,6 +1410,18 @@ impl<B: Backend> CachingAllocator<B> {
         let block = state.blocks.get_mut(id);
         block.requested = 0;
         state.insert_free(id);
+        if shared.config.debug
+            && debug::fill(&shared.backend, original.addr, original.size, debug::POISON)
+        {
+            state.freed.record(
+                original.addr,
+                FreedRange {
+                    end: original.addr + original.size,
+                    provenance: original.provenance,
+                    step: original.step,
+                },
+            );
+        }
         let op = state.op_counter;
         let seg = state.segments.get_mut(original.segment);
         seg.active_blocks -= 1;
@@ -1878,6 +1988,7 @@ impl<B: Backend> CachingAllocator<B> {
         snapshot.stats = state.stats;
         snapshot.epoch_unix_ns = shared.epoch_unix_ns;
         snapshot.dropped_events = state.ring.overwritten();
+        snapshot.violations = state.violations.clone();
         let ns_per_tick = shared.clock.ns_per_tick();
         let to_ns = |ticks: u64| (ticks as f64 * ns_per_tick) as u64;
         snapshot.steps = state

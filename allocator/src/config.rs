@@ -83,6 +83,14 @@ pub struct AllocatorConfig {
     /// Capacity of the event ring; the oldest events are overwritten and counted as dropped.
     #[serde(default = "default_max_entries")]
     pub max_entries: usize,
+    /// Fill freed memory with a pattern and check it when the memory is handed out again
+    /// (use-after-free detection; needs memory behind the addresses).
+    #[serde(default)]
+    pub debug: bool,
+    /// Bytes of guard pattern after each block, checked when the block is freed (overflow
+    /// detection; 0: off).
+    #[serde(default)]
+    pub guard_bytes: u64,
 }
 
 fn default_true() -> bool {
@@ -105,6 +113,8 @@ impl Default for AllocatorConfig {
             record_sites: true,
             backtraces: BacktraceMode::Off,
             max_entries: default_max_entries(),
+            debug: false,
+            guard_bytes: 0,
         }
     }
 }
@@ -138,7 +148,7 @@ impl fmt::Display for ConfigError {
         match self {
             ConfigError::UnknownKey { key } => write!(
                 f,
-                "unknown allocator setting `{key}` (known: max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold, expandable_segments, policy, record_events, record_sites, backtraces, max_entries)"
+                "unknown allocator setting `{key}` (known: max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold, expandable_segments, policy, record_events, record_sites, backtraces, max_entries, debug, guard_bytes)"
             ),
             ConfigError::MissingValue { entry } => {
                 write!(f, "allocator setting `{entry}` has no value (write key:value)")
@@ -260,6 +270,16 @@ impl AllocatorConfig {
                 }
                 self.max_entries = n;
             }
+            "debug" => self.debug = parse_bool(key, value)?,
+            "guard_bytes" => {
+                let n: u64 = value
+                    .parse()
+                    .map_err(|_| bad("a whole number of bytes up to 65536"))?;
+                if n > 65536 {
+                    return Err(bad("a whole number of bytes up to 65536"));
+                }
+                self.guard_bytes = n;
+            }
             _ => {
                 return Err(ConfigError::UnknownKey {
                     key: key.to_string(),
@@ -314,6 +334,12 @@ impl fmt::Display for AllocatorConfig {
         }
         if self.expandable_segments {
             parts.push("expandable_segments:True".to_string());
+        }
+        if self.debug {
+            parts.push("debug:True".to_string());
+        }
+        if self.guard_bytes > 0 {
+            parts.push(format!("guard_bytes:{}", self.guard_bytes));
         }
         f.write_str(&parts.join(","))
     }

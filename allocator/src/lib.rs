@@ -29,6 +29,7 @@ pub mod caching;
 mod clock;
 pub mod config;
 pub mod cuda;
+pub mod debug;
 mod free_index;
 pub mod model;
 pub mod provenance;

@@ -362,6 +362,51 @@ pub struct Annotation {
     pub device: u32,
 }
 
+/// What a debug check found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ViolationKind {
+    /// Freed memory was written before it was handed out again.
+    UseAfterFree,
+    /// The guard bytes after a block were overwritten.
+    Overflow,
+}
+
+/// Who held a block: the allocation's call site, tag and step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    /// Call site of the allocation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<SiteId>,
+    /// Tag of the allocation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<TagId>,
+    /// Step of the allocation.
+    pub step: u64,
+}
+
+/// A memory-safety violation found by the allocator's `debug` or `guard_bytes` checks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Violation {
+    /// What was found.
+    pub kind: ViolationKind,
+    /// First byte found changed.
+    pub address: u64,
+    /// Bytes found changed.
+    pub bytes: u64,
+    /// The block the bytes belong to (for a use after free, the block being handed out).
+    pub block_address: u64,
+    /// Size of that block.
+    pub block_size: u64,
+    /// For a use after free, the last owner of the written bytes; for an overflow, the owner of
+    /// the overflowed block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_owner: Option<Owner>,
+    /// For a use after free, the allocation that found the damage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_owner: Option<Owner>,
+}
+
 /// Everything vramscope knows about one allocator (or one imported file) at one moment.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
@@ -399,6 +444,9 @@ pub struct Snapshot {
     /// Named, timed annotations.
     #[serde(default)]
     pub annotations: Vec<Annotation>,
+    /// Use-after-free and overflow violations found by the debug checks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub violations: Vec<Violation>,
 }
 
 /// Why a snapshot could not be saved or loaded.
@@ -469,6 +517,7 @@ impl Snapshot {
             scopes: Vec::new(),
             steps: Vec::new(),
             annotations: Vec::new(),
+            violations: Vec::new(),
         }
     }
 
