@@ -221,3 +221,83 @@ fn four_threads_with_cross_thread_frees_keep_the_books_straight() {
     alloc.empty_cache();
     assert_eq!(device.counters().outstanding_bytes, 0);
 }
+
+#[test]
+fn eight_threads_with_record_stream_and_empty_cache_keep_the_books_straight() {
+    let device = SimDevice::phantom(8 << 30);
+    device.set_manual_events(true);
+    let side = device.create_stream().unwrap();
+    let alloc = CachingAllocator::new(
+        device.clone(),
+        AllocatorConfig::parse("max_split_size_mb:64").unwrap(),
+    );
+    let (tx, rx) = std::sync::mpsc::channel::<DeviceBuffer<SimDevice>>();
+    let rx = std::sync::Arc::new(parking_lot::Mutex::new(rx));
+    std::thread::scope(|scope| {
+        for t in 0..8u64 {
+            let alloc = alloc.clone();
+            let device = device.clone();
+            let tx = tx.clone();
+            let rx = rx.clone();
+            scope.spawn(move || {
+                let mut mine = Vec::new();
+                for i in 0..1500u64 {
+                    let size = match (i * 7 + t) % 5 {
+                        0 => 1 + i % 2000,
+                        1 => 300_000 + i * 17 % 700_000,
+                        2 => (1 << 20) + i * 4099 % (9 << 20),
+                        3 => (12 << 20) + i % 5 * (16 << 20),
+                        _ => 512,
+                    };
+                    let stream = if (i + t) % 3 == 0 {
+                        side
+                    } else {
+                        StreamId::DEFAULT
+                    };
+                    let buffer = alloc.alloc_on(size, stream).unwrap();
+                    if i % 4 == 0 {
+                        buffer.record_stream(side).unwrap();
+                    }
+                    if i % 2 == 0 {
+                        tx.send(buffer).unwrap();
+                    } else {
+                        mine.push(buffer);
+                    }
+                    if mine.len() > 12 {
+                        mine.drain(..6);
+                    }
+                    if let Ok(theirs) = rx.lock().try_recv() {
+                        drop(theirs);
+                    }
+                    match i % 200 {
+                        50 => {
+                            alloc.empty_cache();
+                        }
+                        100 => device.complete_stream(side),
+                        150 => {
+                            alloc.mark_step();
+                        }
+                        _ => {}
+                    }
+                }
+            });
+        }
+    });
+    drop(tx);
+    while let Ok(buffer) = rx.lock().try_recv() {
+        drop(buffer);
+    }
+    alloc.check_invariants().unwrap();
+    let stats = alloc.stats();
+    assert_eq!(stats.allocation.all.current, 0);
+    assert_eq!(stats.allocation.all.allocated, 8 * 1500);
+    device.complete_all_events();
+    alloc.empty_cache();
+    alloc.check_invariants().unwrap();
+    assert_eq!(
+        alloc.stats().active.all.current,
+        0,
+        "deferred frees completed"
+    );
+    assert_eq!(device.counters().outstanding_bytes, 0);
+}
