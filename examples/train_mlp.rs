@@ -12,7 +12,8 @@
 //! - `--bf16`: bf16 activations and weight copies, f32 master weights.
 //! - `--sgd`: SGD instead of AdamW.
 //! - `--steps N`, `--batch N`, `--hidden N`: the run's size.
-//! - `--out PATH`: where to write the snapshot (default: `train_mlp.json` in the temp dir).
+//! - `--out PATH` (or a bare `PATH`): where to write the snapshot (default: `train_mlp.json` in
+//!   the temp dir).
 //!
 //! `VRAMSCOPE_BACKEND=sim` forces the simulated device on a CUDA machine.
 
@@ -51,9 +52,10 @@ fn parse_args() -> Result<(TrainConfig, PathBuf), String> {
             "--hidden" => config.hidden = number(&arg, args.next())?,
             "--out" => out = args.next().ok_or("--out needs a path")?.into(),
             "-h" | "--help" => {
-                println!("flags: --retain-loss --item-in-loop --grad-accum N --bf16 --sgd --steps N --batch N --hidden N --out PATH");
+                println!("flags: --retain-loss --item-in-loop --grad-accum N --bf16 --sgd --steps N --batch N --hidden N --out PATH (or a bare PATH)");
                 std::process::exit(0);
             }
+            other if !other.starts_with('-') => out = other.into(),
             other => return Err(format!("unknown flag {other} (try --help)")),
         }
     }
@@ -82,7 +84,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         println!("retained loss tensors: {}", report.retained_losses);
     }
     if config.item_in_loop {
-        println!("host reads of the loss in the loop: {}", report.item_losses.len());
+        println!(
+            "host reads of the loss in the loop: {}",
+            report.item_losses.len()
+        );
     }
     report.snapshot.save(&out)?;
     println!("snapshot written to {}", out.display());

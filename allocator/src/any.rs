@@ -363,6 +363,7 @@ mod tests {
     fn doctor_reports_every_line() {
         let report = doctor();
         let text = report.to_string();
+        println!("{text}");
         for key in ["CUDA driver library:", "devices:", "NVRTC:", "backend:"] {
             assert!(text.contains(key), "{key} missing from:\n{text}");
         }

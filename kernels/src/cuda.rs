@@ -14,7 +14,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{result, sys, CudaFunction, CudaModule};
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use vramscope_allocator::cuda::nvrtc_version;
 use vramscope_allocator::{CudaBackend, StreamId};
 
@@ -162,30 +162,34 @@ pub fn kernels_for(backend: &CudaBackend) -> Result<Arc<Kernels>, String> {
         .clone()
 }
 
-fn compile(backend: &CudaBackend) -> Result<Kernels, String> {
+/// Compiles [`program_source`] to PTX with NVRTC for `arch` (`"compute_90"`), or for NVRTC's
+/// default architecture when `arch` is `None`. Needs NVRTC but no GPU; fails with a one-line
+/// reason (NVRTC's log included) instead of panicking when NVRTC is missing or rejects the code.
+pub fn compile_ptx(arch: Option<&str>) -> Result<Ptx, String> {
     let (nv_major, nv_minor) = nvrtc_version()?;
+    let options = CompileOptions {
+        options: arch
+            .map(|a| vec![format!("--gpu-architecture={a}")])
+            .unwrap_or_default(),
+        name: Some("vramscope_kernels.cu".to_string()),
+        ..CompileOptions::default()
+    };
+    let source = program_source();
+    match catch_unwind(AssertUnwindSafe(|| compile_ptx_with_opts(&source, options))) {
+        Ok(Ok(ptx)) => Ok(ptx),
+        Ok(Err(e)) => Err(format!("NVRTC {nv_major}.{nv_minor} failed: {e}")),
+        Err(_) => Err(format!("NVRTC {nv_major}.{nv_minor} panicked")),
+    }
+}
+
+fn compile(backend: &CudaBackend) -> Result<Kernels, String> {
     let (major, minor) = backend.compute_capability();
     let arch = format!("compute_{major}{minor}");
-    let source = program_source();
-    let attempt = |arch: Option<&str>| {
-        let options = CompileOptions {
-            options: arch
-                .map(|a| vec![format!("--gpu-architecture={a}")])
-                .unwrap_or_default(),
-            name: Some("vramscope_kernels.cu".to_string()),
-            ..CompileOptions::default()
-        };
-        match catch_unwind(AssertUnwindSafe(|| compile_ptx_with_opts(&source, options))) {
-            Ok(Ok(ptx)) => Ok(ptx),
-            Ok(Err(e)) => Err(format!("NVRTC {nv_major}.{nv_minor} failed: {e}")),
-            Err(_) => Err(format!("NVRTC {nv_major}.{nv_minor} panicked")),
-        }
-    };
     // An NVRTC older than the device may not know its architecture; PTX for NVRTC's default
     // architecture is then JIT-compiled by the driver instead.
-    let (ptx, arch) = match attempt(Some(&arch)) {
+    let (ptx, arch) = match compile_ptx(Some(&arch)) {
         Ok(ptx) => (ptx, arch),
-        Err(first) => match attempt(None) {
+        Err(first) => match compile_ptx(None) {
             Ok(ptx) => (ptx, "NVRTC's default architecture".to_string()),
             Err(_) => return Err(first),
         },
@@ -267,6 +271,24 @@ mod tests {
             );
         }
         assert!(source.starts_with("// ---- common.cuh"));
+    }
+
+    #[test]
+    fn the_sources_compile_with_nvrtc_when_it_is_present() {
+        if let Err(reason) = nvrtc_version() {
+            println!("skipped: no NVRTC ({reason})");
+            return;
+        }
+        for arch in [Some("compute_90"), Some("compute_80"), None] {
+            let ptx = compile_ptx(arch).unwrap_or_else(|e| panic!("{arch:?}: {e}"));
+            let text = ptx.to_src();
+            for name in KERNEL_NAMES {
+                assert!(
+                    text.contains(&format!(".entry {name}(")),
+                    "{arch:?}: {name}"
+                );
+            }
+        }
     }
 
     #[test]

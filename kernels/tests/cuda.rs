@@ -299,6 +299,32 @@ fn the_mlp_learns_on_the_gpu() {
     }
 }
 
+/// Allocates, fills and reads back buffers of every pool size, then empties the cache.
+fn exercise_allocator(dev: &Device, settings: &str) {
+    let alloc = dev.allocator();
+    let mut buffers = Vec::new();
+    for (i, size) in [512u64, 4 << 10, 3 << 20, 25 << 20, 1 << 20]
+        .iter()
+        .enumerate()
+    {
+        let mut b = alloc.alloc(*size).unwrap();
+        let pattern: Vec<u8> = (0..*size).map(|j| (j as usize * 31 + i) as u8).collect();
+        b.copy_from_host(&pattern).unwrap();
+        let mut back = vec![0u8; *size as usize];
+        b.copy_to_host(&mut back).unwrap();
+        assert_eq!(back, pattern, "{settings}: buffer {i}");
+        buffers.push(b);
+    }
+    drop(buffers);
+    alloc.check_invariants().unwrap();
+    let released = alloc.empty_cache();
+    assert!(released > 0, "{settings}");
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 0, "{settings}");
+    // An impossible request is an error, not a crash.
+    let total = dev.backend().mem_info().total;
+    assert!(alloc.alloc(total * 4).is_err(), "{settings}");
+}
+
 #[test]
 fn the_caching_allocator_runs_on_cuda_with_plain_and_expandable_segments() {
     for settings in ["", "expandable_segments:True"] {
@@ -306,27 +332,15 @@ fn the_caching_allocator_runs_on_cuda_with_plain_and_expandable_segments() {
         let Some(dev) = cuda_device(config) else {
             return;
         };
-        let alloc = dev.allocator();
-        let mut buffers = Vec::new();
-        for (i, size) in [512u64, 4 << 10, 3 << 20, 25 << 20, 1 << 20]
-            .iter()
-            .enumerate()
-        {
-            let mut b = alloc.alloc(*size).unwrap();
-            let pattern: Vec<u8> = (0..*size).map(|j| (j as usize * 31 + i) as u8).collect();
-            b.copy_from_host(&pattern).unwrap();
-            let mut back = vec![0u8; *size as usize];
-            b.copy_to_host(&mut back).unwrap();
-            assert_eq!(back, pattern, "{settings}: buffer {i}");
-            buffers.push(b);
-        }
-        drop(buffers);
-        alloc.check_invariants().unwrap();
-        let released = alloc.empty_cache();
-        assert!(released > 0, "{settings}");
-        assert_eq!(alloc.stats().reserved_bytes.all.current, 0, "{settings}");
-        // An impossible request is an out-of-memory error, not a crash.
-        let total = dev.backend().mem_info().total;
-        assert!(alloc.alloc(total * 4).is_err(), "{settings}");
+        exercise_allocator(&dev, settings);
+    }
+}
+
+#[test]
+fn the_same_allocator_exercise_passes_on_the_simulated_device() {
+    for settings in ["", "expandable_segments:True"] {
+        let config = AllocatorConfig::parse(settings).unwrap();
+        let dev = Device::new(CachingAllocator::new(DeviceBackend::sim(1 << 30), config));
+        exercise_allocator(&dev, settings);
     }
 }

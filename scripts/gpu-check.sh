@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# GPU check for vramscope: the CUDA tests, the examples on the GPU and the allocator fast-path
+# benchmark, in well under 8 minutes on a CUDA machine.
+#
+#   scripts/gpu-check.sh [LOG_DIR]   build (when cargo is here) and run everything; with LOG_DIR,
+#                                    also write gpu-check.log and the example snapshots there
+#   scripts/gpu-check.sh --bundle    only build the binaries into target/gpu-check, to carry to
+#                                    a CUDA machine that has no Rust toolchain; the first form
+#                                    run there uses that bundle
+#
+# Every step runs even when an earlier one failed; the script ends with one line
+# "gpu-check: N passed, M failed" and exits non-zero when anything failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+BUNDLE=target/gpu-check
+
+bundle() {
+    echo "== building the release binaries into $BUNDLE"
+    rm -rf "$BUNDLE" && mkdir -p "$BUNDLE" || return 1
+    local log status
+    log="$(mktemp)"
+    # Test and bench binaries: cargo names each one on an "Executable" line.
+    {
+        cargo test --release -p vramscope-kernels --lib --tests --no-run &&
+        cargo test --release -p vramscope-allocator --lib --no-run &&
+        cargo bench -p vramscope-allocator --bench fast_path --no-run
+    } >"$log" 2>&1
+    status=$?
+    cat "$log"
+    [ "$status" -eq 0 ] || return 1
+    while IFS='|' read -r what path; do
+        local name
+        case "$what" in
+            unittests*) name="$(basename "${path%-*}")-unit" ;;
+            *) name="$(basename "${path%-*}")" ;;
+        esac
+        cp "$path" "$BUNDLE/$name" || return 1
+    done < <(sed -n 's/.*Executable \(.*\) (\(.*\))$/\1|\2/p' "$log")
+    cargo build --release --example train_mlp --bin vramscope || return 1
+    cp target/release/examples/train_mlp target/release/vramscope "$BUNDLE/" || return 1
+    # Debug info is not needed to run and would make the bundle too big to carry.
+    if command -v strip >/dev/null 2>&1; then
+        strip --strip-debug "$BUNDLE"/* 2>/dev/null || true
+    fi
+    ls -l "$BUNDLE"
+}
+
+if [ "${1:-}" = "--bundle" ]; then
+    bundle
+    exit $?
+fi
+
+LOG_DIR="${1:-}"
+if [ -n "$LOG_DIR" ]; then
+    mkdir -p "$LOG_DIR"
+    exec > >(tee "$LOG_DIR/gpu-check.log") 2>&1
+fi
+OUT_DIR="${LOG_DIR:-$(mktemp -d)}"
+
+# The driver and NVRTC are opened at run time by name (libcuda.so.1, libnvrtc.so): put the
+# folders that hold them on the loader path, and give an NVRTC that only has a versioned name
+# (libnvrtc.so.13) the plain name too.
+add_lib_dir() {
+    case ":${LD_LIBRARY_PATH:-}:" in *":$1:"*) ;; *) export LD_LIBRARY_PATH="$1${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ;; esac
+}
+for dir in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu /usr/lib64; do
+    [ -e "$dir/libcuda.so.1" ] && add_lib_dir "$dir"
+done
+nvrtc=""
+for pattern in /usr/local/cuda/lib64/libnvrtc.so* /usr/local/cuda/targets/*/lib/libnvrtc.so* \
+    /usr/local/cuda-*/lib64/libnvrtc.so* /usr/lib/x86_64-linux-gnu/libnvrtc.so* \
+    /opt/*/.venv/lib/python3*/site-packages/nvidia/*/lib/libnvrtc.so* \
+    /usr/local/lib/python3*/dist-packages/nvidia/*/lib/libnvrtc.so*; do
+    for candidate in $pattern; do
+        case "$candidate" in *builtins*|*alt*) continue ;; esac
+        [ -e "$candidate" ] && { nvrtc="$candidate"; break 2; }
+    done
+done
+if [ -n "$nvrtc" ]; then
+    add_lib_dir "$(dirname "$nvrtc")"
+    shim="$(mktemp -d)"
+    ln -s "$nvrtc" "$shim/libnvrtc.so"
+    add_lib_dir "$shim"
+fi
+
+echo "== machine"
+uname -srm
+command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+echo "NVRTC: ${nvrtc:-not found}"
+echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+
+if command -v cargo >/dev/null 2>&1; then
+    bundle || { echo "gpu-check: 0 passed, 1 failed (build)"; exit 1; }
+elif [ ! -x "$BUNDLE/train_mlp" ]; then
+    echo "no cargo here and no $BUNDLE: run 'scripts/gpu-check.sh --bundle' on a machine with cargo and carry $BUNDLE"
+    echo "gpu-check: 0 passed, 1 failed (nothing to run)"
+    exit 1
+fi
+
+passed=0
+failed=0
+failures=""
+step() {
+    local name="$1" limit="$2"
+    shift 2
+    echo
+    echo "== $name"
+    local start=$SECONDS
+    if timeout "$limit" "$@"; then
+        passed=$((passed + 1))
+        echo "-- $name: ok ($((SECONDS - start)) s)"
+    else
+        failed=$((failed + 1))
+        failures="$failures $name"
+        echo "-- $name: FAILED ($((SECONDS - start)) s)"
+    fi
+}
+
+if "$BUNDLE/vramscope" --help 2>/dev/null | grep -q doctor; then
+    step "doctor" 60 "$BUNDLE/vramscope" doctor
+else
+    echo "(this vramscope has no doctor command; the allocator test doctor_reports_every_line prints the report)"
+fi
+# The CUDA tests print "skipped: no CUDA driver (...)" where there is none, so the output
+# says whether the GPU was really used.
+step "allocator CUDA backend tests" 120 "$BUNDLE/vramscope_allocator-unit" --nocapture cuda:: any::
+for test in "$BUNDLE"/cuda "$BUNDLE"/tensor_sim "$BUNDLE"/train "$BUNDLE"/cpu_kernels "$BUNDLE"/vramscope_kernels-unit; do
+    step "kernels test $(basename "$test")" 180 "$test" --nocapture --test-threads 1
+done
+step "train_mlp" 120 "$BUNDLE/train_mlp" --out "$OUT_DIR/train_mlp.json"
+step "train_mlp --retain-loss --item-in-loop" 120 \
+    "$BUNDLE/train_mlp" --retain-loss --item-in-loop --out "$OUT_DIR/train_mlp_bugs.json"
+step "train_mlp --bf16 --grad-accum 4" 120 \
+    "$BUNDLE/train_mlp" --bf16 --grad-accum 4 --out "$OUT_DIR/train_mlp_bf16_accum.json"
+step "report on the planted bugs" 60 "$BUNDLE/vramscope" report "$OUT_DIR/train_mlp_bugs.json"
+step "fast-path benchmark" 240 "$BUNDLE/fast_path" --bench --warm-up-time 1 --measurement-time 2
+
+echo
+[ -n "$failures" ] && echo "failed steps:$failures"
+echo "gpu-check: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
