@@ -744,7 +744,7 @@ mod tests {
         match CudaBackend::new(0) {
             Ok(dev) => Some(dev),
             Err(reason) => {
-                println!("skipped: no CUDA driver ({reason})");
+                crate::testing::skip_notice(&format!("no CUDA driver ({reason})"));
                 None
             }
         }

@@ -37,6 +37,7 @@ mod ring;
 pub mod sim;
 pub mod stats;
 pub mod telemetry;
+pub mod testing;
 
 pub use any::{doctor, DeviceBackend, DoctorReport};
 pub use backend::{Backend, BackendError, EventId, MemInfo, StreamId};

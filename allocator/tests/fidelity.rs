@@ -4,25 +4,18 @@
 //! prints one line saying it was skipped.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::Path;
 
+use vramscope_allocator::testing::shared_trace;
 use vramscope_allocator::{AllocatorConfig, CachingAllocator, EventKind, SimDevice, StreamId};
-
-fn traces_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("VRAMSCOPE_TRACES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces"));
-    dir.is_dir().then_some(dir)
-}
 
 #[test]
 fn decomfl_replay_reproduces_pytorch_segment_allocs() {
-    let Some(dir) = traces_dir() else {
-        println!("skipped: shared traces not found (set VRAMSCOPE_TRACES)");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let Some(path) = shared_trace(&root, "decomfl_opt125m_zo_fedlearn.events.csv") else {
         return;
     };
-    let csv = std::fs::read_to_string(dir.join("decomfl_opt125m_zo_fedlearn.events.csv"))
-        .expect("decomfl events csv is readable");
+    let csv = std::fs::read_to_string(path).expect("decomfl events csv is readable");
     let device = SimDevice::phantom(1 << 40);
     let config = AllocatorConfig {
         record_sites: false,

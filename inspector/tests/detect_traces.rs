@@ -3,7 +3,7 @@
 //! absent (`$VRAMSCOPE_TRACES`, else `../shared/traces` next to the workspace), each test prints
 //! one line saying it was skipped and passes.
 
-use std::path::PathBuf;
+use std::path::Path;
 
 use vramscope_allocator::Snapshot;
 use vramscope_inspector::detect::{self, DetectOptions, FindingKind, Severity};
@@ -13,14 +13,8 @@ use vramscope_inspector::report::{build_report, render, Format, ReportOptions};
 const MIB: f64 = 1048576.0;
 
 fn trace(name: &str) -> Option<Snapshot> {
-    let dir = std::env::var_os("VRAMSCOPE_TRACES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces"));
-    let path = dir.join(name);
-    if !path.exists() {
-        println!("skipped: {} not found", path.display());
-        return None;
-    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let path = vramscope_allocator::testing::shared_trace(&root, name)?;
     Some(vramscope_inspector::import::load(&path).expect("the shared trace imports"))
 }
 

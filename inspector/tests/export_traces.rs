@@ -2,7 +2,7 @@
 //! model unchanged, and Python's own `pickle` reads what we write with PyTorch's keys and value
 //! types (when python3 exists; otherwise one line says it was skipped).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use vramscope_allocator::Snapshot;
@@ -10,16 +10,8 @@ use vramscope_inspector::export::{to_perfetto, to_pytorch_pickle};
 use vramscope_inspector::import::{self, ImportOptions};
 
 fn trace(name: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("VRAMSCOPE_TRACES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces"));
-    let path = dir.join(name);
-    if path.is_file() {
-        Some(path)
-    } else {
-        println!("skipped: shared trace {} not found", path.display());
-        None
-    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    vramscope_allocator::testing::shared_trace(&root, name)
 }
 
 /// What a PyTorch snapshot carries, in comparable form.
@@ -110,7 +102,7 @@ fn python_reads_the_pickle_with_pytorch_keys_and_types() {
         return;
     };
     if Command::new("python3").arg("--version").output().is_err() {
-        println!("skipped: python3 not found");
+        vramscope_allocator::testing::skip_notice("python3 not found, pickle check not run");
         return;
     }
     let snapshot = import::load(&path).unwrap();

@@ -2,22 +2,14 @@
 //! replayed from the state each trace started in must reproduce PyTorch's own segment
 //! allocations. Skipped with one printed line when the traces are absent.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use vramscope_inspector::import;
 use vramscope_inspector::replay::{replay, sweep, ReplayOptions};
 
 fn trace(name: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("VRAMSCOPE_TRACES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces"));
-    let path = dir.join(name);
-    if path.is_file() {
-        Some(path)
-    } else {
-        println!("skipped: shared trace {} not found", path.display());
-        None
-    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    vramscope_allocator::testing::shared_trace(&root, name)
 }
 
 const MIB: u64 = 1 << 20;

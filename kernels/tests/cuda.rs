@@ -11,7 +11,7 @@ fn cuda_device(config: AllocatorConfig) -> Option<Device> {
     match DeviceBackend::cuda(0) {
         Ok(backend) => Some(Device::new(CachingAllocator::new(backend, config))),
         Err(reason) => {
-            println!("skipped: no CUDA driver ({reason})");
+            vramscope_allocator::testing::skip_notice(&format!("no CUDA driver ({reason})"));
             None
         }
     }
@@ -27,10 +27,10 @@ fn kernel_device() -> Option<Device> {
             device.engine_description()
         ),
         Err(reason) => {
-            println!(
-                "skipped: no NVRTC ({reason}); {}",
+            vramscope_allocator::testing::skip_notice(&format!(
+                "no NVRTC ({reason}); {}",
                 device.engine_description()
-            );
+            ));
             return None;
         }
     }

@@ -1,0 +1,41 @@
+//! Small helpers for tests, vramscope's own and those of programs built on it.
+//!
+//! Tests that need something this machine may lack (the shared traces, a CUDA driver, python3)
+//! check for it at run time and, when it is absent, say so in one visible line and pass:
+//! [`skip_notice`] writes that line past the test harness's output capture, and
+//! [`shared_traces_dir`] finds the real traces the project tests against.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The environment variable that points at the shared traces folder.
+pub const TRACES_ENV: &str = "VRAMSCOPE_TRACES";
+
+/// Writes `skipped: {reason}` as one line to standard error, visible even when the test
+/// harness captures test output (it bypasses `print!`'s capture).
+pub fn skip_notice(reason: &str) {
+    let mut stderr = std::io::stderr().lock();
+    let _ = writeln!(stderr, "skipped: {reason}");
+}
+
+/// The shared traces folder: `$VRAMSCOPE_TRACES`, else `shared/traces` beside the workspace
+/// root (`workspace_root/../shared/traces`). `None` when it does not exist.
+pub fn shared_traces_dir(workspace_root: &Path) -> Option<PathBuf> {
+    let dir = std::env::var_os(TRACES_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root.join("../shared/traces"));
+    dir.is_dir().then_some(dir)
+}
+
+/// A file in the shared traces folder, or `None` after a [`skip_notice`] naming it.
+pub fn shared_trace(workspace_root: &Path, name: &str) -> Option<PathBuf> {
+    match shared_traces_dir(workspace_root).map(|dir| dir.join(name)) {
+        Some(path) if path.is_file() => Some(path),
+        _ => {
+            skip_notice(&format!(
+                "shared trace {name} not found (set {TRACES_ENV} to the traces folder)"
+            ));
+            None
+        }
+    }
+}
