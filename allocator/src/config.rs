@@ -427,6 +427,37 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Any text gives a configuration or an error that names the offending entry; never a
+        /// panic. Configurations print back to text that parses to the same settings.
+        #[test]
+        fn arbitrary_text_parses_or_names_what_is_wrong(text in ".{0,80}") {
+            match AllocatorConfig::parse(&text) {
+                Ok(config) => {
+                    proptest::prop_assert_eq!(AllocatorConfig::parse(&config.to_string()), Ok(config));
+                }
+                Err(e) => proptest::prop_assert!(!e.to_string().is_empty()),
+            }
+        }
+
+        #[test]
+        fn generated_settings_round_trip(
+            mb in 20u64..100_000,
+            divisions in 0u32..7,
+            threshold in 1u32..99,
+            expandable: bool,
+        ) {
+            let text = format!(
+                "max_split_size_mb:{mb},roundup_power2_divisions:{},garbage_collection_threshold:0.{threshold:02},expandable_segments:{}",
+                if divisions == 0 { 0 } else { 1u32 << (divisions - 1) },
+                if expandable { "True" } else { "False" },
+            );
+            let config = AllocatorConfig::parse(&text).unwrap();
+            proptest::prop_assert_eq!(config.max_split_size, Some(mb * MIB));
+            proptest::prop_assert_eq!(AllocatorConfig::parse(&config.to_string()), Ok(config));
+        }
+    }
+
     #[test]
     fn missing_value_is_an_error() {
         assert_eq!(
