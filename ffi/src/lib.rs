@@ -8,7 +8,8 @@
 //! `VRAMSCOPE_ALLOC_CONF`. A pluggable allocator costs PyTorch its own `memory_stats()` and
 //! snapshots, so this library gives them back: [`vramscope_stats_json`],
 //! [`vramscope_memory_summary`], [`vramscope_snapshot`] and, with `VRAMSCOPE_SNAPSHOT_ON_EXIT`,
-//! a snapshot written when the process exits.
+//! a snapshot written when the process exits, and with `VRAMSCOPE_LISTEN` the live telemetry
+//! that `vramscope top` attaches to.
 //!
 //! Misuse never aborts the host process: a free of an unknown or already-freed pointer, a
 //! negative size or a bad device is counted ([`vramscope_error_count`]) and logged to standard
@@ -19,6 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use vramscope_allocator::any::DeviceBackend;
+use vramscope_allocator::telemetry::Telemetry;
 use vramscope_allocator::{AllocError, AllocatorConfig, CachingAllocator, StreamId};
 
 /// Devices this library serves (ordinals `0..MAX_DEVICES`).
@@ -35,6 +37,8 @@ static ALLOCATORS: [OnceLock<Option<CachingAllocator<DeviceBackend>>>; MAX_DEVIC
 static ERRORS: AtomicU64 = AtomicU64::new(0);
 static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
 static EXIT_HOOK: AtomicBool = AtomicBool::new(false);
+/// The live-telemetry publisher (`VRAMSCOPE_LISTEN`), serving the first device opened.
+static TELEMETRY: Mutex<Option<Telemetry>> = Mutex::new(None);
 
 /// Counts a misuse or failure and logs it to standard error (never panics).
 fn report_error(message: String) {
@@ -80,7 +84,9 @@ fn allocator(device: c_int) -> Option<&'static CachingAllocator<DeviceBackend>> 
         match open_backend(index as u32) {
             Ok(backend) => {
                 install_exit_hook();
-                Some(CachingAllocator::new(backend, config))
+                let alloc = CachingAllocator::new(backend, config);
+                start_telemetry(&alloc);
+                Some(alloc)
             }
             Err(reason) => {
                 report_error(format!("cannot open device {device}: {reason}"));
@@ -250,6 +256,29 @@ extern "C" fn snapshot_at_exit() {
 
 extern "C" {
     fn atexit(callback: extern "C" fn()) -> c_int;
+}
+
+/// Starts the live-telemetry publisher for the first device opened, when `VRAMSCOPE_LISTEN`
+/// asks for one; a failure is logged, never fatal.
+fn start_telemetry(alloc: &CachingAllocator<DeviceBackend>) {
+    let Ok(mut slot) = TELEMETRY.lock() else {
+        return;
+    };
+    if slot.is_some() {
+        return;
+    }
+    match Telemetry::from_env(alloc) {
+        Ok(Some(telemetry)) => {
+            eprintln!(
+                "vramscope: publishing device {} on {}",
+                alloc.device(),
+                telemetry.addr()
+            );
+            *slot = Some(telemetry);
+        }
+        Ok(None) => {}
+        Err(e) => report_error(format!("live telemetry not started: {e}")),
+    }
 }
 
 /// Registers the exit snapshot once, when `VRAMSCOPE_SNAPSHOT_ON_EXIT` is set.

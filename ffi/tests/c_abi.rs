@@ -36,8 +36,17 @@ fn library_path() -> PathBuf {
 /// turns.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// The Unix socket the library publishes live telemetry on in these tests.
+fn telemetry_socket() -> PathBuf {
+    std::env::temp_dir().join(format!("vramscope-ffi-{}.sock", std::process::id()))
+}
+
 fn load() -> Library {
     std::env::set_var("VRAMSCOPE_BACKEND", "sim");
+    std::env::set_var(
+        "VRAMSCOPE_LISTEN",
+        format!("unix:{}", telemetry_socket().display()),
+    );
     // SAFETY: the library is this workspace's own cdylib.
     unsafe { Library::new(library_path()) }.expect("the C library loads")
 }
@@ -130,4 +139,31 @@ fn writes_a_snapshot_when_the_host_process_exits() {
     let snap = vramscope_allocator_snapshot(&path);
     assert_eq!(snap["stats"]["allocation"]["all"]["current"], 1);
     std::fs::remove_file(path).ok();
+}
+
+#[test]
+fn publishes_live_telemetry_when_asked() {
+    use vramscope_allocator::telemetry::{Frame, TelemetryAddr, TelemetryClient};
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lib = load();
+    // SAFETY: as above.
+    let block = unsafe {
+        let malloc: Symbol<Malloc> = lib.get(b"vramscope_malloc").unwrap();
+        malloc(2048, 0, std::ptr::null_mut())
+    };
+    assert!(!block.is_null());
+    let addr = TelemetryAddr::Unix(telemetry_socket());
+    let mut client = TelemetryClient::connect(&addr).expect("the library listens");
+    client
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    match client.next_frame().unwrap() {
+        Frame::Hello(hello) => assert_eq!(hello.pid, std::process::id()),
+        other => panic!("expected a hello frame first, got {other:?}"),
+    }
+    // SAFETY: as above.
+    unsafe {
+        let free: Symbol<Free> = lib.get(b"vramscope_free").unwrap();
+        free(block, 2048, 0, std::ptr::null_mut());
+    }
 }
