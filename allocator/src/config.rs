@@ -335,6 +335,20 @@ impl fmt::Display for AllocatorConfig {
         if self.expandable_segments {
             parts.push("expandable_segments:True".to_string());
         }
+        match self.backtraces {
+            BacktraceMode::Off => {}
+            BacktraceMode::All => parts.push("backtraces:all".to_string()),
+            BacktraceMode::Sampled(n) => parts.push(format!("backtraces:{n}")),
+        }
+        if !self.record_events {
+            parts.push("record_events:False".to_string());
+        }
+        if !self.record_sites {
+            parts.push("record_sites:False".to_string());
+        }
+        if self.max_entries != default_max_entries() {
+            parts.push(format!("max_entries:{}", self.max_entries));
+        }
         if self.debug {
             parts.push("debug:True".to_string());
         }
@@ -455,6 +469,20 @@ mod tests {
             let config = AllocatorConfig::parse(&text).unwrap();
             proptest::prop_assert_eq!(config.max_split_size, Some(mb * MIB));
             proptest::prop_assert_eq!(AllocatorConfig::parse(&config.to_string()), Ok(config));
+        }
+    }
+
+    #[test]
+    fn tracking_settings_print_back_too() {
+        // Found by the `config` fuzz target: `backtraces:2` did not survive printing.
+        for text in [
+            "backtraces:2",
+            "backtraces:all",
+            "record_events:False,record_sites:False",
+            "max_entries:77,debug:True,guard_bytes:8,policy:compact",
+        ] {
+            let config = AllocatorConfig::parse(text).unwrap();
+            assert_eq!(AllocatorConfig::parse(&config.to_string()), Ok(config), "{text}");
         }
     }
 

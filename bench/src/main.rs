@@ -1,0 +1,659 @@
+//! Side-by-side benchmark of vramscope's caching allocator against peer allocators (issue 7).
+//!
+//! On the same traces in the same run, it replays every trace's alloc/free sequence through
+//! vramscope (policies `pytorch` and `compact`; tracking off, call sites and events, backtraces
+//! sampled 1 in 64), offset-allocator 0.2, gpu-alloc 0.6 on a fake `MemoryDevice`,
+//! cubecl-server 0.11's `MemoryManagement` on a null `ComputeStorage`, and mimalloc as a host
+//! reference. For each it prints nanoseconds per operation, raw device allocations and peak
+//! reserved over peak live bytes, as markdown tables with ratios against vramscope with
+//! tracking off; then the scaling of one vramscope allocator over 1 and 2 threads, and the
+//! fidelity of the `pytorch` policy's peak reserved bytes against PyTorch's own.
+//!
+//! ```text
+//! cargo run --release --manifest-path bench/Cargo.toml -- [--quick] [--reps N] [--traces DIR]
+//! bench/target/release/vramscope-bench profile pairs <subject> <pairs>
+//! bench/target/release/vramscope-bench profile trace <trace> <subject> <reps>
+//! ```
+//!
+//! The `profile` forms run one allocator alone, for `valgrind --tool=callgrind`.
+
+mod measure;
+mod peers;
+mod trace;
+
+use std::path::{Path, PathBuf};
+
+use vramscope_allocator::{AllocatorConfig, EventKind, Snapshot};
+use vramscope_inspector::replay::{self, ReplayOptions};
+
+use measure::Replay;
+use peers::{Cubecl, GpuAlloc, Mimalloc, Offset, Vramscope, DEVICE_CAPACITY};
+use trace::Trace;
+
+/// The real traces, by file name, with their short names.
+const REAL_TRACES: [(&str, &str); 3] = [
+    ("decomfl", "decomfl_opt125m_zo_fedlearn.pickle"),
+    ("cs336_medium", "cs336_medium_ctx512_train_step.pickle"),
+    ("hta", "hta_ddp_rank1_v100_profile_memory.trace.json.gz"),
+];
+
+/// Seed of the synthetic trace.
+const SYNTHETIC_SEED: u64 = 0x7652_414d;
+
+/// One allocator configuration under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Subject {
+    /// vramscope, `pytorch` policy, tracking off.
+    Off,
+    /// vramscope, `pytorch` policy, call sites and events.
+    Events,
+    /// vramscope, `pytorch` policy, call sites, events and backtraces sampled 1 in 64.
+    Backtraces,
+    /// vramscope, `compact` policy, tracking off.
+    CompactOff,
+    /// vramscope, `compact` policy, call sites and events.
+    CompactEvents,
+    /// offset-allocator 0.2.
+    Offset,
+    /// gpu-alloc 0.6.
+    GpuAlloc,
+    /// cubecl-server 0.11.
+    Cubecl,
+    /// mimalloc (host).
+    Mimalloc,
+}
+
+/// Every subject, in table order; the first is the base of the ratios.
+const SUBJECTS: [Subject; 9] = [
+    Subject::Off,
+    Subject::Events,
+    Subject::Backtraces,
+    Subject::CompactOff,
+    Subject::CompactEvents,
+    Subject::Offset,
+    Subject::GpuAlloc,
+    Subject::Cubecl,
+    Subject::Mimalloc,
+];
+
+impl Subject {
+    /// The name in tables.
+    fn label(self) -> &'static str {
+        match self {
+            Subject::Off => "vramscope pytorch, tracking off",
+            Subject::Events => "vramscope pytorch, call sites + events",
+            Subject::Backtraces => "vramscope pytorch, + backtraces 1/64",
+            Subject::CompactOff => "vramscope compact, tracking off",
+            Subject::CompactEvents => "vramscope compact, call sites + events",
+            Subject::Offset => "offset-allocator 0.2",
+            Subject::GpuAlloc => "gpu-alloc 0.6",
+            Subject::Cubecl => "cubecl-server 0.11",
+            Subject::Mimalloc => "mimalloc (host)",
+        }
+    }
+
+    /// The name on the command line.
+    fn key(self) -> &'static str {
+        match self {
+            Subject::Off => "off",
+            Subject::Events => "events",
+            Subject::Backtraces => "bt64",
+            Subject::CompactOff => "compact",
+            Subject::CompactEvents => "compact-events",
+            Subject::Offset => "offset",
+            Subject::GpuAlloc => "gpu-alloc",
+            Subject::Cubecl => "cubecl",
+            Subject::Mimalloc => "mimalloc",
+        }
+    }
+
+    /// The subject a command-line name names.
+    fn from_key(key: &str) -> Option<Subject> {
+        SUBJECTS.into_iter().find(|s| s.key() == key)
+    }
+
+    /// The vramscope settings, for vramscope subjects.
+    fn config(self) -> Option<AllocatorConfig> {
+        let parse = |text: &str| AllocatorConfig::parse(text).expect("valid settings");
+        Some(match self {
+            Subject::Off => AllocatorConfig::default().untracked(),
+            Subject::Events => AllocatorConfig::default(),
+            Subject::Backtraces => parse("backtraces:64"),
+            Subject::CompactOff => parse("policy:compact").untracked(),
+            Subject::CompactEvents => parse("policy:compact"),
+            _ => return None,
+        })
+    }
+}
+
+/// One subject's replay of one trace, with the offset-allocator's high-water mark.
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    replay: Replay,
+    high_water: Option<u64>,
+}
+
+/// Replays `trace` once through a fresh instance of `subject`.
+fn run_once(subject: Subject, trace: &Trace) -> Sample {
+    if let Some(config) = subject.config() {
+        let mut alloc = Vramscope::new(config);
+        return Sample {
+            replay: measure::replay(&mut alloc, trace),
+            high_water: None,
+        };
+    }
+    match subject {
+        Subject::Offset => {
+            let max_allocs = (trace.max_live_blocks as u32 * 4).max(128 * 1024);
+            let mut alloc = Offset::new(trace.peak_live * 2, max_allocs);
+            let replay = measure::replay(&mut alloc, trace);
+            Sample {
+                replay,
+                high_water: Some(alloc.high_water_bytes()),
+            }
+        }
+        Subject::GpuAlloc => Sample {
+            replay: measure::replay(&mut GpuAlloc::new(), trace),
+            high_water: None,
+        },
+        Subject::Cubecl => Sample {
+            replay: measure::replay(&mut Cubecl::new(DEVICE_CAPACITY / 4), trace),
+            high_water: None,
+        },
+        Subject::Mimalloc => Sample {
+            replay: measure::replay(&mut Mimalloc, trace),
+            high_water: None,
+        },
+        _ => unreachable!("vramscope subjects are handled above"),
+    }
+}
+
+/// Nanoseconds per operation of `pairs` cached 4 KiB alloc+free pairs through a fresh
+/// instance of `subject`.
+fn run_pairs(subject: Subject, pairs: u64) -> f64 {
+    match subject {
+        Subject::Offset => measure::pairs(&mut Offset::new(1 << 30, 1024), pairs),
+        Subject::GpuAlloc => measure::pairs(&mut GpuAlloc::new(), pairs),
+        Subject::Cubecl => measure::pairs(&mut Cubecl::new(DEVICE_CAPACITY / 4), pairs),
+        Subject::Mimalloc => measure::pairs(&mut Mimalloc, pairs),
+        s => measure::pairs(&mut Vramscope::new(s.config().expect("vramscope")), pairs),
+    }
+}
+
+/// A row of the results: the median and fastest time of all repetitions and the first one's
+/// books (which do not change between repetitions).
+struct Row {
+    subject: Subject,
+    ns_per_op: f64,
+    min_ns_per_op: f64,
+    first: Sample,
+}
+
+/// Bytes as whole MiB.
+fn mib(bytes: u64) -> String {
+    format!("{:.0} MiB", bytes as f64 / (1 << 20) as f64)
+}
+
+/// `value / base` as a ratio, or a dash when there is no base.
+fn ratio(value: f64, base: f64) -> String {
+    if base > 0.0 {
+        format!("{:.2}×", value / base)
+    } else {
+        "—".to_string()
+    }
+}
+
+/// The 1, 5 and 15 minute load averages.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| {
+            let parts: Vec<&str> = s.split_whitespace().take(3).collect();
+            (parts.len() == 3).then(|| parts.join(" "))
+        })
+        .unwrap_or_else(|| "unknown".to_string())
+}
+
+/// CPU count and model, and memory, as this machine reports them.
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_string());
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map(|kb| format!("{:.0} GiB", kb as f64 / (1 << 20) as f64))
+        .unwrap_or_else(|| "unknown memory".to_string());
+    format!("{threads} vCPUs ({cpu}), {mem}")
+}
+
+/// Where the shared traces are: `$VRAMSCOPE_TRACES`, `../shared/traces` from the working
+/// directory, or the same beside the workspace this crate sits in.
+fn traces_dir(explicit: Option<PathBuf>) -> Option<PathBuf> {
+    let candidates = explicit
+        .into_iter()
+        .chain(std::env::var_os("VRAMSCOPE_TRACES").map(PathBuf::from))
+        .chain([
+            PathBuf::from("../shared/traces"),
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces"),
+        ]);
+    candidates.into_iter().find(|p| p.is_dir())
+}
+
+/// Imports one of the real traces, or says why it was skipped.
+fn load_real(dir: &Path, file: &str) -> Option<Snapshot> {
+    let path = dir.join(file);
+    match vramscope_inspector::import::load(&path) {
+        Ok(snapshot) => Some(snapshot),
+        Err(e) => {
+            println!("skipped {}: {e}", path.display());
+            None
+        }
+    }
+}
+
+/// Command-line options of the main run.
+struct Options {
+    quick: bool,
+    reps: usize,
+    traces: Option<PathBuf>,
+}
+
+/// Parses the main run's arguments; an empty error asks for the usage text.
+fn parse_options(args: &[String]) -> Result<Options, String> {
+    let mut options = Options {
+        quick: false,
+        reps: 0,
+        traces: None,
+    };
+    let mut i = 0;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--quick" => options.quick = true,
+            "--help" | "-h" => return Err(String::new()),
+            "--reps" => {
+                i += 1;
+                options.reps = args
+                    .get(i)
+                    .and_then(|n| n.parse().ok())
+                    .filter(|&n| n > 0)
+                    .ok_or("--reps needs a positive number")?;
+            }
+            "--traces" => {
+                i += 1;
+                options.traces = Some(args.get(i).ok_or("--traces needs a folder")?.into());
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+        i += 1;
+    }
+    if options.reps == 0 {
+        options.reps = if options.quick { 1 } else { 31 };
+    }
+    Ok(options)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("profile") {
+        if let Err(e) = profile(&args[1..]) {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+        return;
+    }
+    let options = match parse_options(&args) {
+        Ok(options) => options,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("{e}");
+            }
+            eprintln!("usage: vramscope-bench [--quick] [--reps N] [--traces DIR]\n       vramscope-bench profile pairs <subject> <pairs>\n       vramscope-bench profile trace <trace> <subject> <reps>");
+            std::process::exit(if e.is_empty() { 0 } else { 2 });
+        }
+    };
+
+    println!("# vramscope-bench: peer allocators (issue 7)\n");
+    println!("machine: {}", machine());
+    println!("load average at start: {}", load_average());
+    println!(
+        "mode: {}, {} repetition(s) per allocator and trace (fastest and median reported)\n",
+        if options.quick { "quick" } else { "full" },
+        options.reps
+    );
+
+    let mut traces = vec![Trace::synthetic(
+        if options.quick { 4 } else { 20 },
+        SYNTHETIC_SEED,
+    )];
+    let mut snapshots = Vec::new();
+    match traces_dir(options.traces.clone()) {
+        Some(dir) => {
+            for (name, file) in REAL_TRACES {
+                if let Some(snapshot) = load_real(&dir, file) {
+                    traces.push(Trace::from_snapshot(name, &snapshot));
+                    snapshots.push((name, snapshot));
+                }
+            }
+        }
+        None => println!("shared traces not found: only the synthetic trace is replayed"),
+    }
+
+    println!("## Traces\n");
+    println!("| trace | operations | allocations | frees | unmatched frees (skipped) | peak live | largest request | most live blocks |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for t in &traces {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            t.name,
+            t.ops.len(),
+            t.allocs,
+            t.frees,
+            t.unmatched_frees,
+            mib(t.peak_live),
+            mib(t.max_size),
+            t.max_live_blocks
+        );
+    }
+
+    let mut all_rows = Vec::new();
+    for t in &traces {
+        let mut times: Vec<Vec<f64>> = vec![Vec::new(); SUBJECTS.len()];
+        let mut firsts: Vec<Option<Sample>> = vec![None; SUBJECTS.len()];
+        for rep in 0..options.reps {
+            // Rotate the order each repetition so that a change of load hits every subject.
+            for k in 0..SUBJECTS.len() {
+                let i = (k + rep) % SUBJECTS.len();
+                let sample = run_once(SUBJECTS[i], t);
+                times[i].push(sample.replay.ns_per_op());
+                firsts[i].get_or_insert(sample);
+            }
+        }
+        let rows: Vec<Row> = SUBJECTS
+            .iter()
+            .enumerate()
+            .map(|(i, &subject)| Row {
+                subject,
+                ns_per_op: measure::median(&mut times[i]),
+                min_ns_per_op: times[i].iter().copied().fold(f64::INFINITY, f64::min),
+                first: firsts[i].expect("at least one repetition"),
+            })
+            .collect();
+        all_rows.push((t, rows));
+    }
+
+    println!("\n## Results\n");
+    println!("ns/op is the fastest of the repetitions, with the median in brackets: on a loaded machine a replay of a few milliseconds is often preempted, which only ever adds time, so the fastest is the better estimate of the code's cost. Ratios (×) are against vramscope `pytorch` with tracking off on the same trace in this run (fastest). Peak reserved ÷ peak live divides each allocator's most bytes held from its device by the trace's most live requested bytes.\n");
+    println!("| trace | allocator | ns/op | × | raw device allocs | × | peak reserved | ÷ peak live | OOMs |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (t, rows) in &all_rows {
+        let base = &rows[0];
+        let base_raw = base.first.replay.footprint.raw_allocs.unwrap_or(0) as f64;
+        for row in rows {
+            let fp = row.first.replay.footprint;
+            let raw = fp
+                .raw_allocs
+                .map(|r| r.to_string())
+                .unwrap_or_else(|| "—".into());
+            let raw_ratio = fp
+                .raw_allocs
+                .map(|r| ratio(r as f64, base_raw))
+                .unwrap_or_else(|| "—".into());
+            let (reserved, over) = match (row.first.high_water, fp.peak_reserved) {
+                (Some(high), Some(arena)) => (
+                    format!("{} arena, {} used†", mib(arena), mib(high)),
+                    format!("{:.3}†", high as f64 / t.peak_live as f64),
+                ),
+                (None, Some(r)) => (mib(r), format!("{:.3}", r as f64 / t.peak_live as f64)),
+                _ => ("—".into(), "—".into()),
+            };
+            println!(
+                "| {} | {} | {:.0} ({:.0}) | {} | {} | {} | {} | {} | {} |",
+                t.name,
+                row.subject.label(),
+                row.min_ns_per_op,
+                row.ns_per_op,
+                ratio(row.min_ns_per_op, base.min_ns_per_op),
+                raw,
+                raw_ratio,
+                reserved,
+                over,
+                row.first.replay.ooms
+            );
+        }
+    }
+    println!("\n† offset-allocator manages one arena of 2 × peak live bytes, allocated up front (its one raw allocation); \"used\" is the highest byte its placements reached, the smallest arena that would have served the trace, and its ratio is that over peak live.");
+
+    println!("\n## Targets\n");
+    println!(
+        "Time ratios are of the fastest repetitions, with the ratio of the medians in brackets.\n"
+    );
+    println!("| trace | off ÷ offset-allocator (≤ 1.5×) | events ÷ offset-allocator (≤ 3×) | raw allocs pytorch / compact | raw allocs of the peers |");
+    println!("|---|---|---|---|---|");
+    for (t, rows) in &all_rows {
+        let get = |s: Subject| rows.iter().find(|r| r.subject == s).expect("subject");
+        let offset = get(Subject::Offset);
+        let versus = |s: Subject| {
+            format!(
+                "{} ({})",
+                ratio(get(s).min_ns_per_op, offset.min_ns_per_op),
+                ratio(get(s).ns_per_op, offset.ns_per_op)
+            )
+        };
+        let raw = |s: Subject| get(s).first.replay.footprint.raw_allocs.unwrap_or(0);
+        let peers = [Subject::Offset, Subject::GpuAlloc, Subject::Cubecl]
+            .map(|s| format!("{} {}", s.key(), raw(s)))
+            .join(", ");
+        println!(
+            "| {} | {} | {} | {} / {} | {} |",
+            t.name,
+            versus(Subject::Off),
+            versus(Subject::Events),
+            raw(Subject::Off),
+            raw(Subject::CompactOff),
+            peers
+        );
+    }
+
+    fast_path(options.quick);
+    scaling(&traces, options.quick);
+    fidelity(&snapshots);
+    println!("\nload average at end: {}", load_average());
+}
+
+/// Cached 4 KiB alloc+free pairs: the fast path, where the device is never touched.
+fn fast_path(quick: bool) {
+    let (pairs, reps) = if quick { (200_000, 1) } else { (1_000_000, 5) };
+    println!("\n## Fast path: cached 4 KiB alloc+free pairs\n");
+    println!("{pairs} pairs after one warm-up pair, {reps} repetition(s); ns per operation (half a pair), fastest with the median in brackets; × against vramscope `pytorch` with tracking off (fastest).\n");
+    println!("| allocator | ns/op | × |");
+    println!("|---|---|---|");
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); SUBJECTS.len()];
+    for rep in 0..reps {
+        for k in 0..SUBJECTS.len() {
+            let i = (k + rep) % SUBJECTS.len();
+            times[i].push(run_pairs(SUBJECTS[i], pairs));
+        }
+    }
+    let summary: Vec<(f64, f64)> = times
+        .iter_mut()
+        .map(|t| {
+            let min = t.iter().copied().fold(f64::INFINITY, f64::min);
+            (measure::median(t), min)
+        })
+        .collect();
+    for (subject, (median, min)) in SUBJECTS.iter().zip(&summary) {
+        println!(
+            "| {} | {min:.1} ({median:.1}) | {} |",
+            subject.label(),
+            ratio(*min, summary[0].1)
+        );
+    }
+}
+
+/// One vramscope allocator, 1 and 2 threads on different streams.
+fn scaling(traces: &[Trace], quick: bool) {
+    let reps = if quick { 1 } else { 5 };
+    let trace = traces
+        .iter()
+        .find(|t| t.name == "decomfl")
+        .unwrap_or(&traces[0]);
+    let rounds = if quick { 10 } else { 60 };
+    let pairs = if quick { 200_000 } else { 1_000_000 };
+    println!("\n## Scaling: one vramscope allocator, threads on different streams\n");
+    println!("Each thread works on its own stream: {} rounds of the {} replay, or {pairs} cached 4 KiB pairs. Per-thread figures are means over the threads; wall ns/op is elapsed time, CPU ns/op the thread's own CPU time (lock spinning and cache-line transfers included, time parked or preempted not); voluntary context switches are parks on the lock (the threads do nothing else that blocks), involuntary ones preemption by other work. Median of {reps} run(s) by throughput.\n", rounds, trace.name);
+    println!("| workload | settings | threads | wall ns/op per thread | CPU ns/op per thread | total Mops/s | throughput ÷ 1 thread | voluntary / involuntary switches per 10k ops |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for (label, config) in [
+        ("tracking off", Subject::Off.config().expect("vramscope")),
+        (
+            "call sites + events",
+            Subject::Events.config().expect("vramscope"),
+        ),
+    ] {
+        for pair_loop in [false, true] {
+            let workload = if pair_loop {
+                "4 KiB pairs".to_string()
+            } else {
+                format!("{} replay", trace.name)
+            };
+            let mut one = 0.0;
+            for threads in [1, 2] {
+                let mut runs: Vec<measure::Threaded> = (0..reps)
+                    .map(|_| {
+                        if pair_loop {
+                            measure::pairs_threads(&config, threads, pairs)
+                        } else {
+                            measure::replay_threads(trace, &config, threads, rounds)
+                        }
+                    })
+                    .collect();
+                runs.sort_by(|a, b| a.mops().total_cmp(&b.mops()));
+                let run = runs[runs.len() / 2];
+                if threads == 1 {
+                    one = run.mops();
+                }
+                println!(
+                    "| {workload} | {label} | {threads} | {:.0} | {:.0} | {:.2} | {:.2}× | {:.1} / {:.1} |",
+                    run.wall_ns_per_op,
+                    run.cpu_ns_per_op,
+                    run.mops(),
+                    run.mops() / one,
+                    run.voluntary_switches as f64 * 1e4 / run.ops as f64,
+                    run.involuntary_switches as f64 * 1e4 / run.ops as f64,
+                );
+            }
+        }
+    }
+}
+
+/// The `pytorch` policy's peak reserved bytes against the trace's own (PyTorch's), replayed
+/// from the state each trace started in, and the `compact` policy's.
+fn fidelity(snapshots: &[(&str, Snapshot)]) {
+    if snapshots.is_empty() {
+        return;
+    }
+    println!("\n## Fidelity: peak reserved against PyTorch's (inspector replay, start state reconstructed)\n");
+    println!("| trace | PyTorch peak reserved | vramscope pytorch | equal | vramscope compact | replay peak allocated |");
+    println!("|---|---|---|---|---|---|");
+    for (name, snapshot) in snapshots {
+        let run = |config: AllocatorConfig| {
+            let options = ReplayOptions {
+                config,
+                ..ReplayOptions::default()
+            };
+            replay::replay(snapshot, &options, &mut |_, _| {})
+        };
+        let pytorch = run(AllocatorConfig::default());
+        let compact = run(AllocatorConfig::parse("policy:compact").expect("valid settings"));
+        let ours = pytorch.figures.peak_reserved.unwrap_or(0);
+        // A trace without segment events (a profiler trace) cannot be replayed from the state
+        // it started in, and its reserved bytes include memory taken before its window.
+        let has_segments = !snapshot.segments.is_empty()
+            || snapshot
+                .events
+                .iter()
+                .any(|e| matches!(e.kind, EventKind::SegmentAlloc | EventKind::SegmentMap));
+        let recorded = pytorch.original.peak_reserved;
+        let theirs = recorded.filter(|_| has_segments);
+        println!(
+            "| {name} | {} | {} | {} | {} | {} |",
+            recorded.map(mib).unwrap_or_else(|| "—".into()),
+            mib(ours),
+            match theirs {
+                Some(t) if t == ours => "yes".to_string(),
+                Some(t) => format!("no ({:+} bytes)", ours as i128 - t as i128),
+                None => "not comparable: no segments in the trace".to_string(),
+            },
+            mib(compact.figures.peak_reserved.unwrap_or(0)),
+            mib(pytorch.figures.peak_allocated.unwrap_or(0)),
+        );
+    }
+}
+
+/// `profile pairs <subject> <pairs>` or `profile trace <trace> <subject> <reps>`: one
+/// allocator alone, for callgrind.
+fn profile(args: &[String]) -> Result<(), String> {
+    let usage = "usage: profile pairs <subject> <pairs> | profile trace <trace> <subject> <reps>";
+    let subject = |key: &str| {
+        Subject::from_key(key).ok_or_else(|| {
+            let keys: Vec<&str> = SUBJECTS.iter().map(|s| s.key()).collect();
+            format!("unknown subject {key}; one of {}", keys.join(", "))
+        })
+    };
+    let number = |s: Option<&String>| -> Result<u64, String> {
+        s.and_then(|n| n.parse().ok())
+            .ok_or_else(|| usage.to_string())
+    };
+    match args.first().map(String::as_str) {
+        Some("pairs") => {
+            let subject = subject(args.get(1).ok_or(usage)?)?;
+            let n = number(args.get(2))?;
+            let ns = run_pairs(subject, n);
+            println!("{}: {n} pairs, {ns:.1} ns per operation", subject.label());
+        }
+        Some("trace") => {
+            let name = args.get(1).ok_or(usage)?;
+            let subject = subject(args.get(2).ok_or(usage)?)?;
+            let reps = number(args.get(3))?;
+            let trace = if name == "synthetic" {
+                Trace::synthetic(20, SYNTHETIC_SEED)
+            } else {
+                let (short, file) = REAL_TRACES
+                    .iter()
+                    .find(|(short, _)| short == name)
+                    .ok_or_else(|| format!("unknown trace {name}"))?;
+                let dir = traces_dir(None).ok_or("shared traces not found")?;
+                let snapshot = load_real(&dir, file).ok_or("trace did not load")?;
+                Trace::from_snapshot(short, &snapshot)
+            };
+            let mut total = 0.0;
+            for _ in 0..reps {
+                total += run_once(subject, &trace).replay.ns_per_op();
+            }
+            println!(
+                "{} on {}: {} operations × {reps}, {:.1} ns per operation",
+                subject.label(),
+                trace.name,
+                trace.ops.len(),
+                total / reps as f64
+            );
+        }
+        _ => return Err(usage.to_string()),
+    }
+    Ok(())
+}
