@@ -18,7 +18,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use crate::backend::{Backend, BackendError, EventId, StreamId};
@@ -33,6 +32,7 @@ use crate::model::{
 use crate::provenance::{self, Provenance, ProvenanceTables, NIL};
 use crate::ring::{EventRing, RawEvent};
 use crate::stats::{format_bytes, MemoryStats};
+use crate::sync::Mutex;
 
 /// Requests are rounded up to a multiple of this (and never below it).
 pub const MIN_BLOCK_SIZE: u64 = 512;
@@ -2283,7 +2283,8 @@ impl<B: Backend> CachingAllocator<B> {
 impl<B: Backend> Drop for Shared<B> {
     /// Returns every segment to the device, so dropping the allocator leaks nothing.
     fn drop(&mut self) {
-        let state = self.state.get_mut();
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
         let _ = self.backend.synchronize();
         for (_, seg) in state.segments.iter() {
             if seg.expandable {

@@ -36,6 +36,7 @@ pub mod provenance;
 mod ring;
 pub mod sim;
 pub mod stats;
+mod sync;
 pub mod telemetry;
 pub mod testing;
 
