@@ -482,7 +482,11 @@ mod tests {
             "max_entries:77,debug:True,guard_bytes:8,policy:compact",
         ] {
             let config = AllocatorConfig::parse(text).unwrap();
-            assert_eq!(AllocatorConfig::parse(&config.to_string()), Ok(config), "{text}");
+            assert_eq!(
+                AllocatorConfig::parse(&config.to_string()),
+                Ok(config),
+                "{text}"
+            );
         }
     }
 

@@ -2,28 +2,33 @@
 //!
 //! PyTorch's `torch.cuda.memory._dump_snapshot()` writes a pickle of plain Python values: dicts,
 //! lists, tuples, strings, integers, floats, booleans and `None`, with strings, frame dicts and
-//! whole frame lists shared through the pickle memo. This module turns such bytes into a
-//! [`Value`] tree for `crate::import::pytorch`, which converts it into the one data model of
-//! `vramscope_allocator::model`. It never imports, constructs or calls anything: every opcode
-//! that would (`GLOBAL`, `STACK_GLOBAL`, `REDUCE`, `BUILD`, `INST`, `OBJ`, `NEWOBJ`,
-//! `NEWOBJ_EX`, the `EXT` registry, persistent ids, out-of-band buffers) is refused with a
-//! [`PickleError`] that names the opcode and its byte offset. Truncated or corrupt input is an
-//! error naming what went wrong and where, never a panic, and [`Limits`] bound nesting depth,
-//! the number of values and the number of container elements so that hostile input cannot
-//! exhaust memory.
+//! whole frame lists shared through the pickle memo. This module reads such bytes into a
+//! [`Document`], a compact arena that `crate::import::pytorch` walks through [`ValueRef`]s to
+//! build the one data model of `vramscope_allocator::model`, or into a tree of immutable
+//! [`Value`]s ([`parse`]). It never imports, constructs or calls anything: every opcode that
+//! would (`GLOBAL`, `STACK_GLOBAL`, `REDUCE`, `BUILD`, `INST`, `OBJ`, `NEWOBJ`, `NEWOBJ_EX`,
+//! the `EXT` registry, persistent ids, out-of-band buffers) is refused with a [`PickleError`]
+//! that names the opcode and its byte offset. Truncated or corrupt input is an error naming
+//! what went wrong and where, never a panic, and [`Limits`] bound nesting depth, the number of
+//! values and the number of container elements so that hostile input cannot exhaust memory.
 //!
-//! The reader first builds an arena of nodes (so that memoized lists and dicts can still be
-//! appended to, as the pickle machine requires) and then converts the arena into immutable
-//! [`Value`]s in which every memo-shared object becomes one reference-counted allocation: a frame
-//! list referenced by ten thousand trace entries is stored once, and so are separate lists that
-//! hold the very same (memoized) elements, such as the identical stacks of a training loop.
+//! A document stores each value in four bytes where it is referenced (small integers, `None`
+//! and booleans in place, everything else as an index into a table of its kind), the text of
+//! all strings in one buffer, and the elements of all containers in one pool. Lists and dicts
+//! stay mutable until `STOP`, as the pickle machine requires; a list or tuple whose elements
+//! are the very same values as an earlier one's (the identical frame lists of a training
+//! loop's many allocations) shares that one's elements, so a trace of ten thousand entries
+//! that share a few hundred stacks stores a few hundred frame lists. Once read, a document is
+//! checked to contain no cycle and to nest no deeper than [`Limits::max_depth`], so that any
+//! walk of it ends. [`parse`] then turns it into [`Value`]s in which every memo-shared object
+//! (and every such list) becomes one reference-counted allocation.
 
 #![warn(missing_docs)]
 use std::fmt;
-use std::hash::Hash;
+use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHasher};
 
 /// A Python value read from a pickle.
 ///
@@ -104,16 +109,7 @@ impl Value {
     pub fn as_u64(&self) -> Option<u64> {
         match self {
             Value::Int(i) => u64::try_from(*i).ok(),
-            Value::BigInt(bytes) => {
-                // A minimal encoding of a value in 2^63..2^64 has nine bytes, the last one zero.
-                if bytes.len() == 9 && bytes[8] == 0 {
-                    let mut le = [0u8; 8];
-                    le.copy_from_slice(&bytes[..8]);
-                    Some(u64::from_le_bytes(le))
-                } else {
-                    None
-                }
-            }
+            Value::BigInt(bytes) => big_u64(bytes),
             _ => None,
         }
     }
@@ -363,24 +359,9 @@ pub fn parse(bytes: &[u8]) -> Result<Value, PickleError> {
 
 /// Parses a pickle of plain data within `limits`.
 pub fn parse_with_limits(bytes: &[u8], limits: &Limits) -> Result<Value, PickleError> {
-    if bytes.is_empty() {
-        return Err(PickleError {
-            offset: 0,
-            kind: PickleErrorKind::Empty,
-        });
-    }
-    if bytes.len() > limits.max_input_bytes {
-        return Err(PickleError {
-            offset: 0,
-            kind: PickleErrorKind::LimitExceeded {
-                what: "input bytes",
-                limit: limits.max_input_bytes,
-            },
-        });
-    }
-    let mut machine = Machine::new(bytes, limits);
-    let root = machine.run()?;
-    machine.into_value(root)
+    Ok(Document::parse_with_limits(bytes, limits)?
+        .root()
+        .to_value())
 }
 
 /// The names of all pickle opcodes, for error messages.
@@ -470,32 +451,570 @@ fn refusal(byte: u8) -> Option<&'static str> {
     }
 }
 
-/// Index of a node in the arena.
-type Id = u32;
+/// Bits of a [`Ref`] that hold its payload; the four bits above them hold its kind.
+const PAYLOAD_BITS: u32 = 28;
+/// The payload of a [`Ref`].
+const PAYLOAD_MASK: u32 = (1 << PAYLOAD_BITS) - 1;
+/// The most values one document holds, whatever the [`Limits`] allow: every index of a table
+/// must fit in a [`Ref`]'s payload.
+const MAX_VALUES: usize = 1 << PAYLOAD_BITS;
+/// The most container elements one document holds, whatever the [`Limits`] allow, so that the
+/// element pool (which can hold up to four slots per element while containers grow) stays
+/// addressable with 32 bits.
+const MAX_ITEMS: usize = 1 << 29;
 
-/// A value under construction. Lists, dicts and sets stay mutable until `STOP`; then each
-/// becomes a finished `Leaf`, passing through `Building` while its elements are built.
-enum Node {
-    Leaf(Value),
-    Building,
-    List(Vec<Id>),
-    Tuple(Vec<Id>),
-    Dict(Vec<(Id, Id)>),
-    Set(Vec<Id>),
-    FrozenSet(Vec<Id>),
+/// The kinds of value a [`Ref`] can name.
+mod kind {
+    /// An integer of 28 bits, stored in the payload itself.
+    pub const SMALL_INT: u32 = 0;
+    /// `None` (payload 0), `False` (1) or `True` (2).
+    pub const CONST: u32 = 1;
+    /// An index into `Document::ints`.
+    pub const INT: u32 = 2;
+    /// An index into the byte strings, holding an integer too large for 64 bits.
+    pub const BIG_INT: u32 = 3;
+    /// An index into `Document::floats`.
+    pub const FLOAT: u32 = 4;
+    /// An index into the text strings.
+    pub const STR: u32 = 5;
+    /// An index into the byte strings.
+    pub const BYTES: u32 = 6;
+    /// An index into `Document::containers`, for a list.
+    pub const LIST: u32 = 7;
+    /// The same, for a tuple.
+    pub const TUPLE: u32 = 8;
+    /// The same, for a dict (whose elements alternate key and value).
+    pub const DICT: u32 = 9;
+    /// The same, for a set.
+    pub const SET: u32 = 10;
+    /// The same, for a frozenset.
+    pub const FROZEN_SET: u32 = 11;
 }
 
-impl Node {
-    fn type_name(&self) -> &'static str {
-        match self {
-            Node::Leaf(v) => v.type_name(),
-            Node::Building => "container being built",
-            Node::List(_) => "list",
-            Node::Tuple(_) => "tuple",
-            Node::Dict(_) => "dict",
-            Node::Set(_) => "set",
-            Node::FrozenSet(_) => "frozenset",
+/// A value as a document references it: its kind in the top four bits and, in the other 28,
+/// a small integer or an index into the table of its kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Ref(u32);
+
+impl Ref {
+    const NONE: Ref = Ref::new(kind::CONST, 0);
+    const FALSE: Ref = Ref::new(kind::CONST, 1);
+    const TRUE: Ref = Ref::new(kind::CONST, 2);
+    /// Fills element slots reserved for a container to grow into.
+    const VACANT: Ref = Ref(u32::MAX);
+
+    const fn new(kind: u32, payload: u32) -> Ref {
+        Ref((kind << PAYLOAD_BITS) | (payload & PAYLOAD_MASK))
+    }
+
+    /// The integer in place, when it fits in 28 bits.
+    fn small(v: i64) -> Option<Ref> {
+        const HALF: i64 = 1 << (PAYLOAD_BITS - 1);
+        (-HALF..HALF)
+            .contains(&v)
+            .then(|| Ref::new(kind::SMALL_INT, v as u32))
+    }
+
+    fn kind(self) -> u32 {
+        self.0 >> PAYLOAD_BITS
+    }
+
+    fn index(self) -> usize {
+        (self.0 & PAYLOAD_MASK) as usize
+    }
+
+    /// The integer of a `SMALL_INT`, sign-extended from 28 bits.
+    fn small_value(self) -> i64 {
+        (((self.0 << (32 - PAYLOAD_BITS)) as i32) >> (32 - PAYLOAD_BITS)) as i64
+    }
+
+    fn is_container(self) -> bool {
+        (kind::LIST..=kind::FROZEN_SET).contains(&self.kind())
+    }
+
+    fn type_name(self) -> &'static str {
+        match self.kind() {
+            kind::SMALL_INT | kind::INT | kind::BIG_INT => "int",
+            kind::CONST if self == Ref::NONE => "None",
+            kind::CONST => "bool",
+            kind::FLOAT => "float",
+            kind::STR => "str",
+            kind::BYTES => "bytes",
+            kind::LIST => "list",
+            kind::TUPLE => "tuple",
+            kind::DICT => "dict",
+            kind::SET => "set",
+            kind::FROZEN_SET => "frozenset",
+            _ => "unknown",
         }
+    }
+}
+
+/// Where a container's elements lie in the pool.
+#[derive(Clone, Copy, Debug)]
+struct Container {
+    /// Position of the first element.
+    start: u32,
+    /// Number of elements (a dict's keys and values both count).
+    len: u32,
+    /// Slots reserved from `start` (at least `len`) that the container may grow into.
+    cap: u32,
+    /// Whether another container has the very same elements in the same slots (see
+    /// [`Machine::share_equal`]), so that the container must move to grow.
+    shared: bool,
+}
+
+impl Container {
+    fn range(&self) -> std::ops::Range<usize> {
+        self.start as usize..self.start as usize + self.len as usize
+    }
+}
+
+/// A pickle read into compact tables: the result of [`Document::parse`].
+///
+/// Values are reached from [`Document::root`] as [`ValueRef`]s. The document is immutable,
+/// free of cycles and nested no deeper than the [`Limits`] it was read with.
+pub struct Document {
+    root: Ref,
+    /// Integers that need more than 28 bits.
+    ints: Vec<i64>,
+    floats: Vec<f64>,
+    /// The text of all strings, one after another.
+    text: String,
+    /// Where each string's text ends.
+    text_ends: Vec<usize>,
+    /// The bytes of all byte strings and big integers.
+    blob: Vec<u8>,
+    /// Where each byte string ends.
+    blob_ends: Vec<usize>,
+    containers: Vec<Container>,
+    /// The elements of all containers.
+    items: Vec<Ref>,
+}
+
+impl fmt::Debug for Document {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Document")
+            .field("containers", &self.containers.len())
+            .field("elements", &self.items.len())
+            .field("strings", &self.text_ends.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Document {
+    /// Reads a pickle of plain data with the default [`Limits`].
+    pub fn parse(bytes: &[u8]) -> Result<Document, PickleError> {
+        Document::parse_with_limits(bytes, &Limits::default())
+    }
+
+    /// Reads a pickle of plain data within `limits`.
+    pub fn parse_with_limits(bytes: &[u8], limits: &Limits) -> Result<Document, PickleError> {
+        if bytes.is_empty() {
+            return Err(PickleError {
+                offset: 0,
+                kind: PickleErrorKind::Empty,
+            });
+        }
+        if bytes.len() > limits.max_input_bytes {
+            return Err(PickleError {
+                offset: 0,
+                kind: PickleErrorKind::LimitExceeded {
+                    what: "input bytes",
+                    limit: limits.max_input_bytes,
+                },
+            });
+        }
+        let mut machine = Machine::new(bytes, limits, false);
+        let root = machine.run()?;
+        let mut doc = machine.doc;
+        doc.root = root;
+        if let Err((container, kind)) = doc.check(limits) {
+            // Where containers were created is not kept; read the input again to find it.
+            let mut again = Machine::new(bytes, limits, true);
+            let offset = match again.run() {
+                Ok(_) => again.origins.get(container).copied().unwrap_or(0),
+                Err(e) => e.offset,
+            };
+            return Err(PickleError { offset, kind });
+        }
+        Ok(doc)
+    }
+
+    /// The value the pickle stores.
+    pub fn root(&self) -> ValueRef<'_> {
+        self.at(self.root)
+    }
+
+    fn at(&self, r: Ref) -> ValueRef<'_> {
+        ValueRef { doc: self, r }
+    }
+
+    fn text_of(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.text_ends[i - 1] };
+        &self.text[start..self.text_ends[i]]
+    }
+
+    fn blob_of(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.blob_ends[i - 1] };
+        &self.blob[start..self.blob_ends[i]]
+    }
+
+    /// The elements of the container `r`.
+    fn elements(&self, r: Ref) -> &[Ref] {
+        &self.items[self.containers[r.index()].range()]
+    }
+
+    /// Appends `new` to the elements of container `c`, in place when its reserved slots or
+    /// the end of the pool allow, else by moving its elements to the end of the pool.
+    /// Returns `false`, changing nothing, when the pool would outgrow 32-bit positions.
+    fn extend(&mut self, c: usize, new: &[Ref]) -> bool {
+        if new.is_empty() {
+            return true;
+        }
+        let cont = self.containers[c];
+        let own = !cont.shared;
+        let (start, len, cap) = (cont.start as usize, cont.len as usize, cont.cap as usize);
+        let new_len = len + new.len();
+        let (new_start, new_cap) = if own && new_len <= cap {
+            self.items[start + len..start + new_len].copy_from_slice(new);
+            (start, cap)
+        } else if own && start + cap == self.items.len() {
+            if start + new_len > u32::MAX as usize {
+                return false;
+            }
+            self.items.truncate(start + len);
+            self.items.extend_from_slice(new);
+            (start, new_len)
+        } else {
+            // A first batch gets exactly its room; a container that grows again gets twice
+            // what it needs, so that one filled in many batches moves only a few times.
+            let room = if len == 0 { new_len } else { new_len * 2 };
+            let at = self.items.len();
+            if at + room > u32::MAX as usize {
+                return false;
+            }
+            self.items.extend_from_within(start..start + len);
+            self.items.extend_from_slice(new);
+            self.items.resize(at + room, Ref::VACANT);
+            (at, room)
+        };
+        self.containers[c] = Container {
+            start: new_start as u32,
+            len: new_len as u32,
+            cap: new_cap as u32,
+            // Moved or not, the elements are now the container's own.
+            shared: false,
+        };
+        true
+    }
+
+    /// Checks that no container reachable from the root contains itself and that none is
+    /// nested deeper than `limits.max_depth`, visiting containers depth first in element
+    /// order; returns the first container at fault and what is wrong.
+    fn check(&self, limits: &Limits) -> Result<(), (usize, PickleErrorKind)> {
+        const NEW: u8 = 0;
+        const OPEN: u8 = 1;
+        const DONE: u8 = 2;
+        let too_deep = PickleErrorKind::LimitExceeded {
+            what: "levels of nesting",
+            limit: limits.max_depth,
+        };
+        if !self.root.is_container() {
+            return Ok(());
+        }
+        if limits.max_depth < 1 {
+            return Err((self.root.index(), too_deep));
+        }
+        let mut state = vec![NEW; self.containers.len()];
+        // Each open container and the position of its next element.
+        let mut path: Vec<(Ref, usize)> = vec![(self.root, 0)];
+        state[self.root.index()] = OPEN;
+        while let Some(top) = path.last_mut() {
+            let (r, next) = *top;
+            let elements = self.elements(r);
+            let Some(&child) = elements.get(next) else {
+                state[r.index()] = DONE;
+                path.pop();
+                continue;
+            };
+            top.1 += 1;
+            if !child.is_container() {
+                continue;
+            }
+            match state[child.index()] {
+                DONE => {}
+                OPEN => return Err((child.index(), PickleErrorKind::Cycle)),
+                _ => {
+                    if path.len() + 1 > limits.max_depth {
+                        return Err((child.index(), too_deep));
+                    }
+                    state[child.index()] = OPEN;
+                    path.push((child, 0));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A value of a [`Document`]: a cheap handle with the accessors of [`Value`].
+#[derive(Clone, Copy)]
+pub struct ValueRef<'d> {
+    doc: &'d Document,
+    r: Ref,
+}
+
+impl fmt::Debug for ValueRef<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.to_value())
+    }
+}
+
+impl<'d> ValueRef<'d> {
+    /// The Python type name of the value (`"dict"`, `"int"`, ...), for error messages.
+    pub fn type_name(self) -> &'static str {
+        self.r.type_name()
+    }
+
+    /// Whether the value is `None`.
+    pub fn is_none(self) -> bool {
+        self.r == Ref::NONE
+    }
+
+    /// The boolean, when the value is a `bool`.
+    pub fn as_bool(self) -> Option<bool> {
+        match self.r {
+            Ref::TRUE => Some(true),
+            Ref::FALSE => Some(false),
+            _ => None,
+        }
+    }
+
+    /// The integer, when the value is an `int` that fits in an `i64`.
+    pub fn as_i64(self) -> Option<i64> {
+        match self.r.kind() {
+            kind::SMALL_INT => Some(self.r.small_value()),
+            kind::INT => Some(self.doc.ints[self.r.index()]),
+            _ => None,
+        }
+    }
+
+    /// The integer, when the value is a non-negative `int` that fits in a `u64`.
+    pub fn as_u64(self) -> Option<u64> {
+        match self.r.kind() {
+            kind::BIG_INT => big_u64(self.doc.blob_of(self.r.index())),
+            _ => self.as_i64().and_then(|i| u64::try_from(i).ok()),
+        }
+    }
+
+    /// The float, when the value is a `float`.
+    pub fn as_float(self) -> Option<f64> {
+        (self.r.kind() == kind::FLOAT).then(|| self.doc.floats[self.r.index()])
+    }
+
+    /// The number as a float, when the value is a `float` or an `int` that fits in an `i64`.
+    pub fn as_f64(self) -> Option<f64> {
+        self.as_float().or_else(|| self.as_i64().map(|i| i as f64))
+    }
+
+    /// The text, when the value is a `str`.
+    pub fn as_str(self) -> Option<&'d str> {
+        (self.r.kind() == kind::STR).then(|| self.doc.text_of(self.r.index()))
+    }
+
+    /// The bytes, when the value is `bytes` or `bytearray`.
+    pub fn as_bytes(self) -> Option<&'d [u8]> {
+        (self.r.kind() == kind::BYTES).then(|| self.doc.blob_of(self.r.index()))
+    }
+
+    /// The elements, when the value is a list or a tuple.
+    pub fn as_seq(self) -> Option<Seq<'d>> {
+        matches!(self.r.kind(), kind::LIST | kind::TUPLE).then(|| Seq {
+            doc: self.doc,
+            refs: self.doc.elements(self.r),
+        })
+    }
+
+    /// The key/value pairs in the order the pickle set them, when the value is a dict. A key
+    /// set twice appears twice; the later pair is the one Python keeps (and [`Self::get`]
+    /// finds).
+    pub fn dict_items(self) -> Option<impl ExactSizeIterator<Item = (ValueRef<'d>, ValueRef<'d>)>> {
+        let doc = self.doc;
+        (self.r.kind() == kind::DICT).then(|| {
+            doc.elements(self.r)
+                .chunks_exact(2)
+                .map(move |pair| (doc.at(pair[0]), doc.at(pair[1])))
+        })
+    }
+
+    /// Whether the value is a dict.
+    pub fn is_dict(self) -> bool {
+        self.r.kind() == kind::DICT
+    }
+
+    /// The value under the string key `key`, when the value is a dict that has it (the last
+    /// one set, as in Python).
+    pub fn get(self, key: &str) -> Option<ValueRef<'d>> {
+        if self.r.kind() != kind::DICT {
+            return None;
+        }
+        self.doc
+            .elements(self.r)
+            .chunks_exact(2)
+            .rev()
+            .find(|pair| self.doc.at(pair[0]).as_str() == Some(key))
+            .map(|pair| self.doc.at(pair[1]))
+    }
+
+    /// A number that identifies a string, bytes or non-empty container; `None` for scalars
+    /// and empty containers. Two values with the same identity are equal: they are one
+    /// memoized object, or lists (or tuples) of the very same elements, which a document
+    /// stores once. Importers use it to convert each shared object once.
+    pub fn identity(self) -> Option<usize> {
+        // The kind in the low four bits, above it the position of the value in the table of
+        // its kind or, for a container, of its first element in the pool: containers share
+        // that position only while they share their elements.
+        let (kind, at) = match self.r.kind() {
+            k @ (kind::STR | kind::BYTES | kind::BIG_INT) => (k, self.r.index() as u64),
+            k if self.r.is_container() => {
+                let c = &self.doc.containers[self.r.index()];
+                if c.len == 0 {
+                    return None;
+                }
+                (k, c.start as u64)
+            }
+            _ => return None,
+        };
+        usize::try_from((at << 4) | kind as u64).ok()
+    }
+
+    /// The value as a [`Value`] tree, in which every memo-shared object and every list of
+    /// the very same elements is one reference-counted allocation.
+    pub fn to_value(self) -> Value {
+        ValueBuilder {
+            doc: self.doc,
+            built: FxHashMap::default(),
+            sequences: FxHashMap::default(),
+        }
+        .build(self.r)
+    }
+}
+
+/// The elements of a list or tuple of a [`Document`].
+#[derive(Clone, Copy)]
+pub struct Seq<'d> {
+    doc: &'d Document,
+    refs: &'d [Ref],
+}
+
+impl<'d> Seq<'d> {
+    /// The number of elements.
+    pub fn len(self) -> usize {
+        self.refs.len()
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(self) -> bool {
+        self.refs.is_empty()
+    }
+
+    /// The element at `i`, if there is one.
+    pub fn get(self, i: usize) -> Option<ValueRef<'d>> {
+        self.refs.get(i).map(|&r| self.doc.at(r))
+    }
+
+    /// The last element, if there is one.
+    pub fn last(self) -> Option<ValueRef<'d>> {
+        self.refs.last().map(|&r| self.doc.at(r))
+    }
+
+    /// The elements in order.
+    pub fn iter(self) -> impl DoubleEndedIterator<Item = ValueRef<'d>> + ExactSizeIterator {
+        let doc = self.doc;
+        self.refs.iter().map(move |&r| doc.at(r))
+    }
+}
+
+/// The value of a minimal nine-byte encoding of an integer in 2^63..2^64.
+fn big_u64(bytes: &[u8]) -> Option<u64> {
+    if bytes.len() == 9 && bytes[8] == 0 {
+        let mut le = [0u8; 8];
+        le.copy_from_slice(&bytes[..8]);
+        Some(u64::from_le_bytes(le))
+    } else {
+        None
+    }
+}
+
+/// Turns document values into [`Value`]s, building each shared object once.
+struct ValueBuilder<'d> {
+    doc: &'d Document,
+    /// Finished strings, byte strings, dicts and sets, by reference.
+    built: FxHashMap<Ref, Value>,
+    /// Finished lists and tuples, by kind and elements.
+    sequences: FxHashMap<(u32, &'d [Ref]), Value>,
+}
+
+impl ValueBuilder<'_> {
+    /// Builds the value `r`. The document has no cycles and bounded depth (see
+    /// [`Document::check`]), so the recursion ends.
+    fn build(&mut self, r: Ref) -> Value {
+        let doc = self.doc;
+        let i = r.index();
+        match r.kind() {
+            kind::SMALL_INT => return Value::Int(r.small_value()),
+            kind::CONST if r == Ref::NONE => return Value::None,
+            kind::CONST => return Value::Bool(r == Ref::TRUE),
+            kind::INT => return Value::Int(doc.ints[i]),
+            kind::FLOAT => return Value::Float(doc.floats[i]),
+            kind::LIST | kind::TUPLE => {
+                let key = (r.kind(), doc.elements(r));
+                if let Some(v) = self.sequences.get(&key) {
+                    return v.clone();
+                }
+                let items: Rc<[Value]> = key.1.iter().map(|&e| self.build(e)).collect();
+                let v = if r.kind() == kind::TUPLE {
+                    Value::Tuple(items)
+                } else {
+                    Value::List(items)
+                };
+                self.sequences.insert(key, v.clone());
+                return v;
+            }
+            _ => {}
+        }
+        if let Some(v) = self.built.get(&r) {
+            return v.clone();
+        }
+        let v = match r.kind() {
+            kind::STR => Value::Str(Rc::from(doc.text_of(i))),
+            kind::BYTES => Value::Bytes(Rc::from(doc.blob_of(i))),
+            kind::BIG_INT => Value::BigInt(Rc::from(doc.blob_of(i))),
+            kind::SET | kind::FROZEN_SET => {
+                let items: Vec<Value> = doc.elements(r).iter().map(|&e| self.build(e)).collect();
+                let items = dedupe(items).into();
+                if r.kind() == kind::SET {
+                    Value::Set(items)
+                } else {
+                    Value::FrozenSet(items)
+                }
+            }
+            _ => {
+                let pairs: Vec<(Value, Value)> = doc
+                    .elements(r)
+                    .chunks_exact(2)
+                    .map(|pair| (self.build(pair[0]), self.build(pair[1])))
+                    .collect();
+                if all_distinct(pairs.iter().map(|(k, _)| k), pairs.len()) == Some(true) {
+                    Value::Dict(pairs.into())
+                } else {
+                    Value::Dict(dedupe_pairs(pairs).into())
+                }
+            }
+        };
+        self.built.insert(r, v.clone());
+        v
     }
 }
 
@@ -503,28 +1022,28 @@ impl Node {
 /// so that a huge `LONG_BINPUT` index cannot force a huge allocation.
 #[derive(Default)]
 struct Memo {
-    dense: Vec<Id>,
-    sparse: FxHashMap<u64, Id>,
+    dense: Vec<Ref>,
+    sparse: FxHashMap<u64, Ref>,
 }
 
 impl Memo {
-    fn put(&mut self, index: u64, id: Id) {
+    fn put(&mut self, index: u64, r: Ref) {
         let len = self.dense.len() as u64;
         if index < len {
-            self.dense[index as usize] = id;
+            self.dense[index as usize] = r;
         } else if index == len {
-            self.dense.push(id);
+            self.dense.push(r);
             if !self.sparse.is_empty() {
                 self.sparse.remove(&index);
             }
         } else {
-            self.sparse.insert(index, id);
+            self.sparse.insert(index, r);
         }
     }
 
-    fn get(&self, index: u64) -> Option<Id> {
+    fn get(&self, index: u64) -> Option<Ref> {
         match self.dense.get(index as usize) {
-            Some(&id) if index < self.dense.len() as u64 => Some(id),
+            Some(&r) if index < self.dense.len() as u64 => Some(r),
             _ => self.sparse.get(&index).copied(),
         }
     }
@@ -534,19 +1053,37 @@ impl Memo {
     }
 }
 
-/// The pickle virtual machine, restricted to data.
+/// An integer read from the input.
+enum PyInt {
+    /// One that fits in 64 bits.
+    Fits(i64),
+    /// Its minimal little-endian two's-complement bytes, when it does not.
+    Big(Vec<u8>),
+}
+
+/// The pickle virtual machine, restricted to data, building a [`Document`].
 struct Machine<'a> {
     data: &'a [u8],
     pos: usize,
-    limits: &'a Limits,
-    nodes: Vec<Node>,
-    /// Byte offset of the opcode that created each node.
-    origins: Vec<usize>,
-    stack: Vec<Id>,
+    /// The most values and container elements allowed (the [`Limits`], capped by what a
+    /// document can address).
+    max_values: usize,
+    max_items: usize,
+    doc: Document,
+    /// Values created so far.
+    values: usize,
+    /// Container elements added so far.
+    items: usize,
+    stack: Vec<Ref>,
     /// Stack lengths at each open MARK.
     marks: Vec<usize>,
     memo: Memo,
-    items: usize,
+    /// Lists and tuples by kind and a hash of their elements, to store equal ones once.
+    sequences: FxHashMap<(u32, u64), u32>,
+    /// Whether to record where each container is created, in `origins`.
+    record_origins: bool,
+    /// Byte offset of the opcode that created each container, when recorded.
+    origins: Vec<usize>,
     /// Offset of the opcode being executed.
     op_pos: usize,
     op: u8,
@@ -555,17 +1092,31 @@ struct Machine<'a> {
 type Step<T> = Result<T, PickleError>;
 
 impl<'a> Machine<'a> {
-    fn new(data: &'a [u8], limits: &'a Limits) -> Self {
+    fn new(data: &'a [u8], limits: &Limits, record_origins: bool) -> Self {
         Machine {
             data,
             pos: 0,
-            limits,
-            nodes: Vec::with_capacity(data.len() / 16),
-            origins: Vec::with_capacity(data.len() / 16),
+            max_values: limits.max_values.min(MAX_VALUES),
+            max_items: limits.max_container_items.min(MAX_ITEMS),
+            doc: Document {
+                root: Ref::NONE,
+                ints: Vec::new(),
+                floats: Vec::new(),
+                text: String::new(),
+                text_ends: Vec::new(),
+                blob: Vec::new(),
+                blob_ends: Vec::new(),
+                containers: Vec::new(),
+                items: Vec::new(),
+            },
+            values: 0,
+            items: 0,
             stack: Vec::with_capacity(64),
             marks: Vec::with_capacity(16),
             memo: Memo::default(),
-            items: 0,
+            sequences: FxHashMap::default(),
+            record_origins,
+            origins: Vec::new(),
             op_pos: 0,
             op: 0,
         }
@@ -653,38 +1204,178 @@ impl<'a> Machine<'a> {
         std::str::from_utf8(line).map_err(|_| self.bad("the text argument is not ASCII"))
     }
 
-    fn new_node(&mut self, node: Node) -> Step<Id> {
-        if self.nodes.len() >= self.limits.max_values {
+    /// Counts one new value against the limit.
+    fn count_value(&mut self) -> Step<()> {
+        if self.values >= self.max_values {
             return Err(self.error(PickleErrorKind::LimitExceeded {
                 what: "values",
-                limit: self.limits.max_values,
+                limit: self.max_values,
             }));
         }
-        let id = self.nodes.len() as Id;
-        self.nodes.push(node);
-        self.origins.push(self.op_pos);
-        Ok(id)
-    }
-
-    fn push_node(&mut self, node: Node) -> Step<()> {
-        let id = self.new_node(node)?;
-        self.stack.push(id);
+        self.values += 1;
         Ok(())
-    }
-
-    fn push_leaf(&mut self, value: Value) -> Step<()> {
-        self.push_node(Node::Leaf(value))
     }
 
     fn count_items(&mut self, n: usize) -> Step<()> {
         self.items = self.items.saturating_add(n);
-        if self.items > self.limits.max_container_items {
-            return Err(self.error(PickleErrorKind::LimitExceeded {
-                what: "container elements",
-                limit: self.limits.max_container_items,
-            }));
+        if self.items > self.max_items {
+            return Err(self.too_many_items());
         }
         Ok(())
+    }
+
+    fn too_many_items(&self) -> PickleError {
+        self.error(PickleErrorKind::LimitExceeded {
+            what: "container elements",
+            limit: self.max_items,
+        })
+    }
+
+    /// Pushes a new value that needs no table (an integer of 28 bits or a constant).
+    fn push_inline(&mut self, r: Ref) -> Step<()> {
+        self.count_value()?;
+        self.stack.push(r);
+        Ok(())
+    }
+
+    fn push_int(&mut self, v: PyInt) -> Step<()> {
+        self.count_value()?;
+        let r = match v {
+            PyInt::Fits(v) => match Ref::small(v) {
+                Some(r) => r,
+                None => {
+                    self.doc.ints.push(v);
+                    Ref::new(kind::INT, (self.doc.ints.len() - 1) as u32)
+                }
+            },
+            PyInt::Big(bytes) => self.add_blob(kind::BIG_INT, &bytes),
+        };
+        self.stack.push(r);
+        Ok(())
+    }
+
+    fn push_float(&mut self, v: f64) -> Step<()> {
+        self.count_value()?;
+        self.doc.floats.push(v);
+        let r = Ref::new(kind::FLOAT, (self.doc.floats.len() - 1) as u32);
+        self.stack.push(r);
+        Ok(())
+    }
+
+    fn push_str(&mut self, text: &str) -> Step<()> {
+        self.count_value()?;
+        self.doc.text.push_str(text);
+        self.doc.text_ends.push(self.doc.text.len());
+        let r = Ref::new(kind::STR, (self.doc.text_ends.len() - 1) as u32);
+        self.stack.push(r);
+        Ok(())
+    }
+
+    /// Pushes text whose invalid UTF-8 (for example a lone surrogate) is replaced by U+FFFD.
+    fn push_text(&mut self, bytes: &[u8]) -> Step<()> {
+        self.push_str(&String::from_utf8_lossy(bytes))
+    }
+
+    fn push_bytes(&mut self, bytes: &[u8]) -> Step<()> {
+        self.count_value()?;
+        let r = self.add_blob(kind::BYTES, bytes);
+        self.stack.push(r);
+        Ok(())
+    }
+
+    /// Pushes a protocol 0–2 byte string: text when it is UTF-8, bytes otherwise.
+    fn push_byte_string(&mut self, bytes: &[u8]) -> Step<()> {
+        match std::str::from_utf8(bytes) {
+            Ok(s) => self.push_str(s),
+            Err(_) => self.push_bytes(bytes),
+        }
+    }
+
+    fn add_blob(&mut self, kind: u32, bytes: &[u8]) -> Ref {
+        self.doc.blob.extend_from_slice(bytes);
+        self.doc.blob_ends.push(self.doc.blob.len());
+        Ref::new(kind, (self.doc.blob_ends.len() - 1) as u32)
+    }
+
+    /// Creates an empty container of `kind`.
+    fn new_container(&mut self, kind: u32) -> Step<Ref> {
+        self.count_value()?;
+        let c = self.doc.containers.len() as u32;
+        self.doc.containers.push(Container {
+            start: self.doc.items.len() as u32,
+            len: 0,
+            cap: 0,
+            shared: false,
+        });
+        if self.record_origins {
+            self.origins.push(self.op_pos);
+        }
+        Ok(Ref::new(kind, c))
+    }
+
+    /// Creates a container of `kind` from the values above stack position `from`, which
+    /// the caller has counted, and pushes it in their place.
+    fn collect(&mut self, kind: u32, from: usize) -> Step<()> {
+        let r = self.new_container(kind)?;
+        if !self.doc.extend(r.index(), &self.stack[from..]) {
+            return Err(self.too_many_items());
+        }
+        self.stack.truncate(from);
+        self.stack.push(r);
+        self.share_equal(r);
+        Ok(())
+    }
+
+    /// Appends the values above stack position `from`, which the caller has counted, to the
+    /// container `target` and pops them.
+    fn append_from(&mut self, target: Ref, from: usize) -> Step<()> {
+        let first = self.doc.containers[target.index()].len == 0;
+        if !self.doc.extend(target.index(), &self.stack[from..]) {
+            return Err(self.too_many_items());
+        }
+        self.stack.truncate(from);
+        if first {
+            self.share_equal(target);
+        }
+        Ok(())
+    }
+
+    /// Makes a list or tuple that has just received its first elements, at the end of the
+    /// pool, share the elements of an earlier one of the same kind with the very same
+    /// elements. Values are never changed once read, so the sharing cannot be observed
+    /// except through [`ValueRef::identity`]; a shared list that grows later moves to
+    /// elements of its own.
+    fn share_equal(&mut self, r: Ref) {
+        if !matches!(r.kind(), kind::LIST | kind::TUPLE) {
+            return;
+        }
+        let c = r.index();
+        let cont = self.doc.containers[c];
+        let range = cont.range();
+        if cont.len == 0 || cont.cap != cont.len || range.end != self.doc.items.len() {
+            return;
+        }
+        let mut hasher = FxHasher::default();
+        self.doc.items[range.clone()].hash(&mut hasher);
+        let key = (r.kind(), hasher.finish());
+        let (earlier_index, earlier) = match self.sequences.get(&key) {
+            Some(&e) if e as usize != c => (e, self.doc.containers[e as usize]),
+            _ => {
+                self.sequences.insert(key, c as u32);
+                return;
+            }
+        };
+        if earlier.len != cont.len || self.doc.items[earlier.range()] != self.doc.items[range] {
+            self.sequences.insert(key, c as u32);
+            return;
+        }
+        self.doc.items.truncate(cont.start as usize);
+        self.doc.containers[c] = Container {
+            cap: earlier.len,
+            shared: true,
+            ..earlier
+        };
+        self.doc.containers[earlier_index as usize].shared = true;
     }
 
     /// Where the values above the last mark begin.
@@ -692,23 +1383,25 @@ impl<'a> Machine<'a> {
         self.marks.last().copied().unwrap_or(0)
     }
 
-    fn pop(&mut self) -> Step<Id> {
+    fn underflow(&self) -> PickleError {
+        self.error(PickleErrorKind::StackUnderflow {
+            opcode: self.name(),
+        })
+    }
+
+    fn pop(&mut self) -> Step<Ref> {
         if self.stack.len() > self.floor() {
-            Ok(self.stack.pop().unwrap_or_default())
+            Ok(self.stack.pop().unwrap_or(Ref::NONE))
         } else {
-            Err(self.error(PickleErrorKind::StackUnderflow {
-                opcode: self.name(),
-            }))
+            Err(self.underflow())
         }
     }
 
-    fn top(&self) -> Step<Id> {
+    fn top(&self) -> Step<Ref> {
         if self.stack.len() > self.floor() {
             Ok(self.stack[self.stack.len() - 1])
         } else {
-            Err(self.error(PickleErrorKind::StackUnderflow {
-                opcode: self.name(),
-            }))
+            Err(self.underflow())
         }
     }
 
@@ -722,63 +1415,44 @@ impl<'a> Machine<'a> {
     }
 
     /// The value just below a popped mark at `mark`, which must lie above the previous mark.
-    fn below(&self, mark: usize) -> Step<Id> {
+    fn below(&self, mark: usize) -> Step<Ref> {
         if mark > self.floor() {
             Ok(self.stack[mark - 1])
         } else {
-            Err(self.error(PickleErrorKind::StackUnderflow {
-                opcode: self.name(),
-            }))
+            Err(self.underflow())
         }
     }
 
     /// Pops the values above the last mark and the mark itself.
-    fn pop_mark(&mut self) -> Step<Vec<Id>> {
+    fn pop_mark(&mut self) -> Step<()> {
         let mark = self.take_mark()?;
-        Ok(self.stack.split_off(mark))
+        self.stack.truncate(mark);
+        Ok(())
     }
 
-    fn pairs(&self, items: Vec<Id>) -> Step<Vec<(Id, Id)>> {
-        if items.len() % 2 != 0 {
-            return Err(self.bad(format!(
-                "an odd number of values ({}) for key/value pairs",
-                items.len()
-            )));
+    /// Checks that the values above `mark` can be key/value pairs.
+    fn check_pairs(&self, mark: usize) -> Step<()> {
+        let n = self.stack.len() - mark;
+        if n % 2 != 0 {
+            return Err(self.bad(format!("an odd number of values ({n}) for key/value pairs")));
         }
-        Ok(items.chunks_exact(2).map(|p| (p[0], p[1])).collect())
+        Ok(())
     }
 
-    fn wrong_type(&self, expected: &'static str, found: Id) -> PickleError {
-        self.error(PickleErrorKind::WrongType {
-            opcode: self.name(),
-            expected,
-            found: self.nodes[found as usize].type_name(),
-        })
-    }
-
-    fn extend_list(&mut self, target: Id, items: Vec<Id>) -> Step<()> {
-        self.count_items(items.len())?;
-        match &mut self.nodes[target as usize] {
-            Node::List(list) => {
-                list.extend(items);
-                Ok(())
-            }
-            _ => Err(self.wrong_type("list", target)),
+    /// Checks that `target` is a container of `kind`, else a wrong-type error.
+    fn expect(&self, target: Ref, kind: u32, expected: &'static str) -> Step<()> {
+        if target.kind() == kind {
+            Ok(())
+        } else {
+            Err(self.error(PickleErrorKind::WrongType {
+                opcode: self.name(),
+                expected,
+                found: target.type_name(),
+            }))
         }
     }
 
-    fn extend_dict(&mut self, target: Id, pairs: Vec<(Id, Id)>) -> Step<()> {
-        self.count_items(pairs.len() * 2)?;
-        match &mut self.nodes[target as usize] {
-            Node::Dict(dict) => {
-                dict.extend(pairs);
-                Ok(())
-            }
-            _ => Err(self.wrong_type("dict", target)),
-        }
-    }
-
-    fn memo_get(&self, index: u64) -> Step<Id> {
+    fn memo_get(&self, index: u64) -> Step<Ref> {
         self.memo
             .get(index)
             .ok_or_else(|| self.error(PickleErrorKind::MissingMemo { index }))
@@ -790,18 +1464,22 @@ impl<'a> Machine<'a> {
         Ok(())
     }
 
+    /// Pushes the memoized value `index`.
+    fn push_memo(&mut self, index: u64) -> Step<()> {
+        let r = self.memo_get(index)?;
+        self.count_items(1)?;
+        self.stack.push(r);
+        Ok(())
+    }
+
     fn text_u64(&self, text: &str) -> Step<u64> {
         text.trim()
             .parse()
             .map_err(|_| self.bad(format!("`{text}` is not a memo index")))
     }
 
-    fn str_value(&self, bytes: &[u8]) -> Value {
-        Value::Str(Rc::from(String::from_utf8_lossy(bytes).as_ref()))
-    }
-
-    /// Runs opcodes up to `STOP` and returns the node it pops.
-    fn run(&mut self) -> Step<Id> {
+    /// Runs opcodes up to `STOP` and returns the value it pops.
+    fn run(&mut self) -> Step<Ref> {
         loop {
             self.op_pos = self.pos;
             let Some(&op) = self.data.get(self.pos) else {
@@ -847,9 +1525,7 @@ impl<'a> Machine<'a> {
                         self.pop_mark()?;
                     }
                 }
-                b'1' => {
-                    self.pop_mark()?;
-                }
+                b'1' => self.pop_mark()?,
                 b'2' => {
                     let top = self.top()?;
                     self.count_items(1)?;
@@ -876,68 +1552,64 @@ impl<'a> Machine<'a> {
                 b'g' => {
                     let text = self.take_line_str()?;
                     let index = self.text_u64(text)?;
-                    let id = self.memo_get(index)?;
-                    self.count_items(1)?;
-                    self.stack.push(id);
+                    self.push_memo(index)?;
                 }
                 b'h' => {
                     let index = self.take_u8()? as u64;
-                    let id = self.memo_get(index)?;
-                    self.count_items(1)?;
-                    self.stack.push(id);
+                    self.push_memo(index)?;
                 }
                 b'j' => {
                     let index = self.take_u32()? as u64;
-                    let id = self.memo_get(index)?;
-                    self.count_items(1)?;
-                    self.stack.push(id);
+                    self.push_memo(index)?;
                 }
                 // Scalars.
-                b'N' => self.push_leaf(Value::None)?,
-                0x88 => self.push_leaf(Value::Bool(true))?,
-                0x89 => self.push_leaf(Value::Bool(false))?,
+                b'N' => self.push_inline(Ref::NONE)?,
+                0x88 => self.push_inline(Ref::TRUE)?,
+                0x89 => self.push_inline(Ref::FALSE)?,
                 b'J' => {
                     let v = self.take_i32()?;
-                    self.push_leaf(Value::Int(v as i64))?;
+                    self.push_int(PyInt::Fits(v as i64))?;
                 }
                 b'K' => {
                     let v = self.take_u8()?;
-                    self.push_leaf(Value::Int(v as i64))?;
+                    self.push_int(PyInt::Fits(v as i64))?;
                 }
                 b'M' => {
                     let v = u16::from_le_bytes(self.take_array()?);
-                    self.push_leaf(Value::Int(v as i64))?;
+                    self.push_int(PyInt::Fits(v as i64))?;
                 }
                 0x8a => {
                     let n = self.take_u8()? as u64;
                     let bytes = self.take(n)?;
-                    self.push_leaf(int_from_le(bytes))?;
+                    self.push_int(int_from_le(bytes))?;
                 }
                 0x8b => {
                     let n = self.take_len_i32()?;
                     let bytes = self.take(n)?;
-                    self.push_leaf(int_from_le(bytes))?;
+                    self.push_int(int_from_le(bytes))?;
                 }
                 b'I' => {
                     let text = self.take_line_str()?;
-                    let value = match text {
-                        "00" => Value::Bool(false),
-                        "01" => Value::Bool(true),
-                        _ => int_from_decimal(text)
-                            .ok_or_else(|| self.bad(format!("`{text}` is not an integer")))?,
-                    };
-                    self.push_leaf(value)?;
+                    match text {
+                        "00" => self.push_inline(Ref::FALSE)?,
+                        "01" => self.push_inline(Ref::TRUE)?,
+                        _ => {
+                            let v = int_from_decimal(text)
+                                .ok_or_else(|| self.bad(format!("`{text}` is not an integer")))?;
+                            self.push_int(v)?;
+                        }
+                    }
                 }
                 b'L' => {
                     let text = self.take_line_str()?;
                     let digits = text.strip_suffix('L').unwrap_or(text);
-                    let value = int_from_decimal(digits)
+                    let v = int_from_decimal(digits)
                         .ok_or_else(|| self.bad(format!("`{text}` is not an integer")))?;
-                    self.push_leaf(value)?;
+                    self.push_int(v)?;
                 }
                 b'G' => {
                     let v = f64::from_be_bytes(self.take_array()?);
-                    self.push_leaf(Value::Float(v))?;
+                    self.push_float(v)?;
                 }
                 b'F' => {
                     let text = self.take_line_str()?;
@@ -945,277 +1617,139 @@ impl<'a> Machine<'a> {
                         .trim()
                         .parse()
                         .map_err(|_| self.bad(format!("`{text}` is not a float")))?;
-                    self.push_leaf(Value::Float(v))?;
+                    self.push_float(v)?;
                 }
                 // Strings and bytes.
                 0x8c => {
                     let n = self.take_u8()? as u64;
                     let bytes = self.take(n)?;
-                    let v = self.str_value(bytes);
-                    self.push_leaf(v)?;
+                    self.push_text(bytes)?;
                 }
                 b'X' => {
                     let n = self.take_u32()? as u64;
                     let bytes = self.take(n)?;
-                    let v = self.str_value(bytes);
-                    self.push_leaf(v)?;
+                    self.push_text(bytes)?;
                 }
                 0x8d => {
                     let n = self.take_u64()?;
                     let bytes = self.take(n)?;
-                    let v = self.str_value(bytes);
-                    self.push_leaf(v)?;
+                    self.push_text(bytes)?;
                 }
                 b'V' => {
                     let line = self.take_line()?;
                     let text = raw_unicode_unescape(line)
                         .ok_or_else(|| self.bad("a bad \\u or \\U escape"))?;
-                    self.push_leaf(Value::Str(Rc::from(text.as_str())))?;
+                    self.push_str(&text)?;
                 }
                 b'U' => {
                     let n = self.take_u8()? as u64;
                     let bytes = self.take(n)?;
-                    self.push_leaf(byte_string(bytes))?;
+                    self.push_byte_string(bytes)?;
                 }
                 b'T' => {
                     let n = self.take_len_i32()?;
                     let bytes = self.take(n)?;
-                    self.push_leaf(byte_string(bytes))?;
+                    self.push_byte_string(bytes)?;
                 }
                 b'S' => {
                     let line = self.take_line()?;
                     let bytes = quoted_unescape(line)
                         .ok_or_else(|| self.bad("a malformed quoted string"))?;
-                    self.push_leaf(byte_string(&bytes))?;
+                    self.push_byte_string(&bytes)?;
                 }
                 b'C' => {
                     let n = self.take_u8()? as u64;
                     let bytes = self.take(n)?;
-                    self.push_leaf(Value::Bytes(Rc::from(bytes)))?;
+                    self.push_bytes(bytes)?;
                 }
                 b'B' => {
                     let n = self.take_u32()? as u64;
                     let bytes = self.take(n)?;
-                    self.push_leaf(Value::Bytes(Rc::from(bytes)))?;
+                    self.push_bytes(bytes)?;
                 }
                 0x8e | 0x96 => {
                     let n = self.take_u64()?;
                     let bytes = self.take(n)?;
-                    self.push_leaf(Value::Bytes(Rc::from(bytes)))?;
+                    self.push_bytes(bytes)?;
                 }
                 // Containers.
-                b']' => self.push_node(Node::List(Vec::new()))?,
-                b'}' => self.push_node(Node::Dict(Vec::new()))?,
-                b')' => self.push_node(Node::Tuple(Vec::new()))?,
-                0x8f => self.push_node(Node::Set(Vec::new()))?,
-                b'l' => {
-                    let items = self.pop_mark()?;
-                    self.count_items(items.len())?;
-                    self.push_node(Node::List(items))?;
+                b']' | b'}' | b')' | 0x8f => {
+                    let kind = match op {
+                        b']' => kind::LIST,
+                        b'}' => kind::DICT,
+                        b')' => kind::TUPLE,
+                        _ => kind::SET,
+                    };
+                    let r = self.new_container(kind)?;
+                    self.stack.push(r);
                 }
-                b't' => {
-                    let items = self.pop_mark()?;
-                    self.count_items(items.len())?;
-                    self.push_node(Node::Tuple(items))?;
-                }
-                0x91 => {
-                    let items = self.pop_mark()?;
-                    self.count_items(items.len())?;
-                    self.push_node(Node::FrozenSet(items))?;
-                }
-                b'd' => {
-                    let items = self.pop_mark()?;
-                    let pairs = self.pairs(items)?;
-                    self.count_items(pairs.len() * 2)?;
-                    self.push_node(Node::Dict(pairs))?;
+                b'l' | b't' | 0x91 | b'd' => {
+                    let mark = self.take_mark()?;
+                    let kind = match op {
+                        b'l' => kind::LIST,
+                        b't' => kind::TUPLE,
+                        0x91 => kind::FROZEN_SET,
+                        _ => {
+                            self.check_pairs(mark)?;
+                            kind::DICT
+                        }
+                    };
+                    self.count_items(self.stack.len() - mark)?;
+                    self.collect(kind, mark)?;
                 }
                 0x85..=0x87 => {
                     let n = (op - 0x84) as usize;
                     if self.stack.len() < self.floor() + n {
-                        return Err(self.error(PickleErrorKind::StackUnderflow {
-                            opcode: self.name(),
-                        }));
+                        return Err(self.underflow());
                     }
-                    let items = self.stack.split_off(self.stack.len() - n);
                     self.count_items(n)?;
-                    self.push_node(Node::Tuple(items))?;
+                    self.collect(kind::TUPLE, self.stack.len() - n)?;
                 }
                 b'a' => {
                     let value = self.pop()?;
                     let target = self.top()?;
-                    self.extend_list(target, vec![value])?;
+                    self.count_items(1)?;
+                    self.expect(target, kind::LIST, "list")?;
+                    let from = self.stack.len();
+                    self.stack.push(value);
+                    self.append_from(target, from)?;
                 }
                 b'e' => {
-                    // Extends the list in place from the stack, without an intermediate vector.
                     let mark = self.take_mark()?;
                     let target = self.below(mark)?;
                     self.count_items(self.stack.len() - mark)?;
-                    match &mut self.nodes[target as usize] {
-                        Node::List(list) => list.extend_from_slice(&self.stack[mark..]),
-                        _ => return Err(self.wrong_type("list", target)),
-                    }
-                    self.stack.truncate(mark);
+                    self.expect(target, kind::LIST, "list")?;
+                    self.append_from(target, mark)?;
                 }
                 b's' => {
                     let value = self.pop()?;
                     let key = self.pop()?;
                     let target = self.top()?;
-                    self.extend_dict(target, vec![(key, value)])?;
+                    self.count_items(2)?;
+                    self.expect(target, kind::DICT, "dict")?;
+                    let from = self.stack.len();
+                    self.stack.push(key);
+                    self.stack.push(value);
+                    self.append_from(target, from)?;
                 }
                 b'u' => {
                     let mark = self.take_mark()?;
                     let target = self.below(mark)?;
-                    let n = self.stack.len() - mark;
-                    if n % 2 != 0 {
-                        return Err(
-                            self.bad(format!("an odd number of values ({n}) for key/value pairs"))
-                        );
-                    }
-                    self.count_items(n)?;
-                    match &mut self.nodes[target as usize] {
-                        Node::Dict(dict) => dict.extend(
-                            self.stack[mark..]
-                                .chunks_exact(2)
-                                .map(|pair| (pair[0], pair[1])),
-                        ),
-                        _ => return Err(self.wrong_type("dict", target)),
-                    }
-                    self.stack.truncate(mark);
+                    self.check_pairs(mark)?;
+                    self.count_items(self.stack.len() - mark)?;
+                    self.expect(target, kind::DICT, "dict")?;
+                    self.append_from(target, mark)?;
                 }
                 0x90 => {
-                    let items = self.pop_mark()?;
-                    let target = self.top()?;
-                    self.count_items(items.len())?;
-                    match &mut self.nodes[target as usize] {
-                        Node::Set(set) => set.extend(items),
-                        _ => return Err(self.wrong_type("set", target)),
-                    }
+                    let mark = self.take_mark()?;
+                    let target = self.below(mark)?;
+                    self.count_items(self.stack.len() - mark)?;
+                    self.expect(target, kind::SET, "set")?;
+                    self.append_from(target, mark)?;
                 }
                 _ => return Err(self.error(PickleErrorKind::UnknownOpcode { byte: op })),
             }
         }
-    }
-
-    /// Converts the arena, from `root`, into immutable values, building each node once.
-    fn into_value(self, root: Id) -> Step<Value> {
-        let mut builder = Builder {
-            nodes: self.nodes,
-            origins: self.origins,
-            limits: self.limits,
-            sequences: FxHashMap::default(),
-        };
-        builder.build(root, 1)
-    }
-}
-
-/// Turns arena nodes into [`Value`]s. A container, once built, replaces its node with the
-/// finished value, so that every later reference shares it.
-struct Builder<'a> {
-    nodes: Vec<Node>,
-    origins: Vec<usize>,
-    limits: &'a Limits,
-    /// Finished lists and tuples by their element nodes.
-    sequences: FxHashMap<(bool, Vec<Id>), Value>,
-}
-
-impl Builder<'_> {
-    fn error(&self, id: Id, kind: PickleErrorKind) -> PickleError {
-        PickleError {
-            offset: self.origins[id as usize],
-            kind,
-        }
-    }
-
-    fn build(&mut self, id: Id, depth: usize) -> Step<Value> {
-        self.ensure(id, depth)?;
-        Ok(self.peek(id).clone())
-    }
-
-    /// The finished value of a node that [`Builder::ensure`] has built.
-    fn peek(&self, id: Id) -> &Value {
-        match &self.nodes[id as usize] {
-            Node::Leaf(v) => v,
-            // Callers ensure the node first, so this arm is never taken.
-            _ => &Value::None,
-        }
-    }
-
-    /// Builds the node `id` (at nesting `depth`) unless it is already a finished value.
-    fn ensure(&mut self, id: Id, depth: usize) -> Step<()> {
-        match &self.nodes[id as usize] {
-            Node::Leaf(_) => return Ok(()),
-            Node::Building => return Err(self.error(id, PickleErrorKind::Cycle)),
-            _ => {}
-        }
-        if depth > self.limits.max_depth {
-            return Err(self.error(
-                id,
-                PickleErrorKind::LimitExceeded {
-                    what: "levels of nesting",
-                    limit: self.limits.max_depth,
-                },
-            ));
-        }
-        let node = std::mem::replace(&mut self.nodes[id as usize], Node::Building);
-        let value = match node {
-            // Leaves and nodes being built returned above; these arms only satisfy the match.
-            Node::Leaf(v) => v,
-            Node::Building => Value::None,
-            Node::List(ids) => self.build_seq(ids, false, depth)?,
-            Node::Tuple(ids) => self.build_seq(ids, true, depth)?,
-            Node::Set(ids) => Value::Set(dedupe(self.build_all(&ids, depth)?.to_vec()).into()),
-            Node::FrozenSet(ids) => {
-                Value::FrozenSet(dedupe(self.build_all(&ids, depth)?.to_vec()).into())
-            }
-            Node::Dict(pairs) => {
-                for &(k, v) in &pairs {
-                    self.ensure(k, depth + 1)?;
-                    self.ensure(v, depth + 1)?;
-                }
-                let keys = pairs.iter().map(|&(k, _)| self.peek(k));
-                let pair = |&(k, v): &(Id, Id)| (self.peek(k).clone(), self.peek(v).clone());
-                if all_distinct(keys, pairs.len()) == Some(true) {
-                    Value::Dict(pairs.iter().map(pair).collect())
-                } else {
-                    Value::Dict(dedupe_pairs(pairs.iter().map(pair).collect()).into())
-                }
-            }
-        };
-        self.nodes[id as usize] = Node::Leaf(value);
-        Ok(())
-    }
-
-    /// Builds a list or tuple. Sequences of the very same elements (such as the separate but
-    /// identical frame lists of a PyTorch trace) share one allocation: values are immutable,
-    /// so the sharing cannot be observed except through [`Value::identity`].
-    fn build_seq(&mut self, ids: Vec<Id>, tuple: bool, depth: usize) -> Step<Value> {
-        if ids.is_empty() {
-            return Ok(if tuple {
-                Value::Tuple(Rc::from(Vec::new()))
-            } else {
-                Value::List(Rc::from(Vec::new()))
-            });
-        }
-        let key = (tuple, ids);
-        if let Some(v) = self.sequences.get(&key) {
-            return Ok(v.clone());
-        }
-        let items = self.build_all(&key.1, depth)?;
-        let value = if tuple {
-            Value::Tuple(items)
-        } else {
-            Value::List(items)
-        };
-        self.sequences.insert(key, value.clone());
-        Ok(value)
-    }
-
-    /// Builds the elements `ids` and collects them straight into a shared slice.
-    fn build_all(&mut self, ids: &[Id], depth: usize) -> Step<Rc<[Value]>> {
-        for &child in ids {
-            self.ensure(child, depth + 1)?;
-        }
-        Ok(ids.iter().map(|&child| self.peek(child).clone()).collect())
     }
 }
 
@@ -1326,7 +1860,7 @@ fn dedupe_pairs(pairs: Vec<(Value, Value)>) -> Vec<(Value, Value)> {
 }
 
 /// Decodes a little-endian two's-complement integer (the argument of `LONG1`/`LONG4`).
-fn int_from_le(bytes: &[u8]) -> Value {
+fn int_from_le(bytes: &[u8]) -> PyInt {
     let mut len = bytes.len();
     // Drop sign-extension bytes that do not change the value.
     while len > 1 {
@@ -1340,7 +1874,7 @@ fn int_from_le(bytes: &[u8]) -> Value {
     }
     let bytes = &bytes[..len];
     if bytes.is_empty() {
-        return Value::Int(0);
+        return PyInt::Fits(0);
     }
     if bytes.len() <= 8 {
         let fill = if bytes[bytes.len() - 1] & 0x80 != 0 {
@@ -1350,17 +1884,17 @@ fn int_from_le(bytes: &[u8]) -> Value {
         };
         let mut le = [fill; 8];
         le[..bytes.len()].copy_from_slice(bytes);
-        Value::Int(i64::from_le_bytes(le))
+        PyInt::Fits(i64::from_le_bytes(le))
     } else {
-        Value::BigInt(Rc::from(bytes))
+        PyInt::Big(bytes.to_vec())
     }
 }
 
 /// Parses a decimal integer of any size (the argument of the text `INT` and `LONG` opcodes).
-fn int_from_decimal(text: &str) -> Option<Value> {
+fn int_from_decimal(text: &str) -> Option<PyInt> {
     let text = text.trim();
     if let Ok(v) = text.parse::<i64>() {
-        return Some(Value::Int(v));
+        return Some(PyInt::Fits(v));
     }
     let (negative, digits) = match text.as_bytes().first()? {
         b'-' => (true, &text[1..]),
@@ -1394,14 +1928,6 @@ fn int_from_decimal(text: &str) -> Option<Value> {
         }
     }
     Some(int_from_le(&magnitude))
-}
-
-/// A protocol 0–2 byte string: text when it is UTF-8, bytes otherwise.
-fn byte_string(bytes: &[u8]) -> Value {
-    match std::str::from_utf8(bytes) {
-        Ok(s) => Value::Str(Rc::from(s)),
-        Err(_) => Value::Bytes(Rc::from(bytes)),
-    }
 }
 
 /// Decodes Python's `raw-unicode-escape` (the argument of `UNICODE`): Latin-1 text with
@@ -1883,6 +2409,160 @@ mod tests {
             let e = parse(&SNAPSHOT_LIKE[..end]).unwrap_err();
             assert!(e.offset <= end, "prefix {end}: {e}");
         }
+    }
+
+    fn doc(bytes: &[u8]) -> Document {
+        match Document::parse(bytes) {
+            Ok(d) => d,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn value_refs_read_like_values() {
+        // (None, True, 7, -2**27, 2**27, -2**40, 2**64 - 1, 2**80, 1.5, "é", b"\x00", [1, (2,)],
+        //  {"k": None})
+        let mut bytes = b"\x80\x04(N\x88K\x07J\x00\x00\x00\xf8J\x00\x00\x00\x08".to_vec();
+        bytes.extend_from_slice(b"\x8a\x06\x00\x00\x00\x00\x00\xff");
+        bytes.extend_from_slice(b"\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff\x00");
+        bytes.extend_from_slice(b"\x8a\x0b\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01");
+        bytes.extend_from_slice(b"G?\xf8\x00\x00\x00\x00\x00\x00\x8c\x02\xc3\xa9C\x01\x00");
+        bytes.extend_from_slice(b"(K\x01K\x02\x85l}\x8c\x01kNst.");
+        let d = doc(&bytes);
+        let root = d.root();
+        assert_eq!(root.type_name(), "tuple");
+        let items = root.as_seq().unwrap();
+        assert_eq!(items.len(), 13);
+        let at = |i: usize| items.get(i).unwrap();
+        assert!(at(0).is_none());
+        assert_eq!(at(1).as_bool(), Some(true));
+        assert_eq!(at(2).as_i64(), Some(7));
+        assert_eq!(at(3).as_i64(), Some(-(1 << 27)));
+        assert_eq!(at(4).as_u64(), Some(1 << 27));
+        assert_eq!(at(5).as_i64(), Some(-(1 << 40)));
+        assert_eq!(at(5).as_u64(), None);
+        assert_eq!(at(6).as_u64(), Some(u64::MAX));
+        assert_eq!(at(6).as_i64(), None);
+        assert_eq!((at(7).type_name(), at(7).as_u64()), ("int", None));
+        assert_eq!(at(8).as_float(), Some(1.5));
+        assert_eq!(at(2).as_float(), None);
+        assert_eq!(at(2).as_f64(), Some(7.0));
+        assert_eq!(at(9).as_str(), Some("\u{e9}"));
+        assert_eq!(at(10).as_bytes(), Some(&b"\x00"[..]));
+        let list = at(11).as_seq().unwrap();
+        assert_eq!(list.last().unwrap().type_name(), "tuple");
+        assert_eq!(
+            list.iter().map(|v| v.type_name()).collect::<Vec<_>>(),
+            ["int", "tuple"]
+        );
+        assert!(at(12).is_dict());
+        assert!(at(12).get("k").unwrap().is_none());
+        assert!(at(12).get("x").is_none());
+        assert!(items.get(13).is_none());
+        // The document and the value tree agree.
+        assert_eq!(root.to_value(), p(&bytes));
+    }
+
+    #[test]
+    fn repeated_dict_keys_keep_the_last_value() {
+        let d = doc(b"}(\x8c\x01aK\x01\x8c\x01bK\x02\x8c\x01aK\x03u.");
+        let root = d.root();
+        assert_eq!(root.get("a").unwrap().as_i64(), Some(3));
+        let keys: Vec<&str> = root
+            .dict_items()
+            .unwrap()
+            .map(|(k, _)| k.as_str().unwrap())
+            .collect();
+        assert_eq!(keys, ["a", "b", "a"]);
+    }
+
+    #[test]
+    fn equal_lists_share_their_elements() {
+        // ([1, 2], [1, 2], [1, 3]), three separate lists.
+        let d = doc(b"\x80\x04](K\x01K\x02e](K\x01K\x02e](K\x01K\x03e\x87.");
+        let items = d.root().as_seq().unwrap();
+        let id = |i: usize| items.get(i).unwrap().identity();
+        assert!(id(0).is_some());
+        assert_eq!(id(0), id(1));
+        assert_ne!(id(0), id(2));
+        let v = p(b"\x80\x04](K\x01K\x02e](K\x01K\x02e](K\x01K\x03e\x87.");
+        let items = v.as_seq().unwrap();
+        assert_eq!(items[0].identity(), items[1].identity());
+        assert_ne!(items[0].identity(), items[2].identity());
+    }
+
+    #[test]
+    fn shared_list_that_grows_moves_to_its_own_elements() {
+        // a = [1, 2]; b = [1, 2]; a.append(3); (a, b)
+        let bytes = b"\x80\x04]\x94(K\x01K\x02e]\x94(K\x01K\x02e0K\x03ah\x01\x86.";
+        let d = doc(bytes);
+        let items = d.root().as_seq().unwrap();
+        let (a, b) = (items.get(0).unwrap(), items.get(1).unwrap());
+        assert_ne!(a.identity(), b.identity());
+        let ints = |v: ValueRef<'_>| -> Vec<i64> {
+            v.as_seq()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_i64().unwrap())
+                .collect()
+        };
+        assert_eq!(ints(a), [1, 2, 3]);
+        assert_eq!(ints(b), [1, 2]);
+        assert_eq!(
+            p(bytes),
+            tuple(vec![
+                list(vec![Value::Int(1), Value::Int(2), Value::Int(3)]),
+                list(vec![Value::Int(1), Value::Int(2)]),
+            ])
+        );
+    }
+
+    #[test]
+    fn containers_filled_in_interleaved_batches() {
+        // outer = []; three batches of APPENDS, each of 700 dicts {"k": i, "l": [i, i + 2**40]}
+        // built in between, as Python's pickler writes lists of more than 1000 elements.
+        let mut bytes = b"\x80\x04]\x94\x8c\x01k\x940\x8c\x01l\x940".to_vec();
+        let mut expected = Vec::new();
+        for batch in 0..3 {
+            bytes.push(b'(');
+            for j in 0..700u32 {
+                let i = batch * 700 + j;
+                bytes.extend_from_slice(b"}(h\x01J");
+                bytes.extend_from_slice(&i.to_le_bytes());
+                bytes.extend_from_slice(b"h\x02](J");
+                bytes.extend_from_slice(&i.to_le_bytes());
+                bytes.extend_from_slice(b"\x8a\x06");
+                bytes.extend_from_slice(&(i as u64 + (1 << 40)).to_le_bytes()[..6]);
+                bytes.extend_from_slice(b"eu");
+                expected.push((i as i64, i as i64 + (1 << 40)));
+            }
+            bytes.push(b'e');
+        }
+        bytes.push(b'.');
+        let d = doc(&bytes);
+        let outer = d.root().as_seq().unwrap();
+        assert_eq!(outer.len(), 2100);
+        for (entry, &(k, big)) in outer.iter().zip(&expected) {
+            assert_eq!(entry.get("k").unwrap().as_i64(), Some(k));
+            let l = entry.get("l").unwrap().as_seq().unwrap();
+            assert_eq!(l.get(0).unwrap().as_i64(), Some(k));
+            assert_eq!(l.get(1).unwrap().as_i64(), Some(big));
+        }
+        assert_eq!(d.root().to_value(), p(&bytes));
+    }
+
+    #[test]
+    fn nesting_limit_names_the_container_too_deep() {
+        // 300 nested lists: the 201st (depth 201) is created by the opcode at offset 200.
+        let mut deep = vec![b']'; 300];
+        deep.extend_from_slice(&[b'a'; 299]);
+        deep.push(b'.');
+        let e = Document::parse(&deep).unwrap_err();
+        assert_eq!(e.offset, 200);
+        assert!(
+            e.to_string().contains("more than 200 levels of nesting"),
+            "{e}"
+        );
     }
 
     mod fuzz {

@@ -202,6 +202,22 @@ fn wrong_types_name_their_path() {
     }
 }
 
+#[test]
+fn a_read_document_converts_like_the_bytes() {
+    let doc = pickle::Document::parse(SYNTHETIC).unwrap();
+    let options = ImportOptions::default();
+    let from_doc = import::pytorch::from_document(&doc, "s.pickle", &options).unwrap();
+    assert_eq!(from_doc, import(SYNTHETIC, &options));
+    // The document and the value tree agree, and the shared frame list is one object.
+    assert_eq!(doc.root().to_value(), pickle::parse(SYNTHETIC).unwrap());
+    let trace = doc.root().get("device_traces").unwrap().as_seq().unwrap();
+    let entries = trace.get(0).unwrap().as_seq().unwrap();
+    let frames = |i: usize| entries.get(i).unwrap().get("frames").unwrap().identity();
+    assert!(frames(1).is_some());
+    assert_eq!(frames(1), frames(2));
+    assert_ne!(frames(0), frames(1));
+}
+
 /// Runs `python3 -c code`, or returns `None` when Python is not available.
 fn python(code: &str) -> Option<Vec<u8>> {
     let out = Command::new("python3").arg("-c").arg(code).output().ok()?;

@@ -1,28 +1,32 @@
 //! Importer for torch.profiler Chrome traces recorded with `profile_memory=True`.
 //!
-//! `super::load_bytes` unpacks gzip and hands the JSON here (an object with `traceEvents`, or
-//! a bare array of events). The profiler writes one instant event named `[memory]` per
-//! allocation and free, with args `Addr`, `Bytes` (negative for a free), `Total Allocated`,
-//! `Total Reserved`, `Device Type` (1 is CUDA) and `Device Id`. Those of CUDA devices become
-//! `Alloc` and `FreeCompleted` events of a `vramscope_allocator::Snapshot` with source
-//! `ChromeTrace`, ordered by time (the file is not); their `requested` is 0 because the
-//! profiler records only block sizes. `ProfilerStep#N` slices (phase `X`) become the steps of
-//! `Snapshot::steps`, numbered from 1 in time order and labelled with the slice name, and every
-//! event gets the step it falls in. The statistics keep the last `Total Allocated` and
-//! `Total Reserved` as current values and their maxima as peaks; allocation counts and the
-//! per-pool split of allocated bytes come from replaying the recorded window. The trace has
-//! no segments, stacks or allocator settings.
+//! `super::load_bytes` hands the JSON here (an object with `traceEvents`, or a bare array of
+//! events), as bytes or, for gzip data, as a reader that unpacks it on the way. The profiler writes
+//! one instant event named `[memory]` per allocation and free, with args `Addr`, `Bytes` (negative
+//! for a free), `Total Allocated`, `Total Reserved`, `Device Type` (1 is CUDA) and `Device Id`.
+//! Those of CUDA devices become `Alloc` and `FreeCompleted` events of a
+//! `vramscope_allocator::Snapshot` with source `ChromeTrace`, ordered by time (the file is not);
+//! their `requested` is 0 because the profiler records only block sizes. `ProfilerStep#N` slices
+//! (phase `X`) become the steps of `Snapshot::steps`, numbered from 1 in time order and labelled
+//! with the slice name, and every event gets the step it falls in. The statistics keep the last
+//! `Total Allocated` and `Total Reserved` as current values and their maxima as peaks; allocation
+//! counts and the per-pool split of allocated bytes come from replaying the recorded window. The
+//! trace has no segments, stacks or allocator settings.
 //!
 //! Only the fields needed are deserialized, leniently: an argument of an unexpected type is
-//! ignored rather than fatal, so traces of other profiler versions still load. Values the
-//! importer does not need are skipped by serde_json without recursion, however deeply nested;
-//! malformed JSON, and nesting deeper than serde_json's limit (128) where the importer does
-//! descend, are clean errors with line and column.
+//! ignored rather than fatal, so traces of other profiler versions still load. Keys, and the
+//! names, phases and categories of events, are compared without being copied; only the
+//! memory events and step slices are kept, so that memory does not grow with the size of
+//! the trace's other events. Values the importer does not need are skipped by serde_json
+//! without recursion, however deeply nested; malformed JSON, and nesting deeper than
+//! serde_json's limit (128) where the importer does descend, are clean errors with line and
+//! column.
 
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use vramscope_allocator::{
     DeviceInfo, Event, EventKind, MemoryStats, Pool, Snapshot, SnapshotSource, Stat, FORMAT_VERSION,
@@ -69,38 +73,85 @@ pub(crate) fn read(
     origin: &str,
     options: &ImportOptions,
 ) -> Result<Read, ImportError> {
+    let top: Top<'_> = serde_json::from_slice(bytes)
+        .map_err(|e| ImportError::new(origin, ImportErrorKind::Json(e)))?;
+    finish(top, origin, options)
+}
+
+/// Like [`read`], but reads the JSON from `reader` as it goes, so that it is never held in
+/// memory whole (the caller unpacks gzip data into it).
+pub(crate) fn read_from(
+    reader: impl std::io::Read,
+    origin: &str,
+    options: &ImportOptions,
+) -> Result<Read, ImportError> {
     let json = |e| ImportError::new(origin, ImportErrorKind::Json(e));
-    let first = bytes
-        .strip_prefix(b"\xef\xbb\xbf")
-        .unwrap_or(bytes)
-        .iter()
-        .find(|b| !b.is_ascii_whitespace());
-    let (events, devices, base_ns) = if first == Some(&b'[') {
-        let events: Collected<'_> = serde_json::from_slice(bytes).map_err(json)?;
-        (events, Vec::new(), None)
-    } else {
-        let doc: Document<'_> = serde_json::from_slice(bytes).map_err(json)?;
-        if doc.format_version.is_some() {
-            return Ok(Read::OwnSnapshot);
+    let reader = std::io::BufReader::with_capacity(64 << 10, reader);
+    let mut de = serde_json::Deserializer::from_reader(reader);
+    let top = Top::deserialize(&mut de).map_err(json)?;
+    // Only whitespace may follow, as `serde_json::from_slice` requires.
+    de.end().map_err(json)?;
+    finish(top, origin, options)
+}
+
+fn finish(top: Top<'_>, origin: &str, options: &ImportOptions) -> Result<Read, ImportError> {
+    let (events, devices, base_ns) = match top {
+        Top::Events(events) => (events, Vec::new(), None),
+        Top::Object(doc) => {
+            if doc.format_version.is_some() {
+                return Ok(Read::OwnSnapshot);
+            }
+            let Some(events) = doc.trace_events else {
+                return Err(ImportError::new(
+                    origin,
+                    ImportErrorKind::UnknownFormat {
+                        found: "a JSON object with neither `traceEvents` nor `format_version`"
+                            .to_string(),
+                    },
+                ));
+            };
+            (
+                events,
+                doc.device_properties.unwrap_or_default(),
+                doc.base_time_ns.int(),
+            )
         }
-        let Some(events) = doc.trace_events else {
-            return Err(ImportError::new(
-                origin,
-                ImportErrorKind::UnknownFormat {
-                    found: "a JSON object with neither `traceEvents` nor `format_version`"
-                        .to_string(),
-                },
-            ));
-        };
-        (
-            events,
-            doc.device_properties.unwrap_or_default(),
-            doc.base_time_ns.int(),
-        )
     };
     Ok(Read::Trace(Box::new(convert(
         events, &devices, base_ns, options,
     ))))
+}
+
+/// A trace file: an object with `traceEvents`, or a bare array of events.
+enum Top<'a> {
+    Events(Collected<'a>),
+    Object(Document<'a>),
+}
+
+struct TopVisitor<'a>(std::marker::PhantomData<&'a ()>);
+
+impl<'de: 'a, 'a> Visitor<'de> for TopVisitor<'a> {
+    type Value = Top<'a>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object with `traceEvents` or a list of trace events")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Top<'a>, A::Error> {
+        CollectVisitor(std::marker::PhantomData)
+            .visit_seq(seq)
+            .map(Top::Events)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Top<'a>, A::Error> {
+        Document::deserialize(MapAccessDeserializer::new(map)).map(Top::Object)
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Top<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(TopVisitor(std::marker::PhantomData))
+    }
 }
 
 /// The events the importer keeps, gathered while `traceEvents` is read (so that the many
@@ -114,16 +165,14 @@ struct Collected<'a> {
 
 impl<'a> Collected<'a> {
     fn add(&mut self, e: RawEvent<'a>) {
-        let name = e.name.as_str();
-        if name == MEMORY_EVENT {
-            self.memory.extend(memory_event(&e));
-        } else if name.starts_with("ProfilerStep#")
-            && e.ph.as_str() == "X"
-            && e.cat.as_str() != "gpu_user_annotation"
-        {
-            if let (Some(ts), Some(name)) = (e.ts.float(), e.name.0) {
-                self.step_slices.push((ts, name));
+        match e.name {
+            Name::Memory => self.memory.extend(memory_event(e.ts, &e.args)),
+            Name::Step(name) if e.complete && !e.gpu_annotation => {
+                if let Some(ts) = e.ts.float() {
+                    self.step_slices.push((ts, name));
+                }
             }
+            _ => {}
         }
     }
 }
@@ -179,12 +228,6 @@ struct DeviceProps<'a> {
 /// A string, or nothing when the JSON value is of another type.
 #[derive(Default)]
 struct Text<'a>(Option<Cow<'a, str>>);
-
-impl Text<'_> {
-    fn as_str(&self) -> &str {
-        self.0.as_deref().unwrap_or("")
-    }
-}
 
 /// A number, or nothing when the JSON value is of another type. Integers are kept exactly.
 #[derive(Default, Clone, Copy)]
@@ -360,14 +403,22 @@ impl<'de> Visitor<'de> for MemArgsVisitor {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<MemArgs, A::Error> {
         let mut args = MemArgs::default();
-        while let Some(key) = map.next_key::<Text<'de>>()? {
-            let slot = match key.as_str() {
-                "Addr" => &mut args.addr,
-                "Bytes" => &mut args.bytes,
-                "Total Allocated" => &mut args.total_allocated,
-                "Total Reserved" => &mut args.total_reserved,
-                "Device Type" => &mut args.device_type,
-                "Device Id" => &mut args.device_id,
+        const KEYS: &[&str] = &[
+            "Addr",
+            "Bytes",
+            "Total Allocated",
+            "Total Reserved",
+            "Device Type",
+            "Device Id",
+        ];
+        while let Some(key) = map.next_key_seed(KeyIn(KEYS))? {
+            let slot = match key {
+                Some(0) => &mut args.addr,
+                Some(1) => &mut args.bytes,
+                Some(2) => &mut args.total_allocated,
+                Some(3) => &mut args.total_reserved,
+                Some(4) => &mut args.device_type,
+                Some(5) => &mut args.device_id,
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                     continue;
@@ -407,11 +458,151 @@ impl<'de> Deserialize<'de> for MemArgs {
 /// is read as an empty event and ignored.
 #[derive(Default)]
 struct RawEvent<'a> {
-    name: Text<'a>,
-    ph: Text<'a>,
-    cat: Text<'a>,
+    name: Name<'a>,
+    /// Whether `ph` is `X`, a complete slice.
+    complete: bool,
+    /// Whether `cat` is `gpu_user_annotation`, the GPU copy of an annotation.
+    gpu_annotation: bool,
     ts: Num,
     args: MemArgs,
+}
+
+/// The `name` of a trace event, as far as the importer cares: only the names of steps are
+/// kept.
+#[derive(Default)]
+enum Name<'a> {
+    /// No name yet, or one that is not a string.
+    #[default]
+    Absent,
+    /// `[memory]`.
+    Memory,
+    /// A name starting with `ProfilerStep#`.
+    Step(Cow<'a, str>),
+    /// Any other string.
+    Other,
+}
+
+impl<'a> Name<'a> {
+    fn of(name: &str, keep: impl FnOnce() -> Cow<'a, str>) -> Name<'a> {
+        if name == MEMORY_EVENT {
+            Name::Memory
+        } else if name.starts_with("ProfilerStep#") {
+            Name::Step(keep())
+        } else {
+            Name::Other
+        }
+    }
+}
+
+struct NameVisitor<'a>(std::marker::PhantomData<&'a ()>);
+
+impl<'de: 'a, 'a> Visitor<'de> for NameVisitor<'a> {
+    type Value = Name<'a>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Name::of(v, || Cow::Borrowed(v)))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Name::of(v, || Cow::Owned(v.to_string())))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(Name::Absent)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(Name::Absent)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(Name::Absent)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        skip_map(map)?;
+        Ok(Name::Absent)
+    }
+
+    absent_otherwise!();
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Name<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(NameVisitor(std::marker::PhantomData))
+    }
+}
+
+/// A map key looked up among known names without being copied: its position among them, or
+/// `None` for any other key.
+#[derive(Clone, Copy)]
+struct KeyIn(&'static [&'static str]);
+
+impl<'de> Visitor<'de> for KeyIn {
+    type Value = Option<usize>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a key")
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Option<usize>, E> {
+        Ok(self.0.iter().position(|&k| k == v))
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for KeyIn {
+    type Value = Option<usize>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Option<usize>, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+/// Whether a value is the string given, read without copying it; any other value is skipped.
+#[derive(Clone, Copy)]
+struct Equals(&'static str);
+
+impl<'de> Visitor<'de> for Equals {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<bool, E> {
+        Ok(v == self.0)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<bool, E> {
+        Ok(false)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<bool, E> {
+        Ok(false)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<bool, E> {
+        Ok(false)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<bool, A::Error> {
+        skip_map(map)?;
+        Ok(false)
+    }
+
+    absent_otherwise!();
+}
+
+impl<'de> DeserializeSeed<'de> for Equals {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_any(self)
+    }
 }
 
 struct RawEventVisitor<'a>(std::marker::PhantomData<&'a ()>);
@@ -425,15 +616,18 @@ impl<'de: 'a, 'a> Visitor<'de> for RawEventVisitor<'a> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawEvent<'a>, A::Error> {
         let mut event = RawEvent::default();
-        while let Some(key) = map.next_key::<Text<'de>>()? {
-            match key.as_str() {
-                "name" => event.name = map.next_value()?,
-                "ph" => event.ph = map.next_value()?,
-                "cat" => event.cat = map.next_value()?,
-                "ts" => event.ts = map.next_value()?,
+        const KEYS: &[&str] = &["name", "ph", "cat", "ts", "args"];
+        while let Some(key) = map.next_key_seed(KeyIn(KEYS))? {
+            match key {
+                Some(0) => event.name = map.next_value()?,
+                Some(1) => event.complete = map.next_value_seed(Equals("X"))?,
+                Some(2) => {
+                    event.gpu_annotation = map.next_value_seed(Equals("gpu_user_annotation"))?
+                }
+                Some(3) => event.ts = map.next_value()?,
                 // The profiler writes `name` before `args`: the args of the many events that
                 // are not memory events are skipped without being looked at.
-                "args" if event.name.0.is_none() || event.name.as_str() == MEMORY_EVENT => {
+                Some(4) if matches!(event.name, Name::Absent | Name::Memory) => {
                     event.args = map.next_value()?
                 }
                 _ => {
@@ -479,14 +673,13 @@ struct Memory {
     total_reserved: Option<u64>,
 }
 
-fn memory_event(e: &RawEvent<'_>) -> Option<Memory> {
-    let args = &e.args;
+fn memory_event(ts: Num, args: &MemArgs) -> Option<Memory> {
     if args.device_type.int()? != CUDA_DEVICE_TYPE {
         return None;
     }
     let bytes = args.bytes.int().filter(|&b| b != 0)?;
     Some(Memory {
-        ts: e.ts.float()?,
+        ts: ts.float()?,
         device: u32::try_from(args.device_id.int().unwrap_or(0)).ok()?,
         addr: args.addr.u64()?,
         bytes,

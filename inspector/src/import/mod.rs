@@ -8,6 +8,12 @@
 //! `traceEvents`, or a JSON array, is a torch.profiler Chrome trace read by [`chrome`].
 //! Detectors, reports and the dashboard only ever see the resulting `Snapshot`.
 //!
+//! Memory is freed as early as each format allows: [`load`] hands the file's bytes over, so
+//! that a pickle's bytes are gone once read and before they are converted, and gzip data
+//! is gone before what it unpacks to is converted. A gzipped Chrome trace is read as it is
+//! unpacked, never whole; its unpacking errors and size limit take precedence over errors in
+//! its JSON, as if it had been unpacked first.
+//!
 //! Every failure is an [`ImportError`] that names the file and says what is wrong (and, for
 //! pickles and JSON, where); no input makes an importer panic. [`ImportOptions`] carries the
 //! choices a user can make on the command line: which paths count as framework code when a
@@ -222,7 +228,7 @@ pub fn load_with(path: impl AsRef<Path>, options: &ImportOptions) -> Result<Snap
     if bytes.len() as u64 > options.max_file_bytes {
         return Err(too_large());
     }
-    load_bytes(&bytes, &origin, options)
+    load_vec(bytes, &origin, options)
 }
 
 /// Imports a file already in memory; `origin` names it in errors.
@@ -231,6 +237,37 @@ pub fn load_bytes(
     origin: &str,
     options: &ImportOptions,
 ) -> Result<Snapshot, ImportError> {
+    check_size(bytes, origin, options)?;
+    if is_gzip(bytes) {
+        return match unpack(bytes, origin, options)? {
+            Unpacked::Done(snapshot) => Ok(*snapshot),
+            Unpacked::Plain(unpacked) => load_plain_vec(unpacked, origin, options),
+        };
+    }
+    load_plain(bytes, origin, options)
+}
+
+/// Like [`load_bytes`], but takes the bytes over so that they can be freed as soon as they
+/// are read: a pickle's bytes are gone before its conversion begins, and gzip data before
+/// what it unpacks to is converted.
+fn load_vec(
+    bytes: Vec<u8>,
+    origin: &str,
+    options: &ImportOptions,
+) -> Result<Snapshot, ImportError> {
+    check_size(&bytes, origin, options)?;
+    if is_gzip(&bytes) {
+        let unpacked = unpack(&bytes, origin, options)?;
+        drop(bytes);
+        return match unpacked {
+            Unpacked::Done(snapshot) => Ok(*snapshot),
+            Unpacked::Plain(unpacked) => load_plain_vec(unpacked, origin, options),
+        };
+    }
+    load_plain_vec(bytes, origin, options)
+}
+
+fn check_size(bytes: &[u8], origin: &str, options: &ImportOptions) -> Result<(), ImportError> {
     if bytes.len() as u64 > options.max_file_bytes {
         return Err(ImportError::new(
             origin,
@@ -240,19 +277,7 @@ pub fn load_bytes(
             },
         ));
     }
-    if is_gzip(bytes) {
-        let unpacked = gunzip(bytes, origin, options.max_decompressed_bytes)?;
-        if is_gzip(&unpacked) {
-            return Err(ImportError::new(
-                origin,
-                ImportErrorKind::UnknownFormat {
-                    found: "gzip data inside gzip data".to_string(),
-                },
-            ));
-        }
-        return load_plain(&unpacked, origin, options);
-    }
-    load_plain(bytes, origin, options)
+    Ok(())
 }
 
 /// Detects the format of (unpacked) content, without converting it.
@@ -274,14 +299,12 @@ fn load_plain(
 ) -> Result<Snapshot, ImportError> {
     match detect(bytes) {
         Some(Format::PytorchPickle) => pytorch::from_pickle_bytes(bytes, origin, options),
-        Some(Format::VramscopeJson) => Snapshot::from_json_bytes(bytes, origin)
-            .map_err(|e| ImportError::new(origin, ImportErrorKind::Snapshot(e))),
+        Some(Format::VramscopeJson) => own_snapshot(bytes, origin),
         // A JSON object whose first key is not `format_version` is read as a Chrome trace,
         // which recognises a vramscope snapshot with its keys in another order.
         Some(Format::ChromeTrace) => match chrome::read(bytes, origin, options)? {
             chrome::Read::Trace(snapshot) => Ok(*snapshot),
-            chrome::Read::OwnSnapshot => Snapshot::from_json_bytes(bytes, origin)
-                .map_err(|e| ImportError::new(origin, ImportErrorKind::Snapshot(e))),
+            chrome::Read::OwnSnapshot => own_snapshot(bytes, origin),
         },
         None => Err(ImportError::new(
             origin,
@@ -292,27 +315,184 @@ fn load_plain(
     }
 }
 
+/// Like [`load_plain`], handing a pickle's bytes to the importer to free.
+fn load_plain_vec(
+    bytes: Vec<u8>,
+    origin: &str,
+    options: &ImportOptions,
+) -> Result<Snapshot, ImportError> {
+    if detect(&bytes) == Some(Format::PytorchPickle) {
+        return pytorch::from_pickle_vec(bytes, origin, options);
+    }
+    load_plain(&bytes, origin, options)
+}
+
+fn own_snapshot(bytes: &[u8], origin: &str) -> Result<Snapshot, ImportError> {
+    Snapshot::from_json_bytes(bytes, origin)
+        .map_err(|e| ImportError::new(origin, ImportErrorKind::Snapshot(e)))
+}
+
 fn is_gzip(bytes: &[u8]) -> bool {
     bytes.len() >= 2 && bytes[0] == 0x1f && bytes[1] == 0x8b
 }
 
-fn gunzip(bytes: &[u8], origin: &str, limit: u64) -> Result<Vec<u8>, ImportError> {
-    let mut out = Vec::new();
+/// What unpacking gzip data gave.
+enum Unpacked {
+    /// A Chrome trace, converted while it was unpacked.
+    Done(Box<Snapshot>),
+    /// Any other content, whole, for [`load_plain_vec`].
+    Plain(Vec<u8>),
+}
+
+/// Why [`Unpacker`] stopped.
+enum UnpackFailure {
+    /// The data is not valid gzip.
+    Gzip(std::io::Error),
+    /// The data unpacks to more than the limit.
+    TooLarge,
+}
+
+/// Unpacks gzip data as it is read, failing once more than `limit` bytes come out, and keeps
+/// why it failed so that the caller reports a gzip or size error rather than what the failure
+/// looks like to the reader of the content.
+struct Unpacker<'a> {
     // MultiGzDecoder also reads files made of several concatenated gzip members.
-    flate2::read::MultiGzDecoder::new(bytes)
-        .take(limit.saturating_add(1))
-        .read_to_end(&mut out)
-        .map_err(|e| ImportError::new(origin, ImportErrorKind::Gzip(e)))?;
-    if out.len() as u64 > limit {
+    decoder: flate2::read::MultiGzDecoder<&'a [u8]>,
+    limit: u64,
+    unpacked: u64,
+    failure: Option<UnpackFailure>,
+}
+
+impl<'a> Unpacker<'a> {
+    fn new(bytes: &'a [u8], limit: u64) -> Unpacker<'a> {
+        Unpacker {
+            decoder: flate2::read::MultiGzDecoder::new(bytes),
+            limit,
+            unpacked: 0,
+            failure: None,
+        }
+    }
+
+    /// The import error for the failure, if there was one.
+    fn error(&mut self, origin: &str) -> Option<ImportError> {
+        let kind = match self.failure.take()? {
+            UnpackFailure::Gzip(e) => ImportErrorKind::Gzip(e),
+            UnpackFailure::TooLarge => ImportErrorKind::TooLarge {
+                what: "unpacked gzip data",
+                limit: self.limit,
+            },
+        };
+        Some(ImportError::new(origin, kind))
+    }
+}
+
+impl Read for Unpacker<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.failure.is_some() {
+            return Err(std::io::Error::other("unpacking failed"));
+        }
+        // One byte more than the limit allows tells an exact fit from an overflow.
+        let room = self.limit.saturating_add(1).saturating_sub(self.unpacked);
+        let want = buf.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+        let n = match self.decoder.read(&mut buf[..want]) {
+            Ok(n) => n,
+            Err(e) => {
+                self.failure = Some(UnpackFailure::Gzip(e));
+                return Err(std::io::Error::other("corrupt gzip data"));
+            }
+        };
+        self.unpacked += n as u64;
+        if self.unpacked > self.limit {
+            self.failure = Some(UnpackFailure::TooLarge);
+            return Err(std::io::Error::other("unpacked gzip data is too large"));
+        }
+        Ok(n)
+    }
+}
+
+/// Unpacks gzip data within `options.max_decompressed_bytes`. A Chrome trace is converted as
+/// it is unpacked, so that its JSON is never held in memory whole; anything else is returned
+/// whole.
+fn unpack(bytes: &[u8], origin: &str, options: &ImportOptions) -> Result<Unpacked, ImportError> {
+    let mut unpacker = Unpacker::new(bytes, options.max_decompressed_bytes);
+    let failed = |unpacker: &mut Unpacker<'_>, e: std::io::Error| {
+        unpacker
+            .error(origin)
+            .unwrap_or_else(|| ImportError::new(origin, ImportErrorKind::Gzip(e)))
+    };
+    // Enough of the start to tell the format, as `detect` would from the whole.
+    let mut head = Vec::new();
+    while !decidable(&head) {
+        let before = head.len();
+        (&mut unpacker)
+            .take(8 << 10)
+            .read_to_end(&mut head)
+            .map_err(|e| failed(&mut unpacker, e))?;
+        if head.len() == before {
+            break;
+        }
+    }
+    if is_gzip(&head) {
+        // As for any content, an unpacking error or the size limit comes first.
+        std::io::copy(&mut unpacker, &mut std::io::sink()).map_err(|e| failed(&mut unpacker, e))?;
         return Err(ImportError::new(
             origin,
-            ImportErrorKind::TooLarge {
-                what: "unpacked gzip data",
-                limit,
+            ImportErrorKind::UnknownFormat {
+                found: "gzip data inside gzip data".to_string(),
             },
         ));
     }
-    Ok(out)
+    if detect(&head) == Some(Format::ChromeTrace) {
+        let read = chrome::read_from(
+            std::io::Cursor::new(&head).chain(&mut unpacker),
+            origin,
+            options,
+        );
+        if read.is_err() && unpacker.failure.is_none() {
+            // Data that does not unpack, or unpacks to too much, is reported as such however
+            // early its JSON goes wrong, as when it was unpacked whole before being read.
+            let _ = std::io::copy(&mut unpacker, &mut std::io::sink());
+        }
+        if let Some(e) = unpacker.error(origin) {
+            return Err(e);
+        }
+        return match read? {
+            chrome::Read::Trace(snapshot) => Ok(Unpacked::Done(snapshot)),
+            // A vramscope snapshot whose keys are in another order: unpack it again, whole.
+            chrome::Read::OwnSnapshot => {
+                let mut all = Vec::new();
+                let mut again = Unpacker::new(bytes, options.max_decompressed_bytes);
+                again
+                    .read_to_end(&mut all)
+                    .map_err(|e| failed(&mut again, e))?;
+                Ok(Unpacked::Done(Box::new(own_snapshot(&all, origin)?)))
+            }
+        };
+    }
+    unpacker
+        .read_to_end(&mut head)
+        .map_err(|e| failed(&mut unpacker, e))?;
+    Ok(Unpacked::Plain(head))
+}
+
+/// Whether `head`, the start of some content, is long enough for [`detect`] and [`is_gzip`]
+/// to decide as they would on the whole content.
+fn decidable(head: &[u8]) -> bool {
+    if head.len() < 3 {
+        return false;
+    }
+    let body = head.strip_prefix(b"\xef\xbb\xbf").unwrap_or(head);
+    match body.iter().position(|b| !b.is_ascii_whitespace()) {
+        None => false,
+        Some(i) if body[i] == b'{' => {
+            let after = body[i + 1..]
+                .iter()
+                .skip_while(|b| b.is_ascii_whitespace())
+                .count();
+            after >= "format_version".len() + 2
+        }
+        Some(_) => true,
+    }
 }
 
 /// The first byte of a JSON document (after a byte-order mark and whitespace), when it opens
@@ -430,5 +610,105 @@ mod tests {
         let json = serde_json::to_vec(&reordered).unwrap();
         let back = load_bytes(&json, "snap.json", &ImportOptions::default()).unwrap();
         assert_eq!(back, snap);
+    }
+
+    fn gzip(bytes: &[u8]) -> Vec<u8> {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, bytes).unwrap();
+        gz.finish().unwrap()
+    }
+
+    const TRACE: &str = r#"{"traceEvents": [
+        {"ph": "X", "name": "ProfilerStep#1", "ts": 1, "dur": 9},
+        {"ph": "i", "name": "[memory]", "ts": 2, "args": {"Device Type": 1, "Device Id": 0,
+         "Addr": 4096, "Bytes": 512, "Total Allocated": 512, "Total Reserved": 2097152}},
+        {"ph": "i", "name": "[memory]", "ts": 3, "args": {"Device Type": 1, "Device Id": 0,
+         "Addr": 4096, "Bytes": -512, "Total Allocated": 0, "Total Reserved": 2097152}}]}"#;
+
+    #[test]
+    fn gzipped_chrome_traces_stream_to_the_same_snapshot() {
+        let options = ImportOptions::default();
+        let plain = load_bytes(TRACE.as_bytes(), "t.json", &options).unwrap();
+        assert_eq!(plain.events.len(), 2);
+        assert_eq!(
+            load_bytes(&gzip(TRACE.as_bytes()), "t.json.gz", &options).unwrap(),
+            plain
+        );
+        // Whitespace longer than the first piece unpacked still leaves the format to detect.
+        let padded = format!("{}{TRACE}\n", " ".repeat(20_000));
+        assert_eq!(
+            load_bytes(&gzip(padded.as_bytes()), "p.json.gz", &options).unwrap(),
+            plain
+        );
+        // The same through a file, whose bytes are handed over and freed early.
+        let path =
+            std::env::temp_dir().join(format!("vramscope-import-{}.json.gz", std::process::id()));
+        std::fs::write(&path, gzip(TRACE.as_bytes())).unwrap();
+        let loaded = load(&path);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(loaded.unwrap(), plain);
+    }
+
+    #[test]
+    fn gzipped_chrome_trace_problems_are_named() {
+        let options = ImportOptions::default();
+        // Malformed JSON is a JSON error with its line and column.
+        let e = load_bytes(&gzip(b"{\"traceEvents\": [,]}"), "bad.json.gz", &options).unwrap_err();
+        assert!(matches!(e.kind, ImportErrorKind::Json(_)), "{e}");
+        assert!(e.to_string().contains("line 1 column"), "{e}");
+        let e = load_bytes(&gzip(b"[{}] x"), "tail.json.gz", &options).unwrap_err();
+        assert!(matches!(e.kind, ImportErrorKind::Json(_)), "{e}");
+        // Cut gzip data is a gzip error, even where the JSON read so far is fine.
+        let packed = gzip(TRACE.as_bytes());
+        let e = load_bytes(&packed[..packed.len() - 6], "cut.json.gz", &options).unwrap_err();
+        assert!(matches!(e.kind, ImportErrorKind::Gzip(_)), "{e}");
+        // Too much unpacked data is a size error, however early the JSON goes wrong.
+        let small = ImportOptions {
+            max_decompressed_bytes: 100,
+            ..ImportOptions::default()
+        };
+        let e = load_bytes(&packed, "big.json.gz", &small).unwrap_err();
+        assert!(
+            matches!(
+                e.kind,
+                ImportErrorKind::TooLarge {
+                    what: "unpacked gzip data",
+                    limit: 100
+                }
+            ),
+            "{e}"
+        );
+        let broken = format!("[,]{}", " ".repeat(200));
+        let e = load_bytes(&gzip(broken.as_bytes()), "both.json.gz", &small).unwrap_err();
+        assert!(matches!(e.kind, ImportErrorKind::TooLarge { .. }), "{e}");
+        // Exactly at the limit is fine.
+        let exact = ImportOptions {
+            max_decompressed_bytes: TRACE.len() as u64,
+            ..ImportOptions::default()
+        };
+        assert!(load_bytes(&packed, "exact.json.gz", &exact).is_ok());
+    }
+
+    #[test]
+    fn gzipped_own_snapshot_loads_in_either_key_order() {
+        let snap = Snapshot::empty(
+            vramscope_allocator::SnapshotSource::Vramscope,
+            vramscope_allocator::DeviceInfo::default(),
+        );
+        let json = serde_json::to_vec(&snap).unwrap();
+        let options = ImportOptions::default();
+        assert_eq!(
+            load_bytes(&gzip(&json), "s.json.gz", &options).unwrap(),
+            snap
+        );
+        let reordered: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        let json = serde_json::to_vec(&reordered).unwrap();
+        assert_eq!(
+            load_bytes(&gzip(&json), "s.json.gz", &options).unwrap(),
+            snap
+        );
+        // An empty gzip member unpacks to an empty file.
+        let e = load_bytes(&gzip(b""), "empty.gz", &options).unwrap_err();
+        assert!(e.to_string().contains("the file is empty"), "{e}");
     }
 }

@@ -1,7 +1,8 @@
 //! Importer for PyTorch's `torch.cuda.memory._dump_snapshot()` pickles.
 //!
-//! The pickle is read by the safe reader of `crate::pickle` into a [`Value`] tree and converted
-//! here into a `vramscope_allocator::Snapshot` with source `Pytorch`:
+//! The pickle is read by the safe reader of `crate::pickle` into a [`Document`], whose values
+//! are converted here, without building a tree of them, into a `vramscope_allocator::Snapshot`
+//! with source `Pytorch`:
 //!
 //! - every segment of every device with its blocks (pool from `segment_type`, stream,
 //!   expandable flag; blocks of older files without `address` are placed one after another);
@@ -24,7 +25,7 @@
 //!
 //! Times are nanoseconds since the earliest time in the file, which becomes
 //! `Snapshot::epoch_unix_ns`. `Snapshot::device` is the lowest device that has data; its
-//! capacity is unknown (0).
+//! capacity is unknown (0). A dict key set twice counts with its last value, as in Python.
 
 use std::fmt;
 
@@ -38,7 +39,7 @@ use vramscope_allocator::{
 use super::sites::SiteTable;
 use super::timeline::{self, TrackArray};
 use super::{ImportError, ImportErrorKind, ImportOptions};
-use crate::pickle::{self, Value};
+use crate::pickle::{Document, Seq, Value, ValueRef};
 
 /// Requests up to this size are served from the small pool.
 const SMALL_REQUEST: u64 = 1 << 20;
@@ -58,18 +59,33 @@ pub fn from_pickle_bytes(
     origin: &str,
     options: &ImportOptions,
 ) -> Result<Snapshot, ImportError> {
-    let value =
-        pickle::parse(bytes).map_err(|e| ImportError::new(origin, ImportErrorKind::Pickle(e)))?;
-    from_value(&value, origin, options)
+    let doc = parse(bytes, origin)?;
+    from_document(&doc, origin, options)
 }
 
-/// Converts an already parsed snapshot pickle; `origin` names the data in errors.
-pub fn from_value(
-    root: &Value,
+/// Like [`from_pickle_bytes`], but frees the bytes once they are read and before the
+/// conversion, so that the two never occupy memory together.
+pub(crate) fn from_pickle_vec(
+    bytes: Vec<u8>,
     origin: &str,
     options: &ImportOptions,
 ) -> Result<Snapshot, ImportError> {
-    convert(root, options).map_err(|fault| {
+    let doc = parse(&bytes, origin)?;
+    drop(bytes);
+    from_document(&doc, origin, options)
+}
+
+fn parse(bytes: &[u8], origin: &str) -> Result<Document, ImportError> {
+    Document::parse(bytes).map_err(|e| ImportError::new(origin, ImportErrorKind::Pickle(e)))
+}
+
+/// Converts an already read snapshot pickle; `origin` names the data in errors.
+pub fn from_document(
+    doc: &Document,
+    origin: &str,
+    options: &ImportOptions,
+) -> Result<Snapshot, ImportError> {
+    convert(doc.root(), options).map_err(|fault| {
         ImportError::new(
             origin,
             ImportErrorKind::Structure {
@@ -123,7 +139,7 @@ impl Loc {
         }
     }
 
-    fn wrong(self, key: &str, expected: &str, found: &Value) -> Fault {
+    fn wrong(self, key: &str, expected: &str, found: ValueRef<'_>) -> Fault {
         self.fault(
             key,
             format!("expected {expected}, found {}", found.type_name()),
@@ -132,72 +148,93 @@ impl Loc {
 }
 
 /// Checks that `value` at `loc` is a dict.
-fn dict(value: &Value, loc: Loc) -> Result<&Value, Fault> {
-    match value {
-        Value::Dict(_) => Ok(value),
-        other => Err(Fault {
+fn dict(value: ValueRef<'_>, loc: Loc) -> Result<ValueRef<'_>, Fault> {
+    if value.is_dict() {
+        Ok(value)
+    } else {
+        Err(Fault {
             path: loc.to_string(),
-            message: format!("expected a dict, found {}", other.type_name()),
-        }),
+            message: format!("expected a dict, found {}", value.type_name()),
+        })
     }
 }
 
-/// The value under `key`, treating `None` as absent.
-fn opt<'v>(obj: &'v Value, key: &str) -> Option<&'v Value> {
-    obj.get(key).filter(|v| !v.is_none())
+/// The values under `keys` in the dict `obj`, in the order of `keys`, with `None` values
+/// treated as absent. A key set twice counts with its last value, as in Python.
+fn fields<'d, const N: usize>(obj: ValueRef<'d>, keys: [&str; N]) -> [Option<ValueRef<'d>>; N] {
+    let mut found = [None; N];
+    if let Some(pairs) = obj.dict_items() {
+        for (k, v) in pairs {
+            if let Some(i) = k
+                .as_str()
+                .and_then(|k| keys.iter().position(|&key| key == k))
+            {
+                found[i] = Some(v);
+            }
+        }
+    }
+    found.map(|v| v.filter(|v| !v.is_none()))
 }
 
-fn need<'v>(obj: &'v Value, key: &str, loc: Loc) -> Result<&'v Value, Fault> {
-    opt(obj, key).ok_or_else(|| loc.fault(key, "missing"))
+fn need<'d>(v: Option<ValueRef<'d>>, key: &str, loc: Loc) -> Result<ValueRef<'d>, Fault> {
+    v.ok_or_else(|| loc.fault(key, "missing"))
 }
 
-fn to_u64(v: &Value, key: &str, loc: Loc) -> Result<u64, Fault> {
+fn to_u64(v: ValueRef<'_>, key: &str, loc: Loc) -> Result<u64, Fault> {
     v.as_u64()
         .ok_or_else(|| loc.wrong(key, "a non-negative integer", v))
 }
 
-fn need_u64(obj: &Value, key: &str, loc: Loc) -> Result<u64, Fault> {
-    to_u64(need(obj, key, loc)?, key, loc)
+fn need_u64(v: Option<ValueRef<'_>>, key: &str, loc: Loc) -> Result<u64, Fault> {
+    to_u64(need(v, key, loc)?, key, loc)
 }
 
-fn opt_u64(obj: &Value, key: &str, loc: Loc) -> Result<Option<u64>, Fault> {
-    opt(obj, key).map(|v| to_u64(v, key, loc)).transpose()
+fn opt_u64(v: Option<ValueRef<'_>>, key: &str, loc: Loc) -> Result<Option<u64>, Fault> {
+    v.map(|v| to_u64(v, key, loc)).transpose()
 }
 
 /// A stream handle: any integer, negative ones kept as their two's-complement bits.
-fn opt_stream(obj: &Value, key: &str, loc: Loc) -> Result<u64, Fault> {
-    match opt(obj, key) {
+fn opt_stream(v: Option<ValueRef<'_>>, key: &str, loc: Loc) -> Result<u64, Fault> {
+    match v {
         None => Ok(0),
-        Some(Value::Int(i)) => Ok(*i as u64),
-        Some(v) => v.as_u64().ok_or_else(|| loc.wrong(key, "an integer", v)),
+        Some(v) => match v.as_i64() {
+            Some(i) => Ok(i as u64),
+            None => v.as_u64().ok_or_else(|| loc.wrong(key, "an integer", v)),
+        },
     }
 }
 
-fn need_str<'v>(obj: &'v Value, key: &str, loc: Loc) -> Result<&'v str, Fault> {
-    let v = need(obj, key, loc)?;
+fn need_str<'d>(v: Option<ValueRef<'d>>, key: &str, loc: Loc) -> Result<&'d str, Fault> {
+    let v = need(v, key, loc)?;
     v.as_str().ok_or_else(|| loc.wrong(key, "a string", v))
 }
 
-fn opt_str<'v>(obj: &'v Value, key: &str, loc: Loc) -> Result<Option<&'v str>, Fault> {
-    opt(obj, key)
-        .map(|v| v.as_str().ok_or_else(|| loc.wrong(key, "a string", v)))
+fn opt_str<'d>(v: Option<ValueRef<'d>>, key: &str, loc: Loc) -> Result<Option<&'d str>, Fault> {
+    v.map(|v| v.as_str().ok_or_else(|| loc.wrong(key, "a string", v)))
         .transpose()
 }
 
-fn opt_seq<'v>(obj: &'v Value, key: &str, loc: Loc) -> Result<&'v [Value], Fault> {
-    match opt(obj, key) {
-        None => Ok(&[]),
-        Some(v) => v.as_seq().ok_or_else(|| loc.wrong(key, "a list", v)),
-    }
+fn opt_seq<'d>(v: Option<ValueRef<'d>>, key: &str, loc: Loc) -> Result<Option<Seq<'d>>, Fault> {
+    v.map(|v| v.as_seq().ok_or_else(|| loc.wrong(key, "a list", v)))
+        .transpose()
+}
+
+/// The elements of a list that may be absent.
+fn elements<'d>(seq: Option<Seq<'d>>) -> impl Iterator<Item = ValueRef<'d>> {
+    seq.into_iter().flat_map(Seq::iter)
 }
 
 /// A time in microseconds: an integer or a float; negative times count as 0.
-fn opt_time_us(obj: &Value, key: &str, loc: Loc) -> Result<Option<u64>, Fault> {
-    match opt(obj, key) {
-        None => Ok(None),
-        Some(Value::Int(i)) => Ok(Some((*i).max(0) as u64)),
-        Some(Value::Float(f)) if f.is_finite() => Ok(Some(f.max(0.0) as u64)),
-        Some(v) => v
+fn opt_time_us(v: Option<ValueRef<'_>>, key: &str, loc: Loc) -> Result<Option<u64>, Fault> {
+    let Some(v) = v else {
+        return Ok(None);
+    };
+    if let Some(i) = v.as_i64() {
+        return Ok(Some(i.max(0) as u64));
+    }
+    match v.as_float() {
+        Some(f) if f.is_finite() => Ok(Some(f.max(0.0) as u64)),
+        _ => v
             .as_u64()
             .map(Some)
             .ok_or_else(|| loc.wrong(key, "a time in microseconds", v)),
@@ -209,8 +246,9 @@ fn device_index(v: u64, key: &str, loc: Loc) -> Result<u32, Fault> {
 }
 
 /// Converts stacks into call sites. The pickle shares frame lists and frame dicts through its
-/// memo, so both are remembered by identity: a shared list is converted once, and a new list
-/// made of known frames is looked up by frame numbers without copying any text.
+/// memo, and the reader stores equal frame lists once, so both are remembered by identity: a
+/// shared list is converted once, and a new list made of known frames is looked up by frame
+/// numbers without copying any text.
 struct Stacks {
     table: SiteTable,
     /// Site of each frame list seen, by the list's identity.
@@ -237,7 +275,7 @@ impl Stacks {
         }
     }
 
-    fn frame_number(&mut self, frame: &Value) -> Option<u32> {
+    fn frame_number(&mut self, frame: ValueRef<'_>) -> Option<u32> {
         let identity = frame.identity();
         if let Some(n) = identity.and_then(|id| self.by_dict.get(&id)) {
             return Some(*n);
@@ -258,7 +296,7 @@ impl Stacks {
         Some(n)
     }
 
-    fn site(&mut self, frames: Option<&Value>, loc: Loc) -> Result<Option<SiteId>, Fault> {
+    fn site(&mut self, frames: Option<ValueRef<'_>>, loc: Loc) -> Result<Option<SiteId>, Fault> {
         let Some(frames) = frames.filter(|v| !v.is_none()) else {
             return Ok(None);
         };
@@ -301,17 +339,20 @@ impl Stacks {
 }
 
 /// One frame `{filename, line, name}`; missing parts become `??`, 0 and an empty name.
-fn read_frame(frame: &Value) -> Option<Frame> {
-    frame.as_dict()?;
-    let text = |key| frame.get(key).and_then(Value::as_str).map(str::to_string);
-    let line = match frame.get("line") {
-        Some(Value::Int(i)) => (*i).clamp(0, u32::MAX as i64) as u32,
-        _ => 0,
+fn read_frame(frame: ValueRef<'_>) -> Option<Frame> {
+    if !frame.is_dict() {
+        return None;
+    }
+    let [file, line, name] = fields(frame, ["filename", "line", "name"]);
+    let text = |v: Option<ValueRef<'_>>| v.and_then(|v| v.as_str()).map(str::to_string);
+    let line = match line.and_then(|v| v.as_i64()) {
+        Some(i) => i.clamp(0, u32::MAX as i64) as u32,
+        None => 0,
     };
     Some(Frame {
-        file: text("filename").unwrap_or_else(|| "??".to_string()),
+        file: text(file).unwrap_or_else(|| "??".to_string()),
         line,
-        function: text("name").unwrap_or_default(),
+        function: text(name).unwrap_or_default(),
     })
 }
 
@@ -337,22 +378,26 @@ fn event_kind(action: &str) -> Option<EventKind> {
 }
 
 fn read_entry(
-    entry: &Value,
+    entry: ValueRef<'_>,
     device: u32,
     loc: Loc,
     stacks: &mut Stacks,
 ) -> Result<Option<RawEvent>, Fault> {
     let entry = dict(entry, loc)?;
-    let Some(kind) = event_kind(need_str(entry, "action", loc)?) else {
+    let [action, addr, size, stream, time_us, frames] = fields(
+        entry,
+        ["action", "addr", "size", "stream", "time_us", "frames"],
+    );
+    let Some(kind) = event_kind(need_str(action, "action", loc)?) else {
         return Ok(None);
     };
     let located = !matches!(kind, EventKind::Snapshot | EventKind::Oom);
     let (addr, size) = if located {
-        (need_u64(entry, "addr", loc)?, need_u64(entry, "size", loc)?)
+        (need_u64(addr, "addr", loc)?, need_u64(size, "size", loc)?)
     } else {
         (
-            opt_u64(entry, "addr", loc)?.unwrap_or(0),
-            opt_u64(entry, "size", loc)?.unwrap_or(0),
+            opt_u64(addr, "addr", loc)?.unwrap_or(0),
+            opt_u64(size, "size", loc)?.unwrap_or(0),
         )
     };
     let requested = match kind {
@@ -365,17 +410,17 @@ fn read_entry(
             time_ns: 0,
             kind,
             device,
-            stream: opt_stream(entry, "stream", loc)?,
+            stream: opt_stream(stream, "stream", loc)?,
             addr,
             size,
             requested,
-            site: stacks.site(entry.get("frames"), loc)?,
+            site: stacks.site(frames, loc)?,
             tag: None,
             scope: None,
             step: 0,
             thread: 0,
         },
-        time_us: opt_time_us(entry, "time_us", loc)?,
+        time_us: opt_time_us(time_us, "time_us", loc)?,
     }))
 }
 
@@ -387,15 +432,16 @@ struct RawAnnotation {
     time_us: Option<u64>,
 }
 
-fn read_annotation(value: &Value, loc: Loc) -> Result<RawAnnotation, Fault> {
+fn read_annotation(value: ValueRef<'_>, loc: Loc) -> Result<RawAnnotation, Fault> {
     let value = dict(value, loc)?;
+    let [name, stage, device, time_us] = fields(value, ["name", "stage", "device", "time_us"]);
     Ok(RawAnnotation {
-        name: opt_str(value, "name", loc)?.unwrap_or_default().to_string(),
-        stage: opt_str(value, "stage", loc)?
+        name: opt_str(name, "name", loc)?.unwrap_or_default().to_string(),
+        stage: opt_str(stage, "stage", loc)?
             .unwrap_or_default()
             .to_string(),
-        device: device_index(opt_u64(value, "device", loc)?.unwrap_or(0), "device", loc)?,
-        time_us: opt_time_us(value, "time_us", loc)?,
+        device: device_index(opt_u64(device, "device", loc)?.unwrap_or(0), "device", loc)?,
+        time_us: opt_time_us(time_us, "time_us", loc)?,
     })
 }
 
@@ -412,50 +458,73 @@ fn block_state(text: &str) -> Option<BlockState> {
 type LastAlloc = FxHashMap<(u32, u64), (Option<SiteId>, u64)>;
 
 fn read_segment(
-    value: &Value,
+    value: ValueRef<'_>,
     i: usize,
     stacks: &mut Stacks,
     last_alloc: &LastAlloc,
 ) -> Result<Segment, Fault> {
     let loc = Loc::Segment(i);
     let value = dict(value, loc)?;
-    let device = device_index(opt_u64(value, "device", loc)?.unwrap_or(0), "device", loc)?;
-    let address = need_u64(value, "address", loc)?;
-    let total_size = need_u64(value, "total_size", loc)?;
-    let pool = match opt_str(value, "segment_type", loc)? {
+    let [device, address, total_size, segment_type, is_expandable, blocks, stream] = fields(
+        value,
+        [
+            "device",
+            "address",
+            "total_size",
+            "segment_type",
+            "is_expandable",
+            "blocks",
+            "stream",
+        ],
+    );
+    let device = device_index(opt_u64(device, "device", loc)?.unwrap_or(0), "device", loc)?;
+    let address = need_u64(address, "address", loc)?;
+    let total_size = need_u64(total_size, "total_size", loc)?;
+    let pool = match opt_str(segment_type, "segment_type", loc)? {
         Some("small") => Pool::Small,
         Some(_) => Pool::Large,
         None if total_size == SMALL_SEGMENT => Pool::Small,
         None => Pool::Large,
     };
-    let expandable = match opt(value, "is_expandable") {
+    let expandable = match is_expandable {
         None => false,
         Some(v) => v
             .as_bool()
             .ok_or_else(|| loc.wrong("is_expandable", "a bool", v))?,
     };
-    let mut blocks = Vec::new();
+    let mut blocks_out = Vec::new();
     let mut next_address = address;
-    for (j, block) in opt_seq(value, "blocks", loc)?.iter().enumerate() {
+    for (j, block) in elements(opt_seq(blocks, "blocks", loc)?).enumerate() {
         let loc = Loc::Block(i, j);
         let block = dict(block, loc)?;
-        let size = need_u64(block, "size", loc)?;
+        let [size, block_address, state, requested_size, frames, history] = fields(
+            block,
+            [
+                "size",
+                "address",
+                "state",
+                "requested_size",
+                "frames",
+                "history",
+            ],
+        );
+        let size = need_u64(size, "size", loc)?;
         // Blocks of older files have no address: they follow one another from the segment's.
-        let block_address = opt_u64(block, "address", loc)?.unwrap_or(next_address);
+        let block_address = opt_u64(block_address, "address", loc)?.unwrap_or(next_address);
         next_address = block_address.saturating_add(size);
-        let state_text = need_str(block, "state", loc)?;
+        let state_text = need_str(state, "state", loc)?;
         let state = block_state(state_text)
             .ok_or_else(|| loc.fault("state", format!("unknown block state `{state_text}`")))?;
-        let requested_size = match opt_u64(block, "requested_size", loc)? {
+        let requested_size = match opt_u64(requested_size, "requested_size", loc)? {
             Some(r) => r,
             None if state == BlockState::Inactive => 0,
             None => size,
         };
         // Older files keep the stack in the last entry of `history`.
-        let frames = match opt(block, "frames") {
+        let frames = match frames {
             Some(frames) => Some(frames),
-            None => opt_seq(block, "history", loc)?
-                .last()
+            None => opt_seq(history, "history", loc)?
+                .and_then(Seq::last)
                 .and_then(|h| h.get("frames")),
         };
         let mut site = stacks.site(frames, loc)?;
@@ -466,7 +535,7 @@ fn read_segment(
                 step = alloc_step;
             }
         }
-        blocks.push(Block {
+        blocks_out.push(Block {
             address: block_address,
             size,
             requested_size,
@@ -478,15 +547,15 @@ fn read_segment(
             thread: 0,
         });
     }
-    blocks.sort_by_key(|b| b.address);
+    blocks_out.sort_by_key(|b| b.address);
     Ok(Segment {
         device,
         address,
         total_size,
-        stream: opt_stream(value, "stream", loc)?,
+        stream: opt_stream(stream, "stream", loc)?,
         pool,
         expandable,
-        blocks,
+        blocks: blocks_out,
     })
 }
 
@@ -740,38 +809,41 @@ fn marker_steps(events: &[Event], stacks: &Stacks, marker: &str) -> Vec<(usize, 
     starts
 }
 
-fn convert(root: &Value, options: &ImportOptions) -> Result<Snapshot, Fault> {
+fn convert(root: ValueRef<'_>, options: &ImportOptions) -> Result<Snapshot, Fault> {
     // Very old files are a bare list of segments.
-    let (segment_values, trace_values, settings, annotation_values): (
-        &[Value],
-        &[Value],
-        Option<&Value>,
-        &[Value],
-    ) = match root {
-        Value::List(segments) => (segments, &[], None, &[]),
-        Value::Dict(_) => {
-            if root.get("segments").is_none() && root.get("device_traces").is_none() {
-                return Err(Fault {
-                    path: String::new(),
-                    message: "not a PyTorch memory snapshot: the dict has neither `segments` nor `device_traces`".to_string(),
-                });
-            }
-            (
-                opt_seq(root, "segments", Loc::Root)?,
-                opt_seq(root, "device_traces", Loc::Root)?,
-                opt(root, "allocator_settings"),
-                opt_seq(root, "external_annotations", Loc::Root)?,
-            )
-        }
-        other => {
+    let (segment_values, trace_values, settings, annotation_values) = if root.type_name() == "list"
+    {
+        (root.as_seq(), None, None, None)
+    } else if root.is_dict() {
+        let [segments, traces, settings, annotations] = fields(
+            root,
+            [
+                "segments",
+                "device_traces",
+                "allocator_settings",
+                "external_annotations",
+            ],
+        );
+        if root.get("segments").is_none() && root.get("device_traces").is_none() {
             return Err(Fault {
                 path: String::new(),
-                message: format!(
-                    "not a PyTorch memory snapshot: expected a dict with `segments` and `device_traces`, found {}",
-                    other.type_name()
-                ),
-            })
+                message: "not a PyTorch memory snapshot: the dict has neither `segments` nor `device_traces`".to_string(),
+            });
         }
+        (
+            opt_seq(segments, "segments", Loc::Root)?,
+            opt_seq(traces, "device_traces", Loc::Root)?,
+            settings,
+            opt_seq(annotations, "external_annotations", Loc::Root)?,
+        )
+    } else {
+        return Err(Fault {
+            path: String::new(),
+            message: format!(
+                "not a PyTorch memory snapshot: expected a dict with `segments` and `device_traces`, found {}",
+                root.type_name()
+            ),
+        });
     };
 
     let mut stacks = Stacks::new(&options.framework_paths);
@@ -780,7 +852,7 @@ fn convert(root: &Value, options: &ImportOptions) -> Result<Snapshot, Fault> {
     let mut raw = Vec::new();
     let mut devices_with_events = 0;
     let mut first_device: Option<u32> = None;
-    for (d, trace) in trace_values.iter().enumerate() {
+    for (d, trace) in elements(trace_values).enumerate() {
         let entries = trace.as_seq().ok_or_else(|| Fault {
             path: format!("device_traces[{d}]"),
             message: format!("expected a list, found {}", trace.type_name()),
@@ -797,8 +869,8 @@ fn convert(root: &Value, options: &ImportOptions) -> Result<Snapshot, Fault> {
             }
         }
     }
-    let mut annotations_raw = Vec::with_capacity(annotation_values.len());
-    for (i, a) in annotation_values.iter().enumerate() {
+    let mut annotations_raw = Vec::with_capacity(annotation_values.map_or(0, Seq::len));
+    for (i, a) in elements(annotation_values).enumerate() {
         annotations_raw.push(read_annotation(a, Loc::Annotation(i))?);
     }
 
@@ -853,8 +925,8 @@ fn convert(root: &Value, options: &ImportOptions) -> Result<Snapshot, Fault> {
     for e in events.iter().filter(|e| e.kind == EventKind::Alloc) {
         last_alloc.insert((e.device, e.addr), (e.site, e.step));
     }
-    let mut segments = Vec::with_capacity(segment_values.len());
-    for (i, s) in segment_values.iter().enumerate() {
+    let mut segments = Vec::with_capacity(segment_values.map_or(0, Seq::len));
+    for (i, s) in elements(segment_values).enumerate() {
         segments.push(read_segment(s, i, &mut stacks, &last_alloc)?);
     }
     segments.sort_by_key(|s| (s.device, s.address));
@@ -864,7 +936,12 @@ fn convert(root: &Value, options: &ImportOptions) -> Result<Snapshot, Fault> {
         (Some(a), Some(b)) => a.min(b),
         (a, b) => a.or(b).unwrap_or(0),
     };
-    let config = read_config(settings);
+    let config = read_config(
+        settings
+            .filter(|s| s.is_dict())
+            .map(ValueRef::to_value)
+            .as_ref(),
+    );
     let stats = compute_stats(&segments, &events, index, &config);
     Ok(Snapshot {
         format_version: FORMAT_VERSION,
@@ -886,6 +963,7 @@ fn convert(root: &Value, options: &ImportOptions) -> Result<Snapshot, Fault> {
         scopes: Vec::new(),
         steps,
         annotations,
+        violations: Vec::new(),
     })
 }
 
