@@ -568,6 +568,24 @@ impl Snapshot {
         Ok(snapshot)
     }
 
+    /// Writes the snapshot as an event log: JSON Lines whose first line is the snapshot without
+    /// its events (device, settings, statistics, segments, call-site tables, steps) and every
+    /// further line one event, oldest first. A program can keep appending event lines; the
+    /// inspector reads the file either way.
+    pub fn write_event_log(&self, mut out: impl std::io::Write) -> std::io::Result<()> {
+        let header = Snapshot {
+            events: Vec::new(),
+            ..self.clone()
+        };
+        serde_json::to_writer(&mut out, &header)?;
+        out.write_all(b"\n")?;
+        for event in &self.events {
+            serde_json::to_writer(&mut out, event)?;
+            out.write_all(b"\n")?;
+        }
+        out.flush()
+    }
+
     /// The call site with id `id`, if the table has it.
     pub fn site(&self, id: Option<SiteId>) -> Option<&CallSite> {
         id.and_then(|i| self.sites.get(i as usize))

@@ -22,6 +22,7 @@
 #![warn(missing_docs)]
 
 pub mod chrome;
+pub mod event_log;
 pub mod pytorch;
 pub mod sites;
 mod timeline;
@@ -328,6 +329,9 @@ fn load_plain_vec(
 }
 
 fn own_snapshot(bytes: &[u8], origin: &str) -> Result<Snapshot, ImportError> {
+    if event_log::is_event_log(bytes) {
+        return event_log::read(bytes, origin);
+    }
     Snapshot::from_json_bytes(bytes, origin)
         .map_err(|e| ImportError::new(origin, ImportErrorKind::Snapshot(e)))
 }
