@@ -454,6 +454,33 @@ impl State {
         (list.pool, list.stream)
     }
 
+    /// Cuts block `id` (not in a free list) after its first `keep` bytes; the rest becomes a
+    /// new free block, not yet in a free list, whose id is returned.
+    fn split_off(&mut self, id: u32, keep: u64) -> u32 {
+        let b = *self.blocks.get(id);
+        let remainder = self.blocks.insert(BlockMeta {
+            addr: b.addr + keep,
+            size: b.size - keep,
+            requested: 0,
+            prev: id,
+            next: b.next,
+            segment: b.segment,
+            provenance: NIL,
+            step: 0,
+            list: b.list,
+            flags: 0,
+        });
+        if b.next != NIL {
+            self.blocks.get_mut(b.next).prev = remainder;
+        } else {
+            self.segments.get_mut(b.segment).last = remainder;
+        }
+        let block = self.blocks.get_mut(id);
+        block.size = keep;
+        block.next = remainder;
+        remainder
+    }
+
     /// Puts a free block into its free list and counts it as inactive split if split.
     #[inline]
     fn insert_free(&mut self, id: u32) {
@@ -988,6 +1015,22 @@ impl<B: Backend> CachingAllocator<B> {
         let shared = &*self.shared;
         let size = segment_size_for(rounded);
         let addr = shared.backend.malloc(size).ok()?;
+        let block = self.register_segment(state, addr, size, stream, pool);
+        Some(Found { block })
+    }
+
+    /// Books a new raw segment of `size` bytes at `addr` (poisoned with `debug`): one block
+    /// spanning it, not yet in a free list, whose id is returned; statistics and the
+    /// `segment_alloc` event.
+    fn register_segment(
+        &self,
+        state: &mut State,
+        addr: u64,
+        size: u64,
+        stream: StreamId,
+        pool: Pool,
+    ) -> u32 {
+        let shared = &*self.shared;
         if shared.config.debug {
             debug::fill(&shared.backend, addr, size, debug::POISON);
         }
@@ -1040,7 +1083,7 @@ impl<B: Backend> CachingAllocator<B> {
                 },
             );
         }
-        Some(Found { block })
+        block
     }
 
     /// Maps more pages at the end of the (stream, pool) expandable segment.
@@ -1170,26 +1213,7 @@ impl<B: Backend> CachingAllocator<B> {
         let (pool, _) = state.pool_of(id);
         let b = *state.blocks.get(id);
         if self.should_split(pool, b.size, rounded) {
-            let remainder = state.blocks.insert(BlockMeta {
-                addr: b.addr + rounded,
-                size: b.size - rounded,
-                requested: 0,
-                prev: id,
-                next: b.next,
-                segment: b.segment,
-                provenance: NIL,
-                step: 0,
-                list: b.list,
-                flags: 0,
-            });
-            if b.next != NIL {
-                state.blocks.get_mut(b.next).prev = remainder;
-            } else {
-                state.segments.get_mut(b.segment).last = remainder;
-            }
-            let block = state.blocks.get_mut(id);
-            block.size = rounded;
-            block.next = remainder;
+            let remainder = state.split_off(id, rounded);
             state.insert_free(remainder);
         }
         let step = state.step.min(u32::MAX as u64) as u32;
@@ -1689,80 +1713,30 @@ impl<B: Backend> CachingAllocator<B> {
                 return Err(self.out_of_memory(state, stream, size, size, &origin));
             }
         };
-        let list = state.list_index(stream, pool);
-        let segment = state.segments.insert(SegmentMeta {
-            addr,
-            size,
-            reserved: size,
-            stream,
-            pool,
-            expandable: false,
-            first: NIL,
-            last: NIL,
-            active_blocks: 0,
-            last_used: state.op_counter,
-        });
-        // Lay the blocks out in address order: free gaps and live blocks.
-        let mut pieces: Vec<(u64, u64, Option<u64>)> = Vec::new();
+        let first = self.register_segment(state, addr, size, stream, pool);
+        // Cut the spanning block into live blocks and the free gaps between them.
+        let mut pieces: Vec<(u64, Option<u64>)> = Vec::new();
         let mut cursor = 0;
         for &(offset, block_size, requested) in &sorted {
             if offset > cursor {
-                pieces.push((cursor, offset - cursor, None));
+                pieces.push((offset - cursor, None));
             }
-            pieces.push((offset, block_size, Some(requested)));
+            pieces.push((block_size, Some(requested)));
             cursor = offset + block_size;
         }
         if cursor < size {
-            pieces.push((cursor, size - cursor, None));
+            pieces.push((size - cursor, None));
         }
-        let mut prev = NIL;
-        let mut ids = Vec::with_capacity(pieces.len());
-        for &(offset, piece_size, _) in &pieces {
-            let id = state.blocks.insert(BlockMeta {
-                addr: addr + offset,
-                size: piece_size,
-                requested: 0,
-                prev,
-                next: NIL,
-                segment,
-                provenance: NIL,
-                step: 0,
-                list,
-                flags: 0,
-            });
-            if prev != NIL {
-                state.blocks.get_mut(prev).next = id;
-            } else {
-                state.segments.get_mut(segment).first = id;
-            }
-            prev = id;
-            ids.push(id);
-        }
-        state.segments.get_mut(segment).last = prev;
-        state.segments_by_addr.insert(addr, segment);
-        state.stats.segment.increase(pool, 1);
-        state.stats.reserved_bytes.increase(pool, size);
-        state.stats.num_device_alloc += 1;
-        if shared.config.record_events {
-            state.record(
-                &shared.clock,
-                EventKind::SegmentAlloc,
-                RawEventParts {
-                    addr,
-                    size,
-                    stream: stream.0,
-                    ..RawEventParts::default()
-                },
-            );
-        }
-        for (&id, &(_, _, requested)) in ids.iter().zip(&pieces) {
+        let mut id = first;
+        for (i, &(piece_size, requested)) in pieces.iter().enumerate() {
+            let rest = (i + 1 < pieces.len()).then(|| state.split_off(id, piece_size));
             match requested {
                 Some(requested) => {
-                    let b = *state.blocks.get(id);
-                    let block = state.blocks.get_mut(id);
-                    block.flags = ALLOCATED;
-                    block.requested = requested;
-                    state.segments.get_mut(segment).active_blocks += 1;
+                    let b = state.blocks.get_mut(id);
+                    b.flags = ALLOCATED;
+                    b.requested = requested;
+                    let b = *b;
+                    state.segments.get_mut(b.segment).active_blocks += 1;
                     let stats = &mut state.stats;
                     stats.allocation.increase(pool, 1);
                     stats.allocated_bytes.increase(pool, b.size);
@@ -1772,6 +1746,9 @@ impl<B: Backend> CachingAllocator<B> {
                     state.live.insert(b.addr, id);
                 }
                 None => state.insert_free(id),
+            }
+            if let Some(rest) = rest {
+                id = rest;
             }
         }
         Ok(addr)
