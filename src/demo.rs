@@ -1,8 +1,10 @@
 //! The built-in demo workload: a simulated training loop with bugs planted on request.
 //!
-//! `vramscope demo` runs it on a backed simulated device through the caching allocator, then
-//! hands the snapshot to the inspector's report. Each planted bug sits on its own line so the
-//! report can point at it.
+//! `vramscope demo` runs it on a backed simulated device through the caching allocator: with
+//! `--headless` (or without a terminal) all at once, then hands the snapshot to the inspector's
+//! report; otherwise step by step beside the dashboard of `vramscope-tui`, which pulls the
+//! allocator's events in the same process and paces the loop. Each planted bug sits on its own
+//! line so the report and the dashboard can point at it.
 
 use std::str::FromStr;
 
@@ -40,14 +42,40 @@ impl FromStr for Bugs {
     }
 }
 
+/// The demo's allocator: a backed simulated device of 4 GiB.
+pub fn allocator() -> CachingAllocator<SimDevice> {
+    CachingAllocator::new(SimDevice::backed(4 << 30), AllocatorConfig::default())
+}
+
 /// Runs `steps` training steps with `bugs` planted and returns the allocator's snapshot.
 pub fn run(steps: u64, bugs: Bugs) -> Result<Snapshot, AllocError> {
-    let alloc = CachingAllocator::new(SimDevice::backed(4 << 30), AllocatorConfig::default());
+    let alloc = allocator();
+    // The snapshot is taken at the end of the loop, while the kept buffers are alive.
+    let mut snapshot = None;
+    workload(&alloc, steps, bugs, &mut |_| true, &mut || {
+        snapshot = Some(alloc.snapshot())
+    })?;
+    Ok(snapshot.unwrap_or_else(|| alloc.snapshot()))
+}
+
+/// The training loop on `alloc`: `steps` steps with `bugs` planted. Before each step it asks
+/// `proceed` (with the step number), which may wait, and stops early when it says no; at the
+/// end it calls `linger` while the kept buffers are still alive.
+pub fn workload(
+    alloc: &CachingAllocator<SimDevice>,
+    steps: u64,
+    bugs: Bugs,
+    proceed: &mut dyn FnMut(u64) -> bool,
+    linger: &mut dyn FnMut(),
+) -> Result<(), AllocError> {
     let _weights = alloc.tagged("weights").alloc(32 * MIB)?;
     let _adam_state = alloc.tagged("adam").alloc(64 * MIB)?;
     let mut kept_losses = Vec::new();
     let mut host_losses = Vec::new();
-    for _ in 0..steps {
+    for step in 0..steps {
+        if !proceed(step) {
+            break;
+        }
         alloc.mark_step();
         let mut activations = Vec::new();
         {
@@ -79,5 +107,6 @@ pub fn run(steps: u64, bugs: Bugs) -> Result<Snapshot, AllocError> {
             kept_losses.push(loss);
         }
     }
-    Ok(alloc.snapshot())
+    linger();
+    Ok(())
 }

@@ -2,7 +2,8 @@
 //!
 //! Every subcommand is glue: `report`, `summary` and `diff` load files with the inspector's
 //! importers and render its reports; `demo` runs the built-in workload of `demo.rs` on the
-//! simulated device and reports on it. Exit status: 0 on success, 1 when a finding reaches
+//! simulated device in the terminal dashboard (`vramscope-tui`), or reports on it with
+//! `--headless`; `view` and `top` open the dashboard on a file or a live program. Exit status: 0 on success, 1 when a finding reaches
 //! `--fail-on`, 2 for unusable input.
 
 mod demo;
@@ -27,20 +28,34 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a built-in training loop with planted memory bugs and report on it.
+    /// Run a built-in training loop with planted memory bugs in the dashboard (or report on it).
     Demo {
         /// Bugs to plant: retained-loss, item-in-loop, or none (comma-separated).
         #[arg(long, default_value = "retained-loss,item-in-loop")]
         bug: demo::Bugs,
-        /// Training steps to run.
-        #[arg(long, default_value_t = 20)]
-        steps: u64,
-        /// Run without a terminal dashboard and print the report.
+        /// Training steps to run (20 headless, 300 in the dashboard).
+        #[arg(long)]
+        steps: Option<u64>,
+        /// Run without the terminal dashboard and print the report (the default when standard
+        /// output is not a terminal).
         #[arg(long)]
         headless: bool,
         /// Report format: text, markdown, json or html.
         #[arg(long, default_value = "text")]
         format: Format,
+    },
+    /// Open a snapshot, PyTorch pickle or Chrome trace in the dashboard, with a time cursor.
+    View {
+        /// The file to read.
+        file: PathBuf,
+        /// A function name whose allocations start a new training step.
+        #[arg(long)]
+        step_marker: Option<String>,
+    },
+    /// Attach the dashboard to a live program started with VRAMSCOPE_LISTEN.
+    Top {
+        /// unix:PATH, tcp:HOST:PORT or a socket path; the newest local socket when omitted.
+        addr: Option<String>,
     },
     /// Diagnose a snapshot: ours, a PyTorch pickle, or a torch.profiler Chrome trace.
     Report {
@@ -157,6 +172,18 @@ fn use_color() -> bool {
     std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
 }
 
+/// Unusable input is status 2; a terminal or connection failure is status 1.
+fn tui_failure(e: vramscope_tui::TuiError) -> Failure {
+    let status = match e {
+        vramscope_tui::TuiError::Import(_) | vramscope_tui::TuiError::NoPublisher(_) => 2,
+        vramscope_tui::TuiError::Io(_) => 1,
+    };
+    Failure {
+        message: e.to_string(),
+        status,
+    }
+}
+
 fn emit(text: &str, output: Option<&PathBuf>) -> Result<(), Failure> {
     match output {
         Some(path) => std::fs::write(path, text)
@@ -179,11 +206,26 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             headless,
             format,
         } => {
-            if !headless {
-                eprintln!(
-                    "vramscope demo: the terminal dashboard is not built yet; printing the report."
-                );
+            let terminal = std::io::stdout().is_terminal() && std::io::stdin().is_terminal();
+            if !headless && terminal {
+                let steps = steps.unwrap_or(300);
+                let alloc = demo::allocator();
+                let handle = alloc.clone();
+                let pace = std::time::Duration::from_millis(150);
+                vramscope_tui::run_in_process(alloc, "demo", move |control| {
+                    let mut proceed = |_| control.proceed() && control.pace(pace);
+                    // Until the user quits, the dashboard shows the end state with the kept
+                    // buffers alive.
+                    let mut linger = || while control.proceed() && control.pace(pace) {};
+                    let _ = demo::workload(&handle, steps, bug, &mut proceed, &mut linger);
+                })
+                .map_err(|e| Failure {
+                    message: e.to_string(),
+                    status: 1,
+                })?;
+                return Ok(0);
             }
+            let steps = steps.unwrap_or(20);
             let snapshot = demo::run(steps, bug).map_err(|e| Failure {
                 message: format!("demo failed: {e}"),
                 status: 1,
@@ -197,6 +239,22 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                 &report::render(&built, format, use_color() && format == Format::Text),
                 None,
             )?;
+            Ok(0)
+        }
+        Command::View { file, step_marker } => {
+            let options = ImportOptions {
+                step_marker,
+                ..ImportOptions::default()
+            };
+            vramscope_tui::run_view(&file, &options).map_err(tui_failure)?;
+            Ok(0)
+        }
+        Command::Top { addr } => {
+            let addr = addr
+                .map(|a| a.parse::<vramscope::allocator::TelemetryAddr>())
+                .transpose()
+                .map_err(Failure::input)?;
+            vramscope_tui::run_top(addr).map_err(tui_failure)?;
             Ok(0)
         }
         Command::Report {

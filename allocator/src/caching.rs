@@ -526,13 +526,26 @@ impl State {
 }
 
 /// The variable parts of an event.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 struct RawEventParts {
     addr: u64,
     size: u64,
     requested: u64,
     stream: u64,
     provenance: u32,
+}
+
+impl Default for RawEventParts {
+    /// No address, size or stream, and no provenance (not provenance id 0).
+    fn default() -> Self {
+        RawEventParts {
+            addr: 0,
+            size: 0,
+            requested: 0,
+            stream: 0,
+            provenance: NIL,
+        }
+    }
 }
 
 impl<B: Backend> CachingAllocator<B> {

@@ -517,7 +517,8 @@ fn kind_from_code(code: u8, direction: u8) -> Option<EventKind> {
 
 /// Appends one event's binary record to `out`.
 fn put_event(out: &mut Vec<u8>, e: &Event) {
-    for v in [
+    let mut r = [0u8; EVENT_RECORD_BYTES];
+    let words = [
         e.seq,
         e.time_ns,
         e.addr,
@@ -525,20 +526,24 @@ fn put_event(out: &mut Vec<u8>, e: &Event) {
         e.requested,
         e.stream,
         e.step,
-    ] {
-        out.extend_from_slice(&v.to_le_bytes());
+    ];
+    for (i, v) in words.iter().enumerate() {
+        r[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
     }
-    for v in [
+    let ids = [
         e.site.unwrap_or(NO_ID),
         e.tag.unwrap_or(NO_ID),
         e.scope.unwrap_or(NO_ID),
         e.thread,
         e.device,
-    ] {
-        out.extend_from_slice(&v.to_le_bytes());
+    ];
+    for (i, v) in ids.iter().enumerate() {
+        r[56 + i * 4..60 + i * 4].copy_from_slice(&v.to_le_bytes());
     }
     let (code, direction) = kind_code(e.kind);
-    out.extend_from_slice(&[code, direction, 0, 0]);
+    r[76] = code;
+    r[77] = direction;
+    out.extend_from_slice(&r);
 }
 
 /// Encodes events into one `Events` frame (at most [`MAX_FRAME_BYTES`] of payload; callers
@@ -839,9 +844,12 @@ pub struct ServeOptions {
     pub stats_interval: Duration,
     /// The most events of history sent with a snapshot (1,048,576).
     pub history_events: usize,
+    /// The most events of history sent with a re-synchronising snapshot (65,536).
+    pub resync_history_events: usize,
     /// The most clients attached at once; more are turned away (16).
     pub max_clients: usize,
-    /// The least time between two re-synchronising snapshots (250 ms).
+    /// The least time between two re-synchronising snapshots (1 s): a snapshot converts the
+    /// whole ring under the allocator's lock, so it must stay rare.
     pub resync_interval: Duration,
 }
 
@@ -853,8 +861,9 @@ impl Default for ServeOptions {
             batch_events: 4096,
             stats_interval: Duration::from_millis(100),
             history_events: 1 << 20,
+            resync_history_events: 1 << 16,
             max_clients: 16,
-            resync_interval: Duration::from_millis(250),
+            resync_interval: Duration::from_secs(1),
         }
     }
 }
@@ -1155,8 +1164,9 @@ struct Client {
     /// Bytes of the front frame already written.
     written: usize,
     queued_bytes: usize,
-    /// The first sequence number this client has not got in its snapshot.
-    from_seq: u64,
+    /// Every event before this sequence number is accounted for: in the client's snapshot,
+    /// queued for it, or counted as dropped.
+    upto: u64,
     dropped: u64,
     /// Set when the client lost events: it gets a fresh snapshot once its queue has drained.
     resync: bool,
@@ -1235,7 +1245,16 @@ impl<B: Backend> Publisher<B> {
             let mut waiting = false;
             if !self.clients.is_empty() {
                 self.attach_and_resync();
-                pulled = self.pull();
+                // The ring is the buffer: read it only while some client has room, so that a
+                // burst waits there instead of being dropped from a full queue.
+                let room = self.options.client_queue_bytes / 2;
+                if self
+                    .clients
+                    .iter()
+                    .any(|c| !c.fresh && !c.resync && c.queued_bytes < room)
+                {
+                    pulled = self.pull();
+                }
                 self.send_stats();
                 for client in &mut self.clients {
                     client.flush();
@@ -1294,7 +1313,7 @@ impl<B: Backend> Publisher<B> {
                         queue: VecDeque::new(),
                         written: 0,
                         queued_bytes: 0,
-                        from_seq: 0,
+                        upto: 0,
                         dropped: 0,
                         resync: false,
                         fresh: true,
@@ -1337,7 +1356,13 @@ impl<B: Backend> Publisher<B> {
             .map(|e| e.seq + 1)
             .unwrap_or(self.next_seq);
         let history = std::mem::take(&mut snapshot.events);
-        let skip = history.len().saturating_sub(self.options.history_events);
+        // A client that lost events has its history already; a fresh one gets all of it.
+        let keep = if fresh {
+            self.options.history_events
+        } else {
+            self.options.resync_history_events
+        };
+        let skip = history.len().saturating_sub(keep);
         let history = &history[skip..];
         // The snapshot carries the tables as they are now; later additions go out as deltas.
         self.known = (
@@ -1354,9 +1379,18 @@ impl<B: Backend> Publisher<B> {
                 for f in &frames {
                     client.push(Arc::clone(f));
                 }
+                if !client.fresh {
+                    // Events it lost while waiting for this snapshot, never read for it.
+                    let lost = next_seq.saturating_sub(client.upto);
+                    client.dropped += lost;
+                    self.shared
+                        .counters
+                        .events_dropped
+                        .fetch_add(lost, Ordering::Relaxed);
+                }
                 client.fresh = false;
                 client.resync = false;
-                client.from_seq = next_seq;
+                client.upto = client.upto.max(next_seq);
             }
         }
     }
@@ -1376,11 +1410,12 @@ impl<B: Backend> Publisher<B> {
             // The ring overwrote the events from `asked` up to `oldest` before they were read.
             let oldest = asked + batch.missed;
             for client in &mut self.clients {
-                let lost = oldest.saturating_sub(client.from_seq.max(asked));
+                let lost = oldest.saturating_sub(client.upto);
                 if !client.fresh && lost > 0 {
                     client.dropped += lost;
                     counters.events_dropped.fetch_add(lost, Ordering::Relaxed);
                     client.resync = true;
+                    client.upto = oldest;
                 }
             }
         }
@@ -1403,12 +1438,13 @@ impl<B: Backend> Publisher<B> {
             if client.fresh {
                 continue;
             }
-            // Only the events after the client's snapshot.
-            let skip = client.from_seq.saturating_sub(first_seq) as usize;
+            // Only the events not yet accounted for (those after the client's snapshot).
+            let skip = client.upto.saturating_sub(first_seq) as usize;
             if skip >= batch.events.len() {
                 continue;
             }
             let n = (batch.events.len() - skip) as u64;
+            client.upto = batch.next_seq;
             if client.resync {
                 client.dropped += n;
                 counters.events_dropped.fetch_add(n, Ordering::Relaxed);

@@ -600,3 +600,20 @@ fn compact_policy_grows_segments_in_place() {
     assert_eq!(alloc.stats().reserved_bytes.all.current, 8 * MIB);
     alloc.check_invariants().unwrap();
 }
+
+#[test]
+fn device_level_events_carry_no_call_site_of_their_own() {
+    let (_, alloc) = phantom(1 << 30, "");
+    let _a = alloc.tagged("weights").alloc(4096).unwrap();
+    let snapshot = alloc.snapshot();
+    for event in &snapshot.events {
+        match event.kind {
+            EventKind::SegmentAlloc | EventKind::Snapshot => {
+                assert_eq!(event.site, None, "{event:?}");
+                assert_eq!(event.tag, None, "{event:?}");
+            }
+            EventKind::Alloc => assert!(event.site.is_some()),
+            _ => {}
+        }
+    }
+}

@@ -264,8 +264,45 @@ pub struct CursorView {
     pub events: Vec<usize>,
     /// Indices into the analysis findings passing the findings filter.
     pub findings: Vec<usize>,
+    /// Figures about the segments at the cursor.
+    pub segments: SegmentFigures,
     /// Key of the choices it was computed with.
     key: String,
+}
+
+/// Figures about the segments at the cursor, for the segment map's title.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SegmentFigures {
+    /// Number of segments.
+    pub count: u64,
+    /// Free bytes in segments that hold live blocks.
+    pub split_bytes: u64,
+    /// The largest free range inside any segment.
+    pub largest_free: u64,
+}
+
+impl SegmentFigures {
+    /// Computes the figures of `state` in one pass over its segments and blocks.
+    pub fn of(state: &crate::replay::MemoryState) -> SegmentFigures {
+        let mut f = SegmentFigures {
+            count: state.segments.len() as u64,
+            ..SegmentFigures::default()
+        };
+        for (&addr, seg) in &state.segments {
+            let mut live = 0;
+            let mut cursor = addr;
+            for (&a, b) in state.blocks_in(addr, seg.size) {
+                live += b.size;
+                f.largest_free = f.largest_free.max(a.saturating_sub(cursor));
+                cursor = cursor.max(a + b.size);
+            }
+            f.largest_free = f.largest_free.max((addr + seg.size).saturating_sub(cursor));
+            if live > 0 {
+                f.split_bytes += seg.size.saturating_sub(live);
+            }
+        }
+        f
+    }
 }
 
 /// The dashboard. See the module documentation.
@@ -396,6 +433,14 @@ impl App {
     /// What the panels show at the cursor (after [`App::prepare`]).
     pub fn view(&self) -> &CursorView {
         &self.view
+    }
+
+    /// The state at the cursor, as [`App::prepare`] left it (the end state before that).
+    pub fn state_for_draw(&self) -> &crate::replay::MemoryState {
+        let pos = self.pos();
+        self.data
+            .cached_state(pos)
+            .unwrap_or_else(|| self.data.head())
     }
 
     /// Whether the data comes from a source that keeps sending.
@@ -544,7 +589,8 @@ impl App {
 
     fn view_key(&self) -> String {
         format!(
-            "{:?}|{}|{}|{}|{}|{:?}|{}|{}|{:?}",
+            "{:?}|{:?}|{}|{}|{}|{}|{:?}|{}|{}|{:?}",
+            self.panel == Panel::Events,
             self.sites.sort,
             self.sites.tree,
             self.sites.hide_framework,
@@ -561,6 +607,8 @@ impl App {
     /// changed since the last call.
     pub fn prepare(&mut self) {
         let pos = self.pos();
+        // Keep the state at the cursor at hand for drawing, even when nothing else changed.
+        let _ = self.data.state_at(pos);
         let version = self.data.version();
         let key = self.view_key();
         if self.view.pos == pos && self.view.version == version && self.view.key == key {
@@ -613,7 +661,9 @@ impl App {
             .collect();
         let label = |r: &SiteRow| groups.get(r.group).label.clone();
         match self.sites.sort {
-            SiteSort::Bytes => sites.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(label(a).cmp(&label(b)))),
+            SiteSort::Bytes => {
+                sites.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(label(a).cmp(&label(b))))
+            }
             SiteSort::Blocks => {
                 sites.sort_by(|a, b| b.blocks.cmp(&a.blocks).then(label(a).cmp(&label(b))))
             }
@@ -624,12 +674,18 @@ impl App {
             }),
             SiteSort::Name => sites.sort_by_key(label),
         }
+        let segments = SegmentFigures::of(state);
         let tree = if self.sites.tree {
             self.build_tree(&by_site, &filter)
         } else {
             Vec::new()
         };
-        let events = self.filtered_events();
+        // The event log's rows cost a pass over every event: only while it is shown.
+        let events = if self.panel == Panel::Events {
+            self.filtered_events()
+        } else {
+            Vec::new()
+        };
         let findings = self.filtered_findings();
         self.view = CursorView {
             pos,
@@ -639,6 +695,7 @@ impl App {
             live_blocks,
             events,
             findings,
+            segments,
             key,
         };
         let rows = if self.sites.tree {
@@ -653,7 +710,11 @@ impl App {
             .min(self.view.findings.len().saturating_sub(1));
     }
 
-    fn build_tree(&self, by_site: &FxHashMap<Option<SiteId>, (u64, u64)>, filter: &str) -> Vec<TreeRow> {
+    fn build_tree(
+        &self,
+        by_site: &FxHashMap<Option<SiteId>, (u64, u64)>,
+        filter: &str,
+    ) -> Vec<TreeRow> {
         #[derive(Default)]
         struct Node {
             bytes: u64,
@@ -672,14 +733,16 @@ impl App {
                         if framework && self.sites.hide_framework {
                             continue;
                         }
-                        let name = if f.function.is_empty() { "?" } else { &f.function };
+                        let name = if f.function.is_empty() {
+                            "?"
+                        } else {
+                            &f.function
+                        };
                         path.push((format!("{name} ({}:{})", f.file, f.line), framework));
                     }
                 }
-                Some(s) => {
-                    let name = if s.function.is_empty() { "?" } else { &s.function };
-                    path.push((format!("{name} ({})", s.file_line()), false));
-                }
+                Some(s) if s.function.is_empty() => path.push((s.file_line(), false)),
+                Some(s) => path.push((format!("{} ({})", s.function, s.file_line()), false)),
                 None => path.push(("(unknown site)".to_string(), false)),
             }
             if !filter.is_empty() && !path.iter().any(|(l, _)| l.to_lowercase().contains(filter)) {
@@ -1143,6 +1206,8 @@ impl App {
     }
 
     fn sites_scroll_base(&self) -> usize {
-        self.sites.selected.saturating_sub(self.page_rows.saturating_sub(1))
+        self.sites
+            .selected
+            .saturating_sub(self.page_rows.saturating_sub(1))
     }
 }

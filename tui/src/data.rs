@@ -15,9 +15,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 use vramscope_allocator::telemetry::TablesFrame;
-use vramscope_allocator::{
-    CallSite, Event, EventKind, MemoryStats, SiteId, Snapshot, StepMark,
-};
+use vramscope_allocator::{CallSite, Event, EventKind, MemoryStats, SiteId, Snapshot, StepMark};
 
 use crate::replay::{MemoryState, Usage, NO_EVENT};
 
@@ -25,6 +23,9 @@ use crate::replay::{MemoryState, Usage, NO_EVENT};
 /// before the free completed.
 const REQUESTED: u32 = 1 << 31;
 const INDEX: u32 = REQUESTED - 1;
+
+/// The most events undone to move the cursor back, rather than starting from a checkpoint.
+const UNDO_LIMIT: usize = 4096;
 
 /// The most checkpoints kept; past that every other one is dropped.
 const MAX_CHECKPOINTS: usize = 64;
@@ -187,10 +188,7 @@ impl Dataset {
     /// A dataset of `snapshot`, whose segments are the state after its last event.
     pub fn new(snapshot: Snapshot, origin: Origin) -> Dataset {
         let mut d = Dataset {
-            snapshot: Arc::new(Snapshot::empty(
-                snapshot.source,
-                snapshot.device.clone(),
-            )),
+            snapshot: Arc::new(Snapshot::empty(snapshot.source, snapshot.device.clone())),
             origin,
             head: MemoryState::default(),
             start_usage: Usage::default(),
@@ -241,16 +239,10 @@ impl Dataset {
         let mut checkpoints = Vec::new();
         for i in (0..n).rev() {
             usage[i] = state.usage();
-            if (i + 1) % self.checkpoint_every == 0 && i + 1 < n {
+            if (i + 1).is_multiple_of(self.checkpoint_every) && i + 1 < n {
                 checkpoints.push((i + 1, state.clone()));
             }
-            let e = &snapshot.events[i];
-            let l = link[i];
-            let alloc = (l != NO_EVENT).then(|| {
-                let a = (l & INDEX) as usize;
-                (&snapshot.events[a], a as u32)
-            });
-            state.undo(e, alloc, l != NO_EVENT && l & REQUESTED != 0);
+            undo_event(&mut state, &snapshot.events, &link, i);
         }
         self.start_usage = state.usage();
         checkpoints.push((0, state));
@@ -315,14 +307,14 @@ impl Dataset {
             }
             snapshot.events.push(*e);
             let len = i + 1;
-            if len % self.checkpoint_every == 0 {
+            if len.is_multiple_of(self.checkpoint_every) {
                 self.checkpoints.push((len, self.head.clone()));
             }
         }
         if self.checkpoints.len() > MAX_CHECKPOINTS {
             self.checkpoint_every *= 2;
             let every = self.checkpoint_every;
-            self.checkpoints.retain(|(k, _)| k % every == 0);
+            self.checkpoints.retain(|(k, _)| k.is_multiple_of(every));
         }
         self.segments_current = false;
         self.version += 1;
@@ -531,11 +523,13 @@ impl Dataset {
         &self.ooms
     }
 
-    /// The step number at position `pos` (of the last event applied).
+    /// The step number at position `pos`: that of the next event (so that a cursor at a step
+    /// mark is in the step that begins there), or of the last event at the end.
     pub fn step_at(&self, pos: usize) -> u64 {
-        match pos.min(self.len()).checked_sub(1) {
-            Some(i) => self.snapshot.events[i].step,
-            None => self.snapshot.events.first().map_or(0, |e| e.step),
+        let events = &self.snapshot.events;
+        match events.get(pos) {
+            Some(e) => e.step,
+            None => events.last().map_or(0, |e| e.step),
         }
     }
 
@@ -554,27 +548,60 @@ impl Dataset {
         if pos == n {
             return &self.head;
         }
-        let reuse = matches!(&self.cache, Some((k, _)) if *k <= pos && pos - *k <= self.checkpoint_every);
-        if !reuse {
+        // A little behind the cached state: undo events rather than start from a checkpoint.
+        let back = matches!(&self.cache, Some((k, _)) if *k > pos && *k - pos <= UNDO_LIMIT);
+        let ahead =
+            matches!(&self.cache, Some((k, _)) if *k <= pos && pos - *k <= self.checkpoint_every);
+        if !back && !ahead {
             let at = self.checkpoints.partition_point(|(k, _)| *k <= pos);
             let (k, state) = &self.checkpoints[at.saturating_sub(1)];
             self.cache = Some((*k, state.clone()));
         }
         let events = &self.snapshot.events;
         if let Some((k, state)) = &mut self.cache {
-            for (i, e) in events.iter().enumerate().take(pos).skip(*k) {
-                state.apply(e, i as u32);
+            if *k > pos {
+                for i in (pos..*k).rev() {
+                    undo_event(state, events, &self.link, i);
+                }
+            } else {
+                for (i, e) in events.iter().enumerate().take(pos).skip(*k) {
+                    state.apply(e, i as u32);
+                }
             }
             *k = pos;
-            return state;
         }
-        &self.head
+        match &self.cache {
+            Some((_, state)) => state,
+            None => &self.head,
+        }
+    }
+
+    /// The state at `pos` if it is at hand without work (the head, or the last state
+    /// [`Dataset::state_at`] computed).
+    pub fn cached_state(&self, pos: usize) -> Option<&MemoryState> {
+        if pos >= self.len() {
+            return Some(&self.head);
+        }
+        match &self.cache {
+            Some((k, state)) if *k == pos => Some(state),
+            _ => None,
+        }
     }
 
     /// The state at the end.
     pub fn head(&self) -> &MemoryState {
         &self.head
     }
+}
+
+/// Undoes event `i` on `state`, with the allocation its link names.
+fn undo_event(state: &mut MemoryState, events: &[Event], link: &[u32], i: usize) {
+    let l = link[i];
+    let alloc = (l != NO_EVENT).then(|| {
+        let a = (l & INDEX) as usize;
+        (&events[a], a as u32)
+    });
+    state.undo(&events[i], alloc, l != NO_EVENT && l & REQUESTED != 0);
 }
 
 /// Records the allocation a free event releases, keeping `open` (address to allocation) up to

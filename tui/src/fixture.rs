@@ -105,10 +105,7 @@ fn fixed_sites() -> Vec<CallSite> {
             ],
             0,
         ),
-        site(
-            vec![frame("train.py", 90, "log_metrics"), main],
-            0,
-        ),
+        site(vec![frame("train.py", 90, "log_metrics"), main], 0),
     ]
 }
 
@@ -116,7 +113,7 @@ fn fixed_sites() -> Vec<CallSite> {
 /// simulated device, with fixed times and call sites. See the module documentation.
 pub fn training_snapshot_with(steps: u64) -> Snapshot {
     let alloc = CachingAllocator::new(SimDevice::backed(16 << 30), AllocatorConfig::default());
-    let run = || -> Result<(), vramscope_allocator::AllocError> {
+    let run = || -> Result<Snapshot, vramscope_allocator::AllocError> {
         let _weights = alloc.tagged("weights").alloc(12 * MIB)?;
         let _adam = alloc.tagged("adam").alloc(24 * MIB)?;
         let mut kept = Vec::new();
@@ -130,7 +127,7 @@ pub fn training_snapshot_with(steps: u64) -> Snapshot {
                     acts.push(alloc.tagged("activation").alloc(3 * MIB)?);
                 }
             }
-            let mut loss = alloc.tagged("loss").alloc(MIB + 512)?;
+            let loss = alloc.tagged("loss").alloc(MIB + 512)?;
             for _ in 0..10 {
                 let mut value = [0u8; 4];
                 loss.copy_to_host(&mut value)?;
@@ -150,11 +147,11 @@ pub fn training_snapshot_with(steps: u64) -> Snapshot {
             let _metrics = alloc.alloc(4 << 10)?;
             kept.push(loss);
         }
-        Ok(())
+        // The snapshot is taken while the weights, the kept losses and batches are alive.
+        Ok(alloc.snapshot())
     };
     // The fixed workload fits the device; a failure would only shorten the trace.
-    let _ = run();
-    let mut snapshot = alloc.snapshot();
+    let mut snapshot = run().unwrap_or_else(|_| alloc.snapshot());
     normalize(&mut snapshot);
     snapshot
 }
@@ -201,7 +198,7 @@ pub fn many_blocks_snapshot(blocks: usize) -> Snapshot {
     let mut i = 0usize;
     while live.len() < blocks {
         i += 1;
-        if i % 1000 == 0 {
+        if i.is_multiple_of(1000) {
             alloc.mark_step();
         }
         let size = 512 * (1 + (i as u64 * 7919) % 4096);

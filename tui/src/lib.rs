@@ -1,1 +1,136 @@
-//! vramscope-tui: the terminal dashboard (work in progress).
+//! vramscope-tui: the terminal dashboard of vramscope.
+//!
+//! The dashboard shows an allocator's memory as it changes, or a recorded trace with a time
+//! cursor to move through it: a header with the device and the allocated, reserved and peak
+//! bytes; a timeline; a map of the segments; live memory by call site with stacks; the
+//! inspector's findings; and the event log. It reads three kinds of source: a live program
+//! through the allocator's telemetry ([`run_top`]), a file that `vramscope_inspector::import`
+//! reads ([`run_view`]), and an allocator in this very process ([`run_in_process`], used by
+//! `vramscope demo`). The command line only calls these entry points.
+//!
+//! Inside, `data` keeps the growing snapshot and the state after any event (with `replay`),
+//! `source` turns telemetry frames and allocator pulls into updates, `analysis` runs the
+//! detectors off the UI thread, `app` holds the user's choices and reacts to keys, `ui` draws
+//! one widget per panel, and `term` owns the terminal. `fixture` builds the fixed data the
+//! screen tests and benchmarks use.
+
+pub mod analysis;
+pub mod app;
+pub mod data;
+pub mod fixture;
+pub mod replay;
+pub mod source;
+pub mod term;
+pub mod ui;
+
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use vramscope_allocator::{
+    Backend, CachingAllocator, DeviceInfo, Snapshot, SnapshotSource, TelemetryAddr,
+};
+use vramscope_inspector::import::{self, ImportError, ImportOptions};
+
+pub use app::{App, Panel};
+pub use data::{Dataset, Origin};
+pub use source::{Control, InProcessSource, LiveSource, Source, Update};
+
+/// Why the dashboard could not run.
+#[derive(Debug)]
+pub enum TuiError {
+    /// The file could not be read.
+    Import(ImportError),
+    /// The terminal failed.
+    Io(std::io::Error),
+    /// `run_top` was given no address and found no publisher.
+    NoPublisher(String),
+}
+
+impl fmt::Display for TuiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TuiError::Import(e) => write!(f, "{e}"),
+            TuiError::Io(e) => write!(f, "terminal error: {e}"),
+            TuiError::NoPublisher(dir) => write!(
+                f,
+                "no vramscope publisher found in {dir}: start the program with \
+                 VRAMSCOPE_LISTEN=unix (or unix:PATH, tcp:127.0.0.1:PORT) and pass its address"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for TuiError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TuiError::Import(e) => Some(e),
+            TuiError::Io(e) => Some(e),
+            TuiError::NoPublisher(_) => None,
+        }
+    }
+}
+
+impl From<std::io::Error> for TuiError {
+    fn from(e: std::io::Error) -> TuiError {
+        TuiError::Io(e)
+    }
+}
+
+/// How long the first screen waits for the findings of a file.
+const FIRST_ANALYSIS_WAIT: Duration = Duration::from_millis(400);
+
+/// The dashboard of a file (a vramscope snapshot, a PyTorch snapshot pickle or a torch.profiler
+/// Chrome trace), ready to run; [`run_view`] runs it.
+pub fn view_app(path: &Path, options: &ImportOptions) -> Result<App, TuiError> {
+    let snapshot = import::load_with(path, options).map_err(TuiError::Import)?;
+    let data = Dataset::new(snapshot, Origin::File(path.display().to_string()));
+    let mut app = App::new(data).with_analyzer();
+    app.cursor = Some(app.data.len());
+    app.wait_for_analysis(FIRST_ANALYSIS_WAIT);
+    Ok(app)
+}
+
+/// Opens a file in the dashboard with a time cursor, until the user quits.
+pub fn run_view(path: &Path, options: &ImportOptions) -> Result<(), TuiError> {
+    let mut app = view_app(path, options)?;
+    term::run(&mut app)?;
+    Ok(())
+}
+
+/// Attaches the dashboard to a live program's telemetry at `addr`, or at the newest socket in
+/// the default folder when `addr` is `None`; reconnects whenever the program comes back.
+pub fn run_top(addr: Option<TelemetryAddr>) -> Result<(), TuiError> {
+    let addr = match addr {
+        Some(a) => a,
+        None => TelemetryAddr::discover()
+            .into_iter()
+            .next()
+            .ok_or_else(|| {
+                TuiError::NoPublisher(TelemetryAddr::default_dir().display().to_string())
+            })?,
+    };
+    let empty = Snapshot::empty(SnapshotSource::Vramscope, DeviceInfo::default());
+    let mut data = Dataset::new(empty, Origin::Live(addr.to_string()));
+    data.link_state = data::Link::Connecting;
+    let source = LiveSource::connect(addr, Duration::from_millis(500));
+    let mut app = App::new(data).with_source(Box::new(source)).with_analyzer();
+    term::run(&mut app)?;
+    Ok(())
+}
+
+/// Shows `alloc` in the dashboard while `workload` runs on its own thread with a [`Control`]
+/// that pauses it with the dashboard and tells it to stop when the user quits. `title` names
+/// the workload in the header.
+pub fn run_in_process<B: Backend>(
+    alloc: CachingAllocator<B>,
+    title: &str,
+    workload: impl FnOnce(Control) + Send + 'static,
+) -> Result<(), TuiError> {
+    let source = InProcessSource::new(alloc.clone()).with_workload(workload);
+    let empty = Snapshot::empty(SnapshotSource::Vramscope, DeviceInfo::default());
+    let data = Dataset::new(empty, Origin::InProcess(title.to_string()));
+    let mut app = App::new(data).with_source(Box::new(source)).with_analyzer();
+    term::run(&mut app)?;
+    Ok(())
+}

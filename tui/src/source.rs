@@ -10,7 +10,7 @@
 //! [`Control`]. Files need no source: they are loaded once.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -109,7 +109,8 @@ impl Source for LiveSource {
     fn poll(&mut self, out: &mut Vec<Update>) {
         while let Ok(u) = self.updates.try_recv() {
             out.push(u);
-            if out.len() >= 512 {
+            // Enough for one frame; the rest waits in the queue (and, past it, in the socket).
+            if out.len() >= 64 {
                 return;
             }
         }
@@ -136,7 +137,6 @@ fn read_loop(addr: TelemetryAddr, retry: Duration, tx: SyncSender<Update>, stop:
                 continue;
             }
         };
-        down_reported = false;
         let reason = loop {
             if stop.load(Ordering::Relaxed) {
                 return;
@@ -144,7 +144,11 @@ fn read_loop(addr: TelemetryAddr, retry: Duration, tx: SyncSender<Update>, stop:
             let update = match client.next_frame() {
                 Ok(Frame::Hello(h)) => Update::Connected(format!(
                     "{} (pid {}) on {}",
-                    if h.program.is_empty() { "program" } else { &h.program },
+                    if h.program.is_empty() {
+                        "program"
+                    } else {
+                        &h.program
+                    },
                     h.pid,
                     h.device.name
                 )),
@@ -163,6 +167,7 @@ fn read_loop(addr: TelemetryAddr, retry: Duration, tx: SyncSender<Update>, stop:
                 return;
             }
         };
+        // Report this loss once; failed reconnections stay quiet until a connection works.
         down_reported = true;
         let u = Update::Disconnected {
             since_unix_ns: unix_now_ns(),
@@ -263,6 +268,7 @@ pub struct InProcessSource<B: Backend> {
     started: bool,
     control: Control,
     workload: Option<JoinHandle<()>>,
+    finished: bool,
     ended: bool,
     dropped: u64,
     last_stats: Option<Instant>,
@@ -280,6 +286,7 @@ impl<B: Backend> InProcessSource<B> {
             started: false,
             control: Control::new(),
             workload: None,
+            finished: false,
             ended: false,
             dropped: 0,
             last_stats: None,
@@ -358,7 +365,8 @@ impl<B: Backend> Source for InProcessSource<B> {
                 dropped_events: self.dropped,
             });
         }
-        if !self.ended && self.workload.as_ref().is_some_and(|w| w.is_finished()) {
+        let finished = self.finished || self.workload.as_ref().is_some_and(|w| w.is_finished());
+        if !self.ended && finished {
             self.ended = true;
             out.push(Update::Ended);
         }
@@ -376,11 +384,7 @@ impl<B: Backend> Source for InProcessSource<B> {
         self.control.stop();
         if let Some(w) = self.workload.take() {
             let _ = w.join();
+            self.finished = true;
         }
     }
-}
-
-/// Sends without waiting; used by tests that feed a dashboard by hand.
-pub fn try_send(tx: &SyncSender<Update>, update: Update) -> bool {
-    !matches!(tx.try_send(update), Err(TrySendError::Disconnected(_)))
 }

@@ -1,0 +1,207 @@
+//! The findings panel: what the inspector's detectors say about the data up to the time cursor.
+//!
+//! The list shows each finding's severity, kind, call site and summary, most severe first (the
+//! order of `vramscope_inspector::detect::sort_findings`); below it, the selected finding's
+//! evidence and its one-line fix. The findings come from `crate::analysis`, recomputed as live
+//! data arrives and when the cursor rests somewhere new.
+
+use ratatui::buffer::Buffer;
+use ratatui::layout::Rect;
+use ratatui::style::Style;
+use ratatui::widgets::Widget;
+use vramscope_inspector::detect::{Finding, Severity};
+
+use super::{clip, clip_left, panel_block, put, thousands};
+use crate::app::{App, Panel};
+use crate::ui::sites::scroll_for;
+
+/// The findings panel.
+pub struct FindingsPanel<'a> {
+    /// The app.
+    pub app: &'a App,
+    /// Drawn inside the overview.
+    pub compact: bool,
+}
+
+fn badge(severity: Severity) -> &'static str {
+    match severity {
+        Severity::Error => "ERROR",
+        Severity::Warning => "WARN ",
+        Severity::Info => "info ",
+    }
+}
+
+/// Splits `text` into lines of at most `width` characters at spaces.
+pub fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        let len = line.chars().count();
+        if len > 0 && len + 1 + word.chars().count() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        lines.push(line);
+    }
+    lines
+}
+
+impl Widget for FindingsPanel<'_> {
+    fn render(self, area: Rect, buf: &mut Buffer) {
+        let app = self.app;
+        let theme = app.theme;
+        let view = app.view();
+        let analysis = app.analysis.as_ref();
+        let mut title = match analysis {
+            Some(a) => {
+                let shown: Vec<&Finding> = view
+                    .findings
+                    .iter()
+                    .filter_map(|&i| a.findings.get(i))
+                    .collect();
+                let n = |s| shown.iter().filter(|f| f.severity == s).count();
+                format!(
+                    " Findings · {} errors · {} warnings · {} info ",
+                    n(Severity::Error),
+                    n(Severity::Warning),
+                    n(Severity::Info)
+                )
+            }
+            None => " Findings ".to_string(),
+        };
+        if let Some(cut) = analysis.and_then(|a| a.cut) {
+            title.push_str(&format!("· up to event {} ", thousands(cut as u64)));
+        }
+        if !app.findings.filter.is_empty() {
+            title.push_str(&format!("· /{} ", app.findings.filter));
+        }
+        let focused = app.panel == Panel::Findings;
+        panel_block(title, theme, focused).render(area, buf);
+        let inner = Rect::new(
+            area.x + 1,
+            area.y + 1,
+            area.width.saturating_sub(2),
+            area.height.saturating_sub(2),
+        );
+        if inner.height == 0 || inner.width < 20 {
+            return;
+        }
+        let Some(analysis) = analysis else {
+            put(buf, inner, inner.x, inner.y, "analysing…", theme.dim());
+            return;
+        };
+        if view.findings.is_empty() {
+            let text = if analysis.findings.is_empty() {
+                "no findings: nothing retained per step, no syncs in loops, no churn"
+            } else {
+                "no finding matches the filter (Esc clears it)"
+            };
+            put(buf, inner, inner.x, inner.y, text, theme.dim());
+            return;
+        }
+        let selected = (!self.compact || focused).then_some(app.findings.selected);
+        // The list takes the top, the selected finding's details the rest.
+        let details = !self.compact && inner.height >= 8;
+        let list_rows = if details {
+            (view.findings.len() as u16).clamp(1, inner.height / 2)
+        } else {
+            inner.height
+        };
+        let first = scroll_for(selected.unwrap_or(0), usize::from(list_rows));
+        let width = usize::from(inner.width);
+        for (row, &i) in view
+            .findings
+            .iter()
+            .enumerate()
+            .skip(first)
+            .take(usize::from(list_rows))
+        {
+            let f = &analysis.findings[i];
+            let y = inner.y + (row - first) as u16;
+            let is_sel = selected == Some(row) && !self.compact;
+            let base = if is_sel {
+                theme.selected()
+            } else {
+                Style::new()
+            };
+            let x = put(
+                buf,
+                inner,
+                inner.x,
+                y,
+                badge(f.severity),
+                if is_sel {
+                    base
+                } else {
+                    theme.severity(f.severity)
+                },
+            );
+            let site = clip_left(f.site_label(), 28);
+            let text = format!(" {:<17} {:<28} {}", f.kind.as_str(), site, f.summary);
+            let text = clip(&text, width.saturating_sub(5));
+            put(
+                buf,
+                inner,
+                x,
+                y,
+                &format!("{text:<w$}", w = width.saturating_sub(5)),
+                base,
+            );
+        }
+        if !details {
+            return;
+        }
+        let Some(f) = selected
+            .and_then(|s| view.findings.get(s))
+            .and_then(|&i| analysis.findings.get(i))
+        else {
+            return;
+        };
+        let mut y = inner.y + list_rows;
+        put(buf, inner, inner.x, y, &"─".repeat(width), theme.dim());
+        y += 1;
+        let bottom = inner.bottom();
+        let mut line = |y: &mut u16, text: &str, style: Style| {
+            if *y < bottom {
+                put(buf, inner, inner.x, *y, text, style);
+                *y += 1;
+            }
+        };
+        let head = format!(
+            "{} {} at {} {}",
+            badge(f.severity).trim(),
+            f.kind.as_str(),
+            f.site_label(),
+            f.function
+        );
+        line(&mut y, &head, theme.severity(f.severity));
+        for l in wrap(&f.summary, width) {
+            line(&mut y, &l, Style::new());
+        }
+        if !f.evidence.is_empty() {
+            let ev: Vec<String> = f
+                .evidence
+                .entries()
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            for l in wrap(&format!("evidence: {}", ev.join("  ")), width) {
+                line(&mut y, &l, theme.dim());
+            }
+        }
+        for (n, l) in wrap(&f.fix, width.saturating_sub(5)).iter().enumerate() {
+            let prefix = if n == 0 { "fix: " } else { "     " };
+            line(&mut y, &format!("{prefix}{l}"), theme.allocated());
+        }
+        line(
+            &mut y,
+            "(Enter: show this call site's stacks and blocks)",
+            theme.dim(),
+        );
+    }
+}

@@ -1,0 +1,250 @@
+//! The header: what is shown, its state, and the memory figures at the time cursor.
+//!
+//! Three rows: the source, device, capacity, step, cursor position and connection state (live,
+//! paused, disconnected since when, ended); then allocated, reserved and peak bytes as bars on
+//! the device's capacity with their values in absolute units; then retries, OOMs and events the
+//! dashboard did not receive. Figures come from `crate::data::Dataset` at the cursor of
+//! `crate::app::App`.
+
+use ratatui::buffer::Buffer;
+use ratatui::layout::Rect;
+use ratatui::style::Style;
+use ratatui::widgets::Widget;
+use vramscope_allocator::format_bytes;
+
+use super::{clock, put, thousands, Theme};
+use crate::app::App;
+use crate::data::{Link, Origin};
+
+/// The header widget.
+pub struct Header<'a> {
+    /// The app.
+    pub app: &'a App,
+}
+
+/// A bar of `width` cells filled `value / scale`, in eighths.
+pub fn bar(value: u64, scale: u64, width: usize) -> (String, String) {
+    const PARTS: [char; 8] = [' ', '▏', '▎', '▍', '▌', '▋', '▊', '▉'];
+    if width == 0 {
+        return (String::new(), String::new());
+    }
+    let eighths = if scale == 0 {
+        0
+    } else {
+        ((value as f64 / scale as f64).clamp(0.0, 1.0) * (width * 8) as f64).round() as usize
+    };
+    let full = eighths / 8;
+    let mut filled: String = "█".repeat(full);
+    let mut rest = width - full;
+    if full < width && eighths % 8 > 0 {
+        filled.push(PARTS[eighths % 8]);
+        rest -= 1;
+    }
+    (filled, "·".repeat(rest))
+}
+
+impl Header<'_> {
+    fn state(&self) -> (String, Style) {
+        let app = self.app;
+        let theme = app.theme;
+        match &app.data.link_state {
+            Link::Down {
+                since_unix_ns,
+                reason,
+            } => {
+                let ago = app.now_unix_ns.saturating_sub(*since_unix_ns) / 1_000_000_000;
+                let _ = reason;
+                (
+                    format!(
+                        "disconnected since {} ({ago}s ago), retrying",
+                        clock(*since_unix_ns)
+                    ),
+                    theme.alert(),
+                )
+            }
+            Link::Connecting => ("connecting…".to_string(), theme.pending()),
+            Link::Ended if app.following() => ("ended".to_string(), theme.dim()),
+            _ if app.paused => ("PAUSED".to_string(), theme.cursor()),
+            _ if app.is_live() && app.following() => ("LIVE".to_string(), theme.allocated()),
+            _ => (
+                format!(
+                    "event {}/{}",
+                    thousands(app.pos() as u64),
+                    thousands(app.data.len() as u64)
+                ),
+                theme.cursor(),
+            ),
+        }
+    }
+}
+
+impl Widget for Header<'_> {
+    fn render(self, area: Rect, buf: &mut Buffer) {
+        let app = self.app;
+        let theme: Theme = app.theme;
+        let data = &app.data;
+        let snapshot = data.snapshot();
+        let pos = app.pos();
+        let y = area.y;
+        // Row 1: identity and state.
+        let kind = match data.origin() {
+            Origin::File(_) => "file",
+            Origin::Live(_) => "live",
+            Origin::InProcess(_) => "in-process",
+        };
+        let capacity = snapshot.device.capacity;
+        let mut x = put(buf, area, area.x, y, " vramscope ", theme.title());
+        let (state, style) = self.state();
+        x = put(buf, area, x, y, &state, style);
+        x = put(buf, area, x, y, " │ ", theme.dim());
+        x = put(
+            buf,
+            area,
+            x,
+            y,
+            &format!("{kind} {} ", data.origin().label()),
+            Style::new(),
+        );
+        let device = if snapshot.device.name.is_empty() {
+            snapshot.device.backend.clone()
+        } else {
+            snapshot.device.name.clone()
+        };
+        let cap = if capacity > 0 {
+            format!("cap {}", format_bytes(capacity))
+        } else {
+            "cap ?".to_string()
+        };
+        x = put(buf, area, x, y, &format!("│ {device} {cap} "), theme.dim());
+        let step = if app.following() && data.live.stats.is_some() {
+            data.live.step.max(data.step_at(pos))
+        } else {
+            data.step_at(pos)
+        };
+        put(
+            buf,
+            area,
+            x,
+            y,
+            &format!("│ step {step} │ {} events", thousands(data.len() as u64)),
+            theme.dim(),
+        );
+
+        // Rows 2 and 3: bars.
+        let mut usage = data.usage_at(pos);
+        let mut peak = data.peak_at(pos).allocated;
+        let stats = &snapshot.stats;
+        if pos == data.len() {
+            // At the end the recorded statistics also know what happened before the trace
+            // began, and the reserved bytes of traces without segments.
+            peak = peak.max(stats.allocated_bytes.all.peak);
+            if usage.reserved == 0 {
+                usage.reserved = stats.reserved_bytes.all.current;
+            }
+        }
+        let scale = if capacity > 0 {
+            capacity
+        } else {
+            data.peak_at(data.len()).reserved.max(peak).max(1)
+        };
+        let width = usize::from(area.width);
+        let label_w = 11usize;
+        let value_w = 11usize;
+        let bar_w = (width.saturating_sub(2 * (label_w + value_w + 3)) / 2).clamp(4, 40);
+        let mut draw_bar = |x: u16, y: u16, label: &str, value: u64, style: Style| -> u16 {
+            let x = put(
+                buf,
+                area,
+                x,
+                y,
+                &format!(" {label:<w$}", w = label_w - 1),
+                Style::new(),
+            );
+            let x = put(buf, area, x, y, "▕", theme.dim());
+            let (filled, rest) = bar(value, scale, bar_w);
+            let x = put(buf, area, x, y, &filled, style);
+            let x = put(buf, area, x, y, &rest, theme.dim());
+            let x = put(buf, area, x, y, "▏", theme.dim());
+            put(
+                buf,
+                area,
+                x,
+                y,
+                &format!("{:>9}  ", format_bytes(value)),
+                Style::new(),
+            )
+        };
+        let x = draw_bar(
+            area.x,
+            y + 1,
+            "Allocated",
+            usage.allocated,
+            theme.allocated(),
+        );
+        draw_bar(x, y + 1, "Reserved", usage.reserved, theme.reserved());
+        let x = draw_bar(area.x, y + 2, "Peak", peak, theme.allocated());
+        let ooms_here = data.ooms().partition_point(|&i| i < pos) as u64;
+        let ooms = if app.following() {
+            ooms_here.max(stats.num_ooms)
+        } else {
+            ooms_here
+        };
+        let dropped = data.live.dropped_events.max(snapshot.dropped_events);
+        let x = put(
+            buf,
+            area,
+            x,
+            y + 2,
+            &format!("retries {}  ", stats.num_alloc_retries),
+            Style::new(),
+        );
+        let x = put(
+            buf,
+            area,
+            x,
+            y + 2,
+            &format!("OOMs {ooms}"),
+            if ooms > 0 {
+                theme.alert()
+            } else {
+                Style::new()
+            },
+        );
+        let x = put(buf, area, x, y + 2, "  ", Style::new());
+        let x = put(
+            buf,
+            area,
+            x,
+            y + 2,
+            &format!("dropped {}", thousands(dropped)),
+            if dropped > 0 {
+                theme.pending()
+            } else {
+                Style::new()
+            },
+        );
+        put(
+            buf,
+            area,
+            x,
+            y + 2,
+            &format!("  {} blocks", thousands(app.view().live_blocks)),
+            theme.dim(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bar;
+
+    #[test]
+    fn bars_fill_in_eighths() {
+        assert_eq!(bar(0, 100, 4), (String::new(), "····".to_string()));
+        assert_eq!(bar(100, 100, 4), ("████".to_string(), String::new()));
+        assert_eq!(bar(50, 100, 4), ("██".to_string(), "··".to_string()));
+        assert_eq!(bar(5, 100, 4).0, "▎");
+        assert_eq!(bar(500, 100, 2).0, "██");
+        assert_eq!(bar(5, 0, 2).0, "");
+    }
+}

@@ -1,0 +1,185 @@
+//! The help bar at the bottom (the keys that apply now, or a status message, or the filter being
+//! typed) and the help overlay that `?` opens.
+//!
+//! [`keys_for`] is the single list of context keys, so that the bar, the overlay and the tests
+//! agree with `crate::app::App::handle_key`.
+
+use ratatui::buffer::Buffer;
+use ratatui::layout::Rect;
+use ratatui::style::Style;
+use ratatui::widgets::{Clear, Widget};
+
+use super::{panel_block, put, Theme};
+use crate::app::{App, Panel};
+
+/// The keys that apply in `panel` (with a detail or tree view open or not), most useful first.
+pub fn keys_for(app: &App) -> Vec<(&'static str, &'static str)> {
+    let mut keys = vec![("q", "quit"), ("?", "help"), ("Tab", "panel")];
+    match app.panel {
+        Panel::Overview | Panel::Timeline => {
+            keys.extend([
+                ("←→", "time"),
+                ("[ ]", "step"),
+                ("+-", "zoom"),
+                ("c", "scale"),
+            ]);
+        }
+        Panel::Segments => keys.extend([("↑↓", "scroll"), ("[ ]", "step"), ("←→", "step")]),
+        Panel::Sites if app.sites.detail => {
+            keys.extend([("Esc", "back"), ("f", "framework"), ("[ ]", "step")]);
+        }
+        Panel::Sites => keys.extend([
+            ("↑↓", "select"),
+            ("Enter", "stack"),
+            ("o", "sort"),
+            ("t", "tree"),
+            ("f", "framework"),
+            ("/", "search"),
+        ]),
+        Panel::Findings => keys.extend([("↑↓", "select"), ("Enter", "site"), ("/", "filter")]),
+        Panel::Events => keys.extend([
+            ("↑↓", "select"),
+            ("Enter", "go to"),
+            ("e", "kind"),
+            ("/", "filter"),
+        ]),
+    }
+    if app.is_live() {
+        keys.push(("p", if app.paused { "resume" } else { "pause" }));
+    }
+    keys.extend([("End", "now"), ("s", "save")]);
+    keys
+}
+
+/// The help bar.
+pub struct HelpBar<'a> {
+    /// The app.
+    pub app: &'a App,
+}
+
+impl Widget for HelpBar<'_> {
+    fn render(self, area: Rect, buf: &mut Buffer) {
+        let app = self.app;
+        let theme = app.theme;
+        if area.height == 0 {
+            return;
+        }
+        if let Some(input) = &app.input {
+            let x = put(buf, area, area.x, area.y, " / ", theme.key());
+            let x = put(buf, area, x, area.y, &input.text, Style::new());
+            let x = put(buf, area, x, area.y, "▏", theme.cursor());
+            put(
+                buf,
+                area,
+                x,
+                area.y,
+                "  Enter apply · Esc cancel",
+                theme.dim(),
+            );
+            return;
+        }
+        let mut x = area.x;
+        if let Some(status) = app.status_text() {
+            x = put(buf, area, x, area.y, &format!(" {status} "), theme.cursor());
+            x = put(buf, area, x, area.y, "│", theme.dim());
+        }
+        for (key, what) in keys_for(app) {
+            let needed = (key.chars().count() + what.chars().count() + 2) as u16;
+            if x + needed > area.right() {
+                break;
+            }
+            x = put(buf, area, x, area.y, &format!(" {key}"), theme.key());
+            x = put(buf, area, x, area.y, &format!(" {what}"), theme.dim());
+        }
+    }
+}
+
+/// Every key, for the overlay.
+pub const ALL_KEYS: &[(&str, &str)] = &[
+    ("q  Ctrl-C", "quit (Esc too, when nothing is open)"),
+    ("?  F1", "this help; any key closes it"),
+    ("Tab  1-6", "next panel; go to panel 1 to 6"),
+    (
+        "← → h l",
+        "move the time cursor (by a column in the timeline, a step elsewhere)",
+    ),
+    ("H L", "move the time cursor ten columns"),
+    ("[ ]", "previous / next step start"),
+    (", .", "one event back / forward"),
+    (
+        "Home g  End G",
+        "first event; the newest (follow live data)",
+    ),
+    ("+ -", "zoom the timeline in / out (↑ ↓ there too)"),
+    ("c", "timeline scaled to the device capacity / to the data"),
+    ("↑ ↓ j k PgUp PgDn", "select a row; scroll"),
+    (
+        "Enter",
+        "call site: stacks and blocks; event: move the cursor there",
+    ),
+    (
+        "o t f",
+        "call sites: sort; tree of stacks; hide framework frames",
+    ),
+    ("e", "event log: cycle the kind filter"),
+    ("/", "filter call sites, findings or events; Esc clears"),
+    (
+        "p  Space",
+        "pause (live data keeps coming; the view stays put)",
+    ),
+    ("s", "save a snapshot of the state at the cursor (JSON)"),
+    ("mouse", "click a tab, a row or the timeline; wheel scrolls"),
+];
+
+/// The help overlay.
+pub struct HelpPopup {
+    /// The theme.
+    pub theme: Theme,
+}
+
+impl Widget for HelpPopup {
+    fn render(self, area: Rect, buf: &mut Buffer) {
+        let w = area.width.min(84);
+        let h = (ALL_KEYS.len() as u16 + 4).min(area.height);
+        let popup = Rect::new(
+            area.x + (area.width - w) / 2,
+            area.y + (area.height - h) / 2,
+            w,
+            h,
+        );
+        Clear.render(popup, buf);
+        panel_block(" Keys ".to_string(), self.theme, true).render(popup, buf);
+        let inner = Rect::new(
+            popup.x + 2,
+            popup.y + 1,
+            popup.width.saturating_sub(4),
+            popup.height.saturating_sub(2),
+        );
+        for (i, (key, what)) in ALL_KEYS.iter().enumerate() {
+            let y = inner.y + i as u16;
+            if y >= inner.bottom() {
+                break;
+            }
+            let x = put(
+                buf,
+                inner,
+                inner.x,
+                y,
+                &format!("{key:<18}"),
+                self.theme.key(),
+            );
+            put(buf, inner, x, y, what, Style::new());
+        }
+        let y = inner.bottom().saturating_sub(1);
+        if usize::from(inner.height) > ALL_KEYS.len() + 1 {
+            put(
+                buf,
+                inner,
+                inner.x,
+                y,
+                "Memory states: █ allocated  ▓ pending free  ▒ inactive split  · free",
+                self.theme.dim(),
+            );
+        }
+    }
+}

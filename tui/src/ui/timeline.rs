@@ -1,0 +1,214 @@
+//! The timeline: allocated and reserved bytes over the events, with the device capacity, step
+//! marks, OOMs and the time cursor.
+//!
+//! Each column of the plot covers a range of events of the zoom window that
+//! `crate::app::App::window` chooses; it shows the highest allocated bytes in the range as solid
+//! blocks (in eighths of a cell) and the highest reserved bytes above them as shade. The y axis
+//! is in absolute units and scales to the data, or to the capacity with `c`; the capacity is a
+//! line when it is on the scale. The bottom row marks step starts with their numbers and the
+//! cursor with `▲`. Data comes from `crate::data::Dataset::usage`.
+
+use ratatui::buffer::Buffer;
+use ratatui::layout::Rect;
+use ratatui::style::{Modifier, Style};
+use ratatui::widgets::Widget;
+use vramscope_allocator::format_bytes;
+
+use super::{panel_block, put, thousands};
+use crate::app::{App, Panel};
+use crate::replay::Usage;
+
+/// Width of the y-axis labels.
+const AXIS_W: u16 = 10;
+
+/// The plot inside a timeline panel's area: without border, axis labels and the step row.
+pub fn plot_area(area: Rect) -> Rect {
+    let inner = Rect::new(
+        area.x + 1,
+        area.y + 1,
+        area.width.saturating_sub(2),
+        area.height.saturating_sub(2),
+    );
+    Rect::new(
+        inner.x + AXIS_W.min(inner.width),
+        inner.y,
+        inner.width.saturating_sub(AXIS_W),
+        inner.height.saturating_sub(1),
+    )
+}
+
+/// The highest allocated and reserved bytes in each of `columns` ranges of `usage[a..b]`.
+pub fn columns(usage: &[Usage], a: usize, b: usize, columns: usize) -> Vec<Usage> {
+    let mut out = Vec::with_capacity(columns);
+    if b <= a || columns == 0 {
+        return out;
+    }
+    let span = b - a;
+    for j in 0..columns {
+        let lo = a + span * j / columns;
+        let hi = (a + span * (j + 1) / columns).max(lo + 1).min(b);
+        let mut m = Usage::default();
+        for u in &usage[lo..hi] {
+            m.allocated = m.allocated.max(u.allocated);
+            m.reserved = m.reserved.max(u.reserved);
+        }
+        out.push(m);
+    }
+    out
+}
+
+/// The timeline panel.
+pub struct TimelinePanel<'a> {
+    /// The app.
+    pub app: &'a App,
+    /// Drawn inside the overview.
+    pub compact: bool,
+}
+
+impl Widget for TimelinePanel<'_> {
+    fn render(self, area: Rect, buf: &mut Buffer) {
+        let app = self.app;
+        let theme = app.theme;
+        let data = &app.data;
+        let plot = plot_area(area);
+        let (a, b) = app.window(usize::from(plot.width));
+        let n = data.len();
+        let zoom = if app.zoom > 0 && b - a < n {
+            format!(" · zoom ×{}", n / (b - a).max(1))
+        } else {
+            String::new()
+        };
+        let title = format!(
+            " Timeline · events {}–{}{zoom} ",
+            thousands(a as u64),
+            thousands(b as u64)
+        );
+        let focused = app.panel == Panel::Timeline || !self.compact;
+        panel_block(title, theme, focused).render(area, buf);
+        if plot.width < 2 || plot.height < 1 {
+            return;
+        }
+        let inner_x = area.x + 1;
+        // Legend on the bottom border.
+        let legend = [
+            ("█ allocated ", theme.allocated()),
+            ("░ reserved ", theme.reserved()),
+            ("─ capacity ", theme.capacity()),
+        ];
+        let mut lx = area.x + 2;
+        for (text, style) in legend {
+            lx = put(buf, area, lx, area.bottom() - 1, text, style);
+        }
+        if n == 0 {
+            put(buf, plot, plot.x, plot.y, "no events yet", theme.dim());
+            return;
+        }
+        let w = usize::from(plot.width);
+        let h = usize::from(plot.height);
+        let cols = columns(data.usage(), a, b, w);
+        let capacity = data.snapshot().device.capacity;
+        let data_max = cols
+            .iter()
+            .map(|u| u.allocated.max(u.reserved))
+            .max()
+            .unwrap_or(0);
+        let ymax = if app.capacity_scale && capacity > 0 {
+            capacity.max(data_max)
+        } else {
+            (data_max + data_max / 10).max(1)
+        };
+        // Axis labels.
+        let label = |v: u64| format!("{:>9} ", format_bytes(v));
+        put(buf, area, inner_x, plot.y, &label(ymax), theme.dim());
+        if h >= 3 {
+            put(
+                buf,
+                area,
+                inner_x,
+                plot.y + plot.height / 2,
+                &label(ymax / 2),
+                theme.dim(),
+            );
+        }
+        put(
+            buf,
+            area,
+            inner_x,
+            plot.bottom() - 1,
+            &label(0),
+            theme.dim(),
+        );
+        let cap_row = (capacity > 0 && capacity <= ymax)
+            .then(|| h - 1 - ((capacity as f64 / ymax as f64 * h as f64) as usize).min(h - 1));
+        const PARTS: [&str; 9] = [" ", "▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"];
+        let scale = |v: u64| ((v as f64 / ymax as f64) * (h * 8) as f64).round() as usize;
+        let pos = app.pos();
+        let cursor_col =
+            (pos >= a && pos <= b && b > a).then(|| ((pos - a) * w / (b - a)).min(w - 1));
+        for (j, u) in cols.iter().enumerate() {
+            let x = plot.x + j as u16;
+            let ha = scale(u.allocated);
+            let hr = scale(u.reserved);
+            for r in 0..h {
+                let y = plot.bottom() - 1 - r as u16;
+                let base = r * 8;
+                let (sym, style) = if ha >= base + 8 {
+                    ("█", theme.allocated())
+                } else if ha > base {
+                    (PARTS[ha - base], theme.allocated())
+                } else if hr > base {
+                    ("░", theme.reserved())
+                } else if cap_row == Some(h - 1 - r) {
+                    ("─", theme.capacity())
+                } else if cursor_col == Some(j) && j + 1 < w {
+                    ("│", theme.cursor())
+                } else {
+                    (" ", Style::new())
+                };
+                let style = if cursor_col == Some(j) && sym != "│" {
+                    style.add_modifier(Modifier::BOLD)
+                } else {
+                    style
+                };
+                buf[(x, y)].set_symbol(sym).set_style(style);
+            }
+        }
+        if cap_row.is_none() && capacity > 0 && h >= 2 {
+            let note = format!(" capacity {} is off the scale (c) ", format_bytes(capacity));
+            let x = plot.right().saturating_sub(note.chars().count() as u16);
+            put(buf, plot, x.max(plot.x), plot.y, &note, theme.capacity());
+        }
+        // OOMs on the top row.
+        for &i in data.ooms() {
+            if i >= a && i < b {
+                let j = (i - a) * w / (b - a);
+                buf[(plot.x + j as u16, plot.y)]
+                    .set_symbol("X")
+                    .set_style(theme.alert());
+            }
+        }
+        // Step marks and the cursor on the bottom row.
+        let axis_y = plot.bottom();
+        if axis_y < area.bottom() - 1 {
+            let axis = Rect::new(plot.x, axis_y, plot.width, 1);
+            let mut next_free = plot.x;
+            for &(step, i) in data.step_starts() {
+                if i < a || i >= b {
+                    continue;
+                }
+                let x = plot.x + ((i - a) * w / (b - a)) as u16;
+                buf[(x, axis_y)].set_symbol("╵").set_style(theme.dim());
+                if x >= next_free {
+                    let end = put(buf, axis, x + 1, axis_y, &format!("{step}"), theme.dim());
+                    next_free = end + 1;
+                }
+            }
+            put(buf, area, inner_x, axis_y, "     step ", theme.dim());
+            if let Some(j) = cursor_col {
+                buf[(plot.x + j as u16, axis_y)]
+                    .set_symbol("▲")
+                    .set_style(theme.cursor());
+            }
+        }
+    }
+}
