@@ -107,6 +107,9 @@ enum Command {
         #[arg(short, long)]
         output: PathBuf,
     },
+    /// Say what this machine offers: CUDA driver, devices and memory, NVRTC, and which backend
+    /// a program would get.
+    Doctor,
     /// Print the memory summary table of any snapshot.
     Summary {
         /// The file to read.
@@ -131,6 +134,8 @@ enum ConvertTarget {
     Pytorch,
     /// Chrome trace JSON for ui.perfetto.dev.
     Perfetto,
+    /// vramscope's event log: JSON Lines, a header snapshot then one event per line.
+    Events,
     /// vramscope's JSON snapshot.
     Json,
 }
@@ -332,9 +337,15 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                 }
                 ConvertTarget::Perfetto => std::fs::write(&output, export::to_perfetto(&snapshot)),
                 ConvertTarget::Json => snapshot.save(&output).map_err(std::io::Error::other),
+                ConvertTarget::Events => std::fs::File::create(&output)
+                    .and_then(|file| snapshot.write_event_log(std::io::BufWriter::new(file))),
             };
             written.map_err(|e| Failure::input(format!("{}: {e}", output.display())))?;
             eprintln!("wrote {}", output.display());
+            Ok(0)
+        }
+        Command::Doctor => {
+            emit(&format!("{}\n", vramscope::allocator::any::doctor()), None)?;
             Ok(0)
         }
         Command::Summary { file } => {

@@ -291,3 +291,47 @@ fn convert_writes_pytorch_perfetto_and_json() {
     assert_eq!(bad.status.code(), Some(2));
     std::fs::remove_file(source).ok();
 }
+
+#[test]
+fn doctor_says_which_backend_a_program_gets() {
+    let output = vramscope(&["doctor"]);
+    assert!(output.status.success());
+    let text = stdout(&output);
+    for line in ["CUDA driver library", "devices", "NVRTC", "backend"] {
+        assert!(text.contains(line), "doctor names {line}: {text}");
+    }
+}
+
+#[test]
+fn convert_to_an_event_log_reads_back() {
+    let source = temp("events-src.json");
+    {
+        use vramscope::{AllocatorConfig, CachingAllocator, SimDevice};
+        let alloc = CachingAllocator::new(SimDevice::phantom(1 << 34), AllocatorConfig::default());
+        let mut kept = Vec::new();
+        for _ in 0..5 {
+            alloc.mark_step();
+            kept.push(alloc.alloc(6 << 20).unwrap());
+        }
+        alloc.snapshot().save(&source).unwrap();
+    }
+    let log = temp("run.jsonl");
+    let output = vramscope(&[
+        "convert",
+        source.to_str().unwrap(),
+        "--to",
+        "events",
+        "-o",
+        log.to_str().unwrap(),
+    ]);
+    assert!(output.status.success());
+    assert!(std::fs::read_to_string(&log).unwrap().lines().count() > 10);
+    let report = vramscope(&["report", log.to_str().unwrap()]);
+    assert!(
+        stdout(&report).contains("retained_per_step"),
+        "{}",
+        stdout(&report)
+    );
+    std::fs::remove_file(source).ok();
+    std::fs::remove_file(log).ok();
+}
