@@ -1958,6 +1958,13 @@ impl<B: Backend> CachingAllocator<B> {
     /// Everything the allocator knows, as the one data model: device, settings, statistics,
     /// segments with blocks, events, call sites (symbolized now), tags, scopes and steps.
     pub fn snapshot(&self) -> Snapshot {
+        self.snapshot_with_history(usize::MAX)
+    }
+
+    /// A snapshot that carries only the newest `max_events` events of the ring: what a live
+    /// consumer that already has the older ones needs, converted in time proportional to what
+    /// it asks for (the device lock is held while converting).
+    pub fn snapshot_with_history(&self, max_events: usize) -> Snapshot {
         let shared = &*self.shared;
         let mut guard = shared.state.lock();
         let state = &mut *guard;
@@ -2036,9 +2043,10 @@ impl<B: Backend> CachingAllocator<B> {
                 blocks,
             });
         }
+        let first = state.ring.next_seq().saturating_sub(max_events as u64);
         snapshot.events = state
             .ring
-            .since(0, usize::MAX)
+            .since(first, usize::MAX)
             .map(|e| self.to_event(state, e, ns_per_tick))
             .collect();
         snapshot.sites = state.provenance.call_sites();

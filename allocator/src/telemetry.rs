@@ -1344,7 +1344,14 @@ impl<B: Backend> Publisher<B> {
             return;
         }
         let had_stream = self.clients.iter().any(|c| !c.fresh && !c.resync);
-        let mut snapshot = self.alloc.snapshot();
+        // Convert only the history some client will get: resyncs want far less than a fresh
+        // attach, and the conversion holds the allocator's lock.
+        let wanted = if fresh {
+            self.options.history_events
+        } else {
+            self.options.resync_history_events
+        };
+        let mut snapshot = self.alloc.snapshot_with_history(wanted.saturating_add(1));
         self.last_snapshot = Some(Instant::now());
         self.shared
             .counters

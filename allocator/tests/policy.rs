@@ -617,3 +617,17 @@ fn device_level_events_carry_no_call_site_of_their_own() {
         }
     }
 }
+
+#[test]
+fn snapshots_can_carry_only_recent_history() {
+    let (_, alloc) = phantom(1 << 30, "");
+    for _ in 0..10 {
+        drop(alloc.alloc(512).unwrap());
+    }
+    let full = alloc.snapshot();
+    let recent = alloc.snapshot_with_history(5);
+    assert_eq!(recent.events.len(), 5);
+    assert_eq!(recent.events.last().unwrap().kind, EventKind::Snapshot);
+    assert!(full.events.len() > 20);
+    assert_eq!(recent.segments, full.segments);
+}
