@@ -1,16 +1,16 @@
-//! The built-in demo workload: a simulated training loop with bugs planted on request.
+//! The built-in demo workload: a small MLP trained on the tensor layer (`vramscope-kernels`)
+//! with bugs planted on request.
 //!
-//! `vramscope demo` runs it on a backed simulated device through the caching allocator: with
-//! `--headless` (or without a terminal) all at once, then hands the snapshot to the inspector's
-//! report; otherwise step by step beside the dashboard of `vramscope-tui`, which pulls the
-//! allocator's events in the same process and paces the loop. Each planted bug sits on its own
-//! line so the report and the dashboard can point at it.
+//! `vramscope demo` runs it with `--headless` (or without a terminal) on the simulated device
+//! all at once, then hands the snapshot to the inspector's report; otherwise on the GPU when one
+//! is usable (else the simulated device), step by step beside the dashboard of `vramscope-tui`,
+//! which pulls the allocator's events in the same process and paces the loop. The planted bugs
+//! are the trainer's own (`kernels/src/train.rs`), so the report and the dashboard point there.
 
 use std::str::FromStr;
 
-use vramscope::allocator::{AllocError, AllocatorConfig, CachingAllocator, SimDevice, Snapshot};
-
-const MIB: u64 = 1 << 20;
+use vramscope::allocator::{AllocatorConfig, Snapshot};
+use vramscope::kernels::{train, train_with, Device, TensorError, TrainConfig, TrainHooks};
 
 /// The bugs the demo can plant.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -42,71 +42,59 @@ impl FromStr for Bugs {
     }
 }
 
-/// The demo's allocator: a backed simulated device of 4 GiB.
-pub fn allocator() -> CachingAllocator<SimDevice> {
-    CachingAllocator::new(SimDevice::backed(4 << 30), AllocatorConfig::default())
+/// The training run for `steps` steps with `bugs` planted, at a size that trains in moments on
+/// the CPU (`large` makes the leak grow by a megabyte of activations per step, for the
+/// dashboard).
+pub fn config(steps: u64, bugs: Bugs, large: bool) -> TrainConfig {
+    let (batch, inputs, hidden) = if large {
+        (128, 128, 2048)
+    } else {
+        (64, 64, 256)
+    };
+    TrainConfig {
+        steps: steps as usize,
+        batch,
+        inputs,
+        hidden,
+        classes: 16,
+        retain_loss: bugs.retained_loss,
+        // Like `losses.append(loss)` in PyTorch, the kept loss keeps its graph alive.
+        retain_graph: bugs.retained_loss,
+        item_in_loop: bugs.item_in_loop,
+        log_every: 10,
+        ..TrainConfig::default()
+    }
 }
 
-/// Runs `steps` training steps with `bugs` planted and returns the allocator's snapshot.
-pub fn run(steps: u64, bugs: Bugs) -> Result<Snapshot, AllocError> {
-    let alloc = allocator();
-    // The snapshot is taken at the end of the loop, while the kept buffers are alive.
-    let mut snapshot = None;
-    workload(&alloc, steps, bugs, &mut |_| true, &mut || {
-        snapshot = Some(alloc.snapshot())
-    })?;
-    Ok(snapshot.unwrap_or_else(|| alloc.snapshot()))
+/// The device the dashboard demo trains on: CUDA when usable, else the backed simulated
+/// device; the string says which and why.
+pub fn device() -> (Device, String) {
+    Device::detect(4 << 30, AllocatorConfig::default())
 }
 
-/// The training loop on `alloc`: `steps` steps with `bugs` planted. Before each step it asks
-/// `proceed` (with the step number), which may wait, and stops early when it says no; at the
-/// end it calls `linger` while the kept buffers are still alive.
-pub fn workload(
-    alloc: &CachingAllocator<SimDevice>,
+/// Runs `steps` training steps with `bugs` planted on the simulated device and returns the
+/// allocator's snapshot, taken while the kept tensors are alive.
+pub fn run(steps: u64, bugs: Bugs) -> Result<Snapshot, TensorError> {
+    let device = Device::sim(2 << 30);
+    Ok(train(&device, &config(steps, bugs, false))?.snapshot)
+}
+
+/// Runs the training loop beside the dashboard: `before_step` paces it (and stops it when the
+/// user quits), `at_end` lingers while the kept tensors are still alive.
+pub fn run_paced(
+    device: &Device,
     steps: u64,
     bugs: Bugs,
-    proceed: &mut dyn FnMut(u64) -> bool,
-    linger: &mut dyn FnMut(),
-) -> Result<(), AllocError> {
-    let _weights = alloc.tagged("weights").alloc(32 * MIB)?;
-    let _adam_state = alloc.tagged("adam").alloc(64 * MIB)?;
-    let mut kept_losses = Vec::new();
-    let mut host_losses = Vec::new();
-    for step in 0..steps {
-        if !proceed(step) {
-            break;
-        }
-        alloc.mark_step();
-        let mut activations = Vec::new();
-        {
-            let _forward = alloc.scope("forward");
-            for _layer in 0..4 {
-                activations.push(alloc.tagged("activation").alloc(6 * MIB)?);
-            }
-        }
-        let mut loss = alloc.tagged("loss").alloc(2 * MIB)?; // planted: retained_per_step when kept
-        loss.copy_from_host(&0.25f32.to_le_bytes())?;
-        {
-            let _backward = alloc.scope("backward");
-            while let Some(activation) = activations.pop() {
-                let _grad = alloc.tagged("grad").alloc(activation.len())?;
-            }
-        }
-        if bugs.item_in_loop {
-            for _ in 0..32 {
-                let mut element = [0u8; 4];
-                loss.copy_to_host(&mut element)?; // planted: sync_in_loop
-                host_losses.push(f32::from_le_bytes(element));
-            }
-        } else {
-            let mut element = [0u8; 4];
-            loss.copy_to_host(&mut element)?;
-            host_losses.push(f32::from_le_bytes(element));
-        }
-        if bugs.retained_loss {
-            kept_losses.push(loss);
-        }
-    }
-    linger();
-    Ok(())
+    before_step: &mut dyn FnMut(usize) -> bool,
+    at_end: &mut dyn FnMut(),
+) -> Result<(), TensorError> {
+    train_with(
+        device,
+        &config(steps, bugs, true),
+        TrainHooks {
+            before_step,
+            at_end,
+        },
+    )
+    .map(|_| ())
 }

@@ -214,15 +214,16 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             let terminal = std::io::stdout().is_terminal() && std::io::stdin().is_terminal();
             if !headless && terminal {
                 let steps = steps.unwrap_or(300);
-                let alloc = demo::allocator();
-                let handle = alloc.clone();
+                let (device, why) = demo::device();
+                eprintln!("vramscope demo: {why}");
+                let alloc = device.allocator().clone();
                 let pace = std::time::Duration::from_millis(150);
                 vramscope_tui::run_in_process(alloc, "demo", move |control| {
-                    let mut proceed = |_| control.proceed() && control.pace(pace);
+                    let mut before_step = |_| control.proceed() && control.pace(pace);
                     // Until the user quits, the dashboard shows the end state with the kept
-                    // buffers alive.
-                    let mut linger = || while control.proceed() && control.pace(pace) {};
-                    let _ = demo::workload(&handle, steps, bug, &mut proceed, &mut linger);
+                    // tensors alive.
+                    let mut at_end = || while control.proceed() && control.pace(pace) {};
+                    let _ = demo::run_paced(&device, steps, bug, &mut before_step, &mut at_end);
                 })
                 .map_err(|e| Failure {
                     message: e.to_string(),

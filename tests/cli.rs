@@ -20,14 +20,15 @@ fn temp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("vramscope-cli-{}-{name}", std::process::id()))
 }
 
-fn demo_line(marker: &str) -> String {
-    let source = include_str!("../src/demo.rs");
+/// The `file:line` of the first line of the demo's trainer that contains `code`.
+fn demo_line(code: &str) -> String {
+    let source = include_str!("../kernels/src/train.rs");
     let line = source
         .lines()
-        .position(|l| l.contains(marker))
-        .expect("marker in demo.rs")
+        .position(|l| l.contains(code))
+        .expect("code in kernels/src/train.rs")
         + 1;
-    format!("src/demo.rs:{line}")
+    format!("kernels/src/train.rs:{line}")
 }
 
 #[test]
@@ -40,20 +41,25 @@ fn headless_demo_reports_the_planted_bugs_at_their_lines() {
     );
     let report: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
     let findings = report["findings"].as_array().unwrap();
-    let site_of = |kind: &str| {
+    let sites_of = |kind: &str| -> Vec<String> {
         findings
             .iter()
-            .find(|f| f["kind"] == kind)
-            .and_then(|f| f["site"].as_str())
+            .filter(|f| f["kind"] == kind)
+            .filter_map(|f| f["site"].as_str())
             .map(str::to_string)
+            .collect()
     };
+    // The kept loss keeps its graph: the hidden activations (the largest), the logits, the loss.
+    let retained = sites_of("retained_per_step");
     assert_eq!(
-        site_of("retained_per_step"),
-        Some(demo_line("planted: retained_per_step"))
+        retained[0],
+        demo_line("let hidden = pre1.relu()?;"),
+        "{retained:?}"
     );
+    assert!(retained.contains(&demo_line("softmax_cross_entropy(&labels)")));
     assert_eq!(
-        site_of("sync_in_loop"),
-        Some(demo_line("planted: sync_in_loop"))
+        sites_of("sync_in_loop"),
+        vec![demo_line("shown.push(logits.element(i)?.item()?)")]
     );
     assert_eq!(report["steps"], 8);
 }

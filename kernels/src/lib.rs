@@ -31,4 +31,4 @@ pub use cpu::AdamW;
 pub use device::{Device, Engine};
 pub use dtype::DType;
 pub use tensor::{Tensor, TensorError};
-pub use train::{train, Optimizer, TrainConfig, TrainReport};
+pub use train::{train, train_with, Optimizer, TrainConfig, TrainHooks, TrainReport};

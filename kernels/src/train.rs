@@ -49,6 +49,9 @@ pub struct TrainConfig {
     pub bf16: bool,
     /// Planted bug: keep every step's loss tensor alive.
     pub retain_loss: bool,
+    /// With `retain_loss`, also keep what the loss's autograd graph would hold in PyTorch (the
+    /// hidden activations and the logits), so the leak grows by megabytes per step.
+    pub retain_graph: bool,
     /// Planted bug: read the loss and the first two samples' logits to the host, element by
     /// element, every micro-batch.
     pub item_in_loop: bool,
@@ -71,6 +74,7 @@ impl Default for TrainConfig {
             grad_accum: 1,
             bf16: false,
             retain_loss: false,
+            retain_graph: false,
             item_in_loop: false,
             seed: 7,
             log_every: 20,
@@ -263,8 +267,33 @@ fn init_weights(rng: &mut Rng, fan_in: usize, count: usize) -> Vec<f32> {
     (0..count).map(|_| rng.uniform() * bound).collect()
 }
 
+/// Callbacks into a training run.
+pub struct TrainHooks<'a> {
+    /// Called before each step with its index; `false` ends the run early.
+    pub before_step: &'a mut dyn FnMut(usize) -> bool,
+    /// Called once after the last step, while everything the run keeps is still alive.
+    pub at_end: &'a mut dyn FnMut(),
+}
+
 /// Trains the MLP on `device` and reports the loss history and memory use.
 pub fn train(device: &Device, config: &TrainConfig) -> Result<TrainReport, TensorError> {
+    train_with(
+        device,
+        config,
+        TrainHooks {
+            before_step: &mut |_| true,
+            at_end: &mut || {},
+        },
+    )
+}
+
+/// [`train`] with callbacks: the demo paces its steps beside the dashboard and lingers at the
+/// end with the retained tensors alive.
+pub fn train_with(
+    device: &Device,
+    config: &TrainConfig,
+    hooks: TrainHooks<'_>,
+) -> Result<TrainReport, TensorError> {
     let (d, h, c, b) = (config.inputs, config.hidden, config.classes, config.batch);
     let accum_steps = config.grad_accum.max(1);
     let act = if config.bf16 { DType::BF16 } else { DType::F32 };
@@ -280,11 +309,15 @@ pub fn train(device: &Device, config: &TrainConfig) -> Result<TrainReport, Tenso
     let mut history = Vec::new();
     let mut item_losses = Vec::new();
     let mut retained: Vec<Tensor> = Vec::new();
+    let mut retained_losses = 0;
     let mut running = Tensor::zeros(device, &[], DType::F32)?;
     let mut window = 0usize;
     let log_every = config.log_every.max(1);
 
     for step in 0..config.steps {
+        if !(hooks.before_step)(step) {
+            break;
+        }
         device.mark_step();
         let adam_step = step as u32 + 1;
         for _ in 0..accum_steps {
@@ -341,6 +374,11 @@ pub fn train(device: &Device, config: &TrainConfig) -> Result<TrainReport, Tenso
                 // PLANTED BUG (retain-loss): every step's loss tensor stays alive, like
                 // `losses.append(loss)` in PyTorch.
                 retained.push(loss);
+                retained_losses += 1;
+                if config.retain_graph {
+                    retained.push(hidden);
+                    retained.push(logits);
+                }
             }
         }
         for p in [&mut w1, &mut b1, &mut w2, &mut b2] {
@@ -355,11 +393,12 @@ pub fn train(device: &Device, config: &TrainConfig) -> Result<TrainReport, Tenso
         }
     }
 
+    (hooks.at_end)();
     let stats = device.allocator().stats();
     Ok(TrainReport {
         history,
         item_losses,
-        retained_losses: retained.len(),
+        retained_losses,
         peak_allocated: stats.allocated_bytes.all.peak,
         allocated_at_end: stats.allocated_bytes.all.current,
         persistent_bytes,
