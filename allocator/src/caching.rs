@@ -1230,6 +1230,22 @@ impl<B: Backend> CachingAllocator<B> {
             state.insert_free(remainder);
         }
         let step = state.step.min(u32::MAX as u64) as u32;
+        self.mark_allocated(state, id, pool, requested, provenance, step, for_buffer)
+    }
+
+    /// Marks a block (out of any free list) as handed out, with its provenance, and counts it.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn mark_allocated(
+        &self,
+        state: &mut State,
+        id: u32,
+        pool: Pool,
+        requested: u64,
+        provenance: u32,
+        step: u32,
+        for_buffer: bool,
+    ) -> BlockMeta {
         let block = state.blocks.get_mut(id);
         block.flags = if for_buffer {
             ALLOCATED | BUFFER_OWNED
@@ -1745,18 +1761,7 @@ impl<B: Backend> CachingAllocator<B> {
             let rest = (i + 1 < pieces.len()).then(|| state.split_off(id, piece_size));
             match requested {
                 Some(requested) => {
-                    let b = state.blocks.get_mut(id);
-                    b.flags = ALLOCATED;
-                    b.requested = requested;
-                    let b = *b;
-                    state.segments.get_mut(b.segment).active_blocks += 1;
-                    let stats = &mut state.stats;
-                    stats.allocation.increase(pool, 1);
-                    stats.allocated_bytes.increase(pool, b.size);
-                    stats.active.increase(pool, 1);
-                    stats.active_bytes.increase(pool, b.size);
-                    stats.requested_bytes.increase(pool, requested);
-                    state.live.insert(b.addr, id);
+                    self.mark_allocated(state, id, pool, requested, NIL, 0, false);
                 }
                 None => state.insert_free(id),
             }
