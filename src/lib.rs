@@ -6,6 +6,29 @@
 //! diff, replay, export), [`kernels`] (kernels and the tensor layer) and [`tui`] (the terminal
 //! dashboard).
 //! The `vramscope` binary in `src/main.rs` is command-line glue over these libraries.
+//!
+//! The README's quickstart, kept compiling here:
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use vramscope::{AllocatorConfig, CachingAllocator, SimDevice};
+//!
+//! let alloc = CachingAllocator::new(SimDevice::backed(1 << 30), AllocatorConfig::from_env()?);
+//! let _weights = alloc.tagged("weights").alloc(64 << 20)?; // call site captured
+//! for _ in 0..10 {
+//!     alloc.mark_step();
+//!     let _forward = alloc.scope("forward");
+//!     let mut activations = alloc.alloc(8 << 20)?;
+//!     activations.copy_from_host(&[0u8; 1024])?; // recorded as a transfer
+//! } // buffers free themselves on drop
+//! println!("{}", alloc.memory_summary());
+//! let path = std::env::temp_dir().join("vramscope-quickstart.json");
+//! alloc.snapshot().save(&path)?; // then: vramscope report run.json
+//! vramscope::inspector::checks::assert_no_leaks(&vramscope::Snapshot::load(&path)?);
+//! # std::fs::remove_file(path).ok();
+//! # Ok(())
+//! # }
+//! ```
 
 pub use vramscope_allocator as allocator;
 pub use vramscope_inspector as inspector;
