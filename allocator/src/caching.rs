@@ -1820,25 +1820,15 @@ impl<B: Backend> CachingAllocator<B> {
         let mut guard = shared.state.lock();
         let state = &mut *guard;
         let released = self.release_cached_blocks(state);
-        if shared.config.record_events {
-            let provenance = self.provenance_for(
-                state,
-                &Origin {
-                    location,
-                    tag: None,
-                },
-                None,
-            );
-            state.record(
-                &shared.clock,
-                EventKind::EmptyCache,
-                RawEventParts {
-                    size: released,
-                    provenance,
-                    ..RawEventParts::default()
-                },
-            );
-        }
+        self.record_at(
+            state,
+            EventKind::EmptyCache,
+            location,
+            RawEventParts {
+                size: released,
+                ..RawEventParts::default()
+            },
+        );
         released
     }
 
@@ -1859,24 +1849,7 @@ impl<B: Backend> CachingAllocator<B> {
             time_ns,
             label: "mark_step".to_string(),
         });
-        if shared.config.record_events {
-            let provenance = self.provenance_for(
-                state,
-                &Origin {
-                    location,
-                    tag: None,
-                },
-                None,
-            );
-            state.record(
-                &shared.clock,
-                EventKind::Step,
-                RawEventParts {
-                    provenance,
-                    ..RawEventParts::default()
-                },
-            );
-        }
+        self.record_at(state, EventKind::Step, location, RawEventParts::default());
         step
     }
 
@@ -1894,29 +1867,45 @@ impl<B: Backend> CachingAllocator<B> {
         stream: StreamId,
         location: &'static Location<'static>,
     ) {
-        let shared = &*self.shared;
-        if !shared.config.record_events {
+        if !self.shared.config.record_events {
             return;
         }
-        let mut guard = shared.state.lock();
-        let state = &mut *guard;
-        let provenance = self.provenance_for(
-            state,
-            &Origin {
-                location,
-                tag: None,
-            },
-            None,
-        );
-        state.record(
-            &shared.clock,
+        let mut guard = self.shared.state.lock();
+        self.record_at(
+            &mut guard,
             kind,
+            location,
             RawEventParts {
                 addr,
                 size: bytes,
                 stream: stream.0,
-                provenance,
                 ..RawEventParts::default()
+            },
+        );
+    }
+
+    /// Records an event attributed to `location` (with no tag), when events are on.
+    fn record_at(
+        &self,
+        state: &mut State,
+        kind: EventKind,
+        location: &'static Location<'static>,
+        parts: RawEventParts,
+    ) {
+        if !self.shared.config.record_events {
+            return;
+        }
+        let origin = Origin {
+            location,
+            tag: None,
+        };
+        let provenance = self.provenance_for(state, &origin, None);
+        state.record(
+            &self.shared.clock,
+            kind,
+            RawEventParts {
+                provenance,
+                ..parts
             },
         );
     }
