@@ -32,7 +32,7 @@ use crate::model::{
 use crate::provenance::{self, Provenance, ProvenanceTables, NIL};
 use crate::ring::{EventRing, RawEvent};
 use crate::stats::{format_bytes, MemoryStats};
-use crate::sync::Mutex;
+use crate::sync::{Mutex, MutexGuard};
 
 /// Requests are rounded up to a multiple of this (and never below it).
 pub const MIN_BLOCK_SIZE: u64 = 512;
@@ -681,6 +681,42 @@ impl<B: Backend> CachingAllocator<B> {
         self.deallocate(addr)
     }
 
+    /// Allocates through the handle API: the returned [`BlockHandle`] frees the block by id,
+    /// with no address lookup, through [`CachingAllocator::free_block`].
+    #[track_caller]
+    pub fn alloc_block(&self, size: u64, stream: StreamId) -> Result<BlockHandle, AllocError> {
+        let origin = Origin {
+            location: Location::caller(),
+            tag: None,
+        };
+        let allocator = self.shared.id;
+        self.allocate(size, stream, origin, true)
+            .map(|(addr, block)| BlockHandle {
+                addr,
+                block,
+                allocator,
+            })
+    }
+
+    /// Frees a block from [`CachingAllocator::alloc_block`].
+    pub fn free_block(&self, handle: BlockHandle) -> Result<(), AllocError> {
+        if handle.allocator != self.shared.id {
+            return Err(AllocError::UnknownPointer { addr: handle.addr });
+        }
+        self.deallocate_buffer(handle.block, handle.addr)
+    }
+
+    /// Takes the device lock for a run of operations, as the single-owner allocators
+    /// (`&mut self` APIs) work: each operation through the guard skips the lock round-trip.
+    /// Other threads using this device wait until the guard drops, so hold it only for work
+    /// that does not wait on them (replaying a trace, a batch of frees).
+    pub fn exclusive(&self) -> Exclusive<'_, B> {
+        Exclusive {
+            allocator: self,
+            state: self.shared.state.lock(),
+        }
+    }
+
     /// Opens a named scope on this thread; allocations until the guard drops carry it.
     pub fn scope(&self, name: &str) -> ScopeGuard {
         let owner = self.shared.id;
@@ -758,15 +794,34 @@ impl<B: Backend> CachingAllocator<B> {
         if size == 0 {
             return Ok((0, NIL));
         }
-        let backtrace = if self.shared.config.record_sites && self.wants_backtrace() {
+        let backtrace = self.backtrace_for_request();
+        let mut guard = self.shared.state.lock();
+        self.allocate_in(&mut guard, size, stream, origin, backtrace, for_buffer)
+    }
+
+    /// A backtrace for the next allocation, when call sites are on and sampling picks it.
+    #[inline]
+    fn backtrace_for_request(&self) -> Option<Vec<usize>> {
+        if self.shared.config.record_sites && self.wants_backtrace() {
             Some(provenance::capture_backtrace())
         } else {
             None
-        };
+        }
+    }
+
+    /// The body of [`CachingAllocator::allocate`] under the device lock (`size` > 0).
+    #[inline]
+    fn allocate_in(
+        &self,
+        state: &mut State,
+        size: u64,
+        stream: StreamId,
+        origin: Origin<'_>,
+        backtrace: Option<Vec<usize>>,
+        for_buffer: bool,
+    ) -> Result<(u64, u32), AllocError> {
         let shared = &*self.shared;
         let config = &shared.config;
-        let mut guard = shared.state.lock();
-        let state = &mut *guard;
         state.op_counter += 1;
         if !state.outstanding.is_empty() {
             self.process_events(state);
@@ -1280,7 +1335,12 @@ impl<B: Backend> CachingAllocator<B> {
             return Ok(());
         }
         let mut guard = self.shared.state.lock();
-        let state = &mut *guard;
+        self.deallocate_in(&mut guard, addr)
+    }
+
+    /// The body of [`CachingAllocator::deallocate`] under the device lock (`addr` ≠ 0).
+    #[inline]
+    fn deallocate_in(&self, state: &mut State, addr: u64) -> Result<(), AllocError> {
         let Some(id) = state.live.remove(&addr) else {
             return Err(self.classify_bad_free(state, addr));
         };
@@ -1293,9 +1353,19 @@ impl<B: Backend> CachingAllocator<B> {
             return Ok(());
         }
         let mut guard = self.shared.state.lock();
-        let state = &mut *guard;
+        self.deallocate_owned_in(&mut guard, block, addr)
+    }
+
+    /// Frees a block owned by a `DeviceBuffer` or a [`BlockHandle`], under the device lock.
+    #[inline]
+    fn deallocate_owned_in(
+        &self,
+        state: &mut State,
+        block: u32,
+        addr: u64,
+    ) -> Result<(), AllocError> {
         let owned = (block as usize) < state.blocks.slots.len() && {
-            let b = state.blocks.slots[block as usize];
+            let b = &state.blocks.slots[block as usize];
             b.addr == addr && b.flags == ALLOCATED | BUFFER_OWNED
         };
         if !owned {
@@ -1359,7 +1429,7 @@ impl<B: Backend> CachingAllocator<B> {
                 }
             }
         }
-        self.free_block(state, id);
+        self.return_to_cache(state, id);
         Ok(())
     }
 
@@ -1412,7 +1482,7 @@ impl<B: Backend> CachingAllocator<B> {
             .unwrap_or(0);
         if remaining == 0 {
             state.pending_events.remove(&block);
-            self.free_block(state, block);
+            self.return_to_cache(state, block);
         }
     }
 
@@ -1430,7 +1500,7 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// PyTorch's `free_block`: merge with free neighbours in the segment, return to the pool.
-    fn free_block(&self, state: &mut State, id: u32) {
+    fn return_to_cache(&self, state: &mut State, id: u32) {
         let shared = &*self.shared;
         let (pool, stream) = state.pool_of(id);
         let original = *state.blocks.get(id);
@@ -2321,6 +2391,108 @@ pub struct SiteTables {
     pub tags: Vec<String>,
     /// Scope paths by `ScopeId`.
     pub scopes: Vec<String>,
+}
+
+/// A block from the handle API ([`CachingAllocator::alloc_block`], [`Exclusive::alloc_block`]).
+/// It frees by block id, so a free costs no address lookup; it is neither `Copy` nor `Clone`,
+/// so safe code cannot free it twice. Dropping it without freeing leaks the block (it stays
+/// allocated and shows in snapshots, as a leak should).
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a block handle that is dropped without `free_block` leaks its block"]
+pub struct BlockHandle {
+    addr: u64,
+    block: u32,
+    /// The id of the allocator that handed it out, so that another allocator refuses it.
+    allocator: u64,
+}
+
+impl BlockHandle {
+    /// The device address of the block (0 for a zero-byte allocation).
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+}
+
+/// The device lock held for a run of operations ([`CachingAllocator::exclusive`]). Every
+/// operation is the same as the allocator's own, with the same policy, statistics and events;
+/// only the lock round-trip per operation is gone.
+pub struct Exclusive<'a, B: Backend> {
+    allocator: &'a CachingAllocator<B>,
+    state: MutexGuard<'a, State>,
+}
+
+impl<B: Backend> Exclusive<'_, B> {
+    /// [`CachingAllocator::stats`] under the held lock.
+    pub fn stats(&self) -> MemoryStats {
+        self.state.stats
+    }
+
+    /// [`CachingAllocator::alloc_ptr`] under the held lock.
+    #[track_caller]
+    #[inline]
+    pub fn alloc_ptr(&mut self, size: u64, stream: StreamId) -> Result<u64, AllocError> {
+        self.allocate(size, stream, Location::caller(), false)
+            .map(|handle| handle.addr)
+    }
+
+    /// [`CachingAllocator::free_ptr`] under the held lock.
+    #[inline]
+    pub fn free_ptr(&mut self, addr: u64) -> Result<(), AllocError> {
+        if addr == 0 {
+            return Ok(());
+        }
+        self.allocator.deallocate_in(&mut self.state, addr)
+    }
+
+    /// [`CachingAllocator::alloc_block`] under the held lock.
+    #[track_caller]
+    #[inline]
+    pub fn alloc_block(&mut self, size: u64, stream: StreamId) -> Result<BlockHandle, AllocError> {
+        self.allocate(size, stream, Location::caller(), true)
+    }
+
+    /// [`CachingAllocator::free_block`] under the held lock.
+    #[inline]
+    pub fn free_block(&mut self, handle: BlockHandle) -> Result<(), AllocError> {
+        if handle.allocator != self.allocator.shared.id {
+            return Err(AllocError::UnknownPointer { addr: handle.addr });
+        }
+        if handle.addr == 0 {
+            return Ok(());
+        }
+        self.allocator
+            .deallocate_owned_in(&mut self.state, handle.block, handle.addr)
+    }
+
+    #[inline]
+    fn allocate(
+        &mut self,
+        size: u64,
+        stream: StreamId,
+        location: &'static Location<'static>,
+        for_handle: bool,
+    ) -> Result<BlockHandle, AllocError> {
+        if size == 0 {
+            return Ok(BlockHandle {
+                addr: 0,
+                block: NIL,
+                allocator: self.allocator.shared.id,
+            });
+        }
+        let backtrace = self.allocator.backtrace_for_request();
+        let origin = Origin {
+            location,
+            tag: None,
+        };
+        let allocator = self.allocator.shared.id;
+        self.allocator
+            .allocate_in(&mut self.state, size, stream, origin, backtrace, for_handle)
+            .map(|(addr, block)| BlockHandle {
+                addr,
+                block,
+                allocator,
+            })
+    }
 }
 
 /// An allocator handle whose allocations carry a tag.

@@ -2,124 +2,208 @@
 //!
 //! `crate::caching` keeps one index per (stream, pool) and asks it for the first block at or
 //! after a key (PyTorch's best fit: `lower_bound` on a set ordered by size, then address).
-//! Most free lists hold a handful of blocks, where a sorted vector beats a B-tree on every
-//! operation and never allocates on the fast path; a list that grows past [`SMALL_MAX`] entries
-//! (a fragmented pool) moves to a `BTreeMap` so that no operation degrades to a long memmove,
-//! and moves back when it shrinks below [`SMALL_MIN`].
+//! The index answers that exactly, as PyTorch's `std::set` does, but in constant time however
+//! fragmented the pool is: blocks are kept in size bins laid out like TLSF's two-level
+//! segregated lists (exact bins below 16 KiB, then 32 bins per power of two), each bin a short
+//! vector sorted by key, and two levels of bit masks find the next non-empty bin with two
+//! `trailing_zeros`. A lookup searches only the bin the request falls in and, when nothing
+//! there fits, takes the first entry of the next non-empty bin, which is the best fit because
+//! every bin holds larger sizes than the bins before it.
 
-use std::collections::BTreeMap;
+/// Bytes per unit of the bin function: the allocator's rounding granule.
+const UNIT_SHIFT: u32 = 9;
+/// Bins per level (a power of two), and below this many units every size has its own bin.
+const SUB_BINS: u64 = 32;
+const SUB_BITS: u32 = SUB_BINS.trailing_zeros();
+/// Levels: level 0 holds the exact bins, level `l > 0` the units in `[2^(l+4), 2^(l+5))`.
+const LEVELS: usize = 64 - UNIT_SHIFT as usize - SUB_BITS as usize + 1;
+/// Bins in all.
+const BINS: usize = LEVELS * SUB_BINS as usize;
 
-/// Above this many entries a sorted vector becomes a B-tree.
-const SMALL_MAX: usize = 64;
-/// Below this many entries a B-tree becomes a sorted vector again.
-const SMALL_MIN: usize = 16;
+/// One free block: its key `(size << 64) | address` and its block id.
+type Entry = (u128, u32);
 
 /// Free blocks keyed by `(size << 64) | address`, with their block ids.
-pub(crate) enum FreeIndex {
-    /// Few entries: a vector sorted by key.
-    Small(Vec<(u128, u32)>),
-    /// Many entries: a B-tree.
-    Large(BTreeMap<u128, u32>),
+pub(crate) struct FreeIndex {
+    /// Entries per bin, each vector sorted by key; allocated on first insert.
+    bins: Box<[Vec<Entry>]>,
+    /// Bit `l` set when level `l` has a non-empty bin.
+    level_mask: u64,
+    /// Per level, bit `s` set when bin `s` of the level is non-empty.
+    bin_masks: [u32; LEVELS],
+    len: usize,
+}
+
+/// The bin of a block size: level and bin within the level.
+#[inline]
+fn bin_of(size: u64) -> (usize, usize) {
+    let units = size >> UNIT_SHIFT;
+    if units < SUB_BINS {
+        return (0, units as usize);
+    }
+    let log = 63 - units.leading_zeros();
+    let level = (log - SUB_BITS + 1) as usize;
+    let sub = ((units >> (log - SUB_BITS)) & (SUB_BINS - 1)) as usize;
+    (level, sub)
+}
+
+#[inline]
+fn key_size(key: u128) -> u64 {
+    (key >> 64) as u64
 }
 
 impl FreeIndex {
     /// An empty index.
     pub fn new() -> FreeIndex {
-        FreeIndex::Small(Vec::new())
+        FreeIndex {
+            bins: (0..BINS).map(|_| Vec::new()).collect(),
+            level_mask: 0,
+            bin_masks: [0; LEVELS],
+            len: 0,
+        }
     }
 
     /// Adds a block.
     #[inline]
     pub fn insert(&mut self, key: u128, id: u32) {
-        match self {
-            FreeIndex::Small(entries) => {
-                let at = entries.partition_point(|e| e.0 < key);
-                entries.insert(at, (key, id));
-                if entries.len() > SMALL_MAX {
-                    *self = FreeIndex::Large(entries.drain(..).collect());
-                }
-            }
-            FreeIndex::Large(map) => {
-                map.insert(key, id);
-            }
+        let (level, sub) = bin_of(key_size(key));
+        let bin = &mut self.bins[level * SUB_BINS as usize + sub];
+        if bin.last().map_or(true, |last| last.0 < key) {
+            bin.push((key, id));
+        } else {
+            let at = bin.partition_point(|e| e.0 < key);
+            bin.insert(at, (key, id));
         }
+        self.bin_masks[level] |= 1 << sub;
+        self.level_mask |= 1 << level;
+        self.len += 1;
     }
 
     /// Removes the block with `key`, returning its id.
     #[inline]
     pub fn remove(&mut self, key: u128) -> Option<u32> {
-        match self {
-            FreeIndex::Small(entries) => {
-                let at = entries.binary_search_by(|e| e.0.cmp(&key)).ok()?;
-                Some(entries.remove(at).1)
-            }
-            FreeIndex::Large(map) => {
-                let id = map.remove(&key);
-                if map.len() < SMALL_MIN {
-                    *self = FreeIndex::Small(std::mem::take(map).into_iter().collect());
-                }
-                id
+        let (level, sub) = bin_of(key_size(key));
+        let bin = &mut self.bins[level * SUB_BINS as usize + sub];
+        let at = if bin.len() == 1 {
+            (bin[0].0 == key).then_some(0)?
+        } else {
+            bin.binary_search_by(|e| e.0.cmp(&key)).ok()?
+        };
+        let id = bin.remove(at).1;
+        if bin.is_empty() {
+            self.bin_masks[level] &= !(1 << sub);
+            if self.bin_masks[level] == 0 {
+                self.level_mask &= !(1 << level);
             }
         }
+        self.len -= 1;
+        Some(id)
     }
 
     /// The id stored under exactly `key`.
     pub fn get(&self, key: u128) -> Option<u32> {
-        match self {
-            FreeIndex::Small(entries) => entries
-                .binary_search_by(|e| e.0.cmp(&key))
-                .ok()
-                .map(|at| entries[at].1),
-            FreeIndex::Large(map) => map.get(&key).copied(),
-        }
+        let (level, sub) = bin_of(key_size(key));
+        let bin = &self.bins[level * SUB_BINS as usize + sub];
+        bin.binary_search_by(|e| e.0.cmp(&key))
+            .ok()
+            .map(|at| bin[at].1)
     }
 
     /// The first entry at or after `key` (best fit).
     #[inline]
     pub fn first_from(&self, key: u128) -> Option<(u128, u32)> {
-        match self {
-            FreeIndex::Small(entries) => {
-                let at = entries.partition_point(|e| e.0 < key);
-                entries.get(at).copied()
+        let (level, sub) = bin_of(key_size(key));
+        if self.bin_masks[level] & (1 << sub) != 0 {
+            let bin = &self.bins[level * SUB_BINS as usize + sub];
+            let at = if bin[0].0 >= key {
+                0
+            } else {
+                bin.partition_point(|e| e.0 < key)
+            };
+            if let Some(&entry) = bin.get(at) {
+                return Some(entry);
             }
-            FreeIndex::Large(map) => map.range(key..).next().map(|(&k, &v)| (k, v)),
         }
+        let (level, sub) = self.next_bin(level, sub)?;
+        Some(self.bins[level * SUB_BINS as usize + sub][0])
+    }
+
+    /// The first non-empty bin after bin `sub` of `level`.
+    #[inline]
+    fn next_bin(&self, level: usize, sub: usize) -> Option<(usize, usize)> {
+        let later_here = if sub + 1 < SUB_BINS as usize {
+            self.bin_masks[level] & (u32::MAX << (sub + 1))
+        } else {
+            0
+        };
+        if later_here != 0 {
+            return Some((level, later_here.trailing_zeros() as usize));
+        }
+        let later_levels = if level + 1 < 64 {
+            self.level_mask & (u64::MAX << (level + 1))
+        } else {
+            0
+        };
+        if later_levels == 0 {
+            return None;
+        }
+        let level = later_levels.trailing_zeros() as usize;
+        Some((level, self.bin_masks[level].trailing_zeros() as usize))
     }
 
     /// Every entry at or after `key`, in order.
     pub fn all_from(&self, key: u128) -> Vec<(u128, u32)> {
-        match self {
-            FreeIndex::Small(entries) => {
-                let at = entries.partition_point(|e| e.0 < key);
-                entries[at..].to_vec()
-            }
-            FreeIndex::Large(map) => map.range(key..).map(|(&k, &v)| (k, v)).collect(),
-        }
+        let (level, sub) = bin_of(key_size(key));
+        let first = level * SUB_BINS as usize + sub;
+        self.bins[first..]
+            .iter()
+            .flatten()
+            .filter(|e| e.0 >= key)
+            .copied()
+            .collect()
     }
 
     /// Number of entries.
     pub fn len(&self) -> usize {
-        match self {
-            FreeIndex::Small(entries) => entries.len(),
-            FreeIndex::Large(map) => map.len(),
-        }
+        self.len
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     #[test]
-    fn behaves_like_an_ordered_map_across_both_representations() {
+    fn bins_are_monotonic_in_size() {
+        let mut previous = (0, 0);
+        let mut size = 0u64;
+        while size < 1 << 50 {
+            let bin = bin_of(size);
+            assert!(bin >= previous, "size {size}: {bin:?} before {previous:?}");
+            assert!(bin.0 < LEVELS && bin.1 < SUB_BINS as usize);
+            previous = bin;
+            size += 1 + size / 37;
+        }
+        assert_eq!(bin_of(u64::MAX).0, LEVELS - 1);
+    }
+
+    #[test]
+    fn behaves_like_an_ordered_map() {
         let mut index = FreeIndex::new();
         let mut model = BTreeMap::new();
         let mut seed = 12345u64;
-        for step in 0..5000u64 {
+        let key_of = |s: u64| {
+            // Sizes from 512 B to tens of GiB with few distinct values, so that sizes repeat
+            // and addresses break the ties.
+            let size = 512u64 << (s % 26) | (s >> 40) % 4 * 512;
+            free_key_of(size, (s >> 20) % 64 * 4096)
+        };
+        for step in 0..20_000u64 {
             seed ^= seed << 13;
             seed ^= seed >> 7;
             seed ^= seed << 17;
-            let key = (seed % 200) as u128;
+            let key = key_of(seed);
             if seed % 3 == 0 {
                 assert_eq!(index.remove(key), model.remove(&key), "step {step}");
             } else if let std::collections::btree_map::Entry::Vacant(e) = model.entry(key) {
@@ -127,17 +211,25 @@ mod tests {
                 index.insert(key, step as u32);
             }
             assert_eq!(index.len(), model.len());
-            let probe = ((seed >> 8) % 210) as u128;
+            let probe = key_of(seed.rotate_left(17));
             assert_eq!(
                 index.first_from(probe),
-                model.range(probe..).next().map(|(&k, &v)| (k, v))
+                model.range(probe..).next().map(|(&k, &v)| (k, v)),
+                "step {step}"
             );
             assert_eq!(index.get(probe), model.get(&probe).copied());
         }
-        assert!(matches!(index, FreeIndex::Large(_)) || index.len() <= SMALL_MAX);
+        let probe = key_of(99);
         assert_eq!(
-            index.all_from(50),
-            model.range(50..).map(|(&k, &v)| (k, v)).collect::<Vec<_>>()
+            index.all_from(probe),
+            model
+                .range(probe..)
+                .map(|(&k, &v)| (k, v))
+                .collect::<Vec<_>>()
         );
+    }
+
+    fn free_key_of(size: u64, addr: u64) -> u128 {
+        ((size as u128) << 64) | addr as u128
     }
 }

@@ -44,7 +44,8 @@ pub use any::{doctor, DeviceBackend, DoctorReport};
 pub use backend::{Backend, BackendError, EventId, MemInfo, StreamId};
 pub use buffer::DeviceBuffer;
 pub use caching::{
-    AllocError, CachingAllocator, EventBatch, OomReport, ScopeGuard, SiteTables, Tagged,
+    AllocError, BlockHandle, CachingAllocator, EventBatch, Exclusive, OomReport, ScopeGuard,
+    SiteTables, Tagged,
 };
 pub use config::{AllocatorConfig, BacktraceMode, ConfigError, Policy};
 pub use cuda::CudaBackend;

@@ -6,7 +6,11 @@
 //! events from the ring by sequence number (`events_since`), as the telemetry publisher does.
 
 #[cfg(not(loom))]
-pub(crate) use parking_lot::Mutex;
+pub(crate) use parking_lot::{Mutex, MutexGuard};
+
+/// The guard of a locked [`Mutex`].
+#[cfg(loom)]
+pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
 
 /// loom's mutex with `parking_lot`'s interface (a lock that cannot be poisoned in a model).
 #[cfg(loom)]

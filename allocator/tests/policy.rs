@@ -631,3 +631,56 @@ fn snapshots_can_carry_only_recent_history() {
     assert!(full.events.len() > 20);
     assert_eq!(recent.segments, full.segments);
 }
+
+#[test]
+fn block_handles_under_the_held_lock_follow_the_same_policy_and_books() {
+    let (_, alloc) = phantom(1 << 30, "");
+    let (first, second) = {
+        let mut exclusive = alloc.exclusive();
+        let first = exclusive.alloc_block(3000, StreamId::DEFAULT).unwrap();
+        let second = exclusive.alloc_ptr(5000, StreamId::DEFAULT).unwrap();
+        assert_eq!(
+            first.addr() + 3072,
+            second,
+            "rounded to 512 and split in one segment"
+        );
+        let stats = exclusive.stats();
+        assert_eq!(stats.allocated_bytes.all.current, 3072 + 5120);
+        assert_eq!(stats.requested_bytes.all.current, 8000);
+        (first, second)
+    };
+    // The guard has dropped: the thread-safe API works again, on the same books.
+    assert_eq!(alloc.live_blocks(), 2);
+    alloc.free_ptr(second).unwrap();
+    let address = first.addr();
+    alloc.free_block(first).unwrap();
+    assert_eq!(alloc.stats().allocated_bytes.all.current, 0);
+    let again = alloc.alloc_block(3000, StreamId::DEFAULT).unwrap();
+    assert_eq!(again.addr(), address, "the freed block is reused first");
+    alloc.check_invariants().unwrap();
+    assert_eq!(alloc.alloc_block(0, StreamId::DEFAULT).unwrap().addr(), 0);
+    alloc.free_block(again).unwrap();
+}
+
+#[test]
+fn a_block_handle_freed_on_the_wrong_allocator_is_refused() {
+    let (_, mine) = phantom(1 << 30, "");
+    let (_, other) = phantom(1 << 30, "");
+    let handle = mine.alloc_block(4096, StreamId::DEFAULT).unwrap();
+    let keep = other.alloc_block(8192, StreamId::DEFAULT).unwrap();
+    let err = other.free_block(handle).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AllocError::UnknownPointer { .. } | AllocError::DoubleFree { .. }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        other.live_blocks(),
+        1,
+        "the other allocator's block stays live"
+    );
+    other.free_block(keep).unwrap();
+    assert_eq!(mine.live_blocks(), 1);
+}

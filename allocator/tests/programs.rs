@@ -1,17 +1,36 @@
-//! Random operation programs (proptest): allocations, frees, `record_stream`, `empty_cache`,
-//! `mark_step` and injected raw-allocation failures, with the allocator's books checked after
-//! every step and zero outstanding device bytes after the allocator is dropped.
+//! Random operation programs (proptest): allocations (buffers, and block handles under the held
+//! device lock), frees, `record_stream`, `empty_cache`, `mark_step` and injected raw-allocation
+//! failures, with the allocator's books checked after every step and zero outstanding device
+//! bytes after the allocator is dropped.
 
 use proptest::prelude::*;
 use vramscope_allocator::{
-    AllocError, AllocatorConfig, Backend, CachingAllocator, DeviceBuffer, SimDevice, StreamId,
+    AllocError, AllocatorConfig, Backend, BlockHandle, CachingAllocator, DeviceBuffer, SimDevice,
+    StreamId,
 };
 
 #[derive(Clone, Debug)]
 enum Op {
-    Alloc { size: u64, stream: usize },
-    Free { index: usize },
-    RecordStream { index: usize, stream: usize },
+    Alloc {
+        size: u64,
+        stream: usize,
+    },
+    Free {
+        index: usize,
+    },
+    /// An allocation through the handle API, under the held device lock.
+    AllocBlock {
+        size: u64,
+        stream: usize,
+    },
+    /// A free of a handle, under the held device lock.
+    FreeBlock {
+        index: usize,
+    },
+    RecordStream {
+        index: usize,
+        stream: usize,
+    },
     CompleteEvents,
     EmptyCache,
     MarkStep,
@@ -31,6 +50,8 @@ fn op_strategy() -> impl Strategy<Value = Op> {
     prop_oneof![
         8 => (size_strategy(), 0usize..2).prop_map(|(size, stream)| Op::Alloc { size, stream }),
         6 => any::<usize>().prop_map(|index| Op::Free { index }),
+        3 => (size_strategy(), 0usize..2).prop_map(|(size, stream)| Op::AllocBlock { size, stream }),
+        2 => any::<usize>().prop_map(|index| Op::FreeBlock { index }),
         1 => (any::<usize>(), 0usize..2).prop_map(|(index, stream)| Op::RecordStream { index, stream }),
         1 => Just(Op::CompleteEvents),
         1 => Just(Op::EmptyCache),
@@ -57,6 +78,7 @@ fn run_program(conf: &str, ops: &[Op]) -> Result<(), TestCaseError> {
     {
         let alloc = CachingAllocator::new(device.clone(), AllocatorConfig::parse(conf).unwrap());
         let mut live: Vec<DeviceBuffer<SimDevice>> = Vec::new();
+        let mut handles: Vec<(BlockHandle, u64)> = Vec::new();
         for (step, op) in ops.iter().enumerate() {
             match op {
                 Op::Alloc { size, stream } => match alloc.alloc_on(*size, streams[*stream]) {
@@ -75,6 +97,29 @@ fn run_program(conf: &str, ops: &[Op]) -> Result<(), TestCaseError> {
                         let buffer = live.swap_remove(index % live.len());
                         buffer
                             .free()
+                            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    }
+                }
+                Op::AllocBlock { size, stream } => {
+                    match alloc.exclusive().alloc_block(*size, streams[*stream]) {
+                        Ok(handle) => {
+                            prop_assert!(handle.addr() % 512 == 0);
+                            handles.push((handle, *size));
+                        }
+                        Err(AllocError::OutOfMemory(report)) => {
+                            prop_assert_eq!(report.requested, *size);
+                        }
+                        Err(other) => {
+                            return Err(TestCaseError::fail(format!("step {step}: {other}")))
+                        }
+                    }
+                }
+                Op::FreeBlock { index } => {
+                    if !handles.is_empty() {
+                        let (handle, _) = handles.swap_remove(index % handles.len());
+                        alloc
+                            .exclusive()
+                            .free_block(handle)
                             .map_err(|e| TestCaseError::fail(e.to_string()))?;
                     }
                 }
@@ -104,13 +149,20 @@ fn run_program(conf: &str, ops: &[Op]) -> Result<(), TestCaseError> {
                 .iter()
                 .filter(|b| !b.is_empty())
                 .map(|b| (b.addr(), b.addr() + b.len()))
+                .chain(
+                    handles
+                        .iter()
+                        .filter(|(h, _)| h.addr() != 0)
+                        .map(|(h, size)| (h.addr(), h.addr() + size)),
+                )
                 .collect();
             ranges.sort_unstable();
             for pair in ranges.windows(2) {
                 prop_assert!(pair[0].1 <= pair[1].0, "overlap {:?}", pair);
             }
             let stats = alloc.stats();
-            let requested: u64 = live.iter().map(|b| b.len()).sum();
+            let requested: u64 = live.iter().map(|b| b.len()).sum::<u64>()
+                + handles.iter().map(|(_, size)| size).sum::<u64>();
             prop_assert_eq!(stats.requested_bytes.all.current, requested);
             prop_assert_eq!(
                 stats.reserved_bytes.all.current,
@@ -121,6 +173,11 @@ fn run_program(conf: &str, ops: &[Op]) -> Result<(), TestCaseError> {
         device.clear_faults();
         // After everything is freed, the next allocation works.
         drop(live);
+        for (handle, _) in handles {
+            alloc
+                .free_block(handle)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        }
         device.complete_all_events();
         let again = alloc.alloc(4096);
         prop_assert!(again.is_ok());

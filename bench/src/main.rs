@@ -27,7 +27,7 @@ use vramscope_allocator::{AllocatorConfig, EventKind, Snapshot};
 use vramscope_inspector::replay::{self, ReplayOptions};
 
 use measure::Replay;
-use peers::{Cubecl, GpuAlloc, Mimalloc, Offset, Vramscope, DEVICE_CAPACITY};
+use peers::{Cubecl, GpuAlloc, Mimalloc, Offset, Vramscope, VramscopeExclusive, DEVICE_CAPACITY};
 use trace::Trace;
 
 /// The real traces, by file name, with their short names.
@@ -53,6 +53,9 @@ enum Subject {
     CompactOff,
     /// vramscope, `compact` policy, call sites and events.
     CompactEvents,
+    /// vramscope, `pytorch` policy, tracking off, through the thread-safe raw-pointer API
+    /// (the device lock and the address lookup on every operation).
+    Shared,
     /// offset-allocator 0.2.
     Offset,
     /// gpu-alloc 0.6.
@@ -64,12 +67,13 @@ enum Subject {
 }
 
 /// Every subject, in table order; the first is the base of the ratios.
-const SUBJECTS: [Subject; 9] = [
+const SUBJECTS: [Subject; 10] = [
     Subject::Off,
     Subject::Events,
     Subject::Backtraces,
     Subject::CompactOff,
     Subject::CompactEvents,
+    Subject::Shared,
     Subject::Offset,
     Subject::GpuAlloc,
     Subject::Cubecl,
@@ -85,6 +89,7 @@ impl Subject {
             Subject::Backtraces => "vramscope pytorch, + backtraces 1/64",
             Subject::CompactOff => "vramscope compact, tracking off",
             Subject::CompactEvents => "vramscope compact, call sites + events",
+            Subject::Shared => "vramscope pytorch, off, lock + pointer per op",
             Subject::Offset => "offset-allocator 0.2",
             Subject::GpuAlloc => "gpu-alloc 0.6",
             Subject::Cubecl => "cubecl-server 0.11",
@@ -100,6 +105,7 @@ impl Subject {
             Subject::Backtraces => "bt64",
             Subject::CompactOff => "compact",
             Subject::CompactEvents => "compact-events",
+            Subject::Shared => "shared",
             Subject::Offset => "offset",
             Subject::GpuAlloc => "gpu-alloc",
             Subject::Cubecl => "cubecl",
@@ -121,6 +127,7 @@ impl Subject {
             Subject::Backtraces => parse("backtraces:64"),
             Subject::CompactOff => parse("policy:compact").untracked(),
             Subject::CompactEvents => parse("policy:compact"),
+            Subject::Shared => AllocatorConfig::default().untracked(),
             _ => return None,
         })
     }
@@ -137,8 +144,14 @@ struct Sample {
 fn run_once(subject: Subject, trace: &Trace) -> Sample {
     if let Some(config) = subject.config() {
         let mut alloc = Vramscope::new(config);
+        let replay = if subject == Subject::Shared {
+            measure::replay(&mut alloc, trace)
+        } else {
+            let inner = alloc.inner.exclusive();
+            measure::replay(&mut VramscopeExclusive { inner }, trace)
+        };
         return Sample {
-            replay: measure::replay(&mut alloc, trace),
+            replay,
             high_water: None,
         };
     }
@@ -176,7 +189,16 @@ fn run_pairs(subject: Subject, pairs: u64) -> f64 {
         Subject::GpuAlloc => measure::pairs(&mut GpuAlloc::new(), pairs),
         Subject::Cubecl => measure::pairs(&mut Cubecl::new(DEVICE_CAPACITY / 4), pairs),
         Subject::Mimalloc => measure::pairs(&mut Mimalloc, pairs),
-        s => measure::pairs(&mut Vramscope::new(s.config().expect("vramscope")), pairs),
+        Subject::Shared => measure::pairs(
+            &mut Vramscope::new(Subject::Shared.config().unwrap()),
+            pairs,
+        ),
+        s => {
+            let alloc = Vramscope::new(s.config().expect("vramscope"));
+            let inner = alloc.inner.exclusive();
+            let ns = measure::pairs(&mut VramscopeExclusive { inner }, pairs);
+            ns
+        }
     }
 }
 

@@ -21,7 +21,9 @@ use gpu_alloc::{
     MemoryBlock, MemoryDevice, MemoryHeap, MemoryPropertyFlags, MemoryType, OutOfMemory, Request,
     UsageFlags,
 };
-use vramscope_allocator::{AllocatorConfig, CachingAllocator, SimDevice, StreamId};
+use vramscope_allocator::{
+    AllocatorConfig, BlockHandle, CachingAllocator, Exclusive, SimDevice, StreamId,
+};
 
 /// What an allocator held from its device over a replay.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -75,6 +77,37 @@ impl DeviceAllocator for Vramscope {
     fn free(&mut self, handle: u64) {
         // Every handle came from `alloc`, so this cannot fail.
         let _ = self.inner.free_ptr(handle);
+    }
+
+    fn footprint(&mut self) -> Footprint {
+        let stats = self.inner.stats();
+        Footprint {
+            raw_allocs: Some(stats.num_device_alloc),
+            peak_reserved: Some(stats.reserved_bytes.all.peak),
+        }
+    }
+}
+
+/// vramscope's caching allocator with its device lock held for the whole replay
+/// (`CachingAllocator::exclusive`), through the handle API: the same contract as the peers'
+/// `&mut self` APIs, whose handles also free without an address lookup.
+pub struct VramscopeExclusive<'a> {
+    /// The guard every operation goes through.
+    pub inner: Exclusive<'a, SimDevice>,
+}
+
+impl DeviceAllocator for VramscopeExclusive<'_> {
+    type Handle = BlockHandle;
+
+    #[inline]
+    fn alloc(&mut self, size: u64, stream: u64) -> Option<BlockHandle> {
+        self.inner.alloc_block(size, StreamId(stream)).ok()
+    }
+
+    #[inline]
+    fn free(&mut self, handle: BlockHandle) {
+        // Every handle came from `alloc`, so this cannot fail.
+        let _ = self.inner.free_block(handle);
     }
 
     fn footprint(&mut self) -> Footprint {
