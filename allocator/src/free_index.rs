@@ -196,7 +196,7 @@ mod tests {
         let key_of = |s: u64| {
             // Sizes from 512 B to tens of GiB with few distinct values, so that sizes repeat
             // and addresses break the ties.
-            let size = 512u64 << (s % 26) | (s >> 40) % 4 * 512;
+            let size = (512u64 << (s % 26)) | ((s >> 40) % 4 * 512);
             free_key_of(size, (s >> 20) % 64 * 4096)
         };
         for step in 0..20_000u64 {
