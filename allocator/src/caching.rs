@@ -31,7 +31,7 @@ use crate::model::{
 };
 use crate::provenance::{self, Provenance, ProvenanceTables, NIL};
 use crate::ring::{EventRing, RawEvent};
-use crate::stats::{format_bytes, MemoryStats};
+use crate::stats::{format_bytes, MemoryStats, StatsBook};
 use crate::sync::{Mutex, MutexGuard};
 
 /// Requests are rounded up to a multiple of this (and never below it).
@@ -328,6 +328,9 @@ pub(crate) struct Origin<'a> {
 /// A block found for a request, and how it was found.
 struct Found {
     block: u32,
+    /// Taken out of a free list without counting it out of the inactive-split statistics;
+    /// `use_block` counts the net change of the removal and the split together, as PyTorch does.
+    uncounted: bool,
 }
 
 struct State {
@@ -341,7 +344,7 @@ struct State {
     pending_events: FxHashMap<u32, u32>,
     outstanding: VecDeque<(EventId, u32)>,
     spare_events: Vec<EventId>,
-    stats: MemoryStats,
+    stats: StatsBook,
     ring: EventRing,
     provenance: ProvenanceTables,
     step: u64,
@@ -494,6 +497,27 @@ impl State {
         }
     }
 
+    /// Puts a free block into its free list without counting it (the caller counts the net
+    /// change).
+    #[inline]
+    fn index_free(&mut self, id: u32) {
+        let b = self.blocks.get(id);
+        self.free_lists[b.list as usize]
+            .blocks
+            .insert(free_key(b.size, b.addr), id);
+    }
+
+    /// Takes a free block out of its free list without counting it, undoing
+    /// [`State::index_free`].
+    #[inline]
+    fn unindex_free(&mut self, id: u32) {
+        let b = self.blocks.get(id);
+        let removed = self.free_lists[b.list as usize]
+            .blocks
+            .remove(free_key(b.size, b.addr));
+        debug_assert_eq!(removed, Some(id), "free block was in its list");
+    }
+
     /// Takes a free block out of its free list, undoing [`State::insert_free`].
     #[inline]
     fn remove_free(&mut self, id: u32) {
@@ -580,7 +604,7 @@ impl<B: Backend> CachingAllocator<B> {
                     pending_events: FxHashMap::default(),
                     outstanding: VecDeque::new(),
                     spare_events: Vec::new(),
-                    stats: MemoryStats::default(),
+                    stats: StatsBook::default(),
                     ring: EventRing::new(ring_capacity),
                     provenance: ProvenanceTables::default(),
                     step: 0,
@@ -843,7 +867,8 @@ impl<B: Backend> CachingAllocator<B> {
         } else {
             NIL
         };
-        let block = self.use_block(state, found.block, rounded, size, provenance, for_buffer);
+        let id = found.block;
+        let block = self.use_block(state, found, rounded, size, provenance, for_buffer);
         if config.debug || config.guard_bytes > 0 {
             self.check_reused(state, &block, size);
         }
@@ -860,7 +885,7 @@ impl<B: Backend> CachingAllocator<B> {
                 },
             );
         }
-        Ok((block.addr, found.block))
+        Ok((block.addr, id))
     }
 
     /// The owner recorded for a provenance id and step.
@@ -959,8 +984,13 @@ impl<B: Backend> CachingAllocator<B> {
         if rounded >= max_split && size >= rounded + LARGE_BUFFER {
             return None;
         }
-        state.remove_free(id);
-        Some(Found { block: id })
+        state.free_lists[state.blocks.get(id).list as usize]
+            .blocks
+            .remove(key);
+        Some(Found {
+            block: id,
+            uncounted: true,
+        })
     }
 
     /// The slow path: new memory from the device, with PyTorch's free-and-retry sequence.
@@ -1084,7 +1114,10 @@ impl<B: Backend> CachingAllocator<B> {
         let size = segment_size_for(rounded);
         let addr = shared.backend.malloc(size).ok()?;
         let block = self.register_segment(state, addr, size, stream, pool);
-        Some(Found { block })
+        Some(Found {
+            block,
+            uncounted: false,
+        })
     }
 
     /// Books a new raw segment of `size` bytes at `addr` (poisoned with `debug`): one block
@@ -1199,7 +1232,10 @@ impl<B: Backend> CachingAllocator<B> {
         if let (Some(id), true) = (tail_free, have >= rounded) {
             // The tail already fits (the best-fit search passed it over); use it as it is.
             state.remove_free(id);
-            return Some(Found { block: id });
+            return Some(Found {
+                block: id,
+                uncounted: false,
+            });
         }
         let grow_by = (rounded - have).div_ceil(granularity) * granularity;
         if seg.size + grow_by > seg.reserved {
@@ -1254,7 +1290,10 @@ impl<B: Backend> CachingAllocator<B> {
                 id
             }
         };
-        Some(Found { block })
+        Some(Found {
+            block,
+            uncounted: false,
+        })
     }
 
     /// PyTorch's `should_split`.
@@ -1272,18 +1311,30 @@ impl<B: Backend> CachingAllocator<B> {
     fn use_block(
         &self,
         state: &mut State,
-        id: u32,
+        found: Found,
         rounded: u64,
         requested: u64,
         provenance: u32,
         for_buffer: bool,
     ) -> BlockMeta {
+        let id = found.block;
         let (pool, _) = state.pool_of(id);
         let b = *state.blocks.get(id);
+        // The net change of inactive split blocks, applied once (PyTorch's
+        // `alloc_found_block`): a split free block leaves, its split remainder comes back.
+        let (mut split_blocks, mut split_bytes) = (0i64, 0i64);
+        if found.uncounted && b.is_split() {
+            split_blocks -= 1;
+            split_bytes -= b.size as i64;
+        }
         if self.should_split(pool, b.size, rounded) {
             let remainder = state.split_off(id, rounded);
-            state.insert_free(remainder);
+            state.index_free(remainder);
+            split_blocks += 1;
+            split_bytes += (b.size - rounded) as i64;
         }
+        state.stats.inactive_split.apply(pool, split_blocks);
+        state.stats.inactive_split_bytes.apply(pool, split_bytes);
         let step = state.step.min(u32::MAX as u64) as u32;
         self.mark_allocated(state, id, pool, requested, provenance, step, for_buffer)
     }
@@ -1313,11 +1364,7 @@ impl<B: Backend> CachingAllocator<B> {
         let block = *block;
         state.segments.get_mut(block.segment).active_blocks += 1;
         let stats = &mut state.stats;
-        stats.allocation.increase(pool, 1);
-        stats.allocated_bytes.increase(pool, block.size);
-        stats.active.increase(pool, 1);
-        stats.active_bytes.increase(pool, block.size);
-        stats.requested_bytes.increase(pool, requested);
+        stats.count_allocation(pool, block.size, requested);
         if let Some(max_split) = self.shared.config.max_split_size {
             if block.size >= max_split {
                 stats.oversize_allocations.increase(1);
@@ -1401,9 +1448,7 @@ impl<B: Backend> CachingAllocator<B> {
         block.flags = 0;
         let b = *block;
         let stats = &mut state.stats;
-        stats.allocation.decrease(pool, 1);
-        stats.allocated_bytes.decrease(pool, b.size);
-        stats.requested_bytes.decrease(pool, b.requested);
+        stats.count_free(pool, b.size, b.requested);
         if let Some(max_split) = shared.config.max_split_size {
             if b.size >= max_split {
                 stats.oversize_allocations.decrease(1);
@@ -1453,7 +1498,12 @@ impl<B: Backend> CachingAllocator<B> {
         if count == 0 {
             return false;
         }
-        state.blocks.get_mut(id).flags = PENDING_FREE;
+        let block = state.blocks.get_mut(id);
+        block.flags = PENDING_FREE;
+        let size = block.size;
+        let (pool, _) = state.pool_of(id);
+        state.stats.pending.increase(pool, 1);
+        state.stats.pending_bytes.increase(pool, size);
         state.pending_events.insert(id, count);
         true
     }
@@ -1482,6 +1532,10 @@ impl<B: Backend> CachingAllocator<B> {
             .unwrap_or(0);
         if remaining == 0 {
             state.pending_events.remove(&block);
+            let size = state.blocks.get(block).size;
+            let (pool, _) = state.pool_of(block);
+            state.stats.pending.decrease(pool, 1);
+            state.stats.pending_bytes.decrease(pool, size);
             self.return_to_cache(state, block);
         }
     }
@@ -1505,12 +1559,18 @@ impl<B: Backend> CachingAllocator<B> {
         let (pool, stream) = state.pool_of(id);
         let original = *state.blocks.get(id);
         state.blocks.get_mut(id).flags = 0;
+        // The net change of inactive split blocks, applied once (PyTorch's `free_block`): each
+        // merged neighbour (split, since it has this block beside it) leaves, and the merged
+        // block comes back if it is still split.
+        let (mut split_blocks, mut split_bytes) = (0i64, 0i64);
         for neighbour in [original.prev, original.next] {
             if neighbour == NIL || !state.blocks.get(neighbour).is_free() {
                 continue;
             }
-            state.remove_free(neighbour);
+            state.unindex_free(neighbour);
             let n = state.blocks.remove(neighbour);
+            split_blocks -= 1;
+            split_bytes -= n.size as i64;
             let block = state.blocks.get_mut(id);
             if n.addr < block.addr {
                 block.addr = n.addr;
@@ -1532,7 +1592,13 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let block = state.blocks.get_mut(id);
         block.requested = 0;
-        state.insert_free(id);
+        if block.is_split() {
+            split_blocks += 1;
+            split_bytes += block.size as i64;
+        }
+        state.index_free(id);
+        state.stats.inactive_split.apply(pool, split_blocks);
+        state.stats.inactive_split_bytes.apply(pool, split_bytes);
         if shared.config.debug
             && debug::fill(&shared.backend, original.addr, original.size, debug::POISON)
         {
@@ -1549,8 +1615,6 @@ impl<B: Backend> CachingAllocator<B> {
         let seg = state.segments.get_mut(original.segment);
         seg.active_blocks -= 1;
         seg.last_used = op;
-        state.stats.active.decrease(pool, 1);
-        state.stats.active_bytes.decrease(pool, original.size);
         if shared.config.record_events {
             state.record(
                 &shared.clock,
@@ -1990,7 +2054,7 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// Current statistics.
     pub fn stats(&self) -> MemoryStats {
-        self.shared.state.lock().stats
+        self.shared.state.lock().stats.memory_stats()
     }
 
     /// Resets every peak statistic to its current value.
@@ -2046,7 +2110,7 @@ impl<B: Backend> CachingAllocator<B> {
             },
         );
         snapshot.config = shared.config.clone();
-        snapshot.stats = state.stats;
+        snapshot.stats = state.stats.memory_stats();
         snapshot.epoch_unix_ns = shared.epoch_unix_ns;
         snapshot.dropped_events = state.ring.overwritten();
         snapshot.violations = state.violations.clone();
@@ -2166,7 +2230,7 @@ impl<B: Backend> CachingAllocator<B> {
             events,
             next_seq,
             missed: oldest.saturating_sub(from_seq),
-            stats: state.stats,
+            stats: state.stats.memory_stats(),
             step: state.step,
         }
     }
@@ -2291,7 +2355,7 @@ impl<B: Backend> CachingAllocator<B> {
         if state.blocks.len() < live_count + free_count {
             return Err("block slab lost blocks".to_string());
         }
-        let s = &state.stats;
+        let s = state.stats.memory_stats();
         let pairs = [
             ("allocated_bytes", s.allocated_bytes, expect.allocated_bytes),
             ("reserved_bytes", s.reserved_bytes, expect.reserved_bytes),
@@ -2424,7 +2488,7 @@ pub struct Exclusive<'a, B: Backend> {
 impl<B: Backend> Exclusive<'_, B> {
     /// [`CachingAllocator::stats`] under the held lock.
     pub fn stats(&self) -> MemoryStats {
-        self.state.stats
+        self.state.stats.memory_stats()
     }
 
     /// [`CachingAllocator::alloc_ptr`] under the held lock.

@@ -5,8 +5,9 @@
 //! The index answers that exactly, as PyTorch's `std::set` does, but in constant time however
 //! fragmented the pool is: blocks are kept in size bins laid out like TLSF's two-level
 //! segregated lists (exact bins below 16 KiB, then 32 bins per power of two), each bin a short
-//! vector sorted by key, and two levels of bit masks find the next non-empty bin with two
-//! `trailing_zeros`. A lookup searches only the bin the request falls in and, when nothing
+//! vector sorted by key from largest to smallest (so that the best fit, the most common entry
+//! to take, is popped off the end without moving the others), and two levels of bit masks find
+//! the next non-empty bin with two `trailing_zeros`. A lookup searches only the bin the request falls in and, when nothing
 //! there fits, takes the first entry of the next non-empty bin, which is the best fit because
 //! every bin holds larger sizes than the bins before it.
 
@@ -25,7 +26,8 @@ type Entry = (u128, u32);
 
 /// Free blocks keyed by `(size << 64) | address`, with their block ids.
 pub(crate) struct FreeIndex {
-    /// Entries per bin, each vector sorted by key; allocated on first insert.
+    /// Entries per bin, each vector sorted by key in descending order; allocated on first
+    /// insert.
     bins: Box<[Vec<Entry>]>,
     /// Bit `l` set when level `l` has a non-empty bin.
     level_mask: u64,
@@ -68,10 +70,10 @@ impl FreeIndex {
     pub fn insert(&mut self, key: u128, id: u32) {
         let (level, sub) = bin_of(key_size(key));
         let bin = &mut self.bins[level * SUB_BINS as usize + sub];
-        if bin.last().map_or(true, |last| last.0 < key) {
+        if bin.last().map_or(true, |last| last.0 > key) {
             bin.push((key, id));
         } else {
-            let at = bin.partition_point(|e| e.0 < key);
+            let at = bin.partition_point(|e| e.0 > key);
             bin.insert(at, (key, id));
         }
         self.bin_masks[level] |= 1 << sub;
@@ -84,12 +86,16 @@ impl FreeIndex {
     pub fn remove(&mut self, key: u128) -> Option<u32> {
         let (level, sub) = bin_of(key_size(key));
         let bin = &mut self.bins[level * SUB_BINS as usize + sub];
-        let at = if bin.len() == 1 {
-            (bin[0].0 == key).then_some(0)?
-        } else {
-            bin.binary_search_by(|e| e.0.cmp(&key)).ok()?
+        let id = match bin.last() {
+            Some(&(last, id)) if last == key => {
+                bin.pop();
+                id
+            }
+            _ => {
+                let at = bin.binary_search_by(|e| key.cmp(&e.0)).ok()?;
+                bin.remove(at).1
+            }
         };
-        let id = bin.remove(at).1;
         if bin.is_empty() {
             self.bin_masks[level] &= !(1 << sub);
             if self.bin_masks[level] == 0 {
@@ -104,7 +110,7 @@ impl FreeIndex {
     pub fn get(&self, key: u128) -> Option<u32> {
         let (level, sub) = bin_of(key_size(key));
         let bin = &self.bins[level * SUB_BINS as usize + sub];
-        bin.binary_search_by(|e| e.0.cmp(&key))
+        bin.binary_search_by(|e| key.cmp(&e.0))
             .ok()
             .map(|at| bin[at].1)
     }
@@ -115,17 +121,19 @@ impl FreeIndex {
         let (level, sub) = bin_of(key_size(key));
         if self.bin_masks[level] & (1 << sub) != 0 {
             let bin = &self.bins[level * SUB_BINS as usize + sub];
-            let at = if bin[0].0 >= key {
-                0
-            } else {
-                bin.partition_point(|e| e.0 < key)
-            };
-            if let Some(&entry) = bin.get(at) {
-                return Some(entry);
+            let smallest = bin[bin.len() - 1];
+            if smallest.0 >= key {
+                return Some(smallest);
+            }
+            // Entries at or after `key` are a prefix; the last of them is the best fit.
+            let fitting = bin.partition_point(|e| e.0 >= key);
+            if fitting > 0 {
+                return Some(bin[fitting - 1]);
             }
         }
         let (level, sub) = self.next_bin(level, sub)?;
-        Some(self.bins[level * SUB_BINS as usize + sub][0])
+        let bin = &self.bins[level * SUB_BINS as usize + sub];
+        Some(bin[bin.len() - 1])
     }
 
     /// The first non-empty bin after bin `sub` of `level`.
@@ -157,7 +165,7 @@ impl FreeIndex {
         let first = level * SUB_BINS as usize + sub;
         self.bins[first..]
             .iter()
-            .flatten()
+            .flat_map(|bin| bin.iter().rev())
             .filter(|e| e.0 >= key)
             .copied()
             .collect()

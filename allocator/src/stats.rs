@@ -187,6 +187,262 @@ impl MemoryStats {
     }
 }
 
+/// One statistic as the allocator keeps it under its device lock: the running total added is
+/// not stored but derived on read (`allocated = current + freed`), one store fewer per change.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Counter {
+    pub current: u64,
+    pub peak: u64,
+    pub freed: u64,
+}
+
+impl Counter {
+    #[inline]
+    fn increase(&mut self, amount: u64) {
+        self.current += amount;
+        self.peak = self.peak.max(self.current);
+    }
+
+    #[inline]
+    fn decrease(&mut self, amount: u64) {
+        debug_assert!(self.current >= amount, "statistic would go negative");
+        self.current = self.current.saturating_sub(amount);
+        self.freed += amount;
+    }
+
+    fn to_stat(self) -> Stat {
+        Stat {
+            current: self.current,
+            peak: self.peak,
+            allocated: self.current + self.freed,
+            freed: self.freed,
+        }
+    }
+}
+
+/// A [`Counter`] for all pools together and for each pool alone.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct CounterArray {
+    pub all: Counter,
+    pub small_pool: Counter,
+    pub large_pool: Counter,
+}
+
+impl CounterArray {
+    #[inline]
+    fn pool_mut(&mut self, pool: Pool) -> &mut Counter {
+        match pool {
+            Pool::Small => &mut self.small_pool,
+            Pool::Large => &mut self.large_pool,
+        }
+    }
+
+    /// The counter of one pool.
+    #[inline]
+    pub fn pool(&self, pool: Pool) -> &Counter {
+        match pool {
+            Pool::Small => &self.small_pool,
+            Pool::Large => &self.large_pool,
+        }
+    }
+
+    /// Adds `amount` to `all` and to `pool`.
+    #[inline]
+    pub fn increase(&mut self, pool: Pool, amount: u64) {
+        self.all.increase(amount);
+        self.pool_mut(pool).increase(amount);
+    }
+
+    /// Removes `amount` from `all` and from `pool`.
+    #[inline]
+    pub fn decrease(&mut self, pool: Pool, amount: u64) {
+        self.all.decrease(amount);
+        self.pool_mut(pool).decrease(amount);
+    }
+
+    /// Applies a net change, as PyTorch applies the net change of a split or a merge: one
+    /// increase or one decrease, or nothing when the change is zero.
+    #[inline]
+    pub fn apply(&mut self, pool: Pool, delta: i64) {
+        if delta > 0 {
+            self.increase(pool, delta as u64);
+        } else if delta < 0 {
+            self.decrease(pool, delta.unsigned_abs());
+        }
+    }
+
+    fn reset_peak(&mut self) {
+        for counter in [&mut self.all, &mut self.small_pool, &mut self.large_pool] {
+            counter.peak = counter.current;
+        }
+    }
+
+    fn to_stat_array(self) -> StatArray {
+        StatArray {
+            all: self.all.to_stat(),
+            small_pool: self.small_pool.to_stat(),
+            large_pool: self.large_pool.to_stat(),
+        }
+    }
+}
+
+/// The statistics as `crate::caching` keeps them under its device lock, turned into PyTorch's
+/// [`MemoryStats`] on read. Two things are derived instead of kept: every running total added
+/// (see [`Counter`]), and the whole `active` / `active_bytes` pair, which is `allocation` /
+/// `allocated_bytes` plus the blocks the program freed that still wait for stream events
+/// (`pending`). An operation thus updates three arrays on allocation and free instead of five;
+/// the active peaks are tracked apart only while some block is pending.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct StatsBook {
+    pub allocated_bytes: CounterArray,
+    pub reserved_bytes: CounterArray,
+    pub inactive_split_bytes: CounterArray,
+    pub requested_bytes: CounterArray,
+    pub allocation: CounterArray,
+    pub segment: CounterArray,
+    pub inactive_split: CounterArray,
+    /// Blocks freed by the program that wait for stream events: active, not allocated.
+    pub pending: CounterArray,
+    /// Bytes of the pending blocks.
+    pub pending_bytes: CounterArray,
+    /// Peaks of `active` reached while blocks were pending (only `peak` is used).
+    active_peak: CounterArray,
+    /// Peaks of `active_bytes` reached while blocks were pending (only `peak` is used).
+    active_bytes_peak: CounterArray,
+    pub num_alloc_retries: u64,
+    pub num_ooms: u64,
+    pub num_sync_all_streams: u64,
+    pub num_device_alloc: u64,
+    pub num_device_free: u64,
+    pub oversize_allocations: Stat,
+    pub oversize_segments: Stat,
+}
+
+impl StatsBook {
+    /// Counts a block handed out of `pool`: three arrays, and the active peaks while blocks
+    /// are pending.
+    #[inline]
+    pub fn count_allocation(&mut self, pool: Pool, size: u64, requested: u64) {
+        self.allocation.increase(pool, 1);
+        self.allocated_bytes.increase(pool, size);
+        self.requested_bytes.increase(pool, requested);
+        if self.pending.all.current != 0 {
+            self.note_active_peaks(pool);
+        }
+    }
+
+    /// Counts a block the program freed (whether it returns to the cache now or later).
+    #[inline]
+    pub fn count_free(&mut self, pool: Pool, size: u64, requested: u64) {
+        self.allocation.decrease(pool, 1);
+        self.allocated_bytes.decrease(pool, size);
+        self.requested_bytes.decrease(pool, requested);
+    }
+
+    /// Raises the active peaks to the current active values (allocated plus pending).
+    fn note_active_peaks(&mut self, pool: Pool) {
+        for (peak, allocated, pending) in [
+            (&mut self.active_peak, &self.allocation, &self.pending),
+            (
+                &mut self.active_bytes_peak,
+                &self.allocated_bytes,
+                &self.pending_bytes,
+            ),
+        ] {
+            let all = allocated.all.current + pending.all.current;
+            peak.all.peak = peak.all.peak.max(all);
+            let one = allocated.pool(pool).current + pending.pool(pool).current;
+            let pool_peak = &mut peak.pool_mut(pool).peak;
+            *pool_peak = (*pool_peak).max(one);
+        }
+    }
+
+    /// The `active` and `active_bytes` arrays: allocated plus pending.
+    fn active(
+        &self,
+        allocated: &CounterArray,
+        pending: &CounterArray,
+        peaks: &CounterArray,
+    ) -> StatArray {
+        let one = |a: &Counter, p: &Counter, peak: &Counter| Stat {
+            current: a.current + p.current,
+            peak: a.peak.max(peak.peak),
+            allocated: a.current + a.freed,
+            freed: a.freed - p.current,
+        };
+        StatArray {
+            all: one(&allocated.all, &pending.all, &peaks.all),
+            small_pool: one(
+                &allocated.small_pool,
+                &pending.small_pool,
+                &peaks.small_pool,
+            ),
+            large_pool: one(
+                &allocated.large_pool,
+                &pending.large_pool,
+                &peaks.large_pool,
+            ),
+        }
+    }
+
+    /// PyTorch's statistics.
+    pub fn memory_stats(&self) -> MemoryStats {
+        MemoryStats {
+            allocated_bytes: self.allocated_bytes.to_stat_array(),
+            reserved_bytes: self.reserved_bytes.to_stat_array(),
+            active_bytes: self.active(
+                &self.allocated_bytes,
+                &self.pending_bytes,
+                &self.active_bytes_peak,
+            ),
+            inactive_split_bytes: self.inactive_split_bytes.to_stat_array(),
+            requested_bytes: self.requested_bytes.to_stat_array(),
+            allocation: self.allocation.to_stat_array(),
+            segment: self.segment.to_stat_array(),
+            active: self.active(&self.allocation, &self.pending, &self.active_peak),
+            inactive_split: self.inactive_split.to_stat_array(),
+            num_alloc_retries: self.num_alloc_retries,
+            num_ooms: self.num_ooms,
+            num_sync_all_streams: self.num_sync_all_streams,
+            num_device_alloc: self.num_device_alloc,
+            num_device_free: self.num_device_free,
+            oversize_allocations: self.oversize_allocations,
+            oversize_segments: self.oversize_segments,
+        }
+    }
+
+    /// Resets every peak to its current value.
+    pub fn reset_peak(&mut self) {
+        for array in [
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.inactive_split,
+            &mut self.pending,
+            &mut self.pending_bytes,
+        ] {
+            array.reset_peak();
+        }
+        for (peak, allocated, pending) in [
+            (&mut self.active_peak, &self.allocation, &self.pending),
+            (
+                &mut self.active_bytes_peak,
+                &self.allocated_bytes,
+                &self.pending_bytes,
+            ),
+        ] {
+            peak.all.peak = allocated.all.current + pending.all.current;
+            peak.small_pool.peak = allocated.small_pool.current + pending.small_pool.current;
+            peak.large_pool.peak = allocated.large_pool.current + pending.large_pool.current;
+        }
+        self.oversize_allocations.reset_peak();
+        self.oversize_segments.reset_peak();
+    }
+}
+
 /// Formats a byte count with a binary unit, at most 7 characters (`1023 B`, `12.5 MiB`).
 pub fn format_bytes(bytes: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];

@@ -684,3 +684,73 @@ fn a_block_handle_freed_on_the_wrong_allocator_is_refused() {
     other.free_block(keep).unwrap();
     assert_eq!(mine.live_blocks(), 1);
 }
+
+#[test]
+fn active_counts_pending_frees_with_their_own_peaks_and_totals() {
+    let (device, alloc) = phantom(1 << 30, "");
+    device.set_manual_events(true);
+    let side = vramscope_allocator::Backend::create_stream(&device).unwrap();
+    let a = alloc.alloc(4096).unwrap();
+    a.record_stream(side).unwrap();
+    drop(a);
+    let b = alloc.alloc(8192).unwrap();
+    let stats = alloc.stats();
+    // Allocated: only b. Active: b and the pending a.
+    assert_eq!(stats.allocation.all.current, 1);
+    assert_eq!(stats.allocation.all.peak, 1);
+    assert_eq!(stats.active.all.current, 2);
+    assert_eq!(stats.active.all.peak, 2);
+    assert_eq!(stats.active_bytes.small_pool.current, 4096 + 8192);
+    assert_eq!(stats.active_bytes.all.peak, 4096 + 8192);
+    assert_eq!(stats.allocated_bytes.all.peak, 8192);
+    assert_eq!(stats.active.all.allocated, 2);
+    assert_eq!(
+        stats.active.all.freed, 0,
+        "the pending free has not completed"
+    );
+    assert_eq!(stats.allocation.all.freed, 1);
+    device.complete_stream(side);
+    drop(b);
+    // Completed events are collected lazily, by the next allocation or here.
+    alloc.empty_cache();
+    let stats = alloc.stats();
+    assert_eq!(stats.active.all.current, 0);
+    assert_eq!(stats.active.all.freed, 2);
+    assert_eq!(
+        stats.active.all.peak, 2,
+        "the peak outlives the pending block"
+    );
+    assert_eq!(stats.active_bytes.large_pool, Default::default());
+    alloc.reset_peak_stats();
+    let stats = alloc.stats();
+    assert_eq!(stats.active.all.peak, 0);
+    assert_eq!(stats.active_bytes.all.peak, 0);
+    assert_eq!(
+        stats.allocation.all.allocated, 2,
+        "totals survive a peak reset"
+    );
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
+fn inactive_split_counts_net_changes_like_pytorch() {
+    let (_, alloc) = phantom(1 << 30, "");
+    let a = alloc.alloc(4096).unwrap();
+    let stats = alloc.stats();
+    // One split remainder of the 2 MiB segment is inactive.
+    assert_eq!(stats.inactive_split.all.current, 1);
+    assert_eq!(stats.inactive_split_bytes.all.current, (2 << 20) - 4096);
+    let b = alloc.alloc(4096).unwrap();
+    let stats = alloc.stats();
+    // Shrinking the already split remainder is one decrease of 4096 bytes, no count change.
+    assert_eq!(stats.inactive_split.all.current, 1);
+    assert_eq!(stats.inactive_split.all.allocated, 1);
+    assert_eq!(stats.inactive_split_bytes.all.freed, 4096);
+    drop(a);
+    drop(b);
+    let stats = alloc.stats();
+    // Everything merged back into one unsplit block: nothing is inactive split.
+    assert_eq!(stats.inactive_split.all.current, 0);
+    assert_eq!(stats.inactive_split_bytes.all.current, 0);
+    alloc.check_invariants().unwrap();
+}
