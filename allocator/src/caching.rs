@@ -70,6 +70,8 @@ struct BlockMeta {
     /// Index of the segment's free list in `State::free_lists`.
     list: u16,
     flags: u8,
+    /// The segment's pool (also known through `list`, kept here for the hot path).
+    pool: Pool,
 }
 
 impl BlockMeta {
@@ -451,14 +453,21 @@ impl State {
             .map(|i| i as u16)
     }
 
+    /// The pool of a block.
     #[inline]
-    fn pool_of(&self, block: u32) -> (Pool, StreamId) {
-        let list = &self.free_lists[self.blocks.get(block).list as usize];
-        (list.pool, list.stream)
+    fn pool(&self, block: u32) -> Pool {
+        self.blocks.get(block).pool
+    }
+
+    /// The stream a block's segment belongs to.
+    #[inline]
+    fn stream_of(&self, block: u32) -> StreamId {
+        self.free_lists[self.blocks.get(block).list as usize].stream
     }
 
     /// Cuts block `id` (not in a free list) after its first `keep` bytes; the rest becomes a
     /// new free block, not yet in a free list, whose id is returned.
+    #[inline]
     fn split_off(&mut self, id: u32, keep: u64) -> u32 {
         let b = *self.blocks.get(id);
         let remainder = self.blocks.insert(BlockMeta {
@@ -472,6 +481,7 @@ impl State {
             step: 0,
             list: b.list,
             flags: 0,
+            pool: b.pool,
         });
         if b.next != NIL {
             self.blocks.get_mut(b.next).prev = remainder;
@@ -1159,6 +1169,7 @@ impl<B: Backend> CachingAllocator<B> {
             step: 0,
             list,
             flags: 0,
+            pool,
         });
         let seg = state.segments.get_mut(segment);
         seg.first = block;
@@ -1280,6 +1291,7 @@ impl<B: Backend> CachingAllocator<B> {
                     step: 0,
                     list,
                     flags: 0,
+                    pool,
                 });
                 if seg.last != NIL {
                     state.blocks.get_mut(seg.last).next = id;
@@ -1308,6 +1320,7 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// Hands out a found block (already out of the free set), splitting off the remainder.
+    #[inline(always)]
     fn use_block(
         &self,
         state: &mut State,
@@ -1318,7 +1331,7 @@ impl<B: Backend> CachingAllocator<B> {
         for_buffer: bool,
     ) -> BlockMeta {
         let id = found.block;
-        let (pool, _) = state.pool_of(id);
+        let pool = state.pool(id);
         let b = *state.blocks.get(id);
         // The net change of inactive split blocks, applied once (PyTorch's
         // `alloc_found_block`): a split free block leaves, its split remainder comes back.
@@ -1443,7 +1456,7 @@ impl<B: Backend> CachingAllocator<B> {
             self.check_guard(state, id);
         }
         let addr = state.blocks.get(id).addr;
-        let (pool, stream) = state.pool_of(id);
+        let pool = state.pool(id);
         let block = state.blocks.get_mut(id);
         block.flags = 0;
         let b = *block;
@@ -1462,7 +1475,7 @@ impl<B: Backend> CachingAllocator<B> {
                     addr,
                     size: b.size,
                     requested: b.requested,
-                    stream: stream.0,
+                    stream: state.stream_of(id).0,
                     provenance: b.provenance,
                 },
             );
@@ -1501,7 +1514,7 @@ impl<B: Backend> CachingAllocator<B> {
         let block = state.blocks.get_mut(id);
         block.flags = PENDING_FREE;
         let size = block.size;
-        let (pool, _) = state.pool_of(id);
+        let pool = state.pool(id);
         state.stats.pending.increase(pool, 1);
         state.stats.pending_bytes.increase(pool, size);
         state.pending_events.insert(id, count);
@@ -1533,7 +1546,7 @@ impl<B: Backend> CachingAllocator<B> {
         if remaining == 0 {
             state.pending_events.remove(&block);
             let size = state.blocks.get(block).size;
-            let (pool, _) = state.pool_of(block);
+            let pool = state.pool(block);
             state.stats.pending.decrease(pool, 1);
             state.stats.pending_bytes.decrease(pool, size);
             self.return_to_cache(state, block);
@@ -1556,7 +1569,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// PyTorch's `free_block`: merge with free neighbours in the segment, return to the pool.
     fn return_to_cache(&self, state: &mut State, id: u32) {
         let shared = &*self.shared;
-        let (pool, stream) = state.pool_of(id);
+        let pool = state.pool(id);
         let original = *state.blocks.get(id);
         state.blocks.get_mut(id).flags = 0;
         // The net change of inactive split blocks, applied once (PyTorch's `free_block`): each
@@ -1623,7 +1636,7 @@ impl<B: Backend> CachingAllocator<B> {
                     addr: original.addr,
                     size: original.size,
                     requested: original.requested,
-                    stream: stream.0,
+                    stream: state.stream_of(id).0,
                     provenance: original.provenance,
                 },
             );
@@ -1936,7 +1949,7 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     fn add_stream_use(state: &mut State, id: u32, stream: StreamId) {
-        let (_, own) = state.pool_of(id);
+        let own = state.stream_of(id);
         if own != stream {
             let uses = state.stream_uses.entry(id).or_default();
             if !uses.contains(&stream) {

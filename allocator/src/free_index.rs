@@ -18,8 +18,11 @@ const SUB_BINS: u64 = 32;
 const SUB_BITS: u32 = SUB_BINS.trailing_zeros();
 /// Levels: level 0 holds the exact bins, level `l > 0` the units in `[2^(l+4), 2^(l+5))`.
 const LEVELS: usize = 64 - UNIT_SHIFT as usize - SUB_BITS as usize + 1;
-/// Bins in all.
-const BINS: usize = LEVELS * SUB_BINS as usize;
+/// Level slots: `LEVELS` rounded up to a power of two, so that a masked level index needs no
+/// bounds check.
+const LEVEL_SLOTS: usize = LEVELS.next_power_of_two();
+/// Bin slots (the ones past `LEVELS` stay empty).
+const BINS: usize = LEVEL_SLOTS * SUB_BINS as usize;
 
 /// One free block: its key `(size << 64) | address` and its block id.
 type Entry = (u128, u32);
@@ -28,11 +31,11 @@ type Entry = (u128, u32);
 pub(crate) struct FreeIndex {
     /// Entries per bin, each vector sorted by key in descending order; allocated on first
     /// insert.
-    bins: Box<[Vec<Entry>]>,
+    bins: Box<[Vec<Entry>; BINS]>,
     /// Bit `l` set when level `l` has a non-empty bin.
     level_mask: u64,
     /// Per level, bit `s` set when bin `s` of the level is non-empty.
-    bin_masks: [u32; LEVELS],
+    bin_masks: [u32; LEVEL_SLOTS],
     len: usize,
 }
 
@@ -46,7 +49,13 @@ fn bin_of(size: u64) -> (usize, usize) {
     let log = 63 - units.leading_zeros();
     let level = (log - SUB_BITS + 1) as usize;
     let sub = ((units >> (log - SUB_BITS)) & (SUB_BINS - 1)) as usize;
-    (level, sub)
+    (level & (LEVEL_SLOTS - 1), sub)
+}
+
+/// The slot of a bin in `FreeIndex::bins`.
+#[inline]
+fn slot(level: usize, sub: usize) -> usize {
+    ((level & (LEVEL_SLOTS - 1)) << SUB_BITS) | (sub & (SUB_BINS as usize - 1))
 }
 
 #[inline]
@@ -58,9 +67,9 @@ impl FreeIndex {
     /// An empty index.
     pub fn new() -> FreeIndex {
         FreeIndex {
-            bins: (0..BINS).map(|_| Vec::new()).collect(),
+            bins: Box::new(std::array::from_fn(|_| Vec::new())),
             level_mask: 0,
-            bin_masks: [0; LEVELS],
+            bin_masks: [0; LEVEL_SLOTS],
             len: 0,
         }
     }
@@ -69,14 +78,14 @@ impl FreeIndex {
     #[inline]
     pub fn insert(&mut self, key: u128, id: u32) {
         let (level, sub) = bin_of(key_size(key));
-        let bin = &mut self.bins[level * SUB_BINS as usize + sub];
+        let bin = &mut self.bins[slot(level, sub)];
         if bin.last().map_or(true, |last| last.0 > key) {
             bin.push((key, id));
         } else {
             let at = bin.partition_point(|e| e.0 > key);
             bin.insert(at, (key, id));
         }
-        self.bin_masks[level] |= 1 << sub;
+        self.bin_masks[level & (LEVEL_SLOTS - 1)] |= 1 << sub;
         self.level_mask |= 1 << level;
         self.len += 1;
     }
@@ -85,7 +94,7 @@ impl FreeIndex {
     #[inline]
     pub fn remove(&mut self, key: u128) -> Option<u32> {
         let (level, sub) = bin_of(key_size(key));
-        let bin = &mut self.bins[level * SUB_BINS as usize + sub];
+        let bin = &mut self.bins[slot(level, sub)];
         let id = match bin.last() {
             Some(&(last, id)) if last == key => {
                 bin.pop();
@@ -97,8 +106,8 @@ impl FreeIndex {
             }
         };
         if bin.is_empty() {
-            self.bin_masks[level] &= !(1 << sub);
-            if self.bin_masks[level] == 0 {
+            self.bin_masks[level & (LEVEL_SLOTS - 1)] &= !(1 << sub);
+            if self.bin_masks[level & (LEVEL_SLOTS - 1)] == 0 {
                 self.level_mask &= !(1 << level);
             }
         }
@@ -109,7 +118,7 @@ impl FreeIndex {
     /// The id stored under exactly `key`.
     pub fn get(&self, key: u128) -> Option<u32> {
         let (level, sub) = bin_of(key_size(key));
-        let bin = &self.bins[level * SUB_BINS as usize + sub];
+        let bin = &self.bins[slot(level, sub)];
         bin.binary_search_by(|e| key.cmp(&e.0))
             .ok()
             .map(|at| bin[at].1)
@@ -119,8 +128,8 @@ impl FreeIndex {
     #[inline]
     pub fn first_from(&self, key: u128) -> Option<(u128, u32)> {
         let (level, sub) = bin_of(key_size(key));
-        if self.bin_masks[level] & (1 << sub) != 0 {
-            let bin = &self.bins[level * SUB_BINS as usize + sub];
+        if self.bin_masks[level & (LEVEL_SLOTS - 1)] & (1 << sub) != 0 {
+            let bin = &self.bins[slot(level, sub)];
             let smallest = bin[bin.len() - 1];
             if smallest.0 >= key {
                 return Some(smallest);
@@ -132,7 +141,7 @@ impl FreeIndex {
             }
         }
         let (level, sub) = self.next_bin(level, sub)?;
-        let bin = &self.bins[level * SUB_BINS as usize + sub];
+        let bin = &self.bins[slot(level, sub)];
         Some(bin[bin.len() - 1])
     }
 
@@ -140,7 +149,7 @@ impl FreeIndex {
     #[inline]
     fn next_bin(&self, level: usize, sub: usize) -> Option<(usize, usize)> {
         let later_here = if sub + 1 < SUB_BINS as usize {
-            self.bin_masks[level] & (u32::MAX << (sub + 1))
+            self.bin_masks[level & (LEVEL_SLOTS - 1)] & (u32::MAX << (sub + 1))
         } else {
             0
         };
@@ -156,13 +165,16 @@ impl FreeIndex {
             return None;
         }
         let level = later_levels.trailing_zeros() as usize;
-        Some((level, self.bin_masks[level].trailing_zeros() as usize))
+        Some((
+            level,
+            self.bin_masks[level & (LEVEL_SLOTS - 1)].trailing_zeros() as usize,
+        ))
     }
 
     /// Every entry at or after `key`, in order.
     pub fn all_from(&self, key: u128) -> Vec<(u128, u32)> {
         let (level, sub) = bin_of(key_size(key));
-        let first = level * SUB_BINS as usize + sub;
+        let first = slot(level, sub);
         self.bins[first..]
             .iter()
             .flat_map(|bin| bin.iter().rev())

@@ -220,30 +220,24 @@ impl Counter {
     }
 }
 
-/// A [`Counter`] for all pools together and for each pool alone.
+/// A [`Counter`] for all pools together and for each pool alone (indexed by `Pool as usize`,
+/// so that choosing the pool is an address computation, not a branch).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct CounterArray {
     pub all: Counter,
-    pub small_pool: Counter,
-    pub large_pool: Counter,
+    pools: [Counter; 2],
 }
 
 impl CounterArray {
     #[inline]
     fn pool_mut(&mut self, pool: Pool) -> &mut Counter {
-        match pool {
-            Pool::Small => &mut self.small_pool,
-            Pool::Large => &mut self.large_pool,
-        }
+        &mut self.pools[pool as usize]
     }
 
     /// The counter of one pool.
     #[inline]
     pub fn pool(&self, pool: Pool) -> &Counter {
-        match pool {
-            Pool::Small => &self.small_pool,
-            Pool::Large => &self.large_pool,
-        }
+        &self.pools[pool as usize]
     }
 
     /// Adds `amount` to `all` and to `pool`.
@@ -272,7 +266,8 @@ impl CounterArray {
     }
 
     fn reset_peak(&mut self) {
-        for counter in [&mut self.all, &mut self.small_pool, &mut self.large_pool] {
+        self.all.peak = self.all.current;
+        for counter in &mut self.pools {
             counter.peak = counter.current;
         }
     }
@@ -280,8 +275,8 @@ impl CounterArray {
     fn to_stat_array(self) -> StatArray {
         StatArray {
             all: self.all.to_stat(),
-            small_pool: self.small_pool.to_stat(),
-            large_pool: self.large_pool.to_stat(),
+            small_pool: self.pool(Pool::Small).to_stat(),
+            large_pool: self.pool(Pool::Large).to_stat(),
         }
     }
 }
@@ -370,18 +365,11 @@ impl StatsBook {
             allocated: a.current + a.freed,
             freed: a.freed - p.current,
         };
+        let pool = |p: Pool| one(allocated.pool(p), pending.pool(p), peaks.pool(p));
         StatArray {
             all: one(&allocated.all, &pending.all, &peaks.all),
-            small_pool: one(
-                &allocated.small_pool,
-                &pending.small_pool,
-                &peaks.small_pool,
-            ),
-            large_pool: one(
-                &allocated.large_pool,
-                &pending.large_pool,
-                &peaks.large_pool,
-            ),
+            small_pool: pool(Pool::Small),
+            large_pool: pool(Pool::Large),
         }
     }
 
@@ -435,8 +423,10 @@ impl StatsBook {
             ),
         ] {
             peak.all.peak = allocated.all.current + pending.all.current;
-            peak.small_pool.peak = allocated.small_pool.current + pending.small_pool.current;
-            peak.large_pool.peak = allocated.large_pool.current + pending.large_pool.current;
+            for pool in [Pool::Small, Pool::Large] {
+                peak.pool_mut(pool).peak =
+                    allocated.pool(pool).current + pending.pool(pool).current;
+            }
         }
         self.oversize_allocations.reset_peak();
         self.oversize_segments.reset_peak();
