@@ -99,9 +99,9 @@ struct SegmentMeta {
     expandable: bool,
     first: u32,
     last: u32,
-    /// Blocks allocated or pending free.
-    active_blocks: u32,
-    /// Operation counter of the last time a block of the segment was freed (for GC order).
+    /// Operation counter of the last time the segment became wholly free (for GC order). A
+    /// segment is wholly free when its one block is free: free neighbours always merge, so a
+    /// segment without live blocks is a single free block (`State::is_idle`).
     last_used: u64,
 }
 
@@ -451,6 +451,12 @@ impl State {
             .iter()
             .position(|l| l.stream == stream && l.pool == pool)
             .map(|i| i as u16)
+    }
+
+    /// Whether a segment has no live (allocated or pending) block: it is one free block.
+    fn is_idle(&self, segment: &SegmentMeta) -> bool {
+        segment.first == NIL
+            || (segment.first == segment.last && self.blocks.get(segment.first).is_free())
     }
 
     /// The pool of a block.
@@ -984,9 +990,8 @@ impl<B: Backend> CachingAllocator<B> {
     ) -> Option<Found> {
         let max_split = self.shared.config.max_split_size.unwrap_or(u64::MAX);
         let list = state.find_list(stream, pool)?;
-        let (key, id) = state.free_lists[list as usize]
-            .blocks
-            .first_from(free_key(rounded, 0))?;
+        let blocks = &mut state.free_lists[list as usize].blocks;
+        let (at, key, id) = blocks.find_from(free_key(rounded, 0))?;
         let size = (key >> 64) as u64;
         if rounded < max_split && size >= max_split {
             return None;
@@ -994,9 +999,7 @@ impl<B: Backend> CachingAllocator<B> {
         if rounded >= max_split && size >= rounded + LARGE_BUFFER {
             return None;
         }
-        state.free_lists[state.blocks.get(id).list as usize]
-            .blocks
-            .remove(key);
+        blocks.take(at);
         Some(Found {
             block: id,
             uncounted: true,
@@ -1155,7 +1158,6 @@ impl<B: Backend> CachingAllocator<B> {
             expandable: false,
             first: NIL,
             last: NIL,
-            active_blocks: 0,
             last_used: state.op_counter,
         });
         let block = state.blocks.insert(BlockMeta {
@@ -1227,7 +1229,6 @@ impl<B: Backend> CachingAllocator<B> {
                     expandable: true,
                     first: NIL,
                     last: NIL,
-                    active_blocks: 0,
                     last_used: state.op_counter,
                 });
                 state.segments_by_addr.insert(addr, id);
@@ -1375,7 +1376,6 @@ impl<B: Backend> CachingAllocator<B> {
         block.provenance = provenance;
         block.step = step;
         let block = *block;
-        state.segments.get_mut(block.segment).active_blocks += 1;
         let stats = &mut state.stats;
         stats.count_allocation(pool, block.size, requested);
         if let Some(max_split) = self.shared.config.max_split_size {
@@ -1449,6 +1449,7 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// The common part of a free: statistics, the event, deferral or return to the cache.
+    #[inline]
     fn release_allocated(&self, state: &mut State, id: u32) -> Result<(), AllocError> {
         let shared = &*self.shared;
         state.op_counter += 1;
@@ -1567,6 +1568,7 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// PyTorch's `free_block`: merge with free neighbours in the segment, return to the pool.
+    #[inline]
     fn return_to_cache(&self, state: &mut State, id: u32) {
         let shared = &*self.shared;
         let pool = state.pool(id);
@@ -1624,10 +1626,10 @@ impl<B: Backend> CachingAllocator<B> {
                 },
             );
         }
-        let op = state.op_counter;
-        let seg = state.segments.get_mut(original.segment);
-        seg.active_blocks -= 1;
-        seg.last_used = op;
+        if !state.blocks.get(id).is_split() {
+            let op = state.op_counter;
+            state.segments.get_mut(original.segment).last_used = op;
+        }
         if shared.config.record_events {
             state.record(
                 &shared.clock,
@@ -1794,7 +1796,7 @@ impl<B: Backend> CachingAllocator<B> {
         let whole: Vec<u32> = state
             .segments
             .iter()
-            .filter(|(_, s)| !s.expandable && s.active_blocks == 0)
+            .filter(|(_, s)| !s.expandable && state.is_idle(s))
             .map(|(id, _)| id)
             .collect();
         for segment in whole {
@@ -1817,7 +1819,7 @@ impl<B: Backend> CachingAllocator<B> {
         let mut idle: Vec<(u64, u32)> = state
             .segments
             .iter()
-            .filter(|(_, s)| !s.expandable && s.active_blocks == 0)
+            .filter(|(_, s)| !s.expandable && state.is_idle(s))
             .map(|(id, s)| (s.last_used, id))
             .collect();
         idle.sort_unstable();
@@ -2352,9 +2354,12 @@ impl<B: Backend> CachingAllocator<B> {
             if cursor != seg.addr + seg.size {
                 return Err(format!("segment at {addr:#x} is not covered by its blocks"));
             }
-            if seg.last != prev || active != seg.active_blocks {
+            if seg.last != prev {
+                return Err(format!("segment at {addr:#x} has a stale tail"));
+            }
+            if (active == 0) != state.is_idle(seg) {
                 return Err(format!(
-                    "segment at {addr:#x} has a stale tail or active count"
+                    "segment at {addr:#x} has no live block but is not one free block"
                 ));
             }
         }

@@ -27,6 +27,14 @@ const BINS: usize = LEVEL_SLOTS * SUB_BINS as usize;
 /// One free block: its key `(size << 64) | address` and its block id.
 type Entry = (u128, u32);
 
+/// Where [`FreeIndex::find_from`] found an entry: its bin and its index in the bin.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Found {
+    level: usize,
+    sub: usize,
+    index: usize,
+}
+
 /// Free blocks keyed by `(size << 64) | address`, with their block ids.
 pub(crate) struct FreeIndex {
     /// Entries per bin, each vector sorted by key in descending order; allocated on first
@@ -94,25 +102,33 @@ impl FreeIndex {
     #[inline]
     pub fn remove(&mut self, key: u128) -> Option<u32> {
         let (level, sub) = bin_of(key_size(key));
-        let bin = &mut self.bins[slot(level, sub)];
-        let id = match bin.last() {
-            Some(&(last, id)) if last == key => {
-                bin.pop();
-                id
-            }
-            _ => {
-                let at = bin.binary_search_by(|e| key.cmp(&e.0)).ok()?;
-                bin.remove(at).1
-            }
+        let bin = &self.bins[slot(level, sub)];
+        let index = match bin.last() {
+            Some(&(last, _)) if last == key => bin.len() - 1,
+            _ => bin.binary_search_by(|e| key.cmp(&e.0)).ok()?,
+        };
+        Some(self.take(Found { level, sub, index }).1)
+    }
+
+    /// Takes out the entry at a position [`FreeIndex::find_from`] returned (and nothing has
+    /// changed since).
+    #[inline]
+    pub fn take(&mut self, at: Found) -> (u128, u32) {
+        let bin = &mut self.bins[slot(at.level, at.sub)];
+        let entry = if at.index + 1 == bin.len() {
+            bin.pop().expect("the position is in the bin")
+        } else {
+            bin.remove(at.index)
         };
         if bin.is_empty() {
-            self.bin_masks[level & (LEVEL_SLOTS - 1)] &= !(1 << sub);
-            if self.bin_masks[level & (LEVEL_SLOTS - 1)] == 0 {
-                self.level_mask &= !(1 << level);
+            let mask = &mut self.bin_masks[at.level & (LEVEL_SLOTS - 1)];
+            *mask &= !(1 << at.sub);
+            if *mask == 0 {
+                self.level_mask &= !(1 << at.level);
             }
         }
         self.len -= 1;
-        Some(id)
+        entry
     }
 
     /// The id stored under exactly `key`.
@@ -125,24 +141,45 @@ impl FreeIndex {
     }
 
     /// The first entry at or after `key` (best fit).
-    #[inline]
+    #[cfg(test)]
     pub fn first_from(&self, key: u128) -> Option<(u128, u32)> {
+        self.find_from(key).map(|(_, key, id)| (key, id))
+    }
+
+    /// The first entry at or after `key` (best fit) with its position, for
+    /// [`FreeIndex::take`].
+    #[inline]
+    pub fn find_from(&self, key: u128) -> Option<(Found, u128, u32)> {
         let (level, sub) = bin_of(key_size(key));
         if self.bin_masks[level & (LEVEL_SLOTS - 1)] & (1 << sub) != 0 {
             let bin = &self.bins[slot(level, sub)];
-            let smallest = bin[bin.len() - 1];
+            let last = bin.len() - 1;
+            let smallest = bin[last];
             if smallest.0 >= key {
-                return Some(smallest);
+                let at = Found {
+                    level,
+                    sub,
+                    index: last,
+                };
+                return Some((at, smallest.0, smallest.1));
             }
             // Entries at or after `key` are a prefix; the last of them is the best fit.
             let fitting = bin.partition_point(|e| e.0 >= key);
             if fitting > 0 {
-                return Some(bin[fitting - 1]);
+                let entry = bin[fitting - 1];
+                let at = Found {
+                    level,
+                    sub,
+                    index: fitting - 1,
+                };
+                return Some((at, entry.0, entry.1));
             }
         }
         let (level, sub) = self.next_bin(level, sub)?;
         let bin = &self.bins[slot(level, sub)];
-        Some(bin[bin.len() - 1])
+        let index = bin.len() - 1;
+        let entry = bin[index];
+        Some((Found { level, sub, index }, entry.0, entry.1))
     }
 
     /// The first non-empty bin after bin `sub` of `level`.
@@ -238,6 +275,15 @@ mod tests {
                 "step {step}"
             );
             assert_eq!(index.get(probe), model.get(&probe).copied());
+            if seed % 5 == 0 {
+                // Take the best fit out through its position, as allocations do.
+                let expected = model.range(probe..).next().map(|(&k, &v)| (k, v));
+                let taken = index.find_from(probe).map(|(at, _, _)| index.take(at));
+                assert_eq!(taken, expected, "step {step}");
+                if let Some((key, _)) = taken {
+                    model.remove(&key);
+                }
+            }
         }
         let probe = key_of(99);
         assert_eq!(
