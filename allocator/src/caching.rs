@@ -1060,8 +1060,8 @@ impl<B: Backend> CachingAllocator<B> {
                 },
             );
         }
-        let allocated = state.stats.allocated_bytes.all.current;
-        let reserved = state.stats.reserved_bytes.all.current;
+        let allocated = state.stats.allocated_bytes.all().current;
+        let reserved = state.stats.reserved_bytes.all().current;
         let cached = reserved.saturating_sub(allocated);
         let hint = if cached >= rounded || cached > info.total / 5 {
             Some(format!(
@@ -1792,7 +1792,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// segment with no live block. Returns the bytes released.
     fn release_cached_blocks(&self, state: &mut State) -> u64 {
         self.synchronize_and_free_events(state);
-        let before = state.stats.reserved_bytes.all.current;
+        let before = state.stats.reserved_bytes.all().current;
         let whole: Vec<u32> = state
             .segments
             .iter()
@@ -1806,14 +1806,14 @@ impl<B: Backend> CachingAllocator<B> {
         for segment in expandable {
             self.trim_expandable(state, segment);
         }
-        before - state.stats.reserved_bytes.all.current
+        before - state.stats.reserved_bytes.all().current
     }
 
     /// Frees the least recently used whole cached segments until reserved memory is under
     /// `threshold` of capacity.
     fn garbage_collect(&self, state: &mut State, threshold: f64) {
         let limit = (self.shared.capacity as f64 * threshold) as u64;
-        if state.stats.reserved_bytes.all.current <= limit {
+        if state.stats.reserved_bytes.all().current <= limit {
             return;
         }
         let mut idle: Vec<(u64, u32)> = state
@@ -1824,7 +1824,7 @@ impl<B: Backend> CachingAllocator<B> {
             .collect();
         idle.sort_unstable();
         for (_, segment) in idle {
-            if state.stats.reserved_bytes.all.current <= limit {
+            if state.stats.reserved_bytes.all().current <= limit {
                 break;
             }
             self.release_segment(state, segment);
@@ -2095,7 +2095,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// Number of live (allocated or pending) blocks.
     pub fn live_blocks(&self) -> usize {
         let state = self.shared.state.lock();
-        state.stats.allocation.all.current as usize + state.pending_events.len()
+        state.stats.allocation.all().current as usize + state.pending_events.len()
     }
 
     /// Everything the allocator knows, as the one data model: device, settings, statistics,

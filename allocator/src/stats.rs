@@ -223,12 +223,13 @@ impl Counter {
     }
 }
 
-/// A [`Counter`] for all pools together and for each pool alone (indexed by `Pool as usize`,
-/// so that choosing the pool is an address computation, not a branch).
+/// A [`Counter`] for each pool alone (indexed by `Pool as usize`, so that choosing the pool is
+/// an address computation, not a branch) and for all pools together, of which only the peak is
+/// kept: the current value and the totals of `all` are the sums of the pools'.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct CounterArray {
-    pub all: Counter,
     pools: [Counter; 2],
+    all_peak: u64,
 }
 
 impl CounterArray {
@@ -243,17 +244,28 @@ impl CounterArray {
         &self.pools[pool as usize]
     }
 
-    /// Adds `amount` to `all` and to `pool`.
+    /// The counter of both pools together.
     #[inline]
-    pub fn increase(&mut self, pool: Pool, amount: u64) {
-        self.all.increase(amount);
-        self.pool_mut(pool).increase(amount);
+    pub fn all(&self) -> Counter {
+        let [small, large] = self.pools;
+        Counter {
+            current: small.current + large.current,
+            peak: self.all_peak,
+            freed: small.freed + large.freed,
+        }
     }
 
-    /// Removes `amount` from `all` and from `pool`.
+    /// Adds `amount` to `pool` (and so to `all`).
+    #[inline]
+    pub fn increase(&mut self, pool: Pool, amount: u64) {
+        self.pool_mut(pool).increase(amount);
+        let all = self.pools[0].current + self.pools[1].current;
+        self.all_peak = self.all_peak.max(all);
+    }
+
+    /// Removes `amount` from `pool` (and so from `all`).
     #[inline]
     pub fn decrease(&mut self, pool: Pool, amount: u64) {
-        self.all.decrease(amount);
         self.pool_mut(pool).decrease(amount);
     }
 
@@ -269,7 +281,7 @@ impl CounterArray {
     }
 
     fn reset_peak(&mut self) {
-        self.all.peak = self.all.current;
+        self.all_peak = self.all().current;
         for counter in &mut self.pools {
             counter.peak = counter.current;
         }
@@ -277,7 +289,7 @@ impl CounterArray {
 
     fn to_stat_array(self) -> StatArray {
         StatArray {
-            all: self.all.to_stat(),
+            all: self.all().to_stat(),
             small_pool: self.pool(Pool::Small).to_stat(),
             large_pool: self.pool(Pool::Large).to_stat(),
         }
@@ -324,7 +336,7 @@ impl StatsBook {
         self.allocation.increase(pool, 1);
         self.allocated_bytes.increase(pool, size);
         self.requested_bytes.increase(pool, requested);
-        if self.pending.all.current != 0 {
+        if self.pending.all().current != 0 {
             self.note_active_peaks(pool);
         }
     }
@@ -347,8 +359,8 @@ impl StatsBook {
                 &self.pending_bytes,
             ),
         ] {
-            let all = allocated.all.current + pending.all.current;
-            peak.all.peak = peak.all.peak.max(all);
+            let all = allocated.all().current + pending.all().current;
+            peak.all_peak = peak.all_peak.max(all);
             let one = allocated.pool(pool).current + pending.pool(pool).current;
             let pool_peak = &mut peak.pool_mut(pool).peak;
             *pool_peak = (*pool_peak).max(one);
@@ -370,7 +382,7 @@ impl StatsBook {
         };
         let pool = |p: Pool| one(allocated.pool(p), pending.pool(p), peaks.pool(p));
         StatArray {
-            all: one(&allocated.all, &pending.all, &peaks.all),
+            all: one(&allocated.all(), &pending.all(), &peaks.all()),
             small_pool: pool(Pool::Small),
             large_pool: pool(Pool::Large),
         }
@@ -425,7 +437,7 @@ impl StatsBook {
                 &self.pending_bytes,
             ),
         ] {
-            peak.all.peak = allocated.all.current + pending.all.current;
+            peak.all_peak = allocated.all().current + pending.all().current;
             for pool in [Pool::Small, Pool::Large] {
                 peak.pool_mut(pool).peak =
                     allocated.pool(pool).current + pending.pool(pool).current;
