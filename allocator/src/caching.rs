@@ -548,7 +548,7 @@ impl State {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn record(&mut self, clock: &Clock, kind: EventKind, event: RawEventParts) {
         let time_ns = clock.ticks();
         self.ring.push(RawEvent {

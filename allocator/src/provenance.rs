@@ -125,8 +125,16 @@ impl Interner {
     }
 }
 
+/// An allocation's origin as the fast path keys it: (location address, tag, scope, thread).
+type OriginKey = (usize, u32, u32, u32);
+
+/// Entries of the origin cache (a power of two).
+const ORIGIN_CACHE: usize = 16;
+
+/// A key no origin has (no `Location` lives at address `usize::MAX`).
+const NO_ORIGIN: (OriginKey, u32) = ((usize::MAX, 0, 0, 0), NIL);
+
 /// The allocator's tables of call sites, tags, scopes and provenance tuples.
-#[derive(Default)]
 pub(crate) struct ProvenanceTables {
     sites: Vec<SiteEntry>,
     by_location: FxHashMap<usize, u32>,
@@ -136,7 +144,26 @@ pub(crate) struct ProvenanceTables {
     provenance: Vec<Provenance>,
     by_provenance: FxHashMap<Provenance, u32>,
     /// Fast path: (location, tag, scope, thread) straight to a provenance id.
-    by_origin: FxHashMap<(usize, u32, u32, u32), u32>,
+    by_origin: FxHashMap<OriginKey, u32>,
+    /// Faster path: a direct-mapped cache of `by_origin` indexed by the location's address,
+    /// so that the few call sites of a hot loop skip the hash lookup.
+    origin_cache: [(OriginKey, u32); ORIGIN_CACHE],
+}
+
+impl Default for ProvenanceTables {
+    fn default() -> Self {
+        ProvenanceTables {
+            sites: Vec::new(),
+            by_location: FxHashMap::default(),
+            by_backtrace: FxHashMap::default(),
+            tags: Interner::default(),
+            scopes: Interner::default(),
+            provenance: Vec::new(),
+            by_provenance: FxHashMap::default(),
+            by_origin: FxHashMap::default(),
+            origin_cache: [NO_ORIGIN; ORIGIN_CACHE],
+        }
+    }
 }
 
 impl ProvenanceTables {
@@ -189,7 +216,14 @@ impl ProvenanceTables {
             scope,
             thread,
         );
+        // `Location`s are at least 8-byte aligned and several words long.
+        let slot = (key.0 >> 4) & (ORIGIN_CACHE - 1);
+        let (cached, id) = self.origin_cache[slot];
+        if cached == key {
+            return id;
+        }
         if let Some(&id) = self.by_origin.get(&key) {
+            self.origin_cache[slot] = (key, id);
             return id;
         }
         let site = location.map_or(NIL, |l| self.site(l, None));
@@ -200,6 +234,7 @@ impl ProvenanceTables {
             thread,
         });
         self.by_origin.insert(key, id);
+        self.origin_cache[slot] = (key, id);
         id
     }
 

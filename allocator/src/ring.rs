@@ -21,10 +21,21 @@ pub(crate) struct RawEvent {
     pub kind: EventKind,
 }
 
-/// A ring of at most `capacity` events.
+/// Events per chunk of the ring's storage (256 KiB of events).
+const CHUNK_BITS: u32 = 12;
+const CHUNK: usize = 1 << CHUNK_BITS;
+
+/// A ring of at most `capacity` events, stored in fixed chunks of [`CHUNK`] events that are
+/// allocated as the ring fills and never moved: growing costs no copy of what is already
+/// recorded, and chunks of one size are what the system allocator recycles best when a
+/// program makes allocators one after another.
 pub(crate) struct EventRing {
-    entries: Vec<RawEvent>,
+    chunks: Vec<Vec<RawEvent>>,
     capacity: usize,
+    /// Events held (at most `capacity`).
+    len: usize,
+    /// The slot the next event goes to.
+    next_slot: usize,
     next_seq: u64,
     overwritten: u64,
 }
@@ -33,8 +44,10 @@ impl EventRing {
     /// An empty ring that holds up to `capacity` events (at least one).
     pub fn new(capacity: usize) -> EventRing {
         EventRing {
-            entries: Vec::new(),
+            chunks: Vec::new(),
             capacity: capacity.max(1),
+            len: 0,
+            next_slot: 0,
             next_seq: 0,
             overwritten: 0,
         }
@@ -46,14 +59,37 @@ impl EventRing {
         let seq = self.next_seq;
         event.seq = seq;
         self.next_seq += 1;
-        if self.entries.len() < self.capacity {
-            self.entries.push(event);
+        let slot = self.next_slot;
+        self.next_slot = if slot + 1 == self.capacity {
+            0
         } else {
-            let slot = (seq % self.capacity as u64) as usize;
-            self.entries[slot] = event;
+            slot + 1
+        };
+        if self.len < self.capacity {
+            self.len += 1;
+            self.append(event);
+        } else {
+            self.chunks[slot >> CHUNK_BITS][slot & (CHUNK - 1)] = event;
             self.overwritten += 1;
         }
         seq
+    }
+
+    /// Stores an event in the first unused slot while the ring fills.
+    #[inline]
+    fn append(&mut self, event: RawEvent) {
+        match self.chunks.last_mut() {
+            Some(chunk) if chunk.len() < chunk.capacity() => chunk.push(event),
+            _ => self.append_to_new_chunk(event),
+        }
+    }
+
+    #[cold]
+    fn append_to_new_chunk(&mut self, event: RawEvent) {
+        let room = (self.capacity - self.chunks.len() * CHUNK).min(CHUNK);
+        let mut chunk = Vec::with_capacity(room);
+        chunk.push(event);
+        self.chunks.push(chunk);
     }
 
     /// Events overwritten before anyone read them from the ring.
@@ -68,17 +104,16 @@ impl EventRing {
 
     /// The oldest sequence number still held.
     pub fn oldest_seq(&self) -> u64 {
-        self.next_seq - self.entries.len() as u64
+        self.next_seq - self.len as u64
     }
 
     /// Events with sequence number ≥ `from` still held, oldest first, at most `limit` of them.
     pub fn since(&self, from: u64, limit: usize) -> impl Iterator<Item = &RawEvent> + '_ {
         let start = from.max(self.oldest_seq());
-        let len = self.entries.len() as u64;
         let cap = self.capacity as u64;
         (start..self.next_seq).take(limit).map(move |seq| {
-            let slot = if len < cap { seq } else { seq % cap };
-            &self.entries[slot as usize]
+            let slot = (seq % cap) as usize;
+            &self.chunks[slot >> CHUNK_BITS][slot & (CHUNK - 1)]
         })
     }
 
@@ -124,5 +159,30 @@ mod tests {
         let seqs: Vec<u64> = ring.since(3, 1).map(|e| e.seq).collect();
         assert_eq!(seqs, vec![3]);
         assert_eq!(ring.since(5, 10).count(), 0);
+    }
+
+    #[test]
+    fn ring_spanning_several_chunks_wraps_in_order() {
+        let capacity = CHUNK * 2 + 100;
+        let mut ring = EventRing::new(capacity);
+        let total = (capacity * 3 + 17) as u64;
+        for i in 0..total {
+            assert_eq!(ring.push(event(i)), i);
+            if i == (CHUNK + 5) as u64 {
+                let sizes: Vec<u64> = ring.since(CHUNK as u64 - 2, 4).map(|e| e.size).collect();
+                let first = CHUNK as u64 - 2;
+                assert_eq!(sizes, vec![first, first + 1, first + 2, first + 3]);
+            }
+        }
+        assert_eq!(ring.chunks.len(), 3, "storage never exceeds the capacity");
+        assert_eq!(
+            ring.chunks.iter().map(Vec::capacity).sum::<usize>(),
+            capacity
+        );
+        assert_eq!(ring.overwritten(), total - capacity as u64);
+        assert_eq!(ring.oldest_seq(), total - capacity as u64);
+        let held: Vec<u64> = ring.since(0, usize::MAX).map(|e| e.size).collect();
+        assert_eq!(held.len(), capacity);
+        assert!(held.iter().copied().eq(total - capacity as u64..total));
     }
 }
