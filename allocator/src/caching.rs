@@ -13,6 +13,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
+use std::num::NonZeroU32;
 use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -360,6 +361,8 @@ struct State {
 
 struct Shared<B: Backend> {
     id: u64,
+    /// `id` folded into a non-zero `u32` for [`BlockHandle`]s.
+    handle_tag: NonZeroU32,
     backend: B,
     device: u32,
     capacity: u64,
@@ -596,6 +599,7 @@ impl<B: Backend> CachingAllocator<B> {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0);
+        let id = NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed);
         let ring_capacity = if config.record_events {
             config.max_entries
         } else {
@@ -603,7 +607,8 @@ impl<B: Backend> CachingAllocator<B> {
         };
         CachingAllocator {
             shared: Arc::new(Shared {
-                id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
+                id,
+                handle_tag: NonZeroU32::new(id as u32).unwrap_or(NonZeroU32::MAX),
                 device: device.device_index(),
                 capacity: info.total,
                 backend: device,
@@ -729,7 +734,7 @@ impl<B: Backend> CachingAllocator<B> {
             location: Location::caller(),
             tag: None,
         };
-        let allocator = self.shared.id;
+        let allocator = self.shared.handle_tag;
         self.allocate(size, stream, origin, true)
             .map(|(addr, block)| BlockHandle {
                 addr,
@@ -740,7 +745,7 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// Frees a block from [`CachingAllocator::alloc_block`].
     pub fn free_block(&self, handle: BlockHandle) -> Result<(), AllocError> {
-        if handle.allocator != self.shared.id {
+        if handle.allocator != self.shared.handle_tag {
             return Err(AllocError::UnknownPointer { addr: handle.addr });
         }
         self.deallocate_buffer(handle.block, handle.addr)
@@ -2484,8 +2489,9 @@ pub struct SiteTables {
 pub struct BlockHandle {
     addr: u64,
     block: u32,
-    /// The id of the allocator that handed it out, so that another allocator refuses it.
-    allocator: u64,
+    /// The handle tag of the allocator that handed it out, so that another allocator refuses
+    /// it (a `NonZeroU32`, which keeps `Option<BlockHandle>` at 16 bytes).
+    allocator: NonZeroU32,
 }
 
 impl BlockHandle {
@@ -2536,7 +2542,7 @@ impl<B: Backend> Exclusive<'_, B> {
     /// [`CachingAllocator::free_block`] under the held lock.
     #[inline]
     pub fn free_block(&mut self, handle: BlockHandle) -> Result<(), AllocError> {
-        if handle.allocator != self.allocator.shared.id {
+        if handle.allocator != self.allocator.shared.handle_tag {
             return Err(AllocError::UnknownPointer { addr: handle.addr });
         }
         if handle.addr == 0 {
@@ -2558,7 +2564,7 @@ impl<B: Backend> Exclusive<'_, B> {
             return Ok(BlockHandle {
                 addr: 0,
                 block: NIL,
-                allocator: self.allocator.shared.id,
+                allocator: self.allocator.shared.handle_tag,
             });
         }
         let backtrace = self.allocator.backtrace_for_request();
@@ -2566,7 +2572,7 @@ impl<B: Backend> Exclusive<'_, B> {
             location,
             tag: None,
         };
-        let allocator = self.allocator.shared.id;
+        let allocator = self.allocator.shared.handle_tag;
         self.allocator
             .allocate_in(&mut self.state, size, stream, origin, backtrace, for_handle)
             .map(|(addr, block)| BlockHandle {
@@ -2625,6 +2631,11 @@ mod tests {
     fn block_metadata_fits_64_bytes_with_its_map_entry() {
         let per_block = std::mem::size_of::<BlockMeta>() + std::mem::size_of::<(u64, u32)>();
         assert!(per_block <= 64, "{per_block} bytes per live block");
+    }
+
+    #[test]
+    fn an_optional_block_handle_is_16_bytes() {
+        assert_eq!(std::mem::size_of::<Option<BlockHandle>>(), 16);
     }
 
     #[test]

@@ -18,11 +18,9 @@ const SUB_BINS: u64 = 32;
 const SUB_BITS: u32 = SUB_BINS.trailing_zeros();
 /// Levels: level 0 holds the exact bins, level `l > 0` the units in `[2^(l+4), 2^(l+5))`.
 const LEVELS: usize = 64 - UNIT_SHIFT as usize - SUB_BITS as usize + 1;
-/// Level slots: `LEVELS` rounded up to a power of two, so that a masked level index needs no
-/// bounds check.
+/// Level slots: `LEVELS` rounded up to a power of two, so that a masked level index into the
+/// bin masks needs no bounds check.
 const LEVEL_SLOTS: usize = LEVELS.next_power_of_two();
-/// Bin slots (the ones past `LEVELS` stay empty).
-const BINS: usize = LEVEL_SLOTS * SUB_BINS as usize;
 
 /// One free block: its key `(size << 64) | address` and its block id.
 type Entry = (u128, u32);
@@ -37,9 +35,10 @@ pub(crate) struct Found {
 
 /// Free blocks keyed by `(size << 64) | address`, with their block ids.
 pub(crate) struct FreeIndex {
-    /// Entries per bin, each vector sorted by key in descending order; allocated on first
-    /// insert.
-    bins: Box<[Vec<Entry>; BINS]>,
+    /// Entries per bin, each vector sorted by key in descending order. Bins exist up to the
+    /// largest one ever used (a pool of small blocks never pays for the bins of gigabytes);
+    /// a bin whose mask bit is set always exists.
+    bins: Vec<Vec<Entry>>,
     /// Bit `l` set when level `l` has a non-empty bin.
     level_mask: u64,
     /// Per level, bit `s` set when bin `s` of the level is non-empty.
@@ -75,7 +74,7 @@ impl FreeIndex {
     /// An empty index.
     pub fn new() -> FreeIndex {
         FreeIndex {
-            bins: Box::new(std::array::from_fn(|_| Vec::new())),
+            bins: Vec::new(),
             level_mask: 0,
             bin_masks: [0; LEVEL_SLOTS],
             len: 0,
@@ -86,7 +85,11 @@ impl FreeIndex {
     #[inline]
     pub fn insert(&mut self, key: u128, id: u32) {
         let (level, sub) = bin_of(key_size(key));
-        let bin = &mut self.bins[slot(level, sub)];
+        let at = slot(level, sub);
+        if at >= self.bins.len() {
+            self.add_bins(at);
+        }
+        let bin = &mut self.bins[at];
         if bin.last().map_or(true, |last| last.0 > key) {
             bin.push((key, id));
         } else {
@@ -98,11 +101,17 @@ impl FreeIndex {
         self.len += 1;
     }
 
+    /// Creates the bins up to slot `at`.
+    #[cold]
+    fn add_bins(&mut self, at: usize) {
+        self.bins.resize_with(at + 1, Vec::new);
+    }
+
     /// Removes the block with `key`, returning its id.
     #[inline]
     pub fn remove(&mut self, key: u128) -> Option<u32> {
         let (level, sub) = bin_of(key_size(key));
-        let bin = &self.bins[slot(level, sub)];
+        let bin = self.bins.get(slot(level, sub))?;
         let index = match bin.last() {
             Some(&(last, _)) if last == key => bin.len() - 1,
             _ => bin.binary_search_by(|e| key.cmp(&e.0)).ok()?,
@@ -134,7 +143,7 @@ impl FreeIndex {
     /// The id stored under exactly `key`.
     pub fn get(&self, key: u128) -> Option<u32> {
         let (level, sub) = bin_of(key_size(key));
-        let bin = &self.bins[slot(level, sub)];
+        let bin = self.bins.get(slot(level, sub))?;
         bin.binary_search_by(|e| key.cmp(&e.0))
             .ok()
             .map(|at| bin[at].1)
@@ -211,7 +220,7 @@ impl FreeIndex {
     /// Every entry at or after `key`, in order.
     pub fn all_from(&self, key: u128) -> Vec<(u128, u32)> {
         let (level, sub) = bin_of(key_size(key));
-        let first = slot(level, sub);
+        let first = slot(level, sub).min(self.bins.len());
         self.bins[first..]
             .iter()
             .flat_map(|bin| bin.iter().rev())
