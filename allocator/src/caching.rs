@@ -349,6 +349,8 @@ struct State {
     spare_events: Vec<EventId>,
     stats: StatsBook,
     ring: EventRing,
+    /// The clock reading of the last event recorded.
+    last_ticks: u64,
     provenance: ProvenanceTables,
     step: u64,
     steps: Vec<StepMark>,
@@ -551,9 +553,18 @@ impl State {
         }
     }
 
+    /// Records an event stamped now.
     #[inline(always)]
     fn record(&mut self, clock: &Clock, kind: EventKind, event: RawEventParts) {
-        let time_ns = clock.ticks();
+        let ticks = clock.ticks();
+        self.last_ticks = ticks;
+        self.record_at(ticks, kind, event);
+    }
+
+    /// Records an event with a time stamp already read (reading the time stamp counter costs
+    /// about as much as the rest of an event: one read per operation is enough).
+    #[inline(always)]
+    fn record_at(&mut self, time_ns: u64, kind: EventKind, event: RawEventParts) {
         self.ring.push(RawEvent {
             seq: 0,
             time_ns,
@@ -627,6 +638,7 @@ impl<B: Backend> CachingAllocator<B> {
                     spare_events: Vec::new(),
                     stats: StatsBook::default(),
                     ring: EventRing::new(ring_capacity),
+                    last_ticks: 0,
                     provenance: ProvenanceTables::default(),
                     step: 0,
                     steps: Vec::new(),
@@ -1493,7 +1505,7 @@ impl<B: Backend> CachingAllocator<B> {
                 }
             }
         }
-        self.return_to_cache(state, id);
+        self.return_to_cache(state, id, true);
         Ok(())
     }
 
@@ -1555,7 +1567,7 @@ impl<B: Backend> CachingAllocator<B> {
             let pool = state.pool(block);
             state.stats.pending.decrease(pool, 1);
             state.stats.pending_bytes.decrease(pool, size);
-            self.return_to_cache(state, block);
+            self.return_to_cache(state, block, false);
         }
     }
 
@@ -1573,8 +1585,10 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// PyTorch's `free_block`: merge with free neighbours in the segment, return to the pool.
+    /// `immediate` says the free was requested in this same operation (not deferred on stream
+    /// events), so its completion shares the request's time stamp.
     #[inline]
-    fn return_to_cache(&self, state: &mut State, id: u32) {
+    fn return_to_cache(&self, state: &mut State, id: u32, immediate: bool) {
         let shared = &*self.shared;
         let pool = state.pool(id);
         let original = *state.blocks.get(id);
@@ -1636,17 +1650,19 @@ impl<B: Backend> CachingAllocator<B> {
             state.segments.get_mut(original.segment).last_used = op;
         }
         if shared.config.record_events {
-            state.record(
-                &shared.clock,
-                EventKind::FreeCompleted,
-                RawEventParts {
-                    addr: original.addr,
-                    size: original.size,
-                    requested: original.requested,
-                    stream: state.stream_of(id).0,
-                    provenance: original.provenance,
-                },
-            );
+            let parts = RawEventParts {
+                addr: original.addr,
+                size: original.size,
+                requested: original.requested,
+                stream: state.stream_of(id).0,
+                provenance: original.provenance,
+            };
+            if immediate {
+                // The free was requested in this same operation, which just read the clock.
+                state.record_at(state.last_ticks, EventKind::FreeCompleted, parts);
+            } else {
+                state.record(&shared.clock, EventKind::FreeCompleted, parts);
+            }
         }
     }
 
