@@ -934,6 +934,8 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// Debug checks when a block is handed out: the poison over the whole block must be
     /// intact; then the guard bytes after the request are laid down.
+    #[cold]
+    #[inline(never)]
     fn check_reused(&self, state: &mut State, block: &BlockMeta, requested: u64) {
         let backend = &self.shared.backend;
         let config = &self.shared.config;
@@ -968,6 +970,8 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// Checks the guard bytes after a block that is being freed.
+    #[cold]
+    #[inline(never)]
     fn check_guard(&self, state: &mut State, id: u32) {
         let b = *state.blocks.get(id);
         let guard_at = b.addr + b.requested;
@@ -1024,6 +1028,8 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// The slow path: new memory from the device, with PyTorch's free-and-retry sequence.
+    #[cold]
+    #[inline(never)]
     fn grow(
         &self,
         state: &mut State,
@@ -1052,6 +1058,8 @@ impl<B: Backend> CachingAllocator<B> {
         Err(self.out_of_memory(state, stream, rounded, requested, origin))
     }
 
+    #[cold]
+    #[inline(never)]
     fn out_of_memory(
         &self,
         state: &mut State,
@@ -1510,6 +1518,8 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// Records an event on each stream that used the block; the block waits for all of them.
+    #[cold]
+    #[inline(never)]
     fn defer_free(&self, state: &mut State, id: u32, streams: &[StreamId]) -> bool {
         let backend = &self.shared.backend;
         let mut count = 0;
@@ -1540,6 +1550,8 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// Frees blocks whose stream events have completed, in the order they were recorded.
+    #[cold]
+    #[inline(never)]
     fn process_events(&self, state: &mut State) {
         let backend = &self.shared.backend;
         while let Some(&(event, block)) = state.outstanding.front() {
@@ -1852,6 +1864,8 @@ impl<B: Backend> CachingAllocator<B> {
         }
     }
 
+    #[cold]
+    #[inline(never)]
     fn classify_bad_free(&self, state: &State, addr: u64) -> AllocError {
         if let Some((_, &segment)) = state.segments_by_addr.range(..=addr).next_back() {
             let seg = state.segments.get(segment);

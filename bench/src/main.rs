@@ -27,7 +27,10 @@ use vramscope_allocator::{AllocatorConfig, EventKind, Snapshot};
 use vramscope_inspector::replay::{self, ReplayOptions};
 
 use measure::Replay;
-use peers::{Cubecl, GpuAlloc, Mimalloc, Offset, Vramscope, VramscopeExclusive, DEVICE_CAPACITY};
+use peers::{
+    Cubecl, DeviceAllocator, GpuAlloc, Mimalloc, Offset, Vramscope, VramscopeExclusive,
+    DEVICE_CAPACITY,
+};
 use trace::Trace;
 
 /// The real traces, by file name, with their short names.
@@ -133,51 +136,64 @@ impl Subject {
     }
 }
 
-/// One subject's replay of one trace, with the offset-allocator's high-water mark.
+/// One subject's replays of one trace, with the offset-allocator's high-water mark.
 #[derive(Clone, Copy, Debug)]
 struct Sample {
+    /// The first pass, through a fresh allocator (its books are the footprint reported).
     replay: Replay,
+    /// A second pass through the same allocator after the first one freed everything: the
+    /// steady state of a training loop, whose every step repeats the one before.
+    warm: Replay,
     high_water: Option<u64>,
 }
 
-/// Replays `trace` once through a fresh instance of `subject`.
+/// Replays `trace` twice through a fresh instance of `subject`.
 fn run_once(subject: Subject, trace: &Trace) -> Sample {
-    if let Some(config) = subject.config() {
-        let mut alloc = Vramscope::new(config);
-        let replay = if subject == Subject::Shared {
-            measure::replay(&mut alloc, trace)
+    run_passes(subject, trace, true)
+}
+
+/// Replays `trace` through a fresh instance of `subject`, a second time when `twice` (else
+/// the second pass is a copy of the first).
+fn run_passes(subject: Subject, trace: &Trace, twice: bool) -> Sample {
+    fn passes_of<A: DeviceAllocator>(
+        alloc: &mut A,
+        trace: &Trace,
+        twice: bool,
+    ) -> (Replay, Replay) {
+        let cold = measure::replay(alloc, trace);
+        let warm = if twice {
+            measure::replay(alloc, trace)
         } else {
-            let inner = alloc.inner.exclusive();
-            measure::replay(&mut VramscopeExclusive { inner }, trace)
+            cold
         };
-        return Sample {
-            replay,
-            high_water: None,
-        };
+        (cold, warm)
     }
-    match subject {
+    let mut high_water = None;
+    let (replay, warm) = match subject {
+        Subject::Shared => passes_of(&mut Vramscope::new(subject.config().unwrap()), trace, twice),
+        _ if subject.config().is_some() => {
+            let alloc = Vramscope::new(subject.config().unwrap());
+            let mut adapter = VramscopeExclusive {
+                inner: alloc.inner.exclusive(),
+            };
+            passes_of(&mut adapter, trace, twice)
+        }
         Subject::Offset => {
             let max_allocs = (trace.max_live_blocks as u32 * 4).max(128 * 1024);
             let mut alloc = Offset::new(trace.peak_live * 2, max_allocs);
-            let replay = measure::replay(&mut alloc, trace);
-            Sample {
-                replay,
-                high_water: Some(alloc.high_water_bytes()),
-            }
+            let result = passes_of(&mut alloc, trace, twice);
+            high_water = Some(alloc.high_water_bytes());
+            result
         }
-        Subject::GpuAlloc => Sample {
-            replay: measure::replay(&mut GpuAlloc::new(), trace),
-            high_water: None,
-        },
-        Subject::Cubecl => Sample {
-            replay: measure::replay(&mut Cubecl::new(DEVICE_CAPACITY / 4), trace),
-            high_water: None,
-        },
-        Subject::Mimalloc => Sample {
-            replay: measure::replay(&mut Mimalloc, trace),
-            high_water: None,
-        },
-        _ => unreachable!("vramscope subjects are handled above"),
+        Subject::GpuAlloc => passes_of(&mut GpuAlloc::new(), trace, twice),
+        Subject::Cubecl => passes_of(&mut Cubecl::new(DEVICE_CAPACITY / 4), trace, twice),
+        Subject::Mimalloc => passes_of(&mut Mimalloc, trace, twice),
+        _ => unreachable!("every subject is handled above"),
+    };
+    Sample {
+        replay,
+        warm,
+        high_water,
     }
 }
 
@@ -195,9 +211,10 @@ fn run_pairs(subject: Subject, pairs: u64) -> f64 {
         ),
         s => {
             let alloc = Vramscope::new(s.config().expect("vramscope"));
-            let inner = alloc.inner.exclusive();
-            let ns = measure::pairs(&mut VramscopeExclusive { inner }, pairs);
-            ns
+            let mut adapter = VramscopeExclusive {
+                inner: alloc.inner.exclusive(),
+            };
+            measure::pairs(&mut adapter, pairs)
         }
     }
 }
@@ -208,6 +225,9 @@ struct Row {
     subject: Subject,
     ns_per_op: f64,
     min_ns_per_op: f64,
+    /// The median and fastest of the second (steady-state) passes.
+    warm_ns_per_op: f64,
+    warm_min_ns_per_op: f64,
     first: Sample,
 }
 
@@ -395,6 +415,7 @@ fn main() {
     let mut all_rows = Vec::new();
     for t in &traces {
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); SUBJECTS.len()];
+        let mut warm_times: Vec<Vec<f64>> = vec![Vec::new(); SUBJECTS.len()];
         let mut firsts: Vec<Option<Sample>> = vec![None; SUBJECTS.len()];
         for rep in 0..options.reps {
             // Rotate the order each repetition so that a change of load hits every subject.
@@ -402,6 +423,7 @@ fn main() {
                 let i = (k + rep) % SUBJECTS.len();
                 let sample = run_once(SUBJECTS[i], t);
                 times[i].push(sample.replay.ns_per_op());
+                warm_times[i].push(sample.warm.ns_per_op());
                 firsts[i].get_or_insert(sample);
             }
         }
@@ -412,6 +434,8 @@ fn main() {
                 subject,
                 ns_per_op: measure::median(&mut times[i]),
                 min_ns_per_op: times[i].iter().copied().fold(f64::INFINITY, f64::min),
+                warm_ns_per_op: measure::median(&mut warm_times[i]),
+                warm_min_ns_per_op: warm_times[i].iter().copied().fold(f64::INFINITY, f64::min),
                 first: firsts[i].expect("at least one repetition"),
             })
             .collect();
@@ -460,12 +484,33 @@ fn main() {
     }
     println!("\n† offset-allocator manages one arena of 2 × peak live bytes, allocated up front (its one raw allocation); \"used\" is the highest byte its placements reached, the smallest arena that would have served the trace, and its ratio is that over peak live.");
 
+    println!("\n## Steady state: a second pass through the same allocator\n");
+    println!("Each repetition above replays the trace a second time through the same allocator once the first pass has freed everything, as every step of a training loop repeats the one before; ns/op of that pass, fastest with the median in brackets, × against offset-allocator's second pass in the same run.\n");
+    println!("| trace | allocator | ns/op | × offset-allocator |");
+    println!("|---|---|---|---|");
+    for (t, rows) in &all_rows {
+        let offset = rows
+            .iter()
+            .find(|r| r.subject == Subject::Offset)
+            .expect("offset-allocator row");
+        for row in rows {
+            println!(
+                "| {} | {} | {:.0} ({:.0}) | {} |",
+                t.name,
+                row.subject.label(),
+                row.warm_min_ns_per_op,
+                row.warm_ns_per_op,
+                ratio(row.warm_min_ns_per_op, offset.warm_min_ns_per_op)
+            );
+        }
+    }
+
     println!("\n## Targets\n");
     println!(
-        "Time ratios are of the fastest repetitions, with the ratio of the medians in brackets.\n"
+        "Time ratios are of the fastest repetitions, with the ratio of the medians in brackets; first pass (fresh allocators) and second pass (steady state).\n"
     );
-    println!("| trace | off ÷ offset-allocator (≤ 1.5×) | events ÷ offset-allocator (≤ 3×) | raw allocs pytorch / compact | raw allocs of the peers |");
-    println!("|---|---|---|---|---|");
+    println!("| trace | off ÷ offset-allocator (≤ 1.5×) | events ÷ offset-allocator (≤ 3×) | steady off ÷ offset | steady events ÷ offset | raw allocs pytorch / compact | raw allocs of the peers |");
+    println!("|---|---|---|---|---|---|---|");
     for (t, rows) in &all_rows {
         let get = |s: Subject| rows.iter().find(|r| r.subject == s).expect("subject");
         let offset = get(Subject::Offset);
@@ -476,15 +521,24 @@ fn main() {
                 ratio(get(s).ns_per_op, offset.ns_per_op)
             )
         };
+        let steady = |s: Subject| {
+            format!(
+                "{} ({})",
+                ratio(get(s).warm_min_ns_per_op, offset.warm_min_ns_per_op),
+                ratio(get(s).warm_ns_per_op, offset.warm_ns_per_op)
+            )
+        };
         let raw = |s: Subject| get(s).first.replay.footprint.raw_allocs.unwrap_or(0);
         let peers = [Subject::Offset, Subject::GpuAlloc, Subject::Cubecl]
             .map(|s| format!("{} {}", s.key(), raw(s)))
             .join(", ");
         println!(
-            "| {} | {} | {} | {} / {} | {} |",
+            "| {} | {} | {} | {} | {} | {} / {} | {} |",
             t.name,
             versus(Subject::Off),
             versus(Subject::Events),
+            steady(Subject::Off),
+            steady(Subject::Events),
             raw(Subject::Off),
             raw(Subject::CompactOff),
             peers
@@ -665,7 +719,7 @@ fn profile(args: &[String]) -> Result<(), String> {
             };
             let mut total = 0.0;
             for _ in 0..reps {
-                total += run_once(subject, &trace).replay.ns_per_op();
+                total += run_passes(subject, &trace, false).replay.ns_per_op();
             }
             println!(
                 "{} on {}: {} operations × {reps}, {:.1} ns per operation",
