@@ -329,6 +329,8 @@ pub fn replay(
         .collect();
     let total = events.len();
     let mut unmatched_frees = 0;
+    // The replay is the allocator's only user: hold its lock for the whole sequence.
+    let mut exclusive = alloc.exclusive();
     for (i, event) in events.iter().enumerate() {
         if i % 8192 == 0 {
             progress(i, total);
@@ -340,7 +342,7 @@ pub fn replay(
                 } else {
                     event.size
                 };
-                match alloc.alloc_ptr(requested, StreamId(event.stream)) {
+                match exclusive.alloc_ptr(requested, StreamId(event.stream)) {
                     Ok(ours) => {
                         addresses.insert(event.addr, ours);
                     }
@@ -362,14 +364,14 @@ pub fn replay(
             _ => match addresses.remove(&event.addr) {
                 Some(ours) => {
                     // The replay frees only what it allocated, so this cannot fail.
-                    let _ = alloc.free_ptr(ours);
+                    let _ = exclusive.free_ptr(ours);
                 }
                 None => unmatched_frees += 1,
             },
         }
     }
     progress(total, total);
-    let stats = alloc.stats();
+    let stats = exclusive.stats();
     let peak_allocated = stats.allocated_bytes.all.peak;
     let peak_reserved = stats.reserved_bytes.all.peak;
     ReplayResult {
