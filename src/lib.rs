@@ -26,6 +26,11 @@
 //! alloc.snapshot().save(&path)?; // then: vramscope report run.json
 //! vramscope::inspector::checks::assert_no_leaks(&vramscope::Snapshot::load(&path)?);
 //! # std::fs::remove_file(path).ok();
+//!
+//! use vramscope::StreamId;
+//! let mut exclusive = alloc.exclusive(); // other threads wait until it drops
+//! let handle = exclusive.alloc_block(4096, StreamId::DEFAULT)?;
+//! exclusive.free_block(handle)?; // by block id: no address lookup
 //! # Ok(())
 //! # }
 //! ```
