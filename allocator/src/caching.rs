@@ -9,7 +9,10 @@
 //! [`MemoryStats`](crate::stats::MemoryStats) and, when tracking is on, pushes an event into the
 //! ring (`crate::ring`) with an interned provenance id (`crate::provenance`). Handed-out memory
 //! is a [`DeviceBuffer`](crate::buffer::DeviceBuffer) that frees itself on drop; the raw
-//! pointer API serves the C ABI and trace replay.
+//! pointer API serves the C ABI, and [`BlockHandle`]s free by id without an address lookup. An
+//! [`Exclusive`] guard holds the device lock across a run of operations (trace replay, a
+//! single-threaded program) so that each skips the lock round-trip. Free blocks are indexed by
+//! `crate::free_index`, statistics kept in a `crate::stats::StatsBook`.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
