@@ -253,10 +253,17 @@ mod tests {
         }
         assert_eq!(bin_of(u64::MAX).0, LEVELS - 1);
         for units in 0..SUB_BINS {
-            assert_eq!(bin_of(units << UNIT_SHIFT), (0, units as usize), "exact bins");
+            assert_eq!(
+                bin_of(units << UNIT_SHIFT),
+                (0, units as usize),
+                "exact bins"
+            );
         }
         assert_eq!(bin_of(SUB_BINS << UNIT_SHIFT), (1, 0));
-        assert_eq!(bin_of((2 * SUB_BINS - 1) << UNIT_SHIFT), (1, SUB_BINS as usize - 1));
+        assert_eq!(
+            bin_of((2 * SUB_BINS - 1) << UNIT_SHIFT),
+            (1, SUB_BINS as usize - 1)
+        );
         assert_eq!(bin_of(2 * SUB_BINS << UNIT_SHIFT), (2, 0));
     }
 
