@@ -264,7 +264,7 @@ mod tests {
             bin_of((2 * SUB_BINS - 1) << UNIT_SHIFT),
             (1, SUB_BINS as usize - 1)
         );
-        assert_eq!(bin_of(2 * SUB_BINS << UNIT_SHIFT), (2, 0));
+        assert_eq!(bin_of((2 * SUB_BINS) << UNIT_SHIFT), (2, 0));
     }
 
     #[test]
