@@ -508,6 +508,40 @@ impl State {
         remainder
     }
 
+    /// Merges the free block `prev`, just before block `id`, into `id` (out of its free list and
+    /// the slab); returns the bytes merged.
+    #[inline]
+    fn absorb_prev(&mut self, id: u32, prev: u32) -> u64 {
+        self.unindex_free(prev);
+        let n = self.blocks.remove(prev);
+        let block = self.blocks.get_mut(id);
+        block.addr = n.addr;
+        block.size += n.size;
+        block.prev = n.prev;
+        if n.prev != NIL {
+            self.blocks.get_mut(n.prev).next = id;
+        } else {
+            self.segments.get_mut(n.segment).first = id;
+        }
+        n.size
+    }
+
+    /// Merges the free block `next`, just after block `id`, into `id`; returns the bytes merged.
+    #[inline]
+    fn absorb_next(&mut self, id: u32, next: u32) -> u64 {
+        self.unindex_free(next);
+        let n = self.blocks.remove(next);
+        let block = self.blocks.get_mut(id);
+        block.size += n.size;
+        block.next = n.next;
+        if n.next != NIL {
+            self.blocks.get_mut(n.next).prev = id;
+        } else {
+            self.segments.get_mut(n.segment).last = id;
+        }
+        n.size
+    }
+
     /// Puts a free block into its free list and counts it as inactive split if split.
     #[inline]
     fn insert_free(&mut self, id: u32) {
@@ -904,8 +938,10 @@ impl<B: Backend> CachingAllocator<B> {
             NIL
         };
         let id = found.block;
-        let block = self.use_block(state, found, rounded, size, provenance, for_buffer);
+        let (addr, block_size) =
+            self.use_block(state, found, rounded, size, provenance, for_buffer);
         if config.debug || config.guard_bytes > 0 {
+            let block = *state.blocks.get(id);
             self.check_reused(state, &block, size);
         }
         if config.record_events {
@@ -913,15 +949,15 @@ impl<B: Backend> CachingAllocator<B> {
                 &shared.clock,
                 EventKind::Alloc,
                 RawEventParts {
-                    addr: block.addr,
-                    size: block.size,
+                    addr,
+                    size: block_size,
                     requested: size,
                     stream: stream.0,
                     provenance,
                 },
             );
         }
-        Ok((block.addr, id))
+        Ok((addr, id))
     }
 
     /// The owner recorded for a provenance id and step.
@@ -1348,7 +1384,8 @@ impl<B: Backend> CachingAllocator<B> {
         }
     }
 
-    /// Hands out a found block (already out of the free set), splitting off the remainder.
+    /// Hands out a found block (already out of the free set), splitting off the remainder;
+    /// returns its address and size.
     #[inline(always)]
     fn use_block(
         &self,
@@ -1358,7 +1395,7 @@ impl<B: Backend> CachingAllocator<B> {
         requested: u64,
         provenance: u32,
         for_buffer: bool,
-    ) -> BlockMeta {
+    ) -> (u64, u64) {
         let id = found.block;
         let pool = state.pool(id);
         let b = *state.blocks.get(id);
@@ -1381,7 +1418,8 @@ impl<B: Backend> CachingAllocator<B> {
         self.mark_allocated(state, id, pool, requested, provenance, step, for_buffer)
     }
 
-    /// Marks a block (out of any free list) as handed out, with its provenance, and counts it.
+    /// Marks a block (out of any free list) as handed out, with its provenance, and counts it;
+    /// returns its address and size.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     fn mark_allocated(
@@ -1393,7 +1431,7 @@ impl<B: Backend> CachingAllocator<B> {
         provenance: u32,
         step: u32,
         for_buffer: bool,
-    ) -> BlockMeta {
+    ) -> (u64, u64) {
         let block = state.blocks.get_mut(id);
         block.flags = if for_buffer {
             ALLOCATED | BUFFER_OWNED
@@ -1403,18 +1441,18 @@ impl<B: Backend> CachingAllocator<B> {
         block.requested = requested;
         block.provenance = provenance;
         block.step = step;
-        let block = *block;
+        let (addr, size) = (block.addr, block.size);
         let stats = &mut state.stats;
-        stats.count_allocation(pool, block.size, requested);
+        stats.count_allocation(pool, size, requested);
         if let Some(max_split) = self.shared.config.max_split_size {
-            if block.size >= max_split {
+            if size >= max_split {
                 stats.oversize_allocations.increase(1);
             }
         }
         if !for_buffer {
-            state.live.insert(block.addr, id);
+            state.live.insert(addr, id);
         }
-        block
+        (addr, size)
     }
 
     /// Frees a block of the raw-pointer API by address.
@@ -1612,32 +1650,15 @@ impl<B: Backend> CachingAllocator<B> {
         // merged neighbour (split, since it has this block beside it) leaves, and the merged
         // block comes back if it is still split.
         let (mut split_blocks, mut split_bytes) = (0i64, 0i64);
-        for neighbour in [original.prev, original.next] {
-            if neighbour == NIL || !state.blocks.get(neighbour).is_free() {
-                continue;
-            }
-            state.unindex_free(neighbour);
-            let n = state.blocks.remove(neighbour);
+        if original.prev != NIL && state.blocks.get(original.prev).is_free() {
+            let merged = state.absorb_prev(id, original.prev);
             split_blocks -= 1;
-            split_bytes -= n.size as i64;
-            let block = state.blocks.get_mut(id);
-            if n.addr < block.addr {
-                block.addr = n.addr;
-                block.prev = n.prev;
-                if n.prev != NIL {
-                    state.blocks.get_mut(n.prev).next = id;
-                } else {
-                    state.segments.get_mut(n.segment).first = id;
-                }
-            } else {
-                block.next = n.next;
-                if n.next != NIL {
-                    state.blocks.get_mut(n.next).prev = id;
-                } else {
-                    state.segments.get_mut(n.segment).last = id;
-                }
-            }
-            state.blocks.get_mut(id).size += n.size;
+            split_bytes -= merged as i64;
+        }
+        if original.next != NIL && state.blocks.get(original.next).is_free() {
+            let merged = state.absorb_next(id, original.next);
+            split_blocks -= 1;
+            split_bytes -= merged as i64;
         }
         let block = state.blocks.get_mut(id);
         block.requested = 0;
