@@ -366,6 +366,10 @@ struct State {
 
 struct Shared<B: Backend> {
     id: u64,
+    /// Call sites or events are recorded (`config.record_sites || config.record_events`).
+    tracking: bool,
+    /// Handed-out blocks are checked (`config.debug || config.guard_bytes > 0`).
+    checks: bool,
     /// `id` folded into a non-zero `u32` for [`BlockHandle`]s.
     handle_tag: NonZeroU32,
     backend: B,
@@ -656,6 +660,8 @@ impl<B: Backend> CachingAllocator<B> {
         CachingAllocator {
             shared: Arc::new(Shared {
                 id,
+                tracking: config.record_sites || config.record_events,
+                checks: config.debug || config.guard_bytes > 0,
                 handle_tag: NonZeroU32::new(id as u32).unwrap_or(NonZeroU32::MAX),
                 device: device.device_index(),
                 capacity: info.total,
@@ -932,7 +938,7 @@ impl<B: Backend> CachingAllocator<B> {
                 None => unreachable!("grow returns a block or an error"),
             },
         };
-        let provenance = if config.record_sites || config.record_events {
+        let provenance = if shared.tracking {
             self.provenance_for(state, &origin, backtrace)
         } else {
             NIL
@@ -940,7 +946,7 @@ impl<B: Backend> CachingAllocator<B> {
         let id = found.block;
         let (addr, block_size) =
             self.use_block(state, found, rounded, size, provenance, for_buffer);
-        if config.debug || config.guard_bytes > 0 {
+        if shared.checks {
             let block = *state.blocks.get(id);
             self.check_reused(state, &block, size);
         }
@@ -1522,11 +1528,9 @@ impl<B: Backend> CachingAllocator<B> {
         if shared.config.guard_bytes > 0 {
             self.check_guard(state, id);
         }
-        let addr = state.blocks.get(id).addr;
-        let pool = state.pool(id);
-        let block = state.blocks.get_mut(id);
-        block.flags = 0;
-        let b = *block;
+        // The block's flags change once it is deferred or back in the cache.
+        let b = *state.blocks.get(id);
+        let (addr, pool) = (b.addr, b.pool);
         let stats = &mut state.stats;
         stats.count_free(pool, b.size, b.requested);
         if let Some(max_split) = shared.config.max_split_size {
@@ -1554,7 +1558,7 @@ impl<B: Backend> CachingAllocator<B> {
                 }
             }
         }
-        self.return_to_cache(state, id, true);
+        self.return_to_cache(state, id, b, true);
         Ok(())
     }
 
@@ -1620,7 +1624,8 @@ impl<B: Backend> CachingAllocator<B> {
             let pool = state.pool(block);
             state.stats.pending.decrease(pool, 1);
             state.stats.pending_bytes.decrease(pool, size);
-            self.return_to_cache(state, block, false);
+            let original = *state.blocks.get(block);
+            self.return_to_cache(state, block, original, false);
         }
     }
 
@@ -1638,13 +1643,12 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// PyTorch's `free_block`: merge with free neighbours in the segment, return to the pool.
-    /// `immediate` says the free was requested in this same operation (not deferred on stream
+    /// `original` is the block as it was handed out; `immediate` says the free was requested in this same operation (not deferred on stream
     /// events), so its completion shares the request's time stamp.
     #[inline]
-    fn return_to_cache(&self, state: &mut State, id: u32, immediate: bool) {
+    fn return_to_cache(&self, state: &mut State, id: u32, original: BlockMeta, immediate: bool) {
         let shared = &*self.shared;
-        let pool = state.pool(id);
-        let original = *state.blocks.get(id);
+        let pool = original.pool;
         state.blocks.get_mut(id).flags = 0;
         // The net change of inactive split blocks, applied once (PyTorch's `free_block`): each
         // merged neighbour (split, since it has this block beside it) leaves, and the merged
@@ -1662,9 +1666,14 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let block = state.blocks.get_mut(id);
         block.requested = 0;
-        if block.is_split() {
+        let still_split = block.is_split();
+        if still_split {
             split_blocks += 1;
             split_bytes += block.size as i64;
+        } else {
+            // The segment is wholly free again (GC order).
+            let op = state.op_counter;
+            state.segments.get_mut(original.segment).last_used = op;
         }
         state.index_free(id);
         state.stats.inactive_split.apply(pool, split_blocks);
@@ -1680,10 +1689,6 @@ impl<B: Backend> CachingAllocator<B> {
                     step: original.step,
                 },
             );
-        }
-        if !state.blocks.get(id).is_split() {
-            let op = state.op_counter;
-            state.segments.get_mut(original.segment).last_used = op;
         }
         if shared.config.record_events {
             let parts = RawEventParts {
