@@ -561,7 +561,7 @@ impl State {
 
     /// Puts a free block into its free list without counting it (the caller counts the net
     /// change).
-    #[inline]
+    #[inline(always)]
     fn index_free(&mut self, id: u32) {
         let b = self.blocks.get(id);
         self.free_lists[b.list as usize]
@@ -571,7 +571,7 @@ impl State {
 
     /// Takes a free block out of its free list without counting it, undoing
     /// [`State::index_free`].
-    #[inline]
+    #[inline(always)]
     fn unindex_free(&mut self, id: u32) {
         let b = self.blocks.get(id);
         let removed = self.free_lists[b.list as usize]

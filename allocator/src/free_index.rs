@@ -62,7 +62,7 @@ fn bin_of(size: u64) -> (usize, usize) {
 /// The slot of a bin in `FreeIndex::bins`.
 #[inline]
 fn slot(level: usize, sub: usize) -> usize {
-    ((level & (LEVEL_SLOTS - 1)) << SUB_BITS) | (sub & (SUB_BINS as usize - 1))
+    (level << SUB_BITS) | sub
 }
 
 #[inline]
@@ -82,7 +82,7 @@ impl FreeIndex {
     }
 
     /// Adds a block.
-    #[inline]
+    #[inline(always)]
     pub fn insert(&mut self, key: u128, id: u32) {
         let (level, sub) = bin_of(key_size(key));
         let at = slot(level, sub);
@@ -108,7 +108,7 @@ impl FreeIndex {
     }
 
     /// Removes the block with `key`, returning its id.
-    #[inline]
+    #[inline(always)]
     pub fn remove(&mut self, key: u128) -> Option<u32> {
         let (level, sub) = bin_of(key_size(key));
         let bin = self.bins.get(slot(level, sub))?;
@@ -121,7 +121,7 @@ impl FreeIndex {
 
     /// Takes out the entry at a position [`FreeIndex::find_from`] returned (and nothing has
     /// changed since).
-    #[inline]
+    #[inline(always)]
     pub fn take(&mut self, at: Found) -> (u128, u32) {
         let bin = &mut self.bins[slot(at.level, at.sub)];
         let entry = if at.index + 1 == bin.len() {
@@ -157,7 +157,7 @@ impl FreeIndex {
 
     /// The first entry at or after `key` (best fit) with its position, for
     /// [`FreeIndex::take`].
-    #[inline]
+    #[inline(always)]
     pub fn find_from(&self, key: u128) -> Option<(Found, u128, u32)> {
         let (level, sub) = bin_of(key_size(key));
         if self.bin_masks[level & (LEVEL_SLOTS - 1)] & (1 << sub) != 0 {
