@@ -370,6 +370,10 @@ struct Shared<B: Backend> {
     tracking: bool,
     /// Handed-out blocks are checked (`config.debug || config.guard_bytes > 0`).
     checks: bool,
+    /// `config.max_split_size`, or `u64::MAX` when unset (no block is oversize).
+    max_split: u64,
+    /// Blocks of every pool split any remainder of 512 bytes or more (expandable segments).
+    split_any_remainder: bool,
     /// `id` folded into a non-zero `u32` for [`BlockHandle`]s.
     handle_tag: NonZeroU32,
     backend: B,
@@ -662,6 +666,8 @@ impl<B: Backend> CachingAllocator<B> {
                 id,
                 tracking: config.record_sites || config.record_events,
                 checks: config.debug || config.guard_bytes > 0,
+                max_split: config.max_split_size.unwrap_or(u64::MAX),
+                split_any_remainder: config.uses_expandable_segments(),
                 handle_tag: NonZeroU32::new(id as u32).unwrap_or(NonZeroU32::MAX),
                 device: device.device_index(),
                 capacity: info.total,
@@ -1054,16 +1060,18 @@ impl<B: Backend> CachingAllocator<B> {
         stream: StreamId,
         rounded: u64,
     ) -> Option<Found> {
-        let max_split = self.shared.config.max_split_size.unwrap_or(u64::MAX);
+        let max_split = self.shared.max_split;
         let list = state.find_list(stream, pool)?;
         let blocks = &mut state.free_lists[list as usize].blocks;
         let (at, key, id) = blocks.find_from(free_key(rounded, 0))?;
         let size = (key >> 64) as u64;
-        if rounded < max_split && size >= max_split {
-            return None;
-        }
-        if rounded >= max_split && size >= rounded + LARGE_BUFFER {
-            return None;
+        if max_split != u64::MAX {
+            if rounded < max_split && size >= max_split {
+                return None;
+            }
+            if rounded >= max_split && size >= rounded + LARGE_BUFFER {
+                return None;
+            }
         }
         blocks.take(at);
         Some(Found {
@@ -1382,11 +1390,10 @@ impl<B: Backend> CachingAllocator<B> {
     /// PyTorch's `should_split`.
     fn should_split(&self, pool: Pool, block_size: u64, rounded: u64) -> bool {
         let remaining = block_size - rounded;
-        if pool == Pool::Small || self.shared.config.uses_expandable_segments() {
+        if pool == Pool::Small || self.shared.split_any_remainder {
             remaining >= MIN_BLOCK_SIZE
         } else {
-            rounded < self.shared.config.max_split_size.unwrap_or(u64::MAX)
-                && remaining > SMALL_SIZE
+            rounded < self.shared.max_split && remaining > SMALL_SIZE
         }
     }
 
@@ -1450,10 +1457,8 @@ impl<B: Backend> CachingAllocator<B> {
         let (addr, size) = (block.addr, block.size);
         let stats = &mut state.stats;
         stats.count_allocation(pool, size, requested);
-        if let Some(max_split) = self.shared.config.max_split_size {
-            if size >= max_split {
-                stats.oversize_allocations.increase(1);
-            }
+        if size >= self.shared.max_split {
+            stats.oversize_allocations.increase(1);
         }
         if !for_buffer {
             state.live.insert(addr, id);
@@ -1533,10 +1538,8 @@ impl<B: Backend> CachingAllocator<B> {
         let (addr, pool) = (b.addr, b.pool);
         let stats = &mut state.stats;
         stats.count_free(pool, b.size, b.requested);
-        if let Some(max_split) = shared.config.max_split_size {
-            if b.size >= max_split {
-                stats.oversize_allocations.decrease(1);
-            }
+        if b.size >= shared.max_split {
+            stats.oversize_allocations.decrease(1);
         }
         if shared.config.record_events {
             state.record(

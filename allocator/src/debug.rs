@@ -3,7 +3,7 @@
 //!
 //! With `debug`, `crate::caching` fills all free memory with [`POISON`]: new segments when they
 //! arrive, and each block when it returns to the cache, remembering who last owned the bytes
-//! ([`FreedOwners`]). When a block is handed out again, [`first_difference`] checks that the
+//! (`FreedOwners`). When a block is handed out again, `first_difference` checks that the
 //! pattern is intact; a changed byte means someone wrote through a stale pointer, and the
 //! violation names the bytes' last owner and the new one. With `guard_bytes`, the bytes after
 //! each allocation hold [`GUARD`] and are checked when the block is freed. The checks read and

@@ -4,8 +4,8 @@
 //! `crate::caching` asks this module for the calling thread's number and innermost scope
 //! (thread-locals, no lock), captures an unresolved backtrace when sampling says so (outside
 //! its lock), and then, under its device lock, interns the `#[track_caller]` location, the
-//! backtrace, the tag and the scope into small integer ids ([`ProvenanceTables`]). A block keeps
-//! one `u32` provenance id; [`ProvenanceTables::call_sites`] symbolizes lazily into the model's
+//! backtrace, the tag and the scope into small integer ids (`ProvenanceTables`). A block keeps
+//! one `u32` provenance id; `ProvenanceTables::call_sites` symbolizes lazily into the model's
 //! `CallSite` table.
 
 use std::cell::{Cell, RefCell};
