@@ -374,6 +374,9 @@ struct Shared<B: Backend> {
     max_split: u64,
     /// Blocks of every pool split any remainder of 512 bytes or more (expandable segments).
     split_any_remainder: bool,
+    /// Requests above this many bytes round to a power-of-two division
+    /// (`roundup_power2_divisions`); `u64::MAX` when that setting is off.
+    round_power2_above: u64,
     /// `id` folded into a non-zero `u32` for [`BlockHandle`]s.
     handle_tag: NonZeroU32,
     backend: B,
@@ -668,6 +671,10 @@ impl<B: Backend> CachingAllocator<B> {
                 checks: config.debug || config.guard_bytes > 0,
                 max_split: config.max_split_size.unwrap_or(u64::MAX),
                 split_any_remainder: config.uses_expandable_segments(),
+                round_power2_above: match config.roundup_power2_divisions as u64 {
+                    0 | 1 => u64::MAX,
+                    divisions => MIN_BLOCK_SIZE * divisions,
+                },
                 handle_tag: NonZeroU32::new(id as u32).unwrap_or(NonZeroU32::MAX),
                 device: device.device_index(),
                 capacity: info.total,
@@ -932,10 +939,13 @@ impl<B: Backend> CachingAllocator<B> {
         if !state.outstanding.is_empty() {
             self.process_events(state);
         }
-        let rounded = round_size(
-            size.saturating_add(config.guard_bytes),
-            config.roundup_power2_divisions,
-        );
+        let padded = size.saturating_add(config.guard_bytes);
+        // `round_size`, with the power-of-two rounding's threshold decided at construction.
+        let rounded = if padded > shared.round_power2_above {
+            round_size(padded, config.roundup_power2_divisions)
+        } else {
+            round_size(padded, 0)
+        };
         let pool = pool_for(rounded);
         let found = match self.get_free_block(state, pool, stream, rounded) {
             Some(found) => found,
