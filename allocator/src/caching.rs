@@ -54,6 +54,10 @@ pub const ROUND_LARGE: u64 = 2 * MIB;
 
 static NEXT_ALLOCATOR_ID: AtomicU64 = AtomicU64::new(1);
 
+/// The largest request the allocator tries to serve (2^62 bytes); larger ones are out of
+/// memory at once, before rounding could overflow.
+const MAX_REQUEST: u64 = 1 << 62;
+
 const ALLOCATED: u8 = 1;
 const PENDING_FREE: u8 = 2;
 /// The allocated block belongs to a `DeviceBuffer`, which frees it by block id; it has no
@@ -366,6 +370,9 @@ struct State {
 
 struct Shared<B: Backend> {
     id: u64,
+    /// vramscope's number of the thread holding an [`Exclusive`] guard (0: none), so that the
+    /// same thread locking again is refused with a message instead of deadlocking.
+    exclusive_thread: AtomicU64,
     /// Call sites or events are recorded (`config.record_sites || config.record_events`).
     tracking: bool,
     /// Handed-out blocks are checked (`config.debug || config.guard_bytes > 0`).
@@ -667,6 +674,7 @@ impl<B: Backend> CachingAllocator<B> {
         CachingAllocator {
             shared: Arc::new(Shared {
                 id,
+                exclusive_thread: AtomicU64::new(0),
                 tracking: config.record_sites || config.record_events,
                 checks: config.debug || config.guard_bytes > 0,
                 max_split: config.max_split_size.unwrap_or(u64::MAX),
@@ -822,11 +830,17 @@ impl<B: Backend> CachingAllocator<B> {
     /// Takes the device lock for a run of operations, as the single-owner allocators
     /// (`&mut self` APIs) work: each operation through the guard skips the lock round-trip.
     /// Other threads using this device wait until the guard drops, so hold it only for work
-    /// that does not wait on them (replaying a trace, a batch of frees).
+    /// that does not wait on them (replaying a trace, a batch of frees). While it lives, this
+    /// thread must use the allocator only through the guard: any other call on the same
+    /// allocator (`stats()`, `alloc()`, dropping one of its `DeviceBuffer`s) panics with a
+    /// message instead of deadlocking.
     pub fn exclusive(&self) -> Exclusive<'_, B> {
+        let state = self.shared.lock();
+        let me = provenance::thread_number() as u64;
+        self.shared.exclusive_thread.store(me, Ordering::Relaxed);
         Exclusive {
             allocator: self,
-            state: self.shared.state.lock(),
+            state,
         }
     }
 
@@ -835,7 +849,7 @@ impl<B: Backend> CachingAllocator<B> {
         let owner = self.shared.id;
         let parent = provenance::current_scope(owner);
         let id = {
-            let mut state = self.shared.state.lock();
+            let mut state = self.shared.lock();
             let path = if parent == NIL {
                 name.to_string()
             } else {
@@ -908,7 +922,7 @@ impl<B: Backend> CachingAllocator<B> {
             return Ok((0, NIL));
         }
         let backtrace = self.backtrace_for_request();
-        let mut guard = self.shared.state.lock();
+        let mut guard = self.shared.lock();
         self.allocate_in(&mut guard, size, stream, origin, backtrace, for_buffer)
     }
 
@@ -938,6 +952,10 @@ impl<B: Backend> CachingAllocator<B> {
         state.op_counter += 1;
         if !state.outstanding.is_empty() {
             self.process_events(state);
+        }
+        if size > MAX_REQUEST {
+            // Rounding would overflow; no device has this much memory anyway.
+            return Err(self.out_of_memory(state, stream, size, size, &origin));
         }
         let padded = size.saturating_add(config.guard_bytes);
         // `round_size`, with the power-of-two rounding's threshold decided at construction.
@@ -1058,7 +1076,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// Use-after-free and overflow violations found so far by the `debug` and `guard_bytes`
     /// checks.
     pub fn violations(&self) -> Vec<Violation> {
-        self.shared.state.lock().violations.clone()
+        self.shared.lock().violations.clone()
     }
 
     /// PyTorch's `get_free_block`: the smallest free block on the same stream that fits.
@@ -1481,7 +1499,7 @@ impl<B: Backend> CachingAllocator<B> {
         if addr == 0 {
             return Ok(());
         }
-        let mut guard = self.shared.state.lock();
+        let mut guard = self.shared.lock();
         self.deallocate_in(&mut guard, addr)
     }
 
@@ -1499,7 +1517,7 @@ impl<B: Backend> CachingAllocator<B> {
         if addr == 0 {
             return Ok(());
         }
-        let mut guard = self.shared.state.lock();
+        let mut guard = self.shared.lock();
         self.deallocate_owned_in(&mut guard, block, addr)
     }
 
@@ -1526,7 +1544,7 @@ impl<B: Backend> CachingAllocator<B> {
         if addr == 0 {
             return;
         }
-        let mut state = self.shared.state.lock();
+        let mut state = self.shared.lock();
         if (block as usize) < state.blocks.slots.len()
             && state.blocks.slots[block as usize].flags == ALLOCATED | BUFFER_OWNED
         {
@@ -1547,7 +1565,7 @@ impl<B: Backend> CachingAllocator<B> {
         let b = *state.blocks.get(id);
         let (addr, pool) = (b.addr, b.pool);
         let stats = &mut state.stats;
-        stats.count_free(pool, b.size, b.requested);
+        stats.count_free(pool, b.size);
         if b.size >= shared.max_split {
             stats.oversize_allocations.decrease(1);
         }
@@ -1677,6 +1695,11 @@ impl<B: Backend> CachingAllocator<B> {
             split_blocks -= 1;
             split_bytes -= merged as i64;
         }
+        // PyTorch's `free_block` counts the requested bytes out when the free completes.
+        state
+            .stats
+            .requested_bytes
+            .decrease(pool, original.requested);
         let block = state.blocks.get_mut(id);
         block.requested = 0;
         let still_split = block.is_split();
@@ -1955,7 +1978,7 @@ impl<B: Backend> CachingAllocator<B> {
             end = offset + block_size;
         }
         let shared = &*self.shared;
-        let mut guard = shared.state.lock();
+        let mut guard = shared.lock();
         let state = &mut *guard;
         state.op_counter += 1;
         let addr = match shared.backend.malloc(size) {
@@ -2001,7 +2024,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// Marks the block at `addr` as used by `stream` too: when freed, it is reused only after
     /// the work queued on `stream` so far has completed.
     pub fn record_stream_ptr(&self, addr: u64, stream: StreamId) -> Result<(), AllocError> {
-        let mut state = self.shared.state.lock();
+        let mut state = self.shared.lock();
         let Some(&id) = state.live.get(&addr) else {
             return Err(self.classify_bad_free(&state, addr));
         };
@@ -2016,7 +2039,7 @@ impl<B: Backend> CachingAllocator<B> {
         addr: u64,
         stream: StreamId,
     ) -> Result<(), AllocError> {
-        let mut state = self.shared.state.lock();
+        let mut state = self.shared.lock();
         let owned = (block as usize) < state.blocks.slots.len()
             && state.blocks.slots[block as usize].addr == addr
             && state.blocks.slots[block as usize].flags == ALLOCATED | BUFFER_OWNED;
@@ -2043,7 +2066,7 @@ impl<B: Backend> CachingAllocator<B> {
     pub fn empty_cache(&self) -> u64 {
         let location = Location::caller();
         let shared = &*self.shared;
-        let mut guard = shared.state.lock();
+        let mut guard = shared.lock();
         let state = &mut *guard;
         let released = self.release_cached_blocks(state);
         self.record_at(
@@ -2063,7 +2086,7 @@ impl<B: Backend> CachingAllocator<B> {
     pub fn mark_step(&self) -> u64 {
         let location = Location::caller();
         let shared = &*self.shared;
-        let mut guard = shared.state.lock();
+        let mut guard = shared.lock();
         let state = &mut *guard;
         state.step += 1;
         let step = state.step;
@@ -2081,7 +2104,7 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// The current step number (0 before the first `mark_step`).
     pub fn step(&self) -> u64 {
-        self.shared.state.lock().step
+        self.shared.lock().step
     }
 
     /// Records a transfer or sync event for the caller's site.
@@ -2096,7 +2119,7 @@ impl<B: Backend> CachingAllocator<B> {
         if !self.shared.config.record_events {
             return;
         }
-        let mut guard = self.shared.state.lock();
+        let mut guard = self.shared.lock();
         self.record_at(
             &mut guard,
             kind,
@@ -2146,12 +2169,12 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// Current statistics.
     pub fn stats(&self) -> MemoryStats {
-        self.shared.state.lock().stats.memory_stats()
+        self.shared.lock().stats.memory_stats()
     }
 
     /// Resets every peak statistic to its current value.
     pub fn reset_peak_stats(&self) {
-        self.shared.state.lock().stats.reset_peak();
+        self.shared.lock().stats.reset_peak();
     }
 
     /// The statistics as PyTorch's `memory_summary()` table.
@@ -2161,17 +2184,17 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// Events recorded so far that the ring overwrote.
     pub fn dropped_events(&self) -> u64 {
-        self.shared.state.lock().ring.overwritten()
+        self.shared.lock().ring.overwritten()
     }
 
     /// Bytes the event ring occupies when full.
     pub fn event_ring_bytes(&self) -> usize {
-        self.shared.state.lock().ring.max_bytes()
+        self.shared.lock().ring.max_bytes()
     }
 
     /// Number of live (allocated or pending) blocks.
     pub fn live_blocks(&self) -> usize {
-        let state = self.shared.state.lock();
+        let state = self.shared.lock();
         state.stats.allocation.all().current as usize + state.pending_events.len()
     }
 
@@ -2186,7 +2209,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// it asks for (the device lock is held while converting).
     pub fn snapshot_with_history(&self, max_events: usize) -> Snapshot {
         let shared = &*self.shared;
-        let mut guard = shared.state.lock();
+        let mut guard = shared.lock();
         let state = &mut *guard;
         if shared.config.record_events {
             state.record(&shared.clock, EventKind::Snapshot, RawEventParts::default());
@@ -2306,7 +2329,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// publisher, the in-process dashboard) pulls. `missed` counts events from `from_seq` on
     /// that the ring overwrote before this call.
     pub fn events_since(&self, from_seq: u64, limit: usize) -> EventBatch {
-        let state = self.shared.state.lock();
+        let state = self.shared.lock();
         let ns_per_tick = self.shared.clock.ns_per_tick();
         let oldest = state.ring.oldest_seq();
         let events: Vec<crate::model::Event> = state
@@ -2330,7 +2353,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// The call-site, tag and scope tables that events index, symbolizing new backtraces.
     /// Ids are stable: the tables only grow.
     pub fn site_tables(&self) -> SiteTables {
-        let mut state = self.shared.state.lock();
+        let mut state = self.shared.lock();
         SiteTables {
             sites: state.provenance.call_sites(),
             tags: state.provenance.tags.strings.clone(),
@@ -2347,7 +2370,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// overlap, free sets hold exactly the free blocks, and every statistic equals the sum over
     /// the block map. Returns what is wrong, for tests and debugging.
     pub fn check_invariants(&self) -> Result<(), String> {
-        let state = self.shared.state.lock();
+        let state = self.shared.lock();
         let mut expect = MemoryStats::default();
         let mut free_count = 0usize;
         let mut live_count = 0usize;
@@ -2410,6 +2433,8 @@ impl<B: Backend> CachingAllocator<B> {
                     active += 1;
                     expect.active.increase(seg.pool, 1);
                     expect.active_bytes.increase(seg.pool, b.size);
+                    // Like PyTorch, requested bytes count until the free completes.
+                    expect.requested_bytes.increase(seg.pool, b.requested);
                     if b.is_allocated() {
                         live_count += 1;
                         mapped_count += usize::from(b.flags & BUFFER_OWNED == 0);
@@ -2422,7 +2447,6 @@ impl<B: Backend> CachingAllocator<B> {
                         }
                         expect.allocation.increase(seg.pool, 1);
                         expect.allocated_bytes.increase(seg.pool, b.size);
-                        expect.requested_bytes.increase(seg.pool, b.requested);
                     }
                 }
                 prev = id;
@@ -2498,6 +2522,25 @@ impl<B: Backend> CachingAllocator<B> {
 
     pub(crate) fn backend_ref(&self) -> &B {
         &self.shared.backend
+    }
+}
+
+impl<B: Backend> Shared<B> {
+    /// Takes the device lock. Waiting for an [`Exclusive`] guard that this same thread holds
+    /// would never end, so that is refused with a panic that says what to do instead.
+    #[inline]
+    fn lock(&self) -> MutexGuard<'_, State> {
+        if let Some(guard) = self.state.try_lock() {
+            return guard;
+        }
+        let me = provenance::thread_number() as u64;
+        if self.exclusive_thread.load(Ordering::Relaxed) == me {
+            panic!(
+                "vramscope: this thread holds an Exclusive guard on this allocator \
+                 (CachingAllocator::exclusive); use the guard's methods, or drop it first"
+            );
+        }
+        self.state.lock()
     }
 }
 
@@ -2579,6 +2622,16 @@ impl BlockHandle {
 pub struct Exclusive<'a, B: Backend> {
     allocator: &'a CachingAllocator<B>,
     state: MutexGuard<'a, State>,
+}
+
+impl<B: Backend> Drop for Exclusive<'_, B> {
+    fn drop(&mut self) {
+        // Cleared while the lock is still held (the guard field drops after this).
+        self.allocator
+            .shared
+            .exclusive_thread
+            .store(0, Ordering::Relaxed);
+    }
 }
 
 impl<B: Backend> Exclusive<'_, B> {

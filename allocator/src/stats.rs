@@ -341,12 +341,12 @@ impl StatsBook {
         }
     }
 
-    /// Counts a block the program freed (whether it returns to the cache now or later).
+    /// Counts a block the program freed (whether it returns to the cache now or later; its
+    /// requested bytes are counted out when it does, as PyTorch's `free_block` does).
     #[inline]
-    pub fn count_free(&mut self, pool: Pool, size: u64, requested: u64) {
+    pub fn count_free(&mut self, pool: Pool, size: u64) {
         self.allocation.decrease(pool, 1);
         self.allocated_bytes.decrease(pool, size);
-        self.requested_bytes.decrease(pool, requested);
     }
 
     /// Raises the active peaks to the current active values (allocated plus pending).

@@ -709,12 +709,18 @@ fn active_counts_pending_frees_with_their_own_peaks_and_totals() {
         "the pending free has not completed"
     );
     assert_eq!(stats.allocation.all.freed, 1);
+    assert_eq!(
+        stats.requested_bytes.all.current,
+        4096 + 8192,
+        "requested bytes count until the free completes, as in PyTorch"
+    );
     device.complete_stream(side);
     drop(b);
     // Completed events are collected lazily, by the next allocation or here.
     alloc.empty_cache();
     let stats = alloc.stats();
     assert_eq!(stats.active.all.current, 0);
+    assert_eq!(stats.requested_bytes.all.current, 0);
     assert_eq!(stats.active.all.freed, 2);
     assert_eq!(
         stats.active.all.peak, 2,
@@ -752,5 +758,48 @@ fn inactive_split_counts_net_changes_like_pytorch() {
     // Everything merged back into one unsplit block: nothing is inactive split.
     assert_eq!(stats.inactive_split.all.current, 0);
     assert_eq!(stats.inactive_split_bytes.all.current, 0);
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
+#[should_panic(expected = "holds an Exclusive guard")]
+fn using_the_allocator_beside_its_exclusive_guard_on_one_thread_panics_instead_of_hanging() {
+    let (_, alloc) = phantom(1 << 30, "");
+    let _exclusive = alloc.exclusive();
+    let _ = alloc.stats();
+}
+
+#[test]
+fn another_thread_waits_for_the_exclusive_guard() {
+    let (_, alloc) = phantom(1 << 30, "");
+    let mut exclusive = alloc.exclusive();
+    let handle = exclusive.alloc_block(4096, StreamId::DEFAULT).unwrap();
+    std::thread::scope(|scope| {
+        let waiter = scope.spawn(|| alloc.stats().allocated_bytes.all.current);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        exclusive.free_block(handle).unwrap();
+        drop(exclusive);
+        assert_eq!(
+            waiter.join().unwrap(),
+            0,
+            "it saw the state after the guard dropped"
+        );
+    });
+    // The guard is gone: the same thread may lock again.
+    assert_eq!(alloc.stats().allocation.all.allocated, 1);
+}
+
+#[test]
+fn requests_too_large_to_round_are_out_of_memory() {
+    let (_, alloc) = phantom(1 << 30, "");
+    for size in [u64::MAX, u64::MAX - 100, 1 << 63] {
+        let err = alloc.alloc_ptr(size, StreamId::DEFAULT).unwrap_err();
+        assert!(matches!(err, AllocError::OutOfMemory(_)), "{err}");
+        let err = alloc
+            .exclusive()
+            .alloc_block(size, StreamId::DEFAULT)
+            .unwrap_err();
+        assert!(matches!(err, AllocError::OutOfMemory(_)), "{err}");
+    }
     alloc.check_invariants().unwrap();
 }
