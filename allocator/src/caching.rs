@@ -560,13 +560,14 @@ impl State {
         n.size
     }
 
-    /// Puts a free block into its free list and counts it as inactive split if split.
+    /// Puts a free block into its free list and counts it as inactive split if split (outside
+    /// expandable segments, which PyTorch leaves out of that statistic).
     #[inline]
     fn insert_free(&mut self, id: u32) {
         let b = *self.blocks.get(id);
         let list = &mut self.free_lists[b.list as usize];
         list.blocks.insert(free_key(b.size, b.addr), id);
-        if b.is_split() {
+        if b.is_split() && !self.segments.get(b.segment).expandable {
             let pool = list.pool;
             self.stats.inactive_split.increase(pool, 1);
             self.stats.inactive_split_bytes.increase(pool, b.size);
@@ -601,7 +602,7 @@ impl State {
         let list = &mut self.free_lists[b.list as usize];
         let removed = list.blocks.remove(free_key(b.size, b.addr));
         debug_assert_eq!(removed, Some(id), "free block was in its list");
-        if b.is_split() {
+        if b.is_split() && !self.segments.get(b.segment).expandable {
             let pool = list.pool;
             self.stats.inactive_split.decrease(pool, 1);
             self.stats.inactive_split_bytes.decrease(pool, b.size);
@@ -1415,6 +1416,14 @@ impl<B: Backend> CachingAllocator<B> {
         })
     }
 
+    /// Whether free split blocks of `segment` count as inactive split: PyTorch leaves
+    /// expandable segments out (their free pages can always be released). Without expandable
+    /// segments in the settings no segment is expandable, and no segment is looked at.
+    #[inline]
+    fn counts_inactive_split(&self, state: &State, segment: u32) -> bool {
+        !self.shared.split_any_remainder || !state.segments.get(segment).expandable
+    }
+
     /// PyTorch's `should_split`.
     fn should_split(&self, pool: Pool, block_size: u64, rounded: u64) -> bool {
         let remaining = block_size - rounded;
@@ -1453,8 +1462,10 @@ impl<B: Backend> CachingAllocator<B> {
             split_blocks += 1;
             split_bytes += (b.size - rounded) as i64;
         }
-        state.stats.inactive_split.apply(pool, split_blocks);
-        state.stats.inactive_split_bytes.apply(pool, split_bytes);
+        if self.counts_inactive_split(state, b.segment) {
+            state.stats.inactive_split.apply(pool, split_blocks);
+            state.stats.inactive_split_bytes.apply(pool, split_bytes);
+        }
         let step = state.step.min(u32::MAX as u64) as u32;
         self.mark_allocated(state, id, pool, requested, provenance, step, for_buffer)
     }
@@ -1712,8 +1723,10 @@ impl<B: Backend> CachingAllocator<B> {
             state.segments.get_mut(original.segment).last_used = op;
         }
         state.index_free(id);
-        state.stats.inactive_split.apply(pool, split_blocks);
-        state.stats.inactive_split_bytes.apply(pool, split_bytes);
+        if self.counts_inactive_split(state, original.segment) {
+            state.stats.inactive_split.apply(pool, split_blocks);
+            state.stats.inactive_split_bytes.apply(pool, split_bytes);
+        }
         if shared.config.debug
             && debug::fill(&shared.backend, original.addr, original.size, debug::POISON)
         {
@@ -2425,7 +2438,7 @@ impl<B: Backend> CachingAllocator<B> {
                             "free block {id} was not merged with its free neighbour"
                         ));
                     }
-                    if b.is_split() {
+                    if b.is_split() && !seg.expandable {
                         expect.inactive_split.increase(seg.pool, 1);
                         expect.inactive_split_bytes.increase(seg.pool, b.size);
                     }

@@ -803,3 +803,17 @@ fn requests_too_large_to_round_are_out_of_memory() {
     }
     alloc.check_invariants().unwrap();
 }
+
+#[test]
+fn expandable_segments_stay_out_of_inactive_split_like_pytorch() {
+    let (_, alloc) = phantom(1 << 30, "expandable_segments:True");
+    let a = alloc.alloc(4096).unwrap();
+    let b = alloc.alloc(3 * MIB).unwrap();
+    drop(a);
+    let stats = alloc.stats();
+    assert_eq!(stats.inactive_split.all.current, 0);
+    assert_eq!(stats.inactive_split_bytes.all.current, 0);
+    assert!(stats.reserved_bytes.all.current > stats.allocated_bytes.all.current);
+    drop(b);
+    alloc.check_invariants().unwrap();
+}
