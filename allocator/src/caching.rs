@@ -5,14 +5,15 @@
 //! `parking_lot` mutex. Requests are rounded, routed to the small or large pool, served by the
 //! smallest cached block on the same stream, split, and merged back with free neighbours on free,
 //! exactly as `c10/cuda/CUDACachingAllocator.cpp` does; new segments come from the backend
-//! (`crate::backend`), and `crate::sim` stands in for a GPU. Every operation updates
-//! [`MemoryStats`](crate::stats::MemoryStats) and, when tracking is on, pushes an event into the
-//! ring (`crate::ring`) with an interned provenance id (`crate::provenance`). Handed-out memory
+//! (`crate::backend`), and `crate::sim` stands in for a GPU. Every operation updates the
+//! statistics (a `crate::stats::StatsBook`, read out as
+//! [`MemoryStats`](crate::stats::MemoryStats)) and, when tracking is on, pushes an event into
+//! the ring (`crate::ring`) with an interned provenance id (`crate::provenance`). Handed-out memory
 //! is a [`DeviceBuffer`](crate::buffer::DeviceBuffer) that frees itself on drop; the raw
 //! pointer API serves the C ABI, and [`BlockHandle`]s free by id without an address lookup. An
 //! [`Exclusive`] guard holds the device lock across a run of operations (trace replay, a
 //! single-threaded program) so that each skips the lock round-trip. Free blocks are indexed by
-//! `crate::free_index`, statistics kept in a `crate::stats::StatsBook`.
+//! `crate::free_index`.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
@@ -1685,8 +1686,10 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// PyTorch's `free_block`: merge with free neighbours in the segment, return to the pool.
-    /// `original` is the block as it was handed out; `immediate` says the free was requested in this same operation (not deferred on stream
-    /// events), so its completion shares the request's time stamp.
+    /// `original` is the block as the program freed it (read when the free was requested, or
+    /// when its stream events completed); `immediate` says the free was requested in this same
+    /// operation (not deferred on stream events), so its completion shares the request's time
+    /// stamp.
     #[inline]
     fn return_to_cache(&self, state: &mut State, id: u32, original: BlockMeta, immediate: bool) {
         let shared = &*self.shared;

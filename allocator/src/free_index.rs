@@ -2,14 +2,17 @@
 //!
 //! `crate::caching` keeps one index per (stream, pool) and asks it for the first block at or
 //! after a key (PyTorch's best fit: `lower_bound` on a set ordered by size, then address).
-//! The index answers that exactly, as PyTorch's `std::set` does, but in constant time however
-//! fragmented the pool is: blocks are kept in size bins laid out like TLSF's two-level
-//! segregated lists (exact bins below 16 KiB, then 32 bins per power of two), each bin a short
-//! vector sorted by key from largest to smallest (so that the best fit, the most common entry
-//! to take, is popped off the end without moving the others), and two levels of bit masks find
-//! the next non-empty bin with two `trailing_zeros`. A lookup searches only the bin the request falls in and, when nothing
-//! there fits, takes the first entry of the next non-empty bin, which is the best fit because
-//! every bin holds larger sizes than the bins before it.
+//! The index answers that exactly, as PyTorch's `std::set` does, with one short search
+//! however many free blocks the pool holds: blocks are kept in size bins laid out like TLSF's
+//! two-level segregated lists (exact bins below 16 KiB, then 32 bins per power of two), each
+//! bin a vector sorted by key from largest to smallest (so that the best fit, the most common
+//! entry to take, is popped off the end without moving the others), and two levels of bit
+//! masks find the next non-empty bin with two `trailing_zeros`. A lookup searches only the
+//! bin the request falls in and, when nothing there fits, takes the last entry of the next
+//! non-empty bin, which is the best fit because every bin holds larger sizes than the bins
+//! before it. Inserting or removing in the middle of a bin shifts the entries after it, so a
+//! bin holding thousands of free blocks of one size makes those operations linear in them
+//! (PyTorch's set is logarithmic); on real traces bins hold a few entries.
 
 /// Bytes per unit of the bin function: the allocator's rounding granule.
 const UNIT_SHIFT: u32 = 9;

@@ -78,8 +78,10 @@ impl EventRing {
     /// Stores an event in the first unused slot while the ring fills.
     #[inline]
     fn append(&mut self, event: RawEvent) {
+        // Only the last chunk can have room, and the ring is not full, so a chunk shorter than
+        // `CHUNK` takes the event (whatever capacity the vector was given).
         match self.chunks.last_mut() {
-            Some(chunk) if chunk.len() < chunk.capacity() => chunk.push(event),
+            Some(chunk) if chunk.len() < CHUNK => chunk.push(event),
             _ => self.append_to_new_chunk(event),
         }
     }
