@@ -28,7 +28,7 @@
 //! # std::fs::remove_file(path).ok();
 //!
 //! use vramscope::StreamId;
-//! let mut exclusive = alloc.exclusive(); // other threads wait until it drops
+//! let mut exclusive = alloc.exclusive(); // until it drops, use only the guard
 //! let handle = exclusive.alloc_block(4096, StreamId::DEFAULT)?;
 //! exclusive.free_block(handle)?; // by block id: no address lookup
 //! # Ok(())
