@@ -55,8 +55,8 @@ pub const ROUND_LARGE: u64 = 2 * MIB;
 
 static NEXT_ALLOCATOR_ID: AtomicU64 = AtomicU64::new(1);
 
-/// The largest request the allocator tries to serve (2^62 bytes); larger ones are out of
-/// memory at once, before rounding could overflow.
+/// The largest rounded request the allocator asks a device for (2^62 bytes); larger ones are
+/// out of memory at once, before computing a segment size could overflow.
 const MAX_REQUEST: u64 = 1 << 62;
 
 const ALLOCATED: u8 = 1;
@@ -418,7 +418,9 @@ pub fn round_size(size: u64, roundup_power2_divisions: u32) -> u64 {
     if divisions > 1 && size > MIN_BLOCK_SIZE * divisions {
         return roundup_power2_next_division(size, divisions);
     }
-    size.div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
+    // Saturating: a request within 511 bytes of `u64::MAX` rounds down to the last multiple
+    // of 512, which no cached block matches and `grow` refuses as too large.
+    size.saturating_add(MIN_BLOCK_SIZE - 1) & !(MIN_BLOCK_SIZE - 1)
 }
 
 fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
@@ -428,13 +430,13 @@ fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
     let floor = 1u64 << (63 - size.leading_zeros());
     let division = floor >> (63 - divisions.leading_zeros());
     if division == 0 {
-        return floor << 1;
+        return floor.saturating_mul(2);
     }
     let rounded_floor = size & !(division - 1);
     if rounded_floor == size {
         size
     } else {
-        rounded_floor + division
+        rounded_floor.saturating_add(division)
     }
 }
 
@@ -955,10 +957,6 @@ impl<B: Backend> CachingAllocator<B> {
         if !state.outstanding.is_empty() {
             self.process_events(state);
         }
-        if size > MAX_REQUEST {
-            // Rounding would overflow; no device has this much memory anyway.
-            return Err(self.out_of_memory(state, stream, size, size, &origin));
-        }
         let padded = size.saturating_add(config.guard_bytes);
         // `round_size`, with the power-of-two rounding's threshold decided at construction.
         let rounded = if padded > shared.round_power2_above {
@@ -1122,6 +1120,9 @@ impl<B: Backend> CachingAllocator<B> {
         requested: u64,
         origin: &Origin<'_>,
     ) -> Result<Option<Found>, AllocError> {
+        if rounded > MAX_REQUEST {
+            return Err(self.out_of_memory(state, stream, rounded, requested, origin));
+        }
         if let Some(threshold) = self.shared.config.garbage_collection_threshold {
             self.garbage_collect(state, threshold);
         }

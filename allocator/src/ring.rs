@@ -54,7 +54,7 @@ impl EventRing {
     }
 
     /// Appends an event, assigning its sequence number; overwrites the oldest when full.
-    #[inline]
+    #[inline(always)]
     pub fn push(&mut self, mut event: RawEvent) -> u64 {
         let seq = self.next_seq;
         event.seq = seq;
@@ -76,7 +76,7 @@ impl EventRing {
     }
 
     /// Stores an event in the first unused slot while the ring fills.
-    #[inline]
+    #[inline(always)]
     fn append(&mut self, event: RawEvent) {
         // Only the last chunk can have room, and the ring is not full, so a chunk shorter than
         // `CHUNK` takes the event (whatever capacity the vector was given).
