@@ -380,8 +380,9 @@ struct Shared<B: Backend> {
     checks: bool,
     /// `config.max_split_size`, or `u64::MAX` when unset (no block is oversize).
     max_split: u64,
-    /// Blocks of every pool split any remainder of 512 bytes or more (expandable segments).
-    split_any_remainder: bool,
+    /// New segments are expandable (`config.uses_expandable_segments()`): blocks of every
+    /// pool split any remainder of 512 bytes or more.
+    expandable_segments: bool,
     /// Requests above this many bytes round to a power-of-two division
     /// (`roundup_power2_divisions`); `u64::MAX` when that setting is off.
     round_power2_above: u64,
@@ -488,12 +489,6 @@ impl State {
             || (segment.first == segment.last && self.blocks.get(segment.first).is_free())
     }
 
-    /// The pool of a block.
-    #[inline]
-    fn pool(&self, block: u32) -> Pool {
-        self.blocks.get(block).pool
-    }
-
     /// The stream a block's segment belongs to.
     #[inline]
     fn stream_of(&self, block: u32) -> StreamId {
@@ -567,14 +562,19 @@ impl State {
     /// expandable segments, which PyTorch leaves out of that statistic).
     #[inline]
     fn insert_free(&mut self, id: u32) {
+        self.index_free(id);
         let b = *self.blocks.get(id);
-        let list = &mut self.free_lists[b.list as usize];
-        list.blocks.insert(free_key(b.size, b.addr), id);
-        if b.is_split() && !self.segments.get(b.segment).expandable {
-            let pool = list.pool;
-            self.stats.inactive_split.increase(pool, 1);
-            self.stats.inactive_split_bytes.increase(pool, b.size);
+        if b.is_split() && self.counts_inactive_split(b.segment) {
+            self.stats.inactive_split.increase(b.pool, 1);
+            self.stats.inactive_split_bytes.increase(b.pool, b.size);
         }
+    }
+
+    /// Whether free split blocks of `segment` count as inactive split: PyTorch leaves
+    /// expandable segments out (their free pages can always be released).
+    #[inline]
+    fn counts_inactive_split(&self, segment: u32) -> bool {
+        !self.segments.get(segment).expandable
     }
 
     /// Puts a free block into its free list without counting it (the caller counts the net
@@ -601,14 +601,11 @@ impl State {
     /// Takes a free block out of its free list, undoing [`State::insert_free`].
     #[inline]
     fn remove_free(&mut self, id: u32) {
+        self.unindex_free(id);
         let b = *self.blocks.get(id);
-        let list = &mut self.free_lists[b.list as usize];
-        let removed = list.blocks.remove(free_key(b.size, b.addr));
-        debug_assert_eq!(removed, Some(id), "free block was in its list");
-        if b.is_split() && !self.segments.get(b.segment).expandable {
-            let pool = list.pool;
-            self.stats.inactive_split.decrease(pool, 1);
-            self.stats.inactive_split_bytes.decrease(pool, b.size);
+        if b.is_split() && self.counts_inactive_split(b.segment) {
+            self.stats.inactive_split.decrease(b.pool, 1);
+            self.stats.inactive_split_bytes.decrease(b.pool, b.size);
         }
     }
 
@@ -682,7 +679,7 @@ impl<B: Backend> CachingAllocator<B> {
                 tracking: config.record_sites || config.record_events,
                 checks: config.debug || config.guard_bytes > 0,
                 max_split: config.max_split_size.unwrap_or(u64::MAX),
-                split_any_remainder: config.uses_expandable_segments(),
+                expandable_segments: config.uses_expandable_segments(),
                 round_power2_above: match config.roundup_power2_divisions as u64 {
                     0 | 1 => u64::MAX,
                     divisions => MIN_BLOCK_SIZE * divisions,
@@ -814,20 +811,33 @@ impl<B: Backend> CachingAllocator<B> {
             location: Location::caller(),
             tag: None,
         };
-        let allocator = self.shared.handle_tag;
         self.allocate(size, stream, origin, true)
-            .map(|(addr, block)| BlockHandle {
-                addr,
-                block,
-                allocator,
-            })
+            .map(|found| self.handle(found))
+    }
+
+    /// The handle of an allocated block (address and block id).
+    #[inline]
+    fn handle(&self, (addr, block): (u64, u32)) -> BlockHandle {
+        BlockHandle {
+            addr,
+            block,
+            allocator: self.shared.handle_tag,
+        }
+    }
+
+    /// Refuses a handle that another allocator handed out.
+    #[inline]
+    fn check_handle(&self, handle: &BlockHandle) -> Result<(), AllocError> {
+        if handle.allocator == self.shared.handle_tag {
+            Ok(())
+        } else {
+            Err(AllocError::UnknownPointer { addr: handle.addr })
+        }
     }
 
     /// Frees a block from [`CachingAllocator::alloc_block`].
     pub fn free_block(&self, handle: BlockHandle) -> Result<(), AllocError> {
-        if handle.allocator != self.shared.handle_tag {
-            return Err(AllocError::UnknownPointer { addr: handle.addr });
-        }
+        self.check_handle(&handle)?;
         self.deallocate_buffer(handle.block, handle.addr)
     }
 
@@ -1418,18 +1428,17 @@ impl<B: Backend> CachingAllocator<B> {
         })
     }
 
-    /// Whether free split blocks of `segment` count as inactive split: PyTorch leaves
-    /// expandable segments out (their free pages can always be released). Without expandable
-    /// segments in the settings no segment is expandable, and no segment is looked at.
+    /// [`State::counts_inactive_split`], without looking at the segment when the settings
+    /// make no segment expandable.
     #[inline]
     fn counts_inactive_split(&self, state: &State, segment: u32) -> bool {
-        !self.shared.split_any_remainder || !state.segments.get(segment).expandable
+        !self.shared.expandable_segments || state.counts_inactive_split(segment)
     }
 
     /// PyTorch's `should_split`.
     fn should_split(&self, pool: Pool, block_size: u64, rounded: u64) -> bool {
         let remaining = block_size - rounded;
-        if pool == Pool::Small || self.shared.split_any_remainder {
+        if pool == Pool::Small || self.shared.expandable_segments {
             remaining >= MIN_BLOCK_SIZE
         } else {
             rounded < self.shared.max_split && remaining > SMALL_SIZE
@@ -1449,8 +1458,8 @@ impl<B: Backend> CachingAllocator<B> {
         for_buffer: bool,
     ) -> (u64, u64) {
         let id = found.block;
-        let pool = state.pool(id);
         let b = *state.blocks.get(id);
+        let pool = b.pool;
         // The net change of inactive split blocks, applied once (PyTorch's
         // `alloc_found_block`): a split free block leaves, its split remainder comes back.
         let (mut split_blocks, mut split_bytes) = (0i64, 0i64);
@@ -1630,10 +1639,8 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let block = state.blocks.get_mut(id);
         block.flags = PENDING_FREE;
-        let size = block.size;
-        let pool = state.pool(id);
-        state.stats.pending.increase(pool, 1);
-        state.stats.pending_bytes.increase(pool, size);
+        let (pool, size) = (block.pool, block.size);
+        state.stats.count_pending(pool, size);
         state.pending_events.insert(id, count);
         true
     }
@@ -1664,11 +1671,8 @@ impl<B: Backend> CachingAllocator<B> {
             .unwrap_or(0);
         if remaining == 0 {
             state.pending_events.remove(&block);
-            let size = state.blocks.get(block).size;
-            let pool = state.pool(block);
-            state.stats.pending.decrease(pool, 1);
-            state.stats.pending_bytes.decrease(pool, size);
             let original = *state.blocks.get(block);
+            state.stats.count_pending_done(original.pool, original.size);
             self.return_to_cache(state, block, original, false);
         }
     }
@@ -2684,9 +2688,7 @@ impl<B: Backend> Exclusive<'_, B> {
     /// [`CachingAllocator::free_block`] under the held lock.
     #[inline]
     pub fn free_block(&mut self, handle: BlockHandle) -> Result<(), AllocError> {
-        if handle.allocator != self.allocator.shared.handle_tag {
-            return Err(AllocError::UnknownPointer { addr: handle.addr });
-        }
+        self.allocator.check_handle(&handle)?;
         if handle.addr == 0 {
             return Ok(());
         }
@@ -2703,25 +2705,17 @@ impl<B: Backend> Exclusive<'_, B> {
         for_handle: bool,
     ) -> Result<BlockHandle, AllocError> {
         if size == 0 {
-            return Ok(BlockHandle {
-                addr: 0,
-                block: NIL,
-                allocator: self.allocator.shared.handle_tag,
-            });
+            return Ok(self.allocator.handle((0, NIL)));
         }
         let backtrace = self.allocator.backtrace_for_request();
         let origin = Origin {
             location,
             tag: None,
         };
-        let allocator = self.allocator.shared.handle_tag;
-        self.allocator
+        let allocator = self.allocator;
+        allocator
             .allocate_in(&mut self.state, size, stream, origin, backtrace, for_handle)
-            .map(|(addr, block)| BlockHandle {
-                addr,
-                block,
-                allocator,
-            })
+            .map(|found| allocator.handle(found))
     }
 }
 

@@ -349,16 +349,34 @@ impl StatsBook {
         self.allocated_bytes.decrease(pool, size);
     }
 
-    /// Raises the active peaks to the current active values (allocated plus pending).
-    fn note_active_peaks(&mut self, pool: Pool) {
-        for (peak, allocated, pending) in [
+    /// Counts a freed block that now waits for stream events (still active).
+    pub fn count_pending(&mut self, pool: Pool, size: u64) {
+        self.pending.increase(pool, 1);
+        self.pending_bytes.increase(pool, size);
+    }
+
+    /// Counts a pending block whose stream events have completed.
+    pub fn count_pending_done(&mut self, pool: Pool, size: u64) {
+        self.pending.decrease(pool, 1);
+        self.pending_bytes.decrease(pool, size);
+    }
+
+    /// The active peaks with what they are made of: (peaks, allocated, pending) for `active`
+    /// and for `active_bytes`.
+    fn active_parts(&mut self) -> [(&mut CounterArray, &CounterArray, &CounterArray); 2] {
+        [
             (&mut self.active_peak, &self.allocation, &self.pending),
             (
                 &mut self.active_bytes_peak,
                 &self.allocated_bytes,
                 &self.pending_bytes,
             ),
-        ] {
+        ]
+    }
+
+    /// Raises the active peaks to the current active values (allocated plus pending).
+    fn note_active_peaks(&mut self, pool: Pool) {
+        for (peak, allocated, pending) in self.active_parts() {
             let all = allocated.all().current + pending.all().current;
             peak.all_peak = peak.all_peak.max(all);
             let one = allocated.pool(pool).current + pending.pool(pool).current;
@@ -429,14 +447,7 @@ impl StatsBook {
         ] {
             array.reset_peak();
         }
-        for (peak, allocated, pending) in [
-            (&mut self.active_peak, &self.allocation, &self.pending),
-            (
-                &mut self.active_bytes_peak,
-                &self.allocated_bytes,
-                &self.pending_bytes,
-            ),
-        ] {
+        for (peak, allocated, pending) in self.active_parts() {
             peak.all_peak = allocated.all().current + pending.all().current;
             for pool in [Pool::Small, Pool::Large] {
                 peak.pool_mut(pool).peak =
