@@ -12,10 +12,12 @@
 //! ```text
 //! cargo run --release --manifest-path bench/Cargo.toml -- [--quick] [--reps N] [--traces DIR]
 //! bench/target/release/vramscope-bench profile pairs <subject> <pairs>
-//! bench/target/release/vramscope-bench profile trace <trace> <subject> <reps>
+//! bench/target/release/vramscope-bench profile trace|steady <trace> <subject> <reps>
 //! ```
 //!
-//! The `profile` forms run one allocator alone, for `valgrind --tool=callgrind`.
+//! The `profile` forms run one allocator alone, for `valgrind --tool=callgrind` or a quick
+//! timing: `trace` times the first pass through a fresh allocator, `steady` the second pass,
+//! and both print the mean and the fastest of `reps` repetitions.
 
 mod measure;
 mod peers;
@@ -364,7 +366,7 @@ fn main() {
             if !e.is_empty() {
                 eprintln!("{e}");
             }
-            eprintln!("usage: vramscope-bench [--quick] [--reps N] [--traces DIR]\n       vramscope-bench profile pairs <subject> <pairs>\n       vramscope-bench profile trace <trace> <subject> <reps>");
+            eprintln!("usage: vramscope-bench [--quick] [--reps N] [--traces DIR]\n       vramscope-bench profile pairs <subject> <pairs>\n       vramscope-bench profile trace|steady <trace> <subject> <reps>");
             std::process::exit(if e.is_empty() { 0 } else { 2 });
         }
     };
@@ -681,10 +683,11 @@ fn fidelity(snapshots: &[(&str, Snapshot)]) {
     }
 }
 
-/// `profile pairs <subject> <pairs>` or `profile trace <trace> <subject> <reps>`: one
+/// `profile pairs <subject> <pairs>` or `profile trace|steady <trace> <subject> <reps>`: one
 /// allocator alone, for callgrind.
 fn profile(args: &[String]) -> Result<(), String> {
-    let usage = "usage: profile pairs <subject> <pairs> | profile trace <trace> <subject> <reps>";
+    let usage =
+        "usage: profile pairs <subject> <pairs> | profile trace|steady <trace> <subject> <reps>";
     let subject = |key: &str| {
         Subject::from_key(key).ok_or_else(|| {
             let keys: Vec<&str> = SUBJECTS.iter().map(|s| s.key()).collect();
@@ -702,7 +705,8 @@ fn profile(args: &[String]) -> Result<(), String> {
             let ns = run_pairs(subject, n);
             println!("{}: {n} pairs, {ns:.1} ns per operation", subject.label());
         }
-        Some("trace") => {
+        Some(form @ ("trace" | "steady")) => {
+            let steady = form == "steady";
             let name = args.get(1).ok_or(usage)?;
             let subject = subject(args.get(2).ok_or(usage)?)?;
             let reps = number(args.get(3))?;
@@ -718,12 +722,17 @@ fn profile(args: &[String]) -> Result<(), String> {
                 Trace::from_snapshot(short, &snapshot)
             };
             let mut total = 0.0;
+            let mut fastest = f64::INFINITY;
             for _ in 0..reps {
-                total += run_passes(subject, &trace, false).replay.ns_per_op();
+                let sample = run_passes(subject, &trace, steady);
+                let ns = if steady { sample.warm } else { sample.replay }.ns_per_op();
+                total += ns;
+                fastest = fastest.min(ns);
             }
             println!(
-                "{} on {}: {} operations × {reps}, {:.1} ns per operation",
+                "{} on {}{}: {} operations × {reps}, {:.1} ns per operation (fastest {fastest:.1})",
                 subject.label(),
+                if steady { ", steady state" } else { "" },
                 trace.name,
                 trace.ops.len(),
                 total / reps as f64
