@@ -1149,7 +1149,7 @@ impl<B: Backend> CachingAllocator<B> {
                 return None;
             }
         }
-        blocks.take(at);
+        blocks.take(at, key);
         Some(Found {
             block: id,
             uncounted: true,
@@ -2523,6 +2523,28 @@ impl<B: Backend> CachingAllocator<B> {
                 return Err(format!(
                     "segment at {addr:#x} has no live block but is not one free block"
                 ));
+            }
+        }
+        // Every entry of every free list must be a free block of that list under its own key,
+        // and the lists' counts must match their entries: a stale entry left behind by a
+        // removal would otherwise go unseen as long as the counts were kept.
+        for (index, list) in state.free_lists.iter().enumerate() {
+            let entries = list.blocks.all_from(0);
+            if entries.len() != list.blocks.len() {
+                return Err(format!(
+                    "free list {index} counts {} blocks but holds {}",
+                    list.blocks.len(),
+                    entries.len()
+                ));
+            }
+            for (key, id) in entries {
+                let b = state.blocks.get(id);
+                if !b.is_free() || b.list as usize != index || free_key(b.size, b.addr) != key {
+                    return Err(format!(
+                        "free list {index} holds block {id} at {:#x} under a stale key",
+                        b.addr
+                    ));
+                }
             }
         }
         let pools: usize = state.free_lists.iter().map(|l| l.blocks.len()).sum();

@@ -14,6 +14,8 @@
 //! bin holding thousands of free blocks of one size makes those operations linear in them
 //! (PyTorch's set is logarithmic); on real traces bins hold a few entries.
 
+use std::collections::BTreeMap;
+
 /// Bytes per unit of the bin function: the allocator's rounding granule.
 const UNIT_SHIFT: u32 = 9;
 /// Bins per level (a power of two), and below this many units every size has its own bin.
@@ -28,7 +30,18 @@ const LEVEL_SLOTS: usize = LEVELS.next_power_of_two();
 /// One free block: its key `(size << 64) | address` and its block id.
 type Entry = (u128, u32);
 
-/// Where [`FreeIndex::find_from`] found an entry: its bin and its index in the bin.
+/// A bin's vector longer than this moves its largest entries into the bin's overflow tree
+/// when an insertion or removal in its middle would shift them.
+const LONG_BIN: usize = 64;
+/// Entries a long bin's vector keeps when it spills, and takes back from the overflow tree
+/// when it runs empty.
+const KEPT_IN_VECTOR: usize = 32;
+
+/// Marks a [`Found`] entry that lies in an overflow tree, not in the bin's vector.
+const IN_OVERFLOW: usize = usize::MAX;
+
+/// Where [`FreeIndex::find_from`] found an entry: its bin and its index in the bin's vector
+/// (or [`IN_OVERFLOW`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Found {
     level: usize,
@@ -40,8 +53,14 @@ pub(crate) struct Found {
 pub(crate) struct FreeIndex {
     /// Entries per bin, each vector sorted by key in descending order. Bins exist up to the
     /// largest one ever used (a pool of small blocks never pays for the bins of gigabytes);
-    /// a bin whose mask bit is set always exists.
+    /// a bin whose mask bit is set always exists and has a non-empty vector.
     bins: Vec<Vec<Entry>>,
+    /// The overflow trees of long bins, by slot: the larger keys of a bin that has held more
+    /// than [`LONG_BIN`] free blocks. Every key in a bin's tree is larger than every key in its
+    /// vector, and a bin with a tree has a non-empty vector, so the vectors' fast paths
+    /// (push the smallest, pop the best fit, look at the last entry) stay what they are
+    /// without a tree; only the paths that search or shift a vector look here.
+    overflow: Vec<(usize, BTreeMap<u128, u32>)>,
     /// Bit `l` set when level `l` has a non-empty bin.
     level_mask: u64,
     /// Per level, bit `s` set when bin `s` of the level is non-empty.
@@ -78,6 +97,7 @@ impl FreeIndex {
     pub fn new() -> FreeIndex {
         FreeIndex {
             bins: Vec::new(),
+            overflow: Vec::new(),
             level_mask: 0,
             bin_masks: [0; LEVEL_SLOTS],
             len: 0,
@@ -96,12 +116,55 @@ impl FreeIndex {
         if bin.last().map_or(true, |last| last.0 > key) {
             bin.push((key, id));
         } else {
-            let at = bin.partition_point(|e| e.0 > key);
-            bin.insert(at, (key, id));
+            self.insert_within(at, key, id);
         }
         self.bin_masks[level & (LEVEL_SLOTS - 1)] |= 1 << sub;
         self.level_mask |= 1 << level;
         self.len += 1;
+    }
+
+    /// [`FreeIndex::insert`] of a key that is not the smallest of its (non-empty) bin: into
+    /// the vector at its place, or into the overflow tree when it is larger than every key
+    /// of a long bin's vector.
+    #[inline(never)]
+    fn insert_within(&mut self, at: usize, key: u128, id: u32) {
+        if self.bins[at].len() >= LONG_BIN {
+            self.spill(at);
+        }
+        if !self.overflow.is_empty() && key > self.bins[at][0].0 {
+            if let Some(i) = self.overflow.iter().position(|(s, _)| *s == at) {
+                self.overflow[i].1.insert(key, id);
+                return;
+            }
+        }
+        let bin = &mut self.bins[at];
+        let index = bin.partition_point(|e| e.0 > key);
+        bin.insert(index, (key, id));
+    }
+
+    /// Moves all but the [`KEPT_IN_VECTOR`] smallest entries of a long vector into its bin's
+    /// overflow tree (created on first use).
+    #[cold]
+    #[inline(never)]
+    fn spill(&mut self, at: usize) {
+        let bin = &mut self.bins[at];
+        let moved: Vec<Entry> = bin.drain(..bin.len() - KEPT_IN_VECTOR).collect();
+        let tree = match self.overflow.iter().position(|(s, _)| *s == at) {
+            Some(i) => &mut self.overflow[i].1,
+            None => {
+                self.overflow.push((at, BTreeMap::new()));
+                &mut self.overflow.last_mut().expect("just pushed").1
+            }
+        };
+        tree.extend(moved);
+    }
+
+    /// The overflow tree of slot `at`, if the bin has one.
+    fn overflow_of(&self, at: usize) -> Option<&BTreeMap<u128, u32>> {
+        self.overflow
+            .iter()
+            .find(|(s, _)| *s == at)
+            .map(|(_, tree)| tree)
     }
 
     /// Creates the bins up to slot `at`.
@@ -117,22 +180,44 @@ impl FreeIndex {
         let bin = self.bins.get(slot(level, sub))?;
         let index = match bin.last() {
             Some(&(last, _)) if last == key => bin.len() - 1,
-            _ => bin.binary_search_by(|e| key.cmp(&e.0)).ok()?,
+            _ => match self.position_within(slot(level, sub), key)? {
+                IN_OVERFLOW => return self.remove_overflow(slot(level, sub), key),
+                index => index,
+            },
         };
-        Some(self.take(Found { level, sub, index }).1)
+        Some(self.take(Found { level, sub, index }, key).1)
     }
 
-    /// Takes out the entry at a position [`FreeIndex::find_from`] returned (and nothing has
-    /// changed since).
+    /// Where `key` is in its bin when it is not the vector's last entry: its index in the
+    /// vector, or [`IN_OVERFLOW`] when it can only be in the bin's overflow tree.
+    #[inline(never)]
+    fn position_within(&mut self, at: usize, key: u128) -> Option<usize> {
+        if self.bins[at].len() >= LONG_BIN {
+            self.spill(at);
+        }
+        match self.bins[at].binary_search_by(|e| key.cmp(&e.0)) {
+            Ok(index) => Some(index),
+            Err(_) if !self.overflow.is_empty() => Some(IN_OVERFLOW),
+            Err(_) => None,
+        }
+    }
+
+    /// Takes out the entry with `key` at a position [`FreeIndex::find_from`] returned (and
+    /// nothing has changed since).
     #[inline(always)]
-    pub fn take(&mut self, at: Found) -> (u128, u32) {
-        let bin = &mut self.bins[slot(at.level, at.sub)];
-        let entry = if at.index + 1 == bin.len() {
+    pub fn take(&mut self, at: Found, key: u128) -> (u128, u32) {
+        let at_slot = slot(at.level, at.sub);
+        let bin = &mut self.bins[at_slot];
+        // `IN_OVERFLOW + 1` wraps to 0, never the length of a bin that has a position, so
+        // the common case (the last entry) tests nothing else.
+        let entry = if at.index.wrapping_add(1) == bin.len() {
             bin.pop().expect("the position is in the bin")
+        } else if at.index == IN_OVERFLOW {
+            return self.take_overflow(at_slot, key);
         } else {
             bin.remove(at.index)
         };
-        if bin.is_empty() {
+        if bin.is_empty() && !self.refill(at_slot) {
             let mask = &mut self.bin_masks[at.level & (LEVEL_SLOTS - 1)];
             *mask &= !(1 << at.sub);
             if *mask == 0 {
@@ -143,13 +228,69 @@ impl FreeIndex {
         entry
     }
 
+    /// Takes `key` out of the overflow tree of slot `at` (the bin's vector stays non-empty,
+    /// so the masks do not change).
+    #[cold]
+    #[inline(never)]
+    fn take_overflow(&mut self, at: usize, key: u128) -> (u128, u32) {
+        let id = self
+            .remove_overflow(at, key)
+            .expect("the key is in the tree");
+        (key, id)
+    }
+
+    /// Removes `key` from the overflow tree of slot `at`, if the bin has one and the key is
+    /// in it (the bin's vector stays non-empty, so the masks do not change).
+    #[cold]
+    #[inline(never)]
+    fn remove_overflow(&mut self, at: usize, key: u128) -> Option<u32> {
+        let i = self.overflow.iter().position(|(s, _)| *s == at)?;
+        let id = self.overflow[i].1.remove(&key)?;
+        if self.overflow[i].1.is_empty() {
+            self.overflow.swap_remove(i);
+        }
+        self.len -= 1;
+        Some(id)
+    }
+
+    /// Refills the emptied vector of slot `at` with the smallest entries of its overflow
+    /// tree; false when the bin has no tree (it is empty now).
+    #[inline]
+    fn refill(&mut self, at: usize) -> bool {
+        !self.overflow.is_empty() && self.refill_from_overflow(at)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn refill_from_overflow(&mut self, at: usize) -> bool {
+        let Some(i) = self.overflow.iter().position(|(s, _)| *s == at) else {
+            return false;
+        };
+        let tree = &mut self.overflow[i].1;
+        let mut smallest = Vec::with_capacity(KEPT_IN_VECTOR);
+        while smallest.len() < KEPT_IN_VECTOR {
+            match tree.pop_first() {
+                Some(entry) => smallest.push(entry),
+                None => break,
+            }
+        }
+        if tree.is_empty() {
+            self.overflow.swap_remove(i);
+        }
+        smallest.reverse();
+        self.bins[at] = smallest;
+        true
+    }
+
     /// The id stored under exactly `key`.
     pub fn get(&self, key: u128) -> Option<u32> {
         let (level, sub) = bin_of(key_size(key));
-        let bin = self.bins.get(slot(level, sub))?;
-        bin.binary_search_by(|e| key.cmp(&e.0))
-            .ok()
-            .map(|at| bin[at].1)
+        let at = slot(level, sub);
+        let bin = self.bins.get(at)?;
+        match bin.binary_search_by(|e| key.cmp(&e.0)) {
+            Ok(index) => Some(bin[index].1),
+            Err(_) => self.overflow_of(at)?.get(&key).copied(),
+        }
     }
 
     /// The first entry at or after `key` (best fit).
@@ -175,7 +316,8 @@ impl FreeIndex {
                 };
                 return Some((at, smallest.0, smallest.1));
             }
-            // Entries at or after `key` are a prefix; the last of them is the best fit.
+            // Entries at or after `key` are a prefix; the last of them is the best fit (the
+            // keys of an overflow tree are all larger).
             let fitting = bin.partition_point(|e| e.0 >= key);
             if fitting > 0 {
                 let entry = bin[fitting - 1];
@@ -185,6 +327,19 @@ impl FreeIndex {
                     index: fitting - 1,
                 };
                 return Some((at, entry.0, entry.1));
+            }
+            if !self.overflow.is_empty() {
+                if let Some((&found, &id)) = self
+                    .overflow_of(slot(level, sub))
+                    .and_then(|tree| tree.range(key..).next())
+                {
+                    let at = Found {
+                        level,
+                        sub,
+                        index: IN_OVERFLOW,
+                    };
+                    return Some((at, found, id));
+                }
             }
         }
         let (level, sub) = self.next_bin(level, sub)?;
@@ -224,17 +379,25 @@ impl FreeIndex {
     pub fn all_from(&self, key: u128) -> Vec<(u128, u32)> {
         let (level, sub) = bin_of(key_size(key));
         let first = slot(level, sub).min(self.bins.len());
-        self.bins[first..]
-            .iter()
-            .flat_map(|bin| bin.iter().rev())
-            .filter(|e| e.0 >= key)
-            .copied()
-            .collect()
+        let mut all = Vec::new();
+        for (at, bin) in self.bins.iter().enumerate().skip(first) {
+            all.extend(bin.iter().rev().filter(|e| e.0 >= key).copied());
+            if let Some(tree) = self.overflow_of(at) {
+                all.extend(tree.range(key..).map(|(&k, &id)| (k, id)));
+            }
+        }
+        all
     }
 
     /// Number of entries.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Bins that have an overflow tree.
+    #[cfg(test)]
+    fn long_bins(&self) -> usize {
+        self.overflow.len()
     }
 }
 
@@ -303,7 +466,9 @@ mod tests {
             if seed % 5 == 0 {
                 // Take the best fit out through its position, as allocations do.
                 let expected = model.range(probe..).next().map(|(&k, &v)| (k, v));
-                let taken = index.find_from(probe).map(|(at, _, _)| index.take(at));
+                let taken = index
+                    .find_from(probe)
+                    .map(|(at, key, _)| index.take(at, key));
                 assert_eq!(taken, expected, "step {step}");
                 if let Some((key, _)) = taken {
                     model.remove(&key);
@@ -318,6 +483,77 @@ mod tests {
                 .map(|(&k, &v)| (k, v))
                 .collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn long_bins_behave_like_an_ordered_map() {
+        // Two sizes that share one bin (and a third in the next bin), hundreds of addresses:
+        // the bin grows past `LONG_BIN` by pushes and by insertions in its middle, spills into
+        // its overflow tree, drains, refills its vector from the tree and loses the tree,
+        // several times over, checked against the model after every step.
+        let mut index = FreeIndex::new();
+        let mut model = BTreeMap::new();
+        let mut seed = 987654321u64;
+        let (mut became_long, mut became_short) = (0, 0);
+        let sizes = [1u64 << 20, (1 << 20) + 512 * 64, 1 << 21];
+        for step in 0..60_000u64 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let was_long = index.long_bins() > 0;
+            let phase = (step / 3_000) % 3;
+            let address = match phase {
+                // Descending addresses: every insertion is a push onto the vector.
+                0 => (400 - (step % 3_000) * 400 / 3_000) * 4096,
+                _ => (seed >> 8) % 400 * 4096,
+            };
+            let key = free_key_of(sizes[(seed % 3) as usize], address);
+            let draining = phase == 2;
+            if draining && seed % 2 == 0 {
+                // Take the best fit from the start, which always finds a block.
+                let expected = model.iter().next().map(|(&k, &v)| (k, v));
+                let taken = index.find_from(0).map(|(at, key, _)| index.take(at, key));
+                assert_eq!(taken, expected, "step {step}");
+                if let Some((key, _)) = taken {
+                    model.remove(&key);
+                }
+            } else if draining || seed % 5 == 0 {
+                assert_eq!(index.remove(key), model.remove(&key), "step {step}");
+            } else if let std::collections::btree_map::Entry::Vacant(e) = model.entry(key) {
+                e.insert(step as u32);
+                index.insert(key, step as u32);
+            }
+            let probe = free_key_of(sizes[((seed >> 3) % 3) as usize], (seed >> 20) % 400 * 4096);
+            if seed % 7 == 0 {
+                let expected = model.range(probe..).next().map(|(&k, &v)| (k, v));
+                let taken = index
+                    .find_from(probe)
+                    .map(|(at, key, _)| index.take(at, key));
+                assert_eq!(taken, expected, "step {step}");
+                if let Some((key, _)) = taken {
+                    model.remove(&key);
+                }
+            }
+            assert_eq!(index.len(), model.len(), "step {step}");
+            assert_eq!(
+                index.first_from(probe),
+                model.range(probe..).next().map(|(&k, &v)| (k, v)),
+                "step {step}"
+            );
+            assert_eq!(index.get(probe), model.get(&probe).copied(), "step {step}");
+            let now_long = index.long_bins() > 0;
+            became_long += (!was_long && now_long) as u32;
+            became_short += (was_long && !now_long) as u32;
+            if step % 997 == 0 {
+                assert_eq!(
+                    index.all_from(0),
+                    model.iter().map(|(&k, &v)| (k, v)).collect::<Vec<_>>(),
+                    "step {step}"
+                );
+            }
+        }
+        assert!(became_long >= 3, "bins became long {became_long} times");
+        assert!(became_short >= 3, "bins became short {became_short} times");
     }
 
     fn free_key_of(size: u64, addr: u64) -> u128 {

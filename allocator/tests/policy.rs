@@ -817,3 +817,59 @@ fn expandable_segments_stay_out_of_inactive_split_like_pytorch() {
     drop(b);
     alloc.check_invariants().unwrap();
 }
+
+#[test]
+fn thousands_of_equal_free_blocks_keep_best_fit_order() {
+    // Every other block of 4,000 equal 64 KiB blocks is freed in a scrambled order: 2,000
+    // free blocks of one size that cannot merge fill one bin of the free index, far past the
+    // point where it moves most of them into a B-tree. Best fit among equal sizes is the
+    // lowest address (PyTorch's (size, address) order), so the reallocations must come back
+    // in address order whatever order the frees came in; then everything is freed in another
+    // scrambled order and the books must balance.
+    let (_, alloc) = phantom(1 << 34, "");
+    let size = 64 * 1024;
+    let mut buffers: Vec<Option<_>> = (0..4_000)
+        .map(|_| Some(alloc.alloc(size).unwrap()))
+        .collect();
+    let mut freed_addrs = Vec::new();
+    let mut seed = 0x5eed_u64;
+    let mut scramble = |n: usize| -> Vec<usize> {
+        let mut order: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            order.swap(i, (seed % (i as u64 + 1)) as usize);
+        }
+        order
+    };
+    for i in scramble(2_000) {
+        let buffer = buffers[2 * i + 1].take().unwrap();
+        freed_addrs.push(buffer.addr());
+        drop(buffer);
+    }
+    alloc.check_invariants().unwrap();
+    assert_eq!(alloc.stats().inactive_split.small_pool.current, 2_000);
+    freed_addrs.sort_unstable();
+    let again: Vec<_> = (0..2_000).map(|_| alloc.alloc(size).unwrap()).collect();
+    let again_addrs: Vec<u64> = again.iter().map(|b| b.addr()).collect();
+    assert_eq!(
+        again_addrs, freed_addrs,
+        "best fit among equal sizes is lowest address first"
+    );
+    alloc.check_invariants().unwrap();
+    let mut all: Vec<Option<_>> = buffers
+        .into_iter()
+        .flatten()
+        .chain(again)
+        .map(Some)
+        .collect();
+    for i in scramble(all.len()) {
+        all[i].take();
+    }
+    alloc.check_invariants().unwrap();
+    let stats = alloc.stats();
+    assert_eq!(stats.allocated_bytes.all.current, 0);
+    assert_eq!(stats.inactive_split.all.current, 0);
+    assert_eq!(stats.segment.all.current, 4_000 * size / (2 * MIB));
+}

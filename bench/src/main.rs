@@ -44,6 +44,8 @@ const REAL_TRACES: [(&str, &str); 3] = [
 
 /// Seed of the synthetic trace.
 const SYNTHETIC_SEED: u64 = 0x7652_414d;
+/// Blocks of the adversarial `scattered` trace: half of them pile up as free blocks of one size.
+const SCATTERED_BLOCKS: usize = 10_000;
 
 /// One allocator configuration under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -230,8 +232,16 @@ struct Row {
     /// The median and fastest of the second (steady-state) passes.
     warm_ns_per_op: f64,
     warm_min_ns_per_op: f64,
+    /// Repetitions run (fewer than asked when the subject used up its time budget).
+    reps: usize,
     first: Sample,
 }
+
+/// Wall time after which a subject gets no more repetitions on a trace (it has had at least
+/// [`MIN_REPS`]): the slowest peers take seconds per pass on the adversarial trace.
+const REP_BUDGET: std::time::Duration = std::time::Duration::from_secs(3);
+/// Repetitions every subject gets whatever its time.
+const MIN_REPS: usize = 3;
 
 /// Bytes as whole MiB.
 fn mib(bytes: u64) -> String {
@@ -380,10 +390,10 @@ fn main() {
         options.reps
     );
 
-    let mut traces = vec![Trace::synthetic(
-        if options.quick { 4 } else { 20 },
-        SYNTHETIC_SEED,
-    )];
+    let mut traces = vec![
+        Trace::synthetic(if options.quick { 4 } else { 20 }, SYNTHETIC_SEED),
+        Trace::scattered(SCATTERED_BLOCKS, 2, SYNTHETIC_SEED),
+    ];
     let mut snapshots = Vec::new();
     match traces_dir(options.traces.clone()) {
         Some(dir) => {
@@ -419,11 +429,17 @@ fn main() {
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); SUBJECTS.len()];
         let mut warm_times: Vec<Vec<f64>> = vec![Vec::new(); SUBJECTS.len()];
         let mut firsts: Vec<Option<Sample>> = vec![None; SUBJECTS.len()];
+        let mut spent = vec![std::time::Duration::ZERO; SUBJECTS.len()];
         for rep in 0..options.reps {
             // Rotate the order each repetition so that a change of load hits every subject.
             for k in 0..SUBJECTS.len() {
                 let i = (k + rep) % SUBJECTS.len();
+                if times[i].len() >= MIN_REPS && spent[i] > REP_BUDGET {
+                    continue;
+                }
+                let started = std::time::Instant::now();
                 let sample = run_once(SUBJECTS[i], t);
+                spent[i] += started.elapsed();
                 times[i].push(sample.replay.ns_per_op());
                 warm_times[i].push(sample.warm.ns_per_op());
                 firsts[i].get_or_insert(sample);
@@ -438,6 +454,7 @@ fn main() {
                 min_ns_per_op: times[i].iter().copied().fold(f64::INFINITY, f64::min),
                 warm_ns_per_op: measure::median(&mut warm_times[i]),
                 warm_min_ns_per_op: warm_times[i].iter().copied().fold(f64::INFINITY, f64::min),
+                reps: times[i].len(),
                 first: firsts[i].expect("at least one repetition"),
             })
             .collect();
@@ -469,8 +486,13 @@ fn main() {
                 (None, Some(r)) => (mib(r), format!("{:.3}", r as f64 / t.peak_live as f64)),
                 _ => ("—".into(), "—".into()),
             };
+            let reps_note = if row.reps < options.reps {
+                format!(" [{} reps]", row.reps)
+            } else {
+                String::new()
+            };
             println!(
-                "| {} | {} | {:.0} ({:.0}) | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {:.0} ({:.0}){reps_note} | {} | {} | {} | {} | {} | {} |",
                 t.name,
                 row.subject.label(),
                 row.min_ns_per_op,
@@ -484,6 +506,7 @@ fn main() {
             );
         }
     }
+    println!("\nA subject that spent more than {} s on a trace stops after {MIN_REPS} or more repetitions; the count is given where it is fewer than {}.", REP_BUDGET.as_secs(), options.reps);
     println!("\n† offset-allocator manages one arena of 2 × peak live bytes, allocated up front (its one raw allocation); \"used\" is the highest byte its placements reached, the smallest arena that would have served the trace, and its ratio is that over peak live.");
 
     println!("\n## Steady state: a second pass through the same allocator\n");
@@ -712,6 +735,8 @@ fn profile(args: &[String]) -> Result<(), String> {
             let reps = number(args.get(3))?;
             let trace = if name == "synthetic" {
                 Trace::synthetic(20, SYNTHETIC_SEED)
+            } else if name == "scattered" {
+                Trace::scattered(SCATTERED_BLOCKS, 2, SYNTHETIC_SEED)
             } else {
                 let (short, file) = REAL_TRACES
                     .iter()

@@ -298,6 +298,14 @@ impl Synth {
         self.ops.push(Op::Free { slot });
     }
 
+    /// Puts `items` in a random order (Fisher-Yates).
+    fn shuffle(&mut self, items: &mut [u32]) {
+        for i in (1..items.len()).rev() {
+            let j = self.rng.below(i as u64 + 1) as usize;
+            items.swap(i, j);
+        }
+    }
+
     /// Up to `n` small index or mask tensors (512 B to 64 KiB), each freed at once or after
     /// the next one, so that small blocks interleave with the large ones.
     fn sprinkle(&mut self, n: u64) {
@@ -313,6 +321,39 @@ impl Synth {
         if let Some(last) = held {
             self.free(last);
         }
+    }
+}
+
+impl Trace {
+    /// An adversarial case for free lists: `blocks` equal-size blocks (64 KiB, the small
+    /// pool) are allocated back to back, every other one is freed in random order, so that
+    /// `blocks / 2` free blocks of one size that cannot merge pile up in one size class, and
+    /// then they are allocated again and everything is freed in random order; `rounds` times.
+    /// Equal-size tensors interleaved with longer-lived ones (per-layer buffers, cache
+    /// blocks) freed out of order make this pattern. Deterministic for a given `seed`.
+    pub fn scattered(blocks: usize, rounds: usize, seed: u64) -> Trace {
+        const SIZE: u64 = 64 * 1024;
+        let mut gen = Synth {
+            rng: SplitMix64(seed),
+            ops: Vec::new(),
+            slots: 0,
+        };
+        for _ in 0..rounds {
+            let mut live: Vec<u32> = (0..blocks).map(|_| gen.alloc(SIZE)).collect();
+            let mut odd: Vec<u32> = live.iter().skip(1).step_by(2).copied().collect();
+            live = live.iter().step_by(2).copied().collect();
+            gen.shuffle(&mut odd);
+            for &slot in &odd {
+                gen.free(slot);
+            }
+            live.extend(odd.iter().map(|_| gen.alloc(SIZE)));
+            gen.shuffle(&mut live);
+            for &slot in &live {
+                gen.free(slot);
+            }
+        }
+        let slots = gen.slots as usize;
+        Trace::from_ops("scattered", gen.ops, slots, 0)
     }
 }
 
@@ -337,6 +378,28 @@ impl SplitMix64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scattered_trace_piles_up_half_its_blocks_free() {
+        let a = Trace::scattered(1_000, 2, 7);
+        assert_eq!(a.ops, Trace::scattered(1_000, 2, 7).ops);
+        assert_eq!(a.allocs, 3_000);
+        assert_eq!(a.frees, 3_000);
+        assert_eq!(a.max_live_blocks, 1_000);
+        // After the first 1,000 allocations come 500 frees, of every other block.
+        let freed: Vec<u32> = a.ops[1_000..1_500]
+            .iter()
+            .map(|op| match op {
+                Op::Free { slot } => *slot,
+                Op::Alloc { .. } => panic!("a free was expected"),
+            })
+            .collect();
+        assert!(freed.iter().all(|slot| slot % 2 == 1));
+        assert!(
+            freed.windows(2).any(|w| w[0] > w[1]),
+            "frees are out of order"
+        );
+    }
 
     #[test]
     fn synthetic_trace_is_deterministic_and_balanced() {
