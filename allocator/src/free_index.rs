@@ -464,15 +464,7 @@ mod tests {
             );
             assert_eq!(index.get(probe), model.get(&probe).copied());
             if seed % 5 == 0 {
-                // Take the best fit out through its position, as allocations do.
-                let expected = model.range(probe..).next().map(|(&k, &v)| (k, v));
-                let taken = index
-                    .find_from(probe)
-                    .map(|(at, key, _)| index.take(at, key));
-                assert_eq!(taken, expected, "step {step}");
-                if let Some((key, _)) = taken {
-                    model.remove(&key);
-                }
+                take_best_fit(&mut index, &mut model, probe, step);
             }
         }
         let probe = key_of(99);
@@ -510,13 +502,8 @@ mod tests {
             let key = free_key_of(sizes[(seed % 3) as usize], address);
             let draining = phase == 2;
             if draining && seed % 2 == 0 {
-                // Take the best fit from the start, which always finds a block.
-                let expected = model.iter().next().map(|(&k, &v)| (k, v));
-                let taken = index.find_from(0).map(|(at, key, _)| index.take(at, key));
-                assert_eq!(taken, expected, "step {step}");
-                if let Some((key, _)) = taken {
-                    model.remove(&key);
-                }
+                // The best fit from the start, which always finds a block.
+                take_best_fit(&mut index, &mut model, 0, step);
             } else if draining || seed % 5 == 0 {
                 assert_eq!(index.remove(key), model.remove(&key), "step {step}");
             } else if let std::collections::btree_map::Entry::Vacant(e) = model.entry(key) {
@@ -525,14 +512,7 @@ mod tests {
             }
             let probe = free_key_of(sizes[((seed >> 3) % 3) as usize], (seed >> 20) % 400 * 4096);
             if seed % 7 == 0 {
-                let expected = model.range(probe..).next().map(|(&k, &v)| (k, v));
-                let taken = index
-                    .find_from(probe)
-                    .map(|(at, key, _)| index.take(at, key));
-                assert_eq!(taken, expected, "step {step}");
-                if let Some((key, _)) = taken {
-                    model.remove(&key);
-                }
+                take_best_fit(&mut index, &mut model, probe, step);
             }
             assert_eq!(index.len(), model.len(), "step {step}");
             assert_eq!(
@@ -554,6 +534,24 @@ mod tests {
         }
         assert!(became_long >= 3, "bins became long {became_long} times");
         assert!(became_short >= 3, "bins became short {became_short} times");
+    }
+
+    /// Takes the best fit for `probe` out of the index through its position, as allocations
+    /// do, and checks it against the model's.
+    fn take_best_fit(
+        index: &mut FreeIndex,
+        model: &mut BTreeMap<u128, u32>,
+        probe: u128,
+        step: u64,
+    ) {
+        let expected = model.range(probe..).next().map(|(&k, &v)| (k, v));
+        let taken = index
+            .find_from(probe)
+            .map(|(at, key, _)| index.take(at, key));
+        assert_eq!(taken, expected, "step {step}");
+        if let Some((key, _)) = taken {
+            model.remove(&key);
+        }
     }
 
     fn free_key_of(size: u64, addr: u64) -> u128 {
