@@ -635,7 +635,7 @@ impl Backend for CudaBackend {
 
     fn map(&self, addr: u64, size: u64) -> Result<(), BackendError> {
         let g = self.inner.granularity;
-        if addr % g != 0 || size % g != 0 || size == 0 {
+        if !addr.is_multiple_of(g) || !size.is_multiple_of(g) || size == 0 {
             return Err(BackendError::InvalidAddress {
                 addr,
                 operation: "map (range not page aligned)",
@@ -714,7 +714,10 @@ impl Backend for CudaBackend {
         let pages: Vec<u64> = (addr..addr.saturating_add(size))
             .step_by(g as usize)
             .collect();
-        if size == 0 || addr % g != 0 || pages.iter().any(|p| !state.pages.contains_key(p)) {
+        if size == 0
+            || !addr.is_multiple_of(g)
+            || pages.iter().any(|p| !state.pages.contains_key(p))
+        {
             return Err(BackendError::InvalidAddress {
                 addr,
                 operation: "unmap",

@@ -113,7 +113,7 @@ impl FreeIndex {
             self.add_bins(at);
         }
         let bin = &mut self.bins[at];
-        if bin.last().map_or(true, |last| last.0 > key) {
+        if bin.last().is_none_or(|last| last.0 > key) {
             bin.push((key, id));
         } else {
             self.insert_within(at, key, id);
@@ -449,7 +449,7 @@ mod tests {
             seed ^= seed >> 7;
             seed ^= seed << 17;
             let key = key_of(seed);
-            if seed % 3 == 0 {
+            if seed.is_multiple_of(3) {
                 assert_eq!(index.remove(key), model.remove(&key), "step {step}");
             } else if let std::collections::btree_map::Entry::Vacant(e) = model.entry(key) {
                 e.insert(step as u32);
@@ -463,7 +463,7 @@ mod tests {
                 "step {step}"
             );
             assert_eq!(index.get(probe), model.get(&probe).copied());
-            if seed % 5 == 0 {
+            if seed.is_multiple_of(5) {
                 take_best_fit(&mut index, &mut model, probe, step);
             }
         }
@@ -501,17 +501,17 @@ mod tests {
             };
             let key = free_key_of(sizes[(seed % 3) as usize], address);
             let draining = phase == 2;
-            if draining && seed % 2 == 0 {
+            if draining && seed.is_multiple_of(2) {
                 // The best fit from the start, which always finds a block.
                 take_best_fit(&mut index, &mut model, 0, step);
-            } else if draining || seed % 5 == 0 {
+            } else if draining || seed.is_multiple_of(5) {
                 assert_eq!(index.remove(key), model.remove(&key), "step {step}");
             } else if let std::collections::btree_map::Entry::Vacant(e) = model.entry(key) {
                 e.insert(step as u32);
                 index.insert(key, step as u32);
             }
             let probe = free_key_of(sizes[((seed >> 3) % 3) as usize], (seed >> 20) % 400 * 4096);
-            if seed % 7 == 0 {
+            if seed.is_multiple_of(7) {
                 take_best_fit(&mut index, &mut model, probe, step);
             }
             assert_eq!(index.len(), model.len(), "step {step}");

@@ -559,7 +559,10 @@ impl Backend for SimDevice {
     }
 
     fn map(&self, addr: u64, size: u64) -> Result<(), BackendError> {
-        if addr % SIM_GRANULARITY != 0 || size % SIM_GRANULARITY != 0 || size == 0 {
+        if !addr.is_multiple_of(SIM_GRANULARITY)
+            || !size.is_multiple_of(SIM_GRANULARITY)
+            || size == 0
+        {
             return Err(BackendError::InvalidAddress {
                 addr,
                 operation: "map (range not page aligned)",

@@ -1338,7 +1338,7 @@ impl<B: Backend> Publisher<B> {
         let fresh = self.clients.iter().any(|c| c.fresh);
         let resync_due = self
             .last_snapshot
-            .map_or(true, |t| t.elapsed() >= self.options.resync_interval);
+            .is_none_or(|t| t.elapsed() >= self.options.resync_interval);
         let resync = resync_due && self.clients.iter().any(|c| c.resync && c.queue.is_empty());
         if !fresh && !resync {
             return;

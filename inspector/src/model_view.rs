@@ -63,7 +63,7 @@ impl Interval {
 
     /// Whether the block is allocated just after event `event` has happened.
     pub fn is_live_after(&self, event: u32) -> bool {
-        self.alloc_event <= event && self.free_event.map_or(true, |f| f > event)
+        self.alloc_event <= event && self.free_event.is_none_or(|f| f > event)
     }
 }
 
@@ -747,7 +747,7 @@ impl<'a> ModelView<'a> {
         let mut bytes = 0u64;
         for &i in self.group_intervals(group) {
             let iv = &self.intervals[i as usize];
-            if iv.alloc_step <= step && iv.free_step.map_or(true, |f| f > step) {
+            if iv.alloc_step <= step && iv.free_step.is_none_or(|f| f > step) {
                 blocks += 1;
                 bytes = bytes.saturating_add(iv.size);
             }

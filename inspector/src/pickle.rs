@@ -1433,7 +1433,7 @@ impl<'a> Machine<'a> {
     /// Checks that the values above `mark` can be key/value pairs.
     fn check_pairs(&self, mark: usize) -> Step<()> {
         let n = self.stack.len() - mark;
-        if n % 2 != 0 {
+        if !n.is_multiple_of(2) {
             return Err(self.bad(format!("an odd number of values ({n}) for key/value pairs")));
         }
         Ok(())

@@ -124,7 +124,7 @@ fn busiest_group(view: &ModelView<'_>, wanted: impl Fn(EventKind) -> bool) -> Op
                 wanted(events[i as usize].kind) && loop_steps.contains(&view.event_step(i))
             })
             .count() as u64;
-        if n > 0 && best.map_or(true, |(m, _)| n > m) {
+        if n > 0 && best.is_none_or(|(m, _)| n > m) {
             best = Some((n, group));
         }
     }
