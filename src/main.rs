@@ -177,6 +177,14 @@ fn use_color() -> bool {
     std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
 }
 
+/// The exit status after the dashboard closed: 0 when the user quit, `128 + signal` when a
+/// signal (SIGTERM, SIGHUP, SIGINT, SIGQUIT) stopped it, as a shell expects.
+fn dashboard_status() -> u8 {
+    vramscope_tui::stop_signal()
+        .map(|signal| 128u8.saturating_add(signal as u8))
+        .unwrap_or(0)
+}
+
 /// Unusable input is status 2; a terminal or connection failure is status 1.
 fn tui_failure(e: vramscope_tui::TuiError) -> Failure {
     let status = match e {
@@ -229,7 +237,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                     message: e.to_string(),
                     status: 1,
                 })?;
-                return Ok(0);
+                return Ok(dashboard_status());
             }
             let steps = steps.unwrap_or(20);
             let snapshot = demo::run(steps, bug).map_err(|e| Failure {
@@ -253,7 +261,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                 ..ImportOptions::default()
             };
             vramscope_tui::run_view(&file, &options).map_err(tui_failure)?;
-            Ok(0)
+            Ok(dashboard_status())
         }
         Command::Top { addr } => {
             let addr = addr
@@ -261,7 +269,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                 .transpose()
                 .map_err(Failure::input)?;
             vramscope_tui::run_top(addr).map_err(tui_failure)?;
-            Ok(0)
+            Ok(dashboard_status())
         }
         Command::Report {
             file,

@@ -341,3 +341,95 @@ fn convert_to_an_event_log_reads_back() {
     std::fs::remove_file(source).ok();
     std::fs::remove_file(log).ok();
 }
+
+/// Runs `tmux` with `args`, returning its standard output, or `None` when it fails.
+fn tmux(socket: &str, args: &[&str]) -> Option<String> {
+    let output = Command::new("tmux")
+        .args(["-L", socket])
+        .args(args)
+        .output()
+        .ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+#[test]
+fn the_dashboard_restores_the_terminal_when_killed() {
+    // The dashboard needs a terminal: it runs in a tmux pane on a private server. SIGTERM
+    // must end it like `q` (the terminal left raw mode and the alternate screen) with status
+    // 128 + 15, instead of killing it with the terminal left raw.
+    if Command::new("tmux").arg("-V").output().is_err() {
+        vramscope::allocator::testing::skip_notice("tmux is not installed");
+        return;
+    }
+    let snapshot = temp("killed.json");
+    {
+        use vramscope::{AllocatorConfig, CachingAllocator, SimDevice};
+        let alloc = CachingAllocator::new(SimDevice::phantom(1 << 34), AllocatorConfig::default());
+        let _kept = alloc.alloc(8 << 20).unwrap();
+        alloc.snapshot().save(&snapshot).unwrap();
+    }
+    let socket = format!("vramscope-test-{}", std::process::id());
+    let command = format!(
+        "exec '{}' view '{}'",
+        env!("CARGO_BIN_EXE_vramscope"),
+        snapshot.display()
+    );
+    tmux(
+        &socket,
+        &[
+            "new-session",
+            "-d",
+            "-s",
+            "t",
+            "-x",
+            "120",
+            "-y",
+            "40",
+            "sh",
+        ],
+    )
+    .expect("tmux starts a session");
+    tmux(&socket, &["set-option", "-g", "remain-on-exit", "on"]).unwrap();
+    tmux(&socket, &["respawn-pane", "-k", "-t", "t", &command]).unwrap();
+    let pane = |format: &str| tmux(&socket, &["display-message", "-p", "-t", "t", format]);
+    // Wait for the dashboard's first frame.
+    let started = std::time::Instant::now();
+    while !tmux(&socket, &["capture-pane", "-p", "-t", "t"])
+        .unwrap_or_default()
+        .contains("Allocated")
+    {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "the dashboard did not draw"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let pid = pane("#{pane_pid}").unwrap().trim().to_string();
+    Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill runs");
+    let status = loop {
+        if pane("#{pane_dead}").unwrap_or_default().trim() == "1" {
+            break pane("#{pane_dead_status}").unwrap().trim().to_string();
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "the dashboard did not stop on SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let screen = tmux(&socket, &["capture-pane", "-p", "-t", "t"]).unwrap_or_default();
+    let alternate = pane("#{alternate_on}").unwrap_or_default();
+    tmux(&socket, &["kill-server"]);
+    let _ = std::fs::remove_file(&snapshot);
+    assert_eq!(status, "143", "exit status 128 + SIGTERM");
+    assert_eq!(alternate.trim(), "0", "the alternate screen was left");
+    assert!(
+        !screen.contains("Allocated"),
+        "the main screen shows no dashboard:\n{screen}"
+    );
+}

@@ -35,6 +35,7 @@ use vramscope_inspector::import::{self, ImportError, ImportOptions};
 pub use app::{App, Panel};
 pub use data::{Dataset, Origin};
 pub use source::{Control, InProcessSource, LiveSource, Source, Update};
+pub use term::stop_signal;
 
 /// Why the dashboard could not run.
 #[derive(Debug)]
