@@ -232,42 +232,40 @@ fn random_fault_injection_never_corrupts_state() {
     assert_eq!(device.counters().outstanding_bytes, 0);
 }
 
-#[test]
-fn four_threads_with_cross_thread_frees_keep_the_books_straight() {
-    let device = SimDevice::phantom(4 << 30);
-    let alloc = CachingAllocator::new(device.clone(), AllocatorConfig::default());
+/// Runs `threads` threads of `ops` operations each on `alloc`: operation `i` of thread `t`
+/// gets a buffer from `make(t, i)`; every other buffer goes to whichever thread frees next
+/// (a cross-thread free), the rest stay with their thread, which frees the oldest half of
+/// them once it holds more than `keep`; each thread frees one buffer sent by another per
+/// operation, then calls `after(i)`. Every buffer is freed by the time it returns.
+fn run_threads_passing_frees(
+    threads: u64,
+    ops: u64,
+    keep: usize,
+    make: impl Fn(u64, u64) -> DeviceBuffer<SimDevice> + Sync,
+    after: impl Fn(u64) + Sync,
+) {
     let (tx, rx) = std::sync::mpsc::channel::<DeviceBuffer<SimDevice>>();
     let rx = std::sync::Arc::new(parking_lot::Mutex::new(rx));
     std::thread::scope(|scope| {
-        for t in 0..4u64 {
-            let alloc = alloc.clone();
-            let tx = tx.clone();
-            let rx = rx.clone();
+        for t in 0..threads {
+            let (tx, rx, make, after) = (tx.clone(), rx.clone(), &make, &after);
             scope.spawn(move || {
                 let mut mine = Vec::new();
-                for i in 0..3000u64 {
-                    let size = match (i + t) % 4 {
-                        0 => 64 + i % 4000,
-                        1 => 100_000 + i * 13 % 900_000,
-                        2 => (2 << 20) + i * 4099 % (8 << 20),
-                        _ => 512,
-                    };
-                    let buffer = alloc.alloc(size).unwrap();
+                for i in 0..ops {
+                    let buffer = make(t, i);
                     if i % 2 == 0 {
                         tx.send(buffer).unwrap();
                     } else {
                         mine.push(buffer);
                     }
-                    if mine.len() > 20 {
-                        mine.drain(..10);
+                    if mine.len() > keep {
+                        mine.drain(..keep / 2);
                     }
                     // Free what other threads sent.
                     if let Ok(theirs) = rx.lock().try_recv() {
                         drop(theirs);
                     }
-                    if i % 500 == 0 {
-                        alloc.mark_step();
-                    }
+                    after(i);
                 }
             });
         }
@@ -276,6 +274,31 @@ fn four_threads_with_cross_thread_frees_keep_the_books_straight() {
     while let Ok(buffer) = rx.lock().try_recv() {
         drop(buffer);
     }
+}
+
+#[test]
+fn four_threads_with_cross_thread_frees_keep_the_books_straight() {
+    let device = SimDevice::phantom(4 << 30);
+    let alloc = CachingAllocator::new(device.clone(), AllocatorConfig::default());
+    run_threads_passing_frees(
+        4,
+        3000,
+        20,
+        |t, i| {
+            let size = match (i + t) % 4 {
+                0 => 64 + i % 4000,
+                1 => 100_000 + i * 13 % 900_000,
+                2 => (2 << 20) + i * 4099 % (8 << 20),
+                _ => 512,
+            };
+            alloc.alloc(size).unwrap()
+        },
+        |i| {
+            if i % 500 == 0 {
+                alloc.mark_step();
+            }
+        },
+    );
     alloc.check_invariants().unwrap();
     let stats = alloc.stats();
     assert_eq!(stats.allocation.all.current, 0);
@@ -293,62 +316,40 @@ fn eight_threads_with_record_stream_and_empty_cache_keep_the_books_straight() {
         device.clone(),
         AllocatorConfig::parse("max_split_size_mb:64").unwrap(),
     );
-    let (tx, rx) = std::sync::mpsc::channel::<DeviceBuffer<SimDevice>>();
-    let rx = std::sync::Arc::new(parking_lot::Mutex::new(rx));
-    std::thread::scope(|scope| {
-        for t in 0..8u64 {
-            let alloc = alloc.clone();
-            let device = device.clone();
-            let tx = tx.clone();
-            let rx = rx.clone();
-            scope.spawn(move || {
-                let mut mine = Vec::new();
-                for i in 0..1500u64 {
-                    let size = match (i * 7 + t) % 5 {
-                        0 => 1 + i % 2000,
-                        1 => 300_000 + i * 17 % 700_000,
-                        2 => (1 << 20) + i * 4099 % (9 << 20),
-                        3 => (12 << 20) + i % 5 * (16 << 20),
-                        _ => 512,
-                    };
-                    let stream = if (i + t) % 3 == 0 {
-                        side
-                    } else {
-                        StreamId::DEFAULT
-                    };
-                    let buffer = alloc.alloc_on(size, stream).unwrap();
-                    if i % 4 == 0 {
-                        buffer.record_stream(side).unwrap();
-                    }
-                    if i % 2 == 0 {
-                        tx.send(buffer).unwrap();
-                    } else {
-                        mine.push(buffer);
-                    }
-                    if mine.len() > 12 {
-                        mine.drain(..6);
-                    }
-                    if let Ok(theirs) = rx.lock().try_recv() {
-                        drop(theirs);
-                    }
-                    match i % 200 {
-                        50 => {
-                            alloc.empty_cache();
-                        }
-                        100 => device.complete_stream(side),
-                        150 => {
-                            alloc.mark_step();
-                        }
-                        _ => {}
-                    }
-                }
-            });
-        }
-    });
-    drop(tx);
-    while let Ok(buffer) = rx.lock().try_recv() {
-        drop(buffer);
-    }
+    run_threads_passing_frees(
+        8,
+        1500,
+        12,
+        |t, i| {
+            let size = match (i * 7 + t) % 5 {
+                0 => 1 + i % 2000,
+                1 => 300_000 + i * 17 % 700_000,
+                2 => (1 << 20) + i * 4099 % (9 << 20),
+                3 => (12 << 20) + i % 5 * (16 << 20),
+                _ => 512,
+            };
+            let stream = if (i + t) % 3 == 0 {
+                side
+            } else {
+                StreamId::DEFAULT
+            };
+            let buffer = alloc.alloc_on(size, stream).unwrap();
+            if i % 4 == 0 {
+                buffer.record_stream(side).unwrap();
+            }
+            buffer
+        },
+        |i| match i % 200 {
+            50 => {
+                alloc.empty_cache();
+            }
+            100 => device.complete_stream(side),
+            150 => {
+                alloc.mark_step();
+            }
+            _ => {}
+        },
+    );
     alloc.check_invariants().unwrap();
     let stats = alloc.stats();
     assert_eq!(stats.allocation.all.current, 0);
