@@ -7,7 +7,7 @@
 //! panels need at the cursor, and draws with `crate::ui`; keys go to [`App::handle_key`] and the
 //! mouse to [`App::handle_mouse`]. Nothing here touches the terminal, so tests drive it directly.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -182,6 +182,9 @@ pub struct SitesView {
     pub filter: String,
     /// Showing the selected site's stack and blocks.
     pub detail: bool,
+    /// Stack-tree nodes folded by the user (Enter on a node), by [`TreeRow::path`]: their
+    /// frames below are hidden.
+    pub collapsed: BTreeSet<String>,
 }
 
 /// The findings panel's choices.
@@ -245,6 +248,13 @@ pub struct TreeRow {
     pub blocks: u64,
     /// Whether the frame is framework code.
     pub framework: bool,
+    /// The labels from the outermost frame down to this one, joined by a unit separator: the
+    /// node's name in [`SitesView::collapsed`].
+    pub path: String,
+    /// Whether the node has frames below it.
+    pub has_children: bool,
+    /// Whether those frames are folded away.
+    pub collapsed: bool,
 }
 
 /// What the panels show at the cursor, computed by [`App::prepare`].
@@ -377,6 +387,7 @@ impl App {
                 hide_framework: false,
                 filter: String::new(),
                 detail: false,
+                collapsed: BTreeSet::new(),
             },
             findings: FindingsView::default(),
             events: EventsView {
@@ -589,10 +600,11 @@ impl App {
 
     fn view_key(&self) -> String {
         format!(
-            "{:?}|{:?}|{}|{}|{}|{}|{:?}|{}|{}|{:?}",
+            "{:?}|{:?}|{}|{:?}|{}|{}|{}|{:?}|{}|{}|{:?}",
             self.panel == Panel::Events,
             self.sites.sort,
             self.sites.tree,
+            self.sites.collapsed,
             self.sites.hide_framework,
             self.sites.filter,
             self.events.filter,
@@ -756,22 +768,39 @@ impl App {
                 node.blocks += blocks;
             }
         }
-        fn flatten(node: &Node, depth: usize, out: &mut Vec<TreeRow>) {
+        fn flatten(
+            node: &Node,
+            depth: usize,
+            parent: &str,
+            collapsed: &BTreeSet<String>,
+            out: &mut Vec<TreeRow>,
+        ) {
             let mut kids: Vec<(&String, &Node)> = node.children.iter().collect();
             kids.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.0.cmp(b.0)));
             for (label, child) in kids {
+                let path = if parent.is_empty() {
+                    label.clone()
+                } else {
+                    format!("{parent}\u{1f}{label}")
+                };
+                let folded = collapsed.contains(&path);
                 out.push(TreeRow {
                     depth,
                     label: label.clone(),
                     bytes: child.bytes,
                     blocks: child.blocks,
                     framework: child.framework,
+                    path: path.clone(),
+                    has_children: !child.children.is_empty(),
+                    collapsed: folded,
                 });
-                flatten(child, depth + 1, out);
+                if !folded {
+                    flatten(child, depth + 1, &path, collapsed, out);
+                }
             }
         }
         let mut out = Vec::new();
-        flatten(&root, 0, &mut out);
+        flatten(&root, 0, "", &self.sites.collapsed, &mut out);
         out
     }
 
@@ -1140,6 +1169,14 @@ impl App {
     fn enter(&mut self) {
         match self.panel {
             Panel::Sites if !self.sites.tree => self.sites.detail = !self.sites.detail,
+            Panel::Sites => {
+                // Fold or unfold the selected node of the stack tree.
+                if let Some(row) = self.view.tree.get(self.sites.selected) {
+                    if row.has_children && !self.sites.collapsed.remove(&row.path) {
+                        self.sites.collapsed.insert(row.path.clone());
+                    }
+                }
+            }
             Panel::Events => {
                 if let Some(i) = self.events.selected {
                     self.set_cursor(i + 1);

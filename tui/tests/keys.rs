@@ -211,6 +211,46 @@ fn sort_tree_and_framework_keys_change_the_call_site_panel() {
 }
 
 #[test]
+fn enter_folds_and_unfolds_a_frame_of_the_stack_tree() {
+    let mut app = fresh();
+    key(&mut app, KeyCode::Char('4'));
+    key(&mut app, KeyCode::Char('t'));
+    let open = app.view().tree.clone();
+    let parent = open
+        .iter()
+        .position(|r| r.has_children)
+        .expect("a frame with frames below it");
+    let below = open[parent + 1..]
+        .iter()
+        .take_while(|r| r.depth > open[parent].depth)
+        .count();
+    assert!(below > 0);
+    // Enter on a frame without frames below it changes nothing.
+    app.sites.selected = open
+        .iter()
+        .position(|r| !r.has_children)
+        .expect("a leaf frame");
+    key(&mut app, KeyCode::Enter);
+    assert_eq!(app.view().tree, open);
+    app.sites.selected = parent;
+    key(&mut app, KeyCode::Enter);
+    let folded = app.view().tree.clone();
+    assert_eq!(
+        folded.len(),
+        open.len() - below,
+        "the frames below are hidden"
+    );
+    assert!(folded[parent].collapsed && folded[parent].has_children);
+    assert_eq!(
+        folded[parent].bytes, open[parent].bytes,
+        "a folded frame keeps its bytes"
+    );
+    assert_eq!(keys_for(&app)[4], ("Enter", "fold"));
+    key(&mut app, KeyCode::Enter);
+    assert_eq!(app.view().tree, open, "unfolded again");
+}
+
+#[test]
 fn enter_on_a_finding_opens_its_site_and_on_an_event_moves_the_cursor() {
     let mut app = fresh();
     key(&mut app, KeyCode::Char('5'));

@@ -30,7 +30,7 @@ pub fn keys_for(app: &App) -> Vec<(&'static str, &'static str)> {
         }
         Panel::Sites => keys.extend([
             ("↑↓", "select"),
-            ("Enter", "stack"),
+            ("Enter", if app.sites.tree { "fold" } else { "stack" }),
             ("o", "sort"),
             ("t", "tree"),
             ("f", "framework"),
@@ -115,7 +115,7 @@ pub const ALL_KEYS: &[(&str, &str)] = &[
     ("↑ ↓ j k PgUp PgDn", "select a row; scroll"),
     (
         "Enter",
-        "call site: stacks and blocks; event: move the cursor there",
+        "call site: stacks, blocks; tree: fold; event: go there",
     ),
     (
         "o t f",

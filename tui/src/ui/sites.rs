@@ -5,7 +5,8 @@
 //! `crate::app::App::prepare`), growth per step from the analysis of `crate::analysis`. Enter
 //! opens the selected site: every stack recorded for it, innermost frame first, framework frames
 //! dimmed (or hidden with `f`), then its live blocks. `t` switches to the tree of stacks, with
-//! the bytes under every frame.
+//! the bytes under every frame; Enter there folds or unfolds the selected frame (`▸` folded,
+//! `▾` open).
 
 use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
@@ -323,10 +324,10 @@ impl SitesPanel<'_> {
                 "{:>10} {:>8}  {indent}{} {}",
                 format_bytes(r.bytes),
                 thousands(r.blocks),
-                if view.tree.get(i + 1).is_some_and(|n| n.depth > r.depth) {
-                    "▾"
-                } else {
-                    "·"
+                match (r.has_children, r.collapsed) {
+                    (true, false) => "▾",
+                    (true, true) => "▸",
+                    (false, _) => "·",
                 },
                 r.label
             );
