@@ -4,15 +4,16 @@
 //! after a key (PyTorch's best fit: `lower_bound` on a set ordered by size, then address).
 //! The index answers that exactly, as PyTorch's `std::set` does, with one short search
 //! however many free blocks the pool holds: blocks are kept in size bins laid out like TLSF's
-//! two-level segregated lists (exact bins below 16 KiB, then 32 bins per power of two), each
-//! bin a vector sorted by key from largest to smallest (so that the best fit, the most common
-//! entry to take, is popped off the end without moving the others), and two levels of bit
-//! masks find the next non-empty bin with two `trailing_zeros`. A lookup searches only the
-//! bin the request falls in and, when nothing there fits, takes the last entry of the next
-//! non-empty bin, which is the best fit because every bin holds larger sizes than the bins
-//! before it. Inserting or removing in the middle of a bin shifts the entries after it, so a
-//! bin holding thousands of free blocks of one size makes those operations linear in them
-//! (PyTorch's set is logarithmic); on real traces bins hold a few entries.
+//! two-level segregated lists (exact bins below 16 KiB, then 32 bins per power of two), and
+//! two levels of bit masks find the next non-empty bin with two `trailing_zeros`. A bin is a
+//! vector sorted by key from largest to smallest (so that the best fit, the most common entry
+//! to take, is popped off the end without moving the others), of at most [`LONG_BIN`]
+//! entries, which is all of a bin on real traces; past that (thousands of free blocks of one
+//! size that cannot merge) the bin keeps its smallest keys in the vector and the rest in an
+//! overflow B-tree, so that no operation is ever worse than logarithmic. A lookup searches
+//! only the bin the request falls in and, when nothing there fits, takes the smallest entry
+//! of the next non-empty bin, which is the best fit because every bin holds larger sizes than
+//! the bins before it.
 
 use std::collections::BTreeMap;
 
@@ -113,7 +114,9 @@ impl FreeIndex {
             self.add_bins(at);
         }
         let bin = &mut self.bins[at];
-        if bin.last().is_none_or(|last| last.0 > key) {
+        // The length test keeps every vector at `LONG_BIN` entries at most, so that taking an
+        // entry out of its middle never shifts more than that.
+        if bin.len() < LONG_BIN && bin.last().is_none_or(|last| last.0 > key) {
             bin.push((key, id));
         } else {
             self.insert_within(at, key, id);
@@ -123,9 +126,10 @@ impl FreeIndex {
         self.len += 1;
     }
 
-    /// [`FreeIndex::insert`] of a key that is not the smallest of its (non-empty) bin: into
-    /// the vector at its place, or into the overflow tree when it is larger than every key
-    /// of a long bin's vector.
+    /// [`FreeIndex::insert`] into a bin that is not empty, of a key that is not its smallest
+    /// or into a vector at `LONG_BIN` entries: the vector spills first if it is that long, then
+    /// the key goes into the vector at its place, or into the overflow tree when it is larger
+    /// than every key of a long bin's vector.
     #[inline(never)]
     fn insert_within(&mut self, at: usize, key: u128, id: u32) {
         if self.bins[at].len() >= LONG_BIN {
@@ -399,6 +403,12 @@ impl FreeIndex {
     fn long_bins(&self) -> usize {
         self.overflow.len()
     }
+
+    /// The most entries any bin's vector holds.
+    #[cfg(test)]
+    fn longest_vector(&self) -> usize {
+        self.bins.iter().map(Vec::len).max().unwrap_or(0)
+    }
 }
 
 #[cfg(test)]
@@ -521,6 +531,11 @@ mod tests {
                 "step {step}"
             );
             assert_eq!(index.get(probe), model.get(&probe).copied(), "step {step}");
+            assert!(
+                index.longest_vector() <= LONG_BIN,
+                "step {step}: a vector of {} entries",
+                index.longest_vector()
+            );
             let now_long = index.long_bins() > 0;
             became_long += (!was_long && now_long) as u32;
             became_short += (was_long && !now_long) as u32;

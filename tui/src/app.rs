@@ -1175,6 +1175,8 @@ impl App {
                     if row.has_children && !self.sites.collapsed.remove(&row.path) {
                         self.sites.collapsed.insert(row.path.clone());
                     }
+                    // The rows below moved: the next key of the same batch must see them.
+                    self.prepare();
                 }
             }
             Panel::Events => {

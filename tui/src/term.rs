@@ -7,9 +7,12 @@
 //! changed (at most twenty times a second for live data), and hands keys and mouse events to
 //! the app. Raw mode turns Ctrl-C into a key, which quits like `q`. A panic hook restores the
 //! terminal before the panic message is printed, so the message stays readable. SIGTERM,
-//! SIGHUP, SIGINT and SIGQUIT from outside (`kill`, a closed tmux pane or SSH session) end the
-//! loop within one wait like `q` does, so the terminal is restored instead of left in raw
-//! mode; [`stop_signal`] then tells the caller which one came.
+//! SIGINT and SIGQUIT from outside (`kill`, `timeout`, a supervisor) end the loop within one
+//! wait like `q` does, so the terminal is restored instead of left in raw mode;
+//! [`stop_signal`] then tells the caller which one came. A second such signal, and any that
+//! comes while no dashboard runs, takes its default action. SIGHUP is left alone: it means the
+//! terminal is gone, so there is nothing to restore, and a loop reading a vanished terminal
+//! might never look at a flag.
 
 use std::io::{self, Stdout, Write};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -33,38 +36,54 @@ use crate::ui;
 /// Set while the terminal is in raw mode on the alternate screen.
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 static HOOK: Once = Once::new();
-/// The number of the last stop signal received while the dashboard ran (0: none), written by
-/// the signal handlers that [`watch_stop_signals`] installs.
-static STOP_SIGNAL: OnceLock<Arc<AtomicUsize>> = OnceLock::new();
+/// The state the stop-signal handlers share with the loop, made once per process.
+struct StopSignals {
+    /// The number of the last stop signal received while a dashboard ran (0: none).
+    received: Arc<AtomicUsize>,
+    /// Set while no dashboard runs: a stop signal then takes its default action, as if no
+    /// handler were installed.
+    idle: Arc<AtomicBool>,
+    /// Set by the first stop signal of a run: a second one takes its default action, so a
+    /// process whose loop does not stop still ends.
+    armed: Arc<AtomicBool>,
+}
+
+static STOP: OnceLock<StopSignals> = OnceLock::new();
 
 /// The signals that stop the dashboard.
 #[cfg(unix)]
-const STOP_SIGNALS: [i32; 4] = [
+const STOP_SIGNALS: [i32; 3] = [
     signal_hook::consts::SIGTERM,
-    signal_hook::consts::SIGHUP,
     signal_hook::consts::SIGINT,
     signal_hook::consts::SIGQUIT,
 ];
 
-/// Installs, once, handlers that record a stop signal instead of letting it kill the process
-/// with the terminal in raw mode. A signal whose handler cannot be installed keeps its
-/// default action.
-fn watch_stop_signals() -> &'static AtomicUsize {
-    STOP_SIGNAL.get_or_init(|| {
-        let received = Arc::new(AtomicUsize::new(0));
+/// Installs, once, the handlers of the stop signals. For each signal they run in order: the
+/// default action if no dashboard runs, the default action if a stop signal already came,
+/// then the two flags. A signal whose handlers cannot be installed keeps its default action.
+fn stop_signals() -> &'static StopSignals {
+    STOP.get_or_init(|| {
+        let state = StopSignals {
+            received: Arc::new(AtomicUsize::new(0)),
+            idle: Arc::new(AtomicBool::new(true)),
+            armed: Arc::new(AtomicBool::new(false)),
+        };
         #[cfg(unix)]
         for signal in STOP_SIGNALS {
-            let _ =
-                signal_hook::flag::register_usize(signal, Arc::clone(&received), signal as usize);
+            use signal_hook::flag;
+            let _ = flag::register_conditional_default(signal, Arc::clone(&state.idle));
+            let _ = flag::register_conditional_default(signal, Arc::clone(&state.armed));
+            let _ = flag::register(signal, Arc::clone(&state.armed));
+            let _ = flag::register_usize(signal, Arc::clone(&state.received), signal as usize);
         }
-        received
+        state
     })
 }
 
-/// The signal (SIGTERM, SIGHUP, SIGINT or SIGQUIT) that ended the last dashboard, if one did.
-/// A program that ran the dashboard exits with `128 + signal` after it, as a shell expects.
+/// The signal (SIGTERM, SIGINT or SIGQUIT) that ended the last dashboard, if one did. A
+/// program that ran the dashboard exits with `128 + signal` after it, as a shell expects.
 pub fn stop_signal() -> Option<i32> {
-    let received = STOP_SIGNAL.get()?.load(Ordering::SeqCst);
+    let received = STOP.get()?.received.load(Ordering::SeqCst);
     (received != 0).then_some(received as i32)
 }
 
@@ -78,12 +97,14 @@ pub fn restore() {
     }
 }
 
-/// Restores the terminal when dropped, on every way out of [`run`].
+/// Restores the terminal when dropped, on every way out of [`run`], and gives the stop
+/// signals their default action back.
 struct Guard;
 
 impl Drop for Guard {
     fn drop(&mut self) {
         restore();
+        stop_signals().idle.store(true, Ordering::SeqCst);
     }
 }
 
@@ -99,7 +120,6 @@ fn install_panic_hook() {
 
 fn enter() -> io::Result<Terminal<CrosstermBackend<Stdout>>> {
     install_panic_hook();
-    watch_stop_signals();
     enable_raw_mode()?;
     ACTIVE.store(true, Ordering::SeqCst);
     let mut out = io::stdout();
@@ -110,7 +130,10 @@ fn enter() -> io::Result<Terminal<CrosstermBackend<Stdout>>> {
 /// Runs the dashboard in the terminal until the user quits.
 pub fn run(app: &mut App) -> io::Result<()> {
     // A signal that stopped an earlier dashboard in this process does not stop this one.
-    watch_stop_signals().store(0, Ordering::SeqCst);
+    let signals = stop_signals();
+    signals.received.store(0, Ordering::SeqCst);
+    signals.armed.store(false, Ordering::SeqCst);
+    signals.idle.store(false, Ordering::SeqCst);
     let _guard = Guard;
     let mut terminal = enter()?;
     terminal.hide_cursor()?;
@@ -122,7 +145,7 @@ pub fn run(app: &mut App) -> io::Result<()> {
 }
 
 fn event_loop(terminal: &mut Terminal<CrosstermBackend<Stdout>>, app: &mut App) -> io::Result<()> {
-    let stop = watch_stop_signals();
+    let stop = &stop_signals().received;
     let min_frame = Duration::from_millis(50);
     let mut dirty = true;
     let mut last_draw: Option<Instant> = None;
