@@ -7,7 +7,7 @@
 //! exactly as `c10/cuda/CUDACachingAllocator.cpp` does; new segments come from the backend
 //! (`crate::backend`), and `crate::sim` stands in for a GPU. Every operation updates the
 //! statistics (a `crate::stats::StatsBook`, read out as
-//! [`MemoryStats`](crate::stats::MemoryStats)) and, when tracking is on, pushes an event into
+//! [`MemoryStats`]) and, when tracking is on, pushes an event into
 //! the ring (`crate::ring`) with an interned provenance id (`crate::provenance`). Handed-out memory
 //! is a [`DeviceBuffer`](crate::buffer::DeviceBuffer) that frees itself on drop; the raw
 //! pointer API serves the C ABI, and [`BlockHandle`]s free by id without an address lookup. An

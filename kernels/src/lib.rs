@@ -6,7 +6,7 @@
 //! kernels run: the CUDA C sources in `kernels/cuda/*.cu`, compiled with NVRTC at first use and
 //! cached per device ([`cuda`]), or their CPU twins ([`cpu`]). [`tensor::Tensor`] is a shaped,
 //! typed ([`dtype::DType`]: f32, f16, bf16) array whose storage is an allocator block; its ops
-//! and transfers are recorded with the caller's line. [`train`] is a small MLP trainer with
+//! and transfers are recorded with the caller's line. [`mod@train`] is a small MLP trainer with
 //! switches that plant the memory bugs vramscope's inspector finds.
 //!
 //! ```
