@@ -2130,7 +2130,7 @@ impl<B: Backend> CachingAllocator<B> {
         let mut guard = shared.lock();
         let state = &mut *guard;
         let released = self.release_cached_blocks(state);
-        self.record_at(
+        self.record_for_site(
             state,
             EventKind::EmptyCache,
             location,
@@ -2159,7 +2159,7 @@ impl<B: Backend> CachingAllocator<B> {
             time_ns,
             label: "mark_step".to_string(),
         });
-        self.record_at(state, EventKind::Step, location, RawEventParts::default());
+        self.record_for_site(state, EventKind::Step, location, RawEventParts::default());
         step
     }
 
@@ -2181,7 +2181,7 @@ impl<B: Backend> CachingAllocator<B> {
             return;
         }
         let mut guard = self.shared.lock();
-        self.record_at(
+        self.record_for_site(
             &mut guard,
             kind,
             location,
@@ -2195,7 +2195,7 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// Records an event attributed to `location` (with no tag), when events are on.
-    fn record_at(
+    fn record_for_site(
         &self,
         state: &mut State,
         kind: EventKind,
