@@ -136,7 +136,7 @@ impl FreeIndex {
             self.spill(at);
         }
         if !self.overflow.is_empty() && key > self.bins[at][0].0 {
-            if let Some(i) = self.overflow.iter().position(|(s, _)| *s == at) {
+            if let Some(i) = self.overflow_position(at) {
                 self.overflow[i].1.insert(key, id);
                 return;
             }
@@ -153,7 +153,7 @@ impl FreeIndex {
     fn spill(&mut self, at: usize) {
         let bin = &mut self.bins[at];
         let moved: Vec<Entry> = bin.drain(..bin.len() - KEPT_IN_VECTOR).collect();
-        let tree = match self.overflow.iter().position(|(s, _)| *s == at) {
+        let tree = match self.overflow_position(at) {
             Some(i) => &mut self.overflow[i].1,
             None => {
                 self.overflow.push((at, BTreeMap::new()));
@@ -163,12 +163,14 @@ impl FreeIndex {
         tree.extend(moved);
     }
 
+    /// Where the overflow tree of slot `at` is in `overflow`, if the bin has one.
+    fn overflow_position(&self, at: usize) -> Option<usize> {
+        self.overflow.iter().position(|(s, _)| *s == at)
+    }
+
     /// The overflow tree of slot `at`, if the bin has one.
     fn overflow_of(&self, at: usize) -> Option<&BTreeMap<u128, u32>> {
-        self.overflow
-            .iter()
-            .find(|(s, _)| *s == at)
-            .map(|(_, tree)| tree)
+        self.overflow_position(at).map(|i| &self.overflow[i].1)
     }
 
     /// Creates the bins up to slot `at`.
@@ -248,7 +250,7 @@ impl FreeIndex {
     #[cold]
     #[inline(never)]
     fn remove_overflow(&mut self, at: usize, key: u128) -> Option<u32> {
-        let i = self.overflow.iter().position(|(s, _)| *s == at)?;
+        let i = self.overflow_position(at)?;
         let id = self.overflow[i].1.remove(&key)?;
         if self.overflow[i].1.is_empty() {
             self.overflow.swap_remove(i);
@@ -267,7 +269,7 @@ impl FreeIndex {
     #[cold]
     #[inline(never)]
     fn refill_from_overflow(&mut self, at: usize) -> bool {
-        let Some(i) = self.overflow.iter().position(|(s, _)| *s == at) else {
+        let Some(i) = self.overflow_position(at) else {
             return false;
         };
         let tree = &mut self.overflow[i].1;
