@@ -390,10 +390,7 @@ fn main() {
         options.reps
     );
 
-    let mut traces = vec![
-        Trace::synthetic(if options.quick { 4 } else { 20 }, SYNTHETIC_SEED),
-        Trace::scattered(SCATTERED_BLOCKS, 2, SYNTHETIC_SEED),
-    ];
+    let mut traces = generated_traces(options.quick);
     let mut snapshots = Vec::new();
     match traces_dir(options.traces.clone()) {
         Some(dir) => {
@@ -706,6 +703,15 @@ fn fidelity(snapshots: &[(&str, Snapshot)]) {
     }
 }
 
+/// The traces the bench makes itself: the synthetic training loop (4 steps with `quick`, else
+/// 20) and the adversarial `scattered` one.
+fn generated_traces(quick: bool) -> Vec<Trace> {
+    vec![
+        Trace::synthetic(if quick { 4 } else { 20 }, SYNTHETIC_SEED),
+        Trace::scattered(SCATTERED_BLOCKS, 2, SYNTHETIC_SEED),
+    ]
+}
+
 /// `profile pairs <subject> <pairs>` or `profile trace|steady <trace> <subject> <reps>`: one
 /// allocator alone, for callgrind.
 fn profile(args: &[String]) -> Result<(), String> {
@@ -733,10 +739,11 @@ fn profile(args: &[String]) -> Result<(), String> {
             let name = args.get(1).ok_or(usage)?;
             let subject = subject(args.get(2).ok_or(usage)?)?;
             let reps = number(args.get(3))?;
-            let trace = if name == "synthetic" {
-                Trace::synthetic(20, SYNTHETIC_SEED)
-            } else if name == "scattered" {
-                Trace::scattered(SCATTERED_BLOCKS, 2, SYNTHETIC_SEED)
+            let generated = generated_traces(false)
+                .into_iter()
+                .find(|t| &t.name == name);
+            let trace = if let Some(trace) = generated {
+                trace
             } else {
                 let (short, file) = REAL_TRACES
                     .iter()

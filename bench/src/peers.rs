@@ -22,7 +22,7 @@ use gpu_alloc::{
     UsageFlags,
 };
 use vramscope_allocator::{
-    AllocatorConfig, BlockHandle, CachingAllocator, Exclusive, SimDevice, StreamId,
+    AllocatorConfig, BlockHandle, CachingAllocator, Exclusive, MemoryStats, SimDevice, StreamId,
 };
 
 /// What an allocator held from its device over a replay.
@@ -33,6 +33,16 @@ pub struct Footprint {
     pub raw_allocs: Option<u64>,
     /// Most bytes held from the device at once; `None` where not measured.
     pub peak_reserved: Option<u64>,
+}
+
+impl Footprint {
+    /// What a vramscope allocator's statistics say it held.
+    fn of_vramscope(stats: &MemoryStats) -> Footprint {
+        Footprint {
+            raw_allocs: Some(stats.num_device_alloc),
+            peak_reserved: Some(stats.reserved_bytes.all.peak),
+        }
+    }
 }
 
 /// An allocator that one trace replay drives.
@@ -80,11 +90,7 @@ impl DeviceAllocator for Vramscope {
     }
 
     fn footprint(&mut self) -> Footprint {
-        let stats = self.inner.stats();
-        Footprint {
-            raw_allocs: Some(stats.num_device_alloc),
-            peak_reserved: Some(stats.reserved_bytes.all.peak),
-        }
+        Footprint::of_vramscope(&self.inner.stats())
     }
 }
 
@@ -111,11 +117,7 @@ impl DeviceAllocator for VramscopeExclusive<'_> {
     }
 
     fn footprint(&mut self) -> Footprint {
-        let stats = self.inner.stats();
-        Footprint {
-            raw_allocs: Some(stats.num_device_alloc),
-            peak_reserved: Some(stats.reserved_bytes.all.peak),
-        }
+        Footprint::of_vramscope(&self.inner.stats())
     }
 }
 
