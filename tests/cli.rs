@@ -342,17 +342,52 @@ fn convert_to_an_event_log_reads_back() {
     std::fs::remove_file(log).ok();
 }
 
-/// Runs `tmux` with `args`, returning its standard output, or `None` when it fails.
-fn tmux(socket: &str, args: &[&str]) -> Option<String> {
-    let output = Command::new("tmux")
-        .args(["-L", socket])
-        .args(args)
-        .output()
-        .ok()?;
-    output
-        .status
-        .success()
-        .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
+/// A private tmux server, killed when dropped (whatever the test's outcome), with one
+/// session `t` running a shell.
+struct TmuxServer {
+    socket: String,
+}
+
+impl TmuxServer {
+    fn start(socket: &str) -> TmuxServer {
+        let server = TmuxServer {
+            socket: socket.to_string(),
+        };
+        server
+            .run(&[
+                "new-session",
+                "-d",
+                "-s",
+                "t",
+                "-x",
+                "120",
+                "-y",
+                "40",
+                "sh",
+            ])
+            .expect("tmux starts a session");
+        server
+    }
+
+    /// Runs `tmux` on this server with `args`, returning its standard output, or `None` when
+    /// it fails.
+    fn run(&self, args: &[&str]) -> Option<String> {
+        let output = Command::new("tmux")
+            .args(["-L", &self.socket])
+            .args(args)
+            .output()
+            .ok()?;
+        output
+            .status
+            .success()
+            .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+}
+
+impl Drop for TmuxServer {
+    fn drop(&mut self) {
+        self.run(&["kill-server"]);
+    }
 }
 
 #[test]
@@ -371,61 +406,69 @@ fn the_dashboard_restores_the_terminal_when_killed() {
         let _kept = alloc.alloc(8 << 20).unwrap();
         alloc.snapshot().save(&snapshot).unwrap();
     }
-    let socket = format!("vramscope-test-{}", std::process::id());
+    // The pane's shell runs the dashboard in the foreground and writes its exit status to a
+    // file: the test reads the status from there rather than from tmux, which may learn of a
+    // pane process's end later than its terminal closes.
+    let status_file = temp("killed.status");
+    let _ = std::fs::remove_file(&status_file);
     let command = format!(
-        "exec '{}' view '{}'",
+        "'{}' view '{}'; echo $? > '{}'",
         env!("CARGO_BIN_EXE_vramscope"),
-        snapshot.display()
+        snapshot.display(),
+        status_file.display()
     );
-    tmux(
-        &socket,
-        &[
-            "new-session",
-            "-d",
-            "-s",
-            "t",
-            "-x",
-            "120",
-            "-y",
-            "40",
-            "sh",
-        ],
-    )
-    .expect("tmux starts a session");
-    tmux(&socket, &["set-option", "-g", "remain-on-exit", "on"]).unwrap();
-    tmux(&socket, &["respawn-pane", "-k", "-t", "t", &command]).unwrap();
-    let pane = |format: &str| tmux(&socket, &["display-message", "-p", "-t", "t", format]);
-    // Wait for the dashboard's first frame.
-    let started = std::time::Instant::now();
-    while !tmux(&socket, &["capture-pane", "-p", "-t", "t"])
-        .unwrap_or_default()
-        .contains("Allocated")
-    {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(20),
-            "the dashboard did not draw"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    let pid = pane("#{pane_pid}").unwrap().trim().to_string();
+    let server = TmuxServer::start(&format!("vramscope-test-{}", std::process::id()));
+    server
+        .run(&["set-option", "-g", "remain-on-exit", "on"])
+        .unwrap();
+    server
+        .run(&["respawn-pane", "-k", "-t", "t", "sh", "-c", &command])
+        .unwrap();
+    let pane = |format: &str| server.run(&["display-message", "-p", "-t", "t", format]);
+    let screen = || {
+        server
+            .run(&["capture-pane", "-p", "-t", "t"])
+            .unwrap_or_default()
+    };
+    let wait = |what: &str, done: &mut dyn FnMut() -> bool| {
+        let started = std::time::Instant::now();
+        while !done() {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(20),
+                "{what} within 20 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    wait("the dashboard draws", &mut || {
+        screen().contains("Allocated")
+    });
+    // The dashboard is the pane shell's one child.
+    let shell = pane("#{pane_pid}").unwrap().trim().to_string();
+    let children = Command::new("pgrep")
+        .args(["-P", &shell])
+        .output()
+        .expect("pgrep runs");
+    let dashboard = String::from_utf8_lossy(&children.stdout).trim().to_string();
+    assert!(!dashboard.is_empty(), "the dashboard process is found");
     Command::new("kill")
-        .args(["-TERM", &pid])
+        .args(["-TERM", &dashboard])
         .status()
         .expect("kill runs");
-    let status = loop {
-        if pane("#{pane_dead}").unwrap_or_default().trim() == "1" {
-            break pane("#{pane_dead_status}").unwrap().trim().to_string();
-        }
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(20),
-            "the dashboard did not stop on SIGTERM"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
-    let screen = tmux(&socket, &["capture-pane", "-p", "-t", "t"]).unwrap_or_default();
+    wait("the dashboard stops on SIGTERM", &mut || {
+        std::fs::read_to_string(&status_file).is_ok_and(|s| s.ends_with('\n'))
+    });
+    let status = std::fs::read_to_string(&status_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    let screen = screen();
     let alternate = pane("#{alternate_on}").unwrap_or_default();
-    tmux(&socket, &["kill-server"]);
+    drop(server);
     let _ = std::fs::remove_file(&snapshot);
+    let _ = std::fs::remove_file(&status_file);
+    // A shell reports 128 + 15 for a process killed by SIGTERM too; what tells the two apart
+    // is the screen: only the dashboard that handled the signal left the alternate screen.
     assert_eq!(status, "143", "exit status 128 + SIGTERM");
     assert_eq!(alternate.trim(), "0", "the alternate screen was left");
     assert!(
