@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# GPU check for vramscope: the CUDA tests, the examples on the GPU and the allocator fast-path
-# benchmark, in well under 8 minutes on a CUDA machine.
+# GPU check for vramscope: the CUDA tests, the examples on the GPU, PyTorch on vramscope's
+# allocator (CUDAPluggableAllocator), PyTorch's own allocator against vramscope's replay of it
+# (scripts/torch_fidelity.py, where python3 has a CUDA-enabled torch) and the allocator
+# fast-path benchmark, in about 3 minutes on an H200 machine.
 #
 #   scripts/gpu-check.sh [LOG_DIR]   build (when cargo is here) and run everything; with LOG_DIR,
 #                                    also write gpu-check.log and the example snapshots there
@@ -38,7 +40,9 @@ bundle() {
         cp "$path" "$BUNDLE/$name" || return 1
     done < <(sed -n 's/.*Executable \(.*\) (\(.*\))$/\1|\2/p' "$log")
     cargo build --release --example train_mlp --bin vramscope || return 1
-    cp target/release/examples/train_mlp target/release/vramscope "$BUNDLE/" || return 1
+    cargo build --release -p vramscope-ffi || return 1
+    cp target/release/examples/train_mlp target/release/vramscope target/release/libvramscope_ffi.so \
+        "$BUNDLE/" || return 1
     # Debug info is not needed to run and would make the bundle too big to carry.
     if command -v strip >/dev/null 2>&1; then
         strip --strip-debug "$BUNDLE"/* 2>/dev/null || true
@@ -134,6 +138,21 @@ step "train_mlp --retain-loss --item-in-loop" 120 \
 step "train_mlp --bf16 --grad-accum 4" 120 \
     "$BUNDLE/train_mlp" --bf16 --grad-accum 4 --out "$OUT_DIR/train_mlp_bf16_accum.json"
 step "report on the planted bugs" 60 "$BUNDLE/vramscope" report "$OUT_DIR/train_mlp_bugs.json"
+# PyTorch on the GPU: its training loop on vramscope's allocator through CUDAPluggableAllocator,
+# and PyTorch's own allocator recorded and replayed through vramscope's `pytorch` policy.
+if python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    export BUNDLE OUT_DIR ROOT="$PWD"
+    step "pytorch on vramscope (CUDAPluggableAllocator)" 180 bash -c '
+        cd "$OUT_DIR" &&
+        VRAMSCOPE_LIB="$ROOT/$BUNDLE/libvramscope_ffi.so" VRAMSCOPE_SNAPSHOT_ON_EXIT=pluggable_exit.json \
+            python3 "$ROOT/examples/pytorch_pluggable.py" &&
+        "$ROOT/$BUNDLE/vramscope" report pluggable_snapshot.json &&
+        "$ROOT/$BUNDLE/vramscope" summary pluggable_exit.json'
+    step "pytorch fidelity: its allocator and vramscope's replay, in five settings" 300 \
+        python3 scripts/torch_fidelity.py check --vramscope "$BUNDLE/vramscope" --out "$OUT_DIR/fidelity"
+else
+    echo "skipped: no python3 with a CUDA-enabled torch here; the PyTorch steps did not run"
+fi
 step "fast-path benchmark" 240 "$BUNDLE/fast_path" --bench --warm-up-time 1 --measurement-time 2
 
 echo

@@ -27,7 +27,7 @@ use rustc_hash::FxHashMap;
 
 use crate::backend::{Backend, BackendError, EventId, StreamId};
 use crate::clock::Clock;
-use crate::config::{AllocatorConfig, BacktraceMode, MIB};
+use crate::config::{AllocatorConfig, BacktraceMode, Policy, MIB};
 use crate::debug::{self, FreedOwners, FreedRange};
 use crate::free_index::FreeIndex;
 use crate::model::{
@@ -108,10 +108,11 @@ struct SegmentMeta {
     expandable: bool,
     first: u32,
     last: u32,
-    /// Operation counter of the last time the segment became wholly free (for GC order). A
-    /// segment is wholly free when its one block is free: free neighbours always merge, so a
-    /// segment without live blocks is a single free block (`State::is_idle`).
-    last_used: u64,
+    /// `State::large_lookups` when the segment last became wholly free: garbage collection's
+    /// age of the segment is the lookups since. A segment is wholly free when its one block is
+    /// free: free neighbours always merge, so a segment without live blocks is a single free
+    /// block (`State::is_idle`).
+    idle_since: u64,
 }
 
 /// A vector of slots with a free list, addressed by `u32` ids. Vacant slots keep their last
@@ -378,7 +379,9 @@ struct State {
     provenance: ProvenanceTables,
     step: u64,
     steps: Vec<StepMark>,
-    op_counter: u64,
+    /// Free-block lookups in the large pool so far: PyTorch's `get_free_blocks_call_count`, the
+    /// clock by which garbage collection ages whole free segments.
+    large_lookups: u64,
     /// Last owners of freed ranges (with `debug`).
     freed: FreedOwners,
     /// Violations found by the debug checks.
@@ -745,7 +748,7 @@ impl<B: Backend> CachingAllocator<B> {
                     provenance: ProvenanceTables::default(),
                     step: 0,
                     steps: Vec::new(),
-                    op_counter: 0,
+                    large_lookups: 0,
                     freed: FreedOwners::default(),
                     violations: Vec::new(),
                 }),
@@ -1001,7 +1004,6 @@ impl<B: Backend> CachingAllocator<B> {
     ) -> Result<(u64, u32), AllocError> {
         let shared = &*self.shared;
         let config = &shared.config;
-        state.op_counter += 1;
         if !state.outstanding.is_empty() {
             self.process_events(state);
         }
@@ -1013,6 +1015,7 @@ impl<B: Backend> CachingAllocator<B> {
             round_size(padded, 0)
         };
         let pool = pool_for(rounded);
+        state.large_lookups += (pool == Pool::Large) as u64;
         let found = match self.get_free_block(state, pool, stream, rounded) {
             Some(found) => found,
             None => match self.grow(state, pool, stream, rounded, size, &origin)? {
@@ -1315,7 +1318,7 @@ impl<B: Backend> CachingAllocator<B> {
             expandable: false,
             first: NIL,
             last: NIL,
-            last_used: state.op_counter,
+            idle_since: state.large_lookups,
         });
         let block = state.blocks.insert(BlockMeta {
             addr,
@@ -1366,7 +1369,7 @@ impl<B: Backend> CachingAllocator<B> {
         rounded: u64,
     ) -> Option<Found> {
         let shared = &*self.shared;
-        let granularity = shared.backend.vm_granularity();
+        let granularity = self.expandable_page(pool);
         let segment = match state
             .expandable
             .iter()
@@ -1386,7 +1389,7 @@ impl<B: Backend> CachingAllocator<B> {
                     expandable: true,
                     first: NIL,
                     last: NIL,
-                    last_used: state.op_counter,
+                    idle_since: state.large_lookups,
                 });
                 state.segments_by_addr.insert(addr, id);
                 state.expandable.push((stream, pool, id));
@@ -1619,7 +1622,6 @@ impl<B: Backend> CachingAllocator<B> {
     #[inline]
     fn release_allocated(&self, state: &mut State, id: u32) -> Result<(), AllocError> {
         let shared = &*self.shared;
-        state.op_counter += 1;
         if shared.config.guard_bytes > 0 {
             self.check_guard(state, id);
         }
@@ -1766,9 +1768,9 @@ impl<B: Backend> CachingAllocator<B> {
             split_blocks += 1;
             split_bytes += block.size as i64;
         } else {
-            // The segment is wholly free again (GC order).
-            let op = state.op_counter;
-            state.segments.get_mut(original.segment).last_used = op;
+            // The segment is wholly free again: its age for garbage collection starts now.
+            let now = state.large_lookups;
+            state.segments.get_mut(original.segment).idle_since = now;
         }
         state.index_free(id);
         if self.counts_inactive_split(state, original.segment) {
@@ -1840,17 +1842,32 @@ impl<B: Backend> CachingAllocator<B> {
         }
     }
 
+    /// The unit in which an expandable segment of `pool` maps and unmaps memory. PyTorch maps
+    /// in its segment sizes, 2 MiB pages in the small pool and 20 MiB in the large (rounded up
+    /// to the device's mapping granularity here); the `compact` policy maps in the device's
+    /// granularity.
+    fn expandable_page(&self, pool: Pool) -> u64 {
+        let granularity = self.shared.backend.vm_granularity().max(1);
+        let page = match (self.shared.config.policy, pool) {
+            (Policy::Compact, _) => return granularity,
+            (Policy::Pytorch, Pool::Small) => SMALL_BUFFER,
+            (Policy::Pytorch, Pool::Large) => LARGE_BUFFER,
+        };
+        page.div_ceil(granularity) * granularity
+    }
+
     /// Unmaps the free, page-aligned tail of an expandable segment; returns bytes released.
     fn trim_expandable(&self, state: &mut State, segment: u32) -> u64 {
         let shared = &*self.shared;
-        let granularity = shared.backend.vm_granularity();
         let seg = *state.segments.get(segment);
+        let granularity = self.expandable_page(seg.pool);
         if seg.last == NIL || !state.blocks.get(seg.last).is_free() {
             return 0;
         }
         let tail = *state.blocks.get(seg.last);
         let end = seg.addr + seg.size;
-        let cut = tail.addr.div_ceil(granularity) * granularity;
+        // Pages are counted from the segment's base.
+        let cut = seg.addr + (tail.addr - seg.addr).div_ceil(granularity) * granularity;
         if cut >= end {
             return 0;
         }
@@ -1968,25 +1985,48 @@ impl<B: Backend> CachingAllocator<B> {
         before - state.stats.reserved_bytes.all().current
     }
 
-    /// Frees the least recently used whole cached segments until reserved memory is under
-    /// `threshold` of capacity.
+    /// PyTorch's `garbage_collect_cached_blocks`: once reserved memory is over `threshold` of
+    /// the capacity, frees the whole cached segments of the large pool that have been idle for
+    /// at least the average idle age (counted in large-pool lookups), and repeats with the
+    /// average of those left until the excess is reclaimed or nothing more can be freed. A pass
+    /// frees every segment at or above its average, past the target, so that collection is not
+    /// triggered again at once. Expandable segments take no part: in PyTorch their free block
+    /// borders the unmapped rest, so it counts as split.
     fn garbage_collect(&self, state: &mut State, threshold: f64) {
         let limit = (self.shared.capacity as f64 * threshold) as u64;
-        if state.stats.reserved_bytes.all().current <= limit {
+        let reserved = state.stats.reserved_bytes.all().current;
+        if reserved <= limit {
             return;
         }
+        let target = reserved - limit;
+        let now = state.large_lookups;
+        // (age, segment) of every wholly free segment of the large pool.
         let mut idle: Vec<(u64, u32)> = state
             .segments
             .iter()
-            .filter(|(_, s)| !s.expandable && state.is_idle(s))
-            .map(|(id, s)| (s.last_used, id))
+            .filter(|(_, s)| s.pool == Pool::Large && !s.expandable && state.is_idle(s))
+            .map(|(id, s)| (now - s.idle_since, id))
             .collect();
-        idle.sort_unstable();
-        for (_, segment) in idle {
-            if state.stats.reserved_bytes.all().current <= limit {
-                break;
+        let mut total_age: u64 = idle.iter().map(|&(age, _)| age).sum();
+        let mut candidates = idle.len() as u64;
+        let mut reclaimed = 0;
+        let mut freed_one = true;
+        while reclaimed < target && freed_one && candidates > 0 {
+            let average = total_age as f64 / candidates as f64;
+            freed_one = false;
+            let mut kept = Vec::with_capacity(idle.len());
+            for (age, segment) in idle {
+                if age as f64 >= average {
+                    freed_one = true;
+                    reclaimed += state.segments.get(segment).size;
+                    total_age -= age;
+                    candidates -= 1;
+                    self.release_segment(state, segment);
+                } else {
+                    kept.push((age, segment));
+                }
             }
-            self.release_segment(state, segment);
+            idle = kept;
         }
     }
 
@@ -2041,7 +2081,6 @@ impl<B: Backend> CachingAllocator<B> {
         let shared = &*self.shared;
         let mut guard = shared.lock();
         let state = &mut *guard;
-        state.op_counter += 1;
         let addr = match shared.backend.malloc(size) {
             Ok(addr) => addr,
             Err(_) => {

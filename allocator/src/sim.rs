@@ -7,7 +7,7 @@
 //! they hand out so tests can prove nothing leaked, and complete stream events either at once or
 //! only when a test says so (to test `record_stream` deferral in `crate::caching`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -92,7 +92,14 @@ struct SimState {
     manual_events: bool,
     faults: FaultPlan,
     counters: SimCounters,
+    /// Addresses another run's raw allocations got, in order, with their sizes: see
+    /// [`SimDevice::plan_addresses`].
+    address_plan: VecDeque<(u64, u64)>,
 }
+
+/// How many planned raw allocations a `malloc` may skip to find one of its size: the other run
+/// made allocations this one did not.
+const PLAN_LOOKAHEAD: usize = 16;
 
 /// What a simulated device has handed out, for leak checks in tests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -151,6 +158,7 @@ impl SimDevice {
                     manual_events: false,
                     faults: FaultPlan::None,
                     counters: SimCounters::default(),
+                    address_plan: VecDeque::new(),
                 }),
             }),
         }
@@ -163,6 +171,30 @@ impl SimDevice {
             inner.index = index;
         }
         device
+    }
+
+    /// Makes raw allocations take the addresses another run's got: `plan` lists that run's
+    /// `(size, address)` in order. A `malloc` of a size the plan has among its next entries takes
+    /// that entry's address (dropping the entries before it), unless the range is still in use
+    /// here; otherwise it takes a fresh address above every planned one. Replay uses this so
+    /// that ties between equal free blocks, which PyTorch breaks by address, are broken as on
+    /// the recorded run. Only phantom devices follow a plan (a backed device's addresses are its
+    /// host memory's), and only plain raw allocations, not expandable segments' pages.
+    pub fn plan_addresses(&self, plan: impl IntoIterator<Item = (u64, u64)>) {
+        if self.inner.backed {
+            return;
+        }
+        let mut state = self.inner.state.lock();
+        state.address_plan = plan.into_iter().collect();
+        let above = state
+            .address_plan
+            .iter()
+            .map(|&(size, addr)| addr.saturating_add(size))
+            .max()
+            .unwrap_or(0);
+        state.next_address = state
+            .next_address
+            .max(above.div_ceil(SIM_ALIGNMENT) * SIM_ALIGNMENT);
     }
 
     /// Whether host memory stands behind the addresses.
@@ -340,6 +372,25 @@ impl SimState {
         Ok(())
     }
 
+    /// The planned address for a raw allocation of `size` bytes, when the plan has one of that
+    /// size among its next entries and its range is not in use; the entries before it are
+    /// dropped.
+    fn planned_address(&mut self, size: u64) -> Option<u64> {
+        let at = self
+            .address_plan
+            .iter()
+            .take(PLAN_LOOKAHEAD)
+            .position(|&(planned, _)| planned == size)?;
+        let (_, addr) = self.address_plan.drain(..=at).next_back()?;
+        let overlaps_below = self
+            .segments
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&start, region)| start + region.size > addr);
+        let overlaps_above = self.segments.range(addr..addr + size).next().is_some();
+        (!overlaps_below && !overlaps_above).then_some(addr)
+    }
+
     fn take_addresses(&mut self, size: u64, alignment: u64) -> u64 {
         let addr = self.next_address.div_ceil(alignment) * alignment;
         self.next_address = addr + size.max(SIM_ALIGNMENT);
@@ -367,7 +418,10 @@ impl Backend for SimDevice {
     fn malloc(&self, size: u64) -> Result<u64, BackendError> {
         let mut state = self.inner.state.lock();
         state.admit(size, self.inner.capacity)?;
-        let addr = state.take_addresses(size, SIM_ALIGNMENT);
+        let addr = match state.planned_address(size) {
+            Some(addr) => addr,
+            None => state.take_addresses(size, SIM_ALIGNMENT),
+        };
         let storage = self.inner.backed.then(|| Storage::zeroed(size));
         state.segments.insert(addr, Region { size, storage });
         state.used += size;
@@ -623,6 +677,52 @@ impl Backend for SimDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn planned_addresses_are_followed_while_free_and_skipped_ahead() {
+        const MIB: u64 = 1 << 20;
+        let dev = SimDevice::phantom(1 << 40);
+        let base = 0x9000_0000_0000;
+        dev.plan_addresses([
+            (20 * MIB, base + 100 * MIB),
+            (2 * MIB, base),
+            (20 * MIB, base + 40 * MIB),
+            (20 * MIB, base + 100 * MIB),
+            (4 * MIB, base + 200 * MIB),
+        ]);
+        // In order, and the order need not be ascending.
+        let first = dev.malloc(20 * MIB).unwrap();
+        assert_eq!(first, base + 100 * MIB);
+        assert_eq!(dev.malloc(2 * MIB).unwrap(), base);
+        assert_eq!(dev.malloc(20 * MIB).unwrap(), base + 40 * MIB);
+        // Planned where a live allocation still is: a fresh address above every planned one.
+        let fresh = dev.malloc(20 * MIB).unwrap();
+        assert!(fresh >= base + 204 * MIB, "{fresh:#x}");
+        // A size the plan does not have: fresh, and the plan is kept.
+        let other = dev.malloc(6 * MIB).unwrap();
+        assert!(other >= fresh + 20 * MIB);
+        assert_eq!(dev.malloc(4 * MIB).unwrap(), base + 200 * MIB);
+        // The plan is used up.
+        assert!(dev.malloc(2 * MIB).unwrap() > other);
+        dev.free(first).unwrap();
+    }
+
+    #[test]
+    fn a_plan_skips_entries_of_other_sizes_within_its_lookahead() {
+        let dev = SimDevice::phantom(1 << 40);
+        let mut plan: Vec<(u64, u64)> = (0..PLAN_LOOKAHEAD as u64)
+            .map(|i| (512, 0x9000_0000_0000 + i * 4096))
+            .collect();
+        plan.push((8192, 0xa000_0000_0000));
+        dev.plan_addresses(plan.clone());
+        // The 8 KiB entry is one past the lookahead: not found.
+        assert_ne!(dev.malloc(8192).unwrap(), 0xa000_0000_0000);
+        plan.remove(0);
+        dev.plan_addresses(plan);
+        assert_eq!(dev.malloc(8192).unwrap(), 0xa000_0000_0000);
+        // The skipped entries are gone.
+        assert!(dev.malloc(512).unwrap() > 0xa000_0000_0000);
+    }
 
     #[test]
     fn raw_allocation_over_capacity_fails_like_cuda_malloc() {

@@ -329,7 +329,8 @@ fn garbage_collection_threshold_frees_idle_segments_early() {
     let (_, alloc) = phantom(100 * MIB, "garbage_collection_threshold:0.5");
     drop(alloc.alloc(30 * MIB).unwrap());
     drop(alloc.alloc(34 * MIB).unwrap());
-    // 64 MiB reserved > 50 MiB: the next miss frees the least recently used idle segment.
+    // 64 MiB reserved > 50 MiB: the next miss frees the idle segments at least as old as the
+    // average (ages 2 and 1 in large-pool lookups: only the 30 MiB one).
     let _c = alloc.alloc(40 * MIB).unwrap();
     let stats = alloc.stats();
     assert_eq!(stats.num_device_free, 1);
@@ -338,41 +339,85 @@ fn garbage_collection_threshold_frees_idle_segments_early() {
 }
 
 #[test]
-fn expandable_segments_grow_in_place_and_trim() {
-    let (device, alloc) = phantom(1 << 30, "expandable_segments:True");
-    let a = alloc.alloc(3 * MIB).unwrap();
-    let b = alloc.alloc(5 * MIB).unwrap();
-    assert_eq!(b.addr(), a.addr() + 3 * MIB, "contiguous in one segment");
-    let snap = alloc.snapshot();
-    let large: Vec<_> = snap
-        .segments
-        .iter()
-        .filter(|s| s.pool == Pool::Large)
-        .collect();
-    assert_eq!(large.len(), 1);
-    assert!(large[0].expandable);
-    assert_eq!(
-        large[0].total_size,
-        8 * MIB,
-        "mapped in 2 MiB pages, no 20 MiB segments"
-    );
-    assert!(snap.events.iter().any(|e| e.kind == EventKind::SegmentMap));
-    alloc.check_invariants().unwrap();
-    drop(b);
-    alloc.empty_cache();
-    assert_eq!(alloc.stats().reserved_bytes.all.current, 4 * MIB);
+fn garbage_collection_frees_every_segment_of_average_age_past_its_target() {
+    // PyTorch's rule, not least-recently-used-until-under: one pass frees every idle segment at
+    // least as old as the average, even past the bytes it had to reclaim.
+    let (_, alloc) = phantom(100 * MIB, "garbage_collection_threshold:0.5");
+    let a = alloc.alloc(12 * MIB).unwrap();
+    let b = alloc.alloc(14 * MIB).unwrap();
+    let _c = alloc.alloc(16 * MIB).unwrap();
     drop(a);
-    alloc.empty_cache();
-    assert_eq!(alloc.stats().reserved_bytes.all.current, 0);
-    assert_eq!(alloc.stats().segment.all.current, 0);
+    drop(b);
+    // An 18 MiB segment reused five times: its lookups age the 12 and 14 MiB segments.
+    for _ in 0..6 {
+        drop(alloc.alloc(18 * MIB).unwrap());
+    }
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 60 * MIB);
+    // 60 MiB reserved > 50: 10 MiB must go. Ages 7, 7 and 1 average 5, so both old segments
+    // go (26 MiB); least recently used first would have stopped after the 12 MiB one.
+    let _d = alloc.alloc(30 * MIB).unwrap();
+    let stats = alloc.stats();
+    assert_eq!(stats.num_device_free, 2);
+    assert_eq!(stats.num_alloc_retries, 0);
+    assert_eq!(stats.reserved_bytes.all.current, (16 + 18 + 30) * MIB);
     alloc.check_invariants().unwrap();
-    assert_eq!(device.counters().outstanding_bytes, 0);
 }
 
 #[test]
-fn expandable_segments_fit_where_20_mib_segments_do_not() {
-    // On a 16 MiB device a 3 MiB request needs a 20 MiB segment without expandable segments.
-    for (conf, should_fit) in [("", false), ("expandable_segments:True", true)] {
+fn expandable_segments_grow_in_place_and_trim() {
+    // PyTorch maps an expandable segment of the large pool in 20 MiB pages (as seen on an H200
+    // with torch 2.11: its segment_map events are multiples of 20 MiB), and the `compact`
+    // policy in the device's 2 MiB granularity.
+    for (conf, mapped, maps, after_trim) in [
+        ("expandable_segments:True", 20 * MIB, 1, 20 * MIB),
+        ("policy:compact", 8 * MIB, 2, 4 * MIB),
+    ] {
+        let (device, alloc) = phantom(1 << 30, conf);
+        let a = alloc.alloc(3 * MIB).unwrap();
+        let b = alloc.alloc(5 * MIB).unwrap();
+        assert_eq!(
+            b.addr(),
+            a.addr() + 3 * MIB,
+            "{conf}: contiguous in one segment"
+        );
+        let snap = alloc.snapshot();
+        let large: Vec<_> = snap
+            .segments
+            .iter()
+            .filter(|s| s.pool == Pool::Large)
+            .collect();
+        assert_eq!(large.len(), 1, "{conf}");
+        assert!(large[0].expandable, "{conf}");
+        assert_eq!(large[0].total_size, mapped, "{conf}: mapped bytes");
+        assert_eq!(alloc.stats().num_device_alloc, maps, "{conf}: map calls");
+        assert!(snap.events.iter().any(|e| e.kind == EventKind::SegmentMap));
+        alloc.check_invariants().unwrap();
+        drop(b);
+        // Only whole free pages at the tail are unmapped.
+        alloc.empty_cache();
+        assert_eq!(
+            alloc.stats().reserved_bytes.all.current,
+            after_trim,
+            "{conf}: after the tail's free pages are unmapped"
+        );
+        drop(a);
+        alloc.empty_cache();
+        assert_eq!(alloc.stats().reserved_bytes.all.current, 0, "{conf}");
+        assert_eq!(alloc.stats().segment.all.current, 0, "{conf}");
+        alloc.check_invariants().unwrap();
+        assert_eq!(device.counters().outstanding_bytes, 0, "{conf}");
+    }
+}
+
+#[test]
+fn compact_fits_where_20_mib_segments_and_pages_do_not() {
+    // On a 16 MiB device a 3 MiB request needs a 20 MiB segment without expandable segments,
+    // and a 20 MiB page with them; the `compact` policy maps only the 8 MiB it needs.
+    for (conf, should_fit) in [
+        ("", false),
+        ("expandable_segments:True", false),
+        ("policy:compact", true),
+    ] {
         let (device, alloc) = phantom(16 * MIB, conf);
         let fits = alloc.alloc(3 * MIB).is_ok() && alloc.alloc(5 * MIB).is_ok();
         assert_eq!(fits, should_fit, "conf {conf:?}");

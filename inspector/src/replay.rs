@@ -135,10 +135,28 @@ fn device_of(snapshot: &Snapshot) -> u32 {
 }
 
 /// Reconstructs the segments and live blocks at the start of the trace by undoing its events,
-/// last first, starting from the segments at the end.
+/// last first, starting from the segments at the end. An expandable segment's size is its mapped
+/// prefix, so undoing its maps shrinks it, and one that the trace mapped from nothing did not
+/// exist at the start.
 pub fn initial_state(snapshot: &Snapshot) -> Vec<StartSegment> {
     let device = device_of(snapshot);
     let mut segments: BTreeMap<u64, (u64, u64, Pool)> = BTreeMap::new();
+    // Undoes a map of `[addr, addr + size)`: the mapped range of the segment holding it loses
+    // that range at whichever end it lies.
+    let unmap = |segments: &mut BTreeMap<u64, (u64, u64, Pool)>, addr: u64, size: u64| {
+        let Some((&base, &(total, stream, pool))) = segments.range(..=addr).next_back() else {
+            return;
+        };
+        if addr >= base + total {
+            return;
+        }
+        let left = total.saturating_sub(size);
+        segments.remove(&base);
+        if left > 0 {
+            let new_base = if addr == base { base + size } else { base };
+            segments.insert(new_base, (left, stream, pool));
+        }
+    };
     let mut live: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
     for segment in snapshot.segments.iter().filter(|s| s.device == device) {
         segments.insert(
@@ -174,6 +192,31 @@ pub fn initial_state(snapshot: &Snapshot) -> Vec<StartSegment> {
                     Pool::Large
                 };
                 segments.insert(event.addr, (event.size, event.stream, pool));
+            }
+            EventKind::SegmentMap => unmap(&mut segments, event.addr, event.size),
+            EventKind::SegmentUnmap => {
+                // Undoing an unmap maps the range again: it joins the segment that ends where it
+                // begins, or stands alone.
+                let joins = segments
+                    .range(..=event.addr)
+                    .next_back()
+                    .filter(|(&base, &(total, _, _))| base + total == event.addr)
+                    .map(|(&base, _)| base);
+                match joins {
+                    Some(base) => {
+                        if let Some(entry) = segments.get_mut(&base) {
+                            entry.0 += event.size;
+                        }
+                    }
+                    None => {
+                        let pool = if event.size <= 2 << 20 {
+                            Pool::Small
+                        } else {
+                            Pool::Large
+                        };
+                        segments.insert(event.addr, (event.size, event.stream, pool));
+                    }
+                }
             }
             _ => {}
         }
@@ -276,7 +319,8 @@ pub fn replay(
     let device = device_of(snapshot);
     let capacity = options.capacity.unwrap_or(UNLIMITED_CAPACITY);
     let config = options.config.clone().untracked();
-    let alloc = CachingAllocator::new(SimDevice::phantom(capacity), config);
+    let sim = SimDevice::phantom(capacity);
+    let alloc = CachingAllocator::new(sim.clone(), config);
     let start = if options.reconstruct_start {
         initial_state(snapshot)
     } else {
@@ -319,6 +363,16 @@ pub fn replay(
             }
         }
     }
+
+    // New segments take the addresses the recorded run's got while the two runs agree, so that
+    // equal free blocks are told apart by address as they were there.
+    sim.plan_addresses(
+        snapshot
+            .events
+            .iter()
+            .filter(|e| e.device == device && e.kind == EventKind::SegmentAlloc)
+            .map(|e| (e.size, e.addr)),
+    );
 
     let events: Vec<_> = snapshot
         .events

@@ -1,0 +1,116 @@
+//! Fidelity against PyTorch's own allocator, measured on a GPU: the traces in
+//! `tests/data/torch_h200` were recorded by `scripts/torch_fidelity.py` on an NVIDIA H200 with
+//! torch 2.11 (a small transformer trained with varied batch shapes, in five allocator
+//! settings, two of them under `set_per_process_memory_fraction`), and `expected.json` holds
+//! what PyTorch's `memory_stats()` said at the end of each run. Replaying a trace through the
+//! `pytorch` policy with the same settings and cap must reproduce every one of those numbers.
+//! The stack frames were dropped from the pickles to keep them small.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use vramscope_allocator::AllocatorConfig;
+use vramscope_inspector::import;
+use vramscope_inspector::replay::{replay, ReplayOptions, ReplayResult};
+
+fn data() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/torch_h200")
+}
+
+fn expected() -> serde_json::Map<String, Value> {
+    let text = std::fs::read_to_string(data().join("expected.json")).unwrap();
+    serde_json::from_str::<Value>(&text)
+        .unwrap()
+        .as_object()
+        .unwrap()
+        .clone()
+}
+
+fn replay_case(case: &str, policy: Option<&str>) -> (ReplayResult, Value) {
+    let expected = expected()[case].clone();
+    let mut conf = expected["conf"].as_str().unwrap().to_string();
+    if let Some(policy) = policy {
+        conf = format!("{conf},policy:{policy}")
+            .trim_start_matches(',')
+            .to_string();
+    }
+    let snapshot = import::load(data().join(format!("{case}.pickle.gz"))).unwrap();
+    let options = ReplayOptions {
+        config: AllocatorConfig::parse(&conf).unwrap(),
+        capacity: expected["cap"].as_u64(),
+        ..ReplayOptions::default()
+    };
+    (replay(&snapshot, &options, &mut |_, _| {}), expected)
+}
+
+fn assert_reproduces_pytorch(case: &str) {
+    let (result, expected) = replay_case(case, None);
+    let theirs = |key: &str| expected[key].as_u64().unwrap();
+    let figures = &result.figures;
+    assert_eq!(
+        result.restored_segments, 0,
+        "{case}: recorded from an empty device"
+    );
+    assert_eq!(result.unmatched_frees, 0, "{case}");
+    let pairs = [
+        ("max_memory_reserved", figures.peak_reserved),
+        ("max_memory_allocated", figures.peak_allocated),
+        ("num_device_alloc", figures.segment_allocs),
+        ("num_device_free", figures.segment_frees),
+        ("num_alloc_retries", figures.num_alloc_retries),
+        ("num_ooms", figures.num_ooms),
+    ];
+    for (key, ours) in pairs {
+        assert_eq!(ours, Some(theirs(key)), "{case}: {key}");
+    }
+    // The trace's own record agrees with PyTorch's counters where it can tell.
+    assert_eq!(
+        result.original.peak_reserved,
+        Some(theirs("max_memory_reserved")),
+        "{case}"
+    );
+    assert_eq!(
+        result.original.segment_allocs,
+        Some(theirs("num_device_alloc")),
+        "{case}"
+    );
+}
+
+#[test]
+fn default_settings_reproduce_pytorch() {
+    assert_reproduces_pytorch("default");
+}
+
+#[test]
+fn a_memory_fraction_cap_reproduces_pytorchs_frees_and_retries() {
+    assert_reproduces_pytorch("default_capped");
+}
+
+#[test]
+fn expandable_segments_map_like_pytorch() {
+    assert_reproduces_pytorch("expandable");
+}
+
+#[test]
+fn max_split_size_and_garbage_collection_reproduce_pytorch() {
+    assert_reproduces_pytorch("split64_gc");
+}
+
+#[test]
+fn roundup_power2_divisions_reproduce_pytorch() {
+    assert_reproduces_pytorch("roundup4");
+}
+
+#[test]
+fn compact_reserves_no_more_than_pytorch_on_the_h200_traces() {
+    for case in ["default", "roundup4"] {
+        let (ours, _) = replay_case(case, None);
+        let (compact, _) = replay_case(case, Some("compact"));
+        assert!(
+            compact.figures.peak_reserved <= ours.figures.peak_reserved,
+            "{case}: compact {:?} > pytorch {:?}",
+            compact.figures.peak_reserved,
+            ours.figures.peak_reserved
+        );
+    }
+}

@@ -1,0 +1,182 @@
+"""vramscope's fidelity check against PyTorch's own CUDA caching allocator, on a GPU.
+
+For each case (allocator settings, and optionally a cap on what the allocator may reserve), a
+fresh Python process runs a small, deterministic transformer training loop with varied batch
+shapes, so the pools split, merge and fragment, with PyTorch's memory history on. It writes the
+snapshot and PyTorch's own counters (max_memory_reserved, max_memory_allocated, device
+allocations and frees, alloc retries, OOMs). Then `vramscope replay` replays the snapshot with the
+same settings and cap, and the two sets of numbers must be equal.
+
+  python3 scripts/torch_fidelity.py check --vramscope BIN --out DIR   every case; exit 1 on a difference
+  python3 scripts/torch_fidelity.py record DIR NAME [--limit-bytes N] one recording (used by check)
+
+A cap is applied with torch.cuda.set_per_process_memory_fraction, which makes PyTorch free its
+cache and retry (or run out of memory) where an uncapped run would reserve more; the replay is
+given the same cap as --capacity. scripts/gpu-check.sh runs `check`.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+# (name, PYTORCH_CUDA_ALLOC_CONF, capped): a capped case is capped a third of the way from the
+# default uncapped run's peak allocated to its peak reserved.
+CASES = [
+    ("default", "", False),
+    ("default_capped", "", True),
+    ("expandable", "expandable_segments:True", False),
+    ("split64_gc", "max_split_size_mb:64,garbage_collection_threshold:0.6", True),
+    ("roundup4", "roundup_power2_divisions:4", False),
+]
+
+COMPARED = [
+    ("peak reserved", "max_memory_reserved", "peak_reserved"),
+    ("peak allocated", "max_memory_allocated", "peak_allocated"),
+    ("device allocations", "num_device_alloc", "segment_allocs"),
+    ("device frees", "num_device_free", "segment_frees"),
+    ("alloc retries", "num_alloc_retries", "num_alloc_retries"),
+    ("OOMs", "num_ooms", "num_ooms"),
+]
+
+
+def workload(torch, steps: int) -> int:
+    """A training loop whose allocation sequence depends only on the seed and the shapes.
+
+    Returns how many out-of-memory errors it caught (it stops at the first)."""
+    torch.manual_seed(0)
+    vocab, width = 8192, 512
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(vocab, width),
+        *[torch.nn.TransformerEncoderLayer(width, 8, 4 * width, batch_first=True, dropout=0.0) for _ in range(4)],
+        torch.nn.Linear(width, vocab),
+    ).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+    kept = []
+    for step in range(steps):
+        batch = 4 + 3 * (step % 5)
+        length = 64 * (1 + (step * 7) % 6)
+        tokens = torch.randint(0, vocab, (batch, length), device="cuda")
+        try:
+            logits = model(tokens)
+            loss = torch.nn.functional.cross_entropy(logits.view(-1, vocab), tokens.view(-1))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            # Small, odd-sized tensors that outlive the step make holes in the small pool.
+            if step % 3 == 0:
+                kept.append(torch.empty(1000 + 37 * step, dtype=torch.uint8, device="cuda"))
+            # A large buffer that lives through part of the run.
+            if step == 4:
+                kept.append(torch.empty(300 << 20, dtype=torch.uint8, device="cuda"))
+            if step == 9:
+                kept = [t for t in kept if t.numel() < (1 << 20)]
+            del logits, loss
+        except torch.OutOfMemoryError:
+            return 1
+        finally:
+            del tokens
+    return 0
+
+
+def record(out_dir: str, name: str, limit: int | None) -> int:
+    """One recording, in this process: the settings come from PYTORCH_CUDA_ALLOC_CONF."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("skipped: torch sees no CUDA device")
+        return 2
+    total = torch.cuda.get_device_properties(0).total_memory
+    cap = None
+    if limit is not None:
+        fraction = limit / total
+        torch.cuda.set_per_process_memory_fraction(fraction, 0)
+        # PyTorch keeps the cap as size_t(fraction * total), computed in double precision.
+        cap = int(fraction * total)
+    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+    ooms_caught = workload(torch, steps=15)
+    torch.cuda.synchronize()
+    torch.cuda.memory._dump_snapshot(os.path.join(out_dir, name + ".pickle"))
+    stats = torch.cuda.memory_stats(0)
+    result = {
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(0),
+        "conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        "cap": cap,
+        "ooms_caught": ooms_caught,
+        "max_memory_reserved": torch.cuda.max_memory_reserved(0),
+        "max_memory_allocated": torch.cuda.max_memory_allocated(0),
+    }
+    for key in ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms"):
+        result[key] = stats.get(key)
+    with open(os.path.join(out_dir, name + ".json"), "w") as f:
+        json.dump(result, f, indent=1)
+    return 0
+
+
+def replay(vramscope: str, pickle: str, conf: str, cap: int | None, policy: str | None = None) -> dict:
+    command = [vramscope, "replay", "--format", "json", "--conf", conf, pickle]
+    if cap is not None:
+        command += ["--capacity", str(cap)]
+    if policy is not None:
+        command += ["--policy", policy]
+    return json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+
+
+def check(vramscope: str, out_dir: str) -> int:
+    os.makedirs(out_dir, exist_ok=True)
+    differences = 0
+    limit = None
+    for name, conf, capped in CASES:
+        env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=conf)
+        command = [sys.executable, __file__, "record", out_dir, name]
+        if capped:
+            command += ["--limit-bytes", str(limit)]
+        status = subprocess.run(command, env=env).returncode
+        if status == 2:
+            return 2
+        if status != 0:
+            print(f"{name}: the recording failed (exit status {status})")
+            differences += 1
+            continue
+        with open(os.path.join(out_dir, name + ".json")) as f:
+            theirs = json.load(f)
+        if name == "default":
+            allocated = theirs["max_memory_allocated"]
+            limit = allocated + (theirs["max_memory_reserved"] - allocated) // 3
+        ours = replay(vramscope, os.path.join(out_dir, name + ".pickle"), conf, theirs["cap"])
+        with open(os.path.join(out_dir, name + ".replay.json"), "w") as f:
+            json.dump(ours, f, indent=1)
+        print(f"\n{name}: PYTORCH_CUDA_ALLOC_CONF={conf!r}, cap {theirs['cap']}, "
+              f"torch {theirs['torch']} on {theirs['device']}")
+        print(f"  {'':20} {'pytorch':>14} {'vramscope':>14}")
+        for label, their_key, our_key in COMPARED:
+            same = theirs[their_key] is None or theirs[their_key] == ours[our_key]
+            differences += not same
+            print(f"  {label:20} {str(theirs[their_key]):>14} {ours[our_key]:>14}  {'same' if same else 'DIFFERENT'}")
+        if name == "default":
+            compact = replay(vramscope, os.path.join(out_dir, name + ".pickle"), conf, None, "compact")
+            worse = compact["peak_reserved"] > ours["peak_reserved"]
+            differences += worse
+            print(f"  compact policy: peak reserved {compact['peak_reserved']} "
+                  f"({compact['peak_reserved'] / compact['peak_allocated']:.3f}x peak allocated), "
+                  f"{compact['segment_allocs']} device allocations"
+                  f"{'  MORE THAN PYTORCH' if worse else ''}")
+    print(f"\nfidelity: {len(CASES)} cases, {differences} difference(s)")
+    return 1 if differences else 0
+
+
+def main() -> int:
+    if len(sys.argv) >= 4 and sys.argv[1] == "record":
+        limit = None
+        if "--limit-bytes" in sys.argv:
+            limit = int(sys.argv[sys.argv.index("--limit-bytes") + 1])
+        return record(sys.argv[2], sys.argv[3], limit)
+    if len(sys.argv) == 6 and sys.argv[1] == "check" and sys.argv[2] == "--vramscope" and sys.argv[4] == "--out":
+        return check(sys.argv[3], sys.argv[5])
+    print(__doc__)
+    return 64
+
+
+if __name__ == "__main__":
+    sys.exit(main())
