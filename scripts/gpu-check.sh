@@ -148,7 +148,7 @@ if python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
             python3 "$ROOT/examples/pytorch_pluggable.py" &&
         "$ROOT/$BUNDLE/vramscope" report pluggable_snapshot.json &&
         "$ROOT/$BUNDLE/vramscope" summary pluggable_exit.json'
-    step "pytorch fidelity: its allocator and vramscope's replay, in five settings" 300 \
+    step "pytorch fidelity: its allocator and vramscope's replay, in nine cases" 300 \
         python3 scripts/torch_fidelity.py check --vramscope "$BUNDLE/vramscope" --out "$OUT_DIR/fidelity"
 else
     echo "skipped: no python3 with a CUDA-enabled torch here; the PyTorch steps did not run"

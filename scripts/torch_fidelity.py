@@ -8,7 +8,8 @@ allocations and frees, alloc retries, OOMs). Then `vramscope replay` replays the
 same settings and cap, and the two sets of numbers must be equal.
 
   python3 scripts/torch_fidelity.py check --vramscope BIN --out DIR   every case; exit 1 on a difference
-  python3 scripts/torch_fidelity.py record DIR NAME [--limit-bytes N] one recording (used by check)
+  python3 scripts/torch_fidelity.py record DIR NAME [--limit-bytes N] [--side-stream]
+                                                                      one recording (used by check)
 
 A cap is applied with torch.cuda.set_per_process_memory_fraction, which makes PyTorch free its
 cache and retry (or run out of memory) where an uncapped run would reserve more; the replay is
@@ -20,14 +21,20 @@ import os
 import subprocess
 import sys
 
-# (name, PYTORCH_CUDA_ALLOC_CONF, capped): a capped case is capped a third of the way from the
-# default uncapped run's peak allocated to its peak reserved.
+# (name, PYTORCH_CUDA_ALLOC_CONF, capped from, side stream): a capped case is capped a third of
+# the way from the named earlier (uncapped) case's peak allocated to its peak reserved; a case
+# with a side stream allocates some tensors on a second stream and frees them after use on the
+# first (record_stream), so their frees wait for the first stream.
 CASES = [
-    ("default", "", False),
-    ("default_capped", "", True),
-    ("expandable", "expandable_segments:True", False),
-    ("split64_gc", "max_split_size_mb:64,garbage_collection_threshold:0.6", True),
-    ("roundup4", "roundup_power2_divisions:4", False),
+    ("default", "", None, False),
+    ("default_capped", "", "default", False),
+    ("expandable", "expandable_segments:True", None, False),
+    ("expandable_capped", "expandable_segments:True", "expandable", False),
+    ("split64_gc", "max_split_size_mb:64,garbage_collection_threshold:0.6", "default", False),
+    ("split64", "max_split_size_mb:64", None, False),
+    ("gc80_capped", "garbage_collection_threshold:0.8", "default", False),
+    ("roundup4", "roundup_power2_divisions:4", None, False),
+    ("streams", "", None, True),
 ]
 
 COMPARED = [
@@ -40,7 +47,7 @@ COMPARED = [
 ]
 
 
-def workload(torch, steps: int) -> int:
+def workload(torch, steps: int, side_stream: bool) -> int:
     """A training loop whose allocation sequence depends only on the seed and the shapes.
 
     Returns how many out-of-memory errors it caught (it stops at the first)."""
@@ -53,6 +60,7 @@ def workload(torch, steps: int) -> int:
     ).cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
     kept = []
+    side = torch.cuda.Stream() if side_stream else None
     for step in range(steps):
         batch = 4 + 3 * (step % 5)
         length = 64 * (1 + (step * 7) % 6)
@@ -72,6 +80,16 @@ def workload(torch, steps: int) -> int:
             if step == 9:
                 kept = [t for t in kept if t.numel() < (1 << 20)]
             del logits, loss
+            if side is not None and step % 2 == 1:
+                # Made on the side stream, used and freed on the main one.
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    noise = torch.randn(batch * length, width, device="cuda")
+                    scaled = noise * 2.0
+                torch.cuda.current_stream().wait_stream(side)
+                scaled.record_stream(torch.cuda.current_stream())
+                total = scaled.sum()
+                del noise, scaled, total
         except torch.OutOfMemoryError:
             return 1
         finally:
@@ -79,7 +97,7 @@ def workload(torch, steps: int) -> int:
     return 0
 
 
-def record(out_dir: str, name: str, limit: int | None) -> int:
+def record(out_dir: str, name: str, limit: int | None, side_stream: bool) -> int:
     """One recording, in this process: the settings come from PYTORCH_CUDA_ALLOC_CONF."""
     import torch
 
@@ -94,7 +112,7 @@ def record(out_dir: str, name: str, limit: int | None) -> int:
         # PyTorch keeps the cap as size_t(fraction * total), computed in double precision.
         cap = int(fraction * total)
     torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
-    ooms_caught = workload(torch, steps=15)
+    ooms_caught = workload(torch, steps=15, side_stream=side_stream)
     torch.cuda.synchronize()
     torch.cuda.memory._dump_snapshot(os.path.join(out_dir, name + ".pickle"))
     stats = torch.cuda.memory_stats(0)
@@ -126,12 +144,14 @@ def replay(vramscope: str, pickle: str, conf: str, cap: int | None, policy: str 
 def check(vramscope: str, out_dir: str) -> int:
     os.makedirs(out_dir, exist_ok=True)
     differences = 0
-    limit = None
-    for name, conf, capped in CASES:
+    limits = {}
+    for name, conf, capped_from, side_stream in CASES:
         env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=conf)
         command = [sys.executable, __file__, "record", out_dir, name]
-        if capped:
-            command += ["--limit-bytes", str(limit)]
+        if capped_from is not None:
+            command += ["--limit-bytes", str(limits[capped_from])]
+        if side_stream:
+            command.append("--side-stream")
         status = subprocess.run(command, env=env).returncode
         if status == 2:
             return 2
@@ -141,9 +161,8 @@ def check(vramscope: str, out_dir: str) -> int:
             continue
         with open(os.path.join(out_dir, name + ".json")) as f:
             theirs = json.load(f)
-        if name == "default":
-            allocated = theirs["max_memory_allocated"]
-            limit = allocated + (theirs["max_memory_reserved"] - allocated) // 3
+        allocated = theirs["max_memory_allocated"]
+        limits[name] = allocated + (theirs["max_memory_reserved"] - allocated) // 3
         ours = replay(vramscope, os.path.join(out_dir, name + ".pickle"), conf, theirs["cap"])
         with open(os.path.join(out_dir, name + ".replay.json"), "w") as f:
             json.dump(ours, f, indent=1)
@@ -171,7 +190,7 @@ def main() -> int:
         limit = None
         if "--limit-bytes" in sys.argv:
             limit = int(sys.argv[sys.argv.index("--limit-bytes") + 1])
-        return record(sys.argv[2], sys.argv[3], limit)
+        return record(sys.argv[2], sys.argv[3], limit, "--side-stream" in sys.argv)
     if len(sys.argv) == 6 and sys.argv[1] == "check" and sys.argv[2] == "--vramscope" and sys.argv[4] == "--out":
         return check(sys.argv[3], sys.argv[5])
     print(__doc__)

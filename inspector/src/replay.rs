@@ -110,6 +110,9 @@ pub struct ReplayResult {
     pub restored_blocks: u64,
     /// Frees of blocks the replay never saw allocated (outside any reconstructed segment).
     pub unmatched_frees: u64,
+    /// Requests that failed in the trace (its OOM events) but were served in the replay, which
+    /// freed them at once: the program that failed there would have run on.
+    pub trace_ooms_served: u64,
     /// The same figures read from the trace.
     pub original: Figures,
 }
@@ -378,11 +381,16 @@ pub fn replay(
         .events
         .iter()
         .filter(|e| {
-            e.device == device && matches!(e.kind, EventKind::Alloc | EventKind::FreeCompleted)
+            e.device == device
+                && matches!(
+                    e.kind,
+                    EventKind::Alloc | EventKind::FreeCompleted | EventKind::Oom
+                )
         })
         .collect();
     let total = events.len();
     let mut unmatched_frees = 0;
+    let mut trace_ooms_served = 0;
     // The replay is the allocator's only user: hold its lock for the whole sequence.
     let mut exclusive = alloc.exclusive();
     for (i, event) in events.iter().enumerate() {
@@ -415,6 +423,25 @@ pub fn replay(
                     }
                 }
             }
+            // A request that failed in the trace (`size` is the request rounded, `addr` the
+            // device's free memory then) is tried here too: it frees cached memory and retries
+            // as it did there, and fails or is served and given back.
+            EventKind::Oom => match exclusive.alloc_ptr(event.size, StreamId(event.stream)) {
+                Ok(ours) => {
+                    trace_ooms_served += 1;
+                    let _ = exclusive.free_ptr(ours);
+                }
+                Err(AllocError::OutOfMemory(report)) => {
+                    first_oom.get_or_insert(FirstOom {
+                        seq: event.seq,
+                        step: event.step,
+                        requested: event.size,
+                        allocated: report.allocated,
+                        reserved: report.reserved,
+                    });
+                }
+                Err(_) => {}
+            },
             _ => match addresses.remove(&event.addr) {
                 Some(ours) => {
                     // The replay frees only what it allocated, so this cannot fail.
@@ -446,6 +473,7 @@ pub fn replay(
         restored_segments,
         restored_blocks,
         unmatched_frees,
+        trace_ooms_served,
         original,
     }
 }

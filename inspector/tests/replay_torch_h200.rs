@@ -1,9 +1,10 @@
 //! Fidelity against PyTorch's own allocator, measured on a GPU: the traces in
 //! `tests/data/torch_h200` were recorded by `scripts/torch_fidelity.py` on an NVIDIA H200 with
-//! torch 2.11 (a small transformer trained with varied batch shapes, in five allocator
-//! settings, two of them under `set_per_process_memory_fraction`), and `expected.json` holds
-//! what PyTorch's `memory_stats()` said at the end of each run. Replaying a trace through the
-//! `pytorch` policy with the same settings and cap must reproduce every one of those numbers.
+//! torch 2.11 (a small transformer trained with varied batch shapes, in nine cases: allocator
+//! settings, caps set with `set_per_process_memory_fraction`, a side stream with
+//! `record_stream`), and `expected.json` holds what PyTorch's `memory_stats()` said at the end
+//! of each run. Replaying a trace through the `pytorch` policy with the same settings and cap
+//! must reproduce every one of those numbers; the one known exception is named in its test.
 //! The stack frames were dropped from the pickles to keep them small.
 
 use std::path::{Path, PathBuf};
@@ -44,6 +45,11 @@ fn replay_case(case: &str, policy: Option<&str>) -> (ReplayResult, Value) {
 }
 
 fn assert_reproduces_pytorch(case: &str) {
+    assert_reproduces_pytorch_except(case, &[]);
+}
+
+/// Like `assert_reproduces_pytorch`, but leaves out the counters named in `unmatched`.
+fn assert_reproduces_pytorch_except(case: &str, unmatched: &[&str]) {
     let (result, expected) = replay_case(case, None);
     let theirs = |key: &str| expected[key].as_u64().unwrap();
     let figures = &result.figures;
@@ -52,6 +58,7 @@ fn assert_reproduces_pytorch(case: &str) {
         "{case}: recorded from an empty device"
     );
     assert_eq!(result.unmatched_frees, 0, "{case}");
+    assert_eq!(result.trace_ooms_served, 0, "{case}");
     let pairs = [
         ("max_memory_reserved", figures.peak_reserved),
         ("max_memory_allocated", figures.peak_allocated),
@@ -61,7 +68,9 @@ fn assert_reproduces_pytorch(case: &str) {
         ("num_ooms", figures.num_ooms),
     ];
     for (key, ours) in pairs {
-        assert_eq!(ours, Some(theirs(key)), "{case}: {key}");
+        if !unmatched.contains(&key) {
+            assert_eq!(ours, Some(theirs(key)), "{case}: {key}");
+        }
     }
     // The trace's own record agrees with PyTorch's counters where it can tell.
     assert_eq!(
@@ -92,8 +101,35 @@ fn expandable_segments_map_like_pytorch() {
 }
 
 #[test]
+fn expandable_segments_under_a_cap_run_out_of_memory_like_pytorch() {
+    // PyTorch ran out of memory once (after freeing its cache and retrying), like the replay.
+    // Known difference: PyTorch's retry also unmaps free pages in the middle of an expandable
+    // segment (3 unmaps here); vramscope unmaps only a segment's free tail (2).
+    assert_reproduces_pytorch_except("expandable_capped", &["num_device_free"]);
+    let (result, expected) = replay_case("expandable_capped", None);
+    assert_eq!(expected["num_ooms"], 1);
+    let oom = result.first_oom.expect("the replay runs out of memory too");
+    assert_eq!(oom.requested, 128 << 20);
+}
+
+#[test]
+fn max_split_size_reproduces_pytorch() {
+    assert_reproduces_pytorch("split64");
+}
+
+#[test]
 fn max_split_size_and_garbage_collection_reproduce_pytorch() {
     assert_reproduces_pytorch("split64_gc");
+}
+
+#[test]
+fn garbage_collection_under_a_cap_reproduces_pytorch() {
+    assert_reproduces_pytorch("gc80_capped");
+}
+
+#[test]
+fn a_side_stream_with_record_stream_reproduces_pytorch() {
+    assert_reproduces_pytorch("streams");
 }
 
 #[test]
