@@ -627,6 +627,12 @@ pub fn render_text(source: &str, result: &ReplayResult) -> String {
             result.unmatched_frees
         ));
     }
+    if result.trace_ooms_served > 0 {
+        out.push_str(&format!(
+            "  requests that ran out of memory in the trace but were served here (and freed at once): {}\n",
+            result.trace_ooms_served
+        ));
+    }
     out
 }
 
