@@ -24,7 +24,9 @@ pub enum Policy {
     Pytorch,
     /// PyTorch's best fit over page-mapped segments that grow in place (one per stream and
     /// pool), whatever `expandable_segments` says: no 2 MiB or 20 MiB segment rounding, free
-    /// tails unmapped by `empty_cache`. Reserves the least memory for the same work.
+    /// tails unmapped by `empty_cache`. Usually reserves less than PyTorch's expandable
+    /// segments (their 20 MiB pages leave up to 20 MiB unused at a segment's end), though not
+    /// on every trace: placement decides the rest (BENCHMARKS.md).
     Compact,
 }
 
