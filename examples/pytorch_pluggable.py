@@ -8,6 +8,7 @@ Settings come from the environment: VRAMSCOPE_ALLOC_CONF (PYTORCH_CUDA_ALLOC_CON
 VRAMSCOPE_SNAPSHOT_ON_EXIT (a JSON snapshot written when the process exits).
 """
 
+import contextlib
 import ctypes
 import os
 import sys
@@ -27,6 +28,20 @@ torch.cuda.memory.change_current_allocator(allocator)
 vramscope = ctypes.CDLL(LIB)
 vramscope.vramscope_memory_summary.restype = ctypes.c_ssize_t
 vramscope.vramscope_snapshot.argtypes = [ctypes.c_char_p]
+vramscope.vramscope_push_scope.argtypes = [ctypes.c_int, ctypes.c_char_p]
+
+
+@contextlib.contextmanager
+def scope(name: str):
+    """Names the allocations this thread makes inside the block. Through the pluggable
+    allocator vramscope sees no Python stack, so scopes are what tell the allocations apart in
+    the snapshot and the dashboard. The backward pass runs on autograd's own thread: its
+    allocations carry no scope."""
+    vramscope.vramscope_push_scope(torch.cuda.current_device(), name.encode())
+    try:
+        yield
+    finally:
+        vramscope.vramscope_pop_scope()
 
 
 def memory_summary(device: int = 0) -> str:
@@ -41,10 +56,12 @@ optimizer = torch.optim.AdamW(model.parameters())
 losses = []
 for step in range(20):
     vramscope.vramscope_mark_step()
-    x = torch.randn(256, 1024, device="cuda")
-    loss = model(x).square().mean()
+    with scope("forward"):
+        x = torch.randn(256, 1024, device="cuda")
+        loss = model(x).square().mean()
     loss.backward()
-    optimizer.step()
+    with scope("optimizer"):
+        optimizer.step()
     optimizer.zero_grad()
     losses.append(loss.item())  # a host number: no leak
 

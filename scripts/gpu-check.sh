@@ -146,6 +146,7 @@ if python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
         cd "$OUT_DIR" &&
         VRAMSCOPE_LIB="$ROOT/$BUNDLE/libvramscope_ffi.so" VRAMSCOPE_SNAPSHOT_ON_EXIT=pluggable_exit.json \
             python3 "$ROOT/examples/pytorch_pluggable.py" &&
+        python3 -c "import json; scopes = set(json.load(open(\"pluggable_snapshot.json\"))[\"scopes\"]); print(\"scopes:\", sorted(scopes)); assert {\"forward\", \"optimizer\"} <= scopes" &&
         "$ROOT/$BUNDLE/vramscope" report pluggable_snapshot.json &&
         "$ROOT/$BUNDLE/vramscope" summary pluggable_exit.json'
     step "pytorch fidelity: its allocator and vramscope's replay, in nine cases" 300 \

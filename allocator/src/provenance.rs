@@ -58,7 +58,8 @@ pub(crate) fn push_scope(owner: u64, id: u32) {
 }
 
 pub(crate) fn pop_scope(owner: u64, id: u32) {
-    SCOPES.with(|stack| {
+    // A guard dropped while the thread exits may find the stack already gone: nothing to pop.
+    let _ = SCOPES.try_with(|stack| {
         let mut stack = stack.borrow_mut();
         if let Some(pos) = stack.iter().rposition(|entry| *entry == (owner, id)) {
             stack.remove(pos);

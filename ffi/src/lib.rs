@@ -11,17 +11,23 @@
 //! a snapshot written when the process exits, and with `VRAMSCOPE_LISTEN` the live telemetry
 //! that `vramscope top` attaches to.
 //!
+//! Through this ABI vramscope sees no caller's stack (PyTorch calls in from C++), so every
+//! allocation has the same call site; [`vramscope_push_scope`] and [`vramscope_pop_scope`] let
+//! the program name what it is doing instead, and the snapshot and the dashboard show those
+//! scopes.
+//!
 //! Misuse never aborts the host process: a free of an unknown or already-freed pointer, a
 //! negative size or a bad device is counted ([`vramscope_error_count`]) and logged to standard
 //! error, and the call returns.
 
+use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use vramscope_allocator::any::DeviceBackend;
 use vramscope_allocator::telemetry::Telemetry;
-use vramscope_allocator::{AllocError, AllocatorConfig, CachingAllocator, StreamId};
+use vramscope_allocator::{AllocError, AllocatorConfig, CachingAllocator, ScopeGuard, StreamId};
 
 /// Devices this library serves (ordinals `0..MAX_DEVICES`).
 pub const MAX_DEVICES: usize = 64;
@@ -39,6 +45,11 @@ static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
 static EXIT_HOOK: AtomicBool = AtomicBool::new(false);
 /// The live-telemetry publisher (`VRAMSCOPE_LISTEN`), serving the first device opened.
 static TELEMETRY: Mutex<Option<Telemetry>> = Mutex::new(None);
+
+thread_local! {
+    /// The scopes this thread opened with [`vramscope_push_scope`], innermost last.
+    static OPEN_SCOPES: RefCell<Vec<ScopeGuard>> = const { RefCell::new(Vec::new()) };
+}
 
 /// Counts a misuse or failure and logs it to standard error (never panics).
 fn report_error(message: String) {
@@ -123,6 +134,51 @@ pub extern "C" fn vramscope_malloc(size: isize, device: c_int, stream: *mut c_vo
         Err(e) => {
             report_error(format!("vramscope_malloc: {e}"));
             std::ptr::null_mut()
+        }
+    }
+}
+
+/// Opens a scope named `name` on the calling thread: the allocations this thread makes on
+/// `device` carry it, nested in the scopes it already has open there, until
+/// [`vramscope_pop_scope`]. PyTorch calls `alloc_fn` on the thread that runs the operation, so
+/// a Python `with` block around a forward pass names its allocations (not those of the
+/// backward pass, which autograd runs on a thread of its own). Returns 0, or -1 for a null or
+/// non-UTF-8 name or a device that cannot be served (counted and logged).
+///
+/// # Safety
+///
+/// `name` must be null or point to a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn vramscope_push_scope(device: c_int, name: *const c_char) -> c_int {
+    if name.is_null() {
+        report_error("vramscope_push_scope: null name".to_string());
+        return -1;
+    }
+    // SAFETY: the caller promises a NUL-terminated string, checked non-null above.
+    let Ok(name) = unsafe { CStr::from_ptr(name) }.to_str() else {
+        report_error("vramscope_push_scope: the name is not UTF-8".to_string());
+        return -1;
+    };
+    let Some(alloc) = allocator(device) else {
+        return -1;
+    };
+    let guard = alloc.scope(name);
+    OPEN_SCOPES.with(|scopes| scopes.borrow_mut().push(guard));
+    0
+}
+
+/// Closes the innermost scope the calling thread opened with [`vramscope_push_scope`]. Returns
+/// 0, or -1 when the thread has none open (counted and logged).
+#[no_mangle]
+pub extern "C" fn vramscope_pop_scope() -> c_int {
+    match OPEN_SCOPES.with(|scopes| scopes.borrow_mut().pop()) {
+        Some(guard) => {
+            drop(guard);
+            0
+        }
+        None => {
+            report_error("vramscope_pop_scope: no scope is open on this thread".to_string());
+            -1
         }
     }
 }

@@ -116,6 +116,63 @@ fn writes_a_snapshot_on_request() {
     std::fs::remove_file(path).ok();
 }
 
+#[test]
+fn scopes_opened_through_the_abi_name_the_allocations() {
+    type PushScope = unsafe extern "C" fn(c_int, *const c_char) -> c_int;
+    type PopScope = unsafe extern "C" fn() -> c_int;
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lib = load();
+    let path =
+        std::env::temp_dir().join(format!("vramscope-ffi-scopes-{}.json", std::process::id()));
+    let c_path = CString::new(path.to_str().unwrap()).unwrap();
+    let model = CString::new("model").unwrap();
+    let layer = CString::new("layer1").unwrap();
+    let mut sizes_and_blocks = Vec::new();
+    // SAFETY: each symbol is looked up with the signature it is defined with in src/lib.rs;
+    // names are NUL-terminated or, where misuse is the point, null.
+    unsafe {
+        let malloc: Symbol<Malloc> = lib.get(b"vramscope_malloc").unwrap();
+        let free: Symbol<Free> = lib.get(b"vramscope_free").unwrap();
+        let push: Symbol<PushScope> = lib.get(b"vramscope_push_scope").unwrap();
+        let pop: Symbol<PopScope> = lib.get(b"vramscope_pop_scope").unwrap();
+        let errors: Symbol<Counter> = lib.get(b"vramscope_error_count").unwrap();
+        let snapshot: Symbol<Snapshot> = lib.get(b"vramscope_snapshot").unwrap();
+        assert_eq!(push(0, model.as_ptr()), 0);
+        sizes_and_blocks.push((7001, malloc(7001, 0, std::ptr::null_mut())));
+        assert_eq!(push(0, layer.as_ptr()), 0);
+        sizes_and_blocks.push((7002, malloc(7002, 0, std::ptr::null_mut())));
+        assert_eq!(pop(), 0);
+        assert_eq!(pop(), 0);
+        sizes_and_blocks.push((7003, malloc(7003, 0, std::ptr::null_mut())));
+        let before = errors();
+        assert_eq!(pop(), -1, "no scope is open");
+        assert_eq!(push(0, std::ptr::null()), -1, "a null name");
+        assert_eq!(errors(), before + 2);
+        assert_eq!(snapshot(c_path.as_ptr()), 0);
+        for &(size, block) in &sizes_and_blocks {
+            assert!(!block.is_null());
+            free(block, size as isize, 0, std::ptr::null_mut());
+        }
+    }
+    let snap = vramscope_allocator_snapshot(&path);
+    let scope_of = |requested: u64| {
+        let block = snap["segments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|s| s["blocks"].as_array().unwrap())
+            .find(|b| b["requested_size"] == requested)
+            .unwrap_or_else(|| panic!("no block of {requested} bytes"));
+        block["scope"]
+            .as_u64()
+            .map(|id| snap["scopes"][id as usize].as_str().unwrap().to_string())
+    };
+    assert_eq!(scope_of(7001).as_deref(), Some("model"));
+    assert_eq!(scope_of(7002).as_deref(), Some("model/layer1"));
+    assert_eq!(scope_of(7003), None);
+    std::fs::remove_file(path).ok();
+}
+
 fn vramscope_allocator_snapshot(path: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
