@@ -522,6 +522,13 @@ impl State {
             .map(|i| i as u16)
     }
 
+    /// Whether block `id` ends its segment and the segment is expandable: the block borders
+    /// the segment's unmapped rest.
+    fn borders_unmapped(&self, id: u32) -> bool {
+        let block = self.blocks.get(id);
+        block.next == NIL && self.segments.get(block.segment).expandable
+    }
+
     /// Whether a segment has no live (allocated or pending) block: it is one free block.
     fn is_idle(&self, segment: &SegmentMeta) -> bool {
         segment.first == NIL
@@ -1141,8 +1148,18 @@ impl<B: Backend> CachingAllocator<B> {
     ) -> Option<Found> {
         let max_split = self.shared.max_split;
         let list = state.find_list(stream, pool)?;
+        let (mut at, mut key, mut id) = state.free_lists[list as usize]
+            .blocks
+            .find_from(free_key(rounded, 0))?;
+        if self.shared.expandable_segments && state.borders_unmapped(id) {
+            // PyTorch sizes a free block that borders an expandable segment's unmapped rest by
+            // what it could grow to, so the best fit passes over it to the next larger free
+            // block, keeping the room at the segment's end for growth.
+            if let Some(larger) = state.free_lists[list as usize].blocks.find_from(key + 1) {
+                (at, key, id) = larger;
+            }
+        }
         let blocks = &mut state.free_lists[list as usize].blocks;
-        let (at, key, id) = blocks.find_from(free_key(rounded, 0))?;
         let size = (key >> 64) as u64;
         if max_split != u64::MAX {
             if rounded < max_split && size >= max_split {

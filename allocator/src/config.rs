@@ -24,9 +24,9 @@ pub enum Policy {
     Pytorch,
     /// PyTorch's best fit over page-mapped segments that grow in place (one per stream and
     /// pool), whatever `expandable_segments` says: no 2 MiB or 20 MiB segment rounding, free
-    /// tails unmapped by `empty_cache`. Usually reserves less than PyTorch's expandable
-    /// segments (their 20 MiB pages leave up to 20 MiB unused at a segment's end), though not
-    /// on every trace: placement decides the rest (BENCHMARKS.md).
+    /// tails unmapped by `empty_cache`. On the traces measured it reserves no more than
+    /// PyTorch's expandable segments, whose 20 MiB pages can leave up to 20 MiB mapped and
+    /// unused at a segment's end, and it makes more map calls (BENCHMARKS.md).
     Compact,
 }
 

@@ -410,6 +410,22 @@ fn expandable_segments_grow_in_place_and_trim() {
 }
 
 #[test]
+fn best_fit_passes_over_the_free_end_of_an_expandable_segment() {
+    // PyTorch sizes the free block at an expandable segment's end by what it could grow to, so
+    // a request that fits both it and a larger free block elsewhere takes the larger one.
+    let (_, alloc) = phantom(1 << 30, "expandable_segments:True");
+    let a = alloc.alloc(6 * MIB).unwrap();
+    let base = a.addr();
+    let _b = alloc.alloc(10 * MIB).unwrap();
+    // One 20 MiB page: [a 6][b 10][free end 4].
+    drop(a);
+    let c = alloc.alloc(3 * MIB).unwrap();
+    assert_eq!(c.addr(), base, "the 6 MiB hole, not the 4 MiB free end");
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 20 * MIB);
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
 fn compact_fits_where_20_mib_segments_and_pages_do_not() {
     // On a 16 MiB device a 3 MiB request needs a 20 MiB segment without expandable segments,
     // and a 20 MiB page with them; the `compact` policy maps only the 8 MiB it needs.
