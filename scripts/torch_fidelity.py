@@ -37,11 +37,9 @@ CASES = [
     ("streams", "", None, True),
 ]
 
-# Differences understood and not yet removed: reported, not counted as failures.
-KNOWN = {
-    ("expandable_capped", "device frees"): "PyTorch's retry also unmaps free pages inside an "
-    "expandable segment; vramscope unmaps only a segment's free tail",
-}
+# Differences understood and not yet removed, as {(case, figure): why}: reported, not counted
+# as failures. None at present.
+KNOWN: dict[tuple[str, str], str] = {}
 
 COMPARED = [
     ("peak reserved", "max_memory_reserved", "peak_reserved"),

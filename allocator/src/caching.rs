@@ -64,6 +64,9 @@ const PENDING_FREE: u8 = 2;
 /// The allocated block belongs to a `DeviceBuffer`, which frees it by block id; it has no
 /// entry in the raw-pointer map.
 const BUFFER_OWNED: u8 = 4;
+/// An unmapped page range inside an expandable segment (after a release unmapped the free
+/// pages there): neither free nor allocated, in no free list.
+const UNMAPPED: u8 = 8;
 
 /// Allocator-side metadata of one block: 48 bytes.
 #[derive(Clone, Copy, Debug)]
@@ -103,6 +106,9 @@ struct SegmentMeta {
     size: u64,
     /// Address space reserved (expandable segments only).
     reserved: u64,
+    /// Bytes of `UNMAPPED` blocks inside `size` (expandable segments only): the segment's
+    /// blocks cover `size` bytes, of which `size - holes` are mapped.
+    holes: u64,
     stream: StreamId,
     pool: Pool,
     expandable: bool,
@@ -522,11 +528,114 @@ impl State {
             .map(|i| i as u16)
     }
 
-    /// Whether block `id` ends its segment and the segment is expandable: the block borders
-    /// the segment's unmapped rest.
-    fn borders_unmapped(&self, id: u32) -> bool {
-        let block = self.blocks.get(id);
-        block.next == NIL && self.segments.get(block.segment).expandable
+    /// PyTorch's `find_expandable_block` within expandable `segment`: where room for `size`
+    /// bytes starts. Unmapped ranges are tried lowest first (holes, then the unmapped rest at
+    /// the end); the room starts at the free block just before the range if there is one, and
+    /// runs on over free and unmapped ranges. Returns the block it starts at, `NIL` for the
+    /// unmapped rest at the end, or `None` when nothing has room.
+    fn expandable_room(&self, segment: u32, size: u64) -> Option<u32> {
+        let seg = self.segments.get(segment);
+        let end_room = seg.reserved - seg.size;
+        let mut id = seg.first;
+        while id != NIL {
+            let b = self.blocks.get(id);
+            if b.flags & UNMAPPED != 0 {
+                let start = if b.prev != NIL && self.blocks.get(b.prev).is_free() {
+                    b.prev
+                } else {
+                    id
+                };
+                if self.room_from(start, end_room) >= size {
+                    return Some(start);
+                }
+            }
+            id = b.next;
+        }
+        let start = if seg.last != NIL && self.blocks.get(seg.last).is_free() {
+            seg.last
+        } else {
+            NIL
+        };
+        let room = if start == NIL {
+            end_room
+        } else {
+            self.blocks.get(start).size + end_room
+        };
+        (room >= size).then_some(start)
+    }
+
+    /// Bytes of free and unmapped address space from block `start` on, through the end's
+    /// `end_room` when the run reaches it.
+    fn room_from(&self, start: u32, end_room: u64) -> u64 {
+        let mut room = 0;
+        let mut id = start;
+        while id != NIL {
+            let b = self.blocks.get(id);
+            if !b.is_free() && b.flags & UNMAPPED == 0 {
+                return room;
+            }
+            room += b.size;
+            id = b.next;
+        }
+        room + end_room
+    }
+
+    /// Bytes of unmapped address space right after block `id`, which a best fit counts as
+    /// room the block can grow into: `None` outside expandable segments.
+    fn unmapped_after(&self, id: u32) -> Option<u64> {
+        let b = self.blocks.get(id);
+        let seg = self.segments.get(b.segment);
+        if !seg.expandable {
+            return None;
+        }
+        Some(if b.next == NIL {
+            seg.reserved - seg.size
+        } else {
+            let next = self.blocks.get(b.next);
+            if next.flags & UNMAPPED != 0 {
+                next.size
+            } else {
+                0
+            }
+        })
+    }
+
+    /// Merges the free block `id` (in no free list) with its free neighbours and puts the
+    /// result in its free list; returns the merged block.
+    fn merge_into_free(&mut self, id: u32) -> u32 {
+        let b = *self.blocks.get(id);
+        if b.prev != NIL && self.blocks.get(b.prev).is_free() {
+            self.absorb_prev(id, b.prev);
+        }
+        let next = self.blocks.get(id).next;
+        if next != NIL && self.blocks.get(next).is_free() {
+            self.absorb_next(id, next);
+        }
+        self.insert_free(id);
+        id
+    }
+
+    /// Merges the unmapped block `other`, a neighbour of the unmapped block `id`, into `id`.
+    fn absorb_unmapped(&mut self, id: u32, other: u32) {
+        let o = self.blocks.remove(other);
+        let b = self.blocks.get_mut(id);
+        b.size += o.size;
+        if o.addr < b.addr {
+            b.addr = o.addr;
+            b.prev = o.prev;
+            if o.prev != NIL {
+                self.blocks.get_mut(o.prev).next = id;
+            } else {
+                self.segments.get_mut(o.segment).first = id;
+            }
+        } else {
+            b.next = o.next;
+            if o.next != NIL {
+                self.blocks.get_mut(o.next).prev = id;
+            } else {
+                self.segments.get_mut(o.segment).last = id;
+            }
+        }
     }
 
     /// Whether a segment has no live (allocated or pending) block: it is one free block.
@@ -1151,11 +1260,20 @@ impl<B: Backend> CachingAllocator<B> {
         let (mut at, mut key, mut id) = state.free_lists[list as usize]
             .blocks
             .find_from(free_key(rounded, 0))?;
-        if self.shared.expandable_segments && state.borders_unmapped(id) {
-            // PyTorch sizes a free block that borders an expandable segment's unmapped rest by
-            // what it could grow to, so the best fit passes over it to the next larger free
-            // block, keeping the room at the segment's end for growth.
-            if let Some(larger) = state.free_lists[list as usize].blocks.find_from(key + 1) {
+        if self.shared.expandable_segments {
+            // PyTorch sizes a free block in an expandable segment by what it could grow to,
+            // its size plus the unmapped space right after it, and passes on to the next
+            // larger free block while that one could grow to less: room to grow is kept.
+            while let Some(room) = state.unmapped_after(id).filter(|&room| room > 0) {
+                let grows_to = (key >> 64) as u64 + room;
+                let Some(larger) = state.free_lists[list as usize].blocks.find_from(key + 1) else {
+                    break;
+                };
+                let larger_grows_to =
+                    (larger.1 >> 64) as u64 + state.unmapped_after(larger.2).unwrap_or(0);
+                if larger_grows_to >= grows_to {
+                    break;
+                }
                 (at, key, id) = larger;
             }
         }
@@ -1330,6 +1448,7 @@ impl<B: Backend> CachingAllocator<B> {
             addr,
             size,
             reserved: size,
+            holes: 0,
             stream,
             pool,
             expandable: false,
@@ -1377,7 +1496,11 @@ impl<B: Backend> CachingAllocator<B> {
         block
     }
 
-    /// Maps more pages at the end of the (stream, pool) expandable segment.
+    /// PyTorch's `try_allocate_expandable_block`: room for `rounded` bytes in the (stream,
+    /// pool) expandable segment, mapping pages where it is unmapped. The room starts at the
+    /// lowest unmapped range (a hole a release left, else the unmapped rest at the segment's
+    /// end), or at the free block just before it, and runs on over free and unmapped ranges;
+    /// the unmapped parts of it are mapped, in pages, and merge with the free blocks around.
     fn grow_expandable(
         &self,
         state: &mut State,
@@ -1386,7 +1509,7 @@ impl<B: Backend> CachingAllocator<B> {
         rounded: u64,
     ) -> Option<Found> {
         let shared = &*self.shared;
-        let granularity = self.expandable_page(pool);
+        let page = self.expandable_page(pool);
         let segment = match state
             .expandable
             .iter()
@@ -1395,12 +1518,13 @@ impl<B: Backend> CachingAllocator<B> {
         {
             Some(id) => id,
             None => {
-                let reserve = shared.capacity.max(granularity).div_ceil(granularity) * granularity;
+                let reserve = shared.capacity.max(page).div_ceil(page) * page;
                 let addr = shared.backend.reserve_address_range(reserve).ok()?;
                 let id = state.segments.insert(SegmentMeta {
                     addr,
                     size: 0,
                     reserved: reserve,
+                    holes: 0,
                     stream,
                     pool,
                     expandable: true,
@@ -1414,76 +1538,128 @@ impl<B: Backend> CachingAllocator<B> {
                 id
             }
         };
-        let seg = *state.segments.get(segment);
-        let tail_free =
-            (seg.last != NIL && state.blocks.get(seg.last).is_free()).then_some(seg.last);
-        let have = tail_free.map(|id| state.blocks.get(id).size).unwrap_or(0);
-        if let (Some(id), true) = (tail_free, have >= rounded) {
-            // The tail already fits (the best-fit search passed it over); use it as it is.
-            state.remove_free(id);
-            return Some(Found {
-                block: id,
-                uncounted: false,
-            });
+        let mut candidate = state.expandable_room(segment, rounded)?;
+        if candidate == NIL {
+            // The room starts in the unmapped rest at the end.
+            candidate = self.map_expandable_end(state, segment, rounded)?;
+        } else if state.blocks.get(candidate).flags & UNMAPPED != 0 {
+            let want = state.blocks.get(candidate).size.min(rounded);
+            candidate = self.map_expandable_hole(state, candidate, want)?;
         }
-        let grow_by = (rounded - have).div_ceil(granularity) * granularity;
-        if seg.size + grow_by > seg.reserved {
+        // Invariant: `candidate` is free, and what follows it is unmapped.
+        loop {
+            let have = state.blocks.get(candidate).size;
+            if have >= rounded {
+                break;
+            }
+            let next = state.blocks.get(candidate).next;
+            candidate = if next == NIL {
+                self.map_expandable_end(state, segment, rounded - have)?
+            } else {
+                let want = state.blocks.get(next).size.min(rounded - have);
+                self.map_expandable_hole(state, next, want)?
+            };
+        }
+        state.remove_free(candidate);
+        Some(Found {
+            block: candidate,
+            uncounted: false,
+        })
+    }
+
+    /// Maps the pages that hold `want` bytes at the start of the unmapped block `hole`; they
+    /// become a free block, merged with free neighbours. Returns that free block.
+    fn map_expandable_hole(&self, state: &mut State, hole: u32, want: u64) -> Option<u32> {
+        let h = *state.blocks.get(hole);
+        let page = self.expandable_page(h.pool);
+        let length = want.div_ceil(page).saturating_mul(page).min(h.size);
+        self.map_pages(state, h.segment, h.addr, length)?;
+        state.segments.get_mut(h.segment).holes -= length;
+        let mapped = if length == h.size {
+            state.blocks.get_mut(hole).flags = 0;
+            hole
+        } else {
+            // The mapped pages become a block of their own before the rest of the hole.
+            let id = state.blocks.insert(BlockMeta {
+                addr: h.addr,
+                size: length,
+                flags: 0,
+                next: hole,
+                ..h
+            });
+            if h.prev != NIL {
+                state.blocks.get_mut(h.prev).next = id;
+            } else {
+                state.segments.get_mut(h.segment).first = id;
+            }
+            let rest = state.blocks.get_mut(hole);
+            rest.prev = id;
+            rest.addr += length;
+            rest.size -= length;
+            id
+        };
+        Some(state.merge_into_free(mapped))
+    }
+
+    /// Maps pages for `want` more bytes at the end of expandable `segment`; they join its last
+    /// block if that is free, or become a free block of their own. Returns that free block.
+    fn map_expandable_end(&self, state: &mut State, segment: u32, want: u64) -> Option<u32> {
+        let seg = *state.segments.get(segment);
+        let page = self.expandable_page(seg.pool);
+        let length = want.div_ceil(page).saturating_mul(page);
+        if length > seg.reserved - seg.size {
             return None;
         }
-        let map_at = seg.addr + seg.size;
-        shared.backend.map(map_at, grow_by).ok()?;
-        if shared.config.debug {
-            debug::fill(&shared.backend, map_at, grow_by, debug::POISON);
+        let at = seg.addr + seg.size;
+        self.map_pages(state, segment, at, length)?;
+        state.segments.get_mut(segment).size += length;
+        let list = state.list_index(seg.stream, seg.pool);
+        let id = state.blocks.insert(BlockMeta {
+            addr: at,
+            size: length,
+            requested: 0,
+            prev: seg.last,
+            next: NIL,
+            segment,
+            provenance: NIL,
+            step: 0,
+            list,
+            flags: 0,
+            pool: seg.pool,
+        });
+        if seg.last != NIL {
+            state.blocks.get_mut(seg.last).next = id;
+        } else {
+            state.segments.get_mut(segment).first = id;
         }
-        state.segments.get_mut(segment).size += grow_by;
-        state.stats.reserved_bytes.increase(pool, grow_by);
+        state.segments.get_mut(segment).last = id;
+        Some(state.merge_into_free(id))
+    }
+
+    /// Maps `[at, at + length)` of expandable `segment` on the device, with its statistics and
+    /// event (one device allocation, as PyTorch counts a map).
+    fn map_pages(&self, state: &mut State, segment: u32, at: u64, length: u64) -> Option<()> {
+        let shared = &*self.shared;
+        shared.backend.map(at, length).ok()?;
+        if shared.config.debug {
+            debug::fill(&shared.backend, at, length, debug::POISON);
+        }
+        let seg = *state.segments.get(segment);
+        state.stats.reserved_bytes.increase(seg.pool, length);
         state.stats.num_device_alloc += 1;
         if shared.config.record_events {
             state.record(
                 &shared.clock,
                 EventKind::SegmentMap,
                 RawEventParts {
-                    addr: map_at,
-                    size: grow_by,
-                    stream: stream.0,
+                    addr: at,
+                    size: length,
+                    stream: seg.stream.0,
                     ..RawEventParts::default()
                 },
             );
         }
-        let block = match tail_free {
-            Some(id) => {
-                state.remove_free(id);
-                state.blocks.get_mut(id).size += grow_by;
-                id
-            }
-            None => {
-                let list = state.list_index(stream, pool);
-                let id = state.blocks.insert(BlockMeta {
-                    addr: map_at,
-                    size: grow_by,
-                    requested: 0,
-                    prev: seg.last,
-                    next: NIL,
-                    segment,
-                    provenance: NIL,
-                    step: 0,
-                    list,
-                    flags: 0,
-                    pool,
-                });
-                if seg.last != NIL {
-                    state.blocks.get_mut(seg.last).next = id;
-                } else {
-                    state.segments.get_mut(segment).first = id;
-                }
-                state.segments.get_mut(segment).last = id;
-                id
-            }
-        };
-        Some(Found {
-            block,
-            uncounted: false,
-        })
+        Some(())
     }
 
     /// [`State::counts_inactive_split`], without looking at the segment when the settings
@@ -1873,63 +2049,127 @@ impl<B: Backend> CachingAllocator<B> {
         page.div_ceil(granularity) * granularity
     }
 
-    /// Unmaps the free, page-aligned tail of an expandable segment; returns bytes released.
-    fn trim_expandable(&self, state: &mut State, segment: u32) -> u64 {
-        let shared = &*self.shared;
+    /// PyTorch's `unmap_block` for every free block of expandable `segment`: the whole pages
+    /// inside each are unmapped (one device free each) and become an unmapped block, merged
+    /// with unmapped neighbours; the free parts of pages before and after stay free blocks.
+    /// An unmapped range at the end leaves the segment, and a segment with nothing left is
+    /// released. Returns the bytes unmapped.
+    fn unmap_free_pages(&self, state: &mut State, segment: u32) -> u64 {
+        let mut free = Vec::new();
+        let mut id = state.segments.get(segment).first;
+        while id != NIL {
+            let b = state.blocks.get(id);
+            if b.is_free() {
+                free.push(id);
+            }
+            id = b.next;
+        }
+        let released = free
+            .into_iter()
+            .map(|id| self.unmap_block(state, segment, id))
+            .sum();
         let seg = *state.segments.get(segment);
-        let granularity = self.expandable_page(seg.pool);
-        if seg.last == NIL || !state.blocks.get(seg.last).is_free() {
-            return 0;
-        }
-        let tail = *state.blocks.get(seg.last);
-        let end = seg.addr + seg.size;
-        // Pages are counted from the segment's base.
-        let cut = seg.addr + (tail.addr - seg.addr).div_ceil(granularity) * granularity;
-        if cut >= end {
-            return 0;
-        }
-        let released = end - cut;
-        if shared.backend.unmap(cut, released).is_err() {
-            return 0;
-        }
-        state.remove_free(seg.last);
-        if cut == tail.addr {
-            state.blocks.remove(seg.last);
-            if tail.prev != NIL {
-                state.blocks.get_mut(tail.prev).next = NIL;
-            }
-            let s = state.segments.get_mut(segment);
-            s.last = tail.prev;
-            if tail.prev == NIL {
-                s.first = NIL;
-            }
-        } else {
-            state.blocks.get_mut(seg.last).size = cut - tail.addr;
-            state.insert_free(seg.last);
-        }
-        state.segments.get_mut(segment).size -= released;
-        state.stats.reserved_bytes.decrease(seg.pool, released);
-        state.stats.num_device_free += 1;
-        if shared.config.record_events {
-            state.record(
-                &shared.clock,
-                EventKind::SegmentUnmap,
-                RawEventParts {
-                    addr: cut,
-                    size: released,
-                    stream: seg.stream.0,
-                    ..RawEventParts::default()
-                },
-            );
-        }
-        if state.segments.get(segment).size == 0 {
-            let _ = shared.backend.release_address_range(seg.addr, seg.reserved);
+        if seg.first == NIL {
+            let _ = self
+                .shared
+                .backend
+                .release_address_range(seg.addr, seg.reserved);
             state.segments.remove(segment);
             state.segments_by_addr.remove(&seg.addr);
             state.expandable.retain(|(_, _, id)| *id != segment);
             state.stats.segment.decrease(seg.pool, 1);
         }
         released
+    }
+
+    /// Unmaps the whole pages inside the free block `id` of expandable `segment`; returns the
+    /// bytes unmapped (0 when the block holds no whole page).
+    fn unmap_block(&self, state: &mut State, segment: u32, id: u32) -> u64 {
+        let shared = &*self.shared;
+        let seg = *state.segments.get(segment);
+        let page = self.expandable_page(seg.pool);
+        let b = *state.blocks.get(id);
+        // Pages are counted from the segment's base.
+        let low = seg.addr + (b.addr - seg.addr).div_ceil(page) * page;
+        let high = seg.addr + (b.addr + b.size - seg.addr) / page * page;
+        if high <= low || shared.backend.unmap(low, high - low).is_err() {
+            return 0;
+        }
+        let length = high - low;
+        state.remove_free(id);
+        if low > b.addr {
+            let before = state.blocks.insert(BlockMeta {
+                size: low - b.addr,
+                next: id,
+                ..b
+            });
+            if b.prev != NIL {
+                state.blocks.get_mut(b.prev).next = before;
+            } else {
+                state.segments.get_mut(segment).first = before;
+            }
+            state.blocks.get_mut(id).prev = before;
+            state.insert_free(before);
+        }
+        if high < b.addr + b.size {
+            let after = state.blocks.insert(BlockMeta {
+                addr: high,
+                size: b.addr + b.size - high,
+                prev: id,
+                ..b
+            });
+            if b.next != NIL {
+                state.blocks.get_mut(b.next).prev = after;
+            } else {
+                state.segments.get_mut(segment).last = after;
+            }
+            state.blocks.get_mut(id).next = after;
+            state.insert_free(after);
+        }
+        let hole = state.blocks.get_mut(id);
+        hole.addr = low;
+        hole.size = length;
+        hole.flags = UNMAPPED;
+        hole.requested = 0;
+        hole.provenance = NIL;
+        state.segments.get_mut(segment).holes += length;
+        let prev = state.blocks.get(id).prev;
+        if prev != NIL && state.blocks.get(prev).flags & UNMAPPED != 0 {
+            state.absorb_unmapped(id, prev);
+        }
+        let next = state.blocks.get(id).next;
+        if next != NIL && state.blocks.get(next).flags & UNMAPPED != 0 {
+            state.absorb_unmapped(id, next);
+        }
+        let hole = *state.blocks.get(id);
+        if hole.next == NIL {
+            // An unmapped end is the segment's unmapped rest, not a block.
+            if hole.prev != NIL {
+                state.blocks.get_mut(hole.prev).next = NIL;
+            } else {
+                state.segments.get_mut(segment).first = NIL;
+            }
+            let s = state.segments.get_mut(segment);
+            s.last = hole.prev;
+            s.size -= hole.size;
+            s.holes -= hole.size;
+            state.blocks.remove(id);
+        }
+        state.stats.reserved_bytes.decrease(seg.pool, length);
+        state.stats.num_device_free += 1;
+        if shared.config.record_events {
+            state.record(
+                &shared.clock,
+                EventKind::SegmentUnmap,
+                RawEventParts {
+                    addr: low,
+                    size: length,
+                    stream: seg.stream.0,
+                    ..RawEventParts::default()
+                },
+            );
+        }
+        length
     }
 
     /// PyTorch's `release_available_cached_blocks`: with `max_split_size` set, frees oversize
@@ -1997,7 +2237,7 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let expandable: Vec<u32> = state.expandable.iter().map(|(_, _, id)| *id).collect();
         for segment in expandable {
-            self.trim_expandable(state, segment);
+            self.unmap_free_pages(state, segment);
         }
         before - state.stats.reserved_bytes.all().current
     }
@@ -2365,12 +2605,32 @@ impl<B: Backend> CachingAllocator<B> {
             })
         };
         let opt = |id: u32| (id != NIL).then_some(id);
-        for (&addr, &segment) in &state.segments_by_addr {
+        for &segment in state.segments_by_addr.values() {
             let seg = state.segments.get(segment);
+            // Like PyTorch, an expandable segment with unmapped holes shows as one segment per
+            // mapped run.
+            let push_run = |snapshot: &mut Snapshot, blocks: Vec<Block>| {
+                if let Some(first) = blocks.first() {
+                    snapshot.segments.push(Segment {
+                        device: shared.device,
+                        address: first.address,
+                        total_size: blocks.iter().map(|b| b.size).sum(),
+                        stream: seg.stream.0,
+                        pool: seg.pool,
+                        expandable: seg.expandable,
+                        blocks,
+                    });
+                }
+            };
             let mut blocks = Vec::new();
             let mut id = seg.first;
             while id != NIL {
                 let b = state.blocks.get(id);
+                if b.flags & UNMAPPED != 0 {
+                    push_run(&mut snapshot, std::mem::take(&mut blocks));
+                    id = b.next;
+                    continue;
+                }
                 let p = prov(state, b.provenance);
                 let block_state = if b.flags & ALLOCATED != 0 {
                     BlockState::ActiveAllocated
@@ -2393,15 +2653,19 @@ impl<B: Backend> CachingAllocator<B> {
                 });
                 id = b.next;
             }
-            snapshot.segments.push(Segment {
-                device: shared.device,
-                address: addr,
-                total_size: seg.size,
-                stream: seg.stream.0,
-                pool: seg.pool,
-                expandable: seg.expandable,
-                blocks,
-            });
+            if seg.expandable {
+                push_run(&mut snapshot, blocks);
+            } else {
+                snapshot.segments.push(Segment {
+                    device: shared.device,
+                    address: seg.addr,
+                    total_size: seg.size,
+                    stream: seg.stream.0,
+                    pool: seg.pool,
+                    expandable: false,
+                    blocks,
+                });
+            }
         }
         let first = state.ring.next_seq().saturating_sub(max_events as u64);
         snapshot.events = state
@@ -2506,11 +2770,14 @@ impl<B: Backend> CachingAllocator<B> {
             }
             last_end = addr + seg.reserved.max(seg.size);
             expect.segment.increase(seg.pool, 1);
-            expect.reserved_bytes.increase(seg.pool, seg.size);
+            expect
+                .reserved_bytes
+                .increase(seg.pool, seg.size - seg.holes);
             let mut cursor = seg.addr;
             let mut prev = NIL;
             let mut id = seg.first;
             let mut active = 0;
+            let mut holes = 0;
             while id != NIL {
                 let b = state.blocks.get(id);
                 if b.addr != cursor {
@@ -2526,6 +2793,23 @@ impl<B: Backend> CachingAllocator<B> {
                     return Err(format!("block {id} is empty"));
                 }
                 cursor += b.size;
+                if b.flags & UNMAPPED != 0 {
+                    // A hole: inside an expandable segment, never at its end, never next to
+                    // another hole, and whole pages.
+                    let page = self.expandable_page(seg.pool);
+                    if !seg.expandable
+                        || b.next == NIL
+                        || (prev != NIL && state.blocks.get(prev).flags & UNMAPPED != 0)
+                        || !(b.addr - seg.addr).is_multiple_of(page)
+                        || !b.size.is_multiple_of(page)
+                    {
+                        return Err(format!("unmapped block {id} at {:#x} is misplaced", b.addr));
+                    }
+                    holes += b.size;
+                    prev = id;
+                    id = b.next;
+                    continue;
+                }
                 if b.is_free() {
                     free_count += 1;
                     let listed = state.free_lists[b.list as usize]
@@ -2572,10 +2856,16 @@ impl<B: Backend> CachingAllocator<B> {
             if cursor != seg.addr + seg.size {
                 return Err(format!("segment at {addr:#x} is not covered by its blocks"));
             }
+            if holes != seg.holes {
+                return Err(format!(
+                    "segment at {addr:#x} counts {} unmapped bytes but has {holes}",
+                    seg.holes
+                ));
+            }
             if seg.last != prev {
                 return Err(format!("segment at {addr:#x} has a stale tail"));
             }
-            if (active == 0) != state.is_idle(seg) {
+            if !seg.expandable && (active == 0) != state.is_idle(seg) {
                 return Err(format!(
                     "segment at {addr:#x} has no live block but is not one free block"
                 ));
@@ -2691,8 +2981,23 @@ impl<B: Backend> Drop for Shared<B> {
         let _ = self.backend.synchronize();
         for (_, seg) in state.segments.iter() {
             if seg.expandable {
-                if seg.size > 0 {
-                    let _ = self.backend.unmap(seg.addr, seg.size);
+                // Unmap each mapped run between the unmapped holes.
+                let mut run: Option<(u64, u64)> = None;
+                let mut id = seg.first;
+                while id != NIL {
+                    let b = state.blocks.get(id);
+                    if b.flags & UNMAPPED != 0 {
+                        if let Some((start, len)) = run.take() {
+                            let _ = self.backend.unmap(start, len);
+                        }
+                    } else {
+                        let (start, len) = run.unwrap_or((b.addr, 0));
+                        run = Some((start, len + b.size));
+                    }
+                    id = b.next;
+                }
+                if let Some((start, len)) = run {
+                    let _ = self.backend.unmap(start, len);
                 }
                 let _ = self.backend.release_address_range(seg.addr, seg.reserved);
             } else {

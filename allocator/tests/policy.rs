@@ -426,6 +426,89 @@ fn best_fit_passes_over_the_free_end_of_an_expandable_segment() {
 }
 
 #[test]
+fn releasing_unmaps_free_pages_inside_an_expandable_segment_and_maps_holes_first() {
+    // PyTorch's `unmap_block`: a release unmaps the whole free pages of every free block, in
+    // the middle of a segment too, and growth fills the lowest unmapped range first.
+    let (device, alloc) = phantom(1 << 30, "expandable_segments:True");
+    let a = alloc.alloc(20 * MIB).unwrap();
+    let base = a.addr();
+    let b = alloc.alloc(20 * MIB).unwrap();
+    let c = alloc.alloc(20 * MIB).unwrap();
+    drop(b);
+    alloc.empty_cache();
+    let stats = alloc.stats();
+    assert_eq!(
+        stats.reserved_bytes.all.current,
+        40 * MIB,
+        "the middle page is unmapped"
+    );
+    assert_eq!(stats.num_device_free, 1);
+    let runs: Vec<(u64, u64)> = alloc
+        .snapshot()
+        .segments
+        .iter()
+        .filter(|s| s.pool == Pool::Large)
+        .map(|s| (s.address - base, s.total_size))
+        .collect();
+    assert_eq!(
+        runs,
+        [(0, 20 * MIB), (40 * MIB, 20 * MIB)],
+        "one segment per mapped run"
+    );
+    alloc.check_invariants().unwrap();
+    // The hole is mapped again before the end grows.
+    let d = alloc.alloc(10 * MIB).unwrap();
+    assert_eq!(d.addr(), base + 20 * MIB);
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 60 * MIB);
+    alloc.check_invariants().unwrap();
+    // Free pages at the end leave the segment; a segment with nothing mapped is released.
+    drop(d);
+    drop(c);
+    alloc.empty_cache();
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 20 * MIB);
+    alloc.check_invariants().unwrap();
+    drop(a);
+    alloc.empty_cache();
+    let stats = alloc.stats();
+    assert_eq!(stats.reserved_bytes.all.current, 0);
+    assert_eq!(stats.segment.all.current, 0);
+    // Four maps (three pages, then the hole again); three unmaps (the hole, the last two
+    // pages at once, the first page).
+    assert_eq!((stats.num_device_alloc, stats.num_device_free), (4, 3));
+    alloc.check_invariants().unwrap();
+    assert_eq!(device.counters().outstanding_bytes, 0);
+}
+
+#[test]
+fn a_free_block_keeps_its_partial_pages_when_the_whole_ones_are_unmapped() {
+    let (device, alloc) = phantom(1 << 30, "expandable_segments:True");
+    let a = alloc.alloc(30 * MIB).unwrap();
+    let base = a.addr();
+    // [a 30][b 30]: 60 MiB in three pages.
+    let b = alloc.alloc(30 * MIB).unwrap();
+    assert_eq!(b.addr(), base + 30 * MIB);
+    drop(a);
+    alloc.empty_cache();
+    // [hole 20][free 10][b 30]: only the first page was wholly free.
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 40 * MIB);
+    alloc.check_invariants().unwrap();
+    // 25 MiB: the hole is mapped again and merges with the free 10 MiB after it.
+    let c = alloc.alloc(25 * MIB).unwrap();
+    assert_eq!(c.addr(), base);
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 60 * MIB);
+    assert_eq!(alloc.stats().num_device_alloc, 3);
+    alloc.check_invariants().unwrap();
+    drop(b);
+    drop(c);
+    drop(alloc);
+    assert_eq!(
+        device.counters().outstanding_bytes,
+        0,
+        "dropping unmaps every run"
+    );
+}
+
+#[test]
 fn compact_fits_where_20_mib_segments_and_pages_do_not() {
     // On a 16 MiB device a 3 MiB request needs a 20 MiB segment without expandable segments,
     // and a 20 MiB page with them; the `compact` policy maps only the 8 MiB it needs.

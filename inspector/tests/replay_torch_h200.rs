@@ -4,7 +4,7 @@
 //! settings, caps set with `set_per_process_memory_fraction`, a side stream with
 //! `record_stream`), and `expected.json` holds what PyTorch's `memory_stats()` said at the end
 //! of each run. Replaying a trace through the `pytorch` policy with the same settings and cap
-//! must reproduce every one of those numbers; the one known exception is named in its test.
+//! must reproduce every one of those numbers.
 //! The stack frames were dropped from the pickles to keep them small.
 
 use std::path::{Path, PathBuf};
@@ -45,11 +45,6 @@ fn replay_case(case: &str, policy: Option<&str>) -> (ReplayResult, Value) {
 }
 
 fn assert_reproduces_pytorch(case: &str) {
-    assert_reproduces_pytorch_except(case, &[]);
-}
-
-/// Like `assert_reproduces_pytorch`, but leaves out the counters named in `unmatched`.
-fn assert_reproduces_pytorch_except(case: &str, unmatched: &[&str]) {
     let (result, expected) = replay_case(case, None);
     let theirs = |key: &str| expected[key].as_u64().unwrap();
     let figures = &result.figures;
@@ -68,9 +63,7 @@ fn assert_reproduces_pytorch_except(case: &str, unmatched: &[&str]) {
         ("num_ooms", figures.num_ooms),
     ];
     for (key, ours) in pairs {
-        if !unmatched.contains(&key) {
-            assert_eq!(ours, Some(theirs(key)), "{case}: {key}");
-        }
+        assert_eq!(ours, Some(theirs(key)), "{case}: {key}");
     }
     // The trace's own record agrees with PyTorch's counters where it can tell.
     assert_eq!(
@@ -102,10 +95,9 @@ fn expandable_segments_map_like_pytorch() {
 
 #[test]
 fn expandable_segments_under_a_cap_run_out_of_memory_like_pytorch() {
-    // PyTorch ran out of memory once (after freeing its cache and retrying), like the replay.
-    // Known difference: PyTorch's retry also unmaps free pages in the middle of an expandable
-    // segment (3 unmaps here); vramscope unmaps only a segment's free tail (2).
-    assert_reproduces_pytorch_except("expandable_capped", &["num_device_free"]);
+    // PyTorch ran out of memory once, after freeing its cache and retrying; its retry unmapped
+    // free pages in the middle of an expandable segment as well as at its end (3 unmaps).
+    assert_reproduces_pytorch("expandable_capped");
     let (result, expected) = replay_case("expandable_capped", None);
     assert_eq!(expected["num_ooms"], 1);
     let oom = result.first_oom.expect("the replay runs out of memory too");
