@@ -68,6 +68,7 @@ fn config_strategy() -> impl Strategy<Value = &'static str> {
         Just("roundup_power2_divisions:4"),
         Just("garbage_collection_threshold:0.6"),
         Just("max_split_size_mb:20,expandable_segments:True,max_entries:64"),
+        Just("policy:compact"),
     ]
 }
 
