@@ -615,6 +615,42 @@ impl State {
         id
     }
 
+    /// Links a new block made of `meta` (its links aside) into `at`'s segment just before `at`;
+    /// returns its id.
+    fn insert_before(&mut self, at: u32, meta: BlockMeta) -> u32 {
+        let prev = self.blocks.get(at).prev;
+        let id = self.blocks.insert(BlockMeta {
+            prev,
+            next: at,
+            ..meta
+        });
+        if prev != NIL {
+            self.blocks.get_mut(prev).next = id;
+        } else {
+            self.segments.get_mut(meta.segment).first = id;
+        }
+        self.blocks.get_mut(at).prev = id;
+        id
+    }
+
+    /// Links a new block made of `meta` (its links aside) into `at`'s segment just after `at`;
+    /// returns its id.
+    fn insert_after(&mut self, at: u32, meta: BlockMeta) -> u32 {
+        let next = self.blocks.get(at).next;
+        let id = self.blocks.insert(BlockMeta {
+            prev: at,
+            next,
+            ..meta
+        });
+        if next != NIL {
+            self.blocks.get_mut(next).prev = id;
+        } else {
+            self.segments.get_mut(meta.segment).last = id;
+        }
+        self.blocks.get_mut(at).next = id;
+        id
+    }
+
     /// Merges the unmapped block `other`, a neighbour of the unmapped block `id`, into `id`.
     fn absorb_unmapped(&mut self, id: u32, other: u32) {
         let o = self.blocks.remove(other);
@@ -1580,23 +1616,17 @@ impl<B: Backend> CachingAllocator<B> {
             hole
         } else {
             // The mapped pages become a block of their own before the rest of the hole.
-            let id = state.blocks.insert(BlockMeta {
-                addr: h.addr,
-                size: length,
-                flags: 0,
-                next: hole,
-                ..h
-            });
-            if h.prev != NIL {
-                state.blocks.get_mut(h.prev).next = id;
-            } else {
-                state.segments.get_mut(h.segment).first = id;
-            }
             let rest = state.blocks.get_mut(hole);
-            rest.prev = id;
             rest.addr += length;
             rest.size -= length;
-            id
+            state.insert_before(
+                hole,
+                BlockMeta {
+                    size: length,
+                    flags: 0,
+                    ..h
+                },
+            )
         };
         Some(state.merge_into_free(mapped))
     }
@@ -2097,33 +2127,26 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let length = high - low;
         state.remove_free(id);
+        // The free parts of pages on either side stay free blocks.
         if low > b.addr {
-            let before = state.blocks.insert(BlockMeta {
-                size: low - b.addr,
-                next: id,
-                ..b
-            });
-            if b.prev != NIL {
-                state.blocks.get_mut(b.prev).next = before;
-            } else {
-                state.segments.get_mut(segment).first = before;
-            }
-            state.blocks.get_mut(id).prev = before;
+            let before = state.insert_before(
+                id,
+                BlockMeta {
+                    size: low - b.addr,
+                    ..b
+                },
+            );
             state.insert_free(before);
         }
         if high < b.addr + b.size {
-            let after = state.blocks.insert(BlockMeta {
-                addr: high,
-                size: b.addr + b.size - high,
-                prev: id,
-                ..b
-            });
-            if b.next != NIL {
-                state.blocks.get_mut(b.next).prev = after;
-            } else {
-                state.segments.get_mut(segment).last = after;
-            }
-            state.blocks.get_mut(id).next = after;
+            let after = state.insert_after(
+                id,
+                BlockMeta {
+                    addr: high,
+                    size: b.addr + b.size - high,
+                    ..b
+                },
+            );
             state.insert_free(after);
         }
         let hole = state.blocks.get_mut(id);
