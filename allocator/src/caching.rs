@@ -536,7 +536,9 @@ impl State {
     fn expandable_room(&self, segment: u32, size: u64) -> Option<u32> {
         let seg = self.segments.get(segment);
         let end_room = seg.reserved - seg.size;
-        let mut id = seg.first;
+        // Holes are looked for only where there are some: walking the blocks of a segment
+        // without holes on every growth made the compact policy's first pass 2× slower.
+        let mut id = if seg.holes > 0 { seg.first } else { NIL };
         while id != NIL {
             let b = self.blocks.get(id);
             if b.flags & UNMAPPED != 0 {
