@@ -37,11 +37,12 @@ def scope(name: str):
     allocator vramscope sees no Python stack, so scopes are what tell the allocations apart in
     the snapshot and the dashboard. The backward pass runs on autograd's own thread: its
     allocations carry no scope."""
-    vramscope.vramscope_push_scope(torch.cuda.current_device(), name.encode())
+    opened = vramscope.vramscope_push_scope(torch.cuda.current_device(), name.encode()) == 0
     try:
         yield
     finally:
-        vramscope.vramscope_pop_scope()
+        if opened:
+            vramscope.vramscope_pop_scope()
 
 
 def memory_summary(device: int = 0) -> str:

@@ -1546,18 +1546,32 @@ impl<B: Backend> CachingAllocator<B> {
         stream: StreamId,
         rounded: u64,
     ) -> Option<Found> {
-        let shared = &*self.shared;
         let page = self.expandable_page(pool);
-        let segment = match state
+        // Every expandable segment of this stream and pool is tried, lowest address first (a
+        // segment's unmapped ranges come in address order in PyTorch's search); a new one is
+        // reserved when none has room.
+        let mut segments: Vec<u32> = state
             .expandable
             .iter()
-            .find(|(s, p, _)| *s == stream && *p == pool)
+            .filter(|(s, p, _)| *s == stream && *p == pool)
             .map(|(_, _, id)| *id)
-        {
-            Some(id) => id,
+            .collect();
+        segments.sort_unstable_by_key(|&id| state.segments.get(id).addr);
+        let found = segments
+            .iter()
+            .find_map(|&id| state.expandable_room(id, rounded).map(|start| (id, start)));
+        let (segment, mut candidate) = match found {
+            Some(found) => found,
             None => {
-                let reserve = shared.capacity.max(page).div_ceil(page) * page;
-                let addr = shared.backend.reserve_address_range(reserve).ok()?;
+                // Like PyTorch, address space for 9/8 of the device's memory: pages unmapped in
+                // the middle leave holes that the end must make up for.
+                let capacity = self.shared.capacity;
+                let reserve = capacity
+                    .saturating_add(capacity / 8)
+                    .max(page)
+                    .div_ceil(page)
+                    .saturating_mul(page);
+                let addr = self.shared.backend.reserve_address_range(reserve).ok()?;
                 let id = state.segments.insert(SegmentMeta {
                     addr,
                     size: 0,
@@ -1573,10 +1587,9 @@ impl<B: Backend> CachingAllocator<B> {
                 state.segments_by_addr.insert(addr, id);
                 state.expandable.push((stream, pool, id));
                 state.stats.segment.increase(pool, 1);
-                id
+                (id, state.expandable_room(id, rounded)?)
             }
         };
-        let mut candidate = state.expandable_room(segment, rounded)?;
         if candidate == NIL {
             // The room starts in the unmapped rest at the end.
             candidate = self.map_expandable_end(state, segment, rounded)?;

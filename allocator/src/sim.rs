@@ -101,6 +101,10 @@ struct SimState {
 /// made allocations this one did not.
 const PLAN_LOOKAHEAD: usize = 16;
 
+/// The highest end a planned range may have: far above any GPU virtual address (they use 47 to
+/// 57 bits), far below where fresh addresses above the plan would overflow.
+const PLAN_LIMIT: u64 = 1 << 60;
+
 /// What a simulated device has handed out, for leak checks in tests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SimCounters {
@@ -185,7 +189,12 @@ impl SimDevice {
             return;
         }
         let mut state = self.inner.state.lock();
-        state.address_plan = plan.into_iter().collect();
+        // Entries beyond any real address space (a damaged trace) are dropped, so that fresh
+        // addresses above the plan stay representable.
+        state.address_plan = plan
+            .into_iter()
+            .filter(|&(size, addr)| addr.checked_add(size).is_some_and(|end| end <= PLAN_LIMIT))
+            .collect();
         let above = state
             .address_plan
             .iter()
@@ -194,7 +203,7 @@ impl SimDevice {
             .unwrap_or(0);
         state.next_address = state
             .next_address
-            .max(above.div_ceil(SIM_ALIGNMENT) * SIM_ALIGNMENT);
+            .max(above.saturating_add(SIM_ALIGNMENT - 1) / SIM_ALIGNMENT * SIM_ALIGNMENT);
     }
 
     /// Whether host memory stands behind the addresses.
@@ -382,12 +391,16 @@ impl SimState {
             .take(PLAN_LOOKAHEAD)
             .position(|&(planned, _)| planned == size)?;
         let (_, addr) = self.address_plan.drain(..=at).next_back()?;
+        // A plan read from a damaged trace may name a range past the end of the address space.
+        let end = addr.checked_add(size)?;
+        // Only raw allocations are checked against: expandable segments' reservations and pages
+        // lie above every planned address (`plan_addresses` moves fresh addresses there).
         let overlaps_below = self
             .segments
             .range(..=addr)
             .next_back()
             .is_some_and(|(&start, region)| start + region.size > addr);
-        let overlaps_above = self.segments.range(addr..addr + size).next().is_some();
+        let overlaps_above = self.segments.range(addr..end).next().is_some();
         (!overlaps_below && !overlaps_above).then_some(addr)
     }
 
@@ -704,6 +717,18 @@ mod tests {
         assert_eq!(dev.malloc(4 * MIB).unwrap(), base + 200 * MIB);
         // The plan is used up.
         assert!(dev.malloc(2 * MIB).unwrap() > other);
+        dev.free(first).unwrap();
+    }
+
+    #[test]
+    fn a_planned_range_past_the_address_space_is_not_followed() {
+        let dev = SimDevice::phantom(1 << 40);
+        dev.plan_addresses([(4096, u64::MAX - 100), (4096, 0x9000_0000_0000)]);
+        // The impossible entry is dropped; the next one is followed, and fresh addresses still
+        // come after it.
+        let first = dev.malloc(4096).unwrap();
+        assert_eq!(first, 0x9000_0000_0000);
+        assert!(dev.malloc(4096).unwrap() > first);
         dev.free(first).unwrap();
     }
 

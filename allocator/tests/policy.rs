@@ -509,6 +509,50 @@ fn a_free_block_keeps_its_partial_pages_when_the_whole_ones_are_unmapped() {
 }
 
 #[test]
+fn expandable_segments_reserve_address_space_beyond_the_holes() {
+    // Address space for 9/8 of the capacity, as PyTorch reserves: after a hole of 40 MiB the
+    // end still has room for 50 MiB on a 100 MiB device.
+    let (_, alloc) = phantom(100 * MIB, "expandable_segments:True");
+    let a = alloc.alloc(40 * MIB).unwrap();
+    let _b = alloc.alloc(20 * MIB).unwrap();
+    let c = alloc.alloc(20 * MIB).unwrap();
+    drop(a);
+    drop(c);
+    alloc.empty_cache();
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 20 * MIB);
+    let d = alloc.alloc(50 * MIB);
+    assert!(d.is_ok(), "{:?}", d.err());
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 80 * MIB);
+    assert_eq!(
+        alloc.stats().segment.large_pool.current,
+        1,
+        "in the same segment's address space"
+    );
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
+fn a_second_expandable_segment_is_reserved_when_the_first_has_no_room() {
+    let (device, alloc) = phantom(2048 * MIB, "expandable_segments:True");
+    let a = alloc.alloc(1000 * MIB).unwrap();
+    let b = alloc.alloc(1000 * MIB).unwrap();
+    drop(a);
+    alloc.empty_cache();
+    // The hole holds 1000 MiB and the end 304 MiB of the 2304 MiB reserved: 1040 MiB goes to
+    // a new segment.
+    let c = alloc.alloc(1040 * MIB).unwrap();
+    let stats = alloc.stats();
+    assert_eq!(stats.segment.large_pool.current, 2);
+    assert_eq!(stats.reserved_bytes.all.current, 2040 * MIB);
+    alloc.check_invariants().unwrap();
+    drop(b);
+    drop(c);
+    alloc.empty_cache();
+    assert_eq!(alloc.stats().segment.all.current, 0);
+    assert_eq!(device.counters().outstanding_bytes, 0);
+}
+
+#[test]
 fn compact_fits_where_20_mib_segments_and_pages_do_not() {
     // On a 16 MiB device a 3 MiB request needs a 20 MiB segment without expandable segments,
     // and a 20 MiB page with them; the `compact` policy maps only the 8 MiB it needs.

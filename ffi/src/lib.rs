@@ -163,15 +163,25 @@ pub unsafe extern "C" fn vramscope_push_scope(device: c_int, name: *const c_char
         return -1;
     };
     let guard = alloc.scope(name);
-    OPEN_SCOPES.with(|scopes| scopes.borrow_mut().push(guard));
-    0
+    match OPEN_SCOPES.try_with(|scopes| scopes.borrow_mut().push(guard)) {
+        Ok(()) => 0,
+        Err(_) => {
+            report_error("vramscope_push_scope: the thread is exiting".to_string());
+            -1
+        }
+    }
 }
 
 /// Closes the innermost scope the calling thread opened with [`vramscope_push_scope`]. Returns
-/// 0, or -1 when the thread has none open (counted and logged).
+/// 0, or -1 when the thread has none open, or is exiting and its scopes are gone (counted and
+/// logged).
 #[no_mangle]
 pub extern "C" fn vramscope_pop_scope() -> c_int {
-    match OPEN_SCOPES.with(|scopes| scopes.borrow_mut().pop()) {
+    match OPEN_SCOPES
+        .try_with(|scopes| scopes.borrow_mut().pop())
+        .ok()
+        .flatten()
+    {
         Some(guard) => {
             drop(guard);
             0

@@ -111,7 +111,8 @@ pub struct ReplayResult {
     /// Frees of blocks the replay never saw allocated (outside any reconstructed segment).
     pub unmatched_frees: u64,
     /// Requests that failed in the trace (its OOM events) but were served in the replay, which
-    /// freed them at once: the program that failed there would have run on.
+    /// freed them at once: the program that failed there would have run on. They are tried
+    /// only against a capacity.
     pub trace_ooms_served: u64,
     /// The same figures read from the trace.
     pub original: Figures,
@@ -137,29 +138,68 @@ fn device_of(snapshot: &Snapshot) -> u32 {
     snapshot.device.index
 }
 
+/// Mapped runs of segments by address: `(size, stream, pool)`.
+type Runs = BTreeMap<u64, (u64, u64, Pool)>;
+
+/// Undoes a map of `[addr, addr + size)`: the mapped run holding it loses that range, at an end
+/// or, where the map filled a hole between two runs, in the middle.
+fn undo_map(runs: &mut Runs, addr: u64, size: u64) {
+    let Some((&base, &(total, stream, pool))) = runs.range(..=addr).next_back() else {
+        return;
+    };
+    let end = base + total;
+    if addr >= end {
+        return;
+    }
+    let map_end = addr.saturating_add(size).min(end);
+    runs.remove(&base);
+    if addr > base {
+        runs.insert(base, (addr - base, stream, pool));
+    }
+    if map_end < end {
+        runs.insert(map_end, (end - map_end, stream, pool));
+    }
+}
+
+/// Undoes an unmap of `[addr, addr + size)`: the range is mapped again and joins the runs that
+/// end where it begins and begin where it ends. Its pool is theirs; alone, a multiple of the
+/// large pool's 20 MiB pages is taken for the large pool.
+fn undo_unmap(runs: &mut Runs, addr: u64, size: u64, stream: u64) {
+    let end = addr.saturating_add(size);
+    let left = runs
+        .range(..addr)
+        .next_back()
+        .filter(|(&base, &(total, _, _))| base + total == addr)
+        .map(|(&base, &run)| (base, run));
+    let right = runs.get(&end).map(|&run| (end, run));
+    let pool =
+        left.or(right)
+            .map(|(_, (_, _, pool))| pool)
+            .unwrap_or(if size.is_multiple_of(20 << 20) {
+                Pool::Large
+            } else {
+                Pool::Small
+            });
+    let mut start = addr;
+    let mut stop = end;
+    if let Some((base, _)) = left {
+        runs.remove(&base);
+        start = base;
+    }
+    if let Some((base, (total, _, _))) = right {
+        runs.remove(&base);
+        stop = base + total;
+    }
+    runs.insert(start, (stop - start, stream, pool));
+}
+
 /// Reconstructs the segments and live blocks at the start of the trace by undoing its events,
 /// last first, starting from the segments at the end. An expandable segment's size is its mapped
 /// prefix, so undoing its maps shrinks it, and one that the trace mapped from nothing did not
 /// exist at the start.
 pub fn initial_state(snapshot: &Snapshot) -> Vec<StartSegment> {
     let device = device_of(snapshot);
-    let mut segments: BTreeMap<u64, (u64, u64, Pool)> = BTreeMap::new();
-    // Undoes a map of `[addr, addr + size)`: the mapped range of the segment holding it loses
-    // that range at whichever end it lies.
-    let unmap = |segments: &mut BTreeMap<u64, (u64, u64, Pool)>, addr: u64, size: u64| {
-        let Some((&base, &(total, stream, pool))) = segments.range(..=addr).next_back() else {
-            return;
-        };
-        if addr >= base + total {
-            return;
-        }
-        let left = total.saturating_sub(size);
-        segments.remove(&base);
-        if left > 0 {
-            let new_base = if addr == base { base + size } else { base };
-            segments.insert(new_base, (left, stream, pool));
-        }
-    };
+    let mut segments = Runs::new();
     let mut live: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
     for segment in snapshot.segments.iter().filter(|s| s.device == device) {
         segments.insert(
@@ -196,30 +236,9 @@ pub fn initial_state(snapshot: &Snapshot) -> Vec<StartSegment> {
                 };
                 segments.insert(event.addr, (event.size, event.stream, pool));
             }
-            EventKind::SegmentMap => unmap(&mut segments, event.addr, event.size),
+            EventKind::SegmentMap => undo_map(&mut segments, event.addr, event.size),
             EventKind::SegmentUnmap => {
-                // Undoing an unmap maps the range again: it joins the segment that ends where it
-                // begins, or stands alone.
-                let joins = segments
-                    .range(..=event.addr)
-                    .next_back()
-                    .filter(|(&base, &(total, _, _))| base + total == event.addr)
-                    .map(|(&base, _)| base);
-                match joins {
-                    Some(base) => {
-                        if let Some(entry) = segments.get_mut(&base) {
-                            entry.0 += event.size;
-                        }
-                    }
-                    None => {
-                        let pool = if event.size <= 2 << 20 {
-                            Pool::Small
-                        } else {
-                            Pool::Large
-                        };
-                        segments.insert(event.addr, (event.size, event.stream, pool));
-                    }
-                }
+                undo_unmap(&mut segments, event.addr, event.size, event.stream)
             }
             _ => {}
         }
@@ -426,6 +445,9 @@ pub fn replay(
             // A request that failed in the trace (`size` is the request rounded, `addr` the
             // device's free memory then) is tried here too: it frees cached memory and retries
             // as it did there, and fails or is served and given back.
+            // Without a capacity every such request would be served, and its memory would stay
+            // cached for the rest of the replay: they are tried only against a capacity.
+            EventKind::Oom if options.capacity.is_none() => {}
             EventKind::Oom => match exclusive.alloc_ptr(event.size, StreamId(event.stream)) {
                 Ok(ours) => {
                     trace_ooms_served += 1;
@@ -671,6 +693,43 @@ pub fn render_sweep_text(source: &str, capacity: u64, rows: &[SweepRow]) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn undoing_a_map_that_filled_a_hole_splits_the_run() {
+        let mut runs = Runs::new();
+        runs.insert(0, (60 * MIB, 7, Pool::Large));
+        undo_map(&mut runs, 20 * MIB, 20 * MIB);
+        let expect: Vec<_> = vec![
+            (0, (20 * MIB, 7, Pool::Large)),
+            (40 * MIB, (20 * MIB, 7, Pool::Large)),
+        ];
+        assert_eq!(runs.into_iter().collect::<Vec<_>>(), expect);
+        let mut runs = Runs::new();
+        runs.insert(0, (40 * MIB, 7, Pool::Large));
+        undo_map(&mut runs, 20 * MIB, 20 * MIB);
+        undo_map(&mut runs, 0, 20 * MIB);
+        assert!(runs.is_empty(), "mapped from nothing: no run at the start");
+    }
+
+    #[test]
+    fn undoing_an_unmap_joins_the_runs_on_both_sides() {
+        let mut runs = Runs::new();
+        runs.insert(0, (20 * MIB, 7, Pool::Small));
+        runs.insert(24 * MIB, (4 * MIB, 7, Pool::Small));
+        undo_unmap(&mut runs, 20 * MIB, 4 * MIB, 7);
+        assert_eq!(
+            runs.into_iter().collect::<Vec<_>>(),
+            vec![(0, (28 * MIB, 7, Pool::Small))]
+        );
+        // Alone, the size says the pool: 2 MiB pages are the small pool's.
+        let mut runs = Runs::new();
+        undo_unmap(&mut runs, 100 * MIB, 4 * MIB, 7);
+        undo_unmap(&mut runs, 200 * MIB, 40 * MIB, 7);
+        let pools: Vec<Pool> = runs.values().map(|&(_, _, pool)| pool).collect();
+        assert_eq!(pools, [Pool::Small, Pool::Large]);
+    }
 
     fn traced_run(config: &str) -> Snapshot {
         let alloc = CachingAllocator::new(
