@@ -1454,6 +1454,15 @@ impl<B: Backend> CachingAllocator<B> {
         rounded: u64,
     ) -> Option<Found> {
         if self.shared.config.uses_expandable_segments() {
+            // PyTorch's `alloc_block` checks its cap before it looks for room, against the size
+            // a plain segment for the request would have, whatever needs mapping (the
+            // `compact` policy maps only what it needs, and checks only that).
+            let reserved = state.stats.reserved_bytes.all().current;
+            if self.shared.config.policy == Policy::Pytorch
+                && reserved.saturating_add(segment_size_for(rounded)) > self.shared.capacity
+            {
+                return None;
+            }
             return self.grow_expandable(state, pool, stream, rounded);
         }
         let shared = &*self.shared;

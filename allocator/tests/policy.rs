@@ -553,6 +553,22 @@ fn a_second_expandable_segment_is_reserved_when_the_first_has_no_room() {
 }
 
 #[test]
+fn expandable_segments_check_the_cap_against_a_whole_segment_like_pytorch() {
+    // PyTorch's `alloc_block` refuses when reserved + the request's segment size passes the
+    // cap, before it looks for room. [a 4][free 16] is mapped; 30 MiB more needs only one more
+    // 20 MiB page (40 MiB mapped, under the 45 MiB cap), but is checked as 20 + 30 > 45.
+    for (conf, fits) in [
+        ("expandable_segments:True", false),
+        ("policy:compact", true),
+    ] {
+        let (_, alloc) = phantom(45 * MIB, conf);
+        let _a = alloc.alloc(4 * MIB).unwrap();
+        assert_eq!(alloc.alloc(30 * MIB).is_ok(), fits, "{conf}");
+        alloc.check_invariants().unwrap();
+    }
+}
+
+#[test]
 fn compact_fits_where_20_mib_segments_and_pages_do_not() {
     // On a 16 MiB device a 3 MiB request needs a 20 MiB segment without expandable segments,
     // and a 20 MiB page with them; the `compact` policy maps only the 8 MiB it needs.
