@@ -1594,8 +1594,8 @@ impl<B: Backend> CachingAllocator<B> {
                     idle_since: state.large_lookups,
                 });
                 state.segments_by_addr.insert(addr, id);
+                // PyTorch leaves expandable segments out of its `segment` statistic.
                 state.expandable.push((stream, pool, id));
-                state.stats.segment.increase(pool, 1);
                 (id, state.expandable_room(id, rounded)?)
             }
         };
@@ -2131,7 +2131,6 @@ impl<B: Backend> CachingAllocator<B> {
             state.segments.remove(segment);
             state.segments_by_addr.remove(&seg.addr);
             state.expandable.retain(|(_, _, id)| *id != segment);
-            state.stats.segment.decrease(seg.pool, 1);
         }
         released
     }
@@ -2816,7 +2815,9 @@ impl<B: Backend> CachingAllocator<B> {
                 return Err(format!("segment at {addr:#x} overlaps the previous one"));
             }
             last_end = addr + seg.reserved.max(seg.size);
-            expect.segment.increase(seg.pool, 1);
+            if !seg.expandable {
+                expect.segment.increase(seg.pool, 1);
+            }
             expect
                 .reserved_bytes
                 .increase(seg.pool, seg.size - seg.holes);
