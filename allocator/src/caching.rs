@@ -2103,25 +2103,9 @@ impl<B: Backend> CachingAllocator<B> {
         page.div_ceil(granularity) * granularity
     }
 
-    /// PyTorch's `unmap_block` for every free block of expandable `segment`: the whole pages
-    /// inside each are unmapped (one device free each) and become an unmapped block, merged
-    /// with unmapped neighbours; the free parts of pages before and after stay free blocks.
-    /// An unmapped range at the end leaves the segment, and a segment with nothing left is
-    /// released. Returns the bytes unmapped.
-    fn unmap_free_pages(&self, state: &mut State, segment: u32) -> u64 {
-        let mut free = Vec::new();
-        let mut id = state.segments.get(segment).first;
-        while id != NIL {
-            let b = state.blocks.get(id);
-            if b.is_free() {
-                free.push(id);
-            }
-            id = b.next;
-        }
-        let released = free
-            .into_iter()
-            .map(|id| self.unmap_block(state, segment, id))
-            .sum();
+    /// Releases expandable `segment` when nothing of it is left mapped (PyTorch's
+    /// `release_expandable_segment`, after an unmap leaves a lone unmapped block).
+    fn release_if_unmapped(&self, state: &mut State, segment: u32) {
         let seg = *state.segments.get(segment);
         if seg.first == NIL {
             let _ = self
@@ -2132,7 +2116,6 @@ impl<B: Backend> CachingAllocator<B> {
             state.segments_by_addr.remove(&seg.addr);
             state.expandable.retain(|(_, _, id)| *id != segment);
         }
-        released
     }
 
     /// Unmaps the whole pages inside the free block `id` of expandable `segment`; returns the
@@ -2267,23 +2250,40 @@ impl<B: Backend> CachingAllocator<B> {
         released >= key_size
     }
 
-    /// PyTorch's `release_cached_blocks`: wait for pending frees, then release every cached
-    /// segment with no live block. Returns the bytes released.
+    /// PyTorch's `release_cached_blocks`: wait for pending frees, then, pool by pool (large,
+    /// then small), go through the free blocks in (stream, size, address) order, releasing each
+    /// plain segment that is one free block as it comes and then unmapping the whole free pages
+    /// of each free block of an expandable segment (`release_blocks`), so that the device calls
+    /// come in PyTorch's order. Returns the bytes released.
     fn release_cached_blocks(&self, state: &mut State) -> u64 {
         self.synchronize_and_free_events(state);
         let before = state.stats.reserved_bytes.all().current;
-        let whole: Vec<u32> = state
-            .segments
-            .iter()
-            .filter(|(_, s)| !s.expandable && state.is_idle(s))
-            .map(|(id, _)| id)
-            .collect();
-        for segment in whole {
-            self.release_segment(state, segment);
-        }
-        let expandable: Vec<u32> = state.expandable.iter().map(|(_, _, id)| *id).collect();
-        for segment in expandable {
-            self.unmap_free_pages(state, segment);
+        for pool in [Pool::Large, Pool::Small] {
+            let mut lists: Vec<usize> = (0..state.free_lists.len())
+                .filter(|&i| state.free_lists[i].pool == pool)
+                .collect();
+            lists.sort_by_key(|&i| state.free_lists[i].stream.0);
+            let mut whole = Vec::new();
+            let mut to_unmap = Vec::new();
+            for list in lists {
+                for (_, id) in state.free_lists[list].blocks.all_from(0) {
+                    let b = state.blocks.get(id);
+                    if state.segments.get(b.segment).expandable {
+                        to_unmap.push(id);
+                    } else if !b.is_split() {
+                        whole.push(b.segment);
+                    }
+                }
+            }
+            for segment in whole {
+                self.release_segment(state, segment);
+            }
+            for id in to_unmap {
+                let segment = state.blocks.get(id).segment;
+                if self.unmap_block(state, segment, id) > 0 {
+                    self.release_if_unmapped(state, segment);
+                }
+            }
         }
         before - state.stats.reserved_bytes.all().current
     }
@@ -2310,6 +2310,12 @@ impl<B: Backend> CachingAllocator<B> {
             .filter(|(_, s)| s.pool == Pool::Large && !s.expandable && state.is_idle(s))
             .map(|(id, s)| (now - s.idle_since, id))
             .collect();
+        // In PyTorch's free-block order, (stream, size, address), so that the frees come in
+        // its order.
+        idle.sort_unstable_by_key(|&(_, id)| {
+            let s = state.segments.get(id);
+            (s.stream.0, s.size, s.addr)
+        });
         let mut total_age: u64 = idle.iter().map(|&(age, _)| age).sum();
         let mut candidates = idle.len() as u64;
         let mut reclaimed = 0;

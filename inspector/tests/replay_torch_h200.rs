@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use vramscope_allocator::AllocatorConfig;
+use vramscope_allocator::{AllocatorConfig, CachingAllocator, EventKind, SimDevice, StreamId};
 use vramscope_inspector::import;
 use vramscope_inspector::replay::{replay, ReplayOptions, ReplayResult};
 
@@ -140,5 +140,66 @@ fn compact_reserves_no_more_than_pytorch_on_the_h200_traces() {
             compact.figures.peak_reserved,
             ours.figures.peak_reserved
         );
+    }
+}
+
+/// The device calls of a trace, in order: (kind, bytes) of each segment allocation, free, map
+/// and unmap.
+fn device_calls(events: &[vramscope_allocator::Event]) -> Vec<(EventKind, u64)> {
+    events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.kind,
+                EventKind::SegmentAlloc
+                    | EventKind::SegmentFree
+                    | EventKind::SegmentMap
+                    | EventKind::SegmentUnmap
+            )
+        })
+        .map(|e| (e.kind, e.size))
+        .collect()
+}
+
+#[test]
+fn every_device_call_comes_in_pytorchs_order_with_pytorchs_size() {
+    // Stronger than the counts: the allocator, replaying with its events on, makes the same
+    // raw allocations, frees, maps and unmaps as PyTorch did, one for one and in order.
+    for (case, expected) in expected() {
+        let snapshot = import::load(data().join(format!("{case}.pickle.gz"))).unwrap();
+        let cap = expected["cap"].as_u64();
+        let mut config = AllocatorConfig::parse(expected["conf"].as_str().unwrap()).unwrap();
+        config.record_events = true;
+        config.max_entries = 1 << 20;
+        let device = SimDevice::phantom(cap.unwrap_or(1 << 50));
+        let alloc = CachingAllocator::new(device.clone(), config);
+        device.plan_addresses(
+            snapshot
+                .events
+                .iter()
+                .filter(|e| e.kind == EventKind::SegmentAlloc)
+                .map(|e| (e.size, e.addr)),
+        );
+        let mut addresses = std::collections::HashMap::new();
+        for e in &snapshot.events {
+            let stream = StreamId(e.stream);
+            match e.kind {
+                EventKind::Alloc => {
+                    let ours = alloc.alloc_ptr(e.requested.max(1), stream).unwrap();
+                    addresses.insert(e.addr, ours);
+                }
+                EventKind::FreeCompleted => {
+                    alloc.free_ptr(addresses.remove(&e.addr).unwrap()).unwrap();
+                }
+                EventKind::Oom if cap.is_some() => {
+                    assert!(alloc.alloc_ptr(e.size, stream).is_err(), "{case}: OOM");
+                }
+                _ => {}
+            }
+        }
+        let theirs = device_calls(&snapshot.events);
+        let ours = device_calls(&alloc.snapshot().events);
+        assert!(!theirs.is_empty(), "{case}");
+        assert_eq!(ours, theirs, "{case}: device calls");
     }
 }
