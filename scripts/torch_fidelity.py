@@ -4,8 +4,9 @@ For each case (allocator settings, and optionally a cap on what the allocator ma
 fresh Python process runs a small, deterministic transformer training loop with varied batch
 shapes, so the pools split, merge and fragment, with PyTorch's memory history on. It writes the
 snapshot and PyTorch's own counters (max_memory_reserved, max_memory_allocated, device
-allocations and frees, alloc retries, OOMs). Then `vramscope replay` replays the snapshot with the
-same settings and cap, and the two sets of numbers must be equal.
+allocations and frees, alloc retries, OOMs). Then `vramscope replay --verify` replays the snapshot
+with the same settings and cap: the two sets of numbers must be equal, and the replay's device
+calls (segment allocations, frees, maps, unmaps) must be the trace's, one for one, in order.
 
   python3 scripts/torch_fidelity.py check --vramscope BIN --out DIR   every case; exit 1 on a difference
   python3 scripts/torch_fidelity.py record DIR NAME [--limit-bytes N] [--side-stream]
@@ -137,7 +138,7 @@ def record(out_dir: str, name: str, limit: int | None, side_stream: bool) -> int
 
 
 def replay(vramscope: str, pickle: str, conf: str, cap: int | None, policy: str | None = None) -> dict:
-    command = [vramscope, "replay", "--format", "json", "--conf", conf, pickle]
+    command = [vramscope, "replay", "--format", "json", "--verify", "--conf", conf, pickle]
     if cap is not None:
         command += ["--capacity", str(cap)]
     if policy is not None:
@@ -179,6 +180,12 @@ def check(vramscope: str, out_dir: str) -> int:
             verdict = "same" if same else f"known difference: {known}" if known else "DIFFERENT"
             differences += not same and not known
             print(f"  {label:20} {str(theirs[their_key]):>14} {ours[our_key]:>14}  {verdict}")
+        calls = ours.get("device_calls")
+        if calls is not None:
+            apart = calls["first_difference"]
+            differences += apart is not None
+            print(f"  device calls: {calls['matching']} of {calls['trace_calls']} alike in order"
+                  + (f"; first difference: {apart}" if apart else ""))
         if name == "default":
             compact = replay(vramscope, os.path.join(out_dir, name + ".pickle"), conf, None, "compact")
             worse = compact["peak_reserved"] > ours["peak_reserved"]

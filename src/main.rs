@@ -91,6 +91,10 @@ enum Command {
         /// Try a set of settings and say which fit the capacity.
         #[arg(long)]
         sweep: bool,
+        /// Also compare the replay's device calls (segment allocations, frees, maps, unmaps)
+        /// with the trace's, call by call, and name the first difference.
+        #[arg(long, conflicts_with = "sweep")]
+        verify: bool,
         /// Output format: text or json.
         #[arg(long, default_value = "text")]
         format: Format,
@@ -301,6 +305,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             conf,
             policy,
             sweep,
+            verify,
             format,
         } => {
             use vramscope::inspector::replay;
@@ -325,6 +330,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                     capacity,
                     config,
                     reconstruct_start: true,
+                    verify,
                 };
                 let result = replay::replay(&snapshot, &options, &mut progress_line("replaying"));
                 match format {

@@ -247,6 +247,13 @@ fn replay_prints_the_figures_external_checks_read() {
     );
     assert_eq!(value["original"]["segment_allocs"], 2);
 
+    // Our own trace, replayed with its settings, makes the same device calls.
+    let verified = vramscope(&["replay", path, "--verify"]);
+    assert!(
+        stdout(&verified).contains("2 of 2 alike, in order"),
+        "{}",
+        stdout(&verified)
+    );
     let sweep = vramscope(&["replay", path, "--capacity", "200MiB", "--sweep"]);
     assert!(stdout(&sweep).contains("fits with"), "{}", stdout(&sweep));
     let bad = vramscope(&["replay", path, "--conf", "max_split_size_mb:1"]);

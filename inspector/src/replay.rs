@@ -35,6 +35,9 @@ pub struct ReplayOptions {
     /// Start from the state reconstructed from the segments at the end (true), or from an
     /// empty device (false).
     pub reconstruct_start: bool,
+    /// Record the replay's events and compare its device calls with the trace's, call by call
+    /// ([`ReplayResult::device_calls`]); slower.
+    pub verify: bool,
 }
 
 impl Default for ReplayOptions {
@@ -43,6 +46,7 @@ impl Default for ReplayOptions {
             capacity: None,
             config: AllocatorConfig::default(),
             reconstruct_start: true,
+            verify: false,
         }
     }
 }
@@ -116,6 +120,93 @@ pub struct ReplayResult {
     pub trace_ooms_served: u64,
     /// The same figures read from the trace.
     pub original: Figures,
+    /// The replay's device calls against the trace's, with [`ReplayOptions::verify`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_calls: Option<DeviceCallCheck>,
+}
+
+/// One device call: a segment allocation, free, map or unmap, by its action name
+/// (`segment_alloc`, ...) and size.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DeviceCall {
+    /// PyTorch's action name.
+    pub action: &'static str,
+    /// Bytes.
+    pub size: u64,
+}
+
+/// The first place where the replay's device calls and the trace's part.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CallDifference {
+    /// Position of the call among the device calls, from 0.
+    pub index: u64,
+    /// The trace's event sequence number there, if the trace has a call there.
+    pub trace_seq: Option<u64>,
+    /// What the trace did there (none when the replay made more calls).
+    pub trace: Option<DeviceCall>,
+    /// What the replay did there (none when the trace made more calls).
+    pub replay: Option<DeviceCall>,
+}
+
+/// How the replay's device calls compare with the trace's: whether the replay is the trace's
+/// allocator, call for call, and where it stops being so.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DeviceCallCheck {
+    /// Device calls in the trace.
+    pub trace_calls: u64,
+    /// Device calls the replay made.
+    pub replay_calls: u64,
+    /// Calls equal in action and size, in order, before the first difference.
+    pub matching: u64,
+    /// The first difference, if any.
+    pub first_difference: Option<CallDifference>,
+}
+
+/// The device calls among `events`, with their sequence numbers.
+fn device_calls<'a>(
+    events: impl Iterator<Item = &'a vramscope_allocator::Event>,
+) -> Vec<(u64, DeviceCall)> {
+    events
+        .filter(|e| {
+            matches!(
+                e.kind,
+                EventKind::SegmentAlloc
+                    | EventKind::SegmentFree
+                    | EventKind::SegmentMap
+                    | EventKind::SegmentUnmap
+            )
+        })
+        .map(|e| {
+            (
+                e.seq,
+                DeviceCall {
+                    action: e.kind.name(),
+                    size: e.size,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Compares two runs' device calls, call by call.
+fn compare_calls(trace: &[(u64, DeviceCall)], replay: &[(u64, DeviceCall)]) -> DeviceCallCheck {
+    let matching = trace
+        .iter()
+        .zip(replay)
+        .take_while(|((_, a), (_, b))| a == b)
+        .count();
+    let first_difference = (matching < trace.len().max(replay.len())).then(|| CallDifference {
+        index: matching as u64,
+        trace_seq: trace.get(matching).map(|(seq, _)| *seq),
+        trace: trace.get(matching).map(|(_, call)| call.clone()),
+        replay: replay.get(matching).map(|(_, call)| call.clone()),
+    });
+    DeviceCallCheck {
+        trace_calls: trace.len() as u64,
+        replay_calls: replay.len() as u64,
+        matching: matching as u64,
+        first_difference,
+    }
 }
 
 /// A segment and its live blocks at the start of a trace.
@@ -340,7 +431,12 @@ pub fn replay(
 ) -> ReplayResult {
     let device = device_of(snapshot);
     let capacity = options.capacity.unwrap_or(UNLIMITED_CAPACITY);
-    let config = options.config.clone().untracked();
+    let mut config = options.config.clone().untracked();
+    if options.verify {
+        // Events only (no call sites), and room in the ring for all of them.
+        config.record_events = true;
+        config.max_entries = snapshot.events.len().saturating_mul(4).saturating_add(4096);
+    }
     let sim = SimDevice::phantom(capacity);
     let alloc = CachingAllocator::new(sim.clone(), config);
     let start = if options.reconstruct_start {
@@ -410,6 +506,12 @@ pub fn replay(
     let total = events.len();
     let mut unmatched_frees = 0;
     let mut trace_ooms_served = 0;
+    // The replay's own calls start after the reconstructed start's.
+    let first_seq = if options.verify {
+        alloc.events_since(0, usize::MAX).next_seq
+    } else {
+        0
+    };
     // The replay is the allocator's only user: hold its lock for the whole sequence.
     let mut exclusive = alloc.exclusive();
     for (i, event) in events.iter().enumerate() {
@@ -475,6 +577,12 @@ pub fn replay(
     }
     progress(total, total);
     let stats = exclusive.stats();
+    drop(exclusive);
+    let device_calls = options.verify.then(|| {
+        let ours = alloc.events_since(first_seq, usize::MAX).events;
+        let theirs = device_calls(snapshot.events.iter().filter(|e| e.device == device));
+        compare_calls(&theirs, &device_calls(ours.iter()))
+    });
     let peak_allocated = stats.allocated_bytes.all.peak;
     let peak_reserved = stats.reserved_bytes.all.peak;
     ReplayResult {
@@ -497,6 +605,44 @@ pub fn replay(
         unmatched_frees,
         trace_ooms_served,
         original,
+        device_calls,
+    }
+}
+
+/// The device-call comparison as text lines.
+fn render_device_calls(check: &DeviceCallCheck) -> String {
+    let call = |call: &Option<DeviceCall>| match call {
+        Some(call) => format!(
+            "{} of {}",
+            call.action,
+            vramscope_allocator::format_bytes(call.size)
+        ),
+        None => "nothing more".to_string(),
+    };
+    if check.trace_calls == 0 {
+        return format!(
+            "  device calls: the trace records none to compare with (the replay made {})\n",
+            check.replay_calls
+        );
+    }
+    match &check.first_difference {
+        None => format!(
+            "  device calls: {0} of {0} alike, in order (segment allocations, frees, maps, unmaps)\n",
+            check.trace_calls
+        ),
+        Some(difference) => format!(
+            "  device calls: the first {} of the trace's {} made alike; at call {}{} the trace made {}, the replay {} ({} calls in all)\n",
+            check.matching,
+            check.trace_calls,
+            difference.index + 1,
+            difference
+                .trace_seq
+                .map(|seq| format!(" (trace event {seq})"))
+                .unwrap_or_default(),
+            call(&difference.trace),
+            call(&difference.replay),
+            check.replay_calls
+        ),
     }
 }
 
@@ -546,7 +692,7 @@ pub fn sweep(
             let options = ReplayOptions {
                 capacity,
                 config,
-                reconstruct_start: true,
+                ..ReplayOptions::default()
             };
             let result = replay(snapshot, &options, &mut |_, _| {});
             progress(i + 1, count);
@@ -648,6 +794,9 @@ pub fn render_text(source: &str, result: &ReplayResult) -> String {
             "  {} frees of blocks allocated before the trace were skipped\n",
             result.unmatched_frees
         ));
+    }
+    if let Some(check) = &result.device_calls {
+        out.push_str(&render_device_calls(check));
     }
     if result.trace_ooms_served > 0 {
         out.push_str(&format!(

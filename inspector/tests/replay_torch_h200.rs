@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use vramscope_allocator::{AllocatorConfig, CachingAllocator, EventKind, SimDevice, StreamId};
+use vramscope_allocator::AllocatorConfig;
 use vramscope_inspector::import;
 use vramscope_inspector::replay::{replay, ReplayOptions, ReplayResult};
 
@@ -143,63 +143,46 @@ fn compact_reserves_no_more_than_pytorch_on_the_h200_traces() {
     }
 }
 
-/// The device calls of a trace, in order: (kind, bytes) of each segment allocation, free, map
-/// and unmap.
-fn device_calls(events: &[vramscope_allocator::Event]) -> Vec<(EventKind, u64)> {
-    events
-        .iter()
-        .filter(|e| {
-            matches!(
-                e.kind,
-                EventKind::SegmentAlloc
-                    | EventKind::SegmentFree
-                    | EventKind::SegmentMap
-                    | EventKind::SegmentUnmap
-            )
-        })
-        .map(|e| (e.kind, e.size))
-        .collect()
+#[test]
+fn every_device_call_comes_in_pytorchs_order_with_pytorchs_size() {
+    // Stronger than the counts: replayed with `verify`, the allocator makes the same raw
+    // allocations, frees, maps and unmaps as PyTorch did, one for one and in order.
+    for (case, expected) in expected() {
+        let snapshot = import::load(data().join(format!("{case}.pickle.gz"))).unwrap();
+        let options = ReplayOptions {
+            config: AllocatorConfig::parse(expected["conf"].as_str().unwrap()).unwrap(),
+            capacity: expected["cap"].as_u64(),
+            verify: true,
+            ..ReplayOptions::default()
+        };
+        let check = replay(&snapshot, &options, &mut |_, _| {})
+            .device_calls
+            .expect("verify compares device calls");
+        assert!(check.trace_calls > 0, "{case}");
+        assert_eq!(check.first_difference, None, "{case}");
+        assert_eq!(check.replay_calls, check.trace_calls, "{case}");
+    }
 }
 
 #[test]
-fn every_device_call_comes_in_pytorchs_order_with_pytorchs_size() {
-    // Stronger than the counts: the allocator, replaying with its events on, makes the same
-    // raw allocations, frees, maps and unmaps as PyTorch did, one for one and in order.
-    for (case, expected) in expected() {
-        let snapshot = import::load(data().join(format!("{case}.pickle.gz"))).unwrap();
-        let cap = expected["cap"].as_u64();
-        let mut config = AllocatorConfig::parse(expected["conf"].as_str().unwrap()).unwrap();
-        config.record_events = true;
-        config.max_entries = 1 << 20;
-        let device = SimDevice::phantom(cap.unwrap_or(1 << 50));
-        let alloc = CachingAllocator::new(device.clone(), config);
-        device.plan_addresses(
-            snapshot
-                .events
-                .iter()
-                .filter(|e| e.kind == EventKind::SegmentAlloc)
-                .map(|e| (e.size, e.addr)),
-        );
-        let mut addresses = std::collections::HashMap::new();
-        for e in &snapshot.events {
-            let stream = StreamId(e.stream);
-            match e.kind {
-                EventKind::Alloc => {
-                    let ours = alloc.alloc_ptr(e.requested.max(1), stream).unwrap();
-                    addresses.insert(e.addr, ours);
-                }
-                EventKind::FreeCompleted => {
-                    alloc.free_ptr(addresses.remove(&e.addr).unwrap()).unwrap();
-                }
-                EventKind::Oom if cap.is_some() => {
-                    assert!(alloc.alloc_ptr(e.size, stream).is_err(), "{case}: OOM");
-                }
-                _ => {}
-            }
-        }
-        let theirs = device_calls(&snapshot.events);
-        let ours = device_calls(&alloc.snapshot().events);
-        assert!(!theirs.is_empty(), "{case}");
-        assert_eq!(ours, theirs, "{case}: device calls");
-    }
+fn verify_names_where_other_settings_part_from_pytorch() {
+    // The garbage-collected run replayed without its settings: the replay keeps a segment
+    // that PyTorch freed.
+    let expected = expected()["split64_gc"].clone();
+    let snapshot = import::load(data().join("split64_gc.pickle.gz")).unwrap();
+    let options = ReplayOptions {
+        capacity: expected["cap"].as_u64(),
+        verify: true,
+        ..ReplayOptions::default()
+    };
+    let check = replay(&snapshot, &options, &mut |_, _| {})
+        .device_calls
+        .unwrap();
+    let difference = check.first_difference.expect("the runs part");
+    assert_eq!(difference.index, check.matching);
+    assert!(check.matching > 0 && check.matching < check.trace_calls);
+    let theirs = difference.trace.expect("the trace has a call there");
+    assert_eq!(theirs.action, "segment_free");
+    assert!(difference.trace_seq.is_some());
+    assert_ne!(Some(theirs), difference.replay);
 }
