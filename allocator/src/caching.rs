@@ -388,6 +388,9 @@ struct State {
     /// Free-block lookups in the large pool so far: PyTorch's `get_free_blocks_call_count`, the
     /// clock by which garbage collection ages whole free segments.
     large_lookups: u64,
+    /// PyTorch's `set_per_process_memory_fraction`, in bytes: see
+    /// [`CachingAllocator::set_memory_limit`].
+    memory_limit: Option<u64>,
     /// Last owners of freed ranges (with `debug`).
     freed: FreedOwners,
     /// Violations found by the debug checks.
@@ -903,6 +906,7 @@ impl<B: Backend> CachingAllocator<B> {
                     step: 0,
                     steps: Vec::new(),
                     large_lookups: 0,
+                    memory_limit: None,
                     freed: FreedOwners::default(),
                     violations: Vec::new(),
                 }),
@@ -1459,7 +1463,7 @@ impl<B: Backend> CachingAllocator<B> {
             // `compact` policy maps only what it needs, and checks only that).
             let reserved = state.stats.reserved_bytes.all().current;
             if self.shared.config.policy == Policy::Pytorch
-                && reserved.saturating_add(segment_size_for(rounded)) > self.shared.capacity
+                && reserved.saturating_add(segment_size_for(rounded)) > self.cap(state)
             {
                 return None;
             }
@@ -1467,6 +1471,13 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let shared = &*self.shared;
         let size = segment_size_for(rounded);
+        let reserved = state.stats.reserved_bytes.all().current;
+        if state
+            .memory_limit
+            .is_some_and(|limit| reserved.saturating_add(size) > limit)
+        {
+            return None;
+        }
         let addr = shared.backend.malloc(size).ok()?;
         let block = self.register_segment(state, addr, size, stream, pool);
         Some(Found {
@@ -1580,6 +1591,9 @@ impl<B: Backend> CachingAllocator<B> {
                     .max(page)
                     .div_ceil(page)
                     .saturating_mul(page);
+                if rounded > reserve {
+                    return None;
+                }
                 let addr = self.shared.backend.reserve_address_range(reserve).ok()?;
                 let id = state.segments.insert(SegmentMeta {
                     addr,
@@ -1694,6 +1708,15 @@ impl<B: Backend> CachingAllocator<B> {
     /// event (one device allocation, as PyTorch counts a map).
     fn map_pages(&self, state: &mut State, segment: u32, at: u64, length: u64) -> Option<()> {
         let shared = &*self.shared;
+        if shared.config.policy == Policy::Compact {
+            let reserved = state.stats.reserved_bytes.all().current;
+            if state
+                .memory_limit
+                .is_some_and(|limit| reserved.saturating_add(length) > limit)
+            {
+                return None;
+            }
+        }
         shared.backend.map(at, length).ok()?;
         if shared.config.debug {
             debug::fill(&shared.backend, at, length, debug::POISON);
@@ -2285,6 +2308,17 @@ impl<B: Backend> CachingAllocator<B> {
                 }
             }
         }
+        // An expandable segment whose first map failed holds no block: only its address
+        // space, which goes back too.
+        let empty: Vec<u32> = state
+            .expandable
+            .iter()
+            .map(|&(_, _, id)| id)
+            .filter(|&id| state.segments.get(id).first == NIL)
+            .collect();
+        for segment in empty {
+            self.release_if_unmapped(state, segment);
+        }
         before - state.stats.reserved_bytes.all().current
     }
 
@@ -2296,7 +2330,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// triggered again at once. Expandable segments take no part: in PyTorch their free block
     /// borders the unmapped rest, so it counts as split.
     fn garbage_collect(&self, state: &mut State, threshold: f64) {
-        let limit = (self.shared.capacity as f64 * threshold) as u64;
+        let limit = (self.cap(state) as f64 * threshold) as u64;
         let reserved = state.stats.reserved_bytes.all().current;
         if reserved <= limit {
             return;
@@ -2488,6 +2522,22 @@ impl<B: Backend> CachingAllocator<B> {
             },
         );
         released
+    }
+
+    /// Caps what the allocator may reserve, as PyTorch's `set_per_process_memory_fraction`
+    /// does (`None` lifts the cap). Like PyTorch, the cap is checked when a segment is needed,
+    /// against the size a plain segment for the request would have; with expandable segments
+    /// the pages then mapped may pass it (the `compact` policy checks what it maps instead).
+    /// Garbage collection's threshold is a share of the cap. Without a cap, the device's
+    /// capacity stands in for it. Replay sets the cap it is given here, on a device without
+    /// limit, as a capped PyTorch run has a whole device behind its cap.
+    pub fn set_memory_limit(&self, limit: Option<u64>) {
+        self.shared.lock().memory_limit = limit;
+    }
+
+    /// The reservation cap: the memory limit, or the device's capacity.
+    fn cap(&self, state: &State) -> u64 {
+        state.memory_limit.unwrap_or(self.shared.capacity)
     }
 
     /// Starts a new training step: later allocations carry the new step number.

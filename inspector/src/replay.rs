@@ -263,14 +263,33 @@ fn undo_unmap(runs: &mut Runs, addr: u64, size: u64, stream: u64) {
         .filter(|(&base, &(total, _, _))| base + total == addr)
         .map(|(&base, &run)| (base, run));
     let right = runs.get(&end).map(|&run| (end, run));
-    let pool =
-        left.or(right)
-            .map(|(_, (_, _, pool))| pool)
-            .unwrap_or(if size.is_multiple_of(20 << 20) {
-                Pool::Large
-            } else {
-                Pool::Small
-            });
+    // Alone, the nearest run of the same stream (in the same segment's address space, most
+    // likely) says the pool; with none, a multiple of the large pool's 20 MiB pages is taken
+    // for the large pool.
+    let nearest = || {
+        let below = runs
+            .range(..addr)
+            .rev()
+            .find(|(_, &(_, s, _))| s == stream)
+            .map(|(&base, &(total, _, pool))| (addr - (base + total).min(addr), pool));
+        let above = runs
+            .range(end..)
+            .find(|(_, &(_, s, _))| s == stream)
+            .map(|(&base, &(_, _, pool))| (base - end, pool));
+        match (below, above) {
+            (Some(b), Some(a)) => Some(if b.0 <= a.0 { b.1 } else { a.1 }),
+            (b, a) => b.or(a).map(|(_, pool)| pool),
+        }
+    };
+    let pool = left
+        .or(right)
+        .map(|(_, (_, _, pool))| pool)
+        .or_else(nearest)
+        .unwrap_or(if size.is_multiple_of(20 << 20) {
+            Pool::Large
+        } else {
+            Pool::Small
+        });
     let mut start = addr;
     let mut stop = end;
     if let Some((base, _)) = left {
@@ -433,12 +452,17 @@ pub fn replay(
     let capacity = options.capacity.unwrap_or(UNLIMITED_CAPACITY);
     let mut config = options.config.clone().untracked();
     if options.verify {
-        // Events only (no call sites), and room in the ring for all of them.
+        // Events only (no call sites), and room in the ring for all of them: the ring takes
+        // memory as it fills, so no bound is needed.
         config.record_events = true;
-        config.max_entries = snapshot.events.len().saturating_mul(4).saturating_add(4096);
+        config.max_entries = usize::MAX;
     }
-    let sim = SimDevice::phantom(capacity);
+    // A capped PyTorch run has a whole device behind its cap (`set_per_process_memory_fraction`),
+    // whose pages expandable segments may map past the cap: the cap is the allocator's memory
+    // limit, on a device without one.
+    let sim = SimDevice::phantom(UNLIMITED_CAPACITY);
     let alloc = CachingAllocator::new(sim.clone(), config);
+    alloc.set_memory_limit(options.capacity);
     let start = if options.reconstruct_start {
         initial_state(snapshot)
     } else {
@@ -610,7 +634,7 @@ pub fn replay(
 }
 
 /// The device-call comparison as text lines.
-fn render_device_calls(check: &DeviceCallCheck) -> String {
+fn render_device_calls(check: &DeviceCallCheck, capped: bool) -> String {
     let call = |call: &Option<DeviceCall>| match call {
         Some(call) => format!(
             "{} of {}",
@@ -642,7 +666,11 @@ fn render_device_calls(check: &DeviceCallCheck) -> String {
             call(&difference.trace),
             call(&difference.replay),
             check.replay_calls
-        ),
+        ) + if capped {
+            ""
+        } else {
+            "  (replayed without --capacity: a run that was short of memory parts where it freed its cache or ran out)\n"
+        },
     }
 }
 
@@ -796,7 +824,10 @@ pub fn render_text(source: &str, result: &ReplayResult) -> String {
         ));
     }
     if let Some(check) = &result.device_calls {
-        out.push_str(&render_device_calls(check));
+        out.push_str(&render_device_calls(
+            check,
+            result.capacity != UNLIMITED_CAPACITY,
+        ));
     }
     if result.trace_ooms_served > 0 {
         out.push_str(&format!(
@@ -875,9 +906,14 @@ mod tests {
         // Alone, the size says the pool: 2 MiB pages are the small pool's.
         let mut runs = Runs::new();
         undo_unmap(&mut runs, 100 * MIB, 4 * MIB, 7);
-        undo_unmap(&mut runs, 200 * MIB, 40 * MIB, 7);
+        undo_unmap(&mut runs, 200 * MIB, 40 * MIB, 8);
         let pools: Vec<Pool> = runs.values().map(|&(_, _, pool)| pool).collect();
         assert_eq!(pools, [Pool::Small, Pool::Large]);
+        // Near a run of the same stream, that run's pool: ten small-pool pages are 20 MiB.
+        let mut runs = Runs::new();
+        runs.insert(100 * MIB, (4 * MIB, 7, Pool::Small));
+        undo_unmap(&mut runs, 110 * MIB, 20 * MIB, 7);
+        assert_eq!(runs[&(110 * MIB)], (20 * MIB, 7, Pool::Small));
     }
 
     fn traced_run(config: &str) -> Snapshot {

@@ -663,7 +663,10 @@ fn compute_stats(
     for seg in segments.iter().filter(|s| s.device == device) {
         let pool = seg.pool;
         end.reserved_bytes.increase(pool, seg.total_size);
-        end.segment.increase(pool, 1);
+        // PyTorch leaves expandable segments out of its `segment` statistic.
+        if !seg.expandable {
+            end.segment.increase(pool, 1);
+        }
         let split_free = seg.blocks.iter().any(|b| b.state != BlockState::Inactive);
         if let Some(limit) = config.max_split_size {
             if seg.total_size >= limit {
