@@ -585,6 +585,28 @@ fn expandable_segments_check_the_cap_against_a_whole_segment_like_pytorch() {
 }
 
 #[test]
+fn a_memory_limit_is_checked_like_pytorchs_memory_fraction() {
+    // Checked when a segment is needed, against a plain segment's size: with expandable
+    // segments the page then mapped may pass the limit, as in PyTorch.
+    let (_, alloc) = phantom(1 << 30, "expandable_segments:True");
+    alloc.set_memory_limit(Some(35 * MIB));
+    let _a = alloc.alloc(20 * MIB).unwrap();
+    // 20 + 12 <= 35 passes the check; one more 20 MiB page makes 40 MiB reserved.
+    let _b = alloc.alloc(12 * MIB).unwrap();
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 40 * MIB);
+    // 40 + 20 > 35: refused, after freeing the cache and retrying.
+    assert!(alloc.alloc(20 * MIB).is_err());
+    assert_eq!(alloc.stats().num_alloc_retries, 1);
+    // Plain segments: the same check, and their segments are what is reserved.
+    let (_, plain) = phantom(1 << 30, "");
+    plain.set_memory_limit(Some(35 * MIB));
+    let _c = plain.alloc(20 * MIB).unwrap();
+    assert!(plain.alloc(20 * MIB).is_err());
+    plain.set_memory_limit(None);
+    assert!(plain.alloc(20 * MIB).is_ok(), "the limit lifted");
+}
+
+#[test]
 fn compact_fits_where_20_mib_segments_and_pages_do_not() {
     // On a 16 MiB device a 3 MiB request needs a 20 MiB segment without expandable segments,
     // and a 20 MiB page with them; the `compact` policy maps only the 8 MiB it needs.
