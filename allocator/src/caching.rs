@@ -679,6 +679,13 @@ impl State {
         }
     }
 
+    /// Whether reserving `more` bytes would pass the memory limit (never without one).
+    fn over_memory_limit(&self, more: u64) -> bool {
+        let reserved = self.stats.reserved_bytes.all().current;
+        self.memory_limit
+            .is_some_and(|limit| reserved.saturating_add(more) > limit)
+    }
+
     /// Whether a segment has no live (allocated or pending) block: it is one free block.
     fn is_idle(&self, segment: &SegmentMeta) -> bool {
         segment.first == NIL
@@ -1471,11 +1478,7 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let shared = &*self.shared;
         let size = segment_size_for(rounded);
-        let reserved = state.stats.reserved_bytes.all().current;
-        if state
-            .memory_limit
-            .is_some_and(|limit| reserved.saturating_add(size) > limit)
-        {
+        if state.over_memory_limit(size) {
             return None;
         }
         let addr = shared.backend.malloc(size).ok()?;
@@ -1708,14 +1711,8 @@ impl<B: Backend> CachingAllocator<B> {
     /// event (one device allocation, as PyTorch counts a map).
     fn map_pages(&self, state: &mut State, segment: u32, at: u64, length: u64) -> Option<()> {
         let shared = &*self.shared;
-        if shared.config.policy == Policy::Compact {
-            let reserved = state.stats.reserved_bytes.all().current;
-            if state
-                .memory_limit
-                .is_some_and(|limit| reserved.saturating_add(length) > limit)
-            {
-                return None;
-            }
+        if shared.config.policy == Policy::Compact && state.over_memory_limit(length) {
+            return None;
         }
         shared.backend.map(at, length).ok()?;
         if shared.config.debug {

@@ -391,8 +391,8 @@ impl SimState {
             .take(PLAN_LOOKAHEAD)
             .position(|&(planned, _)| planned == size)?;
         let (_, addr) = self.address_plan.drain(..=at).next_back()?;
-        // A plan read from a damaged trace may name a range past the end of the address space.
-        let end = addr.checked_add(size)?;
+        // `plan_addresses` kept only ranges that end at or below `PLAN_LIMIT`.
+        let end = addr + size;
         // Only raw allocations are checked against: expandable segments' reservations and pages
         // lie above every planned address (`plan_addresses` moves fresh addresses there).
         let overlaps_below = self

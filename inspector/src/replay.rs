@@ -253,8 +253,7 @@ fn undo_map(runs: &mut Runs, addr: u64, size: u64) {
 }
 
 /// Undoes an unmap of `[addr, addr + size)`: the range is mapped again and joins the runs that
-/// end where it begins and begin where it ends. Its pool is theirs; alone, a multiple of the
-/// large pool's 20 MiB pages is taken for the large pool.
+/// end where it begins and begin where it ends, and takes their pool.
 fn undo_unmap(runs: &mut Runs, addr: u64, size: u64, stream: u64) {
     let end = addr.saturating_add(size);
     let left = runs
@@ -304,8 +303,9 @@ fn undo_unmap(runs: &mut Runs, addr: u64, size: u64, stream: u64) {
 }
 
 /// Reconstructs the segments and live blocks at the start of the trace by undoing its events,
-/// last first, starting from the segments at the end. An expandable segment's size is its mapped
-/// prefix, so undoing its maps shrinks it, and one that the trace mapped from nothing did not
+/// last first, starting from the segments at the end. An expandable segment shows as its mapped
+/// runs: undoing a map takes the range out of its run (splitting it where the map filled a
+/// hole), undoing an unmap puts it back, and a segment the trace mapped from nothing did not
 /// exist at the start.
 pub fn initial_state(snapshot: &Snapshot) -> Vec<StartSegment> {
     let device = device_of(snapshot);
