@@ -38,10 +38,6 @@ CASES = [
     ("streams", "", None, True),
 ]
 
-# Differences understood and not yet removed, as {(case, figure): why}: reported, not counted
-# as failures. None at present.
-KNOWN: dict[tuple[str, str], str] = {}
-
 COMPARED = [
     ("peak reserved", "max_memory_reserved", "peak_reserved"),
     ("peak allocated", "max_memory_allocated", "peak_allocated"),
@@ -176,9 +172,8 @@ def check(vramscope: str, out_dir: str) -> int:
         print(f"  {'':20} {'pytorch':>14} {'vramscope':>14}")
         for label, their_key, our_key in COMPARED:
             same = theirs[their_key] is None or theirs[their_key] == ours[our_key]
-            known = KNOWN.get((name, label))
-            verdict = "same" if same else f"known difference: {known}" if known else "DIFFERENT"
-            differences += not same and not known
+            verdict = "same" if same else "DIFFERENT"
+            differences += not same
             print(f"  {label:20} {str(theirs[their_key]):>14} {ours[our_key]:>14}  {verdict}")
         calls = ours.get("device_calls")
         if calls is not None:
