@@ -27,6 +27,8 @@ fn expected() -> serde_json::Map<String, Value> {
         .clone()
 }
 
+/// Replays a recording with its settings (and `policy`, if given) and cap, comparing device
+/// calls too (`verify`).
 fn replay_case(case: &str, policy: Option<&str>) -> (ReplayResult, Value) {
     let expected = expected()[case].clone();
     let mut conf = expected["conf"].as_str().unwrap().to_string();
@@ -39,6 +41,7 @@ fn replay_case(case: &str, policy: Option<&str>) -> (ReplayResult, Value) {
     let options = ReplayOptions {
         config: AllocatorConfig::parse(&conf).unwrap(),
         capacity: expected["cap"].as_u64(),
+        verify: true,
         ..ReplayOptions::default()
     };
     (replay(&snapshot, &options, &mut |_, _| {}), expected)
@@ -147,15 +150,9 @@ fn compact_reserves_no_more_than_pytorch_on_the_h200_traces() {
 fn every_device_call_comes_in_pytorchs_order_with_pytorchs_size() {
     // Stronger than the counts: replayed with `verify`, the allocator makes the same raw
     // allocations, frees, maps and unmaps as PyTorch did, one for one and in order.
-    for (case, expected) in expected() {
-        let snapshot = import::load(data().join(format!("{case}.pickle.gz"))).unwrap();
-        let options = ReplayOptions {
-            config: AllocatorConfig::parse(expected["conf"].as_str().unwrap()).unwrap(),
-            capacity: expected["cap"].as_u64(),
-            verify: true,
-            ..ReplayOptions::default()
-        };
-        let check = replay(&snapshot, &options, &mut |_, _| {})
+    for case in expected().keys() {
+        let check = replay_case(case, None)
+            .0
             .device_calls
             .expect("verify compares device calls");
         assert!(check.trace_calls > 0, "{case}");
