@@ -1685,11 +1685,11 @@ impl<B: Backend> CachingAllocator<B> {
         self.map_pages(state, segment, at, length)?;
         state.segments.get_mut(segment).size += length;
         let list = state.list_index(seg.stream, seg.pool);
-        let id = state.blocks.insert(BlockMeta {
+        let meta = BlockMeta {
             addr: at,
             size: length,
             requested: 0,
-            prev: seg.last,
+            prev: NIL,
             next: NIL,
             segment,
             provenance: NIL,
@@ -1697,13 +1697,16 @@ impl<B: Backend> CachingAllocator<B> {
             list,
             flags: 0,
             pool: seg.pool,
-        });
-        if seg.last != NIL {
-            state.blocks.get_mut(seg.last).next = id;
+        };
+        let id = if seg.last != NIL {
+            state.insert_after(seg.last, meta)
         } else {
-            state.segments.get_mut(segment).first = id;
-        }
-        state.segments.get_mut(segment).last = id;
+            let id = state.blocks.insert(meta);
+            let s = state.segments.get_mut(segment);
+            s.first = id;
+            s.last = id;
+            id
+        };
         Some(state.merge_into_free(id))
     }
 
