@@ -139,7 +139,12 @@ def replay(vramscope: str, pickle: str, conf: str, cap: int | None, policy: str 
         command += ["--capacity", str(cap)]
     if policy is not None:
         command += ["--policy", policy]
-    return json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+    # `--verify` exits with 1 when the device calls differ; the JSON says where, and the
+    # comparison below reports it. Any other failure is an error.
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode not in (0, 1):
+        raise subprocess.CalledProcessError(done.returncode, command, done.stdout, done.stderr)
+    return json.loads(done.stdout)
 
 
 def check(vramscope: str, out_dir: str) -> int:

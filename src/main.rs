@@ -92,7 +92,8 @@ enum Command {
         #[arg(long)]
         sweep: bool,
         /// Also compare the replay's device calls (segment allocations, frees, maps, unmaps)
-        /// with the trace's, call by call, and name the first difference.
+        /// with the trace's, call by call, and name the first difference; exits with 1 when
+        /// they differ.
         #[arg(long, conflicts_with = "sweep")]
         verify: bool,
         /// Output format: text or json.
@@ -315,6 +316,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             }
             let snapshot = import::load(&file).map_err(Failure::input)?;
             let source = file.display().to_string();
+            let mut calls_differ = false;
             let text = if sweep {
                 let rows = replay::sweep(&snapshot, capacity, &mut progress_line("sweeping"));
                 match format {
@@ -333,6 +335,10 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                     verify,
                 };
                 let result = replay::replay(&snapshot, &options, &mut progress_line("replaying"));
+                calls_differ = result
+                    .device_calls
+                    .as_ref()
+                    .is_some_and(|check| check.first_difference.is_some());
                 match format {
                     Format::Json => {
                         serde_json::to_string_pretty(&result).unwrap_or_default() + "\n"
@@ -341,7 +347,8 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                 }
             };
             emit(&text, None)?;
-            Ok(0)
+            // Like `diff`, a verification that found a difference exits with 1.
+            Ok(u8::from(calls_differ))
         }
         Command::Convert { file, to, output } => {
             use vramscope::inspector::export;

@@ -254,6 +254,22 @@ fn replay_prints_the_figures_external_checks_read() {
         "{}",
         stdout(&verified)
     );
+    assert_eq!(verified.status.code(), Some(0));
+    // Under other settings the calls differ: the first difference is named, and the exit
+    // status says so, for scripts.
+    let differs = vramscope(&[
+        "replay",
+        path,
+        "--verify",
+        "--conf",
+        "expandable_segments:True",
+    ]);
+    assert_eq!(differs.status.code(), Some(1), "{}", stdout(&differs));
+    assert!(
+        stdout(&differs).contains("the first 0 of the trace's 2 made alike"),
+        "{}",
+        stdout(&differs)
+    );
     let sweep = vramscope(&["replay", path, "--capacity", "200MiB", "--sweep"]);
     assert!(stdout(&sweep).contains("fits with"), "{}", stdout(&sweep));
     let bad = vramscope(&["replay", path, "--conf", "max_split_size_mb:1"]);
