@@ -764,8 +764,8 @@ fn profile(args: &[String]) -> Result<(), String> {
             println!(
                 "{} on {}{}: {} operations × {reps}, {:.1} ns per operation (fastest {fastest:.1})",
                 subject.label(),
-                if steady { ", steady state" } else { "" },
                 trace.name,
+                if steady { ", steady state" } else { "" },
                 trace.ops.len(),
                 total / reps as f64
             );
