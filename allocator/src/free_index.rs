@@ -28,8 +28,31 @@ const LEVELS: usize = 64 - UNIT_SHIFT as usize - SUB_BITS as usize + 1;
 /// bin masks needs no bounds check.
 const LEVEL_SLOTS: usize = LEVELS.next_power_of_two();
 
-/// One free block: its key `(size << 64) | address` and its block id.
-type Entry = (u128, u32);
+/// One free block in a bin's vector: its key `(size << 64) | address`, kept as two `u64`s so
+/// that an entry is 24 bytes (a `(u128, u32)` pair would be 32, `u128` being 16-aligned), and
+/// its block id.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    size: u64,
+    addr: u64,
+    id: u32,
+}
+
+impl Entry {
+    #[inline(always)]
+    fn new(key: u128, id: u32) -> Entry {
+        Entry {
+            size: key_size(key),
+            addr: key as u64,
+            id,
+        }
+    }
+
+    #[inline(always)]
+    fn key(&self) -> u128 {
+        ((self.size as u128) << 64) | self.addr as u128
+    }
+}
 
 /// A bin's vector longer than this moves its largest entries into the bin's overflow tree
 /// when an insertion or removal in its middle would shift them.
@@ -116,8 +139,8 @@ impl FreeIndex {
         let bin = &mut self.bins[at];
         // The length test keeps every vector at `LONG_BIN` entries at most, so that taking an
         // entry out of its middle never shifts more than that.
-        if bin.len() < LONG_BIN && bin.last().is_none_or(|last| last.0 > key) {
-            bin.push((key, id));
+        if bin.len() < LONG_BIN && bin.last().is_none_or(|last| last.key() > key) {
+            bin.push(Entry::new(key, id));
         } else {
             self.insert_within(at, key, id);
         }
@@ -135,15 +158,15 @@ impl FreeIndex {
         if self.bins[at].len() >= LONG_BIN {
             self.spill(at);
         }
-        if !self.overflow.is_empty() && key > self.bins[at][0].0 {
+        if !self.overflow.is_empty() && key > self.bins[at][0].key() {
             if let Some(i) = self.overflow_position(at) {
                 self.overflow[i].1.insert(key, id);
                 return;
             }
         }
         let bin = &mut self.bins[at];
-        let index = bin.partition_point(|e| e.0 > key);
-        bin.insert(index, (key, id));
+        let index = bin.partition_point(|e| e.key() > key);
+        bin.insert(index, Entry::new(key, id));
     }
 
     /// Moves all but the [`KEPT_IN_VECTOR`] smallest entries of a long vector into its bin's
@@ -160,7 +183,7 @@ impl FreeIndex {
                 &mut self.overflow.last_mut().expect("just pushed").1
             }
         };
-        tree.extend(moved);
+        tree.extend(moved.into_iter().map(|e| (e.key(), e.id)));
     }
 
     /// Where the overflow tree of slot `at` is in `overflow`, if the bin has one.
@@ -185,7 +208,7 @@ impl FreeIndex {
         let (level, sub) = bin_of(key_size(key));
         let bin = self.bins.get(slot(level, sub))?;
         let index = match bin.last() {
-            Some(&(last, _)) if last == key => bin.len() - 1,
+            Some(last) if last.key() == key => bin.len() - 1,
             _ => match self.position_within(slot(level, sub), key)? {
                 IN_OVERFLOW => return self.remove_overflow(slot(level, sub), key),
                 index => index,
@@ -201,7 +224,7 @@ impl FreeIndex {
         if self.bins[at].len() >= LONG_BIN {
             self.spill(at);
         }
-        match self.bins[at].binary_search_by(|e| key.cmp(&e.0)) {
+        match self.bins[at].binary_search_by(|e| key.cmp(&e.key())) {
             Ok(index) => Some(index),
             Err(_) if !self.overflow.is_empty() => Some(IN_OVERFLOW),
             Err(_) => None,
@@ -231,7 +254,7 @@ impl FreeIndex {
             }
         }
         self.len -= 1;
-        entry
+        (entry.key(), entry.id)
     }
 
     /// Takes `key` out of the overflow tree of slot `at` (the bin's vector stays non-empty,
@@ -276,7 +299,7 @@ impl FreeIndex {
         let mut smallest = Vec::with_capacity(KEPT_IN_VECTOR);
         while smallest.len() < KEPT_IN_VECTOR {
             match tree.pop_first() {
-                Some(entry) => smallest.push(entry),
+                Some((key, id)) => smallest.push(Entry::new(key, id)),
                 None => break,
             }
         }
@@ -293,8 +316,8 @@ impl FreeIndex {
         let (level, sub) = bin_of(key_size(key));
         let at = slot(level, sub);
         let bin = self.bins.get(at)?;
-        match bin.binary_search_by(|e| key.cmp(&e.0)) {
-            Ok(index) => Some(bin[index].1),
+        match bin.binary_search_by(|e| key.cmp(&e.key())) {
+            Ok(index) => Some(bin[index].id),
             Err(_) => self.overflow_of(at)?.get(&key).copied(),
         }
     }
@@ -314,17 +337,17 @@ impl FreeIndex {
             let bin = &self.bins[slot(level, sub)];
             let last = bin.len() - 1;
             let smallest = bin[last];
-            if smallest.0 >= key {
+            if smallest.key() >= key {
                 let at = Found {
                     level,
                     sub,
                     index: last,
                 };
-                return Some((at, smallest.0, smallest.1));
+                return Some((at, smallest.key(), smallest.id));
             }
             // Entries at or after `key` are a prefix; the last of them is the best fit (the
             // keys of an overflow tree are all larger).
-            let fitting = bin.partition_point(|e| e.0 >= key);
+            let fitting = bin.partition_point(|e| e.key() >= key);
             if fitting > 0 {
                 let entry = bin[fitting - 1];
                 let at = Found {
@@ -332,7 +355,7 @@ impl FreeIndex {
                     sub,
                     index: fitting - 1,
                 };
-                return Some((at, entry.0, entry.1));
+                return Some((at, entry.key(), entry.id));
             }
             if !self.overflow.is_empty() {
                 if let Some((&found, &id)) = self
@@ -352,7 +375,7 @@ impl FreeIndex {
         let bin = &self.bins[slot(level, sub)];
         let index = bin.len() - 1;
         let entry = bin[index];
-        Some((Found { level, sub, index }, entry.0, entry.1))
+        Some((Found { level, sub, index }, entry.key(), entry.id))
     }
 
     /// The first non-empty bin after bin `sub` of `level`.
@@ -387,7 +410,12 @@ impl FreeIndex {
         let first = slot(level, sub).min(self.bins.len());
         let mut all = Vec::new();
         for (at, bin) in self.bins.iter().enumerate().skip(first) {
-            all.extend(bin.iter().rev().filter(|e| e.0 >= key).copied());
+            all.extend(
+                bin.iter()
+                    .rev()
+                    .filter(|e| e.key() >= key)
+                    .map(|e| (e.key(), e.id)),
+            );
             if let Some(tree) = self.overflow_of(at) {
                 all.extend(tree.range(key..).map(|(&k, &id)| (k, id)));
             }
@@ -417,6 +445,14 @@ impl FreeIndex {
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn an_entry_is_24_bytes() {
+        assert_eq!(std::mem::size_of::<Entry>(), 24);
+        let key = free_key_of(3 << 20, 0x7f00_0000_1200);
+        let entry = Entry::new(key, 7);
+        assert_eq!((entry.key(), entry.id), (key, 7));
+    }
 
     #[test]
     fn bins_are_monotonic_in_size() {
