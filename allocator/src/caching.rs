@@ -824,15 +824,16 @@ impl State {
     /// about as much as the rest of an event: one read per operation is enough).
     #[inline(always)]
     fn record_at(&mut self, time_ns: u64, kind: EventKind, event: RawEventParts) {
-        self.ring.push(RawEvent {
-            seq: 0,
+        let step = self.step.min(u32::MAX as u64) as u32;
+        self.ring.push_with(|seq| RawEvent {
+            seq,
             time_ns,
             addr: event.addr,
             size: event.size,
             requested: event.requested,
             stream: event.stream,
             provenance: event.provenance,
-            step: self.step.min(u32::MAX as u64) as u32,
+            step,
             kind,
         });
     }

@@ -54,10 +54,19 @@ impl EventRing {
     }
 
     /// Appends an event, assigning its sequence number; overwrites the oldest when full.
+    #[cfg(test)]
+    pub fn push(&mut self, event: RawEvent) -> u64 {
+        self.push_with(|seq| RawEvent { seq, ..event })
+    }
+
+    /// Appends the event `make` builds from its sequence number, which it returns; overwrites
+    /// the oldest when full. The event is built where it is stored: on the hot path its fields
+    /// go from registers straight into the ring's slot. (Built first and then moved in, it
+    /// went through a copy on the stack, whose wide loads waited on the narrow stores that
+    /// built it, the time stamp's among them.)
     #[inline(always)]
-    pub fn push(&mut self, mut event: RawEvent) -> u64 {
+    pub fn push_with(&mut self, make: impl FnOnce(u64) -> RawEvent) -> u64 {
         let seq = self.next_seq;
-        event.seq = seq;
         self.next_seq += 1;
         let slot = self.next_slot;
         self.next_slot = if slot + 1 == self.capacity {
@@ -67,31 +76,40 @@ impl EventRing {
         };
         if self.len < self.capacity {
             self.len += 1;
-            self.append(event);
+            // Only the last chunk can have room, and the ring is not full, so a chunk shorter
+            // than `CHUNK` takes the event. A chunk is made with room for every event it will
+            // hold, so the room is there without growing the vector.
+            match self.chunks.last_mut() {
+                Some(chunk) if chunk.len() < CHUNK && chunk.len() < chunk.capacity() => {
+                    let len = chunk.len();
+                    chunk.spare_capacity_mut()[0].write(make(seq));
+                    // SAFETY: the element at `len`, within the capacity, was just written.
+                    unsafe { chunk.set_len(len + 1) };
+                }
+                _ => self.append_slow(make(seq)),
+            }
         } else {
-            self.chunks[slot >> CHUNK_BITS][slot & (CHUNK - 1)] = event;
+            self.chunks[slot >> CHUNK_BITS][slot & (CHUNK - 1)] = make(seq);
             self.overwritten += 1;
         }
         seq
     }
 
-    /// Stores an event in the first unused slot while the ring fills.
-    #[inline(always)]
-    fn append(&mut self, event: RawEvent) {
-        // Only the last chunk can have room, and the ring is not full, so a chunk shorter than
-        // `CHUNK` takes the event (whatever capacity the vector was given).
-        match self.chunks.last_mut() {
-            Some(chunk) if chunk.len() < CHUNK => chunk.push(event),
-            _ => self.append_to_new_chunk(event),
-        }
-    }
-
+    /// Stores an event while the ring fills when the last chunk has no room: in a new chunk.
     #[cold]
-    fn append_to_new_chunk(&mut self, event: RawEvent) {
-        let room = (self.capacity - self.chunks.len() * CHUNK).min(CHUNK);
-        let mut chunk = Vec::with_capacity(room);
-        chunk.push(event);
-        self.chunks.push(chunk);
+    #[inline(never)]
+    fn append_slow(&mut self, event: RawEvent) {
+        match self.chunks.last_mut() {
+            // A chunk shorter than `CHUNK` at its capacity: the allocator gave less room than
+            // asked (it never does); the vector grows.
+            Some(chunk) if chunk.len() < CHUNK => chunk.push(event),
+            _ => {
+                let room = (self.capacity - self.chunks.len() * CHUNK).min(CHUNK);
+                let mut chunk = Vec::with_capacity(room);
+                chunk.push(event);
+                self.chunks.push(chunk);
+            }
+        }
     }
 
     /// Events overwritten before anyone read them from the ring.
