@@ -60,13 +60,15 @@ mod tsc {
     }
 
     /// Reads the counter if the processor says it runs at a constant rate in every state.
+    /// The answer is asked of the processor once per process: under a hypervisor `cpuid`
+    /// traps, and cost tens of microseconds for every allocator made.
     pub fn read_if_invariant() -> Option<u64> {
-        let max_extended = core::arch::x86_64::__cpuid(0x8000_0000).eax;
-        if max_extended < 0x8000_0007 {
-            return None;
-        }
-        let power = core::arch::x86_64::__cpuid(0x8000_0007);
-        let invariant = power.edx & (1 << 8) != 0;
+        static INVARIANT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let invariant = *INVARIANT.get_or_init(|| {
+            let max_extended = core::arch::x86_64::__cpuid(0x8000_0000).eax;
+            max_extended >= 0x8000_0007
+                && core::arch::x86_64::__cpuid(0x8000_0007).edx & (1 << 8) != 0
+        });
         invariant.then(read)
     }
 }
