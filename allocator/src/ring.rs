@@ -100,8 +100,9 @@ impl EventRing {
     #[inline(never)]
     fn append_slow(&mut self, event: RawEvent) {
         match self.chunks.last_mut() {
-            // A chunk shorter than `CHUNK` at its capacity: the allocator gave less room than
-            // asked (it never does); the vector grows.
+            // A chunk shorter than `CHUNK` at its capacity cannot occur while the ring is not
+            // full (every chunk is made with the room it will hold); should it, the vector
+            // grows, and the slot arithmetic stays right.
             Some(chunk) if chunk.len() < CHUNK => chunk.push(event),
             _ => {
                 let room = (self.capacity - self.chunks.len() * CHUNK).min(CHUNK);
