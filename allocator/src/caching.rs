@@ -623,36 +623,30 @@ impl State {
     /// Links a new block made of `meta` (its links aside) into `at`'s segment just before `at`;
     /// returns its id.
     fn insert_before(&mut self, at: u32, meta: BlockMeta) -> u32 {
-        let prev = self.blocks.get(at).prev;
-        let id = self.blocks.insert(BlockMeta {
-            prev,
-            next: at,
-            ..meta
-        });
-        if prev != NIL {
-            self.blocks.get_mut(prev).next = id;
-        } else {
-            self.segments.get_mut(meta.segment).first = id;
-        }
-        self.blocks.get_mut(at).prev = id;
-        id
+        self.insert_between(self.blocks.get(at).prev, at, meta)
     }
 
     /// Links a new block made of `meta` (its links aside) into `at`'s segment just after `at`;
     /// returns its id.
     fn insert_after(&mut self, at: u32, meta: BlockMeta) -> u32 {
-        let next = self.blocks.get(at).next;
-        let id = self.blocks.insert(BlockMeta {
-            prev: at,
-            next,
-            ..meta
-        });
+        self.insert_between(at, self.blocks.get(at).next, meta)
+    }
+
+    /// Links a new block made of `meta` (its links aside) between the neighbours `prev` and
+    /// `next` of `meta.segment` (`NIL` for the segment's start or end; both for an empty
+    /// segment); returns its id.
+    fn insert_between(&mut self, prev: u32, next: u32, meta: BlockMeta) -> u32 {
+        let id = self.blocks.insert(BlockMeta { prev, next, ..meta });
+        if prev != NIL {
+            self.blocks.get_mut(prev).next = id;
+        } else {
+            self.segments.get_mut(meta.segment).first = id;
+        }
         if next != NIL {
             self.blocks.get_mut(next).prev = id;
         } else {
             self.segments.get_mut(meta.segment).last = id;
         }
-        self.blocks.get_mut(at).next = id;
         id
     }
 
@@ -1699,15 +1693,8 @@ impl<B: Backend> CachingAllocator<B> {
             flags: 0,
             pool: seg.pool,
         };
-        let id = if seg.last != NIL {
-            state.insert_after(seg.last, meta)
-        } else {
-            let id = state.blocks.insert(meta);
-            let s = state.segments.get_mut(segment);
-            s.first = id;
-            s.last = id;
-            id
-        };
+        // After the last block, or as the only block of an empty segment.
+        let id = state.insert_between(seg.last, NIL, meta);
         Some(state.merge_into_free(id))
     }
 
