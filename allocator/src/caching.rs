@@ -2698,7 +2698,7 @@ impl<B: Backend> CachingAllocator<B> {
         for &segment in state.segments_by_addr.values() {
             let seg = state.segments.get(segment);
             // Like PyTorch, an expandable segment with unmapped holes shows as one segment per
-            // mapped run.
+            // mapped run (an expandable segment with nothing mapped shows not at all).
             let push_run = |snapshot: &mut Snapshot, blocks: Vec<Block>| {
                 if let Some(first) = blocks.first() {
                     snapshot.segments.push(Segment {
@@ -2743,19 +2743,8 @@ impl<B: Backend> CachingAllocator<B> {
                 });
                 id = b.next;
             }
-            if seg.expandable {
-                push_run(&mut snapshot, blocks);
-            } else {
-                snapshot.segments.push(Segment {
-                    device: shared.device,
-                    address: seg.addr,
-                    total_size: seg.size,
-                    stream: seg.stream.0,
-                    pool: seg.pool,
-                    expandable: false,
-                    blocks,
-                });
-            }
+            // A plain segment is one run: its blocks cover it from its address.
+            push_run(&mut snapshot, blocks);
         }
         let first = state.ring.next_seq().saturating_sub(max_events as u64);
         snapshot.events = state
