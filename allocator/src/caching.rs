@@ -87,6 +87,22 @@ struct BlockMeta {
 }
 
 impl BlockMeta {
+    /// A free block of `size` bytes at `addr` in `segment`, not yet linked to any neighbour.
+    fn new_free(addr: u64, size: u64, segment: u32, list: u16, pool: Pool) -> BlockMeta {
+        BlockMeta {
+            addr,
+            size,
+            requested: 0,
+            prev: NIL,
+            next: NIL,
+            segment,
+            provenance: NIL,
+            step: 0,
+            list,
+            flags: 0,
+            pool,
+        }
+    }
     fn is_allocated(&self) -> bool {
         self.flags & ALLOCATED != 0
     }
@@ -1512,22 +1528,12 @@ impl<B: Backend> CachingAllocator<B> {
             last: NIL,
             idle_since: state.large_lookups,
         });
-        let block = state.blocks.insert(BlockMeta {
-            addr,
-            size,
-            requested: 0,
-            prev: NIL,
-            next: NIL,
-            segment,
-            provenance: NIL,
-            step: 0,
-            list,
-            flags: 0,
-            pool,
-        });
-        let seg = state.segments.get_mut(segment);
-        seg.first = block;
-        seg.last = block;
+        // The segment's only block.
+        let block = state.insert_between(
+            NIL,
+            NIL,
+            BlockMeta::new_free(addr, size, segment, list, pool),
+        );
         state.segments_by_addr.insert(addr, segment);
         state.stats.segment.increase(pool, 1);
         state.stats.reserved_bytes.increase(pool, size);
@@ -1680,19 +1686,7 @@ impl<B: Backend> CachingAllocator<B> {
         self.map_pages(state, segment, at, length)?;
         state.segments.get_mut(segment).size += length;
         let list = state.list_index(seg.stream, seg.pool);
-        let meta = BlockMeta {
-            addr: at,
-            size: length,
-            requested: 0,
-            prev: NIL,
-            next: NIL,
-            segment,
-            provenance: NIL,
-            step: 0,
-            list,
-            flags: 0,
-            pool: seg.pool,
-        };
+        let meta = BlockMeta::new_free(at, length, segment, list, seg.pool);
         // After the last block, or as the only block of an empty segment.
         let id = state.insert_between(seg.last, NIL, meta);
         Some(state.merge_into_free(id))
