@@ -50,9 +50,17 @@ impl Storage {
     fn bytes_mut(&mut self) -> &mut [u8] {
         bytemuck::cast_slice_mut(&mut self.chunks)
     }
+
+    /// Splits off the memory from byte `at` (a multiple of [`SIM_ALIGNMENT`]) to the end.
+    fn split_off(&mut self, at: u64) -> Storage {
+        let tail = self.chunks.split_off((at / SIM_ALIGNMENT) as usize);
+        self.chunks.shrink_to_fit();
+        Storage { chunks: tail }
+    }
 }
 
-/// One live raw allocation or mapped page.
+/// One live raw allocation, or one run of pages mapped by a single `map` (a later `unmap` of
+/// part of a run splits it).
 struct Region {
     size: u64,
     storage: Option<Storage>,
@@ -84,6 +92,9 @@ struct SimState {
     next_address: u64,
     used: u64,
     segments: BTreeMap<u64, Region>,
+    /// Mapped runs of pages by start address: one entry per `map` call (or per piece of one
+    /// that was partly unmapped), whatever its size, so that mapping terabytes of address
+    /// space on a phantom device costs one entry.
     pages: BTreeMap<u64, Region>,
     reservations: BTreeMap<u64, u64>,
     next_stream: u64,
@@ -309,14 +320,15 @@ impl SimDevice {
         let mut cursor = addr;
         let mut done = 0u64;
         while cursor < end {
-            let page = cursor - cursor % SIM_GRANULARITY;
-            let region = state
+            let (&run, region) = state
                 .pages
-                .get_mut(&page)
+                .range_mut(..=cursor)
+                .next_back()
+                .filter(|(&run, region)| cursor < run + region.size)
                 .ok_or(BackendError::OutOfBounds { addr, len })?;
             let storage = region.storage.as_mut().expect("backed device has storage");
-            let start = (cursor - page) as usize;
-            let take = (SIM_GRANULARITY - (cursor - page)).min(end - cursor) as usize;
+            let start = (cursor - run) as usize;
+            let take = (region.size - (cursor - run)).min(end - cursor) as usize;
             f(&mut storage.bytes_mut()[start..start + take], done);
             cursor += take as u64;
             done += take as u64;
@@ -599,7 +611,20 @@ impl Backend for SimDevice {
 
     fn reserve_address_range(&self, size: u64) -> Result<u64, BackendError> {
         let mut state = self.inner.state.lock();
-        let size = size.div_ceil(SIM_GRANULARITY) * SIM_GRANULARITY;
+        let too_large = BackendError::OutOfMemory {
+            requested: size,
+            free: self.inner.capacity.saturating_sub(state.used),
+        };
+        let size = size
+            .checked_next_multiple_of(SIM_GRANULARITY)
+            .ok_or(too_large.clone())?;
+        let room = state
+            .next_address
+            .checked_next_multiple_of(SIM_GRANULARITY)
+            .and_then(|addr| addr.checked_add(size));
+        if room.is_none() {
+            return Err(too_large);
+        }
         let addr = state.take_addresses(size, SIM_GRANULARITY);
         state.reservations.insert(addr, size);
         Ok(addr)
@@ -609,6 +634,7 @@ impl Backend for SimDevice {
         let mut state = self.inner.state.lock();
         match state.reservations.get(&addr) {
             Some(&reserved) if reserved >= size => {
+                // Runs never cross a reservation's bounds, so any run inside starts inside.
                 if state.pages.range(addr..addr + reserved).next().is_some() {
                     return Err(BackendError::InvalidAddress {
                         addr,
@@ -626,22 +652,30 @@ impl Backend for SimDevice {
     }
 
     fn map(&self, addr: u64, size: u64) -> Result<(), BackendError> {
+        let end = addr.checked_add(size);
         if !addr.is_multiple_of(SIM_GRANULARITY)
             || !size.is_multiple_of(SIM_GRANULARITY)
             || size == 0
+            || end.is_none()
         {
             return Err(BackendError::InvalidAddress {
                 addr,
                 operation: "map (range not page aligned)",
             });
         }
+        let end = end.unwrap_or(u64::MAX);
         let mut state = self.inner.state.lock();
         let inside = state
             .reservations
             .range(..=addr)
             .next_back()
-            .is_some_and(|(&base, &len)| addr + size <= base + len);
-        let overlaps = state.pages.range(addr..addr + size).next().is_some();
+            .is_some_and(|(&base, &len)| end <= base + len);
+        let overlaps_below = state
+            .pages
+            .range(..addr)
+            .next_back()
+            .is_some_and(|(&run, region)| run + region.size > addr);
+        let overlaps = overlaps_below || state.pages.range(addr..end).next().is_some();
         if !inside || overlaps {
             return Err(BackendError::InvalidAddress {
                 addr,
@@ -649,16 +683,9 @@ impl Backend for SimDevice {
             });
         }
         state.admit(size, self.inner.capacity)?;
-        for page in (addr..addr + size).step_by(SIM_GRANULARITY as usize) {
-            let storage = self.inner.backed.then(|| Storage::zeroed(SIM_GRANULARITY));
-            state.pages.insert(
-                page,
-                Region {
-                    size: SIM_GRANULARITY,
-                    storage,
-                },
-            );
-        }
+        // One entry for the whole run: a phantom device's cost does not grow with its size.
+        let storage = self.inner.backed.then(|| Storage::zeroed(size));
+        state.pages.insert(addr, Region { size, storage });
         state.used += size;
         state.counters.raw_allocs += 1;
         state.counters.outstanding_bytes += size;
@@ -666,23 +693,77 @@ impl Backend for SimDevice {
     }
 
     fn unmap(&self, addr: u64, size: u64) -> Result<(), BackendError> {
+        let invalid = BackendError::InvalidAddress {
+            addr,
+            operation: "unmap",
+        };
+        let aligned = addr.is_multiple_of(SIM_GRANULARITY) && size.is_multiple_of(SIM_GRANULARITY);
+        let end = match addr.checked_add(size) {
+            Some(end) if size > 0 && aligned => end,
+            _ => return Err(invalid),
+        };
         let mut state = self.inner.state.lock();
-        let pages: Vec<u64> = (addr..addr.saturating_add(size))
-            .step_by(SIM_GRANULARITY as usize)
-            .collect();
-        if size == 0 || pages.iter().any(|p| !state.pages.contains_key(p)) {
-            return Err(BackendError::InvalidAddress {
+        // The runs that hold the range, which must follow one another without a gap: the one
+        // holding `addr`, then those starting inside the range.
+        let first = state
+            .pages
+            .range(..=addr)
+            .next_back()
+            .filter(|(&run, region)| addr < run + region.size)
+            .map(|(&run, _)| run);
+        let Some(first) = first else {
+            return Err(invalid);
+        };
+        let mut runs = vec![first];
+        let mut covered = first + state.pages[&first].size;
+        for (&run, region) in state.pages.range(first + 1..end) {
+            if run != covered {
+                return Err(invalid);
+            }
+            runs.push(run);
+            covered = run + region.size;
+        }
+        if covered < end {
+            return Err(invalid);
+        }
+        // Split the first and last runs where the range cuts them; the parts outside stay
+        // mapped.
+        let last = *runs.last().unwrap_or(&first);
+        if covered > end {
+            let region = state.pages.get_mut(&last).ok_or(invalid.clone())?;
+            let keep = end - last;
+            let storage = region.storage.as_mut().map(|s| s.split_off(keep));
+            let after = region.size - keep;
+            region.size = keep;
+            state.pages.insert(
+                end,
+                Region {
+                    size: after,
+                    storage,
+                },
+            );
+        }
+        if first < addr {
+            let region = state.pages.get_mut(&first).ok_or(invalid.clone())?;
+            let keep = addr - first;
+            let storage = region.storage.as_mut().map(|s| s.split_off(keep));
+            let inside = region.size - keep;
+            region.size = keep;
+            state.pages.insert(
                 addr,
-                operation: "unmap",
-            });
+                Region {
+                    size: inside,
+                    storage,
+                },
+            );
+            runs[0] = addr;
         }
-        for page in &pages {
-            state.pages.remove(page);
+        for run in &runs {
+            state.pages.remove(run);
         }
-        let bytes = pages.len() as u64 * SIM_GRANULARITY;
-        state.used -= bytes;
+        state.used -= size;
         state.counters.raw_frees += 1;
-        state.counters.outstanding_bytes -= bytes;
+        state.counters.outstanding_bytes -= size;
         Ok(())
     }
 }
@@ -856,5 +937,80 @@ mod tests {
         dev.unmap(base, 2 << 20).unwrap();
         dev.release_address_range(base, 8 << 20).unwrap();
         assert_eq!(dev.counters().outstanding_bytes, 0);
+    }
+
+    #[test]
+    fn a_huge_map_costs_one_entry_not_one_per_page() {
+        // 2^40 bytes are 524,288 pages of 2 MiB: kept as one run.
+        let dev = SimDevice::phantom(1 << 41);
+        let base = dev.reserve_address_range(1 << 40).unwrap();
+        dev.map(base, 1 << 40).unwrap();
+        assert_eq!(dev.inner.state.lock().pages.len(), 1);
+        assert_eq!(dev.mem_info().free, 1 << 40);
+        // Unmapping the middle splits the run in two, whatever the sizes.
+        dev.unmap(base + (1 << 39), 1 << 38).unwrap();
+        assert_eq!(dev.inner.state.lock().pages.len(), 2);
+        assert_eq!(dev.counters().outstanding_bytes, (1 << 40) - (1 << 38));
+        // The hole maps again; overlapping what is mapped does not.
+        assert!(dev
+            .map(base + (1 << 39) - SIM_GRANULARITY, 1 << 30)
+            .is_err());
+        dev.map(base + (1 << 39), 1 << 38).unwrap();
+        assert_eq!(dev.inner.state.lock().pages.len(), 3);
+        // One unmap may span several runs that follow one another.
+        dev.unmap(base, 1 << 40).unwrap();
+        assert!(dev.inner.state.lock().pages.is_empty());
+        assert_eq!(dev.counters().outstanding_bytes, 0);
+        dev.release_address_range(base, 1 << 40).unwrap();
+    }
+
+    #[test]
+    fn a_map_of_2_pow_49_bytes_is_cheap() {
+        // The size a hostile trace asked for (issue 17): one entry, at once.
+        let dev = SimDevice::phantom(1 << 50);
+        let base = dev.reserve_address_range(1 << 49).unwrap();
+        dev.map(base, 1 << 49).unwrap();
+        dev.unmap(base + SIM_GRANULARITY, (1 << 49) - 2 * SIM_GRANULARITY)
+            .unwrap();
+        assert_eq!(dev.inner.state.lock().pages.len(), 2);
+        assert_eq!(dev.counters().outstanding_bytes, 2 * SIM_GRANULARITY);
+        // Address space that cannot exist is refused, not wrapped around.
+        assert!(dev.reserve_address_range(u64::MAX - 5).is_err());
+        assert!(dev.map(base, u64::MAX - SIM_GRANULARITY + 1).is_err());
+    }
+
+    #[test]
+    fn unmap_needs_whole_mapped_pages_without_gaps() {
+        let dev = SimDevice::backed(64 << 20);
+        let base = dev.reserve_address_range(16 << 20).unwrap();
+        dev.map(base, 4 << 20).unwrap();
+        dev.map(base + (6 << 20), 4 << 20).unwrap();
+        // A gap between the runs, a range past the end, or a range not page aligned.
+        assert!(dev.unmap(base, 10 << 20).is_err());
+        assert!(dev.unmap(base + (8 << 20), 4 << 20).is_err());
+        assert!(dev.unmap(base + 4096, 2 << 20).is_err());
+        assert!(dev.unmap(base, 0).is_err());
+        assert_eq!(dev.counters().outstanding_bytes, 8 << 20);
+        // Data on either side of a cut survives the split.
+        dev.copy_host_to_device(base + (4 << 20) - 3, b"abc", StreamId::DEFAULT)
+            .unwrap();
+        dev.copy_host_to_device(base + (6 << 20), b"xyz", StreamId::DEFAULT)
+            .unwrap();
+        dev.unmap(base, 2 << 20).unwrap();
+        dev.unmap(base + (8 << 20), 2 << 20).unwrap();
+        let mut out = [0u8; 3];
+        dev.copy_device_to_host(&mut out, base + (4 << 20) - 3, StreamId::DEFAULT)
+            .unwrap();
+        assert_eq!(&out, b"abc");
+        dev.copy_device_to_host(&mut out, base + (6 << 20), StreamId::DEFAULT)
+            .unwrap();
+        assert_eq!(&out, b"xyz");
+        assert!(dev
+            .copy_device_to_host(&mut out, base + (2 << 20) - 1, StreamId::DEFAULT)
+            .is_err());
+        dev.unmap(base + (2 << 20), 2 << 20).unwrap();
+        dev.unmap(base + (6 << 20), 2 << 20).unwrap();
+        assert_eq!(dev.counters().outstanding_bytes, 0);
+        dev.release_address_range(base, 16 << 20).unwrap();
     }
 }
