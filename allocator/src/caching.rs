@@ -3167,6 +3167,14 @@ impl<B: Backend> Exclusive<'_, B> {
             .map(|handle| handle.addr)
     }
 
+    /// The size of the block that the raw pointer `addr` (from [`Exclusive::alloc_ptr`])
+    /// points to, while it is allocated: what PyTorch's `allocated_bytes` counts for it (the
+    /// request rounded, or a whole free block that was not worth splitting).
+    pub fn block_size_of(&self, addr: u64) -> Option<u64> {
+        let id = *self.state.live.get(&addr)?;
+        Some(self.state.blocks.slots[id as usize].size)
+    }
+
     /// [`CachingAllocator::free_ptr`] under the held lock.
     #[inline]
     pub fn free_ptr(&mut self, addr: u64) -> Result<(), AllocError> {

@@ -11,6 +11,7 @@ pub mod pickle;
 pub mod checks;
 pub mod detect;
 pub mod diff;
+pub mod engine;
 pub mod export;
 pub mod html;
 pub mod model_view;

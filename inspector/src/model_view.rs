@@ -15,22 +15,11 @@
 //! so frees without a matching allocation are counted and otherwise ignored, and the timeline is
 //! lifted by a baseline inferred from the segments at the end. Nothing here fails on odd input.
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 use vramscope_allocator::{BlockState, EventKind, SiteId, Snapshot, TransferDirection};
 
-/// Index into [`ModelView::groups`].
-pub type GroupId = u32;
-
-/// One call-site group: every site id whose call site has the same `file:line`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SiteGroup {
-    /// `file:line`, or `None` for events and blocks without a known call site.
-    pub file_line: Option<String>,
-    /// The function at the site (the first non-empty one among the member sites).
-    pub function: String,
-    /// The site ids that belong to the group, in increasing order.
-    pub sites: Vec<SiteId>,
-}
+pub use crate::engine::{GroupId, GroupKind, SiteGroup, SiteGroups};
+use crate::engine::{MemoryState, Pair, Pairing, Reconstruction};
 
 /// One allocation paired with its free, if the trace has one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -243,8 +232,7 @@ pub struct TraceTotals {
 #[derive(Clone, Debug)]
 pub struct ModelView<'a> {
     snapshot: &'a Snapshot,
-    groups: Vec<SiteGroup>,
-    site_group: Vec<GroupId>,
+    groups: SiteGroups,
     intervals: Vec<Interval>,
     group_intervals: Vec<Vec<u32>>,
     group_events: Vec<Vec<u32>>,
@@ -259,6 +247,7 @@ pub struct ModelView<'a> {
     peak_allocated: u64,
     peak_allocated_event: Option<u32>,
     peak_reserved: u64,
+    peak_reserved_event: Option<u32>,
     end_allocated: u64,
     end_reserved: u64,
     totals: TraceTotals,
@@ -268,73 +257,12 @@ pub struct ModelView<'a> {
     segments: SegmentSummary,
 }
 
-struct GroupTable {
-    groups: Vec<SiteGroup>,
-    by_key: FxHashMap<(String, u32), GroupId>,
-    unknown: Option<GroupId>,
-}
-
-impl GroupTable {
-    /// Groups the call sites of `snapshot` by `file:line`; returns the table and the group of
-    /// each site id.
-    fn from_sites(snapshot: &Snapshot) -> (GroupTable, Vec<GroupId>) {
-        let mut table = GroupTable {
-            groups: Vec::new(),
-            by_key: FxHashMap::default(),
-            unknown: None,
-        };
-        let mut site_group = Vec::with_capacity(snapshot.sites.len());
-        for (id, site) in snapshot.sites.iter().enumerate() {
-            let key = (site.file.clone(), site.line);
-            let g = match table.by_key.get(&key) {
-                Some(&g) => g,
-                None => {
-                    let g = table.groups.len() as GroupId;
-                    table.groups.push(SiteGroup {
-                        file_line: Some(site.file_line()),
-                        function: String::new(),
-                        sites: Vec::new(),
-                    });
-                    table.by_key.insert(key, g);
-                    g
-                }
-            };
-            let group = &mut table.groups[g as usize];
-            group.sites.push(id as SiteId);
-            if group.function.is_empty() && !site.function.is_empty() {
-                group.function = site.function.clone();
-            }
-            site_group.push(g);
-        }
-        (table, site_group)
-    }
-
-    fn unknown(&mut self) -> GroupId {
-        if let Some(g) = self.unknown {
-            return g;
-        }
-        let g = self.groups.len() as GroupId;
-        self.groups.push(SiteGroup {
-            file_line: None,
-            function: String::new(),
-            sites: Vec::new(),
-        });
-        self.unknown = Some(g);
-        g
-    }
-}
-
 impl<'a> ModelView<'a> {
-    /// Builds the view of `snapshot` in one pass over its events and segments.
+    /// Builds the view of `snapshot`: one walk of the engine (`crate::engine`) for the state at
+    /// every event, then one pass over the events for pairing, groups and tallies.
     pub fn new(snapshot: &'a Snapshot) -> ModelView<'a> {
-        let (mut table, site_group) = GroupTable::from_sites(snapshot);
-        let group_of = |table: &mut GroupTable, site: Option<SiteId>| -> GroupId {
-            match site.and_then(|s| site_group.get(s as usize)) {
-                Some(&g) => g,
-                None => table.unknown(),
-            }
-        };
-
+        let walk = Reconstruction::of(snapshot);
+        let groups = SiteGroups::from_sites(&snapshot.sites);
         let (numbers, mut steps) = collect_steps(snapshot);
         let step_index = |step: u64, hint: &mut usize| -> u32 {
             if numbers.get(*hint) != Some(&step) {
@@ -344,21 +272,19 @@ impl<'a> ModelView<'a> {
         };
 
         let mut intervals: Vec<Interval> = Vec::new();
-        let mut live: FxHashMap<(u32, u64), u32> = FxHashMap::default();
-        let mut pending: FxHashSet<(u32, u64)> = FxHashSet::default();
+        let mut interval_of: FxHashMap<u32, u32> = FxHashMap::default();
+        let mut pairing = Pairing::new();
         let mut tallies: FxHashMap<(GroupId, u32), StepTally> = FxHashMap::default();
         let mut group_extra_events: Vec<(GroupId, u32)> = Vec::new();
         let mut event_step = Vec::with_capacity(snapshot.events.len());
-        let mut timeline_raw: Vec<(u32, i64, i64)> = Vec::new();
+        let mut timeline = Vec::new();
         let mut totals = TraceTotals {
             events: snapshot.events.len() as u64,
             ..TraceTotals::default()
         };
         let mut ooms = Vec::new();
-        let (mut allocated, mut reserved) = (0i64, 0i64);
-        let (mut min_allocated, mut min_reserved) = (0i64, 0i64);
-        let mut saw_segment_event = false;
         let mut hint = 0usize;
+        let mut last_usage = walk.start.usage();
 
         for (i, e) in snapshot.events.iter().enumerate() {
             let idx = i as u32;
@@ -367,20 +293,17 @@ impl<'a> ModelView<'a> {
             if steps[s as usize].first_event.is_none() {
                 steps[s as usize].first_event = Some(idx);
             }
-            let key = (e.device, e.addr);
-            let mut changed = false;
-            match e.kind {
-                EventKind::Alloc => {
-                    let g = group_of(&mut table, e.site);
-                    pending.remove(&key);
-                    if let Some(old) = live.insert(key, intervals.len() as u32) {
+            let g = groups.of(e.site);
+            match (e.kind, pairing.push(idx, e)) {
+                (EventKind::Alloc, Pair::Alloc { replaced }) => {
+                    if let Some(old) = replaced.and_then(|a| interval_of.remove(&a)) {
                         // The trace lost the free of the previous block at this address.
                         let old = &mut intervals[old as usize];
                         old.free_event = Some(idx);
                         old.free_step = Some(s);
-                        allocated = allocated.saturating_sub(signed(old.size));
                         totals.lost_frees += 1;
                     }
+                    interval_of.insert(idx, intervals.len() as u32);
                     intervals.push(Interval {
                         group: g,
                         device: e.device,
@@ -396,14 +319,10 @@ impl<'a> ModelView<'a> {
                     t.allocs += 1;
                     t.alloc_bytes = t.alloc_bytes.saturating_add(e.size);
                     totals.allocs += 1;
-                    allocated = allocated.saturating_add(signed(e.size));
-                    changed = true;
                 }
-                EventKind::FreeRequested | EventKind::FreeCompleted => {
-                    let completes_pending =
-                        e.kind == EventKind::FreeCompleted && pending.remove(&key);
-                    if !completes_pending {
-                        if let Some(at) = live.remove(&key) {
+                (_, Pair::Free(link)) if link.ends_allocation => {
+                    match link.alloc.and_then(|a| interval_of.remove(&a)) {
+                        Some(at) => {
                             let interval = &mut intervals[at as usize];
                             interval.free_event = Some(idx);
                             interval.free_step = Some(s);
@@ -411,56 +330,40 @@ impl<'a> ModelView<'a> {
                             t.frees += 1;
                             t.free_bytes = t.free_bytes.saturating_add(interval.size);
                             totals.frees += 1;
-                            allocated = allocated.saturating_sub(signed(interval.size));
-                        } else {
+                        }
+                        None => {
                             totals.unmatched_frees += 1;
                             totals.unmatched_free_bytes =
                                 totals.unmatched_free_bytes.saturating_add(e.size);
-                            allocated = allocated.saturating_sub(signed(e.size));
                         }
-                        if e.kind == EventKind::FreeRequested {
-                            pending.insert(key);
-                        }
-                        changed = true;
                     }
                 }
-                EventKind::SegmentAlloc | EventKind::SegmentMap => {
-                    let g = group_of(&mut table, e.site);
+                (EventKind::SegmentAlloc | EventKind::SegmentMap, _) => {
                     let t = tallies.entry((g, s)).or_default();
                     t.segment_allocs += 1;
                     t.segment_alloc_bytes = t.segment_alloc_bytes.saturating_add(e.size);
                     totals.segment_allocs += 1;
-                    reserved = reserved.saturating_add(signed(e.size));
-                    saw_segment_event = true;
-                    changed = true;
                     group_extra_events.push((g, idx));
                 }
-                EventKind::SegmentFree | EventKind::SegmentUnmap => {
-                    let g = group_of(&mut table, e.site);
+                (EventKind::SegmentFree | EventKind::SegmentUnmap, _) => {
                     let t = tallies.entry((g, s)).or_default();
                     t.segment_frees += 1;
                     t.segment_free_bytes = t.segment_free_bytes.saturating_add(e.size);
                     totals.segment_frees += 1;
-                    reserved = reserved.saturating_sub(signed(e.size));
-                    saw_segment_event = true;
-                    changed = true;
                     group_extra_events.push((g, idx));
                 }
-                EventKind::EmptyCache => {
-                    let g = group_of(&mut table, e.site);
+                (EventKind::EmptyCache, _) => {
                     tallies.entry((g, s)).or_default().empty_cache += 1;
                     totals.empty_cache += 1;
                     group_extra_events.push((g, idx));
                 }
-                EventKind::Oom => {
-                    let g = group_of(&mut table, e.site);
+                (EventKind::Oom, _) => {
                     tallies.entry((g, s)).or_default().ooms += 1;
                     totals.ooms += 1;
                     ooms.push(idx);
                     group_extra_events.push((g, idx));
                 }
-                EventKind::Transfer(direction) => {
-                    let g = group_of(&mut table, e.site);
+                (EventKind::Transfer(direction), _) => {
                     let t = tallies.entry((g, s)).or_default();
                     match direction {
                         TransferDirection::HostToDevice => {
@@ -481,18 +384,28 @@ impl<'a> ModelView<'a> {
                     totals.transfers += 1;
                     group_extra_events.push((g, idx));
                 }
-                EventKind::Sync => {
-                    let g = group_of(&mut table, e.site);
+                (EventKind::Sync, _) => {
                     tallies.entry((g, s)).or_default().syncs += 1;
                     totals.syncs += 1;
                     group_extra_events.push((g, idx));
                 }
-                EventKind::Step | EventKind::Snapshot => {}
+                _ => {}
             }
-            if changed {
-                min_allocated = min_allocated.min(allocated);
-                min_reserved = min_reserved.min(reserved);
-                timeline_raw.push((idx, allocated, reserved));
+            let usage = walk.usage[i];
+            if usage != last_usage {
+                last_usage = usage;
+                timeline.push(TimelinePoint {
+                    event: idx,
+                    seq: e.seq,
+                    time_ns: e.time_ns,
+                    step: e.step,
+                    allocated: usage.allocated,
+                    reserved: if walk.reserved_known {
+                        usage.reserved
+                    } else {
+                        0
+                    },
+                });
             }
         }
 
@@ -505,105 +418,8 @@ impl<'a> ModelView<'a> {
             t.retained_bytes = t.retained_bytes.saturating_add(interval.size);
         }
 
-        let segments = summarize_segments(snapshot);
-        // What is live at the end: the trace's live intervals plus allocated blocks of the
-        // segments that the trace never saw allocated (they predate the recording).
-        let (live_end, preexisting_live) = {
-            let mut preexisting = 0u64;
-            let mut by_group: FxHashMap<GroupId, Holding> = FxHashMap::default();
-            let mut seen: FxHashSet<(u32, u64)> = FxHashSet::default();
-            for iv in intervals.iter().filter(|iv| iv.is_live_at_end()) {
-                seen.insert((iv.device, iv.addr));
-                let step = steps[iv.alloc_step as usize].step;
-                add_holding(&mut by_group, iv.group, iv.size, iv.requested, step);
-            }
-            for segment in &snapshot.segments {
-                for block in &segment.blocks {
-                    if block.state == BlockState::ActiveAllocated
-                        && !seen.contains(&(segment.device, block.address))
-                    {
-                        preexisting = preexisting.saturating_add(block.size);
-                        let g = group_of(&mut table, block.site);
-                        add_holding(
-                            &mut by_group,
-                            g,
-                            block.size,
-                            block.requested_size,
-                            block.step,
-                        );
-                    }
-                }
-            }
-            (sorted_holdings(by_group), preexisting)
-        };
-
-        // The segments at the end, and the baseline they imply for the timeline. With segments,
-        // the bytes allocated before the trace are known block by block: those freed in the
-        // trace plus those still live at the end. (Comparing totals instead would mix block
-        // sizes with the request sizes some traces record.) Without segments, the statistics'
-        // current figure at the end is the best guide.
-        let end_reserved_known = if snapshot.segments.is_empty() {
-            snapshot.stats.reserved_bytes.all.current
-        } else {
-            segments.reserved
-        };
-        let baseline_allocated = if snapshot.segments.is_empty() {
-            signed(snapshot.stats.allocated_bytes.all.current)
-                .saturating_sub(allocated)
-                .max(min_allocated.saturating_neg())
-                .max(0)
-        } else {
-            signed(totals.unmatched_free_bytes.saturating_add(preexisting_live))
-        }
-        .max(min_allocated.saturating_neg());
-        let baseline_reserved = signed(end_reserved_known)
-            .saturating_sub(reserved)
-            .max(min_reserved.saturating_neg())
-            .max(0);
-        let reserved_known = saw_segment_event || end_reserved_known > 0;
-        let mut timeline = Vec::with_capacity(timeline_raw.len());
-        let (mut peak_allocated, mut peak_allocated_event, mut peak_reserved) =
-            (baseline_allocated as u64, None, 0u64);
-        if reserved_known {
-            peak_reserved = baseline_reserved as u64;
-        }
-        for (idx, a, r) in timeline_raw {
-            let e = &snapshot.events[idx as usize];
-            let allocated = a.saturating_add(baseline_allocated).max(0) as u64;
-            let reserved = if reserved_known {
-                r.saturating_add(baseline_reserved).max(0) as u64
-            } else {
-                0
-            };
-            if allocated > peak_allocated {
-                peak_allocated = allocated;
-                peak_allocated_event = Some(idx);
-            }
-            peak_reserved = peak_reserved.max(reserved);
-            timeline.push(TimelinePoint {
-                event: idx,
-                seq: e.seq,
-                time_ns: e.time_ns,
-                step: e.step,
-                allocated,
-                reserved,
-            });
-        }
-        let end_allocated = timeline
-            .last()
-            .map(|p| p.allocated)
-            .unwrap_or(baseline_allocated as u64);
-        let end_reserved = timeline
-            .last()
-            .map(|p| p.reserved)
-            .unwrap_or(if reserved_known {
-                baseline_reserved as u64
-            } else {
-                0
-            });
-
         // Per-group indexes.
-        let n_groups = table.groups.len();
+        let n_groups = groups.len();
         let mut group_intervals = vec![Vec::new(); n_groups];
         for (i, iv) in intervals.iter().enumerate() {
             group_intervals[iv.group as usize].push(i as u32);
@@ -622,10 +438,15 @@ impl<'a> ModelView<'a> {
             list.sort_unstable_by_key(|(s, _)| *s);
         }
 
-        let mut view = ModelView {
+        let known_reserved = |bytes: u64| if walk.reserved_known { bytes } else { 0 };
+        let live_end = holdings_of(&walk.end, &groups);
+        let live_peak = match walk.peak_allocated.event {
+            Some(at) => holdings_of(&walk.state_at(&snapshot.events, at as usize + 1), &groups),
+            None => holdings_of(&walk.start, &groups),
+        };
+        ModelView {
             snapshot,
-            groups: table.groups,
-            site_group,
+            groups,
             intervals,
             group_intervals,
             group_events,
@@ -634,25 +455,21 @@ impl<'a> ModelView<'a> {
             step_totals,
             group_steps,
             timeline,
-            reserved_known,
-            baseline_allocated: baseline_allocated as u64,
-            baseline_reserved: baseline_reserved as u64,
-            peak_allocated,
-            peak_allocated_event,
-            peak_reserved,
-            end_allocated,
-            end_reserved,
+            reserved_known: walk.reserved_known,
+            baseline_allocated: walk.start.allocated,
+            baseline_reserved: known_reserved(walk.start.reserved),
+            peak_allocated: walk.peak_allocated.bytes,
+            peak_allocated_event: walk.peak_allocated.event,
+            peak_reserved: known_reserved(walk.peak_reserved.bytes),
+            peak_reserved_event: walk.peak_reserved.event,
+            end_allocated: walk.end.allocated,
+            end_reserved: known_reserved(walk.end.reserved),
             totals,
             ooms,
             live_end,
-            live_peak: Vec::new(),
-            segments,
-        };
-        view.live_peak = match view.peak_allocated_event {
-            Some(at) => view.holdings(|iv| iv.is_live_after(at)),
-            None => Vec::new(),
-        };
-        view
+            live_peak,
+            segments: summarize_segments(snapshot),
+        }
     }
 
     /// What each group holds just after event `event` (blocks allocated inside the trace),
@@ -676,19 +493,24 @@ impl<'a> ModelView<'a> {
         self.snapshot
     }
 
-    /// The call-site groups.
+    /// The call-site groups, by id.
     pub fn groups(&self) -> &[SiteGroup] {
+        self.groups.all()
+    }
+
+    /// The grouping itself (to group blocks and sites the same way elsewhere).
+    pub fn site_groups(&self) -> &SiteGroups {
         &self.groups
     }
 
     /// One group.
     pub fn group(&self, group: GroupId) -> &SiteGroup {
-        &self.groups[group as usize]
+        self.groups.get(group)
     }
 
     /// The group a site id belongs to (`None` for ids outside the site table).
     pub fn group_of_site(&self, site: SiteId) -> Option<GroupId> {
-        self.site_group.get(site as usize).copied()
+        self.groups.of_site(site)
     }
 
     /// Every allocation of the trace with its free, in allocation order.
@@ -795,13 +617,13 @@ impl<'a> ModelView<'a> {
         self.reserved_known
     }
 
-    /// Bytes allocated before the trace began, inferred from the segments at the end and from
-    /// frees of unknown blocks.
+    /// Bytes allocated before the trace began: the engine's start state (blocks the trace
+    /// frees or the dump-time state shows, and what the statistics say beyond them).
     pub fn baseline_allocated(&self) -> u64 {
         self.baseline_allocated
     }
 
-    /// Bytes reserved before the trace began, inferred the same way.
+    /// Bytes reserved before the trace began (0 when unknown).
     pub fn baseline_reserved(&self) -> u64 {
         self.baseline_reserved
     }
@@ -819,6 +641,11 @@ impl<'a> ModelView<'a> {
     /// The highest reserved bytes on the timeline (0 when unknown).
     pub fn peak_reserved(&self) -> u64 {
         self.peak_reserved
+    }
+
+    /// The event after which reserved bytes peaked (`None` when the start held the peak).
+    pub fn peak_reserved_event(&self) -> Option<u32> {
+        self.peak_reserved_event
     }
 
     /// Allocated bytes at the end of the trace.
@@ -841,14 +668,15 @@ impl<'a> ModelView<'a> {
         &self.ooms
     }
 
-    /// What each group holds at the end, largest first (blocks allocated before the trace
-    /// began are included when the snapshot's segments show them).
+    /// What each group holds at the end, largest first; the bytes sum to
+    /// [`ModelView::end_allocated`] (memory from before the trace under its site, or under
+    /// [`SiteGroups::BEFORE_TRACE`]).
     pub fn live_at_end(&self) -> &[Holding] {
         &self.live_end
     }
 
-    /// What each group holds at the peak of allocated bytes, largest first (only blocks
-    /// allocated inside the trace).
+    /// What each group holds at the peak of allocated bytes, largest first; the bytes sum to
+    /// [`ModelView::peak_allocated`] (memory from before the trace included, as at the end).
     pub fn live_at_peak(&self) -> &[Holding] {
         &self.live_peak
     }
@@ -890,11 +718,6 @@ fn collect_steps(snapshot: &Snapshot) -> (Vec<u64>, Vec<StepInfo>) {
     (numbers, steps)
 }
 
-/// A byte count as a signed figure, clamped so that sums and differences stay in range.
-fn signed(bytes: u64) -> i64 {
-    bytes.min(1 << 62) as i64
-}
-
 fn add_holding(
     by_group: &mut FxHashMap<GroupId, Holding>,
     group: GroupId,
@@ -915,6 +738,33 @@ fn add_holding(
     h.requested = h.requested.saturating_add(requested);
     h.first_step = h.first_step.min(step);
     h.last_step = h.last_step.max(step);
+}
+
+/// What each group holds in `state` (pending frees left out, as from the allocated figure),
+/// with the state's unattributed bytes under [`SiteGroups::BEFORE_TRACE`].
+fn holdings_of(state: &MemoryState, groups: &SiteGroups) -> Vec<Holding> {
+    let mut by_group: FxHashMap<GroupId, Holding> = FxHashMap::default();
+    for block in state.blocks.values().filter(|b| !b.pending) {
+        add_holding(
+            &mut by_group,
+            groups.of_block(block),
+            block.size,
+            block.requested,
+            block.step,
+        );
+    }
+    if state.unattributed.allocated > 0 {
+        let h = by_group.entry(SiteGroups::BEFORE_TRACE).or_insert(Holding {
+            group: SiteGroups::BEFORE_TRACE,
+            bytes: 0,
+            blocks: 0,
+            requested: 0,
+            first_step: 0,
+            last_step: 0,
+        });
+        h.bytes = h.bytes.saturating_add(state.unattributed.allocated);
+    }
+    sorted_holdings(by_group)
 }
 
 fn sorted_holdings(by_group: FxHashMap<GroupId, Holding>) -> Vec<Holding> {
@@ -1144,6 +994,7 @@ mod tests {
         assert_eq!(view.loop_steps(), 1..3);
         assert_eq!(view.steps()[2].label, "mark_step");
         assert_eq!(view.step_totals()[2].allocs, 1);
-        assert_eq!(view.live_after_step(0, 0), (1, 512));
+        let group = view.group_of_site(a).unwrap();
+        assert_eq!(view.live_after_step(group, 0), (1, 512));
     }
 }

@@ -16,6 +16,8 @@ use std::collections::BTreeMap;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 use vramscope_allocator::caching::round_size;
+
+use crate::engine::{Pair, Pairing};
 use vramscope_allocator::{
     AllocError, AllocatorConfig, BlockState, CachingAllocator, EventKind, Pool, SimDevice,
     Snapshot, StreamId,
@@ -448,6 +450,72 @@ pub fn replay(
     options: &ReplayOptions,
     progress: &mut dyn FnMut(usize, usize),
 ) -> ReplayResult {
+    replay_recording(snapshot, options, progress, None)
+}
+
+/// Where the block sizes of a trace's allocations came from ([`size_blocks`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockSizing {
+    /// From a replay with the trace's own settings whose device calls were the trace's, call
+    /// for call: the sizes PyTorch's allocator gave the blocks.
+    Replayed,
+    /// Each request rounded as PyTorch rounds it (512 bytes, or the power-of-two divisions of
+    /// the settings): an estimate, short of the truth where a whole free block was given to a
+    /// smaller request.
+    Rounded,
+}
+
+/// Gives every allocation and free of a trace that records requested sizes (PyTorch's) its
+/// block size, the figure PyTorch's `allocated_bytes` counts, so that every view of the trace
+/// shows PyTorch's own allocated bytes. The trace is replayed with its own settings; when the
+/// replay's device calls are the trace's, call for call, the replay's blocks are PyTorch's
+/// and their sizes are taken, else each request is rounded. `Event::requested` keeps the
+/// request. Frees take the size of the allocation they release.
+pub fn size_blocks(snapshot: &mut Snapshot) -> BlockSizing {
+    let options = ReplayOptions {
+        config: snapshot.config.clone(),
+        verify: true,
+        ..ReplayOptions::default()
+    };
+    let mut replayed = vec![0u64; snapshot.events.len()];
+    let result = replay_recording(snapshot, &options, &mut |_, _| {}, Some(&mut replayed));
+    let sizing = match &result.device_calls {
+        Some(check) if check.trace_calls > 0 && check.first_difference.is_none() => {
+            BlockSizing::Replayed
+        }
+        _ => BlockSizing::Rounded,
+    };
+    let divisions = snapshot.config.roundup_power2_divisions;
+    let mut pairing = Pairing::new();
+    let mut block = vec![0u64; snapshot.events.len()];
+    for (i, e) in snapshot.events.iter_mut().enumerate() {
+        let requested = if e.requested > 0 { e.requested } else { e.size };
+        let rounded = || round_size(requested, divisions);
+        match pairing.push(i as u32, e) {
+            Pair::Alloc { .. } => {
+                block[i] = match replayed[i] {
+                    size if size > 0 && sizing == BlockSizing::Replayed => size,
+                    _ => rounded(),
+                };
+                e.size = block[i];
+            }
+            Pair::Free(link) => {
+                e.size = link.alloc.map_or_else(rounded, |a| block[a as usize]);
+            }
+            Pair::Other => {}
+        }
+    }
+    sizing
+}
+
+/// [`replay`], also writing into `block_sizes` (indexed like the snapshot's events) the size
+/// of the block each replayed allocation got.
+fn replay_recording(
+    snapshot: &Snapshot,
+    options: &ReplayOptions,
+    progress: &mut dyn FnMut(usize, usize),
+    mut block_sizes: Option<&mut Vec<u64>>,
+) -> ReplayResult {
     let device = device_of(snapshot);
     let capacity = options.capacity.unwrap_or(UNLIMITED_CAPACITY);
     let mut config = options.config.clone().untracked();
@@ -519,7 +587,8 @@ pub fn replay(
     let events: Vec<_> = snapshot
         .events
         .iter()
-        .filter(|e| {
+        .enumerate()
+        .filter(|(_, e)| {
             e.device == device
                 && matches!(
                     e.kind,
@@ -538,7 +607,7 @@ pub fn replay(
     };
     // The replay is the allocator's only user: hold its lock for the whole sequence.
     let mut exclusive = alloc.exclusive();
-    for (i, event) in events.iter().enumerate() {
+    for (i, &(index, event)) in events.iter().enumerate() {
         if i % 8192 == 0 {
             progress(i, total);
         }
@@ -552,6 +621,9 @@ pub fn replay(
                 match exclusive.alloc_ptr(requested, StreamId(event.stream)) {
                     Ok(ours) => {
                         addresses.insert(event.addr, ours);
+                        if let Some(sizes) = block_sizes.as_deref_mut() {
+                            sizes[index] = exclusive.block_size_of(ours).unwrap_or(0);
+                        }
                     }
                     Err(AllocError::OutOfMemory(report)) => {
                         addresses.remove(&event.addr);

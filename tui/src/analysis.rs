@@ -14,7 +14,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 use vramscope_allocator::Snapshot;
 use vramscope_inspector::detect::{self, DetectOptions, Finding};
-use vramscope_inspector::model_view::ModelView;
+use vramscope_inspector::model_view::{GroupId, ModelView};
 
 /// Steps over which growth per step is averaged.
 const GROWTH_WINDOW: u32 = 8;
@@ -28,8 +28,9 @@ pub struct Analysis {
     pub version: u64,
     /// Findings, most severe first.
     pub findings: Vec<Finding>,
-    /// Bytes added per step lately, by call-site label (`file:line`).
-    pub growth: FxHashMap<String, f64>,
+    /// Bytes added per step lately, by call-site group (the ids of
+    /// `vramscope_inspector::engine::SiteGroups`, which the dataset's groups share).
+    pub growth: FxHashMap<GroupId, f64>,
 }
 
 /// A request for an analysis.
@@ -58,7 +59,7 @@ pub fn analyze(job: &Job) -> Analysis {
 
 /// Bytes each group gained per step over the last completed steps (at most
 /// [`GROWTH_WINDOW`]).
-fn growth(view: &ModelView<'_>) -> FxHashMap<String, f64> {
+fn growth(view: &ModelView<'_>) -> FxHashMap<GroupId, f64> {
     let mut out = FxHashMap::default();
     let steps = view.loop_steps();
     if steps.len() < 2 {
@@ -68,18 +69,14 @@ fn growth(view: &ModelView<'_>) -> FxHashMap<String, f64> {
     let last = steps.end - 2;
     let window = (last - steps.start).clamp(1, GROWTH_WINDOW);
     let first = last.saturating_sub(window);
-    for (g, group) in view.groups().iter().enumerate() {
-        if view.group_intervals(g as u32).is_empty() {
+    for g in 0..view.groups().len() as GroupId {
+        if view.group_intervals(g).is_empty() {
             continue;
         }
-        let (_, before) = view.live_after_step(g as u32, first);
-        let (_, after) = view.live_after_step(g as u32, last);
+        let (_, before) = view.live_after_step(g, first);
+        let (_, after) = view.live_after_step(g, last);
         let per_step = (after as f64 - before as f64) / f64::from(last - first);
-        let label = group
-            .file_line
-            .clone()
-            .unwrap_or_else(|| "(unknown site)".to_string());
-        out.insert(label, per_step);
+        out.insert(g, per_step);
     }
     out
 }

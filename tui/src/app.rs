@@ -293,7 +293,7 @@ pub struct SegmentFigures {
 
 impl SegmentFigures {
     /// Computes the figures of `state` in one pass over its segments and blocks.
-    pub fn of(state: &crate::replay::MemoryState) -> SegmentFigures {
+    pub fn of(state: &vramscope_inspector::engine::MemoryState) -> SegmentFigures {
         let mut f = SegmentFigures {
             count: state.segments.len() as u64,
             ..SegmentFigures::default()
@@ -447,7 +447,7 @@ impl App {
     }
 
     /// The state at the cursor, as [`App::prepare`] left it (the end state before that).
-    pub fn state_for_draw(&self) -> &crate::replay::MemoryState {
+    pub fn state_for_draw(&self) -> &vramscope_inspector::engine::MemoryState {
         let pos = self.pos();
         self.data
             .cached_state(pos)
@@ -635,7 +635,7 @@ impl App {
         let mut live_blocks = 0u64;
         for b in state.blocks.values() {
             live_blocks += 1;
-            let g = groups.of(b.site);
+            let g = groups.of_block(b);
             let row = by_group.entry(g).or_insert(SiteRow {
                 group: g,
                 bytes: 0,
@@ -662,16 +662,16 @@ impl App {
             .filter(|r| {
                 filter.is_empty() || {
                     let g = groups.get(r.group);
-                    g.label.to_lowercase().contains(&filter)
+                    g.label().to_lowercase().contains(&filter)
                         || g.function.to_lowercase().contains(&filter)
                 }
             })
             .map(|mut r| {
-                r.growth = growth.and_then(|m| m.get(&groups.get(r.group).label).copied());
+                r.growth = growth.and_then(|m| m.get(&r.group).copied());
                 r
             })
             .collect();
-        let label = |r: &SiteRow| groups.get(r.group).label.clone();
+        let label = |r: &SiteRow| groups.get(r.group).label().to_string();
         match self.sites.sort {
             SiteSort::Bytes => {
                 sites.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(label(a).cmp(&label(b))))
@@ -816,7 +816,7 @@ impl App {
                 .all()
                 .iter()
                 .map(|g| {
-                    g.label.to_lowercase().contains(&filter)
+                    g.label().to_lowercase().contains(&filter)
                         || g.function.to_lowercase().contains(&filter)
                 })
                 .collect()

@@ -4,108 +4,26 @@
 //! program (`crate::source::LiveSource`) and an in-process allocator
 //! (`crate::source::InProcessSource`) start from a snapshot with its history and then append
 //! events, table additions and statistics. [`Dataset`] keeps the events in the one data model
-//! (`vramscope_allocator::Snapshot`, shared with the analysis thread of `crate::analysis`),
-//! pairs frees with their allocations, and uses `crate::replay` to know the allocated and
-//! reserved bytes after every event and the segments and live blocks at any cursor position.
+//! (`vramscope_allocator::Snapshot`, shared with the analysis thread of `crate::analysis`)
+//! and derives everything else with the inspector's engine (`vramscope_inspector::engine`):
+//! the start state reconstructed once, frees paired with their allocations, the allocated and
+//! reserved bytes after every event, call-site groups, and the segments and live blocks at any
+//! cursor position. So the dashboard shows the figures `report` prints, at every event.
 //!
 //! Positions are counts of events applied: position `k` is the state after the first `k`
 //! events, so `0` is the state before the first event and `len()` the latest.
 
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
 use vramscope_allocator::telemetry::TablesFrame;
-use vramscope_allocator::{CallSite, Event, EventKind, MemoryStats, SiteId, Snapshot, StepMark};
-
-use crate::replay::{MemoryState, Usage, NO_EVENT};
-
-/// Flag on a free's link: the trace also has the free request, so the block was pending just
-/// before the free completed.
-const REQUESTED: u32 = 1 << 31;
-const INDEX: u32 = REQUESTED - 1;
+use vramscope_allocator::{Event, EventKind, MemoryStats, Snapshot, StepMark};
+use vramscope_inspector::engine::{self, FreeLink, MemoryState, Pair, Pairing, SiteGroups, Usage};
 
 /// The most events undone to move the cursor back, rather than starting from a checkpoint.
 const UNDO_LIMIT: usize = 4096;
 
 /// The most checkpoints kept; past that every other one is dropped.
 const MAX_CHECKPOINTS: usize = 64;
-
-/// A call-site group: every call site with the same `file:line`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GroupInfo {
-    /// `file:line`, or `(unknown site)`.
-    pub label: String,
-    /// The function at the site, when known.
-    pub function: String,
-    /// Site ids in the group.
-    pub sites: Vec<SiteId>,
-}
-
-/// Call sites grouped by `file:line`, kept in step with a growing site table.
-#[derive(Clone, Debug, Default)]
-pub struct Groups {
-    list: Vec<GroupInfo>,
-    site_group: Vec<u32>,
-    by_label: FxHashMap<String, u32>,
-}
-
-impl Groups {
-    /// The group of sites without a known call site.
-    pub const UNKNOWN: u32 = 0;
-
-    fn new() -> Groups {
-        let mut g = Groups::default();
-        g.list.push(GroupInfo {
-            label: "(unknown site)".to_string(),
-            function: String::new(),
-            sites: Vec::new(),
-        });
-        g
-    }
-
-    /// Adds the sites the table has beyond those already grouped.
-    fn sync(&mut self, sites: &[CallSite]) {
-        for (id, site) in sites.iter().enumerate().skip(self.site_group.len()) {
-            let label = site.file_line();
-            let next = self.list.len() as u32;
-            let g = *self.by_label.entry(label.clone()).or_insert(next);
-            if g == next {
-                self.list.push(GroupInfo {
-                    label,
-                    function: site.function.clone(),
-                    sites: Vec::new(),
-                });
-            }
-            let info = &mut self.list[g as usize];
-            if info.function.is_empty() {
-                info.function = site.function.clone();
-            }
-            info.sites.push(id as SiteId);
-            self.site_group.push(g);
-        }
-    }
-
-    /// The group of a site id.
-    pub fn of(&self, site: Option<SiteId>) -> u32 {
-        site.and_then(|s| self.site_group.get(s as usize).copied())
-            .unwrap_or(Groups::UNKNOWN)
-    }
-
-    /// One group.
-    pub fn get(&self, group: u32) -> &GroupInfo {
-        &self.list[group as usize]
-    }
-
-    /// Every group; index 0 is the unknown site.
-    pub fn all(&self) -> &[GroupInfo] {
-        &self.list
-    }
-
-    /// The group whose label is `label`.
-    pub fn by_label(&self, label: &str) -> Option<u32> {
-        self.by_label.get(label).copied()
-    }
-}
 
 /// Where the data comes from, for the header.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -168,10 +86,10 @@ pub struct Dataset {
     checkpoints: Vec<(usize, MemoryState)>,
     checkpoint_every: usize,
     link: Vec<u32>,
-    open: FxHashMap<u64, u32>,
+    pairing: Pairing,
     step_starts: Vec<(u64, usize)>,
     ooms: Vec<usize>,
-    groups: Groups,
+    groups: SiteGroups,
     cache: Option<(usize, MemoryState)>,
     version: u64,
     /// Whether `snapshot.segments` still describe the head state.
@@ -197,10 +115,10 @@ impl Dataset {
             checkpoints: Vec::new(),
             checkpoint_every: 16_384,
             link: Vec::new(),
-            open: FxHashMap::default(),
+            pairing: Pairing::new(),
             step_starts: Vec::new(),
             ooms: Vec::new(),
-            groups: Groups::new(),
+            groups: SiteGroups::new(),
             cache: None,
             version: 0,
             segments_current: true,
@@ -221,44 +139,26 @@ impl Dataset {
     fn load(&mut self, snapshot: Snapshot) {
         let n = snapshot.events.len();
         self.checkpoint_every = (n / 48).clamp(16_384, 1 << 20);
-        // Pair frees with allocations, going forwards.
-        let mut link = vec![NO_EVENT; n];
-        let mut open: FxHashMap<u64, u32> = FxHashMap::default();
-        for (i, e) in snapshot.events.iter().enumerate() {
-            link_event(&mut open, &mut link, i, e);
-        }
-        // The end state, then every event undone, going backwards.
-        let mut state = MemoryState::from_segments(&snapshot.segments);
-        for (&addr, &i) in &open {
-            if let Some(b) = state.blocks.get_mut(&addr) {
-                b.alloc_event = i & INDEX;
-            }
-        }
-        self.head = state.clone();
-        let mut usage = vec![Usage::default(); n];
         let mut checkpoints = Vec::new();
-        for i in (0..n).rev() {
-            usage[i] = state.usage();
-            if (i + 1).is_multiple_of(self.checkpoint_every) && i + 1 < n {
-                checkpoints.push((i + 1, state.clone()));
-            }
-            undo_event(&mut state, &snapshot.events, &link, i);
-        }
-        self.start_usage = state.usage();
-        checkpoints.push((0, state));
+        let walk = engine::Reconstruction::new(&snapshot, self.checkpoint_every, &mut |k, s| {
+            checkpoints.push((k, s.clone()));
+        });
+        self.head = walk.end;
+        self.start_usage = walk.start.usage();
+        checkpoints.push((0, walk.start));
         checkpoints.reverse();
         let mut peaks = Vec::with_capacity(n);
         let mut peak = self.start_usage;
-        for u in &usage {
+        for u in &walk.usage {
             peak.allocated = peak.allocated.max(u.allocated);
             peak.reserved = peak.reserved.max(u.reserved);
             peaks.push(peak);
         }
-        self.usage = usage;
+        self.usage = walk.usage;
         self.peaks = peaks;
         self.checkpoints = checkpoints;
-        self.link = link;
-        self.open = open;
+        self.link = walk.links;
+        self.pairing = walk.pairing;
         self.ooms = snapshot
             .events
             .iter()
@@ -266,8 +166,7 @@ impl Dataset {
             .filter(|(_, e)| e.kind == EventKind::Oom)
             .map(|(i, _)| i)
             .collect();
-        self.groups = Groups::new();
-        self.groups.sync(&snapshot.sites);
+        self.groups = SiteGroups::from_sites(&snapshot.sites);
         self.cache = None;
         self.segments_current = true;
         self.snapshot = Arc::new(snapshot);
@@ -283,8 +182,10 @@ impl Dataset {
         let snapshot = Arc::make_mut(&mut self.snapshot);
         for e in events {
             let i = snapshot.events.len();
-            self.link.push(NO_EVENT);
-            link_event(&mut self.open, &mut self.link, i, e);
+            self.link.push(match self.pairing.push(i as u32, e) {
+                Pair::Free(link) => link.pack(),
+                _ => FreeLink::NONE.pack(),
+            });
             self.head.apply(e, i as u32);
             let u = self.head.usage();
             let mut peak = self.peaks.last().copied().unwrap_or(self.start_usage);
@@ -331,23 +232,16 @@ impl Dataset {
             return;
         }
         let start = self.state_at(count).clone();
-        let shift = |i: u32| -> u32 {
-            if i == NO_EVENT {
-                return NO_EVENT;
-            }
-            let flag = i & REQUESTED;
-            let idx = i & INDEX;
-            if (idx as usize) < count {
-                NO_EVENT
-            } else {
-                (idx - count as u32) | flag
-            }
+        let shift = |bits: u32| -> u32 {
+            let mut link = FreeLink::unpack(bits);
+            link.alloc = link.alloc.and_then(|a| a.checked_sub(count as u32));
+            link.pack()
         };
         let fix_blocks = |state: &mut MemoryState| {
             for b in state.blocks.values_mut() {
-                if b.alloc_event != NO_EVENT {
+                if b.alloc_event != engine::NO_EVENT {
                     b.alloc_event = if (b.alloc_event as usize) < count {
-                        NO_EVENT
+                        engine::NO_EVENT
                     } else {
                         b.alloc_event - count as u32
                     };
@@ -364,10 +258,7 @@ impl Dataset {
         for l in &mut self.link {
             *l = shift(*l);
         }
-        for v in self.open.values_mut() {
-            *v = shift(*v);
-        }
-        self.open.retain(|_, v| *v != NO_EVENT);
+        self.pairing.drop_front(count as u32);
         fix_blocks(&mut self.head);
         let mut checkpoints = vec![(0, start)];
         for (k, mut s) in std::mem::take(&mut self.checkpoints) {
@@ -418,8 +309,7 @@ impl Dataset {
     /// The shared snapshot, with its segments brought up to date with the head state.
     pub fn shared_snapshot(&mut self) -> Arc<Snapshot> {
         if !self.segments_current {
-            let device = self.snapshot.device.index;
-            let segments = self.head.to_segments(device);
+            let segments = self.head.to_segments();
             Arc::make_mut(&mut self.snapshot).segments = segments;
             self.segments_current = true;
         }
@@ -432,8 +322,7 @@ impl Dataset {
         if pos == self.len() {
             return (*self.shared_snapshot()).clone();
         }
-        let device = self.snapshot.device.index;
-        let segments = self.state_at(pos).to_segments(device);
+        let segments = self.state_at(pos).to_segments();
         let s = &self.snapshot;
         let last_seq = pos.checked_sub(1).map(|i| s.events[i].seq);
         let mut cut = Snapshot::empty(s.source, s.device.clone());
@@ -483,7 +372,7 @@ impl Dataset {
     }
 
     /// The call-site groups.
-    pub fn groups(&self) -> &Groups {
+    pub fn groups(&self) -> &SiteGroups {
         &self.groups
     }
 
@@ -535,10 +424,8 @@ impl Dataset {
 
     /// The allocation event paired with the free at `index`, if the trace has it.
     pub fn alloc_of(&self, index: usize) -> Option<usize> {
-        self.link
-            .get(index)
-            .filter(|&&l| l != NO_EVENT)
-            .map(|&l| (l & INDEX) as usize)
+        let link = FreeLink::unpack(*self.link.get(index)?);
+        link.alloc.map(|a| a as usize)
     }
 
     /// The state at position `pos` (after the first `pos` events).
@@ -561,7 +448,7 @@ impl Dataset {
         if let Some((k, state)) = &mut self.cache {
             if *k > pos {
                 for i in (pos..*k).rev() {
-                    undo_event(state, events, &self.link, i);
+                    engine::undo(state, events, &self.link, i);
                 }
             } else {
                 for (i, e) in events.iter().enumerate().take(pos).skip(*k) {
@@ -591,38 +478,6 @@ impl Dataset {
     /// The state at the end.
     pub fn head(&self) -> &MemoryState {
         &self.head
-    }
-}
-
-/// Undoes event `i` on `state`, with the allocation its link names.
-fn undo_event(state: &mut MemoryState, events: &[Event], link: &[u32], i: usize) {
-    let l = link[i];
-    let alloc = (l != NO_EVENT).then(|| {
-        let a = (l & INDEX) as usize;
-        (&events[a], a as u32)
-    });
-    state.undo(&events[i], alloc, l != NO_EVENT && l & REQUESTED != 0);
-}
-
-/// Records the allocation a free event releases, keeping `open` (address to allocation) up to
-/// date.
-fn link_event(open: &mut FxHashMap<u64, u32>, link: &mut [u32], i: usize, e: &Event) {
-    match e.kind {
-        EventKind::Alloc => {
-            open.insert(e.addr, i as u32);
-        }
-        EventKind::FreeRequested => {
-            if let Some(a) = open.get_mut(&e.addr) {
-                link[i] = *a & INDEX;
-                *a |= REQUESTED;
-            }
-        }
-        EventKind::FreeCompleted => {
-            if let Some(a) = open.remove(&e.addr) {
-                link[i] = a;
-            }
-        }
-        _ => {}
     }
 }
 
@@ -675,7 +530,7 @@ mod tests {
         let rest = first.events.split_off(half);
         // The first half's end state is the state after `half` events.
         let mut whole = Dataset::new(snapshot.clone(), Origin::File("f".into()));
-        first.segments = whole.state_at(half).to_segments(0);
+        first.segments = whole.state_at(half).to_segments();
         first.steps.retain(|m| m.seq < rest[0].seq);
         let mut grown = Dataset::new(first, Origin::Live("l".into()));
         grown.append(&rest);

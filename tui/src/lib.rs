@@ -18,7 +18,6 @@ pub mod analysis;
 pub mod app;
 pub mod data;
 pub mod fixture;
-pub mod replay;
 pub mod source;
 pub mod term;
 pub mod ui;

@@ -196,7 +196,7 @@ fn sort_tree_and_framework_keys_change_the_call_site_panel() {
     assert_eq!(app.sites.sort, SiteSort::Growth);
     let top = &app.view().sites[0];
     assert_eq!(
-        app.data.groups().get(top.group).label,
+        app.data.groups().get(top.group).label(),
         "train.py:77",
         "the leak grows fastest"
     );
@@ -294,7 +294,7 @@ fn s_saves_the_state_at_the_cursor() {
         .path();
     let saved = vramscope_allocator::Snapshot::load(&file).unwrap();
     assert_eq!(saved.events.len(), at);
-    let state = vramscope_tui::replay::MemoryState::from_segments(&saved.segments);
+    let state = vramscope_inspector::engine::MemoryState::from_segments(&saved.segments);
     assert_eq!(state.usage(), app.data.usage_at(at));
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -1,16 +1,17 @@
-//! Memory state at any moment of a trace: segments and live blocks rebuilt from events.
+//! Memory state at one moment of a trace: segments (or the mapped runs of expandable ones) and
+//! live blocks, rebuilt from events in either direction.
 //!
-//! A snapshot (`vramscope_allocator::Snapshot`) gives the segments and blocks at one moment, the
-//! end, plus the events that led there. The dashboard's time cursor needs the state after any
-//! event, so [`MemoryState`] can apply an event forwards and undo it backwards. `crate::data`
-//! starts from the end state, undoes every event once to find the state before the first one
-//! (keeping checkpoints on the way), and from then on rebuilds the state at a cursor by applying
-//! events forwards from the nearest checkpoint. Live sources append events and apply them to the
-//! head state as they arrive.
+//! A snapshot gives the segments and blocks at one moment, the end, plus the events that led
+//! there. [`MemoryState`] applies an event forwards and undoes it backwards, so that
+//! `super::Reconstruction` can walk from the dump-time state back to the start of the trace
+//! once, and every view (the inspector's `ModelView`, the dashboard's time cursor, the replay's
+//! starting state) can then walk forwards from there and see the same state at every event.
 //!
 //! Imported traces can be incomplete or inconsistent (a free without an allocation, an
 //! allocation over a live block); every operation here tolerates that and keeps the totals
-//! consistent with the blocks and segments it holds.
+//! consistent with the blocks and segments it holds. Memory that a format says was allocated or
+//! reserved before the trace, but whose blocks it does not describe, is the state's
+//! [`MemoryState::unattributed`] figure, part of every total.
 
 use std::collections::BTreeMap;
 
@@ -21,8 +22,13 @@ use vramscope_allocator::{
 /// Index value meaning "no event".
 pub const NO_EVENT: u32 = u32::MAX;
 
-/// Segments up to this size are shown as small-pool segments when a trace does not say.
+/// Plain segments up to this size are small-pool segments (PyTorch's small pool allocates
+/// 2 MiB segments and the large pool never does).
 const SMALL_SEGMENT: u64 = 2 << 20;
+
+/// The page size of the large pool's expandable segments; a mapped range of a multiple of it,
+/// with nothing nearby to say otherwise, is taken to be in the large pool.
+const LARGE_PAGE: u64 = 20 << 20;
 
 /// A block that is allocated or waiting to be freed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,7 +37,8 @@ pub struct LiveBlock {
     pub size: u64,
     /// Bytes the program asked for.
     pub requested: u64,
-    /// Call site of the allocation.
+    /// Call site of the allocation (`None` when unknown, as for a block the trace only saw
+    /// freed: a free's stack is not where the block came from).
     pub site: Option<SiteId>,
     /// Tag of the allocation.
     pub tag: Option<TagId>,
@@ -43,12 +50,14 @@ pub struct LiveBlock {
     pub stream: u64,
     /// Freed by the program, waiting for other streams (`active_pending_free`).
     pub pending: bool,
-    /// Index of the allocation event in the dataset's events, or [`NO_EVENT`].
+    /// Index of the allocation event in the trace's events, or [`NO_EVENT`] for a block
+    /// allocated before the trace began.
     pub alloc_event: u32,
 }
 
 impl LiveBlock {
-    fn from_event(e: &Event, alloc_event: u32, pending: bool) -> LiveBlock {
+    /// The block an allocation event made.
+    pub fn from_alloc(e: &Event, alloc_event: u32, pending: bool) -> LiveBlock {
         LiveBlock {
             size: e.size,
             requested: e.requested,
@@ -61,45 +70,70 @@ impl LiveBlock {
             alloc_event,
         }
     }
+
+    /// A block allocated before the trace, known only from the free event `e`.
+    fn before_trace(e: &Event, pending: bool) -> LiveBlock {
+        LiveBlock {
+            size: e.size,
+            requested: e.requested,
+            site: None,
+            tag: None,
+            scope: None,
+            step: 0,
+            stream: e.stream,
+            pending,
+            alloc_event: NO_EVENT,
+        }
+    }
+
+    /// Whether the block was allocated before the trace began.
+    pub fn predates_trace(&self) -> bool {
+        self.alloc_event == NO_EVENT
+    }
 }
 
-/// One segment: a raw device allocation (or the mapped part of an expandable one).
+/// One segment: a raw device allocation, or one mapped run of an expandable segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SegmentInfo {
     /// Size in bytes.
     pub size: u64,
+    /// Device ordinal.
+    pub device: u32,
     /// Stream the segment serves.
     pub stream: u64,
     /// Pool of the segment.
     pub pool: Pool,
-    /// Whether it is an expandable segment.
+    /// Whether it is (a mapped run of) an expandable segment.
     pub expandable: bool,
 }
 
 /// Byte totals of a state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
-    /// Bytes in allocated blocks.
+    /// Bytes in allocated blocks (PyTorch's `allocated_bytes`: block sizes).
     pub allocated: u64,
-    /// Bytes in segments.
+    /// Bytes in segments (PyTorch's `reserved_bytes`).
     pub reserved: u64,
 }
 
 /// Segments and live blocks at one moment, with their totals.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MemoryState {
-    /// Segments by address.
+    /// Segments (mapped runs) by address.
     pub segments: BTreeMap<u64, SegmentInfo>,
     /// Allocated and pending-free blocks by address.
     pub blocks: BTreeMap<u64, LiveBlock>,
-    /// Bytes in allocated (not pending) blocks.
+    /// Bytes in allocated (not pending) blocks, the unattributed bytes included.
     pub allocated: u64,
-    /// Bytes in allocated and pending blocks.
+    /// Bytes in allocated and pending blocks, the unattributed bytes included.
     pub active: u64,
-    /// Bytes in segments.
+    /// Bytes in segments, the unattributed bytes included.
     pub reserved: u64,
     /// Bytes requested in allocated blocks.
     pub requested: u64,
+    /// Bytes allocated and reserved before the trace that no block or segment of the state
+    /// describes (a format that records totals but not the dump-time state).
+    pub unattributed: Usage,
 }
 
 impl MemoryState {
@@ -111,6 +145,7 @@ impl MemoryState {
                 s.address,
                 SegmentInfo {
                     size: s.total_size,
+                    device: s.device,
                     stream: s.stream,
                     pool: s.pool,
                     expandable: s.expandable,
@@ -147,12 +182,21 @@ impl MemoryState {
         }
     }
 
+    /// Adds memory from before the trace that no block or segment describes.
+    pub fn add_unattributed(&mut self, usage: Usage) {
+        self.unattributed.allocated = self.unattributed.allocated.saturating_add(usage.allocated);
+        self.unattributed.reserved = self.unattributed.reserved.saturating_add(usage.reserved);
+        self.allocated = self.allocated.saturating_add(usage.allocated);
+        self.active = self.active.saturating_add(usage.allocated);
+        self.reserved = self.reserved.saturating_add(usage.reserved);
+    }
+
     fn insert_block(&mut self, addr: u64, block: LiveBlock) {
         self.remove_block(addr);
-        self.active += block.size;
+        self.active = self.active.saturating_add(block.size);
         if !block.pending {
-            self.allocated += block.size;
-            self.requested += block.requested;
+            self.allocated = self.allocated.saturating_add(block.size);
+            self.requested = self.requested.saturating_add(block.requested);
         }
         self.blocks.insert(addr, block);
     }
@@ -177,8 +221,8 @@ impl MemoryState {
                 self.allocated = self.allocated.saturating_sub(block.size);
                 self.requested = self.requested.saturating_sub(block.requested);
             } else {
-                self.allocated += block.size;
-                self.requested += block.requested;
+                self.allocated = self.allocated.saturating_add(block.size);
+                self.requested = self.requested.saturating_add(block.requested);
             }
         }
         true
@@ -186,7 +230,7 @@ impl MemoryState {
 
     fn add_segment(&mut self, addr: u64, info: SegmentInfo) {
         self.remove_segment(addr);
-        self.reserved += info.size;
+        self.reserved = self.reserved.saturating_add(info.size);
         self.segments.insert(addr, info);
     }
 
@@ -196,59 +240,119 @@ impl MemoryState {
         Some(info)
     }
 
-    fn new_segment(e: &Event, expandable: bool) -> SegmentInfo {
+    /// The plain segment a `SegmentAlloc` or `SegmentFree` event describes.
+    fn plain_segment(e: &Event) -> SegmentInfo {
         SegmentInfo {
             size: e.size,
+            device: e.device,
             stream: e.stream,
-            pool: if e.size <= SMALL_SEGMENT && !expandable {
+            pool: if e.size <= SMALL_SEGMENT {
                 Pool::Small
             } else {
                 Pool::Large
             },
-            expandable,
+            expandable: false,
         }
     }
 
-    /// Maps `size` bytes at `addr`: extends the segment that ends there, or starts a new one.
+    /// Maps `[addr, addr + size)`: the range joins the runs that end where it begins and begin
+    /// where it ends, and takes their pool; alone, the nearest run of the same stream (in the
+    /// same segment's address space, most likely) says the pool, and with none a multiple of
+    /// the large pool's 20 MiB pages is taken for the large pool.
     fn map(&mut self, e: &Event) {
-        let before = self
+        let (addr, size, stream) = (e.addr, e.size, e.stream);
+        let end = addr.saturating_add(size);
+        let left = self
             .segments
-            .range(..e.addr)
+            .range(..addr)
             .next_back()
-            .map(|(&a, s)| (a, *s));
-        if let Some((a, mut s)) = before {
-            if a + s.size == e.addr {
-                s.size += e.size;
-                self.add_segment(a, s);
-                return;
+            .filter(|(&base, s)| base.saturating_add(s.size) == addr)
+            .map(|(&base, &s)| (base, s));
+        let right = self.segments.get(&end).map(|&s| (end, s));
+        let nearest = || {
+            let below = self
+                .segments
+                .range(..addr)
+                .rev()
+                .find(|(_, s)| s.stream == stream)
+                .map(|(&base, s)| (addr - base.saturating_add(s.size).min(addr), s.pool));
+            let above = self
+                .segments
+                .range(end..)
+                .find(|(_, s)| s.stream == stream)
+                .map(|(&base, s)| (base - end, s.pool));
+            match (below, above) {
+                (Some(b), Some(a)) => Some(if b.0 <= a.0 { b.1 } else { a.1 }),
+                (b, a) => b.or(a).map(|(_, pool)| pool),
             }
+        };
+        let pool = left
+            .or(right)
+            .map(|(_, s)| s.pool)
+            .or_else(nearest)
+            .unwrap_or(if size.is_multiple_of(LARGE_PAGE) {
+                Pool::Large
+            } else {
+                Pool::Small
+            });
+        let mut start = addr;
+        let mut stop = end;
+        if let Some((base, _)) = left {
+            self.remove_segment(base);
+            start = base;
         }
-        self.add_segment(e.addr, MemoryState::new_segment(e, true));
+        if let Some((base, s)) = right {
+            self.remove_segment(base);
+            stop = base.saturating_add(s.size);
+        }
+        self.add_segment(
+            start,
+            SegmentInfo {
+                size: stop - start,
+                device: e.device,
+                stream,
+                pool,
+                expandable: true,
+            },
+        );
     }
 
-    /// Unmaps `size` bytes at `addr`: shrinks or removes the segment that holds them.
+    /// Unmaps `[addr, addr + size)`: the run holding it loses that range, at an end or, where
+    /// the unmap opens a hole, in the middle.
     fn unmap(&mut self, e: &Event) {
-        let found = self
-            .segments
-            .range(..=e.addr)
-            .next_back()
-            .map(|(&a, s)| (a, *s));
-        let Some((a, mut s)) = found else { return };
-        if e.addr >= a + s.size {
+        let Some((&base, &run)) = self.segments.range(..=e.addr).next_back() else {
+            return;
+        };
+        let end = base.saturating_add(run.size);
+        if e.addr >= end {
             return;
         }
-        if e.addr == a && e.size >= s.size {
-            self.remove_segment(a);
-        } else if e.addr + e.size >= a + s.size {
-            s.size = e.addr - a;
-            self.add_segment(a, s);
+        let unmap_end = e.addr.saturating_add(e.size).min(end);
+        self.remove_segment(base);
+        if e.addr > base {
+            self.add_segment(
+                base,
+                SegmentInfo {
+                    size: e.addr - base,
+                    ..run
+                },
+            );
+        }
+        if unmap_end < end {
+            self.add_segment(
+                unmap_end,
+                SegmentInfo {
+                    size: end - unmap_end,
+                    ..run
+                },
+            );
         }
     }
 
-    /// Applies event `e` (at index `index` of the dataset) going forwards.
+    /// Applies event `e` (at index `index` of the trace) going forwards.
     pub fn apply(&mut self, e: &Event, index: u32) {
         match e.kind {
-            EventKind::Alloc => self.insert_block(e.addr, LiveBlock::from_event(e, index, false)),
+            EventKind::Alloc => self.insert_block(e.addr, LiveBlock::from_alloc(e, index, false)),
             EventKind::FreeRequested => {
                 self.set_pending(e.addr, true);
             }
@@ -256,7 +360,7 @@ impl MemoryState {
                 self.remove_block(e.addr);
             }
             EventKind::SegmentAlloc => {
-                self.add_segment(e.addr, MemoryState::new_segment(e, false));
+                self.add_segment(e.addr, MemoryState::plain_segment(e));
             }
             EventKind::SegmentFree => {
                 self.remove_segment(e.addr);
@@ -277,8 +381,8 @@ impl MemoryState {
     /// pending just before a `FreeCompleted` (the trace also has the free request).
     pub fn undo(&mut self, e: &Event, alloc: Option<(&Event, u32)>, pending_before: bool) {
         let recreate = |pending: bool| match alloc {
-            Some((a, i)) => LiveBlock::from_event(a, i, pending),
-            None => LiveBlock::from_event(e, NO_EVENT, pending),
+            Some((a, i)) => LiveBlock::from_alloc(a, i, pending),
+            None => LiveBlock::before_trace(e, pending),
         };
         match e.kind {
             EventKind::Alloc => {
@@ -296,7 +400,7 @@ impl MemoryState {
                 self.remove_segment(e.addr);
             }
             EventKind::SegmentFree => {
-                self.add_segment(e.addr, MemoryState::new_segment(e, false));
+                self.add_segment(e.addr, MemoryState::plain_segment(e));
             }
             EventKind::SegmentMap => self.unmap(e),
             EventKind::SegmentUnmap => self.map(e),
@@ -314,23 +418,29 @@ impl MemoryState {
         self.blocks.range(addr..addr.saturating_add(size))
     }
 
-    /// Live blocks that lie in no known segment (traces without segment data).
+    /// Live blocks that lie in no known segment (traces without segment data), the
+    /// unattributed bytes included.
     pub fn orphan_bytes(&self) -> u64 {
-        let mut in_segments = 0;
+        let mut in_segments = 0u64;
         for (&a, s) in &self.segments {
-            in_segments += self.blocks_in(a, s.size).map(|(_, b)| b.size).sum::<u64>();
+            in_segments = in_segments
+                .saturating_add(self.blocks_in(a, s.size).map(|(_, b)| b.size).sum::<u64>());
         }
         self.active.saturating_sub(in_segments)
     }
 
     /// The state as the model's segments, free space filled with inactive blocks.
-    pub fn to_segments(&self, device: u32) -> Vec<Segment> {
+    pub fn to_segments(&self) -> Vec<Segment> {
         let mut out = Vec::with_capacity(self.segments.len());
         for (&addr, s) in &self.segments {
             let mut blocks = Vec::new();
             let mut cursor = addr;
-            let end = addr + s.size;
+            let end = addr.saturating_add(s.size);
             for (&a, b) in self.blocks_in(addr, s.size) {
+                if a < cursor {
+                    // Overlaps the block before (an inconsistent trace): shown once.
+                    continue;
+                }
                 if a > cursor {
                     blocks.push(free_block(cursor, a - cursor));
                 }
@@ -356,7 +466,7 @@ impl MemoryState {
                 blocks.push(free_block(cursor, end - cursor));
             }
             out.push(Segment {
-                device,
+                device: s.device,
                 address: addr,
                 total_size: s.size,
                 stream: s.stream,
@@ -441,7 +551,7 @@ mod tests {
         state.apply(&ev(EventKind::Alloc, 1024, 1024), 1);
         state.apply(&ev(EventKind::Alloc, 4096, 512), 2);
         state.apply(&ev(EventKind::FreeRequested, 4096, 512), 3);
-        let segments = state.to_segments(0);
+        let segments = state.to_segments();
         assert_eq!(segments.len(), 1);
         let states: Vec<BlockState> = segments[0].blocks.iter().map(|b| b.state).collect();
         assert_eq!(

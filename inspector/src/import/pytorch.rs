@@ -8,9 +8,12 @@
 //!   expandable flag; blocks of older files without `address` are placed one after another);
 //! - every `device_traces` entry as an `Event`, keeping its `device`; the kinds `alloc`,
 //!   `free_requested`, `free_completed`, `segment_alloc`, `segment_free`, `segment_map`,
-//!   `segment_unmap`, `snapshot` and `oom` are read and other actions are skipped. An event's
-//!   `size` (and `requested`, for block events) is the size PyTorch recorded, which for blocks
-//!   is the size the program asked for. For `oom`, `addr` is the device's free memory, as
+//!   `segment_unmap`, `snapshot` and `oom` are read and other actions are skipped. PyTorch
+//!   records what the program asked for: that is a block event's `requested`, and its `size`
+//!   is the block's size, found by `crate::replay::size_blocks` (PyTorch's own blocks when a
+//!   replay with the trace's settings makes PyTorch's device calls, the request rounded
+//!   otherwise), so that allocated bytes are PyTorch's `allocated_bytes` in every view. For
+//!   `oom`, `addr` is the device's free memory, as
 //!   PyTorch records it. Entries without `time_us` (older files) get time 0. Frees of blocks
 //!   allocated before recording began are kept as they are.
 //! - each stack (`frames`, innermost first) as a call site of `Snapshot::sites`, chosen and
@@ -19,8 +22,7 @@
 //!   function, see `super::ImportOptions`) number the training steps of `Snapshot::steps` and
 //!   of every event and live block;
 //! - statistics: current values from the segments, peaks and totals from replaying the trace
-//!   (an estimate for allocated and active bytes, whose block rounding the trace does not
-//!   record: sizes are rounded to PyTorch's 512 bytes);
+//!   with the block sizes above;
 //! - settings from `allocator_settings` (unknown keys ignored).
 //!
 //! Times are nanoseconds since the earliest time in the file, which becomes
@@ -712,14 +714,14 @@ fn compute_stats(
         match e.kind {
             EventKind::Alloc => {
                 allocated.add(pool, block);
-                requested.add(pool, e.size);
+                requested.add(pool, e.requested);
                 allocation.add(pool, 1);
                 active_bytes.add(pool, block);
                 active.add(pool, 1);
             }
             EventKind::FreeRequested => {
                 allocated.remove(pool, block);
-                requested.remove(pool, e.size);
+                requested.remove(pool, e.requested);
                 allocation.remove(pool, 1);
             }
             EventKind::FreeCompleted => {
@@ -945,8 +947,7 @@ fn convert(root: ValueRef<'_>, options: &ImportOptions) -> Result<Snapshot, Faul
             .map(ValueRef::to_value)
             .as_ref(),
     );
-    let stats = compute_stats(&segments, &events, index, &config);
-    Ok(Snapshot {
+    let mut snapshot = Snapshot {
         format_version: FORMAT_VERSION,
         source: SnapshotSource::Pytorch,
         device: DeviceInfo {
@@ -956,7 +957,7 @@ fn convert(root: ValueRef<'_>, options: &ImportOptions) -> Result<Snapshot, Faul
             capacity: 0,
         },
         config,
-        stats,
+        stats: MemoryStats::default(),
         epoch_unix_ns: timeline::unix_epoch_ns(epoch_us.unwrap_or(0) as f64),
         segments,
         events,
@@ -967,7 +968,16 @@ fn convert(root: ValueRef<'_>, options: &ImportOptions) -> Result<Snapshot, Faul
         steps,
         annotations,
         violations: Vec::new(),
-    })
+    };
+    // PyTorch records requested sizes; every figure counts block sizes, as its statistics do.
+    crate::replay::size_blocks(&mut snapshot);
+    snapshot.stats = compute_stats(
+        &snapshot.segments,
+        &snapshot.events,
+        index,
+        &snapshot.config,
+    );
+    Ok(snapshot)
 }
 
 #[cfg(test)]

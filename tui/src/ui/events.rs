@@ -102,7 +102,7 @@ impl Widget for EventsPanel<'_> {
             let y = inner.y + 1 + (row - first) as u16;
             let site = snapshot
                 .site(e.site)
-                .map(|_| groups.get(groups.of(e.site)).label.clone())
+                .map(|_| groups.get(groups.of(e.site)).label().to_string())
                 .unwrap_or_default();
             let text = if wide {
                 let tag = snapshot.tag(e.tag).unwrap_or("");

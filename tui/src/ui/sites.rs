@@ -147,10 +147,10 @@ impl SitesPanel<'_> {
             };
             let rest = usize::from(inner.width).saturating_sub(fixed.chars().count());
             let site = if wide {
-                let label = clip_left(&g.label, 40.min(rest));
+                let label = clip_left(g.label(), 40.min(rest));
                 format!("{label:<40} {}", g.function)
             } else {
-                clip_left(&g.label, rest)
+                clip_left(g.label(), rest)
             };
             let style = if selected == Some(row) {
                 theme.selected()
@@ -205,7 +205,7 @@ impl SitesPanel<'_> {
             &mut y,
             &format!(
                 "{}  {}  ·  {} in {} blocks  ·  growth {}/step  (Esc back)",
-                g.label,
+                g.label(),
                 g.function,
                 format_bytes(row.bytes),
                 thousands(row.blocks),
@@ -255,7 +255,7 @@ impl SitesPanel<'_> {
         let mut shown = 0;
         let total = row.blocks as usize;
         for (&addr, b) in &state.blocks {
-            if groups.of(b.site) != row.group {
+            if groups.of_block(b) != row.group {
                 continue;
             }
             if y + 1 >= bottom && shown + 1 < total {

@@ -1,0 +1,201 @@
+//! The one analysis engine: memory state from events, the same in every view.
+//!
+//! Every question vramscope answers about a trace (allocated and reserved bytes after any
+//! event, the peak and what was live then, which free releases which allocation, which call
+//! sites hold what) is answered here once, with one set of rules:
+//!
+//! - [`state`]: [`MemoryState`], segments (mapped runs) and live blocks, with `apply` and
+//!   `undo` for every event kind;
+//! - [`pairing`]: [`Pairing`], which allocation each free releases;
+//! - [`groups`]: [`SiteGroups`], call sites grouped by `file:line` under stable ids, plus the
+//!   "unknown site" and "before the trace" groups;
+//! - [`Reconstruction`] (this module): the state at the start of the trace, rebuilt once from
+//!   the dump-time state by undoing every event, the usage after every event, and the peaks.
+//!
+//! `crate::model_view::ModelView` (and through it the detectors, reports, diff and the HTML
+//! page), `crate::replay` (its starting state and the trace's own figures) and the dashboard's
+//! dataset (`vramscope_tui::data`) are built on this module and on nothing else that derives
+//! state from events. The figures follow ARCHITECTURE.md's definitions: allocated bytes are
+//! block sizes, as PyTorch's `allocated_bytes` counts them; memory from before the trace is
+//! part of every figure, under its site when the dump-time state names one.
+
+pub mod groups;
+pub mod pairing;
+pub mod state;
+
+pub use groups::{GroupId, GroupKind, SiteGroup, SiteGroups};
+pub use pairing::{FreeLink, Pair, Pairing};
+pub use state::{LiveBlock, MemoryState, SegmentInfo, Usage, NO_EVENT};
+
+use vramscope_allocator::{Event, Snapshot};
+
+/// The highest value of one figure and the event after which it was first reached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Peak {
+    /// The highest value.
+    pub bytes: u64,
+    /// Index of the event after which it was first reached; `None` when the state before the
+    /// first event already held it.
+    pub event: Option<u32>,
+}
+
+/// A trace walked once: its start state, end state, the usage after every event and the link
+/// of every free. See the module documentation.
+#[derive(Clone, Debug)]
+pub struct Reconstruction {
+    /// The state before the first event.
+    pub start: MemoryState,
+    /// The state after the last event.
+    pub end: MemoryState,
+    /// Allocated and reserved bytes after each event.
+    pub usage: Vec<Usage>,
+    /// The packed [`FreeLink`] of each event (see [`FreeLink::pack`]).
+    pub links: Vec<u32>,
+    /// The pairing after the last event, for appending events later.
+    pub pairing: Pairing,
+    /// Peak allocated bytes.
+    pub peak_allocated: Peak,
+    /// Peak reserved bytes.
+    pub peak_reserved: Peak,
+    /// Whether the trace says anything about reserved bytes (segments, segment events or a
+    /// reserved statistic).
+    pub reserved_known: bool,
+}
+
+impl Reconstruction {
+    /// Walks `snapshot`: pairs its frees, takes the end state from its segments (or, for a
+    /// format without them, from its events and its statistics' current figures), and undoes
+    /// every event to reach the start. `checkpoint` is called during the backward walk with
+    /// `(position, state)` for every position that is a multiple of `checkpoint_every`
+    /// (position `k` is the state after `k` events), last first, and never for `0` or the end.
+    pub fn new(
+        snapshot: &Snapshot,
+        checkpoint_every: usize,
+        checkpoint: &mut dyn FnMut(usize, &MemoryState),
+    ) -> Reconstruction {
+        let events = &snapshot.events;
+        let n = events.len();
+        let mut pairing = Pairing::new();
+        let mut links = Vec::with_capacity(n);
+        for (i, e) in events.iter().enumerate() {
+            links.push(match pairing.push(i as u32, e) {
+                Pair::Free(link) => link.pack(),
+                _ => FreeLink::NONE.pack(),
+            });
+        }
+        let dump_time_state = !snapshot.segments.is_empty();
+        let end = if dump_time_state {
+            let mut end = MemoryState::from_segments(&snapshot.segments);
+            for (addr, alloc) in pairing.open_allocations() {
+                if let Some(block) = end.blocks.get_mut(&addr) {
+                    block.alloc_event = alloc;
+                    if block.site.is_none() {
+                        block.site = events[alloc as usize].site;
+                    }
+                }
+            }
+            end
+        } else {
+            // No dump-time state: the blocks the trace allocated and did not free, and what
+            // the statistics say was there beyond them.
+            let mut end = MemoryState::default();
+            for (i, e) in events.iter().enumerate() {
+                end.apply(e, i as u32);
+            }
+            let stats = &snapshot.stats;
+            end.add_unattributed(Usage {
+                allocated: stats
+                    .allocated_bytes
+                    .all
+                    .current
+                    .saturating_sub(end.allocated),
+                reserved: stats
+                    .reserved_bytes
+                    .all
+                    .current
+                    .saturating_sub(end.reserved),
+            });
+            end
+        };
+        let reserved_known = dump_time_state
+            || snapshot.stats.reserved_bytes.all.current > 0
+            || snapshot.stats.reserved_bytes.all.peak > 0
+            || events.iter().any(is_segment_event);
+
+        let mut usage = vec![Usage::default(); n];
+        let mut state = end.clone();
+        for i in (0..n).rev() {
+            usage[i] = state.usage();
+            if checkpoint_every > 0 && (i + 1).is_multiple_of(checkpoint_every) && i + 1 < n {
+                checkpoint(i + 1, &state);
+            }
+            undo(&mut state, events, &links, i);
+        }
+        let start = state;
+        let peak = |key: fn(&Usage) -> u64| {
+            let mut best = Peak {
+                bytes: key(&start.usage()),
+                event: None,
+            };
+            for (i, u) in usage.iter().enumerate() {
+                if key(u) > best.bytes {
+                    best = Peak {
+                        bytes: key(u),
+                        event: Some(i as u32),
+                    };
+                }
+            }
+            best
+        };
+        let peak_allocated = peak(|u| u.allocated);
+        let peak_reserved = peak(|u| u.reserved);
+        Reconstruction {
+            start,
+            end,
+            usage,
+            links,
+            pairing,
+            peak_allocated,
+            peak_reserved,
+            reserved_known,
+        }
+    }
+
+    /// The walk of `snapshot` without checkpoints.
+    pub fn of(snapshot: &Snapshot) -> Reconstruction {
+        Reconstruction::new(snapshot, 0, &mut |_, _| {})
+    }
+
+    /// The state after the first `pos` events, walked forwards from the start.
+    pub fn state_at(&self, events: &[Event], pos: usize) -> MemoryState {
+        let mut state = self.start.clone();
+        for (i, e) in events.iter().enumerate().take(pos) {
+            state.apply(e, i as u32);
+        }
+        state
+    }
+
+    /// Allocated and reserved bytes after the first `pos` events.
+    pub fn usage_at(&self, pos: usize) -> Usage {
+        match pos.min(self.usage.len()).checked_sub(1) {
+            Some(i) => self.usage[i],
+            None => self.start.usage(),
+        }
+    }
+}
+
+/// Whether `e` changes reserved memory.
+pub fn is_segment_event(e: &Event) -> bool {
+    use vramscope_allocator::EventKind::*;
+    matches!(
+        e.kind,
+        SegmentAlloc | SegmentFree | SegmentMap | SegmentUnmap
+    )
+}
+
+/// Undoes event `i` of `events` on `state`, with the allocation its packed link names.
+pub fn undo(state: &mut MemoryState, events: &[Event], links: &[u32], i: usize) {
+    let link = FreeLink::unpack(links[i]);
+    let alloc = link.alloc.map(|a| (&events[a as usize], a));
+    state.undo(&events[i], alloc, link.requested_before);
+}

@@ -1,0 +1,159 @@
+//! Alloc/free pairing: which allocation event each free releases.
+//!
+//! A trace names blocks by address only, so a free is paired with the last allocation at its
+//! address that is still open. PyTorch records a free in two events when other streams used the
+//! block (`free_requested`, then `free_completed` once their work is done); both are paired
+//! with the allocation, and the second knows that the first happened. [`Pairing`] keeps the
+//! open allocations and is fed events in order, by `super::Reconstruction` for a whole trace and
+//! by the dashboard's dataset as a live program's events arrive, so that every view pairs the
+//! same way.
+
+use rustc_hash::FxHashMap;
+use vramscope_allocator::{Event, EventKind};
+
+/// What pairing one event found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pair {
+    /// The event is not an allocation or a free.
+    Other,
+    /// An allocation; `replaced` is the open allocation at the same address, whose free the
+    /// trace lost.
+    Alloc {
+        /// The allocation event it replaced, if any.
+        replaced: Option<u32>,
+    },
+    /// A free request or completion.
+    Free(FreeLink),
+}
+
+/// How a free relates to its allocation; stored per event by the dashboard's dataset.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FreeLink {
+    /// The allocation event the free releases, when the trace has it.
+    pub alloc: Option<u32>,
+    /// Whether the free was requested before this event (true only for a completion whose
+    /// request the trace has): the block was pending just before.
+    pub requested_before: bool,
+    /// Whether this event ends the block's life as an allocation: a free request, or a
+    /// completion without a request before it.
+    pub ends_allocation: bool,
+}
+
+impl FreeLink {
+    /// No allocation and no request: an event that is not a free, or a free of a block the
+    /// trace never saw.
+    pub const NONE: FreeLink = FreeLink {
+        alloc: None,
+        requested_before: false,
+        ends_allocation: false,
+    };
+}
+
+/// Flag of a packed link: the free was requested before this event.
+const PACKED_REQUESTED: u32 = 1 << 31;
+/// The packed allocation index meaning "none".
+const PACKED_NONE: u32 = PACKED_REQUESTED - 1;
+
+impl FreeLink {
+    /// The link in 32 bits, for keeping one per event: the allocation index (event indices
+    /// stay below 2^31 - 1) and the request flag. [`FreeLink::ends_allocation`] is not kept.
+    pub fn pack(self) -> u32 {
+        let index = self
+            .alloc
+            .filter(|&a| a < PACKED_NONE)
+            .unwrap_or(PACKED_NONE);
+        if self.requested_before {
+            index | PACKED_REQUESTED
+        } else {
+            index
+        }
+    }
+
+    /// A link from [`FreeLink::pack`] (with `ends_allocation` false).
+    pub fn unpack(bits: u32) -> FreeLink {
+        let index = bits & PACKED_NONE;
+        FreeLink {
+            alloc: (index != PACKED_NONE).then_some(index),
+            requested_before: bits & PACKED_REQUESTED != 0,
+            ends_allocation: false,
+        }
+    }
+}
+
+/// An allocation the trace has not seen freed yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Open {
+    /// The allocation event; `None` for a block allocated before the trace whose free was
+    /// requested in it.
+    alloc: Option<u32>,
+    /// Whether its free was requested.
+    requested: bool,
+}
+
+/// The open allocations of a trace, fed one event at a time. See the module documentation.
+#[derive(Clone, Debug, Default)]
+pub struct Pairing {
+    open: FxHashMap<u64, Open>,
+}
+
+impl Pairing {
+    /// An empty pairing.
+    pub fn new() -> Pairing {
+        Pairing::default()
+    }
+
+    /// Pairs event `e` at index `index`.
+    pub fn push(&mut self, index: u32, e: &Event) -> Pair {
+        match e.kind {
+            EventKind::Alloc => {
+                let open = Open {
+                    alloc: Some(index),
+                    requested: false,
+                };
+                let replaced = self.open.insert(e.addr, open).and_then(|o| o.alloc);
+                Pair::Alloc { replaced }
+            }
+            EventKind::FreeRequested => {
+                let open = self.open.entry(e.addr).or_insert(Open {
+                    alloc: None,
+                    requested: false,
+                });
+                let first = !open.requested;
+                open.requested = true;
+                Pair::Free(FreeLink {
+                    alloc: open.alloc,
+                    requested_before: false,
+                    ends_allocation: first,
+                })
+            }
+            EventKind::FreeCompleted => match self.open.remove(&e.addr) {
+                Some(open) => Pair::Free(FreeLink {
+                    alloc: open.alloc,
+                    requested_before: open.requested,
+                    ends_allocation: !open.requested,
+                }),
+                None => Pair::Free(FreeLink {
+                    ends_allocation: true,
+                    ..FreeLink::NONE
+                }),
+            },
+            _ => Pair::Other,
+        }
+    }
+
+    /// The open allocations: address and allocation event, for blocks allocated in the trace
+    /// and not yet freed.
+    pub fn open_allocations(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.open
+            .iter()
+            .filter_map(|(&addr, o)| o.alloc.map(|a| (addr, a)))
+    }
+
+    /// Shifts every index down by `count` after the first `count` events were dropped; an
+    /// allocation among them is from then on one from before the trace.
+    pub fn drop_front(&mut self, count: u32) {
+        for open in self.open.values_mut() {
+            open.alloc = open.alloc.and_then(|a| a.checked_sub(count));
+        }
+    }
+}
