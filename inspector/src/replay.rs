@@ -11,16 +11,13 @@
 //! trace itself; [`sweep`] repeats it over a set of settings to answer "will this run fit in
 //! 24 GiB, and with what setting". The CLI's `vramscope replay` is glue over these functions.
 
-use std::collections::BTreeMap;
-
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 use vramscope_allocator::caching::round_size;
 
-use crate::engine::{Pair, Pairing};
+use crate::engine::{is_segment_event, MemoryState, Pair, Pairing, Reconstruction};
 use vramscope_allocator::{
-    AllocError, AllocatorConfig, BlockState, CachingAllocator, EventKind, Pool, SimDevice,
-    Snapshot, StreamId,
+    AllocError, AllocatorConfig, CachingAllocator, EventKind, Pool, SimDevice, Snapshot, StreamId,
 };
 
 /// Capacity used when neither the caller nor the snapshot names one: large enough that nothing
@@ -231,212 +228,76 @@ fn device_of(snapshot: &Snapshot) -> u32 {
     snapshot.device.index
 }
 
-/// Mapped runs of segments by address: `(size, stream, pool)`.
-type Runs = BTreeMap<u64, (u64, u64, Pool)>;
-
-/// Undoes a map of `[addr, addr + size)`: the mapped run holding it loses that range, at an end
-/// or, where the map filled a hole between two runs, in the middle.
-fn undo_map(runs: &mut Runs, addr: u64, size: u64) {
-    let Some((&base, &(total, stream, pool))) = runs.range(..=addr).next_back() else {
-        return;
-    };
-    let end = base + total;
-    if addr >= end {
-        return;
-    }
-    let map_end = addr.saturating_add(size).min(end);
-    runs.remove(&base);
-    if addr > base {
-        runs.insert(base, (addr - base, stream, pool));
-    }
-    if map_end < end {
-        runs.insert(map_end, (end - map_end, stream, pool));
-    }
-}
-
-/// Undoes an unmap of `[addr, addr + size)`: the range is mapped again and joins the runs that
-/// end where it begins and begin where it ends, and takes their pool.
-fn undo_unmap(runs: &mut Runs, addr: u64, size: u64, stream: u64) {
-    let end = addr.saturating_add(size);
-    let left = runs
-        .range(..addr)
-        .next_back()
-        .filter(|(&base, &(total, _, _))| base + total == addr)
-        .map(|(&base, &run)| (base, run));
-    let right = runs.get(&end).map(|&run| (end, run));
-    // Alone, the nearest run of the same stream (in the same segment's address space, most
-    // likely) says the pool; with none, a multiple of the large pool's 20 MiB pages is taken
-    // for the large pool.
-    let nearest = || {
-        let below = runs
-            .range(..addr)
-            .rev()
-            .find(|(_, &(_, s, _))| s == stream)
-            .map(|(&base, &(total, _, pool))| (addr - (base + total).min(addr), pool));
-        let above = runs
-            .range(end..)
-            .find(|(_, &(_, s, _))| s == stream)
-            .map(|(&base, &(_, _, pool))| (base - end, pool));
-        match (below, above) {
-            (Some(b), Some(a)) => Some(if b.0 <= a.0 { b.1 } else { a.1 }),
-            (b, a) => b.or(a).map(|(_, pool)| pool),
-        }
-    };
-    let pool = left
-        .or(right)
-        .map(|(_, (_, _, pool))| pool)
-        .or_else(nearest)
-        .unwrap_or(if size.is_multiple_of(20 << 20) {
-            Pool::Large
-        } else {
-            Pool::Small
-        });
-    let mut start = addr;
-    let mut stop = end;
-    if let Some((base, _)) = left {
-        runs.remove(&base);
-        start = base;
-    }
-    if let Some((base, (total, _, _))) = right {
-        runs.remove(&base);
-        stop = base + total;
-    }
-    runs.insert(start, (stop - start, stream, pool));
-}
-
-/// Reconstructs the segments and live blocks at the start of the trace by undoing its events,
-/// last first, starting from the segments at the end. An expandable segment shows as its mapped
-/// runs: undoing a map takes the range out of its run (splitting it where the map filled a
-/// hole), undoing an unmap puts it back, and a segment the trace mapped from nothing did not
-/// exist at the start.
+/// The segments and live blocks at the start of the trace, on the snapshot's device: the
+/// engine's start state (`crate::engine::Reconstruction`), which undoes the trace's events,
+/// last first, from the segments at the end. An expandable segment shows as its mapped runs.
 pub fn initial_state(snapshot: &Snapshot) -> Vec<StartSegment> {
-    let device = device_of(snapshot);
-    let mut segments = Runs::new();
-    let mut live: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
-    for segment in snapshot.segments.iter().filter(|s| s.device == device) {
-        segments.insert(
-            segment.address,
-            (segment.total_size, segment.stream, segment.pool),
-        );
-        for block in &segment.blocks {
-            if block.state != BlockState::Inactive {
-                live.insert(block.address, (block.size, block.requested_size));
+    start_segments(&Reconstruction::of(snapshot).start, device_of(snapshot))
+}
+
+/// The segments of `state` on `device`, each with the live blocks that lie inside it.
+fn start_segments(state: &MemoryState, device: u32) -> Vec<StartSegment> {
+    let mut start = Vec::new();
+    for (&address, segment) in state.segments.iter().filter(|(_, s)| s.device == device) {
+        let end = address.saturating_add(segment.size);
+        let mut blocks: Vec<(u64, u64, u64)> = Vec::new();
+        for (&addr, block) in state.blocks_in(address, segment.size) {
+            let end_of_previous = blocks.last().map_or(0, |&(a, s, _)| a + s);
+            if addr.saturating_add(block.size) <= end && addr >= end_of_previous {
+                let requested = if block.requested > 0 {
+                    block.requested
+                } else {
+                    block.size
+                };
+                blocks.push((addr, block.size, requested));
             }
         }
-    }
-    for event in snapshot.events.iter().rev().filter(|e| e.device == device) {
-        match event.kind {
-            EventKind::Alloc => {
-                live.remove(&event.addr);
-            }
-            EventKind::FreeCompleted => {
-                let requested = if event.requested > 0 {
-                    event.requested
-                } else {
-                    event.size
-                };
-                live.insert(event.addr, (round_size(event.size.max(1), 0), requested));
-            }
-            EventKind::SegmentAlloc => {
-                segments.remove(&event.addr);
-            }
-            EventKind::SegmentFree => {
-                let pool = if event.size <= 2 << 20 {
-                    Pool::Small
-                } else {
-                    Pool::Large
-                };
-                segments.insert(event.addr, (event.size, event.stream, pool));
-            }
-            EventKind::SegmentMap => undo_map(&mut segments, event.addr, event.size),
-            EventKind::SegmentUnmap => {
-                undo_unmap(&mut segments, event.addr, event.size, event.stream)
-            }
-            _ => {}
-        }
-    }
-    let mut start: Vec<StartSegment> = segments
-        .iter()
-        .map(|(&address, &(size, stream, pool))| StartSegment {
+        start.push(StartSegment {
             address,
-            size,
-            stream,
-            pool,
-            blocks: Vec::new(),
-        })
-        .collect();
-    for (&addr, &(size, requested)) in &live {
-        let index = start.partition_point(|s| s.address <= addr);
-        if index == 0 {
-            continue;
-        }
-        let segment = &mut start[index - 1];
-        let end_of_previous = segment.blocks.last().map(|&(a, s, _)| a + s).unwrap_or(0);
-        if addr + size <= segment.address + segment.size && addr >= end_of_previous {
-            segment.blocks.push((addr, size, requested));
-        }
+            size: segment.size,
+            stream: segment.stream,
+            pool: segment.pool,
+            blocks,
+        });
     }
     start
 }
 
-/// The trace's own figures: events, segment calls, OOMs, and peaks where they can be known.
-fn original_figures(snapshot: &Snapshot, start: &[StartSegment]) -> Figures {
-    let device = device_of(snapshot);
-    let mut figures = Figures::default();
-    let mut allocated: i128 = start
-        .iter()
-        .flat_map(|s| s.blocks.iter())
-        .map(|&(_, size, _)| size as i128)
-        .sum();
-    let mut reserved: i128 = start.iter().map(|s| s.size as i128).sum();
-    let mut sizes: FxHashMap<u64, u64> = FxHashMap::default();
-    for segment in start {
-        for &(addr, size, _) in &segment.blocks {
-            sizes.insert(addr, size);
-        }
+/// The trace's own figures, as every other view reads them (`crate::engine`): events, peaks,
+/// segment calls and OOMs.
+fn original_figures(snapshot: &Snapshot, walk: &Reconstruction) -> Figures {
+    let mut figures = Figures {
+        events: snapshot.events.len() as u64,
+        peak_allocated: Some(walk.peak_allocated.bytes),
+        num_ooms: Some(
+            snapshot
+                .events
+                .iter()
+                .filter(|e| e.kind == EventKind::Oom)
+                .count() as u64,
+        ),
+        ..Figures::default()
+    };
+    let segment_calls = |kinds: [EventKind; 2]| {
+        snapshot
+            .events
+            .iter()
+            .filter(|e| kinds.contains(&e.kind))
+            .count() as u64
+    };
+    if walk.reserved_known {
+        figures.peak_reserved = Some(walk.peak_reserved.bytes);
     }
-    let (mut peak_allocated, mut peak_reserved) = (allocated, reserved);
-    let (mut segment_allocs, mut segment_frees, mut ooms) = (0, 0, 0);
-    let mut saw_segments = !snapshot.segments.is_empty();
-    for event in snapshot.events.iter().filter(|e| e.device == device) {
-        match event.kind {
-            EventKind::Alloc => {
-                figures.events += 1;
-                let size = round_size(event.size.max(1), 0);
-                sizes.insert(event.addr, size);
-                allocated += size as i128;
-                peak_allocated = peak_allocated.max(allocated);
-            }
-            EventKind::FreeCompleted => {
-                figures.events += 1;
-                if let Some(size) = sizes.remove(&event.addr) {
-                    allocated -= size as i128;
-                }
-            }
-            EventKind::SegmentAlloc | EventKind::SegmentMap => {
-                saw_segments = true;
-                segment_allocs += 1;
-                reserved += event.size as i128;
-                peak_reserved = peak_reserved.max(reserved);
-            }
-            EventKind::SegmentFree | EventKind::SegmentUnmap => {
-                saw_segments = true;
-                segment_frees += 1;
-                reserved -= event.size as i128;
-            }
-            EventKind::Oom => ooms += 1,
-            _ => {}
-        }
+    if snapshot.events.iter().any(is_segment_event) || !snapshot.segments.is_empty() {
+        figures.segment_allocs = Some(segment_calls([
+            EventKind::SegmentAlloc,
+            EventKind::SegmentMap,
+        ]));
+        figures.segment_frees = Some(segment_calls([
+            EventKind::SegmentFree,
+            EventKind::SegmentUnmap,
+        ]));
     }
-    figures.peak_allocated = Some(peak_allocated.max(0) as u64);
-    if saw_segments {
-        figures.peak_reserved = Some(peak_reserved.max(0) as u64);
-        figures.segment_allocs = Some(segment_allocs);
-        figures.segment_frees = Some(segment_frees);
-    } else if snapshot.stats.reserved_bytes.all.peak > 0 {
-        figures.peak_reserved = Some(snapshot.stats.reserved_bytes.all.peak);
-    }
-    figures.num_ooms = Some(ooms);
     if snapshot.stats.num_alloc_retries > 0 {
         figures.num_alloc_retries = Some(snapshot.stats.num_alloc_retries);
     }
@@ -472,6 +333,21 @@ pub enum BlockSizing {
 /// and their sizes are taken, else each request is rounded. `Event::requested` keeps the
 /// request. Frees take the size of the allocation they release.
 pub fn size_blocks(snapshot: &mut Snapshot) -> BlockSizing {
+    // Until the replay says better, every block is its request rounded (which is also what
+    // the replay's starting state needs of blocks from before the trace).
+    let divisions = snapshot.config.roundup_power2_divisions;
+    let mut pairing = Pairing::new();
+    for (i, e) in snapshot.events.iter_mut().enumerate() {
+        if matches!(
+            pairing.push(i as u32, e),
+            Pair::Alloc { .. } | Pair::Free(_)
+        ) {
+            if e.requested == 0 {
+                e.requested = e.size;
+            }
+            e.size = round_size(e.requested, divisions);
+        }
+    }
     let options = ReplayOptions {
         config: snapshot.config.clone(),
         verify: true,
@@ -485,12 +361,10 @@ pub fn size_blocks(snapshot: &mut Snapshot) -> BlockSizing {
         }
         _ => BlockSizing::Rounded,
     };
-    let divisions = snapshot.config.roundup_power2_divisions;
     let mut pairing = Pairing::new();
     let mut block = vec![0u64; snapshot.events.len()];
     for (i, e) in snapshot.events.iter_mut().enumerate() {
-        let requested = if e.requested > 0 { e.requested } else { e.size };
-        let rounded = || round_size(requested, divisions);
+        let rounded = || round_size(e.requested, divisions);
         match pairing.push(i as u32, e) {
             Pair::Alloc { .. } => {
                 block[i] = match replayed[i] {
@@ -531,12 +405,14 @@ fn replay_recording(
     let sim = SimDevice::phantom(UNLIMITED_CAPACITY);
     let alloc = CachingAllocator::new(sim.clone(), config);
     alloc.set_memory_limit(options.capacity);
+    let walk = Reconstruction::of(snapshot);
     let start = if options.reconstruct_start {
-        initial_state(snapshot)
+        start_segments(&walk.start, device)
     } else {
         Vec::new()
     };
-    let original = original_figures(snapshot, &start);
+    let original = original_figures(snapshot, &walk);
+    drop(walk);
 
     // Map the trace's addresses to the replay's.
     let mut addresses: FxHashMap<u64, u64> = FxHashMap::default();
@@ -945,48 +821,6 @@ pub fn render_sweep_text(source: &str, capacity: u64, rows: &[SweepRow]) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const MIB: u64 = 1 << 20;
-
-    #[test]
-    fn undoing_a_map_that_filled_a_hole_splits_the_run() {
-        let mut runs = Runs::new();
-        runs.insert(0, (60 * MIB, 7, Pool::Large));
-        undo_map(&mut runs, 20 * MIB, 20 * MIB);
-        let expect: Vec<_> = vec![
-            (0, (20 * MIB, 7, Pool::Large)),
-            (40 * MIB, (20 * MIB, 7, Pool::Large)),
-        ];
-        assert_eq!(runs.into_iter().collect::<Vec<_>>(), expect);
-        let mut runs = Runs::new();
-        runs.insert(0, (40 * MIB, 7, Pool::Large));
-        undo_map(&mut runs, 20 * MIB, 20 * MIB);
-        undo_map(&mut runs, 0, 20 * MIB);
-        assert!(runs.is_empty(), "mapped from nothing: no run at the start");
-    }
-
-    #[test]
-    fn undoing_an_unmap_joins_the_runs_on_both_sides() {
-        let mut runs = Runs::new();
-        runs.insert(0, (20 * MIB, 7, Pool::Small));
-        runs.insert(24 * MIB, (4 * MIB, 7, Pool::Small));
-        undo_unmap(&mut runs, 20 * MIB, 4 * MIB, 7);
-        assert_eq!(
-            runs.into_iter().collect::<Vec<_>>(),
-            vec![(0, (28 * MIB, 7, Pool::Small))]
-        );
-        // Alone, the size says the pool: 2 MiB pages are the small pool's.
-        let mut runs = Runs::new();
-        undo_unmap(&mut runs, 100 * MIB, 4 * MIB, 7);
-        undo_unmap(&mut runs, 200 * MIB, 40 * MIB, 8);
-        let pools: Vec<Pool> = runs.values().map(|&(_, _, pool)| pool).collect();
-        assert_eq!(pools, [Pool::Small, Pool::Large]);
-        // Near a run of the same stream, that run's pool: ten small-pool pages are 20 MiB.
-        let mut runs = Runs::new();
-        runs.insert(100 * MIB, (4 * MIB, 7, Pool::Small));
-        undo_unmap(&mut runs, 110 * MIB, 20 * MIB, 7);
-        assert_eq!(runs[&(110 * MIB)], (20 * MIB, 7, Pool::Small));
-    }
 
     fn traced_run(config: &str) -> Snapshot {
         let alloc = CachingAllocator::new(

@@ -588,4 +588,99 @@ mod tests {
         state.apply(&ev(EventKind::Alloc, 5, 200), 1);
         assert_eq!(state.allocated, 200);
     }
+
+    const MIB: u64 = 1 << 20;
+
+    fn mapped(kind: EventKind, addr: u64, size: u64, stream: u64) -> Event {
+        Event {
+            stream,
+            ..ev(kind, addr, size)
+        }
+    }
+
+    fn runs(state: &MemoryState) -> Vec<(u64, u64, Pool)> {
+        state
+            .segments
+            .iter()
+            .map(|(&a, s)| (a, s.size, s.pool))
+            .collect()
+    }
+
+    fn run(size: u64, pool: Pool) -> SegmentInfo {
+        SegmentInfo {
+            size,
+            device: 0,
+            stream: 7,
+            pool,
+            expandable: true,
+        }
+    }
+
+    #[test]
+    fn undoing_a_map_that_filled_a_hole_splits_the_run() {
+        let mut state = MemoryState::default();
+        state.add_segment(0, run(60 * MIB, Pool::Large));
+        state.undo(
+            &mapped(EventKind::SegmentMap, 20 * MIB, 20 * MIB, 7),
+            None,
+            false,
+        );
+        assert_eq!(
+            runs(&state),
+            [
+                (0, 20 * MIB, Pool::Large),
+                (40 * MIB, 20 * MIB, Pool::Large)
+            ]
+        );
+        assert_eq!(state.reserved, 40 * MIB);
+        let mut state = MemoryState::default();
+        state.add_segment(0, run(40 * MIB, Pool::Large));
+        state.undo(
+            &mapped(EventKind::SegmentMap, 20 * MIB, 20 * MIB, 7),
+            None,
+            false,
+        );
+        state.undo(&mapped(EventKind::SegmentMap, 0, 20 * MIB, 7), None, false);
+        assert!(
+            state.segments.is_empty(),
+            "mapped from nothing: no run at the start"
+        );
+        assert_eq!(state.reserved, 0);
+    }
+
+    #[test]
+    fn undoing_an_unmap_joins_the_runs_on_both_sides() {
+        let mut state = MemoryState::default();
+        state.add_segment(0, run(20 * MIB, Pool::Small));
+        state.add_segment(24 * MIB, run(4 * MIB, Pool::Small));
+        state.undo(
+            &mapped(EventKind::SegmentUnmap, 20 * MIB, 4 * MIB, 7),
+            None,
+            false,
+        );
+        assert_eq!(runs(&state), [(0, 28 * MIB, Pool::Small)]);
+        // Alone, the size says the pool: 2 MiB pages are the small pool's.
+        let mut state = MemoryState::default();
+        state.undo(
+            &mapped(EventKind::SegmentUnmap, 100 * MIB, 4 * MIB, 7),
+            None,
+            false,
+        );
+        state.undo(
+            &mapped(EventKind::SegmentUnmap, 200 * MIB, 40 * MIB, 8),
+            None,
+            false,
+        );
+        let pools: Vec<Pool> = state.segments.values().map(|s| s.pool).collect();
+        assert_eq!(pools, [Pool::Small, Pool::Large]);
+        // Near a run of the same stream, that run's pool: ten small-pool pages are 20 MiB.
+        let mut state = MemoryState::default();
+        state.add_segment(100 * MIB, run(4 * MIB, Pool::Small));
+        state.undo(
+            &mapped(EventKind::SegmentUnmap, 110 * MIB, 20 * MIB, 7),
+            None,
+            false,
+        );
+        assert_eq!(state.segments[&(110 * MIB)].pool, Pool::Small);
+    }
 }
