@@ -51,7 +51,7 @@ pub use config::{AllocatorConfig, BacktraceMode, ConfigError, Policy};
 pub use cuda::CudaBackend;
 pub use model::*;
 pub use sim::{SimCounters, SimDevice};
-pub use stats::{format_bytes, MemoryStats, Stat, StatArray};
+pub use stats::{format_bytes, MemoryStats, Recorded, Stat, StatArray};
 pub use telemetry::{
     PublisherStats, ServeOptions, Telemetry, TelemetryAddr, TelemetryClient, TelemetryError,
 };

@@ -521,12 +521,69 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     Ok(bytes.round() as u64)
 }
 
-impl fmt::Display for MemoryStats {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+/// Which figures of a [`MemoryStats`] the data behind it records, for
+/// [`MemoryStats::summary_recorded`]: a figure that is not recorded prints as `n/a`, never as a
+/// zero that reads like a measurement.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Recorded {
+    /// Rows of the table (by the metric name it prints, e.g. `"Active memory"`) that are
+    /// recorded; `None` means every row.
+    pub metrics: Option<Vec<&'static str>>,
+    /// Whether the per-pool rows (`from large pool`, `from small pool`) are recorded.
+    pub pools: bool,
+    /// Whether the running totals (`Tot Alloc`, `Tot Freed`) are recorded.
+    pub totals: bool,
+}
+
+impl Recorded {
+    /// Every figure is recorded (an allocator's own statistics).
+    pub fn all() -> Recorded {
+        Recorded {
+            metrics: None,
+            pools: true,
+            totals: true,
+        }
+    }
+
+    /// Only the named rows' all-pools current and peak values are recorded.
+    pub fn only(metrics: Vec<&'static str>) -> Recorded {
+        Recorded {
+            metrics: Some(metrics),
+            pools: false,
+            totals: false,
+        }
+    }
+
+    /// These settings with only the named rows recorded.
+    pub fn with_metrics(mut self, metrics: Vec<&'static str>) -> Recorded {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    fn has(&self, metric: &str) -> bool {
+        self.metrics
+            .as_ref()
+            .is_none_or(|list| list.contains(&metric))
+    }
+}
+
+impl MemoryStats {
+    /// [`MemoryStats::summary`], with `n/a` for every figure `recorded` says the data does not
+    /// record.
+    pub fn summary_recorded(&self, recorded: &Recorded) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = self.write_table(&mut out, recorded);
+        out
+    }
+
+    fn write_table(&self, f: &mut dyn fmt::Write, recorded: &Recorded) -> fmt::Result {
         const RULE: &str =
             "|==============================================================================|";
         const THIN: &str =
             "|------------------------------------------------------------------------------|";
+        const NA: &str = "n/a";
         writeln!(f, "{RULE}")?;
         writeln!(f, "| {:<76} |", "vramscope memory summary")?;
         writeln!(f, "{THIN}")?;
@@ -548,13 +605,17 @@ impl fmt::Display for MemoryStats {
         ];
         for (name, array, bytes) in rows {
             writeln!(f, "{THIN}")?;
-            for (label, stat) in [
-                (name.to_string(), &array.all),
-                ("  from large pool".to_string(), &array.large_pool),
-                ("  from small pool".to_string(), &array.small_pool),
+            let known_row = recorded.has(name);
+            for (label, stat, pool) in [
+                (name.to_string(), &array.all, false),
+                ("  from large pool".to_string(), &array.large_pool, true),
+                ("  from small pool".to_string(), &array.small_pool, true),
             ] {
-                let cell = |v: u64| {
-                    if bytes {
+                let known = known_row && (!pool || recorded.pools);
+                let cell = |v: u64, total: bool| {
+                    if !known || (total && !recorded.totals) {
+                        NA.to_string()
+                    } else if bytes {
                         format_bytes(v)
                     } else {
                         v.to_string()
@@ -564,33 +625,58 @@ impl fmt::Display for MemoryStats {
                     f,
                     "| {:<24} | {:>10} | {:>10} | {:>10} | {:>10} |",
                     label,
-                    cell(stat.current),
-                    cell(stat.peak),
-                    cell(stat.allocated),
-                    cell(stat.freed)
+                    cell(stat.current, false),
+                    cell(stat.peak, false),
+                    cell(stat.allocated, true),
+                    cell(stat.freed, true)
                 )?;
             }
         }
+        let count = |name: &str, v: u64| {
+            if recorded.has(name) {
+                v.to_string()
+            } else {
+                NA.to_string()
+            }
+        };
         writeln!(f, "{THIN}")?;
         writeln!(
             f,
             "| {:<24} | {:>10} | {:<23} | {:>10} |",
-            "Device allocs", self.num_device_alloc, "Device frees", self.num_device_free
+            "Device allocs",
+            count("Device allocs", self.num_device_alloc),
+            "Device frees",
+            count("Device frees", self.num_device_free)
         )?;
         writeln!(
             f,
             "| {:<24} | {:>10} | {:<23} | {:>10} |",
-            "Alloc retries", self.num_alloc_retries, "OOMs", self.num_ooms
+            "Alloc retries",
+            count("Alloc retries", self.num_alloc_retries),
+            "OOMs",
+            count("OOMs", self.num_ooms)
         )?;
+        let utilization = if recorded.has("Allocated memory") && recorded.has("GPU reserved memory")
+        {
+            format!("{:.1} %", self.utilization() * 100.0)
+        } else {
+            NA.to_string()
+        };
         writeln!(
             f,
             "| {:<24} | {:>10} | {:<23} | {:>10} |",
             "Sync all streams",
-            self.num_sync_all_streams,
+            count("Sync all streams", self.num_sync_all_streams),
             "Utilization",
-            format!("{:.1} %", self.utilization() * 100.0)
+            utilization
         )?;
         writeln!(f, "{RULE}")
+    }
+}
+
+impl fmt::Display for MemoryStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_table(f, &Recorded::all())
     }
 }
 

@@ -22,6 +22,8 @@ pub const DIFF_FORMAT_VERSION: u32 = 1;
 pub struct SiteDelta {
     /// `file:line`, or null for blocks without a known site.
     pub site: Option<String>,
+    /// The site's name for a reader: `file:line`, `(unknown site)` or `(before the trace)`.
+    pub label: String,
     /// Function at the site (from whichever snapshot names it).
     pub function: String,
     /// Bytes live at the end of the first snapshot.
@@ -66,14 +68,15 @@ pub fn diff(before: &Snapshot, after: &Snapshot) -> Diff {
 
 /// Compares two views built earlier.
 pub fn diff_views(before: &ModelView<'_>, after: &ModelView<'_>) -> Diff {
-    let mut sites: BTreeMap<Option<String>, SiteDelta> = BTreeMap::new();
+    let mut sites: BTreeMap<String, SiteDelta> = BTreeMap::new();
     let mut add = |view: &ModelView<'_>, is_after: bool| {
         for h in view.live_at_end() {
             let group = view.group(h.group);
             let row = sites
-                .entry(group.file_line.clone())
+                .entry(group.label().to_string())
                 .or_insert_with(|| SiteDelta {
                     site: group.file_line.clone(),
+                    label: group.label().to_string(),
                     function: String::new(),
                     before_bytes: 0,
                     after_bytes: 0,
@@ -169,7 +172,7 @@ pub fn render_text(diff: &Diff) -> String {
             let _ = writeln!(out, "  none");
         }
         for r in rows {
-            let site = r.site.as_deref().unwrap_or("(unknown site)");
+            let site = &r.label;
             let function = if r.function.is_empty() {
                 String::new()
             } else {

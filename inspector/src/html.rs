@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use vramscope_allocator::format_bytes;
 
 use crate::detect::Severity;
-use crate::report::{headline, Report, Timeline};
+use crate::report::{bytes_or_na, headline, Report, Timeline};
 
 /// Escapes `&`, `<`, `>`, `"` and `'` for HTML text and attribute values.
 pub fn escape(text: &str) -> String {
@@ -67,10 +67,10 @@ pub fn render_html(report: &Report) -> String {
         out,
         "<li>peak allocated {}, peak reserved {}; at the end {} live blocks, {} allocated, {} reserved</li>",
         format_bytes(s.peak_allocated_bytes),
-        format_bytes(s.peak_reserved_bytes),
+        bytes_or_na(s.peak_reserved_bytes),
         s.live_blocks,
         format_bytes(s.allocated_bytes),
-        format_bytes(s.reserved_bytes)
+        bytes_or_na(s.reserved_bytes)
     );
     let _ = writeln!(
         out,
@@ -135,7 +135,7 @@ pub fn render_html(report: &Report) -> String {
                 format_bytes(t.peak_bytes),
                 t.peak_blocks,
                 t.allocations,
-                escape(t.site.as_deref().unwrap_or("(unknown site)")),
+                escape(&t.label),
                 escape(&t.function)
             );
         }

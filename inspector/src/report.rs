@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use std::str::FromStr;
 
 use serde::Serialize;
-use vramscope_allocator::{format_bytes, Snapshot};
+use vramscope_allocator::{format_bytes, Recorded, Snapshot, SnapshotSource};
 
 use crate::detect::{self, DetectOptions, Finding, Severity};
 use crate::model_view::{GroupId, ModelView, TimelinePoint};
@@ -66,24 +66,27 @@ pub struct ReportStats {
     pub empty_cache_calls: u64,
     /// Failed allocations.
     pub ooms: u64,
-    /// Bytes allocated before the trace began (inferred).
+    /// Bytes allocated before the trace began (the engine's start state).
     pub baseline_allocated_bytes: u64,
-    /// Highest allocated bytes.
+    /// Highest allocated bytes (block sizes, as PyTorch's `allocated_bytes` counts them).
     pub peak_allocated_bytes: u64,
-    /// Highest reserved bytes (0 when unknown).
-    pub peak_reserved_bytes: u64,
+    /// Index of the event after which allocated bytes peaked (null: before the first event).
+    pub peak_allocated_event: Option<u32>,
+    /// Highest reserved bytes (null when the format does not record reserved memory).
+    pub peak_reserved_bytes: Option<u64>,
     /// Allocated bytes at the end.
     pub allocated_bytes: u64,
-    /// Reserved bytes at the end (0 when unknown).
-    pub reserved_bytes: u64,
-    /// Blocks live at the end.
+    /// Reserved bytes at the end (null when not recorded).
+    pub reserved_bytes: Option<u64>,
+    /// Blocks live at the end that the trace or the dump-time state describes (bytes from
+    /// before the trace known only as a total are in `allocated_bytes`, in no block).
     pub live_blocks: u64,
-    /// Segments at the end.
-    pub segments: u64,
-    /// Free bytes in segments that also hold live blocks.
-    pub inactive_split_bytes: u64,
-    /// The largest free block in the segments.
-    pub largest_free_block: u64,
+    /// Segments at the end (null without a dump-time state).
+    pub segments: Option<u64>,
+    /// Free bytes in segments that also hold live blocks (null without a dump-time state).
+    pub inactive_split_bytes: Option<u64>,
+    /// The largest free block in the segments (null without a dump-time state).
+    pub largest_free_block: Option<u64>,
 }
 
 /// One call site's holdings, for the `top_sites` table.
@@ -91,6 +94,9 @@ pub struct ReportStats {
 pub struct TopSite {
     /// `file:line`, or null when unknown.
     pub site: Option<String>,
+    /// The site's name for a reader: `file:line`, `(unknown site)` or `(before the trace)`
+    /// (memory allocated before the trace whose site nothing records).
+    pub label: String,
     /// Function at the site.
     pub function: String,
     /// Bytes live at the end.
@@ -215,6 +221,7 @@ pub fn build_report_view(view: &ModelView<'_>, options: &ReportOptions) -> Repor
     detect::run_all_view(view, &options.detect, &mut findings);
     let totals = view.totals();
     let segments = view.segments();
+    let dump_time_state = !snapshot.segments.is_empty();
     let stats = ReportStats {
         events: totals.events,
         dropped_events: snapshot.dropped_events,
@@ -230,20 +237,17 @@ pub fn build_report_view(view: &ModelView<'_>, options: &ReportOptions) -> Repor
         empty_cache_calls: totals.empty_cache,
         ooms: totals.ooms.max(snapshot.stats.num_ooms),
         baseline_allocated_bytes: view.baseline_allocated(),
-        peak_allocated_bytes: view
-            .peak_allocated()
-            .max(snapshot.stats.allocated_bytes.all.peak),
-        peak_reserved_bytes: view
-            .peak_reserved()
-            .max(snapshot.stats.reserved_bytes.all.peak),
+        peak_allocated_bytes: view.peak_allocated(),
+        peak_allocated_event: view.peak_allocated_event(),
+        peak_reserved_bytes: view.reserved_known().then(|| view.peak_reserved()),
         allocated_bytes: view.end_allocated(),
-        reserved_bytes: view.end_reserved(),
+        reserved_bytes: view.reserved_known().then(|| view.end_reserved()),
         live_blocks: detect::sat_sum(view.live_at_end().iter().map(|h| h.blocks)),
-        segments: segments.segments,
-        inactive_split_bytes: segments.inactive_split_bytes,
-        largest_free_block: segments.largest_free_block,
+        segments: dump_time_state.then_some(segments.segments),
+        inactive_split_bytes: dump_time_state.then_some(segments.inactive_split_bytes),
+        largest_free_block: dump_time_state.then_some(segments.largest_free_block),
     };
-    let memory_summary = (snapshot.stats != Default::default()).then(|| snapshot.stats.summary());
+    let memory_summary = (snapshot.stats != Default::default()).then(|| summary_table(view));
     Report {
         format_version: REPORT_FORMAT_VERSION,
         source: snapshot.source.to_string(),
@@ -262,6 +266,55 @@ pub fn build_report_view(view: &ModelView<'_>, options: &ReportOptions) -> Repor
     }
 }
 
+/// PyTorch's `memory_summary()` table of the snapshot's statistics, with the all-pools
+/// allocated and reserved figures the engine gives every view, and `n/a` for what the format
+/// does not record.
+fn summary_table(view: &ModelView<'_>) -> String {
+    let snapshot = view.snapshot();
+    let mut stats = snapshot.stats;
+    stats.allocated_bytes.all.current = view.end_allocated();
+    stats.allocated_bytes.all.peak = view.peak_allocated();
+    if view.reserved_known() {
+        stats.reserved_bytes.all.current = view.end_reserved();
+        stats.reserved_bytes.all.peak = view.peak_reserved();
+    }
+    let recorded = match snapshot.source {
+        SnapshotSource::Vramscope => Recorded::all(),
+        // A PyTorch snapshot records neither retries nor syncs.
+        SnapshotSource::Pytorch => Recorded::all().with_metrics(
+            RECORDED_BY_PYTORCH_SNAPSHOTS
+                .iter()
+                .copied()
+                .filter(|m| view.reserved_known() || *m != "GPU reserved memory")
+                .collect(),
+        ),
+        // A profiler trace records the two totals with each event, and nothing else.
+        SnapshotSource::ChromeTrace => Recorded::only(if view.reserved_known() {
+            vec!["Allocated memory", "GPU reserved memory"]
+        } else {
+            vec!["Allocated memory"]
+        }),
+    };
+    stats.summary_recorded(&recorded)
+}
+
+/// The rows of the summary table a PyTorch snapshot lets vramscope compute.
+const RECORDED_BY_PYTORCH_SNAPSHOTS: [&str; 13] = [
+    "Allocated memory",
+    "Active memory",
+    "Requested memory",
+    "GPU reserved memory",
+    "Non-releasable memory",
+    "Allocations",
+    "Active allocs",
+    "GPU reserved segments",
+    "Non-releasable allocs",
+    "Device allocs",
+    "Device frees",
+    "OOMs",
+    "Alloc retries",
+];
+
 /// The call sites holding the most at the end (then at the peak), at most `limit` of them.
 pub fn top_sites(view: &ModelView<'_>, limit: usize) -> Vec<TopSite> {
     let n = view.groups().len();
@@ -277,6 +330,7 @@ pub fn top_sites(view: &ModelView<'_>, limit: usize) -> Vec<TopSite> {
             }
             rows[i] = Some(TopSite {
                 site: group.file_line.clone(),
+                label: group.label().to_string(),
                 function: group.function.clone(),
                 live_bytes: 0,
                 live_blocks: 0,
@@ -484,6 +538,11 @@ pub fn headline(report: &Report) -> String {
     line
 }
 
+/// A byte figure, or `n/a` when the data does not record it.
+pub fn bytes_or_na(bytes: Option<u64>) -> String {
+    bytes.map_or_else(|| "n/a".to_string(), format_bytes)
+}
+
 /// Lines of headline statistics, shared by the text and markdown renderers.
 fn stat_lines(report: &Report) -> Vec<String> {
     let s = &report.stats;
@@ -503,22 +562,21 @@ fn stat_lines(report: &Report) -> Vec<String> {
         }
     )];
     let mut peak = format!("peak allocated {}", format_bytes(s.peak_allocated_bytes));
-    if s.peak_reserved_bytes > 0 {
-        let _ = write!(
-            peak,
-            ", peak reserved {}",
-            format_bytes(s.peak_reserved_bytes)
-        );
+    if let Some(event) = s.peak_allocated_event {
+        let _ = write!(peak, " (after event {event})");
     }
+    let _ = write!(
+        peak,
+        ", peak reserved {}",
+        bytes_or_na(s.peak_reserved_bytes)
+    );
     let _ = write!(
         peak,
         "; at the end {} live blocks, {} allocated",
         s.live_blocks,
         format_bytes(s.allocated_bytes)
     );
-    if s.reserved_bytes > 0 {
-        let _ = write!(peak, ", {} reserved", format_bytes(s.reserved_bytes));
-    }
+    let _ = write!(peak, ", {} reserved", bytes_or_na(s.reserved_bytes));
     lines.push(peak);
     if s.transfers + s.syncs + s.device_allocs + s.ooms > 0 {
         lines.push(format!(
@@ -628,7 +686,7 @@ pub fn render_text(report: &Report, color: bool) -> String {
                 t.live_blocks,
                 format_bytes(t.peak_bytes),
                 t.peak_blocks,
-                site_with_function(t.site.as_deref(), &t.function)
+                site_with_function(Some(&t.label), &t.function)
             );
         }
     }
@@ -708,7 +766,7 @@ pub fn render_markdown(report: &Report) -> String {
                 format_bytes(t.peak_bytes),
                 t.peak_blocks,
                 t.allocations,
-                md_escape(&site_with_function(t.site.as_deref(), &t.function))
+                md_escape(&site_with_function(Some(&t.label), &t.function))
             );
         }
     }
@@ -734,7 +792,7 @@ pub fn render_summary(report: &Report) -> String {
             "  {:>10} live, {:>10} at peak  {}",
             format_bytes(t.live_bytes),
             format_bytes(t.peak_bytes),
-            site_with_function(t.site.as_deref(), &t.function)
+            site_with_function(Some(&t.label), &t.function)
         );
     }
     if let Some(table) = &report.memory_summary {
