@@ -1,0 +1,236 @@
+//! One truth: every view of a trace gives the same figures.
+//!
+//! For each shared trace and for planted cases built here (a run recorded from its start, the
+//! same run recorded late, and the same run without its dump-time state, as a profiler trace
+//! gives it), the report's JSON, `summary`, `diff` of the trace against itself, the dashboard's
+//! dataset at the same cursor, the replay's "trace" column and the HTML report must agree on:
+//! allocated and reserved bytes at the end, peak allocated bytes and its event, the bytes each
+//! site holds at the end and at the peak, and the event and step counts. The "at peak" column
+//! sums to the peak.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+use vramscope::allocator::testing::shared_trace;
+use vramscope::allocator::{format_bytes, Snapshot};
+use vramscope::inspector::model_view::ModelView;
+use vramscope::inspector::{diff, html, import, replay, report};
+use vramscope::tui::data::{Dataset, Origin};
+
+/// Bytes per site label.
+type BySite = BTreeMap<String, u64>;
+
+fn holdings(view: &ModelView<'_>, at_peak: bool) -> BySite {
+    let list = if at_peak {
+        view.live_at_peak()
+    } else {
+        view.live_at_end()
+    };
+    let mut out = BySite::new();
+    for h in list {
+        *out.entry(view.group(h.group).label().to_string())
+            .or_default() += h.bytes;
+    }
+    out
+}
+
+/// What the dashboard shows per site in the state after `pos` events.
+fn dashboard_sites(data: &mut Dataset, pos: usize) -> BySite {
+    let groups = data.groups().clone();
+    let state = data.state_at(pos);
+    let mut out = BySite::new();
+    for block in state.blocks.values().filter(|b| !b.pending) {
+        *out.entry(groups.get(groups.of_block(block)).label().to_string())
+            .or_default() += block.size;
+    }
+    if state.unattributed.allocated > 0 {
+        let before = groups.get(vramscope::inspector::engine::SiteGroups::BEFORE_TRACE);
+        *out.entry(before.label().to_string()).or_default() += state.unattributed.allocated;
+    }
+    out
+}
+
+fn check(name: &str, snapshot: &Snapshot) {
+    let view = ModelView::new(snapshot);
+    let built = report::build_report_view(&view, &report::ReportOptions::default());
+    let json: Value = serde_json::from_str(&report::render_json(&built)).expect("report JSON");
+    let stats = &json["stats"];
+    let events = snapshot.events.len() as u64;
+    let peak = view.peak_allocated();
+    let peak_event = view.peak_allocated_event();
+    let end_allocated = view.end_allocated();
+    let end_reserved = view.reserved_known().then(|| view.end_reserved());
+
+    // The report's JSON.
+    assert_eq!(stats["events"], events, "{name}: events");
+    assert_eq!(stats["peak_allocated_bytes"], peak, "{name}: peak");
+    assert_eq!(
+        stats["peak_allocated_event"].as_u64(),
+        peak_event.map(u64::from),
+        "{name}: peak event"
+    );
+    assert_eq!(
+        stats["allocated_bytes"], end_allocated,
+        "{name}: end allocated"
+    );
+    assert_eq!(
+        stats["reserved_bytes"].as_u64(),
+        end_reserved,
+        "{name}: end reserved"
+    );
+    assert_eq!(
+        json["steps"],
+        view.loop_steps().len() as u64,
+        "{name}: steps"
+    );
+
+    // The "at peak" and "at end" columns sum to the figures.
+    let at_peak = holdings(&view, true);
+    let at_end = holdings(&view, false);
+    assert_eq!(
+        at_peak.values().sum::<u64>(),
+        peak,
+        "{name}: at-peak column"
+    );
+    assert_eq!(
+        at_end.values().sum::<u64>(),
+        end_allocated,
+        "{name}: at-end column"
+    );
+    for site in json["top_sites"].as_array().expect("top sites") {
+        let label = site["label"].as_str().expect("label");
+        assert_eq!(
+            site["live_bytes"],
+            at_end.get(label).copied().unwrap_or(0),
+            "{name}: {label} at the end"
+        );
+        assert_eq!(
+            site["peak_bytes"],
+            at_peak.get(label).copied().unwrap_or(0),
+            "{name}: {label} at the peak"
+        );
+    }
+
+    // `summary`: the allocated row of the table is the same figures.
+    let summary = report::render_summary(&built);
+    let row = summary
+        .lines()
+        .find(|l| l.starts_with("| Allocated memory"))
+        .unwrap_or_else(|| panic!("{name}: no allocated row in\n{summary}"));
+    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    assert_eq!(
+        cells[2],
+        format_bytes(end_allocated),
+        "{name}: summary current"
+    );
+    assert_eq!(cells[3], format_bytes(peak), "{name}: summary peak");
+
+    // `diff A A`: nothing moved, and both sides hold the end figure.
+    let same = diff::diff_views(&view, &view);
+    assert!(
+        same.grew.is_empty() && same.shrank.is_empty(),
+        "{name}: diff"
+    );
+    assert_eq!(same.before_bytes, end_allocated, "{name}: diff total");
+
+    // The dashboard at the end and at the peak.
+    let mut data = Dataset::new(snapshot.clone(), Origin::File(name.to_string()));
+    assert_eq!(data.len() as u64, events, "{name}: dashboard events");
+    let end = data.usage_at(data.len());
+    assert_eq!(end.allocated, end_allocated, "{name}: dashboard end");
+    if let Some(reserved) = end_reserved {
+        assert_eq!(end.reserved, reserved, "{name}: dashboard reserved");
+    }
+    let peak_pos = peak_event.map_or(0, |e| e as usize + 1);
+    assert_eq!(
+        data.peak_at(data.len()).allocated,
+        peak,
+        "{name}: dashboard peak"
+    );
+    assert_eq!(
+        data.usage_at(peak_pos).allocated,
+        peak,
+        "{name}: dashboard at peak"
+    );
+    if let Some(before) = peak_pos.checked_sub(1) {
+        assert!(
+            data.usage_at(before).allocated < peak,
+            "{name}: the peak is first reached at its event"
+        );
+    }
+    assert_eq!(
+        dashboard_sites(&mut data, peak_pos),
+        at_peak,
+        "{name}: dashboard sites at peak"
+    );
+    let last = data.len();
+    assert_eq!(
+        dashboard_sites(&mut data, last),
+        at_end,
+        "{name}: dashboard sites at end"
+    );
+
+    // The replay's "trace" column.
+    let replayed = replay::replay(snapshot, &replay::ReplayOptions::default(), &mut |_, _| {});
+    assert_eq!(replayed.original.events, events, "{name}: replay events");
+    assert_eq!(
+        replayed.original.peak_allocated,
+        Some(peak),
+        "{name}: replay peak"
+    );
+
+    // The HTML report states the same peak and end figures.
+    let page = html::render_html(&built);
+    for figure in [format_bytes(peak), format_bytes(end_allocated)] {
+        assert!(
+            page.contains(&figure),
+            "{name}: the HTML report lacks {figure}"
+        );
+    }
+}
+
+/// A run with weights, a leak and per-step activations, recorded by vramscope.
+fn planted_run() -> Snapshot {
+    vramscope::tui::fixture::training_snapshot_with(12)
+}
+
+#[test]
+fn a_run_recorded_from_its_start_agrees_everywhere() {
+    check("planted", &planted_run());
+}
+
+#[test]
+fn a_run_recorded_late_agrees_everywhere() {
+    let mut late = planted_run();
+    let cut = late.events.len() / 3;
+    late.events.drain(..cut);
+    check("planted, recorded late", &late);
+}
+
+#[test]
+fn a_run_without_its_dump_time_state_agrees_everywhere() {
+    // What a profiler trace gives: events and the statistics' totals, no segments.
+    let mut bare = planted_run();
+    let cut = bare.events.len() / 4;
+    bare.events.drain(..cut);
+    bare.segments.clear();
+    check("planted, no segments", &bare);
+    let view = ModelView::new(&bare);
+    assert_eq!(view.end_allocated(), bare.stats.allocated_bytes.all.current);
+}
+
+#[test]
+fn the_shared_traces_agree_everywhere() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for name in [
+        "decomfl_opt125m_zo_fedlearn.pickle",
+        "cs336_medium_ctx512_train_step.pickle",
+        "hta_ddp_rank1_v100_profile_memory.trace.json.gz",
+    ] {
+        let Some(path) = shared_trace(root, name) else {
+            continue;
+        };
+        let snapshot = import::load(&path).expect("the shared traces load");
+        check(name, &snapshot);
+    }
+}
