@@ -75,29 +75,7 @@ pub struct CudaBackend {
     inner: Arc<CudaInner>,
 }
 
-/// What the driver said about itself and its devices, for `doctor` reports.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CudaDeviceInfo {
-    /// Device ordinal.
-    pub ordinal: u32,
-    /// Marketing name (`"NVIDIA H200"`).
-    pub name: String,
-    /// Total memory in bytes.
-    pub total_bytes: u64,
-    /// Free memory in bytes, when a context could be made to ask.
-    pub free_bytes: Option<u64>,
-    /// Compute capability (major, minor).
-    pub compute_capability: (i32, i32),
-}
-
-/// The driver as found on this machine.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DriverInfo {
-    /// Driver API version as (major, minor), e.g. (12, 8).
-    pub version: (u32, u32),
-    /// The devices the driver reports.
-    pub devices: Vec<CudaDeviceInfo>,
-}
+pub use crate::driver_info::{CudaDeviceInfo, DriverInfo};
 
 /// Turns a driver error into the backend's error type, naming the call that failed.
 fn driver_error(call: &str, e: DriverError) -> BackendError {

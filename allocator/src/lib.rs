@@ -28,8 +28,13 @@ pub mod buffer;
 pub mod caching;
 mod clock;
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda_absent.rs"]
 pub mod cuda;
 pub mod debug;
+mod driver_info;
 mod free_index;
 pub mod model;
 pub mod provenance;

@@ -81,14 +81,21 @@ pub(crate) fn sample_backtrace(every: u32) -> bool {
     })
 }
 
-/// Captures the caller's stack as raw instruction pointers, without symbolizing.
+/// Captures the caller's stack as raw instruction pointers, without symbolizing (nothing when
+/// the crate is built without its `backtrace` feature: call sites are then the callers'
+/// `#[track_caller]` locations alone).
 pub(crate) fn capture_backtrace() -> Vec<usize> {
-    let mut ips = Vec::with_capacity(32);
-    backtrace::trace(|frame| {
-        ips.push(frame.ip() as usize);
-        ips.len() < 64
-    });
-    ips
+    #[cfg(feature = "backtrace")]
+    {
+        let mut ips = Vec::with_capacity(32);
+        backtrace::trace(|frame| {
+            ips.push(frame.ip() as usize);
+            ips.len() < 64
+        });
+        ips
+    }
+    #[cfg(not(feature = "backtrace"))]
+    Vec::new()
 }
 
 /// Provenance of one allocation, as interned ids.
@@ -294,7 +301,9 @@ impl ProvenanceTables {
 /// Turns instruction pointers into frames, skipping vramscope's own and the runtime's frames
 /// at the top of the stack.
 fn resolve(ips: &[usize]) -> Vec<Frame> {
+    #[allow(unused_mut)]
     let mut frames = Vec::new();
+    #[cfg(feature = "backtrace")]
     for &ip in ips {
         backtrace::resolve(ip as *mut std::ffi::c_void, |symbol| {
             let function = symbol.name().map(|n| format!("{n:#}")).unwrap_or_default();
@@ -308,9 +317,11 @@ fn resolve(ips: &[usize]) -> Vec<Frame> {
             });
         });
     }
+    #[cfg(not(feature = "backtrace"))]
+    let _ = ips;
     let first_user = frames
         .iter()
-        .position(|f| {
+        .position(|f: &Frame| {
             !f.function.starts_with("backtrace::")
                 && !f.function.starts_with("vramscope_allocator::")
                 && !f.function.starts_with("core::")
