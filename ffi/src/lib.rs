@@ -18,10 +18,13 @@
 //!
 //! Misuse never aborts the host process: a free of an unknown or already-freed pointer, a
 //! negative size or a bad device is counted ([`vramscope_error_count`]) and logged to standard
-//! error, and the call returns.
+//! error, and the call returns. Nor does a bug of ours: every entry point runs its body under
+//! `catch_unwind` ([`guarded`]), so a panic becomes a logged, counted error and the entry
+//! point's failure value (null, -1, 0), never an unwind across the C boundary (which aborts).
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
@@ -114,28 +117,49 @@ fn live_allocators() -> impl Iterator<Item = &'static CachingAllocator<DeviceBac
         .filter_map(|slot| slot.get().and_then(Option::as_ref))
 }
 
+/// Runs the body of the entry point `entry`, turning a panic into `failure` (counted and
+/// logged like a misuse): unwinding out of an `extern "C"` function aborts the host process.
+fn guarded<T>(entry: &str, failure: T, body: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(value) => value,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("unknown panic");
+            report_error(format!(
+                "{entry}: internal error (please report it): {message}"
+            ));
+            failure
+        }
+    }
+}
+
 /// Allocates `size` bytes on `device` for `stream` (PyTorch's `alloc_fn`). Returns null when
 /// the device is out of memory (the report goes to standard error) or on misuse.
 #[no_mangle]
 pub extern "C" fn vramscope_malloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
-    let Ok(size) = u64::try_from(size) else {
-        report_error(format!("vramscope_malloc: negative size {size}"));
-        return std::ptr::null_mut();
-    };
-    let Some(alloc) = allocator(device) else {
-        return std::ptr::null_mut();
-    };
-    match alloc.alloc_ptr(size, StreamId(stream as u64)) {
-        Ok(addr) => addr as *mut c_void,
-        Err(e @ AllocError::OutOfMemory(_)) => {
-            eprintln!("vramscope: {e}");
-            std::ptr::null_mut()
+    guarded("vramscope_malloc", std::ptr::null_mut(), || {
+        let Ok(size) = u64::try_from(size) else {
+            report_error(format!("vramscope_malloc: negative size {size}"));
+            return std::ptr::null_mut();
+        };
+        let Some(alloc) = allocator(device) else {
+            return std::ptr::null_mut();
+        };
+        match alloc.alloc_ptr(size, StreamId(stream as u64)) {
+            Ok(addr) => addr as *mut c_void,
+            Err(e @ AllocError::OutOfMemory(_)) => {
+                eprintln!("vramscope: {e}");
+                std::ptr::null_mut()
+            }
+            Err(e) => {
+                report_error(format!("vramscope_malloc: {e}"));
+                std::ptr::null_mut()
+            }
         }
-        Err(e) => {
-            report_error(format!("vramscope_malloc: {e}"));
-            std::ptr::null_mut()
-        }
-    }
+    })
 }
 
 /// Opens a scope named `name` on the calling thread: the allocations this thread makes on
@@ -150,26 +174,28 @@ pub extern "C" fn vramscope_malloc(size: isize, device: c_int, stream: *mut c_vo
 /// `name` must be null or point to a NUL-terminated string.
 #[no_mangle]
 pub unsafe extern "C" fn vramscope_push_scope(device: c_int, name: *const c_char) -> c_int {
-    if name.is_null() {
-        report_error("vramscope_push_scope: null name".to_string());
-        return -1;
-    }
-    // SAFETY: the caller promises a NUL-terminated string, checked non-null above.
-    let Ok(name) = unsafe { CStr::from_ptr(name) }.to_str() else {
-        report_error("vramscope_push_scope: the name is not UTF-8".to_string());
-        return -1;
-    };
-    let Some(alloc) = allocator(device) else {
-        return -1;
-    };
-    let guard = alloc.scope(name);
-    match OPEN_SCOPES.try_with(|scopes| scopes.borrow_mut().push(guard)) {
-        Ok(()) => 0,
-        Err(_) => {
-            report_error("vramscope_push_scope: the thread is exiting".to_string());
-            -1
+    guarded("vramscope_push_scope", -1, || {
+        if name.is_null() {
+            report_error("vramscope_push_scope: null name".to_string());
+            return -1;
         }
-    }
+        // SAFETY: the caller promises a NUL-terminated string, checked non-null above.
+        let Ok(name) = unsafe { CStr::from_ptr(name) }.to_str() else {
+            report_error("vramscope_push_scope: the name is not UTF-8".to_string());
+            return -1;
+        };
+        let Some(alloc) = allocator(device) else {
+            return -1;
+        };
+        let guard = alloc.scope(name);
+        match OPEN_SCOPES.try_with(|scopes| scopes.borrow_mut().push(guard)) {
+            Ok(()) => 0,
+            Err(_) => {
+                report_error("vramscope_push_scope: the thread is exiting".to_string());
+                -1
+            }
+        }
+    })
 }
 
 /// Closes the innermost scope the calling thread opened with [`vramscope_push_scope`]. Returns
@@ -177,20 +203,22 @@ pub unsafe extern "C" fn vramscope_push_scope(device: c_int, name: *const c_char
 /// logged).
 #[no_mangle]
 pub extern "C" fn vramscope_pop_scope() -> c_int {
-    match OPEN_SCOPES
-        .try_with(|scopes| scopes.borrow_mut().pop())
-        .ok()
-        .flatten()
-    {
-        Some(guard) => {
-            drop(guard);
-            0
+    guarded("vramscope_pop_scope", -1, || {
+        match OPEN_SCOPES
+            .try_with(|scopes| scopes.borrow_mut().pop())
+            .ok()
+            .flatten()
+        {
+            Some(guard) => {
+                drop(guard);
+                0
+            }
+            None => {
+                report_error("vramscope_pop_scope: no scope is open on this thread".to_string());
+                -1
+            }
         }
-        None => {
-            report_error("vramscope_pop_scope: no scope is open on this thread".to_string());
-            -1
-        }
-    }
+    })
 }
 
 /// Frees a pointer from [`vramscope_malloc`] (PyTorch's `free_fn`). A pointer that is unknown,
@@ -202,30 +230,36 @@ pub extern "C" fn vramscope_free(
     device: c_int,
     _stream: *mut c_void,
 ) {
-    if ptr.is_null() {
-        return;
-    }
-    let Some(alloc) = allocator(device) else {
-        return;
-    };
-    if let Err(e) = alloc.free_ptr_on(ptr as u64, alloc.device()) {
-        report_error(format!("vramscope_free: {e}"));
-    }
+    guarded("vramscope_free", (), || {
+        if ptr.is_null() {
+            return;
+        }
+        let Some(alloc) = allocator(device) else {
+            return;
+        };
+        if let Err(e) = alloc.free_ptr_on(ptr as u64, alloc.device()) {
+            report_error(format!("vramscope_free: {e}"));
+        }
+    })
 }
 
 /// Releases every cached segment without live blocks on every device
 /// (`torch.cuda.empty_cache()`). Returns the bytes released.
 #[no_mangle]
 pub extern "C" fn vramscope_empty_cache() -> u64 {
-    live_allocators().map(|a| a.empty_cache()).sum()
+    guarded("vramscope_empty_cache", 0, || {
+        live_allocators().map(|a| a.empty_cache()).sum()
+    })
 }
 
 /// Marks the start of a training step on every device.
 #[no_mangle]
 pub extern "C" fn vramscope_mark_step() {
-    for alloc in live_allocators() {
-        alloc.mark_step();
-    }
+    guarded("vramscope_mark_step", (), || {
+        for alloc in live_allocators() {
+            alloc.mark_step();
+        }
+    })
 }
 
 /// Misuses and failures counted so far.
@@ -253,27 +287,31 @@ fn copy_out(text: &str, buf: *mut c_char, len: usize) -> isize {
 /// into `buf`. Returns the JSON's length; when that is `len` or more, nothing was written.
 #[no_mangle]
 pub extern "C" fn vramscope_stats_json(buf: *mut c_char, len: usize) -> isize {
-    let mut all = serde_json::Map::new();
-    for alloc in live_allocators() {
-        let stats = serde_json::to_value(alloc.stats()).unwrap_or_default();
-        all.insert(alloc.device().to_string(), stats);
-    }
-    copy_out(&serde_json::Value::Object(all).to_string(), buf, len)
+    guarded("vramscope_stats_json", -1, || {
+        let mut all = serde_json::Map::new();
+        for alloc in live_allocators() {
+            let stats = serde_json::to_value(alloc.stats()).unwrap_or_default();
+            all.insert(alloc.device().to_string(), stats);
+        }
+        copy_out(&serde_json::Value::Object(all).to_string(), buf, len)
+    })
 }
 
 /// Writes PyTorch's `memory_summary()` table for `device` into `buf`. Returns its length, or
 /// -1 when the device was never used.
 #[no_mangle]
 pub extern "C" fn vramscope_memory_summary(device: c_int, buf: *mut c_char, len: usize) -> isize {
-    let found = usize::try_from(device)
-        .ok()
-        .and_then(|i| ALLOCATORS.get(i))
-        .and_then(|slot| slot.get())
-        .and_then(Option::as_ref);
-    match found {
-        Some(alloc) => copy_out(&alloc.memory_summary(), buf, len),
-        None => -1,
-    }
+    guarded("vramscope_memory_summary", -1, || {
+        let found = usize::try_from(device)
+            .ok()
+            .and_then(|i| ALLOCATORS.get(i))
+            .and_then(|slot| slot.get())
+            .and_then(Option::as_ref);
+        match found {
+            Some(alloc) => copy_out(&alloc.memory_summary(), buf, len),
+            None => -1,
+        }
+    })
 }
 
 /// Writes a JSON snapshot of every device in use: device 0 (or the first in use) to `path`,
@@ -285,15 +323,17 @@ pub extern "C" fn vramscope_memory_summary(device: c_int, buf: *mut c_char, len:
 /// `path` must be null or point to a NUL-terminated string.
 #[no_mangle]
 pub unsafe extern "C" fn vramscope_snapshot(path: *const c_char) -> c_int {
-    if path.is_null() {
-        report_error("vramscope_snapshot: null path".to_string());
-        return -1;
-    }
-    // SAFETY: the caller promises a NUL-terminated string, checked non-null above.
-    let path = unsafe { CStr::from_ptr(path) }
-        .to_string_lossy()
-        .into_owned();
-    write_snapshots(&path)
+    guarded("vramscope_snapshot", -1, || {
+        if path.is_null() {
+            report_error("vramscope_snapshot: null path".to_string());
+            return -1;
+        }
+        // SAFETY: the caller promises a NUL-terminated string, checked non-null above.
+        let path = unsafe { CStr::from_ptr(path) }
+            .to_string_lossy()
+            .into_owned();
+        write_snapshots(&path)
+    })
 }
 
 fn write_snapshots(path: &str) -> c_int {
@@ -313,11 +353,13 @@ fn write_snapshots(path: &str) -> c_int {
 }
 
 extern "C" fn snapshot_at_exit() {
-    if let Ok(path) = std::env::var(SNAPSHOT_ON_EXIT_ENV) {
-        if !path.is_empty() && write_snapshots(&path) == 0 {
-            eprintln!("vramscope: snapshot written to {path}");
+    guarded("snapshot_at_exit", (), || {
+        if let Ok(path) = std::env::var(SNAPSHOT_ON_EXIT_ENV) {
+            if !path.is_empty() && write_snapshots(&path) == 0 {
+                eprintln!("vramscope: snapshot written to {path}");
+            }
         }
-    }
+    })
 }
 
 extern "C" {
@@ -356,5 +398,24 @@ fn install_exit_hook() {
     // arguments that lives as long as the program (this library is never unloaded by PyTorch).
     if unsafe { atexit(snapshot_at_exit) } != 0 {
         report_error("could not register the exit snapshot".to_string());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_inside_an_entry_point_is_an_error_return_not_an_abort() {
+        let before = vramscope_error_count();
+        let value = guarded("vramscope_test", -1, || -> c_int { panic!("planted") });
+        assert_eq!(value, -1);
+        assert_eq!(vramscope_error_count(), before + 1);
+        let last = LAST_ERROR.lock().unwrap().clone();
+        assert!(
+            last.contains("vramscope_test") && last.contains("planted"),
+            "{last}"
+        );
+        assert_eq!(guarded("vramscope_test", -1, || 7), 7);
     }
 }
