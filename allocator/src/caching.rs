@@ -1418,14 +1418,13 @@ impl<B: Backend> CachingAllocator<B> {
         let allocated = state.stats.allocated_bytes.all().current;
         let reserved = state.stats.reserved_bytes.all().current;
         let cached = reserved.saturating_sub(allocated);
-        let hint = if cached >= rounded || cached > info.total / 5 {
-            Some(format!(
-                "{} is reserved but unallocated: fragmentation is likely; try VRAMSCOPE_ALLOC_CONF=expandable_segments:True (or max_split_size_mb) to reduce it.",
-                format_bytes(cached)
-            ))
-        } else {
-            None
-        };
+        let hint = crate::oom::is_fragmentation(rounded, cached, info.free).then(|| {
+            format!(
+                "{} is reserved but unallocated: the memory is there, in pieces (fragmentation); try VRAMSCOPE_ALLOC_CONF={} to reduce it.",
+                format_bytes(cached),
+                crate::oom::fragmentation_setting(&shared.config, rounded)
+            )
+        });
         AllocError::OutOfMemory(Box::new(OomReport {
             requested,
             rounded,

@@ -37,6 +37,7 @@ pub mod debug;
 mod driver_info;
 mod free_index;
 pub mod model;
+pub mod oom;
 pub mod provenance;
 mod ring;
 pub mod sim;

@@ -11,6 +11,7 @@
 //! (`num_alloc_retries`) or a peak close to capacity with much free memory stuck in split
 //! segments give a warning; a large share of split free memory alone is information.
 
+use vramscope_allocator::oom::{fragmentation_setting, is_fragmentation};
 use vramscope_allocator::{format_bytes, Event};
 
 use super::{config_env_var, DetectOptions, Finding, FindingKind, FindingSink, Severity};
@@ -46,8 +47,8 @@ pub fn fragmentation(view: &ModelView<'_>, options: &DetectOptions, sink: &mut d
             allocated,
             reserved,
         };
-        let available = case.cache_free().saturating_add(event.addr);
-        if view.reserved_known() && case.cache_free() > 0 && available >= event.size {
+        // The allocator's own rule, so that its OOM hint and this report agree.
+        if view.reserved_known() && is_fragmentation(event.size, case.cache_free(), event.addr) {
             split.push(case);
         } else {
             plain.push(case);
@@ -224,9 +225,6 @@ fn largest<'a, 'e>(cases: &'a [OomCase<'e>]) -> Option<&'a OomCase<'e>> {
 /// The allocator setting to suggest: expandable segments when they are off, else a split limit
 /// sized from the failed request (or from the largest free block).
 fn setting_for(view: &ModelView<'_>, request: Option<u64>) -> String {
-    if !view.snapshot().config.expandable_segments {
-        return "expandable_segments:True".to_string();
-    }
     let basis = request.unwrap_or(view.segments().largest_free_block);
-    format!("max_split_size_mb:{}", (basis >> 20).max(20))
+    fragmentation_setting(&view.snapshot().config, basis)
 }
