@@ -2814,6 +2814,33 @@ impl<B: Backend> CachingAllocator<B> {
         }
     }
 
+    /// The entries of the call-site, tag and scope tables from the given lengths on (the
+    /// tables only grow, so a consumer that knows the first `sites` sites asks for the rest).
+    /// Only the new entries are copied under the device lock, and call sites are symbolized
+    /// after it is released: a live consumer (the telemetry publisher) never holds the program
+    /// up while backtraces are resolved.
+    pub fn site_tables_since(&self, sites: usize, tags: usize, scopes: usize) -> SiteTables {
+        let (new_sites, tags, scopes) = {
+            let state = self.shared.lock();
+            let tables = &state.provenance;
+            (
+                tables.sites_since(sites),
+                tables.tags.strings.get(tags..).unwrap_or_default().to_vec(),
+                tables
+                    .scopes
+                    .strings
+                    .get(scopes..)
+                    .unwrap_or_default()
+                    .to_vec(),
+            )
+        };
+        SiteTables {
+            sites: new_sites.into_iter().map(|s| s.resolve()).collect(),
+            tags,
+            scopes,
+        }
+    }
+
     /// Wall-clock time of event time zero, in nanoseconds since the Unix epoch.
     pub fn epoch_unix_ns(&self) -> u64 {
         self.shared.epoch_unix_ns

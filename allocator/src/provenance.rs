@@ -275,6 +275,25 @@ impl ProvenanceTables {
         })
     }
 
+    /// The sites from id `from` on, unsymbolized: cheap to take under the device lock (a
+    /// location reference and a copy of the instruction pointers each); [`UnresolvedSite::
+    /// resolve`] then symbolizes them without it.
+    pub fn sites_since(&self, from: usize) -> Vec<UnresolvedSite> {
+        self.sites
+            .get(from..)
+            .unwrap_or_default()
+            .iter()
+            .map(|entry| UnresolvedSite {
+                location: entry.location,
+                backtrace: match &entry.resolved {
+                    Some(_) => None,
+                    None => entry.backtrace.clone(),
+                },
+                resolved: entry.resolved.clone(),
+            })
+            .collect()
+    }
+
     /// Symbolizes every site not yet resolved and returns the model's call-site table, indexed
     /// by site id.
     pub fn call_sites(&mut self) -> Vec<CallSite> {
@@ -295,6 +314,33 @@ impl ProvenanceTables {
                 }
             })
             .collect()
+    }
+}
+
+/// A call site taken from the tables without symbolizing it ([`ProvenanceTables::sites_since`]).
+#[derive(Clone, Debug)]
+pub struct UnresolvedSite {
+    location: &'static Location<'static>,
+    backtrace: Option<Vec<usize>>,
+    resolved: Option<Vec<Frame>>,
+}
+
+impl UnresolvedSite {
+    /// The model's call site, symbolizing the backtrace if it has one (slow: call it without
+    /// the device lock).
+    pub fn resolve(self) -> CallSite {
+        let frames = match (self.resolved, self.backtrace) {
+            (Some(frames), _) => frames,
+            (None, Some(ips)) => resolve(&ips),
+            (None, None) => Vec::new(),
+        };
+        CallSite {
+            file: self.location.file().to_string(),
+            line: self.location.line(),
+            column: self.location.column(),
+            function: String::new(),
+            frames,
+        }
     }
 }
 

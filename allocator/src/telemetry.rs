@@ -385,6 +385,56 @@ pub struct TablesFrame {
     pub scopes: Vec<String>,
 }
 
+/// How many call sites, tags and scopes a consumer of events already knows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KnownTables {
+    /// Call sites known.
+    pub sites: usize,
+    /// Tags known.
+    pub tags: usize,
+    /// Scopes known.
+    pub scopes: usize,
+}
+
+impl KnownTables {
+    /// Whether one of `events` refers to a table entry not known yet.
+    pub fn lacks_any(&self, events: &[Event]) -> bool {
+        let new = |id: Option<u32>, known: usize| id.is_some_and(|i| i as usize >= known);
+        events
+            .iter()
+            .any(|e| new(e.site, self.sites) || new(e.tag, self.tags) || new(e.scope, self.scopes))
+    }
+
+    /// The table additions `alloc` has beyond what is known, which then become known. Only the
+    /// additions are copied under the allocator's lock, and they are symbolized outside it
+    /// ([`CachingAllocator::site_tables_since`]).
+    pub fn pull<B: Backend>(&mut self, alloc: &CachingAllocator<B>) -> TablesFrame {
+        let added = alloc.site_tables_since(self.sites, self.tags, self.scopes);
+        let frame = TablesFrame {
+            sites_from: self.sites as u32,
+            tags_from: self.tags as u32,
+            scopes_from: self.scopes as u32,
+            ..TablesFrame::default()
+        };
+        self.sites += added.sites.len();
+        self.tags += added.tags.len();
+        self.scopes += added.scopes.len();
+        TablesFrame {
+            sites: added.sites,
+            tags: added.tags,
+            scopes: added.scopes,
+            ..frame
+        }
+    }
+
+    /// At least what `snapshot`'s tables hold.
+    pub fn include(&mut self, snapshot: &Snapshot) {
+        self.sites = self.sites.max(snapshot.sites.len());
+        self.tags = self.tags.max(snapshot.tags.len());
+        self.scopes = self.scopes.max(snapshot.scopes.len());
+    }
+}
+
 impl TablesFrame {
     /// Writes the entries into `snapshot`'s tables, replacing entries at the same index and
     /// filling any gap with placeholders.
@@ -1026,7 +1076,7 @@ impl Telemetry {
             shared: Arc::clone(&shared),
             clients: Vec::new(),
             next_seq: 0,
-            known: (0, 0, 0),
+            known: KnownTables::default(),
             hello: Vec::new(),
             last_stats: None,
             last_snapshot: None,
@@ -1228,7 +1278,7 @@ struct Publisher<B: Backend> {
     /// The next sequence number to pull from the ring.
     next_seq: u64,
     /// Lengths of the site, tag and scope tables that clients know.
-    known: (usize, usize, usize),
+    known: KnownTables,
     hello: Vec<u8>,
     last_stats: Option<Instant>,
     last_snapshot: Option<Instant>,
@@ -1372,11 +1422,7 @@ impl<B: Backend> Publisher<B> {
         let skip = history.len().saturating_sub(keep);
         let history = &history[skip..];
         // The snapshot carries the tables as they are now; later additions go out as deltas.
-        self.known = (
-            self.known.0.max(snapshot.sites.len()),
-            self.known.1.max(snapshot.tags.len()),
-            self.known.2.max(snapshot.scopes.len()),
-        );
+        self.known.include(&snapshot);
         let frames = snapshot_frames(snapshot, next_seq, history);
         if !had_stream {
             self.next_seq = next_seq;
@@ -1476,29 +1522,10 @@ impl<B: Backend> Publisher<B> {
 
     /// Sends table additions before events that refer to entries clients do not know.
     fn send_tables(&mut self, events: &[Event]) {
-        let needs = |id: Option<u32>, known: usize| id.is_some_and(|i| i as usize >= known);
-        let (ks, kt, kc) = self.known;
-        if !events
-            .iter()
-            .any(|e| needs(e.site, ks) || needs(e.tag, kt) || needs(e.scope, kc))
-        {
+        if !self.known.lacks_any(events) {
             return;
         }
-        let tables = self.alloc.site_tables();
-        let frame = TablesFrame {
-            sites_from: ks as u32,
-            sites: tables.sites.get(ks..).unwrap_or_default().to_vec(),
-            tags_from: kt as u32,
-            tags: tables.tags.get(kt..).unwrap_or_default().to_vec(),
-            scopes_from: kc as u32,
-            scopes: tables.scopes.get(kc..).unwrap_or_default().to_vec(),
-        };
-        self.known = (
-            ks.max(tables.sites.len()),
-            kt.max(tables.tags.len()),
-            kc.max(tables.scopes.len()),
-        );
-        let frame = Arc::new(json_frame(FrameKind::Tables, &frame));
+        let frame = Arc::new(json_frame(FrameKind::Tables, &self.known.pull(&self.alloc)));
         for client in &mut self.clients {
             if !client.fresh {
                 client.push(Arc::clone(&frame));

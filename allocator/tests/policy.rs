@@ -781,6 +781,26 @@ fn events_since_pulls_by_sequence_and_counts_missed() {
 }
 
 #[test]
+fn table_additions_are_the_tables_past_what_is_known() {
+    let alloc = CachingAllocator::new(
+        SimDevice::phantom(1 << 30),
+        AllocatorConfig::parse("backtraces:all").unwrap(),
+    );
+    let _a = alloc.tagged("weights").alloc(512).unwrap();
+    let known = alloc.site_tables();
+    let _scope = alloc.scope("forward");
+    let _b = alloc.tagged("activation").alloc(1024).unwrap();
+    let all = alloc.site_tables();
+    let added = alloc.site_tables_since(known.sites.len(), known.tags.len(), known.scopes.len());
+    assert!(!added.sites.is_empty() && !added.tags.is_empty() && !added.scopes.is_empty());
+    assert_eq!(added.sites, all.sites[known.sites.len()..]);
+    assert_eq!(added.tags, all.tags[known.tags.len()..]);
+    assert_eq!(added.scopes, all.scopes[known.scopes.len()..]);
+    let nothing = alloc.site_tables_since(all.sites.len(), all.tags.len(), all.scopes.len());
+    assert!(nothing.sites.is_empty() && nothing.tags.is_empty() && nothing.scopes.is_empty());
+}
+
+#[test]
 fn restored_segments_hold_their_blocks_and_serve_the_gaps() {
     let (device, alloc) = phantom(1 << 30, "");
     let base = alloc
