@@ -188,7 +188,9 @@ impl Value {
 pub struct Limits {
     /// Largest input accepted, in bytes.
     pub max_input_bytes: usize,
-    /// Deepest nesting of containers (the top-level container is depth 1).
+    /// Deepest nesting of containers (the top-level container is depth 1). It also bounds the
+    /// `MARK`s open at once: a pickler opens one per container it is still building, so no
+    /// pickle of data nested within this depth needs more.
     pub max_depth: usize,
     /// Most values (scalars and containers, not counting memo references) created.
     pub max_values: usize,
@@ -462,6 +464,11 @@ const MAX_VALUES: usize = 1 << PAYLOAD_BITS;
 /// element pool (which can hold up to four slots per element while containers grow) stays
 /// addressable with 32 bits.
 const MAX_ITEMS: usize = 1 << 29;
+
+/// The most decimal digits an `INT` or `LONG` opcode may have: Python's own default limit
+/// (`sys.int_info.default_max_str_digits`) for converting text to an integer, which its
+/// unpickler applies to these opcodes too.
+const MAX_DECIMAL_DIGITS: usize = 4300;
 
 /// The kinds of value a [`Ref`] can name.
 mod kind {
@@ -892,12 +899,7 @@ impl<'d> ValueRef<'d> {
     /// The value as a [`Value`] tree, in which every memo-shared object and every list of
     /// the very same elements is one reference-counted allocation.
     pub fn to_value(self) -> Value {
-        ValueBuilder {
-            doc: self.doc,
-            built: FxHashMap::default(),
-            sequences: FxHashMap::default(),
-        }
-        .build(self.r)
+        ValueBuilder::new(self.doc).build(self.r)
     }
 }
 
@@ -948,15 +950,34 @@ fn big_u64(bytes: &[u8]) -> Option<u64> {
 }
 
 /// Turns document values into [`Value`]s, building each shared object once.
+///
+/// Every step is linear in the document: a list referenced many times is found again by the
+/// position of its elements, not by hashing them anew, and the repeated keys of dicts and
+/// elements of sets are found through [`KeyIds`], not by comparing values pairwise.
 struct ValueBuilder<'d> {
     doc: &'d Document,
-    /// Finished strings, byte strings, dicts and sets, by reference.
+    /// Finished strings, byte strings, big integers, dicts and sets, by reference.
     built: FxHashMap<Ref, Value>,
-    /// Finished lists and tuples, by kind and elements.
+    /// Finished lists and tuples by kind and the position and length of their elements, which
+    /// containers that share elements share.
+    by_slot: FxHashMap<(u32, u32, u32), Value>,
+    /// Finished lists and tuples by kind and elements, looked up once per position: equal
+    /// lists whose elements the reader stored twice still become one allocation.
     sequences: FxHashMap<(u32, &'d [Ref]), Value>,
+    keys: KeyIds<'d>,
 }
 
-impl ValueBuilder<'_> {
+impl<'d> ValueBuilder<'d> {
+    fn new(doc: &'d Document) -> ValueBuilder<'d> {
+        ValueBuilder {
+            doc,
+            built: FxHashMap::default(),
+            by_slot: FxHashMap::default(),
+            sequences: FxHashMap::default(),
+            keys: KeyIds::new(doc),
+        }
+    }
+
     /// Builds the value `r`. The document has no cycles and bounded depth (see
     /// [`Document::check`]), so the recursion ends.
     fn build(&mut self, r: Ref) -> Value {
@@ -969,17 +990,26 @@ impl ValueBuilder<'_> {
             kind::INT => return Value::Int(doc.ints[i]),
             kind::FLOAT => return Value::Float(doc.floats[i]),
             kind::LIST | kind::TUPLE => {
-                let key = (r.kind(), doc.elements(r));
-                if let Some(v) = self.sequences.get(&key) {
+                let c = doc.containers[i];
+                let slot = (r.kind(), c.start, c.len);
+                if let Some(v) = self.by_slot.get(&slot) {
                     return v.clone();
                 }
-                let items: Rc<[Value]> = key.1.iter().map(|&e| self.build(e)).collect();
-                let v = if r.kind() == kind::TUPLE {
-                    Value::Tuple(items)
-                } else {
-                    Value::List(items)
+                let key = (r.kind(), doc.elements(r));
+                let v = match self.sequences.get(&key) {
+                    Some(v) => v.clone(),
+                    None => {
+                        let items: Rc<[Value]> = key.1.iter().map(|&e| self.build(e)).collect();
+                        let v = if r.kind() == kind::TUPLE {
+                            Value::Tuple(items)
+                        } else {
+                            Value::List(items)
+                        };
+                        self.sequences.insert(key, v.clone());
+                        v
+                    }
                 };
-                self.sequences.insert(key, v.clone());
+                self.by_slot.insert(slot, v.clone());
                 return v;
             }
             _ => {}
@@ -992,8 +1022,15 @@ impl ValueBuilder<'_> {
             kind::BYTES => Value::Bytes(Rc::from(doc.blob_of(i))),
             kind::BIG_INT => Value::BigInt(Rc::from(doc.blob_of(i))),
             kind::SET | kind::FROZEN_SET => {
-                let items: Vec<Value> = doc.elements(r).iter().map(|&e| self.build(e)).collect();
-                let items = dedupe(items).into();
+                let elements = doc.elements(r);
+                let ids: Vec<u32> = elements.iter().map(|&e| self.keys.id(e)).collect();
+                let items: Rc<[Value]> = match distinct(&ids) {
+                    None => elements.iter().map(|&e| self.build(e)).collect(),
+                    Some(kept) => kept
+                        .into_iter()
+                        .map(|(first, _)| self.build(elements[first]))
+                        .collect(),
+                };
                 if r.kind() == kind::SET {
                     Value::Set(items)
                 } else {
@@ -1001,20 +1038,173 @@ impl ValueBuilder<'_> {
                 }
             }
             _ => {
-                let pairs: Vec<(Value, Value)> = doc
-                    .elements(r)
+                let elements = doc.elements(r);
+                let ids: Vec<u32> = elements
                     .chunks_exact(2)
-                    .map(|pair| (self.build(pair[0]), self.build(pair[1])))
+                    .map(|pair| self.keys.id(pair[0]))
                     .collect();
-                if all_distinct(pairs.iter().map(|(k, _)| k), pairs.len()) == Some(true) {
-                    Value::Dict(pairs.into())
-                } else {
-                    Value::Dict(dedupe_pairs(pairs).into())
-                }
+                let pairs: Rc<[(Value, Value)]> = match distinct(&ids) {
+                    None => elements
+                        .chunks_exact(2)
+                        .map(|pair| (self.build(pair[0]), self.build(pair[1])))
+                        .collect(),
+                    // A key set twice keeps its first place and its last value, as in Python.
+                    Some(kept) => kept
+                        .into_iter()
+                        .map(|(first, last)| {
+                            (
+                                self.build(elements[2 * first]),
+                                self.build(elements[2 * last + 1]),
+                            )
+                        })
+                        .collect(),
+                };
+                Value::Dict(pairs)
             }
         };
         self.built.insert(r, v.clone());
         v
+    }
+}
+
+/// When `ids` has repeats, the first and last position of each distinct id, in the order of
+/// first positions; `None` when all are distinct.
+fn distinct(ids: &[u32]) -> Option<Vec<(usize, usize)>> {
+    let mut seen: FxHashMap<u32, usize> = FxHashMap::default();
+    let mut kept: Vec<(usize, usize)> = Vec::with_capacity(ids.len());
+    let mut repeated = false;
+    for (i, &id) in ids.iter().enumerate() {
+        match seen.get(&id) {
+            Some(&k) => {
+                kept[k].1 = i;
+                repeated = true;
+            }
+            None => {
+                seen.insert(id, kept.len());
+                kept.push((i, i));
+            }
+        }
+    }
+    repeated.then_some(kept)
+}
+
+/// A scalar as [`KeyIds`] compares it.
+#[derive(PartialEq, Eq, Hash)]
+enum Atom<'d> {
+    /// `None`, `False` or `True`, by the payload of their [`Ref`].
+    Const(u32),
+    /// An integer that fits in 64 bits.
+    Int(i64),
+    /// A float by its bits, with `-0.0` counted as `0.0`.
+    Float(u64),
+    /// A NaN, which equals only itself (one value referenced twice): by its index.
+    Nan(usize),
+    /// A text string.
+    Str(&'d str),
+    /// A byte string.
+    Bytes(&'d [u8]),
+    /// An integer too large for 64 bits, by its minimal bytes.
+    BigInt(&'d [u8]),
+}
+
+/// Numbers values so that two values get the same number exactly when they are equal as
+/// [`Value`]s compare them (structurally, in order, after a dict or set drops its repeated
+/// keys), except that a NaN equals itself when it is the same object, as in Python.
+///
+/// Each string, byte string and container of the document is numbered once, from the numbers
+/// of its elements, so numbering every key of a document takes time linear in its size
+/// however its containers are shared, where comparing values pairwise could take time
+/// quadratic in a dict's size and exponential in the nesting of shared containers.
+struct KeyIds<'d> {
+    doc: &'d Document,
+    /// Numbers of scalars by content.
+    atoms: FxHashMap<Atom<'d>, u32>,
+    /// Numbers of containers by kind and the numbers of their (kept) elements.
+    shapes: FxHashMap<(u32, Vec<u32>), u32>,
+    /// Numbers already given to strings, byte strings, big integers and containers.
+    known: FxHashMap<Ref, u32>,
+    next: u32,
+}
+
+impl<'d> KeyIds<'d> {
+    fn new(doc: &'d Document) -> KeyIds<'d> {
+        KeyIds {
+            doc,
+            atoms: FxHashMap::default(),
+            shapes: FxHashMap::default(),
+            known: FxHashMap::default(),
+            next: 0,
+        }
+    }
+
+    /// The next unused number.
+    fn fresh(next: &mut u32) -> u32 {
+        let id = *next;
+        *next += 1;
+        id
+    }
+
+    fn atom(&mut self, atom: Atom<'d>) -> u32 {
+        let next = &mut self.next;
+        *self.atoms.entry(atom).or_insert_with(|| Self::fresh(next))
+    }
+
+    /// The number of the value `r`.
+    fn id(&mut self, r: Ref) -> u32 {
+        let doc = self.doc;
+        let i = r.index();
+        match r.kind() {
+            kind::SMALL_INT => return self.atom(Atom::Int(r.small_value())),
+            kind::CONST => return self.atom(Atom::Const(i as u32)),
+            kind::INT => return self.atom(Atom::Int(doc.ints[i])),
+            kind::FLOAT => {
+                let f = doc.floats[i];
+                let atom = if f.is_nan() {
+                    Atom::Nan(i)
+                } else if f == 0.0 {
+                    Atom::Float(0)
+                } else {
+                    Atom::Float(f.to_bits())
+                };
+                return self.atom(atom);
+            }
+            _ => {}
+        }
+        if let Some(&id) = self.known.get(&r) {
+            return id;
+        }
+        let id = match r.kind() {
+            kind::STR => self.atom(Atom::Str(doc.text_of(i))),
+            kind::BYTES => self.atom(Atom::Bytes(doc.blob_of(i))),
+            kind::BIG_INT => self.atom(Atom::BigInt(doc.blob_of(i))),
+            k => {
+                let ids: Vec<u32> = doc.elements(r).iter().map(|&e| self.id(e)).collect();
+                let kept: Vec<u32> = match k {
+                    kind::SET | kind::FROZEN_SET => match distinct(&ids) {
+                        None => ids,
+                        Some(kept) => kept.into_iter().map(|(first, _)| ids[first]).collect(),
+                    },
+                    kind::DICT => {
+                        let keys: Vec<u32> = ids.iter().step_by(2).copied().collect();
+                        match distinct(&keys) {
+                            None => ids,
+                            Some(kept) => kept
+                                .into_iter()
+                                .flat_map(|(first, last)| [ids[2 * first], ids[2 * last + 1]])
+                                .collect(),
+                        }
+                    }
+                    _ => ids,
+                };
+                let next = &mut self.next;
+                *self
+                    .shapes
+                    .entry((k, kept))
+                    .or_insert_with(|| Self::fresh(next))
+            }
+        };
+        self.known.insert(r, id);
+        id
     }
 }
 
@@ -1077,6 +1267,8 @@ struct Machine<'a> {
     stack: Vec<Ref>,
     /// Stack lengths at each open MARK.
     marks: Vec<usize>,
+    /// The most MARKs open at once ([`Limits::max_depth`]).
+    max_marks: usize,
     memo: Memo,
     /// Lists and tuples by kind and a hash of their elements, to store equal ones once.
     sequences: FxHashMap<(u32, u64), u32>,
@@ -1113,6 +1305,7 @@ impl<'a> Machine<'a> {
             items: 0,
             stack: Vec::with_capacity(64),
             marks: Vec::with_capacity(16),
+            max_marks: limits.max_depth,
             memo: Memo::default(),
             sequences: FxHashMap::default(),
             record_origins,
@@ -1475,7 +1668,20 @@ impl<'a> Machine<'a> {
     fn text_u64(&self, text: &str) -> Step<u64> {
         text.trim()
             .parse()
-            .map_err(|_| self.bad(format!("`{text}` is not a memo index")))
+            .map_err(|_| self.bad(format!("{} is not a memo index", quoted(text))))
+    }
+
+    /// The integer written in decimal as `text` (the argument of `INT` or `LONG`), refusing
+    /// more than [`MAX_DECIMAL_DIGITS`] digits as Python does.
+    fn decimal(&self, text: &str) -> Step<PyInt> {
+        let digits = text.trim().trim_start_matches(['-', '+']).len();
+        if digits > MAX_DECIMAL_DIGITS {
+            return Err(self.bad(format!(
+                "an integer of {digits} decimal digits; more than {MAX_DECIMAL_DIGITS} are refused, as Python's int() refuses them"
+            )));
+        }
+        int_from_decimal(text)
+            .ok_or_else(|| self.bad(format!("{} is not an integer", quoted(text))))
     }
 
     /// Runs opcodes up to `STOP` and returns the value it pops.
@@ -1517,7 +1723,15 @@ impl<'a> Machine<'a> {
                 }
                 b'.' => return self.pop(),
                 // Stack manipulation.
-                b'(' => self.marks.push(self.stack.len()),
+                b'(' => {
+                    if self.marks.len() >= self.max_marks {
+                        return Err(self.error(PickleErrorKind::LimitExceeded {
+                            what: "MARKs open at once (levels of nesting)",
+                            limit: self.max_marks,
+                        }));
+                    }
+                    self.marks.push(self.stack.len());
+                }
                 b'0' => {
                     if self.stack.len() > self.floor() {
                         self.stack.pop();
@@ -1594,17 +1808,14 @@ impl<'a> Machine<'a> {
                         "00" => self.push_inline(Ref::FALSE)?,
                         "01" => self.push_inline(Ref::TRUE)?,
                         _ => {
-                            let v = int_from_decimal(text)
-                                .ok_or_else(|| self.bad(format!("`{text}` is not an integer")))?;
+                            let v = self.decimal(text)?;
                             self.push_int(v)?;
                         }
                     }
                 }
                 b'L' => {
                     let text = self.take_line_str()?;
-                    let digits = text.strip_suffix('L').unwrap_or(text);
-                    let v = int_from_decimal(digits)
-                        .ok_or_else(|| self.bad(format!("`{text}` is not an integer")))?;
+                    let v = self.decimal(text.strip_suffix('L').unwrap_or(text))?;
                     self.push_int(v)?;
                 }
                 b'G' => {
@@ -1616,7 +1827,7 @@ impl<'a> Machine<'a> {
                     let v: f64 = text
                         .trim()
                         .parse()
-                        .map_err(|_| self.bad(format!("`{text}` is not a float")))?;
+                        .map_err(|_| self.bad(format!("{} is not a float", quoted(text))))?;
                     self.push_float(v)?;
                 }
                 // Strings and bytes.
@@ -1753,112 +1964,6 @@ impl<'a> Machine<'a> {
     }
 }
 
-/// A hashable view of the key types that real pickles use, for de-duplication.
-#[derive(PartialEq, Eq, Hash)]
-enum KeyRef<'a> {
-    None,
-    Bool(bool),
-    Int(i64),
-    Str(&'a str),
-    Bytes(&'a [u8]),
-}
-
-fn key_ref(v: &Value) -> Option<KeyRef<'_>> {
-    match v {
-        Value::None => Some(KeyRef::None),
-        Value::Bool(b) => Some(KeyRef::Bool(*b)),
-        Value::Int(i) => Some(KeyRef::Int(*i)),
-        Value::Str(s) => Some(KeyRef::Str(s)),
-        Value::Bytes(b) => Some(KeyRef::Bytes(b)),
-        _ => None,
-    }
-}
-
-/// Positions of the first occurrence of each key among `keys`, keeping first-seen order; the
-/// result maps each index of `keys` to the index of its first occurrence.
-fn first_occurrences<'v>(keys: impl Iterator<Item = &'v Value>) -> Vec<usize> {
-    let keys: Vec<&Value> = keys.collect();
-    let mut first = Vec::with_capacity(keys.len());
-    if keys.len() <= 16 {
-        for (i, k) in keys.iter().enumerate() {
-            let j = keys[..i].iter().position(|o| o == k).unwrap_or(i);
-            first.push(j);
-        }
-        return first;
-    }
-    let mut hashed: FxHashMap<KeyRef<'_>, usize> = FxHashMap::default();
-    let mut others: Vec<usize> = Vec::new();
-    for (i, k) in keys.iter().enumerate() {
-        let j = match key_ref(k) {
-            Some(r) => *hashed.entry(r).or_insert(i),
-            None => match others.iter().find(|&&o| keys[o] == *k) {
-                Some(&o) => o,
-                None => {
-                    others.push(i);
-                    i
-                }
-            },
-        };
-        first.push(j);
-    }
-    first
-}
-
-/// Whether all values are distinct, decided without allocating for short lists; `None` when
-/// the list is too long to check this way.
-fn all_distinct<'v>(keys: impl Iterator<Item = &'v Value> + Clone, len: usize) -> Option<bool> {
-    if len > 16 {
-        return None;
-    }
-    for (i, k) in keys.clone().enumerate() {
-        if keys.clone().take(i).any(|o| o == k) {
-            return Some(false);
-        }
-    }
-    Some(true)
-}
-
-/// Removes repeated elements of a set, keeping the first of each.
-fn dedupe(items: Vec<Value>) -> Vec<Value> {
-    if all_distinct(items.iter(), items.len()) == Some(true) {
-        return items;
-    }
-    let first = first_occurrences(items.iter());
-    if first.iter().enumerate().all(|(i, &j)| i == j) {
-        return items;
-    }
-    items
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| first[*i] == *i)
-        .map(|(_, v)| v)
-        .collect()
-}
-
-/// Keeps one pair per key, at the key's first position and with its last value.
-fn dedupe_pairs(pairs: Vec<(Value, Value)>) -> Vec<(Value, Value)> {
-    if all_distinct(pairs.iter().map(|(k, _)| k), pairs.len()) == Some(true) {
-        return pairs;
-    }
-    let first = first_occurrences(pairs.iter().map(|(k, _)| k));
-    if first.iter().enumerate().all(|(i, &j)| i == j) {
-        return pairs;
-    }
-    let mut slots: Vec<Option<(Value, Value)>> = Vec::with_capacity(pairs.len());
-    for (i, (k, v)) in pairs.into_iter().enumerate() {
-        let j = first[i];
-        if j == i {
-            slots.push(Some((k, v)));
-        } else {
-            slots.push(None);
-            if let Some(slot) = slots[j].as_mut() {
-                slot.1 = v;
-            }
-        }
-    }
-    slots.into_iter().flatten().collect()
-}
-
 /// Decodes a little-endian two's-complement integer (the argument of `LONG1`/`LONG4`).
 fn int_from_le(bytes: &[u8]) -> PyInt {
     let mut len = bytes.len();
@@ -1890,7 +1995,8 @@ fn int_from_le(bytes: &[u8]) -> PyInt {
     }
 }
 
-/// Parses a decimal integer of any size (the argument of the text `INT` and `LONG` opcodes).
+/// Parses a decimal integer of any size (the argument of the text `INT` and `LONG` opcodes),
+/// nineteen digits at a time into 64-bit limbs.
 fn int_from_decimal(text: &str) -> Option<PyInt> {
     let text = text.trim();
     if let Ok(v) = text.parse::<i64>() {
@@ -1904,18 +2010,36 @@ fn int_from_decimal(text: &str) -> Option<PyInt> {
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    // Magnitude in base 256, little-endian.
-    let mut magnitude: Vec<u8> = vec![0];
-    for d in digits.bytes() {
-        let mut carry = (d - b'0') as u32;
-        for byte in magnitude.iter_mut() {
-            let v = *byte as u32 * 10 + carry;
-            *byte = v as u8;
-            carry = v >> 8;
+    // Magnitude in base 2^64, little-endian, from the most significant digits down.
+    const CHUNK: usize = 19;
+    let mut limbs: Vec<u64> = Vec::with_capacity(digits.len() / CHUNK + 1);
+    let first = match digits.len() % CHUNK {
+        0 => CHUNK,
+        n => n,
+    };
+    let mut at = 0;
+    let mut take = first;
+    while at < digits.len() {
+        let chunk = &digits.as_bytes()[at..at + take];
+        let value = chunk
+            .iter()
+            .fold(0u64, |v, &d| v * 10 + u64::from(d - b'0'));
+        let scale = 10u128.pow(take as u32);
+        let mut carry = u128::from(value);
+        for limb in limbs.iter_mut() {
+            let v = u128::from(*limb) * scale + carry;
+            *limb = v as u64;
+            carry = v >> 64;
         }
         if carry > 0 {
-            magnitude.push(carry as u8);
+            limbs.push(carry as u64);
         }
+        at += take;
+        take = CHUNK;
+    }
+    let mut magnitude: Vec<u8> = limbs.iter().flat_map(|l| l.to_le_bytes()).collect();
+    while magnitude.len() > 1 && magnitude[magnitude.len() - 1] == 0 {
+        magnitude.pop();
     }
     // A zero byte on top makes the two's-complement form non-negative.
     magnitude.push(0);
@@ -1928,6 +2052,16 @@ fn int_from_decimal(text: &str) -> Option<PyInt> {
         }
     }
     Some(int_from_le(&magnitude))
+}
+
+/// `text` in backquotes for an error message, cut after 40 characters so that a huge argument
+/// does not make a huge message.
+fn quoted(text: &str) -> String {
+    const SHOWN: usize = 40;
+    match text.char_indices().nth(SHOWN) {
+        None => format!("`{text}`"),
+        Some((cut, _)) => format!("`{}…` ({} bytes)", &text[..cut], text.len()),
+    }
 }
 
 /// Decodes Python's `raw-unicode-escape` (the argument of `UNICODE`): Latin-1 text with
@@ -2563,6 +2697,165 @@ mod tests {
             e.to_string().contains("more than 200 levels of nesting"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn open_marks_are_bounded_by_the_nesting_limit() {
+        // 200 open MARKs are as deep as data may nest; the 201st is refused where it stands.
+        let mut bytes = vec![b'('; 200];
+        bytes.extend_from_slice(b"N");
+        bytes.extend_from_slice(&[b't'; 200]);
+        bytes.push(b'.');
+        assert!(parse(&bytes).is_ok());
+        let mut bytes = vec![b'('; 10_000];
+        bytes.push(b'.');
+        let e = err(&bytes);
+        assert_eq!(e.offset, 200);
+        assert_eq!(
+            e.kind,
+            PickleErrorKind::LimitExceeded {
+                what: "MARKs open at once (levels of nesting)",
+                limit: 200
+            }
+        );
+    }
+
+    /// `value` in the minimal little-endian two's-complement bytes `LONG1` uses, computed
+    /// digit by digit in base 256 as a reference.
+    fn reference_le(digits: &str, negative: bool) -> Vec<u8> {
+        let mut magnitude = vec![0u8];
+        for d in digits.bytes() {
+            let mut carry = (d - b'0') as u32;
+            for byte in magnitude.iter_mut() {
+                let v = *byte as u32 * 10 + carry;
+                *byte = v as u8;
+                carry = v >> 8;
+            }
+            if carry > 0 {
+                magnitude.push(carry as u8);
+            }
+        }
+        magnitude.push(0);
+        if negative {
+            let mut carry = 1u16;
+            for byte in magnitude.iter_mut() {
+                let v = (!*byte) as u16 + carry;
+                *byte = v as u8;
+                carry = v >> 8;
+            }
+        }
+        match int_from_le(&magnitude) {
+            PyInt::Big(bytes) => bytes,
+            PyInt::Fits(v) => panic!("{v} fits"),
+        }
+    }
+
+    #[test]
+    fn long_decimal_integers_parse_exactly_up_to_pythons_limit() {
+        let mut digits = String::from("9");
+        let mut state = 12345u64;
+        while digits.len() < MAX_DECIMAL_DIGITS {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
+            digits.push(char::from(b'0' + (state >> 60) as u8 % 10));
+            if [20, 38, 39, 40, 57, 100, 1000, MAX_DECIMAL_DIGITS].contains(&digits.len()) {
+                for negative in [false, true] {
+                    let sign = if negative { "-" } else { "" };
+                    let v = p(format!("L{sign}{digits}L\n.").as_bytes());
+                    let expected = reference_le(&digits, negative);
+                    assert_eq!(v, Value::BigInt(Rc::from(expected)), "{sign}{digits}");
+                }
+            }
+        }
+        // One digit more is refused by name, as Python refuses it, without echoing them all.
+        let e = err(format!("I{digits}1\n.").as_bytes());
+        assert_eq!(e.offset, 0);
+        let text = e.to_string();
+        assert!(text.contains("4301 decimal digits"), "{text}");
+        assert!(text.contains("more than 4300"), "{text}");
+        assert!(text.len() < 200, "{text}");
+        // Leading zeros count as digits, as in Python.
+        let zeros = format!("I{}\n.", "0".repeat(5000));
+        assert!(err(zeros.as_bytes())
+            .to_string()
+            .contains("5000 decimal digits"));
+        // A bad argument is quoted in part.
+        let e = err(format!("I{}x\n.", "1".repeat(100)).as_bytes());
+        assert!(e.to_string().contains("(101 bytes)"), "{e}");
+    }
+
+    #[test]
+    fn repeated_keys_are_found_by_value_whatever_their_type() {
+        // {0.0: 1, -0.0: 2, nan: 3, nan: 4, (1, 'a'): 5, (1, 'a'): 6, 1: 7, 1.0: 8}, the two
+        // NaNs separate objects: 0.0 and -0.0 are one key, the NaNs two, the tuples one, and
+        // 1 and 1.0 two (keys compare structurally).
+        let nan = b"G\x7f\xf8\x00\x00\x00\x00\x00\x00";
+        let mut bytes =
+            b"}(G\x00\x00\x00\x00\x00\x00\x00\x00K\x01G\x80\x00\x00\x00\x00\x00\x00\x00K\x02"
+                .to_vec();
+        bytes.extend_from_slice(nan);
+        bytes.extend_from_slice(b"K\x03");
+        bytes.extend_from_slice(nan);
+        bytes.extend_from_slice(b"K\x04K\x01\x8c\x01a\x86K\x05K\x01\x8c\x01a\x86K\x06");
+        bytes.extend_from_slice(b"K\x01K\x07G?\xf0\x00\x00\x00\x00\x00\x00K\x08u.");
+        let d = p(&bytes);
+        let pairs = d.as_dict().unwrap();
+        let values: Vec<i64> = pairs.iter().map(|(_, v)| v.as_i64().unwrap()).collect();
+        assert_eq!(values, [2, 3, 4, 6, 7, 8]);
+        assert_eq!(pairs[0].0, Value::Float(0.0));
+        // One NaN object used twice as a key is one key, as in Python.
+        let mut bytes = b"}(".to_vec();
+        bytes.extend_from_slice(nan);
+        bytes.extend_from_slice(b"\x94K\x01h\x00K\x02u.");
+        let d = p(&bytes);
+        assert_eq!(d.as_dict().unwrap().len(), 1);
+        assert_eq!(d.as_dict().unwrap()[0].1, Value::Int(2));
+        // Sets keep the first of equal elements, by the same rule.
+        let d = p(b"\x8f(K\x01\x8c\x01a\x8c\x01aK\x01\x90.");
+        assert_eq!(d, Value::Set(vec![Value::Int(1), s("a")].into()));
+    }
+
+    #[test]
+    fn keys_that_share_containers_compare_in_linear_time() {
+        // t0 = (0.5, 0.5); t(k+1) = (tk, tk), 64 levels: as a tree, 2^64 leaves. Two such
+        // chains built separately are equal keys of one dict; comparing them as trees would
+        // never end.
+        let chain = |bytes: &mut Vec<u8>| {
+            bytes.extend_from_slice(
+                b"G?\xe0\x00\x00\x00\x00\x00\x00G?\xe0\x00\x00\x00\x00\x00\x00\x86",
+            );
+            for _ in 0..64 {
+                bytes.extend_from_slice(b"2\x86");
+            }
+        };
+        let mut bytes = b"}(".to_vec();
+        chain(&mut bytes);
+        bytes.extend_from_slice(b"K\x01");
+        chain(&mut bytes);
+        bytes.extend_from_slice(b"K\x02u.");
+        let d = doc(&bytes);
+        let v = d.root().to_value();
+        let pairs = v.as_dict().unwrap();
+        assert_eq!(pairs.len(), 1);
+        assert_eq!(pairs[0].1, Value::Int(2));
+    }
+
+    #[test]
+    fn a_list_referenced_many_times_is_built_once() {
+        // [l] * 20000 with l a memoized list of 20000 elements: 4e8 element visits if each
+        // reference were hashed again.
+        let n = 20_000u32;
+        let mut bytes = b"\x80\x04](".to_vec();
+        bytes.extend(std::iter::repeat_n(b'N', n as usize));
+        bytes.extend_from_slice(b"e\x94](");
+        for _ in 0..n {
+            bytes.extend_from_slice(b"h\x00");
+        }
+        bytes.extend_from_slice(b"e.");
+        let v = p(&bytes);
+        let outer = v.as_seq().unwrap();
+        assert_eq!(outer.len(), n as usize);
+        assert!(outer.iter().all(|l| l.identity() == outer[0].identity()));
+        assert_eq!(outer[n as usize - 1].as_seq().unwrap().len(), n as usize);
     }
 
     mod fuzz {
