@@ -17,9 +17,11 @@
 //! ignored rather than fatal, so traces of other profiler versions still load. Keys, and the
 //! names, phases and categories of events, are compared without being copied; only the
 //! memory events and step slices are kept, so that memory does not grow with the size of
-//! the trace's other events. Values the importer does not need are skipped by serde_json
-//! without recursion, however deeply nested; malformed JSON, and nesting deeper than
-//! serde_json's limit (128) where the importer does descend, are clean errors with line and
+//! the trace's other events. Values under keys the importer does not read are skipped by
+//! serde_json without recursion, however deeply nested. Everywhere else (each event, and each
+//! field it reads, even one of a type it then ignores) nesting deeper than [`MAX_JSON_DEPTH`]
+//! (serde_json's own limit) is an error naming the limit, with line and column: an array
+//! nested a million deep is not an empty trace. Malformed JSON is a clean error with line and
 //! column.
 
 use std::borrow::Cow;
@@ -73,8 +75,7 @@ pub(crate) fn read(
     origin: &str,
     options: &ImportOptions,
 ) -> Result<Read, ImportError> {
-    let top: Top<'_> = serde_json::from_slice(bytes)
-        .map_err(|e| ImportError::new(origin, ImportErrorKind::Json(e)))?;
+    let top: Top<'_> = serde_json::from_slice(bytes).map_err(|e| json_error(origin, e))?;
     finish(top, origin, options)
 }
 
@@ -85,13 +86,37 @@ pub(crate) fn read_from(
     origin: &str,
     options: &ImportOptions,
 ) -> Result<Read, ImportError> {
-    let json = |e| ImportError::new(origin, ImportErrorKind::Json(e));
+    let json = |e| json_error(origin, e);
     let reader = std::io::BufReader::with_capacity(64 << 10, reader);
     let mut de = serde_json::Deserializer::from_reader(reader);
     let top = Top::deserialize(&mut de).map_err(json)?;
     // Only whitespace may follow, as `serde_json::from_slice` requires.
     de.end().map_err(json)?;
     finish(top, origin, options)
+}
+
+/// The deepest nesting of JSON arrays and objects the importer reads: serde_json's recursion
+/// limit, which holds wherever the importer reads values (the events, and the fields of each
+/// that it looks at). Values under keys it does not read are skipped without recursion,
+/// however deep.
+pub const MAX_JSON_DEPTH: usize = 127;
+
+/// The import error for a JSON error: [`ImportErrorKind::TooDeep`] for serde_json's recursion
+/// limit, [`ImportErrorKind::Json`] for anything else.
+fn json_error(origin: &str, e: serde_json::Error) -> ImportError {
+    // serde_json names this error only in its message.
+    let kind = if e.classify() == serde_json::error::Category::Syntax
+        && e.to_string().starts_with("recursion limit exceeded")
+    {
+        ImportErrorKind::TooDeep {
+            limit: MAX_JSON_DEPTH,
+            line: e.line(),
+            column: e.column(),
+        }
+    } else {
+        ImportErrorKind::Json(e)
+    };
+    ImportError::new(origin, kind)
 }
 
 fn finish(top: Top<'_>, origin: &str, options: &ImportOptions) -> Result<Read, ImportError> {
@@ -271,16 +296,77 @@ struct MemArgs {
     device_id: Num,
 }
 
-/// Consumes and discards the rest of a sequence.
+/// Consumes and discards the rest of a sequence where a value was expected, within
+/// serde_json's recursion limit.
 fn skip_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
-    while seq.next_element::<IgnoredAny>()?.is_some() {}
+    while seq.next_element::<Skip>()?.is_some() {}
     Ok(())
 }
 
-/// Consumes and discards the rest of a map.
+/// Consumes and discards the rest of a map where a value was expected, within serde_json's
+/// recursion limit.
 fn skip_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
-    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+    while map.next_entry::<IgnoredAny, Skip>()?.is_some() {}
     Ok(())
+}
+
+/// A value read only to be discarded, through `deserialize_any` so that serde_json counts its
+/// nesting against its recursion limit (`IgnoredAny` is skipped without counting, which is
+/// right only under keys the importer does not read).
+struct Skip;
+
+struct SkipVisitor;
+
+impl<'de> Visitor<'de> for SkipVisitor {
+    type Value = Skip;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_unit<E>(self) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_none<E>(self) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Skip, A::Error> {
+        skip_seq(seq)?;
+        Ok(Skip)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Skip, A::Error> {
+        skip_map(map)?;
+        Ok(Skip)
+    }
+}
+
+impl<'de> Deserialize<'de> for Skip {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(SkipVisitor)
+    }
 }
 
 /// Implements the visits that make a lenient value "absent".
@@ -895,15 +981,52 @@ mod tests {
     fn malformed_json_is_an_error() {
         let e = load(r#"{"traceEvents": [{"name": "[memory]", "#).unwrap_err();
         assert!(matches!(e.kind, ImportErrorKind::Json(_)), "{e}");
-        // Deep nesting where the importer expects nothing is skipped without recursion; deep
-        // nesting that is cut off is a syntax error.
-        let deep = format!(
-            "{{\"traceEvents\": {}{}}}",
-            "[".repeat(5000),
-            "]".repeat(5000)
+        // Nesting deeper than the limit where the importer reads events is an error naming
+        // the limit and where; up to the limit, and under keys it does not read, it is fine.
+        let nested = |depth: usize, at: &str| {
+            format!(
+                "{{\"traceEvents\": [{}{}], {at}}}",
+                "[".repeat(depth),
+                "]".repeat(depth)
+            )
+        };
+        let e = load(&nested(5000, "\"y\": 1")).unwrap_err();
+        assert!(
+            matches!(
+                e.kind,
+                ImportErrorKind::TooDeep {
+                    limit: MAX_JSON_DEPTH,
+                    line: 1,
+                    column: 143
+                }
+            ),
+            "{e}"
         );
-        assert_eq!(load(&deep).unwrap().events.len(), 0);
-        let e = load(&deep[..3000]).unwrap_err();
+        assert!(e.to_string().contains("nested too deep"), "{e}");
+        assert!(e.to_string().contains("more than 127 levels"), "{e}");
+        // `{`, the events' `[` and 125 more: 127 levels.
+        let fits = nested(MAX_JSON_DEPTH - 2, "\"x\": \"[[[\\\"{{{{\"");
+        assert_eq!(load(&fits).unwrap().events.len(), 0);
+        assert!(load(&nested(MAX_JSON_DEPTH - 1, "\"y\": 1")).is_err());
+        let skipped = nested(
+            1,
+            &format!("\"x\": {}{}", "[".repeat(5000), "]".repeat(5000)),
+        );
+        assert_eq!(load(&skipped).unwrap().events.len(), 0);
+        // The same in an event's fields: as the value of a field the importer reads, or as
+        // the event itself.
+        let deep = format!("{}{}", "[".repeat(500), "]".repeat(500));
+        for text in [
+            format!("[{{\"name\": {deep}}}]"),
+            format!("[{{\"name\": \"[memory]\", \"args\": {{\"Addr\": {deep}}}}}]"),
+            format!("[{deep}]"),
+        ] {
+            let e = load(&text).unwrap_err();
+            assert!(matches!(e.kind, ImportErrorKind::TooDeep { .. }), "{e}");
+        }
+        let e = load(&nested(5000, "\"y\": 1")[..3000]).unwrap_err();
+        assert!(matches!(e.kind, ImportErrorKind::TooDeep { .. }), "{e}");
+        let e = load("[[{\"traceEvents\": [").unwrap_err();
         assert!(matches!(e.kind, ImportErrorKind::Json(_)), "{e}");
         let e = load(r#"{"other": 1}"#).unwrap_err();
         assert!(

@@ -113,8 +113,18 @@ pub enum ImportErrorKind {
     },
     /// The pickle is corrupt, truncated, or not plain data.
     Pickle(PickleError),
-    /// The JSON is malformed (with line and column) or nested too deeply.
+    /// The JSON is malformed (with line and column).
     Json(serde_json::Error),
+    /// The JSON nests arrays and objects deeper than the limit ([`chrome::MAX_JSON_DEPTH`])
+    /// where the importer reads it.
+    TooDeep {
+        /// The most levels accepted.
+        limit: usize,
+        /// Line of the bracket that opens one level too many (of the unpacked data, for gzip).
+        line: usize,
+        /// Column of that bracket, from 1.
+        column: usize,
+    },
     /// A vramscope snapshot that could not be read.
     Snapshot(SnapshotError),
     /// The data parsed, but a field is missing or has the wrong type.
@@ -160,6 +170,14 @@ impl fmt::Display for ImportError {
             ),
             ImportErrorKind::Pickle(e) => write!(f, "{e}"),
             ImportErrorKind::Json(e) => write!(f, "invalid JSON: {e}"),
+            ImportErrorKind::TooDeep {
+                limit,
+                line,
+                column,
+            } => write!(
+                f,
+                "JSON nested too deep: more than {limit} levels of arrays and objects, at line {line} column {column}"
+            ),
             ImportErrorKind::Snapshot(e) => match e {
                 SnapshotError::Io { source, .. } => write!(f, "cannot read: {source}"),
                 SnapshotError::Format { message, .. } => {
@@ -426,7 +444,8 @@ fn unpack(bytes: &[u8], origin: &str, options: &ImportOptions) -> Result<Unpacke
     };
     // Enough of the start to tell the format, as `detect` would from the whole.
     let mut head = Vec::new();
-    while !decidable(&head) {
+    let mut scan = HeadScan::default();
+    while !scan.decidable(&head) {
         let before = head.len();
         (&mut unpacker)
             .take(8 << 10)
@@ -479,23 +498,66 @@ fn unpack(bytes: &[u8], origin: &str, options: &ImportOptions) -> Result<Unpacke
     Ok(Unpacked::Plain(head))
 }
 
-/// Whether `head`, the start of some content, is long enough for [`detect`] and [`is_gzip`]
-/// to decide as they would on the whole content.
-fn decidable(head: &[u8]) -> bool {
-    if head.len() < 3 {
-        return false;
-    }
-    let body = head.strip_prefix(b"\xef\xbb\xbf").unwrap_or(head);
-    match body.iter().position(|b| !b.is_ascii_whitespace()) {
-        None => false,
-        Some(i) if body[i] == b'{' => {
-            let after = body[i + 1..]
-                .iter()
-                .skip_while(|b| b.is_ascii_whitespace())
-                .count();
-            after >= "format_version".len() + 2
+/// Decides when `head`, the start of some content that grows as it is unpacked, is long
+/// enough for [`detect`] and [`is_gzip`] to decide as they would on the whole content. It
+/// remembers how far it has looked, so that each byte is looked at once however long the
+/// whitespace before the first value (a rescan per piece made 32 MiB of it take half a minute).
+#[derive(Default)]
+struct HeadScan {
+    /// How far the head is known to be a byte-order mark and whitespace, or, once an object's
+    /// `{` was found, that and whitespace after it.
+    seen: usize,
+    /// Position just after the `{` that opens a JSON object, once found.
+    brace: Option<usize>,
+    /// Bytes looked at so far, for tests.
+    examined: usize,
+}
+
+impl HeadScan {
+    /// Whether `head` (the same bytes as at the previous call, and perhaps more) decides.
+    fn decidable(&mut self, head: &[u8]) -> bool {
+        if head.len() < 3 {
+            return false;
         }
-        Some(_) => true,
+        if self.brace.is_none() {
+            let bom = if head.starts_with(b"\xef\xbb\xbf") {
+                3
+            } else {
+                0
+            };
+            let from = self.seen.max(bom);
+            match self.skip_whitespace(head, from) {
+                None => return false,
+                Some(at) if head[at] == b'{' => {
+                    self.brace = Some(at + 1);
+                    self.seen = at + 1;
+                }
+                Some(_) => return true,
+            }
+        }
+        // After the `{`: enough bytes past its whitespace to hold `"format_version"`.
+        match self.skip_whitespace(head, self.seen) {
+            None => false,
+            Some(at) => head.len() - at >= "format_version".len() + 2,
+        }
+    }
+
+    /// The position of the first byte from `from` that is not whitespace, remembering that
+    /// everything before it is.
+    fn skip_whitespace(&mut self, head: &[u8], from: usize) -> Option<usize> {
+        let rest = &head[from..];
+        match rest.iter().position(|b| !b.is_ascii_whitespace()) {
+            None => {
+                self.examined += rest.len();
+                self.seen = head.len();
+                None
+            }
+            Some(i) => {
+                self.examined += i + 1;
+                self.seen = from + i;
+                Some(from + i)
+            }
+        }
     }
 }
 
@@ -595,6 +657,57 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(e.kind, ImportErrorKind::Gzip(_)), "{e}");
+    }
+
+    #[test]
+    fn format_detection_looks_at_each_byte_of_the_head_once() {
+        // 4 MiB of whitespace arriving 8 KiB at a time, then an object: a rescan per piece
+        // would look at 1 GiB.
+        let mut content = vec![b' '; 4 << 20];
+        content.extend_from_slice(b"{ \"traceEvents\": []}");
+        let mut scan = HeadScan::default();
+        let mut calls = 0;
+        let mut len = 0;
+        while !scan.decidable(&content[..len]) {
+            calls += 1;
+            len = (len + (8 << 10)).min(content.len());
+        }
+        assert_eq!(len, content.len());
+        assert!(
+            scan.examined <= content.len() + calls,
+            "{} bytes looked at for {}",
+            scan.examined,
+            content.len()
+        );
+        // It decides as before on short heads.
+        let decides = |head: &[u8]| HeadScan::default().decidable(head);
+        assert!(!decides(b"  "));
+        assert!(decides(b"\xef\xbb\xbf ["));
+        assert!(!decides(b" { \"format_v"));
+        assert!(decides(b" { \"format_version\""));
+        assert!(decides(b"\x80\x04N."));
+    }
+
+    #[test]
+    fn deep_json_traces_are_errors_plain_and_gzipped() {
+        let mut text = "[".repeat(200_000);
+        text.push_str(&"]".repeat(200_000));
+        let options = ImportOptions::default();
+        for bytes in [text.as_bytes().to_vec(), gzip(text.as_bytes())] {
+            let e = load_bytes(&bytes, "deep.json", &options).unwrap_err();
+            assert!(
+                matches!(
+                    e.kind,
+                    ImportErrorKind::TooDeep {
+                        limit: 127,
+                        line: 1,
+                        column: 128
+                    }
+                ),
+                "{e}"
+            );
+            assert!(e.to_string().contains("more than 127 levels"), "{e}");
+        }
     }
 
     #[test]

@@ -247,48 +247,120 @@ fn device_index(v: u64, key: &str, loc: Loc) -> Result<u32, Fault> {
     u32::try_from(v).map_err(|_| loc.fault(key, format!("device {v} is out of range")))
 }
 
-/// Converts stacks into call sites. The pickle shares frame lists and frame dicts through its
-/// memo, and the reader stores equal frame lists once, so both are remembered by identity: a
-/// shared list is converted once, and a new list made of known frames is looked up by frame
-/// numbers without copying any text.
+/// Converts stacks into call sites. The pickle shares frame lists, frame dicts and strings
+/// through its memo, and the reader stores equal frame lists once, so all are remembered by
+/// identity: a shared list is converted once, a new list made of known frames is looked up by
+/// frame numbers, a new frame dict by the numbers of its strings, and each string's text is
+/// looked at once, however many frames share it.
+///
+/// The model keeps every call site's frames as text of their own, so a frame the pickle
+/// shares is copied once per place a call site holds it. Two bounds keep a small file from
+/// becoming a huge site table: a call site keeps the innermost [`Stacks::MAX_FRAMES`] frames
+/// of its stack (and one frame saying how many outer ones it left out), and the frames of all
+/// call sites together may hold at most [`Stacks::MAX_BYTES`] bytes, past which the import
+/// fails naming the stack. Both are checked before any text is copied.
 struct Stacks {
     table: SiteTable,
     /// Site of each frame list seen, by the list's identity.
     by_list: FxHashMap<usize, Option<SiteId>>,
     /// Number of each frame dict seen, by the dict's identity.
     by_dict: FxHashMap<usize, u32>,
-    /// Number of each distinct frame, by content (for frame dicts that are not shared).
-    by_frame: FxHashMap<Frame, u32>,
-    /// The distinct frames, by number.
-    frames: Vec<Frame>,
+    /// Number of each string seen, by the string's identity.
+    by_string: FxHashMap<usize, u32>,
+    /// Number of each distinct text, by content.
+    by_text: FxHashMap<std::rc::Rc<str>, u32>,
+    /// The distinct texts, by number.
+    texts: Vec<std::rc::Rc<str>>,
+    /// Number of each distinct frame, by the numbers of its file and function and its line.
+    by_frame: FxHashMap<(u32, u32, u32), u32>,
+    /// The distinct frames, by number: file, line and function.
+    frames: Vec<(u32, u32, u32)>,
     /// Site of each stack seen, by its frame numbers.
     by_numbers: FxHashMap<Vec<u32>, Option<SiteId>>,
+    /// Bytes held by the frames of the call sites so far.
+    bytes: usize,
 }
 
 impl Stacks {
+    /// The most frames a call site keeps: the innermost ones (Python's default recursion
+    /// limit is 1,000 frames, and C++ frames add a few to each).
+    const MAX_FRAMES: usize = 4096;
+    /// The most bytes the frames of all call sites may hold together.
+    const MAX_BYTES: usize = 1 << 30;
+
     fn new(framework_paths: &[String]) -> Stacks {
-        Stacks {
+        let mut stacks = Stacks {
             table: SiteTable::new(framework_paths),
             by_list: FxHashMap::default(),
             by_dict: FxHashMap::default(),
+            by_string: FxHashMap::default(),
+            by_text: FxHashMap::default(),
+            texts: Vec::new(),
             by_frame: FxHashMap::default(),
             frames: Vec::new(),
             by_numbers: FxHashMap::default(),
-        }
+            bytes: 0,
+        };
+        // Texts 0 and 1: the file and the function of a frame that lacks them.
+        stacks.text_number("??");
+        stacks.text_number("");
+        stacks
     }
 
+    /// The number of the text `text`.
+    fn text_number(&mut self, text: &str) -> u32 {
+        if let Some(&n) = self.by_text.get(text) {
+            return n;
+        }
+        let n = self.texts.len() as u32;
+        let text: std::rc::Rc<str> = std::rc::Rc::from(text);
+        self.texts.push(text.clone());
+        self.by_text.insert(text, n);
+        n
+    }
+
+    /// The number of the text of `value` when it is a string, else `absent`.
+    fn string_number(&mut self, value: Option<ValueRef<'_>>, absent: u32) -> u32 {
+        let Some((value, text)) = value.and_then(|v| v.as_str().map(|text| (v, text))) else {
+            return absent;
+        };
+        let identity = value.identity();
+        if let Some(&n) = identity.and_then(|id| self.by_string.get(&id)) {
+            return n;
+        }
+        let n = self.text_number(text);
+        if let Some(id) = identity {
+            self.by_string.insert(id, n);
+        }
+        n
+    }
+
+    /// The number of the frame `frame` (`{filename, line, name}`; missing parts become `??`,
+    /// 0 and an empty name), or `None` when it is not a dict.
     fn frame_number(&mut self, frame: ValueRef<'_>) -> Option<u32> {
         let identity = frame.identity();
         if let Some(n) = identity.and_then(|id| self.by_dict.get(&id)) {
             return Some(*n);
         }
-        let frame_value = read_frame(frame)?;
-        let n = match self.by_frame.get(&frame_value) {
+        if !frame.is_dict() {
+            return None;
+        }
+        let [file, line, name] = fields(frame, ["filename", "line", "name"]);
+        let line = match line.and_then(|v| v.as_i64()) {
+            Some(i) => i.clamp(0, u32::MAX as i64) as u32,
+            None => 0,
+        };
+        let key = (
+            self.string_number(file, 0),
+            line,
+            self.string_number(name, 1),
+        );
+        let n = match self.by_frame.get(&key) {
             Some(&n) => n,
             None => {
                 let n = self.frames.len() as u32;
-                self.frames.push(frame_value.clone());
-                self.by_frame.insert(frame_value, n);
+                self.frames.push(key);
+                self.by_frame.insert(key, n);
                 n
             }
         };
@@ -296,6 +368,24 @@ impl Stacks {
             self.by_dict.insert(id, n);
         }
         Some(n)
+    }
+
+    /// The frame number `n` as the model keeps it.
+    fn frame(&self, n: u32) -> Frame {
+        let (file, line, function) = self.frames[n as usize];
+        Frame {
+            file: self.texts[file as usize].to_string(),
+            line,
+            function: self.texts[function as usize].to_string(),
+        }
+    }
+
+    /// The bytes frame number `n` holds in a call site.
+    fn frame_bytes(&self, n: u32) -> usize {
+        let (file, _, function) = self.frames[n as usize];
+        std::mem::size_of::<Frame>()
+            + self.texts[file as usize].len()
+            + self.texts[function as usize].len()
     }
 
     fn site(&mut self, frames: Option<ValueRef<'_>>, loc: Loc) -> Result<Option<SiteId>, Fault> {
@@ -324,10 +414,42 @@ impl Stacks {
         let site = match self.by_numbers.get(&numbers) {
             Some(&site) => site,
             None => {
-                let stack = numbers
+                let kept = &numbers[..numbers.len().min(Self::MAX_FRAMES)];
+                let left_out = numbers.len() - kept.len();
+                let note = (left_out > 0).then(|| Frame {
+                    file: "??".to_string(),
+                    line: 0,
+                    function: format!(
+                        "<{left_out} outer frames left out: a call site keeps its {} innermost>",
+                        Self::MAX_FRAMES
+                    ),
+                });
+                // Counted before any text is copied: each frame, and once more the largest,
+                // which stands for the copy of the primary frame the call site keeps.
+                let frame_bytes = |n: &u32| self.frame_bytes(*n);
+                let largest = kept.iter().map(frame_bytes).max().unwrap_or(0);
+                let bytes = kept
                     .iter()
-                    .map(|&n| self.frames[n as usize].clone())
-                    .collect();
+                    .map(frame_bytes)
+                    .chain([largest])
+                    .chain(
+                        note.iter()
+                            .map(|f| std::mem::size_of::<Frame>() + f.function.len() + 2),
+                    )
+                    .fold(0usize, usize::saturating_add);
+                match self.bytes.checked_add(bytes) {
+                    Some(total) if total <= Self::MAX_BYTES => self.bytes = total,
+                    _ => {
+                        return Err(loc.fault(
+                            "frames",
+                            format!(
+                                "the call stacks hold more than {} MiB of frames (the limit; a frame the file shares is copied into every call site that holds it)",
+                                Self::MAX_BYTES >> 20
+                            ),
+                        ))
+                    }
+                }
+                let stack = kept.iter().map(|&n| self.frame(n)).chain(note).collect();
                 let site = self.table.intern(stack);
                 self.by_numbers.insert(numbers, site);
                 site
@@ -338,24 +460,6 @@ impl Stacks {
         }
         Ok(site)
     }
-}
-
-/// One frame `{filename, line, name}`; missing parts become `??`, 0 and an empty name.
-fn read_frame(frame: ValueRef<'_>) -> Option<Frame> {
-    if !frame.is_dict() {
-        return None;
-    }
-    let [file, line, name] = fields(frame, ["filename", "line", "name"]);
-    let text = |v: Option<ValueRef<'_>>| v.and_then(|v| v.as_str()).map(str::to_string);
-    let line = match line.and_then(|v| v.as_i64()) {
-        Some(i) => i.clamp(0, u32::MAX as i64) as u32,
-        None => 0,
-    };
-    Some(Frame {
-        file: text(file).unwrap_or_else(|| "??".to_string()),
-        line,
-        function: text(name).unwrap_or_default(),
-    })
 }
 
 /// An event read from a trace entry, before times are made relative.
