@@ -1,12 +1,20 @@
-//! The HTML report: one self-contained page with an inline SVG timeline, the findings and the
-//! top call sites.
+//! The HTML report: one self-contained page, the explorer, with memory over time stacked by
+//! call site, the live blocks and segments at a cursor, the findings and the top call sites.
 //!
-//! `crate::report` builds the [`Report`] (with its downsampled timeline); this module only
-//! draws it. The page loads nothing: styles are inline, the chart is inline SVG (without even an
-//! `xmlns` URL, which HTML does not need), and there is no script. Every string that came from a
-//! file (paths, function names, device names, labels) is escaped with [`escape`].
+//! `crate::report` builds the [`Report`]; its timeline carries the explorer's data
+//! ([`explorer::ExplorerData`], bands and moments precomputed from the engine). This module
+//! writes the page around it: the data as JSON in a `<script type="application/json">`
+//! element, and a hand-written script (`html/explorer.js`, about 600 lines, no library) that
+//! draws on canvas. The page loads nothing from the network. Every string that came from a
+//! file (paths, function names, device names, labels) is escaped with [`escape`] in HTML, and
+//! `<` is escaped in the embedded JSON; the script sets text, never markup. A report without
+//! explorer data (built by hand) gets the static inline SVG timeline instead.
+
+pub mod explorer;
 
 use std::fmt::Write as _;
+
+use serde::Serialize;
 
 use vramscope_allocator::format_bytes;
 
@@ -85,8 +93,13 @@ pub fn render_html(report: &Report) -> String {
     );
     out.push_str("</ul>\n");
 
-    out.push_str("<h2>Timeline</h2>\n");
-    out.push_str(&timeline_svg(&report.timeline));
+    match &report.timeline.explorer {
+        Some(data) => out.push_str(&explorer_section(data)),
+        None => {
+            out.push_str("<h2>Timeline</h2>\n");
+            out.push_str(&timeline_svg(&report.timeline));
+        }
+    }
 
     let (errors, warnings, infos) = report.counts();
     let _ = writeln!(
@@ -97,9 +110,9 @@ pub fn render_html(report: &Report) -> String {
         out.push_str("<p>None.</p>\n");
     } else {
         out.push_str(
-            "<table>\n<tr><th>severity</th><th>kind</th><th>site</th><th>what</th></tr>\n",
+            "<table id=\"findings\">\n<tr><th>severity</th><th>kind</th><th>site</th><th>what</th></tr>\n",
         );
-        for f in &report.findings {
+        for (i, f) in report.findings.iter().enumerate() {
             let evidence = f
                 .evidence
                 .entries()
@@ -109,7 +122,7 @@ pub fn render_html(report: &Report) -> String {
                 .join(", ");
             let _ = writeln!(
                 out,
-                "<tr><td><span class=\"sev sev-{sev}\">{sev}</span></td><td><code>{kind}</code></td><td><code>{site}</code><br><span class=\"muted\">{function}</span></td><td>{summary}<div class=\"ev\">{evidence}</div><div><b>fix:</b> {fix}</div></td></tr>",
+                "<tr data-finding=\"{i}\"><td><span class=\"sev sev-{sev}\">{sev}</span></td><td><code>{kind}</code></td><td><code>{site}</code><br><span class=\"muted\">{function}</span></td><td>{summary}<div class=\"ev\">{evidence}</div><div><b>fix:</b> {fix}</div></td></tr>",
                 sev = severity_class(f.severity),
                 kind = escape(f.kind.as_str()),
                 site = escape(f.site_label()),
@@ -141,8 +154,86 @@ pub fn render_html(report: &Report) -> String {
         }
         out.push_str("</table>\n");
     }
+    if let Some(data) = &report.timeline.explorer {
+        out.push_str(&explorer_scripts(report, data));
+    }
     out.push_str("</body>\n</html>\n");
     out
+}
+
+/// Styles of the explorer.
+const EXPLORER_STYLE: &str = include_str!("html/explorer.css");
+
+/// The explorer's script.
+const EXPLORER_SCRIPT: &str = include_str!("html/explorer.js");
+
+/// The explorer's markup: toolbar, chart, legend, site table and segment map.
+fn explorer_section(data: &explorer::ExplorerData) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "<style>{EXPLORER_STYLE}</style>");
+    out.push_str("<h2>Active memory over time, by call site</h2>\n");
+    let _ = writeln!(
+        out,
+        "<div class=\"toolbar\"><button id=\"go-peak\" title=\"P\">Peak (P)</button>\
+<button id=\"go-end\" title=\"E\">End (E)</button><button id=\"reset-zoom\" title=\"0\">Whole trace (0)</button>\
+<button id=\"toggle-axis\" title=\"T\">x axis: <span id=\"axis-mode\">events</span> (T)</button>\
+<span class=\"muted\">hover: site and stack · click: pin a site and move the cursor · wheel or +/-: zoom · drag or [ ]: pan · ←/→: cursor · R: peak reserved · Esc: unpin</span></div>"
+    );
+    let _ = writeln!(
+        out,
+        "<div class=\"stats-line\">peak allocated <b id=\"peak-figure\" data-bytes=\"\">{}</b> after {} events \
+· <span id=\"band-count\" data-count=\"\">{}</span> bands · {} columns for {} events · drawn in <span id=\"draw-ms\"></span> ms</div>",
+        format_bytes(data.peak_allocated),
+        data.peak_pos,
+        data.series.len(),
+        data.bucket_start.len(),
+        data.events
+    );
+    out.push_str("<div id=\"chart-wrap\"><canvas id=\"chart\" aria-label=\"allocated bytes over the trace, stacked by call site\"></canvas></div>\n");
+    out.push_str("<div id=\"legend\"></div>\n");
+    out.push_str("<div class=\"panes\"><div class=\"pane\"><h3 id=\"table-title\">Live at the peak</h3>\
+<table id=\"site-table\"><thead><tr><th>site</th><th>bytes</th><th>blocks</th></tr></thead><tbody></tbody><tfoot></tfoot></table></div>\
+<div class=\"pane\"><h3 id=\"segmap-title\">Segments</h3><div class=\"seg-legend\"><span><i class=\"swatch\" style=\"background:#4e79a7\"></i>allocated (site colour)</span>\
+<span><i class=\"swatch\" style=\"background:#6d4c41\"></i>waiting to be freed</span><span><i class=\"swatch\" style=\"background:#f3b3b3\"></i>inactive split (free in a segment in use)</span>\
+<span><i class=\"swatch\" style=\"background:#e4e4e4\"></i>free segment</span><span>s/L: small/large pool, e: expandable (a mapped run)</span></div>\
+<div id=\"segmap-wrap\"><canvas id=\"segmap\"></canvas></div><div id=\"segmap-note\" class=\"muted\"></div></div></div>\n");
+    out.push_str("<pre id=\"tip\" hidden></pre>\n<ul id=\"errors\" hidden></ul>\n");
+    out
+}
+
+/// What the script needs of a finding.
+#[derive(Serialize)]
+struct FindingLink<'a> {
+    site: Option<&'a str>,
+    first_step: Option<u64>,
+    last_step: Option<u64>,
+}
+
+/// JSON for a `<script>` element: `<` escaped, so that no `</script>` can end it.
+fn script_json(value: &impl Serialize) -> String {
+    serde_json::to_string(value)
+        .unwrap_or_else(|_| "null".to_string())
+        .replace('<', "\\u003c")
+}
+
+/// The data and the script, placed last so the page's elements exist when it runs.
+fn explorer_scripts(report: &Report, data: &explorer::ExplorerData) -> String {
+    let findings: Vec<FindingLink<'_>> = report
+        .findings
+        .iter()
+        .map(|f| FindingLink {
+            site: f.site.as_deref(),
+            first_step: f.first_step,
+            last_step: f.last_step,
+        })
+        .collect();
+    format!(
+        "<script type=\"application/json\" id=\"vs-data\">{}</script>\n\
+<script type=\"application/json\" id=\"vs-findings\">{}</script>\n<script>{}</script>\n",
+        script_json(data),
+        script_json(&findings),
+        EXPLORER_SCRIPT
+    )
 }
 
 fn severity_class(severity: Severity) -> &'static str {

@@ -142,6 +142,8 @@ pub struct Timeline {
     pub reserved_known: bool,
     /// Device capacity, when known.
     pub capacity: Option<u64>,
+    /// The HTML explorer's bands and moments, from the engine (`crate::html::explorer`).
+    pub explorer: Option<std::sync::Arc<crate::html::explorer::ExplorerData>>,
 }
 
 /// A report on one snapshot.
@@ -399,6 +401,12 @@ fn timeline(view: &ModelView<'_>, options: &ReportOptions) -> Timeline {
         ooms: view.ooms().to_vec(),
         reserved_known: view.reserved_known(),
         capacity: view.capacity(options.detect.capacity),
+        explorer: Some(std::sync::Arc::new(
+            crate::html::explorer::ExplorerData::build(
+                view,
+                view.capacity(options.detect.capacity),
+            ),
+        )),
     }
 }
 

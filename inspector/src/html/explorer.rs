@@ -1,0 +1,618 @@
+//! The data of the HTML explorer: memory over time in bands by call site, and the state at a
+//! few moments, precomputed from the engine so that the page only draws.
+//!
+//! [`ExplorerData::build`] walks the trace forwards once from the engine's start state
+//! (`crate::engine::Reconstruction`), grouping live blocks with the engine's
+//! [`SiteGroups`], so every figure on the page is the report's: allocated bytes are block
+//! sizes, memory from before the trace counts under its site or under "before the trace", and
+//! the band values at the peak sum to the peak. The size of the result is bounded whatever the
+//! trace's length: at most [`MAX_BUCKETS`] columns of at most [`MAX_SERIES`] sites plus "other"
+//! and "before the trace", and a few [`Moment`]s (the peak, the peak of reserved bytes, the end
+//! and evenly spaced ones between) whose block lists are capped.
+
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+use vramscope_allocator::{EventKind, Pool, Snapshot};
+
+use crate::engine::{GroupId, GroupKind, MemoryState, Reconstruction, SiteGroups};
+use crate::model_view::ModelView;
+
+/// The most columns of the chart: positions are gathered into at most this many buckets.
+pub const MAX_BUCKETS: usize = 16_384;
+
+/// The most call sites drawn as their own band; the rest are one "other" band.
+pub const MAX_SERIES: usize = 12;
+
+/// The most rows of a moment's site table; the rest are summed into one row.
+const MAX_SITE_ROWS: usize = 150;
+
+/// The most live blocks kept for a moment's segment map at the peaks and the end.
+const MAX_KEY_BLOCKS: usize = 50_000;
+
+/// The most live blocks kept for the segment map of a moment between them.
+const MAX_OTHER_BLOCKS: usize = 8_000;
+
+/// Evenly spaced moments between the start and the end, besides the peaks and the end.
+const SPACED_MOMENTS: usize = 8;
+
+/// The most frames of a stack kept for hover.
+const MAX_FRAMES: usize = 24;
+
+/// The most groups whose stacks are kept.
+const MAX_STACKS: usize = 400;
+
+/// One band of the chart.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Series {
+    /// `site`, `other`, `before` or `unknown`.
+    pub kind: &'static str,
+    /// Index into [`ExplorerData::groups`] (`None` for "other").
+    pub group: Option<u32>,
+    /// The label shown.
+    pub label: String,
+    /// The highest bytes the band reaches at any position.
+    pub max: u64,
+}
+
+/// A call-site group as the page names it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct GroupInfo {
+    /// `file:line`, `(unknown site)` or `(before the trace)`.
+    pub label: String,
+    /// The function at the site.
+    pub function: String,
+    /// The stack of the group's first site, innermost frame first, as `function file:line`.
+    pub stack: Vec<String>,
+}
+
+/// A step as the chart marks it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StepPos {
+    /// Step number.
+    pub step: u64,
+    /// Position of its first event (the state before it).
+    pub pos: u64,
+    /// The mark's label.
+    pub label: String,
+}
+
+/// One segment (or mapped run) of a moment's segment map.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SegmentRow {
+    /// Address, as `0x…`.
+    pub addr: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// `s` (small pool) or `L` (large pool).
+    pub pool: &'static str,
+    /// Whether it is a mapped run of an expandable segment.
+    pub expandable: bool,
+    /// Live blocks, four numbers each: offset in the segment, size, state (0 allocated, 1
+    /// waiting to be freed) and index into [`ExplorerData::groups`].
+    pub blocks: Vec<u64>,
+}
+
+/// The state at one position: the site table and the segment map.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Moment {
+    /// What the moment is (`peak allocated`, `end`, `start`, `peak reserved`, `event N`).
+    pub name: String,
+    /// Position: the state after this many events.
+    pub pos: u64,
+    /// Allocated bytes.
+    pub allocated: u64,
+    /// Reserved bytes (0 when unknown).
+    pub reserved: u64,
+    /// Per group: `[group index, bytes, blocks]`, largest first; sums to `allocated` with
+    /// [`Moment::rest`].
+    pub sites: Vec<[u64; 3]>,
+    /// The groups left out of `sites`: `[groups, bytes, blocks]`.
+    pub rest: [u64; 3],
+    /// The segments, in address order.
+    pub segments: Vec<SegmentRow>,
+    /// Live blocks left out of the segment map to bound its size.
+    pub blocks_left_out: u64,
+    /// Live bytes in no segment the state knows (traces without segment data).
+    pub orphan_bytes: u64,
+}
+
+/// Everything the explorer draws. See the module documentation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ExplorerData {
+    /// Events in the trace; positions run from 0 (before the first) to `events`.
+    pub events: u64,
+    /// Whether events carry time stamps (the x axis can be time).
+    pub has_time: bool,
+    /// Whether the trace records reserved memory.
+    pub reserved_known: bool,
+    /// Device capacity, when known.
+    pub capacity: Option<u64>,
+    /// Peak allocated bytes (the report's figure).
+    pub peak_allocated: u64,
+    /// The position where allocated bytes first reach the peak.
+    pub peak_pos: u64,
+    /// Peak reserved bytes (when known).
+    pub peak_reserved: Option<u64>,
+    /// The position where reserved bytes first reach their peak.
+    pub peak_reserved_pos: Option<u64>,
+    /// The bands, bottom first.
+    pub series: Vec<Series>,
+    /// The groups named by the series and the moments.
+    pub groups: Vec<GroupInfo>,
+    /// First position of each bucket.
+    pub bucket_start: Vec<u64>,
+    /// The position each bucket shows: its highest allocated bytes, first reached.
+    pub bucket_pos: Vec<u64>,
+    /// Nanoseconds since the first event at each bucket's start (empty without times).
+    pub bucket_time: Vec<u64>,
+    /// Nanoseconds from the first event to the last.
+    pub duration_ns: u64,
+    /// Allocated bytes at each bucket's position.
+    pub allocated: Vec<u64>,
+    /// The highest reserved bytes within each bucket (empty when unknown).
+    pub reserved: Vec<u64>,
+    /// Band values: `values[series][bucket]`.
+    pub values: Vec<Vec<u64>>,
+    /// Steps numbered 1 or more, with their first position.
+    pub steps: Vec<StepPos>,
+    /// Positions of OOM events.
+    pub ooms: Vec<u64>,
+    /// Moments with a site table and a segment map, in position order.
+    pub moments: Vec<Moment>,
+}
+
+/// A change of one group's bytes at one position.
+#[derive(Clone, Copy)]
+struct Delta {
+    pos: u32,
+    group: GroupId,
+    bytes: i64,
+}
+
+impl ExplorerData {
+    /// Builds the explorer's data of `view`'s snapshot, with `capacity` as the device's.
+    pub fn build(view: &ModelView<'_>, capacity: Option<u64>) -> ExplorerData {
+        let snapshot = view.snapshot();
+        let walk = Reconstruction::of(snapshot);
+        let groups = view.site_groups();
+        let events = &snapshot.events;
+        let n = events.len();
+        let peak_pos = walk.peak_allocated.event.map_or(0, |e| u64::from(e) + 1);
+        let peak_reserved_pos = walk
+            .reserved_known
+            .then(|| walk.peak_reserved.event.map_or(0, |e| u64::from(e) + 1));
+
+        // The moments to keep.
+        let mut wanted: Vec<(u64, String, usize)> = vec![
+            (peak_pos, "peak allocated".to_string(), MAX_KEY_BLOCKS),
+            (n as u64, "end".to_string(), MAX_KEY_BLOCKS),
+            (0, "start".to_string(), MAX_OTHER_BLOCKS),
+        ];
+        if let Some(p) = peak_reserved_pos {
+            wanted.push((p, "peak reserved".to_string(), MAX_KEY_BLOCKS));
+        }
+        for k in 1..=SPACED_MOMENTS {
+            let p = (n * k / (SPACED_MOMENTS + 1)) as u64;
+            wanted.push((p, format!("event {p}"), MAX_OTHER_BLOCKS));
+        }
+        wanted.sort_by_key(|w| w.0);
+        // The first name given to a position wins (the peak over a spaced moment).
+        let mut keep: Vec<(u64, String, usize)> = Vec::new();
+        for w in wanted {
+            match keep.iter_mut().find(|k| k.0 == w.0) {
+                Some(k) => {
+                    if !k.1.starts_with("event") && w.1.starts_with("event") {
+                        continue;
+                    }
+                    if k.1.starts_with("event") {
+                        *k = w;
+                    } else {
+                        k.1 = format!("{} = {}", k.1, w.1);
+                        k.2 = k.2.max(w.2);
+                    }
+                }
+                None => keep.push(w),
+            }
+        }
+
+        // One walk forwards: group deltas per position, and the moments.
+        let mut indexer = GroupIndexer::new(snapshot, groups);
+        let mut moments = Vec::with_capacity(keep.len());
+        let mut next_moment = 0;
+        let mut state = walk.start.clone();
+        let mut start_bytes: FxHashMap<GroupId, u64> = FxHashMap::default();
+        for block in state.blocks.values().filter(|b| !b.pending) {
+            *start_bytes.entry(groups.of_block(block)).or_default() += block.size;
+        }
+        if state.unattributed.allocated > 0 {
+            *start_bytes.entry(SiteGroups::BEFORE_TRACE).or_default() +=
+                state.unattributed.allocated;
+        }
+        let mut deltas: Vec<Delta> = Vec::with_capacity(n);
+        let contribution = |state: &MemoryState, addr: u64| {
+            state
+                .blocks
+                .get(&addr)
+                .filter(|b| !b.pending)
+                .map(|b| (groups.of_block(b), b.size))
+        };
+        let mut take_moment = |pos: u64, state: &MemoryState, moments: &mut Vec<Moment>| {
+            while next_moment < keep.len() && keep[next_moment].0 == pos {
+                let (_, name, cap) = &keep[next_moment];
+                moments.push(moment(
+                    name.clone(),
+                    pos,
+                    state,
+                    groups,
+                    walk.reserved_known,
+                    *cap,
+                    &mut indexer,
+                ));
+                next_moment += 1;
+            }
+        };
+        take_moment(0, &state, &mut moments);
+        for (i, e) in events.iter().enumerate() {
+            let touches = matches!(
+                e.kind,
+                EventKind::Alloc | EventKind::FreeRequested | EventKind::FreeCompleted
+            );
+            let before = if touches {
+                contribution(&state, e.addr)
+            } else {
+                None
+            };
+            state.apply(e, i as u32);
+            if touches {
+                let after = contribution(&state, e.addr);
+                if before != after {
+                    let pos = i as u32 + 1;
+                    if let Some((g, b)) = before {
+                        deltas.push(Delta {
+                            pos,
+                            group: g,
+                            bytes: -(b as i64),
+                        });
+                    }
+                    if let Some((g, b)) = after {
+                        deltas.push(Delta {
+                            pos,
+                            group: g,
+                            bytes: b as i64,
+                        });
+                    }
+                }
+            }
+            take_moment(i as u64 + 1, &state, &mut moments);
+        }
+
+        // Each group's own highest bytes, to pick the bands.
+        let mut current = start_bytes.clone();
+        let mut max = start_bytes.clone();
+        for d in &deltas {
+            let v = current.entry(d.group).or_default();
+            *v = v.saturating_add_signed(d.bytes);
+            let m = max.entry(d.group).or_default();
+            *m = (*m).max(*v);
+        }
+        let mut ranked: Vec<(GroupId, u64)> = max
+            .iter()
+            .filter(|(&g, &m)| m > 0 && g != SiteGroups::BEFORE_TRACE)
+            .map(|(&g, &m)| (g, m))
+            .collect();
+        ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let has_other = ranked.len() > MAX_SERIES;
+        let chosen: Vec<(GroupId, u64)> = ranked.iter().take(MAX_SERIES).copied().collect();
+        let other_max = ranked.iter().skip(MAX_SERIES).map(|r| r.1).max();
+        let before_max = max.get(&SiteGroups::BEFORE_TRACE).copied().unwrap_or(0);
+
+        let mut series = Vec::new();
+        let mut series_of: FxHashMap<GroupId, usize> = FxHashMap::default();
+        if before_max > 0 {
+            series_of.insert(SiteGroups::BEFORE_TRACE, series.len());
+            series.push(Series {
+                kind: "before",
+                group: Some(indexer.index_with_stack(SiteGroups::BEFORE_TRACE)),
+                label: groups.get(SiteGroups::BEFORE_TRACE).label().to_string(),
+                max: before_max,
+            });
+        }
+        for &(g, m) in &chosen {
+            series_of.insert(g, series.len());
+            series.push(Series {
+                kind: match groups.get(g).kind {
+                    GroupKind::Site => "site",
+                    GroupKind::Unknown => "unknown",
+                    GroupKind::BeforeTrace => "before",
+                },
+                group: Some(indexer.index_with_stack(g)),
+                label: groups.get(g).label().to_string(),
+                max: m,
+            });
+        }
+        let other = has_other.then(|| {
+            series.push(Series {
+                kind: "other",
+                group: None,
+                label: format!("other ({} sites)", ranked.len() - MAX_SERIES),
+                max: other_max.unwrap_or(0),
+            });
+            series.len() - 1
+        });
+        let series_index = |g: GroupId| series_of.get(&g).copied().or(other);
+
+        // The buckets: each shows the position of its highest allocated bytes.
+        let positions = n + 1;
+        let buckets = positions.min(MAX_BUCKETS);
+        let bucket_of = |p: usize| (p as u128 * buckets as u128 / positions as u128) as usize;
+        let t0 = events.first().map_or(0, |e| e.time_ns);
+        let has_time = events.iter().any(|e| e.time_ns != t0);
+        let time_at = |p: usize| {
+            events
+                .get(p.saturating_sub(1))
+                .map_or(0, |e| e.time_ns.saturating_sub(t0))
+        };
+        let mut values = vec![Vec::with_capacity(buckets); series.len()];
+        let mut bucket_start = Vec::with_capacity(buckets);
+        let mut bucket_pos = Vec::with_capacity(buckets);
+        let mut bucket_time = Vec::new();
+        let mut allocated = Vec::with_capacity(buckets);
+        let mut reserved = Vec::new();
+        let mut now = vec![0u64; series.len()];
+        for (&g, &b) in &start_bytes {
+            if let Some(s) = series_index(g) {
+                now[s] = now[s].saturating_add(b);
+            }
+        }
+        let mut best = now.clone();
+        let mut best_pos = 0usize;
+        let mut best_alloc = walk.start.allocated;
+        let mut max_reserved = walk.start.reserved;
+        let mut current_bucket = 0usize;
+        let mut next_delta = 0usize;
+        let mut flush = |start: usize,
+                         best: &[u64],
+                         best_pos: usize,
+                         best_alloc: u64,
+                         max_reserved: u64,
+                         values: &mut Vec<Vec<u64>>| {
+            bucket_start.push(start as u64);
+            bucket_pos.push(best_pos as u64);
+            if has_time {
+                bucket_time.push(time_at(start));
+            }
+            allocated.push(best_alloc);
+            if walk.reserved_known {
+                reserved.push(max_reserved);
+            }
+            for (s, v) in values.iter_mut().enumerate() {
+                v.push(best[s]);
+            }
+        };
+        let mut start_of_bucket = 0usize;
+        for p in 1..positions {
+            while next_delta < deltas.len() && deltas[next_delta].pos as usize == p {
+                let d = deltas[next_delta];
+                if let Some(s) = series_index(d.group) {
+                    now[s] = now[s].saturating_add_signed(d.bytes);
+                }
+                next_delta += 1;
+            }
+            let usage = walk.usage_at(p);
+            let b = bucket_of(p);
+            if b != current_bucket {
+                flush(
+                    start_of_bucket,
+                    &best,
+                    best_pos,
+                    best_alloc,
+                    max_reserved,
+                    &mut values,
+                );
+                current_bucket = b;
+                start_of_bucket = p;
+                best.copy_from_slice(&now);
+                best_pos = p;
+                best_alloc = usage.allocated;
+                max_reserved = usage.reserved;
+            } else {
+                if usage.allocated > best_alloc {
+                    best.copy_from_slice(&now);
+                    best_pos = p;
+                    best_alloc = usage.allocated;
+                }
+                max_reserved = max_reserved.max(usage.reserved);
+            }
+        }
+        flush(
+            start_of_bucket,
+            &best,
+            best_pos,
+            best_alloc,
+            max_reserved,
+            &mut values,
+        );
+
+        let steps = view
+            .steps()
+            .iter()
+            .filter(|s| s.step >= 1)
+            .filter_map(|s| {
+                s.first_event.map(|e| StepPos {
+                    step: s.step,
+                    pos: u64::from(e),
+                    label: s.label.clone(),
+                })
+            })
+            .collect();
+        ExplorerData {
+            events: n as u64,
+            has_time,
+            reserved_known: walk.reserved_known,
+            capacity,
+            peak_allocated: walk.peak_allocated.bytes,
+            peak_pos,
+            peak_reserved: walk.reserved_known.then_some(walk.peak_reserved.bytes),
+            peak_reserved_pos,
+            series,
+            groups: indexer.infos,
+            bucket_start,
+            bucket_pos,
+            bucket_time,
+            duration_ns: time_at(n),
+            allocated,
+            reserved,
+            values,
+            steps,
+            ooms: view.ooms().iter().map(|&e| u64::from(e) + 1).collect(),
+            moments,
+        }
+    }
+
+    /// The moment at the peak of allocated bytes.
+    pub fn peak_moment(&self) -> Option<&Moment> {
+        self.moments.iter().find(|m| m.pos == self.peak_pos)
+    }
+}
+
+/// Gives groups their index in [`ExplorerData::groups`] as they are first named.
+struct GroupIndexer<'a> {
+    snapshot: &'a Snapshot,
+    groups: &'a SiteGroups,
+    index: FxHashMap<GroupId, u32>,
+    infos: Vec<GroupInfo>,
+}
+
+impl<'a> GroupIndexer<'a> {
+    fn new(snapshot: &'a Snapshot, groups: &'a SiteGroups) -> GroupIndexer<'a> {
+        GroupIndexer {
+            snapshot,
+            groups,
+            index: FxHashMap::default(),
+            infos: Vec::new(),
+        }
+    }
+
+    /// The index of `g`; the first [`MAX_STACKS`] groups named carry their stack.
+    fn index(&mut self, g: GroupId) -> u32 {
+        if let Some(&i) = self.index.get(&g) {
+            return i;
+        }
+        let group = self.groups.get(g);
+        let stack = if self.infos.len() < MAX_STACKS {
+            self.stack(g)
+        } else {
+            Vec::new()
+        };
+        let i = self.infos.len() as u32;
+        self.infos.push(GroupInfo {
+            label: group.label().to_string(),
+            function: group.function.clone(),
+            stack,
+        });
+        self.index.insert(g, i);
+        i
+    }
+
+    /// The index of `g`, with its stack whatever the count (the bands' groups).
+    fn index_with_stack(&mut self, g: GroupId) -> u32 {
+        let i = self.index(g);
+        if self.infos[i as usize].stack.is_empty() {
+            self.infos[i as usize].stack = self.stack(g);
+        }
+        i
+    }
+
+    /// The stack of the group's first site, innermost frame first.
+    fn stack(&self, g: GroupId) -> Vec<String> {
+        self.groups
+            .get(g)
+            .sites
+            .first()
+            .and_then(|&s| self.snapshot.sites.get(s as usize))
+            .map(|site| {
+                site.frames
+                    .iter()
+                    .take(MAX_FRAMES)
+                    .map(|f| format!("{} {}:{}", f.function, f.file, f.line))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// The site table and segment map of `state`.
+fn moment(
+    name: String,
+    pos: u64,
+    state: &MemoryState,
+    groups: &SiteGroups,
+    reserved_known: bool,
+    max_blocks: usize,
+    indexer: &mut GroupIndexer,
+) -> Moment {
+    let mut by_group: FxHashMap<GroupId, (u64, u64)> = FxHashMap::default();
+    for block in state.blocks.values().filter(|b| !b.pending) {
+        let e = by_group.entry(groups.of_block(block)).or_default();
+        e.0 = e.0.saturating_add(block.size);
+        e.1 += 1;
+    }
+    if state.unattributed.allocated > 0 {
+        let e = by_group.entry(SiteGroups::BEFORE_TRACE).or_default();
+        e.0 = e.0.saturating_add(state.unattributed.allocated);
+    }
+    let mut list: Vec<(GroupId, u64, u64)> =
+        by_group.into_iter().map(|(g, (b, n))| (g, b, n)).collect();
+    list.sort_by(|a, b| b.1.cmp(&a.1).then(b.2.cmp(&a.2)).then(a.0.cmp(&b.0)));
+    let mut rest = [0u64; 3];
+    let mut sites = Vec::new();
+    for (i, &(g, bytes, blocks)) in list.iter().enumerate() {
+        if i < MAX_SITE_ROWS {
+            sites.push([u64::from(indexer.index(g)), bytes, blocks]);
+        } else {
+            rest[0] += 1;
+            rest[1] = rest[1].saturating_add(bytes);
+            rest[2] += blocks;
+        }
+    }
+    let mut segments = Vec::with_capacity(state.segments.len());
+    let mut kept = 0usize;
+    let mut left_out = 0u64;
+    for (&addr, s) in &state.segments {
+        let mut blocks = Vec::new();
+        for (&a, b) in state.blocks_in(addr, s.size) {
+            if kept >= max_blocks {
+                left_out += 1;
+                continue;
+            }
+            kept += 1;
+            blocks.extend_from_slice(&[
+                a - addr,
+                b.size,
+                u64::from(b.pending),
+                u64::from(indexer.index(groups.of_block(b))),
+            ]);
+        }
+        segments.push(SegmentRow {
+            addr: format!("{addr:#x}"),
+            size: s.size,
+            pool: match s.pool {
+                Pool::Small => "s",
+                Pool::Large => "L",
+            },
+            expandable: s.expandable,
+            blocks,
+        });
+    }
+    Moment {
+        name,
+        pos,
+        allocated: state.allocated,
+        reserved: if reserved_known { state.reserved } else { 0 },
+        sites,
+        rest,
+        segments,
+        blocks_left_out: left_out,
+        orphan_bytes: state.orphan_bytes(),
+    }
+}
