@@ -7,6 +7,11 @@
 //! backtrace, the tag and the scope into small integer ids (`ProvenanceTables`). A block keeps
 //! one `u32` provenance id; `ProvenanceTables::call_sites` symbolizes lazily into the model's
 //! `CallSite` table.
+//!
+//! A caller that knows better than Rust where an allocation comes from (the Python binding,
+//! which walks the interpreter's frames) wraps the allocation in [`with_call_site`]: the site
+//! it gives replaces the `#[track_caller]` location and any backtrace for the allocations the
+//! thread makes inside the closure.
 
 use std::cell::{Cell, RefCell};
 use std::panic::Location;
@@ -25,6 +30,29 @@ thread_local! {
     static THREAD_NUMBER: Cell<u32> = const { Cell::new(0) };
     static SCOPES: RefCell<Vec<(u64, u32)>> = const { RefCell::new(Vec::new()) };
     static SAMPLE_COUNTER: Cell<u32> = const { Cell::new(0) };
+    static EXTERNAL_SITE: Cell<Option<&'static CallSite>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with `site` as the call site of every allocation, transfer and sync this thread
+/// records inside it, on any allocator: it replaces the `#[track_caller]` location and any
+/// sampled backtrace. Sites are interned by address, so a caller passes the same `&'static`
+/// value for the same place (the Python binding leaks one per distinct stack, as Rust's
+/// locations are static). Nests; the previous site is restored on return and on unwind.
+pub fn with_call_site<R>(site: &'static CallSite, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<&'static CallSite>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = EXTERNAL_SITE.try_with(|s| s.set(self.0));
+        }
+    }
+    let _restore = Restore(EXTERNAL_SITE.with(|s| s.replace(Some(site))));
+    f()
+}
+
+/// The site [`with_call_site`] set on this thread, if any.
+#[inline]
+fn external_site() -> Option<&'static CallSite> {
+    EXTERNAL_SITE.try_with(Cell::get).ok().flatten()
 }
 
 /// vramscope's small number for the calling thread (1, 2, ... in order of first use).
@@ -110,6 +138,8 @@ pub(crate) struct Provenance {
 /// One entry of the site table: a location and, optionally, the backtrace taken there.
 struct SiteEntry {
     location: &'static Location<'static>,
+    /// The site given with [`with_call_site`], which replaces the location when present.
+    external: Option<&'static CallSite>,
     backtrace: Option<Vec<usize>>,
     resolved: Option<Vec<Frame>>,
 }
@@ -147,6 +177,8 @@ pub(crate) struct ProvenanceTables {
     sites: Vec<SiteEntry>,
     by_location: FxHashMap<usize, u32>,
     by_backtrace: FxHashMap<(usize, Vec<usize>), u32>,
+    /// Sites given with [`with_call_site`], by address.
+    by_external: FxHashMap<usize, u32>,
     pub tags: Interner,
     pub scopes: Interner,
     provenance: Vec<Provenance>,
@@ -164,6 +196,7 @@ impl Default for ProvenanceTables {
             sites: Vec::new(),
             by_location: FxHashMap::default(),
             by_backtrace: FxHashMap::default(),
+            by_external: FxHashMap::default(),
             tags: Interner::default(),
             scopes: Interner::default(),
             provenance: Vec::new(),
@@ -181,11 +214,15 @@ impl ProvenanceTables {
         location: &'static Location<'static>,
         backtrace: Option<Vec<usize>>,
     ) -> u32 {
+        if let Some(site) = external_site() {
+            return self.external(location, site);
+        }
         let key = location as *const Location<'static> as usize;
         match backtrace {
             None => *self.by_location.entry(key).or_insert_with(|| {
                 self.sites.push(SiteEntry {
                     location,
+                    external: None,
                     backtrace: None,
                     resolved: None,
                 });
@@ -199,6 +236,7 @@ impl ProvenanceTables {
                 let id = self.sites.len() as u32;
                 self.sites.push(SiteEntry {
                     location,
+                    external: None,
                     backtrace: Some(map_key.1.clone()),
                     resolved: None,
                 });
@@ -218,6 +256,15 @@ impl ProvenanceTables {
         scope: u32,
         thread: u32,
     ) -> u32 {
+        if let Some(external) = external_site() {
+            let site = location.map_or(NIL, |l| self.external(l, external));
+            return self.provenance(Provenance {
+                site,
+                tag,
+                scope,
+                thread,
+            });
+        }
         let key = (
             location.map_or(0, |l| l as *const Location<'static> as usize),
             tag,
@@ -246,6 +293,21 @@ impl ProvenanceTables {
         id
     }
 
+    /// Interns a site given with [`with_call_site`] (`location` is the Rust caller's, kept for
+    /// the entry's sake).
+    fn external(&mut self, location: &'static Location<'static>, site: &'static CallSite) -> u32 {
+        let key = site as *const CallSite as usize;
+        *self.by_external.entry(key).or_insert_with(|| {
+            self.sites.push(SiteEntry {
+                location,
+                external: Some(site),
+                backtrace: None,
+                resolved: None,
+            });
+            (self.sites.len() - 1) as u32
+        })
+    }
+
     /// Interns a provenance tuple.
     #[inline]
     pub fn provenance(&mut self, prov: Provenance) -> u32 {
@@ -266,6 +328,9 @@ impl ProvenanceTables {
     /// The location of a site id as `file:line:column`.
     pub fn site_label(&self, site: u32) -> Option<String> {
         self.sites.get(site as usize).map(|s| {
+            if let Some(external) = s.external {
+                return external.to_string();
+            }
             format!(
                 "{}:{}:{}",
                 s.location.file(),
@@ -285,6 +350,7 @@ impl ProvenanceTables {
             .iter()
             .map(|entry| UnresolvedSite {
                 location: entry.location,
+                external: entry.external,
                 backtrace: match &entry.resolved {
                     Some(_) => None,
                     None => entry.backtrace.clone(),
@@ -305,6 +371,9 @@ impl ProvenanceTables {
                         entry.resolved = Some(resolve(ips));
                     }
                 }
+                if let Some(external) = entry.external {
+                    return external.clone();
+                }
                 CallSite {
                     file: entry.location.file().to_string(),
                     line: entry.location.line(),
@@ -321,6 +390,7 @@ impl ProvenanceTables {
 #[derive(Clone, Debug)]
 pub struct UnresolvedSite {
     location: &'static Location<'static>,
+    external: Option<&'static CallSite>,
     backtrace: Option<Vec<usize>>,
     resolved: Option<Vec<Frame>>,
 }
@@ -329,6 +399,9 @@ impl UnresolvedSite {
     /// The model's call site, symbolizing the backtrace if it has one (slow: call it without
     /// the device lock).
     pub fn resolve(self) -> CallSite {
+        if let Some(external) = self.external {
+            return external.clone();
+        }
         let frames = match (self.resolved, self.backtrace) {
             (Some(frames), _) => frames,
             (None, Some(ips)) => resolve(&ips),
@@ -376,4 +449,59 @@ fn resolve(ips: &[usize]) -> Vec<Frame> {
         .unwrap_or(0);
     frames.drain(..first_user);
     frames
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AllocatorConfig, CachingAllocator, SimDevice, StreamId};
+
+    fn leaked(file: &str, line: u32) -> &'static CallSite {
+        Box::leak(Box::new(CallSite {
+            file: file.to_string(),
+            line,
+            column: 0,
+            function: "train".to_string(),
+            frames: vec![Frame {
+                file: file.to_string(),
+                line,
+                function: "train".to_string(),
+            }],
+        }))
+    }
+
+    #[test]
+    fn a_given_call_site_replaces_the_location_inside_the_closure_only() {
+        let alloc = CachingAllocator::new(SimDevice::phantom(1 << 30), AllocatorConfig::default());
+        let site = leaked("train.py", 12);
+        let other = leaked("train.py", 40);
+        let a = with_call_site(site, || alloc.alloc_ptr(4096, StreamId::DEFAULT)).unwrap();
+        let b = with_call_site(site, || alloc.alloc_ptr(8192, StreamId::DEFAULT)).unwrap();
+        let c = with_call_site(other, || {
+            with_call_site(site, || ());
+            alloc.alloc_ptr(512, StreamId::DEFAULT)
+        })
+        .unwrap();
+        let d = alloc.alloc_ptr(512, StreamId::DEFAULT).unwrap();
+        let snapshot = alloc.snapshot();
+        let site_of = |addr: u64| {
+            let block = snapshot
+                .segments
+                .iter()
+                .flat_map(|s| &s.blocks)
+                .find(|b| b.address == addr)
+                .unwrap();
+            snapshot.sites[block.site.unwrap() as usize].clone()
+        };
+        assert_eq!(site_of(a), *site);
+        assert_eq!(site_of(b), *site);
+        assert_eq!(site_of(c), *other, "the inner closure's site was restored");
+        assert!(
+            site_of(d).file.ends_with("provenance.rs"),
+            "{:?}",
+            site_of(d)
+        );
+        let same: Vec<_> = snapshot.sites.iter().filter(|s| *s == site).collect();
+        assert_eq!(same.len(), 1, "one table entry per given site");
+    }
 }
