@@ -79,7 +79,10 @@ struct BlockMeta {
     segment: u32,
     provenance: u32,
     step: u32,
-    /// Index of the segment's free list in `State::free_lists`.
+    /// Index of the segment's free list in `State::free_lists`, or [`LIST_IN_SEGMENT`] when
+    /// the index does not fit in 16 bits (then `SegmentMeta::list` has it): the common case
+    /// reads it here, on the block's own cache line, and a program with more than 65,534 free
+    /// lists (streams × pools) still finds the right one.
     list: u16,
     flags: u8,
     /// The segment's pool (also known through `list`, kept here for the hot path).
@@ -88,7 +91,7 @@ struct BlockMeta {
 
 impl BlockMeta {
     /// A free block of `size` bytes at `addr` in `segment`, not yet linked to any neighbour.
-    fn new_free(addr: u64, size: u64, segment: u32, list: u16, pool: Pool) -> BlockMeta {
+    fn new_free(addr: u64, size: u64, segment: u32, list: u32, pool: Pool) -> BlockMeta {
         BlockMeta {
             addr,
             size,
@@ -98,7 +101,7 @@ impl BlockMeta {
             segment,
             provenance: NIL,
             step: 0,
-            list,
+            list: compact_list(list),
             flags: 0,
             pool,
         }
@@ -114,6 +117,17 @@ impl BlockMeta {
     }
 }
 
+/// `BlockMeta::list` of a block whose free list's index does not fit in 16 bits.
+const LIST_IN_SEGMENT: u16 = u16::MAX;
+
+/// A free-list index as `BlockMeta::list` keeps it.
+#[inline]
+fn compact_list(list: u32) -> u16 {
+    u16::try_from(list)
+        .unwrap_or(LIST_IN_SEGMENT)
+        .min(LIST_IN_SEGMENT)
+}
+
 /// Allocator-side metadata of one segment.
 #[derive(Clone, Copy, Debug)]
 struct SegmentMeta {
@@ -127,6 +141,8 @@ struct SegmentMeta {
     holes: u64,
     stream: StreamId,
     pool: Pool,
+    /// Index of the free list of (`stream`, `pool`) in `State::free_lists`.
+    list: u32,
     expandable: bool,
     first: u32,
     last: u32,
@@ -376,7 +392,7 @@ struct Found {
 }
 
 /// No free list: an empty entry of `State::first_stream_lists`.
-const NO_LIST: u16 = u16::MAX;
+const NO_LIST: u32 = u32::MAX;
 
 struct State {
     blocks: Slab<BlockMeta>,
@@ -388,7 +404,9 @@ struct State {
     /// without a search (a program on one stream never searches).
     first_stream: StreamId,
     /// The free lists of `first_stream` by `Pool as usize`, or `NO_LIST` before they exist.
-    first_stream_lists: [u16; 2],
+    first_stream_lists: [u32; 2],
+    /// The free lists of the other streams, by (stream, pool).
+    other_lists: FxHashMap<(u64, Pool), u32>,
     expandable: Vec<(StreamId, Pool, u32)>,
     stream_uses: FxHashMap<u32, Vec<StreamId>>,
     pending_events: FxHashMap<u32, u32>,
@@ -507,7 +525,7 @@ pub fn segment_size_for(rounded: u64) -> u64 {
 
 impl State {
     /// The free list of (stream, pool), created on first use.
-    fn list_index(&mut self, stream: StreamId, pool: Pool) -> u16 {
+    fn list_index(&mut self, stream: StreamId, pool: Pool) -> u32 {
         if let Some(i) = self.find_list(stream, pool) {
             return i;
         }
@@ -519,9 +537,11 @@ impl State {
             pool,
             blocks: FreeIndex::new(),
         });
-        let index = (self.free_lists.len() - 1) as u16;
+        let index = (self.free_lists.len() - 1) as u32;
         if stream == self.first_stream {
             self.first_stream_lists[pool as usize] = index;
+        } else {
+            self.other_lists.insert((stream.0, pool), index);
         }
         index
     }
@@ -529,7 +549,7 @@ impl State {
     /// The free list of (stream, pool), if it exists: read from `first_stream_lists` for the
     /// first stream, searched for the others.
     #[inline]
-    fn find_list(&self, stream: StreamId, pool: Pool) -> Option<u16> {
+    fn find_list(&self, stream: StreamId, pool: Pool) -> Option<u32> {
         if stream == self.first_stream {
             let list = self.first_stream_lists[pool as usize];
             return (list != NO_LIST).then_some(list);
@@ -540,11 +560,18 @@ impl State {
     /// [`State::find_list`] for a stream other than the first.
     #[cold]
     #[inline(never)]
-    fn find_other_list(&self, stream: StreamId, pool: Pool) -> Option<u16> {
-        self.free_lists
-            .iter()
-            .position(|l| l.stream == stream && l.pool == pool)
-            .map(|i| i as u16)
+    fn find_other_list(&self, stream: StreamId, pool: Pool) -> Option<u32> {
+        self.other_lists.get(&(stream.0, pool)).copied()
+    }
+
+    /// The index of block `b`'s free list.
+    #[inline(always)]
+    fn list_of(&self, b: &BlockMeta) -> usize {
+        if b.list != LIST_IN_SEGMENT {
+            b.list as usize
+        } else {
+            self.segments.get(b.segment).list as usize
+        }
     }
 
     /// PyTorch's `find_expandable_block` within expandable `segment`: where room for `size`
@@ -705,7 +732,7 @@ impl State {
     /// The stream a block's segment belongs to.
     #[inline]
     fn stream_of(&self, block: u32) -> StreamId {
-        self.free_lists[self.blocks.get(block).list as usize].stream
+        self.free_lists[self.list_of(self.blocks.get(block))].stream
     }
 
     /// Cuts block `id` (not in a free list) after its first `keep` bytes; the rest becomes a
@@ -795,7 +822,8 @@ impl State {
     #[inline(always)]
     fn index_free(&mut self, id: u32) {
         let b = self.blocks.get(id);
-        self.free_lists[b.list as usize]
+        let list = self.list_of(b);
+        self.free_lists[list]
             .blocks
             .insert(free_key(b.size, b.addr), id);
     }
@@ -805,7 +833,8 @@ impl State {
     #[inline(always)]
     fn unindex_free(&mut self, id: u32) {
         let b = self.blocks.get(id);
-        let removed = self.free_lists[b.list as usize]
+        let list = self.list_of(b);
+        let removed = self.free_lists[list]
             .blocks
             .remove(free_key(b.size, b.addr));
         debug_assert_eq!(removed, Some(id), "free block was in its list");
@@ -912,6 +941,7 @@ impl<B: Backend> CachingAllocator<B> {
                     free_lists: Vec::new(),
                     first_stream: StreamId(0),
                     first_stream_lists: [NO_LIST; 2],
+                    other_lists: FxHashMap::default(),
                     expandable: Vec::new(),
                     stream_uses: FxHashMap::default(),
                     pending_events: FxHashMap::default(),
@@ -1522,6 +1552,7 @@ impl<B: Backend> CachingAllocator<B> {
             holes: 0,
             stream,
             pool,
+            list,
             expandable: false,
             first: NIL,
             last: NIL,
@@ -1598,6 +1629,7 @@ impl<B: Backend> CachingAllocator<B> {
                     return None;
                 }
                 let addr = self.shared.backend.reserve_address_range(reserve).ok()?;
+                let list = state.list_index(stream, pool);
                 let id = state.segments.insert(SegmentMeta {
                     addr,
                     size: 0,
@@ -1605,6 +1637,7 @@ impl<B: Backend> CachingAllocator<B> {
                     holes: 0,
                     stream,
                     pool,
+                    list,
                     expandable: true,
                     first: NIL,
                     last: NIL,
@@ -1684,8 +1717,7 @@ impl<B: Backend> CachingAllocator<B> {
         let at = seg.addr + seg.size;
         self.map_pages(state, segment, at, length)?;
         state.segments.get_mut(segment).size += length;
-        let list = state.list_index(seg.stream, seg.pool);
-        let meta = BlockMeta::new_free(at, length, segment, list, seg.pool);
+        let meta = BlockMeta::new_free(at, length, segment, seg.list, seg.pool);
         // After the last block, or as the only block of an empty segment.
         let id = state.insert_between(seg.last, NIL, meta);
         Some(state.merge_into_free(id))
@@ -2913,9 +2945,14 @@ impl<B: Backend> CachingAllocator<B> {
                 }
                 if b.is_free() {
                     free_count += 1;
-                    let listed = state.free_lists[b.list as usize]
-                        .blocks
-                        .get(free_key(b.size, b.addr));
+                    let list = &state.free_lists[state.list_of(b)];
+                    if list.stream != seg.stream || list.pool != seg.pool {
+                        return Err(format!(
+                            "free block {id} at {:#x} of a segment of stream {} ({:?} pool) is in the free list of stream {} ({:?} pool)",
+                            b.addr, seg.stream.0, seg.pool, list.stream.0, list.pool
+                        ));
+                    }
+                    let listed = list.blocks.get(free_key(b.size, b.addr));
                     if listed != Some(id) {
                         return Err(format!(
                             "free block {id} at {:#x} is missing from its pool",
@@ -2986,7 +3023,7 @@ impl<B: Backend> CachingAllocator<B> {
             }
             for (key, id) in entries {
                 let b = state.blocks.get(id);
-                if !b.is_free() || b.list as usize != index || free_key(b.size, b.addr) != key {
+                if !b.is_free() || state.list_of(b) != index || free_key(b.size, b.addr) != key {
                     return Err(format!(
                         "free list {index} holds block {id} at {:#x} under a stale key",
                         b.addr

@@ -781,6 +781,35 @@ fn events_since_pulls_by_sequence_and_counts_missed() {
 }
 
 #[test]
+fn seventy_thousand_streams_never_share_a_free_block() {
+    // More (stream, pool) free lists than a 16-bit index counts: stream 65,537 once got
+    // stream 1's list, and with it blocks another stream might still be using on a GPU.
+    let (_, alloc) = phantom(1 << 40, "");
+    let streams = 70_000u64;
+    let mut first = vec![0u64; streams as usize + 1];
+    for s in 1..=streams {
+        let p = alloc.alloc_ptr(512, StreamId(s)).unwrap();
+        first[s as usize] = p;
+        alloc.free_ptr(p).unwrap();
+    }
+    alloc.check_invariants().unwrap();
+    let segments = alloc.stats().num_device_alloc;
+    assert_eq!(segments, streams, "one small segment per stream");
+    for s in [
+        1u64, 2, 65_534, 65_535, 65_536, 65_537, 65_538, 69_999, 70_000,
+    ] {
+        let p = alloc.alloc_ptr(512, StreamId(s)).unwrap();
+        assert_eq!(
+            p, first[s as usize],
+            "stream {s} reuses its own cached block"
+        );
+        alloc.free_ptr(p).unwrap();
+    }
+    assert_eq!(alloc.stats().num_device_alloc, segments, "no new segment");
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
 fn table_additions_are_the_tables_past_what_is_known() {
     let alloc = CachingAllocator::new(
         SimDevice::phantom(1 << 30),
