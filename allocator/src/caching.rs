@@ -120,12 +120,11 @@ impl BlockMeta {
 /// `BlockMeta::list` of a block whose free list's index does not fit in 16 bits.
 const LIST_IN_SEGMENT: u16 = u16::MAX;
 
-/// A free-list index as `BlockMeta::list` keeps it.
+/// A free-list index as `BlockMeta::list` keeps it (index 65,535 itself reads as
+/// [`LIST_IN_SEGMENT`], which sends the lookup to the segment: still the right list).
 #[inline]
 fn compact_list(list: u32) -> u16 {
-    u16::try_from(list)
-        .unwrap_or(LIST_IN_SEGMENT)
-        .min(LIST_IN_SEGMENT)
+    u16::try_from(list).unwrap_or(LIST_IN_SEGMENT)
 }
 
 /// Allocator-side metadata of one segment.
