@@ -15,7 +15,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use vramscope_allocator::telemetry::{Frame, TablesFrame};
+use vramscope_allocator::telemetry::{Frame, KnownTables, TablesFrame};
 use vramscope_allocator::{
     Backend, CachingAllocator, Event, MemoryStats, Snapshot, TelemetryAddr, TelemetryClient,
 };
@@ -264,7 +264,7 @@ impl Control {
 pub struct InProcessSource<B: Backend> {
     alloc: CachingAllocator<B>,
     next_seq: u64,
-    known: (usize, usize, usize),
+    known: KnownTables,
     started: bool,
     control: Control,
     workload: Option<JoinHandle<()>>,
@@ -282,7 +282,7 @@ impl<B: Backend> InProcessSource<B> {
         InProcessSource {
             alloc,
             next_seq: 0,
-            known: (0, 0, 0),
+            known: KnownTables::default(),
             started: false,
             control: Control::new(),
             workload: None,
@@ -312,11 +312,8 @@ impl<B: Backend> InProcessSource<B> {
     fn reset(&mut self, out: &mut Vec<Update>) {
         let snapshot = self.alloc.snapshot();
         self.next_seq = snapshot.events.last().map_or(self.next_seq, |e| e.seq + 1);
-        self.known = (
-            snapshot.sites.len(),
-            snapshot.tags.len(),
-            snapshot.scopes.len(),
-        );
+        self.known = KnownTables::default();
+        self.known.include(&snapshot);
         out.push(Update::Reset(Box::new(snapshot)));
     }
 }
@@ -333,23 +330,8 @@ impl<B: Backend> Source for InProcessSource<B> {
             self.dropped += batch.missed;
             self.reset(out);
         } else if !batch.events.is_empty() {
-            let needs = |id: Option<u32>, known: usize| id.is_some_and(|i| i as usize >= known);
-            let (ks, kt, kc) = self.known;
-            if batch
-                .events
-                .iter()
-                .any(|e| needs(e.site, ks) || needs(e.tag, kt) || needs(e.scope, kc))
-            {
-                let t = self.alloc.site_tables();
-                out.push(Update::Tables(TablesFrame {
-                    sites_from: ks as u32,
-                    sites: t.sites.get(ks..).unwrap_or_default().to_vec(),
-                    tags_from: kt as u32,
-                    tags: t.tags.get(kt..).unwrap_or_default().to_vec(),
-                    scopes_from: kc as u32,
-                    scopes: t.scopes.get(kc..).unwrap_or_default().to_vec(),
-                }));
-                self.known = (t.sites.len(), t.tags.len(), t.scopes.len());
+            if self.known.lacks_any(&batch.events) {
+                out.push(Update::Tables(self.known.pull(&self.alloc)));
             }
             self.next_seq = batch.next_seq;
             out.push(Update::Events(batch.events));

@@ -726,9 +726,22 @@ fn request_pool(size: u64) -> Pool {
     }
 }
 
-/// The pool of the segment at `addr` of `device` among the final segments (sorted by device
-/// and address), else guessed from the size.
-fn segment_pool(segments: &[Segment], device: u32, addr: u64, size: u64) -> Pool {
+/// The pool of the segment or mapped range an event allocates or frees. A plain segment's
+/// size says it: the small pool allocates 2 MiB segments and the large pool never does (its
+/// smallest is 20 MiB, or a request of 10 MiB or more rounded to 2 MiB), so no lookup is needed,
+/// and none could be right for a segment freed in the trace whose address a later segment of
+/// the other pool took. A mapped range belongs to the expandable segment whose reserved
+/// addresses hold it, among the final segments (sorted by device and address), else its page
+/// size says it.
+fn segment_pool(segments: &[Segment], e: &Event) -> Pool {
+    let (device, addr, size) = (e.device, e.addr, e.size);
+    if matches!(e.kind, EventKind::SegmentAlloc | EventKind::SegmentFree) {
+        return if size <= SMALL_SEGMENT {
+            Pool::Small
+        } else {
+            Pool::Large
+        };
+    }
     let at = segments.partition_point(|s| (s.device, s.address) <= (device, addr));
     if at > 0 {
         let s = &segments[at - 1];
@@ -736,10 +749,11 @@ fn segment_pool(segments: &[Segment], device: u32, addr: u64, size: u64) -> Pool
             return s.pool;
         }
     }
-    if size == SMALL_SEGMENT {
-        Pool::Small
-    } else {
+    // The large pool maps 20 MiB pages, the small pool 2 MiB ones.
+    if size.is_multiple_of(20 << 20) {
         Pool::Large
+    } else {
+        Pool::Small
     }
 }
 
@@ -833,7 +847,7 @@ fn compute_stats(
                 active.remove(pool, 1);
             }
             EventKind::SegmentAlloc | EventKind::SegmentMap => {
-                let pool = segment_pool(segments, device, e.addr, e.size);
+                let pool = segment_pool(segments, e);
                 reserved.add(pool, e.size);
                 if e.kind == EventKind::SegmentAlloc {
                     segment.add(pool, 1);
@@ -841,7 +855,7 @@ fn compute_stats(
                 stats.num_device_alloc += 1;
             }
             EventKind::SegmentFree | EventKind::SegmentUnmap => {
-                let pool = segment_pool(segments, device, e.addr, e.size);
+                let pool = segment_pool(segments, e);
                 reserved.remove(pool, e.size);
                 if e.kind == EventKind::SegmentFree {
                     segment.remove(pool, 1);
@@ -1096,6 +1110,53 @@ mod tests {
         assert_eq!(round_block(u64::MAX), u64::MAX);
         assert_eq!(request_pool(1 << 20), Pool::Small);
         assert_eq!(request_pool((1 << 20) + 1), Pool::Large);
+    }
+
+    #[test]
+    fn a_freed_small_segment_stays_small_when_a_large_one_takes_its_address() {
+        let event = |kind, addr, size| Event {
+            seq: 0,
+            time_ns: 0,
+            kind,
+            device: 0,
+            stream: 0,
+            addr,
+            size,
+            requested: 0,
+            site: None,
+            tag: None,
+            scope: None,
+            step: 0,
+            thread: 0,
+        };
+        let mib = 1u64 << 20;
+        // `empty_cache()` releases a 2 MiB small-pool segment; a 20 MiB large-pool segment then
+        // gets the same address and is still there at the end.
+        let events = [
+            event(EventKind::SegmentAlloc, 0x7000_0000, 2 * mib),
+            event(EventKind::SegmentFree, 0x7000_0000, 2 * mib),
+            event(EventKind::SegmentAlloc, 0x7000_0000, 20 * mib),
+        ];
+        let segments = [Segment {
+            device: 0,
+            address: 0x7000_0000,
+            total_size: 20 * mib,
+            stream: 0,
+            pool: Pool::Large,
+            expandable: false,
+            blocks: Vec::new(),
+        }];
+        let stats = compute_stats(&segments, &events, 0, &AllocatorConfig::default());
+        let reserved = stats.reserved_bytes;
+        assert_eq!(
+            (reserved.small_pool.allocated, reserved.small_pool.freed),
+            (2 * mib, 2 * mib)
+        );
+        assert_eq!(
+            (reserved.large_pool.allocated, reserved.large_pool.freed),
+            (20 * mib, 0)
+        );
+        assert_eq!(stats.num_device_free, 1);
     }
 
     #[test]
