@@ -907,6 +907,44 @@ impl App {
         }
     }
 
+    /// Moves the cursor to where allocated (or, with `reserved`, reserved) bytes first reach
+    /// their peak, and says so in the help bar.
+    pub fn go_to_peak(&mut self, reserved: bool) {
+        let (pos, what) = if reserved {
+            (self.data.peak_reserved_pos(), "reserved")
+        } else {
+            (self.data.peak_allocated_pos(), "allocated")
+        };
+        self.set_cursor(pos);
+        let usage = self.data.usage_at(pos);
+        let bytes = if reserved {
+            usage.reserved
+        } else {
+            usage.allocated
+        };
+        self.set_status(format!(
+            "peak {what} {} after {} events",
+            vramscope_allocator::format_bytes(bytes),
+            pos
+        ));
+    }
+
+    /// Which peak the cursor is at, for the header: `Some("at peak")` at the peak of allocated
+    /// bytes, `Some("at peak reserved")` at that of reserved bytes.
+    pub fn at_peak(&self) -> Option<&'static str> {
+        if self.following() && self.is_live() {
+            return None;
+        }
+        let pos = self.pos();
+        if pos == self.data.peak_allocated_pos() {
+            Some("at peak")
+        } else if pos == self.data.peak_reserved_pos() {
+            Some("at peak reserved")
+        } else {
+            None
+        }
+    }
+
     fn zoom_in(&mut self) {
         let n = self.data.len().max(1);
         if (n >> (self.zoom + 1)) >= 16 {
@@ -1050,6 +1088,8 @@ impl App {
                 }
             }
             KeyCode::Char('c') => self.capacity_scale = !self.capacity_scale,
+            KeyCode::Char('P') => self.go_to_peak(false),
+            KeyCode::Char('R') => self.go_to_peak(true),
             KeyCode::Left | KeyCode::Char('h') => self.horizontal(-1, key.modifiers),
             KeyCode::Right | KeyCode::Char('l') => self.horizontal(1, key.modifiers),
             KeyCode::Char('H') => self.horizontal(-10, key.modifiers),

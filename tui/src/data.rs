@@ -392,6 +392,28 @@ impl Dataset {
         }
     }
 
+    /// The position where allocated bytes first reach their peak (0 when the state before
+    /// the first event already held it): where `P` and a newly opened file put the cursor.
+    pub fn peak_allocated_pos(&self) -> usize {
+        self.first_reaching(|u| u.allocated)
+    }
+
+    /// The position where reserved bytes first reach their peak (`R`).
+    pub fn peak_reserved_pos(&self) -> usize {
+        self.first_reaching(|u| u.reserved)
+    }
+
+    fn first_reaching(&self, key: fn(&Usage) -> u64) -> usize {
+        let peak = key(&self.peak_at(self.len()));
+        if key(&self.start_usage) >= peak {
+            return 0;
+        }
+        self.usage
+            .iter()
+            .position(|u| key(u) >= peak)
+            .map_or(0, |i| i + 1)
+    }
+
     /// Allocated and reserved bytes after every event.
     pub fn usage(&self) -> &[Usage] {
         &self.usage

@@ -86,12 +86,14 @@ pub fn view_app(path: &Path, options: &ImportOptions) -> Result<App, TuiError> {
     let snapshot = import::load_with(path, options).map_err(TuiError::Import)?;
     let data = Dataset::new(snapshot, Origin::File(path.display().to_string()));
     let mut app = App::new(data).with_analyzer();
-    app.cursor = Some(app.data.len());
+    // A file opens where the question usually is: the peak of allocated bytes.
+    app.cursor = Some(app.data.peak_allocated_pos());
     app.wait_for_analysis(FIRST_ANALYSIS_WAIT);
     Ok(app)
 }
 
-/// Opens a file in the dashboard with a time cursor, until the user quits.
+/// Opens a file in the dashboard with a time cursor at the peak of allocated bytes, until the
+/// user quits.
 pub fn run_view(path: &Path, options: &ImportOptions) -> Result<(), TuiError> {
     let mut app = view_app(path, options)?;
     term::run(&mut app)?;

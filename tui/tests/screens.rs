@@ -207,3 +207,162 @@ fn an_empty_dataset_draws() {
         assert!(s.contains("connecting…"), "{s}");
     }
 }
+
+/// The sizes of the screen tests.
+const SIZES: [(u16, u16); 3] = [(80, 24), (120, 40), (200, 60)];
+
+/// A file opened as `view` opens it: at the peak of allocated bytes.
+fn file_at_peak() -> App {
+    let mut app = app();
+    app.cursor = Some(app.data.peak_allocated_pos());
+    app.analyze_now();
+    app
+}
+
+#[test]
+fn a_file_opens_at_the_peak_and_says_so() {
+    let mut app = file_at_peak();
+    let peak = app.data.peak_allocated_pos();
+    assert!(peak < app.data.len(), "the fixture peaks before its end");
+    assert_eq!(
+        app.data.usage_at(peak).allocated,
+        app.data.peak_at(app.data.len()).allocated
+    );
+    for (w, h) in SIZES {
+        let s = screen(&mut app, w, h);
+        let first = s.lines().next().unwrap();
+        assert!(first.contains(&format!("event {peak}/384 at peak")), "{s}");
+        assert!(
+            first.contains("cap 16.0 GiB"),
+            "the header keeps its words: {s}"
+        );
+        assert!(
+            s.contains("At cursor"),
+            "the sites say where they count: {s}"
+        );
+        assert!(
+            s.contains("Findings at the cursor"),
+            "so do the findings: {s}"
+        );
+        assert!(s.lines().last().unwrap().contains("P peak"), "{s}");
+        insta::assert_snapshot!(format!("file_at_peak_{w}x{h}"), s);
+    }
+    // Away from the peak and back with P; R goes to the peak of reserved bytes.
+    app.cursor = Some(0);
+    app.handle_key(ratatui::crossterm::event::KeyEvent::new(
+        ratatui::crossterm::event::KeyCode::Char('P'),
+        ratatui::crossterm::event::KeyModifiers::SHIFT,
+    ));
+    assert_eq!(app.pos(), peak);
+    app.handle_key(ratatui::crossterm::event::KeyEvent::new(
+        ratatui::crossterm::event::KeyCode::Char('R'),
+        ratatui::crossterm::event::KeyModifiers::SHIFT,
+    ));
+    assert_eq!(app.pos(), app.data.peak_reserved_pos());
+    assert_eq!(
+        app.data.usage_at(app.pos()).reserved,
+        app.data.peak_at(app.data.len()).reserved
+    );
+}
+
+#[test]
+fn the_demo_after_ten_steps() {
+    let data = Dataset::new(
+        fixture::training_snapshot_with(10),
+        Origin::InProcess("demo".into()),
+    );
+    let mut app = App::new(data);
+    app.theme = Theme::plain();
+    app.now_unix_ns = fixture::EPOCH_UNIX_NS;
+    app.analyze_now();
+    for (w, h) in SIZES {
+        let s = screen(&mut app, w, h);
+        assert!(s.lines().next().unwrap().contains("LIVE"), "{s}");
+        assert!(
+            s.contains("At end"),
+            "following: the sites count at the end: {s}"
+        );
+        insta::assert_snapshot!(format!("demo_after_10_steps_{w}x{h}"), s);
+    }
+}
+
+#[test]
+fn the_findings_detail_puts_the_fix_first() {
+    let mut app = app();
+    app.panel = Panel::Findings;
+    for (w, h) in SIZES {
+        let s = screen(&mut app, w, h);
+        let fix = s.find("fix: ").expect("a fix line");
+        let evidence = s.find("evidence: ").unwrap_or(usize::MAX);
+        assert!(fix < evidence, "fix before evidence: {s}");
+        // Every error and warning is on the first screen, one line each.
+        let serious = app
+            .analysis
+            .as_ref()
+            .unwrap()
+            .findings
+            .iter()
+            .filter(|f| f.severity != vramscope_inspector::detect::Severity::Info)
+            .count();
+        let list = &s[..s.find("│───").expect("the list ends")];
+        let listed = list
+            .lines()
+            .filter(|l| l.starts_with("│ERROR") || l.starts_with("│WARN"))
+            .count();
+        assert_eq!(listed, serious, "{s}");
+        insta::assert_snapshot!(format!("findings_detail_{w}x{h}"), s);
+    }
+}
+
+#[test]
+fn segment_addresses_are_hex_with_a_pool_legend() {
+    let mut app = app();
+    app.panel = Panel::Segments;
+    for (w, h) in [(80, 24), (200, 60)] {
+        let s = screen(&mut app, w, h);
+        assert!(s.contains("s/L small/large pool"), "{s}");
+        let rows: Vec<&str> = s
+            .lines()
+            .filter(|l| l.contains("MiB L") || l.contains("MiB s"))
+            .collect();
+        assert!(!rows.is_empty(), "{s}");
+        for row in &rows {
+            assert!(
+                row.trim_start_matches('│').trim_start().starts_with("0x"),
+                "{row}"
+            );
+        }
+    }
+}
+
+#[test]
+fn step_labels_never_garble_at_any_width() {
+    let data = Dataset::new(
+        fixture::training_snapshot_with(240),
+        Origin::File("long.json".into()),
+    );
+    let mut app = App::new(data);
+    app.theme = Theme::plain();
+    app.panel = Panel::Timeline;
+    app.cursor = Some(app.data.len());
+    for w in [40u16, 80, 97, 120, 200] {
+        let s = screen(&mut app, w, 24);
+        let row = s
+            .lines()
+            .find(|l| l.contains("     step "))
+            .expect("a step row")
+            .to_string();
+        // Every label is a whole step number that starts a step: after a mark, and a
+        // multiple of one interval.
+        let labels: Vec<u64> = row
+            .split(['╵', ' ', '│', '▲'])
+            .filter_map(|t| t.parse().ok())
+            .collect();
+        assert!(labels.len() >= 2, "{w}: {row}");
+        let every = labels[1] - labels[0];
+        for pair in labels.windows(2) {
+            assert_eq!(pair[1] - pair[0], every, "{w}: {row}");
+        }
+        assert!(labels.iter().all(|l| (1..=240).contains(l)), "{w}: {row}");
+    }
+}

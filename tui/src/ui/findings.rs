@@ -11,7 +11,7 @@ use ratatui::style::Style;
 use ratatui::widgets::Widget;
 use vramscope_inspector::detect::{Finding, Severity};
 
-use super::{clip, clip_left, panel_block, put, thousands};
+use super::{clip, clip_left, panel_block, put};
 use crate::app::{App, Panel};
 use crate::ui::sites::scroll_for;
 
@@ -57,6 +57,12 @@ impl Widget for FindingsPanel<'_> {
         let theme = app.theme;
         let view = app.view();
         let analysis = app.analysis.as_ref();
+        // Where the findings were evaluated: up to the cursor, or over the whole trace.
+        let at = match analysis.map(|a| a.cut) {
+            Some(Some(_)) => " at the cursor",
+            Some(None) => " at the end",
+            None => "",
+        };
         let mut title = match analysis {
             Some(a) => {
                 let shown: Vec<&Finding> = view
@@ -66,7 +72,7 @@ impl Widget for FindingsPanel<'_> {
                     .collect();
                 let n = |s| shown.iter().filter(|f| f.severity == s).count();
                 format!(
-                    " Findings · {} errors · {} warnings · {} info ",
+                    " Findings{at} · {} errors · {} warnings · {} info ",
                     n(Severity::Error),
                     n(Severity::Warning),
                     n(Severity::Info)
@@ -74,9 +80,6 @@ impl Widget for FindingsPanel<'_> {
             }
             None => " Findings ".to_string(),
         };
-        if let Some(cut) = analysis.and_then(|a| a.cut) {
-            title.push_str(&format!("· up to event {} ", thousands(cut as u64)));
-        }
         if !app.findings.filter.is_empty() {
             title.push_str(&format!("· /{} ", app.findings.filter));
         }
@@ -107,8 +110,15 @@ impl Widget for FindingsPanel<'_> {
         let selected = (!self.compact || focused).then_some(app.findings.selected);
         // The list takes the top, the selected finding's details the rest.
         let details = !self.compact && inner.height >= 8;
+        // Every error and warning fits in the list when the panel can hold them.
+        let serious = view
+            .findings
+            .iter()
+            .filter(|&&i| analysis.findings[i].severity != Severity::Info)
+            .count() as u16;
         let list_rows = if details {
-            (view.findings.len() as u16).clamp(1, inner.height / 2)
+            (view.findings.len() as u16)
+                .clamp(1, (inner.height / 2).max(serious.min(inner.height - 4)))
         } else {
             inner.height
         };
@@ -141,8 +151,9 @@ impl Widget for FindingsPanel<'_> {
                     theme.severity(f.severity)
                 },
             );
-            let site = clip_left(f.site_label(), 28);
-            let text = format!(" {:<17} {:<28} {}", f.kind.as_str(), site, f.summary);
+            // The site first, then what was seen; the kind comes last, where the width allows.
+            let site = clip_left(f.site_label(), 24);
+            let text = format!(" {:<24} {}  ({})", site, f.summary, f.kind.as_str());
             let text = clip(&text, width.saturating_sub(5));
             put(
                 buf,
@@ -183,6 +194,10 @@ impl Widget for FindingsPanel<'_> {
         for l in wrap(&f.summary, width) {
             line(&mut y, &l, Style::new());
         }
+        for (n, l) in wrap(&f.fix, width.saturating_sub(5)).iter().enumerate() {
+            let prefix = if n == 0 { "fix: " } else { "     " };
+            line(&mut y, &format!("{prefix}{l}"), theme.allocated());
+        }
         if !f.evidence.is_empty() {
             let ev: Vec<String> = f
                 .evidence
@@ -193,10 +208,6 @@ impl Widget for FindingsPanel<'_> {
             for l in wrap(&format!("evidence: {}", ev.join("  ")), width) {
                 line(&mut y, &l, theme.dim());
             }
-        }
-        for (n, l) in wrap(&f.fix, width.saturating_sub(5)).iter().enumerate() {
-            let prefix = if n == 0 { "fix: " } else { "     " };
-            line(&mut y, &format!("{prefix}{l}"), theme.allocated());
         }
         line(
             &mut y,

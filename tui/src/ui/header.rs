@@ -93,18 +93,11 @@ impl Widget for Header<'_> {
             Origin::InProcess(_) => "in-process",
         };
         let capacity = snapshot.device.capacity;
-        let mut x = put(buf, area, area.x, y, " vramscope ", theme.title());
-        let (state, style) = self.state();
-        x = put(buf, area, x, y, &state, style);
-        x = put(buf, area, x, y, " │ ", theme.dim());
-        x = put(
-            buf,
-            area,
-            x,
-            y,
-            &format!("{kind} {} ", data.origin().label()),
-            Style::new(),
-        );
+        let (mut state, style) = self.state();
+        if let Some(peak) = app.at_peak() {
+            state.push(' ');
+            state.push_str(peak);
+        }
         let device = if snapshot.device.name.is_empty() {
             snapshot.device.backend.clone()
         } else {
@@ -115,32 +108,57 @@ impl Widget for Header<'_> {
         } else {
             "cap ?".to_string()
         };
-        x = put(buf, area, x, y, &format!("│ {device} {cap} "), theme.dim());
         let step = if app.following() && data.live.stats.is_some() {
             data.live.step.max(data.step_at(pos))
         } else {
             data.step_at(pos)
         };
-        put(
-            buf,
-            area,
-            x,
-            y,
-            &format!("│ step {step} │ {} events", thousands(data.len() as u64)),
-            theme.dim(),
-        );
+        let step = format!("│ step {step} ");
+        let mut events = format!("│ {} events", thousands(data.len() as u64));
+        // The words stay; the name of the source gives way first (its file name, then its
+        // end), then the event count, then the device's name.
+        let width = usize::from(area.width);
+        let len = |s: &str| s.chars().count();
+        let fixed = " vramscope ".len() + len(&state) + len(" │ ") + kind.len() + 2;
+        let total = |name: &str, device: &str, events: &str| {
+            fixed + len(name) + len(&format!("│ {device} {cap} ")) + len(&step) + len(events)
+        };
+        let label = data.origin().label();
+        let mut name = label.to_string();
+        let mut device = device;
+        if total(&name, &device, &events) > width {
+            let over = total(&name, &device, &events) - width;
+            name = fit_name(label, len(label).saturating_sub(over).max(10));
+        }
+        if total(&name, &device, &events) > width {
+            events.clear();
+        }
+        if total(&name, &device, &events) > width {
+            let over = total(&name, &device, &events) - width;
+            let keep = len(&device).saturating_sub(over + 1).max(3);
+            if keep < len(&device) {
+                device = device.chars().take(keep).collect::<String>() + "…";
+            }
+        }
+        let device = format!("│ {device} {cap} ");
+        let mut x = put(buf, area, area.x, y, " vramscope ", theme.title());
+        x = put(buf, area, x, y, &state, style);
+        x = put(buf, area, x, y, " │ ", theme.dim());
+        x = put(buf, area, x, y, &format!("{kind} {name} "), Style::new());
+        x = put(buf, area, x, y, &device, theme.dim());
+        x = put(buf, area, x, y, &step, theme.dim());
+        put(buf, area, x, y, &events, theme.dim());
 
         // Rows 2 and 3: bars.
         let mut usage = data.usage_at(pos);
-        let mut peak = data.peak_at(pos).allocated;
+        // The engine's peak up to the cursor, as the report states it (memory from before the
+        // trace included).
+        let peak = data.peak_at(pos).allocated;
         let stats = &snapshot.stats;
-        if pos == data.len() {
-            // At the end the recorded statistics also know what happened before the trace
-            // began, and the reserved bytes of traces without segments.
-            peak = peak.max(stats.allocated_bytes.all.peak);
-            if usage.reserved == 0 {
-                usage.reserved = stats.reserved_bytes.all.current;
-            }
+        if pos == data.len() && usage.reserved == 0 {
+            // At the end the recorded statistics know the reserved bytes of traces without
+            // segments.
+            usage.reserved = stats.reserved_bytes.all.current;
         }
         let scale = if capacity > 0 {
             capacity
@@ -234,9 +252,33 @@ impl Widget for Header<'_> {
     }
 }
 
+/// `name` in at most `room` characters: whole, else its file name, else the file name's end
+/// after an ellipsis.
+pub fn fit_name(name: &str, room: usize) -> String {
+    if name.chars().count() <= room {
+        return name.to_string();
+    }
+    let file = name.rsplit('/').next().unwrap_or(name);
+    let n = file.chars().count();
+    if n <= room {
+        return file.to_string();
+    }
+    let keep = room.saturating_sub(1);
+    let tail: String = file.chars().skip(n - keep).collect();
+    format!("…{tail}")
+}
+
 #[cfg(test)]
 mod tests {
-    use super::bar;
+    use super::{bar, fit_name};
+
+    #[test]
+    fn names_give_way_from_the_front() {
+        assert_eq!(fit_name("/a/b/run.json", 40), "/a/b/run.json");
+        assert_eq!(fit_name("/a/b/run.json", 9), "run.json");
+        assert_eq!(fit_name("/a/b/long_trace_name.pickle", 8), "….pickle");
+        assert_eq!(fit_name("x", 0), "…");
+    }
 
     #[test]
     fn bars_fill_in_eighths() {

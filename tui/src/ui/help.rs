@@ -18,13 +18,19 @@ pub fn keys_for(app: &App) -> Vec<(&'static str, &'static str)> {
     match app.panel {
         Panel::Overview | Panel::Timeline => {
             keys.extend([
+                ("P", "peak"),
                 ("←→", "time"),
                 ("[ ]", "step"),
                 ("+-", "zoom"),
                 ("c", "scale"),
             ]);
         }
-        Panel::Segments => keys.extend([("↑↓", "scroll"), ("[ ]", "step"), ("←→", "step")]),
+        Panel::Segments => keys.extend([
+            ("P", "peak"),
+            ("↑↓", "scroll"),
+            ("[ ]", "step"),
+            ("←→", "step"),
+        ]),
         Panel::Sites if app.sites.detail => {
             keys.extend([("Esc", "back"), ("f", "framework"), ("[ ]", "step")]);
         }
@@ -104,6 +110,10 @@ pub const ALL_KEYS: &[(&str, &str)] = &[
         "move the time cursor (by a column in the timeline, a step elsewhere)",
     ),
     ("H L", "move the time cursor ten columns"),
+    (
+        "P  R",
+        "go to the peak of allocated / reserved bytes (a file opens at the first)",
+    ),
     ("[ ]", "previous / next step start"),
     (", .", "one event back / forward"),
     (

@@ -95,6 +95,16 @@ pub fn cells(state: &MemoryState, addr: u64, seg: &SegmentInfo, width: usize) ->
         .collect()
 }
 
+/// An address in at most 12 characters, always as `0x…`: whole when it has at most ten hex
+/// digits, else `0x…` and its last nine.
+pub fn short_address(addr: u64) -> String {
+    if addr <= 0xff_ffff_ffff {
+        format!("{addr:#x}")
+    } else {
+        format!("0x…{:09x}", addr & 0xf_ffff_ffff)
+    }
+}
+
 /// The segment-map panel.
 pub struct SegmentsPanel<'a> {
     /// The app.
@@ -135,11 +145,17 @@ impl Widget for SegmentsPanel<'_> {
             (Cell::Allocated, " allocated  "),
             (Cell::Pending, " pending free  "),
             (Cell::Split, " inactive split  "),
-            (Cell::Free, " free"),
+            (Cell::Free, " free  "),
         ] {
             x = put(buf, inner, x, inner.y, cell.symbol(), cell.style(theme));
             x = put(buf, inner, x, inner.y, name, theme.dim());
         }
+        let pools = if inner.width >= 100 {
+            "s/L small/large pool, x expandable"
+        } else {
+            "s/L small/large pool"
+        };
+        put(buf, inner, x, inner.y, pools, theme.dim());
         let rows = usize::from(inner.height.saturating_sub(1));
         if count == 0 {
             let orphan = state.orphan_bytes();
@@ -156,7 +172,7 @@ impl Widget for SegmentsPanel<'_> {
             return;
         }
         let wide = inner.width >= 100;
-        let label_w: u16 = if wide { 34 } else { 22 };
+        let label_w: u16 = if wide { 34 } else { 24 };
         let cells_w = usize::from(
             inner
                 .width
@@ -185,8 +201,8 @@ impl Widget for SegmentsPanel<'_> {
                 )
             } else {
                 format!(
-                    "{:>10x} {:>9} {pool}",
-                    addr & 0xff_ffff_ffff,
+                    "{:>12} {:>9} {pool}",
+                    short_address(addr),
                     format_bytes(seg.size)
                 )
             };

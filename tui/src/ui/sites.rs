@@ -84,6 +84,15 @@ impl Widget for SitesPanel<'_> {
     }
 }
 
+/// The header of the bytes column: where the holdings are counted.
+fn live_header(app: &App) -> &'static str {
+    if app.pos() >= app.data.len() {
+        "At end"
+    } else {
+        "At cursor"
+    }
+}
+
 impl SitesPanel<'_> {
     fn table(&self, inner: Rect, buf: &mut Buffer) {
         let app = self.app;
@@ -91,15 +100,16 @@ impl SitesPanel<'_> {
         let view = app.view();
         let groups = app.data.groups();
         let wide = inner.width >= 110;
+        let live = live_header(app);
         let header = if wide {
             format!(
                 "{:>10} {:>8} {:>10} {:>11} {:>9}  {:<40} {}",
-                "Live", "Blocks", "Requested", "Growth/step", "Steps", "Call site", "Function"
+                live, "Blocks", "Requested", "Growth/step", "Steps", "Call site", "Function"
             )
         } else {
             format!(
                 "{:>10} {:>7} {:>11} {:>7}  {}",
-                "Live", "Blocks", "Growth/step", "Steps", "Call site"
+                live, "Blocks", "Growth/step", "Steps", "Call site"
             )
         };
         put(buf, inner, inner.x, inner.y, &header, theme.header());
@@ -299,7 +309,8 @@ impl SitesPanel<'_> {
             inner.y,
             &format!(
                 "{:>10} {:>8}  Stack (outermost frame first)",
-                "Live", "Blocks"
+                live_header(app),
+                "Blocks"
             ),
             theme.header(),
         );

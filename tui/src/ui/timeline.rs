@@ -191,17 +191,18 @@ impl Widget for TimelinePanel<'_> {
         let axis_y = plot.bottom();
         if axis_y < area.bottom() - 1 {
             let axis = Rect::new(plot.x, axis_y, plot.width, 1);
-            let mut next_free = plot.x;
-            for &(step, i) in data.step_starts() {
-                if i < a || i >= b {
-                    continue;
-                }
-                let x = plot.x + ((i - a) * w / (b - a)) as u16;
+            let marks: Vec<(u64, u16)> = data
+                .step_starts()
+                .iter()
+                .filter(|&&(_, i)| i >= a && i < b)
+                .map(|&(step, i)| (step, plot.x + ((i - a) * w / (b - a)) as u16))
+                .collect();
+            for &(_, x) in &marks {
                 buf[(x, axis_y)].set_symbol("╵").set_style(theme.dim());
-                if x >= next_free {
-                    let end = put(buf, axis, x + 1, axis_y, &format!("{step}"), theme.dim());
-                    next_free = end + 1;
-                }
+            }
+            let every = label_every(&marks, axis.right());
+            for &(step, x) in marks.iter().filter(|m| m.0 % every == 0) {
+                put(buf, axis, x + 1, axis_y, &step.to_string(), theme.dim());
             }
             put(buf, area, inner_x, axis_y, "     step ", theme.dim());
             if let Some(j) = cursor_col {
@@ -210,5 +211,54 @@ impl Widget for TimelinePanel<'_> {
                     .set_style(theme.cursor());
             }
         }
+    }
+}
+
+/// The smallest k of 1, 2, 5, 10, 20, 50… such that labelling the steps numbered a multiple of
+/// k (each just after its mark) leaves a space between labels and ends every label before
+/// `right`: step labels never run into each other, whatever the width and the step count.
+pub fn label_every(marks: &[(u64, u16)], right: u16) -> u64 {
+    let fits = |k: u64| {
+        let mut free = 0u32;
+        for &(step, x) in marks.iter().filter(|m| m.0 % k == 0) {
+            let start = u32::from(x) + 1;
+            let end = start + step.to_string().len() as u32;
+            if start < free || end > u32::from(right) {
+                return false;
+            }
+            free = end + 1;
+        }
+        true
+    };
+    let mut base = 1u64;
+    loop {
+        for m in [1, 2, 5] {
+            let k = base.saturating_mul(m);
+            if k >= u64::MAX / 10 || fits(k) {
+                return k;
+            }
+        }
+        base = base.saturating_mul(10);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::label_every;
+
+    #[test]
+    fn step_labels_never_run_into_each_other() {
+        // Ten steps one column apart: labels need every other step.
+        let marks: Vec<(u64, u16)> = (1..=10).map(|s| (s, s as u16)).collect();
+        assert_eq!(label_every(&marks, 100), 2);
+        // Room enough: every step.
+        let marks: Vec<(u64, u16)> = (1..=9).map(|s| (s, s as u16 * 4)).collect();
+        assert_eq!(label_every(&marks, 100), 1);
+        // 300 steps in 80 columns: every 10th or more, three digits each.
+        let marks: Vec<(u64, u16)> = (1..=300).map(|s| (s, (s * 80 / 300) as u16)).collect();
+        let k = label_every(&marks, 80);
+        assert!(k >= 20, "{k}");
+        // A label that would be cut at the right edge is left out: the first k that skips 12.
+        assert_eq!(label_every(&[(1, 10), (12, 79)], 80), 5);
     }
 }
