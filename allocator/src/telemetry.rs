@@ -6,9 +6,14 @@
 //! (mode 0600) or a loopback TCP port, pulls events from the allocator's ring by sequence number
 //! with [`CachingAllocator::events_since`], and sends them in batches to every attached client,
 //! with a statistics frame ten times a second. The application's threads never wait for it:
-//! each client has a bounded queue and a non-blocking socket, and events a slow or absent
-//! dashboard cannot take are counted as dropped for that client, which is then re-synchronised
-//! with a fresh snapshot once its queue has drained. The protocol is read-only: the publisher
+//! each client has a bounded queue (every byte counted, the attach snapshot's too: its history
+//! is cut to fit) and a non-blocking socket, and events a slow or absent dashboard cannot take
+//! are counted as dropped for that client, which is then re-synchronised with a fresh snapshot
+//! once its queue has drained; a client that takes nothing for a second is stalled and counted
+//! the same way. Snapshots, which hold the allocator's lock while they are taken, are rate
+//! limited (`ServeOptions::attach_interval`, `ServeOptions::resync_interval`): clients that
+//! connect meanwhile share the next one. A client past `ServeOptions::max_clients` is told why
+//! in a `Refused` frame before the connection closes. The protocol is read-only: the publisher
 //! never reads what a client sends. [`TelemetryClient`] is the reading side that the dashboard
 //! (`vramscope-tui`) uses; it reassembles snapshots and checks every frame.
 //!
@@ -41,6 +46,8 @@
 //!   snapshot, sent before the first event that refers to them.
 //! - `Stats` (6), JSON [`StatsFrame`]: the statistics, ten times a second.
 //! - `Bye` (7), empty: the publisher is shutting down.
+//! - `Refused` (8), JSON `{"reason": "..."}`: the publisher turned this client away (too many
+//!   dashboards attached); the only frame of such a connection, after `Hello`.
 //!
 //! A reader rejects a frame with the wrong magic, another protocol version, a payload over the
 //! limit, or a payload that does not parse; it skips frames of unknown kinds, so that later
@@ -111,6 +118,8 @@ pub enum FrameKind {
     Stats = 6,
     /// The publisher is going away.
     Bye = 7,
+    /// The publisher turned this client away, and says why.
+    Refused = 8,
 }
 
 impl FrameKind {
@@ -124,6 +133,7 @@ impl FrameKind {
             5 => FrameKind::Tables,
             6 => FrameKind::Stats,
             7 => FrameKind::Bye,
+            8 => FrameKind::Refused,
             _ => return None,
         })
     }
@@ -161,6 +171,8 @@ pub enum TelemetryError {
         /// What is wrong.
         message: String,
     },
+    /// The publisher turned this client away; the reason it gave.
+    Refused(String),
     /// An address that is not `unix:PATH` or `tcp:HOST:PORT`.
     BadAddress(String),
     /// A TCP address off the loopback interface, without permission to use it.
@@ -193,6 +205,9 @@ impl fmt::Display for TelemetryError {
             ),
             TelemetryError::Malformed { kind, message } => {
                 write!(f, "malformed telemetry {kind:?} frame: {message}")
+            }
+            TelemetryError::Refused(reason) => {
+                write!(f, "the program's telemetry publisher refused this dashboard: {reason}")
             }
             TelemetryError::BadAddress(a) => write!(
                 f,
@@ -515,6 +530,24 @@ fn write_header(out: &mut Vec<u8>, kind: FrameKind, len: usize) {
     out.extend_from_slice(&(len as u32).to_le_bytes());
 }
 
+/// The length of `value` as JSON, counted without keeping the text.
+fn serialized_len<T: Serialize>(value: &T) -> usize {
+    struct Count(usize);
+    impl Write for Count {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Serializing plain data cannot fail.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
 fn json_frame<T: Serialize>(kind: FrameKind, value: &T) -> Vec<u8> {
     // Serializing plain data into memory cannot fail.
     let payload = serde_json::to_vec(value).unwrap_or_default();
@@ -812,6 +845,11 @@ impl<R: Read> FrameReader<R> {
                     return Ok(Frame::Stats(Box::new(stats)));
                 }
                 FrameKind::Bye => return Ok(Frame::Bye),
+                FrameKind::Refused => {
+                    let refused: Refusal =
+                        serde_json::from_slice(&payload).map_err(|e| malformed(e.to_string()))?;
+                    return Err(TelemetryError::Refused(refused.reason));
+                }
             }
         }
     }
@@ -881,12 +919,20 @@ impl TelemetryClient {
     }
 }
 
+/// The payload of a `Refused` frame.
+#[derive(Serialize, Deserialize)]
+struct Refusal {
+    reason: String,
+}
+
 /// Settings of a publisher.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ServeOptions {
     /// Allow TCP addresses off the loopback interface (false).
     pub allow_remote: bool,
-    /// The most bytes of frames waiting for one client; events beyond are dropped (8 MiB).
+    /// The most bytes of frames waiting for one client, every frame counted (the attach
+    /// snapshot too, whose history is cut to fit); events beyond are dropped and counted, and
+    /// the client re-synchronises once it has read what it has (32 MiB).
     pub client_queue_bytes: usize,
     /// The most events pulled from the ring at a time, one lock each (4096).
     pub batch_events: usize,
@@ -901,19 +947,24 @@ pub struct ServeOptions {
     /// The least time between two re-synchronising snapshots (1 s): a snapshot converts the
     /// whole ring under the allocator's lock, so it must stay rare.
     pub resync_interval: Duration,
+    /// The least time between two snapshots for attaching clients (250 ms): clients that
+    /// connect meanwhile wait and share the next one, so that connection churn costs the
+    /// program at most four snapshots a second, however many clients come and go.
+    pub attach_interval: Duration,
 }
 
 impl Default for ServeOptions {
     fn default() -> ServeOptions {
         ServeOptions {
             allow_remote: false,
-            client_queue_bytes: 8 << 20,
+            client_queue_bytes: 32 << 20,
             batch_events: 4096,
             stats_interval: Duration::from_millis(100),
             history_events: 1 << 20,
             resync_history_events: 1 << 16,
             max_clients: 16,
             resync_interval: Duration::from_secs(1),
+            attach_interval: Duration::from_millis(250),
         }
     }
 }
@@ -936,6 +987,10 @@ pub struct PublisherStats {
     pub ring_missed: u64,
     /// Snapshots sent (first attach and re-synchronisation).
     pub snapshots: u64,
+    /// Clients turned away (too many attached).
+    pub clients_refused: u64,
+    /// Bytes of frames waiting in the clients' queues now, summed over clients.
+    pub queued_bytes: u64,
 }
 
 #[derive(Default)]
@@ -947,6 +1002,8 @@ struct Counters {
     events_dropped: AtomicU64,
     ring_missed: AtomicU64,
     snapshots: AtomicU64,
+    clients_refused: AtomicU64,
+    queued_bytes: AtomicU64,
 }
 
 struct PublisherShared {
@@ -1117,6 +1174,8 @@ impl Telemetry {
             events_dropped: c.events_dropped.load(Ordering::Relaxed),
             ring_missed: c.ring_missed.load(Ordering::Relaxed),
             snapshots: c.snapshots.load(Ordering::Relaxed),
+            clients_refused: c.clients_refused.load(Ordering::Relaxed),
+            queued_bytes: c.queued_bytes.load(Ordering::Relaxed),
         }
     }
 
@@ -1169,12 +1228,44 @@ fn bind_unix(path: &Path) -> Result<UnixListener, TelemetryError> {
         // A socket nobody listens on: left behind by a process that died.
         std::fs::remove_file(path)?;
     }
-    let listener = UnixListener::bind(path)?;
+    // The socket is created with mode 0600 (the process's file-creation mask is narrowed
+    // around `bind`), so there is no moment at which another user could connect; the explicit
+    // `chmod` after it only repeats that.
+    let listener = {
+        let _mask = PrivateFileMask::new();
+        UnixListener::bind(path)?
+    };
     if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)) {
         let _ = std::fs::remove_file(path);
         return Err(e.into());
     }
     Ok(listener)
+}
+
+extern "C" {
+    fn umask(mask: u32) -> u32;
+}
+
+/// The process's file-creation mask set to 0177 (new files readable and writable by the
+/// owner only) while it lives, and restored when it is dropped. The mask is process-wide: a
+/// file another thread creates meanwhile is private too, which errs on the safe side.
+struct PrivateFileMask {
+    previous: u32,
+}
+
+impl PrivateFileMask {
+    fn new() -> PrivateFileMask {
+        // SAFETY: umask(2) only sets the process's file-creation mask and cannot fail.
+        let previous = unsafe { umask(0o177) };
+        PrivateFileMask { previous }
+    }
+}
+
+impl Drop for PrivateFileMask {
+    fn drop(&mut self) {
+        // SAFETY: as in `new`: restores the mask found there.
+        unsafe { umask(self.previous) };
+    }
 }
 
 /// Whether `path` lies directly in the shared temporary directory's vramscope folder.
@@ -1207,6 +1298,9 @@ fn check_private_dir(dir: &Path) -> Result<(), TelemetryError> {
     Ok(())
 }
 
+/// How long a client may take nothing while its queue is full before it is stalled.
+const STALLED_AFTER: Duration = Duration::from_secs(1);
+
 /// One attached dashboard.
 struct Client {
     conn: TcpStream,
@@ -1223,6 +1317,8 @@ struct Client {
     /// Set until the first snapshot is queued.
     fresh: bool,
     dead: bool,
+    /// When the client last took bytes (or had nothing waiting).
+    last_progress: Instant,
 }
 
 impl Client {
@@ -1233,6 +1329,9 @@ impl Client {
 
     /// Writes as much as the socket takes without blocking.
     fn flush(&mut self) {
+        if self.queue.is_empty() {
+            self.last_progress = Instant::now();
+        }
         while let Some(front) = self.queue.front() {
             match self.conn.write(&front[self.written..]) {
                 Ok(0) => {
@@ -1240,6 +1339,7 @@ impl Client {
                     return;
                 }
                 Ok(n) => {
+                    self.last_progress = Instant::now();
                     self.written += n;
                     if self.written == front.len() {
                         self.queued_bytes -= front.len();
@@ -1296,12 +1396,23 @@ impl<B: Backend> Publisher<B> {
             if !self.clients.is_empty() {
                 self.attach_and_resync();
                 // The ring is the buffer: read it only while some client has room, so that a
-                // burst waits there instead of being dropped from a full queue.
+                // burst waits there instead of being dropped from a full queue. A client that
+                // has taken nothing for a while is stalled: it loses its stream (and
+                // re-synchronises once it reads again), and the ring is read on so that what it
+                // misses is counted, not silently overwritten.
                 let room = self.options.client_queue_bytes / 2;
+                for client in &mut self.clients {
+                    if !client.fresh
+                        && client.queued_bytes >= room
+                        && client.last_progress.elapsed() >= STALLED_AFTER
+                    {
+                        client.resync = true;
+                    }
+                }
                 if self
                     .clients
                     .iter()
-                    .any(|c| !c.fresh && !c.resync && c.queued_bytes < room)
+                    .any(|c| !c.fresh && (c.resync || c.queued_bytes < room))
                 {
                     pulled = self.pull();
                 }
@@ -1355,7 +1466,7 @@ impl<B: Backend> Publisher<B> {
             match self.listener.accept() {
                 Ok(Some(conn)) => {
                     if self.clients.len() >= self.options.max_clients {
-                        drop(conn);
+                        self.refuse(conn);
                         continue;
                     }
                     let mut client = Client {
@@ -1368,6 +1479,7 @@ impl<B: Backend> Publisher<B> {
                         resync: false,
                         fresh: true,
                         dead: false,
+                        last_progress: Instant::now(),
                     };
                     client.push(Arc::new(self.hello.clone()));
                     self.clients.push(client);
@@ -1383,12 +1495,28 @@ impl<B: Backend> Publisher<B> {
         }
     }
 
+    /// Tells a client that there is no room for it, best effort (a small frame on a fresh
+    /// socket, without waiting), and closes the connection.
+    fn refuse(&self, mut conn: TcpStream) {
+        let reason = format!(
+            "{} dashboards are attached already, the most this program allows (ServeOptions::max_clients)",
+            self.options.max_clients
+        );
+        let mut bytes = self.hello.clone();
+        bytes.extend(json_frame(FrameKind::Refused, &Refusal { reason }));
+        let _ = conn.write(&bytes);
+        self.shared
+            .counters
+            .clients_refused
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Queues a snapshot for new clients and for clients that lost events and have drained.
     fn attach_and_resync(&mut self) {
-        let fresh = self.clients.iter().any(|c| c.fresh);
-        let resync_due = self
-            .last_snapshot
-            .is_none_or(|t| t.elapsed() >= self.options.resync_interval);
+        let since_last = self.last_snapshot.map(|t| t.elapsed());
+        let fresh = self.clients.iter().any(|c| c.fresh)
+            && since_last.is_none_or(|t| t >= self.options.attach_interval);
+        let resync_due = since_last.is_none_or(|t| t >= self.options.resync_interval);
         let resync = resync_due && self.clients.iter().any(|c| c.resync && c.queue.is_empty());
         if !fresh && !resync {
             return;
@@ -1419,7 +1547,14 @@ impl<B: Backend> Publisher<B> {
         } else {
             self.options.resync_history_events
         };
-        let skip = history.len().saturating_sub(keep);
+        // Every byte queued counts against a client's bound, the snapshot's too: the history
+        // is cut to what fits beside the snapshot document.
+        let room = self
+            .options
+            .client_queue_bytes
+            .saturating_sub(serialized_len(&snapshot))
+            / EVENT_RECORD_BYTES;
+        let skip = history.len().saturating_sub(keep.min(room));
         let history = &history[skip..];
         // The snapshot carries the tables as they are now; later additions go out as deltas.
         self.known.include(&snapshot);
@@ -1563,6 +1698,11 @@ impl<B: Backend> Publisher<B> {
     }
 
     fn reap(&mut self) {
+        let queued: usize = self.clients.iter().map(|c| c.queued_bytes).sum();
+        self.shared
+            .counters
+            .queued_bytes
+            .store(queued as u64, Ordering::Relaxed);
         let before = self.clients.len();
         self.clients.retain(|c| !c.dead);
         if self.clients.len() != before {

@@ -361,3 +361,105 @@ fn vramscope_listen_starts_a_publisher() {
     let mut client = TelemetryClient::connect(telemetry.addr()).unwrap();
     attach(&mut client);
 }
+
+#[test]
+fn a_dashboard_turned_away_is_told_why() {
+    let alloc = allocator();
+    let options = ServeOptions {
+        max_clients: 1,
+        ..ServeOptions::default()
+    };
+    let telemetry =
+        Telemetry::serve_with(&alloc, &TelemetryAddr::Unix(socket_path("full")), options).unwrap();
+    let mut first = TelemetryClient::connect(telemetry.addr()).unwrap();
+    attach(&mut first);
+    let mut second = TelemetryClient::connect(telemetry.addr()).unwrap();
+    assert!(matches!(second.next_frame().unwrap(), Frame::Hello(_)));
+    match second.next_frame() {
+        Err(e @ TelemetryError::Refused(_)) => {
+            let text = e.to_string();
+            assert!(text.contains("max_clients") && text.contains('1'), "{text}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while telemetry.stats().clients_refused == 0 {
+        assert!(Instant::now() < deadline, "the refusal was not counted");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn dashboards_that_never_read_hold_no_more_than_their_bound() {
+    let alloc = allocator();
+    // A long history, so that the attach snapshot alone would pass the bound uncut.
+    for i in 0..20_000u64 {
+        drop(alloc.alloc(512 + (i % 64) * 512).unwrap());
+    }
+    let bound = 256 << 10;
+    let options = ServeOptions {
+        client_queue_bytes: bound,
+        ..ServeOptions::default()
+    };
+    let telemetry =
+        Telemetry::serve_with(&alloc, &TelemetryAddr::Unix(socket_path("idle")), options).unwrap();
+    // Sockets that connect and never read.
+    let TelemetryAddr::Unix(path) = telemetry.addr().clone() else {
+        unreachable!()
+    };
+    let idle: Vec<UnixStream> = (0..4)
+        .map(|_| UnixStream::connect(&path).unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while telemetry.stats().clients < 4 || telemetry.stats().snapshots == 0 {
+        assert!(Instant::now() < deadline, "the clients never attached");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for i in 0..200_000u64 {
+        drop(alloc.alloc(512 + (i % 64) * 512).unwrap());
+    }
+    while telemetry.stats().events_dropped == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "nothing was counted as dropped: {:?}",
+            telemetry.stats()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let stats = telemetry.stats();
+    // Every byte queued counts: at most the bound per client, plus one statistics frame.
+    let slack = 16 << 10;
+    assert!(
+        stats.queued_bytes <= 4 * (bound as u64 + slack),
+        "{} bytes queued for 4 clients with a bound of {bound}: {stats:?}",
+        stats.queued_bytes
+    );
+    drop(idle);
+}
+
+#[test]
+fn connection_churn_shares_rate_limited_snapshots() {
+    let alloc = allocator();
+    drop(alloc.alloc(4096).unwrap());
+    let options = ServeOptions {
+        attach_interval: Duration::from_secs(3600),
+        max_clients: 100,
+        ..ServeOptions::default()
+    };
+    let telemetry =
+        Telemetry::serve_with(&alloc, &TelemetryAddr::Unix(socket_path("churn")), options).unwrap();
+    let mut first = TelemetryClient::connect(telemetry.addr()).unwrap();
+    attach(&mut first);
+    assert_eq!(telemetry.stats().snapshots, 1);
+    // Fifty clients come and go: none of them costs the program a snapshot within the
+    // attach interval.
+    for _ in 0..50 {
+        let mut client = TelemetryClient::connect(telemetry.addr()).unwrap();
+        assert!(matches!(client.next_frame().unwrap(), Frame::Hello(_)));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let stats = telemetry.stats();
+    assert_eq!(stats.snapshots, 1, "{stats:?}");
+    assert!(stats.clients_total >= 51);
+}
