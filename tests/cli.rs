@@ -49,14 +49,27 @@ fn headless_demo_reports_the_planted_bugs_at_their_lines() {
             .map(str::to_string)
             .collect()
     };
-    // The kept loss keeps its graph: the hidden activations (the largest), the logits, the loss.
+    // The kept loss keeps its graph: one error at the loss line, listing the hidden
+    // activations (the largest), the logits and the loss.
     let retained = sites_of("retained_per_step");
     assert_eq!(
-        retained[0],
-        demo_line("let hidden = pre1.relu()?;"),
+        retained,
+        vec![demo_line("softmax_cross_entropy(&labels)")],
         "{retained:?}"
     );
-    assert!(retained.contains(&demo_line("softmax_cross_entropy(&labels)")));
+    let leak = findings
+        .iter()
+        .find(|f| f["kind"] == "retained_per_step")
+        .unwrap();
+    assert_eq!(leak["severity"], "error");
+    let listed: Vec<&str> = leak["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["site"].as_str())
+        .collect();
+    assert_eq!(listed[0], demo_line("let hidden = pre1.relu()?;"));
+    assert_eq!(listed.len(), 3, "{listed:?}");
     assert_eq!(
         sites_of("sync_in_loop"),
         vec![demo_line("shown.push(logits.element(i)?.item()?)")]

@@ -16,7 +16,9 @@
 //! lifted by a baseline inferred from the segments at the end. Nothing here fails on odd input.
 
 use rustc_hash::FxHashMap;
-use vramscope_allocator::{BlockState, EventKind, SiteId, Snapshot, TransferDirection};
+use vramscope_allocator::{
+    BlockState, CallSite, Event, EventKind, Frame, SiteId, Snapshot, TransferDirection,
+};
 
 pub use crate::engine::{GroupId, GroupKind, SiteGroup, SiteGroups};
 use crate::engine::{MemoryState, Pair, Pairing, Reconstruction};
@@ -255,6 +257,8 @@ pub struct ModelView<'a> {
     live_end: Vec<Holding>,
     live_peak: Vec<Holding>,
     segments: SegmentSummary,
+    step_source: StepSource,
+    empty_cache_calls: Vec<EmptyCacheCall>,
 }
 
 impl<'a> ModelView<'a> {
@@ -263,7 +267,8 @@ impl<'a> ModelView<'a> {
     pub fn new(snapshot: &'a Snapshot) -> ModelView<'a> {
         let walk = Reconstruction::of(snapshot);
         let groups = SiteGroups::from_sites(&snapshot.sites);
-        let (numbers, mut steps) = collect_steps(snapshot);
+        let plan = StepPlan::of(snapshot);
+        let (numbers, mut steps) = collect_steps(snapshot, &plan);
         let step_index = |step: u64, hint: &mut usize| -> u32 {
             if numbers.get(*hint) != Some(&step) {
                 *hint = numbers.binary_search(&step).unwrap_or(0);
@@ -288,7 +293,7 @@ impl<'a> ModelView<'a> {
 
         for (i, e) in snapshot.events.iter().enumerate() {
             let idx = i as u32;
-            let s = step_index(e.step, &mut hint);
+            let s = step_index(plan.step_of(i, e), &mut hint);
             event_step.push(s);
             if steps[s as usize].first_event.is_none() {
                 steps[s as usize].first_event = Some(idx);
@@ -398,7 +403,7 @@ impl<'a> ModelView<'a> {
                     event: idx,
                     seq: e.seq,
                     time_ns: e.time_ns,
-                    step: e.step,
+                    step: plan.step_of(i, e),
                     allocated: usage.allocated,
                     reserved: if walk.reserved_known {
                         usage.reserved
@@ -439,11 +444,25 @@ impl<'a> ModelView<'a> {
         }
 
         let known_reserved = |bytes: u64| if walk.reserved_known { bytes } else { 0 };
-        let live_end = holdings_of(&walk.end, &groups);
-        let live_peak = match walk.peak_allocated.event {
-            Some(at) => holdings_of(&walk.state_at(&snapshot.events, at as usize + 1), &groups),
-            None => holdings_of(&walk.start, &groups),
+        let block_step = |block: &crate::engine::LiveBlock| match snapshot
+            .events
+            .get(block.alloc_event as usize)
+        {
+            Some(e) if block.alloc_event != crate::engine::NO_EVENT => {
+                plan.step_of(block.alloc_event as usize, e)
+            }
+            _ => block.step,
         };
+        let live_end = holdings_of(&walk.end, &groups, &block_step);
+        let live_peak = match walk.peak_allocated.event {
+            Some(at) => holdings_of(
+                &walk.state_at(&snapshot.events, at as usize + 1),
+                &groups,
+                &block_step,
+            ),
+            None => holdings_of(&walk.start, &groups, &block_step),
+        };
+        let empty_cache_calls = empty_cache_calls(snapshot);
         ModelView {
             snapshot,
             groups,
@@ -469,6 +488,36 @@ impl<'a> ModelView<'a> {
             live_end,
             live_peak,
             segments: summarize_segments(snapshot),
+            step_source: plan.source,
+            empty_cache_calls,
+        }
+    }
+
+    /// Where the steps of this view came from: the trace's own marks, a repeating call-site
+    /// sequence found in its allocations, or nowhere.
+    pub fn step_source(&self) -> &StepSource {
+        &self.step_source
+    }
+
+    /// The trace's `empty_cache()` calls: its `EmptyCache` events, or, in a trace that records
+    /// none (PyTorch's), the bursts of segment frees that one call makes (see
+    /// [`empty_cache_calls`]).
+    pub fn empty_cache_calls(&self) -> &[EmptyCacheCall] {
+        &self.empty_cache_calls
+    }
+
+    /// How a reader should name call site `site`: its `file:line`, or for a stack without a
+    /// source line of its own (C++ frames only, as on PyTorch's autograd thread) the innermost
+    /// frame with a source line, else its autograd node (`MmBackward0`), else its innermost
+    /// C++ function. Never `??:0`.
+    pub fn site_name(&self, site: SiteId) -> SiteName {
+        match self.snapshot.sites.get(site as usize) {
+            Some(s) => name_call_site(s),
+            None => SiteName {
+                label: "(unknown site)".to_string(),
+                function: String::new(),
+                native: false,
+            },
         }
     }
 
@@ -694,8 +743,26 @@ impl<'a> ModelView<'a> {
     }
 }
 
-/// Every step number seen in events or marks, in order, with the label of its mark.
-fn collect_steps(snapshot: &Snapshot) -> (Vec<u64>, Vec<StepInfo>) {
+/// Every step number seen in events or marks (or inferred), in order, with the label of its
+/// mark.
+fn collect_steps(snapshot: &Snapshot, plan: &StepPlan) -> (Vec<u64>, Vec<StepInfo>) {
+    if let Some(inferred) = &plan.inferred {
+        let n = inferred.starts.len() as u64;
+        let numbers: Vec<u64> = (0..=n).collect();
+        let steps = numbers
+            .iter()
+            .map(|&step| StepInfo {
+                step,
+                first_event: None,
+                label: if step == 0 {
+                    String::new()
+                } else {
+                    inferred.opener.clone()
+                },
+            })
+            .collect();
+        return (numbers, steps);
+    }
     let mut numbers: Vec<u64> = snapshot.events.iter().map(|e| e.step).collect();
     numbers.extend(snapshot.steps.iter().map(|m| m.step));
     numbers.sort_unstable();
@@ -742,7 +809,11 @@ fn add_holding(
 
 /// What each group holds in `state` (pending frees left out, as from the allocated figure),
 /// with the state's unattributed bytes under [`SiteGroups::BEFORE_TRACE`].
-fn holdings_of(state: &MemoryState, groups: &SiteGroups) -> Vec<Holding> {
+fn holdings_of(
+    state: &MemoryState,
+    groups: &SiteGroups,
+    step_of: &dyn Fn(&crate::engine::LiveBlock) -> u64,
+) -> Vec<Holding> {
     let mut by_group: FxHashMap<GroupId, Holding> = FxHashMap::default();
     for block in state.blocks.values().filter(|b| !b.pending) {
         add_holding(
@@ -750,7 +821,7 @@ fn holdings_of(state: &MemoryState, groups: &SiteGroups) -> Vec<Holding> {
             groups.of_block(block),
             block.size,
             block.requested,
-            block.step,
+            step_of(block),
         );
     }
     if state.unattributed.allocated > 0 {
@@ -889,6 +960,557 @@ pub fn apply_step_marker(snapshot: &mut Snapshot, marker: &str) -> usize {
     }
     snapshot.steps = marks;
     snapshot.steps.len()
+}
+
+/// Where the steps of a view came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StepSource {
+    /// The trace's own step marks (`mark_step`, an annotation such as
+    /// `Optimizer.step#AdamW.step`, a profiler slice); `label` is the first mark's label.
+    Recorded {
+        /// The label of the first mark.
+        label: String,
+    },
+    /// No marks: each step begins where the loop's first allocating line runs again (the
+    /// repeating call-site sequence of the allocations).
+    Inferred {
+        /// `file:line` of the line that opens each iteration.
+        opener: String,
+    },
+    /// Neither marks nor a repeating sequence: the whole trace is one step.
+    None,
+}
+
+impl StepSource {
+    /// A phrase for reports: where the steps came from.
+    pub fn describe(&self) -> String {
+        match self {
+            StepSource::Recorded { label } if label.is_empty() => {
+                "steps from the trace's step marks".to_string()
+            }
+            StepSource::Recorded { label } => {
+                format!("steps from the trace's step marks (`{label}`)")
+            }
+            StepSource::Inferred { opener } => {
+                format!("steps inferred from the repeating allocations (each begins at {opener})")
+            }
+            StepSource::None => "no steps (no marks and no repeating loop found)".to_string(),
+        }
+    }
+}
+
+/// Steps found from the repeating call-site sequence of a trace without marks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct InferredSteps {
+    /// Event indices that begin steps 1, 2, ...
+    starts: Vec<u32>,
+    /// `file:line` of the line that opens each iteration.
+    opener: String,
+}
+
+/// How the view numbers steps: the events' own step numbers, or inferred ones.
+struct StepPlan {
+    source: StepSource,
+    inferred: Option<InferredSteps>,
+}
+
+impl StepPlan {
+    fn of(snapshot: &Snapshot) -> StepPlan {
+        let marked = !snapshot.steps.is_empty() || snapshot.events.iter().any(|e| e.step > 0);
+        if marked {
+            let label = snapshot
+                .steps
+                .first()
+                .map(|m| m.label.clone())
+                .unwrap_or_default();
+            return StepPlan {
+                source: StepSource::Recorded { label },
+                inferred: None,
+            };
+        }
+        match infer_steps(snapshot) {
+            Some(inferred) => StepPlan {
+                source: StepSource::Inferred {
+                    opener: inferred.opener.clone(),
+                },
+                inferred: Some(inferred),
+            },
+            None => StepPlan {
+                source: StepSource::None,
+                inferred: None,
+            },
+        }
+    }
+
+    /// The step number of event `index`.
+    fn step_of(&self, index: usize, event: &Event) -> u64 {
+        match &self.inferred {
+            Some(inferred) => inferred.starts.partition_point(|&s| s as usize <= index) as u64,
+            None => event.step,
+        }
+    }
+}
+
+/// Fewest iterations a repeating sequence must show to be taken for a loop.
+const MIN_INFERRED_STEPS: usize = 3;
+
+/// Finds the loop of a trace without step marks from its allocations' stacks.
+///
+/// Each allocation's Python frames that are the user's own (outermost first) say which line
+/// of each function it came from. Starting at the outermost frame, the walk descends while one
+/// line holds most allocations in one unbroken run (`main()` calling `train()` once); at the
+/// first level where no line does, that level is the loop body: the number of runs of a line
+/// there is the number of times the line ran, the most common such number (at least
+/// [`MIN_INFERRED_STEPS`]) is the iteration count, and the line with that count that runs
+/// first opens each iteration. Traces whose sites have no stacks use each allocation's own
+/// `file:line` at a single level. Stacks with no user frame (C++ only, as on the autograd
+/// thread) take no part.
+fn infer_steps(snapshot: &Snapshot) -> Option<InferredSteps> {
+    let framework = default_framework_paths();
+    let with_frames = snapshot.sites.iter().any(|s| !s.frames.is_empty());
+    // The user frames of each site, outermost first, as (file, line) keys.
+    let mut site_keys: Vec<Vec<(String, u32)>> = Vec::with_capacity(snapshot.sites.len());
+    for site in &snapshot.sites {
+        let keys = if with_frames {
+            site.frames
+                .iter()
+                .rev()
+                .filter(|f| !crate::import::sites::is_framework_frame(f, &framework))
+                .map(|f| (f.file.clone(), f.line))
+                .collect()
+        } else if site.file.is_empty() || site.file == "??" {
+            Vec::new()
+        } else {
+            vec![(site.file.clone(), site.line)]
+        };
+        site_keys.push(keys);
+    }
+    let allocs: Vec<(u32, &[(String, u32)])> = snapshot
+        .events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.kind == EventKind::Alloc)
+        .filter_map(|(i, e)| {
+            let keys = site_keys.get(e.site? as usize)?;
+            (!keys.is_empty()).then_some((i as u32, keys.as_slice()))
+        })
+        .collect();
+    if allocs.len() < MIN_INFERRED_STEPS {
+        return None;
+    }
+    let mut prefix: Vec<(String, u32)> = Vec::new();
+    loop {
+        let depth = prefix.len();
+        // (key, events, runs, first event index, run starts)
+        let mut stats: Vec<((String, u32), usize, Vec<u32>)> = Vec::new();
+        let mut index: FxHashMap<(String, u32), usize> = FxHashMap::default();
+        let mut previous: Option<usize> = None;
+        let mut members = 0usize;
+        for &(event, keys) in &allocs {
+            if keys.len() <= depth || keys[..depth] != prefix[..] {
+                continue;
+            }
+            members += 1;
+            let key = &keys[depth];
+            let k = match index.get(key) {
+                Some(&k) => k,
+                None => {
+                    index.insert(key.clone(), stats.len());
+                    stats.push((key.clone(), 0, Vec::new()));
+                    stats.len() - 1
+                }
+            };
+            stats[k].1 += 1;
+            if previous != Some(k) {
+                stats[k].2.push(event);
+            }
+            previous = Some(k);
+        }
+        if members < MIN_INFERRED_STEPS {
+            return None;
+        }
+        if let Some(dominant) = stats
+            .iter()
+            .find(|(_, events, runs)| runs.len() <= 2 && events * 2 > members)
+        {
+            prefix.push(dominant.0.clone());
+            continue;
+        }
+        // The loop level: the most common run count among lines that ran often enough.
+        let mut by_count: FxHashMap<usize, usize> = FxHashMap::default();
+        for (_, _, runs) in &stats {
+            if runs.len() >= MIN_INFERRED_STEPS {
+                *by_count.entry(runs.len()).or_default() += 1;
+            }
+        }
+        let (&count, _) = by_count
+            .iter()
+            .max_by(|a, b| a.1.cmp(b.1).then(a.0.cmp(b.0)))?;
+        let opener = stats
+            .iter()
+            .filter(|(_, _, runs)| runs.len() == count)
+            .min_by_key(|(_, _, runs)| runs[0])?;
+        return Some(InferredSteps {
+            starts: opener.2.clone(),
+            opener: format!("{}:{}", opener.0 .0, opener.0 .1),
+        });
+    }
+}
+
+/// The framework path fragments the importers use by default.
+pub(crate) fn default_framework_paths() -> Vec<String> {
+    crate::import::sites::DEFAULT_FRAMEWORK_PATHS
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+/// One `empty_cache()` call found in a trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EmptyCacheCall {
+    /// Index of the call's first event (its `EmptyCache` event or first segment free).
+    pub first_event: u32,
+    /// Index of the call's last event.
+    pub last_event: u32,
+    /// The call site recorded with it (the stack of the `empty_cache()` call), if any.
+    pub site: Option<SiteId>,
+    /// Segments (or page runs) released.
+    pub segments: u64,
+    /// Bytes released.
+    pub bytes: u64,
+}
+
+/// Whether a stack shows a call of `empty_cache()` (PyTorch's `emptyCache` in C++, or
+/// `torch.cuda.empty_cache` in Python).
+pub fn stack_calls_empty_cache(site: &CallSite) -> bool {
+    let named = |f: &str| f.contains("emptyCache") || f.contains("empty_cache");
+    named(&site.function) || site.frames.iter().any(|f| named(&f.function))
+}
+
+/// The `empty_cache()` calls of `snapshot`, in order.
+///
+/// A trace with `EmptyCache` events (vramscope's) has one call per event. PyTorch records no
+/// such event: one call shows as a burst of consecutive `segment_free` (or `segment_unmap`)
+/// events. A burst is a call when its stacks show `emptyCache`, or, when none of them has a
+/// stack, when it is not part of an allocation: the allocator frees cached segments itself
+/// only to retry a failed `cudaMalloc` (or to collect garbage), and then the next event is a
+/// segment allocation or an OOM.
+pub fn empty_cache_calls(snapshot: &Snapshot) -> Vec<EmptyCacheCall> {
+    let events = &snapshot.events;
+    if events.iter().any(|e| e.kind == EventKind::EmptyCache) {
+        return events
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.kind == EventKind::EmptyCache)
+            .map(|(i, e)| EmptyCacheCall {
+                first_event: i as u32,
+                last_event: i as u32,
+                site: e.site,
+                segments: 0,
+                bytes: e.size,
+            })
+            .collect();
+    }
+    let is_release = |e: &Event| matches!(e.kind, EventKind::SegmentFree | EventKind::SegmentUnmap);
+    let mut calls = Vec::new();
+    let mut i = 0;
+    while i < events.len() {
+        if !is_release(&events[i]) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < events.len() && is_release(&events[i]) && events[i].device == events[start].device
+        {
+            i += 1;
+        }
+        let burst = &events[start..i];
+        let stacks: Vec<&CallSite> = burst
+            .iter()
+            .filter_map(|e| snapshot.sites.get(e.site? as usize))
+            .collect();
+        let with_stacks: Vec<&&CallSite> = stacks.iter().filter(|s| !s.frames.is_empty()).collect();
+        let is_call = if with_stacks.is_empty() {
+            !events[i..]
+                .iter()
+                .find(|e| e.device == events[start].device)
+                .is_some_and(|e| {
+                    matches!(
+                        e.kind,
+                        EventKind::SegmentAlloc | EventKind::SegmentMap | EventKind::Oom
+                    )
+                })
+        } else {
+            with_stacks.iter().any(|s| stack_calls_empty_cache(s))
+        };
+        if is_call {
+            calls.push(EmptyCacheCall {
+                first_event: start as u32,
+                last_event: (i - 1) as u32,
+                site: burst.iter().find_map(|e| e.site),
+                segments: burst.len() as u64,
+                bytes: burst.iter().fold(0u64, |a, e| a.saturating_add(e.size)),
+            });
+        }
+    }
+    calls
+}
+
+/// A call site named for a reader.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SiteName {
+    /// `file:line`, `MmBackward0 (backward)`, or a C++ function in brackets.
+    pub label: String,
+    /// The function at that place.
+    pub function: String,
+    /// Whether the stack has no source line of its own (C++ frames only).
+    pub native: bool,
+}
+
+/// Whether `frame` is a C++ frame without a source line (`??`, empty file, or line 0).
+pub fn is_native_frame(frame: &Frame) -> bool {
+    frame.file.is_empty() || frame.file == "??" || frame.line == 0
+}
+
+/// The autograd node a stack runs in (`MmBackward0`, `AccumulateGrad`), from its C++ frame
+/// names (`torch::autograd::generated::MmBackward0::apply(...)`), innermost first.
+pub fn autograd_node(frames: &[Frame]) -> Option<String> {
+    for frame in frames {
+        let name = frame.function.split('(').next().unwrap_or("");
+        for token in name.split("::") {
+            let token = token.split('<').next().unwrap_or("").trim();
+            let digits = token.trim_end_matches(|c: char| c.is_ascii_digit());
+            let node = (digits.ends_with("Backward") && digits.len() > "Backward".len())
+                || token == "AccumulateGrad";
+            if node && token.starts_with(|c: char| c.is_ascii_uppercase()) {
+                return Some(token.to_string());
+            }
+        }
+    }
+    None
+}
+
+/// Names `site` for a reader; see [`ModelView::site_name`].
+pub fn name_call_site(site: &CallSite) -> SiteName {
+    let own = Frame {
+        file: site.file.clone(),
+        line: site.line,
+        function: site.function.clone(),
+    };
+    if !is_native_frame(&own) {
+        return SiteName {
+            label: site.file_line(),
+            function: site.function.clone(),
+            native: false,
+        };
+    }
+    if let Some(f) = site.frames.iter().find(|f| !is_native_frame(f)) {
+        return SiteName {
+            label: format!("{}:{}", f.file, f.line),
+            function: f.function.clone(),
+            native: false,
+        };
+    }
+    if let Some(node) = autograd_node(&site.frames) {
+        return SiteName {
+            label: format!("{node} (backward)"),
+            function: node,
+            native: true,
+        };
+    }
+    // The innermost C++ function that is not the allocator's or the unwinder's own.
+    let internal = |f: &str| {
+        f.is_empty()
+            || f.contains("unwind")
+            || f.contains("CachingAllocator")
+            || f.contains("c10::cuda")
+            || f.contains("empty_")
+            || f.contains("::empty")
+            || f.contains("gather")
+            || f.contains("Context")
+    };
+    let function = site
+        .frames
+        .iter()
+        .map(|f| f.function.as_str())
+        .find(|f| !internal(f))
+        .or_else(|| site.frames.first().map(|f| f.function.as_str()))
+        .unwrap_or(site.function.as_str());
+    let short = function.split('(').next().unwrap_or(function).trim();
+    SiteName {
+        label: if short.is_empty() {
+            "(C++ only stack)".to_string()
+        } else {
+            format!("[{short}]")
+        },
+        function: function.to_string(),
+        native: true,
+    }
+}
+
+/// The innermost frame of the user's own code common to every stack in `sites` (compared
+/// from the outermost frame in), or `None` when the stacks have no frames or share no user
+/// frame. Stacks without a Python frame (C++ only) take no part.
+pub fn common_caller(sites: &[&CallSite]) -> Option<Frame> {
+    let framework = default_framework_paths();
+    let stacks: Vec<Vec<&Frame>> = sites
+        .iter()
+        .map(|s| {
+            s.frames
+                .iter()
+                .rev()
+                .filter(|f| !is_native_frame(f))
+                .collect::<Vec<_>>()
+        })
+        .filter(|f: &Vec<&Frame>| !f.is_empty())
+        .collect();
+    let first = stacks.first()?;
+    let mut common = first.len();
+    for other in &stacks[1..] {
+        common = common.min(first.iter().zip(other).take_while(|(a, b)| a == b).count());
+    }
+    first[..common]
+        .iter()
+        .rev()
+        .find(|f| !crate::import::sites::is_framework_frame(f, &framework))
+        .map(|f| (*f).clone())
+}
+
+/// A `--step-marker` that matches nothing in the trace, with what the trace offers instead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepMarkerError {
+    /// The marker asked for.
+    pub marker: String,
+    /// Names that would work: step-mark labels, annotation names, and the functions seen most
+    /// often in the allocations' stacks.
+    pub candidates: Vec<String>,
+}
+
+impl std::fmt::Display for StepMarkerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "--step-marker `{}` matches nothing in the trace",
+            self.marker
+        )?;
+        if self.candidates.is_empty() {
+            write!(
+                f,
+                " (it has no annotations, step marks or named frames to choose from)"
+            )
+        } else {
+            write!(f, "; candidates: {}", self.candidates.join(", "))
+        }
+    }
+}
+
+impl std::error::Error for StepMarkerError {}
+
+/// Re-derives the steps of `snapshot` from `marker`: step-mark labels or annotation names that
+/// contain it ([`apply_step_marker`]), else a function of that name in the allocations'
+/// stacks (each allocation whose stack enters it after one whose stack did not begins a
+/// step). Returns the number of steps, or the candidates when nothing matches.
+pub fn restep(snapshot: &mut Snapshot, marker: &str) -> Result<usize, StepMarkerError> {
+    let found = apply_step_marker(snapshot, marker);
+    if found > 0 {
+        return Ok(found);
+    }
+    // A function in the stacks.
+    let has: Vec<bool> = snapshot
+        .sites
+        .iter()
+        .map(|s| s.function == marker || s.frames.iter().any(|f| f.function == marker))
+        .collect();
+    let mut starts: Vec<usize> = Vec::new();
+    let mut inside = false;
+    for (i, e) in snapshot.events.iter().enumerate() {
+        if e.kind != EventKind::Alloc {
+            continue;
+        }
+        let now = e.site.is_some_and(|s| has.get(s as usize) == Some(&true));
+        if now && !inside {
+            starts.push(i);
+        }
+        inside = now;
+    }
+    if !starts.is_empty() {
+        let next_seq = snapshot.events.last().map(|e| e.seq + 1).unwrap_or(0);
+        let mut marks = Vec::with_capacity(starts.len());
+        for (k, &at) in starts.iter().enumerate() {
+            let e = &snapshot.events[at];
+            marks.push(vramscope_allocator::StepMark {
+                step: k as u64 + 1,
+                seq: e.seq,
+                time_ns: e.time_ns,
+                label: marker.to_string(),
+            });
+        }
+        for (i, e) in snapshot.events.iter_mut().enumerate() {
+            e.step = starts.partition_point(|&s| s <= i) as u64;
+        }
+        let _ = next_seq;
+        snapshot.steps = marks;
+        return Ok(starts.len());
+    }
+    Err(StepMarkerError {
+        marker: marker.to_string(),
+        candidates: step_marker_candidates(snapshot),
+    })
+}
+
+/// Names a `--step-marker` could take in `snapshot`: step-mark labels and annotation names
+/// (up to 8 distinct), then the user's functions that appear in the most allocation stacks
+/// (up to 8).
+pub fn step_marker_candidates(snapshot: &Snapshot) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for name in snapshot
+        .steps
+        .iter()
+        .map(|m| &m.label)
+        .chain(snapshot.annotations.iter().map(|a| &a.name))
+    {
+        if !name.is_empty() && !out.contains(name) && out.len() < 8 {
+            out.push(name.clone());
+        }
+    }
+    let framework = default_framework_paths();
+    let mut counts: FxHashMap<&str, u64> = FxHashMap::default();
+    let mut per_site: Vec<Vec<&str>> = Vec::with_capacity(snapshot.sites.len());
+    for site in &snapshot.sites {
+        let mut names: Vec<&str> = site
+            .frames
+            .iter()
+            .filter(|f| {
+                !f.function.is_empty() && !crate::import::sites::is_framework_frame(f, &framework)
+            })
+            .map(|f| f.function.as_str())
+            .collect();
+        if site.frames.is_empty() && !site.function.is_empty() {
+            names.push(site.function.as_str());
+        }
+        names.sort_unstable();
+        names.dedup();
+        per_site.push(names);
+    }
+    for e in snapshot
+        .events
+        .iter()
+        .filter(|e| e.kind == EventKind::Alloc)
+    {
+        if let Some(names) = e.site.and_then(|s| per_site.get(s as usize)) {
+            for name in names {
+                *counts.entry(name).or_default() += 1;
+            }
+        }
+    }
+    let mut functions: Vec<(&str, u64)> = counts.into_iter().collect();
+    functions.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    for (name, _) in functions.into_iter().take(8) {
+        if !out.iter().any(|o| o == name) {
+            out.push(name.to_string());
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -50,17 +50,22 @@ fn clean_loop_has_no_warning_or_error() {
     let snapshot = clean_loop(10).finish();
     let found = findings(&snapshot);
     assert!(serious(&found).is_empty(), "{}", describe(&found));
-    // The weights and the optimizer state are reported as holders, as information.
+    // The weights and the optimizer state are reported as holders, as information: one
+    // finding for memory allocated once, listing both sites with their bytes.
     let holders: Vec<_> = found
         .iter()
         .filter(|f| f.kind == FindingKind::TopHolders)
         .collect();
+    assert_eq!(holders.len(), 1, "{}", describe(&found));
     assert_eq!(holders[0].site.as_deref(), Some("model.py:10"));
-    assert_eq!(holders[0].bytes, 32 * MIB);
     assert_eq!(holders[0].severity, Severity::Info);
-    assert!(holders
-        .iter()
-        .any(|h| h.site.as_deref() == Some("optim.py:40")));
+    assert_eq!(holders[0].sites[0].site, "model.py:10");
+    assert_eq!(holders[0].sites[0].bytes, 32 * MIB);
+    assert!(holders[0].sites.iter().any(|s| s.site == "optim.py:40"));
+    assert_eq!(
+        holders[0].bytes,
+        holders[0].sites.iter().map(|s| s.bytes).sum::<u64>()
+    );
 }
 
 #[test]

@@ -1,18 +1,39 @@
-//! `top_holders`: which call sites hold memory at the end of the trace (or at its peak).
+//! `top_holders`: what holds memory at the end of the trace (or at its peak), by kind.
 //!
 //! Weights, optimizer state and caches allocated once are not leaks, but they are usually most
-//! of the memory, so they are reported as information: the `top_holders` largest call-site
-//! groups live at the end, from `crate::model_view` (which also counts blocks that predate the
-//! recording when the segments show them). When nothing is live at the end, as in a profiler
-//! window that frees everything it allocates, the holders at the peak of allocated bytes are
-//! reported instead.
+//! of the memory, so they are reported as information. The holders of `crate::model_view` (the
+//! call-site groups live at the end, memory from before the recording included) are sorted
+//! into three kinds: memory from before the trace, memory allocated in one step (weights,
+//! optimizer state, caches), and memory allocated across steps (activations and tensors kept
+//! from step to step). Each kind present is one finding that lists its largest sites (up to
+//! `top_holders`) with their bytes, names the largest, and gives its advice once. When nothing
+//! is live at the end, as in a profiler window that frees everything it allocates, the
+//! holders at the peak of allocated bytes are reported instead.
 
 use vramscope_allocator::format_bytes;
 
-use super::{DetectOptions, Finding, FindingKind, FindingSink, Severity};
-use crate::model_view::{GroupId, ModelView};
+use super::{plural, DetectOptions, Finding, FindingKind, FindingSink, FindingSite, Severity};
+use crate::model_view::{GroupId, GroupKind, Holding, ModelView, SiteGroups};
 
-/// Reports the largest holders of memory, as information.
+/// The kinds of holders, in report order.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Once,
+    Spread,
+    Before,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Once => "weights_and_state",
+            Kind::Spread => "across_steps",
+            Kind::Before => "before_trace",
+        }
+    }
+}
+
+/// Reports the largest holders of memory by kind, as information.
 pub fn top_holders(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn FindingSink) {
     let (holdings, when) = if view.live_at_end().iter().any(|h| h.bytes > 0) {
         (view.live_at_end(), "end")
@@ -23,63 +44,114 @@ pub fn top_holders(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
     if total == 0 {
         return;
     }
-    // Rank ties by site name, as the finding order does.
-    let mut top: Vec<_> = holdings.iter().take(options.top_holders).collect();
-    top.sort_by(|a, b| {
-        b.bytes.cmp(&a.bytes).then_with(|| {
-            view.group(a.group)
-                .file_line
-                .cmp(&view.group(b.group).file_line)
-        })
-    });
-    for (rank, h) in top.into_iter().enumerate() {
-        let share = h.bytes as f64 / total as f64;
-        let mut f = Finding::at_group(view, FindingKind::TopHolders, Severity::Info, Some(h.group));
-        f.bytes = h.bytes;
-        f.count = h.blocks;
-        f.first_step = Some(h.first_step);
-        f.last_step = Some(h.last_step);
-        let steps = if h.first_step == h.last_step {
-            format!("step {}", h.first_step)
+    let loop_started = !view.loop_steps().is_empty();
+    let kind_of = |h: &Holding| {
+        if h.group == SiteGroups::BEFORE_TRACE {
+            Kind::Before
+        } else if loop_started && h.first_step != h.last_step {
+            Kind::Spread
         } else {
-            format!("steps {}..{}", h.first_step, h.last_step)
-        };
+            Kind::Once
+        }
+    };
+    for kind in [Kind::Once, Kind::Spread, Kind::Before] {
+        let members: Vec<&Holding> = holdings
+            .iter()
+            .filter(|h| h.bytes > 0 && kind_of(h) == kind)
+            .collect();
+        if members.is_empty() {
+            continue;
+        }
+        let bytes = super::sat_sum(members.iter().map(|h| h.bytes));
+        let blocks = super::sat_sum(members.iter().map(|h| h.blocks));
+        let first_step = members.iter().map(|h| h.first_step).min().unwrap_or(0);
+        let last_step = members.iter().map(|h| h.last_step).max().unwrap_or(0);
+        let mut sites: Vec<FindingSite> = members
+            .iter()
+            .map(|h| {
+                let (site, function) = group_name(view, h.group);
+                FindingSite {
+                    site,
+                    function,
+                    bytes: h.bytes,
+                    blocks: h.blocks,
+                }
+            })
+            .collect();
+        sites.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.site.cmp(&b.site)));
+        let shown = options.top_holders.max(1);
+        let more = sites.len().saturating_sub(shown);
+        let site_count = sites.len();
+        sites.truncate(shown);
+        let share = bytes as f64 / total as f64;
         let share_text = if share < 0.005 {
             "<1%".to_string()
         } else {
             format!("{:.0}%", share * 100.0)
         };
+        let mut f = Finding::at_group(view, FindingKind::TopHolders, Severity::Info, None);
+        f.site = Some(sites[0].site.clone());
+        f.function = sites[0].function.clone();
+        f.bytes = bytes;
+        f.count = blocks;
+        f.first_step = Some(first_step);
+        f.last_step = Some(last_step);
+        let what = match kind {
+            Kind::Once => "allocated once (weights, optimizer state, caches)".to_string(),
+            Kind::Spread => format!(
+                "allocated across steps {first_step}..{last_step} (activations or tensors kept between steps)"
+            ),
+            Kind::Before => "allocated before the trace began".to_string(),
+        };
         f.summary = format!(
-            "holds {} in {} block(s) at the {} ({} of live memory), allocated in {}",
-            format_bytes(h.bytes),
-            h.blocks,
-            when,
-            share_text,
-            steps
+            "{} in {} from {} {what} held {share_text} of live memory at the {when}; the largest is {} ({})",
+            format_bytes(bytes),
+            plural(blocks, "block"),
+            plural(site_count as u64, "site"),
+            sites[0].site,
+            format_bytes(sites[0].bytes),
         );
-        let mut evidence = f.evidence.text("when", when);
-        if let Some(tag) = tag_of(view, h.group) {
+        let mut evidence = f.evidence.text("when", when).text("kind", kind.name());
+        if let Some(tag) = tag_of(view, members[0].group) {
             evidence = evidence.text("tag", tag);
         }
         f.evidence = evidence
-            .int("rank", rank as u64 + 1)
-            .int("live_bytes", h.bytes)
-            .int("live_blocks", h.blocks)
-            .int("requested_bytes", h.requested)
-            .float("share_of_live", share)
-            .int("first_step", h.first_step)
-            .int("last_step", h.last_step);
-        let loop_steps = view.loop_steps();
-        let spread = loop_steps.len() > 1 && h.first_step >= 1 && h.last_step > h.first_step;
-        f.fix = if spread {
-            format!(
-                "allocated across steps {}..{}: if it keeps growing with the step count it is a leak (see retained_per_step); otherwise free it once it is used",
-                h.first_step, h.last_step
+            .int("live_bytes", bytes)
+            .int("live_blocks", blocks)
+            .int(
+                "requested_bytes",
+                super::sat_sum(members.iter().map(|h| h.requested)),
             )
-        } else {
-            "expected for weights and optimizer state; to shrink it, use lower precision, sharding or offloading, or free it earlier".to_string()
+            .float("share_of_live", share)
+            .int("sites", site_count as u64)
+            .int("sites_not_listed", more as u64)
+            .int("first_step", first_step)
+            .int("last_step", last_step);
+        f.fix = match kind {
+            Kind::Once => "expected for weights and optimizer state; to shrink it, use lower precision, sharding or offloading".to_string(),
+            Kind::Spread => "if it keeps growing with the step count it is a leak (see retained_per_step); otherwise free it once it is used".to_string(),
+            Kind::Before => "allocated before recording began: start _record_memory_history() earlier to see where".to_string(),
         };
+        f.sites = sites;
         sink.report(f);
+    }
+}
+
+/// A group's name for a reader: its `file:line`, or for a group without a source line (C++
+/// frames only) the name of its first site ([`ModelView::site_name`]).
+fn group_name(view: &ModelView<'_>, group: GroupId) -> (String, String) {
+    let g = view.group(group);
+    match (&g.file_line, g.kind) {
+        (Some(file_line), GroupKind::Site) if !file_line.starts_with("??:") => {
+            (file_line.clone(), g.function.clone())
+        }
+        _ => match g.sites.first() {
+            Some(&site) => {
+                let name = view.site_name(site);
+                (name.label, name.function)
+            }
+            None => (g.label().to_string(), g.function.clone()),
+        },
     }
 }
 

@@ -282,6 +282,23 @@ pub struct Finding {
     pub evidence: Evidence,
     /// One line saying what to do.
     pub fix: String,
+    /// The sites inside the finding, largest first, when it gathers several (a graph kept
+    /// alive by one reference, the holders of one kind of memory).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sites: Vec<FindingSite>,
+}
+
+/// One site inside a finding that gathers several.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FindingSite {
+    /// The site as a reader names it (`file:line`, `MmBackward0 (backward)`).
+    pub site: String,
+    /// The function there (may be empty).
+    pub function: String,
+    /// Bytes of the site in the finding.
+    pub bytes: u64,
+    /// Blocks of the site in the finding.
+    pub blocks: u64,
 }
 
 impl Finding {
@@ -309,6 +326,7 @@ impl Finding {
             summary: String::new(),
             evidence: Evidence::new(),
             fix: String::new(),
+            sites: Vec::new(),
         }
     }
 
@@ -482,6 +500,17 @@ fn compare_findings(a: &Finding, b: &Finding) -> Ordering {
 /// Whether any finding is at least as severe as `level` (for `--fail-on`).
 pub fn reaches(findings: &[Finding], level: Severity) -> bool {
     findings.iter().any(|f| f.severity >= level)
+}
+
+/// `count` followed by `noun`, plural unless the count is one (`1 step`, `3 steps`).
+pub fn plural(count: u64, noun: &str) -> String {
+    if count == 1 {
+        format!("1 {noun}")
+    } else if noun.ends_with('s') || noun.ends_with("sh") || noun.ends_with("ch") {
+        format!("{count} {noun}es")
+    } else {
+        format!("{count} {noun}s")
+    }
 }
 
 /// Adds up byte figures without overflowing (imported files may hold absurd sizes).

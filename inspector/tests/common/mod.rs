@@ -1,0 +1,3 @@
+//! Shared helpers of the planted tests.
+
+pub mod pytorch_like;

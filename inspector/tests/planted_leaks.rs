@@ -1,0 +1,399 @@
+//! Planted leaks shaped like real PyTorch bugs, each beside a clean twin that must stay
+//! silent: a kept autograd graph (one finding, at the line that keeps it), an evaluation loop
+//! without step marks (steps inferred), sparse leaks (every 3rd, 5th and 10th step), a
+//! gradient kept by a backward hook (C++-only stacks, named by autograd node), and three
+//! clean patterns that look like growth (a bounded cache, a KV cache freed per sequence,
+//! gradient accumulation). The traces come from `common/pytorch_like.rs`, which runs every
+//! request through PyTorch's allocation policy and writes PyTorch's stacks.
+
+mod common;
+
+use common::pytorch_like::{alloc_frames, backward_stack, py, torch_py, Model, Torch, MIB};
+use vramscope_allocator::{Frame, Snapshot};
+use vramscope_inspector::detect::{detect, DetectOptions, Finding, FindingKind, Severity};
+use vramscope_inspector::model_view::{restep, ModelView, StepSource};
+
+const TRAIN: &str = "/home/user/project/train.py";
+const EVAL: &str = "/home/user/project/evaluate.py";
+
+/// The outer frames of the training script (outermost last).
+fn outer(file: &str) -> Vec<Frame> {
+    vec![py(file, 120, "main"), py(file, 124, "<module>")]
+}
+
+/// The stack of a loop line of `file` (innermost first).
+fn at(file: &str, line: u32, function: &str) -> Vec<Frame> {
+    let mut frames = vec![py(file, line, function)];
+    frames.extend(outer(file));
+    frames
+}
+
+/// A stack for an op at a loop line.
+fn op_at(op: &str, file: &str, line: u32) -> Vec<Frame> {
+    let mut frames = alloc_frames(op);
+    frames.extend(at(file, line, "train"));
+    frames
+}
+
+/// What a planted training loop does wrong.
+#[derive(Clone, Copy, Default)]
+struct Bugs {
+    /// `running_loss = running_loss + loss` keeps every step's graph.
+    keep_graph: bool,
+    /// `if step % n == 0: history.append(h.detach().clone())`.
+    sparse_every: Option<usize>,
+    /// A backward hook appends the `MmBackward0` gradient to a list.
+    hook_keeps_grad: bool,
+    /// Gradient accumulation over this many micro-steps.
+    accumulate: usize,
+}
+
+/// Weights and the optimizer's state, and a training loop of `steps` steps annotated with
+/// `Optimizer.step#AdamW.step`.
+fn training(steps: usize, bugs: Bugs) -> Snapshot {
+    let mut t = Torch::new();
+    let model = Model::new(2, MIB);
+    let mut weights_stack = alloc_frames("empty_strided");
+    weights_stack.push(torch_py("nn/modules/module.py", 1355, "convert"));
+    weights_stack.push(torch_py("nn/modules/module.py", 1340, "to"));
+    weights_stack.extend(at(TRAIN, 20, "train"));
+    let weights: Vec<u64> = (0..4).map(|_| t.alloc(&weights_stack, 8 * MIB)).collect();
+    let mut state = Vec::new();
+    let mut grads: Vec<u64> = Vec::new();
+    let mut kept = Vec::new();
+    let micro = bugs.accumulate.max(1);
+    for step in 0..steps {
+        for m in 0..micro {
+            let x = t.alloc(&op_at("_to_copy", TRAIN, 55), 3 * MIB);
+            let acts = model.forward(&mut t, &at(TRAIN, 57, "train"));
+            let loss = t.alloc(&op_at("mse_loss", TRAIN, 58), 4);
+            // The backward pass: gradients of the weights, then of the activations.
+            if grads.is_empty() {
+                grads = (0..4)
+                    .map(|_| t.alloc(&backward_stack("AccumulateGrad"), 8 * MIB))
+                    .collect();
+            } else {
+                // Accumulated in place after a temporary.
+                let tmp = t.alloc(&backward_stack("AccumulateGrad"), 8 * MIB);
+                t.free(tmp);
+            }
+            let g = t.alloc(&backward_stack("MmBackward0"), 4 * MIB);
+            if bugs.hook_keeps_grad {
+                kept.push(g);
+            } else {
+                t.free(g);
+            }
+            if bugs.keep_graph {
+                let sum = t.alloc(&op_at("add", TRAIN, 59), 4);
+                kept.push(x);
+                kept.extend(acts);
+                kept.push(loss);
+                kept.push(sum);
+            } else {
+                model.backward(&mut t, acts);
+                t.free(x);
+                t.free(loss);
+            }
+            if let Some(n) = bugs.sparse_every {
+                if step % n == 0 && m == 0 {
+                    kept.push(t.alloc(&op_at("clone", TRAIN, 66), 2 * MIB));
+                }
+            }
+        }
+        t.annotate("Optimizer.step#AdamW.step", "START");
+        let mut step_stack = alloc_frames("zeros_like");
+        step_stack.push(torch_py("optim/adamw.py", 180, "_init_group"));
+        step_stack.push(torch_py("optim/adamw.py", 230, "step"));
+        step_stack.push(torch_py("optim/optimizer.py", 485, "wrapper"));
+        step_stack.extend(at(TRAIN, 62, "train"));
+        if state.is_empty() {
+            state = (0..8).map(|_| t.alloc(&step_stack, 8 * MIB)).collect();
+        }
+        let tmp = t.alloc(&step_stack, 8 * MIB);
+        t.free(tmp);
+        t.annotate("Optimizer.step#AdamW.step", "END");
+        if bugs.accumulate > 1 {
+            // zero_grad(set_to_none=True) after each optimizer step.
+            for g in grads.drain(..) {
+                t.free(g);
+            }
+        }
+    }
+    let _ = (weights, state, kept);
+    t.finish()
+}
+
+fn problems(findings: &[Finding]) -> Vec<&Finding> {
+    findings
+        .iter()
+        .filter(|f| f.severity >= Severity::Warning)
+        .collect()
+}
+
+fn retained(findings: &[Finding]) -> Vec<&Finding> {
+    findings
+        .iter()
+        .filter(|f| f.kind == FindingKind::RetainedPerStep)
+        .collect()
+}
+
+fn assert_silent(name: &str, snapshot: &Snapshot) {
+    let findings = detect(snapshot, &DetectOptions::default());
+    let bad = problems(&findings);
+    assert!(bad.is_empty(), "{name}: expected no problem, got {bad:#?}");
+    for f in &findings {
+        assert!(
+            !f.site_label().starts_with("??"),
+            "{name}: a finding names {}",
+            f.site_label()
+        );
+    }
+}
+
+#[test]
+fn a_kept_graph_is_one_finding_at_the_line_that_keeps_it() {
+    let snapshot = training(
+        12,
+        Bugs {
+            keep_graph: true,
+            ..Bugs::default()
+        },
+    );
+    let view = ModelView::new(&snapshot);
+    assert_eq!(
+        view.step_source(),
+        &StepSource::Recorded {
+            label: "Optimizer.step#AdamW.step".to_string()
+        }
+    );
+    let findings = detect(&snapshot, &DetectOptions::default());
+    let leaks = retained(&findings);
+    assert_eq!(leaks.len(), 1, "{leaks:#?}");
+    let leak = leaks[0];
+    assert_eq!(leak.severity, Severity::Error);
+    assert_eq!(leak.site_label(), format!("{TRAIN}:59"));
+    // Every kept site is listed, with its bytes: the input, three activation lines, the loss
+    // and the running sum.
+    let listed: Vec<&str> = leak.sites.iter().map(|s| s.site.as_str()).collect();
+    for line in [55, 58, 59] {
+        assert!(
+            listed.contains(&format!("{TRAIN}:{line}").as_str()),
+            "{listed:?}"
+        );
+    }
+    assert!(
+        listed.iter().any(|s| s.ends_with("model.py:31")),
+        "{listed:?}"
+    );
+    assert_eq!(leak.bytes, leak.sites.iter().map(|s| s.bytes).sum::<u64>());
+    // Twelve steps of six activations of 1 MiB (+100 B), 3 MiB of input and two scalars,
+    // each block as PyTorch rounds it.
+    assert_eq!(leak.count, 12 * 9);
+    assert_eq!(problems(&findings).len(), 1, "{findings:#?}");
+}
+
+#[test]
+fn the_clean_training_loop_is_silent() {
+    assert_silent("clean training", &training(12, Bugs::default()));
+}
+
+/// An evaluation loop without annotations or an optimizer: `outputs.append(model(x))` keeps
+/// each step's graph when `keep` is set, else the output goes to the host.
+fn evaluation(steps: usize, keep: bool) -> Snapshot {
+    let mut t = Torch::new();
+    let model = Model::new(3, 2 * MIB);
+    let mut weights_stack = alloc_frames("empty_strided");
+    weights_stack.push(torch_py("nn/modules/module.py", 1340, "to"));
+    weights_stack.extend(at(EVAL, 40, "evaluate"));
+    let _weights: Vec<u64> = (0..6).map(|_| t.alloc(&weights_stack, 4 * MIB)).collect();
+    let mut kept = Vec::new();
+    for _ in 0..steps {
+        let x = t.alloc(&op_at("_to_copy", EVAL, 55), MIB);
+        let caller = at(EVAL, 57, "evaluate");
+        let acts = model.forward(&mut t, &caller);
+        if keep {
+            kept.extend(acts);
+        } else {
+            // `out.cpu()`: the graph goes with the output.
+            for a in acts {
+                t.free(a);
+            }
+        }
+        t.free(x);
+    }
+    let _ = kept;
+    t.finish()
+}
+
+#[test]
+fn an_eval_loop_without_marks_gets_inferred_steps_and_one_finding() {
+    let snapshot = evaluation(10, true);
+    let view = ModelView::new(&snapshot);
+    assert_eq!(
+        view.step_source(),
+        &StepSource::Inferred {
+            opener: format!("{EVAL}:55")
+        }
+    );
+    assert_eq!(view.loop_steps().len(), 10);
+    let findings = detect(&snapshot, &DetectOptions::default());
+    let leaks = retained(&findings);
+    assert_eq!(leaks.len(), 1, "{leaks:#?}");
+    assert_eq!(leaks[0].site_label(), format!("{EVAL}:57"));
+    assert_eq!(leaks[0].sites.len(), 3);
+    assert_eq!(leaks[0].count, 10 * 9);
+}
+
+#[test]
+fn the_clean_eval_loop_is_silent() {
+    let snapshot = evaluation(10, false);
+    assert!(matches!(
+        ModelView::new(&snapshot).step_source(),
+        StepSource::Inferred { .. }
+    ));
+    assert_silent("clean eval", &snapshot);
+}
+
+#[test]
+fn a_step_marker_may_be_an_annotation_name() {
+    let mut snapshot = training(6, Bugs::default());
+    let steps = restep(&mut snapshot, "Optimizer.step#AdamW.step").expect("steps");
+    assert_eq!(steps, 6);
+    assert_eq!(ModelView::new(&snapshot).loop_steps().len(), 6);
+}
+
+#[test]
+fn a_step_marker_that_matches_nothing_lists_the_candidates() {
+    let mut snapshot = training(4, Bugs::default());
+    let error = restep(&mut snapshot, "training_step").expect_err("no such marker");
+    assert!(
+        error
+            .candidates
+            .contains(&"Optimizer.step#AdamW.step".to_string()),
+        "{error}"
+    );
+    assert!(error.candidates.contains(&"train".to_string()), "{error}");
+    assert!(error.to_string().contains("training_step"));
+    // A function of the stacks works too: the model's `forward` runs once per step.
+    let mut eval = evaluation(5, false);
+    assert_eq!(restep(&mut eval, "forward"), Ok(5));
+}
+
+#[test]
+fn sparse_leaks_are_found_at_their_line() {
+    for every in [3usize, 5, 10] {
+        let steps = 4 * every;
+        let snapshot = training(
+            steps,
+            Bugs {
+                sparse_every: Some(every),
+                ..Bugs::default()
+            },
+        );
+        let findings = detect(&snapshot, &DetectOptions::default());
+        let leaks = retained(&findings);
+        assert_eq!(leaks.len(), 1, "every {every}: {findings:#?}");
+        assert_eq!(
+            leaks[0].site_label(),
+            format!("{TRAIN}:66"),
+            "every {every}"
+        );
+        assert_eq!(leaks[0].count, 4, "every {every}");
+        assert_eq!(
+            leaks[0]
+                .evidence
+                .get("retention_period_steps")
+                .map(|v| v.to_string()),
+            Some(every.to_string())
+        );
+        assert_eq!(problems(&findings).len(), 1, "every {every}: {findings:#?}");
+    }
+}
+
+#[test]
+fn a_gradient_kept_by_a_backward_hook_is_named_by_its_autograd_node() {
+    let snapshot = training(
+        10,
+        Bugs {
+            hook_keeps_grad: true,
+            ..Bugs::default()
+        },
+    );
+    let findings = detect(&snapshot, &DetectOptions::default());
+    let leaks = retained(&findings);
+    assert_eq!(leaks.len(), 1, "{findings:#?}");
+    assert_eq!(leaks[0].site_label(), "MmBackward0 (backward)");
+    assert_eq!(leaks[0].count, 10);
+    assert_eq!(leaks[0].bytes, 40 * MIB);
+    assert_eq!(leaks[0].severity, Severity::Error);
+    for f in &findings {
+        assert!(!f.site_label().starts_with("??"), "{f:#?}");
+    }
+}
+
+/// A cache that gains one entry for each new sequence length in the first `growing` steps,
+/// then is only read for `flat` steps; and a training step around it.
+fn bounded_cache(growing: usize, flat: usize) -> Snapshot {
+    let mut t = Torch::new();
+    let model = Model::new(1, MIB);
+    let mut cache = Vec::new();
+    for step in 0..growing + flat {
+        if step < growing {
+            let mut frames = alloc_frames("cos");
+            frames.push(py("/home/user/project/model.py", 80, "rope_cache"));
+            frames.extend(at(TRAIN, 56, "train"));
+            cache.push(t.alloc(&frames, 2 * MIB));
+        }
+        let acts = model.forward(&mut t, &at(TRAIN, 57, "train"));
+        model.backward(&mut t, acts);
+        t.annotate("Optimizer.step#AdamW.step", "START");
+        t.annotate("Optimizer.step#AdamW.step", "END");
+    }
+    let _ = cache;
+    t.finish()
+}
+
+#[test]
+fn bounded_growth_is_not_a_leak() {
+    assert_silent("bounded cache", &bounded_cache(8, 32));
+}
+
+/// Generation of `sequences` sequences of `tokens` tokens: the KV cache grows one block per
+/// token and is freed at the end of its sequence.
+fn kv_cache(sequences: usize, tokens: usize) -> Snapshot {
+    let mut t = Torch::new();
+    for _ in 0..sequences {
+        let mut kv = Vec::new();
+        for _ in 0..tokens {
+            let logits = t.alloc(&op_at("addmm", EVAL, 71), 256 * 1024);
+            let mut frames = alloc_frames("cat");
+            frames.push(py("/home/user/project/model.py", 140, "update_kv"));
+            frames.extend(at(EVAL, 72, "generate"));
+            kv.push(t.alloc(&frames, MIB));
+            t.free(logits);
+        }
+        for block in kv {
+            t.free(block);
+        }
+    }
+    t.finish()
+}
+
+#[test]
+fn a_kv_cache_freed_per_sequence_is_clean() {
+    assert_silent("kv cache", &kv_cache(5, 12));
+}
+
+#[test]
+fn gradient_accumulation_is_clean() {
+    assert_silent(
+        "accumulation",
+        &training(
+            10,
+            Bugs {
+                accumulate: 4,
+                ..Bugs::default()
+            },
+        ),
+    );
+}
