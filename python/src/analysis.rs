@@ -1,0 +1,104 @@
+//! What the Python face asks of a snapshot: the inspector's findings as JSON, its text report,
+//! and the checks of the pytest marker (peak, leaks, syncs per step), each failure a sentence
+//! that names the call site.
+
+use std::collections::BTreeMap;
+
+use vramscope_allocator::{format_bytes, EventKind, Snapshot, TransferDirection};
+use vramscope_inspector::checks;
+use vramscope_inspector::detect::{detect, DetectOptions};
+use vramscope_inspector::report::{build_report, render, Format, ReportOptions};
+
+/// The inspector's findings on `snapshot`, as the JSON array of its `Finding`s.
+pub fn findings_json(snapshot: &Snapshot) -> String {
+    let findings = detect(snapshot, &DetectOptions::default());
+    serde_json::to_string(&findings).unwrap_or_else(|_| "[]".to_string())
+}
+
+/// The inspector's text report on `snapshot`.
+pub fn report_text(snapshot: &Snapshot) -> String {
+    render(
+        &build_report(snapshot, &ReportOptions::default()),
+        Format::Text,
+        false,
+    )
+}
+
+/// What the pytest marker checks.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Limits {
+    /// Peak allocated bytes allowed.
+    pub max_peak: Option<u64>,
+    /// Fail on any `retained_per_step` finding.
+    pub no_leaks: bool,
+    /// Device waits (syncs and device-to-host copies) allowed in any one step.
+    pub max_syncs_per_step: Option<u64>,
+}
+
+/// The checks of `limits` that `snapshot` fails, one message each (empty when all pass).
+pub fn check(snapshot: &Snapshot, limits: Limits) -> Vec<String> {
+    let mut failures = Vec::new();
+    if let Some(budget) = limits.max_peak {
+        if let Err(e) = checks::check_peak_below(snapshot, budget) {
+            failures.push(e.to_string());
+        }
+    }
+    if limits.no_leaks {
+        if let Err(e) = checks::check_no_leaks(snapshot) {
+            failures.push(e.to_string());
+        }
+    }
+    if let Some(limit) = limits.max_syncs_per_step {
+        if let Some(message) = check_syncs(snapshot, limit) {
+            failures.push(message);
+        }
+    }
+    failures
+}
+
+/// The step with the most device waits, when it has more than `limit`, as a sentence naming
+/// the site that waited most in it.
+fn check_syncs(snapshot: &Snapshot, limit: u64) -> Option<String> {
+    let mut by_step: BTreeMap<u64, BTreeMap<Option<u32>, u64>> = BTreeMap::new();
+    for event in &snapshot.events {
+        let waits = matches!(
+            event.kind,
+            EventKind::Sync | EventKind::Transfer(TransferDirection::DeviceToHost)
+        );
+        if waits {
+            *by_step
+                .entry(event.step)
+                .or_default()
+                .entry(event.site)
+                .or_default() += 1;
+        }
+    }
+    let (step, sites) = by_step
+        .iter()
+        .max_by_key(|(step, sites)| (sites.values().sum::<u64>(), std::cmp::Reverse(**step)))?;
+    let total: u64 = sites.values().sum();
+    if total <= limit {
+        return None;
+    }
+    let (site, count) = sites.iter().max_by_key(|(_, count)| **count)?;
+    let place = site
+        .and_then(|id| snapshot.sites.get(id as usize))
+        .map(|s| {
+            if s.function.is_empty() {
+                s.file_line()
+            } else {
+                format!("{} in {}", s.file_line(), s.function)
+            }
+        })
+        .unwrap_or_else(|| "an unknown site".to_string());
+    Some(format!(
+        "max_syncs_per_step: step {step} waited for the device {total} times (limit {limit}), \
+         {count} of them at {place}; fix: keep values on the device inside the loop and read \
+         them once per step (accumulate, then one .item())"
+    ))
+}
+
+/// `bytes` as a human figure (`"1.50 GiB"`).
+pub fn human(bytes: u64) -> String {
+    format_bytes(bytes)
+}

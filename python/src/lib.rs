@@ -1,0 +1,141 @@
+//! `vramscope._native`: the one native module of the `vramscope` Python package.
+//!
+//! It is at once the Python extension and the `CUDAPluggableAllocator` library: PyTorch loads
+//! this file by path and calls its `vramscope_malloc`/`vramscope_free` C symbols
+//! ([`pluggable`]), while Python imports it for [`sim::SimAllocator`] (the caching allocator on
+//! a simulated device), the functions that steer the pluggable allocator, the inspector's
+//! reports on any file PyTorch or vramscope wrote ([`analysis`]), and the Python stack capture
+//! settings ([`stack`]). The Python package (`python/vramscope/`) wraps all of it.
+
+mod analysis;
+mod pluggable;
+mod sim;
+mod stack;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use vramscope_inspector::import;
+
+/// Loads `path` (a vramscope snapshot, a PyTorch snapshot pickle, a profiler trace).
+fn load(path: &str) -> PyResult<vramscope_allocator::Snapshot> {
+    import::load(path).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// The inspector's findings on the file at `path`, as JSON.
+#[pyfunction]
+fn file_findings_json(path: &str) -> PyResult<String> {
+    Ok(analysis::findings_json(&load(path)?))
+}
+
+/// The inspector's text report on the file at `path`.
+#[pyfunction]
+fn file_report_text(path: &str) -> PyResult<String> {
+    Ok(analysis::report_text(&load(path)?))
+}
+
+/// The checks of the pytest marker that the file at `path` fails.
+#[pyfunction]
+#[pyo3(signature = (path, max_peak = None, no_leaks = false, max_syncs_per_step = None))]
+fn file_check(
+    path: &str,
+    max_peak: Option<u64>,
+    no_leaks: bool,
+    max_syncs_per_step: Option<u64>,
+) -> PyResult<Vec<String>> {
+    Ok(analysis::check(
+        &load(path)?,
+        analysis::Limits {
+            max_peak,
+            no_leaks,
+            max_syncs_per_step,
+        },
+    ))
+}
+
+/// `bytes` as a human figure (`"1.50 GiB"`).
+#[pyfunction]
+fn format_bytes(bytes: u64) -> String {
+    analysis::human(bytes)
+}
+
+/// The most Python frames a capture walks.
+#[pyfunction]
+fn stack_depth() -> usize {
+    stack::max_depth()
+}
+
+/// Sets the most Python frames a capture walks.
+#[pyfunction]
+fn set_stack_depth(depth: usize) {
+    stack::set_max_depth(depth);
+}
+
+/// Treats frames whose path contains one of `paths` as framework code (never a site's line).
+#[pyfunction]
+fn add_framework_paths(paths: Vec<String>) {
+    stack::add_framework_paths(paths);
+}
+
+/// Distinct Python stacks interned so far.
+#[pyfunction]
+fn cached_stacks() -> usize {
+    stack::cached_stacks()
+}
+
+/// A frame as Python sees it: `(file, line, function)`.
+type PyFrame = (String, u32, String);
+
+/// The calling thread's Python stack as vramscope interns it: `(file, line, function, frames)`
+/// with frames as `(file, line, function)`, innermost first; `None` without Python frames.
+#[pyfunction]
+fn current_site(py: Python<'_>) -> Option<(String, u32, String, Vec<PyFrame>)> {
+    let _ = py;
+    // SAFETY: a `#[pyfunction]` runs with the GIL held (`py` proves it).
+    let site = unsafe { stack::capture() }?;
+    Some((
+        site.file.clone(),
+        site.line,
+        site.function.clone(),
+        site.frames
+            .iter()
+            .map(|f| (f.file.clone(), f.line, f.function.clone()))
+            .collect(),
+    ))
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    if let Some(depth) = std::env::var("VRAMSCOPE_PY_STACK_DEPTH")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+    {
+        stack::set_max_depth(depth);
+    }
+    m.add_class::<sim::SimAllocator>()?;
+    m.add_class::<sim::Block>()?;
+    m.add_class::<sim::ScopeToken>()?;
+    m.add_function(wrap_pyfunction!(file_findings_json, m)?)?;
+    m.add_function(wrap_pyfunction!(file_report_text, m)?)?;
+    m.add_function(wrap_pyfunction!(file_check, m)?)?;
+    m.add_function(wrap_pyfunction!(format_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(stack_depth, m)?)?;
+    m.add_function(wrap_pyfunction!(set_stack_depth, m)?)?;
+    m.add_function(wrap_pyfunction!(add_framework_paths, m)?)?;
+    m.add_function(wrap_pyfunction!(cached_stacks, m)?)?;
+    m.add_function(wrap_pyfunction!(current_site, m)?)?;
+    m.add_function(wrap_pyfunction!(pluggable::set_stack_mode, m)?)?;
+    m.add_function(wrap_pyfunction!(pluggable::stack_mode, m)?)?;
+    m.add_function(wrap_pyfunction!(pluggable::set_listen, m)?)?;
+    m.add_function(wrap_pyfunction!(pluggable::device_mark_step, m)?)?;
+    m.add_function(wrap_pyfunction!(pluggable::device_push_scope, m)?)?;
+    m.add_function(wrap_pyfunction!(pluggable::device_pop_scope, m)?)?;
+    m.add_function(wrap_pyfunction!(pluggable::device_snapshot, m)?)?;
+    m.add_function(wrap_pyfunction!(pluggable::device_memory_summary, m)?)?;
+    m.add_function(wrap_pyfunction!(pluggable::device_stats_json, m)?)?;
+    m.add_function(wrap_pyfunction!(pluggable::device_findings_json, m)?)?;
+    m.add_function(wrap_pyfunction!(pluggable::device_report_text, m)?)?;
+    m.add_function(wrap_pyfunction!(pluggable::device_check, m)?)?;
+    m.add_function(wrap_pyfunction!(pluggable::devices_served, m)?)?;
+    m.add_function(wrap_pyfunction!(pluggable::errors, m)?)?;
+    Ok(())
+}

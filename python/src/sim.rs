@@ -1,0 +1,253 @@
+//! `vramscope.SimAllocator`: the caching allocator on the simulated device, from Python.
+//!
+//! Each allocation made with the GIL held (every call from Python) carries the caller's Python
+//! stack as its call site ([`crate::stack::capture`], through
+//! [`vramscope_allocator::provenance::with_call_site`]), so the inspector's findings name the
+//! Python `file:line`. A [`Block`] frees itself when Python drops it, or on `.free()`. This is
+//! how a Python user (and CI) tries vramscope with no GPU, and how the stack capture is tested.
+
+use std::sync::Mutex;
+
+use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use vramscope_allocator::provenance::with_call_site;
+use vramscope_allocator::{
+    AllocError, AllocatorConfig, CachingAllocator, DeviceBuffer, ScopeGuard, SimDevice, StreamId,
+};
+
+use crate::analysis;
+use crate::stack;
+
+/// Turns an allocator error into the Python exception a user expects (`MemoryError` for an
+/// out-of-memory, `RuntimeError` for misuse).
+pub fn to_py(error: AllocError) -> PyErr {
+    match error {
+        AllocError::OutOfMemory(_) => PyMemoryError::new_err(error.to_string()),
+        other => PyRuntimeError::new_err(other.to_string()),
+    }
+}
+
+/// Runs `f` with the calling thread's Python stack as the call site, when `capture` is on and
+/// the stack can be read.
+pub fn at_python_line<R>(capture: bool, f: impl FnOnce() -> R) -> R {
+    if capture && stack::gil_held() {
+        // SAFETY: the GIL is held (checked just above).
+        if let Some(site) = unsafe { stack::capture() } {
+            return with_call_site(site, f);
+        }
+    }
+    f()
+}
+
+/// The caching allocator on a simulated device of `capacity` bytes.
+#[pyclass(module = "vramscope._native", frozen, subclass)]
+pub struct SimAllocator {
+    alloc: CachingAllocator<SimDevice>,
+    capture: bool,
+}
+
+#[pymethods]
+impl SimAllocator {
+    /// A simulated device of `capacity` bytes; `config` in `PYTORCH_CUDA_ALLOC_CONF` syntax;
+    /// `backed` puts host memory behind the addresses; `capture_stacks=False` turns the
+    /// Python stack capture off (every site is then this module's).
+    #[new]
+    #[pyo3(signature = (capacity, config = "", backed = false, capture_stacks = true))]
+    fn new(capacity: u64, config: &str, backed: bool, capture_stacks: bool) -> PyResult<Self> {
+        let config =
+            AllocatorConfig::parse(config).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let device = if backed {
+            SimDevice::backed(capacity)
+        } else {
+            SimDevice::phantom(capacity)
+        };
+        Ok(SimAllocator {
+            alloc: CachingAllocator::new(device, config),
+            capture: capture_stacks,
+        })
+    }
+
+    /// Allocates `nbytes` on the default stream; the block is freed when dropped or on
+    /// `.free()`. `tag` labels it in reports. Raises `MemoryError` when the device is full.
+    #[pyo3(signature = (nbytes, tag = None))]
+    fn alloc(&self, nbytes: u64, tag: Option<&str>) -> PyResult<Block> {
+        let buffer = at_python_line(self.capture, || match tag {
+            Some(tag) => self.alloc.tagged(tag).alloc(nbytes),
+            None => self.alloc.alloc(nbytes),
+        })
+        .map_err(to_py)?;
+        Ok(Block {
+            addr: buffer.addr(),
+            size: nbytes,
+            buffer: Mutex::new(Some(buffer)),
+        })
+    }
+
+    /// Starts a new training step; returns its number.
+    fn mark_step(&self) -> u64 {
+        self.alloc.mark_step()
+    }
+
+    /// Waits for the device (`.item()`, `.cpu()`), recorded as a sync at the Python line.
+    fn synchronize(&self) -> PyResult<()> {
+        at_python_line(self.capture, || self.alloc.synchronize(StreamId::DEFAULT)).map_err(to_py)
+    }
+
+    /// Opens the scope `name` on this thread until the returned token's `close()`; the
+    /// Python `scope()` context manager wraps this.
+    fn open_scope(&self, name: &str) -> ScopeToken {
+        ScopeToken {
+            guard: Some(self.alloc.scope(name)),
+        }
+    }
+
+    /// Releases every cached segment without live blocks; returns the bytes released.
+    fn empty_cache(&self) -> u64 {
+        self.alloc.empty_cache()
+    }
+
+    /// Writes a JSON snapshot to `path` (`vramscope report PATH` reads it).
+    fn snapshot(&self, path: &str) -> PyResult<()> {
+        self.alloc
+            .snapshot()
+            .save(path)
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
+    /// The snapshot as JSON text.
+    fn snapshot_json(&self) -> String {
+        serde_json::to_string(&self.alloc.snapshot()).unwrap_or_default()
+    }
+
+    /// The inspector's findings, as JSON (the Python `report()` turns them into objects).
+    fn findings_json(&self) -> String {
+        analysis::findings_json(&self.alloc.snapshot())
+    }
+
+    /// The inspector's text report.
+    fn report_text(&self) -> String {
+        analysis::report_text(&self.alloc.snapshot())
+    }
+
+    /// The checks of the pytest marker that fail, one message each.
+    #[pyo3(signature = (max_peak = None, no_leaks = false, max_syncs_per_step = None))]
+    fn check(
+        &self,
+        max_peak: Option<u64>,
+        no_leaks: bool,
+        max_syncs_per_step: Option<u64>,
+    ) -> Vec<String> {
+        analysis::check(
+            &self.alloc.snapshot(),
+            analysis::Limits {
+                max_peak,
+                no_leaks,
+                max_syncs_per_step,
+            },
+        )
+    }
+
+    /// PyTorch's `memory_summary()` table.
+    fn memory_summary(&self) -> String {
+        self.alloc.memory_summary()
+    }
+
+    /// PyTorch's `memory_stats()` figures, as JSON.
+    fn stats_json(&self) -> String {
+        serde_json::to_string(&self.alloc.stats()).unwrap_or_default()
+    }
+
+    /// Bytes allocated now.
+    #[getter(allocated)]
+    fn allocated_now(&self) -> u64 {
+        self.alloc.stats().allocated_bytes.all.current
+    }
+
+    /// Peak bytes allocated.
+    #[getter]
+    fn peak_allocated(&self) -> u64 {
+        self.alloc.stats().allocated_bytes.all.peak
+    }
+
+    /// Bytes reserved from the device now.
+    #[getter]
+    fn reserved(&self) -> u64 {
+        self.alloc.stats().reserved_bytes.all.current
+    }
+
+    /// The current step number.
+    #[getter]
+    fn step(&self) -> u64 {
+        self.alloc.step()
+    }
+
+    /// Whether allocations carry the Python stack.
+    #[getter]
+    fn capture_stacks(&self) -> bool {
+        self.capture
+    }
+}
+
+/// One allocation; freed when dropped or on `.free()`.
+#[pyclass(module = "vramscope._native", frozen)]
+pub struct Block {
+    addr: u64,
+    size: u64,
+    buffer: Mutex<Option<DeviceBuffer<SimDevice>>>,
+}
+
+#[pymethods]
+impl Block {
+    /// Frees the block now (later drops and frees do nothing).
+    fn free(&self) -> PyResult<()> {
+        let taken = self.buffer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match taken {
+            Some(buffer) => buffer.free().map_err(to_py),
+            None => Ok(()),
+        }
+    }
+
+    /// The device address.
+    #[getter]
+    fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// The bytes asked for.
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether the block was freed.
+    #[getter]
+    fn freed(&self) -> bool {
+        self.buffer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<vramscope.Block {} bytes at {:#x}{}>",
+            self.size,
+            self.addr,
+            if self.freed() { ", freed" } else { "" }
+        )
+    }
+}
+
+/// An open scope; `close()` ends it. It belongs to the thread that opened it.
+#[pyclass(module = "vramscope._native", unsendable)]
+pub struct ScopeToken {
+    guard: Option<ScopeGuard>,
+}
+
+#[pymethods]
+impl ScopeToken {
+    /// Ends the scope (again: nothing).
+    fn close(&mut self) {
+        self.guard.take();
+    }
+}

@@ -1,0 +1,255 @@
+"""vramscope for Python: GPU memory debugging at the Python line.
+
+Three ways in, all reporting through the same inspector:
+
+* ``vramscope.SimAllocator(capacity)``: PyTorch's caching allocator on a simulated device,
+  driven from Python. Every allocation carries the Python stack it was made from, so findings
+  name your ``file:line``. No GPU or torch needed.
+* ``vramscope.use_allocator()``: vramscope's caching allocator under PyTorch, through
+  ``torch.cuda.memory.CUDAPluggableAllocator`` (this package's native module is the library),
+  with statistics, snapshots, live telemetry and the Python stack of each allocation.
+* ``vramscope.attach()``: keeps PyTorch's own allocator and records its history, marks steps
+  at each optimizer step, catches per-element syncs, snapshots at OOM and at exit.
+
+Module-level ``scope()``, ``mark_step()``, ``snapshot()``, ``report()`` and
+``memory_summary()`` act on whichever of these is active (``activate()`` makes a
+``SimAllocator`` the active one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Union
+
+from . import _native
+
+__all__ = [
+    "SimAllocator",
+    "Block",
+    "Finding",
+    "activate",
+    "active",
+    "attach",
+    "use_allocator",
+    "scope",
+    "mark_step",
+    "snapshot",
+    "report",
+    "report_text",
+    "memory_summary",
+    "parse_size",
+    "format_bytes",
+    "native_library_path",
+    "set_stack_depth",
+]
+
+__version__ = "0.1.0"
+
+Block = _native.Block
+format_bytes = _native.format_bytes
+set_stack_depth = _native.set_stack_depth
+
+# Frames in this package are never the site a finding names.
+_native.add_framework_paths([os.path.dirname(os.path.abspath(__file__)) + os.sep])
+
+
+def native_library_path() -> str:
+    """The path of the native module: the library to give ``CUDAPluggableAllocator``."""
+    return os.path.abspath(_native.__file__)
+
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1000,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1000**2,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1000**3,
+    "gib": 1 << 30,
+    "t": 1 << 40,
+    "tb": 1000**4,
+    "tib": 1 << 40,
+}
+
+
+def parse_size(size: Union[int, str]) -> int:
+    """Bytes from ``4096``, ``"2 GiB"``, ``"512MB"``, ``"1.5G"`` (binary for k/m/g/t)."""
+    if isinstance(size, int):
+        return size
+    text = str(size).strip().lower().replace(" ", "")
+    number = text.rstrip("kmgtib")
+    unit = text[len(number):]
+    if unit not in _UNITS or not number:
+        raise ValueError(f"not a size: {size!r} (expected e.g. 4096, '512 MiB', '2 GiB')")
+    return int(float(number) * _UNITS[unit])
+
+
+@dataclass
+class Finding:
+    """One diagnosis of the inspector: what, where, how much, and the fix."""
+
+    kind: str
+    severity: str
+    site: Optional[str]
+    function: str
+    bytes: int
+    count: int
+    summary: str
+    fix: str
+    bytes_per_step: Optional[float] = None
+    first_step: Optional[int] = None
+    last_step: Optional[int] = None
+    evidence: Dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, value: Dict[str, Any]) -> "Finding":
+        per_step = value.get("per_step") or {}
+        return cls(
+            kind=value["kind"],
+            severity=value["severity"],
+            site=value.get("site"),
+            function=value.get("function", ""),
+            bytes=value.get("bytes", 0),
+            count=value.get("count", 0),
+            summary=value.get("summary", ""),
+            fix=value.get("fix", ""),
+            bytes_per_step=per_step.get("bytes"),
+            first_step=value.get("first_step"),
+            last_step=value.get("last_step"),
+            evidence=value.get("evidence") or {},
+        )
+
+    @property
+    def text(self) -> str:
+        """The finding as one paragraph: severity, kind, site, what was seen, the fix."""
+        where = self.site or "(no site)"
+        if self.function:
+            where += f" in {self.function}"
+        return f"{self.severity} {self.kind} at {where}: {self.summary} Fix: {self.fix}"
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _findings(text: str) -> List[Finding]:
+    return [Finding.from_json(v) for v in json.loads(text)]
+
+
+class SimAllocator(_native.SimAllocator):
+    """PyTorch's caching allocator on a simulated device of ``capacity`` bytes.
+
+    ``alloc(nbytes)`` returns a :class:`Block`, freed when dropped or on ``.free()``; the
+    allocation's call site is the Python stack that made it. ``config`` takes
+    ``PYTORCH_CUDA_ALLOC_CONF`` syntax.
+    """
+
+    def __new__(cls, capacity: Union[int, str] = "80 GiB", config: str = "", backed: bool = False,
+                capture_stacks: bool = True):
+        return super().__new__(cls, parse_size(capacity), config, backed, capture_stacks)
+
+    @contextlib.contextmanager
+    def scope(self, name: str) -> Iterator[None]:
+        """Names the allocations made inside the ``with`` block (on this thread)."""
+        token = self.open_scope(name)
+        try:
+            yield
+        finally:
+            token.close()
+
+    def report(self) -> List[Finding]:
+        """The inspector's findings, most severe first."""
+        return _findings(self.findings_json())
+
+    def stats(self) -> Dict[str, Any]:
+        """PyTorch's ``memory_stats()`` figures."""
+        return json.loads(self.stats_json())
+
+    def check(self, max_peak: Union[int, str, None] = None, no_leaks: bool = False,
+              max_syncs_per_step: Optional[int] = None) -> List[str]:
+        """The failures of these limits, one message each (empty when all hold)."""
+        peak = None if max_peak is None else parse_size(max_peak)
+        return super().check(peak, no_leaks, max_syncs_per_step)
+
+
+_active: Any = None
+
+
+def activate(target: Any) -> Any:
+    """Makes ``target`` (a :class:`SimAllocator`, or what ``use_allocator``/``attach``
+    return) the one the module-level functions act on; returns the previous one."""
+    global _active
+    previous, _active = _active, target
+    return previous
+
+
+def active() -> Any:
+    """What the module-level functions act on, or None."""
+    return _active
+
+
+def _require() -> Any:
+    if _active is None:
+        raise RuntimeError(
+            "vramscope is not active: call vramscope.use_allocator(), vramscope.attach() "
+            "or vramscope.activate(SimAllocator(...)) first"
+        )
+    return _active
+
+
+@contextlib.contextmanager
+def scope(name: str) -> Iterator[None]:
+    """``with vramscope.scope("forward"):`` names the allocations made inside."""
+    with _require().scope(name):
+        yield
+
+
+def mark_step() -> int:
+    """Starts a new training step (``attach()`` also marks one at each optimizer step)."""
+    return _require().mark_step()
+
+
+def snapshot(path: str) -> str:
+    """Writes a snapshot to ``path`` (``vramscope report PATH`` reads it); returns the path."""
+    _require().snapshot(path)
+    return path
+
+
+def report() -> List[Finding]:
+    """The inspector's findings on what has been recorded so far."""
+    return _require().report()
+
+
+def report_text() -> str:
+    """The inspector's full text report."""
+    return _require().report_text()
+
+
+def memory_summary() -> str:
+    """PyTorch's ``memory_summary()`` table."""
+    return _require().memory_summary()
+
+
+def report_file(path: str) -> List[Finding]:
+    """The findings on a file: a vramscope snapshot, a PyTorch snapshot pickle, or a trace."""
+    return _findings(_native.file_findings_json(path))
+
+
+def use_allocator(**kwargs: Any) -> Any:
+    """vramscope's caching allocator under PyTorch; see :func:`vramscope._torch.use_allocator`."""
+    from . import _torch
+
+    return _torch.use_allocator(**kwargs)
+
+
+def attach(**kwargs: Any) -> Any:
+    """Watch PyTorch's own allocator; see :func:`vramscope._torch.attach`."""
+    from . import _torch
+
+    return _torch.attach(**kwargs)

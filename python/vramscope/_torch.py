@@ -1,0 +1,317 @@
+"""vramscope under PyTorch: ``use_allocator()`` and ``attach()``.
+
+Only public torch APIs are used (``torch.cuda.memory.CUDAPluggableAllocator``,
+``change_current_allocator``, ``_record_memory_history``, ``_dump_snapshot``,
+``torch.optim.optimizer.register_optimizer_step_post_hook``, ``set_sync_debug_mode``, the OOM
+observer). torch is imported inside the functions, so ``import vramscope`` works without it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import threading
+import warnings
+from collections import Counter
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from . import Finding, _findings, _native, activate, parse_size
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - exercised where torch is absent
+        raise RuntimeError("vramscope.use_allocator() and attach() need torch") from e
+    return torch
+
+
+class SyncRecorder:
+    """Records the synchronizing calls ``torch.cuda.set_sync_debug_mode("warn")`` reports,
+    at the Python line that made them, instead of printing the warnings."""
+
+    MARKER = "synchroniz"
+
+    def __init__(self) -> None:
+        self.by_step: Dict[int, Counter] = {}
+        self.step = 0
+        self._lock = threading.Lock()
+        self._previous = None
+
+    def install(self) -> None:
+        warnings.filterwarnings("always", message=f".*{self.MARKER}.*")
+        self._previous = warnings.showwarning
+
+        def showwarning(message, category, filename, lineno, file=None, line=None):
+            if self.MARKER in str(message):
+                self.record(filename, lineno)
+                return
+            self._previous(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = showwarning
+
+    def record(self, filename: str, lineno: int) -> None:
+        site = _native.current_site()
+        where: Tuple[str, int, str] = (filename, lineno, "")
+        if site is not None:
+            where = (site[0], site[1], site[2])
+        with self._lock:
+            self.by_step.setdefault(self.step, Counter())[where] += 1
+
+    def mark_step(self, step: int) -> None:
+        with self._lock:
+            self.step = step
+
+    def worst_step(self) -> Optional[Tuple[int, int, Tuple[str, int, str], int]]:
+        """(step, syncs in it, the site with most, its count) for the busiest step."""
+        with self._lock:
+            if not self.by_step:
+                return None
+            step, sites = max(self.by_step.items(), key=lambda kv: (sum(kv[1].values()), -kv[0]))
+            site, count = sites.most_common(1)[0]
+            return step, sum(sites.values()), site, count
+
+    def findings(self) -> List[Finding]:
+        """One ``sync_in_loop`` finding per site that synced more than once per step."""
+        with self._lock:
+            steps = max(len(self.by_step), 1)
+            totals: Counter = Counter()
+            for sites in self.by_step.values():
+                totals.update(sites)
+        out = []
+        for (file, line, function), count in totals.most_common():
+            per_step = count / steps
+            if per_step <= 1:
+                continue
+            out.append(Finding(
+                kind="sync_in_loop", severity="warning", site=f"{file}:{line}",
+                function=function, bytes=0, count=count,
+                summary=f"{count} synchronizing calls in {steps} steps ({per_step:.1f} per step).",
+                fix="keep the values on the device and read them once per step "
+                    "(accumulate, then one .item())",
+                evidence={"syncs": count, "steps": steps},
+            ))
+        return out
+
+    def check(self, limit: int) -> Optional[str]:
+        worst = self.worst_step()
+        if worst is None or worst[1] <= limit:
+            return None
+        step, total, (file, line, function), count = worst
+        where = f"{file}:{line}" + (f" in {function}" if function else "")
+        return (f"max_syncs_per_step: step {step} synchronized {total} times (limit {limit}), "
+                f"{count} of them at {where}; fix: keep values on the device inside the loop "
+                "and read them once per step (accumulate, then one .item())")
+
+
+def _step_hook(callback) -> Any:
+    torch = _torch()
+    register = getattr(torch.optim.optimizer, "register_optimizer_step_post_hook", None)
+    if register is None:
+        return None
+    return register(lambda optimizer, args, kwargs: callback())
+
+
+class PluggableSession:
+    """vramscope's allocator serving PyTorch (what ``use_allocator()`` returns)."""
+
+    def __init__(self, device: Optional[int], syncs: Optional[SyncRecorder]) -> None:
+        self._device = device
+        self.syncs = syncs
+        self.step = 0
+
+    @property
+    def device(self) -> int:
+        if self._device is None:
+            self._device = _torch().cuda.current_device()
+        return self._device
+
+    @contextlib.contextmanager
+    def scope(self, name: str) -> Iterator[None]:
+        _native.device_push_scope(self.device, name)
+        try:
+            yield
+        finally:
+            _native.device_pop_scope()
+
+    def mark_step(self) -> int:
+        _native.device_mark_step()
+        self.step += 1
+        if self.syncs is not None:
+            self.syncs.mark_step(self.step)
+        return self.step
+
+    def snapshot(self, path: str) -> None:
+        _native.device_snapshot(self.device, path)
+
+    def report(self) -> List[Finding]:
+        found = _findings(_native.device_findings_json(self.device))
+        if self.syncs is not None:
+            found += self.syncs.findings()
+        return found
+
+    def report_text(self) -> str:
+        return _native.device_report_text(self.device)
+
+    def memory_summary(self) -> str:
+        return _native.device_memory_summary(self.device)
+
+    def stats(self) -> Dict[str, Any]:
+        return json.loads(_native.device_stats_json(self.device))
+
+    def check(self, max_peak=None, no_leaks=False, max_syncs_per_step=None) -> List[str]:
+        peak = None if max_peak is None else parse_size(max_peak)
+        failures = _native.device_check(self.device, peak, no_leaks, None)
+        if max_syncs_per_step is not None and self.syncs is not None:
+            message = self.syncs.check(max_syncs_per_step)
+            if message:
+                failures.append(message)
+        return failures
+
+
+def use_allocator(listen: Optional[str] = None, snapshot_on_exit: Optional[str] = None,
+                  stacks: str = "python", device: Optional[int] = None,
+                  catch_syncs: bool = True) -> PluggableSession:
+    """Makes vramscope's caching allocator PyTorch's CUDA allocator (before any CUDA
+    allocation), with the Python stack of each allocation as its call site.
+
+    ``stacks``: ``"python"`` walks the Python stack on every thread that runs Python (taking
+    the GIL when the torch binding released it, as PyTorch's own history recording does; never
+    on autograd's or other C++ threads), ``"held"`` only when the GIL is already held, ``"off"``
+    never. ``listen`` publishes live telemetry (``unix:PATH`` or ``tcp:127.0.0.1:PORT``) for
+    ``vramscope top``; ``snapshot_on_exit`` writes a snapshot when Python exits.
+    """
+    torch = _torch()
+    _native.set_stack_mode(stacks)
+    if listen:
+        _native.set_listen(listen)
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(
+        os.path.abspath(_native.__file__), "vramscope_malloc", "vramscope_free")
+    torch.cuda.memory.change_current_allocator(allocator)
+    syncs = None
+    if catch_syncs:
+        syncs = SyncRecorder()
+        syncs.install()
+        torch.cuda.set_sync_debug_mode("warn")
+    session = PluggableSession(device, syncs)
+    session.torch_allocator = allocator
+    session.hook = _step_hook(session.mark_step)
+    if snapshot_on_exit:
+        atexit.register(_quiet, session.snapshot, snapshot_on_exit)
+    activate(session)
+    return session
+
+
+def _quiet(fn, *args) -> None:
+    try:
+        fn(*args)
+        print(f"vramscope: snapshot written to {args[0]}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - at exit, say it and go on
+        print(f"vramscope: no snapshot at exit: {e}", file=sys.stderr)
+
+
+class AttachSession:
+    """PyTorch's own allocator, watched (what ``attach()`` returns)."""
+
+    def __init__(self, stacks: bool, max_entries: int, syncs: Optional[SyncRecorder],
+                 oom_snapshot: Optional[str]) -> None:
+        torch = _torch()
+        self.torch = torch
+        self.syncs = syncs
+        self.step = 0
+        self.scopes: List[Any] = []
+        torch.cuda.memory._record_memory_history(
+            enabled="all", context="all" if stacks else None,
+            stacks="python" if stacks else "all", max_entries=max_entries)
+        self.oom_snapshot = oom_snapshot
+        if oom_snapshot:
+            observer = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+            if observer is not None:
+                observer(self._on_oom)
+
+    def _on_oom(self, device, alloc, device_alloc, device_free) -> None:
+        self.snapshot(self.oom_snapshot)
+        print(f"vramscope: out of memory on device {device}; snapshot written to "
+              f"{self.oom_snapshot}", file=sys.stderr)
+
+    @contextlib.contextmanager
+    def scope(self, name: str) -> Iterator[None]:
+        with self.torch.autograd.profiler.record_function(name):
+            yield
+
+    def mark_step(self) -> int:
+        self.step += 1
+        # An annotation in the recorded history, where this torch records them; the
+        # inspector numbers steps from `ProfilerStep#N` marks.
+        with self.torch.autograd.profiler.record_function(f"ProfilerStep#{self.step}"):
+            pass
+        if self.syncs is not None:
+            self.syncs.mark_step(self.step)
+        return self.step
+
+    def snapshot(self, path: str) -> None:
+        self.torch.cuda.memory._dump_snapshot(path)
+
+    def _with_file(self, fn) -> Any:
+        fd, path = tempfile.mkstemp(suffix=".pickle", prefix="vramscope-")
+        os.close(fd)
+        try:
+            self.snapshot(path)
+            return fn(path)
+        finally:
+            os.unlink(path)
+
+    def report(self) -> List[Finding]:
+        found = self._with_file(lambda p: _findings(_native.file_findings_json(p)))
+        if self.syncs is not None:
+            found += self.syncs.findings()
+        return found
+
+    def report_text(self) -> str:
+        return self._with_file(_native.file_report_text)
+
+    def memory_summary(self) -> str:
+        return self.torch.cuda.memory_summary()
+
+    def stats(self) -> Dict[str, Any]:
+        return dict(self.torch.cuda.memory_stats())
+
+    def check(self, max_peak=None, no_leaks=False, max_syncs_per_step=None) -> List[str]:
+        peak = None if max_peak is None else parse_size(max_peak)
+        failures = self._with_file(lambda p: _native.file_check(p, peak, no_leaks, None))
+        if max_syncs_per_step is not None and self.syncs is not None:
+            message = self.syncs.check(max_syncs_per_step)
+            if message:
+                failures.append(message)
+        return failures
+
+
+def attach(listen: Optional[str] = None, snapshot_on_exit: Optional[str] = None,
+           stacks: bool = True, max_entries: int = 200_000, catch_syncs: bool = True,
+           oom_snapshot: Optional[str] = None) -> AttachSession:
+    """Keeps PyTorch's allocator and records it: the allocation history with Python stacks
+    (``_record_memory_history``), a step at each optimizer step, the synchronizing calls at
+    their Python line (``set_sync_debug_mode("warn")``, warnings captured, not shown), a
+    snapshot at OOM (``oom_snapshot``) and at exit (``snapshot_on_exit``, a PyTorch pickle
+    ``vramscope report`` reads). ``listen`` is accepted for symmetry with ``use_allocator``:
+    live telemetry needs vramscope's allocator, so it is refused here with a clear error.
+    """
+    if listen:
+        raise ValueError("attach() keeps PyTorch's allocator, which vramscope cannot stream "
+                         "live; use use_allocator(listen=...) for `vramscope top`")
+    torch = _torch()
+    syncs = None
+    if catch_syncs:
+        syncs = SyncRecorder()
+        syncs.install()
+        torch.cuda.set_sync_debug_mode("warn")
+    session = AttachSession(stacks, max_entries, syncs, oom_snapshot)
+    session.hook = _step_hook(session.mark_step)
+    if snapshot_on_exit:
+        atexit.register(_quiet, session.snapshot, snapshot_on_exit)
+    activate(session)
+    return session
