@@ -36,6 +36,8 @@ pub mod cuda;
 pub mod debug;
 mod driver_info;
 mod free_index;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 pub mod model;
 pub mod oom;
 pub mod provenance;

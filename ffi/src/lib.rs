@@ -8,8 +8,9 @@
 //! `VRAMSCOPE_ALLOC_CONF`. A pluggable allocator costs PyTorch its own `memory_stats()` and
 //! snapshots, so this library gives them back: [`vramscope_stats_json`],
 //! [`vramscope_memory_summary`], [`vramscope_snapshot`] and, with `VRAMSCOPE_SNAPSHOT_ON_EXIT`,
-//! a snapshot written when the process exits, and with `VRAMSCOPE_LISTEN` the live telemetry
-//! that `vramscope top` attaches to.
+//! a snapshot written when the process exits, with `VRAMSCOPE_LISTEN` the live telemetry
+//! that `vramscope top` attaches to, and with `VRAMSCOPE_METRICS=127.0.0.1:9400` a Prometheus
+//! `/metrics` endpoint for every device in use.
 //!
 //! Through this ABI vramscope sees no caller's stack (PyTorch calls in from C++), so every
 //! allocation has the same call site; [`vramscope_push_scope`] and [`vramscope_pop_scope`] let
@@ -29,6 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use vramscope_allocator::any::DeviceBackend;
+use vramscope_allocator::metrics::{MetricsServer, StatsSource};
 use vramscope_allocator::telemetry::Telemetry;
 use vramscope_allocator::{AllocError, AllocatorConfig, CachingAllocator, ScopeGuard, StreamId};
 
@@ -48,6 +50,8 @@ static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
 static EXIT_HOOK: AtomicBool = AtomicBool::new(false);
 /// The live-telemetry publisher (`VRAMSCOPE_LISTEN`), serving the first device opened.
 static TELEMETRY: Mutex<Option<Telemetry>> = Mutex::new(None);
+/// The Prometheus `/metrics` server (`VRAMSCOPE_METRICS`), serving every device in use.
+static METRICS: Mutex<Option<MetricsServer>> = Mutex::new(None);
 
 thread_local! {
     /// The scopes this thread opened with [`vramscope_push_scope`], innermost last.
@@ -100,6 +104,7 @@ fn allocator(device: c_int) -> Option<&'static CachingAllocator<DeviceBackend>> 
                 install_exit_hook();
                 let alloc = CachingAllocator::new(backend, config);
                 start_telemetry(&alloc);
+                start_metrics();
                 Some(alloc)
             }
             Err(reason) => {
@@ -386,6 +391,33 @@ fn start_telemetry(alloc: &CachingAllocator<DeviceBackend>) {
         }
         Ok(None) => {}
         Err(e) => report_error(format!("live telemetry not started: {e}")),
+    }
+}
+
+/// Starts the Prometheus `/metrics` server once, when `VRAMSCOPE_METRICS` asks for one: it
+/// reads every device in use at each scrape; a failure is logged, never fatal.
+fn start_metrics() {
+    let Ok(mut slot) = METRICS.lock() else {
+        return;
+    };
+    if slot.is_some() {
+        return;
+    }
+    let source: StatsSource = Box::new(|| {
+        live_allocators()
+            .map(|alloc| (alloc.device(), alloc.stats()))
+            .collect()
+    });
+    match MetricsServer::from_env(source) {
+        Ok(Some(server)) => {
+            eprintln!(
+                "vramscope: serving metrics on http://{}/metrics",
+                server.addr()
+            );
+            *slot = Some(server);
+        }
+        Ok(None) => {}
+        Err(e) => report_error(format!("metrics not served: {e}")),
     }
 }
 
