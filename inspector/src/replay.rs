@@ -83,6 +83,10 @@ pub struct FirstOom {
     pub seq: u64,
     /// Training step of the event.
     pub step: u64,
+    /// The call site of the request as a reader names it (`file:line`, never `??:0`), when
+    /// the trace records one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
     /// Bytes requested.
     pub requested: u64,
     /// Bytes allocated when it failed.
@@ -119,6 +123,9 @@ pub struct ReplayResult {
     pub trace_ooms_served: u64,
     /// The same figures read from the trace.
     pub original: Figures,
+    /// `empty_cache()` calls performed where the trace made them (see
+    /// `crate::model_view::empty_cache_calls`).
+    pub empty_cache_calls: u64,
     /// The replay's device calls against the trace's, with [`ReplayOptions::verify`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_calls: Option<DeviceCallCheck>,
@@ -442,6 +449,7 @@ fn replay_recording(
                 first_oom.get_or_insert(FirstOom {
                     seq: 0,
                     step: 0,
+                    site: None,
                     requested: segment.size,
                     allocated: stats.allocated_bytes.all.current,
                     reserved: stats.reserved_bytes.all.current,
@@ -460,21 +468,30 @@ fn replay_recording(
             .map(|e| (e.size, e.addr)),
     );
 
+    // `empty_cache()` calls (explicit events, or PyTorch's bursts of segment frees that no
+    // allocation asked for) are performed where the trace made them.
+    let empty_cache_at: rustc_hash::FxHashSet<usize> =
+        crate::model_view::empty_cache_calls(snapshot)
+            .iter()
+            .filter(|c| snapshot.events[c.first_event as usize].device == device)
+            .map(|c| c.first_event as usize)
+            .collect();
     let events: Vec<_> = snapshot
         .events
         .iter()
         .enumerate()
-        .filter(|(_, e)| {
+        .filter(|(i, e)| {
             e.device == device
-                && matches!(
+                && (matches!(
                     e.kind,
                     EventKind::Alloc | EventKind::FreeCompleted | EventKind::Oom
-                )
+                ) || empty_cache_at.contains(i))
         })
         .collect();
     let total = events.len();
     let mut unmatched_frees = 0;
     let mut trace_ooms_served = 0;
+    let mut empty_cache_calls = 0;
     // The replay's own calls start after the reconstructed start's.
     let first_seq = if options.verify {
         alloc.events_since(0, usize::MAX).next_seq
@@ -506,6 +523,7 @@ fn replay_recording(
                         first_oom.get_or_insert(FirstOom {
                             seq: event.seq,
                             step: event.step,
+                            site: site_of(snapshot, event.site),
                             requested,
                             allocated: report.allocated,
                             reserved: report.reserved,
@@ -531,6 +549,7 @@ fn replay_recording(
                     first_oom.get_or_insert(FirstOom {
                         seq: event.seq,
                         step: event.step,
+                        site: site_of(snapshot, event.site),
                         requested: event.size,
                         allocated: report.allocated,
                         reserved: report.reserved,
@@ -538,6 +557,13 @@ fn replay_recording(
                 }
                 Err(_) => {}
             },
+            _ if empty_cache_at.contains(&index) => {
+                // The guard holds the device lock, which `empty_cache` takes itself.
+                drop(exclusive);
+                alloc.empty_cache();
+                exclusive = alloc.exclusive();
+                empty_cache_calls += 1;
+            }
             _ => match addresses.remove(&event.addr) {
                 Some(ours) => {
                     // The replay frees only what it allocated, so this cannot fail.
@@ -576,9 +602,16 @@ fn replay_recording(
         restored_blocks,
         unmatched_frees,
         trace_ooms_served,
+        empty_cache_calls,
         original,
         device_calls,
     }
+}
+
+/// The call site of an event as a reader names it.
+fn site_of(snapshot: &Snapshot, site: Option<vramscope_allocator::SiteId>) -> Option<String> {
+    let site = snapshot.sites.get(site? as usize)?;
+    Some(crate::model_view::name_call_site(site).label)
 }
 
 /// The device-call comparison as text lines.
@@ -697,6 +730,11 @@ pub fn sweep(
     rows
 }
 
+/// `1 time`, `3 times`.
+fn plural_times(count: u64) -> String {
+    crate::detect::plural(count, "time")
+}
+
 fn cell(value: Option<u64>, bytes: bool) -> String {
     match value {
         None => "-".to_string(),
@@ -756,9 +794,13 @@ pub fn render_text(source: &str, result: &ReplayResult) -> String {
     ));
     match &result.first_oom {
         Some(oom) => out.push_str(&format!(
-            "  first OOM: event {} in step {}, a request of {} with {} allocated and {} reserved\n",
+            "  first OOM: event {} in step {}{}, a request of {} with {} allocated and {} reserved\n",
             oom.seq,
             oom.step,
+            oom.site
+                .as_ref()
+                .map(|s| format!(" at {s}"))
+                .unwrap_or_default(),
             vramscope_allocator::format_bytes(oom.requested),
             vramscope_allocator::format_bytes(oom.allocated),
             vramscope_allocator::format_bytes(oom.reserved)
@@ -769,6 +811,12 @@ pub fn render_text(source: &str, result: &ReplayResult) -> String {
         out.push_str(&format!(
             "  {} frees of blocks allocated before the trace were skipped\n",
             result.unmatched_frees
+        ));
+    }
+    if result.empty_cache_calls > 0 {
+        out.push_str(&format!(
+            "  empty_cache() performed where the trace called it: {}\n",
+            plural_times(result.empty_cache_calls)
         ));
     }
     if let Some(check) = &result.device_calls {
@@ -807,13 +855,31 @@ pub fn render_sweep_text(source: &str, capacity: u64, rows: &[SweepRow]) -> Stri
             cell(row.result.figures.num_ooms, false)
         ));
     }
-    match rows.iter().find(|r| r.fits) {
-        Some(best) => out.push_str(&format!(
-            "\n  fits with {} at a peak of {} reserved\n",
-            best.config,
-            cell(best.result.figures.peak_reserved, true)
-        )),
-        None => out.push_str("\n  no setting tried fits this capacity\n"),
+    // PyTorch accepts every setting but vramscope's own placement policies.
+    let ours = |row: &&SweepRow| row.config.contains("policy:");
+    match rows.iter().filter(|r| !ours(r)).find(|r| r.fits) {
+        Some(best) => {
+            out.push_str(&format!(
+                "\n  fits with {} at a peak of {} reserved; to use it with PyTorch:\n",
+                best.config,
+                cell(best.result.figures.peak_reserved, true)
+            ));
+            let conf = if best.config == "(defaults)" {
+                String::new()
+            } else {
+                best.config.clone()
+            };
+            out.push_str(&format!("    PYTORCH_CUDA_ALLOC_CONF={conf}\n"));
+        }
+        None => out.push_str("\n  no PyTorch setting tried fits this capacity\n"),
+    }
+    for row in rows.iter().filter(ours) {
+        out.push_str(&format!(
+            "  vramscope's own {} (not a PyTorch setting): {} at a peak of {} reserved\n",
+            row.config,
+            if row.fits { "fits" } else { "does not fit" },
+            cell(row.result.figures.peak_reserved, true)
+        ));
     }
     out
 }

@@ -513,6 +513,16 @@ pub fn plural(count: u64, noun: &str) -> String {
     }
 }
 
+/// A rate as a reader counts it: a whole number without decimals (`32`), else one decimal
+/// (`2.5`).
+pub fn count_text(value: f64) -> String {
+    if (value - value.round()).abs() < 0.05 {
+        format!("{}", value.round() as i64)
+    } else {
+        format!("{value:.1}")
+    }
+}
+
 /// Adds up byte figures without overflowing (imported files may hold absurd sizes).
 pub(crate) fn sat_sum(values: impl IntoIterator<Item = u64>) -> u64 {
     values.into_iter().fold(0, u64::saturating_add)

@@ -68,8 +68,11 @@ pub fn sync_in_loop(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dy
         f.first_step = Some(view.step_number(first));
         f.last_step = Some(view.step_number(last));
         f.summary = format!(
-            "waits for the device {:.1} times per step over {} steps ({} tiny device-to-host copies, {} explicit syncs)",
-            average, active, copies, syncs
+            "waits for the device {} times per step over {} ({} tiny device-to-host copies, {} explicit syncs)",
+            super::count_text(average),
+            super::plural(active, "step"),
+            copies,
+            syncs
         );
         f.evidence = f
             .evidence
