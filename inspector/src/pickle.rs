@@ -183,29 +183,60 @@ impl Value {
     }
 }
 
+/// The largest input read by default, in bytes (4 GiB): more than the largest PyTorch snapshots
+/// of big jobs. `vramscope --max-input` and `VRAMSCOPE_MAX_INPUT` set another ceiling.
+pub const DEFAULT_MAX_INPUT_BYTES: usize = 4 << 30;
+
 /// Bounds on what one [`parse`] may build; exceeding one is an error, never an abort.
+///
+/// The bounds that protect memory scale with the input instead of being fixed counts, so that
+/// a genuine snapshot of any size up to [`Limits::max_input_bytes`] is read while a small
+/// hostile file cannot make a large document:
+///
+/// - every container element costs at least one opcode byte (the opcode that pushed it onto
+///   the stack; a memo reference is counted once, where it is placed), so a document never
+///   holds more elements or values than its input has bytes;
+/// - the memory the document takes (its tables, element pool, stack and memo) may not pass
+///   [`Limits::memory_per_input_byte`] bytes per input byte, or
+///   [`Limits::min_memory_bytes`] for small inputs. PyTorch's snapshots take 2 to 3 bytes per
+///   input byte; crafted ones (a byte that wraps the top of the stack in a tuple, an empty
+///   container per byte, copies of shared lists) take 20 to 100 without the bound.
+///
+/// The hard ceilings that remain are what a document can address: 2^28 integers, floats,
+/// strings, byte strings or containers each, and 2^32 element slots. A PyTorch snapshot
+/// reaches the first of them (strings or element slots) at well over 10 GB.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
-    /// Largest input accepted, in bytes.
+    /// Largest input accepted, in bytes ([`DEFAULT_MAX_INPUT_BYTES`] by default).
     pub max_input_bytes: usize,
     /// Deepest nesting of containers (the top-level container is depth 1). It also bounds the
     /// `MARK`s open at once: a pickler opens one per container it is still building, so no
     /// pickle of data nested within this depth needs more.
     pub max_depth: usize,
-    /// Most values (scalars and containers, not counting memo references) created.
-    pub max_values: usize,
-    /// Most elements put into containers, in total (a dict pair counts as two).
-    pub max_container_items: usize,
+    /// The most bytes of memory the document may take per byte of input.
+    pub memory_per_input_byte: usize,
+    /// The most bytes of memory the document may take whatever its input's size, when that is
+    /// more than `memory_per_input_byte` times the input's size.
+    pub min_memory_bytes: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_input_bytes: 2 << 30,
+            max_input_bytes: DEFAULT_MAX_INPUT_BYTES,
             max_depth: 200,
-            max_values: 64 << 20,
-            max_container_items: 64 << 20,
+            memory_per_input_byte: 16,
+            min_memory_bytes: 64 << 20,
         }
+    }
+}
+
+impl Limits {
+    /// The most bytes of memory a document read from `input_bytes` bytes may take.
+    pub fn memory_budget(&self, input_bytes: usize) -> usize {
+        input_bytes
+            .saturating_mul(self.memory_per_input_byte)
+            .max(self.min_memory_bytes)
     }
 }
 
@@ -274,7 +305,23 @@ pub enum PickleErrorKind {
         /// What is wrong.
         reason: String,
     },
-    /// A [`Limits`] bound was exceeded.
+    /// The input is larger than [`Limits::max_input_bytes`].
+    InputTooLarge {
+        /// The input's size in bytes.
+        size: usize,
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// The document would take more memory than [`Limits::memory_budget`] allows for its input.
+    MemoryBudget {
+        /// The budget in bytes.
+        limit: usize,
+        /// The input's size in bytes.
+        input_bytes: usize,
+        /// The bytes of memory allowed per input byte.
+        per_input_byte: usize,
+    },
+    /// A [`Limits`] bound, or what a document can address, was exceeded.
     LimitExceeded {
         /// Which bound.
         what: &'static str,
@@ -334,6 +381,22 @@ impl fmt::Display for PickleError {
             PickleErrorKind::BadArgument { opcode, reason } => {
                 write!(f, "bad argument of {opcode}: {reason}")
             }
+            PickleErrorKind::InputTooLarge { size, limit } => write!(
+                f,
+                "the input is {size} bytes ({}), more than the limit of {limit} bytes ({}); raise it with --max-input SIZE or VRAMSCOPE_MAX_INPUT=SIZE",
+                human_bytes(*size),
+                human_bytes(*limit)
+            ),
+            PickleErrorKind::MemoryBudget {
+                limit,
+                input_bytes,
+                per_input_byte,
+            } => write!(
+                f,
+                "limit exceeded: the document would take more than {limit} bytes ({}) of memory, the budget for a {input_bytes}-byte ({}) input at {per_input_byte} bytes per input byte; PyTorch's snapshots take 2 to 3, so this is not a plain memory snapshot",
+                human_bytes(*limit),
+                human_bytes(*input_bytes)
+            ),
             PickleErrorKind::LimitExceeded { what, limit } => {
                 write!(f, "limit exceeded: more than {limit} {what}")
             }
@@ -345,6 +408,22 @@ impl fmt::Display for PickleError {
 }
 
 impl std::error::Error for PickleError {}
+
+/// `bytes` in binary units with one decimal (`3.9 GiB`), for error messages.
+pub fn human_bytes(bytes: usize) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
 
 /// Parses a pickle of plain data with the default [`Limits`].
 ///
@@ -457,13 +536,14 @@ fn refusal(byte: u8) -> Option<&'static str> {
 const PAYLOAD_BITS: u32 = 28;
 /// The payload of a [`Ref`].
 const PAYLOAD_MASK: u32 = (1 << PAYLOAD_BITS) - 1;
-/// The most values one document holds, whatever the [`Limits`] allow: every index of a table
-/// must fit in a [`Ref`]'s payload.
-const MAX_VALUES: usize = 1 << PAYLOAD_BITS;
-/// The most container elements one document holds, whatever the [`Limits`] allow, so that the
-/// element pool (which can hold up to four slots per element while containers grow) stays
-/// addressable with 32 bits.
-const MAX_ITEMS: usize = 1 << 29;
+/// The most entries one table of a document holds (integers, floats, strings, byte strings,
+/// containers, each table on its own), whatever the [`Limits`] allow: every index of a table
+/// must fit in a [`Ref`]'s payload. Values stored in place (small integers, `None`, booleans)
+/// take no entry.
+const MAX_TABLE: usize = 1 << PAYLOAD_BITS;
+/// How many opcodes run between two checks of the memory budget; a container that moves to
+/// grow is checked at once.
+const BUDGET_CHECK_EVERY: u32 = 256;
 
 /// The most decimal digits an `INT` or `LONG` opcode may have: Python's own default limit
 /// (`sys.int_info.default_max_str_digits`) for converting text to an integer, which its
@@ -583,6 +663,8 @@ impl Container {
 /// free of cycles and nested no deeper than the [`Limits`] it was read with.
 pub struct Document {
     root: Ref,
+    /// The size of the input in bytes.
+    input_len: usize,
     /// Integers that need more than 28 bits.
     ints: Vec<i64>,
     floats: Vec<f64>,
@@ -626,8 +708,8 @@ impl Document {
         if bytes.len() > limits.max_input_bytes {
             return Err(PickleError {
                 offset: 0,
-                kind: PickleErrorKind::LimitExceeded {
-                    what: "input bytes",
+                kind: PickleErrorKind::InputTooLarge {
+                    size: bytes.len(),
                     limit: limits.max_input_bytes,
                 },
             });
@@ -646,6 +728,35 @@ impl Document {
             return Err(PickleError { offset, kind });
         }
         Ok(doc)
+    }
+
+    /// The bytes of memory the document's tables and element pool take, counted by length as
+    /// the [`Limits`] budget counts them.
+    pub fn memory_bytes(&self) -> usize {
+        use std::mem::size_of;
+        self.items.len() * size_of::<Ref>()
+            + self.containers.len() * size_of::<Container>()
+            + (self.ints.len() + self.floats.len()) * 8
+            + self.text.len()
+            + self.blob.len()
+            + (self.text_ends.len() + self.blob_ends.len()) * size_of::<usize>()
+    }
+
+    /// The size of the pickle the document was read from, in bytes.
+    pub fn input_bytes(&self) -> usize {
+        self.input_len
+    }
+
+    /// The number of containers the document holds (a container the pickle shares through
+    /// its memo counts once).
+    pub fn containers(&self) -> usize {
+        self.containers.len()
+    }
+
+    /// The number of elements of all containers together, each container counted once
+    /// (a dict's keys and values both count).
+    pub fn element_count(&self) -> usize {
+        self.containers.iter().map(|c| c.len as usize).sum()
     }
 
     /// The value the pickle stores.
@@ -1255,15 +1366,13 @@ enum PyInt {
 struct Machine<'a> {
     data: &'a [u8],
     pos: usize,
-    /// The most values and container elements allowed (the [`Limits`], capped by what a
-    /// document can address).
-    max_values: usize,
-    max_items: usize,
+    /// The most bytes of memory the document may take ([`Limits::memory_budget`]).
+    budget: usize,
+    /// The bytes of memory allowed per input byte, for the error.
+    per_input_byte: usize,
+    /// Opcodes left until the next check of the budget.
+    until_check: u32,
     doc: Document,
-    /// Values created so far.
-    values: usize,
-    /// Container elements added so far.
-    items: usize,
     stack: Vec<Ref>,
     /// Stack lengths at each open MARK.
     marks: Vec<usize>,
@@ -1288,10 +1397,12 @@ impl<'a> Machine<'a> {
         Machine {
             data,
             pos: 0,
-            max_values: limits.max_values.min(MAX_VALUES),
-            max_items: limits.max_container_items.min(MAX_ITEMS),
+            budget: limits.memory_budget(data.len()),
+            per_input_byte: limits.memory_per_input_byte,
+            until_check: BUDGET_CHECK_EVERY,
             doc: Document {
                 root: Ref::NONE,
+                input_len: data.len(),
                 ints: Vec::new(),
                 floats: Vec::new(),
                 text: String::new(),
@@ -1301,8 +1412,6 @@ impl<'a> Machine<'a> {
                 containers: Vec::new(),
                 items: Vec::new(),
             },
-            values: 0,
-            items: 0,
             stack: Vec::with_capacity(64),
             marks: Vec::with_capacity(16),
             max_marks: limits.max_depth,
@@ -1397,58 +1506,86 @@ impl<'a> Machine<'a> {
         std::str::from_utf8(line).map_err(|_| self.bad("the text argument is not ASCII"))
     }
 
-    /// Counts one new value against the limit.
-    fn count_value(&mut self) -> Step<()> {
-        if self.values >= self.max_values {
-            return Err(self.error(PickleErrorKind::LimitExceeded {
-                what: "values",
-                limit: self.max_values,
+    /// The bytes of memory the document and the machine's stack, marks and memo take, counted
+    /// by length (a vector's spare capacity is at most as much again).
+    fn memory(&self) -> usize {
+        use std::mem::size_of;
+        let d = &self.doc;
+        d.items.len() * size_of::<Ref>()
+            + d.containers.len() * size_of::<Container>()
+            + (d.ints.len() + d.floats.len()) * 8
+            + d.text.len()
+            + d.blob.len()
+            + (d.text_ends.len() + d.blob_ends.len()) * size_of::<usize>()
+            + self.stack.len() * size_of::<Ref>()
+            + self.marks.len() * size_of::<usize>()
+            + self.memo.dense.len() * size_of::<Ref>()
+            // A hash table entry with its key, value and control byte.
+            + self.memo.sparse.len() * 24
+            + self.sequences.len() * 24
+            + self.origins.len() * size_of::<usize>()
+    }
+
+    /// Fails once the document takes more memory than the budget.
+    fn check_budget(&self) -> Step<()> {
+        if self.memory() > self.budget {
+            return Err(self.error(PickleErrorKind::MemoryBudget {
+                limit: self.budget,
+                input_bytes: self.data.len(),
+                per_input_byte: self.per_input_byte,
             }));
         }
-        self.values += 1;
         Ok(())
     }
 
-    fn count_items(&mut self, n: usize) -> Step<()> {
-        self.items = self.items.saturating_add(n);
-        if self.items > self.max_items {
-            return Err(self.too_many_items());
+    /// Fails when a table already holds as many entries as a [`Ref`] can index.
+    fn table_room(&self, len: usize, what: &'static str) -> Step<()> {
+        if len >= MAX_TABLE {
+            return Err(self.error(PickleErrorKind::LimitExceeded {
+                what,
+                limit: MAX_TABLE,
+            }));
         }
         Ok(())
     }
 
     fn too_many_items(&self) -> PickleError {
         self.error(PickleErrorKind::LimitExceeded {
-            what: "container elements",
-            limit: self.max_items,
+            what: "container element slots (the most a document can address)",
+            limit: u32::MAX as usize,
         })
     }
 
     /// Pushes a new value that needs no table (an integer of 28 bits or a constant).
     fn push_inline(&mut self, r: Ref) -> Step<()> {
-        self.count_value()?;
         self.stack.push(r);
         Ok(())
     }
 
     fn push_int(&mut self, v: PyInt) -> Step<()> {
-        self.count_value()?;
         let r = match v {
             PyInt::Fits(v) => match Ref::small(v) {
                 Some(r) => r,
                 None => {
+                    self.table_room(
+                        self.doc.ints.len(),
+                        "integers (the most a document can address)",
+                    )?;
                     self.doc.ints.push(v);
                     Ref::new(kind::INT, (self.doc.ints.len() - 1) as u32)
                 }
             },
-            PyInt::Big(bytes) => self.add_blob(kind::BIG_INT, &bytes),
+            PyInt::Big(bytes) => self.add_blob(kind::BIG_INT, &bytes)?,
         };
         self.stack.push(r);
         Ok(())
     }
 
     fn push_float(&mut self, v: f64) -> Step<()> {
-        self.count_value()?;
+        self.table_room(
+            self.doc.floats.len(),
+            "floats (the most a document can address)",
+        )?;
         self.doc.floats.push(v);
         let r = Ref::new(kind::FLOAT, (self.doc.floats.len() - 1) as u32);
         self.stack.push(r);
@@ -1456,7 +1593,10 @@ impl<'a> Machine<'a> {
     }
 
     fn push_str(&mut self, text: &str) -> Step<()> {
-        self.count_value()?;
+        self.table_room(
+            self.doc.text_ends.len(),
+            "strings (the most a document can address)",
+        )?;
         self.doc.text.push_str(text);
         self.doc.text_ends.push(self.doc.text.len());
         let r = Ref::new(kind::STR, (self.doc.text_ends.len() - 1) as u32);
@@ -1470,8 +1610,7 @@ impl<'a> Machine<'a> {
     }
 
     fn push_bytes(&mut self, bytes: &[u8]) -> Step<()> {
-        self.count_value()?;
-        let r = self.add_blob(kind::BYTES, bytes);
+        let r = self.add_blob(kind::BYTES, bytes)?;
         self.stack.push(r);
         Ok(())
     }
@@ -1484,15 +1623,22 @@ impl<'a> Machine<'a> {
         }
     }
 
-    fn add_blob(&mut self, kind: u32, bytes: &[u8]) -> Ref {
+    fn add_blob(&mut self, kind: u32, bytes: &[u8]) -> Step<Ref> {
+        self.table_room(
+            self.doc.blob_ends.len(),
+            "byte strings and big integers (the most a document can address)",
+        )?;
         self.doc.blob.extend_from_slice(bytes);
         self.doc.blob_ends.push(self.doc.blob.len());
-        Ref::new(kind, (self.doc.blob_ends.len() - 1) as u32)
+        Ok(Ref::new(kind, (self.doc.blob_ends.len() - 1) as u32))
     }
 
     /// Creates an empty container of `kind`.
     fn new_container(&mut self, kind: u32) -> Step<Ref> {
-        self.count_value()?;
+        self.table_room(
+            self.doc.containers.len(),
+            "containers (the most a document can address)",
+        )?;
         let c = self.doc.containers.len() as u32;
         self.doc.containers.push(Container {
             start: self.doc.items.len() as u32,
@@ -1506,29 +1652,40 @@ impl<'a> Machine<'a> {
         Ok(Ref::new(kind, c))
     }
 
-    /// Creates a container of `kind` from the values above stack position `from`, which
-    /// the caller has counted, and pushes it in their place.
+    /// Creates a container of `kind` from the values above stack position `from` and pushes
+    /// it in their place.
     fn collect(&mut self, kind: u32, from: usize) -> Step<()> {
         let r = self.new_container(kind)?;
-        if !self.doc.extend(r.index(), &self.stack[from..]) {
-            return Err(self.too_many_items());
-        }
+        self.extend(r, from)?;
         self.stack.truncate(from);
         self.stack.push(r);
         self.share_equal(r);
         Ok(())
     }
 
-    /// Appends the values above stack position `from`, which the caller has counted, to the
-    /// container `target` and pops them.
+    /// Appends the values above stack position `from` to the container `target` and pops
+    /// them.
     fn append_from(&mut self, target: Ref, from: usize) -> Step<()> {
         let first = self.doc.containers[target.index()].len == 0;
-        if !self.doc.extend(target.index(), &self.stack[from..]) {
-            return Err(self.too_many_items());
-        }
+        self.extend(target, from)?;
         self.stack.truncate(from);
         if first {
             self.share_equal(target);
+        }
+        Ok(())
+    }
+
+    /// Puts the values above stack position `from` into the container `target`: each is
+    /// counted here, once, however it came onto the stack. A container that had to move to
+    /// grow (it shared its elements with an equal one, or others were added after it) copies
+    /// its elements, so the budget is checked at once.
+    fn extend(&mut self, target: Ref, from: usize) -> Step<()> {
+        let pool = self.doc.items.len();
+        if !self.doc.extend(target.index(), &self.stack[from..]) {
+            return Err(self.too_many_items());
+        }
+        if self.doc.items.len() - pool > self.stack.len() - from {
+            self.check_budget()?;
         }
         Ok(())
     }
@@ -1660,7 +1817,6 @@ impl<'a> Machine<'a> {
     /// Pushes the memoized value `index`.
     fn push_memo(&mut self, index: u64) -> Step<()> {
         let r = self.memo_get(index)?;
-        self.count_items(1)?;
         self.stack.push(r);
         Ok(())
     }
@@ -1688,6 +1844,11 @@ impl<'a> Machine<'a> {
     fn run(&mut self) -> Step<Ref> {
         loop {
             self.op_pos = self.pos;
+            self.until_check -= 1;
+            if self.until_check == 0 {
+                self.until_check = BUDGET_CHECK_EVERY;
+                self.check_budget()?;
+            }
             let Some(&op) = self.data.get(self.pos) else {
                 return Err(PickleError {
                     offset: self.data.len(),
@@ -1721,7 +1882,10 @@ impl<'a> Machine<'a> {
                         }));
                     }
                 }
-                b'.' => return self.pop(),
+                b'.' => {
+                    self.check_budget()?;
+                    return self.pop();
+                }
                 // Stack manipulation.
                 b'(' => {
                     if self.marks.len() >= self.max_marks {
@@ -1742,7 +1906,6 @@ impl<'a> Machine<'a> {
                 b'1' => self.pop_mark()?,
                 b'2' => {
                     let top = self.top()?;
-                    self.count_items(1)?;
                     self.stack.push(top);
                 }
                 // Memo.
@@ -1905,7 +2068,6 @@ impl<'a> Machine<'a> {
                             kind::DICT
                         }
                     };
-                    self.count_items(self.stack.len() - mark)?;
                     self.collect(kind, mark)?;
                 }
                 0x85..=0x87 => {
@@ -1913,13 +2075,11 @@ impl<'a> Machine<'a> {
                     if self.stack.len() < self.floor() + n {
                         return Err(self.underflow());
                     }
-                    self.count_items(n)?;
                     self.collect(kind::TUPLE, self.stack.len() - n)?;
                 }
                 b'a' => {
                     let value = self.pop()?;
                     let target = self.top()?;
-                    self.count_items(1)?;
                     self.expect(target, kind::LIST, "list")?;
                     let from = self.stack.len();
                     self.stack.push(value);
@@ -1928,7 +2088,6 @@ impl<'a> Machine<'a> {
                 b'e' => {
                     let mark = self.take_mark()?;
                     let target = self.below(mark)?;
-                    self.count_items(self.stack.len() - mark)?;
                     self.expect(target, kind::LIST, "list")?;
                     self.append_from(target, mark)?;
                 }
@@ -1936,7 +2095,6 @@ impl<'a> Machine<'a> {
                     let value = self.pop()?;
                     let key = self.pop()?;
                     let target = self.top()?;
-                    self.count_items(2)?;
                     self.expect(target, kind::DICT, "dict")?;
                     let from = self.stack.len();
                     self.stack.push(key);
@@ -1947,14 +2105,12 @@ impl<'a> Machine<'a> {
                     let mark = self.take_mark()?;
                     let target = self.below(mark)?;
                     self.check_pairs(mark)?;
-                    self.count_items(self.stack.len() - mark)?;
                     self.expect(target, kind::DICT, "dict")?;
                     self.append_from(target, mark)?;
                 }
                 0x90 => {
                     let mark = self.take_mark()?;
                     let target = self.below(mark)?;
-                    self.count_items(self.stack.len() - mark)?;
                     self.expect(target, kind::SET, "set")?;
                     self.append_from(target, mark)?;
                 }
@@ -2493,23 +2649,36 @@ mod tests {
                 ..
             }
         ));
+        // A memory budget of 60 bytes for any input: the fifth element of the list passes it
+        // (a list is 16 bytes, its entry in the table of equal lists 24, each element 4, and
+        // the list's place on the stack 4 more).
         let limits = Limits {
-            max_values: 3,
+            memory_per_input_byte: 0,
+            min_memory_bytes: 60,
             ..Limits::default()
         };
-        let e = parse_with_limits(b"NNNN.", &limits).unwrap_err();
-        assert_eq!(e.offset, 3);
-        let limits = Limits {
-            max_container_items: 4,
-            ..Limits::default()
-        };
-        let e = parse_with_limits(b"N22222.", &limits).unwrap_err();
-        assert!(matches!(e.kind, PickleErrorKind::LimitExceeded { .. }));
+        assert!(parse_with_limits(b"](NNNNe.", &limits).is_ok());
+        let e = parse_with_limits(b"](NNNNNe.", &limits).unwrap_err();
+        assert_eq!(
+            e.kind,
+            PickleErrorKind::MemoryBudget {
+                limit: 60,
+                input_bytes: 9,
+                per_input_byte: 0
+            }
+        );
+        assert_eq!(e.offset, 8, "at STOP");
         let limits = Limits {
             max_input_bytes: 1,
             ..Limits::default()
         };
-        assert!(parse_with_limits(b"N.", &limits).is_err());
+        let e = parse_with_limits(b"N.", &limits).unwrap_err();
+        assert_eq!(e.kind, PickleErrorKind::InputTooLarge { size: 2, limit: 1 });
+        let text = e.to_string();
+        assert!(
+            text.contains("--max-input") && text.contains("VRAMSCOPE_MAX_INPUT"),
+            "{text}"
+        );
     }
 
     /// A small pickle in the shape of a PyTorch snapshot, written by Python 3 with protocol 4.

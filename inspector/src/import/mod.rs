@@ -35,11 +35,51 @@ use vramscope_allocator::{Snapshot, SnapshotError};
 
 use crate::pickle::PickleError;
 
-/// The largest file [`load`] reads, in bytes (2 GiB).
-pub const MAX_FILE_BYTES: u64 = 2 << 30;
+/// The largest file [`load`] reads by default, in bytes (4 GiB); [`default_max_input`] says
+/// what the defaults of [`ImportOptions`] use in this process.
+pub const MAX_FILE_BYTES: u64 = crate::pickle::DEFAULT_MAX_INPUT_BYTES as u64;
 
-/// The most bytes a gzip file may unpack to (1 GiB).
-pub const MAX_DECOMPRESSED_BYTES: u64 = 1 << 30;
+/// The most bytes a gzip file may unpack to by default (4 GiB, as for a file).
+pub const MAX_DECOMPRESSED_BYTES: u64 = MAX_FILE_BYTES;
+
+/// The environment variable that sets the largest input read (`8GiB`, `6000000000`, ...).
+pub const MAX_INPUT_ENV: &str = "VRAMSCOPE_MAX_INPUT";
+
+/// The ceiling set by [`set_default_max_input`]; 0 when none was set.
+static MAX_INPUT_OVERRIDE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Sets the largest input (file, or what a gzip file unpacks to) that the defaults of
+/// [`ImportOptions`] accept from now on in this process, over [`MAX_INPUT_ENV`]: what
+/// `vramscope --max-input SIZE` does.
+pub fn set_default_max_input(bytes: u64) {
+    MAX_INPUT_OVERRIDE.store(bytes.max(1), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The largest input the defaults of [`ImportOptions`] accept: the value given to
+/// [`set_default_max_input`], else [`MAX_INPUT_ENV`], else [`MAX_FILE_BYTES`]. A value of the
+/// variable that is not a size is reported once on standard error and the default is used.
+pub fn default_max_input() -> u64 {
+    let set = MAX_INPUT_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed);
+    if set > 0 {
+        return set;
+    }
+    let Some(text) = std::env::var_os(MAX_INPUT_ENV) else {
+        return MAX_FILE_BYTES;
+    };
+    match vramscope_allocator::stats::parse_bytes(&text.to_string_lossy()) {
+        Ok(bytes) if bytes > 0 => bytes,
+        _ => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                eprintln!(
+                    "vramscope: ignoring {MAX_INPUT_ENV}={}: not a size such as 8GiB; the limit stays {MAX_FILE_BYTES} bytes",
+                    text.to_string_lossy()
+                )
+            });
+            MAX_FILE_BYTES
+        }
+    }
+}
 
 /// Choices that change how a file is imported.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,9 +100,10 @@ pub struct ImportOptions {
     /// `None` picks the first family present of `ProfilerStep#`, `Optimizer.step#`,
     /// `Optimizer.zero_grad#` and `enumerate(DataLoader)#`, else the first annotated name.
     pub step_annotation: Option<String>,
-    /// The largest file accepted, in bytes.
+    /// The largest file accepted, in bytes ([`default_max_input`] by default). The pickle
+    /// reader's bounds on memory scale with the input's size below it (`crate::pickle::Limits`).
     pub max_file_bytes: u64,
-    /// The most bytes a gzip file may unpack to.
+    /// The most bytes a gzip file may unpack to ([`default_max_input`] by default).
     pub max_decompressed_bytes: u64,
 }
 
@@ -75,8 +116,8 @@ impl Default for ImportOptions {
                 .collect(),
             step_marker: None,
             step_annotation: None,
-            max_file_bytes: MAX_FILE_BYTES,
-            max_decompressed_bytes: MAX_DECOMPRESSED_BYTES,
+            max_file_bytes: default_max_input(),
+            max_decompressed_bytes: default_max_input(),
         }
     }
 }
@@ -103,6 +144,8 @@ pub enum ImportErrorKind {
         what: &'static str,
         /// The limit in bytes.
         limit: u64,
+        /// The size found, when known (gzip data stops unpacking one byte past the limit).
+        size: Option<u64>,
     },
     /// Unpacking gzip data failed.
     Gzip(std::io::Error),
@@ -160,8 +203,17 @@ impl fmt::Display for ImportError {
         write!(f, "{}: ", self.origin)?;
         match &self.kind {
             ImportErrorKind::Io(e) => write!(f, "cannot read: {e}"),
-            ImportErrorKind::TooLarge { what, limit } => {
-                write!(f, "{what} is larger than the limit of {limit} bytes")
+            ImportErrorKind::TooLarge { what, limit, size } => {
+                let human = |b: u64| crate::pickle::human_bytes(b as usize);
+                match size {
+                    Some(size) => write!(f, "{what} is {size} bytes ({}), ", human(*size))?,
+                    None => write!(f, "{what} is ")?,
+                }
+                write!(
+                    f,
+                    "larger than the limit of {limit} bytes ({}); raise it with --max-input SIZE or {MAX_INPUT_ENV}=SIZE",
+                    human(*limit)
+                )
             }
             ImportErrorKind::Gzip(e) => write!(f, "corrupt gzip data: {e}"),
             ImportErrorKind::UnknownFormat { found } => write!(
@@ -227,17 +279,18 @@ pub fn load_with(path: impl AsRef<Path>, options: &ImportOptions) -> Result<Snap
     let io = |e| ImportError::new(&origin, ImportErrorKind::Io(e));
     let file = std::fs::File::open(path).map_err(io)?;
     let size = file.metadata().map_err(io)?.len();
-    let too_large = || {
+    let too_large = |size: u64| {
         ImportError::new(
             &origin,
             ImportErrorKind::TooLarge {
                 what: "file",
                 limit: options.max_file_bytes,
+                size: Some(size),
             },
         )
     };
     if size > options.max_file_bytes {
-        return Err(too_large());
+        return Err(too_large(size));
     }
     let mut bytes = Vec::with_capacity(size as usize);
     // The file may grow while it is read; `take` keeps the limit regardless.
@@ -245,7 +298,7 @@ pub fn load_with(path: impl AsRef<Path>, options: &ImportOptions) -> Result<Snap
         .read_to_end(&mut bytes)
         .map_err(io)?;
     if bytes.len() as u64 > options.max_file_bytes {
-        return Err(too_large());
+        return Err(too_large(bytes.len() as u64));
     }
     load_vec(bytes, &origin, options)
 }
@@ -293,6 +346,7 @@ fn check_size(bytes: &[u8], origin: &str, options: &ImportOptions) -> Result<(),
             ImportErrorKind::TooLarge {
                 what: "file",
                 limit: options.max_file_bytes,
+                size: Some(bytes.len() as u64),
             },
         ));
     }
@@ -402,6 +456,7 @@ impl<'a> Unpacker<'a> {
             UnpackFailure::TooLarge => ImportErrorKind::TooLarge {
                 what: "unpacked gzip data",
                 limit: self.limit,
+                size: None,
             },
         };
         Some(ImportError::new(origin, kind))
@@ -790,7 +845,8 @@ mod tests {
                 e.kind,
                 ImportErrorKind::TooLarge {
                     what: "unpacked gzip data",
-                    limit: 100
+                    limit: 100,
+                    size: None
                 }
             ),
             "{e}"

@@ -41,7 +41,7 @@ use vramscope_allocator::{
 use super::sites::SiteTable;
 use super::timeline::{self, TrackArray};
 use super::{ImportError, ImportErrorKind, ImportOptions};
-use crate::pickle::{Document, Seq, Value, ValueRef};
+use crate::pickle::{Document, Limits, Seq, Value, ValueRef};
 
 /// Requests up to this size are served from the small pool.
 const SMALL_REQUEST: u64 = 1 << 20;
@@ -61,7 +61,7 @@ pub fn from_pickle_bytes(
     origin: &str,
     options: &ImportOptions,
 ) -> Result<Snapshot, ImportError> {
-    let doc = parse(bytes, origin)?;
+    let doc = parse(bytes, origin, options)?;
     from_document(&doc, origin, options)
 }
 
@@ -72,13 +72,55 @@ pub(crate) fn from_pickle_vec(
     origin: &str,
     options: &ImportOptions,
 ) -> Result<Snapshot, ImportError> {
-    let doc = parse(&bytes, origin)?;
+    let doc = parse(&bytes, origin, options)?;
     drop(bytes);
     from_document(&doc, origin, options)
 }
 
-fn parse(bytes: &[u8], origin: &str) -> Result<Document, ImportError> {
-    Document::parse(bytes).map_err(|e| ImportError::new(origin, ImportErrorKind::Pickle(e)))
+/// The reader's limits for a file read with `options`: the largest input is the larger of
+/// the file and unpacked-data limits (a pickle may come out of gzip data); the bounds on
+/// memory scale with the input (`Limits::memory_budget`).
+pub fn limits(options: &ImportOptions) -> Limits {
+    let max_input = options.max_file_bytes.max(options.max_decompressed_bytes);
+    Limits {
+        max_input_bytes: usize::try_from(max_input).unwrap_or(usize::MAX),
+        ..Limits::default()
+    }
+}
+
+fn parse(bytes: &[u8], origin: &str, options: &ImportOptions) -> Result<Document, ImportError> {
+    Document::parse_with_limits(bytes, &limits(options))
+        .map_err(|e| ImportError::new(origin, ImportErrorKind::Pickle(e)))
+}
+
+/// The most trace entries a pickle of `input_bytes` bytes may hold: one per 8 bytes of input,
+/// and 65,536 more for small files. PyTorch writes 40 bytes or more per entry (a dict of at
+/// least four keys); a file of entries that share one dict through its memo, 2 bytes each,
+/// would otherwise make 40 bytes of events per byte of input.
+pub fn max_trace_entries(input_bytes: usize) -> usize {
+    input_bytes / 8 + 65_536
+}
+
+/// Fails when the traces of `root` hold more entries than [`max_trace_entries`] allows.
+fn check_entries(root: ValueRef<'_>, input_bytes: usize) -> Result<(), Fault> {
+    let Some(traces) = root.get("device_traces").and_then(ValueRef::as_seq) else {
+        return Ok(());
+    };
+    let entries = traces
+        .iter()
+        .filter_map(ValueRef::as_seq)
+        .map(Seq::len)
+        .fold(0usize, usize::saturating_add);
+    let limit = max_trace_entries(input_bytes);
+    if entries > limit {
+        return Err(Fault {
+            path: "device_traces".to_string(),
+            message: format!(
+                "{entries} trace entries in a {input_bytes}-byte pickle, more than the limit of {limit} (one per 8 bytes of input; PyTorch writes 40 bytes or more per entry, so these entries share dicts through the memo and are not a recorded trace)"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Converts an already read snapshot pickle; `origin` names the data in errors.
@@ -87,15 +129,17 @@ pub fn from_document(
     origin: &str,
     options: &ImportOptions,
 ) -> Result<Snapshot, ImportError> {
-    convert(doc.root(), options).map_err(|fault| {
-        ImportError::new(
-            origin,
-            ImportErrorKind::Structure {
-                path: fault.path,
-                message: fault.message,
-            },
-        )
-    })
+    check_entries(doc.root(), doc.input_bytes())
+        .and_then(|()| convert(doc.root(), options))
+        .map_err(|fault| {
+            ImportError::new(
+                origin,
+                ImportErrorKind::Structure {
+                    path: fault.path,
+                    message: fault.message,
+                },
+            )
+        })
 }
 
 /// A structural problem at a path of the pickle.
