@@ -24,6 +24,10 @@ use vramscope::inspector::report::{self, Format, ReportOptions};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The largest input file (or gzip content) read, e.g. 8GiB; 4GiB by default, or
+    /// VRAMSCOPE_MAX_INPUT.
+    #[arg(long, global = true, value_parser = parse_size)]
+    max_input: Option<u64>,
 }
 
 #[derive(Subcommand)]
@@ -401,6 +405,9 @@ fn run(cli: Cli) -> Result<u8, Failure> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(bytes) = cli.max_input {
+        import::set_default_max_input(bytes);
+    }
     match run(cli) {
         Ok(status) => ExitCode::from(status),
         Err(failure) => {
