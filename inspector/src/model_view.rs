@@ -1434,7 +1434,6 @@ pub fn restep(snapshot: &mut Snapshot, marker: &str) -> Result<usize, StepMarker
         inside = now;
     }
     if !starts.is_empty() {
-        let next_seq = snapshot.events.last().map(|e| e.seq + 1).unwrap_or(0);
         let mut marks = Vec::with_capacity(starts.len());
         for (k, &at) in starts.iter().enumerate() {
             let e = &snapshot.events[at];
@@ -1448,7 +1447,6 @@ pub fn restep(snapshot: &mut Snapshot, marker: &str) -> Result<usize, StepMarker
         for (i, e) in snapshot.events.iter_mut().enumerate() {
             e.step = starts.partition_point(|&s| s <= i) as u64;
         }
-        let _ = next_seq;
         snapshot.steps = marks;
         return Ok(starts.len());
     }
