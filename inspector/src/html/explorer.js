@@ -228,19 +228,37 @@
         ctx.fillStyle = "#c62828"; ctx.textAlign = "right";
         ctx.fillText("capacity " + fmt(cap), W - M.right - 4, yOf(cap) - 4);
       }
-      // Step marks; labels only where they fit.
+      // Step marks: every k-th step (k of 1, 2, 5, 10, 20…) so that marks stay at least 6 px
+      // apart and labels never overlap.
+      const visible = D.steps.filter((st) => {
+        const x = xOf(domainOfPos(st.pos));
+        return x >= M.left && x <= W - M.right;
+      });
+      const every = (minPx) => {
+        for (let base = 1; ; base *= 10) {
+          for (const m of [1, 2, 5]) {
+            const k = base * m;
+            const n = visible.filter((st) => st.step % k === 0).length;
+            if (n * minPx <= plotW() || k > 1e15) return k;
+          }
+        }
+      };
+      const markEvery = every(6);
+      const widest = ctx.measureText(String(D.steps.length ? D.steps[D.steps.length - 1].step : 0)).width;
+      const labelEvery = Math.max(markEvery, every(widest + 12));
       ctx.strokeStyle = "rgba(90, 90, 90, 0.45)";
       ctx.setLineDash([3, 3]);
       ctx.textAlign = "left";
       ctx.fillStyle = "#666";
       let lastLabelEnd = -Infinity;
-      for (const st of D.steps) {
+      for (const st of visible) {
+        if (st.step % markEvery !== 0) continue;
         const x = xOf(domainOfPos(st.pos));
-        if (x < M.left || x > W - M.right) continue;
         ctx.beginPath(); ctx.moveTo(x, M.top); ctx.lineTo(x, M.top + plotH()); ctx.stroke();
+        if (st.step % labelEvery !== 0) continue;
         const label = String(st.step);
         const w = ctx.measureText(label).width;
-        if (x + 2 > lastLabelEnd + 4 && x + 2 + w < W - M.right) {
+        if (x + 2 > lastLabelEnd + 6 && x + 2 + w < W - M.right) {
           ctx.fillText(label, x + 2, M.top + 10);
           lastLabelEnd = x + 2 + w;
         }
