@@ -16,7 +16,10 @@ fn main() {
     println!("cargo:rerun-if-env-changed=VRAMSCOPE_BUNDLE_CLI");
     println!("cargo:rerun-if-env-changed=VRAMSCOPE_CLI_BIN");
     let here = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
-    let root = here.parent().expect("python/ lives in the workspace").to_path_buf();
+    let root = here
+        .parent()
+        .expect("python/ lives in the workspace")
+        .to_path_buf();
     let wanted = match env::var("VRAMSCOPE_BUNDLE_CLI").as_deref() {
         Ok("0") => false,
         Ok("1") => true,
@@ -44,7 +47,10 @@ fn main() {
         )
     });
     // Debug information is most of a binary's size; the wheel does without it.
-    let _ = Command::new("strip").arg("--strip-debug").arg(&dest).status();
+    let _ = Command::new("strip")
+        .arg("--strip-debug")
+        .arg(&dest)
+        .status();
 }
 
 /// Builds the workspace's `vramscope` binary in release mode and returns its path.

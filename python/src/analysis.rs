@@ -40,17 +40,36 @@ pub fn check(snapshot: &Snapshot, limits: Limits) -> Vec<String> {
     let mut failures = Vec::new();
     if let Some(budget) = limits.max_peak {
         if let Err(e) = checks::check_peak_below(snapshot, budget) {
-            failures.push(e.to_string());
+            failures.push(format!("max_peak: {e}"));
         }
     }
     if limits.no_leaks {
         if let Err(e) = checks::check_no_leaks(snapshot) {
-            failures.push(e.to_string());
+            failures.push(format!("no_leaks: {e}"));
         }
     }
     if let Some(limit) = limits.max_syncs_per_step {
         if let Some(message) = check_syncs(snapshot, limit) {
             failures.push(message);
+        }
+    }
+    failures
+}
+
+/// [`check`], with the leak check also run on `at_step`, a snapshot taken at the latest step
+/// mark (what earlier steps left alive before a test's locals went away); the first leak
+/// found is reported.
+pub fn check_with_step(
+    snapshot: &Snapshot,
+    at_step: Option<&Snapshot>,
+    limits: Limits,
+) -> Vec<String> {
+    let mut failures = check(snapshot, limits);
+    if limits.no_leaks && !failures.iter().any(|f| f.starts_with("no_leaks:")) {
+        if let Some(at_step) = at_step {
+            if let Err(e) = checks::check_no_leaks(at_step) {
+                failures.push(format!("no_leaks (at the last step mark): {e}"));
+            }
         }
     }
     failures

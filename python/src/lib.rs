@@ -127,6 +127,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pluggable::stack_mode, m)?)?;
     m.add_function(wrap_pyfunction!(pluggable::set_listen, m)?)?;
     m.add_function(wrap_pyfunction!(pluggable::device_mark_step, m)?)?;
+    m.add_function(wrap_pyfunction!(pluggable::device_arm, m)?)?;
     m.add_function(wrap_pyfunction!(pluggable::device_push_scope, m)?)?;
     m.add_function(wrap_pyfunction!(pluggable::device_pop_scope, m)?)?;
     m.add_function(wrap_pyfunction!(pluggable::device_snapshot, m)?)?;

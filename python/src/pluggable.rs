@@ -16,7 +16,7 @@
 
 use std::ffi::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -26,7 +26,8 @@ use vramscope_allocator::any::DeviceBackend;
 use vramscope_allocator::provenance::with_call_site;
 use vramscope_allocator::telemetry::{Telemetry, TelemetryAddr};
 use vramscope_allocator::{
-    AllocError, AllocatorConfig, CachingAllocator, CallSite, ScopeGuard, SimDevice, StreamId,
+    AllocError, AllocatorConfig, CachingAllocator, CallSite, ScopeGuard, SimDevice, Snapshot,
+    StreamId,
 };
 
 use crate::analysis;
@@ -44,6 +45,9 @@ static ERRORS: AtomicU64 = AtomicU64::new(0);
 static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
 static TELEMETRY: Mutex<Option<Telemetry>> = Mutex::new(None);
 static LISTEN: Mutex<Option<String>> = Mutex::new(None);
+static ARMED: AtomicBool = AtomicBool::new(false);
+/// Per device, the snapshot taken at the latest step mark while armed.
+static STEP_SNAPSHOTS: Mutex<Vec<(u32, Snapshot)>> = Mutex::new(Vec::new());
 static STACK_MODE: AtomicU8 = AtomicU8::new(StackMode::Python as u8);
 
 thread_local! {
@@ -333,8 +337,28 @@ pub fn set_listen(addr: Option<String>) {
 /// Starts a step on every device served.
 #[pyfunction]
 pub fn device_mark_step() {
+    if ARMED.load(Ordering::Relaxed) {
+        let taken: Vec<(u32, Snapshot)> = live_allocators()
+            .map(|a| (a.device(), a.snapshot()))
+            .collect();
+        if let Ok(mut kept) = STEP_SNAPSHOTS.lock() {
+            *kept = taken;
+        }
+    }
     for alloc in live_allocators() {
         alloc.mark_step();
+    }
+}
+
+/// While `on`, each step mark keeps every device's snapshot from just before it, for the
+/// leak check (see `SimAllocator.arm`); disarming drops them.
+#[pyfunction]
+pub fn device_arm(on: bool) {
+    ARMED.store(on, Ordering::Relaxed);
+    if !on {
+        if let Ok(mut kept) = STEP_SNAPSHOTS.lock() {
+            kept.clear();
+        }
     }
 }
 
@@ -399,8 +423,14 @@ pub fn device_check(
     no_leaks: bool,
     max_syncs_per_step: Option<u64>,
 ) -> PyResult<Vec<String>> {
-    Ok(analysis::check(
+    let at_step = STEP_SNAPSHOTS.lock().ok().and_then(|kept| {
+        kept.iter()
+            .find(|(d, _)| i32::try_from(*d) == Ok(device))
+            .map(|(_, s)| s.clone())
+    });
+    Ok(analysis::check_with_step(
         &device_or_err(device)?.snapshot(),
+        at_step.as_ref(),
         analysis::Limits {
             max_peak,
             no_leaks,

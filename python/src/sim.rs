@@ -6,13 +6,15 @@
 //! Python `file:line`. A [`Block`] frees itself when Python drops it, or on `.free()`. This is
 //! how a Python user (and CI) tries vramscope with no GPU, and how the stack capture is tested.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use vramscope_allocator::provenance::with_call_site;
 use vramscope_allocator::{
-    AllocError, AllocatorConfig, CachingAllocator, DeviceBuffer, ScopeGuard, SimDevice, StreamId,
+    AllocError, AllocatorConfig, CachingAllocator, DeviceBuffer, ScopeGuard, SimDevice, Snapshot,
+    StreamId,
 };
 
 use crate::analysis;
@@ -44,6 +46,9 @@ pub fn at_python_line<R>(capture: bool, f: impl FnOnce() -> R) -> R {
 pub struct SimAllocator {
     alloc: CachingAllocator<SimDevice>,
     capture: bool,
+    /// The snapshot taken at the latest step mark, while armed ([`SimAllocator::arm`]).
+    step_snapshot: Mutex<Option<Snapshot>>,
+    armed: AtomicBool,
 }
 
 #[pymethods]
@@ -64,6 +69,8 @@ impl SimAllocator {
         Ok(SimAllocator {
             alloc: CachingAllocator::new(device, config),
             capture: capture_stacks,
+            step_snapshot: Mutex::new(None),
+            armed: AtomicBool::new(false),
         })
     }
 
@@ -85,7 +92,24 @@ impl SimAllocator {
 
     /// Starts a new training step; returns its number.
     fn mark_step(&self) -> u64 {
-        self.alloc.mark_step()
+        if self.armed.load(Ordering::Relaxed) {
+            let snapshot = self.alloc.snapshot();
+            *self.step_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(snapshot);
+        }
+        at_python_line(self.capture, || self.alloc.mark_step())
+    }
+
+    /// While `on`, each step mark keeps a snapshot of the state just before it, so that the
+    /// leak check sees what earlier steps left alive even after the test's locals are gone
+    /// (the pytest plugin arms it for a checked test). Disarming drops the kept snapshot.
+    fn arm(&self, on: bool) {
+        self.armed.store(on, Ordering::Relaxed);
+        if !on {
+            self.step_snapshot
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+        }
     }
 
     /// Waits for the device (`.item()`, `.cpu()`), recorded as a sync at the Python line.
@@ -137,8 +161,14 @@ impl SimAllocator {
         no_leaks: bool,
         max_syncs_per_step: Option<u64>,
     ) -> Vec<String> {
-        analysis::check(
+        let at_step = self
+            .step_snapshot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        analysis::check_with_step(
             &self.alloc.snapshot(),
+            at_step.as_ref(),
             analysis::Limits {
                 max_peak,
                 no_leaks,

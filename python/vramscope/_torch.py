@@ -145,6 +145,9 @@ class PluggableSession:
             self.syncs.mark_step(self.step)
         return self.step
 
+    def arm(self, on: bool) -> None:
+        _native.device_arm(on)
+
     def snapshot(self, path: str) -> None:
         _native.device_snapshot(self.device, path)
 

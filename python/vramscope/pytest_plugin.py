@@ -80,12 +80,20 @@ def pytest_runtest_call(item: Any) -> Any:
         own = _new_sim(item.config)
         vramscope.activate(own)
     target = vramscope.active()
+    arm = getattr(target, "arm", None)
+    if arm is not None:
+        # Keep the state at each step mark: a test's list of kept tensors dies with its
+        # locals before the check runs.
+        arm(True)
     try:
         result = yield
         failures = target.check(**limits)
     finally:
+        if arm is not None:
+            arm(False)
         if own is not None:
             vramscope.activate(None)
     if failures:
-        pytest.fail("vramscope: " + "\n\n".join(failures), pytrace=False)
+        pytest.fail("vramscope: this test's device memory broke its limits\n"
+                    + "\n\n".join(failures), pytrace=False)
     return result

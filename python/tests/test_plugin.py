@@ -1,0 +1,139 @@
+"""The pytest plugin: the marker and --vramscope fail tests whose device memory breaks the
+limits, with the finding's text (the Python file:line) as the message."""
+
+import pytest
+
+from conftest import line_of
+
+LEAKY = '''
+import pytest
+import vramscope
+
+@pytest.mark.vramscope(no_leaks=True)
+def test_leaks(vramscope_allocator):
+    losses = []
+    for _ in range(10):
+        vramscope.mark_step()
+        out = vramscope_allocator.alloc(4 << 20)
+        losses.append(vramscope_allocator.alloc(1 << 20))  # KEPT
+        out.free()
+
+@pytest.mark.vramscope(no_leaks=True)
+def test_clean(vramscope_allocator):
+    for _ in range(10):
+        vramscope.mark_step()
+        vramscope_allocator.alloc(1 << 20).free()
+'''
+
+
+def test_the_marker_fails_a_leaking_test_with_the_site_and_passes_a_clean_one(pytester):
+    path = pytester.makepyfile(test_leaky=LEAKY)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    line = line_of(path, "# KEPT")
+    result.stdout.fnmatch_lines([
+        "*test_leaks*",
+        "*no_leaks*",
+        f"*error at {path}:{line} (test_leaks): keeps memory alive every step*(1.00 MiB per step)*",
+        f"*fix: at {path}:{line}, do not keep the step's device tensors*",
+    ])
+    text = result.stdout.str()
+    assert "FAILED test_leaky.py::test_leaks" in text
+    assert "test_clean" not in text.split("short test summary")[-1]
+
+
+def test_max_peak_fails_with_the_peak_and_the_budget(pytester):
+    pytester.makepyfile(test_peak='''
+        import pytest
+
+        @pytest.mark.vramscope(max_peak="64 MiB")
+        def test_big(vramscope_allocator):
+            a = vramscope_allocator.alloc(48 << 20)
+            b = vramscope_allocator.alloc(32 << 20)
+
+        @pytest.mark.vramscope(max_peak="1 GiB")
+        def test_small(vramscope_allocator):
+            a = vramscope_allocator.alloc(48 << 20)
+    ''')
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([
+        "*max_peak*peak below 64.0 MiB*",
+        "*peak allocated 80.0 MiB*over the budget of 64.0 MiB*",
+        "*48.0 MiB in*test_peak.py:5 (test_big)*",
+        "*FAILED*test_big*",
+    ])
+
+
+def test_max_syncs_per_step_names_the_line_that_syncs(pytester):
+    path = pytester.makepyfile(test_sync='''
+        import pytest
+        import vramscope
+
+        @pytest.mark.vramscope(max_syncs_per_step=0)
+        def test_item_in_loop(vramscope_allocator):
+            for _ in range(3):
+                vramscope.mark_step()
+                for _ in range(5):
+                    vramscope_allocator.synchronize()  # ITEM
+
+        @pytest.mark.vramscope(max_syncs_per_step=1)
+        def test_once_per_step(vramscope_allocator):
+            for _ in range(3):
+                vramscope.mark_step()
+                vramscope_allocator.synchronize()
+    ''')
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    line = line_of(path, "# ITEM")
+    result.stdout.fnmatch_lines([
+        f"*max_syncs_per_step: step * waited for the device 5 times (limit 0), 5 of them at "
+        f"{path}:{line} in test_item_in_loop*",
+    ])
+
+
+def test_the_command_line_flag_checks_every_test_for_leaks(pytester):
+    path = pytester.makepyfile(test_flag='''
+        import vramscope
+
+        def test_unmarked_leak(vramscope_allocator):
+            kept = []
+            for _ in range(10):
+                vramscope.mark_step()
+                kept.append(vramscope_allocator.alloc(2 << 20))  # UNMARKED
+
+        def test_plain():
+            assert True
+    ''')
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramscope")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([f"*error at {path}:{line_of(path, '# UNMARKED')} (test_unmarked_leak)*"])
+
+
+def test_a_marked_test_without_the_fixture_gets_an_allocator_of_its_own(pytester):
+    pytester.makepyfile(test_own='''
+        import pytest
+        import vramscope
+
+        @pytest.mark.vramscope(max_peak="1 MiB")
+        def test_uses_active():
+            block = vramscope.active().alloc(2 << 20)
+    ''')
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*peak allocated 2.00 MiB*over the budget of 1.00 MiB*"])
+
+
+def test_an_unknown_marker_argument_is_a_usage_error(pytester):
+    pytester.makepyfile(test_bad='''
+        import pytest
+
+        @pytest.mark.vramscope(max_leak=3)
+        def test_x():
+            pass
+    ''')
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*unknown argument*max_leak*"])
