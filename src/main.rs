@@ -15,6 +15,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use vramscope::inspector::detect::Severity;
 use vramscope::inspector::diff;
+use vramscope::inspector::ranks;
 use vramscope::inspector::import::{self, ImportOptions};
 use vramscope::inspector::report::{self, Format, ReportOptions};
 
@@ -123,6 +124,18 @@ enum Command {
     Summary {
         /// The file to read.
         file: PathBuf,
+    },
+    /// Compare the snapshots of a job's ranks side by side and name the rank that stands out.
+    Ranks {
+        /// Snapshot files, or folders of them (one per rank; the rank is read from the name).
+        #[arg(required = true)]
+        inputs: Vec<PathBuf>,
+        /// Output format: text, markdown, json or html.
+        #[arg(long, default_value = "text")]
+        format: Format,
+        /// Write to this file instead of standard output.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
     },
     /// Compare two snapshots by call site: what grew and what shrank.
     Diff {
@@ -378,6 +391,40 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             let snapshot = import::load(&file).map_err(Failure::input)?;
             let built = report::build_report(&snapshot, &ReportOptions::default());
             emit(&report::render_summary(&built), None)?;
+            Ok(0)
+        }
+        Command::Ranks {
+            inputs,
+            format,
+            output,
+        } => {
+            let files = ranks::expand_inputs(&inputs).map_err(Failure::input)?;
+            if files.is_empty() {
+                return Err(Failure::input("no snapshot files in the inputs"));
+            }
+            let started = std::time::Instant::now();
+            let show = std::io::stderr().is_terminal();
+            let progress = |done: usize, total: usize| {
+                if show && started.elapsed().as_secs_f64() > 1.0 {
+                    eprint!("\rloading {done}/{total} snapshots");
+                }
+            };
+            let loaded = ranks::load_all(&files, &progress);
+            if show && started.elapsed().as_secs_f64() > 1.0 {
+                eprint!("\r{:40}\r", "");
+            }
+            let mut snapshots = Vec::with_capacity(files.len());
+            for (path, result) in files.into_iter().zip(loaded) {
+                snapshots.push((path, result.map_err(Failure::input)?));
+            }
+            let comparison = ranks::compare(&snapshots);
+            let text = match format {
+                Format::Text => ranks::render_text(&comparison),
+                Format::Markdown => ranks::render_markdown(&comparison),
+                Format::Json => ranks::render_json(&comparison),
+                Format::Html => ranks::render_html(&comparison),
+            };
+            emit(&text, output.as_ref())?;
             Ok(0)
         }
         Command::Diff {

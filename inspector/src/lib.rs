@@ -16,5 +16,7 @@ pub mod export;
 pub mod html;
 pub mod model_view;
 pub mod pickle_writer;
+pub mod ranks;
 pub mod replay;
 pub mod report;
+pub mod terminal;

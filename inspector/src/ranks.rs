@@ -1,0 +1,491 @@
+//! Ranks side by side: one snapshot per rank of a distributed job, compared.
+//!
+//! When rank 3 of a DDP or FSDP job dies of OOM and the others do not, the user has one
+//! snapshot per rank. [`compare`] takes them (already loaded, see [`load_all`], which reads
+//! them on every core) and builds, for each rank, the figures that tell ranks apart: peak
+//! allocated and reserved, fragmentation at the peak, OOMs, the site holding the most at the
+//! peak and the number of findings; all of them from the same engine and `ModelView` as
+//! `report`, so a rank's row says what `report` says of its file. Then a `rank_imbalance`
+//! finding for every rank whose peak exceeds the median rank's by more than
+//! [`IMBALANCE_THRESHOLD`], naming the sites that account for the difference: what each site
+//! held at that rank's peak against what it held at the median rank's peak (the extra
+//! optimizer shard, the uneven batch). [`render_text`], [`render_markdown`], [`render_json`]
+//! and [`render_html`] print it for `vramscope ranks`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use vramscope_allocator::{format_bytes, Snapshot};
+
+use crate::import::{self, ImportError};
+use crate::model_view::ModelView;
+use crate::report::{self, ReportOptions};
+
+/// A rank is imbalanced when its peak exceeds the median rank's by more than this share.
+pub const IMBALANCE_THRESHOLD: f64 = 0.10;
+
+/// The most sites a `rank_imbalance` finding names.
+const IMBALANCE_SITES: usize = 5;
+
+/// Version of the JSON schema of `vramscope ranks`.
+pub const RANKS_FORMAT_VERSION: u32 = 1;
+
+/// One rank's figures.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RankRow {
+    /// The rank: the number in the file name (`rank3`, `_3.pickle`), else its place in the
+    /// list.
+    pub rank: u32,
+    /// The file.
+    pub file: String,
+    /// Events in the trace.
+    pub events: u64,
+    /// Peak allocated bytes.
+    pub peak_allocated: u64,
+    /// Peak reserved bytes (null when the format does not record them).
+    pub peak_reserved: Option<u64>,
+    /// Reserved but unallocated bytes at the peak of allocated bytes, as a share of reserved
+    /// (null without reserved figures).
+    pub fragmentation_at_peak: Option<f64>,
+    /// OOM events.
+    pub ooms: u64,
+    /// The site holding the most at the peak, and its bytes.
+    pub top_site_at_peak: Option<(String, u64)>,
+    /// Findings of the rank's own report, by severity: errors, warnings, infos.
+    pub findings: (usize, usize, usize),
+    /// Bytes each site held at the peak, by label (not printed; the imbalance reads it).
+    #[serde(skip)]
+    pub at_peak: BTreeMap<String, u64>,
+}
+
+/// One site's share of a rank's excess over the median rank.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SiteExcess {
+    /// The site's label (`file:line`, `(unknown site)`, `(before the trace)`).
+    pub site: String,
+    /// Bytes the site held at this rank's peak.
+    pub bytes: u64,
+    /// Bytes it held at the median rank's peak.
+    pub median_bytes: u64,
+}
+
+/// A rank whose peak exceeds the median rank's by more than [`IMBALANCE_THRESHOLD`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RankImbalance {
+    /// Always `rank_imbalance`.
+    pub kind: &'static str,
+    /// The rank.
+    pub rank: u32,
+    /// Its peak allocated bytes.
+    pub peak: u64,
+    /// The median rank.
+    pub median_rank: u32,
+    /// The median rank's peak allocated bytes.
+    pub median_peak: u64,
+    /// The sites that hold more at this rank's peak than at the median rank's, largest
+    /// difference first.
+    pub sites: Vec<SiteExcess>,
+    /// One sentence saying what was seen.
+    pub summary: String,
+    /// One line saying what to do.
+    pub fix: String,
+}
+
+/// The comparison of a job's ranks.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RankComparison {
+    /// [`RANKS_FORMAT_VERSION`].
+    pub format_version: u32,
+    /// One row per rank, in rank order.
+    pub ranks: Vec<RankRow>,
+    /// The ranks whose peak stands out.
+    pub findings: Vec<RankImbalance>,
+}
+
+/// The rank a file name gives (`rank3.pickle`, `snapshot_rank_3.json`, `mem-3.pickle`): the
+/// digits after `rank` if the name has them, else the last run of digits.
+pub fn rank_from_name(path: &Path) -> Option<u32> {
+    let name = path.file_name()?.to_str()?.to_ascii_lowercase();
+    let digits_at = |at: usize| -> Option<u32> {
+        let rest = name[at..].trim_start_matches(['_', '-', '.']);
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    };
+    if let Some(at) = name.rfind("rank") {
+        if let Some(rank) = digits_at(at + 4) {
+            return Some(rank);
+        }
+    }
+    let stem = name.split('.').next().unwrap_or(&name);
+    let end = stem.rfind(|c: char| c.is_ascii_digit())? + 1;
+    let start = stem[..end]
+        .rfind(|c: char| !c.is_ascii_digit())
+        .map_or(0, |i| i + 1);
+    stem[start..end].parse().ok()
+}
+
+/// The snapshot files named by `inputs`: files as they are, folders by their files (sorted).
+pub fn expand_inputs(inputs: &[PathBuf]) -> std::io::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for input in inputs {
+        if input.is_dir() {
+            let mut inside: Vec<PathBuf> = std::fs::read_dir(input)?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_file())
+                .collect();
+            inside.sort();
+            files.extend(inside);
+        } else {
+            files.push(input.clone());
+        }
+    }
+    Ok(files)
+}
+
+/// Loads every file, on as many threads as the machine has cores; `progress` is called with
+/// (files done, files in all) as they finish. The results are in the files' order.
+pub fn load_all(
+    files: &[PathBuf],
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Vec<Result<Snapshot, ImportError>> {
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(files.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let mut results: Vec<Option<Result<Snapshot, ImportError>>> =
+        (0..files.len()).map(|_| None).collect();
+    let slots = std::sync::Mutex::new(&mut results);
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(path) = files.get(i) else {
+                    return;
+                };
+                let loaded = import::load(path);
+                if let Ok(mut slots) = slots.lock() {
+                    slots[i] = Some(loaded);
+                }
+                let finished = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                progress(finished, files.len());
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|r| r.expect("every file was loaded by a worker"))
+        .collect()
+}
+
+/// One rank's row, from its snapshot.
+fn row(rank: u32, file: &str, snapshot: &Snapshot) -> RankRow {
+    let view = ModelView::new(snapshot);
+    let built = report::build_report_view(&view, &ReportOptions::default());
+    let mut at_peak = BTreeMap::new();
+    for h in view.live_at_peak() {
+        *at_peak
+            .entry(view.group(h.group).label().to_string())
+            .or_insert(0u64) += h.bytes;
+    }
+    let top_site_at_peak = view
+        .live_at_peak()
+        .first()
+        .map(|h| (view.group(h.group).label().to_string(), h.bytes));
+    let fragmentation_at_peak = view.reserved_known().then(|| {
+        let (allocated, reserved) = match view.peak_allocated_event() {
+            Some(event) => view.usage_at(event),
+            None => (view.baseline_allocated(), view.baseline_reserved()),
+        };
+        if reserved == 0 {
+            0.0
+        } else {
+            reserved.saturating_sub(allocated) as f64 / reserved as f64
+        }
+    });
+    RankRow {
+        rank,
+        file: file.to_string(),
+        events: snapshot.events.len() as u64,
+        peak_allocated: view.peak_allocated(),
+        peak_reserved: view.reserved_known().then(|| view.peak_reserved()),
+        fragmentation_at_peak,
+        ooms: view.totals().ooms.max(snapshot.stats.num_ooms),
+        top_site_at_peak,
+        findings: built.counts(),
+        at_peak,
+    }
+}
+
+/// Compares the ranks of `snapshots` (`(file, snapshot)`, in any order).
+pub fn compare(snapshots: &[(PathBuf, Snapshot)]) -> RankComparison {
+    let mut ranks: Vec<RankRow> = snapshots
+        .iter()
+        .enumerate()
+        .map(|(i, (path, snapshot))| {
+            let rank = rank_from_name(path).unwrap_or(i as u32);
+            row(rank, &path.display().to_string(), snapshot)
+        })
+        .collect();
+    ranks.sort_by_key(|r| r.rank);
+    let findings = imbalances(&ranks);
+    RankComparison {
+        format_version: RANKS_FORMAT_VERSION,
+        ranks,
+        findings,
+    }
+}
+
+/// The `rank_imbalance` findings of `ranks`, largest excess first.
+fn imbalances(ranks: &[RankRow]) -> Vec<RankImbalance> {
+    if ranks.len() < 2 {
+        return Vec::new();
+    }
+    let mut by_peak: Vec<&RankRow> = ranks.iter().collect();
+    by_peak.sort_by_key(|r| (r.peak_allocated, r.rank));
+    // The lower median: with an even count, the smaller of the two middle ranks, so that one
+    // heavy rank of two is still measured against the other.
+    let median = by_peak[(by_peak.len() - 1) / 2];
+    let limit = median.peak_allocated as f64 * (1.0 + IMBALANCE_THRESHOLD);
+    let mut findings: Vec<RankImbalance> = ranks
+        .iter()
+        .filter(|r| r.peak_allocated as f64 > limit && r.rank != median.rank)
+        .map(|r| {
+            let mut sites: Vec<SiteExcess> = r
+                .at_peak
+                .iter()
+                .map(|(site, &bytes)| SiteExcess {
+                    site: site.clone(),
+                    bytes,
+                    median_bytes: median.at_peak.get(site).copied().unwrap_or(0),
+                })
+                .filter(|s| s.bytes > s.median_bytes)
+                .collect();
+            sites.sort_by(|a, b| {
+                (b.bytes - b.median_bytes)
+                    .cmp(&(a.bytes - a.median_bytes))
+                    .then(a.site.cmp(&b.site))
+            });
+            sites.truncate(IMBALANCE_SITES);
+            let excess = r.peak_allocated - median.peak_allocated;
+            let share = excess as f64 / median.peak_allocated.max(1) as f64 * 100.0;
+            let named = sites
+                .first()
+                .map(|s| {
+                    format!(
+                        "; most of it at {} ({} more than on rank {})",
+                        s.site,
+                        format_bytes(s.bytes - s.median_bytes),
+                        median.rank
+                    )
+                })
+                .unwrap_or_default();
+            RankImbalance {
+                kind: "rank_imbalance",
+                rank: r.rank,
+                peak: r.peak_allocated,
+                median_rank: median.rank,
+                median_peak: median.peak_allocated,
+                summary: format!(
+                    "rank {} peaks at {}, {} ({share:.0} %) above the median rank {} ({}){named}",
+                    r.rank,
+                    format_bytes(r.peak_allocated),
+                    format_bytes(excess),
+                    median.rank,
+                    format_bytes(median.peak_allocated),
+                ),
+                fix: "give every rank the same share: check the sites above for an uneven \
+                      shard (optimizer state, parameters) or an uneven batch or sequence length \
+                      on this rank"
+                    .to_string(),
+                sites,
+            }
+        })
+        .collect();
+    findings.sort_by(|a, b| b.peak.cmp(&a.peak).then(a.rank.cmp(&b.rank)));
+    findings
+}
+
+fn percent(share: Option<f64>) -> String {
+    share.map_or_else(|| "n/a".to_string(), |s| format!("{:.0} %", s * 100.0))
+}
+
+fn top_site(row: &RankRow) -> String {
+    row.top_site_at_peak.as_ref().map_or_else(
+        || "-".to_string(),
+        |(site, bytes)| format!("{site} ({})", format_bytes(*bytes)),
+    )
+}
+
+/// The comparison as text for a terminal.
+pub fn render_text(comparison: &RankComparison) -> String {
+    let mut out = String::new();
+    let flagged = comparison.findings.len();
+    let _ = writeln!(
+        out,
+        "vramscope ranks: {} ranks; {}",
+        comparison.ranks.len(),
+        match flagged {
+            0 => "no rank stands out".to_string(),
+            1 => "1 rank stands out".to_string(),
+            n => format!("{n} ranks stand out"),
+        }
+    );
+    let _ = writeln!(
+        out,
+        "{:>5}  {:>11}  {:>11}  {:>6}  {:>5}  {:>10}  top site at the peak",
+        "rank", "peak alloc", "peak resv", "frag", "OOMs", "findings"
+    );
+    for r in &comparison.ranks {
+        let _ = writeln!(
+            out,
+            "{:>5}  {:>11}  {:>11}  {:>6}  {:>5}  {:>10}  {}",
+            r.rank,
+            format_bytes(r.peak_allocated),
+            report::bytes_or_na(r.peak_reserved),
+            percent(r.fragmentation_at_peak),
+            r.ooms,
+            format!("{}E {}W {}I", r.findings.0, r.findings.1, r.findings.2),
+            crate::terminal::sanitize(&top_site(r)),
+        );
+    }
+    for f in &comparison.findings {
+        let _ = writeln!(
+            out,
+            "\n[WARNING] rank_imbalance: {}",
+            crate::terminal::sanitize(&f.summary)
+        );
+        for s in &f.sites {
+            let _ = writeln!(
+                out,
+                "    +{:>10}  {} ({} here, {} on rank {})",
+                format_bytes(s.bytes - s.median_bytes),
+                crate::terminal::sanitize(&s.site),
+                format_bytes(s.bytes),
+                format_bytes(s.median_bytes),
+                f.median_rank
+            );
+        }
+        let _ = writeln!(out, "    fix: {}", f.fix);
+    }
+    out
+}
+
+/// The comparison as a markdown table and findings.
+pub fn render_markdown(comparison: &RankComparison) -> String {
+    let mut out = String::from(
+        "| rank | peak allocated | peak reserved | fragmentation at peak | OOMs | findings | top site at the peak |\n|---:|---:|---:|---:|---:|---|---|\n",
+    );
+    for r in &comparison.ranks {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} errors, {} warnings, {} infos | `{}` |",
+            r.rank,
+            format_bytes(r.peak_allocated),
+            report::bytes_or_na(r.peak_reserved),
+            percent(r.fragmentation_at_peak),
+            r.ooms,
+            r.findings.0,
+            r.findings.1,
+            r.findings.2,
+            top_site(r).replace('`', "'"),
+        );
+    }
+    for f in &comparison.findings {
+        let _ = writeln!(out, "\n**rank_imbalance**: {}\n", f.summary);
+        for s in &f.sites {
+            let _ = writeln!(
+                out,
+                "- `{}`: {} more ({} here, {} on rank {})",
+                s.site.replace('`', "'"),
+                format_bytes(s.bytes - s.median_bytes),
+                format_bytes(s.bytes),
+                format_bytes(s.median_bytes),
+                f.median_rank
+            );
+        }
+        let _ = writeln!(out, "\nFix: {}", f.fix);
+    }
+    out
+}
+
+/// The comparison as JSON (schema [`RANKS_FORMAT_VERSION`]).
+pub fn render_json(comparison: &RankComparison) -> String {
+    serde_json::to_string_pretty(comparison).unwrap_or_default()
+}
+
+/// The comparison as one self-contained HTML page.
+pub fn render_html(comparison: &RankComparison) -> String {
+    let escape = crate::html::escape;
+    let mut out = String::from(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>vramscope ranks</title><style>body{font:14px system-ui,sans-serif;margin:2em}table{border-collapse:collapse}td,th{padding:.3em .8em;border-bottom:1px solid #ddd;text-align:right}td.site{text-align:left;font-family:monospace}.bar{background:#4a7;height:.8em;display:inline-block}.hot{background:#d54}</style></head><body><h1>vramscope ranks</h1><table><tr><th>rank</th><th>peak allocated</th><th></th><th>peak reserved</th><th>fragmentation at peak</th><th>OOMs</th><th>findings</th><th>top site at the peak</th></tr>",
+    );
+    let most = comparison
+        .ranks
+        .iter()
+        .map(|r| r.peak_allocated)
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    for r in &comparison.ranks {
+        let hot = comparison.findings.iter().any(|f| f.rank == r.rank);
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td><span class=\"bar{}\" style=\"width:{}px\"></span></td><td>{}</td><td>{}</td><td>{}</td><td>{} / {} / {}</td><td class=\"site\">{}</td></tr>",
+            r.rank,
+            format_bytes(r.peak_allocated),
+            if hot { " hot" } else { "" },
+            (r.peak_allocated as f64 / most as f64 * 200.0).round() as u64,
+            report::bytes_or_na(r.peak_reserved),
+            percent(r.fragmentation_at_peak),
+            r.ooms,
+            r.findings.0,
+            r.findings.1,
+            r.findings.2,
+            escape(&top_site(r)),
+        );
+    }
+    out.push_str("</table>");
+    for f in &comparison.findings {
+        let _ = write!(
+            out,
+            "<h2>rank_imbalance</h2><p>{}</p><ul>",
+            escape(&f.summary)
+        );
+        for s in &f.sites {
+            let _ = write!(
+                out,
+                "<li><code>{}</code>: {} more ({} here, {} on rank {})</li>",
+                escape(&s.site),
+                format_bytes(s.bytes - s.median_bytes),
+                format_bytes(s.bytes),
+                format_bytes(s.median_bytes),
+                f.median_rank
+            );
+        }
+        let _ = write!(out, "</ul><p>Fix: {}</p>", escape(&f.fix));
+    }
+    out.push_str("</body></html>\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_come_from_file_names() {
+        for (name, rank) in [
+            ("rank3.pickle", Some(3)),
+            ("snapshot_rank_12.json", Some(12)),
+            ("run-rank-0.pickle", Some(0)),
+            ("mem_7.pickle", Some(7)),
+            ("/tmp/job/trace-5.json.gz", Some(5)),
+            ("snapshot.pickle", None),
+        ] {
+            assert_eq!(rank_from_name(Path::new(name)), rank, "{name}");
+        }
+    }
+}

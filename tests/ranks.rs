@@ -1,0 +1,213 @@
+//! `vramscope ranks`, end to end: a job's snapshots, one per rank, with a planted difference
+//! on one rank. The comparison must name that rank and the site behind its excess, and stay
+//! quiet on a balanced job.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+use vramscope::allocator::testing::shared_trace;
+use vramscope::allocator::{
+    AllocatorConfig, Block, BlockState, CachingAllocator, CallSite, Event, EventKind, Pool,
+    Segment, SimDevice, Snapshot,
+};
+use vramscope::inspector::import;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("vramscope-ranks-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs `vramscope ranks` on `dir` and returns its JSON.
+fn ranks_json(dir: &Path) -> Value {
+    let output = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args(["ranks", "--format", "json"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// Where the planted rank keeps its extra optimizer shard: this line.
+fn extra_shard(
+    alloc: &CachingAllocator<SimDevice>,
+) -> (vramscope::allocator::DeviceBuffer<SimDevice>, String) {
+    let (buffer, line) = (alloc.alloc(96 << 20).unwrap(), line!());
+    (buffer, format!("{}:{line}", file!()))
+}
+
+/// One rank of a data-parallel step: weights, activations freed each step, and on `heavy`
+/// ranks an extra shard held from the start.
+fn rank_snapshot(heavy: bool) -> (Snapshot, Option<String>) {
+    let alloc = CachingAllocator::new(SimDevice::phantom(1 << 36), AllocatorConfig::default());
+    let _weights = alloc.tagged("weights").alloc(200 << 20).unwrap();
+    let shard = heavy.then(|| extra_shard(&alloc));
+    for _ in 0..4 {
+        alloc.mark_step();
+        let activations: Vec<_> = (0..6).map(|_| alloc.alloc(24 << 20).unwrap()).collect();
+        drop(activations);
+    }
+    let snapshot = alloc.snapshot();
+    (snapshot, shard.map(|(_, site)| site))
+}
+
+#[test]
+fn the_heavy_rank_and_its_site_are_named() {
+    let dir = scratch("planted");
+    let mut planted_site = None;
+    for rank in 0..8 {
+        let (snapshot, site) = rank_snapshot(rank == 3);
+        if site.is_some() {
+            planted_site = site;
+        }
+        snapshot
+            .save(dir.join(format!("snapshot_rank{rank}.json")))
+            .unwrap();
+    }
+    let planted_site = planted_site.unwrap();
+    let json = ranks_json(&dir);
+    let ranks = json["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 8);
+    let ids: Vec<u64> = ranks.iter().map(|r| r["rank"].as_u64().unwrap()).collect();
+    assert_eq!(
+        ids,
+        (0..8).collect::<Vec<u64>>(),
+        "ranks from the file names"
+    );
+    let findings = json["findings"].as_array().unwrap();
+    assert_eq!(findings.len(), 1, "{json:#}");
+    let finding = &findings[0];
+    assert_eq!(finding["kind"], "rank_imbalance");
+    assert_eq!(finding["rank"], 3);
+    let top = finding["sites"][0]["site"].as_str().unwrap();
+    assert!(
+        planted_site.ends_with(top) || top.ends_with(&planted_site) || top == planted_site,
+        "the excess is named at {top}, planted at {planted_site}"
+    );
+    let excess = finding["peak"].as_u64().unwrap() - finding["median_peak"].as_u64().unwrap();
+    assert_eq!(excess, 96 << 20, "the shard is the whole difference");
+
+    // The text names them too.
+    let text = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .arg("ranks")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("rank_imbalance: rank 3 peaks"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_balanced_job_has_no_imbalance() {
+    let dir = scratch("balanced");
+    for rank in 0..4 {
+        rank_snapshot(false)
+            .0
+            .save(dir.join(format!("rank{rank}.json")))
+            .unwrap();
+    }
+    let json = ranks_json(&dir);
+    assert_eq!(json["ranks"].as_array().unwrap().len(), 4);
+    assert!(json["findings"].as_array().unwrap().is_empty(), "{json:#}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A copy of `snapshot` that also holds `bytes` at `site` from before its first event, in a
+/// segment of its own (as a rank with an extra shard would).
+fn with_planted_shard(snapshot: &Snapshot, bytes: u64, site: &str) -> Snapshot {
+    let mut planted = snapshot.clone();
+    let site_id = planted.sites.len() as u32;
+    let (file, line) = site.rsplit_once(':').unwrap();
+    planted.sites.push(CallSite {
+        file: file.to_string(),
+        line: line.parse().unwrap(),
+        column: 0,
+        function: "shard_optimizer_state".to_string(),
+        frames: Vec::new(),
+    });
+    let address = 0x7fff_0000_0000;
+    let device = planted.device.index;
+    let first = planted.events.first().copied();
+    let event = |kind| Event {
+        seq: 0,
+        time_ns: first.map_or(0, |e| e.time_ns),
+        kind,
+        device,
+        stream: 0,
+        addr: address,
+        size: bytes,
+        requested: if kind == EventKind::Alloc { bytes } else { 0 },
+        site: Some(site_id),
+        tag: None,
+        scope: None,
+        step: first.map_or(0, |e| e.step),
+        thread: 0,
+    };
+    planted.events.splice(
+        0..0,
+        [event(EventKind::SegmentAlloc), event(EventKind::Alloc)],
+    );
+    for (seq, e) in planted.events.iter_mut().enumerate() {
+        e.seq = seq as u64;
+    }
+    for mark in &mut planted.steps {
+        mark.seq += 2;
+    }
+    planted.segments.push(Segment {
+        device,
+        address,
+        total_size: bytes,
+        stream: 0,
+        pool: Pool::Large,
+        expandable: false,
+        blocks: vec![Block {
+            address,
+            size: bytes,
+            requested_size: bytes,
+            state: BlockState::ActiveAllocated,
+            site: Some(site_id),
+            tag: None,
+            scope: None,
+            step: 0,
+            thread: 0,
+        }],
+    });
+    planted
+}
+
+#[test]
+fn a_shared_trace_replicated_over_ranks_names_the_planted_rank() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let Some(path) = shared_trace(root, "decomfl_opt125m_zo_fedlearn.pickle") else {
+        return;
+    };
+    let snapshot = import::load(&path).unwrap();
+    let dir = scratch("decomfl");
+    let site = "cezo_fl/fl_helpers.py:88";
+    for rank in 0..4 {
+        let copy = if rank == 2 {
+            with_planted_shard(&snapshot, 512 << 20, site)
+        } else {
+            snapshot.clone()
+        };
+        copy.save(dir.join(format!("decomfl_rank{rank}.json")))
+            .unwrap();
+    }
+    let json = ranks_json(&dir);
+    let findings = json["findings"].as_array().unwrap();
+    assert_eq!(findings.len(), 1, "{json:#}");
+    assert_eq!(findings[0]["rank"], 2);
+    assert_eq!(findings[0]["sites"][0]["site"], site);
+    let excess =
+        findings[0]["peak"].as_u64().unwrap() - findings[0]["median_peak"].as_u64().unwrap();
+    assert_eq!(excess, 512 << 20);
+    let _ = std::fs::remove_dir_all(&dir);
+}
