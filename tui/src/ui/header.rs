@@ -2,8 +2,8 @@
 //!
 //! Three rows: the source, device, capacity, step, cursor position and connection state (live,
 //! paused, disconnected since when, ended); then allocated, reserved and peak bytes as bars on
-//! the device's capacity with their values in absolute units; then retries, OOMs and events the
-//! dashboard did not receive. Figures come from `crate::data::Dataset` at the cursor of
+//! the most the trace uses (the capacity is text in the first row), with their values in
+//! absolute units; then retries, OOMs and events the dashboard did not receive. Figures come from `crate::data::Dataset` at the cursor of
 //! `crate::app::App`.
 
 use ratatui::buffer::Buffer;
@@ -160,11 +160,10 @@ impl Widget for Header<'_> {
             // segments.
             usage.reserved = stats.reserved_bytes.all.current;
         }
-        let scale = if capacity > 0 {
-            capacity
-        } else {
-            data.peak_at(data.len()).reserved.max(peak).max(1)
-        };
+        // The bars scale to what the trace uses at most (the capacity is in the first row as
+        // text), so that a few MiB on an 80 GiB device still show.
+        let most = data.peak_at(data.len());
+        let scale = most.reserved.max(most.allocated).max(usage.reserved).max(1);
         let width = usize::from(area.width);
         let label_w = 11usize;
         let value_w = 11usize;

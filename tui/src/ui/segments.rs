@@ -176,7 +176,7 @@ impl Widget for SegmentsPanel<'_> {
         let cells_w = usize::from(
             inner
                 .width
-                .saturating_sub(label_w + if wide { 6 } else { 0 }),
+                .saturating_sub(label_w + if wide { 12 } else { 0 }),
         );
         let scroll = app.segment_scroll.min(count.saturating_sub(1));
         let more_below = count > scroll + rows;
@@ -224,18 +224,27 @@ impl Widget for SegmentsPanel<'_> {
                 }
             }
             if wide {
-                let live: u64 = state
-                    .blocks_in(addr, seg.size)
-                    .filter(|(_, b)| !b.pending)
-                    .map(|(_, b)| b.size)
-                    .sum();
-                let pct = live as f64 * 100.0 / seg.size.max(1) as f64;
+                // Allocated share, and the inactive-split share: free bytes in a segment that
+                // holds active blocks, which empty_cache() cannot release.
+                let (mut live, mut active) = (0u64, 0u64);
+                for (_, b) in state.blocks_in(addr, seg.size) {
+                    active += b.size;
+                    if !b.pending {
+                        live += b.size;
+                    }
+                }
+                let share = |bytes: u64| bytes as f64 * 100.0 / seg.size.max(1) as f64;
+                let split = if active > 0 {
+                    format!("▒{:>3.0}%", share(seg.size.saturating_sub(active)))
+                } else {
+                    String::new()
+                };
                 put(
                     buf,
                     inner,
                     x + cells_w as u16,
                     y,
-                    &format!(" {pct:>4.0}%"),
+                    &format!(" {:>4.0}% {split}", share(live)),
                     theme.dim(),
                 );
             }
