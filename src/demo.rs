@@ -9,7 +9,7 @@
 
 use std::str::FromStr;
 
-use vramscope::allocator::{AllocatorConfig, Snapshot};
+use vramscope::allocator::{AllocatorConfig, Snapshot, Telemetry, TelemetryAddr};
 use vramscope::kernels::{train, train_with, Device, TensorError, TrainConfig, TrainHooks};
 
 /// The bugs the demo can plant.
@@ -97,4 +97,26 @@ pub fn run_paced(
         },
     )
     .map(|_| ())
+}
+
+/// Runs the dashboard demo without a dashboard, publishing its live telemetry on `addr` for
+/// `vramscope top` in another terminal: paced like the dashboard's run, then lingering a few
+/// seconds with the kept tensors alive before the publisher stops.
+pub fn run_listening(addr: &TelemetryAddr, steps: u64, bugs: Bugs) -> Result<(), String> {
+    let (device, why) = device();
+    eprintln!("vramscope demo: {why}");
+    let telemetry = Telemetry::serve(device.allocator(), addr).map_err(|e| e.to_string())?;
+    eprintln!(
+        "vramscope demo: publishing on {0}; watch it with `vramscope top {0}`",
+        telemetry.addr()
+    );
+    let pace = std::time::Duration::from_millis(150);
+    let mut before_step = |_| {
+        std::thread::sleep(pace);
+        true
+    };
+    let mut at_end = || std::thread::sleep(std::time::Duration::from_secs(3));
+    run_paced(&device, steps, bugs, &mut before_step, &mut at_end).map_err(|e| e.to_string())?;
+    drop(telemetry);
+    Ok(())
 }

@@ -48,6 +48,10 @@ enum Command {
         /// Report format: text, markdown, json or html.
         #[arg(long, default_value = "text")]
         format: Format,
+        /// Publish the demo's live telemetry on unix:PATH or tcp:127.0.0.1:PORT instead of
+        /// opening the dashboard here: watch it with `vramscope top ADDR` in another terminal.
+        #[arg(long)]
+        listen: Option<String>,
     },
     /// Open a snapshot, PyTorch pickle or Chrome trace in the dashboard, with a time cursor.
     View {
@@ -240,7 +244,17 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             steps,
             headless,
             format,
+            listen,
         } => {
+            if let Some(listen) = listen {
+                let addr = listen
+                    .parse::<vramscope::allocator::TelemetryAddr>()
+                    .map_err(Failure::input)?;
+                demo::run_listening(&addr, steps.unwrap_or(300), bug).map_err(|message| {
+                    Failure { message, status: 1 }
+                })?;
+                return Ok(0);
+            }
             let terminal = std::io::stdout().is_terminal() && std::io::stdin().is_terminal();
             if !headless && terminal {
                 let steps = steps.unwrap_or(300);
