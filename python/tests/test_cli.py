@@ -38,3 +38,36 @@ def test_report_on_a_python_snapshot_names_the_python_line(tmp_path):
     assert out.returncode == 1, out.stdout + out.stderr
     assert f"{HERE}:{line_of(HERE, '# CLI-LEAK')}" in out.stdout
     assert "retained_per_step" in out.stdout
+
+
+def test_demo_listen_publishes_telemetry_that_top_can_read(tmp_path):
+    sock = tmp_path / "demo.sock"
+    demo = subprocess.Popen([command(), "demo", "--listen", f"unix:{sock}", "--steps", "4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        import socket
+        import time
+
+        deadline = time.time() + 30
+        while not sock.exists():
+            assert demo.poll() is None, demo.communicate()
+            assert time.time() < deadline, "the demo never opened its socket"
+            time.sleep(0.05)
+        client = socket.socket(socket.AF_UNIX)
+        client.settimeout(10)
+        client.connect(str(sock))
+        data = b""
+        while len(data) < 8:
+            chunk = client.recv(65536)
+            assert chunk, "the publisher closed without sending a frame"
+            data += chunk
+        client.close()
+        # A frame: magic "VS", version, kind, then a little-endian length; the hello is JSON.
+        assert data[:2] == b"VS"
+        assert b'"protoc' in data[:64]
+        _, err = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 0, err
+    assert f"watch it with `vramscope top unix:{sock}`" in err
