@@ -10,6 +10,7 @@ pub mod pickle;
 
 pub mod checks;
 pub mod detect;
+pub mod devices;
 pub mod diff;
 pub mod engine;
 pub mod export;

@@ -817,7 +817,7 @@ fn current_only(value: StatArray) -> StatArray {
 
 /// Statistics of `device`: current values from its segments, the rest from replaying its
 /// events.
-fn compute_stats(
+pub(crate) fn compute_stats(
     segments: &[Segment],
     events: &[Event],
     device: u32,
