@@ -197,7 +197,9 @@ fn explorer_section(data: &explorer::ExplorerData) -> String {
 <span><i class=\"swatch\" style=\"background:#6d4c41\"></i>waiting to be freed</span><span><i class=\"swatch\" style=\"background:#f3b3b3\"></i>inactive split (free in a segment in use)</span>\
 <span><i class=\"swatch\" style=\"background:#e4e4e4\"></i>free segment</span><span>s/L: small/large pool, e: expandable (a mapped run)</span></div>\
 <div id=\"segmap-wrap\"><canvas id=\"segmap\"></canvas></div><div id=\"segmap-note\" class=\"muted\"></div></div></div>\n");
-    out.push_str("<pre id=\"tip\" hidden></pre>\n<ul id=\"errors\" hidden></ul>\n");
+    out.push_str(
+        "<pre id=\"tip\" hidden></pre>\n<ul id=\"errors\" hidden></ul>\n<div id=\"selftest\" hidden></div>\n",
+    );
     out
 }
 

@@ -3,7 +3,9 @@
 //!
 //! For every trace the page must have drawn as many bands as the data holds, state the report's
 //! peak allocated figure from the bands at the peak, list live blocks by site at the peak that
-//! sum to that figure, and record no script error. A 1400×900 screenshot of each page is kept
+//! sum to that figure, and record no script error; driven by its self-test (keys, the wheel,
+//! hover, click, a finding), it must show the end and the peak with tables that sum to the
+//! report's figures, zoom, name the band under the mouse and pin it, still without errors. A 1400×900 screenshot of each page is kept
 //! under `target/html-browser/` beside the pages themselves. Where Chromium is not installed
 //! (`.ci/run` installs it where it can) or the traces are absent, the test says so in one
 //! `skipped:` line and passes.
@@ -45,9 +47,19 @@ fn artefacts() -> PathBuf {
     dir
 }
 
-/// Runs the browser headless on `page` with `extra` arguments and returns its standard output.
-fn run_browser(browser: &Path, page: &Path, profile: &Path, extra: &[&str]) -> String {
-    let url = format!("file://{}", page.display());
+/// Runs the browser headless on `page` (with `fragment` after `#` when not empty) with `extra`
+/// arguments and returns its standard output.
+fn run_browser(
+    browser: &Path,
+    page: &Path,
+    fragment: &str,
+    profile: &Path,
+    extra: &[&str],
+) -> String {
+    let mut url = format!("file://{}", page.display());
+    if !fragment.is_empty() {
+        url = format!("{url}#{fragment}");
+    }
     let mut child = Command::new(browser)
         .args([
             "--headless",
@@ -151,7 +163,7 @@ fn the_explorer_draws_each_shared_trace_in_chromium() {
         std::fs::write(&page, html::render_html(&built)).expect("the page is written");
         let profile = tempdir(&out, stem);
 
-        let dom = run_browser(&browser, &page, &profile, &["--dump-dom"]);
+        let dom = run_browser(&browser, &page, "", &profile, &["--dump-dom"]);
         assert!(
             dom.contains("data-ready=\"1\""),
             "{name}: the script did not finish; errors: {:?}",
@@ -187,12 +199,44 @@ fn the_explorer_draws_each_shared_trace_in_chromium() {
             "{name}: the table opens at the peak"
         );
 
+        // Driven as a user would: E, P, the wheel, hover and click on a band, the arrows, a
+        // finding, Esc and T, with the page's own self-test (`#selftest`).
+        let profile = tempdir(&out, &format!("{stem}-selftest"));
+        let dom = run_browser(&browser, &page, "selftest", &profile, &["--dump-dom"]);
+        let errors = &dom[dom.find("id=\"errors\"").expect("an error list")..];
+        let errors = &errors[..errors.find("</ul>").expect("the list ends")];
+        assert!(
+            !errors.contains("<li"),
+            "{name}: driving the page raised errors: {errors}"
+        );
+        let got = |attr: &str| {
+            attribute(&dom, "id=\"selftest\"", attr)
+                .unwrap_or_else(|| panic!("{name}: the self-test did not record {attr}"))
+        };
+        assert_eq!(
+            got("data-end-total"),
+            built.stats.allocated_bytes.to_string(),
+            "{name}: E shows the end, whose table sums to the end figure"
+        );
+        assert_eq!(got("data-peak-total"), peak.to_string(), "{name}: P");
+        assert_eq!(got("data-zoomed"), "true", "{name}: the wheel zooms");
+        let tip = got("data-tip");
+        assert!(
+            data.series.iter().any(|s| tip.starts_with(&s.label)),
+            "{name}: hovering the bottom band at the peak names a band, not {tip:?}"
+        );
+        assert_ne!(got("data-pinned"), "-1", "{name}: a click pins the band");
+        if !built.findings.is_empty() {
+            assert_eq!(got("data-finding"), "0", "{name}: a finding is selected");
+        }
+
         let shot = out.join(format!("{stem}.png"));
         let _ = std::fs::remove_file(&shot);
         let profile = tempdir(&out, &format!("{stem}-shot"));
         run_browser(
             &browser,
             &page,
+            "",
             &profile,
             &[
                 &format!("--screenshot={}", shot.display()),

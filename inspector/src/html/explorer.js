@@ -109,6 +109,8 @@
     const peakBucket = bucketOfPos(D.peak_pos);
     let view = [0, domainEnd()];
     let cursor = peakBucket;
+    // The position the tables show: the cursor column's, or exactly the end after E.
+    let cursorPos = D.bucket_pos[peakBucket];
     let pinned = -1;
     let finding = -1;
 
@@ -336,8 +338,8 @@
       return best;
     }
     function fillTable() {
-      const pos = D.bucket_pos[cursor];
-      const exact = D.moments.find((m) => m.pos === pos);
+      const exact = D.moments.find((m) => m.pos === cursorPos);
+      const pos = exact ? cursorPos : D.bucket_pos[cursor];
       const body = document.querySelector("#site-table tbody");
       body.textContent = "";
       const title = document.getElementById("table-title");
@@ -488,8 +490,9 @@
       fillTable();
       draw();
     }
-    function setCursor(k) {
+    function setCursor(k, pos) {
       cursor = Math.max(0, Math.min(nb - 1, k));
+      cursorPos = pos === undefined ? D.bucket_pos[cursor] : pos;
       const l = bucketLeft(cursor);
       if (l < view[0] || l > view[1]) {
         const span = view[1] - view[0];
@@ -551,6 +554,7 @@
       const hit = hitTest(x, y);
       if (!hit) return;
       cursor = hit.k;
+      cursorPos = D.bucket_pos[hit.k];
       pin(hit.s === pinned ? -1 : hit.s);
     });
     canvas.addEventListener("wheel", (ev) => {
@@ -581,7 +585,7 @@
         "ArrowRight": () => setCursor(cursor + (ev.shiftKey ? 10 : 1)),
         "p": () => setCursor(peakBucket), "P": () => setCursor(peakBucket),
         "r": () => { if (D.peak_reserved_pos !== null) setCursor(bucketOfPos(D.peak_reserved_pos)); },
-        "e": () => setCursor(nb - 1), "E": () => setCursor(nb - 1),
+        "e": () => setCursor(nb - 1, D.events), "E": () => setCursor(nb - 1, D.events),
         "t": () => toggleTime(), "T": () => toggleTime(),
         "Escape": () => { finding = -1; pin(-1); },
       };
@@ -598,7 +602,7 @@
       draw();
     }
     document.getElementById("go-peak").addEventListener("click", () => setCursor(peakBucket));
-    document.getElementById("go-end").addEventListener("click", () => setCursor(nb - 1));
+    document.getElementById("go-end").addEventListener("click", () => setCursor(nb - 1, D.events));
     document.getElementById("reset-zoom").addEventListener("click", () => { view = [0, domainEnd()]; draw(); });
     const axisButton = document.getElementById("toggle-axis");
     if (D.has_time) axisButton.addEventListener("click", toggleTime); else axisButton.disabled = true;
@@ -634,5 +638,40 @@
     pf.textContent = fmt(peakSum);
     document.body.dataset.paintMs = performance.now().toFixed(0);
     document.body.dataset.ready = "1";
+    if (location.hash === "#selftest") selfTest();
+
+    // Drives the page as a user would (keys, wheel, hover, click, a finding) and writes what
+    // it saw into #selftest, for the browser test; errors land in #errors as always.
+    function selfTest() {
+      const out = document.getElementById("selftest");
+      const key = (k) => document.dispatchEvent(new KeyboardEvent("keydown", { key: k, bubbles: true }));
+      const rect = canvas.getBoundingClientRect();
+      const mouse = (type, x, y, extra) => canvas.dispatchEvent(new MouseEvent(type, Object.assign({ clientX: rect.left + x, clientY: rect.top + y, bubbles: true }, extra || {})));
+      key("E");
+      out.dataset.endTotal = document.getElementById("table-total").dataset.bytes;
+      key("P");
+      out.dataset.peakTotal = document.getElementById("table-total").dataset.bytes;
+      const span = view[1] - view[0];
+      canvas.dispatchEvent(new WheelEvent("wheel", { deltaY: -100, clientX: rect.left + W / 2, clientY: rect.top + H / 2, bubbles: true, cancelable: true }));
+      out.dataset.zoomed = String(view[1] - view[0] < span);
+      key("0");
+      // Hover and click just above the axis at the peak: the bottom band there.
+      const px = xOf(bucketLeft(peakBucket) + (bucketRight(peakBucket) - bucketLeft(peakBucket)) / 2);
+      const py = M.top + plotH() - 2;
+      mouse("mousemove", px, py);
+      out.dataset.tip = tip.hidden ? "" : tip.textContent.split("\n")[0];
+      mouse("mousedown", px, py);
+      mouse("mouseup", px, py);
+      out.dataset.pinned = String(pinned);
+      key("ArrowRight");
+      key("ArrowLeft");
+      const first = document.querySelector("#findings tr[data-finding]");
+      if (first) first.click();
+      out.dataset.finding = String(finding);
+      key("Escape");
+      if (D.has_time) { key("T"); key("T"); }
+      out.dataset.draws = String(drawn);
+      out.textContent = "done";
+    }
   }
 })();

@@ -283,7 +283,9 @@ impl ExplorerData {
                     }
                 }
             }
-            take_moment(i as u64 + 1, &state, &mut moments);
+            // The end is the engine's end state (the dump-time state), as every view shows it.
+            let at = if i + 1 == n { &walk.end } else { &state };
+            take_moment(i as u64 + 1, at, &mut moments);
         }
 
         // Each group's own highest bytes, to pick the bands.
@@ -614,5 +616,77 @@ fn moment(
         segments,
         blocks_left_out: left_out,
         orphan_bytes: state.orphan_bytes(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::detect::testutil::{Trace, MIB};
+
+    /// Many sites, a leak and a free of a block from before the trace: more sites than bands
+    /// and more positions than columns.
+    fn busy() -> Snapshot {
+        let mut t = Trace::new();
+        let sites: Vec<_> = (0..20)
+            .map(|i| t.site("model.py", 10 + i, "forward"))
+            .collect();
+        t.free(0x9000_0000, 3 * MIB);
+        let mut kept = Vec::new();
+        for step in 0..1_200u64 {
+            t.step();
+            let mut live = Vec::new();
+            for (i, &s) in sites.iter().enumerate() {
+                live.push((t.alloc(s, (1 + i as u64 + step % 5) * MIB), i));
+            }
+            for (addr, i) in live.drain(..) {
+                t.free(addr, (1 + i as u64 + step % 5) * MIB);
+            }
+            kept.push(t.alloc(sites[0], 4096));
+        }
+        t.finish()
+    }
+
+    #[test]
+    fn bands_and_tables_sum_to_the_figures() {
+        let snapshot = busy();
+        let view = ModelView::new(&snapshot);
+        let data = ExplorerData::build(&view, None);
+        assert_eq!(data.peak_allocated, view.peak_allocated());
+        assert!(data.bucket_start.len() <= MAX_BUCKETS);
+        assert!(
+            data.events as usize + 1 > MAX_BUCKETS,
+            "more positions than columns"
+        );
+        assert!(data.series.len() <= MAX_SERIES + 2);
+        assert!(data.series.iter().any(|s| s.kind == "other"));
+        assert!(data.series.iter().any(|s| s.kind == "before"));
+        // Every column's bands sum to its allocated bytes, and the peak's column is the peak.
+        for k in 0..data.bucket_start.len() {
+            let sum: u64 = data.values.iter().map(|v| v[k]).sum();
+            assert_eq!(sum, data.allocated[k], "column {k}");
+        }
+        let k = data.bucket_pos.iter().position(|&p| p == data.peak_pos);
+        let k = k.expect("a column shows the peak");
+        assert_eq!(data.allocated[k], view.peak_allocated());
+        // The tables at the peak and at the end sum to the report's figures.
+        let total = |m: &Moment| m.sites.iter().map(|r| r[1]).sum::<u64>() + m.rest[1];
+        let peak = data.peak_moment().expect("a moment at the peak");
+        assert_eq!(total(peak), view.peak_allocated());
+        let end = data.moments.iter().find(|m| m.pos == data.events).unwrap();
+        assert_eq!(total(end), view.end_allocated());
+        assert_eq!(end.allocated, view.end_allocated());
+    }
+
+    #[test]
+    fn the_page_escapes_what_came_from_the_file() {
+        let mut t = Trace::new();
+        let s = t.site("</script><b>x.py", 1, "f");
+        t.alloc(s, MIB);
+        let snapshot = t.finish();
+        let built = crate::report::build_report(&snapshot, &Default::default());
+        let page = crate::html::render_html(&built);
+        assert!(!page.contains("</script><b>"), "no markup from the file");
+        assert!(page.contains("\\u003c/script>\\u003cb>x.py"));
     }
 }
