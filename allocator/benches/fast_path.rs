@@ -1,6 +1,9 @@
 //! The cached fast path: one alloc+free pair of a size already in the cache, with tracking off,
 //! with call sites and events on, and with backtraces sampled one in 64.
 
+// criterion_group! generates a public function without documentation.
+#![allow(missing_docs)]
+
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
