@@ -78,8 +78,26 @@ impl Widget for TimelinePanel<'_> {
         } else {
             String::new()
         };
+        // The window in seconds since the first event, when the trace has time stamps.
+        let events = data.events();
+        let t0 = events.first().map_or(0, |e| e.time_ns);
+        let time_at = |pos: usize| {
+            events
+                .get(pos.min(n).saturating_sub(1))
+                .map_or(0, |e| e.time_ns.saturating_sub(t0))
+        };
+        let seconds = if events.last().is_some_and(|e| e.time_ns > t0) {
+            let (ta, tb) = (time_at(a), time_at(b));
+            format!(
+                " · {} – {}",
+                seconds_label(ta, tb - ta),
+                seconds_label(tb, tb - ta)
+            )
+        } else {
+            String::new()
+        };
         let title = format!(
-            " Timeline · events {}–{}{zoom} ",
+            " Timeline · events {}–{}{seconds}{zoom} ",
             thousands(a as u64),
             thousands(b as u64)
         );
@@ -214,6 +232,14 @@ impl Widget for TimelinePanel<'_> {
     }
 }
 
+/// `ns` as seconds with as many decimals as a window of `span_ns` needs (three significant
+/// digits of the span): `12.5 s`, `0.0342 s`.
+pub fn seconds_label(ns: u64, span_ns: u64) -> String {
+    let span = (span_ns.max(1) as f64) / 1e9;
+    let decimals = (2.0 - span.log10().floor()).clamp(0.0, 9.0) as usize;
+    format!("{:.*} s", decimals, ns as f64 / 1e9)
+}
+
 /// The smallest k of 1, 2, 5, 10, 20, 50… such that labelling the steps numbered a multiple of
 /// k (each just after its mark) leaves a space between labels and ends every label before
 /// `right`: step labels never run into each other, whatever the width and the step count.
@@ -245,6 +271,14 @@ pub fn label_every(marks: &[(u64, u16)], right: u16) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::label_every;
+
+    #[test]
+    fn seconds_have_the_decimals_the_window_needs() {
+        use super::seconds_label;
+        assert_eq!(seconds_label(12_500_000_000, 30_000_000_000), "12.5 s");
+        assert_eq!(seconds_label(34_200_000, 50_000_000), "0.0342 s");
+        assert_eq!(seconds_label(3_000_000_000, 500_000_000_000), "3 s");
+    }
 
     #[test]
     fn step_labels_never_run_into_each_other() {
