@@ -22,6 +22,9 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from . import Finding, _findings, _native, activate, parse_size
 
 
+_FRAMEWORK = ("/torch/", "site-packages/", "dist-packages/")
+
+
 def _torch() -> Any:
     try:
         import torch
@@ -55,10 +58,19 @@ class SyncRecorder:
         warnings.showwarning = showwarning
 
     def record(self, filename: str, lineno: int) -> None:
+        # The warning names the innermost Python line (the user's `.item()` line, a C
+        # method); inside framework code (`print` of a tensor formats it in torch), the
+        # user's own frame of the stack is the site instead.
         site = _native.current_site()
         where: Tuple[str, int, str] = (filename, lineno, "")
+        framework = filename.startswith("<") or any(
+            part in filename.replace("\\", "/") for part in _FRAMEWORK)
         if site is not None:
-            where = (site[0], site[1], site[2])
+            if framework:
+                where = (site[0], site[1], site[2])
+            else:
+                names = [f[2] for f in site[3] if (f[0], f[1]) == (filename, lineno)]
+                where = (filename, lineno, names[0] if names else "")
         with self._lock:
             self.by_step.setdefault(self.step, Counter())[where] += 1
 
@@ -76,24 +88,30 @@ class SyncRecorder:
             return step, sum(sites.values()), site, count
 
     def findings(self) -> List[Finding]:
-        """One ``sync_in_loop`` finding per site that synced more than once per step."""
+        """One ``sync_in_loop`` finding per site that synchronized in at least half the steps
+        (a warning when more than once per step)."""
         with self._lock:
             steps = max(len(self.by_step), 1)
             totals: Counter = Counter()
+            in_steps: Counter = Counter()
             for sites in self.by_step.values():
                 totals.update(sites)
+                in_steps.update(sites.keys())
         out = []
         for (file, line, function), count in totals.most_common():
-            per_step = count / steps
-            if per_step <= 1:
+            if steps >= 2 and in_steps[(file, line, function)] * 2 < steps:
                 continue
+            per_step = count / steps
             out.append(Finding(
-                kind="sync_in_loop", severity="warning", site=f"{file}:{line}",
-                function=function, bytes=0, count=count,
-                summary=f"{count} synchronizing calls in {steps} steps ({per_step:.1f} per step).",
-                fix="keep the values on the device and read them once per step "
-                    "(accumulate, then one .item())",
-                evidence={"syncs": count, "steps": steps},
+                kind="sync_in_loop", severity="warning" if per_step > 1 else "info",
+                site=f"{file}:{line}", function=function, bytes=0, count=count,
+                summary=f"{count} synchronizing calls in {steps} steps ({per_step:.1f} per "
+                        "step): the host waits for the GPU each time.",
+                fix="keep the values on the device and read them once per step (accumulate, "
+                    "then one .item()); create tensors on the GPU (device=...) instead of "
+                    "copying them from the CPU every step",
+                bytes_per_step=None,
+                evidence={"syncs": count, "steps": steps, "per_step": round(per_step, 3)},
             ))
         return out
 
