@@ -32,6 +32,7 @@ pub struct MemInfo {
 
 /// What a backend call can fail with.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum BackendError {
     /// The device has no room for the request (`cudaErrorMemoryAllocation`).
     OutOfMemory {

@@ -248,6 +248,7 @@ fn free_key(size: u64, addr: u64) -> u128 {
 
 /// Why an allocation or free failed.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum AllocError {
     /// The device could not supply the memory even after freeing the cache.
     OutOfMemory(Box<OomReport>),

@@ -123,6 +123,7 @@ impl Default for AllocatorConfig {
 
 /// A configuration string that could not be used.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// The key is not one vramscope knows.
     UnknownKey {

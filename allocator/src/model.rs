@@ -451,6 +451,7 @@ pub struct Snapshot {
 
 /// Why a snapshot could not be saved or loaded.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum SnapshotError {
     /// Reading or writing the file failed.
     Io {

@@ -141,6 +141,7 @@ impl FrameKind {
 
 /// Why telemetry could not be served or read.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum TelemetryError {
     /// A socket operation failed.
     Io(io::Error),

@@ -25,6 +25,7 @@ use crate::dtype::DType;
 
 /// Why a tensor operation failed.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum TensorError {
     /// The operands live on different devices.
     DeviceMismatch {

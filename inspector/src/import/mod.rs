@@ -240,6 +240,7 @@ impl fmt::Display for ImportError {
                     "snapshot format version {found} is newer than this build reads ({})",
                     vramscope_allocator::FORMAT_VERSION
                 ),
+                other => write!(f, "{other}"),
             },
             ImportErrorKind::Structure { path, message } => {
                 if path.is_empty() {
