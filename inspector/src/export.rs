@@ -3,18 +3,94 @@
 //! [`to_pytorch_pickle`] writes a `torch.cuda.memory._dump_snapshot()`-shaped pickle (keys and
 //! value types as PyTorch writes them), so PyTorch's memory_viz page and
 //! `python -m torch.cuda._memory_viz` open vramscope snapshots; steps become
-//! `ProfilerStep#N` annotations. [`to_perfetto`] writes Chrome trace JSON that
-//! ui.perfetto.dev opens: counter tracks for allocated and reserved bytes, one slice per
-//! allocation on its stream's track, step slices, call sites in the args. Our own JSON is
-//! `Snapshot::save`. The CLI's `vramscope convert` is glue over these functions.
+//! `ProfilerStep#N` annotations. The model does not keep everything a PyTorch snapshot holds
+//! (segment `frames`, `compile_context` and `user_metadata` on trace entries, entries of kinds
+//! it does not read, every `allocator_settings` key with its original type, the original
+//! times): [`PytorchExtras`] reads those again from the source pickle, and
+//! [`to_pytorch_pickle_with`] writes the model's values with them, so that a PyTorch pickle
+//! converted to PyTorch's format comes back key for key and value for value.
+//!
+//! [`write_perfetto`] streams Chrome trace JSON that ui.perfetto.dev opens, one event at a
+//! time (memory is the allocations' intervals, never a document of the output): a counter
+//! track for allocated and reserved bytes, each allocation a slice on a track of its stream
+//! where it nests (a slice starts after and ends before the slice it sits in; allocations that
+//! overlap without nesting go to another lane of the stream), step slices on their own track,
+//! call sites in the args. Our own JSON is `Snapshot::save`. The CLI's `vramscope convert` is
+//! glue over these functions.
+//!
+//! Every figure that comes from a file is added with checked arithmetic: a sum past 2^64 bytes
+//! is an [`ExportError`] naming the field, never a wrapped number or a panic.
+
+use std::collections::{BTreeSet, BinaryHeap};
+use std::fmt;
+use std::io::Write;
+use std::cmp::Reverse;
 
 use rustc_hash::FxHashMap;
-use serde_json::{json, Value};
+use serde_json::json;
 use vramscope_allocator::{
-    AllocatorConfig, BlockState, CallSite, EventKind, Pool, SiteId, Snapshot,
+    AllocatorConfig, BlockState, CallSite, Event, EventKind, Pool, SiteId, Snapshot,
 };
 
+use crate::pickle::{Document, Value, ValueRef};
 use crate::pickle_writer::{MemoRef, PickleWriter};
+
+/// Why an export failed: a figure of the snapshot out of range (with the field's path), or
+/// writing the output failed.
+#[derive(Debug)]
+pub enum ExportError {
+    /// A figure, or a sum of figures, does not fit in 64 bits.
+    Overflow {
+        /// Where, as a path into the snapshot (`segments[3].blocks`, `events[17].size`).
+        path: String,
+        /// What overflowed.
+        what: &'static str,
+    },
+    /// Writing the output failed.
+    Io(std::io::Error),
+    /// Reading the source file again for what the model does not keep failed.
+    Source(crate::import::ImportError),
+}
+
+impl fmt::Display for ExportError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExportError::Overflow { path, what } => write!(
+                f,
+                "at {path}: {what} passes 2^64 bytes; the snapshot's figures are inconsistent"
+            ),
+            ExportError::Io(e) => write!(f, "cannot write: {e}"),
+            ExportError::Source(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for ExportError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ExportError::Io(e) => Some(e),
+            ExportError::Source(e) => Some(e),
+            ExportError::Overflow { .. } => None,
+        }
+    }
+}
+
+impl From<std::io::Error> for ExportError {
+    fn from(e: std::io::Error) -> Self {
+        ExportError::Io(e)
+    }
+}
+
+/// `a + b`, or an overflow error about `what` at `path`.
+fn add(
+    a: u64,
+    b: u64,
+    path: impl FnOnce() -> String,
+    what: &'static str,
+) -> Result<u64, ExportError> {
+    a.checked_add(b)
+        .ok_or_else(|| ExportError::Overflow { path: path(), what })
+}
 
 /// PyTorch's action name for an event kind, or `None` for kinds PyTorch does not record.
 fn action(kind: EventKind) -> Option<&'static str> {
@@ -72,16 +148,329 @@ impl Frames<'_> {
     }
 
     fn frame(&mut self, w: &mut PickleWriter, file: &str, line: u32, name: &str) {
+        // In PyTorch's order of keys.
         w.begin_dict();
+        w.shared_str("name", &mut self.strings);
+        w.shared_str(name, &mut self.strings);
         w.shared_str("filename", &mut self.strings);
         w.shared_str(file, &mut self.strings);
         w.shared_str("line", &mut self.strings);
         w.uint(line as u64);
-        w.shared_str("name", &mut self.strings);
-        w.shared_str(name, &mut self.strings);
         w.end_dict();
     }
 }
+
+/// Writes [`Value`]s of a source pickle, sharing containers the source shares (by identity)
+/// and repeated strings through the memo.
+#[derive(Default)]
+struct Values {
+    containers: FxHashMap<usize, MemoRef>,
+}
+
+impl Values {
+    fn write(&mut self, w: &mut PickleWriter, strings: &mut FxHashMap<String, MemoRef>, v: &Value) {
+        let identity = match v {
+            Value::List(_)
+            | Value::Tuple(_)
+            | Value::Dict(_)
+            | Value::Set(_)
+            | Value::FrozenSet(_) => v.identity(),
+            _ => None,
+        };
+        if let Some(&slot) = identity.and_then(|id| self.containers.get(&id)) {
+            w.get(slot);
+            return;
+        }
+        match v {
+            Value::None => w.none(),
+            Value::Bool(b) => w.bool(*b),
+            Value::Int(i) => w.int(*i),
+            Value::BigInt(bytes) => w.long_bytes(bytes),
+            Value::Float(f) => w.float(*f),
+            Value::Str(s) => w.shared_str(s, strings),
+            Value::Bytes(b) => w.bytes(b),
+            Value::List(items) => {
+                w.begin_list();
+                for item in items.iter() {
+                    self.write(w, strings, item);
+                }
+                w.end_list();
+            }
+            Value::Tuple(items) => {
+                w.begin_tuple();
+                for item in items.iter() {
+                    self.write(w, strings, item);
+                }
+                w.end_tuple();
+            }
+            Value::Dict(pairs) => {
+                w.begin_dict();
+                for (k, v) in pairs.iter() {
+                    self.write(w, strings, k);
+                    self.write(w, strings, v);
+                }
+                w.end_dict();
+            }
+            Value::Set(items) => {
+                w.begin_set();
+                for item in items.iter() {
+                    self.write(w, strings, item);
+                }
+                w.end_set();
+            }
+            Value::FrozenSet(items) => {
+                w.begin_frozenset();
+                for item in items.iter() {
+                    self.write(w, strings, item);
+                }
+                w.end_frozenset();
+            }
+        }
+        if let Some(id) = identity {
+            let slot = w.memoize();
+            self.containers.insert(id, slot);
+        }
+    }
+}
+
+/// A dict of the source pickle: its keys in order, each with its value.
+type Fields = Vec<(String, Value)>;
+
+/// The string-keyed fields of the dict `v` (other keys are left out), or `None` when it is
+/// not a dict.
+fn fields_of(v: ValueRef<'_>) -> Option<Fields> {
+    let items = v.dict_items()?;
+    Some(
+        items
+            .filter_map(|(k, v)| k.as_str().map(|k| (k.to_string(), v.to_value())))
+            .collect(),
+    )
+}
+
+/// One entry of a source trace: an event the model kept (its fields), or one it did not
+/// read (its whole value), to be written again in its place.
+enum Entry {
+    Event(Fields),
+    Skipped(Value),
+}
+
+/// A segment of the source: its fields and its blocks' fields by address.
+struct SourceSegment {
+    fields: Fields,
+    blocks: FxHashMap<u64, Fields>,
+}
+
+/// What a PyTorch snapshot pickle holds that the model does not keep, read again from the
+/// source so that [`to_pytorch_pickle_with`] writes it back: every dict's keys in their order
+/// and the values the model has no place for (segment and block `frames`, `segment_pool_id`,
+/// `compile_context`, `user_metadata`, unknown keys and trace entries of unknown kinds, all of
+/// `allocator_settings` with their original types) and the times as the file has them.
+pub struct PytorchExtras {
+    root: Fields,
+    segments: FxHashMap<(u64, u64), SourceSegment>,
+    /// Per device, the trace's entries in order.
+    traces: Vec<Vec<Entry>>,
+    annotations: Vec<Fields>,
+    /// The earliest time in the file in microseconds, which the model's times count from.
+    epoch_us: u64,
+}
+
+/// The action of a trace entry, when it is one the importer reads into an event.
+fn read_action(fields: &Fields) -> bool {
+    fields.iter().any(|(k, v)| {
+        k == "action"
+            && v.as_str().is_some_and(|a| {
+                matches!(
+                    a,
+                    "alloc"
+                        | "free_requested"
+                        | "free_completed"
+                        | "segment_alloc"
+                        | "segment_free"
+                        | "segment_map"
+                        | "segment_unmap"
+                        | "snapshot"
+                        | "oom"
+                )
+            })
+    })
+}
+
+/// A time in microseconds as the importer reads it (an integer or a float; negative is 0).
+fn time_us_of(fields: &Fields) -> Option<u64> {
+    let (_, v) = fields.iter().rev().find(|(k, _)| k == "time_us")?;
+    match v {
+        Value::Int(i) => Some((*i).max(0) as u64),
+        Value::Float(f) if f.is_finite() => Some(f.max(0.0) as u64),
+        other => other.as_u64(),
+    }
+}
+
+fn u64_field(fields: &Fields, key: &str) -> Option<u64> {
+    fields
+        .iter()
+        .rev()
+        .find(|(k, _)| k == key)
+        .and_then(|(_, v)| v.as_u64())
+}
+
+impl PytorchExtras {
+    /// Reads the extras of a PyTorch snapshot pickle, or `None` when `doc` is not one (a dict
+    /// with `segments` or `device_traces`).
+    pub fn from_document(doc: &Document) -> Option<PytorchExtras> {
+        let root = doc.root();
+        let root_fields = fields_of(root)?;
+        if root.get("segments").is_none() && root.get("device_traces").is_none() {
+            return None;
+        }
+        let mut segments = FxHashMap::default();
+        for seg in root
+            .get("segments")
+            .and_then(ValueRef::as_seq)
+            .into_iter()
+            .flat_map(|s| s.iter())
+        {
+            let Some(fields) = fields_of(seg) else {
+                continue;
+            };
+            let key = (
+                u64_field(&fields, "device").unwrap_or(0),
+                u64_field(&fields, "address").unwrap_or(0),
+            );
+            let mut blocks = FxHashMap::default();
+            let mut next = key.1;
+            for block in seg
+                .get("blocks")
+                .and_then(ValueRef::as_seq)
+                .into_iter()
+                .flat_map(|s| s.iter())
+            {
+                if let Some(fields) = fields_of(block) {
+                    let address = u64_field(&fields, "address").unwrap_or(next);
+                    next = address.saturating_add(u64_field(&fields, "size").unwrap_or(0));
+                    blocks.insert(address, fields);
+                }
+            }
+            segments.insert(key, SourceSegment { fields, blocks });
+        }
+        let mut traces = Vec::new();
+        let mut epoch: Option<u64> = None;
+        for trace in root
+            .get("device_traces")
+            .and_then(ValueRef::as_seq)
+            .into_iter()
+            .flat_map(|s| s.iter())
+        {
+            let mut entries = Vec::new();
+            for entry in trace.as_seq().into_iter().flat_map(|s| s.iter()) {
+                match fields_of(entry) {
+                    Some(fields) if read_action(&fields) => {
+                        if let Some(t) = time_us_of(&fields) {
+                            epoch = Some(epoch.map_or(t, |e| e.min(t)));
+                        }
+                        entries.push(Entry::Event(fields));
+                    }
+                    _ => entries.push(Entry::Skipped(entry.to_value())),
+                }
+            }
+            traces.push(entries);
+        }
+        let mut annotations = Vec::new();
+        for a in root
+            .get("external_annotations")
+            .and_then(ValueRef::as_seq)
+            .into_iter()
+            .flat_map(|s| s.iter())
+        {
+            let fields = fields_of(a).unwrap_or_default();
+            if let Some(t) = time_us_of(&fields) {
+                epoch = Some(epoch.map_or(t, |e| e.min(t)));
+            }
+            annotations.push(fields);
+        }
+        Some(PytorchExtras {
+            root: root_fields,
+            segments,
+            traces,
+            annotations,
+            epoch_us: epoch.unwrap_or(0),
+        })
+    }
+
+    /// Reads the extras of the file at `path` when it is a PyTorch snapshot pickle (plain or
+    /// gzip), within the limits of `options`; `Ok(None)` for any other format.
+    pub fn from_file(
+        path: &std::path::Path,
+        options: &crate::import::ImportOptions,
+    ) -> Result<Option<PytorchExtras>, crate::import::ImportError> {
+        use crate::import::{ImportError, ImportErrorKind};
+        let origin = path.display().to_string();
+        let io = |e| ImportError::new(&origin, ImportErrorKind::Io(e));
+        let bytes = std::fs::read(path).map_err(io)?;
+        let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
+            let mut out = Vec::new();
+            let limit = options.max_decompressed_bytes;
+            std::io::Read::read_to_end(
+                &mut std::io::Read::take(flate2::read::MultiGzDecoder::new(&bytes[..]), limit),
+                &mut out,
+            )
+            .map_err(|e| ImportError::new(&origin, ImportErrorKind::Gzip(e)))?;
+            out
+        } else {
+            bytes
+        };
+        if bytes.first() != Some(&0x80) {
+            return Ok(None);
+        }
+        let doc = Document::parse_with_limits(&bytes, &crate::import::pytorch::limits(options))
+            .map_err(|e| ImportError::new(&origin, ImportErrorKind::Pickle(e)))?;
+        drop(bytes);
+        Ok(PytorchExtras::from_document(&doc))
+    }
+}
+
+/// Writes a dict whose keys are `source`'s, in its order, when there is a source dict, else
+/// `model`'s. A key the model writes takes the model's value (`write_model` writes it and says
+/// whether it knows the key); any other key of the source keeps the source's value.
+fn write_fields(
+    out: &mut Out<'_>,
+    source: Option<&Fields>,
+    model_keys: &[&str],
+    write_model: &mut WriteModel<'_>,
+) -> Result<(), ExportError> {
+    out.w.begin_dict();
+    match source {
+        Some(fields) => {
+            for (key, value) in fields {
+                out.w.shared_str(key, out.strings);
+                if model_keys.contains(&key.as_str()) {
+                    write_model(out, key)?;
+                } else {
+                    out.values.write(out.w, out.strings, value);
+                }
+            }
+        }
+        None => {
+            for key in model_keys {
+                out.w.shared_str(key, out.strings);
+                write_model(out, key)?;
+            }
+        }
+    }
+    out.w.end_dict();
+    Ok(())
+}
+
+/// What writing a pickle needs at hand: the writer, and the memo slots of the values and
+/// strings written so far.
+struct Out<'a> {
+    w: &'a mut PickleWriter,
+    values: &'a mut Values,
+    strings: &'a mut FxHashMap<String, MemoRef>,
+}
+
+/// Writes the model's value of a key.
+type WriteModel<'a> = dyn FnMut(&mut Out<'_>, &str) -> Result<(), ExportError> + 'a;
 
 fn write_settings(w: &mut PickleWriter, config: &AllocatorConfig) {
     w.begin_dict();
@@ -101,9 +490,31 @@ fn write_settings(w: &mut PickleWriter, config: &AllocatorConfig) {
     w.end_dict();
 }
 
+/// The size PyTorch records for an event: what was requested for a block event (the model's
+/// `size` is the block's), the size itself for segment events.
+fn recorded_size(event: &Event) -> u64 {
+    match event.kind {
+        EventKind::Alloc | EventKind::FreeRequested | EventKind::FreeCompleted
+            if event.requested > 0 =>
+        {
+            event.requested
+        }
+        _ => event.size,
+    }
+}
+
 /// The snapshot as a PyTorch snapshot pickle (protocol 4): `segments`, `device_traces` (one
-/// list per device), `allocator_settings` and `external_annotations`.
-pub fn to_pytorch_pickle(snapshot: &Snapshot) -> Vec<u8> {
+/// list per device), `allocator_settings` and `external_annotations`, from the model alone.
+pub fn to_pytorch_pickle(snapshot: &Snapshot) -> Result<Vec<u8>, ExportError> {
+    to_pytorch_pickle_with(snapshot, None)
+}
+
+/// Like [`to_pytorch_pickle`], with what the model does not keep taken from `extras`, the
+/// source pickle's: a snapshot imported from a PyTorch pickle is written back as it was.
+pub fn to_pytorch_pickle_with(
+    snapshot: &Snapshot,
+    extras: Option<&PytorchExtras>,
+) -> Result<Vec<u8>, ExportError> {
     let mut w = PickleWriter::new();
     let mut frames = Frames {
         sites: &snapshot.sites,
@@ -111,128 +522,280 @@ pub fn to_pytorch_pickle(snapshot: &Snapshot) -> Vec<u8> {
         strings: FxHashMap::default(),
         empty: None,
     };
-    let to_us = |ns: u64| ns / 1000;
-    w.begin_dict();
-
-    w.str("segments");
-    w.begin_list();
-    for segment in &snapshot.segments {
-        let sum = |pred: &dyn Fn(BlockState) -> bool, requested: bool| -> u64 {
-            segment
-                .blocks
-                .iter()
-                .filter(|b| pred(b.state))
-                .map(|b| if requested { b.requested_size } else { b.size })
-                .sum()
-        };
-        w.begin_dict();
-        w.str("device");
-        w.uint(segment.device as u64);
-        w.str("address");
-        w.uint(segment.address);
-        w.str("total_size");
-        w.uint(segment.total_size);
-        w.str("allocated_size");
-        w.uint(sum(&|s| s == BlockState::ActiveAllocated, false));
-        w.str("active_size");
-        w.uint(sum(&|s| s != BlockState::Inactive, false));
-        w.str("requested_size");
-        w.uint(sum(&|s| s != BlockState::Inactive, true));
-        w.str("stream");
-        w.uint(segment.stream);
-        w.str("segment_type");
-        w.str(match segment.pool {
-            Pool::Small => "small",
-            Pool::Large => "large",
-        });
-        w.str("segment_pool_id");
-        w.begin_tuple();
-        w.int(0);
-        w.int(0);
-        w.end_tuple();
-        w.str("is_expandable");
-        w.bool(segment.expandable);
-        w.str("frames");
-        frames.write(&mut w, None);
-        w.str("blocks");
-        w.begin_list();
-        for block in &segment.blocks {
-            w.begin_dict();
-            w.str("address");
-            w.uint(block.address);
-            w.str("size");
-            w.uint(block.size);
-            w.str("requested_size");
-            w.uint(block.requested_size);
-            w.str("state");
-            w.str(block.state.as_str());
-            w.str("frames");
-            frames.write(&mut w, block.site);
-            w.end_dict();
+    let mut values = Values::default();
+    let mut strings: FxHashMap<String, MemoRef> = FxHashMap::default();
+    let mut out = Out {
+        w: &mut w,
+        values: &mut values,
+        strings: &mut strings,
+    };
+    // Times as the file has them: microseconds since its epoch, or since the snapshot's.
+    let epoch_us = match extras {
+        Some(x) => x.epoch_us,
+        None => snapshot.epoch_unix_ns / 1000,
+    };
+    let time_us = |ns: u64, path: &dyn Fn() -> String| {
+        add(epoch_us, ns / 1000, path, "the time in microseconds")
+    };
+    let root_order: Vec<String> = match extras {
+        Some(x) => x.root.iter().map(|(k, _)| k.clone()).collect(),
+        None => [
+            "segments",
+            "device_traces",
+            "allocator_settings",
+            "external_annotations",
+        ]
+        .iter()
+        .map(|k| k.to_string())
+        .collect(),
+    };
+    let source_value = |key: &str| {
+        extras
+            .and_then(|x| x.root.iter().rev().find(|(k, _)| k == key))
+            .map(|(_, v)| v)
+    };
+    out.w.begin_dict();
+    for key in &root_order {
+        out.w.shared_str(key, out.strings);
+        match key.as_str() {
+            "segments" => write_segments(&mut out, snapshot, extras, &mut frames)?,
+            "device_traces" => write_traces(&mut out, snapshot, extras, &mut frames, &time_us)?,
+            "allocator_settings" => match source_value(key) {
+                Some(v) => out.values.write(out.w, out.strings, v),
+                None => write_settings(out.w, &snapshot.config),
+            },
+            "external_annotations" => write_annotations(&mut out, snapshot, extras, &time_us)?,
+            _ => match source_value(key) {
+                Some(v) => out.values.write(out.w, out.strings, v),
+                None => out.w.none(),
+            },
         }
-        w.end_list();
-        w.end_dict();
     }
-    w.end_list();
+    out.w.end_dict();
+    Ok(w.finish())
+}
 
-    w.str("device_traces");
+fn write_segments(
+    out: &mut Out<'_>,
+    snapshot: &Snapshot,
+    extras: Option<&PytorchExtras>,
+    frames: &mut Frames<'_>,
+) -> Result<(), ExportError> {
+    out.w.begin_list();
+    for (i, segment) in snapshot.segments.iter().enumerate() {
+        let path = || format!("segments[{i}].blocks");
+        let (mut allocated, mut active, mut requested) = (0u64, 0u64, 0u64);
+        for b in &segment.blocks {
+            if b.state == BlockState::ActiveAllocated {
+                allocated = add(allocated, b.size, path, "the allocated size")?;
+            }
+            if b.state != BlockState::Inactive {
+                active = add(active, b.size, path, "the active size")?;
+                requested = add(requested, b.requested_size, path, "the requested size")?;
+            }
+        }
+        let source = extras.and_then(|x| x.segments.get(&(segment.device as u64, segment.address)));
+        // With a source, the keys whose values the model cannot give back keep the source's.
+        let model_keys: &[&str] = if source.is_some() {
+            &[
+                "device",
+                "address",
+                "total_size",
+                "stream",
+                "segment_type",
+                "is_expandable",
+                "blocks",
+            ]
+        } else {
+            &[
+                "device",
+                "address",
+                "total_size",
+                "allocated_size",
+                "active_size",
+                "requested_size",
+                "stream",
+                "segment_type",
+                "segment_pool_id",
+                "is_expandable",
+                "frames",
+                "blocks",
+            ]
+        };
+        let mut write = |out: &mut Out<'_>, key: &str| -> Result<(), ExportError> {
+            match key {
+                "device" => out.w.uint(segment.device as u64),
+                "address" => out.w.uint(segment.address),
+                "total_size" => out.w.uint(segment.total_size),
+                "allocated_size" => out.w.uint(allocated),
+                "active_size" => out.w.uint(active),
+                "requested_size" => out.w.uint(requested),
+                "stream" => out.w.uint(segment.stream),
+                "segment_type" => out.w.str(match segment.pool {
+                    Pool::Small => "small",
+                    Pool::Large => "large",
+                }),
+                "segment_pool_id" => {
+                    out.w.begin_tuple();
+                    out.w.int(0);
+                    out.w.int(0);
+                    out.w.end_tuple();
+                }
+                "is_expandable" => out.w.bool(segment.expandable),
+                "frames" => frames.write(out.w, None),
+                _ => {
+                    out.w.begin_list();
+                    for block in &segment.blocks {
+                        let block_source = source.and_then(|s| s.blocks.get(&block.address));
+                        let block_keys: &[&str] = if block_source.is_some() {
+                            &["address", "size", "requested_size", "state"]
+                        } else {
+                            &["address", "size", "requested_size", "state", "frames"]
+                        };
+                        let mut write_block =
+                            |out: &mut Out<'_>, key: &str| -> Result<(), ExportError> {
+                                match key {
+                                    "address" => out.w.uint(block.address),
+                                    "size" => out.w.uint(block.size),
+                                    "requested_size" => out.w.uint(block.requested_size),
+                                    "state" => out.w.str(block.state.as_str()),
+                                    _ => frames.write(out.w, block.site),
+                                }
+                                Ok(())
+                            };
+                        write_fields(out, block_source, block_keys, &mut write_block)?;
+                    }
+                    out.w.end_list();
+                }
+            }
+            Ok(())
+        };
+        write_fields(out, source.map(|s| &s.fields), model_keys, &mut write)?;
+    }
+    out.w.end_list();
+    Ok(())
+}
+
+/// The snapshot as a PyTorch pickle, with what the model does not keep read again from
+/// `source`, the file it was imported from, when that is a PyTorch pickle
+/// ([`PytorchExtras::from_file`]); what `vramscope convert --to pytorch` writes.
+pub fn to_pytorch_pickle_from_file(
+    snapshot: &Snapshot,
+    source: &std::path::Path,
+) -> Result<Vec<u8>, ExportError> {
+    let options = crate::import::ImportOptions::default();
+    let extras = PytorchExtras::from_file(source, &options).map_err(ExportError::Source)?;
+    to_pytorch_pickle_with(snapshot, extras.as_ref())
+}
+
+type TimeUs<'a> = dyn Fn(u64, &dyn Fn() -> String) -> Result<u64, ExportError> + 'a;
+
+fn write_traces(
+    out: &mut Out<'_>,
+    snapshot: &Snapshot,
+    extras: Option<&PytorchExtras>,
+    frames: &mut Frames<'_>,
+    time_us: &TimeUs<'_>,
+) -> Result<(), ExportError> {
     let devices = snapshot
         .events
         .iter()
-        .map(|e| e.device)
-        .chain(snapshot.segments.iter().map(|s| s.device))
-        .chain(std::iter::once(snapshot.device.index))
+        .map(|e| e.device as usize + 1)
+        .chain(snapshot.segments.iter().map(|s| s.device as usize + 1))
+        .chain(std::iter::once(snapshot.device.index as usize + 1))
+        .chain(extras.map(|x| x.traces.len()))
         .max()
-        .unwrap_or(0);
-    w.begin_list();
-    for device in 0..=devices {
-        w.begin_list();
-        for event in snapshot.events.iter().filter(|e| e.device == device) {
-            let Some(name) = action(event.kind) else {
-                continue;
-            };
-            w.begin_dict();
-            w.str("action");
-            w.str(name);
-            w.str("addr");
-            w.uint(event.addr);
-            if event.kind == EventKind::Oom {
-                w.str("device_free");
-                w.uint(event.addr);
-            }
-            w.str("size");
-            w.uint(event.size);
-            w.str("stream");
-            w.uint(event.stream);
-            w.str("time_us");
-            w.uint(to_us(event.time_ns));
-            w.str("frames");
-            frames.write(&mut w, event.site);
-            w.end_dict();
+        .unwrap_or(1);
+    // The events of each device, in order, with their positions in the model.
+    let mut by_device: Vec<Vec<(usize, &Event)>> = vec![Vec::new(); devices];
+    for (i, e) in snapshot.events.iter().enumerate() {
+        if action(e.kind).is_some() {
+            by_device[e.device as usize].push((i, e));
         }
-        w.end_list();
     }
-    w.end_list();
+    let mut write_event = |out: &mut Out<'_>,
+                           (i, event): (usize, &Event),
+                           source: Option<&Fields>|
+     -> Result<(), ExportError> {
+        let mut keys = vec!["action", "addr"];
+        if event.kind == EventKind::Oom {
+            keys.push("device_free");
+        }
+        keys.extend(["size", "stream", "time_us", "frames"]);
+        let negative_stream = source
+            .and_then(|s| s.iter().rev().find(|(k, _)| k == "stream"))
+            .is_some_and(|(_, v)| matches!(v, Value::Int(v) if *v < 0));
+        let mut write = |out: &mut Out<'_>, key: &str| -> Result<(), ExportError> {
+            match key {
+                "action" => out.w.str(action(event.kind).unwrap_or("alloc")),
+                "addr" | "device_free" => out.w.uint(event.addr),
+                "size" => out.w.uint(recorded_size(event)),
+                // A negative stream handle is kept as its two's complement bits.
+                "stream" if negative_stream => out.w.int(event.stream as i64),
+                "stream" => out.w.uint(event.stream),
+                "time_us" => out
+                    .w
+                    .uint(time_us(event.time_ns, &|| format!("events[{i}].time_ns"))?),
+                _ => frames.write(out.w, event.site),
+            }
+            Ok(())
+        };
+        write_fields(out, source, &keys, &mut write)
+    };
+    out.w.begin_list();
+    for (device, events) in by_device.iter().enumerate() {
+        let mut events = events.iter();
+        out.w.begin_list();
+        if let Some(entries) = extras.and_then(|x| x.traces.get(device)) {
+            for entry in entries {
+                match entry {
+                    Entry::Skipped(v) => out.values.write(out.w, out.strings, v),
+                    Entry::Event(fields) => match events.next() {
+                        Some(&e) => write_event(out, e, Some(fields))?,
+                        None => break,
+                    },
+                }
+            }
+        }
+        for &e in events {
+            write_event(out, e, None)?;
+        }
+        out.w.end_list();
+    }
+    out.w.end_list();
+    Ok(())
+}
 
-    w.str("allocator_settings");
-    write_settings(&mut w, &snapshot.config);
-
-    w.str("external_annotations");
-    w.begin_list();
-    for annotation in &snapshot.annotations {
-        w.begin_dict();
-        w.str("device");
-        w.uint(annotation.device as u64);
-        w.str("name");
-        w.str(&annotation.name);
-        w.str("stage");
-        w.str(&annotation.stage);
-        w.str("time_us");
-        w.uint(to_us(annotation.time_ns));
-        w.end_dict();
+fn write_annotations(
+    out: &mut Out<'_>,
+    snapshot: &Snapshot,
+    extras: Option<&PytorchExtras>,
+    time_us: &TimeUs<'_>,
+) -> Result<(), ExportError> {
+    out.w.begin_list();
+    for (i, annotation) in snapshot.annotations.iter().enumerate() {
+        let source = extras.and_then(|x| x.annotations.get(i));
+        let mut write = |out: &mut Out<'_>, key: &str| -> Result<(), ExportError> {
+            match key {
+                "device" => out.w.uint(annotation.device as u64),
+                "name" => out.w.str(&annotation.name),
+                "stage" => out.w.str(&annotation.stage),
+                _ => out.w.uint(time_us(annotation.time_ns, &|| {
+                    format!("annotations[{i}].time_ns")
+                })?),
+            }
+            Ok(())
+        };
+        write_fields(
+            out,
+            source,
+            &["device", "name", "stage", "time_us"],
+            &mut write,
+        )?;
     }
     if snapshot.annotations.is_empty() {
         for mark in &snapshot.steps {
+            let w = &mut *out.w;
             w.begin_dict();
             w.str("device");
             w.uint(snapshot.device.index as u64);
@@ -241,32 +804,167 @@ pub fn to_pytorch_pickle(snapshot: &Snapshot) -> Vec<u8> {
             w.str("stage");
             w.str("START");
             w.str("time_us");
-            w.uint(to_us(mark.time_ns));
+            w.uint(time_us(mark.time_ns, &|| {
+                format!("steps[{}].time_ns", mark.step)
+            })?);
             w.end_dict();
         }
     }
-    w.end_list();
-
-    w.end_dict();
-    w.finish()
+    out.w.end_list();
+    Ok(())
 }
 
-/// The snapshot as Chrome trace JSON for ui.perfetto.dev.
-pub fn to_perfetto(snapshot: &Snapshot) -> String {
+/// An allocation as the Perfetto export draws it: a slice from its allocation to its free
+/// (or the end of the trace), in nanoseconds.
+struct Interval {
+    start: u64,
+    end: u64,
+    /// Position of the allocation among all of them, which breaks ties.
+    index: usize,
+    size: u64,
+    addr: u64,
+    stream: u64,
+    site: Option<SiteId>,
+    step: u64,
+    live_at_end: bool,
+    /// The track it is drawn on, once assigned.
+    tid: u64,
+}
+
+/// An open interval in the order its end comes: its end, its start and position reversed (an
+/// inner slice ends first on a tie), its index and its lane.
+type OpenEnd = (u64, Reverse<(u64, usize)>, usize, usize);
+
+/// Assigns each interval a track where it nests: on one stream, a lane is a stack of slices
+/// each inside the one below; an interval goes on top of the lane whose top ends soonest at
+/// or after it ends (best fit), else on an empty lane, else on a new lane. Ends are taken in
+/// time order (an inner slice first when two end together), so a slice that ends is always
+/// the top of its lane. Each step is a logarithmic search, so many allocations that overlap
+/// without nesting cost `n log n`, not `n` per allocation.
+fn assign_tracks(intervals: &mut [Interval], next_tid: &mut u64) -> Vec<(u64, u64, usize)> {
+    // Start order: by start, the longer first, then by position.
+    let mut order: Vec<usize> = (0..intervals.len()).collect();
+    order.sort_by_key(|&i| {
+        let v = &intervals[i];
+        (v.stream, v.start, Reverse(v.end), v.index)
+    });
+    let mut tracks = Vec::new();
+    let mut at = 0;
+    while at < order.len() {
+        let stream = intervals[order[at]].stream;
+        let run = order[at..]
+            .iter()
+            .take_while(|&&i| intervals[i].stream == stream)
+            .count();
+        let group = &order[at..at + run];
+        at += run;
+        // Per lane, the stack of open intervals; the lanes by the end of their top, and the
+        // empty ones.
+        let mut lanes: Vec<Vec<usize>> = Vec::new();
+        let mut tops: BTreeSet<(u64, usize)> = BTreeSet::new();
+        let mut empty: BTreeSet<usize> = BTreeSet::new();
+        // Open intervals by end: the earliest end first, an inner (later) one first on a tie.
+        let mut open: BinaryHeap<Reverse<OpenEnd>> = BinaryHeap::new();
+        let mut lane_tid: Vec<u64> = Vec::new();
+        for &i in group {
+            let (start, end) = (intervals[i].start, intervals[i].end);
+            while let Some(Reverse((e, _, j, lane))) = open.peek().copied() {
+                if e > start {
+                    break;
+                }
+                open.pop();
+                debug_assert_eq!(lanes[lane].last(), Some(&j));
+                lanes[lane].pop();
+                tops.remove(&(e, lane));
+                match lanes[lane].last() {
+                    Some(&below) => {
+                        tops.insert((intervals[below].end, lane));
+                    }
+                    None => {
+                        empty.insert(lane);
+                    }
+                }
+            }
+            let lane = match tops.range((end, 0)..).next().copied() {
+                Some((top_end, lane)) => {
+                    tops.remove(&(top_end, lane));
+                    lane
+                }
+                None => match empty.pop_first() {
+                    Some(lane) => lane,
+                    None => {
+                        lanes.push(Vec::new());
+                        lane_tid.push(*next_tid);
+                        tracks.push((*next_tid, stream, lanes.len() - 1));
+                        *next_tid += 1;
+                        lanes.len() - 1
+                    }
+                },
+            };
+            lanes[lane].push(i);
+            tops.insert((end, lane));
+            intervals[i].tid = lane_tid[lane];
+            open.push(Reverse((
+                end,
+                Reverse((start, intervals[i].index)),
+                i,
+                lane,
+            )));
+        }
+    }
+    tracks
+}
+
+/// Nanoseconds as the microseconds Chrome's trace format counts, exactly (three decimals).
+fn micros(ns: u64) -> serde_json::Value {
+    let text = format!("{}.{:03}", ns / 1000, ns % 1000);
+    serde_json::Value::Number(
+        text.parse::<serde_json::Number>()
+            .unwrap_or_else(|_| serde_json::Number::from(ns / 1000)),
+    )
+}
+
+/// The snapshot as Chrome trace JSON for ui.perfetto.dev, as one string (see
+/// [`write_perfetto`]).
+pub fn to_perfetto(snapshot: &Snapshot) -> Result<String, ExportError> {
+    let mut out = Vec::new();
+    write_perfetto(snapshot, &mut out)?;
+    Ok(String::from_utf8(out).unwrap_or_default())
+}
+
+/// Streams the snapshot as Chrome trace JSON for ui.perfetto.dev into `out`, one event at a
+/// time: process and track names, a `memory` counter (allocated and reserved bytes) at every
+/// change, each allocation as a complete slice on a track of its stream where it nests, OOMs
+/// as instants, and the steps on their own track. Slices are written in start order, a longer
+/// one first when two start together, as trace viewers expect of nested slices.
+pub fn write_perfetto(snapshot: &Snapshot, out: impl Write) -> Result<(), ExportError> {
+    let mut out = std::io::BufWriter::new(out);
     let timed = snapshot.events.iter().any(|e| e.time_ns > 0);
     // Without timestamps (older PyTorch files), event order stands in for time: 1 µs each.
-    let ts = |seq: u64, time_ns: u64| -> f64 {
+    let ts = |seq: u64, time_ns: u64| -> u64 {
         if timed {
-            time_ns as f64 / 1000.0
+            time_ns
         } else {
-            seq as f64
+            seq.saturating_mul(1000)
         }
     };
     let pid = snapshot.device.index as u64;
-    let mut out: Vec<Value> = vec![json!({
-        "ph": "M", "name": "process_name", "pid": pid,
-        "args": {"name": format!("{} ({})", snapshot.device.name, snapshot.source)}
-    })];
+    let mut first = true;
+    let mut emit =
+        |out: &mut std::io::BufWriter<_>, event: serde_json::Value| -> Result<(), ExportError> {
+            out.write_all(if first { b"\n" } else { b",\n" })?;
+            first = false;
+            serde_json::to_writer(&mut *out, &event).map_err(std::io::Error::from)?;
+            Ok(())
+        };
+    out.write_all(b"{\"displayTimeUnit\":\"ms\",\"traceEvents\":[")?;
+    emit(
+        &mut out,
+        json!({
+            "ph": "M", "name": "process_name", "pid": pid,
+            "args": {"name": format!("{} ({})", snapshot.device.name, snapshot.source)}
+        }),
+    )?;
     let site_label = |site: Option<SiteId>| {
         snapshot
             .site(site)
@@ -279,95 +977,135 @@ pub fn to_perfetto(snapshot: &Snapshot) -> String {
             })
             .unwrap_or_else(|| "(unknown site)".to_string())
     };
-    let mut streams: Vec<u64> = Vec::new();
-    let mut open: FxHashMap<u64, (f64, u64, u64, Option<SiteId>, u64)> = FxHashMap::default();
-    let (mut allocated, mut reserved) = (0i128, 0i128);
-    let mut last_ts = 0.0;
-    for event in &snapshot.events {
+
+    // The counter, streamed; the allocations, collected as intervals.
+    let mut intervals: Vec<Interval> = Vec::new();
+    let mut open: FxHashMap<(u32, u64), usize> = FxHashMap::default();
+    let (mut allocated, mut reserved) = (0u64, 0u64);
+    let mut last = 0u64;
+    for (k, event) in snapshot.events.iter().enumerate() {
         let t = ts(event.seq, event.time_ns);
-        last_ts = t;
-        if !streams.contains(&event.stream) {
-            streams.push(event.stream);
-        }
+        last = last.max(t);
+        let path = || format!("events[{k}].size");
         let counters_changed = match event.kind {
             EventKind::Alloc => {
-                open.insert(
-                    event.addr,
-                    (t, event.size, event.stream, event.site, event.step),
-                );
-                allocated += event.size as i128;
+                open.insert((event.device, event.addr), intervals.len());
+                intervals.push(Interval {
+                    start: t,
+                    end: t,
+                    index: intervals.len(),
+                    size: event.size,
+                    addr: event.addr,
+                    stream: event.stream,
+                    site: event.site,
+                    step: event.step,
+                    live_at_end: true,
+                    tid: 0,
+                });
+                allocated = add(allocated, event.size, path, "the allocated bytes")?;
                 true
             }
             EventKind::FreeCompleted => {
-                if let Some((start, size, stream, site, step)) = open.remove(&event.addr) {
-                    out.push(json!({
-                        "ph": "X", "pid": pid, "tid": stream, "ts": start,
-                        "dur": (t - start).max(0.001),
-                        "name": vramscope_allocator::format_bytes(size),
-                        "args": {"site": site_label(site), "size": size, "addr": format!("{:#x}", event.addr), "step": step}
-                    }));
+                if let Some(i) = open.remove(&(event.device, event.addr)) {
+                    // A clock that went backwards gives an empty slice, not a negative one.
+                    intervals[i].end = t.max(intervals[i].start);
+                    intervals[i].live_at_end = false;
                 }
-                allocated -= event.size as i128;
+                // A block from before the trace was never counted: the figure stays at 0.
+                allocated = allocated.saturating_sub(event.size);
                 true
             }
             EventKind::SegmentAlloc | EventKind::SegmentMap => {
-                reserved += event.size as i128;
+                reserved = add(reserved, event.size, path, "the reserved bytes")?;
                 true
             }
             EventKind::SegmentFree | EventKind::SegmentUnmap => {
-                reserved -= event.size as i128;
+                reserved = reserved.saturating_sub(event.size);
                 true
             }
             EventKind::Oom => {
-                out.push(json!({
-                    "ph": "i", "s": "p", "pid": pid, "tid": event.stream, "ts": t, "name": "OOM",
-                    "args": {"requested": event.size, "device_free": event.addr, "site": site_label(event.site)}
-                }));
+                emit(
+                    &mut out,
+                    json!({
+                        "ph": "i", "s": "p", "pid": pid, "ts": micros(t), "name": "OOM",
+                        "args": {"requested": event.size, "device_free": event.addr, "site": site_label(event.site)}
+                    }),
+                )?;
                 false
             }
             _ => false,
         };
         if counters_changed {
-            out.push(json!({
-                "ph": "C", "pid": pid, "ts": t, "name": "memory",
-                "args": {"allocated": allocated.max(0) as u64, "reserved": reserved.max(0) as u64}
-            }));
+            emit(
+                &mut out,
+                json!({
+                    "ph": "C", "pid": pid, "ts": micros(t), "name": "memory",
+                    "args": {"allocated": allocated, "reserved": reserved}
+                }),
+            )?;
         }
     }
+    drop(open);
     // Blocks still live at the end stay open until the last event.
-    let mut still_open: Vec<_> = open.into_iter().collect();
-    still_open.sort_by_key(|(addr, _)| *addr);
-    for (addr, (start, size, stream, site, step)) in still_open {
-        out.push(json!({
-            "ph": "X", "pid": pid, "tid": stream, "ts": start,
-            "dur": (last_ts - start).max(0.001),
-            "name": vramscope_allocator::format_bytes(size),
-            "args": {"site": site_label(site), "size": size, "addr": format!("{addr:#x}"), "step": step, "live_at_end": true}
-        }));
+    for v in intervals.iter_mut().filter(|v| v.live_at_end) {
+        v.end = last.max(v.start);
     }
-    for stream in &streams {
-        out.push(json!({
-            "ph": "M", "name": "thread_name", "pid": pid, "tid": stream,
-            "args": {"name": format!("stream {stream:#x}")}
-        }));
+
+    // Track 0 holds the steps; allocation tracks follow, per stream.
+    let steps_tid = 0u64;
+    let mut next_tid = 1u64;
+    let tracks = assign_tracks(&mut intervals, &mut next_tid);
+    emit(
+        &mut out,
+        json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": steps_tid, "args": {"name": "steps"}}),
+    )?;
+    for (tid, stream, lane) in tracks {
+        emit(
+            &mut out,
+            json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                   "args": {"name": format!("stream {stream:#x} · allocations {}", lane + 1)}}),
+        )?;
+        emit(
+            &mut out,
+            json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}}),
+        )?;
     }
-    let steps_tid = u64::MAX >> 12;
-    out.push(json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": steps_tid, "args": {"name": "steps"}}));
-    let mark_time = |seq: u64, time_ns: u64| ts(seq, time_ns);
-    for (i, mark) in snapshot.steps.iter().enumerate() {
-        let start = mark_time(mark.seq, mark.time_ns);
-        let end = snapshot
-            .steps
-            .get(i + 1)
-            .map(|next| mark_time(next.seq, next.time_ns))
-            .unwrap_or(last_ts);
-        out.push(json!({
-            "ph": "X", "pid": pid, "tid": steps_tid, "ts": start, "dur": (end - start).max(0.001),
-            "name": format!("step {}", mark.step), "args": {"label": mark.label}
-        }));
+    intervals.sort_by_key(|v| (v.start, Reverse(v.end), v.index));
+    for v in &intervals {
+        let mut args = json!({"site": site_label(v.site), "size": v.size, "addr": format!("{:#x}", v.addr), "step": v.step, "stream": v.stream});
+        if v.live_at_end {
+            args["live_at_end"] = json!(true);
+        }
+        emit(
+            &mut out,
+            json!({
+                "ph": "X", "pid": pid, "tid": v.tid, "ts": micros(v.start), "dur": micros(v.end - v.start),
+                "name": vramscope_allocator::format_bytes(v.size), "args": args
+            }),
+        )?;
     }
-    serde_json::to_string(&json!({"traceEvents": out, "displayTimeUnit": "ms"}))
-        .unwrap_or_else(|_| "{\"traceEvents\": []}".to_string())
+    drop(intervals);
+
+    // Steps, in time order, each until the next begins.
+    let mut marks: Vec<(u64, u64, &str)> = snapshot
+        .steps
+        .iter()
+        .map(|m| (ts(m.seq, m.time_ns), m.step, m.label.as_str()))
+        .collect();
+    marks.sort_by_key(|&(t, step, _)| (t, step));
+    for (i, &(start, step, label)) in marks.iter().enumerate() {
+        let end = marks.get(i + 1).map_or(last, |next| next.0).max(start);
+        emit(
+            &mut out,
+            json!({
+                "ph": "X", "pid": pid, "tid": steps_tid, "ts": micros(start), "dur": micros(end - start),
+                "name": format!("step {step}"), "args": {"label": label}
+            }),
+        )?;
+    }
+    out.write_all(b"\n]}\n")?;
+    out.flush()?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -388,7 +1126,7 @@ mod tests {
     #[test]
     fn pytorch_pickle_round_trips_through_the_importer() {
         let snapshot = sample();
-        let bytes = to_pytorch_pickle(&snapshot);
+        let bytes = to_pytorch_pickle(&snapshot).unwrap();
         let back = crate::import::load_bytes(&bytes, "export", &Default::default()).unwrap();
         assert_eq!(back.segments.len(), snapshot.segments.len());
         for (a, b) in back.segments.iter().zip(&snapshot.segments) {
@@ -423,8 +1161,8 @@ mod tests {
 
     #[test]
     fn perfetto_output_has_counters_slices_and_steps() {
-        let text = to_perfetto(&sample());
-        let value: Value = serde_json::from_str(&text).unwrap();
+        let text = to_perfetto(&sample()).unwrap();
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
         let events = value["traceEvents"].as_array().unwrap();
         let count = |ph: &str| events.iter().filter(|e| e["ph"] == ph).count();
         assert!(count("C") >= 6);

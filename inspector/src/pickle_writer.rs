@@ -19,6 +19,13 @@ mod op {
     pub const BININT1: u8 = b'K';
     pub const BININT2: u8 = b'M';
     pub const LONG1: u8 = 0x8a;
+    pub const LONG4: u8 = 0x8b;
+    pub const SHORT_BINBYTES: u8 = b'C';
+    pub const BINBYTES: u8 = b'B';
+    pub const BINBYTES8: u8 = 0x8e;
+    pub const EMPTY_SET: u8 = 0x8f;
+    pub const ADDITEMS: u8 = 0x90;
+    pub const FROZENSET: u8 = 0x91;
     pub const BINFLOAT: u8 = b'G';
     pub const SHORT_BINUNICODE: u8 = 0x8c;
     pub const BINUNICODE: u8 = b'X';
@@ -116,6 +123,64 @@ impl PickleWriter {
         }
         self.out.extend([op::LONG1, len as u8]);
         self.out.extend(&bytes[..len]);
+    }
+
+    /// Writes an integer of any size from its little-endian two's-complement bytes (as
+    /// `LONG1`/`LONG4` store them; empty is zero).
+    pub fn long_bytes(&mut self, bytes: &[u8]) {
+        match u8::try_from(bytes.len()) {
+            Ok(len) => self.out.extend([op::LONG1, len]),
+            Err(_) => {
+                self.out.push(op::LONG4);
+                self.out
+                    .extend((u32::try_from(bytes.len()).unwrap_or(u32::MAX)).to_le_bytes());
+            }
+        }
+        self.out.extend(bytes);
+    }
+
+    /// Writes a `bytes` value.
+    pub fn bytes(&mut self, value: &[u8]) {
+        if let Ok(len) = u8::try_from(value.len()) {
+            self.out.extend([op::SHORT_BINBYTES, len]);
+        } else if let Ok(len) = u32::try_from(value.len()) {
+            self.out.push(op::BINBYTES);
+            self.out.extend(len.to_le_bytes());
+        } else {
+            self.out.push(op::BINBYTES8);
+            self.out.extend((value.len() as u64).to_le_bytes());
+        }
+        self.out.extend(value);
+    }
+
+    /// Opens a set; write its elements, then [`PickleWriter::end_set`].
+    pub fn begin_set(&mut self) {
+        self.out.extend([op::EMPTY_SET, op::MARK]);
+    }
+
+    /// Closes a set.
+    pub fn end_set(&mut self) {
+        self.out.push(op::ADDITEMS);
+    }
+
+    /// Opens a frozenset; write its elements, then [`PickleWriter::end_frozenset`].
+    pub fn begin_frozenset(&mut self) {
+        self.out.push(op::MARK);
+    }
+
+    /// Closes a frozenset.
+    pub fn end_frozenset(&mut self) {
+        self.out.push(op::FROZENSET);
+    }
+
+    /// The number of bytes written so far.
+    pub fn len(&self) -> usize {
+        self.out.len()
+    }
+
+    /// Whether nothing but the protocol header was written.
+    pub fn is_empty(&self) -> bool {
+        self.out.len() <= 2
     }
 
     /// Writes a float.

@@ -84,7 +84,7 @@ fn shared_pickles_round_trip_through_export() {
             continue;
         };
         let first = import::load(&path).unwrap();
-        let bytes = to_pytorch_pickle(&first);
+        let bytes = to_pytorch_pickle(&first).unwrap();
         let second = import::load_bytes(&bytes, name, &ImportOptions::default()).unwrap();
         assert_eq!(essentials(&second), essentials(&first), "{name}");
         let size = std::fs::metadata(&path).unwrap().len();
@@ -107,7 +107,7 @@ fn python_reads_the_pickle_with_pytorch_keys_and_types() {
     }
     let snapshot = import::load(&path).unwrap();
     let out = std::env::temp_dir().join(format!("vramscope-export-{}.pickle", std::process::id()));
-    std::fs::write(&out, to_pytorch_pickle(&snapshot)).unwrap();
+    std::fs::write(&out, to_pytorch_pickle(&snapshot).unwrap()).unwrap();
     let script = r#"
 import pickle, sys
 d = pickle.load(open(sys.argv[1], "rb"))
@@ -150,7 +150,7 @@ fn perfetto_export_of_a_shared_trace_is_valid_chrome_json() {
         return;
     };
     let snapshot = import::load(&path).unwrap();
-    let value: serde_json::Value = serde_json::from_str(&to_perfetto(&snapshot)).unwrap();
+    let value: serde_json::Value = serde_json::from_str(&to_perfetto(&snapshot).unwrap()).unwrap();
     let events = value["traceEvents"].as_array().unwrap();
     let slices = events
         .iter()

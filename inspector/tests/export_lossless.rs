@@ -1,0 +1,309 @@
+//! Exports that lose nothing (issue 20) and exports that never wrap (issue 17).
+//!
+//! `convert --to pytorch` of a PyTorch pickle must give back every key and value of the
+//! original: Python's own `pickle` loads both and compares them key by key, types included
+//! (on the shared traces; skipped with a notice without them or without python3). The Perfetto
+//! export must put allocations on tracks where they nest, as Chrome's trace format requires of
+//! complete slices on one thread: the output is parsed and every track's slices are checked to
+//! nest. Sums of sizes near 2^64 are errors that name the field.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use vramscope_allocator::{
+    AllocatorConfig, Block, BlockState, CachingAllocator, Event, EventKind, Pool, Segment,
+    SimDevice, Snapshot,
+};
+use vramscope_inspector::export::{
+    to_perfetto, to_pytorch_pickle, to_pytorch_pickle_from_file, ExportError,
+};
+use vramscope_inspector::import;
+
+fn trace(name: &str) -> Option<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    vramscope_allocator::testing::shared_trace(&root, name)
+}
+
+fn python() -> bool {
+    let found = Command::new("python3").arg("--version").output().is_ok();
+    if !found {
+        vramscope_allocator::testing::skip_notice("python3 not found, pickle comparison not run");
+    }
+    found
+}
+
+/// Loads two pickles with Python's `pickle` and compares them key by key; prints the number of
+/// values compared, or fails naming the first difference's path.
+const COMPARE: &str = r#"
+import pickle, sys
+a = pickle.load(open(sys.argv[1], "rb"))
+b = pickle.load(open(sys.argv[2], "rb"))
+seen = set()
+count = 0
+def same(x, y, path):
+    global count
+    count += 1
+    if type(x) is not type(y):
+        sys.exit(f"{path}: {type(x).__name__} {x!r:.80} became {type(y).__name__} {y!r:.80}")
+    if isinstance(x, (dict, list, tuple)):
+        if (id(x), id(y)) in seen:
+            return
+        seen.add((id(x), id(y)))
+    if isinstance(x, dict):
+        if list(x) != list(y):
+            sys.exit(f"{path}: keys {list(x)} became {list(y)}")
+        for k in x:
+            same(x[k], y[k], f"{path}[{k!r}]")
+    elif isinstance(x, (list, tuple)):
+        if len(x) != len(y):
+            sys.exit(f"{path}: {len(x)} elements became {len(y)}")
+        for i, (p, q) in enumerate(zip(x, y)):
+            same(p, q, f"{path}[{i}]")
+    elif x != y and not (x != x and y != y):
+        sys.exit(f"{path}: {x!r:.80} became {y!r:.80}")
+same(a, b, "snapshot")
+print(count)
+"#;
+
+#[test]
+fn pytorch_pickles_convert_to_pytorch_key_by_key() {
+    let mut compared = 0;
+    for name in [
+        "decomfl_opt125m_zo_fedlearn.pickle",
+        "cs336_medium_ctx512_train_step.pickle",
+    ] {
+        let Some(path) = trace(name) else {
+            continue;
+        };
+        if !python() {
+            return;
+        }
+        let snapshot = import::load(&path).unwrap();
+        let bytes = to_pytorch_pickle_from_file(&snapshot, &path).unwrap();
+        let out =
+            std::env::temp_dir().join(format!("vramscope-lossless-{}-{name}", std::process::id()));
+        std::fs::write(&out, &bytes).unwrap();
+        let output = Command::new("python3")
+            .arg("-c")
+            .arg(COMPARE)
+            .arg(&path)
+            .arg(&out)
+            .output()
+            .unwrap();
+        std::fs::remove_file(&out).ok();
+        assert!(
+            output.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let values: u64 = String::from_utf8_lossy(&output.stdout)
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(values > 100_000, "{name}: only {values} values compared");
+        compared += 1;
+        // What the export writes reads back into the same model.
+        let again = import::load_bytes(&bytes, name, &Default::default()).unwrap();
+        assert_eq!(again.events, snapshot.events, "{name}");
+        assert_eq!(again.segments, snapshot.segments, "{name}");
+    }
+    if compared == 0 {
+        vramscope_allocator::testing::skip_notice("shared PyTorch traces absent");
+    }
+}
+
+fn sample() -> Snapshot {
+    let alloc = CachingAllocator::new(SimDevice::phantom(1 << 34), AllocatorConfig::default());
+    let _keep = alloc.alloc(3 << 20).unwrap();
+    for _ in 0..3 {
+        alloc.mark_step();
+        drop(alloc.alloc(4000).unwrap());
+    }
+    let mut snapshot = alloc.snapshot();
+    snapshot.epoch_unix_ns = 1_700_000_000_123_456_789;
+    snapshot
+}
+
+#[test]
+fn a_vramscope_snapshot_keeps_its_times_and_requested_sizes() {
+    if !python() {
+        return;
+    }
+    let snapshot = sample();
+    let out = std::env::temp_dir().join(format!("vramscope-model-{}.pickle", std::process::id()));
+    std::fs::write(&out, to_pytorch_pickle(&snapshot).unwrap()).unwrap();
+    let script = r#"
+import pickle, sys
+d = pickle.load(open(sys.argv[1], "rb"))
+t = d["device_traces"][0]
+allocs = [e for e in t if e["action"] == "alloc"]
+print(min(e["time_us"] for e in t), sorted({e["size"] for e in allocs}))
+"#;
+    let output = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(&out)
+        .output()
+        .unwrap();
+    std::fs::remove_file(&out).ok();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let printed = String::from_utf8_lossy(&output.stdout);
+    let first_us = snapshot.epoch_unix_ns / 1000 + snapshot.events[0].time_ns / 1000;
+    // Times count from the snapshot's epoch, not from 0; sizes are what was requested (4000
+    // bytes), not the 4096-byte blocks.
+    assert_eq!(printed.trim(), format!("{first_us} [4000, 3145728]"));
+}
+
+/// Checks that the complete slices of every track nest: sorted by start (a longer one first),
+/// each starts at or after the start of the slice it sits in and ends at or before its end.
+/// Times are compared in nanoseconds, exactly.
+fn assert_slices_nest(json: &str, origin: &str) -> usize {
+    let value: serde_json::Value = serde_json::from_str(json).unwrap();
+    let ns = |v: &serde_json::Value| (v.as_f64().unwrap() * 1000.0).round() as i64;
+    let mut tracks: std::collections::BTreeMap<(u64, u64), Vec<(i64, i64)>> = Default::default();
+    for e in value["traceEvents"].as_array().unwrap() {
+        if e["ph"] == "X" {
+            let key = (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap());
+            let start = ns(&e["ts"]);
+            let dur = ns(&e["dur"]);
+            assert!(dur >= 0, "{origin}: a negative duration: {e}");
+            tracks.entry(key).or_default().push((start, start + dur));
+        }
+    }
+    let mut slices = 0;
+    for (track, mut list) in tracks {
+        list.sort_by_key(|&(s, e)| (s, std::cmp::Reverse(e)));
+        let mut stack: Vec<(i64, i64)> = Vec::new();
+        for (s, e) in list {
+            while stack.last().is_some_and(|&(_, end)| end <= s) {
+                stack.pop();
+            }
+            if let Some(&(ps, pe)) = stack.last() {
+                assert!(
+                    ps <= s && e <= pe,
+                    "{origin}: on track {track:?}, [{s}, {e}] ns overlaps [{ps}, {pe}] without nesting"
+                );
+            }
+            stack.push((s, e));
+            slices += 1;
+        }
+    }
+    slices
+}
+
+/// A snapshot whose allocations overlap without nesting: each freed in the order it was
+/// allocated, on one stream, with timestamps.
+fn first_in_first_out(n: u64) -> Snapshot {
+    let mut snapshot = sample();
+    snapshot.events.clear();
+    snapshot.steps.clear();
+    let event = |seq: u64, kind, addr| Event {
+        seq,
+        time_ns: 1000 * (seq + 1),
+        kind,
+        device: 0,
+        stream: 7,
+        addr,
+        size: 512,
+        requested: 500,
+        site: None,
+        tag: None,
+        scope: None,
+        step: 0,
+        thread: 0,
+    };
+    for i in 0..n {
+        snapshot
+            .events
+            .push(event(i, EventKind::Alloc, 0x1000 + 512 * i));
+    }
+    for i in 0..n {
+        snapshot
+            .events
+            .push(event(n + i, EventKind::FreeCompleted, 0x1000 + 512 * i));
+    }
+    snapshot
+}
+
+#[test]
+fn perfetto_slices_nest_on_every_track() {
+    let fifo = to_perfetto(&first_in_first_out(2000)).unwrap();
+    assert_eq!(assert_slices_nest(&fifo, "first in, first out"), 2000);
+    assert_slices_nest(&to_perfetto(&sample()).unwrap(), "sample");
+    for name in [
+        "decomfl_opt125m_zo_fedlearn.pickle",
+        "cs336_medium_ctx512_train_step.pickle",
+        "hta_ddp_rank1_v100_profile_memory.trace.json.gz",
+    ] {
+        let Some(path) = trace(name) else {
+            continue;
+        };
+        let snapshot = import::load(&path).unwrap();
+        let allocations = snapshot
+            .events
+            .iter()
+            .filter(|e| e.kind == EventKind::Alloc)
+            .count();
+        let json = to_perfetto(&snapshot).unwrap();
+        // Every allocation is a slice, and so is every step.
+        assert_eq!(
+            assert_slices_nest(&json, name),
+            allocations + snapshot.steps.len(),
+            "{name}"
+        );
+    }
+}
+
+fn segment_of(blocks: &[u64]) -> Segment {
+    let mut address = 0x1000;
+    Segment {
+        device: 0,
+        address,
+        total_size: u64::MAX,
+        stream: 0,
+        pool: Pool::Large,
+        expandable: false,
+        blocks: blocks
+            .iter()
+            .map(|&size| {
+                let b = Block {
+                    address,
+                    size,
+                    requested_size: size,
+                    state: BlockState::ActiveAllocated,
+                    site: None,
+                    tag: None,
+                    scope: None,
+                    step: 0,
+                    thread: 0,
+                };
+                address = address.wrapping_add(size);
+                b
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn sums_past_2_pow_64_are_errors_that_name_the_field() {
+    let mut snapshot = sample();
+    snapshot.segments = vec![segment_of(&[4096]), segment_of(&[1 << 63, 1 << 63])];
+    match to_pytorch_pickle(&snapshot) {
+        Err(ExportError::Overflow { path, .. }) => assert_eq!(path, "segments[1].blocks"),
+        other => panic!("{other:?}"),
+    }
+    let mut snapshot = first_in_first_out(3);
+    for e in &mut snapshot.events {
+        e.size = 1 << 63;
+    }
+    let e = to_perfetto(&snapshot).unwrap_err();
+    assert!(
+        matches!(&e, ExportError::Overflow { path, .. } if path == "events[1].size"),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("2^64"), "{e}");
+}
