@@ -385,10 +385,12 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             use vramscope::inspector::export;
             let snapshot = import::load(&file).map_err(Failure::input)?;
             let written = match to {
-                ConvertTarget::Pytorch => {
-                    std::fs::write(&output, export::to_pytorch_pickle(&snapshot))
-                }
-                ConvertTarget::Perfetto => std::fs::write(&output, export::to_perfetto(&snapshot)),
+                ConvertTarget::Pytorch => export::to_pytorch_pickle_from_file(&snapshot, &file)
+                    .map_err(std::io::Error::other)
+                    .and_then(|bytes| std::fs::write(&output, bytes)),
+                ConvertTarget::Perfetto => std::fs::File::create(&output).and_then(|f| {
+                    export::write_perfetto(&snapshot, f).map_err(std::io::Error::other)
+                }),
                 ConvertTarget::Json => snapshot.save(&output).map_err(std::io::Error::other),
                 ConvertTarget::Events => std::fs::File::create(&output)
                     .and_then(|file| snapshot.write_event_log(std::io::BufWriter::new(file))),
