@@ -2,7 +2,8 @@
 # GPU check for vramscope: the CUDA tests, the examples on the GPU, PyTorch on vramscope's
 # allocator (CUDAPluggableAllocator), PyTorch's own allocator against vramscope's replay of it
 # (scripts/torch_fidelity.py, where python3 has a CUDA-enabled torch) and the allocator
-# fast-path benchmark, in about 3 minutes on an H200 machine.
+# fast-path benchmark, and the Python package with torch (examples/pytorch_leak.py through
+# attach() and use_allocator(), and their step-time overhead), in about 5 minutes on an H200.
 #
 #   scripts/gpu-check.sh [LOG_DIR]   build (when cargo is here) and run everything; with LOG_DIR,
 #                                    also write gpu-check.log and the example snapshots there
@@ -43,6 +44,14 @@ bundle() {
     cargo build --release -p vramscope-ffi || return 1
     cp target/release/examples/train_mlp target/release/vramscope target/release/libvramscope_ffi.so \
         "$BUNDLE/" || return 1
+    # The Python package as a wheel (maturin comes from PyPI here; the GPU machine may have no
+    # network), with the command line just built inside it.
+    if VRAMSCOPE_CLI_BIN="$PWD/target/release/vramscope" \
+        python3 -m pip wheel --no-deps -q -w "$BUNDLE" ./python; then
+        echo "built $(ls "$BUNDLE"/vramscope-*.whl)"
+    else
+        echo "could not build the Python wheel here; the Python steps will not run"
+    fi
     # Debug info is not needed to run and would make the bundle too big to carry.
     if command -v strip >/dev/null 2>&1; then
         strip --strip-debug "$BUNDLE"/* 2>/dev/null || true
@@ -149,6 +158,32 @@ if python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
         python3 -c "import json; scopes = set(json.load(open(\"pluggable_snapshot.json\"))[\"scopes\"]); print(\"scopes:\", sorted(scopes)); assert {\"forward\", \"optimizer\"} <= scopes" &&
         "$ROOT/$BUNDLE/vramscope" report pluggable_snapshot.json &&
         "$ROOT/$BUNDLE/vramscope" summary pluggable_exit.json'
+    # The Python package: examples/pytorch_leak.py through attach() and use_allocator(), each
+    # asserting the findings name the planted Python lines, then the step-time overhead.
+    wheel="$(ls "$BUNDLE"/vramscope-*.whl 2>/dev/null | head -1)"
+    if [ -n "$wheel" ]; then
+        export PYVENV="$OUT_DIR/pyvenv"
+        step "python package: install the wheel beside torch" 120 bash -c '
+            python3 -m venv --system-site-packages "$PYVENV" &&
+            "$PYVENV/bin/pip" install --no-index --no-deps --force-reinstall "'"$wheel"'" &&
+            "$PYVENV/bin/vramscope" --help >/dev/null'
+        step "pytorch_leak.py through attach(): the bugs at their Python lines" 180 \
+            "$PYVENV/bin/python" examples/pytorch_leak.py --mode attach --check \
+            --snapshot "$OUT_DIR/pytorch_leak_attach.pickle"
+        step "pytorch_leak.py through use_allocator(): the bugs at their Python lines" 180 \
+            "$PYVENV/bin/python" examples/pytorch_leak.py --mode use_allocator --check \
+            --snapshot "$OUT_DIR/pytorch_leak_pluggable.json"
+        step "report names the Python lines of the use_allocator() snapshot" 60 bash -c '
+            "$PYVENV/bin/vramscope" report "$OUT_DIR/pytorch_leak_pluggable.json" |
+                grep -E "retained_per_step|examples/pytorch_leak.py"'
+        step "step time: plain torch, attach() without and with stacks, use_allocator()" 300 bash -c '
+            for mode in plain attach-nostacks attach use_allocator; do
+                "$PYVENV/bin/python" examples/pytorch_leak.py --mode $mode --bugs off --steps 200 --time |
+                    grep step_ms || exit 1
+            done'
+    else
+        echo "skipped: no vramscope wheel in $BUNDLE; the Python package steps did not run"
+    fi
     step "pytorch fidelity: its allocator and vramscope's replay, in nine cases" 300 \
         python3 scripts/torch_fidelity.py check --vramscope "$BUNDLE/vramscope" --out "$OUT_DIR/fidelity"
 else
