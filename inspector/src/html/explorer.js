@@ -40,8 +40,10 @@
     }
     // A path shortened to its last two parts, for the legend and tables (the full one on hover).
     function short(label) {
-      const parts = label.split("/");
-      return parts.length > 3 ? "…/" + parts.slice(-2).join("/") : label;
+      const parts = label.split(/[\\/]/);
+      if (parts.length <= 3) return label;
+      const sep = label.includes("/") ? "/" : "\\";
+      return "…" + sep + parts.slice(-2).join(sep);
     }
     function el(tag, text, cls) {
       const e = document.createElement(tag);
