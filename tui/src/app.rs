@@ -363,6 +363,9 @@ pub struct App {
     cursor_moved: Option<Instant>,
     /// Rows visible in the last drawn list, for page keys.
     pub page_rows: usize,
+    /// One line saying what is running and what to look at (the demo's), shown in the help
+    /// bar until the first key.
+    pub intro: Option<String>,
 }
 
 impl App {
@@ -410,6 +413,7 @@ impl App {
             last_request: None,
             cursor_moved: None,
             page_rows: 10,
+            intro: None,
         }
     }
 
@@ -1007,6 +1011,7 @@ impl App {
         if key.kind == KeyEventKind::Release {
             return;
         }
+        self.intro = None;
         let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
         if ctrl && matches!(key.code, KeyCode::Char('c') | KeyCode::Char('q')) {
             self.quit = true;

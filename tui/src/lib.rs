@@ -129,10 +129,22 @@ pub fn run_in_process<B: Backend>(
     title: &str,
     workload: impl FnOnce(Control) + Send + 'static,
 ) -> Result<(), TuiError> {
+    run_in_process_with_intro(alloc, title, None, workload)
+}
+
+/// [`run_in_process`] with `intro`, one line saying what runs and what to look at (which bugs
+/// the demo planted, which panel shows them), in the help bar until the first key.
+pub fn run_in_process_with_intro<B: Backend>(
+    alloc: CachingAllocator<B>,
+    title: &str,
+    intro: Option<String>,
+    workload: impl FnOnce(Control) + Send + 'static,
+) -> Result<(), TuiError> {
     let source = InProcessSource::new(alloc.clone()).with_workload(workload);
     let empty = Snapshot::empty(SnapshotSource::Vramscope, DeviceInfo::default());
     let data = Dataset::new(empty, Origin::InProcess(title.to_string()));
     let mut app = App::new(data).with_source(Box::new(source)).with_analyzer();
+    app.intro = intro;
     term::run(&mut app)?;
     Ok(())
 }

@@ -274,16 +274,29 @@ fn the_demo_after_ten_steps() {
     let mut app = App::new(data);
     app.theme = Theme::plain();
     app.now_unix_ns = fixture::EPOCH_UNIX_NS;
+    app.intro = Some(
+        "training an MLP with a retained loss and .item() in a loop planted: see Findings (5)"
+            .to_string(),
+    );
     app.analyze_now();
     for (w, h) in SIZES {
         let s = screen(&mut app, w, h);
         assert!(s.lines().next().unwrap().contains("LIVE"), "{s}");
+        let bar = s.lines().last().unwrap();
+        assert!(bar.starts_with(" ? help q quit │ training an MLP"), "{s}");
         assert!(
             s.contains("At end"),
             "following: the sites count at the end: {s}"
         );
         insta::assert_snapshot!(format!("demo_after_10_steps_{w}x{h}"), s);
     }
+    // The first key puts the keys back.
+    app.handle_key(ratatui::crossterm::event::KeyEvent::new(
+        ratatui::crossterm::event::KeyCode::Char('2'),
+        ratatui::crossterm::event::KeyModifiers::NONE,
+    ));
+    let s = screen(&mut app, 80, 24);
+    assert!(s.lines().last().unwrap().contains("P peak"), "{s}");
 }
 
 #[test]

@@ -88,6 +88,14 @@ impl Widget for HelpBar<'_> {
         if let Some(status) = app.status_text() {
             x = put(buf, area, x, area.y, &format!(" {status} "), theme.cursor());
             x = put(buf, area, x, area.y, "│", theme.dim());
+        } else if let Some(intro) = &app.intro {
+            // Until the first key: what is running, then the two keys everyone needs.
+            x = put(buf, area, x, area.y, " ?", theme.key());
+            x = put(buf, area, x, area.y, " help", theme.dim());
+            x = put(buf, area, x, area.y, " q", theme.key());
+            x = put(buf, area, x, area.y, " quit ", theme.dim());
+            put(buf, area, x, area.y, &format!("│ {intro}"), theme.cursor());
+            return;
         }
         for (key, what) in keys_for(app) {
             let needed = (key.chars().count() + what.chars().count() + 2) as u16;
