@@ -506,6 +506,63 @@ impl Stacks {
     }
 }
 
+/// The figures of a file, checked as they are read so that no sum of them computed later (the
+/// statistics, the block sizes' replay, the engine's totals, the reports and exports) can pass
+/// 64 bits: every address range must end below 2^63 and all the sizes in the file together
+/// must stay within 2^60 bytes (1 EiB, a thousand times the memory of the largest machines).
+/// A file past either is inconsistent, and the error names the field.
+#[derive(Default)]
+struct Figures {
+    /// The sizes read so far, added up.
+    total: u64,
+}
+
+impl Figures {
+    /// The most all the sizes of a file may add up to.
+    const MAX_TOTAL: u64 = 1 << 60;
+    /// Where every address range must end.
+    const ADDRESS_END: u64 = 1 << 63;
+
+    /// Counts `size`, the value of `key` at `loc`.
+    fn size(&mut self, size: u64, loc: Loc, key: &str) -> Result<(), Fault> {
+        match self.total.checked_add(size) {
+            Some(total) if total <= Self::MAX_TOTAL => {
+                self.total = total;
+                Ok(())
+            }
+            _ => Err(loc.fault(
+                key,
+                format!(
+                    "{size} bytes: the sizes in the file add up to more than 2^60 bytes (1 EiB), which no device holds; the file is inconsistent"
+                ),
+            )),
+        }
+    }
+
+    /// Counts the range of `size` bytes at `addr` (`addr_key` and `size_key` at `loc`).
+    fn range(
+        &mut self,
+        addr: u64,
+        size: u64,
+        loc: Loc,
+        addr_key: &str,
+        size_key: &str,
+    ) -> Result<(), Fault> {
+        if addr
+            .checked_add(size)
+            .is_none_or(|end| end > Self::ADDRESS_END)
+        {
+            return Err(loc.fault(
+                addr_key,
+                format!(
+                    "{addr:#x} + {size} bytes ends past 2^63, outside any device's address space; the file is inconsistent"
+                ),
+            ));
+        }
+        self.size(size, loc, size_key)
+    }
+}
+
 /// An event read from a trace entry, before times are made relative.
 struct RawEvent {
     event: Event,
@@ -532,6 +589,7 @@ fn read_entry(
     device: u32,
     loc: Loc,
     stacks: &mut Stacks,
+    figures: &mut Figures,
 ) -> Result<Option<RawEvent>, Fault> {
     let entry = dict(entry, loc)?;
     let [action, addr, size, stream, time_us, frames] = fields(
@@ -550,6 +608,11 @@ fn read_entry(
             opt_u64(size, "size", loc)?.unwrap_or(0),
         )
     };
+    if located {
+        figures.range(addr, size, loc, "addr", "size")?;
+    } else {
+        figures.size(size, loc, "size")?;
+    }
     let requested = match kind {
         EventKind::Alloc | EventKind::FreeRequested | EventKind::FreeCompleted => size,
         _ => 0,
@@ -612,6 +675,7 @@ fn read_segment(
     i: usize,
     stacks: &mut Stacks,
     last_alloc: &LastAlloc,
+    figures: &mut Figures,
 ) -> Result<Segment, Fault> {
     let loc = Loc::Segment(i);
     let value = dict(value, loc)?;
@@ -630,6 +694,7 @@ fn read_segment(
     let device = device_index(opt_u64(device, "device", loc)?.unwrap_or(0), "device", loc)?;
     let address = need_u64(address, "address", loc)?;
     let total_size = need_u64(total_size, "total_size", loc)?;
+    figures.range(address, total_size, loc, "address", "total_size")?;
     let pool = match opt_str(segment_type, "segment_type", loc)? {
         Some("small") => Pool::Small,
         Some(_) => Pool::Large,
@@ -661,6 +726,7 @@ fn read_segment(
         let size = need_u64(size, "size", loc)?;
         // Blocks of older files have no address: they follow one another from the segment's.
         let block_address = opt_u64(block_address, "address", loc)?.unwrap_or(next_address);
+        figures.range(block_address, size, loc, "address", "size")?;
         next_address = block_address.saturating_add(size);
         let state_text = need_str(state, "state", loc)?;
         let state = block_state(state_text)
@@ -1014,6 +1080,7 @@ fn convert(root: ValueRef<'_>, options: &ImportOptions) -> Result<Snapshot, Faul
     };
 
     let mut stacks = Stacks::new(&options.framework_paths);
+    let mut figures = Figures::default();
 
     // Events of every device.
     let mut raw = Vec::new();
@@ -1031,7 +1098,8 @@ fn convert(root: ValueRef<'_>, options: &ImportOptions) -> Result<Snapshot, Faul
         }
         raw.reserve(entries.len());
         for (i, entry) in entries.iter().enumerate() {
-            if let Some(e) = read_entry(entry, device, Loc::Entry(d, i), &mut stacks)? {
+            if let Some(e) = read_entry(entry, device, Loc::Entry(d, i), &mut stacks, &mut figures)?
+            {
                 raw.push(e);
             }
         }
@@ -1094,7 +1162,7 @@ fn convert(root: ValueRef<'_>, options: &ImportOptions) -> Result<Snapshot, Faul
     }
     let mut segments = Vec::with_capacity(segment_values.map_or(0, Seq::len));
     for (i, s) in elements(segment_values).enumerate() {
-        segments.push(read_segment(s, i, &mut stacks, &last_alloc)?);
+        segments.push(read_segment(s, i, &mut stacks, &last_alloc, &mut figures)?);
     }
     segments.sort_by_key(|s| (s.device, s.address));
 

@@ -1,0 +1,14 @@
+//! Fuzzes `summary` on whatever imports: PyTorch's memory_summary() table of the statistics
+//! the importer computed from the file.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use vramscope_inspector::import::{load_bytes, ImportOptions};
+use vramscope_inspector::report::{build_report, render_summary, ReportOptions};
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(snapshot) = load_bytes(data, "fuzz", &ImportOptions::default()) else {
+        return;
+    };
+    let _ = render_summary(&build_report(&snapshot, &ReportOptions::default()));
+});
