@@ -15,6 +15,8 @@ use std::time::Instant;
 use vramscope_allocator::{
     CallSite, DeviceInfo, Event, EventKind, Frame, Snapshot, SnapshotSource, StepMark,
 };
+use vramscope_inspector::html::explorer::ExplorerData;
+use vramscope_inspector::model_view::ModelView;
 use vramscope_inspector::{html, report};
 
 const MIB: u64 = 1 << 20;
@@ -186,15 +188,20 @@ fn main() {
     let dir = dir.canonicalize().expect("an absolute folder");
     let browser = browser();
     println!(
-        "| events | steps | HTML size | report build | first paint (median of 3) | chromium run |"
+        "| events | steps | HTML size | report build | of which explorer data | first paint (median of 3) | chromium run |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     for n in counts {
         let snapshot = synthetic(n);
         let started = Instant::now();
         let built = report::build_report(&snapshot, &report::ReportOptions::default());
         let page_text = html::render_html(&built);
         let build_s = started.elapsed().as_secs_f64();
+        let view = ModelView::new(&snapshot);
+        let started = Instant::now();
+        let data = ExplorerData::build(&view, None);
+        let explorer_s = started.elapsed().as_secs_f64();
+        drop(data);
         let page = dir.join(format!("synthetic_{n}.html"));
         std::fs::write(&page, &page_text).expect("the page is written");
         let (paint, run) = match &browser {
@@ -215,11 +222,12 @@ fn main() {
             None => ("chromium absent".to_string(), "-".to_string()),
         };
         println!(
-            "| {} | {} | {:.1} MB | {:.2} s | {} | {} |",
+            "| {} | {} | {:.1} MB | {:.2} s | {:.2} s | {} | {} |",
             snapshot.events.len(),
             snapshot.steps.len(),
             page_text.len() as f64 / 1e6,
             build_s,
+            explorer_s,
             paint,
             run
         );
