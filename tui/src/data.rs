@@ -403,15 +403,15 @@ impl Dataset {
         self.first_reaching(|u| u.reserved)
     }
 
+    /// The first position whose figure reaches the peak: a binary search of the running
+    /// maxima, which never decrease.
     fn first_reaching(&self, key: fn(&Usage) -> u64) -> usize {
         let peak = key(&self.peak_at(self.len()));
         if key(&self.start_usage) >= peak {
             return 0;
         }
-        self.usage
-            .iter()
-            .position(|u| key(u) >= peak)
-            .map_or(0, |i| i + 1)
+        let n = self.len().min(self.peaks.len());
+        self.peaks[..n].partition_point(|u| key(u) < peak) + 1
     }
 
     /// Allocated and reserved bytes after every event.

@@ -224,6 +224,13 @@ fn a_file_opens_at_the_peak_and_says_so() {
     let mut app = file_at_peak();
     let peak = app.data.peak_allocated_pos();
     assert!(peak < app.data.len(), "the fixture peaks before its end");
+    // The report's peak event: the cursor stands just after it.
+    let snapshot = fixture::training_snapshot();
+    let view = vramscope_inspector::model_view::ModelView::new(&snapshot);
+    assert_eq!(
+        Some(peak),
+        view.peak_allocated_event().map(|e| e as usize + 1)
+    );
     assert_eq!(
         app.data.usage_at(peak).allocated,
         app.data.peak_at(app.data.len()).allocated
