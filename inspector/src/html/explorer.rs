@@ -222,11 +222,12 @@ impl ExplorerData {
         let mut state = walk.start.clone();
         let mut start_bytes: FxHashMap<GroupId, u64> = FxHashMap::default();
         for block in state.blocks.values().filter(|b| !b.pending) {
-            *start_bytes.entry(groups.of_block(block)).or_default() += block.size;
+            let e = start_bytes.entry(groups.of_block(block)).or_default();
+            *e = e.saturating_add(block.size);
         }
         if state.unattributed.allocated > 0 {
-            *start_bytes.entry(SiteGroups::BEFORE_TRACE).or_default() +=
-                state.unattributed.allocated;
+            let e = start_bytes.entry(SiteGroups::BEFORE_TRACE).or_default();
+            *e = e.saturating_add(state.unattributed.allocated);
         }
         let mut deltas: Vec<Delta> = Vec::with_capacity(n);
         let contribution = |state: &MemoryState, addr: u64| {
@@ -271,14 +272,14 @@ impl ExplorerData {
                         deltas.push(Delta {
                             pos,
                             group: g,
-                            bytes: -(b as i64),
+                            bytes: -signed(b),
                         });
                     }
                     if let Some((g, b)) = after {
                         deltas.push(Delta {
                             pos,
                             group: g,
-                            bytes: b as i64,
+                            bytes: signed(b),
                         });
                     }
                 }
@@ -475,6 +476,11 @@ impl ExplorerData {
     pub fn peak_moment(&self) -> Option<&Moment> {
         self.moments.iter().find(|m| m.pos == self.peak_pos)
     }
+}
+
+/// `bytes` as a delta (sizes past `i64::MAX`, which no importer lets through, saturate).
+fn signed(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
 /// Gives groups their index in [`ExplorerData::groups`] as they are first named.
