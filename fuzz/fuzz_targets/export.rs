@@ -19,9 +19,8 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(bytes) = to_pytorch_pickle(&snapshot) {
         load_bytes(&bytes, "export", &options).expect("an exported pickle imports again");
     }
-    let extras = Document::parse(data)
-        .ok()
-        .and_then(|doc| PytorchExtras::from_document(&doc));
+    let doc = Document::parse(data).ok();
+    let extras = doc.as_ref().and_then(PytorchExtras::from_document);
     if let Ok(bytes) = to_pytorch_pickle_with(&snapshot, extras.as_ref()) {
         let _ = vramscope_inspector::pickle::parse(&bytes).expect("the export is a pickle");
     }

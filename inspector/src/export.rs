@@ -21,10 +21,10 @@
 //! Every figure that comes from a file is added with checked arithmetic: a sum past 2^64 bytes
 //! is an [`ExportError`] naming the field, never a wrapped number or a panic.
 
+use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
 use std::fmt;
 use std::io::Write;
-use std::cmp::Reverse;
 
 use rustc_hash::FxHashMap;
 use serde_json::json;
@@ -32,7 +32,7 @@ use vramscope_allocator::{
     AllocatorConfig, BlockState, CallSite, Event, EventKind, Pool, SiteId, Snapshot,
 };
 
-use crate::pickle::{Document, Value, ValueRef};
+use crate::pickle::{Document, ValueRef};
 use crate::pickle_writer::{MemoRef, PickleWriter};
 
 /// Why an export failed: a figure of the snapshot out of range (with the field's path), or
@@ -160,7 +160,7 @@ impl Frames<'_> {
     }
 }
 
-/// Writes [`Value`]s of a source pickle, sharing containers the source shares (by identity)
+/// Writes values of a source pickle, sharing the containers the source shares (by identity)
 /// and repeated strings through the memo.
 #[derive(Default)]
 struct Values {
@@ -168,62 +168,55 @@ struct Values {
 }
 
 impl Values {
-    fn write(&mut self, w: &mut PickleWriter, strings: &mut FxHashMap<String, MemoRef>, v: &Value) {
-        let identity = match v {
-            Value::List(_)
-            | Value::Tuple(_)
-            | Value::Dict(_)
-            | Value::Set(_)
-            | Value::FrozenSet(_) => v.identity(),
-            _ => None,
-        };
+    fn write(
+        &mut self,
+        w: &mut PickleWriter,
+        strings: &mut FxHashMap<String, MemoRef>,
+        v: ValueRef<'_>,
+    ) {
+        let kind = v.type_name();
+        let container = matches!(kind, "list" | "tuple" | "dict" | "set" | "frozenset");
+        let identity = if container { v.identity() } else { None };
         if let Some(&slot) = identity.and_then(|id| self.containers.get(&id)) {
             w.get(slot);
             return;
         }
-        match v {
-            Value::None => w.none(),
-            Value::Bool(b) => w.bool(*b),
-            Value::Int(i) => w.int(*i),
-            Value::BigInt(bytes) => w.long_bytes(bytes),
-            Value::Float(f) => w.float(*f),
-            Value::Str(s) => w.shared_str(s, strings),
-            Value::Bytes(b) => w.bytes(b),
-            Value::List(items) => {
-                w.begin_list();
-                for item in items.iter() {
-                    self.write(w, strings, item);
-                }
-                w.end_list();
-            }
-            Value::Tuple(items) => {
-                w.begin_tuple();
-                for item in items.iter() {
-                    self.write(w, strings, item);
-                }
-                w.end_tuple();
-            }
-            Value::Dict(pairs) => {
+        match kind {
+            "None" => w.none(),
+            "bool" => w.bool(v.as_bool().unwrap_or(false)),
+            "int" => match (v.as_i64(), v.big_int_bytes()) {
+                (Some(i), _) => w.int(i),
+                (None, Some(bytes)) => w.long_bytes(bytes),
+                (None, None) => w.uint(v.as_u64().unwrap_or(0)),
+            },
+            "float" => w.float(v.as_float().unwrap_or(0.0)),
+            "str" => w.shared_str(v.as_str().unwrap_or(""), strings),
+            "bytes" => w.bytes(v.as_bytes().unwrap_or(&[])),
+            "dict" => {
                 w.begin_dict();
-                for (k, v) in pairs.iter() {
-                    self.write(w, strings, k);
-                    self.write(w, strings, v);
+                for (key, value) in v.dict_items().into_iter().flatten() {
+                    self.write(w, strings, key);
+                    self.write(w, strings, value);
                 }
                 w.end_dict();
             }
-            Value::Set(items) => {
-                w.begin_set();
-                for item in items.iter() {
+            _ => {
+                let items = v.elements().into_iter().flat_map(|s| s.iter());
+                match kind {
+                    "list" => w.begin_list(),
+                    "tuple" => w.begin_tuple(),
+                    "set" => w.begin_set(),
+                    _ => w.begin_frozenset(),
+                }
+                for item in items {
                     self.write(w, strings, item);
                 }
-                w.end_set();
-            }
-            Value::FrozenSet(items) => {
-                w.begin_frozenset();
-                for item in items.iter() {
-                    self.write(w, strings, item);
+                match kind {
+                    "list" => w.end_list(),
+                    "tuple" => w.end_tuple(),
+                    "set" => w.end_set(),
+                    _ => w.end_frozenset(),
                 }
-                w.end_frozenset();
             }
         }
         if let Some(id) = identity {
@@ -233,220 +226,189 @@ impl Values {
     }
 }
 
-/// A dict of the source pickle: its keys in order, each with its value.
-type Fields = Vec<(String, Value)>;
-
-/// The string-keyed fields of the dict `v` (other keys are left out), or `None` when it is
-/// not a dict.
-fn fields_of(v: ValueRef<'_>) -> Option<Fields> {
-    let items = v.dict_items()?;
-    Some(
-        items
-            .filter_map(|(k, v)| k.as_str().map(|k| (k.to_string(), v.to_value())))
-            .collect(),
-    )
+/// A segment of the source: its dict and its blocks' dicts by address.
+struct SourceSegment<'d> {
+    value: ValueRef<'d>,
+    blocks: FxHashMap<u64, ValueRef<'d>>,
 }
 
-/// One entry of a source trace: an event the model kept (its fields), or one it did not
-/// read (its whole value), to be written again in its place.
-enum Entry {
-    Event(Fields),
-    Skipped(Value),
+/// One entry of a source trace: an event the model kept, or one it did not read, to be
+/// written again in its place.
+#[derive(Clone, Copy)]
+struct Entry<'d> {
+    value: ValueRef<'d>,
+    event: bool,
 }
 
-/// A segment of the source: its fields and its blocks' fields by address.
-struct SourceSegment {
-    fields: Fields,
-    blocks: FxHashMap<u64, Fields>,
-}
-
-/// What a PyTorch snapshot pickle holds that the model does not keep, read again from the
-/// source so that [`to_pytorch_pickle_with`] writes it back: every dict's keys in their order
-/// and the values the model has no place for (segment and block `frames`, `segment_pool_id`,
-/// `compile_context`, `user_metadata`, unknown keys and trace entries of unknown kinds, all of
-/// `allocator_settings` with their original types) and the times as the file has them.
-pub struct PytorchExtras {
-    root: Fields,
-    segments: FxHashMap<(u64, u64), SourceSegment>,
+/// What a PyTorch snapshot pickle holds that the model does not keep, found again in the
+/// source's [`Document`] so that [`to_pytorch_pickle_with`] writes it back: every dict's keys
+/// in their order and the values the model has no place for (segment and block `frames`,
+/// `segment_pool_id`, `compile_context`, `user_metadata`, unknown keys and trace entries of
+/// unknown kinds, all of `allocator_settings` with their original types) and the epoch the
+/// file's times count from. It refers to the document's values without copying them: a few
+/// bytes per trace entry beside the document.
+pub struct PytorchExtras<'d> {
+    root: ValueRef<'d>,
+    segments: FxHashMap<(u64, u64), SourceSegment<'d>>,
     /// Per device, the trace's entries in order.
-    traces: Vec<Vec<Entry>>,
-    annotations: Vec<Fields>,
+    traces: Vec<Vec<Entry<'d>>>,
+    annotations: Vec<ValueRef<'d>>,
     /// The earliest time in the file in microseconds, which the model's times count from.
     epoch_us: u64,
 }
 
-/// The action of a trace entry, when it is one the importer reads into an event.
-fn read_action(fields: &Fields) -> bool {
-    fields.iter().any(|(k, v)| {
-        k == "action"
-            && v.as_str().is_some_and(|a| {
-                matches!(
-                    a,
-                    "alloc"
-                        | "free_requested"
-                        | "free_completed"
-                        | "segment_alloc"
-                        | "segment_free"
-                        | "segment_map"
-                        | "segment_unmap"
-                        | "snapshot"
-                        | "oom"
-                )
-            })
-    })
+/// Whether a trace entry is one the importer reads into an event.
+fn read_action(entry: ValueRef<'_>) -> bool {
+    entry
+        .get("action")
+        .and_then(ValueRef::as_str)
+        .is_some_and(|a| {
+            matches!(
+                a,
+                "alloc"
+                    | "free_requested"
+                    | "free_completed"
+                    | "segment_alloc"
+                    | "segment_free"
+                    | "segment_map"
+                    | "segment_unmap"
+                    | "snapshot"
+                    | "oom"
+            )
+        })
 }
 
 /// A time in microseconds as the importer reads it (an integer or a float; negative is 0).
-fn time_us_of(fields: &Fields) -> Option<u64> {
-    let (_, v) = fields.iter().rev().find(|(k, _)| k == "time_us")?;
-    match v {
-        Value::Int(i) => Some((*i).max(0) as u64),
-        Value::Float(f) if f.is_finite() => Some(f.max(0.0) as u64),
-        other => other.as_u64(),
+fn time_us_of(v: ValueRef<'_>) -> Option<u64> {
+    let v = v.get("time_us")?;
+    if let Some(i) = v.as_i64() {
+        return Some(i.max(0) as u64);
+    }
+    match v.as_float() {
+        Some(f) if f.is_finite() => Some(f.max(0.0) as u64),
+        _ => v.as_u64(),
     }
 }
 
-fn u64_field(fields: &Fields, key: &str) -> Option<u64> {
-    fields
-        .iter()
-        .rev()
-        .find(|(k, _)| k == key)
-        .and_then(|(_, v)| v.as_u64())
+/// The elements of the list under `key` in `v`, if any.
+fn list_at<'d>(v: ValueRef<'d>, key: &str) -> impl Iterator<Item = ValueRef<'d>> {
+    v.get(key)
+        .and_then(ValueRef::as_seq)
+        .into_iter()
+        .flat_map(|s| s.iter())
 }
 
-impl PytorchExtras {
-    /// Reads the extras of a PyTorch snapshot pickle, or `None` when `doc` is not one (a dict
+impl<'d> PytorchExtras<'d> {
+    /// Finds the extras in a PyTorch snapshot pickle, or `None` when `doc` is not one (a dict
     /// with `segments` or `device_traces`).
-    pub fn from_document(doc: &Document) -> Option<PytorchExtras> {
+    pub fn from_document(doc: &'d Document) -> Option<PytorchExtras<'d>> {
         let root = doc.root();
-        let root_fields = fields_of(root)?;
-        if root.get("segments").is_none() && root.get("device_traces").is_none() {
+        if !root.is_dict()
+            || (root.get("segments").is_none() && root.get("device_traces").is_none())
+        {
             return None;
         }
         let mut segments = FxHashMap::default();
-        for seg in root
-            .get("segments")
-            .and_then(ValueRef::as_seq)
-            .into_iter()
-            .flat_map(|s| s.iter())
-        {
-            let Some(fields) = fields_of(seg) else {
-                continue;
-            };
-            let key = (
-                u64_field(&fields, "device").unwrap_or(0),
-                u64_field(&fields, "address").unwrap_or(0),
-            );
+        for seg in list_at(root, "segments").filter(|s| s.is_dict()) {
+            let field = |key| seg.get(key).and_then(ValueRef::as_u64);
+            let key = (field("device").unwrap_or(0), field("address").unwrap_or(0));
             let mut blocks = FxHashMap::default();
             let mut next = key.1;
-            for block in seg
-                .get("blocks")
-                .and_then(ValueRef::as_seq)
-                .into_iter()
-                .flat_map(|s| s.iter())
-            {
-                if let Some(fields) = fields_of(block) {
-                    let address = u64_field(&fields, "address").unwrap_or(next);
-                    next = address.saturating_add(u64_field(&fields, "size").unwrap_or(0));
-                    blocks.insert(address, fields);
-                }
+            for block in list_at(seg, "blocks").filter(|b| b.is_dict()) {
+                let field = |key| block.get(key).and_then(ValueRef::as_u64);
+                let address = field("address").unwrap_or(next);
+                next = address.saturating_add(field("size").unwrap_or(0));
+                blocks.insert(address, block);
             }
-            segments.insert(key, SourceSegment { fields, blocks });
+            segments.insert(key, SourceSegment { value: seg, blocks });
         }
-        let mut traces = Vec::new();
         let mut epoch: Option<u64> = None;
-        for trace in root
-            .get("device_traces")
-            .and_then(ValueRef::as_seq)
-            .into_iter()
-            .flat_map(|s| s.iter())
-        {
+        let mut earliest = |t: Option<u64>| {
+            if let Some(t) = t {
+                epoch = Some(epoch.map_or(t, |e| e.min(t)));
+            }
+        };
+        let mut traces = Vec::new();
+        for trace in list_at(root, "device_traces") {
             let mut entries = Vec::new();
-            for entry in trace.as_seq().into_iter().flat_map(|s| s.iter()) {
-                match fields_of(entry) {
-                    Some(fields) if read_action(&fields) => {
-                        if let Some(t) = time_us_of(&fields) {
-                            epoch = Some(epoch.map_or(t, |e| e.min(t)));
-                        }
-                        entries.push(Entry::Event(fields));
-                    }
-                    _ => entries.push(Entry::Skipped(entry.to_value())),
+            for value in trace.as_seq().into_iter().flat_map(|s| s.iter()) {
+                let event = value.is_dict() && read_action(value);
+                if event {
+                    earliest(time_us_of(value));
                 }
+                entries.push(Entry { value, event });
             }
             traces.push(entries);
         }
         let mut annotations = Vec::new();
-        for a in root
-            .get("external_annotations")
-            .and_then(ValueRef::as_seq)
-            .into_iter()
-            .flat_map(|s| s.iter())
-        {
-            let fields = fields_of(a).unwrap_or_default();
-            if let Some(t) = time_us_of(&fields) {
-                epoch = Some(epoch.map_or(t, |e| e.min(t)));
+        for a in list_at(root, "external_annotations") {
+            if a.is_dict() {
+                earliest(time_us_of(a));
             }
-            annotations.push(fields);
+            annotations.push(a);
         }
         Some(PytorchExtras {
-            root: root_fields,
+            root,
             segments,
             traces,
             annotations,
             epoch_us: epoch.unwrap_or(0),
         })
     }
+}
 
-    /// Reads the extras of the file at `path` when it is a PyTorch snapshot pickle (plain or
-    /// gzip), within the limits of `options`; `Ok(None)` for any other format.
-    pub fn from_file(
-        path: &std::path::Path,
-        options: &crate::import::ImportOptions,
-    ) -> Result<Option<PytorchExtras>, crate::import::ImportError> {
-        use crate::import::{ImportError, ImportErrorKind};
-        let origin = path.display().to_string();
-        let io = |e| ImportError::new(&origin, ImportErrorKind::Io(e));
-        let bytes = std::fs::read(path).map_err(io)?;
-        let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
-            let mut out = Vec::new();
-            let limit = options.max_decompressed_bytes;
-            std::io::Read::read_to_end(
-                &mut std::io::Read::take(flate2::read::MultiGzDecoder::new(&bytes[..]), limit),
-                &mut out,
-            )
-            .map_err(|e| ImportError::new(&origin, ImportErrorKind::Gzip(e)))?;
-            out
-        } else {
-            bytes
-        };
-        if bytes.first() != Some(&0x80) {
-            return Ok(None);
-        }
-        let doc = Document::parse_with_limits(&bytes, &crate::import::pytorch::limits(options))
-            .map_err(|e| ImportError::new(&origin, ImportErrorKind::Pickle(e)))?;
-        drop(bytes);
-        Ok(PytorchExtras::from_document(&doc))
+/// Reads the file at `path` again as a pickle document when it is a PyTorch snapshot pickle
+/// (plain or gzip), within the limits of `options`; `Ok(None)` for any other format.
+pub fn read_source(
+    path: &std::path::Path,
+    options: &crate::import::ImportOptions,
+) -> Result<Option<Document>, crate::import::ImportError> {
+    use crate::import::{ImportError, ImportErrorKind};
+    let origin = path.display().to_string();
+    let io = |e| ImportError::new(&origin, ImportErrorKind::Io(e));
+    let bytes = std::fs::read(path).map_err(io)?;
+    let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        let limit = options.max_decompressed_bytes;
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(flate2::read::MultiGzDecoder::new(&bytes[..]), limit),
+            &mut out,
+        )
+        .map_err(|e| ImportError::new(&origin, ImportErrorKind::Gzip(e)))?;
+        out
+    } else {
+        bytes
+    };
+    if bytes.first() != Some(&0x80) {
+        return Ok(None);
     }
+    let doc = Document::parse_with_limits(&bytes, &crate::import::pytorch::limits(options))
+        .map_err(|e| ImportError::new(&origin, ImportErrorKind::Pickle(e)))?;
+    Ok(Some(doc))
 }
 
 /// Writes a dict whose keys are `source`'s, in its order, when there is a source dict, else
-/// `model`'s. A key the model writes takes the model's value (`write_model` writes it and says
-/// whether it knows the key); any other key of the source keeps the source's value.
+/// `model_keys`. A key the model writes takes the model's value (`write_model` writes it); any
+/// other key of the source keeps the source's value.
 fn write_fields(
     out: &mut Out<'_>,
-    source: Option<&Fields>,
+    source: Option<ValueRef<'_>>,
     model_keys: &[&str],
     write_model: &mut WriteModel<'_>,
 ) -> Result<(), ExportError> {
     out.w.begin_dict();
-    match source {
-        Some(fields) => {
-            for (key, value) in fields {
-                out.w.shared_str(key, out.strings);
-                if model_keys.contains(&key.as_str()) {
-                    write_model(out, key)?;
-                } else {
-                    out.values.write(out.w, out.strings, value);
+    match source.and_then(ValueRef::dict_items) {
+        Some(items) => {
+            for (key, value) in items {
+                match key.as_str() {
+                    Some(k) if model_keys.contains(&k) => {
+                        out.w.shared_str(k, out.strings);
+                        write_model(out, k)?;
+                    }
+                    _ => {
+                        out.values.write(out.w, out.strings, key);
+                        out.values.write(out.w, out.strings, value);
+                    }
                 }
             }
         }
@@ -513,7 +475,7 @@ pub fn to_pytorch_pickle(snapshot: &Snapshot) -> Result<Vec<u8>, ExportError> {
 /// source pickle's: a snapshot imported from a PyTorch pickle is written back as it was.
 pub fn to_pytorch_pickle_with(
     snapshot: &Snapshot,
-    extras: Option<&PytorchExtras>,
+    extras: Option<&PytorchExtras<'_>>,
 ) -> Result<Vec<u8>, ExportError> {
     let mut w = PickleWriter::new();
     let mut frames = Frames {
@@ -538,7 +500,13 @@ pub fn to_pytorch_pickle_with(
         add(epoch_us, ns / 1000, path, "the time in microseconds")
     };
     let root_order: Vec<String> = match extras {
-        Some(x) => x.root.iter().map(|(k, _)| k.clone()).collect(),
+        Some(x) => x
+            .root
+            .dict_items()
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, _)| k.as_str().map(str::to_string))
+            .collect(),
         None => [
             "segments",
             "device_traces",
@@ -549,11 +517,7 @@ pub fn to_pytorch_pickle_with(
         .map(|k| k.to_string())
         .collect(),
     };
-    let source_value = |key: &str| {
-        extras
-            .and_then(|x| x.root.iter().rev().find(|(k, _)| k == key))
-            .map(|(_, v)| v)
-    };
+    let source_value = |key: &str| extras.and_then(|x| x.root.get(key));
     out.w.begin_dict();
     for key in &root_order {
         out.w.shared_str(key, out.strings);
@@ -578,7 +542,7 @@ pub fn to_pytorch_pickle_with(
 fn write_segments(
     out: &mut Out<'_>,
     snapshot: &Snapshot,
-    extras: Option<&PytorchExtras>,
+    extras: Option<&PytorchExtras<'_>>,
     frames: &mut Frames<'_>,
 ) -> Result<(), ExportError> {
     out.w.begin_list();
@@ -646,7 +610,8 @@ fn write_segments(
                 _ => {
                     out.w.begin_list();
                     for block in &segment.blocks {
-                        let block_source = source.and_then(|s| s.blocks.get(&block.address));
+                        let block_source =
+                            source.and_then(|s| s.blocks.get(&block.address).copied());
                         let block_keys: &[&str] = if block_source.is_some() {
                             &["address", "size", "requested_size", "state"]
                         } else {
@@ -670,7 +635,7 @@ fn write_segments(
             }
             Ok(())
         };
-        write_fields(out, source.map(|s| &s.fields), model_keys, &mut write)?;
+        write_fields(out, source.map(|s| s.value), model_keys, &mut write)?;
     }
     out.w.end_list();
     Ok(())
@@ -684,7 +649,8 @@ pub fn to_pytorch_pickle_from_file(
     source: &std::path::Path,
 ) -> Result<Vec<u8>, ExportError> {
     let options = crate::import::ImportOptions::default();
-    let extras = PytorchExtras::from_file(source, &options).map_err(ExportError::Source)?;
+    let doc = read_source(source, &options).map_err(ExportError::Source)?;
+    let extras = doc.as_ref().and_then(PytorchExtras::from_document);
     to_pytorch_pickle_with(snapshot, extras.as_ref())
 }
 
@@ -693,7 +659,7 @@ type TimeUs<'a> = dyn Fn(u64, &dyn Fn() -> String) -> Result<u64, ExportError> +
 fn write_traces(
     out: &mut Out<'_>,
     snapshot: &Snapshot,
-    extras: Option<&PytorchExtras>,
+    extras: Option<&PytorchExtras<'_>>,
     frames: &mut Frames<'_>,
     time_us: &TimeUs<'_>,
 ) -> Result<(), ExportError> {
@@ -715,7 +681,7 @@ fn write_traces(
     }
     let mut write_event = |out: &mut Out<'_>,
                            (i, event): (usize, &Event),
-                           source: Option<&Fields>|
+                           source: Option<ValueRef<'_>>|
      -> Result<(), ExportError> {
         let mut keys = vec!["action", "addr"];
         if event.kind == EventKind::Oom {
@@ -723,8 +689,9 @@ fn write_traces(
         }
         keys.extend(["size", "stream", "time_us", "frames"]);
         let negative_stream = source
-            .and_then(|s| s.iter().rev().find(|(k, _)| k == "stream"))
-            .is_some_and(|(_, v)| matches!(v, Value::Int(v) if *v < 0));
+            .and_then(|s| s.get("stream"))
+            .and_then(ValueRef::as_i64)
+            .is_some_and(|v| v < 0);
         let mut write = |out: &mut Out<'_>, key: &str| -> Result<(), ExportError> {
             match key {
                 "action" => out.w.str(action(event.kind).unwrap_or("alloc")),
@@ -748,12 +715,13 @@ fn write_traces(
         out.w.begin_list();
         if let Some(entries) = extras.and_then(|x| x.traces.get(device)) {
             for entry in entries {
-                match entry {
-                    Entry::Skipped(v) => out.values.write(out.w, out.strings, v),
-                    Entry::Event(fields) => match events.next() {
-                        Some(&e) => write_event(out, e, Some(fields))?,
-                        None => break,
-                    },
+                if !entry.event {
+                    out.values.write(out.w, out.strings, entry.value);
+                    continue;
+                }
+                match events.next() {
+                    Some(&e) => write_event(out, e, Some(entry.value))?,
+                    None => break,
                 }
             }
         }
@@ -769,12 +737,12 @@ fn write_traces(
 fn write_annotations(
     out: &mut Out<'_>,
     snapshot: &Snapshot,
-    extras: Option<&PytorchExtras>,
+    extras: Option<&PytorchExtras<'_>>,
     time_us: &TimeUs<'_>,
 ) -> Result<(), ExportError> {
     out.w.begin_list();
     for (i, annotation) in snapshot.annotations.iter().enumerate() {
-        let source = extras.and_then(|x| x.annotations.get(i));
+        let source = extras.and_then(|x| x.annotations.get(i).copied());
         let mut write = |out: &mut Out<'_>, key: &str| -> Result<(), ExportError> {
             match key {
                 "device" => out.w.uint(annotation.device as u64),

@@ -954,6 +954,20 @@ impl<'d> ValueRef<'d> {
         })
     }
 
+    /// The elements, when the value is a list, a tuple, a set or a frozenset.
+    pub fn elements(self) -> Option<Seq<'d>> {
+        (self.r.is_container() && self.r.kind() != kind::DICT).then(|| Seq {
+            doc: self.doc,
+            refs: self.doc.elements(self.r),
+        })
+    }
+
+    /// The minimal little-endian two's-complement bytes of an integer too large for 64 bits,
+    /// as `LONG1`/`LONG4` store them.
+    pub fn big_int_bytes(self) -> Option<&'d [u8]> {
+        (self.r.kind() == kind::BIG_INT).then(|| self.doc.blob_of(self.r.index()))
+    }
+
     /// The key/value pairs in the order the pickle set them, when the value is a dict. A key
     /// set twice appears twice; the later pair is the one Python keeps (and [`Self::get`]
     /// finds).

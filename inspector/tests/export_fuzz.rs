@@ -41,9 +41,8 @@ fn every_command(snapshot: &Snapshot, input: &[u8]) {
     if let Ok(bytes) = to_pytorch_pickle(snapshot) {
         load_bytes(&bytes, "export", &options).expect("an exported pickle imports again");
     }
-    let extras = Document::parse(input)
-        .ok()
-        .and_then(|doc| PytorchExtras::from_document(&doc));
+    let doc = Document::parse(input).ok();
+    let extras = doc.as_ref().and_then(PytorchExtras::from_document);
     if let Ok(bytes) = to_pytorch_pickle_with(snapshot, extras.as_ref()) {
         vramscope_inspector::pickle::parse(&bytes).expect("the export is a pickle");
     }
