@@ -61,6 +61,20 @@ fn check(name: &str, snapshot: &Snapshot) {
     let end_allocated = view.end_allocated();
     let end_reserved = view.reserved_known().then(|| view.end_reserved());
 
+    // The engine's walk forwards from the start reaches the dump-time end state.
+    let walk = vramscope::inspector::engine::Reconstruction::of(snapshot);
+    let forwards = walk.state_at(&snapshot.events, snapshot.events.len());
+    assert_eq!(
+        forwards.usage(),
+        walk.end.usage(),
+        "{name}: forwards to the end"
+    );
+    assert_eq!(
+        forwards.blocks.len(),
+        walk.end.blocks.len(),
+        "{name}: blocks at the end"
+    );
+
     // The report's JSON.
     assert_eq!(stats["events"], events, "{name}: events");
     assert_eq!(stats["peak_allocated_bytes"], peak, "{name}: peak");

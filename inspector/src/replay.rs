@@ -17,7 +17,8 @@ use vramscope_allocator::caching::round_size;
 
 use crate::engine::{is_segment_event, MemoryState, Pair, Pairing, Reconstruction};
 use vramscope_allocator::{
-    AllocError, AllocatorConfig, CachingAllocator, EventKind, Pool, SimDevice, Snapshot, StreamId,
+    AllocError, AllocatorConfig, BlockState, CachingAllocator, EventKind, Pool, SimDevice,
+    Snapshot, StreamId,
 };
 
 /// Capacity used when neither the caller nor the snapshot names one: large enough that nothing
@@ -337,8 +338,9 @@ pub enum BlockSizing {
 /// block size, the figure PyTorch's `allocated_bytes` counts, so that every view of the trace
 /// shows PyTorch's own allocated bytes. The trace is replayed with its own settings; when the
 /// replay's device calls are the trace's, call for call, the replay's blocks are PyTorch's
-/// and their sizes are taken, else each request is rounded. `Event::requested` keeps the
-/// request. Frees take the size of the allocation they release.
+/// and their sizes are taken, else each request is rounded. A block still allocated at the
+/// end takes its size from the dump-time state, which records it. `Event::requested` keeps
+/// the request. Frees take the size of the allocation they release.
 pub fn size_blocks(snapshot: &mut Snapshot) -> BlockSizing {
     // Until the replay says better, every block is its request rounded (which is also what
     // the replay's starting state needs of blocks from before the trace).
@@ -370,20 +372,39 @@ pub fn size_blocks(snapshot: &mut Snapshot) -> BlockSizing {
     };
     let mut pairing = Pairing::new();
     let mut block = vec![0u64; snapshot.events.len()];
-    for (i, e) in snapshot.events.iter_mut().enumerate() {
-        let rounded = || round_size(e.requested, divisions);
+    let mut freed = vec![None; snapshot.events.len()];
+    for (i, e) in snapshot.events.iter().enumerate() {
         match pairing.push(i as u32, e) {
             Pair::Alloc { .. } => {
                 block[i] = match replayed[i] {
                     size if size > 0 && sizing == BlockSizing::Replayed => size,
-                    _ => rounded(),
+                    _ => round_size(e.requested, divisions),
                 };
-                e.size = block[i];
             }
-            Pair::Free(link) => {
-                e.size = link.alloc.map_or_else(rounded, |a| block[a as usize]);
-            }
+            Pair::Free(link) => freed[i] = Some(link.alloc),
             Pair::Other => {}
+        }
+    }
+    // A block still allocated at the end is in the dump-time state with its true size: that
+    // beats any estimate, and keeps the walk forwards from the start equal to that state.
+    let at_end: FxHashMap<u64, u64> = snapshot
+        .segments
+        .iter()
+        .flat_map(|s| s.blocks.iter())
+        .filter(|b| b.state != BlockState::Inactive)
+        .map(|b| (b.address, b.size))
+        .collect();
+    for (addr, alloc) in pairing.open_allocations() {
+        if let Some(&size) = at_end.get(&addr) {
+            block[alloc as usize] = size;
+        }
+    }
+    for (i, e) in snapshot.events.iter_mut().enumerate() {
+        if e.kind == EventKind::Alloc {
+            e.size = block[i];
+        } else if let Some(alloc) = freed[i] {
+            e.size =
+                alloc.map_or_else(|| round_size(e.requested, divisions), |a| block[a as usize]);
         }
     }
     sizing
