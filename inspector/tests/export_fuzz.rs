@@ -263,3 +263,59 @@ fn figures_that_no_sum_can_hold_are_errors_naming_the_field() {
         assert!(e.to_string().contains("inconsistent"), "{e}");
     }
 }
+
+/// A torch.profiler Chrome trace of `[memory]` events (address, signed size, total allocated)
+/// and one step slice.
+fn chrome_trace(events: &[(u64, i64, u64)]) -> Vec<u8> {
+    let memory: Vec<serde_json::Value> = events
+        .iter()
+        .enumerate()
+        .map(|(i, &(addr, bytes, total))| {
+            serde_json::json!({"ph": "i", "name": "[memory]", "ts": 10 + i, "pid": 1, "tid": 1,
+                "args": {"Addr": addr, "Bytes": bytes, "Total Allocated": total,
+                         "Total Reserved": total, "Device Type": 1, "Device Id": 0}})
+        })
+        .chain([serde_json::json!({"ph": "X", "name": "ProfilerStep#1", "ts": 5, "dur": 100, "pid": 1, "tid": 1})])
+        .collect();
+    serde_json::to_vec(&serde_json::json!({ "traceEvents": memory })).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn generated_chrome_traces_go_through_every_command(
+        events in prop::collection::vec(
+            (
+                prop_oneof![(0u64..4).prop_map(|k| 0x7f00_0000_0000 + (k << 21)), figure()],
+                prop_oneof![-4096i64..4096, Just(i64::MIN), Just(i64::MAX), Just(1 << 62), any::<i64>()],
+                figure(),
+            ),
+            0..30,
+        )
+    ) {
+        let bytes = chrome_trace(&events);
+        if let Ok(snapshot) = load_bytes(&bytes, "trace.json", &ImportOptions::default()) {
+            every_command(&snapshot, &bytes);
+        }
+    }
+}
+
+#[test]
+fn chrome_trace_figures_that_no_sum_can_hold_are_errors_naming_the_field() {
+    // Five allocations of 2^62 bytes add up past 2^64.
+    let events: Vec<(u64, i64, u64)> = (0..5).map(|k| (0x1000 + (k << 40), 1 << 62, 0)).collect();
+    let e = load_bytes(
+        &chrome_trace(&events),
+        "huge.json",
+        &ImportOptions::default(),
+    )
+    .unwrap_err();
+    match &e.kind {
+        vramscope_inspector::import::ImportErrorKind::Structure { path, .. } => {
+            assert_eq!(path, "[memory] event 0 of the file, args.Bytes", "{e}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(e.to_string().contains("inconsistent"), "{e}");
+}

@@ -142,9 +142,55 @@ fn finish(top: Top<'_>, origin: &str, options: &ImportOptions) -> Result<Read, I
             )
         }
     };
+    check_figures(&events.memory, origin)?;
     Ok(Read::Trace(Box::new(convert(
         events, &devices, base_ns, options,
     ))))
+}
+
+/// Checks the figures of the memory events, as the PyTorch importer does, so that no sum
+/// computed from them later can pass 64 bits: every block must end below 2^63, the sizes
+/// together and each total must stay within 2^60 bytes (1 EiB). The error names the event by
+/// its place among the file's `[memory]` events and the field.
+fn check_figures(memory: &[Memory], origin: &str) -> Result<(), ImportError> {
+    const MAX_TOTAL: u128 = 1 << 60;
+    const ADDRESS_END: u128 = 1 << 63;
+    let mut total: u128 = 0;
+    for (k, m) in memory.iter().enumerate() {
+        let size = m.bytes.unsigned_abs();
+        let fault = |field: &str, message: String| {
+            ImportError::new(
+                origin,
+                ImportErrorKind::Structure {
+                    path: format!("[memory] event {k} of the file, args.{field}"),
+                    message,
+                },
+            )
+        };
+        if m.addr as u128 + size > ADDRESS_END {
+            return Err(fault(
+                "Addr",
+                format!(
+                    "{:#x} + {size} bytes ends past 2^63, outside any device's address space; the file is inconsistent",
+                    m.addr
+                ),
+            ));
+        }
+        total += size;
+        for (field, figure) in [
+            ("Bytes", total),
+            ("Total Allocated", m.total_allocated.unwrap_or(0).into()),
+            ("Total Reserved", m.total_reserved.unwrap_or(0).into()),
+        ] {
+            if figure > MAX_TOTAL {
+                return Err(fault(
+                    field,
+                    "more than 2^60 bytes (1 EiB), alone or with the sizes before it, which no device holds; the file is inconsistent".to_string(),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A trace file: an object with `traceEvents`, or a bare array of events.
