@@ -148,15 +148,20 @@ fn html_report_is_self_contained_and_escaped() {
     }
     let act = t.site("model.py", 55, "forward");
     t.oom(act, 1 << 40, 0);
-    let html = render(&report_of(&t.finish()), Format::Html, false);
+    let report = report_of(&t.finish());
+    let html = render(&report, Format::Html, false);
     assert!(html.starts_with("<!DOCTYPE html>"));
-    assert!(html.contains("<svg"));
-    assert!(html.contains("<path"));
-    assert!(html.contains("step start"));
+    assert!(html.contains("<canvas id=\"chart\""), "the explorer's chart");
+    // The explorer's data marks the five steps and the OOM.
+    let explorer = report.timeline.explorer.as_ref().expect("explorer data");
+    assert_eq!(explorer.steps.len(), 5);
+    assert_eq!(explorer.ooms.len(), 1);
     assert!(html.contains("OOM"));
     assert!(!html.contains("http://"));
     assert!(!html.contains("https://"));
-    assert!(!html.contains("<script"));
+    // The page's own scripts (its data, the findings, its code) and no markup from the file.
+    assert_eq!(html.matches("<script").count(), 3, "only the page's own scripts");
+    assert!(!html.contains("<script>alert"));
     assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;.py:1"));
     assert!(html.contains("a&amp;b"));
 }

@@ -423,8 +423,10 @@ impl MemoryState {
     pub fn orphan_bytes(&self) -> u64 {
         let mut in_segments = 0u64;
         for (&a, s) in &self.segments {
-            in_segments = in_segments
-                .saturating_add(self.blocks_in(a, s.size).map(|(_, b)| b.size).sum::<u64>());
+            let inside = self
+                .blocks_in(a, s.size)
+                .fold(0u64, |sum, (_, b)| sum.saturating_add(b.size));
+            in_segments = in_segments.saturating_add(inside);
         }
         self.active.saturating_sub(in_segments)
     }
