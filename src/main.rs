@@ -15,8 +15,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use vramscope::inspector::detect::Severity;
 use vramscope::inspector::diff;
-use vramscope::inspector::ranks;
 use vramscope::inspector::import::{self, ImportOptions};
+use vramscope::inspector::ranks;
 use vramscope::inspector::report::{self, Format, ReportOptions};
 
 /// GPU memory debugger and allocator inspector.
@@ -108,6 +108,9 @@ enum Command {
         /// Output format: text or json.
         #[arg(long, default_value = "text")]
         format: Format,
+        /// Exit with status 1 when the replay runs out of memory.
+        #[arg(long, conflicts_with = "sweep")]
+        fail_on_oom: bool,
     },
     /// Convert a snapshot: to PyTorch's pickle (memory_viz reads it), Perfetto's trace JSON,
     /// or vramscope's JSON.
@@ -250,9 +253,8 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                 let addr = listen
                     .parse::<vramscope::allocator::TelemetryAddr>()
                     .map_err(Failure::input)?;
-                demo::run_listening(&addr, steps.unwrap_or(300), bug).map_err(|message| {
-                    Failure { message, status: 1 }
-                })?;
+                demo::run_listening(&addr, steps.unwrap_or(300), bug)
+                    .map_err(|message| Failure { message, status: 1 })?;
                 return Ok(0);
             }
             let terminal = std::io::stdout().is_terminal() && std::io::stdin().is_terminal();
@@ -314,11 +316,14 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             step_marker,
             fail_on,
         } => {
-            let import_options = ImportOptions {
-                step_marker,
-                ..ImportOptions::default()
-            };
-            let snapshot = import::load_with(&file, &import_options).map_err(Failure::input)?;
+            let mut snapshot = import::load(&file).map_err(Failure::input)?;
+            if let Some(marker) = step_marker {
+                // A marker may be a step-mark label, an annotation name
+                // (`Optimizer.step#AdamW.step`) or a function of the stacks; one that matches
+                // nothing is an error that lists what the trace offers.
+                vramscope::inspector::model_view::restep(&mut snapshot, &marker)
+                    .map_err(Failure::input)?;
+            }
             let options = ReportOptions {
                 input: Some(file.display().to_string()),
                 ..ReportOptions::default()
@@ -339,6 +344,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             sweep,
             verify,
             format,
+            fail_on_oom,
         } => {
             use vramscope::inspector::replay;
             let mut config = vramscope::AllocatorConfig::parse(&conf).map_err(Failure::input)?;
@@ -369,7 +375,8 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                 calls_differ = result
                     .device_calls
                     .as_ref()
-                    .is_some_and(|check| check.first_difference.is_some());
+                    .is_some_and(|check| check.first_difference.is_some())
+                    || (fail_on_oom && result.first_oom.is_some());
                 match format {
                     Format::Json => {
                         serde_json::to_string_pretty(&result).unwrap_or_default() + "\n"
@@ -378,7 +385,8 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                 }
             };
             emit(&text, None)?;
-            // Like `diff`, a verification that found a difference exits with 1.
+            // Like `diff`, a verification that found a difference exits with 1, and so does a
+            // replay that ran out of memory under `--fail-on-oom`.
             Ok(u8::from(calls_differ))
         }
         Command::Convert { file, to, output } => {

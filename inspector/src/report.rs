@@ -555,9 +555,9 @@ pub fn bytes_or_na(bytes: Option<u64>) -> String {
 fn stat_lines(report: &Report) -> Vec<String> {
     let s = &report.stats;
     let mut lines = vec![format!(
-        "{} events, {} steps, {} allocations, {} frees{}",
+        "{} events, {}, {} allocations, {} frees{}",
         s.events,
-        report.steps,
+        crate::detect::plural(report.steps, "step"),
         s.allocations,
         s.frees,
         if s.unmatched_frees > 0 {
@@ -616,14 +616,59 @@ fn site_with_function(site: Option<&str>, function: &str) -> String {
     }
 }
 
-fn evidence_line(finding: &Finding) -> String {
-    finding
+/// The evidence of a finding as one sentence for a reader (`retained bytes per step 68.5 KiB;
+/// steps with retention 20; ...`): keys as words, byte figures as bytes, whole numbers
+/// without decimals. JSON keeps the map.
+pub fn evidence_sentence(finding: &Finding) -> String {
+    use crate::detect::EvidenceValue;
+    let parts: Vec<String> = finding
         .evidence
         .entries()
         .iter()
-        .map(|(k, v)| format!("{k}={v}"))
+        .map(|(k, v)| {
+            let words = k.replace('_', " ");
+            let bytes = k.ends_with("_bytes") || k.contains("_bytes_");
+            let value = match v {
+                EvidenceValue::Int(n) if bytes => format_bytes(*n),
+                EvidenceValue::Int(n) => n.to_string(),
+                EvidenceValue::Float(x) if bytes => format_bytes(x.round().max(0.0) as u64),
+                EvidenceValue::Float(x) => crate::detect::count_text(*x),
+                EvidenceValue::Text(t) => t.clone(),
+            };
+            let words = words.replace(" bytes", "");
+            format!("{words} {value}")
+        })
+        .collect();
+    let mut sentence = parts.join("; ");
+    if let Some(first) = sentence.get(..1) {
+        sentence = first.to_uppercase() + &sentence[1..];
+    }
+    sentence.push('.');
+    sentence
+}
+
+/// The one-line verdict a report opens with: how many problems (warnings and errors) and
+/// where, or that none was found.
+pub fn verdict(report: &Report) -> String {
+    let problems: Vec<&Finding> = report
+        .findings
+        .iter()
+        .filter(|f| f.severity >= Severity::Warning)
+        .collect();
+    if problems.is_empty() {
+        return "no leaks, sync or churn problems found".to_string();
+    }
+    let list = problems
+        .iter()
+        .map(|f| format!("{} at {} ({})", f.kind, f.site_label(), f.severity))
         .collect::<Vec<_>>()
-        .join(", ")
+        .join("; ");
+    let noun = if problems.len() == 1 {
+        "problem"
+    } else {
+        "problems"
+    };
+    format!("{} {noun} found: {list}", problems.len())
 }
 
 /// The report as text for a terminal; `color` adds ANSI colours.
@@ -636,6 +681,7 @@ pub fn render_text(report: &Report, color: bool) -> String {
         }
     };
     let mut out = String::new();
+    let _ = writeln!(out, "{}", paint(BOLD, &verdict(report)));
     let _ = writeln!(
         out,
         "{}",
@@ -670,7 +716,7 @@ pub fn render_text(report: &Report, color: bool) -> String {
             let _ = writeln!(
                 out,
                 "            {}",
-                paint(DIM, &format!("evidence: {}", evidence_line(f)))
+                paint(DIM, &format!("evidence: {}", evidence_sentence(f)))
             );
         }
         let _ = writeln!(out, "            fix: {}", f.fix);
@@ -721,6 +767,7 @@ fn md_escape(text: &str) -> String {
 pub fn render_markdown(report: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "# vramscope report\n");
+    let _ = writeln!(out, "**{}**\n", md_escape(&verdict(report)));
     let _ = writeln!(out, "{}\n", md_escape(&headline(report)));
     for line in stat_lines(report) {
         let _ = writeln!(out, "- {}", md_escape(&line));
@@ -750,11 +797,11 @@ pub fn render_markdown(report: &Report) -> String {
         for (i, f) in report.findings.iter().enumerate() {
             let _ = writeln!(
                 out,
-                "{}. **{}** at {}: `{}`",
+                "{}. **{}** at {}: {}",
                 i + 1,
                 f.kind,
                 md_escape(f.site_label()),
-                evidence_line(f).replace('`', "'")
+                md_escape(&evidence_sentence(f))
             );
         }
     }
