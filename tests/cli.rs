@@ -171,7 +171,10 @@ fn report_formats_fail_on_summary_and_diff() {
     ]);
     assert!(html.status.success());
     let page = std::fs::read_to_string(&html_path).unwrap();
-    assert!(page.contains("<canvas id=\"chart\""), "the explorer's chart");
+    assert!(
+        page.contains("<canvas id=\"chart\""),
+        "the explorer's chart"
+    );
     assert!(
         !page.contains("http://") && !page.contains("https://"),
         "nothing fetched"

@@ -151,7 +151,10 @@ fn html_report_is_self_contained_and_escaped() {
     let report = report_of(&t.finish());
     let html = render(&report, Format::Html, false);
     assert!(html.starts_with("<!DOCTYPE html>"));
-    assert!(html.contains("<canvas id=\"chart\""), "the explorer's chart");
+    assert!(
+        html.contains("<canvas id=\"chart\""),
+        "the explorer's chart"
+    );
     // The explorer's data marks the five steps and the OOM.
     let explorer = report.timeline.explorer.as_ref().expect("explorer data");
     assert_eq!(explorer.steps.len(), 5);
@@ -160,7 +163,11 @@ fn html_report_is_self_contained_and_escaped() {
     assert!(!html.contains("http://"));
     assert!(!html.contains("https://"));
     // The page's own scripts (its data, the findings, its code) and no markup from the file.
-    assert_eq!(html.matches("<script").count(), 3, "only the page's own scripts");
+    assert_eq!(
+        html.matches("<script").count(),
+        3,
+        "only the page's own scripts"
+    );
     assert!(!html.contains("<script>alert"));
     assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;.py:1"));
     assert!(html.contains("a&amp;b"));

@@ -31,7 +31,10 @@ fn assert_no_serious_findings(snapshot: &Snapshot) {
 fn assert_renders(snapshot: &Snapshot) {
     let report = build_report(snapshot, &ReportOptions::default());
     let html = render(&report, Format::Html, false);
-    assert!(html.contains("<canvas id=\"chart\""), "the explorer's chart");
+    assert!(
+        html.contains("<canvas id=\"chart\""),
+        "the explorer's chart"
+    );
     assert!(!html.contains("http://"));
     let json: serde_json::Value =
         serde_json::from_str(&render(&report, Format::Json, false)).expect("valid JSON");
