@@ -14,10 +14,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use vramscope::inspector::detect::Severity;
-use vramscope::inspector::diff;
 use vramscope::inspector::import::{self, ImportOptions};
 use vramscope::inspector::ranks;
 use vramscope::inspector::report::{self, Format, ReportOptions};
+use vramscope::inspector::{devices, diff};
+use vramscope::Snapshot;
 
 /// GPU memory debugger and allocator inspector.
 #[derive(Parser)]
@@ -82,6 +83,9 @@ enum Command {
         /// Exit with status 1 when a finding is at least this severe: info, warning or error.
         #[arg(long)]
         fail_on: Option<Severity>,
+        /// Report only this device (a multi-device snapshot reports every device with data).
+        #[arg(long)]
+        device: Option<u32>,
     },
     /// Replay a trace's allocations through the caching allocator: peaks, segment calls, OOMs
     /// at a capacity, beside what the trace shows PyTorch did.
@@ -111,6 +115,9 @@ enum Command {
         /// Exit with status 1 when the replay runs out of memory.
         #[arg(long, conflicts_with = "sweep")]
         fail_on_oom: bool,
+        /// Report only this device (a multi-device snapshot reports every device with data).
+        #[arg(long)]
+        device: Option<u32>,
     },
     /// Convert a snapshot: to PyTorch's pickle (memory_viz reads it), Perfetto's trace JSON,
     /// or vramscope's JSON.
@@ -131,6 +138,9 @@ enum Command {
     Summary {
         /// The file to read.
         file: PathBuf,
+        /// Summarize only this device (a multi-device snapshot gives one summary per device).
+        #[arg(long)]
+        device: Option<u32>,
     },
     /// Compare the snapshots of a job's ranks side by side and name the rank that stands out.
     Ranks {
@@ -200,6 +210,38 @@ fn progress_line(label: &'static str) -> impl FnMut(usize, usize) {
             }
         }
     }
+}
+
+/// The parts of `snapshot` to report on: the device asked for, else every device with data
+/// (one part for a single-device snapshot).
+fn device_parts(snapshot: Snapshot, device: Option<u32>) -> Result<Vec<Snapshot>, Failure> {
+    let available = devices::devices_with_data(&snapshot);
+    match device {
+        Some(d) if !available.contains(&d) => Err(Failure::input(format!(
+            "the snapshot has no data for device {d} (it has device{} {})",
+            if available.len() == 1 { "" } else { "s" },
+            available
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+        Some(d) => Ok(vec![devices::only_device(&snapshot, d)]),
+        None if available.len() > 1 => Ok(available
+            .iter()
+            .map(|&d| devices::only_device(&snapshot, d))
+            .collect()),
+        None => Ok(vec![snapshot]),
+    }
+}
+
+/// The devices of `parts`, for messages.
+fn device_list(parts: &[Snapshot]) -> String {
+    parts
+        .iter()
+        .map(|p| p.device.index.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn use_color() -> bool {
@@ -315,6 +357,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             output,
             step_marker,
             fail_on,
+            device,
         } => {
             let mut snapshot = import::load(&file).map_err(Failure::input)?;
             if let Some(marker) = step_marker {
@@ -324,15 +367,47 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                 vramscope::inspector::model_view::restep(&mut snapshot, &marker)
                     .map_err(Failure::input)?;
             }
+            let parts = device_parts(snapshot, device)?;
+            if parts.len() > 1 && format == Format::Html {
+                return Err(Failure::input(format!(
+                    "{} has data for devices {}: choose one page with --device N",
+                    file.display(),
+                    device_list(&parts)
+                )));
+            }
             let options = ReportOptions {
                 input: Some(file.display().to_string()),
                 ..ReportOptions::default()
             };
-            let built = report::build_report(&snapshot, &options);
             let color = output.is_none() && use_color() && format == Format::Text;
-            emit(&report::render(&built, format, color), output.as_ref())?;
+            let reports: Vec<report::Report> = parts
+                .iter()
+                .map(|part| report::build_report(part, &options))
+                .collect();
+            let text = match (format, reports.as_slice()) {
+                (_, [one]) => report::render(one, format, color),
+                // Several devices in JSON: one document listing them.
+                (Format::Json, many) => {
+                    let devices: Vec<serde_json::Value> = many
+                        .iter()
+                        .map(|r| serde_json::from_str(&report::render_json(r)).unwrap_or_default())
+                        .collect();
+                    serde_json::to_string_pretty(&serde_json::json!({
+                        "format_version": report::REPORT_FORMAT_VERSION,
+                        "devices": devices,
+                    }))
+                    .unwrap_or_default()
+                        + "\n"
+                }
+                (_, many) => many
+                    .iter()
+                    .map(|r| report::render(r, format, color))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            };
+            emit(&text, output.as_ref())?;
             Ok(match fail_on {
-                Some(level) if built.fails_on(level) => 1,
+                Some(level) if reports.iter().any(|r| r.fails_on(level)) => 1,
                 _ => 0,
             })
         }
@@ -345,6 +420,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             verify,
             format,
             fail_on_oom,
+            device,
         } => {
             use vramscope::inspector::replay;
             let mut config = vramscope::AllocatorConfig::parse(&conf).map_err(Failure::input)?;
@@ -352,37 +428,50 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                 config.set("policy", &policy).map_err(Failure::input)?;
             }
             let snapshot = import::load(&file).map_err(Failure::input)?;
-            let source = file.display().to_string();
+            let parts = device_parts(snapshot, device)?;
             let mut calls_differ = false;
-            let text = if sweep {
-                let rows = replay::sweep(&snapshot, capacity, &mut progress_line("sweeping"));
-                match format {
-                    Format::Json => serde_json::to_string_pretty(&rows).unwrap_or_default() + "\n",
-                    _ => replay::render_sweep_text(
-                        &source,
-                        capacity.unwrap_or(replay::UNLIMITED_CAPACITY),
-                        &rows,
-                    ),
-                }
-            } else {
-                let options = replay::ReplayOptions {
-                    capacity,
-                    config,
-                    reconstruct_start: true,
-                    verify,
+            let mut texts = Vec::with_capacity(parts.len());
+            for snapshot in &parts {
+                let source = if parts.len() > 1 {
+                    format!("{} (cuda:{})", file.display(), snapshot.device.index)
+                } else {
+                    file.display().to_string()
                 };
-                let result = replay::replay(&snapshot, &options, &mut progress_line("replaying"));
-                calls_differ = result
-                    .device_calls
-                    .as_ref()
-                    .is_some_and(|check| check.first_difference.is_some())
-                    || (fail_on_oom && result.first_oom.is_some());
-                match format {
-                    Format::Json => {
-                        serde_json::to_string_pretty(&result).unwrap_or_default() + "\n"
+                texts.push(if sweep {
+                    let rows = replay::sweep(snapshot, capacity, &mut progress_line("sweeping"));
+                    match format {
+                        Format::Json => serde_json::to_string_pretty(&rows).unwrap_or_default(),
+                        _ => replay::render_sweep_text(
+                            &source,
+                            capacity.unwrap_or(replay::UNLIMITED_CAPACITY),
+                            &rows,
+                        ),
                     }
-                    _ => replay::render_text(&source, &result),
-                }
+                } else {
+                    let options = replay::ReplayOptions {
+                        capacity,
+                        config: config.clone(),
+                        reconstruct_start: true,
+                        verify,
+                    };
+                    let result =
+                        replay::replay(snapshot, &options, &mut progress_line("replaying"));
+                    calls_differ |= result
+                        .device_calls
+                        .as_ref()
+                        .is_some_and(|check| check.first_difference.is_some())
+                        || (fail_on_oom && result.first_oom.is_some());
+                    match format {
+                        Format::Json => serde_json::to_string_pretty(&result).unwrap_or_default(),
+                        _ => replay::render_text(&source, &result),
+                    }
+                });
+            }
+            let text = match format {
+                // One device: its document; several: a list of them, in device order.
+                Format::Json if texts.len() > 1 => format!("[\n{}\n]\n", texts.join(",\n")),
+                Format::Json => texts.join("") + "\n",
+                _ => texts.join("\n"),
             };
             emit(&text, None)?;
             // Like `diff`, a verification that found a difference exits with 1, and so does a
@@ -411,10 +500,16 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             emit(&format!("{}\n", vramscope::allocator::any::doctor()), None)?;
             Ok(0)
         }
-        Command::Summary { file } => {
+        Command::Summary { file, device } => {
             let snapshot = import::load(&file).map_err(Failure::input)?;
-            let built = report::build_report(&snapshot, &ReportOptions::default());
-            emit(&report::render_summary(&built), None)?;
+            let text = device_parts(snapshot, device)?
+                .iter()
+                .map(|part| {
+                    report::render_summary(&report::build_report(part, &ReportOptions::default()))
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+            emit(&text, None)?;
             Ok(0)
         }
         Command::Ranks {

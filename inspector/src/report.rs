@@ -249,7 +249,9 @@ pub fn build_report_view(view: &ModelView<'_>, options: &ReportOptions) -> Repor
         inactive_split_bytes: dump_time_state.then_some(segments.inactive_split_bytes),
         largest_free_block: dump_time_state.then_some(segments.largest_free_block),
     };
-    let memory_summary = (snapshot.stats != Default::default()).then(|| summary_table(view));
+    let has_data = !snapshot.events.is_empty() || !snapshot.segments.is_empty();
+    let memory_summary =
+        (has_data || snapshot.stats != Default::default()).then(|| summary_table(view));
     Report {
         format_version: REPORT_FORMAT_VERSION,
         source: snapshot.source.to_string(),
@@ -270,9 +272,10 @@ pub fn build_report_view(view: &ModelView<'_>, options: &ReportOptions) -> Repor
 
 /// PyTorch's `memory_summary()` table of the snapshot's statistics, with the all-pools
 /// allocated and reserved figures the engine gives every view, and `n/a` for what the format
-/// does not record.
+/// (or a snapshot without statistics) does not record.
 fn summary_table(view: &ModelView<'_>) -> String {
     let snapshot = view.snapshot();
+    let known_stats = snapshot.stats != Default::default();
     let mut stats = snapshot.stats;
     stats.allocated_bytes.all.current = view.end_allocated();
     stats.allocated_bytes.all.peak = view.peak_allocated();
@@ -280,7 +283,17 @@ fn summary_table(view: &ModelView<'_>) -> String {
         stats.reserved_bytes.all.current = view.end_reserved();
         stats.reserved_bytes.all.peak = view.peak_reserved();
     }
+    let engine_only = || {
+        Recorded::only(if view.reserved_known() {
+            vec!["Allocated memory", "GPU reserved memory"]
+        } else {
+            vec!["Allocated memory"]
+        })
+    };
     let recorded = match snapshot.source {
+        // Without statistics (another device's part of a vramscope snapshot), the engine's two
+        // totals are all there is.
+        _ if !known_stats => engine_only(),
         SnapshotSource::Vramscope => Recorded::all(),
         // A PyTorch snapshot records neither retries nor syncs.
         SnapshotSource::Pytorch => Recorded::all().with_metrics(
@@ -291,11 +304,7 @@ fn summary_table(view: &ModelView<'_>) -> String {
                 .collect(),
         ),
         // A profiler trace records the two totals with each event, and nothing else.
-        SnapshotSource::ChromeTrace => Recorded::only(if view.reserved_known() {
-            vec!["Allocated memory", "GPU reserved memory"]
-        } else {
-            vec!["Allocated memory"]
-        }),
+        SnapshotSource::ChromeTrace => engine_only(),
     };
     stats.summary_recorded(&recorded)
 }
