@@ -42,6 +42,24 @@ impl FromStr for Bugs {
     }
 }
 
+/// The one line the dashboard shows until the first key: what runs, which bugs are planted,
+/// and what to look at.
+pub fn intro(steps: u64, bugs: Bugs) -> String {
+    let mut planted = Vec::new();
+    if bugs.retained_loss {
+        planted.push("the loss kept every step (memory climbs: see Findings and Sites)");
+    }
+    if bugs.item_in_loop {
+        planted.push(".item() in the inner loop (host syncs: see Findings and Events)");
+    }
+    let planted = if planted.is_empty() {
+        "no bugs planted: the findings should stay quiet".to_string()
+    } else {
+        format!("planted: {}", planted.join("; "))
+    };
+    format!("demo: an MLP trained for {steps} steps on vramscope's allocator; {planted}; ? for help, q to quit")
+}
+
 /// The training run for `steps` steps with `bugs` planted, at a size that trains in moments on
 /// the CPU (`large` makes the leak grow by a megabyte of activations per step, for the
 /// dashboard).
@@ -119,4 +137,20 @@ pub fn run_listening(addr: &TelemetryAddr, steps: u64, bugs: Bugs) -> Result<(),
     run_paced(&device, steps, bugs, &mut before_step, &mut at_end).map_err(|e| e.to_string())?;
     drop(telemetry);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_intro_names_the_planted_bugs() {
+        let both: Bugs = "retained-loss,item-in-loop".parse().unwrap();
+        let line = intro(300, both);
+        assert!(
+            line.contains("300 steps") && line.contains("loss kept") && line.contains(".item()")
+        );
+        let none: Bugs = "none".parse().unwrap();
+        assert!(intro(10, none).contains("no bugs planted"));
+    }
 }

@@ -306,13 +306,19 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                 eprintln!("vramscope demo: {why}");
                 let alloc = device.allocator().clone();
                 let pace = std::time::Duration::from_millis(150);
-                vramscope_tui::run_in_process(alloc, "demo", move |control| {
-                    let mut before_step = |_| control.proceed() && control.pace(pace);
-                    // Until the user quits, the dashboard shows the end state with the kept
-                    // tensors alive.
-                    let mut at_end = || while control.proceed() && control.pace(pace) {};
-                    let _ = demo::run_paced(&device, steps, bug, &mut before_step, &mut at_end);
-                })
+                let intro = demo::intro(steps, bug);
+                vramscope_tui::run_in_process_with_intro(
+                    alloc,
+                    "demo",
+                    Some(intro),
+                    move |control| {
+                        let mut before_step = |_| control.proceed() && control.pace(pace);
+                        // Until the user quits, the dashboard shows the end state with the kept
+                        // tensors alive.
+                        let mut at_end = || while control.proceed() && control.pace(pace) {};
+                        let _ = demo::run_paced(&device, steps, bug, &mut before_step, &mut at_end);
+                    },
+                )
                 .map_err(|e| Failure {
                     message: e.to_string(),
                     status: 1,
