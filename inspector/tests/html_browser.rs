@@ -190,7 +190,7 @@ fn tempdir(out: &Path, name: &str) -> PathBuf {
 
 /// Renders `snapshot`'s report, loads it in `browser` and checks what a person would see.
 fn check_page(browser: &Path, out: &Path, name: &str, snapshot: &Snapshot) {
-    let built = report::build_report(&snapshot, &report::ReportOptions::default());
+    let built = report::build_report(snapshot, &report::ReportOptions::default());
     let data = built
         .timeline
         .explorer
@@ -200,9 +200,9 @@ fn check_page(browser: &Path, out: &Path, name: &str, snapshot: &Snapshot) {
     let stem = name.split('.').next().expect("a name");
     let page = out.join(format!("{stem}.html"));
     std::fs::write(&page, html::render_html(&built)).expect("the page is written");
-    let profile = tempdir(&out, stem);
+    let profile = tempdir(out, stem);
 
-    let dom = run_browser(&browser, &page, "", &profile, &["--dump-dom"]);
+    let dom = run_browser(browser, &page, "", &profile, &["--dump-dom"]);
     assert!(
         dom.contains("data-ready=\"1\""),
         "{name}: the script did not finish; errors: {:?}",
@@ -240,8 +240,8 @@ fn check_page(browser: &Path, out: &Path, name: &str, snapshot: &Snapshot) {
 
     // Driven as a user would: E, P, the wheel, hover and click on a band, the arrows, a
     // finding, Esc and T, with the page's own self-test (`#selftest`).
-    let profile = tempdir(&out, &format!("{stem}-selftest"));
-    let dom = run_browser(&browser, &page, "selftest", &profile, &["--dump-dom"]);
+    let profile = tempdir(out, &format!("{stem}-selftest"));
+    let dom = run_browser(browser, &page, "selftest", &profile, &["--dump-dom"]);
     let errors = &dom[dom.find("id=\"errors\"").expect("an error list")..];
     let errors = &errors[..errors.find("</ul>").expect("the list ends")];
     assert!(
@@ -271,9 +271,9 @@ fn check_page(browser: &Path, out: &Path, name: &str, snapshot: &Snapshot) {
 
     let shot = out.join(format!("{stem}.png"));
     let _ = std::fs::remove_file(&shot);
-    let profile = tempdir(&out, &format!("{stem}-shot"));
+    let profile = tempdir(out, &format!("{stem}-shot"));
     run_browser(
-        &browser,
+        browser,
         &page,
         "",
         &profile,
