@@ -332,6 +332,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             })?;
             let options = ReportOptions {
                 input: Some("vramscope demo".to_string()),
+                explorer: format == Format::Html,
                 ..ReportOptions::default()
             };
             let built = report::build_report(&snapshot, &options);
@@ -383,6 +384,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             }
             let options = ReportOptions {
                 input: Some(file.display().to_string()),
+                explorer: format == Format::Html,
                 ..ReportOptions::default()
             };
             let color = output.is_none() && use_color() && format == Format::Text;
@@ -511,7 +513,11 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             let text = device_parts(snapshot, device)?
                 .iter()
                 .map(|part| {
-                    report::render_summary(&report::build_report(part, &ReportOptions::default()))
+                    let options = ReportOptions {
+                        explorer: false,
+                        ..ReportOptions::default()
+                    };
+                    report::render_summary(&report::build_report(part, &options))
                 })
                 .collect::<Vec<_>>()
                 .join("\n");

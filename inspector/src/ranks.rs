@@ -183,7 +183,11 @@ pub fn load_all(
 /// One rank's row, from its snapshot.
 fn row(rank: u32, file: &str, snapshot: &Snapshot) -> RankRow {
     let view = ModelView::new(snapshot);
-    let built = report::build_report_view(&view, &ReportOptions::default());
+    let options = ReportOptions {
+        explorer: false,
+        ..ReportOptions::default()
+    };
+    let built = report::build_report_view(&view, &options);
     let mut at_peak = BTreeMap::new();
     for h in view.live_at_peak() {
         *at_peak

@@ -197,6 +197,9 @@ pub struct ReportOptions {
     pub input: Option<String>,
     /// Buckets of the downsampled timeline (600).
     pub timeline_buckets: usize,
+    /// Build the HTML explorer's bands and moments (true): needed only for the HTML page, and
+    /// a fifth of the work on a large trace, so the CLI asks for them only there.
+    pub explorer: bool,
 }
 
 impl Default for ReportOptions {
@@ -206,6 +209,7 @@ impl Default for ReportOptions {
             top_sites: 10,
             input: None,
             timeline_buckets: 600,
+            explorer: true,
         }
     }
 }
@@ -410,12 +414,12 @@ fn timeline(view: &ModelView<'_>, options: &ReportOptions) -> Timeline {
         ooms: view.ooms().to_vec(),
         reserved_known: view.reserved_known(),
         capacity: view.capacity(options.detect.capacity),
-        explorer: Some(std::sync::Arc::new(
-            crate::html::explorer::ExplorerData::build(
+        explorer: options.explorer.then(|| {
+            std::sync::Arc::new(crate::html::explorer::ExplorerData::build(
                 view,
                 view.capacity(options.detect.capacity),
-            ),
-        )),
+            ))
+        }),
     }
 }
 
