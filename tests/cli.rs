@@ -515,3 +515,38 @@ fn the_dashboard_restores_the_terminal_when_killed() {
         "the main screen shows no dashboard:\n{screen}"
     );
 }
+
+/// A frame file name with terminal escape sequences (retitle, clear screen) reaches the text
+/// report and the summary escaped, never as the raw sequence (issue 17).
+#[test]
+fn escape_sequences_from_a_file_never_reach_the_terminal() {
+    use vramscope::allocator::{AllocatorConfig, CachingAllocator, SimDevice};
+    let alloc = CachingAllocator::new(SimDevice::phantom(1 << 34), AllocatorConfig::default());
+    let mut kept = Vec::new();
+    for _ in 0..6 {
+        alloc.mark_step();
+        kept.push(alloc.alloc(1 << 20).unwrap());
+    }
+    let mut snapshot = alloc.snapshot();
+    for site in &mut snapshot.sites {
+        site.file = "evil\u{1b}]0;pwned\u{7}\u{1b}[2J.py".to_string();
+        site.function = "f\u{1b}[31m".to_string();
+    }
+    let path = std::env::temp_dir().join(format!("vramscope-escapes-{}.json", std::process::id()));
+    snapshot.save(&path).unwrap();
+    for command in ["report", "summary"] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_vramscope"))
+            .args([command, path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(text.contains("evil"), "{command}: {text}");
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}'),
+            "{command} printed a raw escape sequence: {text:?}"
+        );
+        assert!(text.contains("\\u{1b}]0;pwned"), "{command}: shown escaped");
+    }
+    drop(kept);
+    let _ = std::fs::remove_file(path);
+}

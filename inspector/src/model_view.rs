@@ -20,6 +20,7 @@ use vramscope_allocator::{
     BlockState, CallSite, Event, EventKind, Frame, SiteId, Snapshot, TransferDirection,
 };
 
+pub use crate::engine::naming::{autograd_node, is_native_frame, name_call_site, SiteName};
 pub use crate::engine::{GroupId, GroupKind, SiteGroup, SiteGroups};
 use crate::engine::{MemoryState, Pair, Pairing, Reconstruction};
 
@@ -1254,98 +1255,6 @@ pub fn empty_cache_calls(snapshot: &Snapshot) -> Vec<EmptyCacheCall> {
         }
     }
     calls
-}
-
-/// A call site named for a reader.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SiteName {
-    /// `file:line`, `MmBackward0 (backward)`, or a C++ function in brackets.
-    pub label: String,
-    /// The function at that place.
-    pub function: String,
-    /// Whether the stack has no source line of its own (C++ frames only).
-    pub native: bool,
-}
-
-/// Whether `frame` is a C++ frame without a source line (`??`, empty file, or line 0).
-pub fn is_native_frame(frame: &Frame) -> bool {
-    frame.file.is_empty() || frame.file == "??" || frame.line == 0
-}
-
-/// The autograd node a stack runs in (`MmBackward0`, `AccumulateGrad`), from its C++ frame
-/// names (`torch::autograd::generated::MmBackward0::apply(...)`), innermost first.
-pub fn autograd_node(frames: &[Frame]) -> Option<String> {
-    for frame in frames {
-        let name = frame.function.split('(').next().unwrap_or("");
-        for token in name.split("::") {
-            let token = token.split('<').next().unwrap_or("").trim();
-            let digits = token.trim_end_matches(|c: char| c.is_ascii_digit());
-            let node = (digits.ends_with("Backward") && digits.len() > "Backward".len())
-                || token == "AccumulateGrad";
-            if node && token.starts_with(|c: char| c.is_ascii_uppercase()) {
-                return Some(token.to_string());
-            }
-        }
-    }
-    None
-}
-
-/// Names `site` for a reader; see [`ModelView::site_name`].
-pub fn name_call_site(site: &CallSite) -> SiteName {
-    let own = Frame {
-        file: site.file.clone(),
-        line: site.line,
-        function: site.function.clone(),
-    };
-    if !is_native_frame(&own) {
-        return SiteName {
-            label: site.file_line(),
-            function: site.function.clone(),
-            native: false,
-        };
-    }
-    if let Some(f) = site.frames.iter().find(|f| !is_native_frame(f)) {
-        return SiteName {
-            label: format!("{}:{}", f.file, f.line),
-            function: f.function.clone(),
-            native: false,
-        };
-    }
-    if let Some(node) = autograd_node(&site.frames) {
-        return SiteName {
-            label: format!("{node} (backward)"),
-            function: node,
-            native: true,
-        };
-    }
-    // The innermost C++ function that is not the allocator's or the unwinder's own.
-    let internal = |f: &str| {
-        f.is_empty()
-            || f.contains("unwind")
-            || f.contains("CachingAllocator")
-            || f.contains("c10::cuda")
-            || f.contains("empty_")
-            || f.contains("::empty")
-            || f.contains("gather")
-            || f.contains("Context")
-    };
-    let function = site
-        .frames
-        .iter()
-        .map(|f| f.function.as_str())
-        .find(|f| !internal(f))
-        .or_else(|| site.frames.first().map(|f| f.function.as_str()))
-        .unwrap_or(site.function.as_str());
-    let short = function.split('(').next().unwrap_or(function).trim();
-    SiteName {
-        label: if short.is_empty() {
-            "(C++ only stack)".to_string()
-        } else {
-            format!("[{short}]")
-        },
-        function: function.to_string(),
-        native: true,
-    }
 }
 
 /// The innermost frame of the user's own code common to every stack in `sites` (compared

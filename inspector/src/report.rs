@@ -621,11 +621,19 @@ fn stat_lines(report: &Report) -> Vec<String> {
 }
 
 fn site_with_function(site: Option<&str>, function: &str) -> String {
-    let site = site.unwrap_or("(unknown site)");
-    if function.is_empty() {
-        site.to_string()
+    let site = crate::terminal::sanitize(site.unwrap_or("(unknown site)"));
+    // A name that already says the function (an autograd node, a C++ function) needs it
+    // once.
+    let unnamed = function.replace("(anonymous namespace)::", "");
+    let short = unnamed.split('(').next().unwrap_or(&unnamed).trim();
+    let names_it = site == short
+        || site == format!("{short} (backward)")
+        || site == format!("[{short}]")
+        || site.ends_with(&format!("::{short}]"));
+    if function.is_empty() || names_it {
+        site.into_owned()
     } else {
-        format!("{site} ({function})")
+        format!("{site} ({})", crate::terminal::sanitize(function))
     }
 }
 
@@ -693,12 +701,18 @@ pub fn render_text(report: &Report, color: bool) -> String {
             text.to_string()
         }
     };
+    // Text from the file (sites, functions, summaries that quote them, the device name) is
+    // escaped on its way to the terminal: `crate::terminal`.
+    let clean = |text: &str| crate::terminal::sanitize(text).into_owned();
     let mut out = String::new();
-    let _ = writeln!(out, "{}", paint(BOLD, &verdict(report)));
+    let _ = writeln!(out, "{}", paint(BOLD, &clean(&verdict(report))));
     let _ = writeln!(
         out,
         "{}",
-        paint(BOLD, &format!("vramscope report: {}", headline(report)))
+        paint(
+            BOLD,
+            &format!("vramscope report: {}", clean(&headline(report)))
+        )
     );
     for line in stat_lines(report) {
         let _ = writeln!(out, "  {line}");
@@ -724,15 +738,15 @@ pub fn render_text(report: &Report, color: bool) -> String {
             paint(BOLD, f.kind.as_str()),
             site_with_function(f.site.as_deref(), &f.function)
         );
-        let _ = writeln!(out, "            {}", f.summary);
+        let _ = writeln!(out, "            {}", clean(&f.summary));
         if !f.evidence.is_empty() {
             let _ = writeln!(
                 out,
                 "            {}",
-                paint(DIM, &format!("evidence: {}", evidence_sentence(f)))
+                paint(DIM, &format!("evidence: {}", clean(&evidence_sentence(f))))
             );
         }
-        let _ = writeln!(out, "            fix: {}", f.fix);
+        let _ = writeln!(out, "            fix: {}", clean(&f.fix));
     }
     if !report.top_sites.is_empty() {
         let _ = writeln!(
@@ -845,7 +859,7 @@ pub fn render_markdown(report: &Report) -> String {
 /// holders and, when the snapshot has statistics, PyTorch's `memory_summary()` table.
 pub fn render_summary(report: &Report) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "{}", headline(report));
+    let _ = writeln!(out, "{}", crate::terminal::sanitize(&headline(report)));
     for line in stat_lines(report) {
         let _ = writeln!(out, "  {line}");
     }

@@ -1,4 +1,5 @@
-//! Call-site groups: every call site with the same `file:line` is one group, with a stable id.
+//! Call-site groups: every call site with the same name (`file:line`, or for a C++-only stack
+//! its autograd node, see `super::naming`) is one group, with a stable id.
 //!
 //! Call sites are interned per stack, so one source line reached through several stacks has
 //! several site ids; a reader wants them together. [`SiteGroups`] numbers groups in the order
@@ -12,6 +13,7 @@
 use rustc_hash::FxHashMap;
 use vramscope_allocator::{CallSite, SiteId};
 
+use super::naming::name_call_site;
 use super::state::LiveBlock;
 
 /// Index of a group in [`SiteGroups`].
@@ -33,7 +35,8 @@ pub enum GroupKind {
 pub struct SiteGroup {
     /// What the group stands for.
     pub kind: GroupKind,
-    /// `file:line` of a [`GroupKind::Site`] group; `None` for the other kinds.
+    /// The name of a [`GroupKind::Site`] group (`file:line`, or `MmBackward0 (backward)` for a
+    /// C++-only stack); `None` for the other kinds.
     pub file_line: Option<String>,
     /// The function at the site (the first non-empty one among the member sites).
     pub function: String,
@@ -57,7 +60,7 @@ impl SiteGroup {
 pub struct SiteGroups {
     list: Vec<SiteGroup>,
     site_group: Vec<GroupId>,
-    by_key: FxHashMap<(String, u32), GroupId>,
+    by_key: FxHashMap<String, GroupId>,
 }
 
 impl Default for SiteGroups {
@@ -97,20 +100,20 @@ impl SiteGroups {
     /// Adds the sites of `sites` beyond those already grouped (the table only grows).
     pub fn sync(&mut self, sites: &[CallSite]) {
         for (id, site) in sites.iter().enumerate().skip(self.site_group.len()) {
-            let key = (site.file.clone(), site.line);
+            let name = name_call_site(site);
             let next = self.list.len() as GroupId;
-            let g = *self.by_key.entry(key).or_insert(next);
+            let g = *self.by_key.entry(name.label.clone()).or_insert(next);
             if g == next {
                 self.list.push(SiteGroup {
                     kind: GroupKind::Site,
-                    file_line: Some(site.file_line()),
+                    file_line: Some(name.label),
                     function: String::new(),
                     sites: Vec::new(),
                 });
             }
             let group = &mut self.list[g as usize];
-            if group.function.is_empty() && !site.function.is_empty() {
-                group.function = site.function.clone();
+            if group.function.is_empty() && !name.function.is_empty() {
+                group.function = name.function;
             }
             group.sites.push(id as SiteId);
             self.site_group.push(g);

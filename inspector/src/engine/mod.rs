@@ -7,7 +7,8 @@
 //! - [`state`]: [`MemoryState`], segments (mapped runs) and live blocks, with `apply` and
 //!   `undo` for every event kind;
 //! - [`pairing`]: [`Pairing`], which allocation each free releases;
-//! - [`groups`]: [`SiteGroups`], call sites grouped by `file:line` under stable ids, plus the
+//! - [`groups`]: [`SiteGroups`], call sites grouped by the name a reader sees ([`naming`]:
+//!   `file:line`, or the autograd node of a C++-only stack) under stable ids, plus the
 //!   "unknown site" and "before the trace" groups;
 //! - [`Reconstruction`] (this module): the state at the start of the trace, rebuilt once from
 //!   the dump-time state by undoing every event, the usage after every event, and the peaks.
@@ -20,6 +21,7 @@
 //! part of every figure, under its site when the dump-time state names one.
 
 pub mod groups;
+pub mod naming;
 pub mod pairing;
 pub mod state;
 
