@@ -259,7 +259,9 @@ fn dashboard_status() -> u8 {
 /// Unusable input is status 2; a terminal or connection failure is status 1.
 fn tui_failure(e: vramscope_tui::TuiError) -> Failure {
     let status = match e {
-        vramscope_tui::TuiError::Import(_) | vramscope_tui::TuiError::NoPublisher(_) => 2,
+        vramscope_tui::TuiError::Import(_)
+        | vramscope_tui::TuiError::NoPublisher(_)
+        | vramscope_tui::TuiError::NoTerminal(_) => 2,
         vramscope_tui::TuiError::Io(_) => 1,
     };
     Failure {

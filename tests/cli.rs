@@ -516,6 +516,59 @@ fn the_dashboard_restores_the_terminal_when_killed() {
     );
 }
 
+#[test]
+fn a_dashboard_in_the_background_says_so_instead_of_stopping() {
+    // `timeout` runs its command in a process group of its own, in the background of the
+    // terminal: a dashboard there that touched the terminal would be stopped (state T) for
+    // good. It must exit 2 at once, saying why (issue 17).
+    if Command::new("tmux").arg("-V").output().is_err() {
+        vramscope::allocator::testing::skip_notice("tmux is not installed");
+        return;
+    }
+    let snapshot = temp("background.json");
+    {
+        use vramscope::{AllocatorConfig, CachingAllocator, SimDevice};
+        let alloc = CachingAllocator::new(SimDevice::phantom(1 << 34), AllocatorConfig::default());
+        let _kept = alloc.alloc(8 << 20).unwrap();
+        alloc.snapshot().save(&snapshot).unwrap();
+    }
+    let status_file = temp("background.status");
+    let _ = std::fs::remove_file(&status_file);
+    let command = format!(
+        "timeout 20 '{}' view '{}' 2>&1; echo $? > '{}'",
+        env!("CARGO_BIN_EXE_vramscope"),
+        snapshot.display(),
+        status_file.display()
+    );
+    let server = TmuxServer::start(&format!("vramscope-bg-{}", std::process::id()));
+    server
+        .run(&["set-option", "-g", "remain-on-exit", "on"])
+        .unwrap();
+    server
+        .run(&["respawn-pane", "-k", "-t", "t", "sh", "-c", &command])
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !std::fs::read_to_string(&status_file).is_ok_and(|s| s.ends_with('\n')) {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(15),
+            "the dashboard neither ran nor exited: stopped in the background?"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let status = std::fs::read_to_string(&status_file).unwrap();
+    let screen = server
+        .run(&["capture-pane", "-p", "-J", "-t", "t"])
+        .unwrap_or_default();
+    drop(server);
+    let _ = std::fs::remove_file(&snapshot);
+    let _ = std::fs::remove_file(&status_file);
+    assert_eq!(status.trim(), "2", "exit status 2:\n{screen}");
+    assert!(
+        screen.contains("foreground group"),
+        "the reason is shown:\n{screen}"
+    );
+}
+
 /// A frame file name with terminal escape sequences (retitle, clear screen) reaches the text
 /// report and the summary escaped, never as the raw sequence (issue 17).
 #[test]

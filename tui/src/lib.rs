@@ -45,6 +45,9 @@ pub enum TuiError {
     Io(std::io::Error),
     /// `run_top` was given no address and found no publisher.
     NoPublisher(String),
+    /// The dashboard cannot take the terminal: there is none, or this process runs in the
+    /// background (`timeout 5 vramscope view FILE`), where using it would stop the process.
+    NoTerminal(String),
 }
 
 impl fmt::Display for TuiError {
@@ -52,6 +55,10 @@ impl fmt::Display for TuiError {
         match self {
             TuiError::Import(e) => write!(f, "{e}"),
             TuiError::Io(e) => write!(f, "terminal error: {e}"),
+            TuiError::NoTerminal(why) => write!(
+                f,
+                "the dashboard needs a terminal in the foreground: {why}; use `vramscope report` (or `summary`) for text"
+            ),
             TuiError::NoPublisher(dir) => write!(
                 f,
                 "no vramscope publisher found in {dir}: start the program with \
@@ -66,7 +73,7 @@ impl std::error::Error for TuiError {
         match self {
             TuiError::Import(e) => Some(e),
             TuiError::Io(e) => Some(e),
-            TuiError::NoPublisher(_) => None,
+            TuiError::NoPublisher(_) | TuiError::NoTerminal(_) => None,
         }
     }
 }
@@ -95,6 +102,7 @@ pub fn view_app(path: &Path, options: &ImportOptions) -> Result<App, TuiError> {
 /// Opens a file in the dashboard with a time cursor at the peak of allocated bytes, until the
 /// user quits.
 pub fn run_view(path: &Path, options: &ImportOptions) -> Result<(), TuiError> {
+    term::check_foreground().map_err(TuiError::NoTerminal)?;
     let mut app = view_app(path, options)?;
     term::run(&mut app)?;
     Ok(())
@@ -103,6 +111,7 @@ pub fn run_view(path: &Path, options: &ImportOptions) -> Result<(), TuiError> {
 /// Attaches the dashboard to a live program's telemetry at `addr`, or at the newest socket in
 /// the default folder when `addr` is `None`; reconnects whenever the program comes back.
 pub fn run_top(addr: Option<TelemetryAddr>) -> Result<(), TuiError> {
+    term::check_foreground().map_err(TuiError::NoTerminal)?;
     let addr = match addr {
         Some(a) => a,
         None => TelemetryAddr::discover()

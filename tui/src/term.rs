@@ -127,6 +127,32 @@ fn enter() -> io::Result<Terminal<CrosstermBackend<Stdout>>> {
     Terminal::new(CrosstermBackend::new(out))
 }
 
+extern "C" {
+    fn tcgetpgrp(fd: i32) -> i32;
+    fn getpgrp() -> i32;
+}
+
+/// Whether this process may take the terminal: standard input and output are terminals, and
+/// this process's group is the terminal's foreground group. A background process (`timeout`
+/// runs its command in a group of its own; `cmd &`) that touched the terminal would be
+/// stopped by the kernel (`SIGTTOU`, state `T`) and wait forever; the reason it cannot is
+/// returned instead.
+pub fn check_foreground() -> Result<(), String> {
+    use std::io::IsTerminal;
+    if !io::stdin().is_terminal() || !io::stdout().is_terminal() {
+        return Err("standard input and output are not a terminal".to_string());
+    }
+    // SAFETY: both calls only read process and terminal state; `tcgetpgrp` on a descriptor
+    // that is a terminal (checked above) returns its foreground group, or -1 on error.
+    let (foreground, own) = unsafe { (tcgetpgrp(0), getpgrp()) };
+    if foreground >= 0 && foreground != own {
+        return Err(format!(
+            "this process runs in the background (its process group {own} is not the terminal's foreground group {foreground})"
+        ));
+    }
+    Ok(())
+}
+
 /// Runs the dashboard in the terminal until the user quits.
 pub fn run(app: &mut App) -> io::Result<()> {
     // A signal that stopped an earlier dashboard in this process does not stop this one.
