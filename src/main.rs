@@ -212,6 +212,33 @@ fn progress_line(label: &'static str) -> impl FnMut(usize, usize) {
     }
 }
 
+/// Refuses a snapshot with nothing to analyse (no events and no segments), with the hint
+/// that records one: a report on nothing would say "no problems found" and be believed.
+fn require_data(snapshot: &Snapshot, file: &std::path::Path) -> Result<(), Failure> {
+    if !snapshot.events.is_empty() || !snapshot.segments.is_empty() {
+        return Ok(());
+    }
+    let hint = match snapshot.source {
+        vramscope::allocator::SnapshotSource::ChromeTrace => {
+            "the profiler trace has no CUDA memory events: record it with \
+             torch.profiler.profile(profile_memory=True) (with_stack=True to see the lines)"
+        }
+        vramscope::allocator::SnapshotSource::Pytorch => {
+            "the snapshot has no trace entries and no segments: call \
+             torch.cuda.memory._record_memory_history() before the code to look at, then \
+             torch.cuda.memory._dump_snapshot(path)"
+        }
+        _ => {
+            "the snapshot holds no events and no segments: record events (record_events:True) \
+              and take the snapshot after the work"
+        }
+    };
+    Err(Failure::input(format!(
+        "{}: nothing to analyse: {hint}",
+        file.display()
+    )))
+}
+
 /// The parts of `snapshot` to report on: the device asked for, else every device with data
 /// (one part for a single-device snapshot).
 fn device_parts(snapshot: Snapshot, device: Option<u32>) -> Result<Vec<Snapshot>, Failure> {
@@ -376,6 +403,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                 vramscope::inspector::model_view::restep(&mut snapshot, &marker)
                     .map_err(Failure::input)?;
             }
+            require_data(&snapshot, &file)?;
             let parts = device_parts(snapshot, device)?;
             if parts.len() > 1 && format == Format::Html {
                 return Err(Failure::input(format!(
@@ -512,6 +540,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         }
         Command::Summary { file, device } => {
             let snapshot = import::load(&file).map_err(Failure::input)?;
+            require_data(&snapshot, &file)?;
             let text = device_parts(snapshot, device)?
                 .iter()
                 .map(|part| {

@@ -603,3 +603,28 @@ fn escape_sequences_from_a_file_never_reach_the_terminal() {
     drop(kept);
     let _ = std::fs::remove_file(path);
 }
+
+/// Input with nothing to analyse (a profiler trace without memory events) is exit 2 with the
+/// hint that records it, not a clean bill of health (issue 16).
+#[test]
+fn a_trace_without_memory_events_is_refused_with_a_hint() {
+    let path = temp("no-memory.json");
+    std::fs::write(
+        &path,
+        r#"{"traceEvents": [{"name": "ProfilerStep#1", "ph": "X", "ts": 1, "dur": 5}]}"#,
+    )
+    .unwrap();
+    for command in ["report", "summary"] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_vramscope"))
+            .args([command, path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{command}");
+        let message = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            message.contains("profile_memory=True"),
+            "{command}: {message}"
+        );
+    }
+    let _ = std::fs::remove_file(path);
+}
