@@ -159,6 +159,9 @@ pub struct Report {
     pub device: ReportDevice,
     /// Number of loop steps (steps numbered 1 or more).
     pub steps: u64,
+    /// Where the steps came from (the trace's marks, the repeating call-site sequence, or
+    /// none), as a phrase.
+    pub step_source: String,
     /// Headline statistics.
     pub stats: ReportStats,
     /// Findings, most severe first.
@@ -266,6 +269,7 @@ pub fn build_report_view(view: &ModelView<'_>, options: &ReportOptions) -> Repor
             capacity_bytes: snapshot.device.capacity,
         },
         steps: view.loop_steps().len() as u64,
+        step_source: view.step_source().describe(),
         stats,
         findings,
         top_sites: top_sites(view, options.top_sites),
@@ -582,6 +586,9 @@ fn stat_lines(report: &Report) -> Vec<String> {
             String::new()
         }
     )];
+    if !report.step_source.is_empty() {
+        lines.push(report.step_source.clone());
+    }
     let mut peak = format!("peak allocated {}", format_bytes(s.peak_allocated_bytes));
     if let Some(event) = s.peak_allocated_event {
         let _ = write!(peak, " (after event {event})");
