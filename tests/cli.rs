@@ -628,3 +628,27 @@ fn a_trace_without_memory_events_is_refused_with_a_hint() {
     }
     let _ = std::fs::remove_file(path);
 }
+
+/// The headless demo's header counts the host waits that its `sync_in_loop` finding counts
+/// (issue 16: it said "0 syncs" beside a finding of 32 per step).
+#[test]
+fn the_demo_header_counts_the_waits_the_finding_counts() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args(["demo", "--headless", "--steps", "6", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let waits = json["stats"]["host_waits"].as_u64().unwrap();
+    let finding = json["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["kind"] == "sync_in_loop")
+        .expect("the planted .item() loop is found");
+    let counted = finding["count"].as_u64().unwrap();
+    assert!(
+        counted > 0 && waits >= counted,
+        "{waits} waits, {counted} in the finding"
+    );
+}

@@ -58,6 +58,9 @@ pub struct ReportStats {
     pub d2h_bytes: u64,
     /// Explicit syncs.
     pub syncs: u64,
+    /// Times the host waited for the device: explicit syncs plus device-to-host copies (each
+    /// waits for its stream; `.item()` is one), what `sync_in_loop` counts.
+    pub host_waits: u64,
     /// Raw device allocations.
     pub device_allocs: u64,
     /// Raw device frees.
@@ -241,6 +244,9 @@ pub fn build_report_view(view: &ModelView<'_>, options: &ReportOptions) -> Repor
         h2d_bytes: totals.h2d_bytes,
         d2h_bytes: totals.d2h_bytes,
         syncs: totals.syncs,
+        host_waits: totals
+            .syncs
+            .saturating_add(detect::sat_sum(view.step_totals().iter().map(|t| t.d2h))),
         device_allocs: totals.segment_allocs,
         device_frees: totals.segment_frees,
         empty_cache_calls: totals.empty_cache,
@@ -608,11 +614,13 @@ fn stat_lines(report: &Report) -> Vec<String> {
     lines.push(peak);
     if s.transfers + s.syncs + s.device_allocs + s.ooms > 0 {
         lines.push(format!(
-            "{} transfers ({} to device, {} to host), {} syncs, {} device allocs, {} device frees, {} OOMs",
+            "{} transfers ({} to device, {} to host), {} host waits ({} syncs, {} copies to host), {} device allocs, {} device frees, {} OOMs",
             s.transfers,
             format_bytes(s.h2d_bytes),
             format_bytes(s.d2h_bytes),
+            s.host_waits,
             s.syncs,
+            s.host_waits.saturating_sub(s.syncs),
             s.device_allocs,
             s.device_frees,
             s.ooms
