@@ -124,7 +124,7 @@ enum Command {
     Convert {
         /// The file to read.
         file: PathBuf,
-        /// Target format: pytorch, perfetto or json.
+        /// Target format: pytorch, perfetto, json, events or html.
         #[arg(long)]
         to: ConvertTarget,
         /// The file to write.
@@ -177,6 +177,8 @@ enum ConvertTarget {
     Events,
     /// vramscope's JSON snapshot.
     Json,
+    /// The interactive HTML explorer (the page `report --format html` writes).
+    Html,
 }
 
 /// An error that ends the command with a status code.
@@ -527,6 +529,14 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                     export::write_perfetto(&snapshot, f).map_err(std::io::Error::other)
                 }),
                 ConvertTarget::Json => snapshot.save(&output).map_err(std::io::Error::other),
+                ConvertTarget::Html => {
+                    let options = ReportOptions {
+                        input: Some(file.display().to_string()),
+                        ..ReportOptions::default()
+                    };
+                    let built = report::build_report(&snapshot, &options);
+                    std::fs::write(&output, report::render(&built, Format::Html, false))
+                }
                 ConvertTarget::Events => std::fs::File::create(&output)
                     .and_then(|file| snapshot.write_event_log(std::io::BufWriter::new(file))),
             };

@@ -652,3 +652,45 @@ fn the_demo_header_counts_the_waits_the_finding_counts() {
         "{waits} waits, {counted} in the finding"
     );
 }
+
+/// `convert --to html` writes the same explorer page as `report --format html` (issue 20).
+#[test]
+fn convert_to_html_writes_the_explorer() {
+    use vramscope::{AllocatorConfig, CachingAllocator, SimDevice};
+    let alloc = CachingAllocator::new(SimDevice::phantom(1 << 34), AllocatorConfig::default());
+    let _kept = alloc.alloc(8 << 20).unwrap();
+    let snapshot = temp("convert-html.json");
+    alloc.snapshot().save(&snapshot).unwrap();
+    let (converted, reported) = (temp("converted.html"), temp("reported.html"));
+    let run = |args: &[&str]| {
+        let status = std::process::Command::new(env!("CARGO_BIN_EXE_vramscope"))
+            .args(args)
+            .output()
+            .unwrap()
+            .status;
+        assert!(status.success(), "{args:?}");
+    };
+    let file = snapshot.to_str().unwrap();
+    run(&[
+        "convert",
+        file,
+        "--to",
+        "html",
+        "-o",
+        converted.to_str().unwrap(),
+    ]);
+    run(&[
+        "report",
+        file,
+        "--format",
+        "html",
+        "-o",
+        reported.to_str().unwrap(),
+    ]);
+    let page = std::fs::read_to_string(&converted).unwrap();
+    assert!(page.contains("<canvas id=\"chart\""), "the explorer");
+    assert_eq!(page, std::fs::read_to_string(&reported).unwrap());
+    for path in [snapshot, converted, reported] {
+        let _ = std::fs::remove_file(path);
+    }
+}
