@@ -81,7 +81,9 @@ fn main() {
     let before = rss();
     let stop = Arc::new(AtomicBool::new(false));
     let connects = Arc::new(AtomicU64::new(0));
-    let idle: Vec<UnixStream> = (0..16).map(|_| UnixStream::connect(&path).unwrap()).collect();
+    let idle: Vec<UnixStream> = (0..16)
+        .map(|_| UnixStream::connect(&path).unwrap())
+        .collect();
     let churners: Vec<_> = (0..100)
         .map(|_| {
             let (stop, connects, path) = (Arc::clone(&stop), Arc::clone(&connects), path.clone());
