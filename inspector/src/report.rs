@@ -883,6 +883,27 @@ pub fn render_summary(report: &Report) -> String {
         out,
         "  findings: {errors} error(s), {warnings} warning(s), {infos} info (run `vramscope report` for details)"
     );
+    // The leak that runs out of memory first, said as a sentence.
+    let soonest = report
+        .findings
+        .iter()
+        .filter_map(|f| match f.evidence.get("steps_until_oom") {
+            Some(crate::detect::EvidenceValue::Int(steps)) => Some((*steps, f)),
+            _ => None,
+        })
+        .min_by_key(|(steps, _)| *steps);
+    if let Some((steps, f)) = soonest {
+        let _ = writeln!(
+            out,
+            "  at this rate the run runs out of device memory in about {} ({} kept per step at {})",
+            crate::detect::plural(steps, "step"),
+            f.per_step.map_or_else(
+                || "memory".to_string(),
+                |p| format_bytes(p.bytes.round().max(0.0) as u64)
+            ),
+            site_with_function(f.site.as_deref(), &f.function)
+        );
+    }
     for t in report.top_sites.iter().take(5) {
         let _ = writeln!(
             out,

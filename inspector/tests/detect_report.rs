@@ -256,3 +256,27 @@ fn summary_and_empty_snapshot_render() {
         "{summary}"
     );
 }
+
+#[test]
+fn the_summary_says_when_a_leak_runs_out_of_memory() {
+    let report = report_of(&leaky(10));
+    let leak = report
+        .findings
+        .iter()
+        .find(|f| f.kind == vramscope_inspector::detect::FindingKind::RetainedPerStep)
+        .expect("the planted leak");
+    let Some(vramscope_inspector::detect::EvidenceValue::Int(steps)) =
+        leak.evidence.get("steps_until_oom")
+    else {
+        panic!("the leak's evidence has steps_until_oom on a device of known capacity");
+    };
+    let summary = vramscope_inspector::report::render_summary(&report);
+    assert!(
+        summary.contains(&format!(
+            "runs out of device memory in about {}",
+            vramscope_inspector::detect::plural(*steps, "step")
+        )),
+        "{summary}"
+    );
+    assert!(summary.contains("train.py:33"), "{summary}");
+}
