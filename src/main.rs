@@ -62,10 +62,12 @@ enum Command {
         #[arg(long)]
         step_marker: Option<String>,
     },
-    /// Attach the dashboard to a live program started with VRAMSCOPE_LISTEN.
+    /// Attach the dashboard to a live program started with VRAMSCOPE_LISTEN, or to several
+    /// (one address per rank or process: a row each, Enter opens one).
     Top {
-        /// unix:PATH, tcp:HOST:PORT or a socket path; the newest local socket when omitted.
-        addr: Option<String>,
+        /// unix:PATH, tcp:HOST:PORT or a socket path, one per process (two or more: a table
+        /// with a row each); the newest local socket when omitted.
+        addrs: Vec<String>,
     },
     /// Diagnose a snapshot: ours, a PyTorch pickle, or a torch.profiler Chrome trace.
     Report {
@@ -381,12 +383,17 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             vramscope_tui::run_view(&file, &options).map_err(tui_failure)?;
             Ok(dashboard_status())
         }
-        Command::Top { addr } => {
-            let addr = addr
+        Command::Top { addrs } => {
+            let mut addrs = addrs
+                .iter()
                 .map(|a| a.parse::<vramscope::allocator::TelemetryAddr>())
-                .transpose()
+                .collect::<Result<Vec<_>, _>>()
                 .map_err(Failure::input)?;
-            vramscope_tui::run_top(addr).map_err(tui_failure)?;
+            if addrs.len() > 1 {
+                vramscope_tui::run_top_many(addrs).map_err(tui_failure)?;
+            } else {
+                vramscope_tui::run_top(addrs.pop()).map_err(tui_failure)?;
+            }
             Ok(dashboard_status())
         }
         Command::Report {

@@ -619,6 +619,15 @@ impl App {
         )
     }
 
+    /// Prepares a frame of `area`: remembers the area (for the mouse), the rows a page of the
+    /// panel's list holds (for the page keys), and computes the view with [`App::prepare`].
+    pub fn prepare_frame(&mut self, area: Rect) {
+        self.area = area;
+        let layout = ui::layout(area, self.panel);
+        self.page_rows = usize::from(layout.body.height.saturating_sub(3)).max(1);
+        self.prepare();
+    }
+
     /// Computes what the panels need at the cursor, when the data, the cursor or a choice
     /// changed since the last call.
     pub fn prepare(&mut self) {

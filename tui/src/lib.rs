@@ -4,20 +4,22 @@
 //! cursor to move through it: a header with the device and the allocated, reserved and peak
 //! bytes; a timeline; a map of the segments; live memory by call site with stacks; the
 //! inspector's findings; and the event log. It reads three kinds of source: a live program
-//! through the allocator's telemetry ([`run_top`]), a file that `vramscope_inspector::import`
-//! reads ([`run_view`]), and an allocator in this very process ([`run_in_process`], used by
-//! `vramscope demo`). The command line only calls these entry points.
+//! through the allocator's telemetry ([`run_top`]; several at once behind a table with
+//! [`run_top_many`]), a file that `vramscope_inspector::import` reads ([`run_view`]), and an
+//! allocator in this very process ([`run_in_process`], used by `vramscope demo`). The command
+//! line only calls these entry points.
 //!
 //! Inside, `data` keeps the growing snapshot and the state after any event (with `replay`),
 //! `source` turns telemetry frames and allocator pulls into updates, `analysis` runs the
-//! detectors off the UI thread, `app` holds the user's choices and reacts to keys, `ui` draws
-//! one widget per panel, and `term` owns the terminal. `fixture` builds the fixed data the
-//! screen tests and benchmarks use.
+//! detectors off the UI thread, `app` holds the user's choices and reacts to keys, `fleet` holds
+//! one dashboard per process behind a table, `ui` draws one widget per panel, and `term` owns
+//! the terminal. `fixture` builds the fixed data the screen tests and benchmarks use.
 
 pub mod analysis;
 pub mod app;
 pub mod data;
 pub mod fixture;
+pub mod fleet;
 pub mod source;
 pub mod term;
 pub mod ui;
@@ -33,6 +35,7 @@ use vramscope_inspector::import::{self, ImportError, ImportOptions};
 
 pub use app::{App, Panel};
 pub use data::{Dataset, Origin};
+pub use fleet::Fleet;
 pub use source::{Control, InProcessSource, LiveSource, Source, Update};
 pub use term::stop_signal;
 
@@ -127,6 +130,17 @@ pub fn run_top(addr: Option<TelemetryAddr>) -> Result<(), TuiError> {
     let source = LiveSource::connect(addr, Duration::from_millis(500));
     let mut app = App::new(data).with_source(Box::new(source)).with_analyzer();
     term::run(&mut app)?;
+    Ok(())
+}
+
+/// Attaches one dashboard to several live programs, one per address (one per rank or
+/// process): a table with a row per process (link state, step, allocated, reserved and peak
+/// bytes, findings), where Enter opens one in full and Esc comes back. Each process is read
+/// and reconnected on its own, so one that goes away is shown as down and comes back by itself.
+pub fn run_top_many(addrs: Vec<TelemetryAddr>) -> Result<(), TuiError> {
+    term::check_foreground().map_err(TuiError::NoTerminal)?;
+    let mut fleet = Fleet::live(addrs);
+    term::run_fleet(&mut fleet)?;
     Ok(())
 }
 

@@ -2,7 +2,9 @@
 //! way out (normal exit, error, Ctrl-C, panic), with the loop that draws and then waits for
 //! input.
 //!
-//! [`run`] is what the entry points of the crate root call with a prepared `crate::app::App`.
+//! [`run`] is what the entry points of the crate root call with a prepared `crate::app::App`,
+//! and [`run_fleet`] with a `crate::fleet::Fleet` (several processes behind one table); both
+//! share the loop, the panic hook and the restoring.
 //! The loop takes in data with `App::tick`, draws a frame with `crate::ui::draw` when something
 //! changed (at most twenty times a second for live data), and hands keys and mouse events to
 //! the app. Raw mode turns Ctrl-C into a key, which quits like `q`. A panic hook restores the
@@ -30,6 +32,7 @@ use ratatui::layout::Rect;
 use ratatui::Terminal;
 
 use crate::app::App;
+use crate::fleet::Fleet;
 use crate::source::unix_now_ns;
 use crate::ui;
 
@@ -153,8 +156,102 @@ pub fn check_foreground() -> Result<(), String> {
     Ok(())
 }
 
+/// What the loop drives: one dashboard, or a fleet of them behind a table.
+trait Screen {
+    /// Sets the time.
+    fn set_now(&mut self, now_unix_ns: u64);
+    /// Takes in new data; returns whether anything changed.
+    fn tick(&mut self) -> bool;
+    /// Draws a frame.
+    fn draw(&mut self, terminal: &mut Terminal<CrosstermBackend<Stdout>>) -> io::Result<()>;
+    /// Whether the user asked to quit.
+    fn quit(&self) -> bool;
+    /// Reacts to a key.
+    fn key(&mut self, key: event::KeyEvent);
+    /// Reacts to the mouse.
+    fn mouse(&mut self, mouse: event::MouseEvent);
+    /// Stops the sources (on quit).
+    fn shutdown(&mut self);
+}
+
+impl Screen for App {
+    fn set_now(&mut self, now_unix_ns: u64) {
+        self.now_unix_ns = now_unix_ns;
+    }
+
+    fn tick(&mut self) -> bool {
+        App::tick(self)
+    }
+
+    fn draw(&mut self, terminal: &mut Terminal<CrosstermBackend<Stdout>>) -> io::Result<()> {
+        let size = terminal.size()?;
+        self.prepare_frame(Rect::new(0, 0, size.width, size.height));
+        terminal.draw(|frame| ui::draw(frame, self))?;
+        Ok(())
+    }
+
+    fn quit(&self) -> bool {
+        self.quit
+    }
+
+    fn key(&mut self, key: event::KeyEvent) {
+        self.handle_key(key);
+    }
+
+    fn mouse(&mut self, mouse: event::MouseEvent) {
+        self.handle_mouse(mouse);
+    }
+
+    fn shutdown(&mut self) {
+        App::shutdown(self);
+    }
+}
+
+impl Screen for Fleet {
+    fn set_now(&mut self, now_unix_ns: u64) {
+        Fleet::set_now(self, now_unix_ns);
+    }
+
+    fn tick(&mut self) -> bool {
+        Fleet::tick(self)
+    }
+
+    fn draw(&mut self, terminal: &mut Terminal<CrosstermBackend<Stdout>>) -> io::Result<()> {
+        let size = terminal.size()?;
+        self.prepare(Rect::new(0, 0, size.width, size.height));
+        terminal.draw(|frame| ui::fleet::draw(frame, self))?;
+        Ok(())
+    }
+
+    fn quit(&self) -> bool {
+        self.quit
+    }
+
+    fn key(&mut self, key: event::KeyEvent) {
+        self.handle_key(key);
+    }
+
+    fn mouse(&mut self, mouse: event::MouseEvent) {
+        self.handle_mouse(mouse);
+    }
+
+    fn shutdown(&mut self) {
+        Fleet::shutdown(self);
+    }
+}
+
 /// Runs the dashboard in the terminal until the user quits.
 pub fn run(app: &mut App) -> io::Result<()> {
+    run_screen(app)
+}
+
+/// Runs the fleet's table, and the dashboards it opens, in the terminal until the user quits
+/// at the table.
+pub fn run_fleet(fleet: &mut Fleet) -> io::Result<()> {
+    run_screen(fleet)
+}
+
+fn run_screen(screen: &mut impl Screen) -> io::Result<()> {
     // A signal that stopped an earlier dashboard in this process does not stop this one.
     let signals = stop_signals();
     signals.received.store(0, Ordering::SeqCst);
@@ -163,34 +260,32 @@ pub fn run(app: &mut App) -> io::Result<()> {
     let _guard = Guard;
     let mut terminal = enter()?;
     terminal.hide_cursor()?;
-    let result = event_loop(&mut terminal, app);
-    app.shutdown();
+    let result = event_loop(&mut terminal, screen);
+    screen.shutdown();
     drop(terminal);
     restore();
     result
 }
 
-fn event_loop(terminal: &mut Terminal<CrosstermBackend<Stdout>>, app: &mut App) -> io::Result<()> {
+fn event_loop(
+    terminal: &mut Terminal<CrosstermBackend<Stdout>>,
+    screen: &mut impl Screen,
+) -> io::Result<()> {
     let stop = &stop_signals().received;
     let min_frame = Duration::from_millis(50);
     let mut dirty = true;
     let mut last_draw: Option<Instant> = None;
     loop {
-        app.now_unix_ns = unix_now_ns();
-        dirty |= app.tick();
+        screen.set_now(unix_now_ns());
+        dirty |= screen.tick();
         let stale = last_draw.is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
         let may_draw = last_draw.is_none_or(|t| t.elapsed() >= min_frame);
         if (dirty && may_draw) || stale {
-            let size = terminal.size()?;
-            app.area = Rect::new(0, 0, size.width, size.height);
-            let layout = ui::layout(app.area, app.panel);
-            app.page_rows = usize::from(layout.body.height.saturating_sub(3)).max(1);
-            app.prepare();
-            terminal.draw(|frame| ui::draw(frame, app))?;
+            screen.draw(terminal)?;
             last_draw = Some(Instant::now());
             dirty = false;
         }
-        if app.quit || stop.load(Ordering::SeqCst) != 0 {
+        if screen.quit() || stop.load(Ordering::SeqCst) != 0 {
             return Ok(());
         }
         let wait = if dirty {
@@ -202,11 +297,11 @@ fn event_loop(terminal: &mut Terminal<CrosstermBackend<Stdout>>, app: &mut App) 
             // Take every event that is already there before drawing again.
             loop {
                 match event::read()? {
-                    Event::Key(key) => app.handle_key(key),
-                    Event::Mouse(mouse) => app.handle_mouse(mouse),
+                    Event::Key(key) => screen.key(key),
+                    Event::Mouse(mouse) => screen.mouse(mouse),
                     _ => {}
                 }
-                if app.quit || !event::poll(Duration::ZERO)? {
+                if screen.quit() || !event::poll(Duration::ZERO)? {
                     break;
                 }
             }

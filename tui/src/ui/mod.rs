@@ -3,7 +3,8 @@
 //! [`draw`] lays the screen out with [`layout`] (header, tab bar, panel body, help bar; the
 //! overview panel is a grid that grows with the terminal) and renders each part with the
 //! widgets of the submodules, each an `impl Widget`: [`header`], [`timeline`], [`segments`],
-//! [`sites`], [`findings`], [`events`] and [`help`]. Widgets read the `crate::app::App` (after
+//! [`sites`], [`findings`], [`events`] and [`help`]; [`fleet`] draws the table of several
+//! processes that `vramscope top ADDR ADDR...` shows. Widgets read the `crate::app::App` (after
 //! `App::prepare`) and the `crate::data::Dataset` and never change them, so the screen tests can
 //! render any state into ratatui's `TestBackend`. [`Theme`] holds every style; with `NO_COLOR`
 //! set it uses no colour at all, only bold, dim and reverse, and the panels also tell states
@@ -11,6 +12,7 @@
 
 pub mod events;
 pub mod findings;
+pub mod fleet;
 pub mod header;
 pub mod help;
 pub mod segments;
