@@ -381,6 +381,16 @@ fn convert_to_an_event_log_reads_back() {
     std::fs::remove_file(log).ok();
 }
 
+/// A snapshot with one live 8 MiB block, saved under the temporary name `name`.
+fn one_block_snapshot(name: &str) -> PathBuf {
+    use vramscope::{AllocatorConfig, CachingAllocator, SimDevice};
+    let path = temp(name);
+    let alloc = CachingAllocator::new(SimDevice::phantom(1 << 34), AllocatorConfig::default());
+    let _kept = alloc.alloc(8 << 20).unwrap();
+    alloc.snapshot().save(&path).unwrap();
+    path
+}
+
 /// A private tmux server, killed when dropped (whatever the test's outcome), with one
 /// session `t` running a shell.
 struct TmuxServer {
@@ -406,6 +416,15 @@ impl TmuxServer {
             ])
             .expect("tmux starts a session");
         server
+    }
+
+    /// Runs `command` in the session's pane (with `sh -c`), which stays on screen after the
+    /// command ends.
+    fn run_in_pane(&self, command: &str) {
+        self.run(&["set-option", "-g", "remain-on-exit", "on"])
+            .expect("tmux sets an option");
+        self.run(&["respawn-pane", "-k", "-t", "t", "sh", "-c", command])
+            .expect("tmux runs the command");
     }
 
     /// Runs `tmux` on this server with `args`, returning its standard output, or `None` when
@@ -438,13 +457,7 @@ fn the_dashboard_restores_the_terminal_when_killed() {
         vramscope::allocator::testing::skip_notice("tmux is not installed");
         return;
     }
-    let snapshot = temp("killed.json");
-    {
-        use vramscope::{AllocatorConfig, CachingAllocator, SimDevice};
-        let alloc = CachingAllocator::new(SimDevice::phantom(1 << 34), AllocatorConfig::default());
-        let _kept = alloc.alloc(8 << 20).unwrap();
-        alloc.snapshot().save(&snapshot).unwrap();
-    }
+    let snapshot = one_block_snapshot("killed.json");
     // The pane's shell runs the dashboard in the foreground and writes its exit status to a
     // file: the test reads the status from there rather than from tmux, which may learn of a
     // pane process's end later than its terminal closes.
@@ -457,12 +470,7 @@ fn the_dashboard_restores_the_terminal_when_killed() {
         status_file.display()
     );
     let server = TmuxServer::start(&format!("vramscope-test-{}", std::process::id()));
-    server
-        .run(&["set-option", "-g", "remain-on-exit", "on"])
-        .unwrap();
-    server
-        .run(&["respawn-pane", "-k", "-t", "t", "sh", "-c", &command])
-        .unwrap();
+    server.run_in_pane(&command);
     let pane = |format: &str| server.run(&["display-message", "-p", "-t", "t", format]);
     let screen = || {
         server
@@ -525,13 +533,7 @@ fn a_dashboard_in_the_background_says_so_instead_of_stopping() {
         vramscope::allocator::testing::skip_notice("tmux is not installed");
         return;
     }
-    let snapshot = temp("background.json");
-    {
-        use vramscope::{AllocatorConfig, CachingAllocator, SimDevice};
-        let alloc = CachingAllocator::new(SimDevice::phantom(1 << 34), AllocatorConfig::default());
-        let _kept = alloc.alloc(8 << 20).unwrap();
-        alloc.snapshot().save(&snapshot).unwrap();
-    }
+    let snapshot = one_block_snapshot("background.json");
     let status_file = temp("background.status");
     let _ = std::fs::remove_file(&status_file);
     let command = format!(
@@ -541,12 +543,7 @@ fn a_dashboard_in_the_background_says_so_instead_of_stopping() {
         status_file.display()
     );
     let server = TmuxServer::start(&format!("vramscope-bg-{}", std::process::id()));
-    server
-        .run(&["set-option", "-g", "remain-on-exit", "on"])
-        .unwrap();
-    server
-        .run(&["respawn-pane", "-k", "-t", "t", "sh", "-c", &command])
-        .unwrap();
+    server.run_in_pane(&command);
     let started = std::time::Instant::now();
     while !std::fs::read_to_string(&status_file).is_ok_and(|s| s.ends_with('\n')) {
         assert!(
