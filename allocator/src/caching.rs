@@ -472,6 +472,40 @@ impl<B: Backend> Clone for CachingAllocator<B> {
     }
 }
 
+/// The model's event for ring entry `raw`, its provenance read in `provenances` (by id).
+fn event_of(
+    raw: &RawEvent,
+    provenances: &[Provenance],
+    ns_per_tick: f64,
+    device: u32,
+) -> crate::model::Event {
+    let p = provenances
+        .get(raw.provenance as usize)
+        .copied()
+        .unwrap_or(Provenance {
+            site: NIL,
+            tag: NIL,
+            scope: NIL,
+            thread: 0,
+        });
+    let opt = |id: u32| (id != NIL).then_some(id);
+    crate::model::Event {
+        seq: raw.seq,
+        time_ns: (raw.time_ns as f64 * ns_per_tick) as u64,
+        kind: raw.kind,
+        device,
+        stream: raw.stream,
+        addr: raw.addr,
+        size: raw.size,
+        requested: raw.requested,
+        site: opt(p.site),
+        tag: opt(p.tag),
+        scope: opt(p.scope),
+        step: raw.step as u64,
+        thread: p.thread,
+    }
+}
+
 /// Rounds a request as PyTorch's `round_size` does.
 #[inline]
 pub fn round_size(size: u64, roundup_power2_divisions: u32) -> u64 {
@@ -2771,42 +2805,35 @@ impl<B: Backend> CachingAllocator<B> {
             // A plain segment is one run: its blocks cover it from its address.
             push_run(&mut snapshot, blocks);
         }
+        // Under the lock only copies: the raw events (64 bytes each), the provenance tuples and
+        // the unsymbolized sites. Converting and symbolizing them waits for the lock's release,
+        // so that a dashboard attaching to a program holds it up for a copy, not a conversion.
         let first = state.ring.next_seq().saturating_sub(max_events as u64);
-        snapshot.events = state
-            .ring
-            .since(first, usize::MAX)
-            .map(|e| self.to_event(state, e, ns_per_tick))
-            .collect();
-        snapshot.sites = state.provenance.call_sites();
+        let raw: Vec<RawEvent> = state.ring.since(first, usize::MAX).copied().collect();
+        let provenances = state.provenance.provenances().to_vec();
+        let unresolved = state.provenance.sites_since(0);
         snapshot.tags = state.provenance.tags.strings.clone();
         snapshot.scopes = state.provenance.scopes.strings.clone();
+        drop(guard);
+
+        let device = shared.device;
+        snapshot.events = raw
+            .iter()
+            .map(|e| event_of(e, &provenances, ns_per_tick, device))
+            .collect();
+        snapshot.sites = unresolved.into_iter().map(|s| s.resolve()).collect();
+        shared.lock().provenance.keep_resolved(0, &snapshot.sites);
         snapshot
     }
 
     /// Converts a ring entry into the model's event.
     fn to_event(&self, state: &State, raw: &RawEvent, ns_per_tick: f64) -> crate::model::Event {
-        let p = state.provenance.get(raw.provenance).unwrap_or(Provenance {
-            site: NIL,
-            tag: NIL,
-            scope: NIL,
-            thread: 0,
-        });
-        let opt = |id: u32| (id != NIL).then_some(id);
-        crate::model::Event {
-            seq: raw.seq,
-            time_ns: (raw.time_ns as f64 * ns_per_tick) as u64,
-            kind: raw.kind,
-            device: self.shared.device,
-            stream: raw.stream,
-            addr: raw.addr,
-            size: raw.size,
-            requested: raw.requested,
-            site: opt(p.site),
-            tag: opt(p.tag),
-            scope: opt(p.scope),
-            step: raw.step as u64,
-            thread: p.thread,
-        }
+        event_of(
+            raw,
+            state.provenance.provenances(),
+            ns_per_tick,
+            self.shared.device,
+        )
     }
 
     /// Events with sequence number `from_seq` or later that the ring still holds, at most

@@ -360,6 +360,22 @@ impl ProvenanceTables {
             .collect()
     }
 
+    /// Keeps the frames of sites from id `from` on that were symbolized outside the device lock
+    /// ([`ProvenanceTables::sites_since`], then [`UnresolvedSite::resolve`]), so that each
+    /// backtrace is resolved once.
+    pub fn keep_resolved(&mut self, from: usize, sites: &[CallSite]) {
+        for (entry, site) in self.sites.iter_mut().skip(from).zip(sites) {
+            if entry.resolved.is_none() && entry.backtrace.is_some() && entry.external.is_none() {
+                entry.resolved = Some(site.frames.clone());
+            }
+        }
+    }
+
+    /// Every provenance tuple, by id (copied under the lock, read outside it).
+    pub fn provenances(&self) -> &[Provenance] {
+        &self.provenance
+    }
+
     /// Symbolizes every site not yet resolved and returns the model's call-site table, indexed
     /// by site id.
     pub fn call_sites(&mut self) -> Vec<CallSite> {
