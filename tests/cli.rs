@@ -381,6 +381,18 @@ fn convert_to_an_event_log_reads_back() {
     std::fs::remove_file(log).ok();
 }
 
+/// Waits until `done` says so, failing after 20 seconds with `what` in the message.
+fn wait_until(what: &str, done: &mut dyn FnMut() -> bool) {
+    let started = std::time::Instant::now();
+    while !done() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "{what} within 20 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// A snapshot with one live 8 MiB block, saved under the temporary name `name`.
 fn one_block_snapshot(name: &str) -> PathBuf {
     use vramscope::{AllocatorConfig, CachingAllocator, SimDevice};
@@ -477,17 +489,7 @@ fn the_dashboard_restores_the_terminal_when_killed() {
             .run(&["capture-pane", "-p", "-t", "t"])
             .unwrap_or_default()
     };
-    let wait = |what: &str, done: &mut dyn FnMut() -> bool| {
-        let started = std::time::Instant::now();
-        while !done() {
-            assert!(
-                started.elapsed() < std::time::Duration::from_secs(20),
-                "{what} within 20 s"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-    };
-    wait("the dashboard draws", &mut || {
+    wait_until("the dashboard draws", &mut || {
         screen().contains("Allocated")
     });
     // The dashboard is the pane shell's one child.
@@ -502,7 +504,7 @@ fn the_dashboard_restores_the_terminal_when_killed() {
         .args(["-TERM", &dashboard])
         .status()
         .expect("kill runs");
-    wait("the dashboard stops on SIGTERM", &mut || {
+    wait_until("the dashboard stops on SIGTERM", &mut || {
         std::fs::read_to_string(&status_file).is_ok_and(|s| s.ends_with('\n'))
     });
     let status = std::fs::read_to_string(&status_file)
@@ -690,4 +692,53 @@ fn convert_to_html_writes_the_explorer() {
     for path in [snapshot, converted, reported] {
         let _ = std::fs::remove_file(path);
     }
+}
+
+/// A file that takes long to read (here a named pipe nobody writes to) shows that it is
+/// loading, and `q` gives up at once, restoring the terminal (issue 17: `view` ignored `q`
+/// during a slow import).
+#[test]
+fn q_gives_up_a_slow_load() {
+    if Command::new("tmux").arg("-V").output().is_err() {
+        vramscope::allocator::testing::skip_notice("tmux is not installed");
+        return;
+    }
+    let fifo = temp("slow.fifo");
+    let _ = std::fs::remove_file(&fifo);
+    if !Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        vramscope::allocator::testing::skip_notice("mkfifo failed: the slow-load test did not run");
+        return;
+    }
+    let status_file = temp("slow.status");
+    let _ = std::fs::remove_file(&status_file);
+    let command = format!(
+        "'{}' view '{}'; echo $? > '{}'",
+        env!("CARGO_BIN_EXE_vramscope"),
+        fifo.display(),
+        status_file.display()
+    );
+    let server = TmuxServer::start(&format!("vramscope-slow-{}", std::process::id()));
+    server.run_in_pane(&command);
+    wait_until("the loading line", &mut || {
+        server
+            .run(&["capture-pane", "-p", "-t", "t"])
+            .is_some_and(|screen| screen.contains("Loading") && screen.contains("q, Esc"))
+    });
+    server.run(&["send-keys", "-t", "t", "q"]).unwrap();
+    wait_until("q ends it", &mut || {
+        std::fs::read_to_string(&status_file).is_ok_and(|s| s.ends_with('\n'))
+    });
+    let status = std::fs::read_to_string(&status_file).unwrap();
+    let alternate = server
+        .run(&["display-message", "-p", "-t", "t", "#{alternate_on}"])
+        .unwrap_or_default();
+    drop(server);
+    let _ = std::fs::remove_file(&fifo);
+    let _ = std::fs::remove_file(&status_file);
+    assert_eq!(status.trim(), "0", "giving up is not an error");
+    assert_eq!(alternate.trim(), "0", "the terminal was restored");
 }

@@ -106,7 +106,14 @@ pub fn view_app(path: &Path, options: &ImportOptions) -> Result<App, TuiError> {
 /// user quits.
 pub fn run_view(path: &Path, options: &ImportOptions) -> Result<(), TuiError> {
     term::check_foreground().map_err(TuiError::NoTerminal)?;
-    let mut app = view_app(path, options)?;
+    // A large file takes a while: the terminal says so meanwhile, and `q` gives up.
+    let (file, opts) = (path.to_path_buf(), options.clone());
+    let loaded =
+        term::wait_with_cancel(&path.display().to_string(), move || view_app(&file, &opts))?;
+    let Some(app) = loaded else {
+        return Ok(());
+    };
+    let mut app = app?;
     term::run(&mut app)?;
     Ok(())
 }

@@ -240,6 +240,62 @@ impl Screen for Fleet {
     }
 }
 
+/// How long work may take before [`wait_with_cancel`] shows that it is waiting.
+const SHOW_WAITING_AFTER: Duration = Duration::from_millis(300);
+
+/// Runs `work` on a thread of its own and waits for it. When it takes longer than a moment,
+/// the terminal shows `what` with the time spent and a way out: `q`, Esc or Ctrl-C (or a stop
+/// signal) gives up waiting and returns `None` (the work is left to finish on its own, and the
+/// process that called this usually exits then). A quick result never touches the terminal.
+pub fn wait_with_cancel<T: Send + 'static>(
+    what: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> io::Result<Option<T>> {
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("vramscope-load".to_string())
+        .spawn(move || {
+            let _ = done.send(work());
+        })?;
+    if let Ok(value) = result.recv_timeout(SHOW_WAITING_AFTER) {
+        return Ok(Some(value));
+    }
+    let signals = stop_signals();
+    signals.received.store(0, Ordering::SeqCst);
+    signals.idle.store(false, Ordering::SeqCst);
+    let _guard = Guard;
+    let mut terminal = enter()?;
+    terminal.hide_cursor()?;
+    let started = Instant::now();
+    loop {
+        if let Ok(value) = result.try_recv() {
+            return Ok(Some(value));
+        }
+        if signals.received.load(Ordering::SeqCst) != 0 {
+            return Ok(None);
+        }
+        let line = format!(
+            " Loading {what} ... {:.0} s   (q, Esc or Ctrl-C to give up)",
+            started.elapsed().as_secs_f64()
+        );
+        terminal.draw(|frame| {
+            let area = frame.area();
+            let text = ratatui::widgets::Paragraph::new(line.as_str());
+            frame.render_widget(text, Rect::new(0, area.height / 2, area.width, 1));
+        })?;
+        if event::poll(Duration::from_millis(100))? {
+            if let Event::Key(key) = event::read()? {
+                use ratatui::crossterm::event::{KeyCode, KeyModifiers};
+                let ctrl_c =
+                    key.code == KeyCode::Char('c') && key.modifiers.contains(KeyModifiers::CONTROL);
+                if matches!(key.code, KeyCode::Char('q') | KeyCode::Esc) || ctrl_c {
+                    return Ok(None);
+                }
+            }
+        }
+    }
+}
+
 /// Runs the dashboard in the terminal until the user quits.
 pub fn run(app: &mut App) -> io::Result<()> {
     run_screen(app)
