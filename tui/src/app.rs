@@ -16,7 +16,7 @@ use ratatui::crossterm::event::{
 };
 use ratatui::layout::{Position, Rect};
 use rustc_hash::FxHashMap;
-use vramscope_allocator::{EventKind, SiteId};
+use vramscope_allocator::{EventKind, SiteId, Snapshot};
 use vramscope_inspector::import::sites::{is_framework_frame, DEFAULT_FRAMEWORK_PATHS};
 
 use crate::analysis::{self, Analysis, Analyzer, Job};
@@ -319,6 +319,8 @@ impl SegmentFigures {
 pub struct App {
     /// The data.
     pub data: Dataset,
+    /// A snapshot of several devices, whose parts `D` switches between; `None` otherwise.
+    pub devices: Option<DeviceSwitch>,
     source: Option<Box<dyn Source>>,
     analyzer: Option<Analyzer>,
     /// The latest analysis.
@@ -373,6 +375,7 @@ impl App {
     pub fn new(data: Dataset) -> App {
         App {
             data,
+            devices: None,
             source: None,
             analyzer: None,
             analysis: None,
@@ -942,6 +945,26 @@ impl App {
         ));
     }
 
+    /// Shows the next device of a multi-device snapshot (`D`): its part becomes the data, the
+    /// cursor goes to its peak and its findings are worked out afresh.
+    pub fn next_device(&mut self) {
+        let Some(switch) = self.devices.as_mut() else {
+            self.set_status("one device in this file");
+            return;
+        };
+        switch.current = (switch.current + 1) % switch.devices.len();
+        let device = switch.devices[switch.current];
+        let (current, count) = (switch.current, switch.devices.len());
+        let part = vramscope_inspector::devices::only_device(&switch.full, device);
+        self.data.reset(part);
+        self.analysis = None;
+        self.cursor = Some(self.data.peak_allocated_pos());
+        self.set_status(format!(
+            "cuda:{device} (device {} of {count}), at its peak",
+            current + 1
+        ));
+    }
+
     /// Which peak the cursor is at, for the header: `Some("at peak")` at the peak of allocated
     /// bytes, `Some("at peak reserved")` at that of reserved bytes.
     pub fn at_peak(&self) -> Option<&'static str> {
@@ -1104,6 +1127,7 @@ impl App {
             KeyCode::Char('c') => self.capacity_scale = !self.capacity_scale,
             KeyCode::Char('P') => self.go_to_peak(false),
             KeyCode::Char('R') => self.go_to_peak(true),
+            KeyCode::Char('D') => self.next_device(),
             KeyCode::Left | KeyCode::Char('h') => self.horizontal(-1, key.modifiers),
             KeyCode::Right | KeyCode::Char('l') => self.horizontal(1, key.modifiers),
             KeyCode::Char('H') => self.horizontal(-10, key.modifiers),
@@ -1303,4 +1327,15 @@ impl App {
             .selected
             .saturating_sub(self.page_rows.saturating_sub(1))
     }
+}
+
+/// The devices of a multi-device snapshot, for [`App::next_device`].
+#[derive(Debug)]
+pub struct DeviceSwitch {
+    /// The whole snapshot, every device's data.
+    pub full: Snapshot,
+    /// The devices with data, in increasing order.
+    pub devices: Vec<u32>,
+    /// Index into `devices` of the device shown.
+    pub current: usize,
 }

@@ -94,8 +94,22 @@ const FIRST_ANALYSIS_WAIT: Duration = Duration::from_millis(400);
 /// Chrome trace), ready to run; [`run_view`] runs it.
 pub fn view_app(path: &Path, options: &ImportOptions) -> Result<App, TuiError> {
     let snapshot = import::load_with(path, options).map_err(TuiError::Import)?;
-    let data = Dataset::new(snapshot, Origin::File(path.display().to_string()));
+    // A snapshot of several devices opens at its first device with data; `D` shows the next.
+    let devices = vramscope_inspector::devices::devices_with_data(&snapshot);
+    let (shown, switch) = if devices.len() > 1 {
+        let first = vramscope_inspector::devices::only_device(&snapshot, devices[0]);
+        let switch = app::DeviceSwitch {
+            full: snapshot,
+            devices,
+            current: 0,
+        };
+        (first, Some(switch))
+    } else {
+        (snapshot, None)
+    };
+    let data = Dataset::new(shown, Origin::File(path.display().to_string()));
     let mut app = App::new(data).with_analyzer();
+    app.devices = switch;
     // A file opens where the question usually is: the peak of allocated bytes.
     app.cursor = Some(app.data.peak_allocated_pos());
     app.wait_for_analysis(FIRST_ANALYSIS_WAIT);

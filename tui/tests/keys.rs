@@ -365,3 +365,59 @@ fn the_help_bar_lists_the_keys_that_apply() {
         "{bar}"
     );
 }
+
+/// One device's run: a kept block of `bytes`, and three steps of half that, freed.
+fn device_run(index: u32, bytes: u64) -> vramscope_allocator::Snapshot {
+    use vramscope_allocator::{AllocatorConfig, CachingAllocator, SimDevice};
+    let alloc = CachingAllocator::new(
+        SimDevice::with_index(1 << 36, false, index),
+        AllocatorConfig::default(),
+    );
+    let _kept = alloc.alloc(bytes).unwrap();
+    for _ in 0..3 {
+        alloc.mark_step();
+        drop(alloc.alloc(bytes / 2).unwrap());
+    }
+    alloc.snapshot()
+}
+
+#[test]
+fn d_switches_between_the_devices_of_a_file() {
+    let (a, b) = (device_run(0, 64 << 20), device_run(1, 300 << 20));
+    let mut both = a.clone();
+    both.segments.extend(b.segments.iter().cloned());
+    let mut events: Vec<_> = a.events.iter().chain(&b.events).copied().collect();
+    events.sort_by_key(|e| (e.time_ns, e.device));
+    for (seq, e) in events.iter_mut().enumerate() {
+        e.seq = seq as u64;
+    }
+    both.events = events;
+    both.steps.clear();
+    let path = std::env::temp_dir().join(format!(
+        "vramscope-keys-devices-{}.json",
+        std::process::id()
+    ));
+    both.save(&path).unwrap();
+
+    let mut app = vramscope_tui::view_app(
+        &path,
+        &vramscope_inspector::import::ImportOptions::default(),
+    )
+    .unwrap();
+    let _ = std::fs::remove_file(&path);
+    let peak = |app: &App| app.data.usage_at(app.data.peak_allocated_pos()).allocated;
+    // It opens at the first device, at its peak.
+    assert_eq!(app.data.len(), a.events.len());
+    assert_eq!(peak(&app), 96 << 20);
+    assert_eq!(app.cursor, Some(app.data.peak_allocated_pos()));
+    key(&mut app, KeyCode::Char('D'));
+    assert_eq!(app.data.len(), b.events.len());
+    assert_eq!(peak(&app), 450 << 20);
+    assert!(app.status_text().is_some_and(|s| s.contains("cuda:1")));
+    key(&mut app, KeyCode::Char('D'));
+    assert_eq!(
+        app.data.len(),
+        a.events.len(),
+        "D goes round to the first device"
+    );
+}

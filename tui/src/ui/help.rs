@@ -122,6 +122,7 @@ pub const ALL_KEYS: &[(&str, &str)] = &[
         "P  R",
         "go to the peak of allocated / reserved bytes (a file opens at the first)",
     ),
+    ("D", "next device of a multi-device file"),
     ("[ ]", "previous / next step start"),
     (", .", "one event back / forward"),
     (
