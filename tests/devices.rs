@@ -6,39 +6,17 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use vramscope::allocator::{AllocatorConfig, CachingAllocator, SimDevice, Snapshot};
+use vramscope::allocator::testing::{device_run, merge_devices};
 use vramscope::inspector::model_view::ModelView;
 
-/// One device's run: a kept block of `bytes`, and three steps of half that, freed.
-fn device_run(index: u32, bytes: u64) -> Snapshot {
-    let alloc = CachingAllocator::new(
-        SimDevice::with_index(1 << 36, false, index),
-        AllocatorConfig::default(),
-    );
-    let _kept = alloc.alloc(bytes).unwrap();
-    for _ in 0..3 {
-        alloc.mark_step();
-        drop(alloc.alloc(bytes / 2).unwrap());
-    }
-    alloc.snapshot()
-}
-
-/// Both runs in one file, as a two-GPU snapshot holds them.
+/// Two devices' runs in one file, as a two-GPU snapshot holds them, and each run's peak.
 fn two_device_file() -> (PathBuf, [u64; 2]) {
     let (a, b) = (device_run(0, 64 << 20), device_run(1, 300 << 20));
     let peaks = [
         ModelView::new(&a).peak_allocated(),
         ModelView::new(&b).peak_allocated(),
     ];
-    let mut both = a.clone();
-    both.segments.extend(b.segments.iter().cloned());
-    let mut events: Vec<_> = a.events.iter().chain(&b.events).copied().collect();
-    events.sort_by_key(|e| (e.time_ns, e.device));
-    for (seq, e) in events.iter_mut().enumerate() {
-        e.seq = seq as u64;
-    }
-    both.events = events;
-    both.steps.clear();
+    let both = merge_devices(&[a, b]);
     let path =
         std::env::temp_dir().join(format!("vramscope-two-devices-{}.json", std::process::id()));
     both.save(&path).unwrap();

@@ -3,7 +3,8 @@
 //! Tests that need something this machine may lack (the shared traces, a CUDA driver, python3)
 //! check for it at run time and, when it is absent, say so in one visible line and pass:
 //! [`skip_notice`] writes that line past the test harness's output capture, and
-//! [`shared_traces_dir`] finds the real traces the project tests against.
+//! [`shared_traces_dir`] finds the real traces the project tests against. [`device_run`] and
+//! [`merge_devices`] build the multi-device snapshots that tests of per-device views need.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -38,4 +39,43 @@ pub fn shared_trace(workspace_root: &Path, name: &str) -> Option<PathBuf> {
             None
         }
     }
+}
+
+/// A short run on simulated device `index`: a block of `bytes` kept throughout, and three
+/// steps that each allocate and free half that. Its snapshot, with history.
+pub fn device_run(index: u32, bytes: u64) -> crate::Snapshot {
+    let alloc = crate::CachingAllocator::new(
+        crate::SimDevice::with_index(1 << 36, false, index),
+        crate::AllocatorConfig::default(),
+    );
+    let _kept = alloc.alloc(bytes).expect("the simulated device has room");
+    for _ in 0..3 {
+        alloc.mark_step();
+        drop(
+            alloc
+                .alloc(bytes / 2)
+                .expect("the simulated device has room"),
+        );
+    }
+    alloc.snapshot()
+}
+
+/// The runs of several devices in one snapshot, as a multi-GPU snapshot holds them: the first
+/// run's header, every run's segments, and their events interleaved by time and numbered
+/// again (without step marks, whose numbers belonged to one run each).
+pub fn merge_devices(runs: &[crate::Snapshot]) -> crate::Snapshot {
+    let mut merged = runs.first().cloned().unwrap_or_else(|| {
+        crate::Snapshot::empty(crate::SnapshotSource::Vramscope, Default::default())
+    });
+    merged.segments = runs
+        .iter()
+        .flat_map(|r| r.segments.iter().cloned())
+        .collect();
+    merged.events = runs.iter().flat_map(|r| r.events.iter().copied()).collect();
+    merged.events.sort_by_key(|e| (e.time_ns, e.device));
+    for (seq, e) in merged.events.iter_mut().enumerate() {
+        e.seq = seq as u64;
+    }
+    merged.steps.clear();
+    merged
 }

@@ -82,41 +82,13 @@ pub fn only_device(snapshot: &Snapshot, device: u32) -> Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vramscope_allocator::{
-        AllocatorConfig, CachingAllocator, DeviceInfo, SimDevice, Snapshot, SnapshotSource,
-    };
+    use vramscope_allocator::testing::{device_run, merge_devices};
+    use vramscope_allocator::Snapshot;
 
-    fn device_run(index: u32, bytes: u64) -> Snapshot {
-        let alloc = CachingAllocator::new(
-            SimDevice::with_index(1 << 34, false, index),
-            AllocatorConfig::default(),
-        );
-        let _kept = alloc.alloc(bytes).unwrap();
-        for _ in 0..3 {
-            alloc.mark_step();
-            drop(alloc.alloc(bytes / 2).unwrap());
-        }
-        alloc.snapshot()
-    }
-
-    /// Two devices' runs in one snapshot, their events interleaved by time.
+    /// Two devices' runs in one snapshot, and each run alone.
     fn merged() -> (Snapshot, Snapshot, Snapshot) {
         let (a, b) = (device_run(0, 64 << 20), device_run(1, 200 << 20));
-        let mut both = a.clone();
-        both.source = SnapshotSource::Vramscope;
-        both.device = DeviceInfo {
-            index: 0,
-            ..a.device.clone()
-        };
-        both.segments.extend(b.segments.iter().cloned());
-        let mut events: Vec<_> = a.events.iter().chain(&b.events).copied().collect();
-        events.sort_by_key(|e| (e.time_ns, e.device));
-        for (seq, e) in events.iter_mut().enumerate() {
-            e.seq = seq as u64;
-        }
-        both.events = events;
-        both.steps.clear();
-        (both, a, b)
+        (merge_devices(&[a.clone(), b.clone()]), a, b)
     }
 
     #[test]

@@ -366,33 +366,11 @@ fn the_help_bar_lists_the_keys_that_apply() {
     );
 }
 
-/// One device's run: a kept block of `bytes`, and three steps of half that, freed.
-fn device_run(index: u32, bytes: u64) -> vramscope_allocator::Snapshot {
-    use vramscope_allocator::{AllocatorConfig, CachingAllocator, SimDevice};
-    let alloc = CachingAllocator::new(
-        SimDevice::with_index(1 << 36, false, index),
-        AllocatorConfig::default(),
-    );
-    let _kept = alloc.alloc(bytes).unwrap();
-    for _ in 0..3 {
-        alloc.mark_step();
-        drop(alloc.alloc(bytes / 2).unwrap());
-    }
-    alloc.snapshot()
-}
-
 #[test]
 fn d_switches_between_the_devices_of_a_file() {
+    use vramscope_allocator::testing::{device_run, merge_devices};
     let (a, b) = (device_run(0, 64 << 20), device_run(1, 300 << 20));
-    let mut both = a.clone();
-    both.segments.extend(b.segments.iter().cloned());
-    let mut events: Vec<_> = a.events.iter().chain(&b.events).copied().collect();
-    events.sort_by_key(|e| (e.time_ns, e.device));
-    for (seq, e) in events.iter_mut().enumerate() {
-        e.seq = seq as u64;
-    }
-    both.events = events;
-    both.steps.clear();
+    let both = merge_devices(&[a.clone(), b.clone()]);
     let path = std::env::temp_dir().join(format!(
         "vramscope-keys-devices-{}.json",
         std::process::id()
