@@ -639,8 +639,7 @@ fn site_with_function(site: Option<&str>, function: &str) -> String {
     let site = crate::terminal::sanitize(site.unwrap_or("(unknown site)"));
     // A name that already says the function (an autograd node, a C++ function) needs it
     // once.
-    let unnamed = function.replace("(anonymous namespace)::", "");
-    let short = unnamed.split('(').next().unwrap_or(&unnamed).trim();
+    let short = crate::engine::naming::short_function(function);
     let names_it = site == short
         || site == format!("{short} (backward)")
         || site == format!("[{short}]")

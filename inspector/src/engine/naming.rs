@@ -89,10 +89,7 @@ pub fn name_call_site(site: &CallSite) -> SiteName {
         .find(|f| !internal(f))
         .or_else(|| site.frames.first().map(|f| f.function.as_str()))
         .unwrap_or(site.function.as_str());
-    // `at::(anonymous namespace)::create_out(...)`: the name without its namespaces' and its
-    // arguments' parentheses.
-    let unnamed = function.replace("(anonymous namespace)::", "");
-    let short = unnamed.split('(').next().unwrap_or(&unnamed).trim();
+    let short = short_function(function);
     SiteName {
         label: if short.is_empty() {
             "(C++ only stack)".to_string()
@@ -102,4 +99,11 @@ pub fn name_call_site(site: &CallSite) -> SiteName {
         function: function.to_string(),
         native: true,
     }
+}
+
+/// A C++ function's name without its argument list or anonymous namespaces:
+/// `at::(anonymous namespace)::create_out(c10::ArrayRef<long>, ...)` is `at::create_out`.
+pub fn short_function(function: &str) -> String {
+    let unnamed = function.replace("(anonymous namespace)::", "");
+    unnamed.split('(').next().unwrap_or("").trim().to_string()
 }
