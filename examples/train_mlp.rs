@@ -20,7 +20,7 @@
 use std::error::Error;
 use std::path::PathBuf;
 
-use vramscope::allocator::{format_bytes, AllocatorConfig};
+use vramscope::model::{format_bytes, AllocatorConfig};
 use vramscope_kernels::{train, Device, Optimizer, TrainConfig};
 
 /// Capacity of the simulated device when there is no GPU.

@@ -9,8 +9,9 @@
 
 use std::str::FromStr;
 
-use vramscope::allocator::{AllocatorConfig, Snapshot, Telemetry, TelemetryAddr};
+use vramscope::allocator::{Telemetry, TelemetryAddr};
 use vramscope::kernels::{train, train_with, Device, TensorError, TrainConfig, TrainHooks};
+use vramscope::model::{AllocatorConfig, Snapshot};
 
 /// The bugs the demo can plant.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

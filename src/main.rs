@@ -199,7 +199,7 @@ impl Failure {
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
-    vramscope::allocator::stats::parse_bytes(text)
+    vramscope::model::parse_bytes(text)
 }
 
 /// A progress line on standard error while long work runs, when standard error is a terminal.
@@ -223,11 +223,11 @@ fn require_data(snapshot: &Snapshot, file: &std::path::Path) -> Result<(), Failu
         return Ok(());
     }
     let hint = match snapshot.source {
-        vramscope::allocator::SnapshotSource::ChromeTrace => {
+        vramscope::model::SnapshotSource::ChromeTrace => {
             "the profiler trace has no CUDA memory events: record it with \
              torch.profiler.profile(profile_memory=True) (with_stack=True to see the lines)"
         }
-        vramscope::allocator::SnapshotSource::Pytorch => {
+        vramscope::model::SnapshotSource::Pytorch => {
             "the snapshot has no trace entries and no segments: call \
              torch.cuda.memory._record_memory_history() before the code to look at, then \
              torch.cuda.memory._dump_snapshot(path)"

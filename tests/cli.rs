@@ -572,7 +572,8 @@ fn a_dashboard_in_the_background_says_so_instead_of_stopping() {
 /// report and the summary escaped, never as the raw sequence (issue 17).
 #[test]
 fn escape_sequences_from_a_file_never_reach_the_terminal() {
-    use vramscope::allocator::{AllocatorConfig, CachingAllocator, SimDevice};
+    use vramscope::allocator::{CachingAllocator, SimDevice};
+    use vramscope::model::AllocatorConfig;
     let alloc = CachingAllocator::new(SimDevice::phantom(1 << 34), AllocatorConfig::default());
     let mut kept = Vec::new();
     for _ in 0..6 {

@@ -12,9 +12,9 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 use vramscope::allocator::testing::shared_trace;
-use vramscope::allocator::{format_bytes, Snapshot};
 use vramscope::inspector::model_view::ModelView;
 use vramscope::inspector::{diff, html, import, replay, report};
+use vramscope::model::{format_bytes, Snapshot};
 use vramscope::tui::data::{Dataset, Origin};
 
 /// Bytes per site label.

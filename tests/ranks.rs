@@ -7,11 +7,11 @@ use std::process::Command;
 
 use serde_json::Value;
 use vramscope::allocator::testing::shared_trace;
-use vramscope::allocator::{
-    AllocatorConfig, Block, BlockState, CachingAllocator, CallSite, Event, EventKind, Pool,
-    Segment, SimDevice, Snapshot,
-};
+use vramscope::allocator::{CachingAllocator, SimDevice};
 use vramscope::inspector::import;
+use vramscope::model::{
+    AllocatorConfig, Block, BlockState, CallSite, Event, EventKind, Pool, Segment, Snapshot,
+};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("vramscope-ranks-{name}-{}", std::process::id()));

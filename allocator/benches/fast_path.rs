@@ -7,7 +7,8 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use vramscope_allocator::{AllocatorConfig, CachingAllocator, SimDevice, StreamId};
+use vramscope_allocator::{CachingAllocator, SimDevice, StreamId};
+use vramscope_model::AllocatorConfig;
 
 fn configs() -> Vec<(&'static str, AllocatorConfig)> {
     vec![

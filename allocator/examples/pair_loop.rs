@@ -1,7 +1,8 @@
 //! A fixed loop of cached alloc+free pairs, for instruction-count profiling of the fast path
 //! (`valgrind --tool=callgrind target/release/examples/pair_loop [off|raw|events] [N]`).
 
-use vramscope_allocator::{AllocatorConfig, CachingAllocator, SimDevice};
+use vramscope_allocator::{CachingAllocator, SimDevice};
+use vramscope_model::AllocatorConfig;
 
 fn main() {
     let mut args = std::env::args().skip(1);

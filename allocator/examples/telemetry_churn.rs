@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vramscope_allocator::telemetry::{ServeOptions, Telemetry, TelemetryAddr};
-use vramscope_allocator::{AllocatorConfig, CachingAllocator, SimDevice};
+use vramscope_allocator::{CachingAllocator, SimDevice};
+use vramscope_model::AllocatorConfig;
 
 /// Resident memory of this process in bytes, from `/proc/self/status`.
 fn rss() -> u64 {

@@ -13,7 +13,7 @@ use std::fmt;
 use crate::backend::{Backend, BackendError, EventId, MemInfo, StreamId};
 use crate::cuda::{self, CudaBackend, CudaDeviceInfo};
 use crate::sim::SimDevice;
-use crate::stats::format_bytes;
+use vramscope_model::format_bytes;
 
 /// The environment variable that forces the simulated device (`VRAMSCOPE_BACKEND=sim`).
 pub const BACKEND_ENV: &str = "VRAMSCOPE_BACKEND";
@@ -319,7 +319,8 @@ impl fmt::Display for DoctorReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{AllocatorConfig, CachingAllocator};
+    use crate::CachingAllocator;
+    use vramscope_model::AllocatorConfig;
 
     #[test]
     fn detect_always_gives_a_working_device_and_a_reason() {

@@ -10,7 +10,7 @@ use std::panic::Location;
 
 use crate::backend::{Backend, StreamId};
 use crate::caching::{AllocError, CachingAllocator};
-use crate::model::{EventKind, TransferDirection};
+use vramscope_model::{EventKind, TransferDirection};
 
 /// Device memory from a [`CachingAllocator`]. Returns to the cache when dropped.
 pub struct DeviceBuffer<B: Backend> {

@@ -3,13 +3,15 @@
 //!
 //! The crate is layered bottom-up: [`backend`] defines the raw device primitives and [`sim`]
 //! implements them without a GPU; [`caching`] applies PyTorch's caching policy on top of any
-//! backend and keeps [`stats`], [`provenance`] and an event ring; [`buffer`] is the memory it
-//! hands out; [`model`] is the one data model (snapshots, segments, blocks, events, call sites)
-//! that every other vramscope crate reads; [`config`] parses `PYTORCH_CUDA_ALLOC_CONF`-style
-//! settings. Nothing here touches files other than `Snapshot::save`/`load`, terminals or pickles.
+//! backend and keeps PyTorch's statistics, [`provenance`] and an event ring; [`buffer`] is the
+//! memory it hands out; [`telemetry`] publishes its events to dashboards. The data it fills
+//! (snapshots, segments, blocks, events, call sites, statistics, settings) is the data model of
+//! `vramscope-model`, which every other vramscope crate reads without linking this one. Nothing
+//! here touches files other than `Snapshot::save`/`load`, terminals or pickles.
 //!
 //! ```
-//! use vramscope_allocator::{AllocatorConfig, CachingAllocator, SimDevice};
+//! use vramscope_allocator::{CachingAllocator, SimDevice};
+//! use vramscope_model::AllocatorConfig;
 //!
 //! let alloc = CachingAllocator::new(SimDevice::backed(1 << 30), AllocatorConfig::default());
 //! let mut buf = alloc.alloc(4096).unwrap();
@@ -27,7 +29,6 @@ pub mod backend;
 pub mod buffer;
 pub mod caching;
 mod clock;
-pub mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(not(feature = "cuda"))]
@@ -38,13 +39,19 @@ mod driver_info;
 mod free_index;
 #[cfg(feature = "metrics")]
 pub mod metrics;
-pub mod model;
-pub mod oom;
 pub mod provenance;
 mod ring;
 pub mod sim;
-pub mod stats;
+mod stats;
 mod sync;
+
+// The data model lives in its own crate (`vramscope-model`) that readers of snapshots use
+// without this allocator. The allocator's modules name it by two short crate-internal paths,
+// `crate::model` for snapshots and events and `crate::config` for the settings; neither is
+// public, so every model item keeps the one public path `vramscope_model::Item`.
+use vramscope_model as config;
+use vramscope_model as model;
+use vramscope_model::oom;
 pub mod telemetry;
 pub mod testing;
 
@@ -55,11 +62,8 @@ pub use caching::{
     AllocError, BlockHandle, CachingAllocator, EventBatch, Exclusive, OomReport, ScopeGuard,
     SiteTables, Tagged,
 };
-pub use config::{AllocatorConfig, BacktraceMode, ConfigError, Policy};
 pub use cuda::CudaBackend;
-pub use model::*;
 pub use sim::{SimCounters, SimDevice};
-pub use stats::{format_bytes, MemoryStats, Recorded, Stat, StatArray};
 pub use telemetry::{
     PublisherStats, ServeOptions, Telemetry, TelemetryAddr, TelemetryClient, TelemetryError,
 };

@@ -37,7 +37,7 @@ use prometheus_client::registry::Registry;
 
 use crate::backend::Backend;
 use crate::caching::CachingAllocator;
-use crate::stats::{MemoryStats, Stat, StatArray};
+use vramscope_model::{MemoryStats, Stat, StatArray};
 
 /// The environment variable naming the address to serve metrics on.
 pub const ENV_METRICS: &str = "VRAMSCOPE_METRICS";
@@ -388,7 +388,8 @@ fn answer(request: tiny_http::Request, registry: &Registry) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{AllocatorConfig, SimDevice};
+    use crate::SimDevice;
+    use vramscope_model::AllocatorConfig;
 
     #[test]
     fn the_text_holds_every_family_with_the_allocators_figures() {

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use rustc_hash::FxHashMap;
 
-use crate::model::{CallSite, Frame};
+use vramscope_model::{CallSite, Frame};
 
 /// The id that means "none".
 pub(crate) const NIL: u32 = u32::MAX;
@@ -470,7 +470,8 @@ fn resolve(ips: &[usize]) -> Vec<Frame> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{AllocatorConfig, CachingAllocator, SimDevice, StreamId};
+    use crate::{CachingAllocator, SimDevice, StreamId};
+    use vramscope_model::AllocatorConfig;
 
     fn leaked(file: &str, line: u32) -> &'static CallSite {
         Box::leak(Box::new(CallSite {

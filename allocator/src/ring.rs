@@ -5,7 +5,7 @@
 //! configured `max_entries` and never waits for a reader. Snapshots and the telemetry publisher
 //! read the ring by sequence number and convert entries into the model's `Event`.
 
-use crate::model::EventKind;
+use vramscope_model::EventKind;
 
 /// One event as the ring stores it: 64 bytes, provenance as an interned id.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -71,9 +71,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::Backend;
 use crate::caching::CachingAllocator;
-use crate::config::AllocatorConfig;
-use crate::model::{CallSite, DeviceInfo, Event, EventKind, Snapshot, TransferDirection};
-use crate::stats::MemoryStats;
+use vramscope_model::AllocatorConfig;
+use vramscope_model::MemoryStats;
+use vramscope_model::{CallSite, DeviceInfo, Event, EventKind, Snapshot, TransferDirection};
 
 /// The protocol version this build speaks.
 pub const PROTOCOL_VERSION: u8 = 1;

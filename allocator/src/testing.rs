@@ -43,10 +43,10 @@ pub fn shared_trace(workspace_root: &Path, name: &str) -> Option<PathBuf> {
 
 /// A short run on simulated device `index`: a block of `bytes` kept throughout, and three
 /// steps that each allocate and free half that. Its snapshot, with history.
-pub fn device_run(index: u32, bytes: u64) -> crate::Snapshot {
+pub fn device_run(index: u32, bytes: u64) -> vramscope_model::Snapshot {
     let alloc = crate::CachingAllocator::new(
         crate::SimDevice::with_index(1 << 36, false, index),
-        crate::AllocatorConfig::default(),
+        vramscope_model::AllocatorConfig::default(),
     );
     let _kept = alloc.alloc(bytes).expect("the simulated device has room");
     for _ in 0..3 {
@@ -63,9 +63,12 @@ pub fn device_run(index: u32, bytes: u64) -> crate::Snapshot {
 /// The runs of several devices in one snapshot, as a multi-GPU snapshot holds them: the first
 /// run's header, every run's segments, and their events interleaved by time and numbered
 /// again (without step marks, whose numbers belonged to one run each).
-pub fn merge_devices(runs: &[crate::Snapshot]) -> crate::Snapshot {
+pub fn merge_devices(runs: &[vramscope_model::Snapshot]) -> vramscope_model::Snapshot {
     let mut merged = runs.first().cloned().unwrap_or_else(|| {
-        crate::Snapshot::empty(crate::SnapshotSource::Vramscope, Default::default())
+        vramscope_model::Snapshot::empty(
+            vramscope_model::SnapshotSource::Vramscope,
+            Default::default(),
+        )
     });
     merged.segments = runs
         .iter()

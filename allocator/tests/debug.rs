@@ -2,9 +2,8 @@
 //! simulated device: a stale write is found when the memory is handed out again, an overflow
 //! when the block is freed, each naming the owners by call site, tag and step.
 
-use vramscope_allocator::{
-    AllocatorConfig, Backend, CachingAllocator, SimDevice, StreamId, ViolationKind,
-};
+use vramscope_allocator::{Backend, CachingAllocator, SimDevice, StreamId};
+use vramscope_model::{AllocatorConfig, ViolationKind};
 
 fn backed(conf: &str) -> (SimDevice, CachingAllocator<SimDevice>) {
     let device = SimDevice::backed(64 << 20);

@@ -7,7 +7,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use vramscope_allocator::testing::shared_trace;
-use vramscope_allocator::{AllocatorConfig, CachingAllocator, EventKind, SimDevice, StreamId};
+use vramscope_allocator::{CachingAllocator, SimDevice, StreamId};
+use vramscope_model::{AllocatorConfig, EventKind};
 
 #[test]
 fn decomfl_replay_reproduces_pytorch_segment_allocs() {

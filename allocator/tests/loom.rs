@@ -5,7 +5,8 @@
 //! in normal builds this file is empty.
 #![cfg(loom)]
 
-use vramscope_allocator::{AllocatorConfig, CachingAllocator, EventKind, SimDevice};
+use vramscope_allocator::{CachingAllocator, SimDevice};
+use vramscope_model::{AllocatorConfig, EventKind};
 
 /// Pulls everything after `next`; returns the new cursor, adding what was seen and missed.
 fn pull(

@@ -1,8 +1,7 @@
 //! One test per rule of PyTorch's caching policy, on the simulated device.
 
-use vramscope_allocator::{
-    AllocError, AllocatorConfig, BlockState, CachingAllocator, EventKind, Pool, SimDevice, StreamId,
-};
+use vramscope_allocator::{AllocError, CachingAllocator, SimDevice, StreamId};
+use vramscope_model::{AllocatorConfig, BlockState, EventKind, Pool};
 
 const MIB: u64 = 1 << 20;
 
@@ -717,15 +716,15 @@ fn snapshots_round_trip_through_json() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("snap.json");
     snap.save(&path).unwrap();
-    let back = vramscope_allocator::Snapshot::load(&path).unwrap();
+    let back = vramscope_model::Snapshot::load(&path).unwrap();
     assert_eq!(back, snap);
     std::fs::write(&path, b"{\"format_version\": 1, \"source\": ").unwrap();
-    let err = vramscope_allocator::Snapshot::load(&path)
+    let err = vramscope_model::Snapshot::load(&path)
         .unwrap_err()
         .to_string();
     assert!(err.contains("snap.json"), "{err}");
     std::fs::write(&path, b"{\"format_version\": 99}").unwrap();
-    let err = vramscope_allocator::Snapshot::load(&path)
+    let err = vramscope_model::Snapshot::load(&path)
         .unwrap_err()
         .to_string();
     assert!(err.contains("version 99"), "{err}");

@@ -5,9 +5,9 @@
 
 use proptest::prelude::*;
 use vramscope_allocator::{
-    AllocError, AllocatorConfig, Backend, BlockHandle, CachingAllocator, DeviceBuffer, SimDevice,
-    StreamId,
+    AllocError, Backend, BlockHandle, CachingAllocator, DeviceBuffer, SimDevice, StreamId,
 };
+use vramscope_model::AllocatorConfig;
 
 #[derive(Clone, Debug)]
 enum Op {

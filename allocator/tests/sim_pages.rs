@@ -2,7 +2,8 @@
 //! expandable segment of 2^49 bytes, the size one line of a hostile trace can ask a replay
 //! for, is mapped, used and released through the caching allocator without an entry per page.
 
-use vramscope_allocator::{AllocatorConfig, Backend, CachingAllocator, SimDevice};
+use vramscope_allocator::{Backend, CachingAllocator, SimDevice};
+use vramscope_model::AllocatorConfig;
 
 #[test]
 fn an_expandable_segment_of_2_pow_49_bytes_maps_and_releases_at_once() {

@@ -13,7 +13,8 @@ use vramscope_allocator::telemetry::{
     encode_events, encode_frame, Frame, FrameKind, FrameReader, ServeOptions, Telemetry,
     TelemetryAddr, TelemetryClient, TelemetryError, HEADER_BYTES, MAX_FRAME_BYTES,
 };
-use vramscope_allocator::{AllocatorConfig, CachingAllocator, EventKind, SimDevice};
+use vramscope_allocator::{CachingAllocator, SimDevice};
+use vramscope_model::{AllocatorConfig, EventKind};
 
 fn socket_path(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("vramscope-telemetry-test-{}", std::process::id()));
@@ -38,7 +39,7 @@ fn read_until(client: &mut TelemetryClient, mut want: impl FnMut(&Frame) -> bool
 }
 
 /// Reads the attach sequence: `Hello`, then the snapshot.
-fn attach(client: &mut TelemetryClient) -> (u64, Box<vramscope_allocator::Snapshot>) {
+fn attach(client: &mut TelemetryClient) -> (u64, Box<vramscope_model::Snapshot>) {
     assert!(matches!(client.next_frame().unwrap(), Frame::Hello(_)));
     match client.next_frame().unwrap() {
         Frame::Snapshot { next_seq, snapshot } => (next_seq, snapshot),

@@ -25,7 +25,7 @@ mod trace;
 
 use std::path::{Path, PathBuf};
 
-use vramscope_allocator::{AllocatorConfig, EventKind, Snapshot};
+use vramscope_model::{AllocatorConfig, EventKind, Snapshot};
 use vramscope_inspector::replay::{self, ReplayOptions};
 
 use measure::Replay;

@@ -7,7 +7,8 @@
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use vramscope_allocator::{AllocatorConfig, CachingAllocator, SimDevice, StreamId};
+use vramscope_allocator::{CachingAllocator, SimDevice, StreamId};
+use vramscope_model::AllocatorConfig;
 
 use crate::peers::{DeviceAllocator, Footprint, DEVICE_CAPACITY};
 use crate::trace::{Op, Trace};

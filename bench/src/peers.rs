@@ -21,9 +21,8 @@ use gpu_alloc::{
     MemoryBlock, MemoryDevice, MemoryHeap, MemoryPropertyFlags, MemoryType, OutOfMemory, Request,
     UsageFlags,
 };
-use vramscope_allocator::{
-    AllocatorConfig, BlockHandle, CachingAllocator, Exclusive, MemoryStats, SimDevice, StreamId,
-};
+use vramscope_allocator::{BlockHandle, CachingAllocator, Exclusive, SimDevice, StreamId};
+use vramscope_model::{AllocatorConfig, MemoryStats};
 
 /// What an allocator held from its device over a replay.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

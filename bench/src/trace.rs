@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use vramscope_allocator::{EventKind, Snapshot};
+use vramscope_model::{EventKind, Snapshot};
 
 /// One operation of a trace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -32,7 +32,8 @@ use std::sync::{Mutex, OnceLock};
 use vramscope_allocator::any::DeviceBackend;
 use vramscope_allocator::metrics::{MetricsServer, StatsSource};
 use vramscope_allocator::telemetry::Telemetry;
-use vramscope_allocator::{AllocError, AllocatorConfig, CachingAllocator, ScopeGuard, StreamId};
+use vramscope_allocator::{AllocError, CachingAllocator, ScopeGuard, StreamId};
+use vramscope_model::AllocatorConfig;
 
 /// Devices this library serves (ordinals `0..MAX_DEVICES`).
 pub const MAX_DEVICES: usize = 64;

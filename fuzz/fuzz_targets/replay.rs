@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vramscope_allocator::AllocatorConfig;
+use vramscope_model::AllocatorConfig;
 use vramscope_inspector::import::{load_bytes, ImportOptions};
 use vramscope_inspector::replay::{render_text, replay, ReplayOptions};
 

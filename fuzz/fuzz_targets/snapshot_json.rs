@@ -4,5 +4,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = vramscope_allocator::Snapshot::from_json_bytes(data, "fuzz");
+    let _ = vramscope_model::Snapshot::from_json_bytes(data, "fuzz");
 });

@@ -11,7 +11,7 @@
 use std::fmt;
 use std::fmt::Write as _;
 
-use vramscope_allocator::{format_bytes, Snapshot};
+use vramscope_model::{format_bytes, Snapshot};
 
 use crate::detect::{self, DetectOptions, Finding};
 use crate::model_view::ModelView;

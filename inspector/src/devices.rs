@@ -8,7 +8,7 @@
 //! devices being [`devices_with_data`]. The part is a snapshot like any other: the engine,
 //! the detectors and the dashboard need nothing else.
 
-use vramscope_allocator::{Snapshot, SnapshotSource};
+use vramscope_model::{Snapshot, SnapshotSource};
 
 /// The devices that have events, in increasing order; those with segments when no device has
 /// events; the snapshot's own device when it has neither.
@@ -83,7 +83,7 @@ pub fn only_device(snapshot: &Snapshot, device: u32) -> Snapshot {
 mod tests {
     use super::*;
     use vramscope_allocator::testing::{device_run, merge_devices};
-    use vramscope_allocator::Snapshot;
+    use vramscope_model::Snapshot;
 
     /// Two devices' runs in one snapshot, and each run alone.
     fn merged() -> (Snapshot, Snapshot, Snapshot) {

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::Serialize;
-use vramscope_allocator::{format_bytes, Snapshot};
+use vramscope_model::{format_bytes, Snapshot};
 
 use crate::model_view::ModelView;
 

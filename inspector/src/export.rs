@@ -28,7 +28,7 @@ use std::io::Write;
 
 use rustc_hash::FxHashMap;
 use serde_json::json;
-use vramscope_allocator::{
+use vramscope_model::{
     AllocatorConfig, BlockState, CallSite, Event, EventKind, Pool, SiteId, Snapshot,
 };
 
@@ -1048,7 +1048,7 @@ pub fn write_perfetto(snapshot: &Snapshot, out: impl Write) -> Result<(), Export
             &mut out,
             json!({
                 "ph": "X", "pid": pid, "tid": v.tid, "ts": micros(v.start), "dur": micros(v.end - v.start),
-                "name": vramscope_allocator::format_bytes(v.size), "args": args
+                "name": vramscope_model::format_bytes(v.size), "args": args
             }),
         )?;
     }

@@ -16,7 +16,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use vramscope_allocator::format_bytes;
+use vramscope_model::format_bytes;
 
 use crate::detect::Severity;
 use crate::report::{bytes_or_na, headline, Report, Timeline};

@@ -16,7 +16,7 @@
 //! lifted by a baseline inferred from the segments at the end. Nothing here fails on odd input.
 
 use rustc_hash::FxHashMap;
-use vramscope_allocator::{
+use vramscope_model::{
     BlockState, CallSite, Event, EventKind, Frame, SiteId, Snapshot, TransferDirection,
 };
 
@@ -898,7 +898,7 @@ fn summarize_segments(snapshot: &Snapshot) -> SegmentSummary {
 /// function in the allocation stacks or by an annotation family; this function re-steps a
 /// snapshot that is already loaded, for example to pick one family of profiler slices.
 pub fn apply_step_marker(snapshot: &mut Snapshot, marker: &str) -> usize {
-    use vramscope_allocator::StepMark;
+    use vramscope_model::StepMark;
 
     let by_label: Vec<(u64, u64, String)> = snapshot
         .steps
@@ -1346,7 +1346,7 @@ pub fn restep(snapshot: &mut Snapshot, marker: &str) -> Result<usize, StepMarker
         let mut marks = Vec::with_capacity(starts.len());
         for (k, &at) in starts.iter().enumerate() {
             let e = &snapshot.events[at];
-            marks.push(vramscope_allocator::StepMark {
+            marks.push(vramscope_model::StepMark {
                 step: k as u64 + 1,
                 seq: e.seq,
                 time_ns: e.time_ns,
@@ -1480,7 +1480,7 @@ mod tests {
             20 * MIB,
         );
         t.alloc_at(a, 0x10_0000 + MIB, MIB);
-        t.snap.segments[0].blocks[1].state = vramscope_allocator::BlockState::ActiveAllocated;
+        t.snap.segments[0].blocks[1].state = vramscope_model::BlockState::ActiveAllocated;
         let snapshot = t.finish();
         let view = ModelView::new(&snapshot);
         assert_eq!(view.baseline_allocated(), MIB);

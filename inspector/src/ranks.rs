@@ -17,7 +17,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
-use vramscope_allocator::{format_bytes, Snapshot};
+use vramscope_model::{format_bytes, Snapshot};
 
 use crate::import::{self, ImportError};
 use crate::model_view::ModelView;

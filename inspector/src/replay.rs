@@ -1,7 +1,7 @@
 //! Replay and what-if: run a trace's allocations and frees through vramscope's caching
 //! allocator on a phantom simulated device, under any settings and capacity.
 //!
-//! The input is the one model (`vramscope_allocator::Snapshot`, from any importer). A trace
+//! The input is the one model (`vramscope_model::Snapshot`, from any importer). A trace
 //! that started after its program had allocated (PyTorch's recording usually does) is replayed
 //! from the allocator state it started in: [`initial_state`] walks the trace backwards from the
 //! segments at the end, as PyTorch's own memory visualizer does, and the allocator's
@@ -16,10 +16,8 @@ use serde::Serialize;
 use vramscope_allocator::caching::round_size;
 
 use crate::engine::{is_segment_event, MemoryState, Pair, Pairing, Reconstruction};
-use vramscope_allocator::{
-    AllocError, AllocatorConfig, BlockState, CachingAllocator, EventKind, Pool, SimDevice,
-    Snapshot, StreamId,
-};
+use vramscope_allocator::{AllocError, CachingAllocator, SimDevice, StreamId};
+use vramscope_model::{AllocatorConfig, BlockState, EventKind, Pool, Snapshot};
 
 /// Capacity used when neither the caller nor the snapshot names one: large enough that nothing
 /// fails (1 PiB of addresses, no memory behind them).
@@ -171,7 +169,7 @@ pub struct DeviceCallCheck {
 
 /// The device calls among `events`, with their sequence numbers.
 fn device_calls<'a>(
-    events: impl Iterator<Item = &'a vramscope_allocator::Event>,
+    events: impl Iterator<Item = &'a vramscope_model::Event>,
 ) -> Vec<(u64, DeviceCall)> {
     events
         .filter(|e| {
@@ -630,7 +628,7 @@ fn replay_recording(
 }
 
 /// The call site of an event as a reader names it.
-fn site_of(snapshot: &Snapshot, site: Option<vramscope_allocator::SiteId>) -> Option<String> {
+fn site_of(snapshot: &Snapshot, site: Option<vramscope_model::SiteId>) -> Option<String> {
     let site = snapshot.sites.get(site? as usize)?;
     Some(crate::model_view::name_call_site(site).label)
 }
@@ -641,7 +639,7 @@ fn render_device_calls(check: &DeviceCallCheck, capped: bool) -> String {
         Some(call) => format!(
             "{} of {}",
             call.action,
-            vramscope_allocator::format_bytes(call.size)
+            vramscope_model::format_bytes(call.size)
         ),
         None => "nothing more".to_string(),
     };
@@ -759,7 +757,7 @@ fn plural_times(count: u64) -> String {
 fn cell(value: Option<u64>, bytes: bool) -> String {
     match value {
         None => "-".to_string(),
-        Some(v) if bytes => vramscope_allocator::format_bytes(v),
+        Some(v) if bytes => vramscope_model::format_bytes(v),
         Some(v) => v.to_string(),
     }
 }
@@ -773,7 +771,7 @@ pub fn render_text(source: &str, result: &ReplayResult) -> String {
         } else {
             &result.config
         },
-        vramscope_allocator::format_bytes(result.capacity)
+        vramscope_model::format_bytes(result.capacity)
     );
     if result.restored_segments > 0 {
         out.push_str(&format!(
@@ -810,8 +808,8 @@ pub fn render_text(source: &str, result: &ReplayResult) -> String {
     }
     out.push_str(&format!(
         "\n  fragmentation: {} reserved beyond allocated at the peaks; {} free inside partly used segments at the end\n",
-        vramscope_allocator::format_bytes(result.fragmentation),
-        vramscope_allocator::format_bytes(result.inactive_split_bytes)
+        vramscope_model::format_bytes(result.fragmentation),
+        vramscope_model::format_bytes(result.inactive_split_bytes)
     ));
     match &result.first_oom {
         Some(oom) => out.push_str(&format!(
@@ -822,9 +820,9 @@ pub fn render_text(source: &str, result: &ReplayResult) -> String {
                 .as_ref()
                 .map(|s| format!(" at {s}"))
                 .unwrap_or_default(),
-            vramscope_allocator::format_bytes(oom.requested),
-            vramscope_allocator::format_bytes(oom.allocated),
-            vramscope_allocator::format_bytes(oom.reserved)
+            vramscope_model::format_bytes(oom.requested),
+            vramscope_model::format_bytes(oom.allocated),
+            vramscope_model::format_bytes(oom.reserved)
         )),
         None => out.push_str("  no OOM at this capacity\n"),
     }
@@ -859,7 +857,7 @@ pub fn render_text(source: &str, result: &ReplayResult) -> String {
 pub fn render_sweep_text(source: &str, capacity: u64, rows: &[SweepRow]) -> String {
     let mut out = format!(
         "settings sweep of {source} on {} capacity\n\n  {:<52} {:>5} {:>12} {:>12} {:>5}\n",
-        vramscope_allocator::format_bytes(capacity),
+        vramscope_model::format_bytes(capacity),
         "settings",
         "fits",
         "peak resv",

@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use std::str::FromStr;
 
 use serde::Serialize;
-use vramscope_allocator::{format_bytes, Recorded, Snapshot, SnapshotSource};
+use vramscope_model::{format_bytes, Recorded, Snapshot, SnapshotSource};
 
 use crate::detect::{self, DetectOptions, Finding, Severity};
 use crate::model_view::{GroupId, ModelView, TimelinePoint};

@@ -4,15 +4,15 @@
 //! and give the same output twice.
 
 use proptest::prelude::*;
-use vramscope_allocator::{
-    Annotation, Block, BlockState, CallSite, DeviceInfo, Event, EventKind, Pool, Segment, Snapshot,
-    SnapshotSource, StepMark, TransferDirection,
-};
 use vramscope_inspector::checks::{check_no_leaks, check_peak_below};
 use vramscope_inspector::detect::{detect, DetectOptions};
 use vramscope_inspector::diff::{diff, render_json, render_text};
 use vramscope_inspector::model_view::apply_step_marker;
 use vramscope_inspector::report::{build_report, render, Format, ReportOptions};
+use vramscope_model::{
+    Annotation, Block, BlockState, CallSite, DeviceInfo, Event, EventKind, Pool, Segment, Snapshot,
+    SnapshotSource, StepMark, TransferDirection,
+};
 
 fn kind() -> impl Strategy<Value = EventKind> {
     prop_oneof![

@@ -5,13 +5,13 @@
 mod testutil;
 
 use testutil::{clean_loop, Trace, MIB};
-use vramscope_allocator::{Snapshot, TransferDirection};
 use vramscope_inspector::checks::{
     assert_no_leaks, assert_peak_below, check_no_leaks, check_peak_below,
 };
 use vramscope_inspector::detect::Severity;
 use vramscope_inspector::diff::{self, diff};
 use vramscope_inspector::report::{build_report, render, Format, Report, ReportOptions};
+use vramscope_model::{Snapshot, TransferDirection};
 
 fn leaky(steps: u64) -> Snapshot {
     let mut t = clean_loop(0);

@@ -6,11 +6,11 @@
 mod testutil;
 
 use testutil::{clean_loop, Trace, MIB};
-use vramscope_allocator::{Annotation, Snapshot, TransferDirection};
 use vramscope_inspector::detect::{
     self, detect, DetectOptions, Finding, FindingKind, FindingSink, Severity, VecSink,
 };
 use vramscope_inspector::model_view::{apply_step_marker, ModelView};
+use vramscope_model::{Annotation, Snapshot, TransferDirection};
 
 fn findings(snapshot: &Snapshot) -> Vec<Finding> {
     detect(snapshot, &DetectOptions::default())

@@ -5,10 +5,10 @@
 
 use std::path::Path;
 
-use vramscope_allocator::Snapshot;
 use vramscope_inspector::detect::{self, DetectOptions, FindingKind, Severity};
 use vramscope_inspector::model_view::ModelView;
 use vramscope_inspector::report::{build_report, render, Format, ReportOptions};
+use vramscope_model::Snapshot;
 
 const MIB: f64 = 1048576.0;
 

@@ -6,7 +6,6 @@
 //! that reads an imported snapshot. Nothing may panic; an export that fails must say why.
 
 use proptest::prelude::*;
-use vramscope_allocator::{AllocatorConfig, Snapshot};
 use vramscope_inspector::export::{
     to_perfetto, to_pytorch_pickle, to_pytorch_pickle_with, PytorchExtras,
 };
@@ -15,6 +14,7 @@ use vramscope_inspector::pickle::Document;
 use vramscope_inspector::pickle_writer::PickleWriter;
 use vramscope_inspector::replay::{render_text, replay, ReplayOptions};
 use vramscope_inspector::report::{build_report, render, render_summary, Format, ReportOptions};
+use vramscope_model::{AllocatorConfig, Snapshot};
 
 /// What every file command does with an imported snapshot, as the fuzz targets do it.
 fn every_command(snapshot: &Snapshot, input: &[u8]) {

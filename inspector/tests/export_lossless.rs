@@ -10,14 +10,14 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use vramscope_allocator::{
-    AllocatorConfig, Block, BlockState, CachingAllocator, Event, EventKind, Pool, Segment,
-    SimDevice, Snapshot,
-};
+use vramscope_allocator::{CachingAllocator, SimDevice};
 use vramscope_inspector::export::{
     to_perfetto, to_pytorch_pickle, to_pytorch_pickle_from_file, ExportError,
 };
 use vramscope_inspector::import;
+use vramscope_model::{
+    AllocatorConfig, Block, BlockState, Event, EventKind, Pool, Segment, Snapshot,
+};
 
 fn trace(name: &str) -> Option<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");

@@ -5,9 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use vramscope_allocator::Snapshot;
 use vramscope_inspector::export::{to_perfetto, to_pytorch_pickle};
 use vramscope_inspector::import::{self, ImportOptions};
+use vramscope_model::Snapshot;
 
 fn trace(name: &str) -> Option<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");

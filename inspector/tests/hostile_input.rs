@@ -6,9 +6,9 @@
 
 use std::io::Write;
 
-use vramscope_allocator::Snapshot;
 use vramscope_inspector::import::{self, ImportError, ImportErrorKind, ImportOptions};
 use vramscope_inspector::pickle::{self, PickleErrorKind};
+use vramscope_model::Snapshot;
 
 fn load(bytes: &[u8], origin: &str) -> Result<Snapshot, ImportError> {
     import::load_bytes(bytes, origin, &ImportOptions::default())

@@ -15,8 +15,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use vramscope_allocator::testing::{shared_trace, skip_notice};
-use vramscope_allocator::{AllocatorConfig, CachingAllocator, SimDevice, Snapshot};
+use vramscope_allocator::{CachingAllocator, SimDevice};
 use vramscope_inspector::{html, import, report};
+use vramscope_model::{AllocatorConfig, Snapshot};
 
 /// The browsers tried, in order.
 const BROWSERS: [&str; 3] = [

@@ -12,7 +12,7 @@ use vramscope_inspector::pickle::PickleErrorKind;
 /// `{'segments': [], 'device_traces': [[]]}` as Python's pickler writes it (protocol 4).
 const EMPTY_SNAPSHOT: &[u8] = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces](]eu.";
 
-fn load(bytes: &[u8], origin: &str) -> Result<vramscope_allocator::Snapshot, ImportError> {
+fn load(bytes: &[u8], origin: &str) -> Result<vramscope_model::Snapshot, ImportError> {
     import::load_bytes(bytes, origin, &ImportOptions::default())
 }
 

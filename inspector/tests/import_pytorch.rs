@@ -4,9 +4,9 @@
 
 use std::process::Command;
 
-use vramscope_allocator::{BlockState, EventKind, Pool, SnapshotSource};
 use vramscope_inspector::import::{self, ImportErrorKind, ImportOptions};
 use vramscope_inspector::pickle::{self, Value};
+use vramscope_model::{BlockState, EventKind, Pool, SnapshotSource};
 
 /// A snapshot written by Python 3's pickler (protocol 4) from this dict:
 ///
@@ -62,7 +62,7 @@ const SYNTHETIC: &[u8] =
     \x05stage\x94\x8c\x05START\x94h\x04K\x00h.M\xed\x03u}\x94(h\x1dhKhL\x8c\x03END\x94h\x04K\
     \x00h.M\xee\x03ueu.";
 
-fn import(bytes: &[u8], options: &ImportOptions) -> vramscope_allocator::Snapshot {
+fn import(bytes: &[u8], options: &ImportOptions) -> vramscope_model::Snapshot {
     match import::load_bytes(bytes, "synthetic.pickle", options) {
         Ok(s) => s,
         Err(e) => panic!("{e}"),

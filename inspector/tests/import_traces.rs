@@ -9,8 +9,8 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::Instant;
 
-use vramscope_allocator::{BlockState, Event, EventKind, Pool, Snapshot, SnapshotSource};
 use vramscope_inspector::import::{self, sites, ImportOptions};
+use vramscope_model::{BlockState, Event, EventKind, Pool, Snapshot, SnapshotSource};
 
 const MIB: u64 = 1 << 20;
 

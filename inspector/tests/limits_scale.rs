@@ -8,10 +8,10 @@
 //! through the memo, as PyTorch writes them. Counting each memo reference twice, the reader used
 //! to refuse it with "more than 67108864 container elements".
 
-use vramscope_allocator::EventKind;
 use vramscope_inspector::import::{self, ImportErrorKind, ImportOptions};
 use vramscope_inspector::pickle::{self, Document, Limits, PickleErrorKind};
 use vramscope_inspector::pickle_writer::{MemoRef, PickleWriter};
+use vramscope_model::EventKind;
 
 /// Distinct frame dicts the generated stacks are made of.
 const FRAMES: usize = 200;

@@ -9,10 +9,10 @@
 mod common;
 
 use common::pytorch_like::{alloc_frames, py, Model, Torch, MIB};
-use vramscope_allocator::{Frame, Snapshot};
 use vramscope_inspector::detect::{detect, DetectOptions, FindingKind, Severity};
 use vramscope_inspector::model_view::ModelView;
 use vramscope_inspector::replay::{replay, ReplayOptions};
+use vramscope_model::{Frame, Snapshot};
 
 const TRAIN: &str = "/home/user/project/train.py";
 

@@ -9,9 +9,9 @@
 mod common;
 
 use common::pytorch_like::{alloc_frames, backward_stack, py, torch_py, Model, Torch, MIB};
-use vramscope_allocator::{Frame, Snapshot};
 use vramscope_inspector::detect::{detect, DetectOptions, Finding, FindingKind, Severity};
 use vramscope_inspector::model_view::{restep, ModelView, StepSource};
+use vramscope_model::{Frame, Snapshot};
 
 const TRAIN: &str = "/home/user/project/train.py";
 const EVAL: &str = "/home/user/project/evaluate.py";

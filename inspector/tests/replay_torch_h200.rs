@@ -10,9 +10,9 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use vramscope_allocator::AllocatorConfig;
 use vramscope_inspector::import;
 use vramscope_inspector::replay::{replay, ReplayOptions, ReplayResult};
+use vramscope_model::AllocatorConfig;
 
 fn data() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/torch_h200")

@@ -66,7 +66,7 @@ fn sweep_on_decomfl_finds_settings_that_fit_2_gib() {
 
 #[test]
 fn compact_policy_reserves_within_3_percent_and_never_more_than_pytorch() {
-    use vramscope_allocator::AllocatorConfig;
+    use vramscope_model::AllocatorConfig;
     for (name, bound) in [
         ("decomfl_opt125m_zo_fedlearn.pickle", Some(1.03)),
         ("cs336_medium_ctx512_train_step.pickle", Some(1.03)),

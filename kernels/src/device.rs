@@ -11,7 +11,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use vramscope_allocator::{AllocatorConfig, CachingAllocator, DeviceBackend, StreamId};
+use vramscope_allocator::{CachingAllocator, DeviceBackend, StreamId};
+use vramscope_model::AllocatorConfig;
 
 use crate::cuda::{kernels_for, Kernels};
 use crate::tensor::TensorError;

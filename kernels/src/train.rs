@@ -10,7 +10,7 @@
 //! gradient-accumulation buffers, and [`TrainConfig::bf16`] keeps activations and weight copies
 //! in bf16 with f32 master weights. The inspector's detectors should point at the marked lines.
 
-use vramscope_allocator::Snapshot;
+use vramscope_model::Snapshot;
 
 use crate::cpu::AdamW;
 use crate::device::Device;

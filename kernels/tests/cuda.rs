@@ -3,8 +3,9 @@
 //! and device exist and prints one line saying it was skipped anywhere else.
 
 use vramscope_allocator::cuda::nvrtc_version;
-use vramscope_allocator::{AllocatorConfig, Backend, CachingAllocator, DeviceBackend};
+use vramscope_allocator::{Backend, CachingAllocator, DeviceBackend};
 use vramscope_kernels::{cpu, train, AdamW, DType, Device, Tensor, TrainConfig};
+use vramscope_model::AllocatorConfig;
 
 /// A CUDA device with the default allocator settings, or `None` after printing why not.
 fn cuda_device(config: AllocatorConfig) -> Option<Device> {

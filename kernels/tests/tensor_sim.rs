@@ -1,8 +1,8 @@
 //! The tensor layer on the backed simulated device: results, dtypes, errors, and what the
 //! allocator records (allocations and transfers at the caller's line).
 
-use vramscope_allocator::{EventKind, Snapshot, TransferDirection};
 use vramscope_kernels::{cpu, AdamW, DType, Device, Tensor, TensorError};
+use vramscope_model::{EventKind, Snapshot, TransferDirection};
 
 fn device() -> Device {
     Device::sim(256 << 20)

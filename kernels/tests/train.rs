@@ -1,8 +1,8 @@
 //! The MLP trainer on the backed simulated device: the loss falls in every variant, and each
 //! planted bug leaves the trace the inspector looks for.
 
-use vramscope_allocator::{EventKind, TransferDirection};
 use vramscope_kernels::{train, Device, Optimizer, TrainConfig};
+use vramscope_model::{EventKind, TransferDirection};
 
 fn small() -> TrainConfig {
     TrainConfig {

@@ -12,12 +12,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use vramscope_allocator::{
-    CallSite, DeviceInfo, Event, EventKind, Frame, Snapshot, SnapshotSource, StepMark,
-};
 use vramscope_inspector::html::explorer::ExplorerData;
 use vramscope_inspector::model_view::ModelView;
 use vramscope_inspector::{html, report};
+use vramscope_model::{
+    CallSite, DeviceInfo, Event, EventKind, Frame, Snapshot, SnapshotSource, StepMark,
+};
 
 const MIB: u64 = 1 << 20;
 

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use vramscope_allocator::telemetry::Frame;
 use vramscope_allocator::{
-    AllocatorConfig, CachingAllocator, SimDevice, StreamId, Telemetry, TelemetryAddr,
-    TelemetryClient,
+    CachingAllocator, SimDevice, StreamId, Telemetry, TelemetryAddr, TelemetryClient,
 };
+use vramscope_model::AllocatorConfig;
 
 /// Allocates and frees for `secs`, at most `per_ms` allocations per millisecond (0: no
 /// limit). Returns alloc+free pairs and the time taken.

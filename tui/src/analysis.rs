@@ -12,9 +12,9 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
-use vramscope_allocator::Snapshot;
 use vramscope_inspector::detect::{self, DetectOptions, Finding};
 use vramscope_inspector::model_view::{GroupId, ModelView};
+use vramscope_model::Snapshot;
 
 /// Steps over which growth per step is averaged.
 const GROWTH_WINDOW: u32 = 8;

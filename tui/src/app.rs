@@ -16,8 +16,8 @@ use ratatui::crossterm::event::{
 };
 use ratatui::layout::{Position, Rect};
 use rustc_hash::FxHashMap;
-use vramscope_allocator::{EventKind, SiteId, Snapshot};
 use vramscope_inspector::import::sites::{is_framework_frame, DEFAULT_FRAMEWORK_PATHS};
+use vramscope_model::{EventKind, SiteId, Snapshot};
 
 use crate::analysis::{self, Analysis, Analyzer, Job};
 use crate::data::{Dataset, Link, Origin};
@@ -940,7 +940,7 @@ impl App {
         };
         self.set_status(format!(
             "peak {what} {} after {} events",
-            vramscope_allocator::format_bytes(bytes),
+            vramscope_model::format_bytes(bytes),
             pos
         ));
     }

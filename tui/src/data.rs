@@ -4,7 +4,7 @@
 //! program (`crate::source::LiveSource`) and an in-process allocator
 //! (`crate::source::InProcessSource`) start from a snapshot with its history and then append
 //! events, table additions and statistics. [`Dataset`] keeps the events in the one data model
-//! (`vramscope_allocator::Snapshot`, shared with the analysis thread of `crate::analysis`)
+//! (`vramscope_model::Snapshot`, shared with the analysis thread of `crate::analysis`)
 //! and derives everything else with the inspector's engine (`vramscope_inspector::engine`):
 //! the start state reconstructed once, frees paired with their allocations, the allocated and
 //! reserved bytes after every event, call-site groups, and the segments and live blocks at any
@@ -16,8 +16,8 @@
 use std::sync::Arc;
 
 use vramscope_allocator::telemetry::TablesFrame;
-use vramscope_allocator::{Event, EventKind, MemoryStats, Snapshot, StepMark};
 use vramscope_inspector::engine::{self, FreeLink, MemoryState, Pair, Pairing, SiteGroups, Usage};
+use vramscope_model::{Event, EventKind, MemoryStats, Snapshot, StepMark};
 
 /// The most events undone to move the cursor back, rather than starting from a checkpoint.
 const UNDO_LIMIT: usize = 4096;

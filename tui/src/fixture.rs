@@ -9,9 +9,8 @@
 //! every machine. [`many_blocks_snapshot`] builds a state with a given number of live blocks for
 //! the drawing benchmark.
 
-use vramscope_allocator::{
-    AllocatorConfig, CachingAllocator, CallSite, Frame, SimDevice, Snapshot,
-};
+use vramscope_allocator::{CachingAllocator, SimDevice};
+use vramscope_model::{AllocatorConfig, CallSite, Frame, Snapshot};
 
 const MIB: u64 = 1 << 20;
 

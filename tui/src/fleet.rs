@@ -20,7 +20,8 @@ use ratatui::crossterm::event::{
     KeyCode, KeyEvent, KeyEventKind, KeyModifiers, MouseButton, MouseEvent, MouseEventKind,
 };
 use ratatui::layout::{Position, Rect};
-use vramscope_allocator::{DeviceInfo, Snapshot, SnapshotSource, TelemetryAddr};
+use vramscope_allocator::TelemetryAddr;
+use vramscope_model::{DeviceInfo, Snapshot, SnapshotSource};
 
 use crate::app::App;
 use crate::data::{Dataset, Link, Origin};

@@ -28,10 +28,9 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
-use vramscope_allocator::{
-    Backend, CachingAllocator, DeviceInfo, Snapshot, SnapshotSource, TelemetryAddr,
-};
+use vramscope_allocator::{Backend, CachingAllocator, TelemetryAddr};
 use vramscope_inspector::import::{self, ImportError, ImportOptions};
+use vramscope_model::{DeviceInfo, Snapshot, SnapshotSource};
 
 pub use app::{App, Panel};
 pub use data::{Dataset, Origin};

@@ -16,9 +16,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use vramscope_allocator::telemetry::{Frame, KnownTables, TablesFrame};
-use vramscope_allocator::{
-    Backend, CachingAllocator, Event, MemoryStats, Snapshot, TelemetryAddr, TelemetryClient,
-};
+use vramscope_allocator::{Backend, CachingAllocator, TelemetryAddr, TelemetryClient};
+use vramscope_model::{Event, MemoryStats, Snapshot};
 
 /// Something that happened at a source.
 #[derive(Clone, Debug, PartialEq)]

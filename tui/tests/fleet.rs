@@ -9,10 +9,8 @@ use ratatui::backend::TestBackend;
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use ratatui::layout::Rect;
 use ratatui::Terminal;
-use vramscope_allocator::{
-    format_bytes, AllocatorConfig, CachingAllocator, DeviceInfo, SimDevice, Snapshot,
-    SnapshotSource, StreamId, Telemetry, TelemetryAddr,
-};
+use vramscope_allocator::{CachingAllocator, SimDevice, StreamId, Telemetry, TelemetryAddr};
+use vramscope_model::{format_bytes, AllocatorConfig, DeviceInfo, Snapshot, SnapshotSource};
 use vramscope_tui::data::{Dataset, Link, Origin};
 use vramscope_tui::fixture;
 use vramscope_tui::fleet::{Fleet, Member};

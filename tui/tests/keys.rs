@@ -296,7 +296,7 @@ fn s_saves_the_state_at_the_cursor() {
         .unwrap()
         .unwrap()
         .path();
-    let saved = vramscope_allocator::Snapshot::load(&file).unwrap();
+    let saved = vramscope_model::Snapshot::load(&file).unwrap();
     assert_eq!(saved.events.len(), at);
     let state = vramscope_inspector::engine::MemoryState::from_segments(&saved.segments);
     assert_eq!(state.usage(), app.data.usage_at(at));

@@ -193,8 +193,8 @@ fn tiny_and_odd_terminal_sizes_do_not_panic() {
 
 #[test]
 fn an_empty_dataset_draws() {
-    let empty = vramscope_allocator::Snapshot::empty(
-        vramscope_allocator::SnapshotSource::Vramscope,
+    let empty = vramscope_model::Snapshot::empty(
+        vramscope_model::SnapshotSource::Vramscope,
         Default::default(),
     );
     let mut app = App::new(Dataset::new(empty, Origin::Live("tcp:127.0.0.1:1".into())));

@@ -12,7 +12,7 @@
 //! frees whose stack shows `emptyCache`): the finding names the Python line that made them,
 //! counts them, and says to remove the call.
 
-use vramscope_allocator::{format_bytes, EventKind};
+use vramscope_model::{format_bytes, EventKind};
 
 use super::{sat_sum, DetectOptions, Finding, FindingKind, FindingSink, PerStep, Severity};
 use crate::model_view::{GroupId, ModelView};

@@ -11,8 +11,8 @@
 //! (`num_alloc_retries`) or a peak close to capacity with much free memory stuck in split
 //! segments give a warning; a large share of split free memory alone is information.
 
-use vramscope_allocator::oom::{fragmentation_setting, is_fragmentation};
-use vramscope_allocator::{format_bytes, Event};
+use vramscope_model::{format_bytes, Event};
+use vramscope_model::{oom::fragmentation_setting, oom::is_fragmentation};
 
 use super::{config_env_var, DetectOptions, Finding, FindingKind, FindingSink, Severity};
 use crate::model_view::ModelView;

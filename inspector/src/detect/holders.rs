@@ -10,7 +10,7 @@
 //! is live at the end, as in a profiler window that frees everything it allocates, the
 //! holders at the peak of allocated bytes are reported instead.
 
-use vramscope_allocator::format_bytes;
+use vramscope_model::format_bytes;
 
 use super::{plural, DetectOptions, Finding, FindingKind, FindingSink, FindingSite, Severity};
 use crate::model_view::{GroupId, GroupKind, Holding, ModelView, SiteGroups};

@@ -27,7 +27,7 @@ use std::str::FromStr;
 
 use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
-use vramscope_allocator::{Snapshot, SnapshotSource};
+use vramscope_model::{Snapshot, SnapshotSource};
 
 use crate::model_view::{GroupId, ModelView};
 

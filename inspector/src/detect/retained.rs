@@ -22,7 +22,7 @@
 //! that allocated last in a retaining step: the output of the graph, which keeps the rest.
 
 use rustc_hash::FxHashMap;
-use vramscope_allocator::{format_bytes, CallSite, EventKind, Frame, SiteId};
+use vramscope_model::{format_bytes, CallSite, EventKind, Frame, SiteId};
 
 use super::{
     plural, sat_sum, DetectOptions, Finding, FindingKind, FindingSink, FindingSite, PerStep,

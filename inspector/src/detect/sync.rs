@@ -7,7 +7,7 @@
 //! more over at least `min_steps` steps.
 
 use rustc_hash::FxHashMap;
-use vramscope_allocator::{EventKind, TransferDirection};
+use vramscope_model::{EventKind, TransferDirection};
 
 use super::{sat_sum, DetectOptions, Finding, FindingKind, FindingSink, PerStep, Severity};
 use crate::model_view::ModelView;

@@ -7,7 +7,7 @@
 //! `#[path]`, which is why it uses only `vramscope_allocator` types.
 #![allow(dead_code)]
 
-use vramscope_allocator::{
+use vramscope_model::{
     Block, BlockState, CallSite, DeviceInfo, Event, EventKind, Pool, Segment, SiteId, Snapshot,
     SnapshotSource, StepMark, TransferDirection,
 };

@@ -9,7 +9,7 @@
 //! from `crate::model_view`.
 
 use rustc_hash::FxHashMap;
-use vramscope_allocator::{format_bytes, EventKind, TransferDirection};
+use vramscope_model::{format_bytes, EventKind, TransferDirection};
 
 use super::{sat_sum, DetectOptions, Finding, FindingKind, FindingSink, PerStep, Severity};
 use crate::model_view::ModelView;

@@ -11,7 +11,7 @@
 //! group through this type, so a site's bytes are the same in every view.
 
 use rustc_hash::FxHashMap;
-use vramscope_allocator::{CallSite, SiteId};
+use vramscope_model::{CallSite, SiteId};
 
 use super::naming::name_call_site;
 use super::state::LiveBlock;

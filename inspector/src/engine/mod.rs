@@ -29,7 +29,7 @@ pub use groups::{GroupId, GroupKind, SiteGroup, SiteGroups};
 pub use pairing::{FreeLink, Pair, Pairing};
 pub use state::{LiveBlock, MemoryState, SegmentInfo, Usage, NO_EVENT};
 
-use vramscope_allocator::{Event, Snapshot};
+use vramscope_model::{Event, Snapshot};
 
 /// The highest value of one figure and the event after which it was first reached.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -188,7 +188,7 @@ impl Reconstruction {
 
 /// Whether `e` changes reserved memory.
 pub fn is_segment_event(e: &Event) -> bool {
-    use vramscope_allocator::EventKind::*;
+    use vramscope_model::EventKind::*;
     matches!(
         e.kind,
         SegmentAlloc | SegmentFree | SegmentMap | SegmentUnmap

@@ -7,7 +7,7 @@
 //! C++ function that is not the allocator's own. `super::SiteGroups` groups sites by these
 //! names, so every view (reports, diff, the dashboard, the explorer) shows the same name.
 
-use vramscope_allocator::{CallSite, Frame};
+use vramscope_model::{CallSite, Frame};
 
 /// A call site named for a reader.
 #[derive(Clone, Debug, PartialEq, Eq)]

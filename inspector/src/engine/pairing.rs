@@ -9,7 +9,7 @@
 //! same way.
 
 use rustc_hash::FxHashMap;
-use vramscope_allocator::{Event, EventKind};
+use vramscope_model::{Event, EventKind};
 
 /// What pairing one event found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

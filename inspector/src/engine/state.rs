@@ -15,9 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use vramscope_allocator::{
-    Block, BlockState, Event, EventKind, Pool, ScopeId, Segment, SiteId, TagId,
-};
+use vramscope_model::{Block, BlockState, Event, EventKind, Pool, ScopeId, Segment, SiteId, TagId};
 
 /// Index value meaning "no event".
 pub const NO_EVENT: u32 = u32::MAX;

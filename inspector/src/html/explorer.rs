@@ -12,7 +12,7 @@
 
 use rustc_hash::FxHashMap;
 use serde::Serialize;
-use vramscope_allocator::{EventKind, Pool, Snapshot};
+use vramscope_model::{EventKind, Pool, Snapshot};
 
 use crate::engine::{GroupId, GroupKind, MemoryState, Reconstruction, SiteGroups};
 use crate::model_view::ModelView;

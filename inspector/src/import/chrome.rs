@@ -5,7 +5,7 @@
 //! one instant event named `[memory]` per allocation and free, with args `Addr`, `Bytes` (negative
 //! for a free), `Total Allocated`, `Total Reserved`, `Device Type` (1 is CUDA) and `Device Id`.
 //! Those of CUDA devices become `Alloc` and `FreeCompleted` events of a
-//! `vramscope_allocator::Snapshot` with source `ChromeTrace`, ordered by time (the file is not);
+//! `vramscope_model::Snapshot` with source `ChromeTrace`, ordered by time (the file is not);
 //! their `requested` is 0 because the profiler records only block sizes. `ProfilerStep#N` slices
 //! (phase `X`) become the steps of `Snapshot::steps`, numbered from 1 in time order and labelled
 //! with the slice name, and every event gets the step it falls in. The statistics keep the last
@@ -30,7 +30,7 @@ use std::fmt;
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
-use vramscope_allocator::{
+use vramscope_model::{
     DeviceInfo, Event, EventKind, MemoryStats, Pool, Snapshot, SnapshotSource, Stat, FORMAT_VERSION,
 };
 

@@ -8,7 +8,7 @@
 //! Steps come from the header's step marks, or, when it has none, from the log's `step` events.
 
 use serde_json::Deserializer;
-use vramscope_allocator::{Event, EventKind, Snapshot, StepMark, FORMAT_VERSION};
+use vramscope_model::{Event, EventKind, Snapshot, StepMark, FORMAT_VERSION};
 
 use super::{ImportError, ImportErrorKind};
 
@@ -73,7 +73,8 @@ pub fn read(bytes: &[u8], origin: &str) -> Result<Snapshot, ImportError> {
 mod tests {
     use super::*;
     use crate::import::{load_bytes, ImportOptions};
-    use vramscope_allocator::{AllocatorConfig, CachingAllocator, SimDevice};
+    use vramscope_allocator::{CachingAllocator, SimDevice};
+    use vramscope_model::AllocatorConfig;
 
     fn log() -> (Snapshot, Vec<u8>) {
         let alloc = CachingAllocator::new(SimDevice::phantom(1 << 34), AllocatorConfig::default());

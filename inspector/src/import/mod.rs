@@ -1,4 +1,4 @@
-//! Importers: turn a file on disk into the one data model, [`vramscope_allocator::Snapshot`].
+//! Importers: turn a file on disk into the one data model, [`vramscope_model::Snapshot`].
 //!
 //! [`load`] and [`load_bytes`] detect the format by content, not by file name: a pickle
 //! (first byte `0x80`, the protocol opcode) is a PyTorch `_dump_snapshot()` file read by
@@ -31,7 +31,7 @@ use std::fmt;
 use std::io::Read;
 use std::path::Path;
 
-use vramscope_allocator::{Snapshot, SnapshotError};
+use vramscope_model::{Snapshot, SnapshotError};
 
 use crate::pickle::PickleError;
 
@@ -66,7 +66,7 @@ pub fn default_max_input() -> u64 {
     let Some(text) = std::env::var_os(MAX_INPUT_ENV) else {
         return MAX_FILE_BYTES;
     };
-    match vramscope_allocator::stats::parse_bytes(&text.to_string_lossy()) {
+    match vramscope_model::parse_bytes(&text.to_string_lossy()) {
         Ok(bytes) if bytes > 0 => bytes,
         _ => {
             static WARNED: std::sync::Once = std::sync::Once::new();
@@ -238,7 +238,7 @@ impl fmt::Display for ImportError {
                 SnapshotError::Version { found, .. } => write!(
                     f,
                     "snapshot format version {found} is newer than this build reads ({})",
-                    vramscope_allocator::FORMAT_VERSION
+                    vramscope_model::FORMAT_VERSION
                 ),
                 other => write!(f, "{other}"),
             },
@@ -769,8 +769,8 @@ mod tests {
     #[test]
     fn own_snapshot_round_trips_in_either_key_order() {
         let snap = Snapshot::empty(
-            vramscope_allocator::SnapshotSource::Vramscope,
-            vramscope_allocator::DeviceInfo::default(),
+            vramscope_model::SnapshotSource::Vramscope,
+            vramscope_model::DeviceInfo::default(),
         );
         let json = serde_json::to_vec(&snap).unwrap();
         let back = load_bytes(&json, "snap.json", &ImportOptions::default()).unwrap();
@@ -866,8 +866,8 @@ mod tests {
     #[test]
     fn gzipped_own_snapshot_loads_in_either_key_order() {
         let snap = Snapshot::empty(
-            vramscope_allocator::SnapshotSource::Vramscope,
-            vramscope_allocator::DeviceInfo::default(),
+            vramscope_model::SnapshotSource::Vramscope,
+            vramscope_model::DeviceInfo::default(),
         );
         let json = serde_json::to_vec(&snap).unwrap();
         let options = ImportOptions::default();

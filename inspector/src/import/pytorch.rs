@@ -1,7 +1,7 @@
 //! Importer for PyTorch's `torch.cuda.memory._dump_snapshot()` pickles.
 //!
 //! The pickle is read by the safe reader of `crate::pickle` into a [`Document`], whose values
-//! are converted here, without building a tree of them, into a `vramscope_allocator::Snapshot`
+//! are converted here, without building a tree of them, into a `vramscope_model::Snapshot`
 //! with source `Pytorch`:
 //!
 //! - every segment of every device with its blocks (pool from `segment_type`, stream,
@@ -32,7 +32,7 @@
 use std::fmt;
 
 use rustc_hash::FxHashMap;
-use vramscope_allocator::{
+use vramscope_model::{
     AllocatorConfig, Annotation, Block, BlockState, DeviceInfo, Event, EventKind, Frame,
     MemoryStats, Pool, Segment, SiteId, Snapshot, SnapshotSource, Stat, StatArray, StepMark,
     FORMAT_VERSION,

@@ -12,7 +12,7 @@
 use std::hash::{Hash, Hasher};
 
 use rustc_hash::{FxHashMap, FxHasher};
-use vramscope_allocator::{CallSite, Frame, SiteId};
+use vramscope_model::{CallSite, Frame, SiteId};
 
 /// The path fragments [`super::ImportOptions`] treats as framework code by default.
 pub const DEFAULT_FRAMEWORK_PATHS: &[&str] = &["torch/", "site-packages/", "dist-packages/"];

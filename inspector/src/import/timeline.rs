@@ -9,7 +9,7 @@
 //! then anchors them to a known final value (from the snapshot's segments) or, without one,
 //! to the smallest start that never goes negative.
 
-use vramscope_allocator::{Event, Pool, Stat, StatArray, StepMark};
+use vramscope_model::{Event, Pool, Stat, StatArray, StepMark};
 
 /// Numbers steps from start times: each `(time_ns, label)` begins a step; an event belongs to
 /// the last step that began at or before its time (step 0 before the first). Returns the
@@ -177,7 +177,7 @@ impl TrackArray {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vramscope_allocator::EventKind;
+    use vramscope_model::EventKind;
 
     fn event(seq: u64, time_ns: u64) -> Event {
         Event {

@@ -14,11 +14,11 @@
 
 use std::collections::HashMap;
 
-use vramscope_allocator::{
-    AllocatorConfig, Annotation, CachingAllocator, DeviceInfo, EventKind, Frame, SimDevice, SiteId,
-    Snapshot, SnapshotSource, StreamId,
-};
+use vramscope_allocator::{CachingAllocator, SimDevice, StreamId};
 use vramscope_inspector::import::sites::{SiteTable, DEFAULT_FRAMEWORK_PATHS};
+use vramscope_model::{
+    AllocatorConfig, Annotation, DeviceInfo, EventKind, Frame, SiteId, Snapshot, SnapshotSource,
+};
 
 /// One mebibyte.
 pub const MIB: u64 = 1 << 20;

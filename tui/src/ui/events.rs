@@ -10,7 +10,7 @@ use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
 use ratatui::style::Style;
 use ratatui::widgets::Widget;
-use vramscope_allocator::{format_bytes, Event, EventKind};
+use vramscope_model::{format_bytes, Event, EventKind};
 
 use super::{clip, clip_left, panel_block, put, seconds, thousands};
 use crate::app::{App, Panel};

@@ -13,7 +13,7 @@ use ratatui::layout::Rect;
 use ratatui::style::Style;
 use ratatui::widgets::Widget;
 use ratatui::Frame;
-use vramscope_allocator::format_bytes;
+use vramscope_model::format_bytes;
 
 use super::{clip, clip_left, panel_block, put, Theme};
 use crate::fleet::{Fleet, Row};

@@ -10,7 +10,7 @@ use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
 use ratatui::style::Style;
 use ratatui::widgets::Widget;
-use vramscope_allocator::format_bytes;
+use vramscope_model::format_bytes;
 
 use super::{clock, put, thousands, Theme};
 use crate::app::App;

@@ -11,7 +11,7 @@ use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
 use ratatui::style::Style;
 use ratatui::widgets::Widget;
-use vramscope_allocator::{format_bytes, Pool};
+use vramscope_model::{format_bytes, Pool};
 
 use super::{panel_block, put, thousands, Theme};
 use crate::app::{App, Panel};

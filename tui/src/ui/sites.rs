@@ -12,8 +12,8 @@ use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
 use ratatui::style::Style;
 use ratatui::widgets::Widget;
-use vramscope_allocator::format_bytes;
 use vramscope_inspector::import::sites::{is_framework_frame, DEFAULT_FRAMEWORK_PATHS};
+use vramscope_model::format_bytes;
 
 use super::{clip, clip_left, panel_block, put, thousands};
 use crate::app::{App, Panel};

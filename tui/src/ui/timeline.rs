@@ -12,7 +12,7 @@ use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
 use ratatui::style::{Modifier, Style};
 use ratatui::widgets::Widget;
-use vramscope_allocator::format_bytes;
+use vramscope_model::format_bytes;
 
 use super::{panel_block, put, thousands};
 use crate::app::{App, Panel};

@@ -1,5 +1,5 @@
 //! The one rule for "this out-of-memory error is fragmentation", shared by the allocator's own
-//! `OomReport` hint (`crate::caching`) and the inspector's `fragmentation` detector, so that a
+//! `OomReport` hint (`vramscope_allocator::caching`) and the inspector's `fragmentation` detector, so that a
 //! live program and a report on its snapshot never disagree about the same failure.
 //!
 //! A request failed for fragmentation when the memory was there, in pieces: the cache held
@@ -8,7 +8,7 @@
 //! instead of splitting), or, where that is already on, a `max_split_size_mb` at the request's
 //! size (so that large free blocks are not split by small requests).
 
-use crate::config::AllocatorConfig;
+use crate::AllocatorConfig;
 
 /// Whether a request of `request` bytes that failed with `cached` bytes reserved but
 /// unallocated and `device_free` bytes free on the device failed for fragmentation.

@@ -1,7 +1,7 @@
 //! The one data model of vramscope: snapshots, segments, blocks, events, call sites and steps.
 //!
 //! Everything that describes device memory is defined here, once, where the data is born. The
-//! caching allocator (`crate::caching`) fills these types when asked for a [`Snapshot`]; the
+//! caching allocator (`vramscope_allocator::caching`) fills these types when asked for a [`Snapshot`]; the
 //! inspector's importers convert PyTorch pickles and Chrome traces *into* them, and its
 //! detectors, reports and the dashboard read only these types. A snapshot is plain data: it can
 //! be saved and loaded as JSON and carries a [`FORMAT_VERSION`].
@@ -11,8 +11,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::AllocatorConfig;
-use crate::stats::MemoryStats;
+use crate::AllocatorConfig;
+use crate::MemoryStats;
 
 /// The version of the JSON snapshot format written by [`Snapshot::save`].
 pub const FORMAT_VERSION: u32 = 1;

@@ -1,8 +1,8 @@
 //! Allocator settings: PyTorch's `PYTORCH_CUDA_ALLOC_CONF` options plus vramscope's own
 //! tracking options, parsed from the same `key:value,key:value` syntax.
 //!
-//! `crate::caching` reads an [`AllocatorConfig`] once at construction; snapshots
-//! (`crate::model`) carry it so that a report knows the policy a trace ran under. Parsing never
+//! The caching allocator (`vramscope_allocator::caching`) reads an [`AllocatorConfig`] once at construction; snapshots
+//! (`crate::snapshot`) carry it so that a report knows the policy a trace ran under. Parsing never
 //! panics: a bad key or value is a [`ConfigError`] that names it.
 
 use std::fmt;
@@ -53,7 +53,7 @@ pub enum BacktraceMode {
     All,
 }
 
-/// Settings of a [`crate::CachingAllocator`].
+/// Settings of a the caching allocator (`vramscope_allocator::CachingAllocator`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AllocatorConfig {
     /// Placement policy.
@@ -186,7 +186,7 @@ impl AllocatorConfig {
     /// Parses `key:value,key:value` as `PYTORCH_CUDA_ALLOC_CONF` does, on top of the defaults.
     ///
     /// ```
-    /// use vramscope_allocator::AllocatorConfig;
+    /// use vramscope_model::AllocatorConfig;
     /// let c = AllocatorConfig::parse("max_split_size_mb:128,expandable_segments:True").unwrap();
     /// assert_eq!(c.max_split_size, Some(128 << 20));
     /// assert!(c.expandable_segments);

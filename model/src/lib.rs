@@ -1,0 +1,37 @@
+//! vramscope-model: the ground floor every other vramscope crate stands on. It holds the data
+//! that describes device memory, and nothing that produces or analyses it.
+//!
+//! - snapshots, segments, blocks, events, call sites, steps and annotations (the snapshot
+//!   module), saved and loaded as JSON with a format version;
+//! - PyTorch's statistics under PyTorch's names ([`MemoryStats`]) and its `memory_summary()`
+//!   table, with byte sizes formatted and parsed the way every view prints them;
+//! - allocator settings in `PYTORCH_CUDA_ALLOC_CONF` syntax ([`AllocatorConfig`]);
+//! - the one rule for "this out-of-memory error is fragmentation" ([`oom`]).
+//!
+//! The caching allocator (`vramscope-allocator`) fills these types; the inspector's importers
+//! build them from PyTorch pickles and Chrome traces; the engine, detectors, replay, telemetry
+//! and the dashboard read them. This crate depends on serde alone, so that reading a snapshot
+//! never links a GPU driver. Every item has one path: the root re-exports below (`oom`, whose
+//! functions read best with their module's name, is the one public module).
+//!
+//! ```
+//! use vramscope_model::{format_bytes, parse_bytes, AllocatorConfig};
+//!
+//! assert_eq!(parse_bytes("1.5 GiB"), Ok(3 << 29));
+//! assert_eq!(format_bytes(3 << 29), "1.50 GiB");
+//! let config = AllocatorConfig::parse("expandable_segments:True").unwrap();
+//! assert!(config.expandable_segments);
+//! ```
+
+mod config;
+pub mod oom;
+mod snapshot;
+mod stats;
+
+pub use config::{AllocatorConfig, BacktraceMode, ConfigError, Policy, CONFIG_ENV_VAR, MIB};
+pub use snapshot::{
+    Annotation, Block, BlockState, CallSite, DeviceInfo, Event, EventKind, Frame, Owner, Pool,
+    ScopeId, Segment, SiteId, Snapshot, SnapshotError, SnapshotSource, StepMark, TagId,
+    TransferDirection, Violation, ViolationKind, FORMAT_VERSION,
+};
+pub use stats::{format_bytes, parse_bytes, MemoryStats, Recorded, Stat, StatArray};
