@@ -9,9 +9,10 @@
 
 use std::str::FromStr;
 
-use vramscope::allocator::{Telemetry, TelemetryAddr};
+use vramscope::allocator::Telemetry;
 use vramscope::kernels::{train, train_with, Device, TensorError, TrainConfig, TrainHooks};
 use vramscope::model::{AllocatorConfig, Snapshot};
+use vramscope_telemetry::TelemetryAddr;
 
 /// The bugs the demo can plant.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -326,7 +326,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         } => {
             if let Some(listen) = listen {
                 let addr = listen
-                    .parse::<vramscope::allocator::TelemetryAddr>()
+                    .parse::<vramscope_telemetry::TelemetryAddr>()
                     .map_err(Failure::input)?;
                 demo::run_listening(&addr, steps.unwrap_or(300), bug)
                     .map_err(|message| Failure { message, status: 1 })?;
@@ -386,7 +386,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Top { addrs } => {
             let mut addrs = addrs
                 .iter()
-                .map(|a| a.parse::<vramscope::allocator::TelemetryAddr>())
+                .map(|a| a.parse::<vramscope_telemetry::TelemetryAddr>())
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(Failure::input)?;
             if addrs.len() > 1 {

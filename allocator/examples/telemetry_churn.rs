@@ -12,9 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vramscope_allocator::telemetry::{ServeOptions, Telemetry, TelemetryAddr};
+use vramscope_allocator::{telemetry::ServeOptions, telemetry::Telemetry};
 use vramscope_allocator::{CachingAllocator, SimDevice};
 use vramscope_model::AllocatorConfig;
+use vramscope_telemetry::TelemetryAddr;
 
 /// Resident memory of this process in bytes, from `/proc/self/status`.
 fn rss() -> u64 {

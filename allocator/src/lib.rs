@@ -64,6 +64,4 @@ pub use caching::{
 };
 pub use cuda::CudaBackend;
 pub use sim::{SimCounters, SimDevice};
-pub use telemetry::{
-    PublisherStats, ServeOptions, Telemetry, TelemetryAddr, TelemetryClient, TelemetryError,
-};
+pub use telemetry::{PublisherStats, ServeOptions, Telemetry};

@@ -9,12 +9,13 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use vramscope_allocator::telemetry::{
-    encode_events, encode_frame, Frame, FrameKind, FrameReader, ServeOptions, Telemetry,
-    TelemetryAddr, TelemetryClient, TelemetryError, HEADER_BYTES, MAX_FRAME_BYTES,
-};
+use vramscope_allocator::{telemetry::ServeOptions, telemetry::Telemetry};
 use vramscope_allocator::{CachingAllocator, SimDevice};
 use vramscope_model::{AllocatorConfig, EventKind};
+use vramscope_telemetry::{
+    wire::encode_events, wire::encode_frame, wire::HEADER_BYTES, wire::MAX_FRAME_BYTES, Frame,
+    FrameKind, FrameReader, TelemetryAddr, TelemetryClient, TelemetryError,
+};
 
 fn socket_path(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("vramscope-telemetry-test-{}", std::process::id()));

@@ -200,7 +200,7 @@ fn writes_a_snapshot_when_the_host_process_exits() {
 
 #[test]
 fn publishes_live_telemetry_when_asked() {
-    use vramscope_allocator::telemetry::{Frame, TelemetryAddr, TelemetryClient};
+    use vramscope_telemetry::{Frame, TelemetryAddr, TelemetryClient};
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let lib = load();
     // SAFETY: as above.

@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vramscope_allocator::telemetry::FrameReader;
+use vramscope_telemetry::FrameReader;
 
 fuzz_target!(|data: &[u8]| {
     let mut reader = FrameReader::new(std::io::Cursor::new(data));

@@ -11,11 +11,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vramscope_allocator::telemetry::Frame;
-use vramscope_allocator::{
-    CachingAllocator, SimDevice, StreamId, Telemetry, TelemetryAddr, TelemetryClient,
-};
+use vramscope_allocator::{CachingAllocator, SimDevice, StreamId, Telemetry};
 use vramscope_model::AllocatorConfig;
+use vramscope_telemetry::Frame;
+use vramscope_telemetry::{TelemetryAddr, TelemetryClient};
 
 /// Allocates and frees for `secs`, at most `per_ms` allocations per millisecond (0: no
 /// limit). Returns alloc+free pairs and the time taken.

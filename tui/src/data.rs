@@ -15,9 +15,9 @@
 
 use std::sync::Arc;
 
-use vramscope_allocator::telemetry::TablesFrame;
 use vramscope_inspector::engine::{self, FreeLink, MemoryState, Pair, Pairing, SiteGroups, Usage};
 use vramscope_model::{Event, EventKind, MemoryStats, Snapshot, StepMark};
+use vramscope_telemetry::TablesFrame;
 
 /// The most events undone to move the cursor back, rather than starting from a checkpoint.
 const UNDO_LIMIT: usize = 4096;

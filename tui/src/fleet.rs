@@ -20,8 +20,8 @@ use ratatui::crossterm::event::{
     KeyCode, KeyEvent, KeyEventKind, KeyModifiers, MouseButton, MouseEvent, MouseEventKind,
 };
 use ratatui::layout::{Position, Rect};
-use vramscope_allocator::TelemetryAddr;
 use vramscope_model::{DeviceInfo, Snapshot, SnapshotSource};
+use vramscope_telemetry::TelemetryAddr;
 
 use crate::app::App;
 use crate::data::{Dataset, Link, Origin};

@@ -28,9 +28,10 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
-use vramscope_allocator::{Backend, CachingAllocator, TelemetryAddr};
+use vramscope_allocator::{Backend, CachingAllocator};
 use vramscope_inspector::import::{self, ImportError, ImportOptions};
 use vramscope_model::{DeviceInfo, Snapshot, SnapshotSource};
+use vramscope_telemetry::TelemetryAddr;
 
 pub use app::{App, Panel};
 pub use data::{Dataset, Origin};

@@ -15,9 +15,11 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use vramscope_allocator::telemetry::{Frame, KnownTables, TablesFrame};
-use vramscope_allocator::{Backend, CachingAllocator, TelemetryAddr, TelemetryClient};
+use vramscope_allocator::telemetry::pull_tables;
+use vramscope_allocator::{Backend, CachingAllocator};
 use vramscope_model::{Event, MemoryStats, Snapshot};
+use vramscope_telemetry::{Frame, KnownTables, TablesFrame};
+use vramscope_telemetry::{TelemetryAddr, TelemetryClient};
 
 /// Something that happened at a source.
 #[derive(Clone, Debug, PartialEq)]
@@ -330,7 +332,7 @@ impl<B: Backend> Source for InProcessSource<B> {
             self.reset(out);
         } else if !batch.events.is_empty() {
             if self.known.lacks_any(&batch.events) {
-                out.push(Update::Tables(self.known.pull(&self.alloc)));
+                out.push(Update::Tables(pull_tables(&mut self.known, &self.alloc)));
             }
             self.next_seq = batch.next_seq;
             out.push(Update::Events(batch.events));

@@ -6,8 +6,9 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use vramscope_allocator::{CachingAllocator, SimDevice, Telemetry, TelemetryAddr};
+use vramscope_allocator::{CachingAllocator, SimDevice, Telemetry};
 use vramscope_model::{AllocatorConfig, DeviceInfo, Snapshot, SnapshotSource};
+use vramscope_telemetry::TelemetryAddr;
 use vramscope_tui::app::App;
 use vramscope_tui::data::{Dataset, Link, Origin};
 use vramscope_tui::source::{Control, InProcessSource, LiveSource};

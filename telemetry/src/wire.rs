@@ -1,0 +1,784 @@
+//! The frames of the telemetry protocol: their kinds and limits, the JSON and binary payloads,
+//! encoding for the publisher, and [`FrameReader`], which checks every frame a client reads.
+//! The crate documentation describes the format byte by byte; this module is its one
+//! implementation, shared by the publisher (`vramscope_allocator::telemetry`) and the client
+//! ([`crate::TelemetryClient`]).
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ENV_ALLOW_REMOTE;
+use vramscope_model::{
+    AllocatorConfig, CallSite, DeviceInfo, Event, EventKind, MemoryStats, Snapshot,
+    TransferDirection,
+};
+
+/// The protocol version this build speaks.
+pub const PROTOCOL_VERSION: u8 = 1;
+/// The first two bytes of every frame.
+pub const MAGIC: [u8; 2] = *b"VS";
+/// Bytes in a frame header.
+pub const HEADER_BYTES: usize = 8;
+/// The largest payload a frame may carry (16 MiB).
+pub const MAX_FRAME_BYTES: usize = 16 << 20;
+/// The largest snapshot document a client reassembles from its parts (256 MiB).
+pub const MAX_SNAPSHOT_BYTES: usize = 256 << 20;
+/// Bytes per event record in an `Events` frame.
+pub const EVENT_RECORD_BYTES: usize = 80;
+/// Events per `Events` frame in the history that follows a snapshot.
+const HISTORY_CHUNK: usize = 65_536;
+/// The most events that fit in one frame.
+const MAX_EVENTS_PER_FRAME: usize = (MAX_FRAME_BYTES - 4) / EVENT_RECORD_BYTES;
+const NO_ID: u32 = u32::MAX;
+const _: () = assert!(4 + MAX_EVENTS_PER_FRAME * EVENT_RECORD_BYTES <= MAX_FRAME_BYTES);
+
+/// The kind of a frame: the fourth byte of its header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// Who is talking: process, device, settings.
+    Hello = 1,
+    /// A piece of a snapshot document; more follow.
+    SnapshotPart = 2,
+    /// The last piece of a snapshot document.
+    SnapshotEnd = 3,
+    /// A batch of events in binary records.
+    Events = 4,
+    /// Additions to the call-site, tag and scope tables.
+    Tables = 5,
+    /// Statistics.
+    Stats = 6,
+    /// The publisher is going away.
+    Bye = 7,
+    /// The publisher turned this client away, and says why.
+    Refused = 8,
+}
+
+impl FrameKind {
+    /// The kind with code `code`, if this version knows it.
+    pub fn from_code(code: u8) -> Option<FrameKind> {
+        Some(match code {
+            1 => FrameKind::Hello,
+            2 => FrameKind::SnapshotPart,
+            3 => FrameKind::SnapshotEnd,
+            4 => FrameKind::Events,
+            5 => FrameKind::Tables,
+            6 => FrameKind::Stats,
+            7 => FrameKind::Bye,
+            8 => FrameKind::Refused,
+            _ => return None,
+        })
+    }
+}
+
+/// Why telemetry could not be served or read.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum TelemetryError {
+    /// A socket operation failed.
+    Io(io::Error),
+    /// The peer closed the connection between two frames.
+    Closed,
+    /// The peer closed the connection in the middle of a frame.
+    Truncated {
+        /// Bytes the frame still needed.
+        expected: usize,
+        /// Bytes that arrived.
+        got: usize,
+    },
+    /// A frame did not start with [`MAGIC`].
+    BadMagic([u8; 2]),
+    /// A frame of another protocol version.
+    Version(u8),
+    /// A frame (or a snapshot document) larger than the limit.
+    Oversized {
+        /// The announced size in bytes.
+        len: usize,
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// A payload that does not parse.
+    Malformed {
+        /// The kind of the frame.
+        kind: FrameKind,
+        /// What is wrong.
+        message: String,
+    },
+    /// The publisher turned this client away; the reason it gave.
+    Refused(String),
+    /// An address that is not `unix:PATH` or `tcp:HOST:PORT`.
+    BadAddress(String),
+    /// A TCP address off the loopback interface, without permission to use it.
+    NotLoopback(SocketAddr),
+    /// Another live publisher already listens on this Unix socket.
+    InUse(PathBuf),
+}
+
+impl fmt::Display for TelemetryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TelemetryError::Io(e) => write!(f, "telemetry I/O error: {e}"),
+            TelemetryError::Closed => f.write_str("the telemetry connection was closed"),
+            TelemetryError::Truncated { expected, got } => write!(
+                f,
+                "the telemetry connection was closed in the middle of a frame ({got} of {expected} bytes)"
+            ),
+            TelemetryError::BadMagic(m) => write!(
+                f,
+                "not a vramscope telemetry stream (frame starts with {:02x} {:02x})",
+                m[0], m[1]
+            ),
+            TelemetryError::Version(v) => write!(
+                f,
+                "telemetry protocol version {v} is not the version this build speaks ({PROTOCOL_VERSION})"
+            ),
+            TelemetryError::Oversized { len, limit } => write!(
+                f,
+                "telemetry frame of {len} bytes is over the limit of {limit} bytes"
+            ),
+            TelemetryError::Malformed { kind, message } => {
+                write!(f, "malformed telemetry {kind:?} frame: {message}")
+            }
+            TelemetryError::Refused(reason) => {
+                write!(f, "the program's telemetry publisher refused this dashboard: {reason}")
+            }
+            TelemetryError::BadAddress(a) => write!(
+                f,
+                "bad telemetry address `{a}` (expected unix:PATH or tcp:HOST:PORT)"
+            ),
+            TelemetryError::NotLoopback(a) => write!(
+                f,
+                "telemetry address {a} is not on the loopback interface (set {ENV_ALLOW_REMOTE}=1 or ServeOptions::allow_remote to allow it)"
+            ),
+            TelemetryError::InUse(p) => write!(
+                f,
+                "another vramscope publisher is listening on {}",
+                p.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for TelemetryError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TelemetryError::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<io::Error> for TelemetryError {
+    fn from(e: io::Error) -> TelemetryError {
+        TelemetryError::Io(e)
+    }
+}
+
+/// The first frame of a connection: who is talking.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    /// [`PROTOCOL_VERSION`].
+    pub protocol: u8,
+    /// Process id of the program.
+    pub pid: u32,
+    /// The program's name (its executable's file name).
+    pub program: String,
+    /// The device the allocator serves.
+    pub device: DeviceInfo,
+    /// Wall-clock time of event time zero, in nanoseconds since the Unix epoch.
+    pub epoch_unix_ns: u64,
+    /// The allocator's settings.
+    pub config: AllocatorConfig,
+}
+
+/// Statistics, sent ten times a second.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StatsFrame {
+    /// The allocator's statistics.
+    pub stats: MemoryStats,
+    /// The current step number.
+    pub step: u64,
+    /// The sequence number of the next event the publisher will read.
+    pub next_seq: u64,
+    /// Events this client did not receive so far: overwritten in the ring before the publisher
+    /// read them, or dropped because the client did not keep up.
+    pub dropped_events: u64,
+    /// Nanoseconds since the allocator's epoch when the frame was made.
+    pub time_ns: u64,
+}
+
+/// Additions to the tables that events index: entries from `*_from` on.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TablesFrame {
+    /// Index of the first entry of `sites`.
+    pub sites_from: u32,
+    /// Call sites.
+    pub sites: Vec<CallSite>,
+    /// Index of the first entry of `tags`.
+    pub tags_from: u32,
+    /// Tags.
+    pub tags: Vec<String>,
+    /// Index of the first entry of `scopes`.
+    pub scopes_from: u32,
+    /// Scope paths.
+    pub scopes: Vec<String>,
+}
+
+/// How many call sites, tags and scopes a consumer of events already knows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KnownTables {
+    /// Call sites known.
+    pub sites: usize,
+    /// Tags known.
+    pub tags: usize,
+    /// Scopes known.
+    pub scopes: usize,
+}
+
+impl KnownTables {
+    /// Whether one of `events` refers to a table entry not known yet.
+    pub fn lacks_any(&self, events: &[Event]) -> bool {
+        let new = |id: Option<u32>, known: usize| id.is_some_and(|i| i as usize >= known);
+        events
+            .iter()
+            .any(|e| new(e.site, self.sites) || new(e.tag, self.tags) || new(e.scope, self.scopes))
+    }
+
+    /// Records table additions that follow what is known (call sites, tags and scopes, each
+    /// starting at the index this record knows), which then become known, and returns them as
+    /// the frame that carries them. The publisher takes the additions from the allocator
+    /// (`vramscope_allocator::telemetry::pull_tables`).
+    pub fn advance(
+        &mut self,
+        sites: Vec<CallSite>,
+        tags: Vec<String>,
+        scopes: Vec<String>,
+    ) -> TablesFrame {
+        let frame = TablesFrame {
+            sites_from: self.sites as u32,
+            tags_from: self.tags as u32,
+            scopes_from: self.scopes as u32,
+            sites,
+            tags,
+            scopes,
+        };
+        self.sites += frame.sites.len();
+        self.tags += frame.tags.len();
+        self.scopes += frame.scopes.len();
+        frame
+    }
+
+    /// At least what `snapshot`'s tables hold.
+    pub fn include(&mut self, snapshot: &Snapshot) {
+        self.sites = self.sites.max(snapshot.sites.len());
+        self.tags = self.tags.max(snapshot.tags.len());
+        self.scopes = self.scopes.max(snapshot.scopes.len());
+    }
+}
+
+impl TablesFrame {
+    /// Writes the entries into `snapshot`'s tables, replacing entries at the same index and
+    /// filling any gap with placeholders.
+    pub fn apply_to(&self, snapshot: &mut Snapshot) {
+        fn put<T: Clone>(table: &mut Vec<T>, from: u32, items: &[T], filler: impl Fn() -> T) {
+            for (i, item) in items.iter().enumerate() {
+                let at = from as usize + i;
+                while table.len() < at {
+                    table.push(filler());
+                }
+                if at < table.len() {
+                    table[at] = item.clone();
+                } else {
+                    table.push(item.clone());
+                }
+            }
+        }
+        put(&mut snapshot.sites, self.sites_from, &self.sites, || {
+            CallSite {
+                file: "??".to_string(),
+                line: 0,
+                column: 0,
+                function: String::new(),
+                frames: Vec::new(),
+            }
+        });
+        put(&mut snapshot.tags, self.tags_from, &self.tags, String::new);
+        put(
+            &mut snapshot.scopes,
+            self.scopes_from,
+            &self.scopes,
+            String::new,
+        );
+    }
+}
+
+/// One decoded frame, as [`TelemetryClient::next_frame`] returns it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Frame {
+    /// Who is talking.
+    Hello(Hello),
+    /// The allocator's state, with the events that precede `next_seq` in `snapshot.events`.
+    Snapshot {
+        /// The sequence number of the first event after the snapshot.
+        next_seq: u64,
+        /// The state.
+        snapshot: Box<Snapshot>,
+    },
+    /// Events, oldest first.
+    Events(Vec<Event>),
+    /// Table additions.
+    Tables(TablesFrame),
+    /// Statistics.
+    Stats(Box<StatsFrame>),
+    /// The publisher is shutting down.
+    Bye,
+}
+
+/// The JSON document a snapshot's `SnapshotPart`/`SnapshotEnd` frames carry.
+#[derive(Serialize, Deserialize)]
+struct SnapshotDoc {
+    next_seq: u64,
+    history: u64,
+    snapshot: Snapshot,
+}
+
+/// Encodes one frame: header and payload.
+pub fn encode_frame(kind: FrameKind, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_BYTES + payload.len());
+    write_header(&mut out, kind, payload.len());
+    out.extend_from_slice(payload);
+    out
+}
+
+fn write_header(out: &mut Vec<u8>, kind: FrameKind, len: usize) {
+    out.extend_from_slice(&MAGIC);
+    out.push(PROTOCOL_VERSION);
+    out.push(kind as u8);
+    out.extend_from_slice(&(len as u32).to_le_bytes());
+}
+
+/// The length of `value` as JSON, counted without keeping the text.
+pub fn serialized_len<T: Serialize>(value: &T) -> usize {
+    struct Count(usize);
+    impl Write for Count {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Serializing plain data cannot fail.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
+/// Encodes one frame whose payload is `value` as JSON.
+pub fn json_frame<T: Serialize>(kind: FrameKind, value: &T) -> Vec<u8> {
+    // Serializing plain data into memory cannot fail.
+    let payload = serde_json::to_vec(value).unwrap_or_default();
+    encode_frame(kind, &payload)
+}
+
+fn kind_code(kind: EventKind) -> (u8, u8) {
+    match kind {
+        EventKind::Alloc => (0, 0),
+        EventKind::FreeRequested => (1, 0),
+        EventKind::FreeCompleted => (2, 0),
+        EventKind::SegmentAlloc => (3, 0),
+        EventKind::SegmentFree => (4, 0),
+        EventKind::SegmentMap => (5, 0),
+        EventKind::SegmentUnmap => (6, 0),
+        EventKind::EmptyCache => (7, 0),
+        EventKind::Oom => (8, 0),
+        EventKind::Transfer(TransferDirection::HostToDevice) => (9, 0),
+        EventKind::Transfer(TransferDirection::DeviceToHost) => (9, 1),
+        EventKind::Transfer(TransferDirection::DeviceToDevice) => (9, 2),
+        EventKind::Sync => (10, 0),
+        EventKind::Step => (11, 0),
+        EventKind::Snapshot => (12, 0),
+    }
+}
+
+fn kind_from_code(code: u8, direction: u8) -> Option<EventKind> {
+    Some(match code {
+        0 => EventKind::Alloc,
+        1 => EventKind::FreeRequested,
+        2 => EventKind::FreeCompleted,
+        3 => EventKind::SegmentAlloc,
+        4 => EventKind::SegmentFree,
+        5 => EventKind::SegmentMap,
+        6 => EventKind::SegmentUnmap,
+        7 => EventKind::EmptyCache,
+        8 => EventKind::Oom,
+        9 => EventKind::Transfer(match direction {
+            0 => TransferDirection::HostToDevice,
+            1 => TransferDirection::DeviceToHost,
+            2 => TransferDirection::DeviceToDevice,
+            _ => return None,
+        }),
+        10 => EventKind::Sync,
+        11 => EventKind::Step,
+        12 => EventKind::Snapshot,
+        _ => return None,
+    })
+}
+
+/// Appends one event's binary record to `out`.
+fn put_event(out: &mut Vec<u8>, e: &Event) {
+    let mut r = [0u8; EVENT_RECORD_BYTES];
+    let words = [
+        e.seq,
+        e.time_ns,
+        e.addr,
+        e.size,
+        e.requested,
+        e.stream,
+        e.step,
+    ];
+    for (i, v) in words.iter().enumerate() {
+        r[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    let ids = [
+        e.site.unwrap_or(NO_ID),
+        e.tag.unwrap_or(NO_ID),
+        e.scope.unwrap_or(NO_ID),
+        e.thread,
+        e.device,
+    ];
+    for (i, v) in ids.iter().enumerate() {
+        r[56 + i * 4..60 + i * 4].copy_from_slice(&v.to_le_bytes());
+    }
+    let (code, direction) = kind_code(e.kind);
+    r[76] = code;
+    r[77] = direction;
+    out.extend_from_slice(&r);
+}
+
+/// Encodes events into one `Events` frame (at most [`MAX_FRAME_BYTES`] of payload; callers
+/// pass at most that many events).
+pub fn encode_events(events: &[Event]) -> Vec<u8> {
+    let len = 4 + events.len() * EVENT_RECORD_BYTES;
+    let mut out = Vec::with_capacity(HEADER_BYTES + len);
+    write_header(&mut out, FrameKind::Events, len);
+    out.extend_from_slice(&(events.len() as u32).to_le_bytes());
+    for e in events {
+        put_event(&mut out, e);
+    }
+    out
+}
+
+/// Decodes the payload of an `Events` frame.
+pub fn decode_events(payload: &[u8]) -> Result<Vec<Event>, TelemetryError> {
+    let malformed = |message: String| TelemetryError::Malformed {
+        kind: FrameKind::Events,
+        message,
+    };
+    if payload.len() < 4 {
+        return Err(malformed(format!(
+            "{} bytes, fewer than the count",
+            payload.len()
+        )));
+    }
+    let count = u32::from_le_bytes([payload[0], payload[1], payload[2], payload[3]]) as usize;
+    let body = &payload[4..];
+    if count.checked_mul(EVENT_RECORD_BYTES) != Some(body.len()) {
+        return Err(malformed(format!(
+            "{count} events announced but {} bytes of records",
+            body.len()
+        )));
+    }
+    let mut events = Vec::with_capacity(count);
+    for (i, r) in body.chunks_exact(EVENT_RECORD_BYTES).enumerate() {
+        let u64_at = |o: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&r[o..o + 8]);
+            u64::from_le_bytes(b)
+        };
+        let u32_at = |o: usize| {
+            let mut b = [0u8; 4];
+            b.copy_from_slice(&r[o..o + 4]);
+            u32::from_le_bytes(b)
+        };
+        let id = |o: usize| Some(u32_at(o)).filter(|&v| v != NO_ID);
+        let kind = kind_from_code(r[76], r[77]).ok_or_else(|| {
+            malformed(format!("event {i} has unknown kind {} / {}", r[76], r[77]))
+        })?;
+        events.push(Event {
+            seq: u64_at(0),
+            time_ns: u64_at(8),
+            addr: u64_at(16),
+            size: u64_at(24),
+            requested: u64_at(32),
+            stream: u64_at(40),
+            step: u64_at(48),
+            site: id(56),
+            tag: id(60),
+            scope: id(64),
+            thread: u32_at(68),
+            device: u32_at(72),
+            kind,
+        });
+    }
+    Ok(events)
+}
+
+/// Reads and checks frames from any byte stream; [`TelemetryClient`] wraps one around a socket.
+pub struct FrameReader<R: Read> {
+    reader: R,
+    snapshot: Vec<u8>,
+    pending: Option<(u64, u64, Box<Snapshot>)>,
+}
+
+impl<R: Read> FrameReader<R> {
+    /// A reader of frames from `reader`.
+    pub fn new(reader: R) -> FrameReader<R> {
+        FrameReader {
+            reader,
+            snapshot: Vec::new(),
+            pending: None,
+        }
+    }
+
+    /// The underlying stream.
+    pub fn get_ref(&self) -> &R {
+        &self.reader
+    }
+
+    /// Reads exactly `buf.len()` bytes; `at_boundary` says whether a clean end is allowed.
+    fn fill(
+        &mut self,
+        buf: &mut [u8],
+        at_boundary: bool,
+        frame_len: usize,
+    ) -> Result<(), TelemetryError> {
+        let mut got = 0;
+        while got < buf.len() {
+            match self.reader.read(&mut buf[got..]) {
+                Ok(0) => {
+                    return Err(if at_boundary && got == 0 {
+                        TelemetryError::Closed
+                    } else {
+                        TelemetryError::Truncated {
+                            expected: frame_len,
+                            got: if at_boundary { got } else { HEADER_BYTES + got },
+                        }
+                    })
+                }
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(TelemetryError::Io(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads one raw frame: its kind code and payload, checked against the header rules.
+    pub fn next_raw(&mut self) -> Result<(u8, Vec<u8>), TelemetryError> {
+        let mut header = [0u8; HEADER_BYTES];
+        self.fill(&mut header, true, HEADER_BYTES)?;
+        if header[0..2] != MAGIC {
+            return Err(TelemetryError::BadMagic([header[0], header[1]]));
+        }
+        if header[2] != PROTOCOL_VERSION {
+            return Err(TelemetryError::Version(header[2]));
+        }
+        let len = u32::from_le_bytes([header[4], header[5], header[6], header[7]]) as usize;
+        if len > MAX_FRAME_BYTES {
+            return Err(TelemetryError::Oversized {
+                len,
+                limit: MAX_FRAME_BYTES,
+            });
+        }
+        let mut payload = vec![0u8; len];
+        self.fill(&mut payload, false, HEADER_BYTES + len)?;
+        Ok((header[3], payload))
+    }
+
+    /// Reads the next complete frame. Snapshot parts are reassembled and the snapshot's history
+    /// events collected before it is returned; frames of unknown kinds are skipped.
+    pub fn next_frame(&mut self) -> Result<Frame, TelemetryError> {
+        loop {
+            let (code, payload) = self.next_raw()?;
+            let Some(kind) = FrameKind::from_code(code) else {
+                continue;
+            };
+            let malformed = |message: String| TelemetryError::Malformed { kind, message };
+            if self.pending.is_some() && kind != FrameKind::Events {
+                self.pending = None;
+                return Err(malformed(
+                    "a snapshot's history was interrupted by another frame".to_string(),
+                ));
+            }
+            match kind {
+                FrameKind::Hello => {
+                    let hello: Hello =
+                        serde_json::from_slice(&payload).map_err(|e| malformed(e.to_string()))?;
+                    return Ok(Frame::Hello(hello));
+                }
+                FrameKind::SnapshotPart | FrameKind::SnapshotEnd => {
+                    if self.snapshot.len() + payload.len() > MAX_SNAPSHOT_BYTES {
+                        let len = self.snapshot.len() + payload.len();
+                        self.snapshot = Vec::new();
+                        return Err(TelemetryError::Oversized {
+                            len,
+                            limit: MAX_SNAPSHOT_BYTES,
+                        });
+                    }
+                    self.snapshot.extend_from_slice(&payload);
+                    if kind == FrameKind::SnapshotPart {
+                        continue;
+                    }
+                    let doc = std::mem::take(&mut self.snapshot);
+                    let doc: SnapshotDoc =
+                        serde_json::from_slice(&doc).map_err(|e| malformed(e.to_string()))?;
+                    let mut snapshot = Box::new(doc.snapshot);
+                    snapshot.events.clear();
+                    if doc.history == 0 {
+                        return Ok(Frame::Snapshot {
+                            next_seq: doc.next_seq,
+                            snapshot,
+                        });
+                    }
+                    self.pending = Some((doc.next_seq, doc.history, snapshot));
+                }
+                FrameKind::Events => {
+                    let events = decode_events(&payload)?;
+                    let Some((next_seq, history, mut snapshot)) = self.pending.take() else {
+                        return Ok(Frame::Events(events));
+                    };
+                    let wanted = history as usize - snapshot.events.len();
+                    if events.len() > wanted {
+                        return Err(malformed(format!(
+                            "{} history events where {wanted} were left",
+                            events.len()
+                        )));
+                    }
+                    snapshot.events.extend(events);
+                    if snapshot.events.len() as u64 == history {
+                        return Ok(Frame::Snapshot { next_seq, snapshot });
+                    }
+                    self.pending = Some((next_seq, history, snapshot));
+                }
+                FrameKind::Tables => {
+                    let tables: TablesFrame =
+                        serde_json::from_slice(&payload).map_err(|e| malformed(e.to_string()))?;
+                    return Ok(Frame::Tables(tables));
+                }
+                FrameKind::Stats => {
+                    let stats: StatsFrame =
+                        serde_json::from_slice(&payload).map_err(|e| malformed(e.to_string()))?;
+                    return Ok(Frame::Stats(Box::new(stats)));
+                }
+                FrameKind::Bye => return Ok(Frame::Bye),
+                FrameKind::Refused => {
+                    let refused: Refusal =
+                        serde_json::from_slice(&payload).map_err(|e| malformed(e.to_string()))?;
+                    return Err(TelemetryError::Refused(refused.reason));
+                }
+            }
+        }
+    }
+}
+
+/// The payload of a `Refused` frame.
+#[derive(Serialize, Deserialize)]
+struct Refusal {
+    reason: String,
+}
+
+/// Encodes the `Refused` frame that tells a client why the publisher turned it away.
+pub fn refused_frame(reason: String) -> Vec<u8> {
+    json_frame(FrameKind::Refused, &Refusal { reason })
+}
+
+/// The frames that carry one snapshot: its JSON document in parts, then its history events.
+pub fn snapshot_frames(snapshot: Snapshot, next_seq: u64, history: &[Event]) -> Vec<Arc<Vec<u8>>> {
+    let doc = SnapshotDoc {
+        next_seq,
+        history: history.len() as u64,
+        snapshot,
+    };
+    let json = serde_json::to_vec(&doc).unwrap_or_default();
+    let mut frames = Vec::new();
+    let mut parts = json.chunks(MAX_FRAME_BYTES).peekable();
+    if parts.peek().is_none() {
+        frames.push(Arc::new(encode_frame(FrameKind::SnapshotEnd, &[])));
+    }
+    while let Some(part) = parts.next() {
+        let kind = if parts.peek().is_some() {
+            FrameKind::SnapshotPart
+        } else {
+            FrameKind::SnapshotEnd
+        };
+        frames.push(Arc::new(encode_frame(kind, part)));
+    }
+    for chunk in history.chunks(HISTORY_CHUNK.min(MAX_EVENTS_PER_FRAME)) {
+        frames.push(Arc::new(encode_events(chunk)));
+    }
+    frames
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(seq: u64, kind: EventKind) -> Event {
+        Event {
+            seq,
+            time_ns: seq * 10,
+            kind,
+            device: 1,
+            stream: 7,
+            addr: 0x1000 + seq,
+            size: 512 * seq,
+            requested: 500,
+            site: Some(3),
+            tag: None,
+            scope: Some(2),
+            step: 4,
+            thread: 9,
+        }
+    }
+
+    #[test]
+    fn event_records_round_trip_every_kind() {
+        let kinds = [
+            EventKind::Alloc,
+            EventKind::FreeRequested,
+            EventKind::FreeCompleted,
+            EventKind::SegmentAlloc,
+            EventKind::SegmentFree,
+            EventKind::SegmentMap,
+            EventKind::SegmentUnmap,
+            EventKind::EmptyCache,
+            EventKind::Oom,
+            EventKind::Transfer(TransferDirection::HostToDevice),
+            EventKind::Transfer(TransferDirection::DeviceToHost),
+            EventKind::Transfer(TransferDirection::DeviceToDevice),
+            EventKind::Sync,
+            EventKind::Step,
+            EventKind::Snapshot,
+        ];
+        let events: Vec<Event> = kinds
+            .iter()
+            .enumerate()
+            .map(|(i, &k)| event(i as u64, k))
+            .collect();
+        let frame = encode_events(&events);
+        assert_eq!(
+            frame.len(),
+            HEADER_BYTES + 4 + events.len() * EVENT_RECORD_BYTES
+        );
+        let mut reader = FrameReader::new(&frame[..]);
+        assert_eq!(reader.next_frame().unwrap(), Frame::Events(events));
+        assert!(matches!(reader.next_frame(), Err(TelemetryError::Closed)));
+    }
+}
