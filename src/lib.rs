@@ -37,9 +37,11 @@
 //! ```
 
 pub use vramscope_allocator as allocator;
+pub use vramscope_engine as engine;
 pub use vramscope_inspector as inspector;
 pub use vramscope_kernels as kernels;
 pub use vramscope_model as model;
+pub use vramscope_replay as replay;
 pub use vramscope_tui as tui;
 
 pub use vramscope_allocator::{

@@ -469,7 +469,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             fail_on_oom,
             device,
         } => {
-            use vramscope::inspector::replay;
+            use vramscope::replay;
             let mut config = vramscope::AllocatorConfig::parse(&conf).map_err(Failure::input)?;
             if let Some(policy) = policy {
                 config.set("policy", &policy).map_err(Failure::input)?;

@@ -47,3 +47,55 @@ fn the_cli_keeps_the_cuda_backend() {
         "the CLI lost its CUDA backend:\n{tree}"
     );
 }
+
+/// The layers of ARCHITECTURE.md's code map: the data model stands on serde alone; the engine
+/// and the telemetry wire format on the model alone, never on the allocator; the replay uses
+/// the allocator, and the inspector reaches it only through the replay.
+#[test]
+fn the_crates_keep_their_layers() {
+    let layers: [(&str, &[&str], &[&str]); 4] = [
+        (
+            "vramscope-model",
+            &["serde"],
+            &[
+                "vramscope-allocator",
+                "vramscope-engine",
+                "vramscope-telemetry",
+            ],
+        ),
+        (
+            "vramscope-engine",
+            &["vramscope-model"],
+            &[
+                "vramscope-allocator",
+                "vramscope-telemetry",
+                "vramscope-inspector",
+            ],
+        ),
+        (
+            "vramscope-telemetry",
+            &["vramscope-model"],
+            &[
+                "vramscope-allocator",
+                "vramscope-engine",
+                "vramscope-inspector",
+            ],
+        ),
+        (
+            "vramscope-replay",
+            &["vramscope-allocator", "vramscope-engine"],
+            &["vramscope-inspector", "cudarc"],
+        ),
+    ];
+    for (package, required, forbidden) in layers {
+        let Some(tree) = tree(package) else {
+            return;
+        };
+        for name in required {
+            assert!(tree.contains(name), "{package} lost {name}:\n{tree}");
+        }
+        for name in forbidden {
+            assert!(!tree.contains(name), "{package} depends on {name}:\n{tree}");
+        }
+    }
+}

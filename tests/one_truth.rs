@@ -13,8 +13,9 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 use vramscope::allocator::testing::shared_trace;
 use vramscope::inspector::model_view::ModelView;
-use vramscope::inspector::{diff, html, import, replay, report};
+use vramscope::inspector::{diff, html, import, report};
 use vramscope::model::{format_bytes, Snapshot};
+use vramscope::replay;
 use vramscope::tui::data::{Dataset, Origin};
 
 /// Bytes per site label.
@@ -44,7 +45,7 @@ fn dashboard_sites(data: &mut Dataset, pos: usize) -> BySite {
             .or_default() += block.size;
     }
     if state.unattributed.allocated > 0 {
-        let before = groups.get(vramscope::inspector::engine::SiteGroups::BEFORE_TRACE);
+        let before = groups.get(vramscope::engine::SiteGroups::BEFORE_TRACE);
         *out.entry(before.label().to_string()).or_default() += state.unattributed.allocated;
     }
     out
@@ -62,7 +63,7 @@ fn check(name: &str, snapshot: &Snapshot) {
     let end_reserved = view.reserved_known().then(|| view.end_reserved());
 
     // The engine's walk forwards from the start reaches the dump-time end state.
-    let walk = vramscope::inspector::engine::Reconstruction::of(snapshot);
+    let walk = vramscope::engine::Reconstruction::of(snapshot);
     let forwards = walk.state_at(&snapshot.events, snapshot.events.len());
     assert_eq!(
         forwards.usage(),

@@ -6,7 +6,7 @@
 use libfuzzer_sys::fuzz_target;
 use vramscope_model::AllocatorConfig;
 use vramscope_inspector::import::{load_bytes, ImportOptions};
-use vramscope_inspector::replay::{render_text, replay, ReplayOptions};
+use vramscope_replay::{render_text, replay, ReplayOptions};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(snapshot) = load_bytes(data, "fuzz", &ImportOptions::default()) else {

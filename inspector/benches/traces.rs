@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use vramscope_inspector::detect::{detect, DetectOptions};
 use vramscope_inspector::import;
-use vramscope_inspector::replay::{replay, ReplayOptions};
+use vramscope_replay::{replay, ReplayOptions};
 
 fn median(mut samples: Vec<f64>) -> f64 {
     samples.sort_by(|a, b| a.total_cmp(b));

@@ -12,12 +12,12 @@ pub mod checks;
 pub mod detect;
 pub mod devices;
 pub mod diff;
-pub mod engine;
+
 pub mod export;
 pub mod html;
 pub mod model_view;
 pub mod pickle_writer;
 pub mod ranks;
-pub mod replay;
+
 pub mod report;
 pub mod terminal;

@@ -15,7 +15,8 @@ use serde::Serialize;
 use vramscope_model::{format_bytes, Recorded, Snapshot, SnapshotSource};
 
 use crate::detect::{self, DetectOptions, Finding, Severity};
-use crate::model_view::{GroupId, ModelView, TimelinePoint};
+use crate::model_view::{ModelView, TimelinePoint};
+use vramscope_engine::GroupId;
 
 /// Version of the JSON report schema. Keys are only ever added within a version.
 ///
@@ -580,7 +581,7 @@ fn stat_lines(report: &Report) -> Vec<String> {
     let mut lines = vec![format!(
         "{} events, {}, {} allocations, {} frees{}",
         s.events,
-        crate::detect::plural(report.steps, "step"),
+        vramscope_model::plural(report.steps, "step"),
         s.allocations,
         s.frees,
         if s.unmatched_frees > 0 {
@@ -639,7 +640,7 @@ fn site_with_function(site: Option<&str>, function: &str) -> String {
     let site = crate::terminal::sanitize(site.unwrap_or("(unknown site)"));
     // A name that already says the function (an autograd node, a C++ function) needs it
     // once.
-    let short = crate::engine::naming::short_function(function);
+    let short = vramscope_engine::short_function(function);
     let names_it = site == short
         || site == format!("{short} (backward)")
         || site == format!("[{short}]")
@@ -895,7 +896,7 @@ pub fn render_summary(report: &Report) -> String {
         let _ = writeln!(
             out,
             "  at this rate the run runs out of device memory in about {} ({} kept per step at {})",
-            crate::detect::plural(steps, "step"),
+            vramscope_model::plural(steps, "step"),
             f.per_step.map_or_else(
                 || "memory".to_string(),
                 |p| format_bytes(p.bytes.round().max(0.0) as u64)

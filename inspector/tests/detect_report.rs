@@ -274,7 +274,7 @@ fn the_summary_says_when_a_leak_runs_out_of_memory() {
     assert!(
         summary.contains(&format!(
             "runs out of device memory in about {}",
-            vramscope_inspector::detect::plural(*steps, "step")
+            vramscope_model::plural(*steps, "step")
         )),
         "{summary}"
     );

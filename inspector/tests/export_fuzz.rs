@@ -12,9 +12,9 @@ use vramscope_inspector::export::{
 use vramscope_inspector::import::{load_bytes, ImportOptions};
 use vramscope_inspector::pickle::Document;
 use vramscope_inspector::pickle_writer::PickleWriter;
-use vramscope_inspector::replay::{render_text, replay, ReplayOptions};
 use vramscope_inspector::report::{build_report, render, render_summary, Format, ReportOptions};
 use vramscope_model::{AllocatorConfig, Snapshot};
+use vramscope_replay::{render_text, replay, ReplayOptions};
 
 /// What every file command does with an imported snapshot, as the fuzz targets do it.
 fn every_command(snapshot: &Snapshot, input: &[u8]) {

@@ -11,8 +11,8 @@ mod common;
 use common::pytorch_like::{alloc_frames, py, Model, Torch, MIB};
 use vramscope_inspector::detect::{detect, DetectOptions, FindingKind, Severity};
 use vramscope_inspector::model_view::ModelView;
-use vramscope_inspector::replay::{replay, ReplayOptions};
 use vramscope_model::{Frame, Snapshot};
+use vramscope_replay::{replay, ReplayOptions};
 
 const TRAIN: &str = "/home/user/project/train.py";
 

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use vramscope_inspector::import;
-use vramscope_inspector::replay::{replay, ReplayOptions, ReplayResult};
 use vramscope_model::AllocatorConfig;
+use vramscope_replay::{replay, ReplayOptions, ReplayResult};
 
 fn data() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/torch_h200")

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use vramscope_inspector::import;
-use vramscope_inspector::replay::{replay, sweep, ReplayOptions};
+use vramscope_replay::{replay, sweep, ReplayOptions};
 
 fn trace(name: &str) -> Option<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");

@@ -34,4 +34,4 @@ pub use snapshot::{
     ScopeId, Segment, SiteId, Snapshot, SnapshotError, SnapshotSource, StepMark, TagId,
     TransferDirection, Violation, ViolationKind, FORMAT_VERSION,
 };
-pub use stats::{format_bytes, parse_bytes, MemoryStats, Recorded, Stat, StatArray};
+pub use stats::{format_bytes, parse_bytes, plural, MemoryStats, Recorded, Stat, StatArray};

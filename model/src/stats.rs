@@ -187,6 +187,18 @@ impl MemoryStats {
     }
 }
 
+/// `count` and `noun`, the noun in the plural unless the count is one (`1 step`, `3 passes`),
+/// as every report sentence writes counts.
+pub fn plural(count: u64, noun: &str) -> String {
+    if count == 1 {
+        format!("1 {noun}")
+    } else if noun.ends_with('s') || noun.ends_with("sh") || noun.ends_with("ch") {
+        format!("{count} {noun}es")
+    } else {
+        format!("{count} {noun}s")
+    }
+}
+
 /// Formats a byte count with a binary unit, at most 7 characters (`1023 B`, `12.5 MiB`).
 pub fn format_bytes(bytes: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];

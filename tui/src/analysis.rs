@@ -12,8 +12,9 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
+use vramscope_engine::GroupId;
 use vramscope_inspector::detect::{self, DetectOptions, Finding};
-use vramscope_inspector::model_view::{GroupId, ModelView};
+use vramscope_inspector::model_view::ModelView;
 use vramscope_model::Snapshot;
 
 /// Steps over which growth per step is averaged.
@@ -29,7 +30,7 @@ pub struct Analysis {
     /// Findings, most severe first.
     pub findings: Vec<Finding>,
     /// Bytes added per step lately, by call-site group (the ids of
-    /// `vramscope_inspector::engine::SiteGroups`, which the dataset's groups share).
+    /// `vramscope_engine::SiteGroups`, which the dataset's groups share).
     pub growth: FxHashMap<GroupId, f64>,
 }
 

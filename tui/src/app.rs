@@ -293,7 +293,7 @@ pub struct SegmentFigures {
 
 impl SegmentFigures {
     /// Computes the figures of `state` in one pass over its segments and blocks.
-    pub fn of(state: &vramscope_inspector::engine::MemoryState) -> SegmentFigures {
+    pub fn of(state: &vramscope_engine::MemoryState) -> SegmentFigures {
         let mut f = SegmentFigures {
             count: state.segments.len() as u64,
             ..SegmentFigures::default()
@@ -454,7 +454,7 @@ impl App {
     }
 
     /// The state at the cursor, as [`App::prepare`] left it (the end state before that).
-    pub fn state_for_draw(&self) -> &vramscope_inspector::engine::MemoryState {
+    pub fn state_for_draw(&self) -> &vramscope_engine::MemoryState {
         let pos = self.pos();
         self.data
             .cached_state(pos)

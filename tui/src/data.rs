@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use vramscope_inspector::engine::{self, FreeLink, MemoryState, Pair, Pairing, SiteGroups, Usage};
+use vramscope_engine::{FreeLink, MemoryState, Pair, Pairing, SiteGroups, Usage};
 use vramscope_model::{Event, EventKind, MemoryStats, Snapshot, StepMark};
 use vramscope_telemetry::TablesFrame;
 
@@ -140,9 +140,10 @@ impl Dataset {
         let n = snapshot.events.len();
         self.checkpoint_every = (n / 48).clamp(16_384, 1 << 20);
         let mut checkpoints = Vec::new();
-        let walk = engine::Reconstruction::new(&snapshot, self.checkpoint_every, &mut |k, s| {
-            checkpoints.push((k, s.clone()));
-        });
+        let walk =
+            vramscope_engine::Reconstruction::new(&snapshot, self.checkpoint_every, &mut |k, s| {
+                checkpoints.push((k, s.clone()));
+            });
         self.head = walk.end;
         self.start_usage = walk.start.usage();
         checkpoints.push((0, walk.start));
@@ -239,9 +240,9 @@ impl Dataset {
         };
         let fix_blocks = |state: &mut MemoryState| {
             for b in state.blocks.values_mut() {
-                if b.alloc_event != engine::NO_EVENT {
+                if b.alloc_event != vramscope_engine::NO_EVENT {
                     b.alloc_event = if (b.alloc_event as usize) < count {
-                        engine::NO_EVENT
+                        vramscope_engine::NO_EVENT
                     } else {
                         b.alloc_event - count as u32
                     };
@@ -470,7 +471,7 @@ impl Dataset {
         if let Some((k, state)) = &mut self.cache {
             if *k > pos {
                 for i in (pos..*k).rev() {
-                    engine::undo(state, events, &self.link, i);
+                    vramscope_engine::undo(state, events, &self.link, i);
                 }
             } else {
                 for (i, e) in events.iter().enumerate().take(pos).skip(*k) {

@@ -298,7 +298,7 @@ fn s_saves_the_state_at_the_cursor() {
         .path();
     let saved = vramscope_model::Snapshot::load(&file).unwrap();
     assert_eq!(saved.events.len(), at);
-    let state = vramscope_inspector::engine::MemoryState::from_segments(&saved.segments);
+    let state = vramscope_engine::MemoryState::from_segments(&saved.segments);
     assert_eq!(state.usage(), app.data.usage_at(at));
     std::fs::remove_dir_all(dir).unwrap();
 }

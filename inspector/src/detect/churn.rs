@@ -8,14 +8,15 @@
 //! `min_steps` loop steps, and at least half of them, both allocate and release segments, with
 //! the estimated cost at `assumed_us_per_device_call`. `empty_cache()` called every step while
 //! releasing nothing is reported as information (the call still synchronizes). The calls come
-//! from `crate::model_view::empty_cache_calls` (PyTorch records each as a burst of segment
+//! from `vramscope_engine::empty_cache_calls` (PyTorch records each as a burst of segment
 //! frees whose stack shows `emptyCache`): the finding names the Python line that made them,
 //! counts them, and says to remove the call.
 
 use vramscope_model::{format_bytes, EventKind};
 
 use super::{sat_sum, DetectOptions, Finding, FindingKind, FindingSink, PerStep, Severity};
-use crate::model_view::{GroupId, ModelView};
+use crate::model_view::ModelView;
+use vramscope_engine::GroupId;
 
 /// Reports segments allocated and released every step.
 pub fn cache_churn(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn FindingSink) {
@@ -91,7 +92,7 @@ pub fn cache_churn(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
         let called = if empty_calls > 0 {
             format!(
                 "empty_cache() is called {} and ",
-                super::plural(empty_calls, "time")
+                vramscope_model::plural(empty_calls, "time")
             )
         } else {
             String::new()

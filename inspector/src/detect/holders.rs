@@ -12,8 +12,10 @@
 
 use vramscope_model::format_bytes;
 
-use super::{plural, DetectOptions, Finding, FindingKind, FindingSink, FindingSite, Severity};
-use crate::model_view::{GroupId, GroupKind, Holding, ModelView, SiteGroups};
+use super::{DetectOptions, Finding, FindingKind, FindingSink, FindingSite, Severity};
+use crate::model_view::{Holding, ModelView};
+use vramscope_engine::{GroupId, GroupKind, SiteGroups};
+use vramscope_model::plural;
 
 /// The kinds of holders, in report order.
 #[derive(Clone, Copy, PartialEq, Eq)]

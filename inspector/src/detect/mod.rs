@@ -29,7 +29,8 @@ use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
 use vramscope_model::{Snapshot, SnapshotSource};
 
-use crate::model_view::{GroupId, ModelView};
+use crate::model_view::ModelView;
+use vramscope_engine::GroupId;
 
 pub use churn::cache_churn;
 pub use fragmentation::fragmentation;
@@ -500,17 +501,6 @@ fn compare_findings(a: &Finding, b: &Finding) -> Ordering {
 /// Whether any finding is at least as severe as `level` (for `--fail-on`).
 pub fn reaches(findings: &[Finding], level: Severity) -> bool {
     findings.iter().any(|f| f.severity >= level)
-}
-
-/// `count` followed by `noun`, plural unless the count is one (`1 step`, `3 steps`).
-pub fn plural(count: u64, noun: &str) -> String {
-    if count == 1 {
-        format!("1 {noun}")
-    } else if noun.ends_with('s') || noun.ends_with("sh") || noun.ends_with("ch") {
-        format!("{count} {noun}es")
-    } else {
-        format!("{count} {noun}s")
-    }
 }
 
 /// A rate as a reader counts it: a whole number without decimals (`32`), else one decimal

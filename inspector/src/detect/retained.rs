@@ -24,11 +24,13 @@
 use rustc_hash::FxHashMap;
 use vramscope_model::{format_bytes, CallSite, EventKind, Frame, SiteId};
 
+use vramscope_model::plural;
+
 use super::{
-    plural, sat_sum, DetectOptions, Finding, FindingKind, FindingSink, FindingSite, PerStep,
-    Severity,
+    sat_sum, DetectOptions, Finding, FindingKind, FindingSink, FindingSite, PerStep, Severity,
 };
-use crate::model_view::{is_native_frame, GroupKind, ModelView};
+use crate::model_view::ModelView;
+use vramscope_engine::{is_native_frame, GroupKind};
 
 /// One site as the detector sees it: every interval index it owns.
 struct Unit {

@@ -70,7 +70,7 @@ pub fn sync_in_loop(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dy
         f.summary = format!(
             "waits for the device {} times per step over {} ({} tiny device-to-host copies, {} explicit syncs)",
             super::count_text(average),
-            super::plural(active, "step"),
+            vramscope_model::plural(active, "step"),
             copies,
             syncs
         );

@@ -2,7 +2,7 @@
 //! few moments, precomputed from the engine so that the page only draws.
 //!
 //! [`ExplorerData::build`] walks the trace forwards once from the engine's start state
-//! (`crate::engine::Reconstruction`), grouping live blocks with the engine's
+//! (`vramscope_engine::Reconstruction`), grouping live blocks with the engine's
 //! [`SiteGroups`], so every figure on the page is the report's: allocated bytes are block
 //! sizes, memory from before the trace counts under its site or under "before the trace", and
 //! the band values at the peak sum to the peak. The size of the result is bounded whatever the
@@ -14,8 +14,8 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 use vramscope_model::{EventKind, Pool, Snapshot};
 
-use crate::engine::{GroupId, GroupKind, MemoryState, Reconstruction, SiteGroups};
 use crate::model_view::ModelView;
+use vramscope_engine::{GroupId, GroupKind, MemoryState, Reconstruction, SiteGroups};
 
 /// The most columns of the chart: positions are gathered into at most this many buckets.
 pub const MAX_BUCKETS: usize = 16_384;

@@ -10,7 +10,7 @@
 //!   `free_requested`, `free_completed`, `segment_alloc`, `segment_free`, `segment_map`,
 //!   `segment_unmap`, `snapshot` and `oom` are read and other actions are skipped. PyTorch
 //!   records what the program asked for: that is a block event's `requested`, and its `size`
-//!   is the block's size, found by `crate::replay::size_blocks` (PyTorch's own blocks when a
+//!   is the block's size, found by `vramscope_replay::size_blocks` (PyTorch's own blocks when a
 //!   replay with the trace's settings makes PyTorch's device calls, the request rounded
 //!   otherwise), so that allocated bytes are PyTorch's `allocated_bytes` in every view. For
 //!   `oom`, `addr` is the device's free memory, as
@@ -1200,7 +1200,7 @@ fn convert(root: ValueRef<'_>, options: &ImportOptions) -> Result<Snapshot, Faul
         violations: Vec::new(),
     };
     // PyTorch records requested sizes; every figure counts block sizes, as its statistics do.
-    crate::replay::size_blocks(&mut snapshot);
+    vramscope_replay::size_blocks(&mut snapshot);
     snapshot.stats = compute_stats(
         &snapshot.segments,
         &snapshot.events,

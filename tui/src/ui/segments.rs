@@ -15,7 +15,7 @@ use vramscope_model::{format_bytes, Pool};
 
 use super::{panel_block, put, thousands, Theme};
 use crate::app::{App, Panel};
-use vramscope_inspector::engine::{MemoryState, SegmentInfo};
+use vramscope_engine::{MemoryState, SegmentInfo};
 
 /// The state of one cell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

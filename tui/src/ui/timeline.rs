@@ -16,7 +16,7 @@ use vramscope_model::format_bytes;
 
 use super::{panel_block, put, thousands};
 use crate::app::{App, Panel};
-use vramscope_inspector::engine::Usage;
+use vramscope_engine::Usage;
 
 /// Width of the y-axis labels.
 const AXIS_W: u16 = 10;

@@ -15,8 +15,8 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 use vramscope_allocator::caching::round_size;
 
-use crate::engine::{is_segment_event, MemoryState, Pair, Pairing, Reconstruction};
 use vramscope_allocator::{AllocError, CachingAllocator, SimDevice, StreamId};
+use vramscope_engine::{is_segment_event, MemoryState, Pair, Pairing, Reconstruction};
 use vramscope_model::{AllocatorConfig, BlockState, EventKind, Pool, Snapshot};
 
 /// Capacity used when neither the caller nor the snapshot names one: large enough that nothing
@@ -123,7 +123,7 @@ pub struct ReplayResult {
     /// The same figures read from the trace.
     pub original: Figures,
     /// `empty_cache()` calls performed where the trace made them (see
-    /// `crate::model_view::empty_cache_calls`).
+    /// `vramscope_engine::empty_cache_calls`).
     pub empty_cache_calls: u64,
     /// The replay's device calls against the trace's, with [`ReplayOptions::verify`].
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -235,7 +235,7 @@ fn device_of(snapshot: &Snapshot) -> u32 {
 }
 
 /// The segments and live blocks at the start of the trace, on the snapshot's device: the
-/// engine's start state (`crate::engine::Reconstruction`), which undoes the trace's events,
+/// engine's start state (`vramscope_engine::Reconstruction`), which undoes the trace's events,
 /// last first, from the segments at the end. An expandable segment shows as its mapped runs.
 pub fn initial_state(snapshot: &Snapshot) -> Vec<StartSegment> {
     start_segments(&Reconstruction::of(snapshot).start, device_of(snapshot))
@@ -490,7 +490,7 @@ fn replay_recording(
     // `empty_cache()` calls (explicit events, or PyTorch's bursts of segment frees that no
     // allocation asked for) are performed where the trace made them.
     let empty_cache_at: rustc_hash::FxHashSet<usize> =
-        crate::model_view::empty_cache_calls(snapshot)
+        vramscope_engine::empty_cache_calls(snapshot)
             .iter()
             .filter(|c| snapshot.events[c.first_event as usize].device == device)
             .map(|c| c.first_event as usize)
@@ -630,7 +630,7 @@ fn replay_recording(
 /// The call site of an event as a reader names it.
 fn site_of(snapshot: &Snapshot, site: Option<vramscope_model::SiteId>) -> Option<String> {
     let site = snapshot.sites.get(site? as usize)?;
-    Some(crate::model_view::name_call_site(site).label)
+    Some(vramscope_engine::name_call_site(site).label)
 }
 
 /// The device-call comparison as text lines.
@@ -751,7 +751,7 @@ pub fn sweep(
 
 /// `1 time`, `3 times`.
 fn plural_times(count: u64) -> String {
-    crate::detect::plural(count, "time")
+    vramscope_model::plural(count, "time")
 }
 
 fn cell(value: Option<u64>, bytes: bool) -> String {

@@ -43,7 +43,7 @@ pub fn autograd_node(frames: &[Frame]) -> Option<String> {
     None
 }
 
-/// Names `site` for a reader; see `crate::model_view::ModelView::site_name`.
+/// Names `site` for a reader, as the inspector's `ModelView::site_name` and every report do.
 pub fn name_call_site(site: &CallSite) -> SiteName {
     let own = Frame {
         file: site.file.clone(),

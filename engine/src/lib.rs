@@ -4,28 +4,33 @@
 //! event, the peak and what was live then, which free releases which allocation, which call
 //! sites hold what) is answered here once, with one set of rules:
 //!
-//! - [`state`]: [`MemoryState`], segments (mapped runs) and live blocks, with `apply` and
+//! - `state`: [`MemoryState`], segments (mapped runs) and live blocks, with `apply` and
 //!   `undo` for every event kind;
-//! - [`pairing`]: [`Pairing`], which allocation each free releases;
-//! - [`groups`]: [`SiteGroups`], call sites grouped by the name a reader sees ([`naming`]:
-//!   `file:line`, or the autograd node of a C++-only stack) under stable ids, plus the
-//!   "unknown site" and "before the trace" groups;
-//! - [`Reconstruction`] (this module): the state at the start of the trace, rebuilt once from
+//! - `pairing`: [`Pairing`], which allocation each free releases;
+//! - `groups`: [`SiteGroups`], call sites grouped by the name a reader sees (`naming`,
+//!   [`name_call_site`]: `file:line`, or the autograd node of a C++-only stack) under stable
+//!   ids, plus the "unknown site" and "before the trace" groups;
+//! - `empty_cache`: the `empty_cache()` calls of a trace ([`empty_cache_calls`]);
+//! - [`Reconstruction`] (this file): the state at the start of the trace, rebuilt once from
 //!   the dump-time state by undoing every event, the usage after every event, and the peaks.
 //!
-//! `crate::model_view::ModelView` (and through it the detectors, reports, diff and the HTML
-//! page), `crate::replay` (its starting state and the trace's own figures) and the dashboard's
-//! dataset (`vramscope_tui::data`) are built on this module and on nothing else that derives
-//! state from events. The figures follow ARCHITECTURE.md's definitions: allocated bytes are
+//! The inspector's `ModelView` (and through it the detectors, reports, diff and the HTML
+//! page), the replay (`vramscope-replay`: its starting state and the trace's own figures) and
+//! the dashboard's dataset (`vramscope_tui::data`) are built on this crate and on nothing else
+//! that derives state from events. It reads the data model (`vramscope-model`) and nothing
+//! else of vramscope. Every item has one path, the crate root's. The figures follow ARCHITECTURE.md's definitions: allocated bytes are
 //! block sizes, as PyTorch's `allocated_bytes` counts them; memory from before the trace is
 //! part of every figure, under its site when the dump-time state names one.
 
-pub mod groups;
-pub mod naming;
-pub mod pairing;
-pub mod state;
+mod empty_cache;
+mod groups;
+mod naming;
+mod pairing;
+mod state;
 
+pub use empty_cache::{empty_cache_calls, stack_calls_empty_cache, EmptyCacheCall};
 pub use groups::{GroupId, GroupKind, SiteGroup, SiteGroups};
+pub use naming::{autograd_node, is_native_frame, name_call_site, short_function, SiteName};
 pub use pairing::{FreeLink, Pair, Pairing};
 pub use state::{LiveBlock, MemoryState, SegmentInfo, Usage, NO_EVENT};
 
