@@ -466,7 +466,7 @@ fn the_dashboard_restores_the_terminal_when_killed() {
     // must end it like `q` (the terminal left raw mode and the alternate screen) with status
     // 128 + 15, instead of killing it with the terminal left raw.
     if Command::new("tmux").arg("-V").output().is_err() {
-        vramscope::allocator::testing::skip_notice("tmux is not installed");
+        vramscope_testkit::skip_notice("tmux is not installed");
         return;
     }
     let snapshot = one_block_snapshot("killed.json");
@@ -532,7 +532,7 @@ fn a_dashboard_in_the_background_says_so_instead_of_stopping() {
     // terminal: a dashboard there that touched the terminal would be stopped (state T) for
     // good. It must exit 2 at once, saying why (issue 17).
     if Command::new("tmux").arg("-V").output().is_err() {
-        vramscope::allocator::testing::skip_notice("tmux is not installed");
+        vramscope_testkit::skip_notice("tmux is not installed");
         return;
     }
     let snapshot = one_block_snapshot("background.json");
@@ -701,7 +701,7 @@ fn convert_to_html_writes_the_explorer() {
 #[test]
 fn q_gives_up_a_slow_load() {
     if Command::new("tmux").arg("-V").output().is_err() {
-        vramscope::allocator::testing::skip_notice("tmux is not installed");
+        vramscope_testkit::skip_notice("tmux is not installed");
         return;
     }
     let fifo = temp("slow.fifo");
@@ -711,7 +711,7 @@ fn q_gives_up_a_slow_load() {
         .status()
         .is_ok_and(|s| s.success())
     {
-        vramscope::allocator::testing::skip_notice("mkfifo failed: the slow-load test did not run");
+        vramscope_testkit::skip_notice("mkfifo failed: the slow-load test did not run");
         return;
     }
     let status_file = temp("slow.status");

@@ -13,7 +13,7 @@ fn tree(package: &str) -> Option<String> {
         .output()
         .ok()?;
     if !output.status.success() {
-        vramscope::allocator::testing::skip_notice(&format!(
+        vramscope_testkit::skip_notice(&format!(
             "cargo tree -p {package} failed: {}",
             String::from_utf8_lossy(&output.stderr)
         ));

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use vramscope::allocator::testing::{device_run, merge_devices};
 use vramscope::inspector::model_view::ModelView;
+use vramscope_testkit::{device_run, merge_devices};
 
 /// Two devices' runs in one file, as a two-GPU snapshot holds them, and each run's peak.
 fn two_device_file() -> (PathBuf, [u64; 2]) {

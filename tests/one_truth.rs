@@ -11,12 +11,12 @@
 use std::collections::BTreeMap;
 
 use serde_json::Value;
-use vramscope::allocator::testing::shared_trace;
 use vramscope::inspector::model_view::ModelView;
 use vramscope::inspector::{diff, html, import, report};
 use vramscope::model::{format_bytes, Snapshot};
 use vramscope::replay;
 use vramscope::tui::data::{Dataset, Origin};
+use vramscope_testkit::shared_trace;
 
 /// Bytes per site label.
 type BySite = BTreeMap<String, u64>;

@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
-use vramscope::allocator::testing::shared_trace;
 use vramscope::allocator::{CachingAllocator, SimDevice};
 use vramscope::inspector::import;
 use vramscope::model::{
-    AllocatorConfig, Block, BlockState, CallSite, Event, EventKind, Pool, Segment, Snapshot,
+    AllocatorConfig, Block, BlockState, CallSite, EventKind, Pool, Segment, Snapshot,
 };
+use vramscope_testkit::shared_trace;
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("vramscope-ranks-{name}-{}", std::process::id()));
@@ -136,20 +136,15 @@ fn with_planted_shard(snapshot: &Snapshot, bytes: u64, site: &str) -> Snapshot {
     let address = 0x7fff_0000_0000;
     let device = planted.device.index;
     let first = planted.events.first().copied();
-    let event = |kind| Event {
-        seq: 0,
-        time_ns: first.map_or(0, |e| e.time_ns),
-        kind,
-        device,
-        stream: 0,
-        addr: address,
-        size: bytes,
-        requested: if kind == EventKind::Alloc { bytes } else { 0 },
-        site: Some(site_id),
-        tag: None,
-        scope: None,
-        step: first.map_or(0, |e| e.step),
-        thread: 0,
+    let event = |kind| {
+        vramscope_testkit::event(kind)
+            .time_ns(first.map_or(0, |e| e.time_ns))
+            .device(device)
+            .addr(address)
+            .size(bytes)
+            .site(site_id)
+            .step(first.map_or(0, |e| e.step))
+            .build()
     };
     planted.events.splice(
         0..0,

@@ -725,7 +725,7 @@ mod tests {
         match CudaBackend::new(0) {
             Ok(dev) => Some(dev),
             Err(reason) => {
-                crate::testing::skip_notice(&format!("no CUDA driver ({reason})"));
+                vramscope_testkit::skip_notice(&format!("no CUDA driver ({reason})"));
                 None
             }
         }

@@ -53,7 +53,6 @@ use vramscope_model as config;
 use vramscope_model as model;
 use vramscope_model::oom;
 pub mod telemetry;
-pub mod testing;
 
 pub use any::{doctor, DeviceBackend, DoctorReport};
 pub use backend::{Backend, BackendError, EventId, MemInfo, StreamId};

@@ -6,9 +6,9 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use vramscope_allocator::testing::shared_trace;
 use vramscope_allocator::{CachingAllocator, SimDevice, StreamId};
 use vramscope_model::{AllocatorConfig, EventKind};
+use vramscope_testkit::shared_trace;
 
 #[test]
 fn decomfl_replay_reproduces_pytorch_segment_allocs() {

@@ -10,9 +10,9 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 
 use vramscope_allocator::metrics::{MetricsServer, CONTENT_TYPE};
-use vramscope_allocator::testing::skip_notice;
 use vramscope_allocator::{CachingAllocator, SimDevice};
 use vramscope_model::AllocatorConfig;
+use vramscope_testkit::skip_notice;
 
 /// `GET path` on `server`; returns the status line, the headers and the body.
 fn get(server: &MetricsServer, path: &str) -> (String, String, String) {

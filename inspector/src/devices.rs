@@ -82,8 +82,8 @@ pub fn only_device(snapshot: &Snapshot, device: u32) -> Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vramscope_allocator::testing::{device_run, merge_devices};
     use vramscope_model::Snapshot;
+    use vramscope_testkit::{device_run, merge_devices};
 
     /// Two devices' runs in one snapshot, and each run alone.
     fn merged() -> (Snapshot, Snapshot, Snapshot) {

@@ -1332,7 +1332,7 @@ pub fn step_marker_candidates(snapshot: &Snapshot) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::detect::testutil::{Trace, MIB};
+    use vramscope_testkit::{Trace, MIB};
 
     #[test]
     fn pairs_allocations_with_their_frees() {

@@ -10,7 +10,7 @@ use vramscope_inspector::diff::{diff, render_json, render_text};
 use vramscope_inspector::model_view::apply_step_marker;
 use vramscope_inspector::report::{build_report, render, Format, ReportOptions};
 use vramscope_model::{
-    Annotation, Block, BlockState, CallSite, DeviceInfo, Event, EventKind, Pool, Segment, Snapshot,
+    Annotation, Block, BlockState, CallSite, DeviceInfo, EventKind, Pool, Segment, Snapshot,
     SnapshotSource, StepMark, TransferDirection,
 };
 
@@ -97,21 +97,17 @@ fn snapshot() -> impl Strategy<Value = Snapshot> {
                 });
             }
             for (seq, (kind, addr, size, site, step, time_ns)) in events.into_iter().enumerate() {
-                s.events.push(Event {
-                    seq: seq as u64,
-                    time_ns,
-                    kind,
-                    device: 0,
-                    stream: 0,
-                    addr,
-                    size,
-                    requested: size,
-                    site,
-                    tag: None,
-                    scope: None,
-                    step,
-                    thread: 0,
-                });
+                s.events.push(
+                    vramscope_testkit::event(kind)
+                        .seq(seq as u64)
+                        .time_ns(time_ns)
+                        .addr(addr)
+                        .size(size)
+                        .requested(size)
+                        .site(site)
+                        .step(step)
+                        .build(),
+                );
             }
             for (i, blocks) in segments.into_iter().enumerate() {
                 let total = blocks.iter().fold(0u64, |a, b| a.saturating_add(b.1));

@@ -1,10 +1,6 @@
 //! Tests of what users read: the report formats (text, markdown, JSON schema, HTML), the
 //! `--fail-on` decision, the diff of two snapshots, and the assertions for users' tests.
 
-#[path = "../src/detect/testutil.rs"]
-mod testutil;
-
-use testutil::{clean_loop, Trace, MIB};
 use vramscope_inspector::checks::{
     assert_no_leaks, assert_peak_below, check_no_leaks, check_peak_below,
 };
@@ -12,6 +8,7 @@ use vramscope_inspector::detect::Severity;
 use vramscope_inspector::diff::{self, diff};
 use vramscope_inspector::report::{build_report, render, Format, Report, ReportOptions};
 use vramscope_model::{Snapshot, TransferDirection};
+use vramscope_testkit::{clean_loop, Trace, MIB};
 
 fn leaky(steps: u64) -> Snapshot {
     let mut t = clean_loop(0);

@@ -2,15 +2,12 @@
 //! in a loop, `empty_cache()` in a loop, a fragmented OOM, a clean loop...) must produce exactly
 //! the findings an expert would name, and nothing else at warning or above.
 
-#[path = "../src/detect/testutil.rs"]
-mod testutil;
-
-use testutil::{clean_loop, Trace, MIB};
 use vramscope_inspector::detect::{
     self, detect, DetectOptions, Finding, FindingKind, FindingSink, Severity, VecSink,
 };
 use vramscope_inspector::model_view::{apply_step_marker, ModelView};
 use vramscope_model::{Annotation, Snapshot, TransferDirection};
+use vramscope_testkit::{clean_loop, Trace, MIB};
 
 fn findings(snapshot: &Snapshot) -> Vec<Finding> {
     detect(snapshot, &DetectOptions::default())

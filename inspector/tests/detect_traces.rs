@@ -14,7 +14,7 @@ const MIB: f64 = 1048576.0;
 
 fn trace(name: &str) -> Option<Snapshot> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let path = vramscope_allocator::testing::shared_trace(&root, name)?;
+    let path = vramscope_testkit::shared_trace(&root, name)?;
     Some(vramscope_inspector::import::load(&path).expect("the shared trace imports"))
 }
 

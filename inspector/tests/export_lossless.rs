@@ -15,19 +15,17 @@ use vramscope_inspector::export::{
     to_perfetto, to_pytorch_pickle, to_pytorch_pickle_from_file, ExportError,
 };
 use vramscope_inspector::import;
-use vramscope_model::{
-    AllocatorConfig, Block, BlockState, Event, EventKind, Pool, Segment, Snapshot,
-};
+use vramscope_model::{AllocatorConfig, Block, BlockState, EventKind, Pool, Segment, Snapshot};
 
 fn trace(name: &str) -> Option<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    vramscope_allocator::testing::shared_trace(&root, name)
+    vramscope_testkit::shared_trace(&root, name)
 }
 
 fn python() -> bool {
     let found = Command::new("python3").arg("--version").output().is_ok();
     if !found {
-        vramscope_allocator::testing::skip_notice("python3 not found, pickle comparison not run");
+        vramscope_testkit::skip_notice("python3 not found, pickle comparison not run");
     }
     found
 }
@@ -108,7 +106,7 @@ fn pytorch_pickles_convert_to_pytorch_key_by_key() {
         assert_eq!(again.segments, snapshot.segments, "{name}");
     }
     if compared == 0 {
-        vramscope_allocator::testing::skip_notice("shared PyTorch traces absent");
+        vramscope_testkit::skip_notice("shared PyTorch traces absent");
     }
 }
 
@@ -201,20 +199,15 @@ fn first_in_first_out(n: u64) -> Snapshot {
     let mut snapshot = sample();
     snapshot.events.clear();
     snapshot.steps.clear();
-    let event = |seq: u64, kind, addr| Event {
-        seq,
-        time_ns: 1000 * (seq + 1),
-        kind,
-        device: 0,
-        stream: 7,
-        addr,
-        size: 512,
-        requested: 500,
-        site: None,
-        tag: None,
-        scope: None,
-        step: 0,
-        thread: 0,
+    let event = |seq: u64, kind, addr| {
+        vramscope_testkit::event(kind)
+            .seq(seq)
+            .time_ns(1000 * (seq + 1))
+            .stream(7)
+            .addr(addr)
+            .size(512)
+            .requested(500)
+            .build()
     };
     for i in 0..n {
         snapshot

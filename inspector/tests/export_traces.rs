@@ -11,7 +11,7 @@ use vramscope_model::Snapshot;
 
 fn trace(name: &str) -> Option<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    vramscope_allocator::testing::shared_trace(&root, name)
+    vramscope_testkit::shared_trace(&root, name)
 }
 
 /// What a PyTorch snapshot carries, in comparable form.
@@ -102,7 +102,7 @@ fn python_reads_the_pickle_with_pytorch_keys_and_types() {
         return;
     };
     if Command::new("python3").arg("--version").output().is_err() {
-        vramscope_allocator::testing::skip_notice("python3 not found, pickle check not run");
+        vramscope_testkit::skip_notice("python3 not found, pickle check not run");
         return;
     }
     let snapshot = import::load(&path).unwrap();

@@ -14,10 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use vramscope_allocator::testing::{shared_trace, skip_notice};
 use vramscope_allocator::{CachingAllocator, SimDevice};
 use vramscope_inspector::{html, import, report};
 use vramscope_model::{AllocatorConfig, Snapshot};
+use vramscope_testkit::{shared_trace, skip_notice};
 
 /// The browsers tried, in order.
 const BROWSERS: [&str; 3] = [

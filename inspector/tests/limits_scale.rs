@@ -195,7 +195,7 @@ fn shared_traces_take_a_few_bytes_of_document_per_input_byte() {
         "decomfl_opt125m_zo_fedlearn.pickle",
         "cs336_medium_ctx512_train_step.pickle",
     ] {
-        let Some(path) = vramscope_allocator::testing::shared_trace(&root, name) else {
+        let Some(path) = vramscope_testkit::shared_trace(&root, name) else {
             continue;
         };
         let bytes = std::fs::read(&path).unwrap();

@@ -9,7 +9,7 @@ use vramscope_replay::{replay, sweep, ReplayOptions};
 
 fn trace(name: &str) -> Option<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    vramscope_allocator::testing::shared_trace(&root, name)
+    vramscope_testkit::shared_trace(&root, name)
 }
 
 const MIB: u64 = 1 << 20;

@@ -276,7 +276,7 @@ mod tests {
     #[test]
     fn the_sources_compile_with_nvrtc_when_it_is_present() {
         if let Err(reason) = nvrtc_version() {
-            vramscope_allocator::testing::skip_notice(&format!("no NVRTC ({reason})"));
+            vramscope_testkit::skip_notice(&format!("no NVRTC ({reason})"));
             return;
         }
         for arch in [Some("compute_90"), Some("compute_80"), None] {

@@ -12,7 +12,7 @@ fn cuda_device(config: AllocatorConfig) -> Option<Device> {
     match DeviceBackend::cuda(0) {
         Ok(backend) => Some(Device::new(CachingAllocator::new(backend, config))),
         Err(reason) => {
-            vramscope_allocator::testing::skip_notice(&format!("no CUDA driver ({reason})"));
+            vramscope_testkit::skip_notice(&format!("no CUDA driver ({reason})"));
             None
         }
     }
@@ -28,7 +28,7 @@ fn kernel_device() -> Option<Device> {
             device.engine_description()
         ),
         Err(reason) => {
-            vramscope_allocator::testing::skip_notice(&format!(
+            vramscope_testkit::skip_notice(&format!(
                 "no NVRTC ({reason}); {}",
                 device.engine_description()
             ));

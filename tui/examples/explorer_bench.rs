@@ -15,9 +15,7 @@ use std::time::Instant;
 use vramscope_inspector::html::explorer::ExplorerData;
 use vramscope_inspector::model_view::ModelView;
 use vramscope_inspector::{html, report};
-use vramscope_model::{
-    CallSite, DeviceInfo, Event, EventKind, Frame, Snapshot, SnapshotSource, StepMark,
-};
+use vramscope_model::{CallSite, DeviceInfo, EventKind, Frame, Snapshot, SnapshotSource, StepMark};
 
 const MIB: u64 = 1 << 20;
 
@@ -61,21 +59,17 @@ fn synthetic(target: usize) -> Snapshot {
     }
     let mut seq = 0u64;
     let mut push = |s: &mut Snapshot, kind, addr, size, site: Option<u32>, step| {
-        s.events.push(Event {
-            seq,
-            time_ns: seq * 1_000,
-            kind,
-            device: 0,
-            stream: 0,
-            addr,
-            size,
-            requested: size,
-            site,
-            tag: None,
-            scope: None,
-            step,
-            thread: 0,
-        });
+        s.events.push(
+            vramscope_testkit::event(kind)
+                .seq(seq)
+                .time_ns(seq * 1_000)
+                .addr(addr)
+                .size(size)
+                .requested(size)
+                .site(site)
+                .step(step)
+                .build(),
+        );
         seq += 1;
     };
     let acts_base = 0x7f00_0000_0000u64;

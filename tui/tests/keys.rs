@@ -368,7 +368,7 @@ fn the_help_bar_lists_the_keys_that_apply() {
 
 #[test]
 fn d_switches_between_the_devices_of_a_file() {
-    use vramscope_allocator::testing::{device_run, merge_devices};
+    use vramscope_testkit::{device_run, merge_devices};
     let (a, b) = (device_run(0, 64 << 20), device_run(1, 300 << 20));
     let both = merge_devices(&[a.clone(), b.clone()]);
     let path = std::env::temp_dir().join(format!(

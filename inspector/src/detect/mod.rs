@@ -17,8 +17,6 @@ mod fragmentation;
 mod holders;
 mod retained;
 mod sync;
-#[cfg(test)]
-pub(crate) mod testutil;
 mod transfer;
 
 use std::cmp::Ordering;

@@ -628,7 +628,7 @@ fn moment(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::detect::testutil::{Trace, MIB};
+    use vramscope_testkit::{Trace, MIB};
 
     /// Many sites, a leak and a free of a block from before the trace: more sites than bands
     /// and more positions than columns.

@@ -1,11 +1,10 @@
-//! A small builder of synthetic snapshots for the detector tests.
+//! [`Trace`], a builder of synthetic snapshots, and [`event`], a builder of single events.
 //!
-//! It writes events the way vramscope's allocator records them (alloc, free requested and
-//! completed, transfers, syncs, segment events, step marks) without running an allocator, so
-//! each test states its scenario in a few lines. The unit tests in `crate::detect` use it as a
-//! module; the integration tests in `inspector/tests/detect_*.rs` include the same file with
-//! `#[path]`, which is why it uses only `vramscope_allocator` types.
-#![allow(dead_code)]
+//! A `Trace` writes events the way vramscope's allocator records them (alloc, free requested
+//! and completed, transfers, syncs, segment events, step marks) without running an allocator,
+//! so each test states its scenario in a few lines; the detector, model-view and explorer
+//! tests are written with it. [`event`] is for a test that needs one event exactly as stated
+//! (the importers', exporters' and dashboard's tests), with every field it does not name zero.
 
 use vramscope_model::{
     Block, BlockState, CallSite, DeviceInfo, Event, EventKind, Pool, Segment, SiteId, Snapshot,
@@ -230,4 +229,133 @@ pub fn clean_loop(steps: u64) -> Trace {
         t.free(input, MIB);
     }
     t
+}
+
+/// An event of `kind` with every other field zero (or none), to be set with the builder's
+/// methods and turned into an [`Event`] with [`EventBuilder::build`] (or `Event::from`).
+///
+/// ```
+/// use vramscope_model::EventKind;
+/// use vramscope_testkit::event;
+///
+/// let e = event(EventKind::Alloc).seq(3).addr(0x1000).size(512).site(0).build();
+/// assert_eq!((e.seq, e.addr, e.size, e.site), (3, 0x1000, 512, Some(0)));
+/// assert_eq!(e.requested, 512, "the request is the size unless one is given");
+/// ```
+pub fn event(kind: EventKind) -> EventBuilder {
+    EventBuilder {
+        event: Event {
+            seq: 0,
+            time_ns: 0,
+            kind,
+            device: 0,
+            stream: 0,
+            addr: 0,
+            size: 0,
+            requested: 0,
+            site: None,
+            tag: None,
+            scope: None,
+            step: 0,
+            thread: 0,
+        },
+        requested_set: false,
+    }
+}
+
+/// An [`Event`] under construction; see [`event`].
+#[derive(Clone, Copy, Debug)]
+pub struct EventBuilder {
+    event: Event,
+    requested_set: bool,
+}
+
+impl EventBuilder {
+    /// Sets the sequence number.
+    pub fn seq(mut self, seq: u64) -> Self {
+        self.event.seq = seq;
+        self
+    }
+
+    /// Sets the time in nanoseconds since the snapshot's epoch.
+    pub fn time_ns(mut self, time_ns: u64) -> Self {
+        self.event.time_ns = time_ns;
+        self
+    }
+
+    /// Sets the device ordinal.
+    pub fn device(mut self, device: u32) -> Self {
+        self.event.device = device;
+        self
+    }
+
+    /// Sets the stream handle.
+    pub fn stream(mut self, stream: u64) -> Self {
+        self.event.stream = stream;
+        self
+    }
+
+    /// Sets the device address.
+    pub fn addr(mut self, addr: u64) -> Self {
+        self.event.addr = addr;
+        self
+    }
+
+    /// Sets the size in bytes (and the request, unless [`EventBuilder::requested`] sets it).
+    pub fn size(mut self, size: u64) -> Self {
+        self.event.size = size;
+        self
+    }
+
+    /// Sets the bytes the program asked for.
+    pub fn requested(mut self, requested: u64) -> Self {
+        self.event.requested = requested;
+        self.requested_set = true;
+        self
+    }
+
+    /// Sets the call site (a `SiteId`, or an `Option` of one).
+    pub fn site(mut self, site: impl Into<Option<SiteId>>) -> Self {
+        self.event.site = site.into();
+        self
+    }
+
+    /// Sets the tag.
+    pub fn tag(mut self, tag: u32) -> Self {
+        self.event.tag = Some(tag);
+        self
+    }
+
+    /// Sets the innermost scope.
+    pub fn scope(mut self, scope: u32) -> Self {
+        self.event.scope = Some(scope);
+        self
+    }
+
+    /// Sets the step number.
+    pub fn step(mut self, step: u64) -> Self {
+        self.event.step = step;
+        self
+    }
+
+    /// Sets the thread number.
+    pub fn thread(mut self, thread: u32) -> Self {
+        self.event.thread = thread;
+        self
+    }
+
+    /// The event.
+    pub fn build(self) -> Event {
+        let mut event = self.event;
+        if !self.requested_set && matches!(event.kind, EventKind::Alloc) {
+            event.requested = event.size;
+        }
+        event
+    }
+}
+
+impl From<EventBuilder> for Event {
+    fn from(builder: EventBuilder) -> Event {
+        builder.build()
+    }
 }

@@ -1,13 +1,25 @@
-//! Small helpers for tests, vramscope's own and those of programs built on it.
+//! vramscope-testkit: the helpers and fixtures of vramscope's tests, in one dev-only crate
+//! (never a dependency of a library, so nothing here is part of any public API).
+//!
+//! - [`Trace`] and [`event`] (the `trace` module) build synthetic snapshots and single events;
+//! - [`device_run`] and [`merge_devices`] build the multi-device snapshots that tests of
+//!   per-device views need, by running the caching allocator on simulated devices;
+//! - [`skip_notice`], [`shared_traces_dir`] and [`shared_trace`] are for tests that need
+//!   something this machine may lack.
 //!
 //! Tests that need something this machine may lack (the shared traces, a CUDA driver, python3)
 //! check for it at run time and, when it is absent, say so in one visible line and pass:
 //! [`skip_notice`] writes that line past the test harness's output capture, and
-//! [`shared_traces_dir`] finds the real traces the project tests against. [`device_run`] and
-//! [`merge_devices`] build the multi-device snapshots that tests of per-device views need.
+//! [`shared_traces_dir`] finds the real traces the project tests against.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+
+use vramscope_allocator::{CachingAllocator, SimDevice};
+
+mod trace;
+
+pub use trace::{clean_loop, event, EventBuilder, Trace, MIB};
 
 /// The environment variable that points at the shared traces folder.
 pub const TRACES_ENV: &str = "VRAMSCOPE_TRACES";
@@ -44,8 +56,8 @@ pub fn shared_trace(workspace_root: &Path, name: &str) -> Option<PathBuf> {
 /// A short run on simulated device `index`: a block of `bytes` kept throughout, and three
 /// steps that each allocate and free half that. Its snapshot, with history.
 pub fn device_run(index: u32, bytes: u64) -> vramscope_model::Snapshot {
-    let alloc = crate::CachingAllocator::new(
-        crate::SimDevice::with_index(1 << 36, false, index),
+    let alloc = CachingAllocator::new(
+        SimDevice::with_index(1 << 36, false, index),
         vramscope_model::AllocatorConfig::default(),
     );
     let _kept = alloc.alloc(bytes).expect("the simulated device has room");
