@@ -82,6 +82,13 @@ fn cached_stacks() -> usize {
     stack::cached_stacks()
 }
 
+/// Whether the stack cache keys frames by instruction offset (CPython 3.11 and later) rather
+/// than by line.
+#[pyfunction]
+fn stack_keyed_by_offset() -> bool {
+    stack::keyed_by_offset()
+}
+
 /// A frame as Python sees it: `(file, line, function)`.
 type PyFrame = (String, u32, String);
 
@@ -122,6 +129,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_stack_depth, m)?)?;
     m.add_function(wrap_pyfunction!(add_framework_paths, m)?)?;
     m.add_function(wrap_pyfunction!(cached_stacks, m)?)?;
+    m.add_function(wrap_pyfunction!(stack_keyed_by_offset, m)?)?;
     m.add_function(wrap_pyfunction!(current_site, m)?)?;
     m.add_function(wrap_pyfunction!(pluggable::set_stack_mode, m)?)?;
     m.add_function(wrap_pyfunction!(pluggable::stack_mode, m)?)?;

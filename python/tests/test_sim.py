@@ -59,6 +59,42 @@ def test_one_line_reached_through_two_callers_is_two_stacks_with_one_line():
     assert site_b["frames"][1]["function"] == "second"
 
 
+def two_lines(alloc):
+    first = alloc.alloc(4096)  # FIRST-OF-TWO
+    second = alloc.alloc(4096)  # SECOND-OF-TWO
+    return first, second
+
+
+def test_a_loop_hits_the_stack_cache_and_keeps_each_line_apart():
+    # On 3.11+ stacks are keyed by instruction offset: a hit must still tell two lines of one
+    # function apart, and a repeat must intern nothing new.
+    alloc = vramscope.SimAllocator("1 GiB")
+    for round in range(3):
+        before = vramscope._native.cached_stacks()
+        first, second = two_lines(alloc)
+        site_a, raw_a, _ = block_site(alloc, first)
+        site_b, raw_b, _ = block_site(alloc, second)
+        assert site_a["line"] == line_of(HERE, "# FIRST-OF-TWO")
+        assert site_b["line"] == line_of(HERE, "# SECOND-OF-TWO")
+        assert raw_a["site"] != raw_b["site"]
+        if round > 0:
+            assert vramscope._native.cached_stacks() == before
+
+
+def test_two_calls_on_one_line_share_one_site():
+    # Two allocations of one line are two instruction offsets but one call site.
+    alloc = vramscope.SimAllocator("1 GiB")
+    before = vramscope._native.cached_stacks()
+    pair = (alloc.alloc(4096), alloc.alloc(8192))  # TWO-OFFSETS
+    assert vramscope._native.cached_stacks() == before + 1
+    site_a, raw_a, _ = block_site(alloc, pair[0])
+    _, raw_b, _ = block_site(alloc, pair[1])
+    assert raw_a["site"] == raw_b["site"]
+    assert site_a["line"] == line_of(HERE, "# TWO-OFFSETS")
+    if sys.version_info >= (3, 11):
+        assert vramscope._native.stack_keyed_by_offset()
+
+
 def test_without_stack_capture_the_site_is_the_native_module():
     alloc = vramscope.SimAllocator("1 GiB", capture_stacks=False)
     site, _, _ = block_site(alloc, allocate_here(alloc))
