@@ -144,6 +144,20 @@ pub fn add_framework_paths(paths: Vec<String>) {
     cache.framework_paths.extend(paths);
 }
 
+/// The path fragments of framework code: the inspector's defaults and those added with
+/// [`add_framework_paths`].
+pub fn framework_paths() -> Vec<String> {
+    let guard = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut paths: Vec<String> = DEFAULT_FRAMEWORK_PATHS
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
+    if let Some(cache) = guard.as_ref() {
+        paths.extend(cache.framework_paths.iter().cloned());
+    }
+    paths
+}
+
 /// Distinct stacks interned so far.
 pub fn cached_stacks() -> usize {
     let guard = CACHE.lock().unwrap_or_else(|e| e.into_inner());
