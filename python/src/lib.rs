@@ -2,14 +2,16 @@
 //!
 //! It is at once the Python extension and the `CUDAPluggableAllocator` library: PyTorch loads
 //! this file by path and calls its `vramscope_malloc`/`vramscope_free` C symbols
-//! ([`pluggable`]), while Python imports it for [`sim::SimAllocator`] (the caching allocator on
-//! a simulated device), the functions that steer the pluggable allocator, the inspector's
-//! reports on any file PyTorch or vramscope wrote ([`analysis`]), the synchronizing calls
-//! PyTorch reports, merged into those reports ([`host`]), and the Python stack capture
-//! settings ([`stack`]). The Python package (`python/vramscope/`) wraps all of it.
+//! ([`pluggable`], with sampled native stacks on threads without Python: [`native`]), while
+//! Python imports it for [`sim::SimAllocator`] (the caching allocator on a simulated device),
+//! the functions that steer the pluggable allocator, the inspector's reports on any file
+//! PyTorch or vramscope wrote ([`analysis`]), the synchronizing calls PyTorch reports, merged
+//! into those reports ([`host`]), and the Python stack capture settings ([`stack`]). The
+//! Python package (`python/vramscope/`) wraps all of it.
 
 mod analysis;
 mod host;
+mod native;
 mod pluggable;
 mod sim;
 mod stack;
@@ -149,6 +151,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     {
         stack::set_max_depth(depth);
     }
+    if let Some(every) = std::env::var(native::ENV_EVERY)
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+    {
+        native::set_every(every);
+    }
     m.add_class::<sim::SimAllocator>()?;
     m.add_class::<sim::Block>()?;
     m.add_class::<sim::ScopeToken>()?;
@@ -164,6 +172,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cached_stacks, m)?)?;
     m.add_function(wrap_pyfunction!(stack_keyed_by_offset, m)?)?;
     m.add_function(wrap_pyfunction!(current_site, m)?)?;
+    m.add_function(wrap_pyfunction!(native::set_native_stacks, m)?)?;
+    m.add_function(wrap_pyfunction!(native::native_stacks, m)?)?;
+    m.add_function(wrap_pyfunction!(native::alloc_on_native_thread, m)?)?;
+    m.add_function(wrap_pyfunction!(native::time_native_thread_pairs, m)?)?;
     m.add_function(wrap_pyfunction!(pluggable::set_stack_mode, m)?)?;
     m.add_function(wrap_pyfunction!(pluggable::stack_mode, m)?)?;
     m.add_function(wrap_pyfunction!(pluggable::set_listen, m)?)?;

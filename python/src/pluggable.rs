@@ -8,8 +8,9 @@
 //! thread that has a Python thread state takes the GIL for the walk, as PyTorch's own
 //! `_record_memory_history` does, and before the allocator's lock (so the lock is never held
 //! while waiting for the GIL); a thread without one (autograd's backward thread, any C++
-//! thread) never takes it and keeps the Rust site. `held` walks only when the GIL is already
-//! held; `off` never walks.
+//! thread) never takes it, and a sample of its allocations carries a native stack instead
+//! ([`crate::native`]), named in reports by the autograd node it runs in; the others keep the
+//! Rust site. `held` walks only when the GIL is already held; `off` never walks.
 //!
 //! Misuse never aborts the host process: a bad pointer or device is counted and logged, and
 //! every entry point runs under `catch_unwind`, as in `vramscope-ffi`.
@@ -32,6 +33,7 @@ use vramscope_allocator::{
 
 use crate::analysis;
 use crate::host::{self, HostLog, Numbering};
+use crate::native;
 use crate::stack;
 
 /// Devices served (ordinals `0..MAX_DEVICES`).
@@ -203,7 +205,7 @@ fn start_telemetry(alloc: &CachingAllocator<DeviceBackend>) {
 }
 
 /// The Python stack of the calling thread, per the [`StackMode`]; never takes the GIL on a
-/// thread without a Python thread state.
+/// thread without a Python thread state, where a sampled native stack stands in for it.
 fn python_site() -> Option<&'static CallSite> {
     let mode = StackMode::current();
     if mode == StackMode::Off {
@@ -213,14 +215,14 @@ fn python_site() -> Option<&'static CallSite> {
         // SAFETY: the GIL is held.
         return unsafe { stack::capture() };
     }
-    if mode != StackMode::Python {
-        return None;
-    }
     // SAFETY: both calls are valid from any thread of an initialized interpreter; the thread
     // state is only compared with null, never dereferenced.
     let has_python_state =
         unsafe { ffi::Py_IsInitialized() != 0 && !ffi::PyGILState_GetThisThreadState().is_null() };
     if !has_python_state {
+        return native::sampled_site();
+    }
+    if mode != StackMode::Python {
         return None;
     }
     // SAFETY: this thread has a Python thread state and does not hold the GIL (checked above),
@@ -382,10 +384,11 @@ pub fn device_pop_scope() -> PyResult<()> {
         .ok_or_else(|| PyRuntimeError::new_err("no vramscope scope is open on this thread"))
 }
 
-/// `device`'s snapshot with the syncs of `log` (whose steps are the allocator's: the session
-/// marks both with one call).
+/// `device`'s snapshot, its native stacks symbolized, with the syncs of `log` (whose steps are
+/// the allocator's: the session marks both with one call).
 fn snapshot_with(device: i32, log: Option<&HostLog>) -> PyResult<Snapshot> {
-    let snapshot = device_or_err(device)?.snapshot();
+    let mut snapshot = device_or_err(device)?.snapshot();
+    native::symbolize(&mut snapshot);
     Ok(host::with_log(snapshot, log, Numbering::Same))
 }
 

@@ -150,18 +150,24 @@ class PluggableSession:
 
 def use_allocator(listen: Optional[str] = None, snapshot_on_exit: Optional[str] = None,
                   stacks: str = "python", device: Optional[int] = None,
-                  catch_syncs: bool = True) -> PluggableSession:
+                  catch_syncs: bool = True, native_stacks: Optional[int] = None
+                  ) -> PluggableSession:
     """Makes vramscope's caching allocator PyTorch's CUDA allocator (before any CUDA
     allocation), with the Python stack of each allocation as its call site.
 
     ``stacks``: ``"python"`` walks the Python stack on every thread that runs Python (taking
     the GIL when the torch binding released it, as PyTorch's own history recording does; never
     on autograd's or other C++ threads), ``"held"`` only when the GIL is already held, ``"off"``
-    never. ``listen`` publishes live telemetry (``unix:PATH`` or ``tcp:127.0.0.1:PORT``) for
+    never. On a thread without Python (autograd's backward pass) one allocation in
+    ``native_stacks`` (16 unless ``VRAMSCOPE_NATIVE_STACKS`` says otherwise; 0: none) carries
+    its native stack, which reports name by its autograd node (``MmBackward0 (backward)``).
+    ``listen`` publishes live telemetry (``unix:PATH`` or ``tcp:127.0.0.1:PORT``) for
     ``vramscope top``; ``snapshot_on_exit`` writes a snapshot when Python exits.
     """
     torch = _torch()
     _native.set_stack_mode(stacks)
+    if native_stacks is not None:
+        _native.set_native_stacks(native_stacks)
     if listen:
         _native.set_listen(listen)
     allocator = torch.cuda.memory.CUDAPluggableAllocator(
