@@ -6,11 +6,13 @@
 //! Python imports it for [`sim::SimAllocator`] (the caching allocator on a simulated device),
 //! the functions that steer the pluggable allocator, the inspector's reports on any file
 //! PyTorch or vramscope wrote ([`analysis`]), the synchronizing calls PyTorch reports, merged
-//! into those reports ([`host`]), and the Python stack capture settings ([`stack`]). The
-//! Python package (`python/vramscope/`) wraps all of it.
+//! into those reports ([`host`]), live telemetry of PyTorch's own allocator for `attach()`
+//! ([`live`]), and the Python stack capture settings ([`stack`]). The Python package
+//! (`python/vramscope/`) wraps all of it.
 
 mod analysis;
 mod host;
+mod live;
 mod native;
 mod pluggable;
 mod sim;
@@ -161,6 +163,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sim::Block>()?;
     m.add_class::<sim::ScopeToken>()?;
     m.add_class::<HostLog>()?;
+    m.add_class::<live::LivePublisher>()?;
+    m.add_function(wrap_pyfunction!(live::read_telemetry, m)?)?;
     m.add_function(wrap_pyfunction!(file_findings_json, m)?)?;
     m.add_function(wrap_pyfunction!(file_report_text, m)?)?;
     m.add_function(wrap_pyfunction!(file_check, m)?)?;

@@ -187,3 +187,94 @@ def test_use_allocator_snapshots_hold_the_syncs_in_the_allocator_steps(tmp_path)
     by_seq = {e["seq"]: e for e in snap["events"]}
     for step, seq in marks.items():
         assert by_seq[seq]["step"] == step
+
+
+ATTACH_LIVE = '''
+    import json, sys, threading, time
+    import torch
+    import vramscope
+    from vramscope import _native
+
+    addr = "unix:" + sys.argv[1]
+    session = vramscope.attach(listen=addr)
+    optimizer = torch.optim.Optimizer()
+    kept = []
+    for step in range(3):
+        kept.append(torch.empty(3 << 20))  # LIVE-ALLOC
+        optimizer.step()
+    # A dashboard attaches after the fact: the history so far comes with its snapshot.
+    first = json.loads(_native.read_telemetry(addr, 3.0))
+
+    # Another stays attached while the program runs on: the new allocations stream to it.
+    second = {}
+    reader = threading.Thread(
+        target=lambda: second.update(json.loads(_native.read_telemetry(addr, 20.0))))
+    before = session.live.counters()["snapshots"]
+    reader.start()
+
+    def wait_for(what, done):
+        deadline = time.monotonic() + 10
+        while not done():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.02)
+
+    wait_for("no snapshot for the second dashboard",
+             lambda: session.live.counters()["snapshots"] > before)
+    kept.append(torch.empty(1 << 20))  # LIVE-STREAM
+    optimizer.step()
+    wait_for("the new allocation never streamed",
+             lambda: session.live.counters()["events_sent"] > 0)
+    session.close()
+    reader.join(10)
+    print(json.dumps({"first": first, "second": second, "errors": session.feeder is None}))
+'''
+
+
+def test_attach_publishes_live_telemetry_that_a_dashboard_reads(tmp_path):
+    sock = tmp_path / "run.sock"
+    script, out = run_with_stand_in(tmp_path, ATTACH_LIVE, sock)
+    assert f"watch it with `vramscope top unix:{sock}`" in out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    first, second = result["first"], result["second"]
+    assert first["hello"]["device"]["name"] == "Stand-in GPU"
+    assert first["hello"]["device"]["capacity"] == 80 << 30
+    # The snapshot a late dashboard gets holds the history: the three allocations at their
+    # Python line, each in the step the optimizer hook numbered.
+    assert first["snapshots"], first
+    alloc_site = f"{script}:{line_of(script, '# LIVE-ALLOC')}"
+    allocs = [e for e in first["events"] if e["kind"] == "alloc"]
+    assert [(e["site"], e["step"], e["in_snapshot"]) for e in allocs] == [
+        (alloc_site, step, True) for step in range(3)]
+    assert first["snapshots"][0]["steps"] == [1, 2, 3]
+    # memory_stats() figures, ten times a second.
+    assert any(s["allocated"] == 9 << 20 and s["step"] == 3 for s in first["stats"]), first["stats"]
+    assert len(first["stats"]) >= 5
+    # The attached dashboard got the new allocation as an event (with its call site sent in a
+    # table first), in step 3, and the goodbye when the session closed.
+    stream_site = f"{script}:{line_of(script, '# LIVE-STREAM')}"
+    streamed = [e for e in second["events"] if not e["in_snapshot"] and e["kind"] == "alloc"]
+    assert [(e["site"], e["step"]) for e in streamed] == [(stream_site, 3)], second["events"]
+    assert any(s["allocated"] == 10 << 20 for s in second["stats"])
+    assert second["ended"] == "bye"
+    assert all(s["dropped"] == 0 for s in first["stats"] + second["stats"])
+    assert not sock.exists()
+
+
+def test_a_publisher_without_history_still_greets_and_sends_statistics():
+    from vramscope import _native
+
+    with pytest.raises(ValueError, match="loopback"):
+        _native.LivePublisher("tcp:0.0.0.0:0")
+    publisher = _native.LivePublisher("tcp:127.0.0.1:0", 3, "Test GPU", 1 << 30)
+    try:
+        assert publisher.addr.startswith("tcp:127.0.0.1:") and not publisher.addr.endswith(":0")
+        publisher.stats({"allocated_bytes.all.current": 5 << 20, "reserved_bytes.all.peak": 7 << 20,
+                         "num_ooms": 2, "not.a.figure": "x"}, 4)
+        # No history call comes: the dashboard gets an empty snapshot after a second.
+        seen = json.loads(_native.read_telemetry(publisher.addr, 1.6))
+    finally:
+        publisher.close()
+    assert seen["hello"]["device"]["index"] == 3
+    assert seen["snapshots"] and seen["snapshots"][0]["history"] == 0
+    assert seen["stats"] and seen["stats"][-1]["allocated"] == 5 << 20
+    assert seen["stats"][-1]["step"] == 4

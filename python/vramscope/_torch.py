@@ -12,9 +12,11 @@ import atexit
 import contextlib
 import json
 import os
+import pickle
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -195,6 +197,59 @@ def _quiet(fn, *args) -> None:
         print(f"vramscope: no snapshot at exit: {e}", file=sys.stderr)
 
 
+class LiveFeeder(threading.Thread):
+    """Feeds a :class:`vramscope._native.LivePublisher` from PyTorch while a dashboard is
+    attached (and does nothing otherwise): ``memory_stats()`` every ``stats_interval``
+    seconds, and the allocation history (``torch.cuda.memory._snapshot()``, pickled and
+    converted natively without the GIL) every ``history_interval`` seconds at the most often,
+    spaced further so that taking it costs at most ``budget`` of the wall time. An error is
+    counted (``errors``, ``last_error``) and never reaches the program."""
+
+    def __init__(self, publisher: Any, torch: Any, device: int, session: Any,
+                 stats_interval: float = 0.1, history_interval: float = 1.0,
+                 budget: float = 0.02) -> None:
+        super().__init__(name="vramscope-live-feeder", daemon=True)
+        self.publisher = publisher
+        self.torch = torch
+        self.device = device
+        self.session = session
+        self.stats_interval = stats_interval
+        self.history_interval = history_interval
+        self.budget = budget
+        self.history_calls = 0
+        self.history_seconds = 0.0
+        self.errors = 0
+        self.last_error = ""
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        next_history = 0.0
+        while not self._stop_event.wait(self.stats_interval):
+            if self.publisher.clients == 0:
+                next_history = 0.0
+                continue
+            try:
+                self.publisher.stats(self.torch.cuda.memory_stats(self.device), self.session.step)
+                now = time.monotonic()
+                if now >= next_history:
+                    start = time.perf_counter()
+                    data = pickle.dumps(self.torch.cuda.memory._snapshot(),
+                                        protocol=pickle.HIGHEST_PROTOCOL)
+                    self.publisher.history(data)
+                    cost = time.perf_counter() - start
+                    self.history_calls += 1
+                    self.history_seconds += cost
+                    next_history = now + max(self.history_interval, cost / self.budget)
+            except Exception as e:  # noqa: BLE001 - the program must never see it
+                self.errors += 1
+                self.last_error = repr(e)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout=5)
+
+
 class AttachSession:
     """PyTorch's own allocator, watched (what ``attach()`` returns)."""
 
@@ -205,6 +260,8 @@ class AttachSession:
         self.syncs = syncs
         self.step = 0
         self.scopes: List[Any] = []
+        self.live: Any = None
+        self.feeder: Optional[LiveFeeder] = None
         torch.cuda.memory._record_memory_history(
             enabled="all", context="all" if stacks else None,
             stacks="python" if stacks else "all", max_entries=max_entries)
@@ -213,6 +270,31 @@ class AttachSession:
             observer = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
             if observer is not None:
                 observer(self._on_oom)
+
+    def publish(self, listen: str, device: Optional[int] = None) -> str:
+        """Publishes live telemetry on ``listen`` for ``vramscope top``; returns the address."""
+        torch = self.torch
+        if device is None:
+            device = torch.cuda.current_device()
+        name, capacity = "", 0
+        try:
+            name = torch.cuda.get_device_name(device)
+            capacity = int(torch.cuda.get_device_properties(device).total_memory)
+        except Exception:  # noqa: BLE001 - the name and capacity are only shown
+            pass
+        self.live = _native.LivePublisher(listen, device, name, capacity)
+        self.feeder = LiveFeeder(self.live, torch, device, self)
+        self.feeder.start()
+        atexit.register(self.close)
+        return self.live.addr
+
+    def close(self) -> None:
+        """Stops live telemetry (the dashboards are told the program ended)."""
+        if self.feeder is not None:
+            self.feeder.stop()
+            self.feeder = None
+        if self.live is not None:
+            self.live.close()
 
     def _on_oom(self, device, alloc, device_alloc, device_free) -> None:
         self.snapshot(self.oom_snapshot)
@@ -232,6 +314,8 @@ class AttachSession:
             pass
         if self.syncs is not None:
             self.syncs.mark_step(self.step)
+        if self.live is not None:
+            self.live.mark_step(self.step)
         return self.step
 
     @property
@@ -281,12 +365,12 @@ def attach(listen: Optional[str] = None, snapshot_on_exit: Optional[str] = None,
     (``_record_memory_history``), a step at each optimizer step, the synchronizing calls at
     their Python line (``set_sync_debug_mode("warn")``, warnings captured, not shown), a
     snapshot at OOM (``oom_snapshot``) and at exit (``snapshot_on_exit``, a PyTorch pickle
-    ``vramscope report`` reads). ``listen`` is accepted for symmetry with ``use_allocator``:
-    live telemetry needs vramscope's allocator, so it is refused here with a clear error.
+    ``vramscope report`` reads). ``listen`` (``unix:PATH`` or ``tcp:127.0.0.1:PORT``)
+    publishes live telemetry for ``vramscope top``: while a dashboard is attached, a
+    background thread sends ``memory_stats()`` ten times a second and the new part of the
+    recorded history about once a second (less often when taking it costs more than 2% of the
+    time).
     """
-    if listen:
-        raise ValueError("attach() keeps PyTorch's allocator, which vramscope cannot stream "
-                         "live; use use_allocator(listen=...) for `vramscope top`")
     torch = _torch()
     syncs = None
     if catch_syncs:
@@ -294,6 +378,10 @@ def attach(listen: Optional[str] = None, snapshot_on_exit: Optional[str] = None,
         syncs.install()
         torch.cuda.set_sync_debug_mode("warn")
     session = AttachSession(stacks, max_entries, syncs, oom_snapshot)
+    if listen:
+        addr = session.publish(listen)
+        print(f"vramscope: publishing PyTorch's allocator on {addr}; watch it with "
+              f"`vramscope top {addr}`", file=sys.stderr)
     session.hook = _step_hook(session.mark_step)
     if snapshot_on_exit:
         atexit.register(_quiet, session.snapshot, snapshot_on_exit)
