@@ -2,54 +2,89 @@
 //!
 //! It is at once the Python extension and the `CUDAPluggableAllocator` library: PyTorch loads
 //! this file by path and calls its `vramscope_malloc`/`vramscope_free` C symbols
-//! ([`pluggable`]), while Python imports it for [`sim::SimAllocator`] (the caching allocator on
-//! a simulated device), the functions that steer the pluggable allocator, the inspector's
-//! reports on any file PyTorch or vramscope wrote ([`analysis`]), and the Python stack capture
-//! settings ([`stack`]). The Python package (`python/vramscope/`) wraps all of it.
+//! ([`pluggable`], with sampled native stacks on threads without Python: [`native`]), while
+//! Python imports it for [`sim::SimAllocator`] (the caching allocator on a simulated device),
+//! the functions that steer the pluggable allocator, the inspector's reports on any file
+//! PyTorch or vramscope wrote ([`analysis`]), the synchronizing calls PyTorch reports, merged
+//! into those reports ([`host`]), live telemetry of PyTorch's own allocator for `attach()`
+//! ([`live`]), and the Python stack capture settings ([`stack`]). The Python package
+//! (`python/vramscope/`) wraps all of it.
 
 mod analysis;
+mod host;
+mod live;
+mod native;
 mod pluggable;
 mod sim;
 mod stack;
 
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use vramscope_inspector::import;
+
+use crate::host::{HostLog, Numbering};
 
 /// Loads `path` (a vramscope snapshot, a PyTorch snapshot pickle, a profiler trace).
 fn load(path: &str) -> PyResult<vramscope_allocator::Snapshot> {
     import::load(path).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
-/// The inspector's findings on the file at `path`, as JSON.
-#[pyfunction]
-fn file_findings_json(path: &str) -> PyResult<String> {
-    Ok(analysis::findings_json(&load(path)?))
+/// Loads `path` with `log`'s syncs and steps merged in by time (the file numbers its own
+/// steps: a PyTorch snapshot of `attach()`).
+fn load_with(path: &str, log: Option<&HostLog>) -> PyResult<vramscope_allocator::Snapshot> {
+    Ok(host::with_log(load(path)?, log, Numbering::ByTime))
 }
 
-/// The inspector's text report on the file at `path`.
+/// The inspector's findings on the file at `path`, as JSON, with the syncs of `log`.
 #[pyfunction]
-fn file_report_text(path: &str) -> PyResult<String> {
-    Ok(analysis::report_text(&load(path)?))
+#[pyo3(signature = (path, log = None))]
+fn file_findings_json(path: &str, log: Option<Bound<'_, HostLog>>) -> PyResult<String> {
+    let log = log.as_ref().map(Bound::get);
+    Ok(analysis::findings_json(
+        &load_with(path, log)?,
+        host::log_has_syncs(log),
+    ))
 }
 
-/// The checks of the pytest marker that the file at `path` fails.
+/// The inspector's text report on the file at `path`, with the syncs of `log`.
 #[pyfunction]
-#[pyo3(signature = (path, max_peak = None, no_leaks = false, max_syncs_per_step = None))]
+#[pyo3(signature = (path, log = None))]
+fn file_report_text(path: &str, log: Option<Bound<'_, HostLog>>) -> PyResult<String> {
+    let log = log.as_ref().map(Bound::get);
+    Ok(analysis::report_text(
+        &load_with(path, log)?,
+        host::log_has_syncs(log),
+    ))
+}
+
+/// The checks of the pytest marker that the file at `path`, with the syncs of `log`, fails.
+#[pyfunction]
+#[pyo3(signature = (path, max_peak = None, no_leaks = false, max_syncs_per_step = None, log = None))]
 fn file_check(
     path: &str,
     max_peak: Option<u64>,
     no_leaks: bool,
     max_syncs_per_step: Option<u64>,
+    log: Option<Bound<'_, HostLog>>,
 ) -> PyResult<Vec<String>> {
     Ok(analysis::check(
-        &load(path)?,
+        &load_with(path, log.as_ref().map(Bound::get))?,
         analysis::Limits {
             max_peak,
             no_leaks,
             max_syncs_per_step,
         },
     ))
+}
+
+/// Writes the file at `path` (a PyTorch snapshot pickle, say) as a vramscope snapshot to
+/// `out`, with the syncs and steps of `log`.
+#[pyfunction]
+#[pyo3(signature = (path, out, log = None))]
+fn file_convert(path: &str, out: &str, log: Option<Bound<'_, HostLog>>) -> PyResult<()> {
+    load_with(path, log.as_ref().map(Bound::get))?
+        .save(out)
+        .map_err(|e| PyRuntimeError::new_err(e.to_string()))
 }
 
 /// `bytes` as a human figure (`"1.50 GiB"`).
@@ -82,6 +117,13 @@ fn cached_stacks() -> usize {
     stack::cached_stacks()
 }
 
+/// Whether the stack cache keys frames by instruction offset (CPython 3.11 and later) rather
+/// than by line.
+#[pyfunction]
+fn stack_keyed_by_offset() -> bool {
+    stack::keyed_by_offset()
+}
+
 /// A frame as Python sees it: `(file, line, function)`.
 type PyFrame = (String, u32, String);
 
@@ -111,18 +153,33 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     {
         stack::set_max_depth(depth);
     }
+    if let Some(every) = std::env::var(native::ENV_EVERY)
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+    {
+        native::set_every(every);
+    }
     m.add_class::<sim::SimAllocator>()?;
     m.add_class::<sim::Block>()?;
     m.add_class::<sim::ScopeToken>()?;
+    m.add_class::<HostLog>()?;
+    m.add_class::<live::LivePublisher>()?;
+    m.add_function(wrap_pyfunction!(live::read_telemetry, m)?)?;
     m.add_function(wrap_pyfunction!(file_findings_json, m)?)?;
     m.add_function(wrap_pyfunction!(file_report_text, m)?)?;
     m.add_function(wrap_pyfunction!(file_check, m)?)?;
+    m.add_function(wrap_pyfunction!(file_convert, m)?)?;
     m.add_function(wrap_pyfunction!(format_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(stack_depth, m)?)?;
     m.add_function(wrap_pyfunction!(set_stack_depth, m)?)?;
     m.add_function(wrap_pyfunction!(add_framework_paths, m)?)?;
     m.add_function(wrap_pyfunction!(cached_stacks, m)?)?;
+    m.add_function(wrap_pyfunction!(stack_keyed_by_offset, m)?)?;
     m.add_function(wrap_pyfunction!(current_site, m)?)?;
+    m.add_function(wrap_pyfunction!(native::set_native_stacks, m)?)?;
+    m.add_function(wrap_pyfunction!(native::native_stacks, m)?)?;
+    m.add_function(wrap_pyfunction!(native::alloc_on_native_thread, m)?)?;
+    m.add_function(wrap_pyfunction!(native::time_native_thread_pairs, m)?)?;
     m.add_function(wrap_pyfunction!(pluggable::set_stack_mode, m)?)?;
     m.add_function(wrap_pyfunction!(pluggable::stack_mode, m)?)?;
     m.add_function(wrap_pyfunction!(pluggable::set_listen, m)?)?;

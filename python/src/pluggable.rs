@@ -8,8 +8,9 @@
 //! thread that has a Python thread state takes the GIL for the walk, as PyTorch's own
 //! `_record_memory_history` does, and before the allocator's lock (so the lock is never held
 //! while waiting for the GIL); a thread without one (autograd's backward thread, any C++
-//! thread) never takes it and keeps the Rust site. `held` walks only when the GIL is already
-//! held; `off` never walks.
+//! thread) never takes it, and a sample of its allocations carries a native stack instead
+//! ([`crate::native`]), named in reports by the autograd node it runs in; the others keep the
+//! Rust site. `held` walks only when the GIL is already held; `off` never walks.
 //!
 //! Misuse never aborts the host process: a bad pointer or device is counted and logged, and
 //! every entry point runs under `catch_unwind`, as in `vramscope-ffi`.
@@ -31,6 +32,8 @@ use vramscope_allocator::{
 };
 
 use crate::analysis;
+use crate::host::{self, HostLog, Numbering};
+use crate::native;
 use crate::stack;
 
 /// Devices served (ordinals `0..MAX_DEVICES`).
@@ -202,7 +205,7 @@ fn start_telemetry(alloc: &CachingAllocator<DeviceBackend>) {
 }
 
 /// The Python stack of the calling thread, per the [`StackMode`]; never takes the GIL on a
-/// thread without a Python thread state.
+/// thread without a Python thread state, where a sampled native stack stands in for it.
 fn python_site() -> Option<&'static CallSite> {
     let mode = StackMode::current();
     if mode == StackMode::Off {
@@ -212,14 +215,14 @@ fn python_site() -> Option<&'static CallSite> {
         // SAFETY: the GIL is held.
         return unsafe { stack::capture() };
     }
-    if mode != StackMode::Python {
-        return None;
-    }
     // SAFETY: both calls are valid from any thread of an initialized interpreter; the thread
     // state is only compared with null, never dereferenced.
     let has_python_state =
         unsafe { ffi::Py_IsInitialized() != 0 && !ffi::PyGILState_GetThisThreadState().is_null() };
     if !has_python_state {
+        return native::sampled_site();
+    }
+    if mode != StackMode::Python {
         return None;
     }
     // SAFETY: this thread has a Python thread state and does not hold the GIL (checked above),
@@ -381,11 +384,19 @@ pub fn device_pop_scope() -> PyResult<()> {
         .ok_or_else(|| PyRuntimeError::new_err("no vramscope scope is open on this thread"))
 }
 
-/// Writes `device`'s snapshot as JSON to `path`.
+/// `device`'s snapshot, its native stacks symbolized, with the syncs of `log` (whose steps are
+/// the allocator's: the session marks both with one call).
+fn snapshot_with(device: i32, log: Option<&HostLog>) -> PyResult<Snapshot> {
+    let mut snapshot = device_or_err(device)?.snapshot();
+    native::symbolize(&mut snapshot);
+    Ok(host::with_log(snapshot, log, Numbering::Same))
+}
+
+/// Writes `device`'s snapshot, with the syncs of `log`, as JSON to `path`.
 #[pyfunction]
-pub fn device_snapshot(device: i32, path: &str) -> PyResult<()> {
-    device_or_err(device)?
-        .snapshot()
+#[pyo3(signature = (device, path, log = None))]
+pub fn device_snapshot(device: i32, path: &str, log: Option<Bound<'_, HostLog>>) -> PyResult<()> {
+    snapshot_with(device, log.as_ref().map(Bound::get))?
         .save(path)
         .map_err(|e| PyRuntimeError::new_err(e.to_string()))
 }
@@ -402,26 +413,37 @@ pub fn device_stats_json(device: i32) -> PyResult<String> {
     Ok(serde_json::to_string(&device_or_err(device)?.stats()).unwrap_or_default())
 }
 
-/// The inspector's findings on `device`'s snapshot, as JSON.
+/// The inspector's findings on `device`'s snapshot, with the syncs of `log`, as JSON.
 #[pyfunction]
-pub fn device_findings_json(device: i32) -> PyResult<String> {
-    Ok(analysis::findings_json(&device_or_err(device)?.snapshot()))
+#[pyo3(signature = (device, log = None))]
+pub fn device_findings_json(device: i32, log: Option<Bound<'_, HostLog>>) -> PyResult<String> {
+    let log = log.as_ref().map(Bound::get);
+    Ok(analysis::findings_json(
+        &snapshot_with(device, log)?,
+        host::log_has_syncs(log),
+    ))
 }
 
-/// The inspector's text report on `device`'s snapshot.
+/// The inspector's text report on `device`'s snapshot, with the syncs of `log`.
 #[pyfunction]
-pub fn device_report_text(device: i32) -> PyResult<String> {
-    Ok(analysis::report_text(&device_or_err(device)?.snapshot()))
+#[pyo3(signature = (device, log = None))]
+pub fn device_report_text(device: i32, log: Option<Bound<'_, HostLog>>) -> PyResult<String> {
+    let log = log.as_ref().map(Bound::get);
+    Ok(analysis::report_text(
+        &snapshot_with(device, log)?,
+        host::log_has_syncs(log),
+    ))
 }
 
-/// The checks of the pytest marker that `device`'s snapshot fails.
+/// The checks of the pytest marker that `device`'s snapshot, with the syncs of `log`, fails.
 #[pyfunction]
-#[pyo3(signature = (device, max_peak = None, no_leaks = false, max_syncs_per_step = None))]
+#[pyo3(signature = (device, max_peak = None, no_leaks = false, max_syncs_per_step = None, log = None))]
 pub fn device_check(
     device: i32,
     max_peak: Option<u64>,
     no_leaks: bool,
     max_syncs_per_step: Option<u64>,
+    log: Option<Bound<'_, HostLog>>,
 ) -> PyResult<Vec<String>> {
     let at_step = STEP_SNAPSHOTS.lock().ok().and_then(|kept| {
         kept.iter()
@@ -429,7 +451,7 @@ pub fn device_check(
             .map(|(_, s)| s.clone())
     });
     Ok(analysis::check_with_step(
-        &device_or_err(device)?.snapshot(),
+        &snapshot_with(device, log.as_ref().map(Bound::get))?,
         at_step.as_ref(),
         analysis::Limits {
             max_peak,

@@ -59,6 +59,42 @@ def test_one_line_reached_through_two_callers_is_two_stacks_with_one_line():
     assert site_b["frames"][1]["function"] == "second"
 
 
+def two_lines(alloc):
+    first = alloc.alloc(4096)  # FIRST-OF-TWO
+    second = alloc.alloc(4096)  # SECOND-OF-TWO
+    return first, second
+
+
+def test_a_loop_hits_the_stack_cache_and_keeps_each_line_apart():
+    # On 3.11+ stacks are keyed by instruction offset: a hit must still tell two lines of one
+    # function apart, and a repeat must intern nothing new.
+    alloc = vramscope.SimAllocator("1 GiB")
+    for round in range(3):
+        before = vramscope._native.cached_stacks()
+        first, second = two_lines(alloc)
+        site_a, raw_a, _ = block_site(alloc, first)
+        site_b, raw_b, _ = block_site(alloc, second)
+        assert site_a["line"] == line_of(HERE, "# FIRST-OF-TWO")
+        assert site_b["line"] == line_of(HERE, "# SECOND-OF-TWO")
+        assert raw_a["site"] != raw_b["site"]
+        if round > 0:
+            assert vramscope._native.cached_stacks() == before
+
+
+def test_two_calls_on_one_line_share_one_site():
+    # Two allocations of one line are two instruction offsets but one call site.
+    alloc = vramscope.SimAllocator("1 GiB")
+    before = vramscope._native.cached_stacks()
+    pair = (alloc.alloc(4096), alloc.alloc(8192))  # TWO-OFFSETS
+    assert vramscope._native.cached_stacks() == before + 1
+    site_a, raw_a, _ = block_site(alloc, pair[0])
+    _, raw_b, _ = block_site(alloc, pair[1])
+    assert raw_a["site"] == raw_b["site"]
+    assert site_a["line"] == line_of(HERE, "# TWO-OFFSETS")
+    if sys.version_info >= (3, 11):
+        assert vramscope._native.stack_keyed_by_offset()
+
+
 def test_without_stack_capture_the_site_is_the_native_module():
     alloc = vramscope.SimAllocator("1 GiB", capture_stacks=False)
     site, _, _ = block_site(alloc, allocate_here(alloc))
@@ -255,3 +291,42 @@ def test_the_pluggable_allocator_records_the_python_line(tmp_path, mode, loader,
             str(script), line_of(script, "# PLUGGABLE-MALLOC"), "forward")
     else:
         assert site["file"].endswith("pluggable.rs"), site
+
+
+NATIVE_THREAD = '''
+    import json, sys
+    from vramscope import _native
+
+    _native.set_native_stacks(1)
+    sampled = _native.alloc_on_native_thread(0, 1 << 20)
+    _native.set_native_stacks(0)
+    unsampled = _native.alloc_on_native_thread(0, 4096)
+    _native.device_snapshot(0, sys.argv[1])
+    print(json.dumps({"sampled": sampled, "unsampled": unsampled, "errors": _native.errors()[0],
+                      "report": _native.device_report_text(0)}))
+'''
+
+
+def test_an_allocation_on_a_thread_without_python_is_named_by_its_native_caller(tmp_path):
+    # As on autograd's backward thread: no Python frame, so the sampled native stack is the
+    # site, symbolized from the allocator's caller outwards, and the report names the stack by
+    # the autograd node it runs in.
+    script = tmp_path / "native.py"
+    script.write_text(textwrap.dedent(NATIVE_THREAD))
+    snap_path = tmp_path / "snap.json"
+    env = dict(os.environ, VRAMSCOPE_BACKEND="sim")
+    out = subprocess.run([sys.executable, str(script), str(snap_path)], env=env,
+                         capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["errors"] == 0 and result["sampled"] and result["unsampled"], out.stderr
+    snap = json.loads(snap_path.read_text())
+    blocks = {b["address"]: b for s in snap["segments"] for b in s["blocks"]
+              if b["state"] == "active_allocated"}
+    sampled = snap["sites"][blocks[result["sampled"]]["site"]]
+    assert (sampled["file"], sampled["line"]) == ("??", 0)
+    functions = [f["function"] for f in sampled["frames"]]
+    assert functions and "MmBackward0::apply" in functions[0], functions
+    assert not any("vramscope_malloc" in f or f.startswith("backtrace::") for f in functions)
+    unsampled = snap["sites"][blocks[result["unsampled"]]["site"]]
+    assert unsampled["file"].endswith("pluggable.rs"), unsampled
+    assert "MmBackward0 (backward)" in result["report"], result["report"]

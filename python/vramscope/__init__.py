@@ -9,7 +9,8 @@ Three ways in, all reporting through the same inspector:
   ``torch.cuda.memory.CUDAPluggableAllocator`` (this package's native module is the library),
   with statistics, snapshots, live telemetry and the Python stack of each allocation.
 * ``vramscope.attach()``: keeps PyTorch's own allocator and records its history, marks steps
-  at each optimizer step, catches per-element syncs, snapshots at OOM and at exit.
+  at each optimizer step, catches per-element syncs, snapshots at OOM and at exit, and with
+  ``listen=`` publishes it live for ``vramscope top``.
 
 Module-level ``scope()``, ``mark_step()``, ``snapshot()``, ``report()`` and
 ``memory_summary()`` act on whichever of these is active (``activate()`` makes a

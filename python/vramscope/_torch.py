@@ -12,11 +12,12 @@ import atexit
 import contextlib
 import json
 import os
+import pickle
 import sys
 import tempfile
 import threading
+import time
 import warnings
-from collections import Counter
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import Finding, _findings, _native, activate, parse_size
@@ -35,14 +36,19 @@ def _torch() -> Any:
 
 class SyncRecorder:
     """Records the synchronizing calls ``torch.cuda.set_sync_debug_mode("warn")`` reports,
-    at the Python line that made them, instead of printing the warnings."""
+    at the Python line that made them, instead of printing the warnings.
+
+    Each warning becomes a sync in a native :class:`vramscope._native.HostLog`, with the
+    warning's ``file:line`` and the Python stack from there outwards, in the current step;
+    the session merges the log into its snapshot, where the inspector's ``sync_in_loop``
+    detector and the ``max_syncs_per_step`` check find the syncs at their line.
+    """
 
     MARKER = "synchroniz"
 
     def __init__(self) -> None:
-        self.by_step: Dict[int, Counter] = {}
+        self.log = _native.HostLog()
         self.step = 0
-        self._lock = threading.Lock()
         self._previous = None
 
     def install(self) -> None:
@@ -57,73 +63,26 @@ class SyncRecorder:
 
         warnings.showwarning = showwarning
 
-    def record(self, filename: str, lineno: int) -> None:
-        # The warning names the innermost Python line (the user's `.item()` line, a C
-        # method); inside framework code (`print` of a tensor formats it in torch), the
-        # user's own frame of the stack is the site instead.
-        site = _native.current_site()
-        where: Tuple[str, int, str] = (filename, lineno, "")
-        framework = filename.startswith("<") or any(
-            part in filename.replace("\\", "/") for part in _FRAMEWORK)
-        if site is not None:
-            if framework:
-                where = (site[0], site[1], site[2])
-            else:
-                names = [f[2] for f in site[3] if (f[0], f[1]) == (filename, lineno)]
-                where = (filename, lineno, names[0] if names else "")
-        with self._lock:
-            self.by_step.setdefault(self.step, Counter())[where] += 1
+    def record(self, filename: str, lineno: int) -> Tuple[str, int, str]:
+        """Records one sync that a warning put at ``filename:lineno``; returns its site
+        ``(file, line, function)``: that line, or inside framework code (``print`` of a tensor
+        formats it in torch) the user's own frame that led there."""
+        return self.log.sync(filename, lineno)
 
     def mark_step(self, step: int) -> None:
-        with self._lock:
-            self.step = step
-
-    def worst_step(self) -> Optional[Tuple[int, int, Tuple[str, int, str], int]]:
-        """(step, syncs in it, the site with most, its count) for the busiest step."""
-        with self._lock:
-            if not self.by_step:
-                return None
-            step, sites = max(self.by_step.items(), key=lambda kv: (sum(kv[1].values()), -kv[0]))
-            site, count = sites.most_common(1)[0]
-            return step, sum(sites.values()), site, count
+        self.step = step
+        self.log.mark_step(step)
 
     def findings(self) -> List[Finding]:
-        """One ``sync_in_loop`` finding per site that synchronized in at least half the steps
-        (a warning when more than once per step)."""
-        with self._lock:
-            steps = max(len(self.by_step), 1)
-            totals: Counter = Counter()
-            in_steps: Counter = Counter()
-            for sites in self.by_step.values():
-                totals.update(sites)
-                in_steps.update(sites.keys())
-        out = []
-        for (file, line, function), count in totals.most_common():
-            if steps >= 2 and in_steps[(file, line, function)] * 2 < steps:
-                continue
-            per_step = count / steps
-            out.append(Finding(
-                kind="sync_in_loop", severity="warning" if per_step > 1 else "info",
-                site=f"{file}:{line}", function=function, bytes=0, count=count,
-                summary=f"{count} synchronizing calls in {steps} steps ({per_step:.1f} per "
-                        "step): the host waits for the GPU each time.",
-                fix="keep the values on the device and read them once per step (accumulate, "
-                    "then one .item()); create tensors on the GPU (device=...) instead of "
-                    "copying them from the CPU every step",
-                bytes_per_step=None,
-                evidence={"syncs": count, "steps": steps, "per_step": round(per_step, 3)},
-            ))
-        return out
+        """The inspector's findings on the syncs alone: ``sync_in_loop`` at each site that
+        synchronized once per step or more over three steps or more (``info`` at one per
+        step, a warning above)."""
+        return _findings(self.log.findings_json())
 
     def check(self, limit: int) -> Optional[str]:
-        worst = self.worst_step()
-        if worst is None or worst[1] <= limit:
-            return None
-        step, total, (file, line, function), count = worst
-        where = f"{file}:{line}" + (f" in {function}" if function else "")
-        return (f"max_syncs_per_step: step {step} synchronized {total} times (limit {limit}), "
-                f"{count} of them at {where}; fix: keep values on the device inside the loop "
-                "and read them once per step (accumulate, then one .item())")
+        """The ``max_syncs_per_step`` failure of the syncs alone, or None."""
+        failures = self.log.check(limit)
+        return failures[0] if failures else None
 
 
 def _step_hook(callback) -> Any:
@@ -166,17 +125,19 @@ class PluggableSession:
     def arm(self, on: bool) -> None:
         _native.device_arm(on)
 
+    @property
+    def log(self) -> Any:
+        """The native log of the syncs caught, or None."""
+        return None if self.syncs is None else self.syncs.log
+
     def snapshot(self, path: str) -> None:
-        _native.device_snapshot(self.device, path)
+        _native.device_snapshot(self.device, path, self.log)
 
     def report(self) -> List[Finding]:
-        found = _findings(_native.device_findings_json(self.device))
-        if self.syncs is not None:
-            found += self.syncs.findings()
-        return found
+        return _findings(_native.device_findings_json(self.device, self.log))
 
     def report_text(self) -> str:
-        return _native.device_report_text(self.device)
+        return _native.device_report_text(self.device, self.log)
 
     def memory_summary(self) -> str:
         return _native.device_memory_summary(self.device)
@@ -186,28 +147,29 @@ class PluggableSession:
 
     def check(self, max_peak=None, no_leaks=False, max_syncs_per_step=None) -> List[str]:
         peak = None if max_peak is None else parse_size(max_peak)
-        failures = _native.device_check(self.device, peak, no_leaks, None)
-        if max_syncs_per_step is not None and self.syncs is not None:
-            message = self.syncs.check(max_syncs_per_step)
-            if message:
-                failures.append(message)
-        return failures
+        return _native.device_check(self.device, peak, no_leaks, max_syncs_per_step, self.log)
 
 
 def use_allocator(listen: Optional[str] = None, snapshot_on_exit: Optional[str] = None,
                   stacks: str = "python", device: Optional[int] = None,
-                  catch_syncs: bool = True) -> PluggableSession:
+                  catch_syncs: bool = True, native_stacks: Optional[int] = None
+                  ) -> PluggableSession:
     """Makes vramscope's caching allocator PyTorch's CUDA allocator (before any CUDA
     allocation), with the Python stack of each allocation as its call site.
 
     ``stacks``: ``"python"`` walks the Python stack on every thread that runs Python (taking
     the GIL when the torch binding released it, as PyTorch's own history recording does; never
     on autograd's or other C++ threads), ``"held"`` only when the GIL is already held, ``"off"``
-    never. ``listen`` publishes live telemetry (``unix:PATH`` or ``tcp:127.0.0.1:PORT``) for
+    never. On a thread without Python (autograd's backward pass) one allocation in
+    ``native_stacks`` (16 unless ``VRAMSCOPE_NATIVE_STACKS`` says otherwise; 0: none) carries
+    its native stack, which reports name by its autograd node (``MmBackward0 (backward)``).
+    ``listen`` publishes live telemetry (``unix:PATH`` or ``tcp:127.0.0.1:PORT``) for
     ``vramscope top``; ``snapshot_on_exit`` writes a snapshot when Python exits.
     """
     torch = _torch()
     _native.set_stack_mode(stacks)
+    if native_stacks is not None:
+        _native.set_native_stacks(native_stacks)
     if listen:
         _native.set_listen(listen)
     allocator = torch.cuda.memory.CUDAPluggableAllocator(
@@ -235,6 +197,59 @@ def _quiet(fn, *args) -> None:
         print(f"vramscope: no snapshot at exit: {e}", file=sys.stderr)
 
 
+class LiveFeeder(threading.Thread):
+    """Feeds a :class:`vramscope._native.LivePublisher` from PyTorch while a dashboard is
+    attached (and does nothing otherwise): ``memory_stats()`` every ``stats_interval``
+    seconds, and the allocation history (``torch.cuda.memory._snapshot()``, pickled and
+    converted natively without the GIL) every ``history_interval`` seconds at the most often,
+    spaced further so that taking it costs at most ``budget`` of the wall time. An error is
+    counted (``errors``, ``last_error``) and never reaches the program."""
+
+    def __init__(self, publisher: Any, torch: Any, device: int, session: Any,
+                 stats_interval: float = 0.1, history_interval: float = 1.0,
+                 budget: float = 0.02) -> None:
+        super().__init__(name="vramscope-live-feeder", daemon=True)
+        self.publisher = publisher
+        self.torch = torch
+        self.device = device
+        self.session = session
+        self.stats_interval = stats_interval
+        self.history_interval = history_interval
+        self.budget = budget
+        self.history_calls = 0
+        self.history_seconds = 0.0
+        self.errors = 0
+        self.last_error = ""
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        next_history = 0.0
+        while not self._stop_event.wait(self.stats_interval):
+            if self.publisher.clients == 0:
+                next_history = 0.0
+                continue
+            try:
+                self.publisher.stats(self.torch.cuda.memory_stats(self.device), self.session.step)
+                now = time.monotonic()
+                if now >= next_history:
+                    start = time.perf_counter()
+                    data = pickle.dumps(self.torch.cuda.memory._snapshot(),
+                                        protocol=pickle.HIGHEST_PROTOCOL)
+                    self.publisher.history(data)
+                    cost = time.perf_counter() - start
+                    self.history_calls += 1
+                    self.history_seconds += cost
+                    next_history = now + max(self.history_interval, cost / self.budget)
+            except Exception as e:  # noqa: BLE001 - the program must never see it
+                self.errors += 1
+                self.last_error = repr(e)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout=5)
+
+
 class AttachSession:
     """PyTorch's own allocator, watched (what ``attach()`` returns)."""
 
@@ -245,6 +260,8 @@ class AttachSession:
         self.syncs = syncs
         self.step = 0
         self.scopes: List[Any] = []
+        self.live: Any = None
+        self.feeder: Optional[LiveFeeder] = None
         torch.cuda.memory._record_memory_history(
             enabled="all", context="all" if stacks else None,
             stacks="python" if stacks else "all", max_entries=max_entries)
@@ -253,6 +270,31 @@ class AttachSession:
             observer = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
             if observer is not None:
                 observer(self._on_oom)
+
+    def publish(self, listen: str, device: Optional[int] = None) -> str:
+        """Publishes live telemetry on ``listen`` for ``vramscope top``; returns the address."""
+        torch = self.torch
+        if device is None:
+            device = torch.cuda.current_device()
+        name, capacity = "", 0
+        try:
+            name = torch.cuda.get_device_name(device)
+            capacity = int(torch.cuda.get_device_properties(device).total_memory)
+        except Exception:  # noqa: BLE001 - the name and capacity are only shown
+            pass
+        self.live = _native.LivePublisher(listen, device, name, capacity)
+        self.feeder = LiveFeeder(self.live, torch, device, self)
+        self.feeder.start()
+        atexit.register(self.close)
+        return self.live.addr
+
+    def close(self) -> None:
+        """Stops live telemetry (the dashboards are told the program ended)."""
+        if self.feeder is not None:
+            self.feeder.stop()
+            self.feeder = None
+        if self.live is not None:
+            self.live.close()
 
     def _on_oom(self, device, alloc, device_alloc, device_free) -> None:
         self.snapshot(self.oom_snapshot)
@@ -272,28 +314,37 @@ class AttachSession:
             pass
         if self.syncs is not None:
             self.syncs.mark_step(self.step)
+        if self.live is not None:
+            self.live.mark_step(self.step)
         return self.step
 
+    @property
+    def log(self) -> Any:
+        """The native log of the syncs caught, or None."""
+        return None if self.syncs is None else self.syncs.log
+
     def snapshot(self, path: str) -> None:
-        self.torch.cuda.memory._dump_snapshot(path)
+        """PyTorch's snapshot pickle at ``path``; a path ending in ``.json`` gets a vramscope
+        snapshot instead, made from it with the syncs caught merged in."""
+        if path.endswith(".json"):
+            self._with_file(lambda p: _native.file_convert(p, path, self.log))
+        else:
+            self.torch.cuda.memory._dump_snapshot(path)
 
     def _with_file(self, fn) -> Any:
         fd, path = tempfile.mkstemp(suffix=".pickle", prefix="vramscope-")
         os.close(fd)
         try:
-            self.snapshot(path)
+            self.torch.cuda.memory._dump_snapshot(path)
             return fn(path)
         finally:
             os.unlink(path)
 
     def report(self) -> List[Finding]:
-        found = self._with_file(lambda p: _findings(_native.file_findings_json(p)))
-        if self.syncs is not None:
-            found += self.syncs.findings()
-        return found
+        return self._with_file(lambda p: _findings(_native.file_findings_json(p, self.log)))
 
     def report_text(self) -> str:
-        return self._with_file(_native.file_report_text)
+        return self._with_file(lambda p: _native.file_report_text(p, self.log))
 
     def memory_summary(self) -> str:
         return self.torch.cuda.memory_summary()
@@ -303,12 +354,8 @@ class AttachSession:
 
     def check(self, max_peak=None, no_leaks=False, max_syncs_per_step=None) -> List[str]:
         peak = None if max_peak is None else parse_size(max_peak)
-        failures = self._with_file(lambda p: _native.file_check(p, peak, no_leaks, None))
-        if max_syncs_per_step is not None and self.syncs is not None:
-            message = self.syncs.check(max_syncs_per_step)
-            if message:
-                failures.append(message)
-        return failures
+        return self._with_file(
+            lambda p: _native.file_check(p, peak, no_leaks, max_syncs_per_step, self.log))
 
 
 def attach(listen: Optional[str] = None, snapshot_on_exit: Optional[str] = None,
@@ -318,12 +365,12 @@ def attach(listen: Optional[str] = None, snapshot_on_exit: Optional[str] = None,
     (``_record_memory_history``), a step at each optimizer step, the synchronizing calls at
     their Python line (``set_sync_debug_mode("warn")``, warnings captured, not shown), a
     snapshot at OOM (``oom_snapshot``) and at exit (``snapshot_on_exit``, a PyTorch pickle
-    ``vramscope report`` reads). ``listen`` is accepted for symmetry with ``use_allocator``:
-    live telemetry needs vramscope's allocator, so it is refused here with a clear error.
+    ``vramscope report`` reads). ``listen`` (``unix:PATH`` or ``tcp:127.0.0.1:PORT``)
+    publishes live telemetry for ``vramscope top``: while a dashboard is attached, a
+    background thread sends ``memory_stats()`` ten times a second and the new part of the
+    recorded history about once a second (less often when taking it costs more than 2% of the
+    time).
     """
-    if listen:
-        raise ValueError("attach() keeps PyTorch's allocator, which vramscope cannot stream "
-                         "live; use use_allocator(listen=...) for `vramscope top`")
     torch = _torch()
     syncs = None
     if catch_syncs:
@@ -331,6 +378,10 @@ def attach(listen: Optional[str] = None, snapshot_on_exit: Optional[str] = None,
         syncs.install()
         torch.cuda.set_sync_debug_mode("warn")
     session = AttachSession(stacks, max_entries, syncs, oom_snapshot)
+    if listen:
+        addr = session.publish(listen)
+        print(f"vramscope: publishing PyTorch's allocator on {addr}; watch it with "
+              f"`vramscope top {addr}`", file=sys.stderr)
     session.hook = _step_hook(session.mark_step)
     if snapshot_on_exit:
         atexit.register(_quiet, session.snapshot, snapshot_on_exit)

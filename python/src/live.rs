@@ -1,0 +1,1069 @@
+//! Live telemetry for `attach()`: PyTorch's own allocator, published in vramscope's telemetry
+//! protocol (`vramscope_allocator::telemetry`: the same frames, so `vramscope top` reads it).
+//!
+//! PyTorch's allocator has no event ring to read, so a [`LivePublisher`] is fed from Python
+//! (`vramscope._torch`, from a background thread, only while a dashboard is attached):
+//! `torch.cuda.memory_stats()` figures ten times a second ([`LivePublisher::stats`]), and the
+//! allocation history at a bounded cost: `torch.cuda.memory._snapshot()` pickled, converted by
+//! the inspector's importer without the GIL, and cut to the trace entries newer than those
+//! already published ([`LivePublisher::history`]; entries are told apart by their time and
+//! their order within one microsecond). The Python side spaces the history calls so that they
+//! take at most a small share of the wall time. Python's step marks ([`LivePublisher::mark_step`])
+//! number the steps of the events, by time.
+//!
+//! The publisher keeps the latest picture (segments, statistics, settings, step marks, the call
+//! sites published so far) and a bounded history of events ([`HISTORY_EVENTS`]) numbered by
+//! its own sequence. One thread serves dashboards on a Unix socket (mode 0600, a stale socket of
+//! a dead process replaced) or a loopback TCP port as the allocator's publisher does: `Hello`, a
+//! snapshot with its history on attach (once the next history call has come, or after a
+//! second), `Tables` before the events that need them, `Events`, `Stats` ten times a second,
+//! `Bye` at the end, `Refused` past [`MAX_CLIENTS`]. Each client has a bounded queue
+//! ([`CLIENT_QUEUE_BYTES`], every frame counted) and a non-blocking socket: a client that falls
+//! behind loses events, which are counted in its statistics, and is sent a fresh snapshot once
+//! its queue has drained (at most once a second); one that takes nothing for a second with a
+//! full queue is treated the same. The program's threads never wait for a dashboard: feeding
+//! takes the publisher's lock only to copy data in.
+
+use std::collections::VecDeque;
+use std::io::{self, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{FromRawFd, IntoRawFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+use vramscope_allocator::telemetry::{
+    encode_events, encode_frame, Frame as TelemetryFrame, FrameKind, Hello, StatsFrame,
+    TablesFrame, TelemetryAddr, TelemetryClient, MAX_FRAME_BYTES, PROTOCOL_VERSION,
+};
+use vramscope_allocator::{
+    AllocatorConfig, CallSite, DeviceInfo, Event, MemoryStats, Snapshot, SnapshotSource, Stat,
+    StatArray, StepMark,
+};
+use vramscope_inspector::import::{pytorch, ImportOptions};
+
+/// Events the publisher keeps for attaching dashboards and for clients that lag.
+pub const HISTORY_EVENTS: usize = 1 << 18;
+/// The most bytes of frames waiting for one client.
+pub const CLIENT_QUEUE_BYTES: usize = 32 << 20;
+/// The most dashboards attached at once.
+pub const MAX_CLIENTS: usize = 16;
+/// Events per `Events` frame.
+const EVENTS_PER_FRAME: usize = 4096;
+/// How often statistics go out.
+const STATS_INTERVAL: Duration = Duration::from_millis(100);
+/// The least time between two snapshots for attaching clients.
+const ATTACH_INTERVAL: Duration = Duration::from_millis(250);
+/// The least time between two snapshots for clients that lost events.
+const RESYNC_INTERVAL: Duration = Duration::from_secs(1);
+/// How long an attaching client waits for fresh history before it gets what there is.
+const ATTACH_WAIT: Duration = Duration::from_secs(1);
+/// How long a client may take nothing while its queue is half full before it loses its stream.
+const STALLED_AFTER: Duration = Duration::from_secs(1);
+
+fn now_unix_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// What the feeding side has published.
+struct State {
+    /// Statistics, settings, segments, steps and the call-site table; no events.
+    picture: Snapshot,
+    site_ids: FxHashMap<CallSite, u32>,
+    history: VecDeque<Event>,
+    next_seq: u64,
+    step: u64,
+    /// The newest trace entry published: its absolute time and how many entries of that time.
+    cursor: Option<(u64, usize)>,
+    /// Whether statistics came from `memory_stats()` (they then win over the importer's).
+    stats_fed: bool,
+    /// History calls so far.
+    version: u64,
+}
+
+/// The counters a running publisher keeps.
+#[derive(Default)]
+struct Counters {
+    clients: AtomicU64,
+    clients_total: AtomicU64,
+    events_sent: AtomicU64,
+    events_dropped: AtomicU64,
+    snapshots: AtomicU64,
+    refused: AtomicU64,
+}
+
+struct Shared {
+    stop: AtomicBool,
+    state: Mutex<State>,
+    counters: Counters,
+}
+
+impl Shared {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The payload of a snapshot document, as `vramscope_allocator::telemetry` reads it.
+#[derive(Serialize)]
+struct SnapshotDoc<'a> {
+    next_seq: u64,
+    history: u64,
+    snapshot: &'a Snapshot,
+}
+
+/// The payload of a `Refused` frame.
+#[derive(Serialize)]
+struct Refusal {
+    reason: String,
+}
+
+fn json_frame<T: Serialize>(kind: FrameKind, value: &T) -> Vec<u8> {
+    // Serializing plain data into memory cannot fail.
+    encode_frame(kind, &serde_json::to_vec(value).unwrap_or_default())
+}
+
+/// Live telemetry of PyTorch's allocator on one device, fed from Python; see the module
+/// documentation. Closing it (or dropping it) says goodbye to the dashboards.
+#[pyclass(module = "vramscope._native", frozen)]
+pub struct LivePublisher {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    addr: String,
+    socket_path: Mutex<Option<PathBuf>>,
+    device: u32,
+}
+
+enum Listener {
+    Unix(UnixListener),
+    Tcp(TcpListener),
+}
+
+impl Listener {
+    /// Accepts one pending connection as a non-blocking stream, if there is one.
+    fn accept(&self) -> io::Result<Option<TcpStream>> {
+        let stream = match self {
+            Listener::Unix(l) => match l.accept() {
+                // SAFETY: `into_raw_fd` hands over the owned descriptor of a connected stream
+                // socket; `TcpStream` owns it from here on and only makes socket calls that work
+                // on any stream socket (`send` with MSG_NOSIGNAL, so a dashboard that went away
+                // cannot raise SIGPIPE in the program, `shutdown`, `close`).
+                Ok((s, _)) => unsafe { TcpStream::from_raw_fd(s.into_raw_fd()) },
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) => return Err(e),
+            },
+            Listener::Tcp(l) => match l.accept() {
+                Ok((s, _)) => {
+                    let _ = s.set_nodelay(true);
+                    s
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) => return Err(e),
+            },
+        };
+        stream.set_nonblocking(true)?;
+        Ok(Some(stream))
+    }
+}
+
+extern "C" {
+    fn umask(mask: u32) -> u32;
+}
+
+/// Binds a Unix socket at `path` that only the owner may use, replacing a stale socket that
+/// nobody listens on. In the default folder (`TelemetryAddr::default_dir`, which may lie in
+/// the shared temporary directory) the folder must be this user's and closed to others.
+fn bind_unix(path: &Path) -> io::Result<UnixListener> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if !parent.exists() {
+            std::fs::create_dir_all(parent)?;
+            std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o700))?;
+        }
+        if parent == TelemetryAddr::default_dir() {
+            let meta = std::fs::symlink_metadata(parent)?;
+            let mine = std::fs::metadata("/proc/self").map_or(true, |me| me.uid() == meta.uid());
+            if !meta.file_type().is_dir() || meta.permissions().mode() & 0o077 != 0 || !mine {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "{}: not a directory of this user's closed to others (mode 0700)",
+                        parent.display()
+                    ),
+                ));
+            }
+        }
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ));
+        }
+        if UnixStream::connect(path).is_ok() {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("another publisher listens on {}", path.display()),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    // SAFETY: umask(2) only sets the process's file-creation mask and cannot fail; the socket
+    // is created with mode 0600 and the previous mask is restored right after.
+    let previous = unsafe { umask(0o177) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above.
+    unsafe { umask(previous) };
+    let listener = bound?;
+    if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)) {
+        let _ = std::fs::remove_file(path);
+        return Err(e);
+    }
+    Ok(listener)
+}
+
+/// `memory_stats()`'s flat figures (`"allocated_bytes.all.current"`, ...) as [`MemoryStats`].
+pub fn stats_from_flat(figures: impl IntoIterator<Item = (String, u64)>) -> MemoryStats {
+    let mut stats = MemoryStats::default();
+    for (key, value) in figures {
+        let mut parts = key.split('.');
+        let (Some(name), pool, field) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let array: Option<&mut StatArray> = match name {
+            "allocated_bytes" => Some(&mut stats.allocated_bytes),
+            "reserved_bytes" => Some(&mut stats.reserved_bytes),
+            "active_bytes" => Some(&mut stats.active_bytes),
+            "inactive_split_bytes" => Some(&mut stats.inactive_split_bytes),
+            "requested_bytes" => Some(&mut stats.requested_bytes),
+            "allocation" => Some(&mut stats.allocation),
+            "segment" => Some(&mut stats.segment),
+            "active" => Some(&mut stats.active),
+            "inactive_split" => Some(&mut stats.inactive_split),
+            _ => None,
+        };
+        let stat: Option<&mut Stat> = match (array, pool, field) {
+            (Some(a), Some(pool), Some(_)) => match pool {
+                "all" => Some(&mut a.all),
+                "small_pool" => Some(&mut a.small_pool),
+                "large_pool" => Some(&mut a.large_pool),
+                _ => None,
+            },
+            (None, Some(_), None) => match name {
+                "oversize_allocations" => Some(&mut stats.oversize_allocations),
+                "oversize_segments" => Some(&mut stats.oversize_segments),
+                _ => None,
+            },
+            _ => None,
+        };
+        let field = if stat.is_some() && field.is_none() {
+            pool
+        } else {
+            field
+        };
+        match (stat, field) {
+            (Some(stat), Some("current")) => stat.current = value,
+            (Some(stat), Some("peak")) => stat.peak = value,
+            (Some(stat), Some("allocated")) => stat.allocated = value,
+            (Some(stat), Some("freed")) => stat.freed = value,
+            (Some(_), _) => {}
+            (None, _) => match key.as_str() {
+                "num_alloc_retries" => stats.num_alloc_retries = value,
+                "num_ooms" => stats.num_ooms = value,
+                "num_sync_all_streams" => stats.num_sync_all_streams = value,
+                "num_device_alloc" => stats.num_device_alloc = value,
+                "num_device_free" => stats.num_device_free = value,
+                _ => {}
+            },
+        }
+    }
+    stats
+}
+
+impl State {
+    /// The id of `site` in the published table, added at its end on first sight.
+    fn site_id(&mut self, site: &CallSite) -> u32 {
+        if let Some(&id) = self.site_ids.get(site) {
+            return id;
+        }
+        let id = self.picture.sites.len() as u32;
+        self.picture.sites.push(site.clone());
+        self.site_ids.insert(site.clone(), id);
+        id
+    }
+
+    /// The step in force at `time_ns` by Python's marks.
+    fn step_at(&self, time_ns: u64) -> u64 {
+        let marks = &self.picture.steps;
+        match marks.partition_point(|m| m.time_ns <= time_ns) {
+            0 => 0,
+            i => marks[i - 1].step,
+        }
+    }
+
+    /// Publishes what `snapshot` (the importer's reading of `_snapshot()`) holds for `device`
+    /// beyond the cursor; returns the events added.
+    fn absorb(&mut self, snapshot: Snapshot, device: u32) -> usize {
+        let epoch = self.picture.epoch_unix_ns;
+        let mut site_map: Vec<Option<u32>> = vec![None; snapshot.sites.len()];
+        let (after, mut skip_at_time) = match self.cursor {
+            Some((time, count)) => (Some(time), count),
+            None => (None, 0),
+        };
+        let mut newest: Option<(u64, usize)> = None;
+        let first_new = self.next_seq;
+        let mut added = 0;
+        for e in snapshot.events.iter().filter(|e| e.device == device) {
+            let absolute = snapshot.epoch_unix_ns.saturating_add(e.time_ns);
+            newest = match newest {
+                Some((time, count)) if time == absolute => Some((time, count + 1)),
+                Some((time, _)) if time > absolute => newest,
+                _ => Some((absolute, 1)),
+            };
+            if let Some(after) = after {
+                if absolute < after {
+                    continue;
+                }
+                if absolute == after && skip_at_time > 0 {
+                    skip_at_time -= 1;
+                    continue;
+                }
+            }
+            let mut event = *e;
+            event.seq = self.next_seq;
+            self.next_seq += 1;
+            event.time_ns = absolute.saturating_sub(epoch);
+            event.step = self.step_at(event.time_ns);
+            event.site = e.site.and_then(|id| {
+                let slot = site_map.get_mut(id as usize)?;
+                if slot.is_none() {
+                    *slot = Some(self.site_id(&snapshot.sites[id as usize]));
+                }
+                *slot
+            });
+            event.tag = None;
+            event.scope = None;
+            if self.history.len() >= HISTORY_EVENTS {
+                self.history.pop_front();
+            }
+            self.history.push_back(event);
+            added += 1;
+        }
+        // The count restarts at each newer time, so it holds the entries of the newest time in
+        // this window, those published before included.
+        if newest.is_some() {
+            self.cursor = newest;
+        }
+        // Step marks made since the last call begin at the first event published after them.
+        for mark in self.picture.steps.iter_mut().filter(|m| m.seq >= first_new) {
+            let first = self
+                .history
+                .iter()
+                .find(|e| e.seq >= first_new && e.time_ns >= mark.time_ns);
+            mark.seq = first.map_or(self.next_seq, |e| e.seq);
+        }
+        let mut segments: Vec<_> = snapshot
+            .segments
+            .into_iter()
+            .filter(|s| s.device == device)
+            .collect();
+        for block in segments.iter_mut().flat_map(|s| s.blocks.iter_mut()) {
+            block.site = block.site.and_then(|id| {
+                let site = snapshot.sites.get(id as usize)?;
+                Some(self.site_id(site))
+            });
+            block.tag = None;
+            block.scope = None;
+        }
+        self.picture.segments = segments;
+        self.picture.config = snapshot.config;
+        if !self.stats_fed {
+            self.picture.stats = snapshot.stats;
+        }
+        self.version += 1;
+        added
+    }
+}
+
+impl LivePublisher {
+    fn close_now(&self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
+        let path = self
+            .socket_path
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(path) = path {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+impl Drop for LivePublisher {
+    fn drop(&mut self) {
+        self.close_now();
+    }
+}
+
+#[pymethods]
+impl LivePublisher {
+    /// Starts publishing on `listen` (`unix:PATH` or `tcp:127.0.0.1:PORT`) for device `device`
+    /// named `name`, of `capacity` bytes.
+    #[new]
+    #[pyo3(signature = (listen, device = 0, name = String::new(), capacity = 0))]
+    fn new(listen: &str, device: u32, name: String, capacity: u64) -> PyResult<LivePublisher> {
+        let addr =
+            TelemetryAddr::parse(listen).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let (listener, bound, socket_path) = match &addr {
+            TelemetryAddr::Unix(path) => {
+                let listener = bind_unix(path).map_err(|e| {
+                    PyRuntimeError::new_err(format!("cannot listen on {addr}: {e}"))
+                })?;
+                (Listener::Unix(listener), addr.clone(), Some(path.clone()))
+            }
+            TelemetryAddr::Tcp(a) => {
+                if !a.ip().is_loopback() {
+                    return Err(PyValueError::new_err(format!(
+                        "{addr} is not a loopback address: live telemetry stays on this machine"
+                    )));
+                }
+                let listener = TcpListener::bind(a).map_err(|e| {
+                    PyRuntimeError::new_err(format!("cannot listen on {addr}: {e}"))
+                })?;
+                let local = listener
+                    .local_addr()
+                    .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+                (Listener::Tcp(listener), TelemetryAddr::Tcp(local), None)
+            }
+        };
+        let nonblocking = match &listener {
+            Listener::Unix(l) => l.set_nonblocking(true),
+            Listener::Tcp(l) => l.set_nonblocking(true),
+        };
+        if let Err(e) = nonblocking {
+            if let Some(p) = &socket_path {
+                let _ = std::fs::remove_file(p);
+            }
+            return Err(PyRuntimeError::new_err(e.to_string()));
+        }
+        let info = DeviceInfo {
+            index: device,
+            name: if name.is_empty() {
+                format!("cuda:{device}")
+            } else {
+                name
+            },
+            backend: "cuda (PyTorch's allocator)".to_string(),
+            capacity,
+        };
+        let epoch_unix_ns = now_unix_ns();
+        let mut picture = Snapshot::empty(SnapshotSource::Pytorch, info.clone());
+        picture.epoch_unix_ns = epoch_unix_ns;
+        let hello = Hello {
+            protocol: PROTOCOL_VERSION,
+            pid: std::process::id(),
+            program: std::env::current_exe()
+                .ok()
+                .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .unwrap_or_default(),
+            device: info,
+            epoch_unix_ns,
+            config: AllocatorConfig::default(),
+        };
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            state: Mutex::new(State {
+                picture,
+                site_ids: FxHashMap::default(),
+                history: VecDeque::new(),
+                next_seq: 0,
+                step: 0,
+                cursor: None,
+                stats_fed: false,
+                version: 0,
+            }),
+            counters: Counters::default(),
+        });
+        let mut server = Server {
+            shared: Arc::clone(&shared),
+            listener,
+            hello: json_frame(FrameKind::Hello, &hello),
+            clients: Vec::new(),
+            last_stats: None,
+            last_snapshot: None,
+        };
+        let thread = std::thread::Builder::new()
+            .name("vramscope-live".to_string())
+            .spawn(move || server.run())
+            .map_err(|e| {
+                if let Some(p) = &socket_path {
+                    let _ = std::fs::remove_file(p);
+                }
+                PyRuntimeError::new_err(e.to_string())
+            })?;
+        Ok(LivePublisher {
+            shared,
+            thread: Mutex::new(Some(thread)),
+            addr: bound.to_string(),
+            socket_path: Mutex::new(socket_path),
+            device,
+        })
+    }
+
+    /// The address dashboards connect to (`vramscope top ADDR`).
+    #[getter]
+    fn addr(&self) -> String {
+        self.addr.clone()
+    }
+
+    /// Dashboards attached now.
+    #[getter]
+    fn clients(&self) -> u64 {
+        self.shared.counters.clients.load(Ordering::Relaxed)
+    }
+
+    /// Counters: clients attached now and in all, events sent and dropped, snapshots sent,
+    /// clients refused, events published.
+    fn counters(&self) -> std::collections::HashMap<&'static str, u64> {
+        let c = &self.shared.counters;
+        let published = self.shared.state().next_seq;
+        [
+            ("clients", c.clients.load(Ordering::Relaxed)),
+            ("clients_total", c.clients_total.load(Ordering::Relaxed)),
+            ("events_sent", c.events_sent.load(Ordering::Relaxed)),
+            ("events_dropped", c.events_dropped.load(Ordering::Relaxed)),
+            ("snapshots", c.snapshots.load(Ordering::Relaxed)),
+            ("refused", c.refused.load(Ordering::Relaxed)),
+            ("events_published", published),
+        ]
+        .into_iter()
+        .collect()
+    }
+
+    /// Publishes `torch.cuda.memory_stats()`'s figures (`stats`) and the step number.
+    fn stats(&self, py: Python<'_>, stats: &Bound<'_, PyDict>, step: u64) {
+        let figures: Vec<(String, u64)> = stats
+            .iter()
+            .filter_map(|(k, v)| {
+                let key = k.extract::<String>().ok()?;
+                let value = v
+                    .extract::<u64>()
+                    .ok()
+                    .or_else(|| v.extract::<i64>().ok().map(|x| x.max(0) as u64))
+                    .or_else(|| v.extract::<f64>().ok().map(|x| x.max(0.0) as u64))?;
+                Some((key, value))
+            })
+            .collect();
+        let parsed = stats_from_flat(figures);
+        py.detach(|| {
+            let mut state = self.shared.state();
+            state.picture.stats = parsed;
+            state.stats_fed = true;
+            state.step = state.step.max(step);
+        });
+    }
+
+    /// Publishes the allocation history in `pickle` (`torch.cuda.memory._snapshot()` pickled)
+    /// that is newer than what was published; returns the events added. Converted without the
+    /// GIL.
+    fn history(&self, py: Python<'_>, pickle: &[u8]) -> PyResult<usize> {
+        let device = self.device;
+        py.detach(|| {
+            let snapshot =
+                pytorch::from_pickle_bytes(pickle, "_snapshot()", &ImportOptions::default())
+                    .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            Ok(self.shared.state().absorb(snapshot, device))
+        })
+    }
+
+    /// Marks the start of Python's step `step` (events after it belong to it).
+    fn mark_step(&self, step: u64) {
+        let mut state = self.shared.state();
+        let time_ns = now_unix_ns().saturating_sub(state.picture.epoch_unix_ns);
+        let seq = state.next_seq;
+        state.picture.steps.push(StepMark {
+            step,
+            seq,
+            time_ns,
+            label: format!("ProfilerStep#{step}"),
+        });
+        state.step = step;
+    }
+
+    /// Says goodbye to the dashboards, stops serving and removes the socket.
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| self.close_now());
+    }
+}
+
+/// One attached dashboard.
+struct Client {
+    conn: TcpStream,
+    queue: VecDeque<Arc<Vec<u8>>>,
+    /// Bytes of the front frame already written.
+    written: usize,
+    queued_bytes: usize,
+    /// Every event before this sequence number is in the client's snapshot, queued, or dropped.
+    upto: u64,
+    /// Call sites the client knows.
+    known_sites: usize,
+    dropped: u64,
+    /// Set when the client lost events: it gets a snapshot once its queue has drained.
+    resync: bool,
+    /// Set until the first snapshot is queued, with the history version seen at connection.
+    fresh: Option<(u64, Instant)>,
+    dead: bool,
+    last_progress: Instant,
+}
+
+impl Client {
+    fn push(&mut self, frame: Arc<Vec<u8>>) {
+        self.queued_bytes += frame.len();
+        self.queue.push_back(frame);
+    }
+
+    /// Writes as much as the socket takes without blocking.
+    fn flush(&mut self) {
+        if self.queue.is_empty() {
+            self.last_progress = Instant::now();
+        }
+        while let Some(front) = self.queue.front() {
+            match self.conn.write(&front[self.written..]) {
+                Ok(0) => {
+                    self.dead = true;
+                    return;
+                }
+                Ok(n) => {
+                    self.last_progress = Instant::now();
+                    self.written += n;
+                    if self.written == front.len() {
+                        self.queued_bytes -= front.len();
+                        self.queue.pop_front();
+                        self.written = 0;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.dead = true;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The serving thread.
+struct Server {
+    shared: Arc<Shared>,
+    listener: Listener,
+    hello: Vec<u8>,
+    clients: Vec<Client>,
+    last_stats: Option<Instant>,
+    last_snapshot: Option<Instant>,
+}
+
+impl Server {
+    fn run(&mut self) {
+        let shortest = Duration::from_millis(1);
+        let mut idle = shortest;
+        while !self.shared.stop.load(Ordering::Relaxed) {
+            self.accept();
+            let mut busy = false;
+            if !self.clients.is_empty() {
+                busy |= self.attach_and_resync();
+                busy |= self.stream();
+                self.send_stats();
+                for client in &mut self.clients {
+                    client.flush();
+                    busy |= !client.queue.is_empty();
+                    if client.fresh.is_none()
+                        && client.queued_bytes >= CLIENT_QUEUE_BYTES / 2
+                        && client.last_progress.elapsed() >= STALLED_AFTER
+                        && !client.resync
+                    {
+                        client.resync = true;
+                    }
+                }
+                self.reap();
+            }
+            idle = if busy {
+                shortest
+            } else {
+                (idle * 2).min(Duration::from_millis(10))
+            };
+            std::thread::sleep(idle);
+        }
+        self.say_goodbye();
+    }
+
+    fn accept(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok(Some(mut conn)) => {
+                    if self.clients.len() >= MAX_CLIENTS {
+                        let reason = format!(
+                            "{MAX_CLIENTS} dashboards are attached already, the most this program allows"
+                        );
+                        let mut bytes = self.hello.clone();
+                        bytes.extend(json_frame(FrameKind::Refused, &Refusal { reason }));
+                        let _ = conn.write(&bytes);
+                        self.shared.counters.refused.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    let version = self.shared.state().version;
+                    let mut client = Client {
+                        conn,
+                        queue: VecDeque::new(),
+                        written: 0,
+                        queued_bytes: 0,
+                        upto: 0,
+                        known_sites: 0,
+                        dropped: 0,
+                        resync: false,
+                        fresh: Some((version, Instant::now())),
+                        dead: false,
+                        last_progress: Instant::now(),
+                    };
+                    client.push(Arc::new(self.hello.clone()));
+                    self.clients.push(client);
+                    let c = &self.shared.counters;
+                    c.clients_total.fetch_add(1, Ordering::Relaxed);
+                    c.clients
+                        .store(self.clients.len() as u64, Ordering::Relaxed);
+                }
+                Ok(None) | Err(_) => return,
+            }
+        }
+    }
+
+    /// Queues a snapshot for attaching clients whose history has come (or waited long
+    /// enough) and for clients that lost events and have drained; returns whether it did.
+    fn attach_and_resync(&mut self) -> bool {
+        let since = self.last_snapshot.map(|t| t.elapsed());
+        let version = self.shared.state().version;
+        let ready = |c: &Client| {
+            c.fresh
+                .is_some_and(|(seen, at)| version > seen || at.elapsed() >= ATTACH_WAIT)
+        };
+        let fresh = self.clients.iter().any(ready) && since.is_none_or(|t| t >= ATTACH_INTERVAL);
+        let resync = since.is_none_or(|t| t >= RESYNC_INTERVAL)
+            && self
+                .clients
+                .iter()
+                .any(|c| c.fresh.is_none() && c.resync && c.queue.is_empty());
+        if !fresh && !resync {
+            return false;
+        }
+        let (picture, history, next_seq) = {
+            let state = self.shared.state();
+            (state.picture.clone(), state.history.clone(), state.next_seq)
+        };
+        self.last_snapshot = Some(Instant::now());
+        self.shared
+            .counters
+            .snapshots
+            .fetch_add(1, Ordering::Relaxed);
+        // Every byte counts against a client's bound: the history is cut to fit beside the
+        // snapshot document.
+        let doc_len = serde_json::to_vec(&SnapshotDoc {
+            next_seq,
+            history: 0,
+            snapshot: &picture,
+        })
+        .map_or(0, |v| v.len());
+        let room = CLIENT_QUEUE_BYTES.saturating_sub(doc_len + (64 << 10)) / 80;
+        let skip = history.len().saturating_sub(room);
+        let history: Vec<Event> = history.into_iter().skip(skip).collect();
+        let frames = snapshot_frames(&picture, next_seq, &history);
+        for client in &mut self.clients {
+            let wants = ready(client) || (client.resync && client.queue.is_empty());
+            if !wants {
+                continue;
+            }
+            if client.fresh.is_none() {
+                let lost = next_seq.saturating_sub(client.upto);
+                client.dropped += lost;
+                self.shared
+                    .counters
+                    .events_dropped
+                    .fetch_add(lost, Ordering::Relaxed);
+            }
+            for f in &frames {
+                client.push(Arc::clone(f));
+            }
+            client.fresh = None;
+            client.resync = false;
+            client.upto = next_seq;
+            client.known_sites = picture.sites.len();
+        }
+        true
+    }
+
+    /// Queues the events published since each streaming client's last ones; returns whether
+    /// there were any.
+    fn stream(&mut self) -> bool {
+        let state = self.shared.state();
+        let first = state.history.front().map_or(state.next_seq, |e| e.seq);
+        let mut any = false;
+        for client in &mut self.clients {
+            if client.fresh.is_some() || client.upto >= state.next_seq {
+                continue;
+            }
+            any = true;
+            if client.upto < first {
+                // The history moved on before the client took these.
+                let lost = first - client.upto;
+                client.dropped += lost;
+                self.shared
+                    .counters
+                    .events_dropped
+                    .fetch_add(lost, Ordering::Relaxed);
+                client.upto = first;
+                client.resync = true;
+            }
+            let from = (client.upto - first) as usize;
+            let n = state.history.len() - from;
+            if client.resync {
+                client.dropped += n as u64;
+                self.shared
+                    .counters
+                    .events_dropped
+                    .fetch_add(n as u64, Ordering::Relaxed);
+                client.upto = state.next_seq;
+                continue;
+            }
+            let events: Vec<Event> = state.history.range(from..).copied().collect();
+            let needs_sites = events
+                .iter()
+                .filter_map(|e| e.site)
+                .max()
+                .is_some_and(|max| max as usize >= client.known_sites);
+            let mut frames = Vec::new();
+            if needs_sites {
+                let tables = TablesFrame {
+                    sites_from: client.known_sites as u32,
+                    sites: state.picture.sites[client.known_sites..].to_vec(),
+                    ..TablesFrame::default()
+                };
+                frames.push(json_frame(FrameKind::Tables, &tables));
+            }
+            for chunk in events.chunks(EVENTS_PER_FRAME) {
+                frames.push(encode_events(chunk));
+            }
+            let bytes: usize = frames.iter().map(Vec::len).sum();
+            client.upto = state.next_seq;
+            if client.queued_bytes + bytes > CLIENT_QUEUE_BYTES {
+                client.dropped += n as u64;
+                self.shared
+                    .counters
+                    .events_dropped
+                    .fetch_add(n as u64, Ordering::Relaxed);
+                client.resync = true;
+                continue;
+            }
+            if needs_sites {
+                client.known_sites = state.picture.sites.len();
+            }
+            for f in frames {
+                client.push(Arc::new(f));
+            }
+            self.shared
+                .counters
+                .events_sent
+                .fetch_add(n as u64, Ordering::Relaxed);
+        }
+        any
+    }
+
+    fn send_stats(&mut self) {
+        if self
+            .last_stats
+            .is_some_and(|t| t.elapsed() < STATS_INTERVAL)
+        {
+            return;
+        }
+        self.last_stats = Some(Instant::now());
+        let (stats, step, next_seq, epoch) = {
+            let state = self.shared.state();
+            (
+                state.picture.stats,
+                state.step,
+                state.next_seq,
+                state.picture.epoch_unix_ns,
+            )
+        };
+        let time_ns = now_unix_ns().saturating_sub(epoch);
+        for client in &mut self.clients {
+            if client.fresh.is_some() || client.queued_bytes >= CLIENT_QUEUE_BYTES {
+                continue;
+            }
+            let frame = StatsFrame {
+                stats,
+                step,
+                next_seq,
+                dropped_events: client.dropped,
+                time_ns,
+            };
+            client.push(Arc::new(json_frame(FrameKind::Stats, &frame)));
+        }
+    }
+
+    fn reap(&mut self) {
+        let before = self.clients.len();
+        self.clients.retain(|c| !c.dead);
+        if self.clients.len() != before {
+            self.shared
+                .counters
+                .clients
+                .store(self.clients.len() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Sends `Bye` and gives each client up to 200 ms to take what is queued.
+    fn say_goodbye(&mut self) {
+        let bye = Arc::new(encode_frame(FrameKind::Bye, &[]));
+        for client in &mut self.clients {
+            client.push(Arc::clone(&bye));
+        }
+        let deadline = Instant::now() + Duration::from_millis(200);
+        while Instant::now() < deadline && self.clients.iter().any(|c| !c.queue.is_empty()) {
+            for client in &mut self.clients {
+                client.flush();
+            }
+            self.clients.retain(|c| !c.dead);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for client in &self.clients {
+            let _ = client.conn.shutdown(std::net::Shutdown::Both);
+        }
+        self.clients.clear();
+        self.shared.counters.clients.store(0, Ordering::Relaxed);
+    }
+}
+
+/// The frames of one snapshot: its JSON document in parts, then its history events.
+fn snapshot_frames(picture: &Snapshot, next_seq: u64, history: &[Event]) -> Vec<Arc<Vec<u8>>> {
+    let doc = SnapshotDoc {
+        next_seq,
+        history: history.len() as u64,
+        snapshot: picture,
+    };
+    let json = serde_json::to_vec(&doc).unwrap_or_default();
+    let mut frames = Vec::new();
+    let mut parts = json.chunks(MAX_FRAME_BYTES).peekable();
+    while let Some(part) = parts.next() {
+        let kind = if parts.peek().is_some() {
+            FrameKind::SnapshotPart
+        } else {
+            FrameKind::SnapshotEnd
+        };
+        frames.push(Arc::new(encode_frame(kind, part)));
+    }
+    for chunk in history.chunks(EVENTS_PER_FRAME) {
+        frames.push(Arc::new(encode_events(chunk)));
+    }
+    frames
+}
+
+/// Test support: connects to the publisher at `addr` as `vramscope top` does and reads frames
+/// for up to `seconds` (or until `Bye`), keeping a snapshot's state as the dashboard does;
+/// returns a JSON summary of what arrived: the hello, each snapshot, the statistics frames,
+/// and every event with its call site as `file:line`.
+#[pyfunction]
+pub fn read_telemetry(py: Python<'_>, addr: &str, seconds: f64) -> PyResult<String> {
+    let addr = TelemetryAddr::parse(addr).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    py.detach(|| {
+        let mut client =
+            TelemetryClient::connect(&addr).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        let deadline = Instant::now() + Duration::from_secs_f64(seconds.max(0.0));
+        let mut sites: Vec<CallSite> = Vec::new();
+        let mut out = serde_json::Map::new();
+        let mut snapshots = Vec::new();
+        let mut stats = Vec::new();
+        let mut events = Vec::new();
+        let mut ended = None;
+        let site_of = |sites: &[CallSite], e: &Event| {
+            e.site
+                .and_then(|s| sites.get(s as usize))
+                .map(|s| s.file_line())
+        };
+        while Instant::now() < deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let _ = client.set_read_timeout(Some(left.max(Duration::from_millis(10))));
+            match client.next_frame() {
+                Ok(TelemetryFrame::Hello(h)) => {
+                    out.insert("hello".into(), serde_json::to_value(&h).unwrap_or_default());
+                }
+                Ok(TelemetryFrame::Snapshot { next_seq, snapshot }) => {
+                    sites = snapshot.sites.clone();
+                    for e in &snapshot.events {
+                        events.push(serde_json::json!({
+                            "seq": e.seq, "kind": e.kind, "size": e.size, "step": e.step,
+                            "site": site_of(&sites, e), "in_snapshot": true,
+                        }));
+                    }
+                    snapshots.push(serde_json::json!({
+                        "next_seq": next_seq,
+                        "history": snapshot.events.len(),
+                        "segments": snapshot.segments.len(),
+                        "steps": snapshot.steps.iter().map(|m| m.step).collect::<Vec<_>>(),
+                        "allocated": snapshot.stats.allocated_bytes.all.current,
+                    }));
+                }
+                Ok(TelemetryFrame::Tables(t)) => {
+                    let mut s = Snapshot::empty(SnapshotSource::Pytorch, DeviceInfo::default());
+                    s.sites = std::mem::take(&mut sites);
+                    t.apply_to(&mut s);
+                    sites = s.sites;
+                }
+                Ok(TelemetryFrame::Events(batch)) => {
+                    for e in &batch {
+                        events.push(serde_json::json!({
+                            "seq": e.seq, "kind": e.kind, "size": e.size, "step": e.step,
+                            "site": site_of(&sites, e), "in_snapshot": false,
+                        }));
+                    }
+                }
+                Ok(TelemetryFrame::Stats(s)) => stats.push(serde_json::json!({
+                    "allocated": s.stats.allocated_bytes.all.current,
+                    "reserved": s.stats.reserved_bytes.all.current,
+                    "peak": s.stats.allocated_bytes.all.peak,
+                    "step": s.step,
+                    "dropped": s.dropped_events,
+                })),
+                Ok(TelemetryFrame::Bye) => {
+                    ended = Some("bye".to_string());
+                    break;
+                }
+                Err(e) => {
+                    if Instant::now() < deadline {
+                        ended = Some(e.to_string());
+                    }
+                    break;
+                }
+            }
+        }
+        out.insert("snapshots".into(), snapshots.into());
+        out.insert("stats".into(), stats.into());
+        out.insert("events".into(), events.into());
+        out.insert("ended".into(), ended.into());
+        Ok(serde_json::Value::Object(out).to_string())
+    })
+}
