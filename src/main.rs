@@ -363,11 +363,9 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                 message: format!("demo failed: {e}"),
                 status: 1,
             })?;
-            let options = ReportOptions {
-                input: Some("vramscope demo".to_string()),
-                explorer: format == Format::Html,
-                ..ReportOptions::default()
-            };
+            let mut options = ReportOptions::default();
+            options.input = Some("vramscope demo".to_string());
+            options.explorer = format == Format::Html;
             let built = report::build_report(&snapshot, &options);
             emit(
                 &report::render(&built, format, use_color() && format == Format::Text),
@@ -421,11 +419,9 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                     device_list(&parts)
                 )));
             }
-            let options = ReportOptions {
-                input: Some(file.display().to_string()),
-                explorer: format == Format::Html,
-                ..ReportOptions::default()
-            };
+            let mut options = ReportOptions::default();
+            options.input = Some(file.display().to_string());
+            options.explorer = format == Format::Html;
             let color = output.is_none() && use_color() && format == Format::Text;
             let reports: Vec<report::Report> = parts
                 .iter()
@@ -495,12 +491,11 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                         ),
                     }
                 } else {
-                    let options = replay::ReplayOptions {
-                        capacity,
-                        config: config.clone(),
-                        reconstruct_start: true,
-                        verify,
-                    };
+                    let mut options = replay::ReplayOptions::default();
+                    options.capacity = capacity;
+                    options.config = config.clone();
+                    options.reconstruct_start = true;
+                    options.verify = verify;
                     let result =
                         replay::replay(snapshot, &options, &mut progress_line("replaying"));
                     calls_differ |= result
@@ -537,10 +532,8 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                 }),
                 ConvertTarget::Json => snapshot.save(&output).map_err(std::io::Error::other),
                 ConvertTarget::Html => {
-                    let options = ReportOptions {
-                        input: Some(file.display().to_string()),
-                        ..ReportOptions::default()
-                    };
+                    let mut options = ReportOptions::default();
+                    options.input = Some(file.display().to_string());
                     let built = report::build_report(&snapshot, &options);
                     std::fs::write(&output, report::render(&built, Format::Html, false))
                 }
@@ -561,10 +554,8 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             let text = device_parts(snapshot, device)?
                 .iter()
                 .map(|part| {
-                    let options = ReportOptions {
-                        explorer: false,
-                        ..ReportOptions::default()
-                    };
+                    let mut options = ReportOptions::default();
+                    options.explorer = false;
                     report::render_summary(&report::build_report(part, &options))
                 })
                 .collect::<Vec<_>>()

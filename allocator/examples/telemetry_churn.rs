@@ -73,10 +73,8 @@ fn main() {
     let dir = std::env::temp_dir().join(format!("vramscope-churn-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("churn.sock");
-    let options = ServeOptions {
-        max_clients: 200,
-        ..ServeOptions::default()
-    };
+    let mut options = ServeOptions::default();
+    options.max_clients = 200;
     let bound = options.client_queue_bytes as u64;
     let telemetry =
         Telemetry::serve_with(&alloc, &TelemetryAddr::Unix(path.clone()), options).unwrap();

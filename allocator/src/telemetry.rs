@@ -47,6 +47,7 @@ use crate::caching::CachingAllocator;
 
 /// Settings of a publisher.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct ServeOptions {
     /// Allow TCP addresses off the loopback interface (false).
     pub allow_remote: bool,
@@ -96,7 +97,8 @@ pub struct PublisherStats {
     pub clients: u64,
     /// Clients attached since the start.
     pub clients_total: u64,
-    /// Events read from the ring.
+    /// Events read from the ring: in batches, or taken into a snapshot while no client was
+    /// streaming (the stream then jumps past them).
     pub events_read: u64,
     /// Event records queued for clients (summed over clients).
     pub events_sent: u64,
@@ -680,7 +682,15 @@ impl<B: Backend> Publisher<B> {
         self.known.include(&snapshot);
         let frames = snapshot_frames(snapshot, next_seq, history);
         if !had_stream {
-            self.next_seq = next_seq;
+            // No client streams: the stream jumps to the snapshot, which took in the events the
+            // publisher had not read yet. They count as read, so that every event a client
+            // missed (counted as dropped below) was first counted as read.
+            let skipped = next_seq.saturating_sub(self.next_seq);
+            self.shared
+                .counters
+                .events_read
+                .fetch_add(skipped, Ordering::Relaxed);
+            self.next_seq = self.next_seq.max(next_seq);
         }
         for client in &mut self.clients {
             if client.fresh || (client.resync && client.queue.is_empty()) {

@@ -254,10 +254,8 @@ fn malformed_and_oversized_frames_are_rejected() {
 fn a_slow_dashboard_loses_events_that_are_counted_while_the_app_runs_on() {
     let alloc = allocator();
     let path = socket_path("slow");
-    let options = ServeOptions {
-        client_queue_bytes: 64 << 10,
-        ..ServeOptions::default()
-    };
+    let mut options = ServeOptions::default();
+    options.client_queue_bytes = 64 << 10;
     let telemetry = Telemetry::serve_with(&alloc, &TelemetryAddr::Unix(path), options).unwrap();
     let mut client = TelemetryClient::connect(telemetry.addr()).unwrap();
     attach(&mut client);
@@ -367,10 +365,8 @@ fn vramscope_listen_starts_a_publisher() {
 #[test]
 fn a_dashboard_turned_away_is_told_why() {
     let alloc = allocator();
-    let options = ServeOptions {
-        max_clients: 1,
-        ..ServeOptions::default()
-    };
+    let mut options = ServeOptions::default();
+    options.max_clients = 1;
     let telemetry =
         Telemetry::serve_with(&alloc, &TelemetryAddr::Unix(socket_path("full")), options).unwrap();
     let mut first = TelemetryClient::connect(telemetry.addr()).unwrap();
@@ -399,10 +395,8 @@ fn dashboards_that_never_read_hold_no_more_than_their_bound() {
         drop(alloc.alloc(512 + (i % 64) * 512).unwrap());
     }
     let bound = 256 << 10;
-    let options = ServeOptions {
-        client_queue_bytes: bound,
-        ..ServeOptions::default()
-    };
+    let mut options = ServeOptions::default();
+    options.client_queue_bytes = bound;
     let telemetry =
         Telemetry::serve_with(&alloc, &TelemetryAddr::Unix(socket_path("idle")), options).unwrap();
     // Sockets that connect and never read.
@@ -444,11 +438,9 @@ fn dashboards_that_never_read_hold_no_more_than_their_bound() {
 fn connection_churn_shares_rate_limited_snapshots() {
     let alloc = allocator();
     drop(alloc.alloc(4096).unwrap());
-    let options = ServeOptions {
-        attach_interval: Duration::from_secs(3600),
-        max_clients: 100,
-        ..ServeOptions::default()
-    };
+    let mut options = ServeOptions::default();
+    options.attach_interval = Duration::from_secs(3600);
+    options.max_clients = 100;
     let telemetry =
         Telemetry::serve_with(&alloc, &TelemetryAddr::Unix(socket_path("churn")), options).unwrap();
     let mut first = TelemetryClient::connect(telemetry.addr()).unwrap();

@@ -670,10 +670,8 @@ fn fidelity(snapshots: &[(&str, Snapshot)]) {
     println!("|---|---|---|---|---|---|");
     for (name, snapshot) in snapshots {
         let run = |config: AllocatorConfig| {
-            let options = ReplayOptions {
-                config,
-                ..ReplayOptions::default()
-            };
+            let mut options = ReplayOptions::default();
+            options.config = config;
             replay::replay(snapshot, &options, &mut |_, _| {})
         };
         let pytorch = run(AllocatorConfig::default());

@@ -195,6 +195,7 @@ impl Report {
 
 /// What to put in a report.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct ReportOptions {
     /// Detector thresholds.
     pub detect: DetectOptions,

@@ -25,10 +25,8 @@ fn leaky(steps: u64) -> Snapshot {
 }
 
 fn report_of(snapshot: &Snapshot) -> Report {
-    let options = ReportOptions {
-        input: Some("run.json".to_string()),
-        ..ReportOptions::default()
-    };
+    let mut options = ReportOptions::default();
+    options.input = Some("run.json".to_string());
     build_report(snapshot, &options)
 }
 

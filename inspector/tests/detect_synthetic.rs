@@ -486,10 +486,8 @@ fn options_change_thresholds() {
     assert!(!findings(&snapshot)
         .iter()
         .any(|f| f.kind == FindingKind::SyncInLoop));
-    let options = DetectOptions {
-        sync_per_step: 4.0,
-        ..DetectOptions::default()
-    };
+    let mut options = DetectOptions::default();
+    options.sync_per_step = 4.0;
     assert!(detect(&snapshot, &options)
         .iter()
         .any(|f| f.kind == FindingKind::SyncInLoop));

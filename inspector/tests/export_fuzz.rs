@@ -23,12 +23,11 @@ fn every_command(snapshot: &Snapshot, input: &[u8]) {
         (Some(64 << 20), "", false),
         (None, "expandable_segments:True", false),
     ] {
-        let options = ReplayOptions {
-            capacity,
-            config: AllocatorConfig::parse(conf).unwrap(),
-            reconstruct_start: true,
-            verify,
-        };
+        let mut options = ReplayOptions::default();
+        options.capacity = capacity;
+        options.config = AllocatorConfig::parse(conf).unwrap();
+        options.reconstruct_start = true;
+        options.verify = verify;
         let result = replay(snapshot, &options, &mut |_, _| {});
         let _ = render_text("fuzz", &result);
     }

@@ -93,11 +93,9 @@ fn the_loop_without_empty_cache_is_silent() {
 #[test]
 fn a_trace_that_calls_empty_cache_replays_call_for_call() {
     let snapshot = churning(6, true);
-    let options = ReplayOptions {
-        config: snapshot.config.clone(),
-        verify: true,
-        ..ReplayOptions::default()
-    };
+    let mut options = ReplayOptions::default();
+    options.config = snapshot.config.clone();
+    options.verify = true;
     let result = replay(&snapshot, &options, &mut |_, _| {});
     assert_eq!(result.empty_cache_calls, 6);
     let check = result.device_calls.expect("verified");
@@ -109,10 +107,8 @@ fn a_trace_that_calls_empty_cache_replays_call_for_call() {
 #[test]
 fn a_replay_that_runs_out_names_the_call_site_of_its_first_oom() {
     let snapshot = churning(4, false);
-    let options = ReplayOptions {
-        capacity: Some(200 * MIB),
-        ..ReplayOptions::default()
-    };
+    let mut options = ReplayOptions::default();
+    options.capacity = Some(200 * MIB);
     let result = replay(&snapshot, &options, &mut |_, _| {});
     let oom = result.first_oom.expect("an OOM at 200 MiB");
     let site = oom.site.expect("a site");

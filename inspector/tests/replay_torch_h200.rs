@@ -38,12 +38,10 @@ fn replay_case(case: &str, policy: Option<&str>) -> (ReplayResult, Value) {
             .to_string();
     }
     let snapshot = import::load(data().join(format!("{case}.pickle.gz"))).unwrap();
-    let options = ReplayOptions {
-        config: AllocatorConfig::parse(&conf).unwrap(),
-        capacity: expected["cap"].as_u64(),
-        verify: true,
-        ..ReplayOptions::default()
-    };
+    let mut options = ReplayOptions::default();
+    options.config = AllocatorConfig::parse(&conf).unwrap();
+    options.capacity = expected["cap"].as_u64();
+    options.verify = true;
     (replay(&snapshot, &options, &mut |_, _| {}), expected)
 }
 
@@ -167,11 +165,9 @@ fn verify_names_where_other_settings_part_from_pytorch() {
     // that PyTorch freed.
     let expected = expected()["split64_gc"].clone();
     let snapshot = import::load(data().join("split64_gc.pickle.gz")).unwrap();
-    let options = ReplayOptions {
-        capacity: expected["cap"].as_u64(),
-        verify: true,
-        ..ReplayOptions::default()
-    };
+    let mut options = ReplayOptions::default();
+    options.capacity = expected["cap"].as_u64();
+    options.verify = true;
     let check = replay(&snapshot, &options, &mut |_, _| {})
         .device_calls
         .unwrap();

@@ -77,10 +77,8 @@ fn compact_policy_reserves_within_3_percent_and_never_more_than_pytorch() {
         };
         let snapshot = import::load(&path).unwrap();
         let run = |conf: &str| {
-            let options = ReplayOptions {
-                config: AllocatorConfig::parse(conf).unwrap(),
-                ..ReplayOptions::default()
-            };
+            let mut options = ReplayOptions::default();
+            options.config = AllocatorConfig::parse(conf).unwrap();
             replay(&snapshot, &options, &mut |_, _| {})
         };
         let pytorch = run("");

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use vramscope_allocator::{format_bytes, EventKind, Snapshot, TransferDirection};
+use vramscope_model::{EventKind, Snapshot, TransferDirection, format_bytes};
 use vramscope_inspector::checks;
 use vramscope_inspector::detect::{
     detect, sort_findings, DetectOptions, Finding, FindingKind, Severity,

@@ -19,9 +19,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use pyo3::prelude::*;
 use rustc_hash::FxHashMap;
-use vramscope_allocator::{
-    CallSite, DeviceInfo, Event, EventKind, Frame, Snapshot, SnapshotSource, StepMark,
-};
+use vramscope_model::{CallSite, DeviceInfo, Event, EventKind, Frame, Snapshot, SnapshotSource, StepMark};
 use vramscope_inspector::import::sites::{is_framework_frame, primary_frame};
 
 use crate::analysis;

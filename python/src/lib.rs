@@ -25,13 +25,13 @@ use vramscope_inspector::import;
 use crate::host::{HostLog, Numbering};
 
 /// Loads `path` (a vramscope snapshot, a PyTorch snapshot pickle, a profiler trace).
-fn load(path: &str) -> PyResult<vramscope_allocator::Snapshot> {
+fn load(path: &str) -> PyResult<vramscope_model::Snapshot> {
     import::load(path).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
 /// Loads `path` with `log`'s syncs and steps merged in by time (the file numbers its own
 /// steps: a PyTorch snapshot of `attach()`).
-fn load_with(path: &str, log: Option<&HostLog>) -> PyResult<vramscope_allocator::Snapshot> {
+fn load_with(path: &str, log: Option<&HostLog>) -> PyResult<vramscope_model::Snapshot> {
     Ok(host::with_log(load(path)?, log, Numbering::ByTime))
 }
 

@@ -1,5 +1,5 @@
 //! Live telemetry for `attach()`: PyTorch's own allocator, published in vramscope's telemetry
-//! protocol (`vramscope_allocator::telemetry`: the same frames, so `vramscope top` reads it).
+//! protocol (`vramscope_telemetry::wire`: the same frames, so `vramscope top` reads it).
 //!
 //! PyTorch's allocator has no event ring to read, so a [`LivePublisher`] is fed from Python
 //! (`vramscope._torch`, from a background thread, only while a dashboard is attached):
@@ -41,14 +41,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
-use vramscope_allocator::telemetry::{
-    encode_events, encode_frame, Frame as TelemetryFrame, FrameKind, Hello, StatsFrame,
-    TablesFrame, TelemetryAddr, TelemetryClient, MAX_FRAME_BYTES, PROTOCOL_VERSION,
-};
-use vramscope_allocator::{
-    AllocatorConfig, CallSite, DeviceInfo, Event, MemoryStats, Snapshot, SnapshotSource, Stat,
-    StatArray, StepMark,
-};
+use vramscope_telemetry::{Frame as TelemetryFrame, FrameKind, Hello, StatsFrame, TablesFrame, TelemetryAddr, TelemetryClient, wire::MAX_FRAME_BYTES, wire::PROTOCOL_VERSION, wire::encode_events, wire::encode_frame};
+use vramscope_model::{AllocatorConfig, CallSite, DeviceInfo, Event, MemoryStats, Snapshot, SnapshotSource, Stat, StatArray, StepMark};
 use vramscope_inspector::import::{pytorch, ImportOptions};
 
 /// Events the publisher keeps for attaching dashboards and for clients that lag.
@@ -116,7 +110,7 @@ impl Shared {
     }
 }
 
-/// The payload of a snapshot document, as `vramscope_allocator::telemetry` reads it.
+/// The payload of a snapshot document, as `vramscope_telemetry::FrameReader` reads it.
 #[derive(Serialize)]
 struct SnapshotDoc<'a> {
     next_seq: u64,

@@ -20,7 +20,7 @@ use std::sync::Mutex;
 
 use pyo3::prelude::*;
 use rustc_hash::FxHashMap;
-use vramscope_allocator::{CallSite, Frame, Snapshot};
+use vramscope_model::{CallSite, Frame, Snapshot};
 
 /// One allocation in this many on a thread without Python gets a native stack by default.
 pub const DEFAULT_EVERY: u32 = 16;

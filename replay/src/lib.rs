@@ -25,6 +25,7 @@ pub const UNLIMITED_CAPACITY: u64 = 1 << 50;
 
 /// How to replay.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct ReplayOptions {
     /// Device capacity; `None` means unlimited.
     pub capacity: Option<u64>,

@@ -387,6 +387,7 @@ impl<F: FnMut(Finding)> FindingSink for FnSink<F> {
 /// Thresholds and assumptions of the detectors. [`DetectOptions::default`] holds the values
 /// documented on each field.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct DetectOptions {
     /// Fewest steps a per-step pattern must span before it is reported (3).
     pub min_steps: u64,
