@@ -10,12 +10,12 @@
 
 use std::collections::BTreeMap;
 
-use vramscope_model::{EventKind, Snapshot, TransferDirection, format_bytes};
 use vramscope_inspector::checks;
 use vramscope_inspector::detect::{
     detect, sort_findings, DetectOptions, Finding, FindingKind, Severity,
 };
 use vramscope_inspector::report::{build_report, render, Format, ReportOptions};
+use vramscope_model::{format_bytes, EventKind, Snapshot, TransferDirection};
 
 /// Average syncs per step at or above which a site is reported when the snapshot holds the
 /// syncs PyTorch reported.
@@ -56,10 +56,8 @@ pub fn findings_json(snapshot: &Snapshot, host_syncs: bool) -> String {
 
 /// The inspector's text report on `snapshot`; `host_syncs` as for [`findings_json`].
 pub fn report_text(snapshot: &Snapshot, host_syncs: bool) -> String {
-    let options = ReportOptions {
-        detect: detect_options(host_syncs),
-        ..ReportOptions::default()
-    };
+    let mut options = ReportOptions::default();
+    options.detect = detect_options(host_syncs);
     let mut report = build_report(snapshot, &options);
     grade_host_syncs(&mut report.findings, host_syncs);
     render(&report, Format::Text, false)

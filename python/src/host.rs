@@ -19,8 +19,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use pyo3::prelude::*;
 use rustc_hash::FxHashMap;
-use vramscope_model::{CallSite, DeviceInfo, Event, EventKind, Frame, Snapshot, SnapshotSource, StepMark};
 use vramscope_inspector::import::sites::{is_framework_frame, primary_frame};
+use vramscope_model::{
+    CallSite, DeviceInfo, Event, EventKind, Frame, Snapshot, SnapshotSource, StepMark,
+};
 
 use crate::analysis;
 use crate::stack;

@@ -41,9 +41,16 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
-use vramscope_telemetry::{Frame as TelemetryFrame, FrameKind, Hello, StatsFrame, TablesFrame, TelemetryAddr, TelemetryClient, wire::MAX_FRAME_BYTES, wire::PROTOCOL_VERSION, wire::encode_events, wire::encode_frame};
-use vramscope_model::{AllocatorConfig, CallSite, DeviceInfo, Event, MemoryStats, Snapshot, SnapshotSource, Stat, StatArray, StepMark};
 use vramscope_inspector::import::{pytorch, ImportOptions};
+use vramscope_model::{
+    AllocatorConfig, CallSite, DeviceInfo, Event, MemoryStats, Snapshot, SnapshotSource, Stat,
+    StatArray, StepMark,
+};
+use vramscope_telemetry::{
+    wire::encode_events, wire::encode_frame, wire::MAX_FRAME_BYTES, wire::PROTOCOL_VERSION,
+    Frame as TelemetryFrame, FrameKind, Hello, StatsFrame, TablesFrame, TelemetryAddr,
+    TelemetryClient,
+};
 
 /// Events the publisher keeps for attaching dashboards and for clients that lag.
 pub const HISTORY_EVENTS: usize = 1 << 18;

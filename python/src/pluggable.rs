@@ -26,9 +26,9 @@ use pyo3::prelude::*;
 use vramscope_allocator::any::DeviceBackend;
 use vramscope_allocator::provenance::with_call_site;
 use vramscope_allocator::telemetry::Telemetry;
-use vramscope_telemetry::TelemetryAddr;
 use vramscope_allocator::{AllocError, CachingAllocator, ScopeGuard, SimDevice, StreamId};
 use vramscope_model::{AllocatorConfig, CallSite, Snapshot};
+use vramscope_telemetry::TelemetryAddr;
 
 use crate::analysis;
 use crate::host::{self, HostLog, Numbering};

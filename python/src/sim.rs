@@ -12,7 +12,9 @@ use std::sync::Mutex;
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use vramscope_allocator::provenance::with_call_site;
-use vramscope_allocator::{AllocError, CachingAllocator, DeviceBuffer, ScopeGuard, SimDevice, StreamId};
+use vramscope_allocator::{
+    AllocError, CachingAllocator, DeviceBuffer, ScopeGuard, SimDevice, StreamId,
+};
 use vramscope_model::{AllocatorConfig, Snapshot};
 
 use crate::analysis;
