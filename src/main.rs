@@ -12,7 +12,7 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use vramscope::inspector::detect::Severity;
 use vramscope::inspector::import::{self, ImportOptions};
 use vramscope::inspector::ranks;
@@ -35,25 +35,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a built-in training loop with planted memory bugs in the dashboard (or report on it).
-    Demo {
-        /// Bugs to plant: retained-loss, item-in-loop, or none (comma-separated).
-        #[arg(long, default_value = "retained-loss,item-in-loop")]
-        bug: demo::Bugs,
-        /// Training steps to run (20 headless, 300 in the dashboard).
-        #[arg(long)]
-        steps: Option<u64>,
-        /// Run without the terminal dashboard and print the report (the default when standard
-        /// output is not a terminal).
-        #[arg(long)]
-        headless: bool,
-        /// Report format: text, markdown, json or html.
-        #[arg(long, default_value = "text")]
-        format: Format,
-        /// Publish the demo's live telemetry on unix:PATH or tcp:127.0.0.1:PORT instead of
-        /// opening the dashboard here: watch it with `vramscope top ADDR` in another terminal.
-        #[arg(long)]
-        listen: Option<String>,
-    },
+    Demo(DemoArgs),
     /// Open a snapshot, PyTorch pickle or Chrome trace in the dashboard, with a time cursor.
     View {
         /// The file to read.
@@ -70,57 +52,10 @@ enum Command {
         addrs: Vec<String>,
     },
     /// Diagnose a snapshot: ours, a PyTorch pickle, or a torch.profiler Chrome trace.
-    Report {
-        /// The file to read.
-        file: PathBuf,
-        /// Output format: text, markdown, json or html.
-        #[arg(long, default_value = "text")]
-        format: Format,
-        /// Write the report to this file instead of standard output.
-        #[arg(short, long)]
-        output: Option<PathBuf>,
-        /// A function name whose allocations start a new training step.
-        #[arg(long)]
-        step_marker: Option<String>,
-        /// Exit with status 1 when a finding is at least this severe: info, warning or error.
-        #[arg(long)]
-        fail_on: Option<Severity>,
-        /// Report only this device (a multi-device snapshot reports every device with data).
-        #[arg(long)]
-        device: Option<u32>,
-    },
+    Report(ReportArgs),
     /// Replay a trace's allocations through the caching allocator: peaks, segment calls, OOMs
     /// at a capacity, beside what the trace shows PyTorch did.
-    Replay {
-        /// The trace to replay.
-        file: PathBuf,
-        /// Device capacity (24GiB, 80G, ...); unlimited when not given.
-        #[arg(long, value_parser = parse_size)]
-        capacity: Option<u64>,
-        /// Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax.
-        #[arg(long, default_value = "")]
-        conf: String,
-        /// Placement policy (pytorch).
-        #[arg(long)]
-        policy: Option<String>,
-        /// Try a set of settings and say which fit the capacity.
-        #[arg(long)]
-        sweep: bool,
-        /// Also compare the replay's device calls (segment allocations, frees, maps, unmaps)
-        /// with the trace's, call by call, and name the first difference; exits with 1 when
-        /// they differ.
-        #[arg(long, conflicts_with = "sweep")]
-        verify: bool,
-        /// Output format: text or json.
-        #[arg(long, default_value = "text")]
-        format: Format,
-        /// Exit with status 1 when the replay runs out of memory.
-        #[arg(long, conflicts_with = "sweep")]
-        fail_on_oom: bool,
-        /// Report only this device (a multi-device snapshot reports every device with data).
-        #[arg(long)]
-        device: Option<u32>,
-    },
+    Replay(ReplayArgs),
     /// Convert a snapshot: to PyTorch's pickle (memory_viz reads it), Perfetto's trace JSON,
     /// or vramscope's JSON.
     Convert {
@@ -166,6 +101,83 @@ enum Command {
         #[arg(long, default_value = "text")]
         format: Format,
     },
+}
+
+/// The arguments of `vramscope demo`.
+#[derive(Args)]
+struct DemoArgs {
+    /// Bugs to plant: retained-loss, item-in-loop, or none (comma-separated).
+    #[arg(long, default_value = "retained-loss,item-in-loop")]
+    bug: demo::Bugs,
+    /// Training steps to run (20 headless, 300 in the dashboard).
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Run without the terminal dashboard and print the report (the default when standard
+    /// output is not a terminal).
+    #[arg(long)]
+    headless: bool,
+    /// Report format: text, markdown, json or html.
+    #[arg(long, default_value = "text")]
+    format: Format,
+    /// Publish the demo's live telemetry on unix:PATH or tcp:127.0.0.1:PORT instead of
+    /// opening the dashboard here: watch it with `vramscope top ADDR` in another terminal.
+    #[arg(long)]
+    listen: Option<String>,
+}
+
+/// The arguments of `vramscope report`.
+#[derive(Args)]
+struct ReportArgs {
+    /// The file to read.
+    file: PathBuf,
+    /// Output format: text, markdown, json or html.
+    #[arg(long, default_value = "text")]
+    format: Format,
+    /// Write the report to this file instead of standard output.
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// A function name whose allocations start a new training step.
+    #[arg(long)]
+    step_marker: Option<String>,
+    /// Exit with status 1 when a finding is at least this severe: info, warning or error.
+    #[arg(long)]
+    fail_on: Option<Severity>,
+    /// Report only this device (a multi-device snapshot reports every device with data).
+    #[arg(long)]
+    device: Option<u32>,
+}
+
+/// The arguments of `vramscope replay`.
+#[derive(Args)]
+struct ReplayArgs {
+    /// The trace to replay.
+    file: PathBuf,
+    /// Device capacity (24GiB, 80G, ...); unlimited when not given.
+    #[arg(long, value_parser = parse_size)]
+    capacity: Option<u64>,
+    /// Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax.
+    #[arg(long, default_value = "")]
+    conf: String,
+    /// Placement policy (pytorch).
+    #[arg(long)]
+    policy: Option<String>,
+    /// Try a set of settings and say which fit the capacity.
+    #[arg(long)]
+    sweep: bool,
+    /// Also compare the replay's device calls (segment allocations, frees, maps, unmaps)
+    /// with the trace's, call by call, and name the first difference; exits with 1 when
+    /// they differ.
+    #[arg(long, conflicts_with = "sweep")]
+    verify: bool,
+    /// Output format: text or json.
+    #[arg(long, default_value = "text")]
+    format: Format,
+    /// Exit with status 1 when the replay runs out of memory.
+    #[arg(long, conflicts_with = "sweep")]
+    fail_on_oom: bool,
+    /// Report only this device (a multi-device snapshot reports every device with data).
+    #[arg(long)]
+    device: Option<u32>,
 }
 
 /// A format `vramscope convert` writes.
@@ -317,62 +329,7 @@ fn emit(text: &str, output: Option<&PathBuf>) -> Result<(), Failure> {
 
 fn run(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
-        Command::Demo {
-            bug,
-            steps,
-            headless,
-            format,
-            listen,
-        } => {
-            if let Some(listen) = listen {
-                let addr = listen
-                    .parse::<vramscope_telemetry::TelemetryAddr>()
-                    .map_err(Failure::input)?;
-                demo::run_listening(&addr, steps.unwrap_or(300), bug)
-                    .map_err(|message| Failure { message, status: 1 })?;
-                return Ok(0);
-            }
-            let terminal = std::io::stdout().is_terminal() && std::io::stdin().is_terminal();
-            if !headless && terminal {
-                let steps = steps.unwrap_or(300);
-                let (device, why) = demo::device();
-                eprintln!("vramscope demo: {why}");
-                let alloc = device.allocator().clone();
-                let pace = std::time::Duration::from_millis(150);
-                let intro = demo::intro(steps, bug);
-                vramscope_tui::run_in_process_with_intro(
-                    alloc,
-                    "demo",
-                    Some(intro),
-                    move |control| {
-                        let mut before_step = |_| control.proceed() && control.pace(pace);
-                        // Until the user quits, the dashboard shows the end state with the kept
-                        // tensors alive.
-                        let mut at_end = || while control.proceed() && control.pace(pace) {};
-                        let _ = demo::run_paced(&device, steps, bug, &mut before_step, &mut at_end);
-                    },
-                )
-                .map_err(|e| Failure {
-                    message: e.to_string(),
-                    status: 1,
-                })?;
-                return Ok(dashboard_status());
-            }
-            let steps = steps.unwrap_or(20);
-            let snapshot = demo::run(steps, bug).map_err(|e| Failure {
-                message: format!("demo failed: {e}"),
-                status: 1,
-            })?;
-            let mut options = ReportOptions::default();
-            options.input = Some("vramscope demo".to_string());
-            options.explorer = format == Format::Html;
-            let built = report::build_report(&snapshot, &options);
-            emit(
-                &report::render(&built, format, use_color() && format == Format::Text),
-                None,
-            )?;
-            Ok(0)
-        }
+        Command::Demo(args) => run_demo(args),
         Command::View { file, step_marker } => {
             let options = ImportOptions {
                 step_marker,
@@ -394,132 +351,8 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             }
             Ok(dashboard_status())
         }
-        Command::Report {
-            file,
-            format,
-            output,
-            step_marker,
-            fail_on,
-            device,
-        } => {
-            let mut snapshot = import::load(&file).map_err(Failure::input)?;
-            if let Some(marker) = step_marker {
-                // A marker may be a step-mark label, an annotation name
-                // (`Optimizer.step#AdamW.step`) or a function of the stacks; one that matches
-                // nothing is an error that lists what the trace offers.
-                vramscope::inspector::model_view::restep(&mut snapshot, &marker)
-                    .map_err(Failure::input)?;
-            }
-            require_data(&snapshot, &file)?;
-            let parts = device_parts(snapshot, device)?;
-            if parts.len() > 1 && format == Format::Html {
-                return Err(Failure::input(format!(
-                    "{} has data for devices {}: choose one page with --device N",
-                    file.display(),
-                    device_list(&parts)
-                )));
-            }
-            let mut options = ReportOptions::default();
-            options.input = Some(file.display().to_string());
-            options.explorer = format == Format::Html;
-            let color = output.is_none() && use_color() && format == Format::Text;
-            let reports: Vec<report::Report> = parts
-                .iter()
-                .map(|part| report::build_report(part, &options))
-                .collect();
-            let text = match (format, reports.as_slice()) {
-                (_, [one]) => report::render(one, format, color),
-                // Several devices in JSON: one document listing them.
-                (Format::Json, many) => {
-                    let devices: Vec<serde_json::Value> = many
-                        .iter()
-                        .map(|r| serde_json::from_str(&report::render_json(r)).unwrap_or_default())
-                        .collect();
-                    serde_json::to_string_pretty(&serde_json::json!({
-                        "format_version": report::REPORT_FORMAT_VERSION,
-                        "devices": devices,
-                    }))
-                    .unwrap_or_default()
-                        + "\n"
-                }
-                (_, many) => many
-                    .iter()
-                    .map(|r| report::render(r, format, color))
-                    .collect::<Vec<_>>()
-                    .join("\n"),
-            };
-            emit(&text, output.as_ref())?;
-            Ok(match fail_on {
-                Some(level) if reports.iter().any(|r| r.fails_on(level)) => 1,
-                _ => 0,
-            })
-        }
-        Command::Replay {
-            file,
-            capacity,
-            conf,
-            policy,
-            sweep,
-            verify,
-            format,
-            fail_on_oom,
-            device,
-        } => {
-            use vramscope::replay;
-            let mut config = vramscope::AllocatorConfig::parse(&conf).map_err(Failure::input)?;
-            if let Some(policy) = policy {
-                config.set("policy", &policy).map_err(Failure::input)?;
-            }
-            let snapshot = import::load(&file).map_err(Failure::input)?;
-            let parts = device_parts(snapshot, device)?;
-            let mut calls_differ = false;
-            let mut texts = Vec::with_capacity(parts.len());
-            for snapshot in &parts {
-                let source = if parts.len() > 1 {
-                    format!("{} (cuda:{})", file.display(), snapshot.device.index)
-                } else {
-                    file.display().to_string()
-                };
-                texts.push(if sweep {
-                    let rows = replay::sweep(snapshot, capacity, &mut progress_line("sweeping"));
-                    match format {
-                        Format::Json => serde_json::to_string_pretty(&rows).unwrap_or_default(),
-                        _ => replay::render_sweep_text(
-                            &source,
-                            capacity.unwrap_or(replay::UNLIMITED_CAPACITY),
-                            &rows,
-                        ),
-                    }
-                } else {
-                    let mut options = replay::ReplayOptions::default();
-                    options.capacity = capacity;
-                    options.config = config.clone();
-                    options.reconstruct_start = true;
-                    options.verify = verify;
-                    let result =
-                        replay::replay(snapshot, &options, &mut progress_line("replaying"));
-                    calls_differ |= result
-                        .device_calls
-                        .as_ref()
-                        .is_some_and(|check| check.first_difference.is_some())
-                        || (fail_on_oom && result.first_oom.is_some());
-                    match format {
-                        Format::Json => serde_json::to_string_pretty(&result).unwrap_or_default(),
-                        _ => replay::render_text(&source, &result),
-                    }
-                });
-            }
-            let text = match format {
-                // One device: its document; several: a list of them, in device order.
-                Format::Json if texts.len() > 1 => format!("[\n{}\n]\n", texts.join(",\n")),
-                Format::Json => texts.join("") + "\n",
-                _ => texts.join("\n"),
-            };
-            emit(&text, None)?;
-            // Like `diff`, a verification that found a difference exits with 1, and so does a
-            // replay that ran out of memory under `--fail-on-oom`.
-            Ok(u8::from(calls_differ))
-        }
+        Command::Report(args) => run_report(args),
+        Command::Replay(args) => run_replay(args),
         Command::Convert { file, to, output } => {
             use vramscope::inspector::export;
             let snapshot = import::load(&file).map_err(Failure::input)?;
@@ -618,6 +451,190 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             Ok(0)
         }
     }
+}
+
+/// `vramscope demo`.
+fn run_demo(args: DemoArgs) -> Result<u8, Failure> {
+    let DemoArgs {
+        bug,
+        steps,
+        headless,
+        format,
+        listen,
+    } = args;
+    if let Some(listen) = listen {
+        let addr = listen
+            .parse::<vramscope_telemetry::TelemetryAddr>()
+            .map_err(Failure::input)?;
+        demo::run_listening(&addr, steps.unwrap_or(300), bug)
+            .map_err(|message| Failure { message, status: 1 })?;
+        return Ok(0);
+    }
+    let terminal = std::io::stdout().is_terminal() && std::io::stdin().is_terminal();
+    if !headless && terminal {
+        let steps = steps.unwrap_or(300);
+        let (device, why) = demo::device();
+        eprintln!("vramscope demo: {why}");
+        let alloc = device.allocator().clone();
+        let pace = std::time::Duration::from_millis(150);
+        let intro = demo::intro(steps, bug);
+        vramscope_tui::run_in_process_with_intro(alloc, "demo", Some(intro), move |control| {
+            let mut before_step = |_| control.proceed() && control.pace(pace);
+            // Until the user quits, the dashboard shows the end state with the kept
+            // tensors alive.
+            let mut at_end = || while control.proceed() && control.pace(pace) {};
+            let _ = demo::run_paced(&device, steps, bug, &mut before_step, &mut at_end);
+        })
+        .map_err(|e| Failure {
+            message: e.to_string(),
+            status: 1,
+        })?;
+        return Ok(dashboard_status());
+    }
+    let steps = steps.unwrap_or(20);
+    let snapshot = demo::run(steps, bug).map_err(|e| Failure {
+        message: format!("demo failed: {e}"),
+        status: 1,
+    })?;
+    let mut options = ReportOptions::default();
+    options.input = Some("vramscope demo".to_string());
+    options.explorer = format == Format::Html;
+    let built = report::build_report(&snapshot, &options);
+    emit(
+        &report::render(&built, format, use_color() && format == Format::Text),
+        None,
+    )?;
+    Ok(0)
+}
+
+/// `vramscope report`.
+fn run_report(args: ReportArgs) -> Result<u8, Failure> {
+    let ReportArgs {
+        file,
+        format,
+        output,
+        step_marker,
+        fail_on,
+        device,
+    } = args;
+    let mut snapshot = import::load(&file).map_err(Failure::input)?;
+    if let Some(marker) = step_marker {
+        // A marker may be a step-mark label, an annotation name
+        // (`Optimizer.step#AdamW.step`) or a function of the stacks; one that matches
+        // nothing is an error that lists what the trace offers.
+        vramscope::inspector::model_view::restep(&mut snapshot, &marker).map_err(Failure::input)?;
+    }
+    require_data(&snapshot, &file)?;
+    let parts = device_parts(snapshot, device)?;
+    if parts.len() > 1 && format == Format::Html {
+        return Err(Failure::input(format!(
+            "{} has data for devices {}: choose one page with --device N",
+            file.display(),
+            device_list(&parts)
+        )));
+    }
+    let mut options = ReportOptions::default();
+    options.input = Some(file.display().to_string());
+    options.explorer = format == Format::Html;
+    let color = output.is_none() && use_color() && format == Format::Text;
+    let reports: Vec<report::Report> = parts
+        .iter()
+        .map(|part| report::build_report(part, &options))
+        .collect();
+    let text = match (format, reports.as_slice()) {
+        (_, [one]) => report::render(one, format, color),
+        // Several devices in JSON: one document listing them.
+        (Format::Json, many) => {
+            let devices: Vec<serde_json::Value> = many
+                .iter()
+                .map(|r| serde_json::from_str(&report::render_json(r)).unwrap_or_default())
+                .collect();
+            serde_json::to_string_pretty(&serde_json::json!({
+                "format_version": report::REPORT_FORMAT_VERSION,
+                "devices": devices,
+            }))
+            .unwrap_or_default()
+                + "\n"
+        }
+        (_, many) => many
+            .iter()
+            .map(|r| report::render(r, format, color))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    };
+    emit(&text, output.as_ref())?;
+    Ok(match fail_on {
+        Some(level) if reports.iter().any(|r| r.fails_on(level)) => 1,
+        _ => 0,
+    })
+}
+
+/// `vramscope replay`.
+fn run_replay(args: ReplayArgs) -> Result<u8, Failure> {
+    let ReplayArgs {
+        file,
+        capacity,
+        conf,
+        policy,
+        sweep,
+        verify,
+        format,
+        fail_on_oom,
+        device,
+    } = args;
+    use vramscope::replay;
+    let mut config = vramscope::AllocatorConfig::parse(&conf).map_err(Failure::input)?;
+    if let Some(policy) = policy {
+        config.set("policy", &policy).map_err(Failure::input)?;
+    }
+    let snapshot = import::load(&file).map_err(Failure::input)?;
+    let parts = device_parts(snapshot, device)?;
+    let mut calls_differ = false;
+    let mut texts = Vec::with_capacity(parts.len());
+    for snapshot in &parts {
+        let source = if parts.len() > 1 {
+            format!("{} (cuda:{})", file.display(), snapshot.device.index)
+        } else {
+            file.display().to_string()
+        };
+        texts.push(if sweep {
+            let rows = replay::sweep(snapshot, capacity, &mut progress_line("sweeping"));
+            match format {
+                Format::Json => serde_json::to_string_pretty(&rows).unwrap_or_default(),
+                _ => replay::render_sweep_text(
+                    &source,
+                    capacity.unwrap_or(replay::UNLIMITED_CAPACITY),
+                    &rows,
+                ),
+            }
+        } else {
+            let mut options = replay::ReplayOptions::default();
+            options.capacity = capacity;
+            options.config = config.clone();
+            options.reconstruct_start = true;
+            options.verify = verify;
+            let result = replay::replay(snapshot, &options, &mut progress_line("replaying"));
+            calls_differ |= result
+                .device_calls
+                .as_ref()
+                .is_some_and(|check| check.first_difference.is_some())
+                || (fail_on_oom && result.first_oom.is_some());
+            match format {
+                Format::Json => serde_json::to_string_pretty(&result).unwrap_or_default(),
+                _ => replay::render_text(&source, &result),
+            }
+        });
+    }
+    let text = match format {
+        // One device: its document; several: a list of them, in device order.
+        Format::Json if texts.len() > 1 => format!("[\n{}\n]\n", texts.join(",\n")),
+        Format::Json => texts.join("") + "\n",
+        _ => texts.join("\n"),
+    };
+    emit(&text, None)?;
+    // Like `diff`, a verification that found a difference exits with 1, and so does a
+    // replay that ran out of memory under `--fail-on-oom`.
+    Ok(u8::from(calls_differ))
 }
 
 fn main() -> ExitCode {

@@ -17,7 +17,7 @@ use vramscope_allocator::caching::round_size;
 
 use vramscope_allocator::{AllocError, CachingAllocator, SimDevice, StreamId};
 use vramscope_engine::{is_segment_event, MemoryState, Pair, Pairing, Reconstruction};
-use vramscope_model::{AllocatorConfig, BlockState, EventKind, Pool, Snapshot};
+use vramscope_model::{AllocatorConfig, BlockState, Event, EventKind, Pool, Snapshot};
 
 /// Capacity used when neither the caller nor the snapshot names one: large enough that nothing
 /// fails (1 PiB of addresses, no memory behind them).
@@ -419,13 +419,7 @@ fn replay_recording(
 ) -> ReplayResult {
     let device = device_of(snapshot);
     let capacity = options.capacity.unwrap_or(UNLIMITED_CAPACITY);
-    let mut config = options.config.clone().untracked();
-    if options.verify {
-        // Events only (no call sites), and room in the ring for all of them: the ring takes
-        // memory as it fills, so no bound is needed.
-        config.record_events = true;
-        config.max_entries = usize::MAX;
-    }
+    let config = replay_config(options);
     // A capped PyTorch run has a whole device behind its cap (`set_per_process_memory_fraction`),
     // whose pages expandable segments may map past the cap: the cap is the allocator's memory
     // limit, on a device without one.
@@ -443,40 +437,9 @@ fn replay_recording(
 
     // Map the trace's addresses to the replay's.
     let mut addresses: FxHashMap<u64, u64> = FxHashMap::default();
-    let (mut restored_segments, mut restored_blocks) = (0, 0);
     let mut first_oom = None;
-    for segment in &start {
-        let offsets: Vec<(u64, u64, u64)> = segment
-            .blocks
-            .iter()
-            .map(|&(addr, size, requested)| (addr - segment.address, size, requested))
-            .collect();
-        match alloc.restore_segment(
-            segment.size,
-            StreamId(segment.stream),
-            segment.pool,
-            &offsets,
-        ) {
-            Ok(base) => {
-                restored_segments += 1;
-                for &(addr, _, _) in &segment.blocks {
-                    addresses.insert(addr, base + (addr - segment.address));
-                    restored_blocks += 1;
-                }
-            }
-            Err(_) => {
-                let stats = alloc.stats();
-                first_oom.get_or_insert(FirstOom {
-                    seq: 0,
-                    step: 0,
-                    site: None,
-                    requested: segment.size,
-                    allocated: stats.allocated_bytes.all.current,
-                    reserved: stats.reserved_bytes.all.current,
-                });
-            }
-        }
-    }
+    let (restored_segments, restored_blocks) =
+        restore_start(&alloc, &start, &mut addresses, &mut first_oom);
 
     // New segments take the addresses the recorded run's got while the two runs agree, so that
     // equal free blocks are told apart by address as they were there.
@@ -490,24 +453,7 @@ fn replay_recording(
 
     // `empty_cache()` calls (explicit events, or PyTorch's bursts of segment frees that no
     // allocation asked for) are performed where the trace made them.
-    let empty_cache_at: rustc_hash::FxHashSet<usize> =
-        vramscope_engine::empty_cache_calls(snapshot)
-            .iter()
-            .filter(|c| snapshot.events[c.first_event as usize].device == device)
-            .map(|c| c.first_event as usize)
-            .collect();
-    let events: Vec<_> = snapshot
-        .events
-        .iter()
-        .enumerate()
-        .filter(|(i, e)| {
-            e.device == device
-                && (matches!(
-                    e.kind,
-                    EventKind::Alloc | EventKind::FreeCompleted | EventKind::Oom
-                ) || empty_cache_at.contains(i))
-        })
-        .collect();
+    let (events, empty_cache_at) = replayed_events(snapshot, device);
     let total = events.len();
     let mut unmatched_frees = 0;
     let mut trace_ooms_served = 0;
@@ -540,14 +486,7 @@ fn replay_recording(
                     }
                     Err(AllocError::OutOfMemory(report)) => {
                         addresses.remove(&event.addr);
-                        first_oom.get_or_insert(FirstOom {
-                            seq: event.seq,
-                            step: event.step,
-                            site: site_of(snapshot, event.site),
-                            requested,
-                            allocated: report.allocated,
-                            reserved: report.reserved,
-                        });
+                        first_oom.get_or_insert(failure_at(snapshot, event, requested, &report));
                     }
                     Err(_) => {
                         addresses.remove(&event.addr);
@@ -566,14 +505,7 @@ fn replay_recording(
                     let _ = exclusive.free_ptr(ours);
                 }
                 Err(AllocError::OutOfMemory(report)) => {
-                    first_oom.get_or_insert(FirstOom {
-                        seq: event.seq,
-                        step: event.step,
-                        site: site_of(snapshot, event.site),
-                        requested: event.size,
-                        allocated: report.allocated,
-                        reserved: report.reserved,
-                    });
+                    first_oom.get_or_insert(failure_at(snapshot, event, event.size, &report));
                 }
                 Err(_) => {}
             },
@@ -626,6 +558,108 @@ fn replay_recording(
         original,
         device_calls,
     }
+}
+
+/// The allocator settings of a replay: the options' settings without tracking, or with events
+/// only (no call sites) and room in the ring for all of them when the device calls are
+/// verified (the ring takes memory as it fills, so no bound is needed).
+fn replay_config(options: &ReplayOptions) -> AllocatorConfig {
+    let mut config = options.config.clone().untracked();
+    if options.verify {
+        config.record_events = true;
+        config.max_entries = usize::MAX;
+    }
+    config
+}
+
+/// The out-of-memory failure of a request of `requested` bytes for `event`.
+fn failure_at(
+    snapshot: &Snapshot,
+    event: &Event,
+    requested: u64,
+    report: &vramscope_allocator::OomReport,
+) -> FirstOom {
+    FirstOom {
+        seq: event.seq,
+        step: event.step,
+        site: site_of(snapshot, event.site),
+        requested,
+        allocated: report.allocated,
+        reserved: report.reserved,
+    }
+}
+
+/// Recreates the segments (and their live blocks) the trace started with, recording where each
+/// block of the trace now lives in `addresses`, and a segment that does not fit as the first
+/// out-of-memory failure. Returns the segments and blocks restored.
+fn restore_start(
+    alloc: &CachingAllocator<SimDevice>,
+    start: &[StartSegment],
+    addresses: &mut FxHashMap<u64, u64>,
+    first_oom: &mut Option<FirstOom>,
+) -> (u64, u64) {
+    let (mut restored_segments, mut restored_blocks) = (0, 0);
+    for segment in start {
+        let offsets: Vec<(u64, u64, u64)> = segment
+            .blocks
+            .iter()
+            .map(|&(addr, size, requested)| (addr - segment.address, size, requested))
+            .collect();
+        match alloc.restore_segment(
+            segment.size,
+            StreamId(segment.stream),
+            segment.pool,
+            &offsets,
+        ) {
+            Ok(base) => {
+                restored_segments += 1;
+                for &(addr, _, _) in &segment.blocks {
+                    addresses.insert(addr, base + (addr - segment.address));
+                    restored_blocks += 1;
+                }
+            }
+            Err(_) => {
+                let stats = alloc.stats();
+                first_oom.get_or_insert(FirstOom {
+                    seq: 0,
+                    step: 0,
+                    site: None,
+                    requested: segment.size,
+                    allocated: stats.allocated_bytes.all.current,
+                    reserved: stats.reserved_bytes.all.current,
+                });
+            }
+        }
+    }
+    (restored_segments, restored_blocks)
+}
+
+/// The events of `device` that the replay performs (allocations, completed frees, failed
+/// requests and the first event of each `empty_cache()` call), with their indices in the
+/// trace, and the indices at which `empty_cache()` was called.
+fn replayed_events(
+    snapshot: &Snapshot,
+    device: u32,
+) -> (Vec<(usize, &Event)>, rustc_hash::FxHashSet<usize>) {
+    let empty_cache_at: rustc_hash::FxHashSet<usize> =
+        vramscope_engine::empty_cache_calls(snapshot)
+            .iter()
+            .filter(|c| snapshot.events[c.first_event as usize].device == device)
+            .map(|c| c.first_event as usize)
+            .collect();
+    let events = snapshot
+        .events
+        .iter()
+        .enumerate()
+        .filter(|(i, e)| {
+            e.device == device
+                && (matches!(
+                    e.kind,
+                    EventKind::Alloc | EventKind::FreeCompleted | EventKind::Oom
+                ) || empty_cache_at.contains(i))
+        })
+        .collect();
+    (events, empty_cache_at)
 }
 
 /// The call site of an event as a reader names it.
