@@ -30,7 +30,9 @@ mod state;
 
 pub use empty_cache::{empty_cache_calls, stack_calls_empty_cache, EmptyCacheCall};
 pub use groups::{GroupId, GroupKind, SiteGroup, SiteGroups};
-pub use naming::{autograd_node, is_native_frame, name_call_site, short_function, SiteName};
+pub use naming::{
+    autograd_node, is_native_frame, is_system_source, name_call_site, short_function, SiteName,
+};
 pub use pairing::{FreeLink, Pair, Pairing};
 pub use state::{LiveBlock, MemoryState, SegmentInfo, Usage, NO_EVENT};
 

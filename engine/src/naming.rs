@@ -25,6 +25,23 @@ pub fn is_native_frame(frame: &Frame) -> bool {
     frame.file.is_empty() || frame.file == "??" || frame.line == 0
 }
 
+/// Whether `frame`'s source line belongs to the system's libraries rather than to code a
+/// reader wrote: glibc (`./nptl/pthread_create.c`, `../sysdeps/...`, the paths of its build
+/// tree), the C++ standard library's headers (`/usr/include/c++/...`) and anything else under
+/// `/usr/`. A C library with debug information gives `start_thread` a line; naming an autograd
+/// thread's allocation `pthread_create.c:442` would hide its autograd node. Python files are
+/// never system sources here (a user's `./train.py` is the user's).
+pub fn is_system_source(frame: &Frame) -> bool {
+    let file = frame.file.as_str();
+    !file.ends_with(".py")
+        && (file.starts_with("/usr/")
+            || file.starts_with("./")
+            || file.starts_with("../")
+            || file.contains("/include/c++/")
+            || file.contains("/sysdeps/")
+            || file.contains("/nptl/"))
+}
+
 /// The autograd node a stack runs in (`MmBackward0`, `AccumulateGrad`), from its C++ frame
 /// names (`torch::autograd::generated::MmBackward0::apply(...)`), innermost first.
 pub fn autograd_node(frames: &[Frame]) -> Option<String> {
@@ -57,7 +74,11 @@ pub fn name_call_site(site: &CallSite) -> SiteName {
             native: false,
         };
     }
-    if let Some(f) = site.frames.iter().find(|f| !is_native_frame(f)) {
+    if let Some(f) = site
+        .frames
+        .iter()
+        .find(|f| !is_native_frame(f) && !is_system_source(f))
+    {
         return SiteName {
             label: format!("{}:{}", f.file, f.line),
             function: f.function.clone(),
@@ -106,4 +127,69 @@ pub fn name_call_site(site: &CallSite) -> SiteName {
 pub fn short_function(function: &str) -> String {
     let unnamed = function.replace("(anonymous namespace)::", "");
     unnamed.split('(').next().unwrap_or("").trim().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(file: &str, line: u32, function: &str) -> Frame {
+        Frame {
+            file: file.to_string(),
+            line,
+            function: function.to_string(),
+        }
+    }
+
+    fn native_site(frames: Vec<Frame>) -> CallSite {
+        CallSite {
+            file: "??".to_string(),
+            line: 0,
+            column: 0,
+            function: String::new(),
+            frames,
+        }
+    }
+
+    #[test]
+    fn an_autograd_thread_is_named_by_its_node_even_when_libc_has_lines() {
+        let site = native_site(vec![
+            frame(
+                "??",
+                0,
+                "c10::cuda::CUDACachingAllocator::Native::malloc(void**)",
+            ),
+            frame(
+                "??",
+                0,
+                "torch::autograd::generated::MmBackward0::apply(std::vector<at::Tensor>&&)",
+            ),
+            frame(
+                "/usr/include/c++/12/bits/std_thread.h",
+                253,
+                "std::thread::_State_impl::_M_run()",
+            ),
+            frame("./nptl/pthread_create.c", 442, "start_thread"),
+            frame("../sysdeps/unix/sysv/linux/x86_64/clone3.S", 81, "__clone3"),
+        ]);
+        let name = name_call_site(&site);
+        assert_eq!(name.label, "MmBackward0 (backward)");
+        assert!(name.native);
+    }
+
+    #[test]
+    fn a_line_of_the_users_own_cpp_or_python_still_names_the_stack() {
+        let site = native_site(vec![
+            frame(
+                "??",
+                0,
+                "c10::cuda::CUDACachingAllocator::Native::malloc(void**)",
+            ),
+            frame("/home/me/ext/kernel.cpp", 31, "my_ext::launch"),
+            frame("./nptl/pthread_create.c", 442, "start_thread"),
+        ]);
+        assert_eq!(name_call_site(&site).label, "/home/me/ext/kernel.cpp:31");
+        let site = native_site(vec![frame("./train.py", 12, "step")]);
+        assert_eq!(name_call_site(&site).label, "./train.py:12");
+    }
 }
