@@ -22,7 +22,7 @@
 //!   function, see `super::ImportOptions`) number the training steps of `Snapshot::steps` and
 //!   of every event and live block;
 //! - statistics: current values from the segments, peaks and totals from replaying the trace
-//!   with the block sizes above;
+//!   with the block sizes above (`stats`, which `crate::devices` calls for each device too);
 //! - settings from `allocator_settings` (unknown keys ignored).
 //!
 //! Times are nanoseconds since the earliest time in the file, which becomes
@@ -34,17 +34,18 @@ use std::fmt;
 use rustc_hash::FxHashMap;
 use vramscope_model::{
     AllocatorConfig, Annotation, Block, BlockState, DeviceInfo, Event, EventKind, Frame,
-    MemoryStats, Pool, Segment, SiteId, Snapshot, SnapshotSource, Stat, StatArray, StepMark,
-    FORMAT_VERSION,
+    MemoryStats, Pool, Segment, SiteId, Snapshot, SnapshotSource, StepMark, FORMAT_VERSION,
 };
 
 use super::sites::SiteTable;
-use super::timeline::{self, TrackArray};
+use super::timeline;
 use super::{ImportError, ImportErrorKind, ImportOptions};
 use crate::pickle::{Document, Limits, Seq, Value, ValueRef};
 
-/// Requests up to this size are served from the small pool.
-const SMALL_REQUEST: u64 = 1 << 20;
+mod stats;
+
+pub(crate) use stats::compute_stats;
+
 /// The size of a small-pool segment.
 const SMALL_SEGMENT: u64 = 2 << 20;
 /// Annotation families that mark training steps, in order of preference.
@@ -819,177 +820,6 @@ fn read_config(settings: Option<&Value>) -> AllocatorConfig {
     config
 }
 
-/// PyTorch's rounding of a request to a block size (multiples of 512 bytes, at least 512).
-fn round_block(size: u64) -> u64 {
-    if size < 512 {
-        512
-    } else {
-        size.div_ceil(512).saturating_mul(512)
-    }
-}
-
-fn request_pool(size: u64) -> Pool {
-    if size <= SMALL_REQUEST {
-        Pool::Small
-    } else {
-        Pool::Large
-    }
-}
-
-/// The pool of the segment or mapped range an event allocates or frees. A plain segment's
-/// size says it: the small pool allocates 2 MiB segments and the large pool never does (its
-/// smallest is 20 MiB, or a request of 10 MiB or more rounded to 2 MiB), so no lookup is needed,
-/// and none could be right for a segment freed in the trace whose address a later segment of
-/// the other pool took. A mapped range belongs to the expandable segment whose reserved
-/// addresses hold it, among the final segments (sorted by device and address), else its page
-/// size says it.
-fn segment_pool(segments: &[Segment], e: &Event) -> Pool {
-    let (device, addr, size) = (e.device, e.addr, e.size);
-    if matches!(e.kind, EventKind::SegmentAlloc | EventKind::SegmentFree) {
-        return if size <= SMALL_SEGMENT {
-            Pool::Small
-        } else {
-            Pool::Large
-        };
-    }
-    let at = segments.partition_point(|s| (s.device, s.address) <= (device, addr));
-    if at > 0 {
-        let s = &segments[at - 1];
-        if s.device == device && addr < s.address.saturating_add(s.total_size.max(1)) {
-            return s.pool;
-        }
-    }
-    // The large pool maps 20 MiB pages, the small pool 2 MiB ones.
-    if size.is_multiple_of(20 << 20) {
-        Pool::Large
-    } else {
-        Pool::Small
-    }
-}
-
-fn current_only(value: StatArray) -> StatArray {
-    let fix = |s: Stat| Stat {
-        current: s.current,
-        peak: s.current,
-        allocated: s.current,
-        freed: 0,
-    };
-    StatArray {
-        all: fix(value.all),
-        small_pool: fix(value.small_pool),
-        large_pool: fix(value.large_pool),
-    }
-}
-
-/// Statistics of `device`: current values from its segments, the rest from replaying its
-/// events.
-pub(crate) fn compute_stats(
-    segments: &[Segment],
-    events: &[Event],
-    device: u32,
-    config: &AllocatorConfig,
-) -> MemoryStats {
-    let mut end = MemoryStats::default();
-    for seg in segments.iter().filter(|s| s.device == device) {
-        let pool = seg.pool;
-        end.reserved_bytes.increase(pool, seg.total_size);
-        // PyTorch leaves expandable segments out of its `segment` statistic.
-        if !seg.expandable {
-            end.segment.increase(pool, 1);
-        }
-        let split_free = seg.blocks.iter().any(|b| b.state != BlockState::Inactive);
-        if let Some(limit) = config.max_split_size {
-            if seg.total_size >= limit {
-                end.oversize_segments.increase(1);
-            }
-        }
-        for b in &seg.blocks {
-            match b.state {
-                BlockState::ActiveAllocated => {
-                    end.allocated_bytes.increase(pool, b.size);
-                    end.allocation.increase(pool, 1);
-                    end.requested_bytes.increase(pool, b.requested_size);
-                    end.active_bytes.increase(pool, b.size);
-                    end.active.increase(pool, 1);
-                    if config.max_split_size.is_some_and(|limit| b.size >= limit) {
-                        end.oversize_allocations.increase(1);
-                    }
-                }
-                BlockState::ActivePendingFree => {
-                    end.active_bytes.increase(pool, b.size);
-                    end.active.increase(pool, 1);
-                }
-                BlockState::Inactive if split_free => {
-                    end.inactive_split_bytes.increase(pool, b.size);
-                    end.inactive_split.increase(pool, 1);
-                }
-                BlockState::Inactive => {}
-            }
-        }
-    }
-
-    let mut allocated = TrackArray::default();
-    let mut requested = TrackArray::default();
-    let mut allocation = TrackArray::default();
-    let mut active_bytes = TrackArray::default();
-    let mut active = TrackArray::default();
-    let mut reserved = TrackArray::default();
-    let mut segment = TrackArray::default();
-    let mut stats = MemoryStats::default();
-    for e in events.iter().filter(|e| e.device == device) {
-        let pool = request_pool(e.size);
-        let block = round_block(e.size);
-        match e.kind {
-            EventKind::Alloc => {
-                allocated.add(pool, block);
-                requested.add(pool, e.requested);
-                allocation.add(pool, 1);
-                active_bytes.add(pool, block);
-                active.add(pool, 1);
-            }
-            EventKind::FreeRequested => {
-                allocated.remove(pool, block);
-                requested.remove(pool, e.requested);
-                allocation.remove(pool, 1);
-            }
-            EventKind::FreeCompleted => {
-                active_bytes.remove(pool, block);
-                active.remove(pool, 1);
-            }
-            EventKind::SegmentAlloc | EventKind::SegmentMap => {
-                let pool = segment_pool(segments, e);
-                reserved.add(pool, e.size);
-                if e.kind == EventKind::SegmentAlloc {
-                    segment.add(pool, 1);
-                }
-                stats.num_device_alloc += 1;
-            }
-            EventKind::SegmentFree | EventKind::SegmentUnmap => {
-                let pool = segment_pool(segments, e);
-                reserved.remove(pool, e.size);
-                if e.kind == EventKind::SegmentFree {
-                    segment.remove(pool, 1);
-                }
-                stats.num_device_free += 1;
-            }
-            EventKind::Oom => stats.num_ooms += 1,
-            _ => {}
-        }
-    }
-    stats.allocated_bytes = allocated.finish(Some(&end.allocated_bytes));
-    stats.requested_bytes = requested.finish(Some(&end.requested_bytes));
-    stats.allocation = allocation.finish(Some(&end.allocation));
-    stats.active_bytes = active_bytes.finish(Some(&end.active_bytes));
-    stats.active = active.finish(Some(&end.active));
-    stats.reserved_bytes = reserved.finish(Some(&end.reserved_bytes));
-    stats.segment = segment.finish(Some(&end.segment));
-    stats.inactive_split_bytes = current_only(end.inactive_split_bytes);
-    stats.inactive_split = current_only(end.inactive_split);
-    stats.oversize_allocations = end.oversize_allocations;
-    stats.oversize_segments = end.oversize_segments;
-    stats
-}
-
 /// Picks the annotation family that marks steps and returns its `START` times.
 fn annotation_steps(annotations: &[Annotation], chosen: Option<&str>) -> Vec<(u64, String)> {
     let is_start = |a: &&Annotation| a.stage.eq_ignore_ascii_case("START");
@@ -1042,34 +872,26 @@ fn marker_steps(events: &[Event], stacks: &Stacks, marker: &str) -> Vec<(usize, 
     starts
 }
 
-fn convert(root: ValueRef<'_>, options: &ImportOptions) -> Result<Snapshot, Fault> {
-    // Very old files are a bare list of segments.
-    let (segment_values, trace_values, settings, annotation_values) = if root.type_name() == "list"
-    {
-        (root.as_seq(), None, None, None)
-    } else if root.is_dict() {
-        let [segments, traces, settings, annotations] = fields(
-            root,
-            [
-                "segments",
-                "device_traces",
-                "allocator_settings",
-                "external_annotations",
-            ],
-        );
-        if root.get("segments").is_none() && root.get("device_traces").is_none() {
-            return Err(Fault {
-                path: String::new(),
-                message: "not a PyTorch memory snapshot: the dict has neither `segments` nor `device_traces`".to_string(),
-            });
-        }
-        (
-            opt_seq(segments, "segments", Loc::Root)?,
-            opt_seq(traces, "device_traces", Loc::Root)?,
-            settings,
-            opt_seq(annotations, "external_annotations", Loc::Root)?,
-        )
-    } else {
+/// The top-level parts of a snapshot pickle.
+struct Parts<'d> {
+    segments: Option<Seq<'d>>,
+    traces: Option<Seq<'d>>,
+    settings: Option<ValueRef<'d>>,
+    annotations: Option<Seq<'d>>,
+}
+
+/// Finds the parts of the snapshot `root`: a dict with `segments` and `device_traces`, or a
+/// bare list of segments (very old files).
+fn parts(root: ValueRef<'_>) -> Result<Parts<'_>, Fault> {
+    if root.type_name() == "list" {
+        return Ok(Parts {
+            segments: root.as_seq(),
+            traces: None,
+            settings: None,
+            annotations: None,
+        });
+    }
+    if !root.is_dict() {
         return Err(Fault {
             path: String::new(),
             message: format!(
@@ -1077,33 +899,86 @@ fn convert(root: ValueRef<'_>, options: &ImportOptions) -> Result<Snapshot, Faul
                 root.type_name()
             ),
         });
+    }
+    let [segments, traces, settings, annotations] = fields(
+        root,
+        [
+            "segments",
+            "device_traces",
+            "allocator_settings",
+            "external_annotations",
+        ],
+    );
+    if root.get("segments").is_none() && root.get("device_traces").is_none() {
+        return Err(Fault {
+            path: String::new(),
+            message:
+                "not a PyTorch memory snapshot: the dict has neither `segments` nor `device_traces`"
+                    .to_string(),
+        });
+    }
+    Ok(Parts {
+        segments: opt_seq(segments, "segments", Loc::Root)?,
+        traces: opt_seq(traces, "device_traces", Loc::Root)?,
+        settings,
+        annotations: opt_seq(annotations, "external_annotations", Loc::Root)?,
+    })
+}
+
+/// The events of every device's trace, in file order.
+struct TraceEvents {
+    raw: Vec<RawEvent>,
+    /// How many devices have a trace entry.
+    devices_with_events: usize,
+    /// The lowest device that has one.
+    first_device: Option<u32>,
+}
+
+/// Reads the entries of `device_traces`, one list per device.
+fn read_traces(
+    traces: Option<Seq<'_>>,
+    stacks: &mut Stacks,
+    figures: &mut Figures,
+) -> Result<TraceEvents, Fault> {
+    let mut out = TraceEvents {
+        raw: Vec::new(),
+        devices_with_events: 0,
+        first_device: None,
     };
-
-    let mut stacks = Stacks::new(&options.framework_paths);
-    let mut figures = Figures::default();
-
-    // Events of every device.
-    let mut raw = Vec::new();
-    let mut devices_with_events = 0;
-    let mut first_device: Option<u32> = None;
-    for (d, trace) in elements(trace_values).enumerate() {
+    for (d, trace) in elements(traces).enumerate() {
         let entries = trace.as_seq().ok_or_else(|| Fault {
             path: format!("device_traces[{d}]"),
             message: format!("expected a list, found {}", trace.type_name()),
         })?;
         let device = u32::try_from(d).unwrap_or(u32::MAX);
         if !entries.is_empty() {
-            devices_with_events += 1;
-            first_device = Some(first_device.map_or(device, |f| f.min(device)));
+            out.devices_with_events += 1;
+            out.first_device = Some(out.first_device.map_or(device, |f| f.min(device)));
         }
-        raw.reserve(entries.len());
+        out.raw.reserve(entries.len());
         for (i, entry) in entries.iter().enumerate() {
-            if let Some(e) = read_entry(entry, device, Loc::Entry(d, i), &mut stacks, &mut figures)?
-            {
-                raw.push(e);
+            if let Some(e) = read_entry(entry, device, Loc::Entry(d, i), stacks, figures)? {
+                out.raw.push(e);
             }
         }
     }
+    Ok(out)
+}
+
+fn convert(root: ValueRef<'_>, options: &ImportOptions) -> Result<Snapshot, Fault> {
+    let Parts {
+        segments: segment_values,
+        traces: trace_values,
+        settings,
+        annotations: annotation_values,
+    } = parts(root)?;
+    let mut stacks = Stacks::new(&options.framework_paths);
+    let mut figures = Figures::default();
+    let TraceEvents {
+        raw,
+        devices_with_events,
+        first_device,
+    } = read_traces(trace_values, &mut stacks, &mut figures)?;
     let mut annotations_raw = Vec::with_capacity(annotation_values.map_or(0, Seq::len));
     for (i, a) in elements(annotation_values).enumerate() {
         annotations_raw.push(read_annotation(a, Loc::Annotation(i))?);
@@ -1213,63 +1088,6 @@ fn convert(root: ValueRef<'_>, options: &ImportOptions) -> Result<Snapshot, Faul
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rounds_like_pytorch() {
-        assert_eq!(round_block(1), 512);
-        assert_eq!(round_block(512), 512);
-        assert_eq!(round_block(513), 1024);
-        assert_eq!(round_block(u64::MAX), u64::MAX);
-        assert_eq!(request_pool(1 << 20), Pool::Small);
-        assert_eq!(request_pool((1 << 20) + 1), Pool::Large);
-    }
-
-    #[test]
-    fn a_freed_small_segment_stays_small_when_a_large_one_takes_its_address() {
-        let event = |kind, addr, size| Event {
-            seq: 0,
-            time_ns: 0,
-            kind,
-            device: 0,
-            stream: 0,
-            addr,
-            size,
-            requested: 0,
-            site: None,
-            tag: None,
-            scope: None,
-            step: 0,
-            thread: 0,
-        };
-        let mib = 1u64 << 20;
-        // `empty_cache()` releases a 2 MiB small-pool segment; a 20 MiB large-pool segment then
-        // gets the same address and is still there at the end.
-        let events = [
-            event(EventKind::SegmentAlloc, 0x7000_0000, 2 * mib),
-            event(EventKind::SegmentFree, 0x7000_0000, 2 * mib),
-            event(EventKind::SegmentAlloc, 0x7000_0000, 20 * mib),
-        ];
-        let segments = [Segment {
-            device: 0,
-            address: 0x7000_0000,
-            total_size: 20 * mib,
-            stream: 0,
-            pool: Pool::Large,
-            expandable: false,
-            blocks: Vec::new(),
-        }];
-        let stats = compute_stats(&segments, &events, 0, &AllocatorConfig::default());
-        let reserved = stats.reserved_bytes;
-        assert_eq!(
-            (reserved.small_pool.allocated, reserved.small_pool.freed),
-            (2 * mib, 2 * mib)
-        );
-        assert_eq!(
-            (reserved.large_pool.allocated, reserved.large_pool.freed),
-            (20 * mib, 0)
-        );
-        assert_eq!(stats.num_device_free, 1);
-    }
 
     #[test]
     fn reads_pytorch_settings() {

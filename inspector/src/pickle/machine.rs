@@ -1,0 +1,864 @@
+//! The pickle virtual machine, restricted to data: it runs a pickle's opcodes and builds a
+//! `super::Document`.
+//!
+//! [`Machine::run`] reads one opcode at a time, refuses those that would import, construct or
+//! call anything (`super::opcodes::refusal`), and hands the rest to one method per family:
+//! framing and stack manipulation, the memo, scalars, strings, and containers. Values go into
+//! the document's tables as they are pushed; containers stay mutable until `STOP`, and a list
+//! or tuple equal to an earlier one shares its elements ([`Machine::share_equal`]). The
+//! machine counts the memory it takes against the `super::Limits` budget as it runs, and
+//! bounds the `MARK`s open at once; `super::Document::parse_with_limits` drives it.
+
+use std::hash::{Hash, Hasher};
+
+use rustc_hash::{FxHashMap, FxHasher};
+
+use super::args::{
+    int_from_decimal, int_from_le, quoted, quoted_unescape, raw_unicode_unescape, PyInt,
+    MAX_DECIMAL_DIGITS,
+};
+use super::document::{kind, Container, Document, Ref, MAX_TABLE};
+use super::error::{PickleError, PickleErrorKind};
+use super::limits::Limits;
+use super::opcodes::*;
+
+/// How many opcodes run between two checks of the memory budget; a container that moves to
+/// grow is checked at once.
+const BUDGET_CHECK_EVERY: u32 = 256;
+
+/// The memo: dense for the sequential indices every Python pickler writes, sparse otherwise,
+/// so that a huge `LONG_BINPUT` index cannot force a huge allocation.
+#[derive(Default)]
+struct Memo {
+    dense: Vec<Ref>,
+    sparse: FxHashMap<u64, Ref>,
+}
+
+impl Memo {
+    fn put(&mut self, index: u64, r: Ref) {
+        let len = self.dense.len() as u64;
+        if index < len {
+            self.dense[index as usize] = r;
+        } else if index == len {
+            self.dense.push(r);
+            if !self.sparse.is_empty() {
+                self.sparse.remove(&index);
+            }
+        } else {
+            self.sparse.insert(index, r);
+        }
+    }
+
+    fn get(&self, index: u64) -> Option<Ref> {
+        match self.dense.get(index as usize) {
+            Some(&r) if index < self.dense.len() as u64 => Some(r),
+            _ => self.sparse.get(&index).copied(),
+        }
+    }
+
+    fn len(&self) -> u64 {
+        (self.dense.len() + self.sparse.len()) as u64
+    }
+}
+
+/// The pickle virtual machine, restricted to data, building a [`Document`].
+pub(super) struct Machine<'a> {
+    data: &'a [u8],
+    pos: usize,
+    /// The most bytes of memory the document may take ([`Limits::memory_budget`]).
+    budget: usize,
+    /// The bytes of memory allowed per input byte, for the error.
+    per_input_byte: usize,
+    /// Opcodes left until the next check of the budget.
+    until_check: u32,
+    pub(super) doc: Document,
+    stack: Vec<Ref>,
+    /// Stack lengths at each open MARK.
+    marks: Vec<usize>,
+    /// The most MARKs open at once ([`Limits::max_depth`]).
+    max_marks: usize,
+    memo: Memo,
+    /// Lists and tuples by kind and a hash of their elements, to store equal ones once.
+    sequences: FxHashMap<(u32, u64), u32>,
+    /// Whether to record where each container is created, in `origins`.
+    record_origins: bool,
+    /// Byte offset of the opcode that created each container, when recorded.
+    pub(super) origins: Vec<usize>,
+    /// Offset of the opcode being executed.
+    op_pos: usize,
+    op: u8,
+}
+
+type Step<T> = Result<T, PickleError>;
+
+impl<'a> Machine<'a> {
+    pub(super) fn new(data: &'a [u8], limits: &Limits, record_origins: bool) -> Self {
+        Machine {
+            data,
+            pos: 0,
+            budget: limits.memory_budget(data.len()),
+            per_input_byte: limits.memory_per_input_byte,
+            until_check: BUDGET_CHECK_EVERY,
+            doc: Document::empty(data.len()),
+            stack: Vec::with_capacity(64),
+            marks: Vec::with_capacity(16),
+            max_marks: limits.max_depth,
+            memo: Memo::default(),
+            sequences: FxHashMap::default(),
+            record_origins,
+            origins: Vec::new(),
+            op_pos: 0,
+            op: 0,
+        }
+    }
+
+    fn error(&self, kind: PickleErrorKind) -> PickleError {
+        PickleError {
+            offset: self.op_pos,
+            kind,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        opcode_name(self.op)
+    }
+
+    fn bad(&self, reason: impl Into<String>) -> PickleError {
+        self.error(PickleErrorKind::BadArgument {
+            opcode: self.name(),
+            reason: reason.into(),
+        })
+    }
+
+    /// Takes `n` argument bytes of the current opcode.
+    fn take(&mut self, n: u64) -> Step<&'a [u8]> {
+        let available = (self.data.len() - self.pos) as u64;
+        if n > available {
+            return Err(self.error(PickleErrorKind::Truncated {
+                opcode: self.name(),
+                needed: n,
+                available,
+            }));
+        }
+        let start = self.pos;
+        self.pos += n as usize;
+        Ok(&self.data[start..self.pos])
+    }
+
+    fn take_array<const N: usize>(&mut self) -> Step<[u8; N]> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N as u64)?);
+        Ok(out)
+    }
+
+    fn take_u8(&mut self) -> Step<u8> {
+        Ok(self.take_array::<1>()?[0])
+    }
+
+    fn take_u32(&mut self) -> Step<u32> {
+        Ok(u32::from_le_bytes(self.take_array()?))
+    }
+
+    fn take_i32(&mut self) -> Step<i32> {
+        Ok(i32::from_le_bytes(self.take_array()?))
+    }
+
+    fn take_u64(&mut self) -> Step<u64> {
+        Ok(u64::from_le_bytes(self.take_array()?))
+    }
+
+    /// Takes a length prefix that must not be negative.
+    fn take_len_i32(&mut self) -> Step<u64> {
+        let n = self.take_i32()?;
+        u64::try_from(n).map_err(|_| self.bad(format!("negative length {n}")))
+    }
+
+    /// Takes a newline-terminated text argument, without the newline.
+    fn take_line(&mut self) -> Step<&'a [u8]> {
+        let rest = &self.data[self.pos..];
+        match rest.iter().position(|&b| b == b'\n') {
+            Some(end) => {
+                self.pos += end + 1;
+                Ok(&rest[..end])
+            }
+            None => Err(self.error(PickleErrorKind::Truncated {
+                opcode: self.name(),
+                needed: rest.len() as u64 + 1,
+                available: rest.len() as u64,
+            })),
+        }
+    }
+
+    fn take_line_str(&mut self) -> Step<&'a str> {
+        let line = self.take_line()?;
+        std::str::from_utf8(line).map_err(|_| self.bad("the text argument is not ASCII"))
+    }
+
+    /// The bytes of memory the document and the machine's stack, marks and memo take, counted
+    /// by length (a vector's spare capacity is at most as much again).
+    fn memory(&self) -> usize {
+        use std::mem::size_of;
+        self.doc.memory_bytes()
+            + self.stack.len() * size_of::<Ref>()
+            + self.marks.len() * size_of::<usize>()
+            + self.memo.dense.len() * size_of::<Ref>()
+            // A hash table entry with its key, value and control byte.
+            + self.memo.sparse.len() * 24
+            + self.sequences.len() * 24
+            + self.origins.len() * size_of::<usize>()
+    }
+
+    /// Fails once the document takes more memory than the budget.
+    fn check_budget(&self) -> Step<()> {
+        if self.memory() > self.budget {
+            return Err(self.error(PickleErrorKind::MemoryBudget {
+                limit: self.budget,
+                input_bytes: self.data.len(),
+                per_input_byte: self.per_input_byte,
+            }));
+        }
+        Ok(())
+    }
+
+    /// Fails when a table already holds as many entries as a [`Ref`] can index.
+    fn table_room(&self, len: usize, what: &'static str) -> Step<()> {
+        if len >= MAX_TABLE {
+            return Err(self.error(PickleErrorKind::LimitExceeded {
+                what,
+                limit: MAX_TABLE,
+            }));
+        }
+        Ok(())
+    }
+
+    fn too_many_items(&self) -> PickleError {
+        self.error(PickleErrorKind::LimitExceeded {
+            what: "container element slots (the most a document can address)",
+            limit: u32::MAX as usize,
+        })
+    }
+
+    /// Pushes a new value that needs no table (an integer of 28 bits or a constant).
+    fn push_inline(&mut self, r: Ref) -> Step<()> {
+        self.stack.push(r);
+        Ok(())
+    }
+
+    fn push_int(&mut self, v: PyInt) -> Step<()> {
+        let r = match v {
+            PyInt::Fits(v) => match Ref::small(v) {
+                Some(r) => r,
+                None => {
+                    self.table_room(
+                        self.doc.ints.len(),
+                        "integers (the most a document can address)",
+                    )?;
+                    self.doc.ints.push(v);
+                    Ref::new(kind::INT, (self.doc.ints.len() - 1) as u32)
+                }
+            },
+            PyInt::Big(bytes) => self.add_blob(kind::BIG_INT, &bytes)?,
+        };
+        self.stack.push(r);
+        Ok(())
+    }
+
+    fn push_float(&mut self, v: f64) -> Step<()> {
+        self.table_room(
+            self.doc.floats.len(),
+            "floats (the most a document can address)",
+        )?;
+        self.doc.floats.push(v);
+        let r = Ref::new(kind::FLOAT, (self.doc.floats.len() - 1) as u32);
+        self.stack.push(r);
+        Ok(())
+    }
+
+    fn push_str(&mut self, text: &str) -> Step<()> {
+        self.table_room(
+            self.doc.text_ends.len(),
+            "strings (the most a document can address)",
+        )?;
+        self.doc.text.push_str(text);
+        self.doc.text_ends.push(self.doc.text.len());
+        let r = Ref::new(kind::STR, (self.doc.text_ends.len() - 1) as u32);
+        self.stack.push(r);
+        Ok(())
+    }
+
+    /// Pushes text whose invalid UTF-8 (for example a lone surrogate) is replaced by U+FFFD.
+    fn push_text(&mut self, bytes: &[u8]) -> Step<()> {
+        self.push_str(&String::from_utf8_lossy(bytes))
+    }
+
+    fn push_bytes(&mut self, bytes: &[u8]) -> Step<()> {
+        let r = self.add_blob(kind::BYTES, bytes)?;
+        self.stack.push(r);
+        Ok(())
+    }
+
+    /// Pushes a protocol 0–2 byte string: text when it is UTF-8, bytes otherwise.
+    fn push_byte_string(&mut self, bytes: &[u8]) -> Step<()> {
+        match std::str::from_utf8(bytes) {
+            Ok(s) => self.push_str(s),
+            Err(_) => self.push_bytes(bytes),
+        }
+    }
+
+    fn add_blob(&mut self, kind: u32, bytes: &[u8]) -> Step<Ref> {
+        self.table_room(
+            self.doc.blob_ends.len(),
+            "byte strings and big integers (the most a document can address)",
+        )?;
+        self.doc.blob.extend_from_slice(bytes);
+        self.doc.blob_ends.push(self.doc.blob.len());
+        Ok(Ref::new(kind, (self.doc.blob_ends.len() - 1) as u32))
+    }
+
+    /// Creates an empty container of `kind`.
+    fn new_container(&mut self, kind: u32) -> Step<Ref> {
+        self.table_room(
+            self.doc.containers.len(),
+            "containers (the most a document can address)",
+        )?;
+        let c = self.doc.containers.len() as u32;
+        self.doc.containers.push(Container {
+            start: self.doc.items.len() as u32,
+            len: 0,
+            cap: 0,
+            shared: false,
+        });
+        if self.record_origins {
+            self.origins.push(self.op_pos);
+        }
+        Ok(Ref::new(kind, c))
+    }
+
+    /// Creates a container of `kind` from the values above stack position `from` and pushes
+    /// it in their place.
+    fn collect(&mut self, kind: u32, from: usize) -> Step<()> {
+        let r = self.new_container(kind)?;
+        self.extend(r, from)?;
+        self.stack.truncate(from);
+        self.stack.push(r);
+        self.share_equal(r);
+        Ok(())
+    }
+
+    /// Appends the values above stack position `from` to the container `target` and pops
+    /// them.
+    fn append_from(&mut self, target: Ref, from: usize) -> Step<()> {
+        let first = self.doc.containers[target.index()].len == 0;
+        self.extend(target, from)?;
+        self.stack.truncate(from);
+        if first {
+            self.share_equal(target);
+        }
+        Ok(())
+    }
+
+    /// Puts the values above stack position `from` into the container `target`: each is
+    /// counted here, once, however it came onto the stack. A container that had to move to
+    /// grow (it shared its elements with an equal one, or others were added after it) copies
+    /// its elements, so the budget is checked at once.
+    fn extend(&mut self, target: Ref, from: usize) -> Step<()> {
+        let pool = self.doc.items.len();
+        if !self.doc.extend(target.index(), &self.stack[from..]) {
+            return Err(self.too_many_items());
+        }
+        if self.doc.items.len() - pool > self.stack.len() - from {
+            self.check_budget()?;
+        }
+        Ok(())
+    }
+
+    /// Makes a list or tuple that has just received its first elements, at the end of the
+    /// pool, share the elements of an earlier one of the same kind with the very same
+    /// elements. Values are never changed once read, so the sharing cannot be observed
+    /// except through [`ValueRef::identity`](super::ValueRef::identity); a shared list that
+    /// grows later moves to elements of its own.
+    fn share_equal(&mut self, r: Ref) {
+        if !matches!(r.kind(), kind::LIST | kind::TUPLE) {
+            return;
+        }
+        let c = r.index();
+        let cont = self.doc.containers[c];
+        let range = cont.range();
+        if cont.len == 0 || cont.cap != cont.len || range.end != self.doc.items.len() {
+            return;
+        }
+        let mut hasher = FxHasher::default();
+        self.doc.items[range.clone()].hash(&mut hasher);
+        let key = (r.kind(), hasher.finish());
+        let (earlier_index, earlier) = match self.sequences.get(&key) {
+            Some(&e) if e as usize != c => (e, self.doc.containers[e as usize]),
+            _ => {
+                self.sequences.insert(key, c as u32);
+                return;
+            }
+        };
+        if earlier.len != cont.len || self.doc.items[earlier.range()] != self.doc.items[range] {
+            self.sequences.insert(key, c as u32);
+            return;
+        }
+        self.doc.items.truncate(cont.start as usize);
+        self.doc.containers[c] = Container {
+            cap: earlier.len,
+            shared: true,
+            ..earlier
+        };
+        self.doc.containers[earlier_index as usize].shared = true;
+    }
+
+    /// Where the values above the last mark begin.
+    fn floor(&self) -> usize {
+        self.marks.last().copied().unwrap_or(0)
+    }
+
+    fn underflow(&self) -> PickleError {
+        self.error(PickleErrorKind::StackUnderflow {
+            opcode: self.name(),
+        })
+    }
+
+    fn pop(&mut self) -> Step<Ref> {
+        if self.stack.len() > self.floor() {
+            Ok(self.stack.pop().unwrap_or(Ref::NONE))
+        } else {
+            Err(self.underflow())
+        }
+    }
+
+    fn top(&self) -> Step<Ref> {
+        if self.stack.len() > self.floor() {
+            Ok(self.stack[self.stack.len() - 1])
+        } else {
+            Err(self.underflow())
+        }
+    }
+
+    /// Pops the last mark and returns the stack length it recorded.
+    fn take_mark(&mut self) -> Step<usize> {
+        self.marks.pop().ok_or_else(|| {
+            self.error(PickleErrorKind::MissingMark {
+                opcode: self.name(),
+            })
+        })
+    }
+
+    /// The value just below a popped mark at `mark`, which must lie above the previous mark.
+    fn below(&self, mark: usize) -> Step<Ref> {
+        if mark > self.floor() {
+            Ok(self.stack[mark - 1])
+        } else {
+            Err(self.underflow())
+        }
+    }
+
+    /// Pops the values above the last mark and the mark itself.
+    fn pop_mark(&mut self) -> Step<()> {
+        let mark = self.take_mark()?;
+        self.stack.truncate(mark);
+        Ok(())
+    }
+
+    /// Checks that the values above `mark` can be key/value pairs.
+    fn check_pairs(&self, mark: usize) -> Step<()> {
+        let n = self.stack.len() - mark;
+        if !n.is_multiple_of(2) {
+            return Err(self.bad(format!("an odd number of values ({n}) for key/value pairs")));
+        }
+        Ok(())
+    }
+
+    /// Checks that `target` is a container of `kind`, else a wrong-type error.
+    fn expect(&self, target: Ref, kind: u32, expected: &'static str) -> Step<()> {
+        if target.kind() == kind {
+            Ok(())
+        } else {
+            Err(self.error(PickleErrorKind::WrongType {
+                opcode: self.name(),
+                expected,
+                found: target.type_name(),
+            }))
+        }
+    }
+
+    fn memo_get(&self, index: u64) -> Step<Ref> {
+        self.memo
+            .get(index)
+            .ok_or_else(|| self.error(PickleErrorKind::MissingMemo { index }))
+    }
+
+    fn memo_put(&mut self, index: u64) -> Step<()> {
+        let top = self.top()?;
+        self.memo.put(index, top);
+        Ok(())
+    }
+
+    /// Pushes the memoized value `index`.
+    fn push_memo(&mut self, index: u64) -> Step<()> {
+        let r = self.memo_get(index)?;
+        self.stack.push(r);
+        Ok(())
+    }
+
+    fn text_u64(&self, text: &str) -> Step<u64> {
+        text.trim()
+            .parse()
+            .map_err(|_| self.bad(format!("{} is not a memo index", quoted(text))))
+    }
+
+    /// The integer written in decimal as `text` (the argument of `INT` or `LONG`), refusing
+    /// more than [`MAX_DECIMAL_DIGITS`] digits as Python does.
+    fn decimal(&self, text: &str) -> Step<PyInt> {
+        let digits = text.trim().trim_start_matches(['-', '+']).len();
+        if digits > MAX_DECIMAL_DIGITS {
+            return Err(self.bad(format!(
+                "an integer of {digits} decimal digits; more than {MAX_DECIMAL_DIGITS} are refused, as Python's int() refuses them"
+            )));
+        }
+        int_from_decimal(text)
+            .ok_or_else(|| self.bad(format!("{} is not an integer", quoted(text))))
+    }
+
+    /// Runs opcodes up to `STOP` and returns the value it pops.
+    pub(super) fn run(&mut self) -> Step<Ref> {
+        loop {
+            self.op_pos = self.pos;
+            self.until_check -= 1;
+            if self.until_check == 0 {
+                self.until_check = BUDGET_CHECK_EVERY;
+                self.check_budget()?;
+            }
+            let Some(&op) = self.data.get(self.pos) else {
+                return Err(PickleError {
+                    offset: self.data.len(),
+                    kind: PickleErrorKind::MissingStop,
+                });
+            };
+            self.op = op;
+            self.pos += 1;
+            if let Some(reason) = refusal(op) {
+                return Err(self.error(PickleErrorKind::Refused {
+                    opcode: self.name(),
+                    reason,
+                }));
+            }
+            match op {
+                STOP => {
+                    self.check_budget()?;
+                    return self.pop();
+                }
+                PROTO | FRAME | MARK | POP | POP_MARK | DUP => self.control(op)?,
+                PUT | BINPUT | LONG_BINPUT | MEMOIZE | GET | BINGET | LONG_BINGET => {
+                    self.memo_op(op)?
+                }
+                NONE | NEWTRUE | NEWFALSE | BININT | BININT1 | BININT2 | LONG1 | LONG4 | INT
+                | LONG | BINFLOAT | FLOAT => self.scalar(op)?,
+                SHORT_BINUNICODE | BINUNICODE | BINUNICODE8 | UNICODE | SHORT_BINSTRING
+                | BINSTRING | STRING | SHORT_BINBYTES | BINBYTES | BINBYTES8 | BYTEARRAY8 => {
+                    self.string(op)?
+                }
+                EMPTY_LIST | EMPTY_DICT | EMPTY_TUPLE | EMPTY_SET | LIST | TUPLE | FROZENSET
+                | DICT | TUPLE1 | TUPLE2 | TUPLE3 => self.make_container(op)?,
+                APPEND | APPENDS | SETITEM | SETITEMS | ADDITEMS => self.fill_container(op)?,
+                _ => return Err(self.unknown(op)),
+            }
+        }
+    }
+
+    fn unknown(&self, op: u8) -> PickleError {
+        self.error(PickleErrorKind::UnknownOpcode { byte: op })
+    }
+
+    /// Runs an opcode of framing, protocol or stack manipulation.
+    #[inline]
+    fn control(&mut self, op: u8) -> Step<()> {
+        match op {
+            PROTO => {
+                let version = self.take_u8()?;
+                if version > 5 {
+                    return Err(self.error(PickleErrorKind::UnsupportedProtocol { version }));
+                }
+            }
+            FRAME => {
+                let len = self.take_u64()?;
+                let available = (self.data.len() - self.pos) as u64;
+                if len > available {
+                    return Err(self.error(PickleErrorKind::Truncated {
+                        opcode: "FRAME",
+                        needed: len,
+                        available,
+                    }));
+                }
+            }
+            MARK => {
+                if self.marks.len() >= self.max_marks {
+                    return Err(self.error(PickleErrorKind::LimitExceeded {
+                        what: "MARKs open at once (levels of nesting)",
+                        limit: self.max_marks,
+                    }));
+                }
+                self.marks.push(self.stack.len());
+            }
+            POP => {
+                if self.stack.len() > self.floor() {
+                    self.stack.pop();
+                } else {
+                    self.pop_mark()?;
+                }
+            }
+            POP_MARK => self.pop_mark()?,
+            DUP => {
+                let top = self.top()?;
+                self.stack.push(top);
+            }
+            _ => return Err(self.unknown(op)),
+        }
+        Ok(())
+    }
+
+    /// Runs an opcode that stores into or fetches from the memo.
+    #[inline]
+    fn memo_op(&mut self, op: u8) -> Step<()> {
+        match op {
+            PUT => {
+                let text = self.take_line_str()?;
+                let index = self.text_u64(text)?;
+                self.memo_put(index)
+            }
+            BINPUT => {
+                let index = self.take_u8()? as u64;
+                self.memo_put(index)
+            }
+            LONG_BINPUT => {
+                let index = self.take_u32()? as u64;
+                self.memo_put(index)
+            }
+            MEMOIZE => {
+                let index = self.memo.len();
+                self.memo_put(index)
+            }
+            GET => {
+                let text = self.take_line_str()?;
+                let index = self.text_u64(text)?;
+                self.push_memo(index)
+            }
+            BINGET => {
+                let index = self.take_u8()? as u64;
+                self.push_memo(index)
+            }
+            LONG_BINGET => {
+                let index = self.take_u32()? as u64;
+                self.push_memo(index)
+            }
+            _ => Err(self.unknown(op)),
+        }
+    }
+
+    /// Runs an opcode that pushes `None`, a boolean, an integer or a float.
+    #[inline]
+    fn scalar(&mut self, op: u8) -> Step<()> {
+        match op {
+            NONE => self.push_inline(Ref::NONE),
+            NEWTRUE => self.push_inline(Ref::TRUE),
+            NEWFALSE => self.push_inline(Ref::FALSE),
+            BININT => {
+                let v = self.take_i32()?;
+                self.push_int(PyInt::Fits(v as i64))
+            }
+            BININT1 => {
+                let v = self.take_u8()?;
+                self.push_int(PyInt::Fits(v as i64))
+            }
+            BININT2 => {
+                let v = u16::from_le_bytes(self.take_array()?);
+                self.push_int(PyInt::Fits(v as i64))
+            }
+            LONG1 => {
+                let n = self.take_u8()? as u64;
+                let bytes = self.take(n)?;
+                self.push_int(int_from_le(bytes))
+            }
+            LONG4 => {
+                let n = self.take_len_i32()?;
+                let bytes = self.take(n)?;
+                self.push_int(int_from_le(bytes))
+            }
+            INT => {
+                let text = self.take_line_str()?;
+                match text {
+                    "00" => self.push_inline(Ref::FALSE),
+                    "01" => self.push_inline(Ref::TRUE),
+                    _ => {
+                        let v = self.decimal(text)?;
+                        self.push_int(v)
+                    }
+                }
+            }
+            LONG => {
+                let text = self.take_line_str()?;
+                let v = self.decimal(text.strip_suffix('L').unwrap_or(text))?;
+                self.push_int(v)
+            }
+            BINFLOAT => {
+                let v = f64::from_be_bytes(self.take_array()?);
+                self.push_float(v)
+            }
+            FLOAT => {
+                let text = self.take_line_str()?;
+                let v: f64 = text
+                    .trim()
+                    .parse()
+                    .map_err(|_| self.bad(format!("{} is not a float", quoted(text))))?;
+                self.push_float(v)
+            }
+            _ => Err(self.unknown(op)),
+        }
+    }
+
+    /// Runs an opcode that pushes text or bytes.
+    #[inline]
+    fn string(&mut self, op: u8) -> Step<()> {
+        match op {
+            SHORT_BINUNICODE => {
+                let n = self.take_u8()? as u64;
+                let bytes = self.take(n)?;
+                self.push_text(bytes)
+            }
+            BINUNICODE => {
+                let n = self.take_u32()? as u64;
+                let bytes = self.take(n)?;
+                self.push_text(bytes)
+            }
+            BINUNICODE8 => {
+                let n = self.take_u64()?;
+                let bytes = self.take(n)?;
+                self.push_text(bytes)
+            }
+            UNICODE => {
+                let line = self.take_line()?;
+                let text = raw_unicode_unescape(line)
+                    .ok_or_else(|| self.bad("a bad \\u or \\U escape"))?;
+                self.push_str(&text)
+            }
+            SHORT_BINSTRING => {
+                let n = self.take_u8()? as u64;
+                let bytes = self.take(n)?;
+                self.push_byte_string(bytes)
+            }
+            BINSTRING => {
+                let n = self.take_len_i32()?;
+                let bytes = self.take(n)?;
+                self.push_byte_string(bytes)
+            }
+            STRING => {
+                let line = self.take_line()?;
+                let bytes =
+                    quoted_unescape(line).ok_or_else(|| self.bad("a malformed quoted string"))?;
+                self.push_byte_string(&bytes)
+            }
+            SHORT_BINBYTES => {
+                let n = self.take_u8()? as u64;
+                let bytes = self.take(n)?;
+                self.push_bytes(bytes)
+            }
+            BINBYTES => {
+                let n = self.take_u32()? as u64;
+                let bytes = self.take(n)?;
+                self.push_bytes(bytes)
+            }
+            BINBYTES8 | BYTEARRAY8 => {
+                let n = self.take_u64()?;
+                let bytes = self.take(n)?;
+                self.push_bytes(bytes)
+            }
+            _ => Err(self.unknown(op)),
+        }
+    }
+
+    /// Runs an opcode that creates a container, empty or from values on the stack.
+    #[inline]
+    fn make_container(&mut self, op: u8) -> Step<()> {
+        match op {
+            EMPTY_LIST | EMPTY_DICT | EMPTY_TUPLE | EMPTY_SET => {
+                let kind = match op {
+                    EMPTY_LIST => kind::LIST,
+                    EMPTY_DICT => kind::DICT,
+                    EMPTY_TUPLE => kind::TUPLE,
+                    _ => kind::SET,
+                };
+                let r = self.new_container(kind)?;
+                self.stack.push(r);
+                Ok(())
+            }
+            LIST | TUPLE | FROZENSET | DICT => {
+                let mark = self.take_mark()?;
+                let kind = match op {
+                    LIST => kind::LIST,
+                    TUPLE => kind::TUPLE,
+                    FROZENSET => kind::FROZEN_SET,
+                    _ => {
+                        self.check_pairs(mark)?;
+                        kind::DICT
+                    }
+                };
+                self.collect(kind, mark)
+            }
+            TUPLE1 | TUPLE2 | TUPLE3 => {
+                let n = (op - TUPLE1 + 1) as usize;
+                if self.stack.len() < self.floor() + n {
+                    return Err(self.underflow());
+                }
+                self.collect(kind::TUPLE, self.stack.len() - n)
+            }
+            _ => Err(self.unknown(op)),
+        }
+    }
+
+    /// Runs an opcode that adds values to the list, dict or set below them on the stack.
+    #[inline]
+    fn fill_container(&mut self, op: u8) -> Step<()> {
+        match op {
+            APPEND => {
+                let value = self.pop()?;
+                let target = self.top()?;
+                self.expect(target, kind::LIST, "list")?;
+                let from = self.stack.len();
+                self.stack.push(value);
+                self.append_from(target, from)
+            }
+            APPENDS => {
+                let mark = self.take_mark()?;
+                let target = self.below(mark)?;
+                self.expect(target, kind::LIST, "list")?;
+                self.append_from(target, mark)
+            }
+            SETITEM => {
+                let value = self.pop()?;
+                let key = self.pop()?;
+                let target = self.top()?;
+                self.expect(target, kind::DICT, "dict")?;
+                let from = self.stack.len();
+                self.stack.push(key);
+                self.stack.push(value);
+                self.append_from(target, from)
+            }
+            SETITEMS => {
+                let mark = self.take_mark()?;
+                let target = self.below(mark)?;
+                self.check_pairs(mark)?;
+                self.expect(target, kind::DICT, "dict")?;
+                self.append_from(target, mark)
+            }
+            ADDITEMS => {
+                let mark = self.take_mark()?;
+                let target = self.below(mark)?;
+                self.expect(target, kind::SET, "set")?;
+                self.append_from(target, mark)
+            }
+            _ => Err(self.unknown(op)),
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! A safe reader for the data subset of Python's pickle format, protocols 0 to 5.
+//!
+//! PyTorch's `torch.cuda.memory._dump_snapshot()` writes a pickle of plain Python values: dicts,
+//! lists, tuples, strings, integers, floats, booleans and `None`, with strings, frame dicts and
+//! whole frame lists shared through the pickle memo. This module reads such bytes into a
+//! [`Document`], a compact arena that `crate::import::pytorch` walks through [`ValueRef`]s to
+//! build the one data model of `vramscope_allocator::model`, or into a tree of immutable
+//! [`Value`]s ([`parse`]). It never imports, constructs or calls anything: every opcode that
+//! would (`GLOBAL`, `STACK_GLOBAL`, `REDUCE`, `BUILD`, `INST`, `OBJ`, `NEWOBJ`, `NEWOBJ_EX`,
+//! the `EXT` registry, persistent ids, out-of-band buffers) is refused with a [`PickleError`]
+//! that names the opcode and its byte offset. Truncated or corrupt input is an error naming
+//! what went wrong and where, never a panic, and [`Limits`] bound nesting depth, the number of
+//! values and the number of container elements so that hostile input cannot exhaust memory.
+//!
+//! A document stores each value in four bytes where it is referenced (small integers, `None`
+//! and booleans in place, everything else as an index into a table of its kind), the text of
+//! all strings in one buffer, and the elements of all containers in one pool. Lists and dicts
+//! stay mutable until `STOP`, as the pickle machine requires; a list or tuple whose elements
+//! are the very same values as an earlier one's (the identical frame lists of a training
+//! loop's many allocations) shares that one's elements, so a trace of ten thousand entries
+//! that share a few hundred stacks stores a few hundred frame lists. Once read, a document is
+//! checked to contain no cycle and to nest no deeper than [`Limits::max_depth`], so that any
+//! walk of it ends. [`parse`] then turns it into [`Value`]s in which every memo-shared object
+//! (and every such list) becomes one reference-counted allocation.
+//!
+//! The module's parts: [`Value`] (`value`), the [`Document`] arena with its [`ValueRef`] and
+//! [`Seq`] handles (`document`), the machine that runs the opcodes into a document
+//! (`machine`, with the opcodes by name in `opcodes` and the decoding of text and number
+//! arguments in `args`), the conversion of a document to [`Value`]s (`tree`), the [`Limits`]
+//! (`limits`) and the [`PickleError`] (`error`).
+
+#![warn(missing_docs)]
+
+mod args;
+mod document;
+mod error;
+mod limits;
+mod machine;
+pub(crate) mod opcodes;
+mod tree;
+mod value;
+
+#[cfg(test)]
+mod tests;
+
+pub use document::{Document, Seq, ValueRef};
+pub use error::{human_bytes, PickleError, PickleErrorKind};
+pub use limits::{Limits, DEFAULT_MAX_INPUT_BYTES};
+pub use opcodes::opcode_name;
+pub use value::Value;
+
+/// Parses a pickle of plain data with the default [`Limits`].
+///
+/// ```
+/// use vramscope_inspector::pickle::{parse, Value};
+/// // pickle.dumps([1, "a"], protocol=2)
+/// let v = parse(b"\x80\x02]q\x00(K\x01X\x01\x00\x00\x00aq\x01e.").unwrap();
+/// assert_eq!(v.as_seq().unwrap()[0], Value::Int(1));
+/// assert_eq!(v.as_seq().unwrap()[1].as_str(), Some("a"));
+/// ```
+pub fn parse(bytes: &[u8]) -> Result<Value, PickleError> {
+    parse_with_limits(bytes, &Limits::default())
+}
+
+/// Parses a pickle of plain data within `limits`.
+pub fn parse_with_limits(bytes: &[u8], limits: &Limits) -> Result<Value, PickleError> {
+    Ok(Document::parse_with_limits(bytes, limits)?
+        .root()
+        .to_value())
+}
