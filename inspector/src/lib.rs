@@ -1,7 +1,7 @@
 //! vramscope-inspector: turns a memory trace into a diagnosis.
 //!
 //! Importers (`import`) convert our JSON snapshots, PyTorch snapshot pickles and torch.profiler
-//! Chrome traces into the one model of `vramscope_allocator::model`. Detectors (`detect`) are
+//! Chrome traces into the one model of `vramscope_model`. Detectors (`detect`) are
 //! pure functions of that model that report findings into a sink; `report` renders findings as
 //! text, markdown, JSON or HTML, and `diff` compares two snapshots by call site.
 

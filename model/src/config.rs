@@ -1,9 +1,9 @@
-//! Allocator settings: PyTorch's `PYTORCH_CUDA_ALLOC_CONF` options plus vramscope's own
-//! tracking options, parsed from the same `key:value,key:value` syntax.
+//! Allocator settings: PyTorch's `PYTORCH_CUDA_ALLOC_CONF` options plus vramscope's own tracking
+//! options, parsed from the same `key:value,key:value` syntax.
 //!
-//! The caching allocator (`vramscope_allocator::caching`) reads an [`AllocatorConfig`] once at construction; snapshots
-//! (`crate::snapshot`) carry it so that a report knows the policy a trace ran under. Parsing never
-//! panics: a bad key or value is a [`ConfigError`] that names it.
+//! The caching allocator (`vramscope_allocator::caching`) reads an [`AllocatorConfig`] once at
+//! construction; snapshots (`crate::snapshot`) carry it so that a report knows the policy a trace
+//! ran under. Parsing never panics: a bad key or value is a [`ConfigError`] that names it.
 
 use std::fmt;
 
@@ -53,7 +53,7 @@ pub enum BacktraceMode {
     All,
 }
 
-/// Settings of a the caching allocator (`vramscope_allocator::CachingAllocator`).
+/// Settings of the caching allocator (`vramscope_allocator::CachingAllocator`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AllocatorConfig {
     /// Placement policy.

@@ -1,12 +1,12 @@
 //! The one rule for "this out-of-memory error is fragmentation", shared by the allocator's own
-//! `OomReport` hint (`vramscope_allocator::caching`) and the inspector's `fragmentation` detector, so that a
-//! live program and a report on its snapshot never disagree about the same failure.
+//! `OomReport` hint (`vramscope_allocator::caching`) and the inspector's `fragmentation` detector,
+//! so that a live program and a report on its snapshot never disagree about the same failure.
 //!
-//! A request failed for fragmentation when the memory was there, in pieces: the cache held
-//! reserved but unallocated bytes, and those plus the device's free bytes would have covered the
-//! request. The setting that helps is `expandable_segments:True` (segments that grow in place
-//! instead of splitting), or, where that is already on, a `max_split_size_mb` at the request's
-//! size (so that large free blocks are not split by small requests).
+//! A request failed for fragmentation when the memory was there, in pieces: the cache held reserved
+//! but unallocated bytes, and those plus the device's free bytes would have covered the request.
+//! The setting that helps is `expandable_segments:True` (segments that grow in place instead of
+//! splitting), or, where that is already on, a `max_split_size_mb` at the request's size (so that
+//! large free blocks are not split by small requests).
 
 use crate::AllocatorConfig;
 

@@ -1,10 +1,10 @@
 //! The one data model of vramscope: snapshots, segments, blocks, events, call sites and steps.
 //!
 //! Everything that describes device memory is defined here, once, where the data is born. The
-//! caching allocator (`vramscope_allocator::caching`) fills these types when asked for a [`Snapshot`]; the
-//! inspector's importers convert PyTorch pickles and Chrome traces *into* them, and its
-//! detectors, reports and the dashboard read only these types. A snapshot is plain data: it can
-//! be saved and loaded as JSON and carries a [`FORMAT_VERSION`].
+//! caching allocator (`vramscope_allocator::caching`) fills these types when asked for a
+//! [`Snapshot`]; the inspector's importers convert PyTorch pickles and Chrome traces *into* them,
+//! and its detectors, reports and the dashboard read only these types. A snapshot is plain data: it
+//! can be saved and loaded as JSON and carries a [`FORMAT_VERSION`].
 
 use std::fmt;
 use std::path::Path;

@@ -1,9 +1,9 @@
-//! PyTorch-compatible memory statistics: the figures of `torch.cuda.memory_stats()` under the
-//! same names, and the aligned `memory_summary()` table.
+//! PyTorch-compatible memory statistics: the figures of `torch.cuda.memory_stats()` under the same
+//! names, and the aligned `memory_summary()` table.
 //!
-//! The caching allocator (`vramscope_allocator::caching`) updates a [`MemoryStats`] under its device lock on every allocation, free and
-//! segment change; snapshots (`crate::snapshot`) carry a copy, and the inspector prints the same
-//! table for imported files.
+//! The caching allocator (`vramscope_allocator::caching`) updates a [`MemoryStats`] under its
+//! device lock on every allocation, free and segment change; snapshots (`crate::snapshot`) carry a
+//! copy, and the inspector prints the same table for imported files.
 
 use std::fmt;
 

@@ -11,7 +11,8 @@
 //! quits. A process that goes away is shown as down with the reason, and its
 //! `crate::source::LiveSource` keeps retrying, so it comes back by itself. Nothing here touches
 //! the terminal (`crate::term::run_fleet` does), so tests drive a fleet directly and draw it
-//! with `crate::ui::fleet`.
+//! with `crate::ui::fleet`, which reads the [`Row`]s and the open dashboard's view model through
+//! `crate::view::FleetView` and imports nothing from here.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -26,7 +27,10 @@ use vramscope_telemetry::TelemetryAddr;
 use crate::app::App;
 use crate::data::{Dataset, Link, Origin};
 use crate::source::{unix_now_ns, LiveSource, Source, Update};
-use crate::ui::{self, Theme};
+use crate::theme::Theme;
+use crate::ui;
+pub use crate::view::ProcessRow as Row;
+use crate::view::{FleetSource, FleetView};
 
 /// How often a live member retries a process that is away.
 const RETRY: Duration = Duration::from_millis(500);
@@ -101,33 +105,6 @@ impl Source for Named {
     fn stop(&mut self) {
         self.inner.stop();
     }
-}
-
-/// What the table shows of one process.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Row {
-    /// The address or name the process was given by.
-    pub label: String,
-    /// The program, as its publisher introduced itself, without the device.
-    pub program: Option<String>,
-    /// The link state: `up`, `connecting…`, `down: <reason>` or `ended`.
-    pub link: String,
-    /// Whether the link is down.
-    pub down: bool,
-    /// The latest step.
-    pub step: u64,
-    /// Allocated bytes now.
-    pub allocated: u64,
-    /// Reserved bytes now.
-    pub reserved: u64,
-    /// The most bytes allocated at once so far.
-    pub peak_allocated: u64,
-    /// Out-of-memory errors seen.
-    pub ooms: usize,
-    /// Findings of the latest analysis; `None` until the first one.
-    pub findings: Option<usize>,
-    /// Seconds since the process last sent anything; `None` if it never did.
-    pub last_update_s: Option<u64>,
 }
 
 /// Several processes' dashboards behind one table. See the module documentation.
@@ -343,7 +320,7 @@ impl Fleet {
                 if !table.contains(at) {
                     return;
                 }
-                let first = ui::fleet::first_row(self, table);
+                let first = ui::fleet::first_row(self.selected, table);
                 let row = usize::from(mouse.row.saturating_sub(table.y + 2)) + first;
                 if mouse.row >= table.y + 2 && row <= last {
                     if row == self.selected {
@@ -361,6 +338,19 @@ impl Fleet {
     pub fn shutdown(&mut self) {
         for m in &mut self.members {
             m.app.shutdown();
+        }
+    }
+}
+
+impl FleetSource for Fleet {
+    fn fleet_view(&self) -> FleetView<'_> {
+        match self.open_app() {
+            Some(app) => FleetView::Open(app.view_model()),
+            None => FleetView::Table {
+                rows: self.rows(),
+                selected: self.selected,
+                theme: self.theme,
+            },
         }
     }
 }

@@ -5,7 +5,7 @@
 //! Python with torch internals, site-packages, the standard library and C++ frames. Reports
 //! name one line per finding, so [`primary_frame`] picks the innermost frame that belongs to the
 //! user, and [`SiteTable`] interns stacks into `Snapshot::sites` (the `SiteId`s that events and
-//! blocks of `vramscope_allocator::model` carry). The importers of this module's parent
+//! blocks of `vramscope_model` carry). The importers of this module's parent
 //! (`pytorch`) use both; the choice of framework paths comes from
 //! [`super::ImportOptions::framework_paths`].
 

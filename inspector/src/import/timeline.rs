@@ -2,7 +2,7 @@
 //! replaying a trace to recover the peaks of PyTorch-style statistics.
 //!
 //! `pytorch` and `chrome` both end with a list of `Event`s (the model of
-//! `vramscope_allocator::model`) and a set of step starts, found by time (annotations,
+//! `vramscope_model`) and a set of step starts, found by time (annotations,
 //! profiler slices) or by event (a step-marker function). [`assign_steps_by_time`] and
 //! [`assign_steps_at`] fill every event's `step` and build `Snapshot::steps`. A recorded trace
 //! often starts after the program allocated, so [`Track`] replays additions and removals and

@@ -4,7 +4,7 @@
 //! lists, tuples, strings, integers, floats, booleans and `None`, with strings, frame dicts and
 //! whole frame lists shared through the pickle memo. This module reads such bytes into a
 //! [`Document`], a compact arena that `crate::import::pytorch` walks through [`ValueRef`]s to
-//! build the one data model of `vramscope_allocator::model`, or into a tree of immutable
+//! build the one data model of `vramscope_model`, or into a tree of immutable
 //! [`Value`]s ([`parse`]). It never imports, constructs or calls anything: every opcode that
 //! would (`GLOBAL`, `STACK_GLOBAL`, `REDUCE`, `BUILD`, `INST`, `OBJ`, `NEWOBJ`, `NEWOBJ_EX`,
 //! the `EXT` registry, persistent ids, out-of-band buffers) is refused with a [`PickleError`]

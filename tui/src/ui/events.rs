@@ -1,10 +1,11 @@
 //! The event log: every event, scrollable, filterable by kind (`e`) and by text on kind names
 //! and call sites (`/`).
 //!
-//! The rows are the indices `crate::app::App::prepare` kept in `CursorView::events`. The row of
-//! the last event before the time cursor is highlighted and kept in view, so scrolling the
-//! timeline scrolls the log; selecting a row with the arrows and pressing Enter moves the time
-//! cursor to that event.
+//! The rows are the indices `crate::app::App::prepare` kept in
+//! `crate::view::CursorView::events`, read from the `crate::view::ViewModel` like everything
+//! else here. The row of the last event before the time cursor is highlighted and kept in view,
+//! so scrolling the timeline scrolls the log; selecting a row with the arrows and pressing Enter
+//! moves the time cursor to that event.
 
 use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
@@ -13,7 +14,7 @@ use ratatui::widgets::Widget;
 use vramscope_model::{format_bytes, Event, EventKind};
 
 use super::{clip, clip_left, panel_block, put, seconds, thousands};
-use crate::app::{App, Panel};
+use crate::view::{Panel, ViewModel};
 
 /// The row of `list` (event indices, ascending) for the last event before position `pos`.
 pub fn cursor_row(list: &[usize], pos: usize) -> usize {
@@ -22,8 +23,8 @@ pub fn cursor_row(list: &[usize], pos: usize) -> usize {
 
 /// The event log panel.
 pub struct EventsPanel<'a> {
-    /// The app.
-    pub app: &'a App,
+    /// What the frame shows.
+    pub model: &'a ViewModel<'a>,
 }
 
 fn size_text(e: &Event) -> String {
@@ -35,21 +36,21 @@ fn size_text(e: &Event) -> String {
 
 impl Widget for EventsPanel<'_> {
     fn render(self, area: Rect, buf: &mut Buffer) {
-        let app = self.app;
-        let theme = app.theme;
-        let view = app.view();
-        let data = &app.data;
+        let model = self.model;
+        let theme = model.theme;
+        let view = model.view;
+        let data = &model.data;
         let events = data.events();
         let mut title = format!(
             " Events · {} of {} · kind {} ",
             thousands(view.events.len() as u64),
             thousands(events.len() as u64),
-            app.events.kind.name()
+            model.events.kind.name()
         );
-        if !app.events.filter.is_empty() {
-            title.push_str(&format!("· /{} ", app.events.filter));
+        if !model.events.filter.is_empty() {
+            title.push_str(&format!("· /{} ", model.events.filter));
         }
-        panel_block(title, theme, app.panel == Panel::Events).render(area, buf);
+        panel_block(title, theme, model.panel == Panel::Events).render(area, buf);
         let inner = Rect::new(
             area.x + 1,
             area.y + 1,
@@ -84,9 +85,9 @@ impl Widget for EventsPanel<'_> {
             );
             return;
         }
-        let pos = app.pos();
+        let pos = model.pos;
         let cursor = cursor_row(&view.events, pos);
-        let selected = app
+        let selected = model
             .events
             .selected
             .and_then(|s| view.events.iter().position(|&i| i == s));

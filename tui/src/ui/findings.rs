@@ -12,13 +12,13 @@ use ratatui::widgets::Widget;
 use vramscope_inspector::detect::{Finding, Severity};
 
 use super::{clip, clip_left, panel_block, put};
-use crate::app::{App, Panel};
 use crate::ui::sites::scroll_for;
+use crate::view::{Panel, ViewModel};
 
 /// The findings panel.
 pub struct FindingsPanel<'a> {
-    /// The app.
-    pub app: &'a App,
+    /// What the frame shows.
+    pub model: &'a ViewModel<'a>,
     /// Drawn inside the overview.
     pub compact: bool,
 }
@@ -53,10 +53,10 @@ pub fn wrap(text: &str, width: usize) -> Vec<String> {
 
 impl Widget for FindingsPanel<'_> {
     fn render(self, area: Rect, buf: &mut Buffer) {
-        let app = self.app;
-        let theme = app.theme;
-        let view = app.view();
-        let analysis = app.analysis.as_ref();
+        let model = self.model;
+        let theme = model.theme;
+        let view = model.view;
+        let analysis = model.analysis;
         // Where the findings were evaluated: up to the cursor, or over the whole trace.
         let at = match analysis.map(|a| a.cut) {
             Some(Some(_)) => " at the cursor",
@@ -80,10 +80,10 @@ impl Widget for FindingsPanel<'_> {
             }
             None => " Findings ".to_string(),
         };
-        if !app.findings.filter.is_empty() {
-            title.push_str(&format!("· /{} ", app.findings.filter));
+        if !model.findings.filter.is_empty() {
+            title.push_str(&format!("· /{} ", model.findings.filter));
         }
-        let focused = app.panel == Panel::Findings;
+        let focused = model.panel == Panel::Findings;
         panel_block(title, theme, focused).render(area, buf);
         let inner = Rect::new(
             area.x + 1,
@@ -107,7 +107,7 @@ impl Widget for FindingsPanel<'_> {
             put(buf, inner, inner.x, inner.y, text, theme.dim());
             return;
         }
-        let selected = (!self.compact || focused).then_some(app.findings.selected);
+        let selected = (!self.compact || focused).then_some(model.findings.selected);
         // The list takes the top, the selected finding's details the rest.
         let details = !self.compact && inner.height >= 8;
         // Every error and warning fits in the list when the panel can hold them.

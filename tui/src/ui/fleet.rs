@@ -3,10 +3,11 @@
 //!
 //! [`draw`] shows, when no process is open, a title row (how many processes, how many are up
 //! and down, and the allocated and reserved bytes of them all), a bordered table with one row
-//! per process from `crate::fleet::Fleet::rows` (the selected row reversed, a process that is
-//! down in the alert style), and a help bar with the keys; when one is open it draws that
-//! process's dashboard with [`super::draw`]. Like every widget here it only reads, so the screen
-//! tests draw any fleet state into ratatui's `TestBackend`.
+//! per process (the selected row reversed, a process that is down in the alert style), and a
+//! help bar with the keys; when one is open it draws that process's dashboard with
+//! [`super::draw`]. It reads a `crate::view::FleetView`, which the fleet makes with
+//! `crate::fleet::Fleet::rows`, and never the fleet itself. Like every widget here it only
+//! reads, so the screen tests draw any fleet state into ratatui's `TestBackend`.
 
 use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
@@ -16,7 +17,7 @@ use ratatui::Frame;
 use vramscope_model::format_bytes;
 
 use super::{clip, clip_left, panel_block, put, Theme};
-use crate::fleet::{Fleet, Row};
+use crate::view::{FleetSource, FleetView, ProcessRow as Row};
 
 /// The table's area in a screen of `area`: everything but the title row and the help bar.
 pub fn table_area(area: Rect) -> Rect {
@@ -28,26 +29,41 @@ pub fn table_area(area: Rect) -> Rect {
     )
 }
 
-/// The first process shown in `table`, so that the selected one is visible.
-pub fn first_row(fleet: &Fleet, table: Rect) -> usize {
+/// The first process shown in `table`, so that the `selected` one is visible.
+pub fn first_row(selected: usize, table: Rect) -> usize {
     let visible = usize::from(table.height.saturating_sub(3)).max(1);
-    fleet.selected.saturating_sub(visible - 1)
+    selected.saturating_sub(visible - 1)
 }
 
-/// Draws the fleet: the table, or the open process's dashboard.
-pub fn draw(frame: &mut Frame<'_>, fleet: &Fleet) {
-    if let Some(app) = fleet.open_app() {
-        super::draw(frame, app);
-        return;
+/// Draws a fleet (`crate::fleet::Fleet`, or its [`FleetView`]): the table, or the open
+/// process's dashboard.
+pub fn draw<S: FleetSource + ?Sized>(frame: &mut Frame<'_>, fleet: &S) {
+    match fleet.fleet_view() {
+        FleetView::Open(model) => super::draw(frame, &model),
+        FleetView::Table {
+            rows,
+            selected,
+            theme,
+        } => {
+            let area = frame.area();
+            FleetTable {
+                rows: &rows,
+                selected,
+                theme,
+            }
+            .render(area, frame.buffer_mut());
+        }
     }
-    let area = frame.area();
-    FleetTable { fleet }.render(area, frame.buffer_mut());
 }
 
 /// The table of processes, with its title row and help bar.
 pub struct FleetTable<'a> {
-    /// The fleet.
-    pub fleet: &'a Fleet,
+    /// One row per process.
+    pub rows: &'a [Row],
+    /// The selected row.
+    pub selected: usize,
+    /// Colours or not.
+    pub theme: Theme,
 }
 
 /// The widths of the columns that do not stretch, in order after the label, program and link.
@@ -76,12 +92,11 @@ fn cells(row: &Row) -> [String; 7] {
 
 impl Widget for FleetTable<'_> {
     fn render(self, area: Rect, buf: &mut Buffer) {
-        let fleet = self.fleet;
-        let theme: Theme = fleet.theme;
+        let theme = self.theme;
         if area.height == 0 || area.width == 0 {
             return;
         }
-        let rows = fleet.rows();
+        let rows = self.rows;
         // The title row.
         let up = rows
             .iter()
@@ -189,13 +204,13 @@ impl Widget for FleetTable<'_> {
             for (text, _) in line("#", ["process", "program", "link"], &titles) {
                 x = put(buf, inner, x, inner.y, &text, theme.header());
             }
-            let first = first_row(fleet, table);
+            let first = first_row(self.selected, table);
             for (i, row) in rows.iter().enumerate().skip(first) {
                 let y = inner.y + 1 + (i - first) as u16;
                 if y >= inner.bottom() {
                     break;
                 }
-                let selected = i == fleet.selected;
+                let selected = i == self.selected;
                 let base = if selected {
                     theme.selected()
                 } else {

@@ -3,8 +3,8 @@
 //! Three rows: the source, device, capacity, step, cursor position and connection state (live,
 //! paused, disconnected since when, ended); then allocated, reserved and peak bytes as bars on
 //! the most the trace uses (the capacity is text in the first row), with their values in
-//! absolute units; then retries, OOMs and events the dashboard did not receive. Figures come from `crate::data::Dataset` at the cursor of
-//! `crate::app::App`.
+//! absolute units; then retries, OOMs and events the dashboard did not receive. Figures come
+//! from `crate::data::Dataset` at the cursor, through the `crate::view::ViewModel`.
 
 use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
@@ -13,13 +13,13 @@ use ratatui::widgets::Widget;
 use vramscope_model::format_bytes;
 
 use super::{clock, put, thousands, Theme};
-use crate::app::App;
 use crate::data::{Link, Origin};
+use crate::view::ViewModel;
 
 /// The header widget.
 pub struct Header<'a> {
-    /// The app.
-    pub app: &'a App,
+    /// What the frame shows.
+    pub model: &'a ViewModel<'a>,
 }
 
 /// A bar of `width` cells filled `value / scale`, in eighths.
@@ -45,14 +45,14 @@ pub fn bar(value: u64, scale: u64, width: usize) -> (String, String) {
 
 impl Header<'_> {
     fn state(&self) -> (String, Style) {
-        let app = self.app;
-        let theme = app.theme;
-        match &app.data.link_state {
+        let model = self.model;
+        let theme = model.theme;
+        match &model.data.link_state {
             Link::Down {
                 since_unix_ns,
                 reason,
             } => {
-                let ago = app.now_unix_ns.saturating_sub(*since_unix_ns) / 1_000_000_000;
+                let ago = model.now_unix_ns.saturating_sub(*since_unix_ns) / 1_000_000_000;
                 let _ = reason;
                 (
                     format!(
@@ -63,14 +63,14 @@ impl Header<'_> {
                 )
             }
             Link::Connecting => ("connecting…".to_string(), theme.pending()),
-            Link::Ended if app.following() => ("ended".to_string(), theme.dim()),
-            _ if app.paused => ("PAUSED".to_string(), theme.cursor()),
-            _ if app.is_live() && app.following() => ("LIVE".to_string(), theme.allocated()),
+            Link::Ended if model.following => ("ended".to_string(), theme.dim()),
+            _ if model.paused => ("PAUSED".to_string(), theme.cursor()),
+            _ if model.live && model.following => ("LIVE".to_string(), theme.allocated()),
             _ => (
                 format!(
                     "event {}/{}",
-                    thousands(app.pos() as u64),
-                    thousands(app.data.len() as u64)
+                    thousands(model.pos as u64),
+                    thousands(model.data.len() as u64)
                 ),
                 theme.cursor(),
             ),
@@ -80,11 +80,11 @@ impl Header<'_> {
 
 impl Widget for Header<'_> {
     fn render(self, area: Rect, buf: &mut Buffer) {
-        let app = self.app;
-        let theme: Theme = app.theme;
-        let data = &app.data;
+        let model = self.model;
+        let theme: Theme = model.theme;
+        let data = &model.data;
         let snapshot = data.snapshot();
-        let pos = app.pos();
+        let pos = model.pos;
         let y = area.y;
         // Row 1: identity and state.
         let kind = match data.origin() {
@@ -94,7 +94,7 @@ impl Widget for Header<'_> {
         };
         let capacity = snapshot.device.capacity;
         let (mut state, style) = self.state();
-        if let Some(peak) = app.at_peak() {
+        if let Some(peak) = model.at_peak {
             state.push(' ');
             state.push_str(peak);
         }
@@ -108,7 +108,7 @@ impl Widget for Header<'_> {
         } else {
             "cap ?".to_string()
         };
-        let step = if app.following() && data.live.stats.is_some() {
+        let step = if model.following && data.live.stats.is_some() {
             data.live.step.max(data.step_at(pos))
         } else {
             data.step_at(pos)
@@ -201,7 +201,7 @@ impl Widget for Header<'_> {
         draw_bar(x, y + 1, "Reserved", usage.reserved, theme.reserved());
         let x = draw_bar(area.x, y + 2, "Peak", peak, theme.allocated());
         let ooms_here = data.ooms().partition_point(|&i| i < pos) as u64;
-        let ooms = if app.following() {
+        let ooms = if model.following {
             ooms_here.max(stats.num_ooms)
         } else {
             ooms_here
@@ -245,7 +245,7 @@ impl Widget for Header<'_> {
             area,
             x,
             y + 2,
-            &format!("  {} blocks", thousands(app.view().live_blocks)),
+            &format!("  {} blocks", thousands(model.view.live_blocks)),
             theme.dim(),
         );
     }

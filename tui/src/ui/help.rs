@@ -10,12 +10,14 @@ use ratatui::style::Style;
 use ratatui::widgets::{Clear, Widget};
 
 use super::{panel_block, put, Theme};
-use crate::app::{App, Panel};
+use crate::view::{Panel, ViewModel, ViewSource};
 
-/// The keys that apply in `panel` (with a detail or tree view open or not), most useful first.
-pub fn keys_for(app: &App) -> Vec<(&'static str, &'static str)> {
+/// The keys that apply in the panel shown (with a detail or tree view open or not), most useful
+/// first; `source` is a `crate::app::App` or its [`ViewModel`].
+pub fn keys_for<S: ViewSource + ?Sized>(source: &S) -> Vec<(&'static str, &'static str)> {
+    let model = source.view_model();
     let mut keys = vec![("q", "quit"), ("?", "help"), ("Tab", "panel")];
-    match app.panel {
+    match model.panel {
         Panel::Overview | Panel::Timeline => {
             keys.extend([
                 ("P", "peak"),
@@ -31,12 +33,12 @@ pub fn keys_for(app: &App) -> Vec<(&'static str, &'static str)> {
             ("[ ]", "step"),
             ("←→", "step"),
         ]),
-        Panel::Sites if app.sites.detail => {
+        Panel::Sites if model.sites.detail => {
             keys.extend([("Esc", "back"), ("f", "framework"), ("[ ]", "step")]);
         }
         Panel::Sites => keys.extend([
             ("↑↓", "select"),
-            ("Enter", if app.sites.tree { "fold" } else { "stack" }),
+            ("Enter", if model.sites.tree { "fold" } else { "stack" }),
             ("o", "sort"),
             ("t", "tree"),
             ("f", "framework"),
@@ -50,8 +52,8 @@ pub fn keys_for(app: &App) -> Vec<(&'static str, &'static str)> {
             ("/", "filter"),
         ]),
     }
-    if app.is_live() {
-        keys.push(("p", if app.paused { "resume" } else { "pause" }));
+    if model.live {
+        keys.push(("p", if model.paused { "resume" } else { "pause" }));
     }
     keys.extend([("End", "now"), ("s", "save")]);
     keys
@@ -59,18 +61,18 @@ pub fn keys_for(app: &App) -> Vec<(&'static str, &'static str)> {
 
 /// The help bar.
 pub struct HelpBar<'a> {
-    /// The app.
-    pub app: &'a App,
+    /// What the frame shows.
+    pub model: &'a ViewModel<'a>,
 }
 
 impl Widget for HelpBar<'_> {
     fn render(self, area: Rect, buf: &mut Buffer) {
-        let app = self.app;
-        let theme = app.theme;
+        let model = self.model;
+        let theme = model.theme;
         if area.height == 0 {
             return;
         }
-        if let Some(input) = &app.input {
+        if let Some(input) = model.input {
             let x = put(buf, area, area.x, area.y, " / ", theme.key());
             let x = put(buf, area, x, area.y, &input.text, Style::new());
             let x = put(buf, area, x, area.y, "▏", theme.cursor());
@@ -85,10 +87,10 @@ impl Widget for HelpBar<'_> {
             return;
         }
         let mut x = area.x;
-        if let Some(status) = app.status_text() {
+        if let Some(status) = model.status {
             x = put(buf, area, x, area.y, &format!(" {status} "), theme.cursor());
             x = put(buf, area, x, area.y, "│", theme.dim());
-        } else if let Some(intro) = &app.intro {
+        } else if let Some(intro) = model.intro {
             // Until the first key: what is running, then the two keys everyone needs.
             x = put(buf, area, x, area.y, " ?", theme.key());
             x = put(buf, area, x, area.y, " help", theme.dim());
@@ -97,7 +99,7 @@ impl Widget for HelpBar<'_> {
             put(buf, area, x, area.y, &format!("│ {intro}"), theme.cursor());
             return;
         }
-        for (key, what) in keys_for(app) {
+        for (key, what) in keys_for(model) {
             let needed = (key.chars().count() + what.chars().count() + 2) as u16;
             if x + needed > area.right() {
                 break;

@@ -1,14 +1,15 @@
-//! Drawing: the screen layout, the colour theme, and one widget per panel.
+//! Drawing: the screen layout and one widget per panel.
 //!
 //! [`draw`] lays the screen out with [`layout`] (header, tab bar, panel body, help bar; the
 //! overview panel is a grid that grows with the terminal) and renders each part with the
 //! widgets of the submodules, each an `impl Widget`: [`header`], [`timeline`], [`segments`],
 //! [`sites`], [`findings`], [`events`] and [`help`]; [`fleet`] draws the table of several
-//! processes that `vramscope top ADDR ADDR...` shows. Widgets read the `crate::app::App` (after
-//! `App::prepare`) and the `crate::data::Dataset` and never change them, so the screen tests can
-//! render any state into ratatui's `TestBackend`. [`Theme`] holds every style; with `NO_COLOR`
-//! set it uses no colour at all, only bold, dim and reverse, and the panels also tell states
-//! apart by their characters.
+//! processes that `vramscope top ADDR ADDR...` shows. Widgets read a `crate::view::ViewModel`
+//! (plain data and references to the `crate::data::Dataset`, made by `crate::app::App` after
+//! `App::prepare`) and never change anything, so the screen tests can render any state into
+//! ratatui's `TestBackend`. Nothing here imports `crate::app` or `crate::fleet`: they import
+//! this module for the layout and the mouse, never the other way round. [`Theme`] (from
+//! `crate::theme`) holds every style.
 
 pub mod events;
 pub mod findings;
@@ -21,124 +22,12 @@ pub mod timeline;
 
 use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
-use ratatui::style::{Color, Modifier, Style};
+use ratatui::style::{Modifier, Style};
 use ratatui::widgets::{Block, Borders, Widget};
 use ratatui::Frame;
-use vramscope_inspector::detect::Severity;
 
-use crate::app::{App, Panel};
-
-/// Every style the dashboard uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Theme {
-    /// Whether to use colours.
-    pub color: bool,
-}
-
-impl Theme {
-    /// Colours unless `NO_COLOR` is set to a non-empty value.
-    pub fn from_env() -> Theme {
-        Theme {
-            color: std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
-        }
-    }
-
-    /// A theme with colours.
-    pub fn colored() -> Theme {
-        Theme { color: true }
-    }
-
-    /// A theme without colours.
-    pub fn plain() -> Theme {
-        Theme { color: false }
-    }
-
-    fn fg(self, color: Color) -> Style {
-        if self.color {
-            Style::new().fg(color)
-        } else {
-            Style::new()
-        }
-    }
-
-    /// Allocated bytes and blocks.
-    pub fn allocated(self) -> Style {
-        self.fg(Color::Green)
-    }
-
-    /// Reserved bytes.
-    pub fn reserved(self) -> Style {
-        self.fg(Color::Blue)
-    }
-
-    /// The capacity line and OOM marks.
-    pub fn capacity(self) -> Style {
-        self.fg(Color::Red)
-    }
-
-    /// Pending-free blocks.
-    pub fn pending(self) -> Style {
-        self.fg(Color::Yellow)
-    }
-
-    /// Free space in segments that hold live blocks (inactive split).
-    pub fn split(self) -> Style {
-        self.fg(Color::Magenta)
-    }
-
-    /// Free space in segments without live blocks.
-    pub fn free(self) -> Style {
-        if self.color {
-            Style::new().fg(Color::DarkGray)
-        } else {
-            Style::new().add_modifier(Modifier::DIM)
-        }
-    }
-
-    /// Panel titles.
-    pub fn title(self) -> Style {
-        self.fg(Color::Cyan).add_modifier(Modifier::BOLD)
-    }
-
-    /// The selected row.
-    pub fn selected(self) -> Style {
-        Style::new().add_modifier(Modifier::REVERSED)
-    }
-
-    /// Secondary text.
-    pub fn dim(self) -> Style {
-        self.free()
-    }
-
-    /// Key names in the help bar.
-    pub fn key(self) -> Style {
-        self.fg(Color::Yellow).add_modifier(Modifier::BOLD)
-    }
-
-    /// Column headers.
-    pub fn header(self) -> Style {
-        Style::new().add_modifier(Modifier::BOLD)
-    }
-
-    /// Alerts: disconnection, OOMs, errors.
-    pub fn alert(self) -> Style {
-        self.fg(Color::Red).add_modifier(Modifier::BOLD)
-    }
-
-    /// The time cursor.
-    pub fn cursor(self) -> Style {
-        self.fg(Color::Yellow).add_modifier(Modifier::BOLD)
-    }
-
-    /// A finding's severity.
-    pub fn severity(self, severity: Severity) -> Style {
-        match severity {
-            Severity::Error => self.alert(),
-            Severity::Warning => self.fg(Color::Yellow).add_modifier(Modifier::BOLD),
-            Severity::Info => self.fg(Color::Blue),
-        }
-    }
-}
+pub use crate::theme::Theme;
+use crate::view::{Panel, ViewModel, ViewSource};
 
 /// Where everything goes on the screen.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -259,18 +148,18 @@ pub fn tab_at(tabs: Rect, x: u16) -> Option<Panel> {
 
 /// The tab bar.
 pub struct Tabs<'a> {
-    /// The app.
-    pub app: &'a App,
+    /// What the frame shows.
+    pub model: &'a ViewModel<'a>,
 }
 
 impl Widget for Tabs<'_> {
     fn render(self, area: Rect, buf: &mut Buffer) {
-        let theme = self.app.theme;
+        let theme = self.model.theme;
         for (p, x, label) in tab_spans(area) {
             if x >= area.right() {
                 break;
             }
-            let style = if p == self.app.panel {
+            let style = if p == self.model.panel {
                 theme.selected().add_modifier(Modifier::BOLD)
             } else {
                 theme.dim()
@@ -280,27 +169,29 @@ impl Widget for Tabs<'_> {
     }
 }
 
-/// Draws the whole screen.
-pub fn draw(frame: &mut Frame<'_>, app: &App) {
+/// Draws the whole screen of `source`: a `crate::app::App` (after `App::prepare`) or its
+/// [`ViewModel`].
+pub fn draw<S: ViewSource + ?Sized>(frame: &mut Frame<'_>, source: &S) {
+    let model = &source.view_model();
     let area = frame.area();
-    let l = layout(area, app.panel);
+    let l = layout(area, model.panel);
     let buf = frame.buffer_mut();
-    header::Header { app }.render(l.header, buf);
-    Tabs { app }.render(l.tabs, buf);
+    header::Header { model }.render(l.header, buf);
+    Tabs { model }.render(l.tabs, buf);
     for (panel, rect) in &l.panels {
-        let compact = app.panel == Panel::Overview;
+        let compact = model.panel == Panel::Overview;
         match panel {
-            Panel::Timeline => timeline::TimelinePanel { app, compact }.render(*rect, buf),
-            Panel::Segments => segments::SegmentsPanel { app, compact }.render(*rect, buf),
-            Panel::Sites => sites::SitesPanel { app, compact }.render(*rect, buf),
-            Panel::Findings => findings::FindingsPanel { app, compact }.render(*rect, buf),
-            Panel::Events => events::EventsPanel { app }.render(*rect, buf),
+            Panel::Timeline => timeline::TimelinePanel { model, compact }.render(*rect, buf),
+            Panel::Segments => segments::SegmentsPanel { model, compact }.render(*rect, buf),
+            Panel::Sites => sites::SitesPanel { model, compact }.render(*rect, buf),
+            Panel::Findings => findings::FindingsPanel { model, compact }.render(*rect, buf),
+            Panel::Events => events::EventsPanel { model }.render(*rect, buf),
             Panel::Overview => {}
         }
     }
-    help::HelpBar { app }.render(l.help, buf);
-    if app.help {
-        help::HelpPopup { theme: app.theme }.render(area, buf);
+    help::HelpBar { model }.render(l.help, buf);
+    if model.help {
+        help::HelpPopup { theme: model.theme }.render(area, buf);
     }
 }
 

@@ -5,7 +5,7 @@
 //! `▓`, inactive split `▒` (free space in a segment that still holds live blocks, which
 //! `empty_cache()` cannot release) or free `·` (a segment with no live block). The title sums
 //! the segments up. The state comes from `crate::data::Dataset::state_at` through
-//! `crate::app::App::state_for_draw`.
+//! `crate::view::ViewModel::state` (which `crate::app::App` fills from its cache).
 
 use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
@@ -14,7 +14,7 @@ use ratatui::widgets::Widget;
 use vramscope_model::{format_bytes, Pool};
 
 use super::{panel_block, put, thousands, Theme};
-use crate::app::{App, Panel};
+use crate::view::{Panel, ViewModel};
 use vramscope_engine::{MemoryState, SegmentInfo};
 
 /// The state of one cell.
@@ -107,18 +107,18 @@ pub fn short_address(addr: u64) -> String {
 
 /// The segment-map panel.
 pub struct SegmentsPanel<'a> {
-    /// The app.
-    pub app: &'a App,
+    /// What the frame shows.
+    pub model: &'a ViewModel<'a>,
     /// Drawn inside the overview.
     pub compact: bool,
 }
 
 impl Widget for SegmentsPanel<'_> {
     fn render(self, area: Rect, buf: &mut Buffer) {
-        let app = self.app;
-        let theme = app.theme;
-        let state = app.state_for_draw();
-        let figures = app.view().segments;
+        let model = self.model;
+        let theme = model.theme;
+        let state = model.state;
+        let figures = model.view.segments;
         let count = state.segments.len();
         let title = format!(
             " Segments · {} · reserved {} · allocated {} · inactive split {} · largest free {} ",
@@ -128,7 +128,7 @@ impl Widget for SegmentsPanel<'_> {
             format_bytes(figures.split_bytes),
             format_bytes(figures.largest_free),
         );
-        let focused = app.panel == Panel::Segments;
+        let focused = model.panel == Panel::Segments;
         panel_block(title, theme, focused).render(area, buf);
         let inner = Rect::new(
             area.x + 1,
@@ -178,7 +178,7 @@ impl Widget for SegmentsPanel<'_> {
                 .width
                 .saturating_sub(label_w + if wide { 12 } else { 0 }),
         );
-        let scroll = app.segment_scroll.min(count.saturating_sub(1));
+        let scroll = model.segment_scroll.min(count.saturating_sub(1));
         let more_below = count > scroll + rows;
         let shown = if more_below {
             rows.saturating_sub(1)

@@ -1,10 +1,11 @@
 //! The call-site panel: live memory at the time cursor by `file:line`, as a sortable table, a
 //! detail view of one site (its stacks and blocks), or a tree of all stacks.
 //!
-//! The rows come from `crate::app::CursorView::sites` (grouped, filtered and sorted by
-//! `crate::app::App::prepare`), growth per step from the analysis of `crate::analysis`. Enter
-//! opens the selected site: every stack recorded for it, innermost frame first, framework frames
-//! dimmed (or hidden with `f`), then its live blocks. `t` switches to the tree of stacks, with
+//! The rows come from `crate::view::CursorView::sites` (grouped, filtered and sorted by
+//! `crate::app::App::prepare`, read through the `crate::view::ViewModel`), growth per step from
+//! the analysis of `crate::analysis`. Enter opens the selected site: every stack recorded for
+//! it, innermost frame first, framework frames dimmed (or hidden with `f`), then its live
+//! blocks. `t` switches to the tree of stacks, with
 //! the bytes under every frame; Enter there folds or unfolds the selected frame (`▸` folded,
 //! `▾` open).
 
@@ -16,12 +17,12 @@ use vramscope_inspector::import::sites::{is_framework_frame, DEFAULT_FRAMEWORK_P
 use vramscope_model::format_bytes;
 
 use super::{clip, clip_left, panel_block, put, thousands};
-use crate::app::{App, Panel};
+use crate::view::{Panel, ViewModel};
 
 /// The call-site panel.
 pub struct SitesPanel<'a> {
-    /// The app.
-    pub app: &'a App,
+    /// What the frame shows.
+    pub model: &'a ViewModel<'a>,
     /// Drawn inside the overview.
     pub compact: bool,
 }
@@ -47,23 +48,23 @@ pub fn scroll_for(selected: usize, rows: usize) -> usize {
 
 impl Widget for SitesPanel<'_> {
     fn render(self, area: Rect, buf: &mut Buffer) {
-        let app = self.app;
-        let theme = app.theme;
-        let view = app.view();
+        let model = self.model;
+        let theme = model.theme;
+        let view = model.view;
         let mut title = format!(" Call sites · {} ", thousands(view.sites.len() as u64));
         if !self.compact {
-            title.push_str(&format!("· sort {} ", app.sites.sort.name()));
-            if app.sites.tree {
+            title.push_str(&format!("· sort {} ", model.sites.sort.name()));
+            if model.sites.tree {
                 title.push_str("· tree ");
             }
-            if app.sites.hide_framework {
+            if model.sites.hide_framework {
                 title.push_str("· framework hidden ");
             }
         }
-        if !app.sites.filter.is_empty() {
-            title.push_str(&format!("· /{} ", app.sites.filter));
+        if !model.sites.filter.is_empty() {
+            title.push_str(&format!("· /{} ", model.sites.filter));
         }
-        let focused = app.panel == Panel::Sites;
+        let focused = model.panel == Panel::Sites;
         panel_block(title, theme, focused).render(area, buf);
         let inner = Rect::new(
             area.x + 1,
@@ -74,9 +75,9 @@ impl Widget for SitesPanel<'_> {
         if inner.height == 0 || inner.width < 20 {
             return;
         }
-        if !self.compact && app.sites.tree {
+        if !self.compact && model.sites.tree {
             self.tree(inner, buf);
-        } else if !self.compact && app.sites.detail {
+        } else if !self.compact && model.sites.detail {
             self.detail(inner, buf);
         } else {
             self.table(inner, buf);
@@ -85,8 +86,8 @@ impl Widget for SitesPanel<'_> {
 }
 
 /// The header of the bytes column: where the holdings are counted.
-fn live_header(app: &App) -> &'static str {
-    if app.pos() >= app.data.len() {
+fn live_header(model: &ViewModel) -> &'static str {
+    if model.pos >= model.data.len() {
         "At end"
     } else {
         "At cursor"
@@ -95,12 +96,12 @@ fn live_header(app: &App) -> &'static str {
 
 impl SitesPanel<'_> {
     fn table(&self, inner: Rect, buf: &mut Buffer) {
-        let app = self.app;
-        let theme = app.theme;
-        let view = app.view();
-        let groups = app.data.groups();
+        let model = self.model;
+        let theme = model.theme;
+        let view = model.view;
+        let groups = model.data.groups();
         let wide = inner.width >= 110;
-        let live = live_header(app);
+        let live = live_header(model);
         let header = if wide {
             format!(
                 "{:>10} {:>8} {:>10} {:>11} {:>9}  {:<40} {}",
@@ -115,7 +116,7 @@ impl SitesPanel<'_> {
         put(buf, inner, inner.x, inner.y, &header, theme.header());
         let rows = usize::from(inner.height - 1);
         if view.sites.is_empty() {
-            let text = if app.sites.filter.is_empty() {
+            let text = if model.sites.filter.is_empty() {
                 "no live blocks at the cursor"
             } else {
                 "no call site matches the filter (Esc clears it)"
@@ -123,8 +124,8 @@ impl SitesPanel<'_> {
             put(buf, inner, inner.x, inner.y + 1, text, theme.dim());
             return;
         }
-        let selected = if app.panel == Panel::Sites && !self.compact {
-            Some(app.sites.selected)
+        let selected = if model.panel == Panel::Sites && !self.compact {
+            Some(model.sites.selected)
         } else {
             None
         };
@@ -186,10 +187,10 @@ impl SitesPanel<'_> {
     }
 
     fn detail(&self, inner: Rect, buf: &mut Buffer) {
-        let app = self.app;
-        let theme = app.theme;
-        let view = app.view();
-        let Some(row) = view.sites.get(app.sites.selected) else {
+        let model = self.model;
+        let theme = model.theme;
+        let view = model.view;
+        let Some(row) = view.sites.get(model.sites.selected) else {
             put(
                 buf,
                 inner,
@@ -200,9 +201,9 @@ impl SitesPanel<'_> {
             );
             return;
         };
-        let groups = app.data.groups();
+        let groups = model.data.groups();
         let g = groups.get(row.group);
-        let snapshot = app.data.snapshot();
+        let snapshot = model.data.snapshot();
         let mut y = inner.y;
         let bottom = inner.bottom();
         let mut line = |y: &mut u16, text: &str, style: Style| {
@@ -245,7 +246,7 @@ impl SitesPanel<'_> {
                     break;
                 }
                 let fw = is_framework_frame(f, &framework);
-                if fw && app.sites.hide_framework {
+                if fw && model.sites.hide_framework {
                     continue;
                 }
                 let text = format!("  {}:{}  {}", f.file, f.line, f.function);
@@ -261,7 +262,7 @@ impl SitesPanel<'_> {
             ),
             theme.header(),
         );
-        let state = app.state_for_draw();
+        let state = model.state;
         let mut shown = 0;
         let total = row.blocks as usize;
         for (&addr, b) in &state.blocks {
@@ -299,9 +300,9 @@ impl SitesPanel<'_> {
     }
 
     fn tree(&self, inner: Rect, buf: &mut Buffer) {
-        let app = self.app;
-        let theme = app.theme;
-        let view = app.view();
+        let model = self.model;
+        let theme = model.theme;
+        let view = model.view;
         put(
             buf,
             inner,
@@ -309,7 +310,7 @@ impl SitesPanel<'_> {
             inner.y,
             &format!(
                 "{:>10} {:>8}  Stack (outermost frame first)",
-                live_header(app),
+                live_header(model),
                 "Blocks"
             ),
             theme.header(),
@@ -326,7 +327,7 @@ impl SitesPanel<'_> {
             );
             return;
         }
-        let selected = (app.panel == Panel::Sites).then_some(app.sites.selected);
+        let selected = (model.panel == Panel::Sites).then_some(model.sites.selected);
         let first = scroll_for(selected.unwrap_or(0), rows);
         for (i, r) in view.tree.iter().enumerate().skip(first).take(rows) {
             let y = inner.y + 1 + (i - first) as u16;

@@ -2,7 +2,7 @@
 //! marks, OOMs and the time cursor.
 //!
 //! Each column of the plot covers a range of events of the zoom window that
-//! `crate::app::App::window` chooses; it shows the highest allocated bytes in the range as solid
+//! `crate::view::window` chooses; it shows the highest allocated bytes in the range as solid
 //! blocks (in eighths of a cell) and the highest reserved bytes above them as shade. The y axis
 //! is in absolute units and scales to the data, or to the capacity with `c`; the capacity is a
 //! line when it is on the scale. The bottom row marks step starts with their numbers and the
@@ -15,7 +15,7 @@ use ratatui::widgets::Widget;
 use vramscope_model::format_bytes;
 
 use super::{panel_block, put, thousands};
-use crate::app::{App, Panel};
+use crate::view::{Panel, ViewModel};
 use vramscope_engine::Usage;
 
 /// Width of the y-axis labels.
@@ -59,21 +59,21 @@ pub fn columns(usage: &[Usage], a: usize, b: usize, columns: usize) -> Vec<Usage
 
 /// The timeline panel.
 pub struct TimelinePanel<'a> {
-    /// The app.
-    pub app: &'a App,
+    /// What the frame shows.
+    pub model: &'a ViewModel<'a>,
     /// Drawn inside the overview.
     pub compact: bool,
 }
 
 impl Widget for TimelinePanel<'_> {
     fn render(self, area: Rect, buf: &mut Buffer) {
-        let app = self.app;
-        let theme = app.theme;
-        let data = &app.data;
+        let model = self.model;
+        let theme = model.theme;
+        let data = &model.data;
         let plot = plot_area(area);
-        let (a, b) = app.window(usize::from(plot.width));
+        let (a, b) = model.window(usize::from(plot.width));
         let n = data.len();
-        let zoom = if app.zoom > 0 && b - a < n {
+        let zoom = if model.zoom > 0 && b - a < n {
             format!(" · zoom ×{}", n / (b - a).max(1))
         } else {
             String::new()
@@ -101,7 +101,7 @@ impl Widget for TimelinePanel<'_> {
             thousands(a as u64),
             thousands(b as u64)
         );
-        let focused = app.panel == Panel::Timeline || !self.compact;
+        let focused = model.panel == Panel::Timeline || !self.compact;
         panel_block(title, theme, focused).render(area, buf);
         if plot.width < 2 || plot.height < 1 {
             return;
@@ -130,7 +130,7 @@ impl Widget for TimelinePanel<'_> {
             .map(|u| u.allocated.max(u.reserved))
             .max()
             .unwrap_or(0);
-        let ymax = if app.capacity_scale && capacity > 0 {
+        let ymax = if model.capacity_scale && capacity > 0 {
             capacity.max(data_max)
         } else {
             (data_max + data_max / 10).max(1)
@@ -160,7 +160,7 @@ impl Widget for TimelinePanel<'_> {
             .then(|| h - 1 - ((capacity as f64 / ymax as f64 * h as f64) as usize).min(h - 1));
         const PARTS: [&str; 9] = [" ", "▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"];
         let scale = |v: u64| ((v as f64 / ymax as f64) * (h * 8) as f64).round() as usize;
-        let pos = app.pos();
+        let pos = model.pos;
         let cursor_col =
             (pos >= a && pos <= b && b > a).then(|| ((pos - a) * w / (b - a)).min(w - 1));
         for (j, u) in cols.iter().enumerate() {

@@ -2,12 +2,12 @@
 //! from replaying its trace with PyTorch's block sizes and pools.
 //!
 //! `super::convert` calls [`compute_stats`] once the events have their block sizes
-//! (`crate::replay::size_blocks`), and `crate::devices` calls it again for each device of a
+//! (`vramscope_replay::size_blocks`), and `crate::devices` calls it again for each device of a
 //! multi-device file. The pools follow PyTorch's rules: requests up to 1 MiB are small, a
 //! segment's size or page size names its pool; `super::super::timeline::TrackArray` keeps each
 //! statistic's current value, peak and totals.
 
-use vramscope_allocator::{
+use vramscope_model::{
     AllocatorConfig, BlockState, Event, EventKind, MemoryStats, Pool, Segment, Stat, StatArray,
 };
 

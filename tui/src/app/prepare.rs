@@ -1,0 +1,285 @@
+//! The view at the time cursor: what the panels show, computed when something changed.
+//!
+//! [`App::prepare`] fills the app's `crate::view::CursorView`: live blocks grouped by call site
+//! (`crate::data::Dataset::groups`), filtered and sorted as the user chose, with growth per step
+//! from the analysis; the stack tree when it is shown; the indices of the events and findings
+//! that pass their filters; and figures about the segments. A key of the choices it was
+//! computed with lets a redraw with nothing changed skip all of it. `crate::ui` then draws from
+//! that view through `App::view_model`.
+
+use std::collections::{BTreeSet, HashMap};
+
+use ratatui::layout::Rect;
+use rustc_hash::FxHashMap;
+use vramscope_inspector::import::sites::is_framework_frame;
+use vramscope_model::SiteId;
+
+use super::App;
+use crate::ui;
+use crate::view::{CursorView, Panel, SegmentFigures, SiteRow, SiteSort, TreeRow};
+
+impl App {
+    fn view_key(&self) -> String {
+        format!(
+            "{:?}|{:?}|{}|{:?}|{}|{}|{}|{:?}|{}|{}|{:?}",
+            self.panel == Panel::Events,
+            self.sites.sort,
+            self.sites.tree,
+            self.sites.collapsed,
+            self.sites.hide_framework,
+            self.sites.filter,
+            self.events.filter,
+            self.events.kind,
+            self.findings.filter,
+            self.analysis.as_ref().map_or(0, |a| a.version),
+            self.analysis.as_ref().map(|a| a.cut),
+        )
+    }
+
+    /// Prepares a frame of `area`: remembers the area (for the mouse), the rows a page of the
+    /// panel's list holds (for the page keys), and computes the view with [`App::prepare`].
+    pub fn prepare_frame(&mut self, area: Rect) {
+        self.area = area;
+        let layout = ui::layout(area, self.panel);
+        self.page_rows = usize::from(layout.body.height.saturating_sub(3)).max(1);
+        self.prepare();
+    }
+
+    /// Computes what the panels need at the cursor, when the data, the cursor or a choice
+    /// changed since the last call.
+    pub fn prepare(&mut self) {
+        let pos = self.pos();
+        // Keep the state at the cursor at hand for drawing, even when nothing else changed.
+        let _ = self.data.state_at(pos);
+        let version = self.data.version();
+        let key = self.view_key();
+        if self.view.pos == pos && self.view.version == version && self.view.key == key {
+            return;
+        }
+        let growth = self.analysis.as_ref().map(|a| &a.growth);
+        let groups = self.data.groups().clone();
+        let state = self.data.state_at(pos);
+        // Live blocks by group and by site.
+        let mut by_group: FxHashMap<u32, SiteRow> = FxHashMap::default();
+        let mut by_site: FxHashMap<Option<SiteId>, (u64, u64)> = FxHashMap::default();
+        let mut live_blocks = 0u64;
+        for b in state.blocks.values() {
+            live_blocks += 1;
+            let g = groups.of_block(b);
+            let row = by_group.entry(g).or_insert(SiteRow {
+                group: g,
+                bytes: 0,
+                blocks: 0,
+                requested: 0,
+                first_step: b.step,
+                last_step: b.step,
+                growth: None,
+            });
+            row.bytes += b.size;
+            row.blocks += 1;
+            row.requested += b.requested;
+            row.first_step = row.first_step.min(b.step);
+            row.last_step = row.last_step.max(b.step);
+            if self.sites.tree {
+                let s = by_site.entry(b.site).or_insert((0, 0));
+                s.0 += b.size;
+                s.1 += 1;
+            }
+        }
+        let filter = self.sites.filter.to_lowercase();
+        let mut sites: Vec<SiteRow> = by_group
+            .into_values()
+            .filter(|r| {
+                filter.is_empty() || {
+                    let g = groups.get(r.group);
+                    g.label().to_lowercase().contains(&filter)
+                        || g.function.to_lowercase().contains(&filter)
+                }
+            })
+            .map(|mut r| {
+                r.growth = growth.and_then(|m| m.get(&r.group).copied());
+                r
+            })
+            .collect();
+        let label = |r: &SiteRow| groups.get(r.group).label().to_string();
+        match self.sites.sort {
+            SiteSort::Bytes => {
+                sites.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(label(a).cmp(&label(b))))
+            }
+            SiteSort::Blocks => {
+                sites.sort_by(|a, b| b.blocks.cmp(&a.blocks).then(label(a).cmp(&label(b))))
+            }
+            SiteSort::Growth => sites.sort_by(|a, b| {
+                let ga = a.growth.unwrap_or(f64::MIN);
+                let gb = b.growth.unwrap_or(f64::MIN);
+                gb.total_cmp(&ga).then(b.bytes.cmp(&a.bytes))
+            }),
+            SiteSort::Name => sites.sort_by_key(label),
+        }
+        let segments = SegmentFigures::of(state);
+        let tree = if self.sites.tree {
+            self.build_tree(&by_site, &filter)
+        } else {
+            Vec::new()
+        };
+        // The event log's rows cost a pass over every event: only while it is shown.
+        let events = if self.panel == Panel::Events {
+            self.filtered_events()
+        } else {
+            Vec::new()
+        };
+        let findings = self.filtered_findings();
+        self.view = CursorView {
+            pos,
+            version,
+            sites,
+            tree,
+            live_blocks,
+            events,
+            findings,
+            segments,
+            key,
+        };
+        let rows = if self.sites.tree {
+            self.view.tree.len()
+        } else {
+            self.view.sites.len()
+        };
+        self.sites.selected = self.sites.selected.min(rows.saturating_sub(1));
+        self.findings.selected = self
+            .findings
+            .selected
+            .min(self.view.findings.len().saturating_sub(1));
+    }
+
+    fn build_tree(
+        &self,
+        by_site: &FxHashMap<Option<SiteId>, (u64, u64)>,
+        filter: &str,
+    ) -> Vec<TreeRow> {
+        #[derive(Default)]
+        struct Node {
+            bytes: u64,
+            blocks: u64,
+            framework: bool,
+            children: HashMap<String, Node>,
+        }
+        let snapshot = self.data.snapshot();
+        let mut root = Node::default();
+        for (site, &(bytes, blocks)) in by_site {
+            let mut path: Vec<(String, bool)> = Vec::new();
+            match snapshot.site(*site) {
+                Some(s) if !s.frames.is_empty() => {
+                    for f in s.frames.iter().rev() {
+                        let framework = is_framework_frame(f, &self.framework_paths);
+                        if framework && self.sites.hide_framework {
+                            continue;
+                        }
+                        let name = if f.function.is_empty() {
+                            "?"
+                        } else {
+                            &f.function
+                        };
+                        path.push((format!("{name} ({}:{})", f.file, f.line), framework));
+                    }
+                }
+                Some(s) if s.function.is_empty() => path.push((s.file_line(), false)),
+                Some(s) => path.push((format!("{} ({})", s.function, s.file_line()), false)),
+                None => path.push(("(unknown site)".to_string(), false)),
+            }
+            if !filter.is_empty() && !path.iter().any(|(l, _)| l.to_lowercase().contains(filter)) {
+                continue;
+            }
+            let mut node = &mut root;
+            for (label, framework) in path {
+                node = node.children.entry(label).or_default();
+                node.framework = framework;
+                node.bytes += bytes;
+                node.blocks += blocks;
+            }
+        }
+        fn flatten(
+            node: &Node,
+            depth: usize,
+            parent: &str,
+            collapsed: &BTreeSet<String>,
+            out: &mut Vec<TreeRow>,
+        ) {
+            let mut kids: Vec<(&String, &Node)> = node.children.iter().collect();
+            kids.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.0.cmp(b.0)));
+            for (label, child) in kids {
+                let path = if parent.is_empty() {
+                    label.clone()
+                } else {
+                    format!("{parent}\u{1f}{label}")
+                };
+                let folded = collapsed.contains(&path);
+                out.push(TreeRow {
+                    depth,
+                    label: label.clone(),
+                    bytes: child.bytes,
+                    blocks: child.blocks,
+                    framework: child.framework,
+                    path: path.clone(),
+                    has_children: !child.children.is_empty(),
+                    collapsed: folded,
+                });
+                if !folded {
+                    flatten(child, depth + 1, &path, collapsed, out);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        flatten(&root, 0, "", &self.sites.collapsed, &mut out);
+        out
+    }
+
+    fn filtered_events(&self) -> Vec<usize> {
+        let filter = self.events.filter.to_lowercase();
+        let kind = self.events.kind;
+        let snapshot = self.data.snapshot();
+        let groups = self.data.groups();
+        let site_match: Vec<bool> = if filter.is_empty() {
+            Vec::new()
+        } else {
+            groups
+                .all()
+                .iter()
+                .map(|g| {
+                    g.label().to_lowercase().contains(&filter)
+                        || g.function.to_lowercase().contains(&filter)
+                })
+                .collect()
+        };
+        snapshot
+            .events
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| kind.accepts(e.kind))
+            .filter(|(_, e)| {
+                filter.is_empty()
+                    || e.kind.name().contains(&filter)
+                    || site_match[groups.of(e.site) as usize]
+            })
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    fn filtered_findings(&self) -> Vec<usize> {
+        let Some(a) = &self.analysis else {
+            return Vec::new();
+        };
+        let filter = self.findings.filter.to_lowercase();
+        a.findings
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| {
+                filter.is_empty()
+                    || f.kind.as_str().contains(&filter)
+                    || f.site_label().to_lowercase().contains(&filter)
+                    || f.summary.to_lowercase().contains(&filter)
+            })
+            .map(|(i, _)| i)
+            .collect()
+    }
+}
