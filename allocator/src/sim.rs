@@ -114,6 +114,7 @@ const PLAN_LOOKAHEAD: usize = 16;
 
 /// The highest end a planned range may have: far above any GPU virtual address (they use 47 to
 /// 57 bits), far below where fresh addresses above the plan would overflow.
+#[cfg(any(test, feature = "replay"))]
 const PLAN_LIMIT: u64 = 1 << 60;
 
 /// What a simulated device has handed out, for leak checks in tests.
@@ -188,6 +189,7 @@ impl SimDevice {
         device
     }
 
+    #[cfg(any(test, feature = "replay"))]
     /// Makes raw allocations take the addresses another run's got: `plan` lists that run's
     /// `(size, address)` in order. A `malloc` of a size the plan has among its next entries takes
     /// that entry's address (dropping the entries before it), unless the range is still in use

@@ -829,6 +829,7 @@ fn table_additions_are_the_tables_past_what_is_known() {
 }
 
 #[test]
+#[cfg(feature = "replay")]
 fn restored_segments_hold_their_blocks_and_serve_the_gaps() {
     let (device, alloc) = phantom(1 << 30, "");
     let base = alloc

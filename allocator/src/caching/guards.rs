@@ -146,6 +146,7 @@ impl<B: Backend> Exclusive<'_, B> {
             .map(|handle| handle.addr)
     }
 
+    #[cfg(any(test, feature = "replay"))]
     /// The size of the block that the raw pointer `addr` (from [`Exclusive::alloc_ptr`])
     /// points to, while it is allocated: what PyTorch's `allocated_bytes` counts for it (the
     /// request rounded, or a whole free block that was not worth splitting).

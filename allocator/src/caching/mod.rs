@@ -34,7 +34,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::backend::{Backend, StreamId};
 use crate::clock::Clock;
 use crate::config::{AllocatorConfig, BacktraceMode};
-use crate::model::{EventKind, Pool, StepMark};
+use crate::model::{EventKind, StepMark};
 use crate::provenance::{self, NIL};
 use crate::sync::{Mutex, MutexGuard};
 
@@ -313,6 +313,7 @@ impl<B: Backend> CachingAllocator<B> {
         }
     }
 
+    #[cfg(any(test, feature = "replay"))]
     /// Recreates a segment as it stood at some moment of another run: one raw allocation of
     /// `size` bytes for `stream` in `pool`, with a live block of `(offset, size, requested)` at
     /// each given offset and free blocks in between. Returns the segment's new base address; a
@@ -324,7 +325,7 @@ impl<B: Backend> CachingAllocator<B> {
         &self,
         size: u64,
         stream: StreamId,
-        pool: Pool,
+        pool: crate::model::Pool,
         blocks: &[(u64, u64, u64)],
     ) -> Result<u64, AllocError> {
         let mut sorted: Vec<(u64, u64, u64)> = blocks.to_vec();
@@ -526,6 +527,7 @@ mod tests {
     use super::state::BlockMeta;
     use super::*;
     use crate::config::MIB;
+    use crate::model::Pool;
 
     #[test]
     fn block_metadata_fits_64_bytes_with_its_map_entry() {
