@@ -206,27 +206,43 @@ impl Widget for TimelinePanel<'_> {
                 .set_symbol("X")
                 .set_style(theme.alert());
         }
-        // Step marks and the cursor on the bottom row.
+        if plot.bottom() < area.bottom() - 1 {
+            self.step_row(area, plot, (a, b), cursor_col, buf);
+        }
+    }
+}
+
+impl TimelinePanel<'_> {
+    /// The row under the plot of `area`: step starts in the window `a..b` as marks, labelled
+    /// as often as they fit, and the cursor's column (`cursor_col`) as `▲`.
+    fn step_row(
+        &self,
+        area: Rect,
+        plot: Rect,
+        (a, b): (usize, usize),
+        cursor_col: Option<usize>,
+        buf: &mut Buffer,
+    ) {
+        let theme = self.model.theme;
+        let w = usize::from(plot.width);
         let axis_y = plot.bottom();
-        if axis_y < area.bottom() - 1 {
-            let axis = Rect::new(plot.x, axis_y, plot.width, 1);
-            let marks: Vec<(u64, u16)> = in_window(data.step_starts(), |s| s.1, a, b)
-                .iter()
-                .map(|&(step, i)| (step, plot.x + ((i - a) * w / (b - a)) as u16))
-                .collect();
-            for &(_, x) in &marks {
-                buf[(x, axis_y)].set_symbol("╵").set_style(theme.dim());
-            }
-            let every = label_every(&marks, axis.right());
-            for &(step, x) in marks.iter().filter(|m| m.0 % every == 0) {
-                put(buf, axis, x + 1, axis_y, &step.to_string(), theme.dim());
-            }
-            put(buf, area, inner_x, axis_y, "     step ", theme.dim());
-            if let Some(j) = cursor_col {
-                buf[(plot.x + j as u16, axis_y)]
-                    .set_symbol("▲")
-                    .set_style(theme.cursor());
-            }
+        let axis = Rect::new(plot.x, axis_y, plot.width, 1);
+        let marks: Vec<(u64, u16)> = in_window(self.model.data.step_starts(), |s| s.1, a, b)
+            .iter()
+            .map(|&(step, i)| (step, plot.x + ((i - a) * w / (b - a)) as u16))
+            .collect();
+        for &(_, x) in &marks {
+            buf[(x, axis_y)].set_symbol("╵").set_style(theme.dim());
+        }
+        let every = label_every(&marks, axis.right());
+        for &(step, x) in marks.iter().filter(|m| m.0 % every == 0) {
+            put(buf, axis, x + 1, axis_y, &step.to_string(), theme.dim());
+        }
+        put(buf, area, area.x + 1, axis_y, "     step ", theme.dim());
+        if let Some(j) = cursor_col {
+            buf[(plot.x + j as u16, axis_y)]
+                .set_symbol("▲")
+                .set_style(theme.cursor());
         }
     }
 }
