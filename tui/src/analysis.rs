@@ -5,8 +5,10 @@
 //! step lately. [`analyze`] computes one from a snapshot, a pure function that tests call
 //! directly; [`Analyzer`] runs it on a background thread so that the dashboard (`crate::app`)
 //! keeps drawing while a large trace is analysed, and hands back the latest result. The
-//! snapshot comes from `crate::data::Dataset`, either shared (the whole data) or cut at the time
-//! cursor.
+//! snapshot comes from `crate::data::Dataset`, shared; to analyse the data up to the time
+//! cursor, [`analyze`] cuts it there itself (`crate::data::cut_snapshot`, a copy of every event
+//! before the cursor), so that the dashboard's loop only hands over the shared snapshot and the
+//! segments at the cursor and never waits for the copy.
 
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
@@ -15,7 +17,10 @@ use rustc_hash::FxHashMap;
 use vramscope_engine::GroupId;
 use vramscope_inspector::detect::{self, DetectOptions, Finding};
 use vramscope_inspector::model_view::ModelView;
+use vramscope_model::Segment;
 use vramscope_model::Snapshot;
+
+use crate::data::cut_snapshot;
 
 /// Steps over which growth per step is averaged.
 const GROWTH_WINDOW: u32 = 8;
@@ -37,21 +42,31 @@ pub struct Analysis {
 /// A request for an analysis.
 #[derive(Clone, Debug)]
 pub struct Job {
-    /// The snapshot to analyse.
+    /// All the data, shared with the dashboard.
     pub snapshot: Arc<Snapshot>,
-    /// Its position, passed through to the result.
-    pub cut: Option<usize>,
+    /// The position to analyse the data up to, with the segments there (passed through to the
+    /// result); `None` analyses all of it.
+    pub cut: Option<(usize, Vec<Segment>)>,
     /// The dataset version, passed through to the result.
     pub version: u64,
 }
 
-/// Runs every detector on `job.snapshot` and measures growth per call site.
+/// Runs every detector on `job.snapshot` (cut where the job says) and measures growth per call
+/// site.
 pub fn analyze(job: &Job) -> Analysis {
-    let view = ModelView::new(&job.snapshot);
+    let cut;
+    let snapshot = match &job.cut {
+        Some((pos, segments)) => {
+            cut = cut_snapshot(&job.snapshot, *pos, segments.clone());
+            &cut
+        }
+        None => &*job.snapshot,
+    };
+    let view = ModelView::new(snapshot);
     let mut findings = Vec::new();
     detect::run_all_view(&view, &DetectOptions::default(), &mut findings);
     Analysis {
-        cut: job.cut,
+        cut: job.cut.as_ref().map(|(pos, _)| *pos),
         version: job.version,
         findings,
         growth: growth(&view),

@@ -8,7 +8,9 @@
 //! and derives everything else with the inspector's engine (`vramscope_inspector::engine`):
 //! the start state reconstructed once, frees paired with their allocations, the allocated and
 //! reserved bytes after every event, call-site groups, and the segments and live blocks at any
-//! cursor position. So the dashboard shows the figures `report` prints, at every event.
+//! cursor position. So the dashboard shows the figures `report` prints, at every event. A
+//! min/max pyramid over the usage series (`crate::pyramid`) answers the timeline's "highest
+//! bytes in these events" in O(log n), however many events there are.
 //!
 //! Positions are counts of events applied: position `k` is the state after the first `k`
 //! events, so `0` is the state before the first event and `len()` the latest.
@@ -16,14 +18,31 @@
 use std::sync::Arc;
 
 use vramscope_engine::{FreeLink, MemoryState, Pair, Pairing, SiteGroups, Usage};
-use vramscope_model::{Event, EventKind, MemoryStats, Snapshot, StepMark};
+use vramscope_model::{Event, EventKind, MemoryStats, Segment, Snapshot, StepMark};
 use vramscope_telemetry::TablesFrame;
+
+use crate::pyramid::{Extremes, Pyramid};
 
 /// The most events undone to move the cursor back, rather than starting from a checkpoint.
 const UNDO_LIMIT: usize = 4096;
 
-/// The most checkpoints kept; past that every other one is dropped.
+/// Past this many checkpoints of appended events, once they hold more than one block or segment
+/// per [`EVENTS_PER_ITEM`] events, every other one is dropped (a live source's memory).
 const MAX_CHECKPOINTS: usize = 64;
+
+/// The fewest events between two checkpoints.
+const CHECKPOINT_MIN: usize = 16_384;
+
+/// Events between a checkpoint and the next per block or segment in its state: a small state
+/// costs little to keep, so its checkpoints come often and a jump replays few events; a large
+/// one's come no further apart than the old fixed interval. Checkpoints hold at most one block
+/// or segment per this many events beyond that (about 6 bytes an event).
+const EVENTS_PER_ITEM: usize = 16;
+
+/// The blocks and segments of a state: what keeping or cloning it costs, about.
+fn items(state: &MemoryState) -> usize {
+    state.blocks.len() + state.segments.len()
+}
 
 /// Where the data comes from, for the header.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,6 +101,8 @@ pub struct Dataset {
     head: MemoryState,
     start_usage: Usage,
     usage: Vec<Usage>,
+    /// The extremes of `usage` by bucket, for ranges of it.
+    pyramid: Pyramid,
     peaks: Vec<Usage>,
     checkpoints: Vec<(usize, MemoryState)>,
     checkpoint_every: usize,
@@ -89,9 +110,14 @@ pub struct Dataset {
     pairing: Pairing,
     step_starts: Vec<(u64, usize)>,
     ooms: Vec<usize>,
+    /// The kind of every event, apart from the events (see [`Dataset::kinds`]).
+    kinds: Vec<EventKind>,
     groups: SiteGroups,
     cache: Option<(usize, MemoryState)>,
     version: u64,
+    /// Changes when anything but appended events changes what the events say (see
+    /// [`Dataset::epoch`]).
+    epoch: u64,
     /// Whether `snapshot.segments` still describe the head state.
     segments_current: bool,
     /// The most events kept; older ones are dropped in chunks (live sources).
@@ -111,6 +137,7 @@ impl Dataset {
             head: MemoryState::default(),
             start_usage: Usage::default(),
             usage: Vec::new(),
+            pyramid: Pyramid::default(),
             peaks: Vec::new(),
             checkpoints: Vec::new(),
             checkpoint_every: 16_384,
@@ -118,9 +145,11 @@ impl Dataset {
             pairing: Pairing::new(),
             step_starts: Vec::new(),
             ooms: Vec::new(),
+            kinds: Vec::new(),
             groups: SiteGroups::new(),
             cache: None,
             version: 0,
+            epoch: 0,
             segments_current: true,
             max_events: 4 << 20,
             live: LiveFigures::default(),
@@ -138,12 +167,19 @@ impl Dataset {
 
     fn load(&mut self, snapshot: Snapshot) {
         let n = snapshot.events.len();
-        self.checkpoint_every = (n / 48).clamp(16_384, 1 << 20);
+        self.checkpoint_every = (n / 48).clamp(CHECKPOINT_MIN, 1 << 20);
+        let widest = self.checkpoint_every;
         let mut checkpoints = Vec::new();
-        let walk =
-            vramscope_engine::Reconstruction::new(&snapshot, self.checkpoint_every, &mut |k, s| {
+        // The walk goes from the end backwards: a state is kept when the checkpoint above it is
+        // as far as its size asks for.
+        let mut above = usize::MAX;
+        let walk = vramscope_engine::Reconstruction::new(&snapshot, CHECKPOINT_MIN, &mut |k, s| {
+            let gap = (items(s) * EVENTS_PER_ITEM).clamp(CHECKPOINT_MIN, widest);
+            if above - k >= gap {
                 checkpoints.push((k, s.clone()));
-            });
+                above = k;
+            }
+        });
         self.head = walk.end;
         self.start_usage = walk.start.usage();
         checkpoints.push((0, walk.start));
@@ -156,15 +192,17 @@ impl Dataset {
             peaks.push(peak);
         }
         self.usage = walk.usage;
+        self.pyramid = Pyramid::new(&self.usage);
         self.peaks = peaks;
         self.checkpoints = checkpoints;
         self.link = walk.links;
         self.pairing = walk.pairing;
-        self.ooms = snapshot
-            .events
+        self.kinds = snapshot.events.iter().map(|e| e.kind).collect();
+        self.ooms = self
+            .kinds
             .iter()
             .enumerate()
-            .filter(|(_, e)| e.kind == EventKind::Oom)
+            .filter(|(_, &k)| k == EventKind::Oom)
             .map(|(i, _)| i)
             .collect();
         self.groups = SiteGroups::from_sites(&snapshot.sites);
@@ -173,6 +211,7 @@ impl Dataset {
         self.snapshot = Arc::new(snapshot);
         self.step_starts = step_starts(&self.snapshot);
         self.version += 1;
+        self.epoch += 1;
     }
 
     /// Appends events that happened after the last one (a live source).
@@ -193,6 +232,7 @@ impl Dataset {
             peak.allocated = peak.allocated.max(u.allocated);
             peak.reserved = peak.reserved.max(u.reserved);
             self.usage.push(u);
+            self.pyramid.push(u);
             self.peaks.push(peak);
             match e.kind {
                 EventKind::Step => {
@@ -207,13 +247,15 @@ impl Dataset {
                 EventKind::Oom => self.ooms.push(i),
                 _ => {}
             }
+            self.kinds.push(e.kind);
             snapshot.events.push(*e);
             let len = i + 1;
             if len.is_multiple_of(self.checkpoint_every) {
                 self.checkpoints.push((len, self.head.clone()));
             }
         }
-        if self.checkpoints.len() > MAX_CHECKPOINTS {
+        let held: usize = self.checkpoints.iter().map(|(_, s)| items(s)).sum();
+        if self.checkpoints.len() > MAX_CHECKPOINTS && held > self.len() / EVENTS_PER_ITEM {
             self.checkpoint_every *= 2;
             let every = self.checkpoint_every;
             self.checkpoints.retain(|(k, _)| k.is_multiple_of(every));
@@ -254,6 +296,7 @@ impl Dataset {
         snapshot.dropped_events += count as u64;
         self.start_usage = self.usage[count - 1];
         self.usage.drain(..count);
+        self.pyramid = Pyramid::new(&self.usage);
         self.peaks.drain(..count);
         self.link.drain(..count);
         for l in &mut self.link {
@@ -274,12 +317,14 @@ impl Dataset {
         for s in &mut self.step_starts {
             s.1 -= count;
         }
+        self.kinds.drain(..count);
         self.ooms.retain(|&i| i >= count);
         for i in &mut self.ooms {
             *i -= count;
         }
         self.cache = None;
         self.version += 1;
+        self.epoch += 1;
     }
 
     /// Applies table additions from a live source.
@@ -288,6 +333,7 @@ impl Dataset {
         tables.apply_to(snapshot);
         self.groups.sync(&snapshot.sites);
         self.version += 1;
+        self.epoch += 1;
     }
 
     /// Records statistics from a live source.
@@ -323,28 +369,17 @@ impl Dataset {
         if pos == self.len() {
             return (*self.shared_snapshot()).clone();
         }
+        let (full, segments) = self.cut_at(pos);
+        cut_snapshot(&full, pos, segments)
+    }
+
+    /// What [`Dataset::snapshot_at`] needs of the dataset itself for a position `pos` before
+    /// the end, without copying events: the whole snapshot, shared, and the segments at `pos`.
+    /// [`cut_snapshot`] makes the snapshot from them, wherever the copy does not hold up the
+    /// dashboard (the analysis thread of `crate::analysis`).
+    pub fn cut_at(&mut self, pos: usize) -> (Arc<Snapshot>, Vec<Segment>) {
         let segments = self.state_at(pos).to_segments();
-        let s = &self.snapshot;
-        let last_seq = pos.checked_sub(1).map(|i| s.events[i].seq);
-        let mut cut = Snapshot::empty(s.source, s.device.clone());
-        cut.format_version = s.format_version;
-        cut.config = s.config.clone();
-        cut.stats = s.stats;
-        cut.epoch_unix_ns = s.epoch_unix_ns;
-        cut.segments = segments;
-        cut.events = s.events[..pos].to_vec();
-        cut.dropped_events = s.dropped_events;
-        cut.sites = s.sites.clone();
-        cut.tags = s.tags.clone();
-        cut.scopes = s.scopes.clone();
-        cut.steps = s
-            .steps
-            .iter()
-            .filter(|m| last_seq.is_some_and(|q| m.seq <= q))
-            .cloned()
-            .collect();
-        cut.annotations = s.annotations.clone();
-        cut
+        (Arc::clone(&self.snapshot), segments)
     }
 
     /// Where the data comes from.
@@ -370,6 +405,14 @@ impl Dataset {
     /// A number that changes whenever the data changes.
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    /// A number that changes when the events change other than by new ones at the end: a new
+    /// snapshot, old events dropped (every index moves), new call-site tables (events may name
+    /// other groups). Lists derived event by event (the event log's rows,
+    /// `crate::app::App::prepare`) are only extended while it stays the same.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// The call-site groups.
@@ -420,6 +463,12 @@ impl Dataset {
         &self.usage
     }
 
+    /// The lowest and highest allocated and reserved bytes after events `a..b` (the usage
+    /// series' `usage()[a..b]`), in O(log n); `None` for an empty range.
+    pub fn usage_extremes(&self, a: usize, b: usize) -> Option<Extremes> {
+        self.pyramid.range(&self.usage, a, b)
+    }
+
     /// Usage before the first event.
     pub fn start_usage(&self) -> Usage {
         self.start_usage
@@ -433,6 +482,12 @@ impl Dataset {
     /// Indices of OOM events.
     pub fn ooms(&self) -> &[usize] {
         &self.ooms
+    }
+
+    /// The kind of every event, in a column of its own: a pass over the kinds (the event log's
+    /// kind filter) reads two bytes an event rather than the whole events.
+    pub fn kinds(&self) -> &[EventKind] {
+        &self.kinds
     }
 
     /// The step number at position `pos`: that of the next event (so that a cursor at a step
@@ -458,14 +513,18 @@ impl Dataset {
         if pos == n {
             return &self.head;
         }
-        // A little behind the cached state: undo events rather than start from a checkpoint.
-        let back = matches!(&self.cache, Some((k, _)) if *k > pos && *k - pos <= UNDO_LIMIT);
-        let ahead =
-            matches!(&self.cache, Some((k, _)) if *k <= pos && pos - *k <= self.checkpoint_every);
-        if !back && !ahead {
-            let at = self.checkpoints.partition_point(|(k, _)| *k <= pos);
-            let (k, state) = &self.checkpoints[at.saturating_sub(1)];
-            self.cache = Some((*k, state.clone()));
+        // Start from the cached state (undoing a few events back, or applying events forward)
+        // or from the checkpoint before `pos`, whichever touches fewer events and blocks.
+        let at = self.checkpoints.partition_point(|(k, _)| *k <= pos);
+        let (ck, checkpoint) = &self.checkpoints[at.saturating_sub(1)];
+        let from_checkpoint = items(checkpoint) + (pos - ck);
+        let reuse = match &self.cache {
+            Some((k, _)) if *k > pos => *k - pos <= UNDO_LIMIT.min(from_checkpoint),
+            Some((k, _)) => pos - *k <= from_checkpoint,
+            None => false,
+        };
+        if !reuse {
+            self.cache = Some((*ck, checkpoint.clone()));
         }
         let events = &self.snapshot.events;
         if let Some((k, state)) = &mut self.cache {
@@ -502,6 +561,33 @@ impl Dataset {
     pub fn head(&self) -> &MemoryState {
         &self.head
     }
+}
+
+/// The snapshot of the first `pos` events of `full`, whose segments were `segments` then (see
+/// [`Dataset::cut_at`]): a copy of those events, the tables and the step marks up to them.
+pub fn cut_snapshot(full: &Snapshot, pos: usize, segments: Vec<Segment>) -> Snapshot {
+    let s = full;
+    let pos = pos.min(s.events.len());
+    let last_seq = pos.checked_sub(1).map(|i| s.events[i].seq);
+    let mut cut = Snapshot::empty(s.source, s.device.clone());
+    cut.format_version = s.format_version;
+    cut.config = s.config.clone();
+    cut.stats = s.stats;
+    cut.epoch_unix_ns = s.epoch_unix_ns;
+    cut.segments = segments;
+    cut.events = s.events[..pos].to_vec();
+    cut.dropped_events = s.dropped_events;
+    cut.sites = s.sites.clone();
+    cut.tags = s.tags.clone();
+    cut.scopes = s.scopes.clone();
+    cut.steps = s
+        .steps
+        .iter()
+        .filter(|m| last_seq.is_some_and(|q| m.seq <= q))
+        .cloned()
+        .collect();
+    cut.annotations = s.annotations.clone();
+    cut
 }
 
 /// Step starts of a snapshot: each step mark at the first event with its sequence number.
@@ -560,11 +646,64 @@ mod tests {
         assert_eq!(grown.len(), whole.len());
         assert_eq!(grown.usage(), whole.usage());
         assert_eq!(grown.step_starts(), whole.step_starts());
+        assert_eq!(grown.kinds(), whole.kinds());
+        let kinds_of = |d: &Dataset| d.events().iter().map(|e| e.kind).collect::<Vec<_>>();
+        assert_eq!(grown.kinds(), kinds_of(&grown));
         assert_eq!(grown.head().usage(), whole.head().usage());
+        let extremes = |d: &Dataset, a: usize, b: usize| {
+            assert_eq!(
+                d.usage_extremes(a, b),
+                Extremes::scan(&d.usage()[a..b]),
+                "range {a}..{b} of {}",
+                d.len()
+            );
+        };
+        let n = grown.len();
+        for (a, b) in [(0, n), (1, n - 1), (n / 3, n / 2), (n - 17, n), (5, 5)] {
+            extremes(&grown, a, b);
+        }
         grown.trim_front(half / 2);
         assert_eq!(grown.len(), whole.len() - half / 2);
         assert_eq!(grown.state_at(0).usage(), whole.usage_at(half / 2));
         let k = grown.len() - 3;
         assert_eq!(grown.state_at(k).usage(), whole.usage_at(k + half / 2));
+        assert_eq!(grown.kinds(), kinds_of(&grown));
+        let n = grown.len();
+        for (a, b) in [(0, n), (2, n - 40), (n / 4, n / 4 + 33)] {
+            extremes(&grown, a, b);
+        }
+    }
+
+    /// Over a trace with many checkpoints, the state at any position, reached from wherever
+    /// the last one was (forwards, backwards, far or near), has the usage the series says.
+    #[test]
+    fn random_access_agrees_with_the_usage_series_over_many_checkpoints() {
+        let mut data = Dataset::new(
+            fixture::many_blocks_snapshot(30_000),
+            Origin::File("f".into()),
+        );
+        let n = data.len();
+        assert!(n > 3 * CHECKPOINT_MIN, "{n} events");
+        assert!(
+            data.checkpoints.len() > 3,
+            "{} checkpoints",
+            data.checkpoints.len()
+        );
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut pos = n / 2;
+        for i in 0..120 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            pos = match i % 3 {
+                // A jump anywhere.
+                0 => (x % (n as u64 + 1)) as usize,
+                // A few events back or forward.
+                1 => (pos + (x % 64) as usize).saturating_sub(32).min(n),
+                // A timeline column on.
+                _ => (pos + n / 190).min(n),
+            };
+            assert_eq!(data.state_at(pos).usage(), data.usage_at(pos), "at {pos}");
+        }
     }
 }

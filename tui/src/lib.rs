@@ -10,18 +10,20 @@
 //! line only calls these entry points.
 //!
 //! Inside, `data` keeps the growing snapshot and the state after any event (with `replay`),
-//! `source` turns telemetry frames and allocator pulls into updates, `analysis` runs the
-//! detectors off the UI thread, `app` holds the user's choices, computes the view at the cursor
-//! and reacts to keys, `fleet` holds one dashboard per process behind a table, `view` is the
-//! plain view model the two hand to `ui`, `ui` draws one widget per panel from that view model
-//! alone, `theme` holds the styles, and `term` owns the terminal. `fixture` builds the fixed
-//! data the screen tests and benchmarks use.
+//! `pyramid` answers range queries on its usage series for the timeline, `source` turns
+//! telemetry frames and allocator pulls into updates, `analysis` runs the detectors off the UI
+//! thread, `app` holds the user's choices, computes the view at the cursor and reacts to keys,
+//! `fleet` holds one dashboard per process behind a table, `view` is the plain view model the
+//! two hand to `ui`, `ui` draws one widget per panel from that view model alone, `theme` holds
+//! the styles, and `term` owns the terminal. `fixture` builds the fixed data the screen tests
+//! and benchmarks use.
 
 pub mod analysis;
 pub mod app;
 pub mod data;
 pub mod fixture;
 pub mod fleet;
+pub mod pyramid;
 pub mod source;
 pub mod term;
 pub mod theme;

@@ -268,7 +268,8 @@ pub struct CursorView {
     pub tree: Vec<TreeRow>,
     /// Live blocks at the cursor.
     pub live_blocks: u64,
-    /// Indices of events passing the event log's filters.
+    /// Indices of events passing the event log's filters, ascending (kept up to date while the
+    /// event log is shown; the cursor does not change them).
     pub events: Vec<usize>,
     /// Indices into the analysis findings passing the findings filter.
     pub findings: Vec<usize>,

@@ -203,7 +203,7 @@ impl App {
                 let current = self
                     .events
                     .selected
-                    .and_then(|s| list.iter().position(|&i| i == s))
+                    .and_then(|s| list.binary_search(&s).ok())
                     .unwrap_or_else(|| ui::events::cursor_row(list, self.pos()));
                 let row = clamp(current, delta, list.len());
                 self.events.selected = Some(list[row]);

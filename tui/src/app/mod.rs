@@ -10,11 +10,13 @@
 //! directly.
 //!
 //! The submodules add to [`App`]: `prepare` computes the view at the cursor (call-site rows, the
-//! stack tree, the filtered event and finding lists), `cursor` moves the time cursor (steps,
-//! peaks, zoom, pause, the device switch) and `input` turns keys and the mouse into those moves
-//! and choices. The choice types live in `crate::view` and are re-exported here.
+//! stack tree, the filtered finding list, and through `event_rows` the event log's rows, kept
+//! across cursor moves), `cursor` moves the time cursor (steps, peaks, zoom, pause, the device
+//! switch) and `input` turns keys and the mouse into those moves and choices. The choice types
+//! live in `crate::view` and are re-exported here.
 
 mod cursor;
+mod event_rows;
 mod input;
 mod prepare;
 
@@ -82,6 +84,8 @@ pub struct App {
     /// The terminal area of the last frame, for the mouse.
     pub area: Rect,
     view: CursorView,
+    /// What `view.events` was computed from (`event_rows`), if it was.
+    event_rows_key: Option<event_rows::RowsKey>,
     framework_paths: Vec<String>,
     last_request: Option<(Option<usize>, u64, Instant)>,
     cursor_moved: Option<Instant>,
@@ -131,6 +135,7 @@ impl App {
             save_dir: PathBuf::from("."),
             area: Rect::new(0, 0, 80, 24),
             view: CursorView::default(),
+            event_rows_key: None,
             framework_paths: DEFAULT_FRAMEWORK_PATHS
                 .iter()
                 .map(|s| s.to_string())
@@ -252,9 +257,13 @@ impl App {
     fn job(&mut self) -> Job {
         let cut = self.cursor.filter(|&c| c < self.data.len());
         let version = self.data.version();
-        let snapshot = match cut {
-            Some(pos) => std::sync::Arc::new(self.data.snapshot_at(pos)),
-            None => self.data.shared_snapshot(),
+        // The copy of the events before the cursor is the analysis thread's to make.
+        let (snapshot, cut) = match cut {
+            Some(pos) => {
+                let (snapshot, segments) = self.data.cut_at(pos);
+                (snapshot, Some((pos, segments)))
+            }
+            None => (self.data.shared_snapshot(), None),
         };
         Job {
             snapshot,

@@ -2,10 +2,12 @@
 //!
 //! [`App::prepare`] fills the app's `crate::view::CursorView`: live blocks grouped by call site
 //! (`crate::data::Dataset::groups`), filtered and sorted as the user chose, with growth per step
-//! from the analysis; the stack tree when it is shown; the indices of the events and findings
-//! that pass their filters; and figures about the segments. A key of the choices it was
-//! computed with lets a redraw with nothing changed skip all of it. `crate::ui` then draws from
-//! that view through `App::view_model`.
+//! from the analysis; the stack tree when it is shown; the indices of the findings that pass
+//! their filter; and figures about the segments. A key of the choices it was computed with lets
+//! a redraw with nothing changed skip all of it. The event log's rows do not depend on the
+//! cursor: `crate::app::event_rows` keeps them from frame to frame and redoes them only when
+//! the filters or the events change. Nothing here costs a pass over every event on a cursor
+//! move. `crate::ui` then draws from that view through `App::view_model`.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -14,6 +16,7 @@ use rustc_hash::FxHashMap;
 use vramscope_inspector::import::sites::is_framework_frame;
 use vramscope_model::SiteId;
 
+use super::event_rows::{self, RowsKey};
 use super::App;
 use crate::ui;
 use crate::view::{CursorView, Panel, SegmentFigures, SiteRow, SiteSort, TreeRow};
@@ -21,15 +24,12 @@ use crate::view::{CursorView, Panel, SegmentFigures, SiteRow, SiteSort, TreeRow}
 impl App {
     fn view_key(&self) -> String {
         format!(
-            "{:?}|{:?}|{}|{:?}|{}|{}|{}|{:?}|{}|{}|{:?}",
-            self.panel == Panel::Events,
+            "{:?}|{}|{:?}|{}|{}|{}|{}|{:?}",
             self.sites.sort,
             self.sites.tree,
             self.sites.collapsed,
             self.sites.hide_framework,
             self.sites.filter,
-            self.events.filter,
-            self.events.kind,
             self.findings.filter,
             self.analysis.as_ref().map_or(0, |a| a.version),
             self.analysis.as_ref().map(|a| a.cut),
@@ -51,6 +51,11 @@ impl App {
         let pos = self.pos();
         // Keep the state at the cursor at hand for drawing, even when nothing else changed.
         let _ = self.data.state_at(pos);
+        // The event log's rows, only while it is shown: the first time they cost a pass over
+        // every event, later only what changed.
+        if self.panel == Panel::Events {
+            self.update_event_rows();
+        }
         let version = self.data.version();
         let key = self.view_key();
         if self.view.pos == pos && self.view.version == version && self.view.key == key {
@@ -122,12 +127,6 @@ impl App {
         } else {
             Vec::new()
         };
-        // The event log's rows cost a pass over every event: only while it is shown.
-        let events = if self.panel == Panel::Events {
-            self.filtered_events()
-        } else {
-            Vec::new()
-        };
         let findings = self.filtered_findings();
         self.view = CursorView {
             pos,
@@ -135,7 +134,7 @@ impl App {
             sites,
             tree,
             live_blocks,
-            events,
+            events: std::mem::take(&mut self.view.events),
             findings,
             segments,
             key,
@@ -234,35 +233,16 @@ impl App {
         out
     }
 
-    fn filtered_events(&self) -> Vec<usize> {
-        let filter = self.events.filter.to_lowercase();
-        let kind = self.events.kind;
-        let snapshot = self.data.snapshot();
-        let groups = self.data.groups();
-        let site_match: Vec<bool> = if filter.is_empty() {
-            Vec::new()
-        } else {
-            groups
-                .all()
-                .iter()
-                .map(|g| {
-                    g.label().to_lowercase().contains(&filter)
-                        || g.function.to_lowercase().contains(&filter)
-                })
-                .collect()
-        };
-        snapshot
-            .events
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| kind.accepts(e.kind))
-            .filter(|(_, e)| {
-                filter.is_empty()
-                    || e.kind.name().contains(&filter)
-                    || site_match[groups.of(e.site) as usize]
-            })
-            .map(|(i, _)| i)
-            .collect()
+    /// Brings the event log's rows up to date with its filters and the data.
+    fn update_event_rows(&mut self) {
+        let key = RowsKey::new(self.events.kind, &self.events.filter, &self.data);
+        if self.event_rows_key.as_ref() == Some(&key) {
+            return;
+        }
+        let old = std::mem::take(&mut self.view.events);
+        let old_key = self.event_rows_key.take();
+        self.view.events = event_rows::rows(&self.data, old, old_key.as_ref(), &key);
+        self.event_rows_key = Some(key);
     }
 
     fn filtered_findings(&self) -> Vec<usize> {

@@ -90,7 +90,7 @@ impl Widget for EventsPanel<'_> {
         let selected = model
             .events
             .selected
-            .and_then(|s| view.events.iter().position(|&i| i == s));
+            .and_then(|s| view.events.binary_search(&s).ok());
         let focus = selected.unwrap_or(cursor);
         let first = focus
             .saturating_sub(rows / 2)

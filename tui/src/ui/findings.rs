@@ -11,7 +11,7 @@ use ratatui::style::Style;
 use ratatui::widgets::Widget;
 use vramscope_inspector::detect::{Finding, Severity};
 
-use super::{clip, clip_left, panel_block, put};
+use super::{clip, clip_left, panel_block, put, Theme};
 use crate::ui::sites::scroll_for;
 use crate::view::{Panel, ViewModel};
 
@@ -173,46 +173,59 @@ impl Widget for FindingsPanel<'_> {
         else {
             return;
         };
-        let mut y = inner.y + list_rows;
-        put(buf, inner, inner.x, y, &"─".repeat(width), theme.dim());
-        y += 1;
-        let bottom = inner.bottom();
-        let mut line = |y: &mut u16, text: &str, style: Style| {
-            if *y < bottom {
-                put(buf, inner, inner.x, *y, text, style);
-                *y += 1;
-            }
-        };
-        let head = format!(
-            "{} {} at {} {}",
-            badge(f.severity).trim(),
-            f.kind.as_str(),
-            f.site_label(),
-            f.function
+        let below = Rect::new(
+            inner.x,
+            inner.y + list_rows,
+            inner.width,
+            inner.height - list_rows,
         );
-        line(&mut y, &head, theme.severity(f.severity));
-        for l in wrap(&f.summary, width) {
-            line(&mut y, &l, Style::new());
-        }
-        for (n, l) in wrap(&f.fix, width.saturating_sub(5)).iter().enumerate() {
-            let prefix = if n == 0 { "fix: " } else { "     " };
-            line(&mut y, &format!("{prefix}{l}"), theme.allocated());
-        }
-        if !f.evidence.is_empty() {
-            let ev: Vec<String> = f
-                .evidence
-                .entries()
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect();
-            for l in wrap(&format!("evidence: {}", ev.join("  ")), width) {
-                line(&mut y, &l, theme.dim());
-            }
-        }
-        line(
-            &mut y,
-            "(Enter: show this call site's stacks and blocks)",
-            theme.dim(),
-        );
+        draw_details(f, below, buf, theme);
     }
+}
+
+/// The selected finding in full below the list, in `area`: a rule, then its headline, summary,
+/// fix and evidence, each wrapped to the width.
+fn draw_details(f: &Finding, area: Rect, buf: &mut Buffer, theme: Theme) {
+    let width = usize::from(area.width);
+    let mut y = area.y;
+    put(buf, area, area.x, y, &"─".repeat(width), theme.dim());
+    y += 1;
+    let bottom = area.bottom();
+    let mut line = |y: &mut u16, text: &str, style: Style| {
+        if *y < bottom {
+            put(buf, area, area.x, *y, text, style);
+            *y += 1;
+        }
+    };
+    let head = format!(
+        "{} {} at {} {}",
+        badge(f.severity).trim(),
+        f.kind.as_str(),
+        f.site_label(),
+        f.function
+    );
+    line(&mut y, &head, theme.severity(f.severity));
+    for l in wrap(&f.summary, width) {
+        line(&mut y, &l, Style::new());
+    }
+    for (n, l) in wrap(&f.fix, width.saturating_sub(5)).iter().enumerate() {
+        let prefix = if n == 0 { "fix: " } else { "     " };
+        line(&mut y, &format!("{prefix}{l}"), theme.allocated());
+    }
+    if !f.evidence.is_empty() {
+        let ev: Vec<String> = f
+            .evidence
+            .entries()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        for l in wrap(&format!("evidence: {}", ev.join("  ")), width) {
+            line(&mut y, &l, theme.dim());
+        }
+    }
+    line(
+        &mut y,
+        "(Enter: show this call site's stacks and blocks)",
+        theme.dim(),
+    );
 }

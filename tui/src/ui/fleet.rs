@@ -133,7 +133,32 @@ impl Widget for FleetTable<'_> {
             theme.dim(),
         );
 
-        // The table.
+        self.table(area, buf);
+
+        // The help bar.
+        let y = area.bottom() - 1;
+        if y > area.y {
+            let mut x = area.x;
+            for (key, what) in [
+                ("q", "quit"),
+                ("↑↓", "select"),
+                ("Enter", "open"),
+                ("Esc", "back from a process"),
+            ] {
+                x = put(buf, area, x, y, &format!(" {key} "), theme.key());
+                x = put(buf, area, x, y, what, Style::new());
+                x = put(buf, area, x, y, " │", theme.dim());
+            }
+        }
+    }
+}
+
+impl FleetTable<'_> {
+    /// The bordered table of processes in its part of `area` (`table_area`): a header row,
+    /// then one row per process from the first that keeps the selected one in view.
+    fn table(&self, area: Rect, buf: &mut Buffer) {
+        let theme = self.theme;
+        let rows = self.rows;
         let table = table_area(area);
         let block = panel_block("Processes".to_string(), theme, true);
         let inner = block.inner(table);
@@ -247,22 +272,6 @@ impl Widget for FleetTable<'_> {
                         base,
                     );
                 }
-            }
-        }
-
-        // The help bar.
-        let y = area.bottom() - 1;
-        if y > area.y {
-            let mut x = area.x;
-            for (key, what) in [
-                ("q", "quit"),
-                ("↑↓", "select"),
-                ("Enter", "open"),
-                ("Esc", "back from a process"),
-            ] {
-                x = put(buf, area, x, y, &format!(" {key} "), theme.key());
-                x = put(buf, area, x, y, what, Style::new());
-                x = put(buf, area, x, y, " │", theme.dim());
             }
         }
     }

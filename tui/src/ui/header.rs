@@ -149,7 +149,20 @@ impl Widget for Header<'_> {
         x = put(buf, area, x, y, &step, theme.dim());
         put(buf, area, x, y, &events, theme.dim());
 
-        // Rows 2 and 3: bars.
+        self.figure_rows(area, buf);
+    }
+}
+
+impl Header<'_> {
+    /// Rows 2 and 3: allocated, reserved and peak bytes as bars, then retries, OOMs, dropped
+    /// events and live blocks.
+    fn figure_rows(&self, area: Rect, buf: &mut Buffer) {
+        let model = self.model;
+        let theme: Theme = model.theme;
+        let data = &model.data;
+        let snapshot = data.snapshot();
+        let pos = model.pos;
+        let y = area.y;
         let mut usage = data.usage_at(pos);
         // The engine's peak up to the cursor, as the report states it (memory from before the
         // trace included).

@@ -6,7 +6,10 @@
 //! blocks (in eighths of a cell) and the highest reserved bytes above them as shade. The y axis
 //! is in absolute units and scales to the data, or to the capacity with `c`; the capacity is a
 //! line when it is on the scale. The bottom row marks step starts with their numbers and the
-//! cursor with `▲`. Data comes from `crate::data::Dataset::usage`.
+//! cursor with `▲`. Data comes from `crate::data::Dataset`: each column's highest bytes from its
+//! min/max pyramid (`Dataset::usage_extremes`, O(log n) a column), the OOMs and step starts in
+//! the window by binary search, so a frame costs the same at ten million events as at ten
+//! thousand.
 
 use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
@@ -15,6 +18,7 @@ use ratatui::widgets::Widget;
 use vramscope_model::format_bytes;
 
 use super::{panel_block, put, thousands};
+use crate::data::Dataset;
 use crate::view::{Panel, ViewModel};
 use vramscope_engine::Usage;
 
@@ -37,8 +41,9 @@ pub fn plot_area(area: Rect) -> Rect {
     )
 }
 
-/// The highest allocated and reserved bytes in each of `columns` ranges of `usage[a..b]`.
-pub fn columns(usage: &[Usage], a: usize, b: usize, columns: usize) -> Vec<Usage> {
+/// The highest allocated and reserved bytes in each of `columns` ranges of the usage after
+/// events `a..b` (zero for a column past the data).
+pub fn columns(data: &Dataset, a: usize, b: usize, columns: usize) -> Vec<Usage> {
     let mut out = Vec::with_capacity(columns);
     if b <= a || columns == 0 {
         return out;
@@ -47,12 +52,10 @@ pub fn columns(usage: &[Usage], a: usize, b: usize, columns: usize) -> Vec<Usage
     for j in 0..columns {
         let lo = a + span * j / columns;
         let hi = (a + span * (j + 1) / columns).max(lo + 1).min(b);
-        let mut m = Usage::default();
-        for u in &usage[lo..hi] {
-            m.allocated = m.allocated.max(u.allocated);
-            m.reserved = m.reserved.max(u.reserved);
-        }
-        out.push(m);
+        out.push(
+            data.usage_extremes(lo, hi)
+                .map_or_else(Usage::default, |e| e.max),
+        );
     }
     out
 }
@@ -123,7 +126,7 @@ impl Widget for TimelinePanel<'_> {
         }
         let w = usize::from(plot.width);
         let h = usize::from(plot.height);
-        let cols = columns(data.usage(), a, b, w);
+        let cols = columns(data, a, b, w);
         let capacity = data.snapshot().device.capacity;
         let data_max = cols
             .iter()
@@ -197,39 +200,58 @@ impl Widget for TimelinePanel<'_> {
             put(buf, plot, x.max(plot.x), plot.y, &note, theme.capacity());
         }
         // OOMs on the top row.
-        for &i in data.ooms() {
-            if i >= a && i < b {
-                let j = (i - a) * w / (b - a);
-                buf[(plot.x + j as u16, plot.y)]
-                    .set_symbol("X")
-                    .set_style(theme.alert());
-            }
+        for &i in in_window(data.ooms(), |&i| i, a, b) {
+            let j = (i - a) * w / (b - a);
+            buf[(plot.x + j as u16, plot.y)]
+                .set_symbol("X")
+                .set_style(theme.alert());
         }
-        // Step marks and the cursor on the bottom row.
-        let axis_y = plot.bottom();
-        if axis_y < area.bottom() - 1 {
-            let axis = Rect::new(plot.x, axis_y, plot.width, 1);
-            let marks: Vec<(u64, u16)> = data
-                .step_starts()
-                .iter()
-                .filter(|&&(_, i)| i >= a && i < b)
-                .map(|&(step, i)| (step, plot.x + ((i - a) * w / (b - a)) as u16))
-                .collect();
-            for &(_, x) in &marks {
-                buf[(x, axis_y)].set_symbol("╵").set_style(theme.dim());
-            }
-            let every = label_every(&marks, axis.right());
-            for &(step, x) in marks.iter().filter(|m| m.0 % every == 0) {
-                put(buf, axis, x + 1, axis_y, &step.to_string(), theme.dim());
-            }
-            put(buf, area, inner_x, axis_y, "     step ", theme.dim());
-            if let Some(j) = cursor_col {
-                buf[(plot.x + j as u16, axis_y)]
-                    .set_symbol("▲")
-                    .set_style(theme.cursor());
-            }
+        if plot.bottom() < area.bottom() - 1 {
+            self.step_row(area, plot, (a, b), cursor_col, buf);
         }
     }
+}
+
+impl TimelinePanel<'_> {
+    /// The row under the plot of `area`: step starts in the window `a..b` as marks, labelled
+    /// as often as they fit, and the cursor's column (`cursor_col`) as `▲`.
+    fn step_row(
+        &self,
+        area: Rect,
+        plot: Rect,
+        (a, b): (usize, usize),
+        cursor_col: Option<usize>,
+        buf: &mut Buffer,
+    ) {
+        let theme = self.model.theme;
+        let w = usize::from(plot.width);
+        let axis_y = plot.bottom();
+        let axis = Rect::new(plot.x, axis_y, plot.width, 1);
+        let marks: Vec<(u64, u16)> = in_window(self.model.data.step_starts(), |s| s.1, a, b)
+            .iter()
+            .map(|&(step, i)| (step, plot.x + ((i - a) * w / (b - a)) as u16))
+            .collect();
+        for &(_, x) in &marks {
+            buf[(x, axis_y)].set_symbol("╵").set_style(theme.dim());
+        }
+        let every = label_every(&marks, axis.right());
+        for &(step, x) in marks.iter().filter(|m| m.0 % every == 0) {
+            put(buf, axis, x + 1, axis_y, &step.to_string(), theme.dim());
+        }
+        put(buf, area, area.x + 1, axis_y, "     step ", theme.dim());
+        if let Some(j) = cursor_col {
+            buf[(plot.x + j as u16, axis_y)]
+                .set_symbol("▲")
+                .set_style(theme.cursor());
+        }
+    }
+}
+
+/// The items of `sorted` (ascending by `index`) whose index is in `a..b`, by binary search.
+fn in_window<T>(sorted: &[T], index: impl Fn(&T) -> usize, a: usize, b: usize) -> &[T] {
+    let from = sorted.partition_point(|t| index(t) < a);
+    let to = sorted.partition_point(|t| index(t) < b);
+    &sorted[from..to.max(from)]
 }
 
 /// `ns` as seconds with as many decimals as a window of `span_ns` needs (three significant

@@ -1,0 +1,207 @@
+//! The event log's rows: the indices of the events that pass its kind and text filters, kept
+//! from frame to frame and redone only as far as a change needs.
+//!
+//! The list costs a pass over every event (ten million in a big trace), so `App::prepare`
+//! (in `crate::app::prepare`) keeps it in the `crate::view::CursorView` with the [`RowsKey`] it
+//! was computed for, and [`rows`] reuses it: as it is when nothing changed (moving the time
+//! cursor or the selected row never touches it), extended by the new events when a live source
+//! appended some, narrowed (one pass over the list, not the events) when the filter only got
+//! stricter, as typing a filter does, and computed afresh otherwise. A reload, dropped old
+//! events and new call-site tables change `crate::data::Dataset::epoch`, which starts afresh.
+
+use crate::data::Dataset;
+use crate::view::KindFilter;
+
+/// What a list of event rows was computed from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowsKey {
+    /// The kind filter.
+    pub kind: KindFilter,
+    /// The text filter, in lower case.
+    pub filter: String,
+    /// The dataset's epoch (`crate::data::Dataset::epoch`).
+    pub epoch: u64,
+    /// Events the list covers: `0..len`.
+    pub len: usize,
+}
+
+impl RowsKey {
+    /// The key of the list the event log needs now.
+    pub fn new(kind: KindFilter, filter: &str, data: &Dataset) -> RowsKey {
+        RowsKey {
+            kind,
+            filter: filter.to_lowercase(),
+            epoch: data.epoch(),
+            len: data.len(),
+        }
+    }
+
+    /// Whether every event passing this key's filters passes `old`'s as well, so that its
+    /// rows are among `old`'s: the same kinds or fewer, and a text that contains the old one.
+    fn within(&self, old: &RowsKey) -> bool {
+        (old.kind == self.kind || old.kind == KindFilter::All) && self.filter.contains(&old.filter)
+    }
+}
+
+/// The test of one event against a key's filters.
+struct Filter<'a> {
+    key: &'a RowsKey,
+    data: &'a Dataset,
+    /// For each call-site group, whether its label or function contains the text (empty
+    /// without a text filter).
+    site_match: Vec<bool>,
+}
+
+impl<'a> Filter<'a> {
+    fn new(key: &'a RowsKey, data: &'a Dataset) -> Filter<'a> {
+        let site_match = if key.filter.is_empty() {
+            Vec::new()
+        } else {
+            data.groups()
+                .all()
+                .iter()
+                .map(|g| {
+                    g.label().to_lowercase().contains(&key.filter)
+                        || g.function.to_lowercase().contains(&key.filter)
+                })
+                .collect()
+        };
+        Filter {
+            key,
+            data,
+            site_match,
+        }
+    }
+
+    /// Whether event `i` passes: its kind from the dataset's column of kinds, and only for a
+    /// text filter the event itself.
+    fn passes(&self, i: usize) -> bool {
+        let kind = self.data.kinds()[i];
+        self.key.kind.accepts(kind)
+            && (self.key.filter.is_empty()
+                || kind.name().contains(&self.key.filter)
+                || self
+                    .site_match
+                    .get(self.data.groups().of(self.data.events()[i].site) as usize)
+                    .copied()
+                    .unwrap_or(false))
+    }
+
+    /// Appends the indices of the events `from..` that pass.
+    fn extend(&self, rows: &mut Vec<usize>, from: usize) {
+        let len = self.data.kinds().len();
+        let from = from.min(len);
+        if self.key.kind == KindFilter::All && self.key.filter.is_empty() {
+            // Every event passes: no need to look at them.
+            rows.extend(from..len);
+        } else {
+            rows.extend((from..len).filter(|&i| self.passes(i)));
+        }
+    }
+}
+
+/// The rows for `key`, made from `old` (the rows for `old_key`) where that saves work. See the
+/// module documentation.
+pub fn rows(
+    data: &Dataset,
+    old: Vec<usize>,
+    old_key: Option<&RowsKey>,
+    key: &RowsKey,
+) -> Vec<usize> {
+    let filter = Filter::new(key, data);
+    match old_key {
+        Some(o) if o.epoch == key.epoch && o.len <= key.len && key.within(o) => {
+            let mut rows = old;
+            if o.kind != key.kind || o.filter != key.filter {
+                rows.retain(|&i| filter.passes(i));
+            }
+            filter.extend(&mut rows, o.len);
+            rows
+        }
+        _ => {
+            let mut rows = old;
+            rows.clear();
+            filter.extend(&mut rows, 0);
+            rows
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{rows, RowsKey};
+    use crate::data::{Dataset, Origin};
+    use crate::fixture;
+    use crate::view::KindFilter;
+
+    /// The rows by a plain pass over every event.
+    fn plain(data: &Dataset, kind: KindFilter, filter: &str) -> Vec<usize> {
+        let key = RowsKey::new(kind, filter, data);
+        rows(data, Vec::new(), None, &key)
+    }
+
+    /// Typing a filter a character at a time, changing the kind, clearing the text and events
+    /// arriving in between: the kept list is always the one a plain pass gives.
+    #[test]
+    fn kept_rows_are_the_rows_of_a_plain_pass() {
+        let full = fixture::training_snapshot();
+        let cut = full.events.len() / 2;
+        let mut first = full.clone();
+        first.events.truncate(cut);
+        let mut data = Dataset::new(first, Origin::Live("test".into()));
+        let mut list = Vec::new();
+        let mut key: Option<RowsKey> = None;
+        let mut step = |data: &Dataset, kind: KindFilter, filter: &str| {
+            let new = RowsKey::new(kind, filter, data);
+            list = rows(data, std::mem::take(&mut list), key.as_ref(), &new);
+            key = Some(new);
+            assert_eq!(
+                list,
+                plain(data, kind, filter),
+                "kind {kind:?}, filter {filter:?}"
+            );
+            list.len()
+        };
+        let all = step(&data, KindFilter::All, "");
+        assert_eq!(all, data.len());
+        let mut typed = String::new();
+        let mut counts = Vec::new();
+        for c in "ALLOC".chars() {
+            typed.push(c);
+            counts.push(step(&data, KindFilter::All, &typed));
+        }
+        // Each character narrows the list, and the whole word leaves some events out.
+        assert!(counts.windows(2).all(|w| w[1] <= w[0]), "{counts:?}");
+        assert!(counts[4] > 0 && counts[4] < all, "{counts:?} of {all}");
+        data.append(&full.events[cut..cut + 100]);
+        step(&data, KindFilter::All, &typed);
+        step(&data, KindFilter::Blocks, &typed);
+        step(&data, KindFilter::Blocks, "");
+        data.append(&full.events[cut + 100..]);
+        step(&data, KindFilter::Blocks, "");
+        let steps = step(&data, KindFilter::Steps, "");
+        assert!(steps > 0);
+        step(&data, KindFilter::Steps, "train");
+        step(&data, KindFilter::All, "");
+        data.trim_front(50);
+        assert_eq!(step(&data, KindFilter::All, ""), data.len());
+    }
+
+    /// A stricter filter narrows the kept list; one that is not starts afresh.
+    #[test]
+    fn only_a_stricter_filter_narrows() {
+        let data = Dataset::new(fixture::training_snapshot(), Origin::File("t".into()));
+        let key = |kind, filter: &str| RowsKey::new(kind, filter, &data);
+        assert!(key(KindFilter::Blocks, "ab").within(&key(KindFilter::All, "a")));
+        assert!(key(KindFilter::Blocks, "xaby").within(&key(KindFilter::Blocks, "ab")));
+        assert!(!key(KindFilter::Blocks, "a").within(&key(KindFilter::Steps, "a")));
+        assert!(!key(KindFilter::All, "a").within(&key(KindFilter::Blocks, "a")));
+        assert!(!key(KindFilter::All, "b").within(&key(KindFilter::All, "ab")));
+        // A list given for a key it does not belong to is not trusted beyond what the key says:
+        // the same filters with another epoch are computed afresh.
+        let mut stale = key(KindFilter::All, "");
+        stale.epoch += 1;
+        let fresh = key(KindFilter::All, "");
+        assert_eq!(rows(&data, vec![7], Some(&stale), &fresh).len(), data.len());
+    }
+}
