@@ -206,7 +206,7 @@ fn check(name: &str, snapshot: &Snapshot) {
 
 /// A run with weights, a leak and per-step activations, recorded by vramscope.
 fn planted_run() -> Snapshot {
-    vramscope::tui::fixture::training_snapshot_with(12)
+    vramscope_testkit::fixture::training_snapshot_with(12)
 }
 
 #[test]

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 use vramscope_allocator::{CachingAllocator, SimDevice};
 
+pub mod fixture;
 mod trace;
 
 pub use trace::{clean_loop, event, EventBuilder, Trace, MIB};

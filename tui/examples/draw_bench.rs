@@ -33,9 +33,10 @@ use ratatui::layout::Rect;
 use ratatui::Terminal;
 use vramscope_inspector::import::{self, ImportOptions};
 use vramscope_model::Snapshot;
+use vramscope_testkit::fixture;
 use vramscope_tui::app::{App, Panel};
 use vramscope_tui::data::{Dataset, Origin};
-use vramscope_tui::{fixture, ui};
+use vramscope_tui::ui;
 
 /// Samples per measurement.
 const SAMPLES: usize = 25;

@@ -1,9 +1,9 @@
 //! Prints every panel of the dashboard on the fixture data, as the screen tests see it.
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
+use vramscope_testkit::fixture;
 use vramscope_tui::app::{App, Panel};
 use vramscope_tui::data::{Dataset, Origin};
-use vramscope_tui::fixture;
 use vramscope_tui::ui;
 
 fn main() {

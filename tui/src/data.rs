@@ -607,7 +607,7 @@ fn step_starts(snapshot: &Snapshot) -> Vec<(u64, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixture;
+    use vramscope_testkit::fixture;
 
     #[test]
     fn the_state_at_the_end_is_the_snapshot_and_replays_agree() {

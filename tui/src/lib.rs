@@ -15,13 +15,13 @@
 //! thread, `app` holds the user's choices, computes the view at the cursor and reacts to keys,
 //! `fleet` holds one dashboard per process behind a table, `view` is the plain view model the
 //! two hand to `ui`, `ui` draws one widget per panel from that view model alone, `theme` holds
-//! the styles, and `term` owns the terminal. `fixture` builds the fixed data the screen tests
-//! and benchmarks use.
+//! the styles, and `term` owns the terminal. The fixed data of the screen tests and benchmarks
+//! is `vramscope_testkit::fixture`.
 
 pub mod analysis;
 pub mod app;
 pub mod data;
-pub mod fixture;
+
 pub mod fleet;
 pub mod pyramid;
 pub mod source;

@@ -5,9 +5,9 @@ use ratatui::crossterm::event::{
     KeyCode, KeyEvent, KeyModifiers, MouseButton, MouseEvent, MouseEventKind,
 };
 use ratatui::layout::Rect;
+use vramscope_testkit::fixture;
 use vramscope_tui::app::{App, KindFilter, Panel, SiteSort};
 use vramscope_tui::data::{Dataset, Origin};
-use vramscope_tui::fixture;
 use vramscope_tui::ui::{self, help::keys_for, Theme};
 
 fn fresh() -> App {

@@ -9,9 +9,9 @@ use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
 use ratatui::style::Color;
 use ratatui::Terminal;
+use vramscope_testkit::fixture;
 use vramscope_tui::app::{App, Panel};
 use vramscope_tui::data::{Dataset, Link, Origin};
-use vramscope_tui::fixture;
 use vramscope_tui::ui::{self, Theme};
 
 fn app() -> App {

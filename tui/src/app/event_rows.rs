@@ -131,8 +131,8 @@ pub fn rows(
 mod tests {
     use super::{rows, RowsKey};
     use crate::data::{Dataset, Origin};
-    use crate::fixture;
     use crate::view::KindFilter;
+    use vramscope_testkit::fixture;
 
     /// The rows by a plain pass over every event.
     fn plain(data: &Dataset, kind: KindFilter, filter: &str) -> Vec<usize> {

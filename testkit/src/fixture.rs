@@ -1,12 +1,13 @@
-//! Fixed, realistic data for the dashboard's screen tests, examples and benchmarks.
+//! Fixed, realistic data for the dashboard's screen tests, examples and benchmarks, and for
+//! every other test that wants a real run with stable text.
 //!
 //! [`training_snapshot`] runs a small training loop through the real caching allocator on the
 //! simulated device (weights, optimizer state, activations, a loss kept every step, a value read
 //! back to the host many times per step, a burst of small blocks), then replaces everything
 //! that varies between runs (times, thread numbers, and the Rust call sites, which move when
 //! code is edited) with fixed values: Python-like stacks that mix user code with framework
-//! frames, so that every panel of `crate::ui` has something to show and its text is the same on
-//! every machine. [`many_blocks_snapshot`] builds a state with a given number of live blocks for
+//! frames, so that every panel of the dashboard (`vramscope_tui::ui`) has something to show and
+//! its text is the same on every machine. [`many_blocks_snapshot`] builds a state with a given number of live blocks for
 //! the drawing benchmark.
 
 use vramscope_allocator::{CachingAllocator, SimDevice};
