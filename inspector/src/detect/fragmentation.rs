@@ -33,9 +33,24 @@ impl OomCase<'_> {
 
 /// Reports fragmentation and OOMs.
 pub fn fragmentation(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn FindingSink) {
+    let (split, plain) = classify_ooms(view);
+    if let Some(worst) = largest(&split) {
+        report_split_oom(view, worst, &split, sink);
+    }
+    if let Some(worst) = largest(&plain) {
+        report_plain_oom(view, options, worst, &plain, sink);
+    }
+    // An OOM explained by fragmentation says it all; without one, look for pressure, then
+    // for a large share of split free memory.
+    if split.is_empty() {
+        report_split_free_memory(view, options, sink);
+    }
+}
+
+/// The OOMs of the trace with the state around them: those the free memory would have
+/// covered had it not been in pieces (fragmentation), and the rest.
+fn classify_ooms<'e>(view: &ModelView<'e>) -> (Vec<OomCase<'e>>, Vec<OomCase<'e>>) {
     let snapshot = view.snapshot();
-    let var = config_env_var(snapshot.source);
-    let segments = view.segments();
     let mut split: Vec<OomCase<'_>> = Vec::new();
     let mut plain: Vec<OomCase<'_>> = Vec::new();
     for &i in view.ooms() {
@@ -54,114 +69,134 @@ pub fn fragmentation(view: &ModelView<'_>, options: &DetectOptions, sink: &mut d
             plain.push(case);
         }
     }
+    (split, plain)
+}
 
-    if let Some(worst) = largest(&split) {
-        let setting = setting_for(view, Some(worst.event.size));
-        let group = worst.event.site.and_then(|s| view.group_of_site(s));
-        let mut f = Finding::at_group(view, FindingKind::Fragmentation, Severity::Error, group);
-        f.bytes = worst.event.size;
-        f.count = split.len() as u64;
-        f.first_step = split.iter().map(|c| c.event.step).min();
-        f.last_step = split.iter().map(|c| c.event.step).max();
-        f.summary = format!(
-            "an allocation of {} failed although {} was reserved but unallocated and {} was free on the device: the free memory is in pieces too small for it",
-            format_bytes(worst.event.size),
-            format_bytes(worst.cache_free()),
-            format_bytes(worst.event.addr)
-        );
-        let mut evidence = f
-            .evidence
-            .int("ooms", split.len() as u64)
-            .int("request_bytes", worst.event.size)
-            .int("device_free_bytes", worst.event.addr)
-            .int("allocated_bytes_at_oom", worst.allocated)
+/// Reports the OOMs that fragmentation explains, at the `worst` of them.
+fn report_split_oom(
+    view: &ModelView<'_>,
+    worst: &OomCase<'_>,
+    split: &[OomCase<'_>],
+    sink: &mut dyn FindingSink,
+) {
+    let var = config_env_var(view.snapshot().source);
+    let segments = view.segments();
+    let setting = setting_for(view, Some(worst.event.size));
+    let group = worst.event.site.and_then(|s| view.group_of_site(s));
+    let mut f = Finding::at_group(view, FindingKind::Fragmentation, Severity::Error, group);
+    f.bytes = worst.event.size;
+    f.count = split.len() as u64;
+    f.first_step = split.iter().map(|c| c.event.step).min();
+    f.last_step = split.iter().map(|c| c.event.step).max();
+    f.summary = format!(
+        "an allocation of {} failed although {} was reserved but unallocated and {} was free on the device: the free memory is in pieces too small for it",
+        format_bytes(worst.event.size),
+        format_bytes(worst.cache_free()),
+        format_bytes(worst.event.addr)
+    );
+    let mut evidence = f
+        .evidence
+        .int("ooms", split.len() as u64)
+        .int("request_bytes", worst.event.size)
+        .int("device_free_bytes", worst.event.addr)
+        .int("allocated_bytes_at_oom", worst.allocated)
+        .int("reserved_bytes_at_oom", worst.reserved)
+        .int("reserved_unallocated_at_oom", worst.cache_free());
+    if segments.segments > 0 {
+        evidence = evidence
+            .int(
+                "largest_free_block_at_snapshot",
+                segments.largest_free_block,
+            )
+            .int(
+                "inactive_split_bytes_at_snapshot",
+                segments.inactive_split_bytes,
+            );
+    }
+    f.evidence = evidence.text("setting", setting.clone());
+    f.fix =
+        format!("set {var}={setting} so that free pieces of the cache can serve large requests");
+    sink.report(f);
+}
+
+/// Reports the OOMs that fragmentation does not explain, at the `worst` of them, with the
+/// largest holder at that moment.
+fn report_plain_oom(
+    view: &ModelView<'_>,
+    options: &DetectOptions,
+    worst: &OomCase<'_>,
+    plain: &[OomCase<'_>],
+    sink: &mut dyn FindingSink,
+) {
+    let group = worst.event.site.and_then(|s| view.group_of_site(s));
+    let mut f = Finding::at_group(view, FindingKind::Oom, Severity::Error, group);
+    f.bytes = worst.event.size;
+    f.count = plain.len() as u64;
+    f.first_step = plain.iter().map(|c| c.event.step).min();
+    f.last_step = plain.iter().map(|c| c.event.step).max();
+    let at_oom = view.live_after_event(worst.index);
+    let top = at_oom.first();
+    let top_text = match top {
+        Some(h) => format!(
+            "; the largest holder is {} with {}",
+            view.group(h.group)
+                .file_line
+                .as_deref()
+                .unwrap_or("(unknown site)"),
+            format_bytes(h.bytes)
+        ),
+        None => String::new(),
+    };
+    f.summary = format!(
+        "an allocation of {} failed with {} allocated and {} free on the device{}",
+        format_bytes(worst.event.size),
+        format_bytes(worst.allocated),
+        format_bytes(worst.event.addr),
+        top_text
+    );
+    let mut evidence = f
+        .evidence
+        .int("ooms", plain.len() as u64)
+        .int("request_bytes", worst.event.size)
+        .int("device_free_bytes", worst.event.addr)
+        .int("allocated_bytes_at_oom", worst.allocated);
+    if view.reserved_known() {
+        evidence = evidence
             .int("reserved_bytes_at_oom", worst.reserved)
             .int("reserved_unallocated_at_oom", worst.cache_free());
-        if segments.segments > 0 {
-            evidence = evidence
-                .int(
-                    "largest_free_block_at_snapshot",
-                    segments.largest_free_block,
-                )
-                .int(
-                    "inactive_split_bytes_at_snapshot",
-                    segments.inactive_split_bytes,
-                );
-        }
-        f.evidence = evidence.text("setting", setting.clone());
-        f.fix = format!(
-            "set {var}={setting} so that free pieces of the cache can serve large requests"
-        );
-        sink.report(f);
     }
-
-    if let Some(worst) = largest(&plain) {
-        let group = worst.event.site.and_then(|s| view.group_of_site(s));
-        let mut f = Finding::at_group(view, FindingKind::Oom, Severity::Error, group);
-        f.bytes = worst.event.size;
-        f.count = plain.len() as u64;
-        f.first_step = plain.iter().map(|c| c.event.step).min();
-        f.last_step = plain.iter().map(|c| c.event.step).max();
-        let at_oom = view.live_after_event(worst.index);
-        let top = at_oom.first();
-        let top_text = match top {
-            Some(h) => format!(
-                "; the largest holder is {} with {}",
+    if let Some(c) = view.capacity(options.capacity) {
+        evidence = evidence.int("device_capacity_bytes", c);
+    }
+    if let Some(h) = top {
+        evidence = evidence
+            .text(
+                "largest_holder",
                 view.group(h.group)
                     .file_line
-                    .as_deref()
-                    .unwrap_or("(unknown site)"),
-                format_bytes(h.bytes)
-            ),
-            None => String::new(),
-        };
-        f.summary = format!(
-            "an allocation of {} failed with {} allocated and {} free on the device{}",
-            format_bytes(worst.event.size),
-            format_bytes(worst.allocated),
-            format_bytes(worst.event.addr),
-            top_text
-        );
-        let mut evidence = f
-            .evidence
-            .int("ooms", plain.len() as u64)
-            .int("request_bytes", worst.event.size)
-            .int("device_free_bytes", worst.event.addr)
-            .int("allocated_bytes_at_oom", worst.allocated);
-        if view.reserved_known() {
-            evidence = evidence
-                .int("reserved_bytes_at_oom", worst.reserved)
-                .int("reserved_unallocated_at_oom", worst.cache_free());
-        }
-        if let Some(c) = view.capacity(options.capacity) {
-            evidence = evidence.int("device_capacity_bytes", c);
-        }
-        if let Some(h) = top {
-            evidence = evidence
-                .text(
-                    "largest_holder",
-                    view.group(h.group)
-                        .file_line
-                        .clone()
-                        .unwrap_or_else(|| "(unknown site)".to_string()),
-                )
-                .int("largest_holder_bytes", h.bytes);
-        }
-        f.evidence = evidence;
-        f.fix = "lower the peak: smaller batch, activation checkpointing or lower precision; free what the largest holders keep".to_string();
-        sink.report(f);
+                    .clone()
+                    .unwrap_or_else(|| "(unknown site)".to_string()),
+            )
+            .int("largest_holder_bytes", h.bytes);
     }
+    f.evidence = evidence;
+    f.fix = "lower the peak: smaller batch, activation checkpointing or lower precision; free what the largest holders keep".to_string();
+    sink.report(f);
+}
 
-    if !split.is_empty() {
-        return;
-    }
-
-    // No OOM explained by fragmentation: look for pressure, then for a large share of split
-    // free memory.
+/// Reports free memory stuck in split segments: a warning under memory pressure (allocation
+/// retries, or a peak near capacity with a large share stuck), information for a large share
+/// alone.
+fn report_split_free_memory(
+    view: &ModelView<'_>,
+    options: &DetectOptions,
+    sink: &mut dyn FindingSink,
+) {
+    let segments = view.segments();
     if segments.segments == 0 {
         return;
     }
-    let retries = snapshot.stats.num_alloc_retries;
+    let retries = view.snapshot().stats.num_alloc_retries;
     let stuck = segments.inactive_split_bytes;
     let capacity = view.capacity(options.capacity);
     let peak_reserved = view.peak_reserved().max(segments.reserved);
@@ -175,6 +210,7 @@ pub fn fragmentation(view: &ModelView<'_>, options: &DetectOptions, sink: &mut d
     } else {
         return;
     };
+    let var = config_env_var(view.snapshot().source);
     let setting = setting_for(view, None);
     let mut f = Finding::at_group(view, FindingKind::Fragmentation, severity, None);
     f.bytes = stuck;

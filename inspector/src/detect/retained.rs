@@ -224,102 +224,16 @@ fn report_cluster(
     sink: &mut dyn FindingSink,
 ) {
     let loop_steps = retaining_range(view);
-    let n = loop_steps.len() as u32;
-    let intervals = view.intervals();
-    let events = &view.snapshot().events;
     // The steps of the cluster: those of its largest member.
-    let lead = members
-        .iter()
-        .max_by(|&&a, &&b| {
-            leaks[a]
-                .bytes
-                .cmp(&leaks[b].bytes)
-                .then(leaks[b].unit.cmp(&leaks[a].unit))
-        })
-        .map(|&k| &leaks[k])
-        .expect("a cluster has members");
+    let lead = cluster_lead(leaks, members);
     let steps = &lead.steps;
     let first = steps[0];
     let last_retaining = steps[steps.len() - 1];
     let total_bytes = sat_sum(members.iter().map(|&k| leaks[k].bytes));
     let total_blocks = sat_sum(members.iter().map(|&k| leaks[k].blocks));
-
-    // The sites, largest first.
-    let mut sites: Vec<FindingSite> = members
-        .iter()
-        .map(|&k| FindingSite {
-            site: units[leaks[k].unit].label.clone(),
-            function: units[leaks[k].unit].function.clone(),
-            bytes: leaks[k].bytes,
-            blocks: leaks[k].blocks,
-        })
-        .collect();
-    sites.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.site.cmp(&b.site)));
-
-    // The stacks of the retained blocks, for the caller they share.
-    let mut site_ids: Vec<SiteId> = Vec::new();
-    let mut latest: Option<(u32, usize)> = None;
-    let retaining_end = if last_retaining == n - 1 && steps.len() > 1 {
-        steps[steps.len() - 2]
-    } else {
-        last_retaining
-    };
-    for &k in members {
-        for &i in &units[leaks[k].unit].intervals {
-            let iv = &intervals[i as usize];
-            if !(iv.is_live_at_end() && loop_steps.contains(&iv.alloc_step)) {
-                continue;
-            }
-            if let Some(site) = events[iv.alloc_event as usize].site {
-                if site_ids.len() < 512 && !site_ids.contains(&site) {
-                    site_ids.push(site);
-                }
-            }
-            if iv.alloc_step - loop_steps.start == retaining_end
-                && latest.is_none_or(|(e, _)| iv.alloc_event > e)
-            {
-                latest = Some((iv.alloc_event, leaks[k].unit));
-            }
-        }
-    }
-    let latest_site = latest.and_then(|(e, _)| events[e as usize].site);
-    let named = name_by_stacks(view, &site_ids, latest_site, steps.len());
-    let (site, function, why) = match &named {
-        Some((frame, why)) => (
-            format!("{}:{}", frame.file, frame.line),
-            frame.function.clone(),
-            *why,
-        ),
-        None => {
-            let unit = latest.map(|(_, u)| u).unwrap_or(lead.unit);
-            (
-                units[unit].label.clone(),
-                units[unit].function.clone(),
-                "the site of the last block allocated in a retaining step, which keeps the others",
-            )
-        }
-    };
-
-    // The rate, over the steps from the first retaining one to the end of the loop.
-    let span = f64::from(n - first);
-    let bytes_per_step = total_bytes as f64 / span;
-    let blocks_per_step = total_blocks as f64 / span;
-    let capacity = view.capacity(options.capacity);
-    let steps_until_oom = capacity.map(|c| {
-        let headroom = c.saturating_sub(view.peak_allocated());
-        if bytes_per_step > 0.0 {
-            (headroom as f64 / bytes_per_step).floor() as u64
-        } else {
-            u64::MAX
-        }
-    });
-    let severity = if bytes_per_step >= options.retained_error_bytes_per_step as f64
-        || steps_until_oom.is_some_and(|s| s <= options.retained_error_steps_until_oom)
-    {
-        Severity::Error
-    } else {
-        Severity::Warning
-    };
+    let sites = cluster_sites(units, leaks, members);
+    let (site, function, why, caller) = name_cluster(view, units, leaks, members, lead);
+    let rate = RetentionRate::of(view, options, total_bytes, total_blocks, first);
     let period = period_of(steps);
     let first_step = view.step_number(loop_steps.start + first);
     let last_step = view.step_number(loop_steps.start + last_retaining);
@@ -327,12 +241,12 @@ fn report_cluster(
         1 => "every step".to_string(),
         p => format!("every {p} steps"),
     };
-    let mut f = Finding::at_group(view, FindingKind::RetainedPerStep, severity, None);
+    let mut f = Finding::at_group(view, FindingKind::RetainedPerStep, rate.severity, None);
     f.site = Some(site.clone());
     f.function = function;
     f.bytes = total_bytes;
     f.count = total_blocks;
-    f.per_step = Some(PerStep::new(bytes_per_step, blocks_per_step));
+    f.per_step = Some(PerStep::new(rate.bytes_per_step, rate.blocks_per_step));
     f.first_step = Some(first_step);
     f.last_step = Some(last_step);
     let from_sites = if sites.len() == 1 {
@@ -345,7 +259,7 @@ fn report_cluster(
         format_bytes(total_bytes),
         plural(total_blocks, "block"),
         plural(steps.len() as u64, "step"),
-        format_bytes(bytes_per_step.round() as u64),
+        format_bytes(rate.bytes_per_step.round() as u64),
     );
     let site_list = sites
         .iter()
@@ -354,8 +268,8 @@ fn report_cluster(
         .join("; ");
     let mut evidence = f
         .evidence
-        .float("retained_bytes_per_step", bytes_per_step)
-        .float("retained_blocks_per_step", blocks_per_step)
+        .float("retained_bytes_per_step", rate.bytes_per_step)
+        .float("retained_blocks_per_step", rate.blocks_per_step)
         .int("steps_with_retention", steps.len() as u64)
         .int("retention_period_steps", u64::from(period))
         .int("first_step", first_step)
@@ -365,10 +279,10 @@ fn report_cluster(
         .int("sites", sites.len() as u64)
         .text("site_bytes", site_list)
         .text("named_because", why);
-    if let Some((frame, _)) = &named {
-        evidence = evidence.text("caller_line", format!("{}:{}", frame.file, frame.line));
+    if let Some(caller) = caller {
+        evidence = evidence.text("caller_line", caller);
     }
-    if let (Some(c), Some(s)) = (capacity, steps_until_oom) {
+    if let (Some(c), Some(s)) = (rate.capacity, rate.steps_until_oom) {
         evidence = evidence
             .int("device_capacity_bytes", c)
             .int("peak_allocated_bytes", view.peak_allocated())
@@ -380,6 +294,174 @@ fn report_cluster(
         "at {site}, do not keep the step's device tensors: store loss.item() or t.detach().cpu() instead of the tensor (a kept tensor keeps its whole autograd graph), or drop the reference each step"
     );
     sink.report(f);
+}
+
+/// The largest leak of a cluster (the first site on ties), whose steps stand for the cluster's.
+fn cluster_lead<'l>(leaks: &'l [Leak], members: &[usize]) -> &'l Leak {
+    members
+        .iter()
+        .max_by(|&&a, &&b| {
+            leaks[a]
+                .bytes
+                .cmp(&leaks[b].bytes)
+                .then(leaks[b].unit.cmp(&leaks[a].unit))
+        })
+        .map(|&k| &leaks[k])
+        .expect("a cluster has members")
+}
+
+/// The sites of a cluster with what each retained, largest first.
+fn cluster_sites(units: &[Unit], leaks: &[Leak], members: &[usize]) -> Vec<FindingSite> {
+    let mut sites: Vec<FindingSite> = members
+        .iter()
+        .map(|&k| FindingSite {
+            site: units[leaks[k].unit].label.clone(),
+            function: units[leaks[k].unit].function.clone(),
+            bytes: leaks[k].bytes,
+            blocks: leaks[k].blocks,
+        })
+        .collect();
+    sites.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.site.cmp(&b.site)));
+    sites
+}
+
+/// The name of a cluster's finding: `(site, function, why it is named so, the caller line
+/// when the stacks gave it)`. The line the retained blocks' stacks share comes first (see
+/// [`name_by_stacks`]); without one, the site of the last block allocated in a retaining step.
+fn name_cluster(
+    view: &ModelView<'_>,
+    units: &[Unit],
+    leaks: &[Leak],
+    members: &[usize],
+    lead: &Leak,
+) -> (String, String, &'static str, Option<String>) {
+    let retained = RetainedStacks::of(view, units, leaks, members, &lead.steps);
+    let events = &view.snapshot().events;
+    let latest_site = retained.latest.and_then(|(e, _)| events[e as usize].site);
+    let named = name_by_stacks(view, &retained.site_ids, latest_site, lead.steps.len());
+    match named {
+        Some((frame, why)) => {
+            let line = format!("{}:{}", frame.file, frame.line);
+            (line.clone(), frame.function, why, Some(line))
+        }
+        None => {
+            let unit = retained.latest.map(|(_, u)| u).unwrap_or(lead.unit);
+            (
+                units[unit].label.clone(),
+                units[unit].function.clone(),
+                "the site of the last block allocated in a retaining step, which keeps the others",
+                None,
+            )
+        }
+    }
+}
+
+/// Where a cluster's retained blocks were allocated.
+struct RetainedStacks {
+    /// The distinct call sites of the retained blocks (at most 512), in allocation order.
+    site_ids: Vec<SiteId>,
+    /// `(alloc event, unit)` of the last block allocated in the last retaining step (the one
+    /// before it when the last is the loop's last step, which the snapshot may have cut short).
+    latest: Option<(u32, usize)>,
+}
+
+impl RetainedStacks {
+    /// The stacks of the blocks the `members` of a cluster retained in `steps` (relative loop
+    /// step indices, sorted).
+    fn of(
+        view: &ModelView<'_>,
+        units: &[Unit],
+        leaks: &[Leak],
+        members: &[usize],
+        steps: &[u32],
+    ) -> RetainedStacks {
+        let loop_steps = retaining_range(view);
+        let n = loop_steps.len() as u32;
+        let intervals = view.intervals();
+        let events = &view.snapshot().events;
+        let last_retaining = steps[steps.len() - 1];
+        let retaining_end = if last_retaining == n - 1 && steps.len() > 1 {
+            steps[steps.len() - 2]
+        } else {
+            last_retaining
+        };
+        let mut site_ids: Vec<SiteId> = Vec::new();
+        let mut latest: Option<(u32, usize)> = None;
+        for &k in members {
+            for &i in &units[leaks[k].unit].intervals {
+                let iv = &intervals[i as usize];
+                if !(iv.is_live_at_end() && loop_steps.contains(&iv.alloc_step)) {
+                    continue;
+                }
+                if let Some(site) = events[iv.alloc_event as usize].site {
+                    if site_ids.len() < 512 && !site_ids.contains(&site) {
+                        site_ids.push(site);
+                    }
+                }
+                if iv.alloc_step - loop_steps.start == retaining_end
+                    && latest.is_none_or(|(e, _)| iv.alloc_event > e)
+                {
+                    latest = Some((iv.alloc_event, leaks[k].unit));
+                }
+            }
+        }
+        RetainedStacks { site_ids, latest }
+    }
+}
+
+/// How fast a cluster retains memory, and how bad that is.
+struct RetentionRate {
+    /// Bytes retained per step, over the steps from the first retaining one to the end of
+    /// the loop.
+    bytes_per_step: f64,
+    /// Blocks retained per step, over the same steps.
+    blocks_per_step: f64,
+    /// The device's capacity, when known.
+    capacity: Option<u64>,
+    /// Steps until the retained memory fills the capacity left above the peak.
+    steps_until_oom: Option<u64>,
+    /// An error for a fast leak or one close to an OOM, else a warning.
+    severity: Severity,
+}
+
+impl RetentionRate {
+    /// The rate of `total_bytes` in `total_blocks` retained from relative loop step `first`
+    /// to the end of the loop.
+    fn of(
+        view: &ModelView<'_>,
+        options: &DetectOptions,
+        total_bytes: u64,
+        total_blocks: u64,
+        first: u32,
+    ) -> RetentionRate {
+        let n = retaining_range(view).len() as u32;
+        let span = f64::from(n - first);
+        let bytes_per_step = total_bytes as f64 / span;
+        let blocks_per_step = total_blocks as f64 / span;
+        let capacity = view.capacity(options.capacity);
+        let steps_until_oom = capacity.map(|c| {
+            let headroom = c.saturating_sub(view.peak_allocated());
+            if bytes_per_step > 0.0 {
+                (headroom as f64 / bytes_per_step).floor() as u64
+            } else {
+                u64::MAX
+            }
+        });
+        let severity = if bytes_per_step >= options.retained_error_bytes_per_step as f64
+            || steps_until_oom.is_some_and(|s| s <= options.retained_error_steps_until_oom)
+        {
+            Severity::Error
+        } else {
+            Severity::Warning
+        };
+        RetentionRate {
+            bytes_per_step,
+            blocks_per_step,
+            capacity,
+            steps_until_oom,
+            severity,
+        }
+    }
 }
 
 /// The line to name from the retained blocks' stacks: the innermost frame of the user's code

@@ -12,10 +12,10 @@
 
 use rustc_hash::FxHashMap;
 use serde::Serialize;
-use vramscope_model::{EventKind, Pool, Snapshot};
+use vramscope_model::{Event, EventKind, Pool, Snapshot};
 
 use crate::model_view::ModelView;
-use vramscope_engine::{GroupId, GroupKind, MemoryState, Reconstruction, SiteGroups};
+use vramscope_engine::{GroupId, GroupKind, MemoryState, Reconstruction, SiteGroups, Usage};
 
 /// The most columns of the chart: positions are gathered into at most this many buckets.
 pub const MAX_BUCKETS: usize = 16_384;
@@ -169,6 +169,14 @@ struct Delta {
     bytes: i64,
 }
 
+/// A moment the forward walk stops to take: its position, its name, and the most live blocks
+/// its segment map keeps.
+struct PlannedMoment {
+    pos: u64,
+    name: String,
+    max_blocks: usize,
+}
+
 impl ExplorerData {
     /// Builds the explorer's data of `view`'s snapshot, with `capacity` as the device's.
     pub fn build(view: &ModelView<'_>, capacity: Option<u64>) -> ExplorerData {
@@ -181,123 +189,210 @@ impl ExplorerData {
         let peak_reserved_pos = walk
             .reserved_known
             .then(|| walk.peak_reserved.event.map_or(0, |e| u64::from(e) + 1));
+        let planned = plan_moments(n, peak_pos, peak_reserved_pos);
 
-        // The moments to keep.
-        let mut wanted: Vec<(u64, String, usize)> = vec![
-            (peak_pos, "peak allocated".to_string(), MAX_KEY_BLOCKS),
-            (n as u64, "end".to_string(), MAX_KEY_BLOCKS),
-            (0, "start".to_string(), MAX_OTHER_BLOCKS),
-        ];
-        if let Some(p) = peak_reserved_pos {
-            wanted.push((p, "peak reserved".to_string(), MAX_KEY_BLOCKS));
-        }
-        for k in 1..=SPACED_MOMENTS {
-            let p = (n * k / (SPACED_MOMENTS + 1)) as u64;
-            wanted.push((p, format!("event {p}"), MAX_OTHER_BLOCKS));
-        }
-        wanted.sort_by_key(|w| w.0);
-        // The first name given to a position wins (the peak over a spaced moment).
-        let mut keep: Vec<(u64, String, usize)> = Vec::new();
-        for w in wanted {
-            match keep.iter_mut().find(|k| k.0 == w.0) {
-                Some(k) => {
-                    if !k.1.starts_with("event") && w.1.starts_with("event") {
-                        continue;
-                    }
-                    if k.1.starts_with("event") {
-                        *k = w;
-                    } else {
-                        k.1 = format!("{} = {}", k.1, w.1);
-                        k.2 = k.2.max(w.2);
-                    }
-                }
-                None => keep.push(w),
-            }
-        }
-
-        // One walk forwards: group deltas per position, and the moments.
+        // The order matters: groups get their index as the moments, then the bands, name them.
         let mut indexer = GroupIndexer::new(snapshot, groups);
-        let mut moments = Vec::with_capacity(keep.len());
-        let mut next_moment = 0;
-        let mut state = walk.start.clone();
-        let mut start_bytes: FxHashMap<GroupId, u64> = FxHashMap::default();
-        for block in state.blocks.values().filter(|b| !b.pending) {
-            let e = start_bytes.entry(groups.of_block(block)).or_default();
-            *e = e.saturating_add(block.size);
+        let start_bytes = bytes_by_group(&walk.start, groups);
+        let (deltas, moments) = walk_forwards(snapshot, &walk, groups, &planned, &mut indexer);
+        let bands = Bands::choose(&start_bytes, &deltas, groups, &mut indexer);
+        let clock = Clock::of(events);
+        let columns = Columns::gather(&walk, &bands, &start_bytes, &deltas, &clock);
+
+        ExplorerData {
+            events: n as u64,
+            has_time: clock.has_time,
+            reserved_known: walk.reserved_known,
+            capacity,
+            peak_allocated: walk.peak_allocated.bytes,
+            peak_pos,
+            peak_reserved: walk.reserved_known.then_some(walk.peak_reserved.bytes),
+            peak_reserved_pos,
+            series: bands.series,
+            groups: indexer.infos,
+            bucket_start: columns.bucket_start,
+            bucket_pos: columns.bucket_pos,
+            bucket_time: columns.bucket_time,
+            duration_ns: clock.time_at(n),
+            allocated: columns.allocated,
+            reserved: columns.reserved,
+            values: columns.values,
+            steps: step_positions(view),
+            ooms: view.ooms().iter().map(|&e| u64::from(e) + 1).collect(),
+            moments,
         }
-        if state.unattributed.allocated > 0 {
-            let e = start_bytes.entry(SiteGroups::BEFORE_TRACE).or_default();
-            *e = e.saturating_add(state.unattributed.allocated);
-        }
-        let mut deltas: Vec<Delta> = Vec::with_capacity(n);
-        let contribution = |state: &MemoryState, addr: u64| {
-            state
-                .blocks
-                .get(&addr)
-                .filter(|b| !b.pending)
-                .map(|b| (groups.of_block(b), b.size))
-        };
-        let mut take_moment = |pos: u64, state: &MemoryState, moments: &mut Vec<Moment>| {
-            while next_moment < keep.len() && keep[next_moment].0 == pos {
-                let (_, name, cap) = &keep[next_moment];
-                moments.push(moment(
-                    name.clone(),
-                    pos,
-                    state,
-                    groups,
-                    walk.reserved_known,
-                    *cap,
-                    &mut indexer,
-                ));
-                next_moment += 1;
-            }
-        };
-        take_moment(0, &state, &mut moments);
-        for (i, e) in events.iter().enumerate() {
-            let touches = matches!(
-                e.kind,
-                EventKind::Alloc | EventKind::FreeRequested | EventKind::FreeCompleted
-            );
-            let before = if touches {
-                contribution(&state, e.addr)
-            } else {
-                None
-            };
-            state.apply(e, i as u32);
-            if touches {
-                let after = contribution(&state, e.addr);
-                if before != after {
-                    let pos = i as u32 + 1;
-                    if let Some((g, b)) = before {
-                        deltas.push(Delta {
-                            pos,
-                            group: g,
-                            bytes: -signed(b),
-                        });
-                    }
-                    if let Some((g, b)) = after {
-                        deltas.push(Delta {
-                            pos,
-                            group: g,
-                            bytes: signed(b),
-                        });
-                    }
+    }
+
+    /// The moment at the peak of allocated bytes.
+    pub fn peak_moment(&self) -> Option<&Moment> {
+        self.moments.iter().find(|m| m.pos == self.peak_pos)
+    }
+}
+
+/// The moments to take, in position order, for a trace of `n` events: the peaks, the end, the
+/// start and evenly spaced ones. Moments at one position are one: the first name given to it
+/// wins over a spaced moment's, and named moments that meet are named together.
+fn plan_moments(n: usize, peak_pos: u64, peak_reserved_pos: Option<u64>) -> Vec<PlannedMoment> {
+    let planned = |pos: u64, name: String, max_blocks: usize| PlannedMoment {
+        pos,
+        name,
+        max_blocks,
+    };
+    let mut wanted: Vec<PlannedMoment> = vec![
+        planned(peak_pos, "peak allocated".to_string(), MAX_KEY_BLOCKS),
+        planned(n as u64, "end".to_string(), MAX_KEY_BLOCKS),
+        planned(0, "start".to_string(), MAX_OTHER_BLOCKS),
+    ];
+    if let Some(p) = peak_reserved_pos {
+        wanted.push(planned(p, "peak reserved".to_string(), MAX_KEY_BLOCKS));
+    }
+    for k in 1..=SPACED_MOMENTS {
+        let p = (n * k / (SPACED_MOMENTS + 1)) as u64;
+        wanted.push(planned(p, format!("event {p}"), MAX_OTHER_BLOCKS));
+    }
+    wanted.sort_by_key(|w| w.pos);
+    // The first name given to a position wins (the peak over a spaced moment).
+    let mut keep: Vec<PlannedMoment> = Vec::new();
+    for w in wanted {
+        match keep.iter_mut().find(|k| k.pos == w.pos) {
+            Some(k) => {
+                if !k.name.starts_with("event") && w.name.starts_with("event") {
+                    continue;
+                }
+                if k.name.starts_with("event") {
+                    *k = w;
+                } else {
+                    k.name = format!("{} = {}", k.name, w.name);
+                    k.max_blocks = k.max_blocks.max(w.max_blocks);
                 }
             }
-            // The end is the engine's end state (the dump-time state), as every view shows it.
-            let at = if i + 1 == n { &walk.end } else { &state };
-            take_moment(i as u64 + 1, at, &mut moments);
+            None => keep.push(w),
         }
+    }
+    keep
+}
 
-        // Each group's own highest bytes, to pick the bands.
-        let mut current = start_bytes.clone();
-        let mut max = start_bytes.clone();
-        for d in &deltas {
-            let v = current.entry(d.group).or_default();
-            *v = v.saturating_add_signed(d.bytes);
-            let m = max.entry(d.group).or_default();
-            *m = (*m).max(*v);
+/// The bytes each group holds in `state` (pending frees left out), with the state's
+/// unattributed bytes under "before the trace".
+fn bytes_by_group(state: &MemoryState, groups: &SiteGroups) -> FxHashMap<GroupId, u64> {
+    let mut bytes: FxHashMap<GroupId, u64> = FxHashMap::default();
+    for block in state.blocks.values().filter(|b| !b.pending) {
+        let e = bytes.entry(groups.of_block(block)).or_default();
+        *e = e.saturating_add(block.size);
+    }
+    if state.unattributed.allocated > 0 {
+        let e = bytes.entry(SiteGroups::BEFORE_TRACE).or_default();
+        *e = e.saturating_add(state.unattributed.allocated);
+    }
+    bytes
+}
+
+/// One walk forwards from the engine's start state: the change of each group's bytes at every
+/// position where one changes, and the `planned` moments as the walk reaches them.
+fn walk_forwards(
+    snapshot: &Snapshot,
+    walk: &Reconstruction,
+    groups: &SiteGroups,
+    planned: &[PlannedMoment],
+    indexer: &mut GroupIndexer,
+) -> (Vec<Delta>, Vec<Moment>) {
+    let events = &snapshot.events;
+    let n = events.len();
+    let mut moments = Vec::with_capacity(planned.len());
+    let mut next_moment = 0;
+    let mut state = walk.start.clone();
+    let mut deltas: Vec<Delta> = Vec::with_capacity(n);
+    let contribution = |state: &MemoryState, addr: u64| {
+        state
+            .blocks
+            .get(&addr)
+            .filter(|b| !b.pending)
+            .map(|b| (groups.of_block(b), b.size))
+    };
+    let mut take_moment = |pos: u64, state: &MemoryState, moments: &mut Vec<Moment>| {
+        while next_moment < planned.len() && planned[next_moment].pos == pos {
+            let plan = &planned[next_moment];
+            moments.push(moment(
+                plan.name.clone(),
+                pos,
+                state,
+                groups,
+                walk.reserved_known,
+                plan.max_blocks,
+                indexer,
+            ));
+            next_moment += 1;
         }
+    };
+    take_moment(0, &state, &mut moments);
+    for (i, e) in events.iter().enumerate() {
+        let touches = matches!(
+            e.kind,
+            EventKind::Alloc | EventKind::FreeRequested | EventKind::FreeCompleted
+        );
+        let before = if touches {
+            contribution(&state, e.addr)
+        } else {
+            None
+        };
+        state.apply(e, i as u32);
+        if touches {
+            let after = contribution(&state, e.addr);
+            if before != after {
+                push_deltas(&mut deltas, i as u32 + 1, before, after);
+            }
+        }
+        // The end is the engine's end state (the dump-time state), as every view shows it.
+        let at = if i + 1 == n { &walk.end } else { &state };
+        take_moment(i as u64 + 1, at, &mut moments);
+    }
+    (deltas, moments)
+}
+
+/// Records at `pos` that the block at one address went from `before` to `after`, each a
+/// `(group, bytes)` or nothing.
+fn push_deltas(
+    deltas: &mut Vec<Delta>,
+    pos: u32,
+    before: Option<(GroupId, u64)>,
+    after: Option<(GroupId, u64)>,
+) {
+    if let Some((g, b)) = before {
+        deltas.push(Delta {
+            pos,
+            group: g,
+            bytes: -signed(b),
+        });
+    }
+    if let Some((g, b)) = after {
+        deltas.push(Delta {
+            pos,
+            group: g,
+            bytes: signed(b),
+        });
+    }
+}
+
+/// The bands of the chart and which band each group is drawn in.
+struct Bands {
+    /// The bands, bottom first: "before the trace", the largest sites, then "other".
+    series: Vec<Series>,
+    /// The band of each group drawn on its own.
+    series_of: FxHashMap<GroupId, usize>,
+    /// The "other" band, when there are more sites than bands.
+    other: Option<usize>,
+}
+
+impl Bands {
+    /// Picks the bands: the [`MAX_SERIES`] groups with the highest bytes of their own at any
+    /// position, "before the trace" below them and the rest as "other".
+    fn choose(
+        start_bytes: &FxHashMap<GroupId, u64>,
+        deltas: &[Delta],
+        groups: &SiteGroups,
+        indexer: &mut GroupIndexer,
+    ) -> Bands {
+        let max = highest_bytes(start_bytes, deltas);
         let mut ranked: Vec<(GroupId, u64)> = max
             .iter()
             .filter(|(&g, &m)| m > 0 && g != SiteGroups::BEFORE_TRACE)
@@ -305,7 +400,6 @@ impl ExplorerData {
             .collect();
         ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         let has_other = ranked.len() > MAX_SERIES;
-        let chosen: Vec<(GroupId, u64)> = ranked.iter().take(MAX_SERIES).copied().collect();
         let other_max = ranked.iter().skip(MAX_SERIES).map(|r| r.1).max();
         let before_max = max.get(&SiteGroups::BEFORE_TRACE).copied().unwrap_or(0);
 
@@ -320,7 +414,7 @@ impl ExplorerData {
                 max: before_max,
             });
         }
-        for &(g, m) in &chosen {
+        for &(g, m) in ranked.iter().take(MAX_SERIES) {
             series_of.insert(g, series.len());
             series.push(Series {
                 kind: match groups.get(g).kind {
@@ -342,61 +436,146 @@ impl ExplorerData {
             });
             series.len() - 1
         });
-        let series_index = |g: GroupId| series_of.get(&g).copied().or(other);
+        Bands {
+            series,
+            series_of,
+            other,
+        }
+    }
 
-        // The buckets: each shows the position of its highest allocated bytes.
-        let positions = n + 1;
-        let buckets = positions.min(MAX_BUCKETS);
-        let bucket_of = |p: usize| (p as u128 * buckets as u128 / positions as u128) as usize;
+    /// The band group `g` is drawn in.
+    fn of(&self, g: GroupId) -> Option<usize> {
+        self.series_of.get(&g).copied().or(self.other)
+    }
+}
+
+/// Each group's own highest bytes at any position, from its bytes at the start and the
+/// deltas.
+fn highest_bytes(
+    start_bytes: &FxHashMap<GroupId, u64>,
+    deltas: &[Delta],
+) -> FxHashMap<GroupId, u64> {
+    let mut current = start_bytes.clone();
+    let mut max = start_bytes.clone();
+    for d in deltas {
+        let v = current.entry(d.group).or_default();
+        *v = v.saturating_add_signed(d.bytes);
+        let m = max.entry(d.group).or_default();
+        *m = (*m).max(*v);
+    }
+    max
+}
+
+/// The times of positions, counted from the first event's time stamp.
+struct Clock<'e> {
+    events: &'e [Event],
+    /// The first event's time stamp.
+    t0: u64,
+    /// Whether any event's time differs from the first's (the x axis can be time).
+    has_time: bool,
+}
+
+impl<'e> Clock<'e> {
+    fn of(events: &'e [Event]) -> Clock<'e> {
         let t0 = events.first().map_or(0, |e| e.time_ns);
         let has_time = events.iter().any(|e| e.time_ns != t0);
-        let time_at = |p: usize| {
-            events
-                .get(p.saturating_sub(1))
-                .map_or(0, |e| e.time_ns.saturating_sub(t0))
+        Clock {
+            events,
+            t0,
+            has_time,
+        }
+    }
+
+    /// Nanoseconds from the first event to position `p` (the state after `p` events).
+    fn time_at(&self, p: usize) -> u64 {
+        self.events
+            .get(p.saturating_sub(1))
+            .map_or(0, |e| e.time_ns.saturating_sub(self.t0))
+    }
+}
+
+/// The columns of the chart, as [`ExplorerData`] lists them.
+struct Columns {
+    bucket_start: Vec<u64>,
+    bucket_pos: Vec<u64>,
+    bucket_time: Vec<u64>,
+    allocated: Vec<u64>,
+    reserved: Vec<u64>,
+    values: Vec<Vec<u64>>,
+}
+
+/// The column being gathered: where it starts, and its position with the highest allocated
+/// bytes so far (first reached), with the bands' values there.
+struct OpenColumn {
+    start: usize,
+    best: Vec<u64>,
+    best_pos: usize,
+    best_alloc: u64,
+    max_reserved: u64,
+}
+
+impl OpenColumn {
+    /// Starts the column again at position `p`, whose bands are `now`.
+    fn restart(&mut self, p: usize, now: &[u64], usage: Usage) {
+        self.start = p;
+        self.best.copy_from_slice(now);
+        self.best_pos = p;
+        self.best_alloc = usage.allocated;
+        self.max_reserved = usage.reserved;
+    }
+
+    /// Takes in position `p`, whose bands are `now`: it is the column's best when its
+    /// allocated bytes are higher than any before.
+    fn take(&mut self, p: usize, now: &[u64], usage: Usage) {
+        if usage.allocated > self.best_alloc {
+            self.best.copy_from_slice(now);
+            self.best_pos = p;
+            self.best_alloc = usage.allocated;
+        }
+        self.max_reserved = self.max_reserved.max(usage.reserved);
+    }
+}
+
+impl Columns {
+    /// Gathers the positions into at most [`MAX_BUCKETS`] columns, each showing the position of
+    /// its highest allocated bytes.
+    fn gather(
+        walk: &Reconstruction,
+        bands: &Bands,
+        start_bytes: &FxHashMap<GroupId, u64>,
+        deltas: &[Delta],
+        clock: &Clock,
+    ) -> Columns {
+        let positions = clock.events.len() + 1;
+        let buckets = positions.min(MAX_BUCKETS);
+        let bucket_of = |p: usize| (p as u128 * buckets as u128 / positions as u128) as usize;
+        let mut columns = Columns {
+            bucket_start: Vec::with_capacity(buckets),
+            bucket_pos: Vec::with_capacity(buckets),
+            bucket_time: Vec::new(),
+            allocated: Vec::with_capacity(buckets),
+            reserved: Vec::new(),
+            values: vec![Vec::with_capacity(buckets); bands.series.len()],
         };
-        let mut values = vec![Vec::with_capacity(buckets); series.len()];
-        let mut bucket_start = Vec::with_capacity(buckets);
-        let mut bucket_pos = Vec::with_capacity(buckets);
-        let mut bucket_time = Vec::new();
-        let mut allocated = Vec::with_capacity(buckets);
-        let mut reserved = Vec::new();
-        let mut now = vec![0u64; series.len()];
-        for (&g, &b) in &start_bytes {
-            if let Some(s) = series_index(g) {
+        let mut now = vec![0u64; bands.series.len()];
+        for (&g, &b) in start_bytes {
+            if let Some(s) = bands.of(g) {
                 now[s] = now[s].saturating_add(b);
             }
         }
-        let mut best = now.clone();
-        let mut best_pos = 0usize;
-        let mut best_alloc = walk.start.allocated;
-        let mut max_reserved = walk.start.reserved;
+        let mut column = OpenColumn {
+            start: 0,
+            best: now.clone(),
+            best_pos: 0,
+            best_alloc: walk.start.allocated,
+            max_reserved: walk.start.reserved,
+        };
         let mut current_bucket = 0usize;
         let mut next_delta = 0usize;
-        let mut flush = |start: usize,
-                         best: &[u64],
-                         best_pos: usize,
-                         best_alloc: u64,
-                         max_reserved: u64,
-                         values: &mut Vec<Vec<u64>>| {
-            bucket_start.push(start as u64);
-            bucket_pos.push(best_pos as u64);
-            if has_time {
-                bucket_time.push(time_at(start));
-            }
-            allocated.push(best_alloc);
-            if walk.reserved_known {
-                reserved.push(max_reserved);
-            }
-            for (s, v) in values.iter_mut().enumerate() {
-                v.push(best[s]);
-            }
-        };
-        let mut start_of_bucket = 0usize;
         for p in 1..positions {
             while next_delta < deltas.len() && deltas[next_delta].pos as usize == p {
                 let d = deltas[next_delta];
-                if let Some(s) = series_index(d.group) {
+                if let Some(s) = bands.of(d.group) {
                     now[s] = now[s].saturating_add_signed(d.bytes);
                 }
                 next_delta += 1;
@@ -404,78 +583,47 @@ impl ExplorerData {
             let usage = walk.usage_at(p);
             let b = bucket_of(p);
             if b != current_bucket {
-                flush(
-                    start_of_bucket,
-                    &best,
-                    best_pos,
-                    best_alloc,
-                    max_reserved,
-                    &mut values,
-                );
+                columns.close(&column, clock, walk.reserved_known);
                 current_bucket = b;
-                start_of_bucket = p;
-                best.copy_from_slice(&now);
-                best_pos = p;
-                best_alloc = usage.allocated;
-                max_reserved = usage.reserved;
+                column.restart(p, &now, usage);
             } else {
-                if usage.allocated > best_alloc {
-                    best.copy_from_slice(&now);
-                    best_pos = p;
-                    best_alloc = usage.allocated;
-                }
-                max_reserved = max_reserved.max(usage.reserved);
+                column.take(p, &now, usage);
             }
         }
-        flush(
-            start_of_bucket,
-            &best,
-            best_pos,
-            best_alloc,
-            max_reserved,
-            &mut values,
-        );
+        columns.close(&column, clock, walk.reserved_known);
+        columns
+    }
 
-        let steps = view
-            .steps()
-            .iter()
-            .filter(|s| s.step >= 1)
-            .filter_map(|s| {
-                s.first_event.map(|e| StepPos {
-                    step: s.step,
-                    pos: u64::from(e),
-                    label: s.label.clone(),
-                })
-            })
-            .collect();
-        ExplorerData {
-            events: n as u64,
-            has_time,
-            reserved_known: walk.reserved_known,
-            capacity,
-            peak_allocated: walk.peak_allocated.bytes,
-            peak_pos,
-            peak_reserved: walk.reserved_known.then_some(walk.peak_reserved.bytes),
-            peak_reserved_pos,
-            series,
-            groups: indexer.infos,
-            bucket_start,
-            bucket_pos,
-            bucket_time,
-            duration_ns: time_at(n),
-            allocated,
-            reserved,
-            values,
-            steps,
-            ooms: view.ooms().iter().map(|&e| u64::from(e) + 1).collect(),
-            moments,
+    /// Adds `column` as the next column.
+    fn close(&mut self, column: &OpenColumn, clock: &Clock, reserved_known: bool) {
+        self.bucket_start.push(column.start as u64);
+        self.bucket_pos.push(column.best_pos as u64);
+        if clock.has_time {
+            self.bucket_time.push(clock.time_at(column.start));
+        }
+        self.allocated.push(column.best_alloc);
+        if reserved_known {
+            self.reserved.push(column.max_reserved);
+        }
+        for (s, v) in self.values.iter_mut().enumerate() {
+            v.push(column.best[s]);
         }
     }
+}
 
-    /// The moment at the peak of allocated bytes.
-    pub fn peak_moment(&self) -> Option<&Moment> {
-        self.moments.iter().find(|m| m.pos == self.peak_pos)
-    }
+/// The steps numbered 1 or more that have events, with their first position.
+fn step_positions(view: &ModelView<'_>) -> Vec<StepPos> {
+    view.steps()
+        .iter()
+        .filter(|s| s.step >= 1)
+        .filter_map(|s| {
+            s.first_event.map(|e| StepPos {
+                step: s.step,
+                pos: u64::from(e),
+                label: s.label.clone(),
+            })
+        })
+        .collect()
 }
 
 /// `bytes` as a delta (sizes past `i64::MAX`, which no importer lets through, saturate).

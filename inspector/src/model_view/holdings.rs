@@ -1,0 +1,81 @@
+//! What each call-site group holds: blocks summed into one [`Holding`] per group, largest
+//! first.
+//!
+//! The view sums holdings in two ways that must agree: from its own intervals
+//! (`ModelView::live_after_event`, in the parent module) and from an engine state
+//! (`MemoryState`, for the end and the peak, in `build`). Both go through [`add_holding`] and
+//! [`sorted_holdings`], so a group's figures and the order of the list are the same whichever
+//! way they were reached.
+
+use rustc_hash::FxHashMap;
+use vramscope_engine::{GroupId, LiveBlock, MemoryState, SiteGroups};
+
+use super::Holding;
+
+/// Adds one block of `bytes` (`requested` of them asked for), allocated in step number `step`,
+/// to `group`'s holding in `by_group`.
+pub(super) fn add_holding(
+    by_group: &mut FxHashMap<GroupId, Holding>,
+    group: GroupId,
+    bytes: u64,
+    requested: u64,
+    step: u64,
+) {
+    let h = by_group.entry(group).or_insert(Holding {
+        group,
+        bytes: 0,
+        blocks: 0,
+        requested: 0,
+        first_step: step,
+        last_step: step,
+    });
+    h.bytes = h.bytes.saturating_add(bytes);
+    h.blocks += 1;
+    h.requested = h.requested.saturating_add(requested);
+    h.first_step = h.first_step.min(step);
+    h.last_step = h.last_step.max(step);
+}
+
+/// What each group holds in `state` (pending frees left out, as from the allocated figure),
+/// with the state's unattributed bytes under [`SiteGroups::BEFORE_TRACE`].
+pub(super) fn holdings_of(
+    state: &MemoryState,
+    groups: &SiteGroups,
+    step_of: &dyn Fn(&LiveBlock) -> u64,
+) -> Vec<Holding> {
+    let mut by_group: FxHashMap<GroupId, Holding> = FxHashMap::default();
+    for block in state.blocks.values().filter(|b| !b.pending) {
+        add_holding(
+            &mut by_group,
+            groups.of_block(block),
+            block.size,
+            block.requested,
+            step_of(block),
+        );
+    }
+    if state.unattributed.allocated > 0 {
+        let h = by_group.entry(SiteGroups::BEFORE_TRACE).or_insert(Holding {
+            group: SiteGroups::BEFORE_TRACE,
+            bytes: 0,
+            blocks: 0,
+            requested: 0,
+            first_step: 0,
+            last_step: 0,
+        });
+        h.bytes = h.bytes.saturating_add(state.unattributed.allocated);
+    }
+    sorted_holdings(by_group)
+}
+
+/// The holdings of `by_group`, largest first (more blocks first on equal bytes, then by group
+/// id, so that the order never depends on the map's).
+pub(super) fn sorted_holdings(by_group: FxHashMap<GroupId, Holding>) -> Vec<Holding> {
+    let mut list: Vec<Holding> = by_group.into_values().collect();
+    list.sort_unstable_by(|a, b| {
+        b.bytes
+            .cmp(&a.bytes)
+            .then(b.blocks.cmp(&a.blocks))
+            .then(a.group.cmp(&b.group))
+    });
+    list
+}

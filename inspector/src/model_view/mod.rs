@@ -1,0 +1,645 @@
+//! A precomputed analysis view of one [`Snapshot`], built once and shared by every detector,
+//! the reports and the diff.
+//!
+//! The snapshot itself is a flat list of events plus the segments at the end. Most questions the
+//! detectors ask ("which allocations of this call site were still live at the end?", "how many
+//! tiny device-to-host copies did this site make in step 7?", "how much was allocated and
+//! reserved when the OOM happened?") need the same reconstruction: allocations paired with their
+//! frees (live intervals), call sites grouped by `file:line`, tallies per step and per group, and
+//! a timeline of allocated and reserved bytes. [`ModelView::new`] does all of that in one pass
+//! over the events (a few milliseconds for the ~23k-event traces in `shared/traces`), so that
+//! `crate::detect` can stay a set of small pure functions. `crate::report` draws its timeline and
+//! top sites from the same view, and `crate::diff` compares the live-at-end holdings of two views.
+//!
+//! Imported traces are often incomplete: a PyTorch trace may start after the process allocated,
+//! so frees without a matching allocation are counted and otherwise ignored, and the timeline is
+//! lifted by a baseline inferred from the segments at the end. Nothing here fails on odd input.
+//!
+//! This file holds the view's data types and its queries. The one pass lives in `build`, whose
+//! `ModelViewBuilder` owns every accumulator and is fed the events one by one; `steps` decides
+//! how events are numbered into steps (the trace's marks, an inferred loop, or a
+//! `--step-marker` applied afterwards); `holdings` sums blocks into per-group [`Holding`]s; and
+//! `stacks` finds the user's own frames in a call stack.
+
+mod build;
+mod holdings;
+mod stacks;
+mod steps;
+
+pub use stacks::common_caller;
+pub(crate) use stacks::default_framework_paths;
+pub use steps::{apply_step_marker, restep, step_marker_candidates, StepMarkerError, StepSource};
+
+use rustc_hash::FxHashMap;
+use vramscope_engine::{name_call_site, EmptyCacheCall, GroupId, SiteGroup, SiteGroups, SiteName};
+use vramscope_model::{SiteId, Snapshot};
+
+use build::ModelViewBuilder;
+use holdings::{add_holding, sorted_holdings};
+
+/// One allocation paired with its free, if the trace has one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Interval {
+    /// Call-site group of the allocation.
+    pub group: GroupId,
+    /// Device ordinal.
+    pub device: u32,
+    /// Device address.
+    pub addr: u64,
+    /// Block size in bytes.
+    pub size: u64,
+    /// Bytes the program asked for.
+    pub requested: u64,
+    /// Index of the `Alloc` event in [`Snapshot::events`].
+    pub alloc_event: u32,
+    /// Index of the first free event of the block, `None` when it is live at the end.
+    pub free_event: Option<u32>,
+    /// Step index (into [`ModelView::steps`]) of the allocation.
+    pub alloc_step: u32,
+    /// Step index of the free.
+    pub free_step: Option<u32>,
+}
+
+impl Interval {
+    /// Whether the block is still allocated at the end of the trace.
+    pub fn is_live_at_end(&self) -> bool {
+        self.free_event.is_none()
+    }
+
+    /// Whether the block is allocated just after event `event` has happened.
+    pub fn is_live_after(&self, event: u32) -> bool {
+        self.alloc_event <= event && self.free_event.is_none_or(|f| f > event)
+    }
+}
+
+/// What happened in one step, for one group or for the whole trace.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepTally {
+    /// Allocations made.
+    pub allocs: u64,
+    /// Bytes allocated (block sizes).
+    pub alloc_bytes: u64,
+    /// Frees of allocations the trace saw.
+    pub frees: u64,
+    /// Bytes freed by those frees.
+    pub free_bytes: u64,
+    /// Allocations made in this step that are still live at the end of the trace.
+    pub retained: u64,
+    /// Bytes of those allocations.
+    pub retained_bytes: u64,
+    /// Host-to-device copies.
+    pub h2d: u64,
+    /// Bytes copied host to device.
+    pub h2d_bytes: u64,
+    /// Device-to-host copies.
+    pub d2h: u64,
+    /// Bytes copied device to host.
+    pub d2h_bytes: u64,
+    /// Device-to-device copies.
+    pub d2d: u64,
+    /// Bytes copied device to device.
+    pub d2d_bytes: u64,
+    /// Explicit host waits (`Sync` events).
+    pub syncs: u64,
+    /// `empty_cache()` calls.
+    pub empty_cache: u64,
+    /// Raw device allocations (new segments or mapped pages).
+    pub segment_allocs: u64,
+    /// Bytes of those raw allocations.
+    pub segment_alloc_bytes: u64,
+    /// Raw device frees (released segments or unmapped pages).
+    pub segment_frees: u64,
+    /// Bytes of those raw frees.
+    pub segment_free_bytes: u64,
+    /// Failed allocations.
+    pub ooms: u64,
+}
+
+impl StepTally {
+    fn add(&mut self, other: &StepTally) {
+        self.allocs = self.allocs.saturating_add(other.allocs);
+        self.alloc_bytes = self.alloc_bytes.saturating_add(other.alloc_bytes);
+        self.frees = self.frees.saturating_add(other.frees);
+        self.free_bytes = self.free_bytes.saturating_add(other.free_bytes);
+        self.retained = self.retained.saturating_add(other.retained);
+        self.retained_bytes = self.retained_bytes.saturating_add(other.retained_bytes);
+        self.h2d = self.h2d.saturating_add(other.h2d);
+        self.h2d_bytes = self.h2d_bytes.saturating_add(other.h2d_bytes);
+        self.d2h = self.d2h.saturating_add(other.d2h);
+        self.d2h_bytes = self.d2h_bytes.saturating_add(other.d2h_bytes);
+        self.d2d = self.d2d.saturating_add(other.d2d);
+        self.d2d_bytes = self.d2d_bytes.saturating_add(other.d2d_bytes);
+        self.syncs = self.syncs.saturating_add(other.syncs);
+        self.empty_cache = self.empty_cache.saturating_add(other.empty_cache);
+        self.segment_allocs = self.segment_allocs.saturating_add(other.segment_allocs);
+        self.segment_alloc_bytes = self
+            .segment_alloc_bytes
+            .saturating_add(other.segment_alloc_bytes);
+        self.segment_frees = self.segment_frees.saturating_add(other.segment_frees);
+        self.segment_free_bytes = self
+            .segment_free_bytes
+            .saturating_add(other.segment_free_bytes);
+        self.ooms = self.ooms.saturating_add(other.ooms);
+    }
+}
+
+/// One step of the trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepInfo {
+    /// Step number (0 is everything before the first mark).
+    pub step: u64,
+    /// Index of the first event of the step, if the trace has one.
+    pub first_event: Option<u32>,
+    /// Label of the step mark (`"mark_step"`, a profiler slice name), or empty.
+    pub label: String,
+}
+
+/// Allocated and reserved bytes just after one event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TimelinePoint {
+    /// Index of the event in [`Snapshot::events`].
+    pub event: u32,
+    /// Sequence number of the event.
+    pub seq: u64,
+    /// Time of the event in nanoseconds since the snapshot's epoch.
+    pub time_ns: u64,
+    /// Step number of the event.
+    pub step: u64,
+    /// Bytes allocated to the program, including the inferred baseline.
+    pub allocated: u64,
+    /// Bytes reserved from the device, including the inferred baseline (0 when unknown).
+    pub reserved: u64,
+}
+
+/// What one group holds at one moment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holding {
+    /// The group.
+    pub group: GroupId,
+    /// Bytes held (block sizes).
+    pub bytes: u64,
+    /// Blocks held.
+    pub blocks: u64,
+    /// Bytes the program asked for in those blocks.
+    pub requested: u64,
+    /// Lowest step number at which one of the blocks was allocated.
+    pub first_step: u64,
+    /// Highest step number at which one of the blocks was allocated.
+    pub last_step: u64,
+}
+
+/// Figures about the segments at the time of the snapshot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SegmentSummary {
+    /// Number of segments.
+    pub segments: u64,
+    /// Bytes reserved in segments.
+    pub reserved: u64,
+    /// Bytes in allocated blocks.
+    pub allocated: u64,
+    /// Bytes in allocated or pending-free blocks.
+    pub active: u64,
+    /// Free bytes inside segments that also hold an active block (cannot be released).
+    pub inactive_split_bytes: u64,
+    /// Free blocks inside segments that also hold an active block.
+    pub inactive_split_blocks: u64,
+    /// Free bytes in segments with no active block (`empty_cache()` would release them).
+    pub releasable_bytes: u64,
+    /// The largest free block in any segment.
+    pub largest_free_block: u64,
+    /// The largest segment.
+    pub largest_segment: u64,
+}
+
+/// Totals over the whole trace.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceTotals {
+    /// Events in the trace.
+    pub events: u64,
+    /// `Alloc` events.
+    pub allocs: u64,
+    /// Frees matched to an allocation in the trace.
+    pub frees: u64,
+    /// Frees whose allocation is not in the trace (allocated before recording began).
+    pub unmatched_frees: u64,
+    /// Bytes of those unmatched frees.
+    pub unmatched_free_bytes: u64,
+    /// Allocations whose address was allocated again without a free in between.
+    pub lost_frees: u64,
+    /// Host-to-device bytes copied.
+    pub h2d_bytes: u64,
+    /// Device-to-host bytes copied.
+    pub d2h_bytes: u64,
+    /// Transfers of any direction.
+    pub transfers: u64,
+    /// `Sync` events.
+    pub syncs: u64,
+    /// Raw device allocations.
+    pub segment_allocs: u64,
+    /// Raw device frees.
+    pub segment_frees: u64,
+    /// `empty_cache()` calls.
+    pub empty_cache: u64,
+    /// Failed allocations.
+    pub ooms: u64,
+}
+
+/// The analysis view of one snapshot. See the module documentation.
+#[derive(Clone, Debug)]
+pub struct ModelView<'a> {
+    snapshot: &'a Snapshot,
+    groups: SiteGroups,
+    intervals: Vec<Interval>,
+    group_intervals: Vec<Vec<u32>>,
+    group_events: Vec<Vec<u32>>,
+    steps: Vec<StepInfo>,
+    event_step: Vec<u32>,
+    step_totals: Vec<StepTally>,
+    group_steps: Vec<Vec<(u32, StepTally)>>,
+    timeline: Vec<TimelinePoint>,
+    reserved_known: bool,
+    baseline_allocated: u64,
+    baseline_reserved: u64,
+    peak_allocated: u64,
+    peak_allocated_event: Option<u32>,
+    peak_reserved: u64,
+    peak_reserved_event: Option<u32>,
+    end_allocated: u64,
+    end_reserved: u64,
+    totals: TraceTotals,
+    ooms: Vec<u32>,
+    live_end: Vec<Holding>,
+    live_peak: Vec<Holding>,
+    segments: SegmentSummary,
+    step_source: StepSource,
+    empty_cache_calls: Vec<EmptyCacheCall>,
+}
+
+impl<'a> ModelView<'a> {
+    /// Builds the view of `snapshot`: one walk of the engine (`crate::engine`) for the state at
+    /// every event, then one pass over the events for pairing, groups and tallies.
+    pub fn new(snapshot: &'a Snapshot) -> ModelView<'a> {
+        let mut builder = ModelViewBuilder::new(snapshot);
+        for (index, event) in snapshot.events.iter().enumerate() {
+            builder.push(index, event);
+        }
+        builder.finish()
+    }
+
+    /// Where the steps of this view came from: the trace's own marks, a repeating call-site
+    /// sequence found in its allocations, or nowhere.
+    pub fn step_source(&self) -> &StepSource {
+        &self.step_source
+    }
+
+    /// The trace's `empty_cache()` calls: its `EmptyCache` events, or, in a trace that records
+    /// none (PyTorch's), the bursts of segment frees that one call makes (see
+    /// [`vramscope_engine::empty_cache_calls`]).
+    pub fn empty_cache_calls(&self) -> &[EmptyCacheCall] {
+        &self.empty_cache_calls
+    }
+
+    /// How a reader should name call site `site`: its `file:line`, or for a stack without a
+    /// source line of its own (C++ frames only, as on PyTorch's autograd thread) the innermost
+    /// frame with a source line, else its autograd node (`MmBackward0`), else its innermost
+    /// C++ function. Never `??:0`.
+    pub fn site_name(&self, site: SiteId) -> SiteName {
+        match self.snapshot.sites.get(site as usize) {
+            Some(s) => name_call_site(s),
+            None => SiteName {
+                label: "(unknown site)".to_string(),
+                function: String::new(),
+                native: false,
+            },
+        }
+    }
+
+    /// What each group holds just after event `event` (blocks allocated inside the trace),
+    /// largest first.
+    pub fn live_after_event(&self, event: u32) -> Vec<Holding> {
+        self.holdings(|iv| iv.is_live_after(event))
+    }
+
+    /// Holdings by group of the intervals selected by `keep`, largest first.
+    fn holdings(&self, keep: impl Fn(&Interval) -> bool) -> Vec<Holding> {
+        let mut by_group: FxHashMap<GroupId, Holding> = FxHashMap::default();
+        for iv in self.intervals.iter().filter(|iv| keep(iv)) {
+            let step = self.steps[iv.alloc_step as usize].step;
+            add_holding(&mut by_group, iv.group, iv.size, iv.requested, step);
+        }
+        sorted_holdings(by_group)
+    }
+
+    /// The snapshot this view describes.
+    pub fn snapshot(&self) -> &'a Snapshot {
+        self.snapshot
+    }
+
+    /// The call-site groups, by id.
+    pub fn groups(&self) -> &[SiteGroup] {
+        self.groups.all()
+    }
+
+    /// The grouping itself (to group blocks and sites the same way elsewhere).
+    pub fn site_groups(&self) -> &SiteGroups {
+        &self.groups
+    }
+
+    /// One group.
+    pub fn group(&self, group: GroupId) -> &SiteGroup {
+        self.groups.get(group)
+    }
+
+    /// The group a site id belongs to (`None` for ids outside the site table).
+    pub fn group_of_site(&self, site: SiteId) -> Option<GroupId> {
+        self.groups.of_site(site)
+    }
+
+    /// Every allocation of the trace with its free, in allocation order.
+    pub fn intervals(&self) -> &[Interval] {
+        &self.intervals
+    }
+
+    /// Indices into [`ModelView::intervals`] of one group's allocations, in order.
+    pub fn group_intervals(&self, group: GroupId) -> &[u32] {
+        &self.group_intervals[group as usize]
+    }
+
+    /// Indices into [`Snapshot::events`] of one group's transfers, syncs, `empty_cache()` calls,
+    /// segment events and OOMs, in order.
+    pub fn group_events(&self, group: GroupId) -> &[u32] {
+        &self.group_events[group as usize]
+    }
+
+    /// The steps in increasing order; positions in this list are "step indices".
+    pub fn steps(&self) -> &[StepInfo] {
+        &self.steps
+    }
+
+    /// Step indices of the steps numbered 1 or more (the training loop, not the setup).
+    pub fn loop_steps(&self) -> std::ops::Range<u32> {
+        let first = self.steps.iter().position(|s| s.step >= 1);
+        match first {
+            Some(f) => f as u32..self.steps.len() as u32,
+            None => 0..0,
+        }
+    }
+
+    /// Step number of a step index.
+    pub fn step_number(&self, index: u32) -> u64 {
+        self.steps[index as usize].step
+    }
+
+    /// Step index of the event at `event`.
+    pub fn event_step(&self, event: u32) -> u32 {
+        self.event_step[event as usize]
+    }
+
+    /// Tallies of the whole trace, one per step index.
+    pub fn step_totals(&self) -> &[StepTally] {
+        &self.step_totals
+    }
+
+    /// Tallies of one group: `(step index, tally)` for the steps where it did something.
+    pub fn group_steps(&self, group: GroupId) -> &[(u32, StepTally)] {
+        &self.group_steps[group as usize]
+    }
+
+    /// Blocks and bytes of `group` live at the end of the step with index `step`.
+    pub fn live_after_step(&self, group: GroupId, step: u32) -> (u64, u64) {
+        let mut blocks = 0;
+        let mut bytes = 0u64;
+        for &i in self.group_intervals(group) {
+            let iv = &self.intervals[i as usize];
+            if iv.alloc_step <= step && iv.free_step.is_none_or(|f| f > step) {
+                blocks += 1;
+                bytes = bytes.saturating_add(iv.size);
+            }
+        }
+        (blocks, bytes)
+    }
+
+    /// Blocks and bytes of `group` allocated in the trace and live at its end.
+    pub fn live_at_end_in_trace(&self, group: GroupId) -> (u64, u64) {
+        let mut blocks = 0;
+        let mut bytes = 0u64;
+        for &i in self.group_intervals(group) {
+            let iv = &self.intervals[i as usize];
+            if iv.is_live_at_end() {
+                blocks += 1;
+                bytes = bytes.saturating_add(iv.size);
+            }
+        }
+        (blocks, bytes)
+    }
+
+    /// Allocated and reserved bytes after every event that changed them.
+    pub fn timeline(&self) -> &[TimelinePoint] {
+        &self.timeline
+    }
+
+    /// Allocated and reserved bytes just after event `event` (the baseline before any change).
+    pub fn usage_at(&self, event: u32) -> (u64, u64) {
+        let n = self.timeline.partition_point(|p| p.event <= event);
+        match n.checked_sub(1).map(|i| &self.timeline[i]) {
+            Some(p) => (p.allocated, p.reserved),
+            None => (
+                self.baseline_allocated,
+                if self.reserved_known {
+                    self.baseline_reserved
+                } else {
+                    0
+                },
+            ),
+        }
+    }
+
+    /// Whether reserved bytes are known (the trace has segment events or segments).
+    pub fn reserved_known(&self) -> bool {
+        self.reserved_known
+    }
+
+    /// Bytes allocated before the trace began: the engine's start state (blocks the trace
+    /// frees or the dump-time state shows, and what the statistics say beyond them).
+    pub fn baseline_allocated(&self) -> u64 {
+        self.baseline_allocated
+    }
+
+    /// Bytes reserved before the trace began (0 when unknown).
+    pub fn baseline_reserved(&self) -> u64 {
+        self.baseline_reserved
+    }
+
+    /// The highest allocated bytes on the timeline.
+    pub fn peak_allocated(&self) -> u64 {
+        self.peak_allocated
+    }
+
+    /// The event after which allocated bytes peaked.
+    pub fn peak_allocated_event(&self) -> Option<u32> {
+        self.peak_allocated_event
+    }
+
+    /// The highest reserved bytes on the timeline (0 when unknown).
+    pub fn peak_reserved(&self) -> u64 {
+        self.peak_reserved
+    }
+
+    /// The event after which reserved bytes peaked (`None` when the start held the peak).
+    pub fn peak_reserved_event(&self) -> Option<u32> {
+        self.peak_reserved_event
+    }
+
+    /// Allocated bytes at the end of the trace.
+    pub fn end_allocated(&self) -> u64 {
+        self.end_allocated
+    }
+
+    /// Reserved bytes at the end of the trace (0 when unknown).
+    pub fn end_reserved(&self) -> u64 {
+        self.end_reserved
+    }
+
+    /// Totals over the whole trace.
+    pub fn totals(&self) -> &TraceTotals {
+        &self.totals
+    }
+
+    /// Indices of the `Oom` events.
+    pub fn ooms(&self) -> &[u32] {
+        &self.ooms
+    }
+
+    /// What each group holds at the end, largest first; the bytes sum to
+    /// [`ModelView::end_allocated`] (memory from before the trace under its site, or under
+    /// [`SiteGroups::BEFORE_TRACE`]).
+    pub fn live_at_end(&self) -> &[Holding] {
+        &self.live_end
+    }
+
+    /// What each group holds at the peak of allocated bytes, largest first; the bytes sum to
+    /// [`ModelView::peak_allocated`] (memory from before the trace included, as at the end).
+    pub fn live_at_peak(&self) -> &[Holding] {
+        &self.live_peak
+    }
+
+    /// Figures about the segments of the snapshot.
+    pub fn segments(&self) -> &SegmentSummary {
+        &self.segments
+    }
+
+    /// Device capacity in bytes: `override_bytes` if given, else the snapshot's, else `None`.
+    pub fn capacity(&self, override_bytes: Option<u64>) -> Option<u64> {
+        override_bytes
+            .or(Some(self.snapshot.device.capacity))
+            .filter(|&c| c > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vramscope_testkit::{Trace, MIB};
+
+    #[test]
+    fn pairs_allocations_with_their_frees() {
+        let mut t = Trace::new();
+        let a = t.site("a.py", 1, "f");
+        let b = t.site("b.py", 2, "g");
+        let x = t.alloc(a, MIB);
+        t.step();
+        let y = t.alloc(b, 2 * MIB);
+        t.free(x, MIB);
+        // Address reuse after the free is a new interval.
+        t.alloc_at(b, x, 512);
+        let snapshot = t.finish();
+        let view = ModelView::new(&snapshot);
+        let iv = view.intervals();
+        assert_eq!(iv.len(), 3);
+        assert_eq!(iv[0].free_step, Some(1));
+        assert!(iv[1].is_live_at_end());
+        assert!(iv[2].is_live_at_end());
+        assert_eq!(iv[0].addr, iv[2].addr);
+        assert_eq!(view.totals().frees, 1);
+        assert_eq!(view.totals().unmatched_frees, 0);
+        assert_eq!(view.peak_allocated(), 3 * MIB);
+        assert_eq!(view.end_allocated(), 2 * MIB + 512);
+        assert_eq!(view.live_at_end()[0].bytes, 2 * MIB + 512);
+        assert_eq!(view.live_at_end()[0].blocks, 2);
+        let _ = y;
+    }
+
+    #[test]
+    fn missing_free_closes_the_older_block() {
+        let mut t = Trace::new();
+        let a = t.site("a.py", 1, "f");
+        t.alloc_at(a, 0x1000, 512);
+        t.alloc_at(a, 0x1000, 512);
+        let snapshot = t.finish();
+        let view = ModelView::new(&snapshot);
+        assert_eq!(view.totals().lost_frees, 1);
+        assert_eq!(view.end_allocated(), 512);
+    }
+
+    #[test]
+    fn segments_before_the_trace_lift_the_timeline() {
+        let mut t = Trace::new();
+        let a = t.site("a.py", 1, "f");
+        // A segment reserved before recording holds an old block and a new one.
+        t.add_segment(
+            0x10_0000,
+            &[
+                (0, MIB, true),
+                (MIB, MIB, false),
+                (2 * MIB, 18 * MIB, false),
+            ],
+            20 * MIB,
+        );
+        t.alloc_at(a, 0x10_0000 + MIB, MIB);
+        t.snap.segments[0].blocks[1].state = vramscope_model::BlockState::ActiveAllocated;
+        let snapshot = t.finish();
+        let view = ModelView::new(&snapshot);
+        assert_eq!(view.baseline_allocated(), MIB);
+        assert_eq!(view.baseline_reserved(), 20 * MIB);
+        assert!(view.reserved_known());
+        assert_eq!(view.usage_at(0), (2 * MIB, 20 * MIB));
+        // The old block shows under the unknown site, the new one under its own.
+        let live = view.live_at_end();
+        assert_eq!(live.len(), 2);
+        assert!(live
+            .iter()
+            .any(|h| view.group(h.group).file_line.is_none() && h.bytes == MIB));
+        assert_eq!(view.segments().inactive_split_bytes, 18 * MIB);
+        assert_eq!(view.segments().largest_free_block, 18 * MIB);
+    }
+
+    #[test]
+    fn free_requested_then_completed_counts_once() {
+        let mut t = Trace::new();
+        t.free(0x5000, 4096);
+        let snapshot = t.finish();
+        let view = ModelView::new(&snapshot);
+        assert_eq!(view.totals().unmatched_frees, 1);
+        assert_eq!(view.baseline_allocated(), 4096);
+        assert_eq!(view.end_allocated(), 0);
+    }
+
+    #[test]
+    fn steps_are_indexed_in_order() {
+        let mut t = Trace::new();
+        let a = t.site("a.py", 1, "f");
+        t.alloc(a, 512);
+        t.step();
+        t.step();
+        t.alloc(a, 512);
+        let snapshot = t.finish();
+        let view = ModelView::new(&snapshot);
+        let numbers: Vec<u64> = view.steps().iter().map(|s| s.step).collect();
+        assert_eq!(numbers, vec![0, 1, 2]);
+        assert_eq!(view.loop_steps(), 1..3);
+        assert_eq!(view.steps()[2].label, "mark_step");
+        assert_eq!(view.step_totals()[2].allocs, 1);
+        let group = view.group_of_site(a).unwrap();
+        assert_eq!(view.live_after_step(group, 0), (1, 512));
+    }
+}

@@ -1,0 +1,471 @@
+//! How the events of a snapshot are numbered into steps.
+//!
+//! A trace's steps come from its own marks (`mark_step`, an optimizer annotation, a profiler
+//! slice) when it has any; otherwise [`StepPlan`] infers them from the repeating call-site
+//! sequence of the allocations (the line that opens each iteration of the loop); failing both,
+//! the whole trace is one step. `build` asks the plan for each event's step number while it
+//! feeds the events through, and [`collect_steps`] lists the steps the view will index.
+//!
+//! The public half re-steps a snapshot that is already loaded, for the CLI's `--step-marker`:
+//! [`apply_step_marker`] by mark labels or annotation names, [`restep`] also by a function in
+//! the allocations' stacks, with [`step_marker_candidates`] to suggest names when nothing
+//! matches. The parent module re-exports these, so they stay `model_view::restep` and so on.
+
+use rustc_hash::FxHashMap;
+use vramscope_model::{Event, EventKind, Snapshot};
+
+use super::stacks::default_framework_paths;
+use super::StepInfo;
+
+/// Where the steps of a view came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StepSource {
+    /// The trace's own step marks (`mark_step`, an annotation such as
+    /// `Optimizer.step#AdamW.step`, a profiler slice); `label` is the first mark's label.
+    Recorded {
+        /// The label of the first mark.
+        label: String,
+    },
+    /// No marks: each step begins where the loop's first allocating line runs again (the
+    /// repeating call-site sequence of the allocations).
+    Inferred {
+        /// `file:line` of the line that opens each iteration.
+        opener: String,
+    },
+    /// Neither marks nor a repeating sequence: the whole trace is one step.
+    None,
+}
+
+impl StepSource {
+    /// A phrase for reports: where the steps came from.
+    pub fn describe(&self) -> String {
+        match self {
+            StepSource::Recorded { label } if label.is_empty() => {
+                "steps from the trace's step marks".to_string()
+            }
+            StepSource::Recorded { label } => {
+                format!("steps from the trace's step marks (`{label}`)")
+            }
+            StepSource::Inferred { opener } => {
+                format!("steps inferred from the repeating allocations (each begins at {opener})")
+            }
+            StepSource::None => "no steps (no marks and no repeating loop found)".to_string(),
+        }
+    }
+}
+
+/// Steps found from the repeating call-site sequence of a trace without marks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct InferredSteps {
+    /// Event indices that begin steps 1, 2, ...
+    starts: Vec<u32>,
+    /// `file:line` of the line that opens each iteration.
+    opener: String,
+}
+
+/// How the view numbers steps: the events' own step numbers, or inferred ones.
+pub(super) struct StepPlan {
+    /// Where the steps come from, as the view reports it.
+    pub(super) source: StepSource,
+    /// The inferred steps, when the trace has no marks of its own.
+    inferred: Option<InferredSteps>,
+}
+
+impl StepPlan {
+    /// The plan for `snapshot`: its own marks when it has any, else the loop found in its
+    /// allocations' stacks, else one step for everything.
+    pub(super) fn of(snapshot: &Snapshot) -> StepPlan {
+        let marked = !snapshot.steps.is_empty() || snapshot.events.iter().any(|e| e.step > 0);
+        if marked {
+            let label = snapshot
+                .steps
+                .first()
+                .map(|m| m.label.clone())
+                .unwrap_or_default();
+            return StepPlan {
+                source: StepSource::Recorded { label },
+                inferred: None,
+            };
+        }
+        match infer_steps(snapshot) {
+            Some(inferred) => StepPlan {
+                source: StepSource::Inferred {
+                    opener: inferred.opener.clone(),
+                },
+                inferred: Some(inferred),
+            },
+            None => StepPlan {
+                source: StepSource::None,
+                inferred: None,
+            },
+        }
+    }
+
+    /// The step number of event `index`.
+    pub(super) fn step_of(&self, index: usize, event: &Event) -> u64 {
+        match &self.inferred {
+            Some(inferred) => inferred.starts.partition_point(|&s| s as usize <= index) as u64,
+            None => event.step,
+        }
+    }
+}
+
+/// Every step number seen in events or marks (or inferred), in order, with the label of its
+/// mark.
+pub(super) fn collect_steps(snapshot: &Snapshot, plan: &StepPlan) -> (Vec<u64>, Vec<StepInfo>) {
+    if let Some(inferred) = &plan.inferred {
+        let n = inferred.starts.len() as u64;
+        let numbers: Vec<u64> = (0..=n).collect();
+        let steps = numbers
+            .iter()
+            .map(|&step| StepInfo {
+                step,
+                first_event: None,
+                label: if step == 0 {
+                    String::new()
+                } else {
+                    inferred.opener.clone()
+                },
+            })
+            .collect();
+        return (numbers, steps);
+    }
+    let mut numbers: Vec<u64> = snapshot.events.iter().map(|e| e.step).collect();
+    numbers.extend(snapshot.steps.iter().map(|m| m.step));
+    numbers.sort_unstable();
+    numbers.dedup();
+    let mut steps: Vec<StepInfo> = numbers
+        .iter()
+        .map(|&step| StepInfo {
+            step,
+            first_event: None,
+            label: String::new(),
+        })
+        .collect();
+    for mark in &snapshot.steps {
+        if let Ok(i) = numbers.binary_search(&mark.step) {
+            if steps[i].label.is_empty() {
+                steps[i].label = mark.label.clone();
+            }
+        }
+    }
+    (numbers, steps)
+}
+
+/// Fewest iterations a repeating sequence must show to be taken for a loop.
+const MIN_INFERRED_STEPS: usize = 3;
+
+/// Finds the loop of a trace without step marks from its allocations' stacks.
+///
+/// Each allocation's Python frames that are the user's own (outermost first) say which line
+/// of each function it came from. Starting at the outermost frame, the walk descends while one
+/// line holds most allocations in one unbroken run (`main()` calling `train()` once); at the
+/// first level where no line does, that level is the loop body: the number of runs of a line
+/// there is the number of times the line ran, the most common such number (at least
+/// [`MIN_INFERRED_STEPS`]) is the iteration count, and the line with that count that runs
+/// first opens each iteration. Traces whose sites have no stacks use each allocation's own
+/// `file:line` at a single level. Stacks with no user frame (C++ only, as on the autograd
+/// thread) take no part.
+fn infer_steps(snapshot: &Snapshot) -> Option<InferredSteps> {
+    let framework = default_framework_paths();
+    let with_frames = snapshot.sites.iter().any(|s| !s.frames.is_empty());
+    // The user frames of each site, outermost first, as (file, line) keys.
+    let mut site_keys: Vec<Vec<(String, u32)>> = Vec::with_capacity(snapshot.sites.len());
+    for site in &snapshot.sites {
+        let keys = if with_frames {
+            site.frames
+                .iter()
+                .rev()
+                .filter(|f| !crate::import::sites::is_framework_frame(f, &framework))
+                .map(|f| (f.file.clone(), f.line))
+                .collect()
+        } else if site.file.is_empty() || site.file == "??" {
+            Vec::new()
+        } else {
+            vec![(site.file.clone(), site.line)]
+        };
+        site_keys.push(keys);
+    }
+    let allocs: Vec<(u32, &[(String, u32)])> = snapshot
+        .events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.kind == EventKind::Alloc)
+        .filter_map(|(i, e)| {
+            let keys = site_keys.get(e.site? as usize)?;
+            (!keys.is_empty()).then_some((i as u32, keys.as_slice()))
+        })
+        .collect();
+    if allocs.len() < MIN_INFERRED_STEPS {
+        return None;
+    }
+    let mut prefix: Vec<(String, u32)> = Vec::new();
+    loop {
+        let depth = prefix.len();
+        // (key, events, runs, first event index, run starts)
+        let mut stats: Vec<((String, u32), usize, Vec<u32>)> = Vec::new();
+        let mut index: FxHashMap<(String, u32), usize> = FxHashMap::default();
+        let mut previous: Option<usize> = None;
+        let mut members = 0usize;
+        for &(event, keys) in &allocs {
+            if keys.len() <= depth || keys[..depth] != prefix[..] {
+                continue;
+            }
+            members += 1;
+            let key = &keys[depth];
+            let k = match index.get(key) {
+                Some(&k) => k,
+                None => {
+                    index.insert(key.clone(), stats.len());
+                    stats.push((key.clone(), 0, Vec::new()));
+                    stats.len() - 1
+                }
+            };
+            stats[k].1 += 1;
+            if previous != Some(k) {
+                stats[k].2.push(event);
+            }
+            previous = Some(k);
+        }
+        if members < MIN_INFERRED_STEPS {
+            return None;
+        }
+        if let Some(dominant) = stats
+            .iter()
+            .find(|(_, events, runs)| runs.len() <= 2 && events * 2 > members)
+        {
+            prefix.push(dominant.0.clone());
+            continue;
+        }
+        // The loop level: the most common run count among lines that ran often enough.
+        let mut by_count: FxHashMap<usize, usize> = FxHashMap::default();
+        for (_, _, runs) in &stats {
+            if runs.len() >= MIN_INFERRED_STEPS {
+                *by_count.entry(runs.len()).or_default() += 1;
+            }
+        }
+        let (&count, _) = by_count
+            .iter()
+            .max_by(|a, b| a.1.cmp(b.1).then(a.0.cmp(b.0)))?;
+        let opener = stats
+            .iter()
+            .filter(|(_, _, runs)| runs.len() == count)
+            .min_by_key(|(_, _, runs)| runs[0])?;
+        return Some(InferredSteps {
+            starts: opener.2.clone(),
+            opener: format!("{}:{}", opener.0 .0, opener.0 .1),
+        });
+    }
+}
+
+/// Re-derives the steps of `snapshot` from marks whose name contains `marker`.
+///
+/// Step marks ([`Snapshot::steps`]) whose label contains `marker` are used first: each starts a
+/// step at its sequence number. Failing those, annotations ([`Snapshot::annotations`]) whose
+/// name contains `marker` and whose stage is `START` (or empty) start a step at their time.
+/// Every event's `step` and the snapshot's step marks are rewritten; the function returns the
+/// number of steps found, and leaves the snapshot unchanged when it finds none.
+///
+/// The importers (`crate::import::ImportOptions`) recognise steps while reading a file, by a
+/// function in the allocation stacks or by an annotation family; this function re-steps a
+/// snapshot that is already loaded, for example to pick one family of profiler slices.
+pub fn apply_step_marker(snapshot: &mut Snapshot, marker: &str) -> usize {
+    use vramscope_model::StepMark;
+
+    let by_label: Vec<(u64, u64, String)> = snapshot
+        .steps
+        .iter()
+        .filter(|m| m.label.contains(marker))
+        .map(|m| (m.seq, m.time_ns, m.label.clone()))
+        .collect();
+    if !by_label.is_empty() {
+        let mut marks = by_label;
+        marks.sort_by_key(|m| m.0);
+        for e in &mut snapshot.events {
+            e.step = marks.partition_point(|m| m.0 <= e.seq) as u64;
+        }
+        snapshot.steps = marks
+            .iter()
+            .enumerate()
+            .map(|(i, (seq, time_ns, label))| StepMark {
+                step: i as u64 + 1,
+                seq: *seq,
+                time_ns: *time_ns,
+                label: label.clone(),
+            })
+            .collect();
+        return snapshot.steps.len();
+    }
+
+    let mut times: Vec<(u64, String)> = snapshot
+        .annotations
+        .iter()
+        .filter(|a| {
+            a.name.contains(marker) && (a.stage.is_empty() || a.stage.eq_ignore_ascii_case("start"))
+        })
+        .map(|a| (a.time_ns, a.name.clone()))
+        .collect();
+    if times.is_empty() {
+        return 0;
+    }
+    times.sort();
+    times.dedup_by_key(|t| t.0);
+    for e in &mut snapshot.events {
+        e.step = times.partition_point(|t| t.0 <= e.time_ns) as u64;
+    }
+    let next_seq = snapshot.events.last().map(|e| e.seq + 1).unwrap_or(0);
+    let mut marks = Vec::with_capacity(times.len());
+    let mut cursor = 0;
+    for (i, (time_ns, label)) in times.into_iter().enumerate() {
+        while cursor < snapshot.events.len() && snapshot.events[cursor].time_ns < time_ns {
+            cursor += 1;
+        }
+        marks.push(StepMark {
+            step: i as u64 + 1,
+            seq: snapshot
+                .events
+                .get(cursor)
+                .map(|e| e.seq)
+                .unwrap_or(next_seq),
+            time_ns,
+            label,
+        });
+    }
+    snapshot.steps = marks;
+    snapshot.steps.len()
+}
+
+/// A `--step-marker` that matches nothing in the trace, with what the trace offers instead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepMarkerError {
+    /// The marker asked for.
+    pub marker: String,
+    /// Names that would work: step-mark labels, annotation names, and the functions seen most
+    /// often in the allocations' stacks.
+    pub candidates: Vec<String>,
+}
+
+impl std::fmt::Display for StepMarkerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "--step-marker `{}` matches nothing in the trace",
+            self.marker
+        )?;
+        if self.candidates.is_empty() {
+            write!(
+                f,
+                " (it has no annotations, step marks or named frames to choose from)"
+            )
+        } else {
+            write!(f, "; candidates: {}", self.candidates.join(", "))
+        }
+    }
+}
+
+impl std::error::Error for StepMarkerError {}
+
+/// Re-derives the steps of `snapshot` from `marker`: step-mark labels or annotation names that
+/// contain it ([`apply_step_marker`]), else a function of that name in the allocations'
+/// stacks (each allocation whose stack enters it after one whose stack did not begins a
+/// step). Returns the number of steps, or the candidates when nothing matches.
+pub fn restep(snapshot: &mut Snapshot, marker: &str) -> Result<usize, StepMarkerError> {
+    let found = apply_step_marker(snapshot, marker);
+    if found > 0 {
+        return Ok(found);
+    }
+    // A function in the stacks.
+    let has: Vec<bool> = snapshot
+        .sites
+        .iter()
+        .map(|s| s.function == marker || s.frames.iter().any(|f| f.function == marker))
+        .collect();
+    let mut starts: Vec<usize> = Vec::new();
+    let mut inside = false;
+    for (i, e) in snapshot.events.iter().enumerate() {
+        if e.kind != EventKind::Alloc {
+            continue;
+        }
+        let now = e.site.is_some_and(|s| has.get(s as usize) == Some(&true));
+        if now && !inside {
+            starts.push(i);
+        }
+        inside = now;
+    }
+    if !starts.is_empty() {
+        let mut marks = Vec::with_capacity(starts.len());
+        for (k, &at) in starts.iter().enumerate() {
+            let e = &snapshot.events[at];
+            marks.push(vramscope_model::StepMark {
+                step: k as u64 + 1,
+                seq: e.seq,
+                time_ns: e.time_ns,
+                label: marker.to_string(),
+            });
+        }
+        for (i, e) in snapshot.events.iter_mut().enumerate() {
+            e.step = starts.partition_point(|&s| s <= i) as u64;
+        }
+        snapshot.steps = marks;
+        return Ok(starts.len());
+    }
+    Err(StepMarkerError {
+        marker: marker.to_string(),
+        candidates: step_marker_candidates(snapshot),
+    })
+}
+
+/// Names a `--step-marker` could take in `snapshot`: step-mark labels and annotation names
+/// (up to 8 distinct), then the user's functions that appear in the most allocation stacks
+/// (up to 8).
+pub fn step_marker_candidates(snapshot: &Snapshot) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for name in snapshot
+        .steps
+        .iter()
+        .map(|m| &m.label)
+        .chain(snapshot.annotations.iter().map(|a| &a.name))
+    {
+        if !name.is_empty() && !out.contains(name) && out.len() < 8 {
+            out.push(name.clone());
+        }
+    }
+    let framework = default_framework_paths();
+    let mut counts: FxHashMap<&str, u64> = FxHashMap::default();
+    let mut per_site: Vec<Vec<&str>> = Vec::with_capacity(snapshot.sites.len());
+    for site in &snapshot.sites {
+        let mut names: Vec<&str> = site
+            .frames
+            .iter()
+            .filter(|f| {
+                !f.function.is_empty() && !crate::import::sites::is_framework_frame(f, &framework)
+            })
+            .map(|f| f.function.as_str())
+            .collect();
+        if site.frames.is_empty() && !site.function.is_empty() {
+            names.push(site.function.as_str());
+        }
+        names.sort_unstable();
+        names.dedup();
+        per_site.push(names);
+    }
+    for e in snapshot
+        .events
+        .iter()
+        .filter(|e| e.kind == EventKind::Alloc)
+    {
+        if let Some(names) = e.site.and_then(|s| per_site.get(s as usize)) {
+            for name in names {
+                *counts.entry(name).or_default() += 1;
+            }
+        }
+    }
+    let mut functions: Vec<(&str, u64)> = counts.into_iter().collect();
+    functions.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    for (name, _) in functions.into_iter().take(8) {
+        if !out.iter().any(|o| o == name) {
+            out.push(name.to_string());
+        }
+    }
+    out
+}
