@@ -512,6 +512,7 @@ mod tests {
             scope: None,
             step: 0,
             thread: 0,
+            device_free: 0,
         }
     }
 

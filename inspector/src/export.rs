@@ -679,10 +679,13 @@ fn write_traces(
                            (i, event): (usize, &Event),
                            source: Option<ValueRef<'_>>|
      -> Result<(), ExportError> {
-        let mut keys = vec!["action", "addr"];
-        if event.kind == EventKind::Oom {
-            keys.push("device_free");
-        }
+        // PyTorch writes an OOM's free device memory in place of its address.
+        let mut keys = vec!["action"];
+        keys.push(if event.kind == EventKind::Oom {
+            "device_free"
+        } else {
+            "addr"
+        });
         keys.extend(["size", "stream", "time_us", "frames"]);
         let negative_stream = source
             .and_then(|s| s.get("stream"))
@@ -691,7 +694,8 @@ fn write_traces(
         let mut write = |out: &mut Out<'_>, key: &str| -> Result<(), ExportError> {
             match key {
                 "action" => out.w.str(action(event.kind).unwrap_or("alloc")),
-                "addr" | "device_free" => out.w.uint(event.addr),
+                "addr" => out.w.uint(event.addr),
+                "device_free" => out.w.uint(event.device_free),
                 "size" => out.w.uint(recorded_size(event)),
                 // A negative stream handle is kept as its two's complement bits.
                 "stream" if negative_stream => out.w.int(event.stream as i64),

@@ -300,3 +300,58 @@ fn sums_past_2_pow_64_are_errors_that_name_the_field() {
     );
     assert!(e.to_string().contains("2^64"), "{e}");
 }
+
+/// An out-of-memory event's free device memory has a field of its own: PyTorch's pickles carry
+/// it as `device_free` (an OOM has no `addr`), a vramscope snapshot of format 1 carried it in
+/// `addr`, and every way in and out keeps it.
+#[test]
+fn an_oom_keeps_the_free_memory_in_its_own_field() {
+    let alloc = CachingAllocator::new(SimDevice::phantom(64 << 20), AllocatorConfig::default());
+    let _kept = alloc.alloc(40 << 20).unwrap();
+    assert!(alloc.alloc(40 << 20).is_err());
+    let snapshot = alloc.snapshot();
+    let oom = *snapshot
+        .events
+        .iter()
+        .find(|e| e.kind == EventKind::Oom)
+        .expect("the failed request is recorded");
+    assert_eq!(oom.addr, 0, "an OOM has no block");
+    assert!(oom.device_free > 0 && oom.device_free < 64 << 20, "{oom:?}");
+
+    // Through a PyTorch pickle: written as `device_free`, read back the same.
+    let pickle = to_pytorch_pickle(&snapshot).unwrap();
+    assert!(pickle.windows(11).any(|w| w == b"device_free"));
+    let back =
+        import::load_bytes(&pickle, "oom.pickle", &import::ImportOptions::default()).unwrap();
+    let back_oom = back
+        .events
+        .iter()
+        .find(|e| e.kind == EventKind::Oom)
+        .unwrap();
+    assert_eq!((back_oom.addr, back_oom.device_free), (0, oom.device_free));
+
+    // A JSON snapshot of format 1 kept the free memory in `addr`: it is read into `device_free`.
+    let mut old = serde_json::to_value(&snapshot).unwrap();
+    old["format_version"] = 1.into();
+    let mut rewritten = 0;
+    for event in old["events"].as_array_mut().unwrap() {
+        if event["kind"] == "oom" {
+            event["addr"] = oom.device_free.into();
+            event.as_object_mut().unwrap().remove("device_free");
+            rewritten += 1;
+        }
+    }
+    assert_eq!(rewritten, 1, "the OOM is written as kind \"oom\"");
+    let upgraded =
+        vramscope_model::Snapshot::from_json_bytes(old.to_string().as_bytes(), "old.json").unwrap();
+    let upgraded_oom = upgraded
+        .events
+        .iter()
+        .find(|e| e.kind == EventKind::Oom)
+        .unwrap();
+    assert_eq!(
+        (upgraded_oom.addr, upgraded_oom.device_free),
+        (0, oom.device_free)
+    );
+    assert_eq!(upgraded.format_version, vramscope_model::FORMAT_VERSION);
+}

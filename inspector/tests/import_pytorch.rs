@@ -92,7 +92,8 @@ fn synthetic_snapshot_converts() {
     let seqs: Vec<u64> = s.events.iter().map(|e| e.seq).collect();
     assert_eq!(seqs, vec![0, 1, 2, 3, 4, 5]);
     let oom = &s.events[4];
-    assert_eq!((oom.addr, oom.size), (12345, 1 << 40));
+    // This file wrote the free memory as `addr`; PyTorch writes `device_free`: both are read.
+    assert_eq!((oom.addr, oom.device_free, oom.size), (0, 12345, 1 << 40));
     let alloc = &s.events[3];
     // The request as PyTorch recorded it, and the block it got (512 bytes at least).
     assert_eq!((alloc.size, alloc.requested), (512, 100));

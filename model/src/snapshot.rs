@@ -15,7 +15,10 @@ use crate::AllocatorConfig;
 use crate::MemoryStats;
 
 /// The version of the JSON snapshot format written by [`Snapshot::save`].
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
+/// The format version whose `oom` events kept the device's free memory in `addr` (format 2
+/// gave it [`Event::device_free`]); files of that version are upgraded as they are read.
+pub const FORMAT_VERSION_OOM_IN_ADDR: u32 = 1;
 
 /// Index into [`Snapshot::sites`].
 pub type SiteId = u32;
@@ -214,7 +217,7 @@ pub enum EventKind {
     SegmentUnmap,
     /// `empty_cache()` was called; `size` holds the bytes released.
     EmptyCache,
-    /// An allocation failed; `size` is the request, `addr` the device's free memory.
+    /// An allocation failed; `size` is the request, `device_free` the device's free memory.
     Oom,
     /// A host/device copy of `size` bytes.
     Transfer(TransferDirection),
@@ -262,7 +265,7 @@ pub struct Event {
     pub device: u32,
     /// Stream handle.
     pub stream: u64,
-    /// Device address (for `oom`, the device's free memory, as PyTorch records it).
+    /// Device address (0 for an `oom`, which has no block).
     pub addr: u64,
     /// Size in bytes (block size, segment size, or bytes copied).
     pub size: u64,
@@ -284,6 +287,24 @@ pub struct Event {
     /// Thread number.
     #[serde(default)]
     pub thread: u32,
+    /// For an `oom`: the device's free memory when the request failed, as PyTorch records it
+    /// (`device_free` in its snapshots); 0 for every other kind.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub device_free: u64,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
+}
+
+impl Event {
+    /// Reads an event written in snapshot format `version` as this build's: an `oom` of
+    /// format 1 kept the device's free memory in `addr`, which moves to `device_free`.
+    pub fn upgrade_from(&mut self, version: u32) {
+        if version <= FORMAT_VERSION_OOM_IN_ADDR && self.kind == EventKind::Oom {
+            self.device_free = std::mem::take(&mut self.addr);
+        }
+    }
 }
 
 /// One frame of a stack.
@@ -565,7 +586,11 @@ impl Snapshot {
                 found: probe.format_version,
             });
         }
-        let snapshot: Snapshot = serde_json::from_slice(bytes).map_err(format)?;
+        let mut snapshot: Snapshot = serde_json::from_slice(bytes).map_err(format)?;
+        for event in &mut snapshot.events {
+            event.upgrade_from(probe.format_version);
+        }
+        snapshot.format_version = FORMAT_VERSION;
         Ok(snapshot)
     }
 

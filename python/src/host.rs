@@ -222,6 +222,7 @@ pub fn merge(snapshot: &mut Snapshot, log: &LogData, numbering: Numbering) {
             scope: None,
             step,
             thread: 0,
+            device_free: 0,
         });
     }
     if syncs.is_empty() && !take_marks {

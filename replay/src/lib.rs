@@ -493,8 +493,8 @@ fn replay_recording(
                     }
                 }
             }
-            // A request that failed in the trace (`size` is the request rounded, `addr` the
-            // device's free memory then) is tried here too: it frees cached memory and retries
+            // A request that failed in the trace (`size` is the request rounded, `device_free`
+            // the device's free memory then) is tried here too: it frees cached memory and retries
             // as it did there, and fails or is served and given back.
             // Without a capacity every such request would be served, and its memory would stay
             // cached for the rest of the replay: they are tried only against a capacity.

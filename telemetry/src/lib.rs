@@ -35,7 +35,8 @@
 //!   [`EVENT_RECORD_BYTES`] bytes each: `seq`, `time_ns`, `addr`, `size`, `requested`, `stream`,
 //!   `step` (each `u64`), `site`, `tag`, `scope` (each `u32`, `u32::MAX` for none), `thread`,
 //!   `device` (each `u32`), the kind (`u8`, see [`EventKind`] codes in this module), the transfer
-//!   direction (`u8`) and two bytes of padding.
+//!   direction (`u8`) and two bytes of padding. An `oom` has no block: its `addr` slot carries
+//!   the event's `device_free`.
 //! - `Tables` (5), JSON [`TablesFrame`]: call sites, tags and scopes added since the client's
 //!   snapshot, sent before the first event that refers to them.
 //! - `Stats` (6), JSON [`StatsFrame`]: the statistics, ten times a second.

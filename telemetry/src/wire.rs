@@ -434,10 +434,16 @@ fn kind_from_code(code: u8, direction: u8) -> Option<EventKind> {
 /// Appends one event's binary record to `out`.
 fn put_event(out: &mut Vec<u8>, e: &Event) {
     let mut r = [0u8; EVENT_RECORD_BYTES];
+    // An `oom` has no block: its address slot carries the device's free memory.
+    let addr = if e.kind == EventKind::Oom {
+        e.device_free
+    } else {
+        e.addr
+    };
     let words = [
         e.seq,
         e.time_ns,
-        e.addr,
+        addr,
         e.size,
         e.requested,
         e.stream,
@@ -511,10 +517,11 @@ pub fn decode_events(payload: &[u8]) -> Result<Vec<Event>, TelemetryError> {
         let kind = kind_from_code(r[76], r[77]).ok_or_else(|| {
             malformed(format!("event {i} has unknown kind {} / {}", r[76], r[77]))
         })?;
+        let oom = kind == EventKind::Oom;
         events.push(Event {
             seq: u64_at(0),
             time_ns: u64_at(8),
-            addr: u64_at(16),
+            addr: if oom { 0 } else { u64_at(16) },
             size: u64_at(24),
             requested: u64_at(32),
             stream: u64_at(40),
@@ -525,6 +532,7 @@ pub fn decode_events(payload: &[u8]) -> Result<Vec<Event>, TelemetryError> {
             thread: u32_at(68),
             device: u32_at(72),
             kind,
+            device_free: if oom { u64_at(16) } else { 0 },
         });
     }
     Ok(events)
@@ -731,13 +739,14 @@ mod tests {
     use super::*;
 
     fn event(seq: u64, kind: EventKind) -> Event {
+        let oom = kind == EventKind::Oom;
         Event {
             seq,
             time_ns: seq * 10,
             kind,
             device: 1,
             stream: 7,
-            addr: 0x1000 + seq,
+            addr: if oom { 0 } else { 0x1000 + seq },
             size: 512 * seq,
             requested: 500,
             site: Some(3),
@@ -745,6 +754,7 @@ mod tests {
             scope: Some(2),
             step: 4,
             thread: 9,
+            device_free: if oom { 0x1000 + seq } else { 0 },
         }
     }
 

@@ -80,6 +80,7 @@ impl Trace {
             scope: None,
             step: self.step,
             thread: 0,
+            device_free: 0,
         });
     }
 
@@ -145,7 +146,10 @@ impl Trace {
 
     /// Records a failed allocation of `request` bytes with `device_free` bytes free.
     pub fn oom(&mut self, site: SiteId, request: u64, device_free: u64) {
-        self.push(EventKind::Oom, device_free, request, Some(site));
+        self.push(EventKind::Oom, 0, request, Some(site));
+        if let Some(event) = self.snap.events.last_mut() {
+            event.device_free = device_free;
+        }
     }
 
     /// Adds a segment of `total` bytes at `addr` with the given blocks, as
@@ -258,6 +262,7 @@ pub fn event(kind: EventKind) -> EventBuilder {
             scope: None,
             step: 0,
             thread: 0,
+            device_free: 0,
         },
         requested_set: false,
     }
@@ -341,6 +346,12 @@ impl EventBuilder {
     /// Sets the thread number.
     pub fn thread(mut self, thread: u32) -> Self {
         self.event.thread = thread;
+        self
+    }
+
+    /// Sets an `oom`'s free device memory.
+    pub fn device_free(mut self, device_free: u64) -> Self {
+        self.event.device_free = device_free;
         self
     }
 

@@ -61,13 +61,16 @@ fn event_of(
             thread: 0,
         });
     let opt = |id: u32| (id != NIL).then_some(id);
+    // The ring keeps an out-of-memory event's free device memory in its address slot (such an
+    // event has no block); the model gives it a field of its own.
+    let oom = raw.kind == crate::model::EventKind::Oom;
     crate::model::Event {
         seq: raw.seq,
         time_ns: (raw.time_ns as f64 * ns_per_tick) as u64,
         kind: raw.kind,
         device,
         stream: raw.stream,
-        addr: raw.addr,
+        addr: if oom { 0 } else { raw.addr },
         size: raw.size,
         requested: raw.requested,
         site: opt(p.site),
@@ -75,6 +78,7 @@ fn event_of(
         scope: opt(p.scope),
         step: raw.step as u64,
         thread: p.thread,
+        device_free: if oom { raw.addr } else { 0 },
     }
 }
 

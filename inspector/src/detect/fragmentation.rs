@@ -63,7 +63,9 @@ fn classify_ooms<'e>(view: &ModelView<'e>) -> (Vec<OomCase<'e>>, Vec<OomCase<'e>
             reserved,
         };
         // The allocator's own rule, so that its OOM hint and this report agree.
-        if view.reserved_known() && is_fragmentation(event.size, case.cache_free(), event.addr) {
+        if view.reserved_known()
+            && is_fragmentation(event.size, case.cache_free(), event.device_free)
+        {
             split.push(case);
         } else {
             plain.push(case);
@@ -92,13 +94,13 @@ fn report_split_oom(
         "an allocation of {} failed although {} was reserved but unallocated and {} was free on the device: the free memory is in pieces too small for it",
         format_bytes(worst.event.size),
         format_bytes(worst.cache_free()),
-        format_bytes(worst.event.addr)
+        format_bytes(worst.event.device_free)
     );
     let mut evidence = f
         .evidence
         .int("ooms", split.len() as u64)
         .int("request_bytes", worst.event.size)
-        .int("device_free_bytes", worst.event.addr)
+        .int("device_free_bytes", worst.event.device_free)
         .int("allocated_bytes_at_oom", worst.allocated)
         .int("reserved_bytes_at_oom", worst.reserved)
         .int("reserved_unallocated_at_oom", worst.cache_free());
@@ -151,14 +153,14 @@ fn report_plain_oom(
         "an allocation of {} failed with {} allocated and {} free on the device{}",
         format_bytes(worst.event.size),
         format_bytes(worst.allocated),
-        format_bytes(worst.event.addr),
+        format_bytes(worst.event.device_free),
         top_text
     );
     let mut evidence = f
         .evidence
         .int("ooms", plain.len() as u64)
         .int("request_bytes", worst.event.size)
-        .int("device_free_bytes", worst.event.addr)
+        .int("device_free_bytes", worst.event.device_free)
         .int("allocated_bytes_at_oom", worst.allocated);
     if view.reserved_known() {
         evidence = evidence

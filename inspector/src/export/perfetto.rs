@@ -278,7 +278,7 @@ impl<'s, W: Write> TraceWriter<'s, W> {
                     let site = self.site_label(event.site);
                     self.emit(json!({
                         "ph": "i", "s": "p", "pid": pid, "ts": micros(t), "name": "OOM",
-                        "args": {"requested": event.size, "device_free": event.addr, "site": site}
+                        "args": {"requested": event.size, "device_free": event.device_free, "site": site}
                     }))?;
                     false
                 }

@@ -877,6 +877,7 @@ fn convert(
                 scope: None,
                 step: 0,
                 thread: 0,
+                device_free: 0,
             }
         })
         .collect();

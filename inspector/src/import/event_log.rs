@@ -37,6 +37,14 @@ pub fn read(bytes: &[u8], origin: &str) -> Result<Snapshot, ImportError> {
     let Some((_, header)) = lines.next() else {
         return Err(structure(1, "the event log is empty".to_string()));
     };
+    // The version the log was written in, which its event lines follow too (reading the header
+    // upgrades the snapshot to this build's version).
+    #[derive(serde::Deserialize)]
+    struct VersionProbe {
+        format_version: u32,
+    }
+    let written_in = serde_json::from_slice::<VersionProbe>(header)
+        .map_or(FORMAT_VERSION, |probe| probe.format_version);
     let mut snapshot = Snapshot::from_json_bytes(header, origin)
         .map_err(|e| ImportError::new(origin, ImportErrorKind::Snapshot(e)))?;
     if snapshot.format_version > FORMAT_VERSION {
@@ -47,7 +55,10 @@ pub fn read(bytes: &[u8], origin: &str) -> Result<Snapshot, ImportError> {
     }
     while let Some((index, line)) = lines.next() {
         match serde_json::from_slice::<Event>(line) {
-            Ok(event) => snapshot.events.push(event),
+            Ok(mut event) => {
+                event.upgrade_from(written_in);
+                snapshot.events.push(event);
+            }
             // The writer may have been cut off in the middle of its last line.
             Err(e) if e.is_eof() && lines.peek().is_none() => break,
             Err(e) => return Err(structure(index + 1, e.to_string())),

@@ -593,9 +593,17 @@ fn read_entry(
     figures: &mut Figures,
 ) -> Result<Option<RawEvent>, Fault> {
     let entry = dict(entry, loc)?;
-    let [action, addr, size, stream, time_us, frames] = fields(
+    let [action, addr, size, stream, time_us, frames, device_free] = fields(
         entry,
-        ["action", "addr", "size", "stream", "time_us", "frames"],
+        [
+            "action",
+            "addr",
+            "size",
+            "stream",
+            "time_us",
+            "frames",
+            "device_free",
+        ],
     );
     let Some(kind) = event_kind(need_str(action, "action", loc)?) else {
         return Ok(None);
@@ -618,6 +626,14 @@ fn read_entry(
         EventKind::Alloc | EventKind::FreeRequested | EventKind::FreeCompleted => size,
         _ => 0,
     };
+    // PyTorch writes an OOM's free device memory as `device_free` (in place of `addr`, which
+    // an OOM does not have); a file that wrote it as `addr` is read the same.
+    let (addr, device_free) = if kind == EventKind::Oom {
+        let free = opt_u64(device_free, "device_free", loc)?;
+        (0, free.unwrap_or(addr))
+    } else {
+        (addr, 0)
+    };
     Ok(Some(RawEvent {
         event: Event {
             seq: 0,
@@ -633,6 +649,7 @@ fn read_entry(
             scope: None,
             step: 0,
             thread: 0,
+            device_free,
         },
         time_us: opt_time_us(time_us, "time_us", loc)?,
     }))

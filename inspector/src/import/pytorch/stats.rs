@@ -218,6 +218,7 @@ mod tests {
             scope: None,
             step: 0,
             thread: 0,
+            device_free: 0,
         };
         let mib = 1u64 << 20;
         // `empty_cache()` releases a 2 MiB small-pool segment; a 20 MiB large-pool segment then
