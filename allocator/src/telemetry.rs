@@ -20,19 +20,15 @@
 //! `vramscope-telemetry` crate's ([`vramscope_telemetry::wire`]); this module is the one
 //! writer of them.
 
-use std::collections::VecDeque;
-use std::io::{self, Write};
-use std::net::{TcpListener, TcpStream};
-use std::os::fd::{FromRawFd, IntoRawFd};
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use vramscope_model::{DeviceInfo, Event};
+use vramscope_telemetry::serve::{Listener, Outbox};
 use vramscope_telemetry::wire::{
     encode_events, encode_frame, json_frame, refused_frame, serialized_len, snapshot_frames,
     EVENT_RECORD_BYTES, PROTOCOL_VERSION,
@@ -139,42 +135,6 @@ pub struct Telemetry {
     addr: TelemetryAddr,
     shared: Arc<PublisherShared>,
     thread: Option<JoinHandle<()>>,
-    socket_path: Option<PathBuf>,
-}
-
-enum Listener {
-    Unix(UnixListener),
-    Tcp(TcpListener),
-}
-
-impl Listener {
-    /// Accepts one pending connection as a non-blocking stream, if there is one.
-    fn accept(&self) -> io::Result<Option<TcpStream>> {
-        let stream = match self {
-            Listener::Unix(l) => match l.accept() {
-                Ok((s, _)) => {
-                    // SAFETY: `into_raw_fd` hands over the open, owned descriptor of a connected
-                    // stream socket. `TcpStream` owns it from here on and only uses socket calls
-                    // that work on any stream socket (`send` with MSG_NOSIGNAL, `recv`, `ioctl`,
-                    // `shutdown`, `close`); writing through it cannot raise SIGPIPE in a host
-                    // process that did not ignore that signal, which a plain `UnixStream` can.
-                    unsafe { TcpStream::from_raw_fd(s.into_raw_fd()) }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
-                Err(e) => return Err(e),
-            },
-            Listener::Tcp(l) => match l.accept() {
-                Ok((s, _)) => {
-                    let _ = s.set_nodelay(true);
-                    s
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
-                Err(e) => return Err(e),
-            },
-        };
-        stream.set_nonblocking(true)?;
-        Ok(Some(stream))
-    }
 }
 
 impl Telemetry {
@@ -216,34 +176,8 @@ impl Telemetry {
         addr: &TelemetryAddr,
         options: ServeOptions,
     ) -> Result<Telemetry, TelemetryError> {
-        let (listener, bound, socket_path) = match addr {
-            TelemetryAddr::Unix(path) => {
-                let listener = bind_unix(path)?;
-                (
-                    Listener::Unix(listener),
-                    TelemetryAddr::Unix(path.clone()),
-                    Some(path.clone()),
-                )
-            }
-            TelemetryAddr::Tcp(a) => {
-                if !a.ip().is_loopback() && !options.allow_remote {
-                    return Err(TelemetryError::NotLoopback(*a));
-                }
-                let listener = TcpListener::bind(a)?;
-                let local = listener.local_addr()?;
-                (Listener::Tcp(listener), TelemetryAddr::Tcp(local), None)
-            }
-        };
-        let set_nonblocking = match &listener {
-            Listener::Unix(l) => l.set_nonblocking(true),
-            Listener::Tcp(l) => l.set_nonblocking(true),
-        };
-        if let Err(e) = set_nonblocking {
-            if let Some(p) = &socket_path {
-                let _ = std::fs::remove_file(p);
-            }
-            return Err(e.into());
-        }
+        let listener = Listener::bind(addr, options.allow_remote)?;
+        let bound = listener.addr().clone();
         let shared = Arc::new(PublisherShared {
             stop: AtomicBool::new(false),
             counters: Counters::default(),
@@ -263,20 +197,13 @@ impl Telemetry {
         let thread = std::thread::Builder::new()
             .name("vramscope-telemetry".to_string())
             .spawn(move || publisher.run());
-        let thread = match thread {
-            Ok(t) => t,
-            Err(e) => {
-                if let Some(p) = &socket_path {
-                    let _ = std::fs::remove_file(p);
-                }
-                return Err(e.into());
-            }
-        };
+        // A thread that cannot start drops the publisher, and with it the listener, which
+        // removes its socket.
+        let thread = thread?;
         Ok(Telemetry {
             addr: bound,
             shared,
             thread: Some(thread),
-            socket_path,
         })
     }
 
@@ -311,9 +238,6 @@ impl Telemetry {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
-        if let Some(path) = self.socket_path.take() {
-            let _ = std::fs::remove_file(path);
-        }
     }
 }
 
@@ -323,113 +247,13 @@ impl Drop for Telemetry {
     }
 }
 
-/// Binds a Unix socket at `path` readable and writable by the owner only, creating a private
-/// parent directory when it is missing and replacing a stale socket left by a dead process.
-fn bind_unix(path: &Path) -> Result<UnixListener, TelemetryError> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        if !parent.exists() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(parent)?;
-        }
-    }
-    if parent_is_default_temp(path) {
-        check_private_dir(path.parent().unwrap_or(Path::new("/")))?;
-    }
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            return Err(TelemetryError::Io(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!("{} exists and is not a socket", path.display()),
-            )));
-        }
-        if UnixStream::connect(path).is_ok() {
-            return Err(TelemetryError::InUse(path.to_path_buf()));
-        }
-        // A socket nobody listens on: left behind by a process that died.
-        std::fs::remove_file(path)?;
-    }
-    // The socket is created with mode 0600 (the process's file-creation mask is narrowed
-    // around `bind`), so there is no moment at which another user could connect; the explicit
-    // `chmod` after it only repeats that.
-    let listener = {
-        let _mask = PrivateFileMask::new();
-        UnixListener::bind(path)?
-    };
-    if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)) {
-        let _ = std::fs::remove_file(path);
-        return Err(e.into());
-    }
-    Ok(listener)
-}
-
-extern "C" {
-    fn umask(mask: u32) -> u32;
-}
-
-/// The process's file-creation mask set to 0177 (new files readable and writable by the
-/// owner only) while it lives, and restored when it is dropped. The mask is process-wide: a
-/// file another thread creates meanwhile is private too, which errs on the safe side.
-struct PrivateFileMask {
-    previous: u32,
-}
-
-impl PrivateFileMask {
-    fn new() -> PrivateFileMask {
-        // SAFETY: umask(2) only sets the process's file-creation mask and cannot fail.
-        let previous = unsafe { umask(0o177) };
-        PrivateFileMask { previous }
-    }
-}
-
-impl Drop for PrivateFileMask {
-    fn drop(&mut self) {
-        // SAFETY: as in `new`: restores the mask found there.
-        unsafe { umask(self.previous) };
-    }
-}
-
-/// Whether `path` lies directly in the shared temporary directory's vramscope folder.
-fn parent_is_default_temp(path: &Path) -> bool {
-    let temp_default = TelemetryAddr::temp_default_dir();
-    path.parent() == Some(temp_default.as_path())
-}
-
-/// Checks that a folder in a shared place is a real directory, owned by this process's user and
-/// closed to everyone else, so that nobody else can swap the socket.
-fn check_private_dir(dir: &Path) -> Result<(), TelemetryError> {
-    let meta = std::fs::symlink_metadata(dir)?;
-    let refuse = |why: &str| {
-        Err(TelemetryError::Io(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!("{}: {why}", dir.display()),
-        )))
-    };
-    if !meta.file_type().is_dir() {
-        return refuse("not a directory");
-    }
-    if meta.permissions().mode() & 0o077 != 0 {
-        return refuse("open to other users (expected mode 0700)");
-    }
-    if let Ok(me) = std::fs::metadata("/proc/self") {
-        if me.uid() != meta.uid() {
-            return refuse("owned by another user");
-        }
-    }
-    Ok(())
-}
-
 /// How long a client may take nothing while its queue is full before it is stalled.
 const STALLED_AFTER: Duration = Duration::from_secs(1);
 
 /// One attached dashboard.
 struct Client {
-    conn: TcpStream,
-    queue: VecDeque<Arc<Vec<u8>>>,
-    /// Bytes of the front frame already written.
-    written: usize,
-    queued_bytes: usize,
+    /// Its connection and the frames waiting for it.
+    out: Outbox,
     /// Every event before this sequence number is accounted for: in the client's snapshot,
     /// queued for it, or counted as dropped.
     upto: u64,
@@ -438,45 +262,11 @@ struct Client {
     resync: bool,
     /// Set until the first snapshot is queued.
     fresh: bool,
-    dead: bool,
-    /// When the client last took bytes (or had nothing waiting).
-    last_progress: Instant,
 }
 
 impl Client {
     fn push(&mut self, frame: Arc<Vec<u8>>) {
-        self.queued_bytes += frame.len();
-        self.queue.push_back(frame);
-    }
-
-    /// Writes as much as the socket takes without blocking.
-    fn flush(&mut self) {
-        if self.queue.is_empty() {
-            self.last_progress = Instant::now();
-        }
-        while let Some(front) = self.queue.front() {
-            match self.conn.write(&front[self.written..]) {
-                Ok(0) => {
-                    self.dead = true;
-                    return;
-                }
-                Ok(n) => {
-                    self.last_progress = Instant::now();
-                    self.written += n;
-                    if self.written == front.len() {
-                        self.queued_bytes -= front.len();
-                        self.queue.pop_front();
-                        self.written = 0;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
-                    self.dead = true;
-                    return;
-                }
-            }
-        }
+        self.out.push(frame);
     }
 }
 
@@ -525,8 +315,8 @@ impl<B: Backend> Publisher<B> {
                 let room = self.options.client_queue_bytes / 2;
                 for client in &mut self.clients {
                     if !client.fresh
-                        && client.queued_bytes >= room
-                        && client.last_progress.elapsed() >= STALLED_AFTER
+                        && client.out.queued_bytes >= room
+                        && client.out.last_progress.elapsed() >= STALLED_AFTER
                     {
                         client.resync = true;
                     }
@@ -534,14 +324,14 @@ impl<B: Backend> Publisher<B> {
                 if self
                     .clients
                     .iter()
-                    .any(|c| !c.fresh && (c.resync || c.queued_bytes < room))
+                    .any(|c| !c.fresh && (c.resync || c.out.queued_bytes < room))
                 {
                     pulled = self.pull();
                 }
                 self.send_stats();
                 for client in &mut self.clients {
-                    client.flush();
-                    waiting |= !client.queue.is_empty();
+                    client.out.flush();
+                    waiting |= !client.out.queue.is_empty();
                 }
                 self.reap();
             }
@@ -592,16 +382,11 @@ impl<B: Backend> Publisher<B> {
                         continue;
                     }
                     let mut client = Client {
-                        conn,
-                        queue: VecDeque::new(),
-                        written: 0,
-                        queued_bytes: 0,
+                        out: Outbox::new(conn),
                         upto: 0,
                         dropped: 0,
                         resync: false,
                         fresh: true,
-                        dead: false,
-                        last_progress: Instant::now(),
                     };
                     client.push(Arc::new(self.hello.clone()));
                     self.clients.push(client);
@@ -639,7 +424,11 @@ impl<B: Backend> Publisher<B> {
         let fresh = self.clients.iter().any(|c| c.fresh)
             && since_last.is_none_or(|t| t >= self.options.attach_interval);
         let resync_due = since_last.is_none_or(|t| t >= self.options.resync_interval);
-        let resync = resync_due && self.clients.iter().any(|c| c.resync && c.queue.is_empty());
+        let resync = resync_due
+            && self
+                .clients
+                .iter()
+                .any(|c| c.resync && c.out.queue.is_empty());
         if !fresh && !resync {
             return;
         }
@@ -680,7 +469,7 @@ impl<B: Backend> Publisher<B> {
         let history = &history[skip..];
         // The snapshot carries the tables as they are now; later additions go out as deltas.
         self.known.include(&snapshot);
-        let frames = snapshot_frames(snapshot, next_seq, history);
+        let frames = snapshot_frames(&snapshot, next_seq, history);
         if !had_stream {
             // No client streams: the stream jumps to the snapshot, which took in the events the
             // publisher had not read yet. They count as read, so that every event a client
@@ -693,7 +482,7 @@ impl<B: Backend> Publisher<B> {
             self.next_seq = self.next_seq.max(next_seq);
         }
         for client in &mut self.clients {
-            if client.fresh || (client.resync && client.queue.is_empty()) {
+            if client.fresh || (client.resync && client.out.queue.is_empty()) {
                 for f in &frames {
                     client.push(Arc::clone(f));
                 }
@@ -773,7 +562,7 @@ impl<B: Backend> Publisher<B> {
             } else {
                 Arc::new(encode_events(&batch.events[skip..]))
             };
-            if client.queued_bytes + frame.len() > self.options.client_queue_bytes {
+            if client.out.queued_bytes + frame.len() > self.options.client_queue_bytes {
                 client.dropped += n;
                 counters.events_dropped.fetch_add(n, Ordering::Relaxed);
                 client.resync = true;
@@ -816,7 +605,7 @@ impl<B: Backend> Publisher<B> {
             .unwrap_or(0)
             .saturating_sub(self.alloc.epoch_unix_ns());
         for client in &mut self.clients {
-            if client.fresh || client.queued_bytes >= self.options.client_queue_bytes {
+            if client.fresh || client.out.queued_bytes >= self.options.client_queue_bytes {
                 continue;
             }
             let frame = StatsFrame {
@@ -831,13 +620,13 @@ impl<B: Backend> Publisher<B> {
     }
 
     fn reap(&mut self) {
-        let queued: usize = self.clients.iter().map(|c| c.queued_bytes).sum();
+        let queued: usize = self.clients.iter().map(|c| c.out.queued_bytes).sum();
         self.shared
             .counters
             .queued_bytes
             .store(queued as u64, Ordering::Relaxed);
         let before = self.clients.len();
-        self.clients.retain(|c| !c.dead);
+        self.clients.retain(|c| !c.out.dead);
         if self.clients.len() != before {
             self.shared
                 .counters
@@ -853,15 +642,15 @@ impl<B: Backend> Publisher<B> {
             client.push(Arc::clone(&bye));
         }
         let deadline = Instant::now() + Duration::from_millis(200);
-        while Instant::now() < deadline && self.clients.iter().any(|c| !c.queue.is_empty()) {
+        while Instant::now() < deadline && self.clients.iter().any(|c| !c.out.queue.is_empty()) {
             for client in &mut self.clients {
-                client.flush();
+                client.out.flush();
             }
-            self.clients.retain(|c| !c.dead);
+            self.clients.retain(|c| !c.out.dead);
             std::thread::sleep(Duration::from_millis(1));
         }
         for client in &self.clients {
-            let _ = client.conn.shutdown(std::net::Shutdown::Both);
+            let _ = client.out.conn.shutdown(std::net::Shutdown::Both);
         }
         self.clients.clear();
         self.shared.counters.clients.store(0, Ordering::Relaxed);

@@ -25,12 +25,7 @@
 //! takes the publisher's lock only to copy data in.
 
 use std::collections::VecDeque;
-use std::io::{self, Write};
-use std::net::{TcpListener, TcpStream};
-use std::os::fd::{FromRawFd, IntoRawFd};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -40,16 +35,19 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use rustc_hash::FxHashMap;
-use serde::Serialize;
 use vramscope_inspector::import::{pytorch, ImportOptions};
 use vramscope_model::{
     AllocatorConfig, CallSite, DeviceInfo, Event, MemoryStats, Snapshot, SnapshotSource, Stat,
     StatArray, StepMark,
 };
+use vramscope_telemetry::serve::{Listener, Outbox};
+use vramscope_telemetry::wire::{
+    encode_events, encode_frame, json_frame, refused_frame, serialized_len, snapshot_frames,
+    PROTOCOL_VERSION,
+};
 use vramscope_telemetry::{
-    wire::encode_events, wire::encode_frame, wire::MAX_FRAME_BYTES, wire::PROTOCOL_VERSION,
     Frame as TelemetryFrame, FrameKind, Hello, StatsFrame, TablesFrame, TelemetryAddr,
-    TelemetryClient,
+    TelemetryClient, TelemetryError,
 };
 
 /// Events the publisher keeps for attaching dashboards and for clients that lag.
@@ -117,25 +115,6 @@ impl Shared {
     }
 }
 
-/// The payload of a snapshot document, as `vramscope_telemetry::FrameReader` reads it.
-#[derive(Serialize)]
-struct SnapshotDoc<'a> {
-    next_seq: u64,
-    history: u64,
-    snapshot: &'a Snapshot,
-}
-
-/// The payload of a `Refused` frame.
-#[derive(Serialize)]
-struct Refusal {
-    reason: String,
-}
-
-fn json_frame<T: Serialize>(kind: FrameKind, value: &T) -> Vec<u8> {
-    // Serializing plain data into memory cannot fail.
-    encode_frame(kind, &serde_json::to_vec(value).unwrap_or_default())
-}
-
 /// Live telemetry of PyTorch's allocator on one device, fed from Python; see the module
 /// documentation. Closing it (or dropping it) says goodbye to the dashboards.
 #[pyclass(module = "vramscope._native", frozen)]
@@ -143,96 +122,7 @@ pub struct LivePublisher {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
     addr: String,
-    socket_path: Mutex<Option<PathBuf>>,
     device: u32,
-}
-
-enum Listener {
-    Unix(UnixListener),
-    Tcp(TcpListener),
-}
-
-impl Listener {
-    /// Accepts one pending connection as a non-blocking stream, if there is one.
-    fn accept(&self) -> io::Result<Option<TcpStream>> {
-        let stream = match self {
-            Listener::Unix(l) => match l.accept() {
-                // SAFETY: `into_raw_fd` hands over the owned descriptor of a connected stream
-                // socket; `TcpStream` owns it from here on and only makes socket calls that work
-                // on any stream socket (`send` with MSG_NOSIGNAL, so a dashboard that went away
-                // cannot raise SIGPIPE in the program, `shutdown`, `close`).
-                Ok((s, _)) => unsafe { TcpStream::from_raw_fd(s.into_raw_fd()) },
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
-                Err(e) => return Err(e),
-            },
-            Listener::Tcp(l) => match l.accept() {
-                Ok((s, _)) => {
-                    let _ = s.set_nodelay(true);
-                    s
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
-                Err(e) => return Err(e),
-            },
-        };
-        stream.set_nonblocking(true)?;
-        Ok(Some(stream))
-    }
-}
-
-extern "C" {
-    fn umask(mask: u32) -> u32;
-}
-
-/// Binds a Unix socket at `path` that only the owner may use, replacing a stale socket that
-/// nobody listens on. In the default folder (`TelemetryAddr::default_dir`, which may lie in
-/// the shared temporary directory) the folder must be this user's and closed to others.
-fn bind_unix(path: &Path) -> io::Result<UnixListener> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        if !parent.exists() {
-            std::fs::create_dir_all(parent)?;
-            std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o700))?;
-        }
-        if parent == TelemetryAddr::default_dir() {
-            let meta = std::fs::symlink_metadata(parent)?;
-            let mine = std::fs::metadata("/proc/self").map_or(true, |me| me.uid() == meta.uid());
-            if !meta.file_type().is_dir() || meta.permissions().mode() & 0o077 != 0 || !mine {
-                return Err(io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    format!(
-                        "{}: not a directory of this user's closed to others (mode 0700)",
-                        parent.display()
-                    ),
-                ));
-            }
-        }
-    }
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!("{} exists and is not a socket", path.display()),
-            ));
-        }
-        if UnixStream::connect(path).is_ok() {
-            return Err(io::Error::new(
-                io::ErrorKind::AddrInUse,
-                format!("another publisher listens on {}", path.display()),
-            ));
-        }
-        std::fs::remove_file(path)?;
-    }
-    // SAFETY: umask(2) only sets the process's file-creation mask and cannot fail; the socket
-    // is created with mode 0600 and the previous mask is restored right after.
-    let previous = unsafe { umask(0o177) };
-    let bound = UnixListener::bind(path);
-    // SAFETY: as above.
-    unsafe { umask(previous) };
-    let listener = bound?;
-    if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)) {
-        let _ = std::fs::remove_file(path);
-        return Err(e);
-    }
-    Ok(listener)
 }
 
 /// `memory_stats()`'s flat figures (`"allocated_bytes.all.current"`, ...) as [`MemoryStats`].
@@ -405,14 +295,6 @@ impl LivePublisher {
         if let Some(thread) = thread {
             let _ = thread.join();
         }
-        let path = self
-            .socket_path
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(path) = path {
-            let _ = std::fs::remove_file(path);
-        }
     }
 }
 
@@ -431,38 +313,13 @@ impl LivePublisher {
     fn new(listen: &str, device: u32, name: String, capacity: u64) -> PyResult<LivePublisher> {
         let addr =
             TelemetryAddr::parse(listen).map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let (listener, bound, socket_path) = match &addr {
-            TelemetryAddr::Unix(path) => {
-                let listener = bind_unix(path).map_err(|e| {
-                    PyRuntimeError::new_err(format!("cannot listen on {addr}: {e}"))
-                })?;
-                (Listener::Unix(listener), addr.clone(), Some(path.clone()))
-            }
-            TelemetryAddr::Tcp(a) => {
-                if !a.ip().is_loopback() {
-                    return Err(PyValueError::new_err(format!(
-                        "{addr} is not a loopback address: live telemetry stays on this machine"
-                    )));
-                }
-                let listener = TcpListener::bind(a).map_err(|e| {
-                    PyRuntimeError::new_err(format!("cannot listen on {addr}: {e}"))
-                })?;
-                let local = listener
-                    .local_addr()
-                    .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-                (Listener::Tcp(listener), TelemetryAddr::Tcp(local), None)
-            }
-        };
-        let nonblocking = match &listener {
-            Listener::Unix(l) => l.set_nonblocking(true),
-            Listener::Tcp(l) => l.set_nonblocking(true),
-        };
-        if let Err(e) = nonblocking {
-            if let Some(p) = &socket_path {
-                let _ = std::fs::remove_file(p);
-            }
-            return Err(PyRuntimeError::new_err(e.to_string()));
-        }
+        let listener = Listener::bind(&addr, false).map_err(|e| match e {
+            TelemetryError::NotLoopback(_) => PyValueError::new_err(format!(
+                "{addr} is not a loopback address: live telemetry stays on this machine"
+            )),
+            e => PyRuntimeError::new_err(format!("cannot listen on {addr}: {e}")),
+        })?;
+        let bound = listener.addr().clone();
         let info = DeviceInfo {
             index: device,
             name: if name.is_empty() {
@@ -512,17 +369,13 @@ impl LivePublisher {
         let thread = std::thread::Builder::new()
             .name("vramscope-live".to_string())
             .spawn(move || server.run())
-            .map_err(|e| {
-                if let Some(p) = &socket_path {
-                    let _ = std::fs::remove_file(p);
-                }
-                PyRuntimeError::new_err(e.to_string())
-            })?;
+            // A thread that cannot start drops the server, and with it the listener, which
+            // removes its socket.
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
         Ok(LivePublisher {
             shared,
             thread: Mutex::new(Some(thread)),
             addr: bound.to_string(),
-            socket_path: Mutex::new(socket_path),
             device,
         })
     }
@@ -615,11 +468,8 @@ impl LivePublisher {
 
 /// One attached dashboard.
 struct Client {
-    conn: TcpStream,
-    queue: VecDeque<Arc<Vec<u8>>>,
-    /// Bytes of the front frame already written.
-    written: usize,
-    queued_bytes: usize,
+    /// Its connection and the frames waiting for it.
+    out: Outbox,
     /// Every event before this sequence number is in the client's snapshot, queued, or dropped.
     upto: u64,
     /// Call sites the client knows.
@@ -629,44 +479,11 @@ struct Client {
     resync: bool,
     /// Set until the first snapshot is queued, with the history version seen at connection.
     fresh: Option<(u64, Instant)>,
-    dead: bool,
-    last_progress: Instant,
 }
 
 impl Client {
     fn push(&mut self, frame: Arc<Vec<u8>>) {
-        self.queued_bytes += frame.len();
-        self.queue.push_back(frame);
-    }
-
-    /// Writes as much as the socket takes without blocking.
-    fn flush(&mut self) {
-        if self.queue.is_empty() {
-            self.last_progress = Instant::now();
-        }
-        while let Some(front) = self.queue.front() {
-            match self.conn.write(&front[self.written..]) {
-                Ok(0) => {
-                    self.dead = true;
-                    return;
-                }
-                Ok(n) => {
-                    self.last_progress = Instant::now();
-                    self.written += n;
-                    if self.written == front.len() {
-                        self.queued_bytes -= front.len();
-                        self.queue.pop_front();
-                        self.written = 0;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
-                    self.dead = true;
-                    return;
-                }
-            }
-        }
+        self.out.push(frame);
     }
 }
 
@@ -692,11 +509,11 @@ impl Server {
                 busy |= self.stream();
                 self.send_stats();
                 for client in &mut self.clients {
-                    client.flush();
-                    busy |= !client.queue.is_empty();
+                    client.out.flush();
+                    busy |= !client.out.queue.is_empty();
                     if client.fresh.is_none()
-                        && client.queued_bytes >= CLIENT_QUEUE_BYTES / 2
-                        && client.last_progress.elapsed() >= STALLED_AFTER
+                        && client.out.queued_bytes >= CLIENT_QUEUE_BYTES / 2
+                        && client.out.last_progress.elapsed() >= STALLED_AFTER
                         && !client.resync
                     {
                         client.resync = true;
@@ -723,24 +540,19 @@ impl Server {
                             "{MAX_CLIENTS} dashboards are attached already, the most this program allows"
                         );
                         let mut bytes = self.hello.clone();
-                        bytes.extend(json_frame(FrameKind::Refused, &Refusal { reason }));
+                        bytes.extend(refused_frame(reason));
                         let _ = conn.write(&bytes);
                         self.shared.counters.refused.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
                     let version = self.shared.state().version;
                     let mut client = Client {
-                        conn,
-                        queue: VecDeque::new(),
-                        written: 0,
-                        queued_bytes: 0,
+                        out: Outbox::new(conn),
                         upto: 0,
                         known_sites: 0,
                         dropped: 0,
                         resync: false,
                         fresh: Some((version, Instant::now())),
-                        dead: false,
-                        last_progress: Instant::now(),
                     };
                     client.push(Arc::new(self.hello.clone()));
                     self.clients.push(client);
@@ -768,7 +580,7 @@ impl Server {
             && self
                 .clients
                 .iter()
-                .any(|c| c.fresh.is_none() && c.resync && c.queue.is_empty());
+                .any(|c| c.fresh.is_none() && c.resync && c.out.queue.is_empty());
         if !fresh && !resync {
             return false;
         }
@@ -783,18 +595,13 @@ impl Server {
             .fetch_add(1, Ordering::Relaxed);
         // Every byte counts against a client's bound: the history is cut to fit beside the
         // snapshot document.
-        let doc_len = serde_json::to_vec(&SnapshotDoc {
-            next_seq,
-            history: 0,
-            snapshot: &picture,
-        })
-        .map_or(0, |v| v.len());
+        let doc_len = serialized_len(&picture);
         let room = CLIENT_QUEUE_BYTES.saturating_sub(doc_len + (64 << 10)) / 80;
         let skip = history.len().saturating_sub(room);
         let history: Vec<Event> = history.into_iter().skip(skip).collect();
         let frames = snapshot_frames(&picture, next_seq, &history);
         for client in &mut self.clients {
-            let wants = ready(client) || (client.resync && client.queue.is_empty());
+            let wants = ready(client) || (client.resync && client.out.queue.is_empty());
             if !wants {
                 continue;
             }
@@ -870,7 +677,7 @@ impl Server {
             }
             let bytes: usize = frames.iter().map(Vec::len).sum();
             client.upto = state.next_seq;
-            if client.queued_bytes + bytes > CLIENT_QUEUE_BYTES {
+            if client.out.queued_bytes + bytes > CLIENT_QUEUE_BYTES {
                 client.dropped += n as u64;
                 self.shared
                     .counters
@@ -912,7 +719,7 @@ impl Server {
         };
         let time_ns = now_unix_ns().saturating_sub(epoch);
         for client in &mut self.clients {
-            if client.fresh.is_some() || client.queued_bytes >= CLIENT_QUEUE_BYTES {
+            if client.fresh.is_some() || client.out.queued_bytes >= CLIENT_QUEUE_BYTES {
                 continue;
             }
             let frame = StatsFrame {
@@ -928,7 +735,7 @@ impl Server {
 
     fn reap(&mut self) {
         let before = self.clients.len();
-        self.clients.retain(|c| !c.dead);
+        self.clients.retain(|c| !c.out.dead);
         if self.clients.len() != before {
             self.shared
                 .counters
@@ -944,43 +751,19 @@ impl Server {
             client.push(Arc::clone(&bye));
         }
         let deadline = Instant::now() + Duration::from_millis(200);
-        while Instant::now() < deadline && self.clients.iter().any(|c| !c.queue.is_empty()) {
+        while Instant::now() < deadline && self.clients.iter().any(|c| !c.out.queue.is_empty()) {
             for client in &mut self.clients {
-                client.flush();
+                client.out.flush();
             }
-            self.clients.retain(|c| !c.dead);
+            self.clients.retain(|c| !c.out.dead);
             std::thread::sleep(Duration::from_millis(1));
         }
         for client in &self.clients {
-            let _ = client.conn.shutdown(std::net::Shutdown::Both);
+            let _ = client.out.conn.shutdown(std::net::Shutdown::Both);
         }
         self.clients.clear();
         self.shared.counters.clients.store(0, Ordering::Relaxed);
     }
-}
-
-/// The frames of one snapshot: its JSON document in parts, then its history events.
-fn snapshot_frames(picture: &Snapshot, next_seq: u64, history: &[Event]) -> Vec<Arc<Vec<u8>>> {
-    let doc = SnapshotDoc {
-        next_seq,
-        history: history.len() as u64,
-        snapshot: picture,
-    };
-    let json = serde_json::to_vec(&doc).unwrap_or_default();
-    let mut frames = Vec::new();
-    let mut parts = json.chunks(MAX_FRAME_BYTES).peekable();
-    while let Some(part) = parts.next() {
-        let kind = if parts.peek().is_some() {
-            FrameKind::SnapshotPart
-        } else {
-            FrameKind::SnapshotEnd
-        };
-        frames.push(Arc::new(encode_frame(kind, part)));
-    }
-    for chunk in history.chunks(EVENTS_PER_FRAME) {
-        frames.push(Arc::new(encode_events(chunk)));
-    }
-    frames
 }
 
 /// Test support: connects to the publisher at `addr` as `vramscope top` does and reads frames

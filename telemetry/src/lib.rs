@@ -51,6 +51,7 @@
 mod addr;
 #[cfg(feature = "client")]
 mod client;
+pub mod serve;
 pub mod wire;
 
 pub use addr::{TelemetryAddr, ENV_ALLOW_REMOTE, ENV_LISTEN};

@@ -708,8 +708,15 @@ pub fn refused_frame(reason: String) -> Vec<u8> {
 }
 
 /// The frames that carry one snapshot: its JSON document in parts, then its history events.
-pub fn snapshot_frames(snapshot: Snapshot, next_seq: u64, history: &[Event]) -> Vec<Arc<Vec<u8>>> {
-    let doc = SnapshotDoc {
+pub fn snapshot_frames(snapshot: &Snapshot, next_seq: u64, history: &[Event]) -> Vec<Arc<Vec<u8>>> {
+    /// [`SnapshotDoc`] as written: the snapshot borrowed.
+    #[derive(Serialize)]
+    struct Written<'a> {
+        next_seq: u64,
+        history: u64,
+        snapshot: &'a Snapshot,
+    }
+    let doc = Written {
         next_seq,
         history: history.len() as u64,
         snapshot,
