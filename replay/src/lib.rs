@@ -409,6 +409,34 @@ pub fn size_blocks(snapshot: &mut Snapshot) -> BlockSizing {
     sizing
 }
 
+/// The device calls a verifying replay makes, taken out of the allocator's event ring every
+/// [`CallLog::EVERY`] trace events, so that the ring holds [`CallLog::RING`] events rather
+/// than all of them (two or more per trace event, 64 bytes each: more than the trace itself).
+struct CallLog {
+    /// The first event not taken out yet.
+    next_seq: u64,
+    calls: Vec<(u64, DeviceCall)>,
+    /// Whether the ring overwrote events before they were taken out (a burst of more than
+    /// `RING` events, such as an `empty_cache()` of that many segments).
+    lost: bool,
+}
+
+impl CallLog {
+    /// Trace events replayed between two takes.
+    const EVERY: usize = 1024;
+    /// The ring's size in events: room for the events of `EVERY` trace events many times
+    /// over.
+    const RING: usize = 1 << 16;
+
+    /// Takes the new events out of the ring of `alloc`, keeping their device calls.
+    fn take(&mut self, alloc: &CachingAllocator<SimDevice>) {
+        let batch = alloc.events_since(self.next_seq, usize::MAX);
+        self.lost |= batch.missed > 0;
+        self.calls.extend(device_calls(batch.events.iter()));
+        self.next_seq = batch.next_seq;
+    }
+}
+
 /// [`replay`], also writing into `block_sizes` (indexed like the snapshot's events) the size
 /// of the block each replayed allocation got.
 fn replay_recording(
@@ -417,9 +445,32 @@ fn replay_recording(
     progress: &mut dyn FnMut(usize, usize),
     mut block_sizes: Option<&mut Vec<u64>>,
 ) -> ReplayResult {
+    let (result, lost) = replay_with_ring(
+        snapshot,
+        options,
+        progress,
+        block_sizes.as_deref_mut(),
+        CallLog::RING,
+    );
+    if !lost {
+        return result;
+    }
+    // A burst outgrew the ring: replay again keeping every event.
+    replay_with_ring(snapshot, options, progress, block_sizes, usize::MAX).0
+}
+
+/// [`replay_recording`] with an event ring of `ring` events when verifying; also returns
+/// whether the ring lost events, which makes the device-call check wrong.
+fn replay_with_ring(
+    snapshot: &Snapshot,
+    options: &ReplayOptions,
+    progress: &mut dyn FnMut(usize, usize),
+    mut block_sizes: Option<&mut Vec<u64>>,
+    ring: usize,
+) -> (ReplayResult, bool) {
     let device = device_of(snapshot);
     let capacity = options.capacity.unwrap_or(UNLIMITED_CAPACITY);
-    let config = replay_config(options);
+    let config = replay_config(options, ring);
     // A capped PyTorch run has a whole device behind its cap (`set_per_process_memory_fraction`),
     // whose pages expandable segments may map past the cap: the cap is the allocator's memory
     // limit, on a device without one.
@@ -459,16 +510,26 @@ fn replay_recording(
     let mut trace_ooms_served = 0;
     let mut empty_cache_calls = 0;
     // The replay's own calls start after the reconstructed start's.
-    let first_seq = if options.verify {
-        alloc.events_since(0, usize::MAX).next_seq
-    } else {
-        0
+    let mut calls = CallLog {
+        next_seq: if options.verify {
+            alloc.events_since(0, usize::MAX).next_seq
+        } else {
+            0
+        },
+        calls: Vec::new(),
+        lost: false,
     };
     // The replay is the allocator's only user: hold its lock for the whole sequence.
     let mut exclusive = alloc.exclusive();
     for (i, &(index, event)) in events.iter().enumerate() {
         if i % 8192 == 0 {
             progress(i, total);
+        }
+        if options.verify && i % CallLog::EVERY == 0 {
+            // The guard holds the device lock, which reading the ring takes itself.
+            drop(exclusive);
+            calls.take(&alloc);
+            exclusive = alloc.exclusive();
         }
         match event.kind {
             EventKind::Alloc => {
@@ -529,13 +590,13 @@ fn replay_recording(
     let stats = exclusive.stats();
     drop(exclusive);
     let device_calls = options.verify.then(|| {
-        let ours = alloc.events_since(first_seq, usize::MAX).events;
+        calls.take(&alloc);
         let theirs = device_calls(snapshot.events.iter().filter(|e| e.device == device));
-        compare_calls(&theirs, &device_calls(ours.iter()))
+        compare_calls(&theirs, &calls.calls)
     });
     let peak_allocated = stats.allocated_bytes.all.peak;
     let peak_reserved = stats.reserved_bytes.all.peak;
-    ReplayResult {
+    let result = ReplayResult {
         figures: Figures {
             events: total as u64,
             peak_allocated: Some(peak_allocated),
@@ -557,17 +618,18 @@ fn replay_recording(
         empty_cache_calls,
         original,
         device_calls,
-    }
+    };
+    (result, calls.lost)
 }
 
-/// The allocator settings of a replay: the options' settings without tracking, or with events
-/// only (no call sites) and room in the ring for all of them when the device calls are
-/// verified (the ring takes memory as it fills, so no bound is needed).
-fn replay_config(options: &ReplayOptions) -> AllocatorConfig {
+/// The allocator settings of a replay: the options' settings without tracking, or, when the
+/// device calls are verified, with events only (no call sites) in a ring of `ring` entries
+/// (the ring takes memory as it fills).
+fn replay_config(options: &ReplayOptions, ring: usize) -> AllocatorConfig {
     let mut config = options.config.clone().untracked();
     if options.verify {
         config.record_events = true;
-        config.max_entries = usize::MAX;
+        config.max_entries = ring;
     }
     config
 }
@@ -976,6 +1038,37 @@ mod tests {
             result.restored_segments, 0,
             "the trace starts from an empty device"
         );
+    }
+
+    #[test]
+    fn device_calls_taken_as_the_replay_goes_are_those_of_a_full_ring() {
+        // Enough events for several takes, with segments made and freed between them.
+        let alloc = CachingAllocator::new(SimDevice::phantom(1 << 40), AllocatorConfig::default());
+        for i in 0..3000u64 {
+            let block = alloc.alloc((1 + i % 40) << 20).unwrap();
+            drop(block);
+            if i % 700 == 0 {
+                alloc.empty_cache();
+            }
+        }
+        let snapshot = alloc.snapshot();
+        let options = ReplayOptions {
+            verify: true,
+            ..ReplayOptions::default()
+        };
+        let (full, lost) = replay_with_ring(&snapshot, &options, &mut |_, _| {}, None, usize::MAX);
+        assert!(!lost);
+        let check = full.device_calls.clone().expect("verified");
+        assert!(check.trace_calls > 4, "{check:?}");
+        let (bounded, lost) =
+            replay_with_ring(&snapshot, &options, &mut |_, _| {}, None, CallLog::RING);
+        assert!(!lost);
+        assert_eq!(bounded, full);
+        // A ring too small for the events between two takes says so, and the replay is then
+        // done again with a full one.
+        let (_, lost) = replay_with_ring(&snapshot, &options, &mut |_, _| {}, None, 2);
+        assert!(lost);
+        assert_eq!(replay(&snapshot, &options, &mut |_, _| {}), full);
     }
 
     #[test]

@@ -8,9 +8,10 @@
 //! `traceEvents`, or a JSON array, is a torch.profiler Chrome trace read by [`chrome`].
 //! Detectors, reports and the dashboard only ever see the resulting `Snapshot`.
 //!
-//! Memory is freed as early as each format allows: [`load`] hands the file's bytes over, so
-//! that a pickle's bytes are gone once read and before they are converted, and gzip data
-//! is gone before what it unpacks to is converted. A gzipped Chrome trace is read as it is
+//! Memory is freed as early as each format allows: [`load`] streams a pickle file into the
+//! importer, which never holds it whole (`pytorch::from_pickle_file`; when that cannot be done
+//! faithfully, the file's bytes are handed over, so that they are gone once read and before
+//! they are converted), and gzip data is gone before what it unpacks to is converted. A gzipped Chrome trace is read as it is
 //! unpacked, never whole; its unpacking errors and size limit take precedence over errors in
 //! its JSON, as if it had been unpacked first.
 //!
@@ -28,7 +29,7 @@ pub mod sites;
 mod timeline;
 
 use std::fmt;
-use std::io::Read;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
 use vramscope_model::{Snapshot, SnapshotError};
@@ -293,6 +294,12 @@ pub fn load_with(path: impl AsRef<Path>, options: &ImportOptions) -> Result<Snap
     if size > options.max_file_bytes {
         return Err(too_large(size));
     }
+    if starts_with(&file, PICKLE_PROTOCOL).map_err(io)? {
+        if let Some(result) = pytorch::from_pickle_file(&file, size, &origin, options) {
+            return result;
+        }
+        (&file).seek(SeekFrom::Start(0)).map_err(io)?;
+    }
     let mut bytes = Vec::with_capacity(size as usize);
     // The file may grow while it is read; `take` keeps the limit regardless.
     file.take(options.max_file_bytes.saturating_add(1))
@@ -302,6 +309,18 @@ pub fn load_with(path: impl AsRef<Path>, options: &ImportOptions) -> Result<Snap
         return Err(too_large(bytes.len() as u64));
     }
     load_vec(bytes, &origin, options)
+}
+
+/// The first byte of a pickle of protocol 2 or later (the `PROTO` opcode), which
+/// [`detect`] reads as a PyTorch snapshot.
+const PICKLE_PROTOCOL: u8 = 0x80;
+
+/// Whether `file` begins with `byte`; leaves it at its start.
+fn starts_with(mut file: &std::fs::File, byte: u8) -> std::io::Result<bool> {
+    let mut first = [0u8; 1];
+    let read = file.read(&mut first)?;
+    file.seek(SeekFrom::Start(0))?;
+    Ok(read == 1 && first[0] == byte)
 }
 
 /// Imports a file already in memory; `origin` names it in errors.
@@ -357,7 +376,7 @@ fn check_size(bytes: &[u8], origin: &str, options: &ImportOptions) -> Result<(),
 /// Detects the format of (unpacked) content, without converting it.
 pub fn detect(bytes: &[u8]) -> Option<Format> {
     match bytes.first()? {
-        0x80 => Some(Format::PytorchPickle),
+        &PICKLE_PROTOCOL => Some(Format::PytorchPickle),
         _ => match json_start(bytes)? {
             b'[' => Some(Format::ChromeTrace),
             _ if starts_with_key(bytes, "format_version") => Some(Format::VramscopeJson),

@@ -1,8 +1,13 @@
 //! Importer for PyTorch's `torch.cuda.memory._dump_snapshot()` pickles.
 //!
-//! The pickle is read by the safe reader of `crate::pickle` into a [`Document`], whose values
-//! are converted here, without building a tree of them, into a `vramscope_model::Snapshot`
-//! with source `Pytorch`:
+//! The pickle is read by the safe reader of `crate::pickle`. Its `device_traces` entries, by
+//! far the most of a big file, are streamed (`stream`): each becomes an event as soon as it is
+//! read and is then dropped, and a file is read by a second thread in pieces, so that neither
+//! the file nor a document of its entries is ever held. The rest of the pickle is read into a
+//! [`Document`], whose values are converted here, without building a tree of them. A pickle
+//! that cannot be streamed faithfully is read whole into a document and converted the same way
+//! ([`from_document`]), which gives the same snapshot. The result is a
+//! `vramscope_model::Snapshot` with source `Pytorch`:
 //!
 //! - every segment of every device with its blocks (pool from `segment_type`, stream,
 //!   expandable flag; blocks of older files without `address` are placed one after another);
@@ -13,11 +18,10 @@
 //!   is the block's size, found by `vramscope_replay::size_blocks` (PyTorch's own blocks when a
 //!   replay with the trace's settings makes PyTorch's device calls, the request rounded
 //!   otherwise), so that allocated bytes are PyTorch's `allocated_bytes` in every view. For
-//!   `oom`, `addr` is the device's free memory, as
-//!   PyTorch records it. Entries without `time_us` (older files) get time 0. Frees of blocks
+//!   `oom`, `device_free` is the device's free memory, as PyTorch records it. Entries without `time_us` (older files) get time 0. Frees of blocks
 //!   allocated before recording began are kept as they are.
 //! - each stack (`frames`, innermost first) as a call site of `Snapshot::sites`, chosen and
-//!   deduplicated by `super::sites`;
+//!   deduplicated by `super::sites` (`stacks` converts each shared list, frame and string once);
 //! - `external_annotations` as `Snapshot::annotations`, whose `START`s (or a step-marker
 //!   function, see `super::ImportOptions`) number the training steps of `Snapshot::steps` and
 //!   of every event and live block;
@@ -33,17 +37,19 @@ use std::fmt;
 
 use rustc_hash::FxHashMap;
 use vramscope_model::{
-    AllocatorConfig, Annotation, Block, BlockState, DeviceInfo, Event, EventKind, Frame,
-    MemoryStats, Pool, Segment, SiteId, Snapshot, SnapshotSource, StepMark, FORMAT_VERSION,
+    AllocatorConfig, Annotation, Block, BlockState, DeviceInfo, Event, EventKind, MemoryStats,
+    Pool, Segment, SiteId, Snapshot, SnapshotSource, StepMark, FORMAT_VERSION,
 };
 
-use super::sites::SiteTable;
 use super::timeline;
 use super::{ImportError, ImportErrorKind, ImportOptions};
 use crate::pickle::{Document, Limits, Seq, Value, ValueRef};
 
+mod stacks;
 mod stats;
+mod stream;
 
+use stacks::Stacks;
 pub(crate) use stats::compute_stats;
 
 /// The size of a small-pool segment.
@@ -62,6 +68,9 @@ pub fn from_pickle_bytes(
     origin: &str,
     options: &ImportOptions,
 ) -> Result<Snapshot, ImportError> {
+    if let Some(ready) = stream::read(bytes, options) {
+        return ready.convert(origin, options);
+    }
     let doc = parse(bytes, origin, options)?;
     from_document(&doc, origin, options)
 }
@@ -73,9 +82,26 @@ pub(crate) fn from_pickle_vec(
     origin: &str,
     options: &ImportOptions,
 ) -> Result<Snapshot, ImportError> {
+    if let Some(ready) = stream::read(&bytes, options) {
+        drop(bytes);
+        return ready.convert(origin, options);
+    }
     let doc = parse(&bytes, origin, options)?;
     drop(bytes);
     from_document(&doc, origin, options)
+}
+
+/// Reads the snapshot pickle of `size` bytes in `file` as it is read, never holding the file
+/// whole (a second thread reads it while this one parses and converts it); `None` when the
+/// file must be read whole and given to [`from_pickle_bytes`] instead, which then gives the
+/// same snapshot or reports what is wrong. `origin` names the file in errors.
+pub(crate) fn from_pickle_file(
+    file: &std::fs::File,
+    size: u64,
+    origin: &str,
+    options: &ImportOptions,
+) -> Option<Result<Snapshot, ImportError>> {
+    Some(stream::read_file(file, size, options)?.convert(origin, options))
 }
 
 /// The reader's limits for a file read with `options`: the largest input is the larger of
@@ -223,6 +249,57 @@ fn fields<'d, const N: usize>(obj: ValueRef<'d>, keys: [&str; N]) -> [Option<Val
     found.map(|v| v.filter(|v| !v.is_none()))
 }
 
+/// The keys of a trace entry that are read, in the order [`EntryKeys::fields`] returns them.
+const ENTRY_KEYS: [&str; 7] = [
+    "action",
+    "addr",
+    "size",
+    "stream",
+    "time_us",
+    "frames",
+    "device_free",
+];
+
+/// Where the key strings met so far are among [`ENTRY_KEYS`], by their identity: the pickle
+/// shares each key string among all entries, so each is compared with the key names once.
+#[derive(Default)]
+struct EntryKeys {
+    by_string: FxHashMap<usize, u8>,
+}
+
+impl EntryKeys {
+    /// [`fields`] of `entry` with [`ENTRY_KEYS`].
+    fn fields<'d>(&mut self, entry: ValueRef<'d>) -> [Option<ValueRef<'d>>; 7] {
+        let position = |text: &str| {
+            ENTRY_KEYS
+                .iter()
+                .position(|&key| key == text)
+                .map_or(u8::MAX, |i| i as u8)
+        };
+        let mut found = [None; 7];
+        if let Some(pairs) = entry.dict_items() {
+            for (k, v) in pairs {
+                let Some(text) = k.as_str() else {
+                    continue;
+                };
+                let at = match k.identity() {
+                    Some(id) => *self.by_string.entry(id).or_insert_with(|| position(text)),
+                    None => position(text),
+                };
+                if let Some(slot) = found.get_mut(at as usize) {
+                    *slot = Some(v);
+                }
+            }
+        }
+        found.map(|v| v.filter(|v| !v.is_none()))
+    }
+
+    /// The bytes of memory the table takes, roughly.
+    fn memory(&self) -> usize {
+        self.by_string.len() * 24
+    }
+}
+
 fn need<'d>(v: Option<ValueRef<'d>>, key: &str, loc: Loc) -> Result<ValueRef<'d>, Fault> {
     v.ok_or_else(|| loc.fault(key, "missing"))
 }
@@ -292,221 +369,6 @@ fn device_index(v: u64, key: &str, loc: Loc) -> Result<u32, Fault> {
     u32::try_from(v).map_err(|_| loc.fault(key, format!("device {v} is out of range")))
 }
 
-/// Converts stacks into call sites. The pickle shares frame lists, frame dicts and strings
-/// through its memo, and the reader stores equal frame lists once, so all are remembered by
-/// identity: a shared list is converted once, a new list made of known frames is looked up by
-/// frame numbers, a new frame dict by the numbers of its strings, and each string's text is
-/// looked at once, however many frames share it.
-///
-/// The model keeps every call site's frames as text of their own, so a frame the pickle
-/// shares is copied once per place a call site holds it. Two bounds keep a small file from
-/// becoming a huge site table: a call site keeps the innermost [`Stacks::MAX_FRAMES`] frames
-/// of its stack (and one frame saying how many outer ones it left out), and the frames of all
-/// call sites together may hold at most [`Stacks::MAX_BYTES`] bytes, past which the import
-/// fails naming the stack. Both are checked before any text is copied.
-struct Stacks {
-    table: SiteTable,
-    /// Site of each frame list seen, by the list's identity.
-    by_list: FxHashMap<usize, Option<SiteId>>,
-    /// Number of each frame dict seen, by the dict's identity.
-    by_dict: FxHashMap<usize, u32>,
-    /// Number of each string seen, by the string's identity.
-    by_string: FxHashMap<usize, u32>,
-    /// Number of each distinct text, by content.
-    by_text: FxHashMap<std::rc::Rc<str>, u32>,
-    /// The distinct texts, by number.
-    texts: Vec<std::rc::Rc<str>>,
-    /// Number of each distinct frame, by the numbers of its file and function and its line.
-    by_frame: FxHashMap<(u32, u32, u32), u32>,
-    /// The distinct frames, by number: file, line and function.
-    frames: Vec<(u32, u32, u32)>,
-    /// Site of each stack seen, by its frame numbers.
-    by_numbers: FxHashMap<Vec<u32>, Option<SiteId>>,
-    /// Bytes held by the frames of the call sites so far.
-    bytes: usize,
-}
-
-impl Stacks {
-    /// The most frames a call site keeps: the innermost ones (Python's default recursion
-    /// limit is 1,000 frames, and C++ frames add a few to each).
-    const MAX_FRAMES: usize = 4096;
-    /// The most bytes the frames of all call sites may hold together.
-    const MAX_BYTES: usize = 1 << 30;
-
-    fn new(framework_paths: &[String]) -> Stacks {
-        let mut stacks = Stacks {
-            table: SiteTable::new(framework_paths),
-            by_list: FxHashMap::default(),
-            by_dict: FxHashMap::default(),
-            by_string: FxHashMap::default(),
-            by_text: FxHashMap::default(),
-            texts: Vec::new(),
-            by_frame: FxHashMap::default(),
-            frames: Vec::new(),
-            by_numbers: FxHashMap::default(),
-            bytes: 0,
-        };
-        // Texts 0 and 1: the file and the function of a frame that lacks them.
-        stacks.text_number("??");
-        stacks.text_number("");
-        stacks
-    }
-
-    /// The number of the text `text`.
-    fn text_number(&mut self, text: &str) -> u32 {
-        if let Some(&n) = self.by_text.get(text) {
-            return n;
-        }
-        let n = self.texts.len() as u32;
-        let text: std::rc::Rc<str> = std::rc::Rc::from(text);
-        self.texts.push(text.clone());
-        self.by_text.insert(text, n);
-        n
-    }
-
-    /// The number of the text of `value` when it is a string, else `absent`.
-    fn string_number(&mut self, value: Option<ValueRef<'_>>, absent: u32) -> u32 {
-        let Some((value, text)) = value.and_then(|v| v.as_str().map(|text| (v, text))) else {
-            return absent;
-        };
-        let identity = value.identity();
-        if let Some(&n) = identity.and_then(|id| self.by_string.get(&id)) {
-            return n;
-        }
-        let n = self.text_number(text);
-        if let Some(id) = identity {
-            self.by_string.insert(id, n);
-        }
-        n
-    }
-
-    /// The number of the frame `frame` (`{filename, line, name}`; missing parts become `??`,
-    /// 0 and an empty name), or `None` when it is not a dict.
-    fn frame_number(&mut self, frame: ValueRef<'_>) -> Option<u32> {
-        let identity = frame.identity();
-        if let Some(n) = identity.and_then(|id| self.by_dict.get(&id)) {
-            return Some(*n);
-        }
-        if !frame.is_dict() {
-            return None;
-        }
-        let [file, line, name] = fields(frame, ["filename", "line", "name"]);
-        let line = match line.and_then(|v| v.as_i64()) {
-            Some(i) => i.clamp(0, u32::MAX as i64) as u32,
-            None => 0,
-        };
-        let key = (
-            self.string_number(file, 0),
-            line,
-            self.string_number(name, 1),
-        );
-        let n = match self.by_frame.get(&key) {
-            Some(&n) => n,
-            None => {
-                let n = self.frames.len() as u32;
-                self.frames.push(key);
-                self.by_frame.insert(key, n);
-                n
-            }
-        };
-        if let Some(id) = identity {
-            self.by_dict.insert(id, n);
-        }
-        Some(n)
-    }
-
-    /// The frame number `n` as the model keeps it.
-    fn frame(&self, n: u32) -> Frame {
-        let (file, line, function) = self.frames[n as usize];
-        Frame {
-            file: self.texts[file as usize].to_string(),
-            line,
-            function: self.texts[function as usize].to_string(),
-        }
-    }
-
-    /// The bytes frame number `n` holds in a call site.
-    fn frame_bytes(&self, n: u32) -> usize {
-        let (file, _, function) = self.frames[n as usize];
-        std::mem::size_of::<Frame>()
-            + self.texts[file as usize].len()
-            + self.texts[function as usize].len()
-    }
-
-    fn site(&mut self, frames: Option<ValueRef<'_>>, loc: Loc) -> Result<Option<SiteId>, Fault> {
-        let Some(frames) = frames.filter(|v| !v.is_none()) else {
-            return Ok(None);
-        };
-        let identity = frames.identity();
-        if let Some(site) = identity.and_then(|id| self.by_list.get(&id)) {
-            return Ok(*site);
-        }
-        let list = frames
-            .as_seq()
-            .ok_or_else(|| loc.wrong("frames", "a list", frames))?;
-        let mut numbers = Vec::with_capacity(list.len());
-        for (k, frame) in list.iter().enumerate() {
-            numbers.push(self.frame_number(frame).ok_or_else(|| {
-                loc.fault(
-                    &format!("frames[{k}]"),
-                    format!(
-                        "expected a dict with filename, line and name, found {}",
-                        frame.type_name()
-                    ),
-                )
-            })?);
-        }
-        let site = match self.by_numbers.get(&numbers) {
-            Some(&site) => site,
-            None => {
-                let kept = &numbers[..numbers.len().min(Self::MAX_FRAMES)];
-                let left_out = numbers.len() - kept.len();
-                let note = (left_out > 0).then(|| Frame {
-                    file: "??".to_string(),
-                    line: 0,
-                    function: format!(
-                        "<{left_out} outer frames left out: a call site keeps its {} innermost>",
-                        Self::MAX_FRAMES
-                    ),
-                });
-                // Counted before any text is copied: each frame, and once more the largest,
-                // which stands for the copy of the primary frame the call site keeps.
-                let frame_bytes = |n: &u32| self.frame_bytes(*n);
-                let largest = kept.iter().map(frame_bytes).max().unwrap_or(0);
-                let bytes = kept
-                    .iter()
-                    .map(frame_bytes)
-                    .chain([largest])
-                    .chain(
-                        note.iter()
-                            .map(|f| std::mem::size_of::<Frame>() + f.function.len() + 2),
-                    )
-                    .fold(0usize, usize::saturating_add);
-                match self.bytes.checked_add(bytes) {
-                    Some(total) if total <= Self::MAX_BYTES => self.bytes = total,
-                    _ => {
-                        return Err(loc.fault(
-                            "frames",
-                            format!(
-                                "the call stacks hold more than {} MiB of frames (the limit; a frame the file shares is copied into every call site that holds it)",
-                                Self::MAX_BYTES >> 20
-                            ),
-                        ))
-                    }
-                }
-                let stack = kept.iter().map(|&n| self.frame(n)).chain(note).collect();
-                let site = self.table.intern(stack);
-                self.by_numbers.insert(numbers, site);
-                site
-            }
-        };
-        if let Some(id) = identity {
-            self.by_list.insert(id, site);
-        }
-        Ok(site)
-    }
-}
-
 /// The figures of a file, checked as they are read so that no sum of them computed later (the
 /// statistics, the block sizes' replay, the engine's totals, the reports and exports) can pass
 /// 64 bits: every address range must end below 2^63 and all the sizes in the file together
@@ -564,12 +426,6 @@ impl Figures {
     }
 }
 
-/// An event read from a trace entry, before times are made relative.
-struct RawEvent {
-    event: Event,
-    time_us: Option<u64>,
-}
-
 fn event_kind(action: &str) -> Option<EventKind> {
     Some(match action {
         "alloc" => EventKind::Alloc,
@@ -585,26 +441,19 @@ fn event_kind(action: &str) -> Option<EventKind> {
     })
 }
 
+/// The event of a trace entry, or `None` for an action that is not read. Its time is not yet
+/// relative: `time_ns` holds the entry's `time_us` and `seq` is 1 when it has one, 0 when not
+/// (see [`finish`]).
 fn read_entry(
     entry: ValueRef<'_>,
     device: u32,
     loc: Loc,
+    keys: &mut EntryKeys,
     stacks: &mut Stacks,
     figures: &mut Figures,
-) -> Result<Option<RawEvent>, Fault> {
+) -> Result<Option<Event>, Fault> {
     let entry = dict(entry, loc)?;
-    let [action, addr, size, stream, time_us, frames, device_free] = fields(
-        entry,
-        [
-            "action",
-            "addr",
-            "size",
-            "stream",
-            "time_us",
-            "frames",
-            "device_free",
-        ],
-    );
+    let [action, addr, size, stream, time_us, frames, device_free] = keys.fields(entry);
     let Some(kind) = event_kind(need_str(action, "action", loc)?) else {
         return Ok(None);
     };
@@ -634,24 +483,24 @@ fn read_entry(
     } else {
         (addr, 0)
     };
-    Ok(Some(RawEvent {
-        event: Event {
-            seq: 0,
-            time_ns: 0,
-            kind,
-            device,
-            stream: opt_stream(stream, "stream", loc)?,
-            addr,
-            size,
-            requested,
-            site: stacks.site(frames, loc)?,
-            tag: None,
-            scope: None,
-            step: 0,
-            thread: 0,
-            device_free,
-        },
-        time_us: opt_time_us(time_us, "time_us", loc)?,
+    let stream = opt_stream(stream, "stream", loc)?;
+    let site = stacks.site(frames, loc)?;
+    let time_us = opt_time_us(time_us, "time_us", loc)?;
+    Ok(Some(Event {
+        seq: u64::from(time_us.is_some()),
+        time_ns: time_us.unwrap_or(0),
+        kind,
+        device,
+        stream,
+        addr,
+        size,
+        requested,
+        site,
+        tag: None,
+        scope: None,
+        step: 0,
+        thread: 0,
+        device_free,
     }))
 }
 
@@ -942,9 +791,10 @@ fn parts(root: ValueRef<'_>) -> Result<Parts<'_>, Fault> {
     })
 }
 
-/// The events of every device's trace, in file order.
+/// The events of every device's trace, in file order, their times not yet relative (see
+/// [`read_entry`]).
 struct TraceEvents {
-    raw: Vec<RawEvent>,
+    events: Vec<Event>,
     /// How many devices have a trace entry.
     devices_with_events: usize,
     /// The lowest device that has one.
@@ -957,8 +807,9 @@ fn read_traces(
     stacks: &mut Stacks,
     figures: &mut Figures,
 ) -> Result<TraceEvents, Fault> {
+    let mut keys = EntryKeys::default();
     let mut out = TraceEvents {
-        raw: Vec::new(),
+        events: Vec::new(),
         devices_with_events: 0,
         first_device: None,
     };
@@ -972,10 +823,11 @@ fn read_traces(
             out.devices_with_events += 1;
             out.first_device = Some(out.first_device.map_or(device, |f| f.min(device)));
         }
-        out.raw.reserve(entries.len());
+        out.events.reserve(entries.len());
         for (i, entry) in entries.iter().enumerate() {
-            if let Some(e) = read_entry(entry, device, Loc::Entry(d, i), stacks, figures)? {
-                out.raw.push(e);
+            let loc = Loc::Entry(d, i);
+            if let Some(e) = read_entry(entry, device, loc, &mut keys, stacks, figures)? {
+                out.events.push(e);
             }
         }
     }
@@ -983,41 +835,53 @@ fn read_traces(
 }
 
 fn convert(root: ValueRef<'_>, options: &ImportOptions) -> Result<Snapshot, Fault> {
-    let Parts {
-        segments: segment_values,
-        traces: trace_values,
-        settings,
-        annotations: annotation_values,
-    } = parts(root)?;
+    let parts = parts(root)?;
     let mut stacks = Stacks::new(&options.framework_paths);
     let mut figures = Figures::default();
+    let traces = read_traces(parts.traces, &mut stacks, &mut figures)?;
+    finish(parts, traces, stacks, figures, options)
+}
+
+/// Converts what follows the traces (annotations, steps, segments, settings) and makes the
+/// snapshot, with the events of `traces` and the call sites and figures their conversion
+/// began.
+fn finish(
+    parts: Parts<'_>,
+    traces: TraceEvents,
+    mut stacks: Stacks,
+    mut figures: Figures,
+    options: &ImportOptions,
+) -> Result<Snapshot, Fault> {
+    let Parts {
+        segments: segment_values,
+        traces: _,
+        settings,
+        annotations: annotation_values,
+    } = parts;
     let TraceEvents {
-        raw,
+        mut events,
         devices_with_events,
         first_device,
-    } = read_traces(trace_values, &mut stacks, &mut figures)?;
+    } = traces;
     let mut annotations_raw = Vec::with_capacity(annotation_values.map_or(0, Seq::len));
     for (i, a) in elements(annotation_values).enumerate() {
         annotations_raw.push(read_annotation(a, Loc::Annotation(i))?);
     }
 
     // Times relative to the earliest one in the file.
-    let epoch_us = raw
+    let epoch_us = events
         .iter()
-        .filter_map(|e| e.time_us)
+        .filter(|e| e.seq == 1)
+        .map(|e| e.time_ns)
         .chain(annotations_raw.iter().filter_map(|a| a.time_us))
         .min();
     let relative = |t: Option<u64>| match (t, epoch_us) {
         (Some(t), Some(epoch)) => t.saturating_sub(epoch).saturating_mul(1000),
         _ => 0,
     };
-    let mut events: Vec<Event> = raw
-        .into_iter()
-        .map(|r| Event {
-            time_ns: relative(r.time_us),
-            ..r.event
-        })
-        .collect();
+    for e in events.iter_mut() {
+        e.time_ns = relative((e.seq == 1).then_some(e.time_ns));
+    }
     if devices_with_events > 1 {
         events.sort_by_key(|e| e.time_ns);
     }

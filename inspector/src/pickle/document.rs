@@ -12,6 +12,7 @@ use std::fmt;
 
 use super::error::{PickleError, PickleErrorKind};
 use super::limits::Limits;
+use super::machine::stream::Standin;
 use super::machine::Machine;
 use super::tree::ValueBuilder;
 use super::value::{big_u64, Value};
@@ -52,6 +53,13 @@ pub(super) mod kind {
     pub const SET: u32 = 10;
     /// The same, for a frozenset.
     pub const FROZEN_SET: u32 = 11;
+    /// A trace entry consumed by a streaming read, by its place in its run of entries (see
+    /// `super::machine::stream`); never in a finished document.
+    pub const ENTRY: u32 = 12;
+    /// A frames list of a consumed entry, as its call site.
+    pub const SITE: u32 = 13;
+    /// A frame dict of a consumed entry, as its frame number.
+    pub const FRAME: u32 = 14;
 }
 
 /// A value as a document references it: its kind in the top four bits and, in the other 28,
@@ -125,6 +133,9 @@ pub(super) struct Container {
     /// Whether another container has the very same elements in the same slots (see
     /// [`Machine::share_equal`]), so that the container must move to grow.
     pub(super) shared: bool,
+    /// Whether a streaming read converted something from the container, which must then not
+    /// change (see `super::machine::stream`).
+    pub(super) frozen: bool,
 }
 
 impl Container {
@@ -315,6 +326,7 @@ impl Document {
             cap: new_cap as u32,
             // Moved or not, the elements are now the container's own.
             shared: false,
+            frozen: cont.frozen,
         };
         true
     }
@@ -322,7 +334,7 @@ impl Document {
     /// Checks that no container reachable from the root contains itself and that none is
     /// nested deeper than `limits.max_depth`, visiting containers depth first in element
     /// order; returns the first container at fault and what is wrong.
-    fn check(&self, limits: &Limits) -> Result<(), (usize, PickleErrorKind)> {
+    pub(super) fn check(&self, limits: &Limits) -> Result<(), (usize, PickleErrorKind)> {
         const NEW: u8 = 0;
         const OPEN: u8 = 1;
         const DONE: u8 = 2;
@@ -513,6 +525,18 @@ impl<'d> ValueRef<'d> {
         usize::try_from((at << 4) | kind as u64).ok()
     }
 
+    /// The number of the container in the document's table, when the value is a container:
+    /// how a streaming read tells the containers made for an entry from older ones.
+    pub(crate) fn container_index(self) -> Option<usize> {
+        self.r.is_container().then(|| self.r.index())
+    }
+
+    /// What the value stands in for, when a streaming read made it of a consumed entry's
+    /// frames list or frame dict.
+    pub(crate) fn standin(self) -> Option<Standin> {
+        Standin::of(self.r)
+    }
+
     /// The value as a [`Value`] tree, in which every memo-shared object and every list of
     /// the very same elements is one reference-counted allocation.
     pub fn to_value(self) -> Value {
@@ -546,6 +570,19 @@ impl<'d> Seq<'d> {
     /// The last element, if there is one.
     pub fn last(self) -> Option<ValueRef<'d>> {
         self.refs.last().map(|&r| self.doc.at(r))
+    }
+
+    /// Puts into `out` a key of the elements that two lists share exactly when they hold the
+    /// very same values, and returns whether it stays valid: `false` when an element is a
+    /// container numbered `transient_from` or above, which a streaming read drops and whose
+    /// number it gives again.
+    pub(crate) fn stable_elements(self, transient_from: usize, out: &mut Vec<u32>) -> bool {
+        out.clear();
+        out.extend(self.refs.iter().map(|r| r.0));
+        !self
+            .refs
+            .iter()
+            .any(|r| r.is_container() && r.index() >= transient_from)
     }
 
     /// The elements in order.

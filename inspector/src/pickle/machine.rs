@@ -22,6 +22,10 @@ use super::error::{PickleError, PickleErrorKind};
 use super::limits::Limits;
 use super::opcodes::*;
 
+pub(super) mod stream;
+
+use stream::Stream;
+
 /// How many opcodes run between two checks of the memory budget; a container that moves to
 /// grow is checked at once.
 const BUDGET_CHECK_EVERY: u32 = 256;
@@ -32,6 +36,8 @@ const BUDGET_CHECK_EVERY: u32 = 256;
 struct Memo {
     dense: Vec<Ref>,
     sparse: FxHashMap<u64, Ref>,
+    /// How many stores went to `sparse`, for streaming's checks.
+    sparse_puts: u64,
 }
 
 impl Memo {
@@ -46,6 +52,7 @@ impl Memo {
             }
         } else {
             self.sparse.insert(index, r);
+            self.sparse_puts += 1;
         }
     }
 
@@ -62,9 +69,23 @@ impl Memo {
 }
 
 /// The pickle virtual machine, restricted to data, building a [`Document`].
-pub(super) struct Machine<'a> {
+///
+/// It reads the input from `data`, all of it or, for a streaming read of a file
+/// ([`stream::parse_streaming_chunks`]), a window of it that [`Machine::rebase`] moves on.
+pub(super) struct Machine<'a, 's> {
+    /// The input at hand, from offset `base`.
     data: &'a [u8],
+    /// The position in `data` of the next byte to read.
     pos: usize,
+    /// The offset in the input of `data[0]`: 0 unless the input arrives in pieces.
+    base: usize,
+    /// The input's length.
+    total: usize,
+    /// Whether `data` reaches the end of the input.
+    complete: bool,
+    /// Set when an opcode needs bytes past `data` that are still to come: how many more, at
+    /// least, from its start; the opcode changed nothing and runs again once they are there.
+    pub(super) more: Option<usize>,
     /// The most bytes of memory the document may take ([`Limits::memory_budget`]).
     budget: usize,
     /// The bytes of memory allowed per input byte, for the error.
@@ -84,22 +105,40 @@ pub(super) struct Machine<'a> {
     record_origins: bool,
     /// Byte offset of the opcode that created each container, when recorded.
     pub(super) origins: Vec<usize>,
-    /// Offset of the opcode being executed.
+    /// Offset in the input of the opcode being executed.
     op_pos: usize,
     op: u8,
+    /// The state of a streaming read ([`stream::parse_streaming`]), `None` otherwise.
+    stream: Option<Stream<'s>>,
 }
 
 type Step<T> = Result<T, PickleError>;
 
-impl<'a> Machine<'a> {
+impl<'a, 's> Machine<'a, 's> {
+    /// A machine reading all of `data`.
     pub(super) fn new(data: &'a [u8], limits: &Limits, record_origins: bool) -> Self {
+        Machine::of_input(data, data.len(), limits, record_origins)
+    }
+
+    /// A machine reading an input of `total` bytes, which begin with `data` (all of them
+    /// when `data` has `total` bytes).
+    pub(super) fn of_input(
+        data: &'a [u8],
+        total: usize,
+        limits: &Limits,
+        record_origins: bool,
+    ) -> Self {
         Machine {
             data,
             pos: 0,
-            budget: limits.memory_budget(data.len()),
+            base: 0,
+            total,
+            complete: data.len() == total,
+            more: None,
+            budget: limits.memory_budget(total),
             per_input_byte: limits.memory_per_input_byte,
             until_check: BUDGET_CHECK_EVERY,
-            doc: Document::empty(data.len()),
+            doc: Document::empty(total),
             stack: Vec::with_capacity(64),
             marks: Vec::with_capacity(16),
             max_marks: limits.max_depth,
@@ -109,7 +148,57 @@ impl<'a> Machine<'a> {
             origins: Vec::new(),
             op_pos: 0,
             op: 0,
+            stream: None,
         }
+    }
+
+    /// The same machine reading `data`, the input from offset `base` on (to its end when
+    /// `complete`), from offset `at` (at or after `base`).
+    pub(super) fn rebase<'b>(
+        self,
+        data: &'b [u8],
+        base: usize,
+        at: usize,
+        complete: bool,
+    ) -> Machine<'b, 's> {
+        Machine {
+            data,
+            pos: at - base,
+            base,
+            total: self.total,
+            complete,
+            more: None,
+            budget: self.budget,
+            per_input_byte: self.per_input_byte,
+            until_check: self.until_check,
+            doc: self.doc,
+            stack: self.stack,
+            marks: self.marks,
+            max_marks: self.max_marks,
+            memo: self.memo,
+            sequences: self.sequences,
+            record_origins: self.record_origins,
+            origins: self.origins,
+            op_pos: self.op_pos,
+            op: self.op,
+            stream: self.stream,
+        }
+    }
+
+    /// The offset in the input of the opcode being executed.
+    pub(super) fn op_pos(&self) -> usize {
+        self.op_pos
+    }
+
+    /// The error that asks for `n` more bytes than `data` holds from the opcode's start
+    /// (see [`Machine::more`]); only a machine reading a window makes it.
+    fn wait_for(&mut self, n: usize) -> PickleError {
+        self.more = Some(n);
+        self.error(PickleErrorKind::Truncated {
+            opcode: self.name(),
+            needed: n as u64,
+            available: 0,
+        })
     }
 
     fn error(&self, kind: PickleErrorKind) -> PickleError {
@@ -134,6 +223,10 @@ impl<'a> Machine<'a> {
     fn take(&mut self, n: u64) -> Step<&'a [u8]> {
         let available = (self.data.len() - self.pos) as u64;
         if n > available {
+            if !self.complete {
+                let wanted = (self.base + self.pos - self.op_pos) as u64 + n;
+                return Err(self.wait_for(usize::try_from(wanted).unwrap_or(usize::MAX)));
+            }
             return Err(self.error(PickleErrorKind::Truncated {
                 opcode: self.name(),
                 needed: n,
@@ -181,6 +274,11 @@ impl<'a> Machine<'a> {
                 self.pos += end + 1;
                 Ok(&rest[..end])
             }
+            // Twice what is at hand, so that a long line is searched a few times only.
+            None if !self.complete => {
+                let at_hand = self.data.len() + self.base - self.op_pos;
+                Err(self.wait_for(2 * at_hand + 1))
+            }
             None => Err(self.error(PickleErrorKind::Truncated {
                 opcode: self.name(),
                 needed: rest.len() as u64 + 1,
@@ -206,6 +304,7 @@ impl<'a> Machine<'a> {
             + self.memo.sparse.len() * 24
             + self.sequences.len() * 24
             + self.origins.len() * size_of::<usize>()
+            + self.stream.as_ref().map_or(0, Stream::memory)
     }
 
     /// Fails once the document takes more memory than the budget.
@@ -213,7 +312,7 @@ impl<'a> Machine<'a> {
         if self.memory() > self.budget {
             return Err(self.error(PickleErrorKind::MemoryBudget {
                 limit: self.budget,
-                input_bytes: self.data.len(),
+                input_bytes: self.total,
                 per_input_byte: self.per_input_byte,
             }));
         }
@@ -327,6 +426,7 @@ impl<'a> Machine<'a> {
             len: 0,
             cap: 0,
             shared: false,
+            frozen: false,
         });
         if self.record_origins {
             self.origins.push(self.op_pos);
@@ -357,11 +457,24 @@ impl<'a> Machine<'a> {
         Ok(())
     }
 
+    /// Appends the values above stack position `from` to the list `target`, or, when they
+    /// are the entries streamed for it, drops them (see [`stream`]).
+    fn append_or_stream(&mut self, target: Ref, from: usize) -> Step<()> {
+        if self.stream.is_some() && self.stream_appends(target, from)? {
+            self.stack.truncate(from);
+            return Ok(());
+        }
+        self.append_from(target, from)
+    }
+
     /// Puts the values above stack position `from` into the container `target`: each is
     /// counted here, once, however it came onto the stack. A container that had to move to
     /// grow (it shared its elements with an equal one, or others were added after it) copies
     /// its elements, so the budget is checked at once.
     fn extend(&mut self, target: Ref, from: usize) -> Step<()> {
+        if self.stream.is_some() {
+            self.stream_extend(target, from)?;
+        }
         let pool = self.doc.items.len();
         if !self.doc.extend(target.index(), &self.stack[from..]) {
             return Err(self.too_many_items());
@@ -393,21 +506,30 @@ impl<'a> Machine<'a> {
         let (earlier_index, earlier) = match self.sequences.get(&key) {
             Some(&e) if e as usize != c => (e, self.doc.containers[e as usize]),
             _ => {
-                self.sequences.insert(key, c as u32);
+                self.new_sequence(key, c);
                 return;
             }
         };
         if earlier.len != cont.len || self.doc.items[earlier.range()] != self.doc.items[range] {
-            self.sequences.insert(key, c as u32);
+            self.new_sequence(key, c);
             return;
         }
         self.doc.items.truncate(cont.start as usize);
         self.doc.containers[c] = Container {
             cap: earlier.len,
             shared: true,
+            frozen: false,
             ..earlier
         };
         self.doc.containers[earlier_index as usize].shared = true;
+    }
+
+    /// Makes container `c` the list found for `key` by [`Machine::share_equal`].
+    fn new_sequence(&mut self, key: (u32, u64), c: usize) {
+        self.sequences.insert(key, c as u32);
+        if let Some(stream) = &mut self.stream {
+            stream.sequence_key(key);
+        }
     }
 
     /// Where the values above the last mark begin.
@@ -439,11 +561,15 @@ impl<'a> Machine<'a> {
 
     /// Pops the last mark and returns the stack length it recorded.
     fn take_mark(&mut self) -> Step<usize> {
-        self.marks.pop().ok_or_else(|| {
+        let mark = self.marks.pop().ok_or_else(|| {
             self.error(PickleErrorKind::MissingMark {
                 opcode: self.name(),
             })
-        })
+        })?;
+        if self.stream.is_some() {
+            self.stream_mark_taken()?;
+        }
+        Ok(mark)
     }
 
     /// The value just below a popped mark at `mark`, which must lie above the previous mark.
@@ -492,6 +618,9 @@ impl<'a> Machine<'a> {
 
     fn memo_put(&mut self, index: u64) -> Step<()> {
         let top = self.top()?;
+        if self.stream.is_some() {
+            self.stream_put(index)?;
+        }
         self.memo.put(index, top);
         Ok(())
     }
@@ -525,15 +654,18 @@ impl<'a> Machine<'a> {
     /// Runs opcodes up to `STOP` and returns the value it pops.
     pub(super) fn run(&mut self) -> Step<Ref> {
         loop {
-            self.op_pos = self.pos;
+            self.op_pos = self.base + self.pos;
             self.until_check -= 1;
             if self.until_check == 0 {
                 self.until_check = BUDGET_CHECK_EVERY;
                 self.check_budget()?;
             }
             let Some(&op) = self.data.get(self.pos) else {
+                if !self.complete {
+                    return Err(self.wait_for(1));
+                }
                 return Err(PickleError {
-                    offset: self.data.len(),
+                    offset: self.total,
                     kind: PickleErrorKind::MissingStop,
                 });
             };
@@ -548,6 +680,9 @@ impl<'a> Machine<'a> {
             match op {
                 STOP => {
                     self.check_budget()?;
+                    if self.stream.is_some() {
+                        self.stream_stop()?;
+                    }
                     return self.pop();
                 }
                 PROTO | FRAME | MARK | POP | POP_MARK | DUP => self.control(op)?,
@@ -584,7 +719,7 @@ impl<'a> Machine<'a> {
             }
             FRAME => {
                 let len = self.take_u64()?;
-                let available = (self.data.len() - self.pos) as u64;
+                let available = self.total.saturating_sub(self.base + self.pos) as u64;
                 if len > available {
                     return Err(self.error(PickleErrorKind::Truncated {
                         opcode: "FRAME",
@@ -601,6 +736,9 @@ impl<'a> Machine<'a> {
                     }));
                 }
                 self.marks.push(self.stack.len());
+                if self.stream.is_some() {
+                    self.stream_mark();
+                }
             }
             POP => {
                 if self.stack.len() > self.floor() {
@@ -791,6 +929,9 @@ impl<'a> Machine<'a> {
                 };
                 let r = self.new_container(kind)?;
                 self.stack.push(r);
+                if kind == kind::DICT && self.stream.is_some() {
+                    self.stream_dict(r);
+                }
                 Ok(())
             }
             LIST | TUPLE | FROZENSET | DICT => {
@@ -827,13 +968,13 @@ impl<'a> Machine<'a> {
                 self.expect(target, kind::LIST, "list")?;
                 let from = self.stack.len();
                 self.stack.push(value);
-                self.append_from(target, from)
+                self.append_or_stream(target, from)
             }
             APPENDS => {
                 let mark = self.take_mark()?;
                 let target = self.below(mark)?;
                 self.expect(target, kind::LIST, "list")?;
-                self.append_from(target, mark)
+                self.append_or_stream(target, mark)
             }
             SETITEM => {
                 let value = self.pop()?;
@@ -843,14 +984,16 @@ impl<'a> Machine<'a> {
                 let from = self.stack.len();
                 self.stack.push(key);
                 self.stack.push(value);
-                self.append_from(target, from)
+                self.append_from(target, from)?;
+                self.stream_filled(target)
             }
             SETITEMS => {
                 let mark = self.take_mark()?;
                 let target = self.below(mark)?;
                 self.check_pairs(mark)?;
                 self.expect(target, kind::DICT, "dict")?;
-                self.append_from(target, mark)
+                self.append_from(target, mark)?;
+                self.stream_filled(target)
             }
             ADDITEMS => {
                 let mark = self.take_mark()?;

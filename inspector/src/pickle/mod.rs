@@ -27,7 +27,11 @@
 //! [`Seq`] handles (`document`), the machine that runs the opcodes into a document
 //! (`machine`, with the opcodes by name in `opcodes` and the decoding of text and number
 //! arguments in `args`), the conversion of a document to [`Value`]s (`tree`), the [`Limits`]
-//! (`limits`) and the [`PickleError`] (`error`).
+//! (`limits`) and the [`PickleError`] (`error`). For `crate::import::pytorch`, the machine can
+//! also stream the entries of the lists under one key of the root dict into a consumer while it
+//! reads, from all the bytes or from pieces of them, dropping each entry once converted
+//! (`machine::stream`); it falls back to a whole document whenever that could change the
+//! result.
 
 #![warn(missing_docs)]
 
@@ -48,6 +52,10 @@ pub use error::{human_bytes, PickleError, PickleErrorKind};
 pub use limits::{Limits, DEFAULT_MAX_INPUT_BYTES};
 pub use opcodes::opcode_name;
 pub use value::Value;
+
+pub(crate) use machine::stream::{
+    parse_streaming, parse_streaming_chunks, EntrySink, Standin, Streamed, StreamedList,
+};
 
 /// Parses a pickle of plain data with the default [`Limits`].
 ///

@@ -1,0 +1,707 @@
+//! The streaming import of a PyTorch snapshot: its `device_traces` entries become events
+//! while the pickle is read, so that no document of them is ever held.
+//!
+//! [`read`] runs `crate::pickle::parse_streaming` with an [`EntryStream`] that converts each
+//! entry with `super::read_entry`, as the whole-document import does, into events and call
+//! sites (`super::stacks`). It then checks that the lists it streamed are where the snapshot's
+//! `device_traces` has them, once each, and that no other trace list has entries. [`Ready`]
+//! converts the rest of the document (`super::finish`) into the snapshot. When the pickle
+//! cannot be streamed faithfully, or anything fails while it is read, [`read`] returns `None`
+//! and `super::from_pickle_bytes` reads the pickle whole, which gives the same snapshot, or
+//! the error, as before streaming existed; an entry that does not convert is one such case,
+//! so that errors keep the order and wording of the whole-document import.
+
+use std::fs::File;
+use std::io::Read;
+use std::sync::mpsc;
+
+use rustc_hash::FxHashSet;
+use vramscope_model::{Event, Snapshot};
+
+use super::stacks::Stacks;
+use super::{
+    check_entries, finish, limits, max_trace_entries, parts, read_entry, read_traces, EntryKeys,
+    Fault, Figures, Loc, TraceEvents,
+};
+use crate::import::{ImportError, ImportErrorKind, ImportOptions};
+use crate::pickle::{
+    parse_streaming, parse_streaming_chunks, Document, EntrySink, Standin, Streamed, StreamedList,
+    ValueRef,
+};
+
+/// The key of the root dict whose lists are streamed.
+const TRACES: &str = "device_traces";
+
+/// Converts streamed trace entries into events and call sites.
+struct EntryStream {
+    keys: EntryKeys,
+    stacks: Stacks,
+    figures: Figures,
+    /// The events, their times not yet relative (see `super::read_entry`).
+    events: Vec<Event>,
+    /// Entries read so far, and the most a pickle of this size may hold
+    /// (`super::max_trace_entries`).
+    entries: usize,
+    limit: usize,
+}
+
+impl EntrySink for EntryStream {
+    fn entry(
+        &mut self,
+        entry: ValueRef<'_>,
+        list: usize,
+        index: usize,
+        transient_from: usize,
+    ) -> bool {
+        self.entries += 1;
+        let Ok(device) = u32::try_from(list) else {
+            return false;
+        };
+        if self.entries > self.limit {
+            return false;
+        }
+        self.stacks.transient_from = Some(transient_from);
+        let event = read_entry(
+            entry,
+            device,
+            Loc::Entry(list, index),
+            &mut self.keys,
+            &mut self.stacks,
+            &mut self.figures,
+        );
+        self.stacks.transient_from = None;
+        match event {
+            Ok(Some(e)) => {
+                self.events.push(e);
+                true
+            }
+            Ok(None) => true,
+            Err(_) => false,
+        }
+    }
+
+    fn read(&mut self) -> &mut Vec<usize> {
+        &mut self.stacks.read
+    }
+
+    fn standins(&mut self) -> &mut Vec<(usize, Standin)> {
+        &mut self.stacks.standins
+    }
+
+    fn memory(&self) -> usize {
+        self.events.capacity() * std::mem::size_of::<Event>()
+            + self.stacks.bytes
+            + self.stacks.memory()
+            + self.keys.memory()
+    }
+}
+
+/// A snapshot pickle read with its trace entries streamed, checked to convert as the whole
+/// document would.
+pub(super) struct Ready {
+    doc: Document,
+    sink: EntryStream,
+    /// Where each device's events are, when entries were streamed: how many devices have
+    /// entries and the lowest of them.
+    traces: Option<(usize, Option<u32>)>,
+}
+
+/// Reads the snapshot pickle `bytes` with `options`, streaming its trace entries; `None` when
+/// it must be read whole instead.
+pub(super) fn read(bytes: &[u8], options: &ImportOptions) -> Option<Ready> {
+    read_with(bytes.len(), options, |sink| {
+        parse_streaming(bytes, &limits(options), TRACES, sink)
+    })
+}
+
+/// The bytes read from a file at a time.
+const PIECE: usize = 1 << 20;
+
+/// Like [`read`] for the `size` bytes of `file`, which a second thread reads in pieces of
+/// [`PIECE`] bytes while this one parses them, so that the file is never held whole.
+pub(super) fn read_file(file: &File, size: u64, options: &ImportOptions) -> Option<Ready> {
+    let total = usize::try_from(size).ok()?;
+    std::thread::scope(|scope| {
+        let (pieces, received) = mpsc::sync_channel::<Vec<u8>>(4);
+        let (give_back, returned) = mpsc::channel::<Vec<u8>>();
+        scope.spawn(move || {
+            let mut file = file;
+            loop {
+                let mut piece = returned.try_recv().unwrap_or_default();
+                piece.clear();
+                match (&mut file).take(PIECE as u64).read_to_end(&mut piece) {
+                    // An error ends the pieces early: the sizes disagree and the caller reads
+                    // the file again, which reports it.
+                    Ok(0) | Err(_) => break,
+                    Ok(_) if pieces.send(piece).is_err() => break,
+                    Ok(_) => {}
+                }
+            }
+        });
+        let mut next = |window: &mut Vec<u8>| match received.recv() {
+            Ok(piece) => {
+                window.extend_from_slice(&piece);
+                let _ = give_back.send(piece);
+                true
+            }
+            Err(_) => false,
+        };
+        let ready = read_with(total, options, |sink| {
+            parse_streaming_chunks(total, &mut next, &limits(options), TRACES, sink)
+        });
+        // Stops the reader if the pickle ended before the file.
+        drop(received);
+        ready
+    })
+}
+
+/// Streams a snapshot pickle of `input_bytes` bytes with `parse` into a new sink and checks
+/// where its lists are.
+fn read_with(
+    input_bytes: usize,
+    options: &ImportOptions,
+    parse: impl FnOnce(&mut EntryStream) -> Option<Streamed>,
+) -> Option<Ready> {
+    let mut sink = EntryStream {
+        keys: EntryKeys::default(),
+        stacks: Stacks::new(&options.framework_paths),
+        figures: Figures::default(),
+        events: Vec::new(),
+        entries: 0,
+        limit: max_trace_entries(input_bytes),
+    };
+    let streamed = parse(&mut sink)?;
+    let traces = if streamed.lists.is_empty() {
+        None
+    } else {
+        Some(placed(streamed.doc.root(), &streamed.lists)?)
+    };
+    Some(Ready {
+        doc: streamed.doc,
+        sink,
+        traces,
+    })
+}
+
+/// Checks that the streamed `lists` are the lists of `root["device_traces"]` at the positions
+/// they were streamed for, once each, in order, and that no other list there has entries;
+/// returns how many devices have entries and the lowest of them.
+fn placed(root: ValueRef<'_>, lists: &[StreamedList]) -> Option<(usize, Option<u32>)> {
+    if lists.windows(2).any(|w| w[0].position >= w[1].position) {
+        return None;
+    }
+    let traces = root.get(TRACES)?.as_seq()?;
+    let streamed: FxHashSet<usize> = lists.iter().map(|l| l.list).collect();
+    let mut next = lists.iter().peekable();
+    let mut devices = 0;
+    let mut first = None;
+    for (d, trace) in traces.iter().enumerate() {
+        let seq = trace.as_seq()?;
+        let list = trace.container_index();
+        let entries = match next.peek() {
+            Some(l) if l.position == d => {
+                if list != Some(l.list) || !seq.is_empty() {
+                    return None;
+                }
+                next.next().map_or(0, |l| l.entries)
+            }
+            // A streamed list out of its place, or entries the document holds beside
+            // streamed ones.
+            _ if list.is_some_and(|c| streamed.contains(&c)) || !seq.is_empty() => return None,
+            _ => 0,
+        };
+        if entries > 0 {
+            devices += 1;
+            first = first.or(u32::try_from(d).ok());
+        }
+    }
+    next.peek().is_none().then_some((devices, first))
+}
+
+impl Ready {
+    /// Converts the snapshot; `origin` names the data in errors.
+    pub(super) fn convert(
+        self,
+        origin: &str,
+        options: &ImportOptions,
+    ) -> Result<Snapshot, ImportError> {
+        self.snapshot(options).map_err(|fault| {
+            ImportError::new(
+                origin,
+                ImportErrorKind::Structure {
+                    path: fault.path,
+                    message: fault.message,
+                },
+            )
+        })
+    }
+
+    fn snapshot(self, options: &ImportOptions) -> Result<Snapshot, Fault> {
+        let Ready { doc, sink, traces } = self;
+        let EntryStream {
+            mut stacks,
+            mut figures,
+            events,
+            ..
+        } = sink;
+        let root = doc.root();
+        // Streamed entries are within the limit (the sink stops past it) and `placed` found
+        // no others; without them, the document holds all.
+        if traces.is_none() {
+            check_entries(root, doc.input_bytes())?;
+        }
+        let parts = parts(root)?;
+        let traces = match traces {
+            Some((devices_with_events, first_device)) => TraceEvents {
+                events,
+                devices_with_events,
+                first_device,
+            },
+            None => read_traces(parts.traces, &mut stacks, &mut figures)?,
+        };
+        finish(parts, traces, stacks, figures, options)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rustc_hash::FxHashMap;
+
+    use super::*;
+    use crate::pickle_writer::{MemoRef, PickleWriter};
+
+    /// What an entry's `frames` is.
+    #[derive(Clone, Copy)]
+    enum Frames {
+        /// A new list of the frame dicts `0..n`, each written out where first used.
+        Fresh(usize),
+        /// The list of the entry this many entries before, through the memo.
+        Earlier(usize),
+        /// The list of the segment's block, from before the traces.
+        Block,
+    }
+
+    /// Writes snapshot pickles as Python's pickler would, sharing strings, frame dicts and
+    /// lists through the memo.
+    struct Writer {
+        w: PickleWriter,
+        strings: FxHashMap<String, MemoRef>,
+        frame_dicts: FxHashMap<usize, MemoRef>,
+        lists: Vec<MemoRef>,
+        entries: Vec<MemoRef>,
+        block_frames: Option<MemoRef>,
+    }
+
+    impl Writer {
+        fn new() -> Writer {
+            Writer {
+                w: PickleWriter::new(),
+                strings: FxHashMap::default(),
+                frame_dicts: FxHashMap::default(),
+                lists: Vec::new(),
+                entries: Vec::new(),
+                block_frames: None,
+            }
+        }
+
+        fn key(&mut self, key: &str) {
+            self.w.shared_str(key, &mut self.strings);
+        }
+
+        fn frame(&mut self, i: usize) {
+            if let Some(&slot) = self.frame_dicts.get(&i) {
+                self.w.get(slot);
+                return;
+            }
+            self.w.begin_dict();
+            self.key("filename");
+            self.key(&format!("/home/u/model{}.py", i % 3));
+            self.key("line");
+            self.w.int(10 + i as i64);
+            self.key("name");
+            self.key(&format!("f{i}"));
+            self.w.end_dict();
+            let slot = self.w.memoize();
+            self.frame_dicts.insert(i, slot);
+        }
+
+        fn frames(&mut self, frames: Frames) {
+            match frames {
+                Frames::Fresh(n) => {
+                    self.w.begin_list();
+                    for i in 0..n {
+                        self.frame(i);
+                    }
+                    self.w.end_list();
+                    let slot = self.w.memoize();
+                    self.lists.push(slot);
+                }
+                Frames::Earlier(back) => {
+                    let slot = self.lists[self.lists.len() - back];
+                    self.w.get(slot);
+                    self.lists.push(slot);
+                }
+                Frames::Block => {
+                    let slot = self.block_frames.unwrap_or_else(|| unreachable!());
+                    self.w.get(slot);
+                    self.lists.push(slot);
+                }
+            }
+        }
+
+        fn entry(&mut self, action: &str, addr: u64, time_us: u64, frames: Frames) {
+            self.w.begin_dict();
+            self.key("action");
+            self.key(action);
+            self.key("addr");
+            self.w.uint(addr);
+            self.key("size");
+            self.w.uint(4096);
+            self.key("stream");
+            self.w.int(0);
+            self.key("time_us");
+            self.w.uint(time_us);
+            self.key("frames");
+            self.frames(frames);
+            self.w.end_dict();
+            let slot = self.w.memoize();
+            self.entries.push(slot);
+        }
+
+        /// The root dict's `segments` pair: one segment whose block has a frames list.
+        fn segments(&mut self) {
+            self.key("segments");
+            self.w.begin_list();
+            self.w.begin_dict();
+            self.key("device");
+            self.w.int(0);
+            self.key("address");
+            self.w.uint(1 << 32);
+            self.key("total_size");
+            self.w.uint(2 << 20);
+            self.key("blocks");
+            self.w.begin_list();
+            self.w.begin_dict();
+            self.key("address");
+            self.w.uint(1 << 32);
+            self.key("size");
+            self.w.uint(4096);
+            self.key("state");
+            self.key("active_allocated");
+            self.key("frames");
+            self.w.begin_list();
+            self.frame(5);
+            self.frame(1);
+            self.w.end_list();
+            self.block_frames = Some(self.w.memoize());
+            self.w.end_dict();
+            self.w.end_list();
+            self.w.end_dict();
+            self.w.end_list();
+        }
+
+        /// The pairs after the traces: settings and annotations that share keys with them.
+        fn tail(&mut self) {
+            self.key("allocator_settings");
+            self.w.begin_dict();
+            self.key("expandable_segments");
+            self.w.bool(false);
+            self.w.end_dict();
+            self.key("external_annotations");
+            self.w.begin_list();
+            for (stage, time) in [("START", 1_000_010), ("END", 1_000_020)] {
+                self.w.begin_dict();
+                self.key("name");
+                self.key("ProfilerStep#1");
+                self.key("stage");
+                self.key(stage);
+                self.key("device");
+                self.w.int(0);
+                self.key("time_us");
+                self.w.uint(time);
+                self.w.end_dict();
+            }
+            self.w.end_list();
+        }
+    }
+
+    /// A snapshot with `devices` traces of `entries` entries each (none for device 1 when
+    /// there are several), with every kind of frames list.
+    fn snapshot(devices: usize, entries: usize) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.w.begin_dict();
+        w.segments();
+        w.key("device_traces");
+        w.w.begin_list();
+        for d in 0..devices {
+            w.w.begin_list();
+            let n = if devices > 1 && d == 1 { 0 } else { entries };
+            for i in 0..n {
+                let frames = match i % 5 {
+                    0 | 1 => Frames::Fresh(1 + i % 7),
+                    2 | 3 if i >= 2 => Frames::Earlier(1 + i % 2),
+                    _ => Frames::Block,
+                };
+                let action = ["alloc", "free_requested", "free_completed", "segment_map"][i % 4];
+                w.entry(
+                    action,
+                    (1 << 32) + 4096 * (i as u64 % 9),
+                    1_000_000 + i as u64,
+                    frames,
+                );
+            }
+            w.w.end_list();
+        }
+        w.w.end_list();
+        w.tail();
+        w.w.end_dict();
+        w.w.finish()
+    }
+
+    /// The snapshot of `bytes` read whole, as before streaming existed.
+    fn whole(bytes: &[u8]) -> Result<Snapshot, String> {
+        let options = ImportOptions::default();
+        let doc = super::super::parse(bytes, "t", &options).map_err(|e| e.to_string())?;
+        super::super::from_document(&doc, "t", &options).map_err(|e| e.to_string())
+    }
+
+    /// The snapshot of `bytes` as the importer reads it, and whether it streamed entries.
+    fn streamed(bytes: &[u8]) -> (Result<Snapshot, String>, bool) {
+        let options = ImportOptions::default();
+        let streamed = read(bytes, &options).is_some_and(|r| r.traces.is_some());
+        let result =
+            super::super::from_pickle_bytes(bytes, "t", &options).map_err(|e| e.to_string());
+        (result, streamed)
+    }
+
+    fn assert_same(bytes: &[u8], should_stream: bool) -> Snapshot {
+        let (result, streamed) = streamed(bytes);
+        assert_eq!(streamed, should_stream);
+        let expected = whole(bytes);
+        assert_eq!(result, expected);
+        match result {
+            Ok(s) => s,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn entries_stream_into_the_events_the_whole_document_gives() {
+        let bytes = snapshot(1, 40);
+        let s = assert_same(&bytes, true);
+        assert_eq!(s.events.len(), 40);
+        assert!(s.events.iter().all(|e| e.site.is_some()));
+        assert_eq!(s.steps.len(), 1);
+        // Fresh lists, lists shared with earlier entries and the block's list all make sites.
+        assert!(s.sites.len() > 3, "{}", s.sites.len());
+    }
+
+    #[test]
+    fn several_devices_stream_each_at_its_position() {
+        let bytes = snapshot(3, 25);
+        let s = assert_same(&bytes, true);
+        let devices: Vec<u32> = s.events.iter().map(|e| e.device).collect();
+        assert_eq!(devices.iter().filter(|&&d| d == 0).count(), 25);
+        assert_eq!(devices.iter().filter(|&&d| d == 2).count(), 25);
+        assert!(!devices.contains(&1));
+    }
+
+    #[test]
+    fn an_unknown_action_streams_when_nothing_uses_its_frames_again() {
+        let mut w = Writer::new();
+        w.w.begin_dict();
+        w.segments();
+        w.key("device_traces");
+        w.w.begin_list();
+        w.w.begin_list();
+        w.entry("alloc", 1 << 32, 1_000_000, Frames::Fresh(2));
+        w.entry("weird_new_action", 0, 1_000_001, Frames::Fresh(3));
+        w.entry("alloc", 1 << 33, 1_000_002, Frames::Block);
+        w.w.end_list();
+        w.w.end_list();
+        w.tail();
+        w.w.end_dict();
+        let s = assert_same(&w.w.finish(), true);
+        assert_eq!(s.events.len(), 2);
+    }
+
+    /// A snapshot whose last root pair is written by `last` after the traces.
+    fn with_tail(last: impl FnOnce(&mut Writer)) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.w.begin_dict();
+        w.segments();
+        w.key("device_traces");
+        w.w.begin_list();
+        w.w.begin_list();
+        w.entry("alloc", 1 << 32, 1_000_000, Frames::Fresh(2));
+        w.entry("weird_new_action", 0, 1_000_001, Frames::Fresh(3));
+        w.entry("free_requested", 1 << 32, 1_000_002, Frames::Fresh(2));
+        w.w.end_list();
+        w.w.end_list();
+        w.tail();
+        w.key("extra");
+        last(&mut w);
+        w.w.end_dict();
+        w.w.finish()
+    }
+
+    #[test]
+    fn what_streaming_cannot_keep_makes_the_document_be_read_whole() {
+        // The tail alone streams.
+        let s = assert_same(&with_tail(|w| w.w.int(5)), true);
+        assert_eq!(s.events.len(), 2);
+        // An entry used again after it was consumed.
+        assert_same(&with_tail(|w| w.w.get(w.entries[0])), false);
+        // A frames list converted with its entry, used again outside the traces.
+        assert_same(&with_tail(|w| w.w.get(w.lists[0])), false);
+        // The frames list of the entry that was not converted, used again.
+        let dropped = |w: &mut Writer| {
+            w.w.begin_list();
+            w.frames(Frames::Earlier(2));
+            w.w.end_list();
+        };
+        assert_same(&with_tail(dropped), false);
+        // A frame dict from the segments that the entries' stacks use, changed afterwards:
+        // Python's snapshot has the changed line everywhere the dict is used.
+        let changed = |w: &mut Writer| {
+            let slot = w.frame_dicts[&1];
+            w.w.get(slot);
+            w.w.begin_frozenset();
+            w.key("line");
+            w.w.int(777);
+            w.w.end_dict();
+        };
+        let s = assert_same(&with_tail(changed), false);
+        assert!(s
+            .sites
+            .iter()
+            .any(|site| site.frames.iter().any(|f| f.line == 777)));
+    }
+
+    #[test]
+    fn a_list_appended_twice_is_read_whole() {
+        let mut w = Writer::new();
+        w.w.begin_dict();
+        w.segments();
+        w.key("device_traces");
+        w.w.begin_list();
+        w.w.begin_list();
+        w.entry("alloc", 1 << 32, 1_000_000, Frames::Fresh(2));
+        w.entry("alloc", 1 << 33, 1_000_001, Frames::Fresh(2));
+        w.w.end_list();
+        let list = w.w.memoize();
+        w.w.get(list);
+        w.w.end_list();
+        w.tail();
+        w.w.end_dict();
+        let s = assert_same(&w.w.finish(), false);
+        assert_eq!(s.events.len(), 4);
+    }
+
+    #[test]
+    fn errors_are_those_of_the_whole_document() {
+        let bytes = snapshot(1, 12);
+        // Cut inside the traces, and a bad entry (an address that is a string).
+        let (result, _) = streamed(&bytes[..bytes.len() / 2]);
+        assert_eq!(result, whole(&bytes[..bytes.len() / 2]));
+        let mut w = Writer::new();
+        w.w.begin_dict();
+        w.key("device_traces");
+        w.w.begin_list();
+        w.w.begin_list();
+        w.entry("alloc", 1 << 32, 1_000_000, Frames::Fresh(2));
+        w.w.begin_dict();
+        w.key("action");
+        w.key("alloc");
+        w.key("addr");
+        w.key("x");
+        w.w.end_dict();
+        w.w.end_list();
+        w.w.end_list();
+        w.w.end_dict();
+        let bytes = w.w.finish();
+        let (result, streamed) = streamed(&bytes);
+        assert!(!streamed);
+        let e = result.expect_err("a string address");
+        assert!(e.contains("device_traces[0][1].addr"), "{e}");
+        assert_eq!(Err(e), whole(&bytes));
+    }
+
+    /// The snapshot of `bytes` read in pieces of `piece` bytes, as a file is; `None` when it
+    /// must be read whole.
+    fn in_pieces(bytes: &[u8], piece: usize) -> Option<Result<Snapshot, String>> {
+        let options = ImportOptions::default();
+        let mut chunks = bytes.chunks(piece);
+        let mut next = |window: &mut Vec<u8>| match chunks.next() {
+            Some(chunk) => {
+                window.extend_from_slice(chunk);
+                true
+            }
+            None => false,
+        };
+        let ready = read_with(bytes.len(), &options, |sink| {
+            parse_streaming_chunks(bytes.len(), &mut next, &limits(&options), TRACES, sink)
+        })?;
+        Some(ready.convert("t", &options).map_err(|e| e.to_string()))
+    }
+
+    #[test]
+    fn pieces_of_any_size_give_the_same_snapshot() {
+        let bytes = snapshot(3, 30);
+        let expected = whole(&bytes);
+        assert!(expected.is_ok());
+        for piece in [1, 2, 3, 7, 64, 4096, bytes.len()] {
+            assert_eq!(in_pieces(&bytes, piece), Some(expected.clone()), "{piece}");
+        }
+        // Not streamable, or not whole: the caller reads it whole.
+        assert_eq!(in_pieces(&with_tail(|w| w.w.get(w.entries[0])), 5), None);
+        assert_eq!(in_pieces(&bytes[..bytes.len() - 1], 5), None);
+    }
+
+    #[test]
+    fn a_file_streams_into_the_snapshot_its_bytes_give() {
+        let bytes = snapshot(2, 30);
+        let path = std::env::temp_dir().join(format!(
+            "vramscope-stream-test-{}.pickle",
+            std::process::id()
+        ));
+        std::fs::write(&path, &bytes).expect("a temporary file");
+        let file = File::open(&path).expect("the file");
+        let options = ImportOptions::default();
+        let ready = read_file(&file, bytes.len() as u64, &options).expect("it streams");
+        let from_file = ready.convert("t", &options).map_err(|e| e.to_string());
+        // A size that is not the file's: the caller reads it whole.
+        let wrong = read_file(&file, bytes.len() as u64 + 1, &options);
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(from_file, whole(&bytes));
+        assert!(wrong.is_none());
+    }
+
+    mod fuzz {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+            #[test]
+            fn streaming_gives_what_the_whole_document_gives(
+                edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..4),
+                piece in 1usize..50,
+            ) {
+                let mut bytes = snapshot(2, 9);
+                for (at, byte) in edits {
+                    let i = at % bytes.len();
+                    bytes[i] = byte;
+                }
+                let expected = whole(&bytes);
+                let (result, _) = streamed(&bytes);
+                prop_assert_eq!(&result, &expected);
+                if let Some(result) = in_pieces(&bytes, piece) {
+                    prop_assert_eq!(result, expected);
+                }
+            }
+        }
+    }
+}
