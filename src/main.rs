@@ -331,10 +331,8 @@ fn run(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
         Command::Demo(args) => run_demo(args),
         Command::View { file, step_marker } => {
-            let options = ImportOptions {
-                step_marker,
-                ..ImportOptions::default()
-            };
+            let mut options = ImportOptions::default();
+            options.step_marker = step_marker;
             vramscope_tui::run_view(&file, &options).map_err(tui_failure)?;
             Ok(dashboard_status())
         }

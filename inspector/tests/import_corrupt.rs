@@ -133,10 +133,8 @@ fn gzip_problems_are_errors() {
     let e = load(b"\x1f\x8b\x08\x00garbage", "bad.gz").unwrap_err();
     assert!(matches!(e.kind, ImportErrorKind::Gzip(_)), "{e}");
     let packed = gzip(&vec![b'{'; 1 << 20]);
-    let options = ImportOptions {
-        max_decompressed_bytes: 1 << 16,
-        ..ImportOptions::default()
-    };
+    let mut options = ImportOptions::default();
+    options.max_decompressed_bytes = 1 << 16;
     let e = import::load_bytes(&packed, "bomb.gz", &options).unwrap_err();
     assert!(matches!(e.kind, ImportErrorKind::TooLarge { .. }), "{e}");
     let e = load(&gzip(&gzip(b"{}")), "twice.gz").unwrap_err();

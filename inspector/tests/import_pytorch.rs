@@ -147,10 +147,8 @@ fn synthetic_snapshot_converts() {
 
 #[test]
 fn step_marker_function_starts_steps() {
-    let options = ImportOptions {
-        step_marker: Some("train_step".to_string()),
-        ..ImportOptions::default()
-    };
+    let mut options = ImportOptions::default();
+    options.step_marker = Some("train_step".to_string());
     let s = import(SYNTHETIC, &options);
     assert_eq!(s.steps.len(), 1);
     assert_eq!(s.steps[0].seq, 3);
@@ -161,10 +159,8 @@ fn step_marker_function_starts_steps() {
 
 #[test]
 fn framework_paths_are_configurable() {
-    let options = ImportOptions {
-        framework_paths: vec!["/home/u/".to_string()],
-        ..ImportOptions::default()
-    };
+    let mut options = ImportOptions::default();
+    options.framework_paths = vec!["/home/u/".to_string()];
     let s = import(SYNTHETIC, &options);
     // With the user's own folder declared framework and torch/ no longer listed, the torch
     // frame is the innermost frame that is not framework code.

@@ -299,10 +299,8 @@ fn cs336_step_marker() {
     let Some(dir) = traces_dir() else {
         return;
     };
-    let options = ImportOptions {
-        step_marker: Some("step".to_string()),
-        ..ImportOptions::default()
-    };
+    let mut options = ImportOptions::default();
+    options.step_marker = Some("step".to_string());
     let path = dir.join("cs336_medium_ctx512_train_step.pickle");
     let s = import::load_with(&path, &options).unwrap();
     assert!(!s.steps.is_empty());

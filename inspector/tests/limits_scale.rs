@@ -272,11 +272,9 @@ fn trace_entries_that_share_one_dict_are_bounded_per_input_byte() {
 
 #[test]
 fn the_size_error_names_the_size_the_limit_and_how_to_raise_it() {
-    let options = ImportOptions {
-        max_file_bytes: 1000,
-        max_decompressed_bytes: 1000,
-        ..ImportOptions::default()
-    };
+    let mut options = ImportOptions::default();
+    options.max_file_bytes = 1000;
+    options.max_decompressed_bytes = 1000;
     let bytes = generated_snapshot(100);
     let e = import::load_bytes(&bytes, "big.pickle", &options).unwrap_err();
     let text = e.to_string();

@@ -84,6 +84,7 @@ pub fn default_max_input() -> u64 {
 
 /// Choices that change how a file is imported.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ImportOptions {
     /// Path fragments that mark a stack frame as framework code rather than the user's own:
     /// a fragment without a leading `/` matches at the start of a path component (`torch/`

@@ -28,6 +28,7 @@ pub const DEFAULT_MAX_INPUT_BYTES: usize = 4 << 30;
 /// strings, byte strings or containers each, and 2^32 element slots. A PyTorch snapshot
 /// reaches the first of them (strings or element slots) at well over 10 GB.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Limits {
     /// Largest input accepted, in bytes ([`DEFAULT_MAX_INPUT_BYTES`] by default).
     pub max_input_bytes: usize,
