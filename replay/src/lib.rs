@@ -597,15 +597,7 @@ fn replay_with_ring(
     let peak_allocated = stats.allocated_bytes.all.peak;
     let peak_reserved = stats.reserved_bytes.all.peak;
     let result = ReplayResult {
-        figures: Figures {
-            events: total as u64,
-            peak_allocated: Some(peak_allocated),
-            peak_reserved: Some(peak_reserved),
-            segment_allocs: Some(stats.num_device_alloc - restored_segments),
-            segment_frees: Some(stats.num_device_free),
-            num_alloc_retries: Some(stats.num_alloc_retries),
-            num_ooms: Some(stats.num_ooms),
-        },
+        figures: replayed_figures(&stats, total as u64, restored_segments),
         config: options.config.to_string(),
         capacity,
         first_oom,
@@ -620,6 +612,20 @@ fn replay_with_ring(
         device_calls,
     };
     (result, calls.lost)
+}
+
+/// The replay's own figures, from the allocator's statistics at its end: `events` replayed,
+/// and the device allocations less the `restored` segments of the start state.
+fn replayed_figures(stats: &vramscope_model::MemoryStats, events: u64, restored: u64) -> Figures {
+    Figures {
+        events,
+        peak_allocated: Some(stats.allocated_bytes.all.peak),
+        peak_reserved: Some(stats.reserved_bytes.all.peak),
+        segment_allocs: Some(stats.num_device_alloc - restored),
+        segment_frees: Some(stats.num_device_free),
+        num_alloc_retries: Some(stats.num_alloc_retries),
+        num_ooms: Some(stats.num_ooms),
+    }
 }
 
 /// The allocator settings of a replay: the options' settings without tracking, or, when the
