@@ -26,7 +26,7 @@ mod trace;
 use std::path::{Path, PathBuf};
 
 use vramscope_model::{AllocatorConfig, EventKind, Snapshot};
-use vramscope_replay::{self, ReplayOptions};
+use vramscope_replay::{self as replay, ReplayOptions};
 
 use measure::Replay;
 use peers::{
