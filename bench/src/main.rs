@@ -13,11 +13,14 @@
 //! cargo run --release --manifest-path bench/Cargo.toml -- [--quick] [--reps N] [--traces DIR]
 //! bench/target/release/vramscope-bench profile pairs <subject> <pairs>
 //! bench/target/release/vramscope-bench profile trace|steady <trace> <subject> <reps>
+//! bench/target/release/vramscope-bench profile threads <subject> <pairs> <reps> <threads>...
 //! ```
 //!
 //! The `profile` forms run one allocator alone, for `valgrind --tool=callgrind` or a quick
 //! timing: `trace` times the first pass through a fresh allocator, `steady` the second pass,
-//! and both print the mean and the fastest of `reps` repetitions.
+//! and both print the mean and the fastest of `reps` repetitions. `threads` runs cached pairs
+//! from each given number of threads on one allocator (the scaling table's pair loop, for more
+//! thread counts).
 
 mod measure;
 mod peers;
@@ -714,7 +717,7 @@ fn generated_traces(quick: bool) -> Vec<Trace> {
 /// allocator alone, for callgrind.
 fn profile(args: &[String]) -> Result<(), String> {
     let usage =
-        "usage: profile pairs <subject> <pairs> | profile trace|steady <trace> <subject> <reps>";
+        "usage: profile pairs <subject> <pairs> | profile trace|steady <trace> <subject> <reps> | profile threads <subject> <pairs> <reps> <threads>...";
     let subject = |key: &str| {
         Subject::from_key(key).ok_or_else(|| {
             let keys: Vec<&str> = SUBJECTS.iter().map(|s| s.key()).collect();
@@ -768,7 +771,59 @@ fn profile(args: &[String]) -> Result<(), String> {
                 total / reps as f64
             );
         }
+        Some("threads") => {
+            let subject = subject(args.get(1).ok_or(usage)?)?;
+            let config = subject
+                .config()
+                .ok_or("threads needs a vramscope subject")?;
+            let pairs = number(args.get(2))?;
+            let reps = number(args.get(3))?.max(1) as usize;
+            let counts: Vec<usize> = args[4..]
+                .iter()
+                .map(|n| n.parse().map_err(|_| usage.to_string()))
+                .collect::<Result<_, _>>()?;
+            thread_pairs(subject, &config, pairs, reps, &counts);
+        }
         _ => return Err(usage.to_string()),
     }
     Ok(())
+}
+
+/// `profile threads`: cached 4 KiB pairs through `alloc_ptr`/`free_ptr` on one allocator from
+/// each count of threads, each thread on its own stream, as a markdown table. The median run of
+/// `reps` by throughput; CPU time per pair is each thread's own (spinning included, time parked
+/// or preempted not), so CPU ÷ wall near 1 says the threads had their cores to themselves.
+fn thread_pairs(
+    subject: Subject,
+    config: &AllocatorConfig,
+    pairs: u64,
+    reps: usize,
+    counts: &[usize],
+) {
+    println!(
+        "{}: {pairs} cached 4 KiB pairs per thread, median of {reps} run(s) by throughput\n",
+        subject.label()
+    );
+    println!("| threads | total M pairs/s | ÷ 1 thread | wall ns/pair per thread | CPU ns/pair per thread | CPU ÷ wall | voluntary / involuntary switches per 10k pairs |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    let mut one = None;
+    for &threads in counts {
+        let mut runs: Vec<measure::Threaded> = (0..reps)
+            .map(|_| measure::pairs_threads(config, threads, pairs))
+            .collect();
+        runs.sort_by(|a, b| a.mops().total_cmp(&b.mops()));
+        let run = runs[runs.len() / 2];
+        let mpairs = run.mops() / 2.0;
+        let base = *one.get_or_insert(mpairs);
+        let pairs_total = run.ops as f64 / 2.0;
+        println!(
+            "| {threads} | {mpairs:.2} | {:.2}× | {:.0} | {:.0} | {:.2} | {:.0} / {:.0} |",
+            mpairs / base,
+            run.wall_ns_per_op * 2.0,
+            run.cpu_ns_per_op * 2.0,
+            run.cpu_ns_per_op / run.wall_ns_per_op,
+            run.voluntary_switches as f64 * 1e4 / pairs_total,
+            run.involuntary_switches as f64 * 1e4 / pairs_total,
+        );
+    }
 }

@@ -127,6 +127,8 @@ impl Threaded {
 /// One thread's times and context switches over its work.
 #[derive(Clone, Copy, Debug)]
 struct ThreadTimes {
+    /// When the thread started its work.
+    start: Instant,
     wall: Duration,
     cpu: Duration,
     voluntary: u64,
@@ -159,8 +161,9 @@ fn thread_cpu_time() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-/// Runs `work` on `threads` threads that start together. Gives the wall time from the start
-/// to the last end, and each thread's times and context switches.
+/// Runs `work` on `threads` threads that start together. Gives the wall time from the first
+/// thread's start to the last one's end, and each thread's times and context switches. (Timed
+/// by the workers themselves: the spawning thread may be held off a busy core until they end.)
 fn run_threads<F>(threads: usize, work: F) -> (Duration, Vec<ThreadTimes>)
 where
     F: Fn(usize) + Sync,
@@ -178,6 +181,7 @@ where
                     let (wall, cpu_end, switches_end) =
                         (start.elapsed(), thread_cpu_time(), thread_switches());
                     ThreadTimes {
+                        start,
                         wall,
                         cpu: cpu_end - cpu,
                         voluntary: switches_end.0 - switches.0,
@@ -187,9 +191,14 @@ where
             })
             .collect();
         barrier.wait();
-        let start = Instant::now();
-        let per_thread: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
-        (start.elapsed(), per_thread)
+        let per_thread: Vec<ThreadTimes> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+        let first = per_thread.iter().map(|t| t.start).min();
+        let last = per_thread.iter().map(|t| t.start + t.wall).max();
+        let wall = match (first, last) {
+            (Some(first), Some(last)) => last - first,
+            _ => Duration::ZERO,
+        };
+        (wall, per_thread)
     })
 }
 

@@ -199,14 +199,14 @@ impl<B: Backend> Exclusive<'_, B> {
         if size == 0 {
             return Ok(self.allocator.handle((0, NIL)));
         }
-        let backtrace = self.allocator.backtrace_for_request();
+        let caller = self.allocator.shared.caller();
         let origin = Origin {
             location,
             tag: None,
         };
         let allocator = self.allocator;
         self.books()
-            .allocate(size, stream, origin, backtrace, for_handle)
+            .allocate(size, stream, origin, caller, for_handle)
             .map(|found| allocator.handle(found))
     }
 }

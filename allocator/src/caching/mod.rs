@@ -33,7 +33,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::backend::{Backend, StreamId};
 use crate::clock::Clock;
-use crate::config::{AllocatorConfig, BacktraceMode};
+use crate::config::AllocatorConfig;
 use crate::model::{EventKind, StepMark};
 use crate::provenance::{self, NIL};
 use crate::sync::{Mutex, MutexGuard};
@@ -243,15 +243,6 @@ impl<B: Backend> CachingAllocator<B> {
         self.deallocate_buffer(handle.block, handle.addr)
     }
 
-    /// Whether the next allocation takes a backtrace (`backtraces` setting, sampled).
-    fn wants_backtrace(&self) -> bool {
-        match self.shared.config.backtraces {
-            BacktraceMode::Off => false,
-            BacktraceMode::All => true,
-            BacktraceMode::Sampled(n) => provenance::sample_backtrace(n),
-        }
-    }
-
     /// Allocates a block; `for_buffer` marks it as owned by a `DeviceBuffer` (freed by id)
     /// instead of entering it in the raw-pointer map. Returns the address and block id.
     pub(crate) fn allocate(
@@ -264,19 +255,10 @@ impl<B: Backend> CachingAllocator<B> {
         if size == 0 {
             return Ok((0, NIL));
         }
-        let backtrace = self.backtrace_for_request();
+        // Who is asking is read before the lock: the critical section holds the policy only.
+        let caller = self.shared.caller();
         let mut guard = self.shared.lock();
-        Books::new(&self.shared, &mut guard).allocate(size, stream, origin, backtrace, for_buffer)
-    }
-
-    /// A backtrace for the next allocation, when call sites are on and sampling picks it.
-    #[inline]
-    fn backtrace_for_request(&self) -> Option<Vec<usize>> {
-        if self.shared.config.record_sites && self.wants_backtrace() {
-            Some(provenance::capture_backtrace())
-        } else {
-            None
-        }
+        Books::new(&self.shared, &mut guard).allocate(size, stream, origin, caller, for_buffer)
     }
 
     /// Frees a block of the raw-pointer API by address.

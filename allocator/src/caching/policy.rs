@@ -21,7 +21,7 @@ use super::state::{
 };
 use super::Shared;
 use crate::backend::{Backend, StreamId};
-use crate::config::{Policy, MIB};
+use crate::config::{BacktraceMode, Policy, MIB};
 use crate::debug::{self, FreedRange};
 use crate::model::{EventKind, Pool};
 use crate::provenance::{self, Provenance, NIL};
@@ -102,6 +102,70 @@ pub(crate) struct Origin<'a> {
     pub tag: Option<&'a str>,
 }
 
+/// Who is allocating, read before the device lock is taken: the caller's scope and thread
+/// (thread-local reads) and the backtrace that sampling picked, from which the allocation's
+/// provenance is interned under the lock. Empty with tracking off.
+pub(super) struct Caller {
+    /// The caller's innermost scope on this allocator (`NIL`: none, or tracking off).
+    scope: u32,
+    /// vramscope's number of the calling thread (0 with tracking off).
+    thread: u32,
+    /// The call stack, when call sites are on and sampling picked this allocation.
+    backtrace: Option<Vec<usize>>,
+}
+
+impl<B: Backend> Shared<B> {
+    /// The [`Caller`] of an allocation starting now on this thread.
+    #[inline]
+    pub(super) fn caller(&self) -> Caller {
+        if !self.tracking {
+            return Caller::NOBODY;
+        }
+        let backtrace = if self.config.record_sites && self.wants_backtrace() {
+            Some(provenance::capture_backtrace())
+        } else {
+            None
+        };
+        Caller {
+            scope: provenance::current_scope(self.id),
+            thread: provenance::thread_number(),
+            backtrace,
+        }
+    }
+
+    /// The [`Caller`] for an event attributed to this thread without a backtrace (an
+    /// out-of-memory error, a step, a transfer).
+    fn caller_without_backtrace(&self) -> Caller {
+        if !self.tracking {
+            return Caller::NOBODY;
+        }
+        Caller {
+            scope: provenance::current_scope(self.id),
+            thread: provenance::thread_number(),
+            backtrace: None,
+        }
+    }
+
+    /// Whether the next allocation takes a backtrace (`backtraces` setting, sampled).
+    #[inline]
+    fn wants_backtrace(&self) -> bool {
+        match self.config.backtraces {
+            BacktraceMode::Off => false,
+            BacktraceMode::All => true,
+            BacktraceMode::Sampled(n) => provenance::sample_backtrace(n),
+        }
+    }
+}
+
+impl Caller {
+    /// The caller with tracking off: nothing read.
+    const NOBODY: Caller = Caller {
+        scope: NIL,
+        thread: 0,
+        backtrace: None,
+    };
+}
+
 /// A block found for a request, and how it was found.
 pub(super) struct Found {
     pub(super) block: u32,
@@ -139,22 +203,25 @@ impl<'a, B: Backend> Books<'a, B> {
         }
     }
 
-    /// The interned provenance of an allocation from `origin` (with a backtrace when one was
-    /// captured), or `NIL` when neither call sites nor events are recorded. Inlined into the
-    /// allocation path, which instantiates it in the caller's codegen unit.
+    /// The interned provenance of an allocation from `origin` by `caller`, or `NIL` when
+    /// neither call sites nor events are recorded. Inlined into the allocation path, which
+    /// instantiates it in the caller's codegen unit.
     #[inline]
-    fn provenance_for(&mut self, origin: &Origin<'_>, backtrace: Option<Vec<usize>>) -> u32 {
+    fn provenance_for(&mut self, origin: &Origin<'_>, caller: Caller) -> u32 {
         let config = &self.shared.config;
         if !config.record_sites && !config.record_events {
             return NIL;
         }
+        let Caller {
+            scope,
+            thread,
+            backtrace,
+        } = caller;
         let state = &mut *self.state;
         let tag = origin
             .tag
             .map(|t| state.provenance.tags.intern(t))
             .unwrap_or(NIL);
-        let scope = provenance::current_scope(self.shared.id);
-        let thread = provenance::thread_number();
         match backtrace {
             Some(ips) if config.record_sites => {
                 let site = state.provenance.site(origin.location, Some(ips));
@@ -182,7 +249,7 @@ impl<'a, B: Backend> Books<'a, B> {
         size: u64,
         stream: StreamId,
         origin: Origin<'_>,
-        backtrace: Option<Vec<usize>>,
+        caller: Caller,
         for_buffer: bool,
     ) -> Result<(u64, u32), AllocError> {
         let shared = self.shared;
@@ -207,7 +274,7 @@ impl<'a, B: Backend> Books<'a, B> {
             },
         };
         let provenance = if shared.tracking {
-            self.provenance_for(&origin, backtrace)
+            self.provenance_for(&origin, caller)
         } else {
             NIL
         };
@@ -323,7 +390,7 @@ impl<'a, B: Backend> Books<'a, B> {
         let shared = self.shared;
         self.state.stats.num_ooms += 1;
         let info = shared.backend.mem_info();
-        let provenance = self.provenance_for(origin, None);
+        let provenance = self.provenance_for(origin, shared.caller_without_backtrace());
         let state = &mut *self.state;
         if shared.config.record_events {
             state.record(
@@ -701,7 +768,7 @@ impl<'a, B: Backend> Books<'a, B> {
             location,
             tag: None,
         };
-        let provenance = self.provenance_for(&origin, None);
+        let provenance = self.provenance_for(&origin, self.shared.caller_without_backtrace());
         self.state.record(
             &self.shared.clock,
             kind,
