@@ -75,6 +75,14 @@ fn check(name: &str, snapshot: &Snapshot) {
         walk.end.blocks.len(),
         "{name}: blocks at the end"
     );
+    // The start-only walk (the replay's block sizing) starts where the full walk does.
+    let start = vramscope::engine::Reconstruction::start_of(snapshot);
+    assert_eq!(start.usage(), walk.start.usage(), "{name}: start usage");
+    assert_eq!(
+        start.blocks.keys().collect::<Vec<_>>(),
+        walk.start.blocks.keys().collect::<Vec<_>>(),
+        "{name}: start blocks"
+    );
 
     // The report's JSON.
     assert_eq!(stats["events"], events, "{name}: events");

@@ -84,6 +84,118 @@ impl Reconstruction {
     ) -> Reconstruction {
         let events = &snapshot.events;
         let n = events.len();
+        let EndOfTrace {
+            links,
+            pairing,
+            end,
+            reserved_known,
+        } = EndOfTrace::of(snapshot);
+        let mut usage = vec![Usage::default(); n];
+        let mut state = end.clone();
+        for i in (0..n).rev() {
+            usage[i] = state.usage();
+            if checkpoint_every > 0 && (i + 1).is_multiple_of(checkpoint_every) && i + 1 < n {
+                checkpoint(i + 1, &state);
+            }
+            undo(&mut state, events, &links, i);
+        }
+        let start = state;
+        let peak = |key: fn(&Usage) -> u64| {
+            let mut best = Peak {
+                bytes: key(&start.usage()),
+                event: None,
+            };
+            for (i, u) in usage.iter().enumerate() {
+                if key(u) > best.bytes {
+                    best = Peak {
+                        bytes: key(u),
+                        event: Some(i as u32),
+                    };
+                }
+            }
+            best
+        };
+        let peak_allocated = peak(|u| u.allocated);
+        let peak_reserved = peak(|u| u.reserved);
+        Reconstruction {
+            start,
+            end,
+            usage,
+            links,
+            pairing,
+            peak_allocated,
+            peak_reserved,
+            reserved_known,
+        }
+    }
+
+    /// The walk of `snapshot` without checkpoints.
+    pub fn of(snapshot: &Snapshot) -> Reconstruction {
+        Reconstruction::new(snapshot, 0, &mut |_, _| {})
+    }
+
+    /// Only the state before the first event: the same backward walk as [`Reconstruction::of`]
+    /// without keeping the usage after every event, for callers (the replay's block sizing)
+    /// that need where the trace started and nothing else.
+    pub fn start_of(snapshot: &Snapshot) -> MemoryState {
+        let EndOfTrace { links, end, .. } = EndOfTrace::of(snapshot);
+        let mut state = end;
+        for i in (0..snapshot.events.len()).rev() {
+            undo(&mut state, &snapshot.events, &links, i);
+        }
+        state
+    }
+
+    /// The state after the first `pos` events, walked forwards from the start.
+    pub fn state_at(&self, events: &[Event], pos: usize) -> MemoryState {
+        let mut state = self.start.clone();
+        for (i, e) in events.iter().enumerate().take(pos) {
+            state.apply(e, i as u32);
+        }
+        state
+    }
+
+    /// Allocated and reserved bytes after the first `pos` events.
+    pub fn usage_at(&self, pos: usize) -> Usage {
+        match pos.min(self.usage.len()).checked_sub(1) {
+            Some(i) => self.usage[i],
+            None => self.start.usage(),
+        }
+    }
+}
+
+/// Whether `e` changes reserved memory.
+pub fn is_segment_event(e: &Event) -> bool {
+    use vramscope_model::EventKind::*;
+    matches!(
+        e.kind,
+        SegmentAlloc | SegmentFree | SegmentMap | SegmentUnmap
+    )
+}
+
+/// Undoes event `i` of `events` on `state`, with the allocation its packed link names.
+pub fn undo(state: &mut MemoryState, events: &[Event], links: &[u32], i: usize) {
+    let link = FreeLink::unpack(links[i]);
+    let alloc = link.alloc.map(|a| (&events[a as usize], a));
+    state.undo(&events[i], alloc, link.requested_before);
+}
+
+/// What the backward walk starts from: the link of every free, the pairing after the last
+/// event, the state at the end of the trace, and whether the trace says anything about
+/// reserved bytes.
+struct EndOfTrace {
+    links: Vec<u32>,
+    pairing: Pairing,
+    end: MemoryState,
+    reserved_known: bool,
+}
+
+impl EndOfTrace {
+    /// Pairs the frees of `snapshot` and takes its end state from its segments (or, for a
+    /// format without them, from its events and its statistics' current figures).
+    fn of(snapshot: &Snapshot) -> EndOfTrace {
+        let events = &snapshot.events;
+        let n = events.len();
         let mut pairing = Pairing::new();
         let mut links = Vec::with_capacity(n);
         for (i, e) in events.iter().enumerate() {
@@ -131,80 +243,11 @@ impl Reconstruction {
             || snapshot.stats.reserved_bytes.all.peak > 0
             || events.iter().any(is_segment_event);
 
-        let mut usage = vec![Usage::default(); n];
-        let mut state = end.clone();
-        for i in (0..n).rev() {
-            usage[i] = state.usage();
-            if checkpoint_every > 0 && (i + 1).is_multiple_of(checkpoint_every) && i + 1 < n {
-                checkpoint(i + 1, &state);
-            }
-            undo(&mut state, events, &links, i);
-        }
-        let start = state;
-        let peak = |key: fn(&Usage) -> u64| {
-            let mut best = Peak {
-                bytes: key(&start.usage()),
-                event: None,
-            };
-            for (i, u) in usage.iter().enumerate() {
-                if key(u) > best.bytes {
-                    best = Peak {
-                        bytes: key(u),
-                        event: Some(i as u32),
-                    };
-                }
-            }
-            best
-        };
-        let peak_allocated = peak(|u| u.allocated);
-        let peak_reserved = peak(|u| u.reserved);
-        Reconstruction {
-            start,
-            end,
-            usage,
+        EndOfTrace {
             links,
             pairing,
-            peak_allocated,
-            peak_reserved,
+            end,
             reserved_known,
         }
     }
-
-    /// The walk of `snapshot` without checkpoints.
-    pub fn of(snapshot: &Snapshot) -> Reconstruction {
-        Reconstruction::new(snapshot, 0, &mut |_, _| {})
-    }
-
-    /// The state after the first `pos` events, walked forwards from the start.
-    pub fn state_at(&self, events: &[Event], pos: usize) -> MemoryState {
-        let mut state = self.start.clone();
-        for (i, e) in events.iter().enumerate().take(pos) {
-            state.apply(e, i as u32);
-        }
-        state
-    }
-
-    /// Allocated and reserved bytes after the first `pos` events.
-    pub fn usage_at(&self, pos: usize) -> Usage {
-        match pos.min(self.usage.len()).checked_sub(1) {
-            Some(i) => self.usage[i],
-            None => self.start.usage(),
-        }
-    }
-}
-
-/// Whether `e` changes reserved memory.
-pub fn is_segment_event(e: &Event) -> bool {
-    use vramscope_model::EventKind::*;
-    matches!(
-        e.kind,
-        SegmentAlloc | SegmentFree | SegmentMap | SegmentUnmap
-    )
-}
-
-/// Undoes event `i` of `events` on `state`, with the allocation its packed link names.
-pub fn undo(state: &mut MemoryState, events: &[Event], links: &[u32], i: usize) {
-    let link = FreeLink::unpack(links[i]);
-    let alloc = link.alloc.map(|a| (&events[a as usize], a));
-    state.undo(&events[i], alloc, link.requested_before);
 }

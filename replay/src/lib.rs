@@ -342,14 +342,17 @@ pub enum BlockSizing {
 /// the request. Frees take the size of the allocation they release.
 pub fn size_blocks(snapshot: &mut Snapshot) -> BlockSizing {
     // Until the replay says better, every block is its request rounded (which is also what
-    // the replay's starting state needs of blocks from before the trace).
+    // the replay's starting state needs of blocks from before the trace). Pairing does not
+    // look at sizes, so the one pass that rounds also keeps what each free releases.
     let divisions = snapshot.config.roundup_power2_divisions;
     let mut pairing = Pairing::new();
+    let mut freed: Vec<Option<Option<u32>>> = vec![None; snapshot.events.len()];
     for (i, e) in snapshot.events.iter_mut().enumerate() {
-        if matches!(
-            pairing.push(i as u32, e),
-            Pair::Alloc { .. } | Pair::Free(_)
-        ) {
+        let pair = pairing.push(i as u32, e);
+        if let Pair::Free(link) = pair {
+            freed[i] = Some(link.alloc);
+        }
+        if matches!(pair, Pair::Alloc { .. } | Pair::Free(_)) {
             if e.requested == 0 {
                 e.requested = e.size;
             }
@@ -361,27 +364,19 @@ pub fn size_blocks(snapshot: &mut Snapshot) -> BlockSizing {
         verify: true,
         ..ReplayOptions::default()
     };
-    let mut replayed = vec![0u64; snapshot.events.len()];
-    let result = replay_recording(snapshot, &options, &mut |_, _| {}, Some(&mut replayed));
+    // The replay writes the block size of each allocation it served; this becomes the block
+    // size of every allocation below.
+    let mut block = vec![0u64; snapshot.events.len()];
+    let result = replay_recording(snapshot, &options, &mut |_, _| {}, Some(&mut block));
     let sizing = match &result.device_calls {
         Some(check) if check.trace_calls > 0 && check.first_difference.is_none() => {
             BlockSizing::Replayed
         }
         _ => BlockSizing::Rounded,
     };
-    let mut pairing = Pairing::new();
-    let mut block = vec![0u64; snapshot.events.len()];
-    let mut freed = vec![None; snapshot.events.len()];
-    for (i, e) in snapshot.events.iter().enumerate() {
-        match pairing.push(i as u32, e) {
-            Pair::Alloc { .. } => {
-                block[i] = match replayed[i] {
-                    size if size > 0 && sizing == BlockSizing::Replayed => size,
-                    _ => round_size(e.requested, divisions),
-                };
-            }
-            Pair::Free(link) => freed[i] = Some(link.alloc),
-            Pair::Other => {}
+    for (size, e) in block.iter_mut().zip(&snapshot.events) {
+        if e.kind == EventKind::Alloc && (*size == 0 || sizing == BlockSizing::Rounded) {
+            *size = round_size(e.requested, divisions);
         }
     }
     // A block still allocated at the end is in the dump-time state with its true size: that
@@ -438,7 +433,9 @@ impl CallLog {
 }
 
 /// [`replay`], also writing into `block_sizes` (indexed like the snapshot's events) the size
-/// of the block each replayed allocation got.
+/// of the block each replayed allocation got. A replay for block sizes leaves the trace's own
+/// figures (`ReplayResult::original`) empty: [`size_blocks`] wants the replay's blocks and
+/// device calls only.
 fn replay_recording(
     snapshot: &Snapshot,
     options: &ReplayOptions,
@@ -477,14 +474,20 @@ fn replay_with_ring(
     let sim = SimDevice::phantom(UNLIMITED_CAPACITY);
     let alloc = CachingAllocator::new(sim.clone(), config);
     alloc.set_memory_limit(options.capacity);
-    let walk = Reconstruction::of(snapshot);
-    let start = if options.reconstruct_start {
-        start_segments(&walk.start, device)
+    // A replay for block sizes needs where the trace started, not its own figures: the
+    // start-only walk keeps no usage per event.
+    let (start, original) = if block_sizes.is_some() {
+        let start = options
+            .reconstruct_start
+            .then(|| start_segments(&Reconstruction::start_of(snapshot), device));
+        (start.unwrap_or_default(), Figures::default())
     } else {
-        Vec::new()
+        let walk = Reconstruction::of(snapshot);
+        let start = options
+            .reconstruct_start
+            .then(|| start_segments(&walk.start, device));
+        (start.unwrap_or_default(), original_figures(snapshot, &walk))
     };
-    let original = original_figures(snapshot, &walk);
-    drop(walk);
 
     // Map the trace's addresses to the replay's.
     let mut addresses: FxHashMap<u64, u64> = FxHashMap::default();

@@ -1,20 +1,21 @@
 //! The one pass that builds a [`ModelView`]: a [`ModelViewBuilder`] owns every accumulator and
 //! is fed the snapshot's events one by one.
 //!
-//! The builder starts from the engine's walk of the snapshot (`Reconstruction`: the memory
-//! state at the start, the end and the peaks, and the usage after every event) and the step
-//! plan of `steps`. [`ModelViewBuilder::push`] takes one event: it numbers it into a step,
-//! pairs it with its allocation (`Pairing`), opens or closes an [`Interval`], adds it to the
-//! tally of its group and step, and records a [`TimelinePoint`] when the usage changed.
-//! [`ModelViewBuilder::finish`] then derives what needs every event (retained bytes per step,
+//! The builder starts from the step plan of `steps` and the call-site groups.
+//! [`ModelViewBuilder::push`] takes one event: it numbers it into a step, pairs it with its
+//! allocation (`Pairing`), opens or closes an [`Interval`], and adds it to the tally of its
+//! group and step. The engine's walk of the snapshot (`Reconstruction`: the memory state at the
+//! start, the end and the peaks, and the usage after every event) does not depend on that pass,
+//! so the parent module runs it on a second thread meanwhile and hands it to
+//! [`ModelViewBuilder::finish`], which first records a [`TimelinePoint`] wherever the usage
+//! changed, then derives what needs every event (retained bytes per step,
 //! the per-group indexes, the holdings at the end and at the peak, the segment summary) and
 //! hands the result to the parent module's [`ModelView`]. A new figure of the view is a new
 //! field here, a line in the `record_*` method of its event kind, and a line in `finish`.
 
 use rustc_hash::FxHashMap;
 use vramscope_engine::{
-    empty_cache_calls, GroupId, LiveBlock, Pair, Pairing, Reconstruction, SiteGroups, Usage,
-    NO_EVENT,
+    empty_cache_calls, GroupId, LiveBlock, Pair, Pairing, Reconstruction, SiteGroups, NO_EVENT,
 };
 use vramscope_model::{BlockState, Event, EventKind, Snapshot, TransferDirection};
 
@@ -29,9 +30,6 @@ use super::{
 pub(super) struct ModelViewBuilder<'a> {
     /// The snapshot whose events are fed in.
     snapshot: &'a Snapshot,
-    /// The engine's walk: the states at the start, the end and the peaks, and the usage after
-    /// every event.
-    walk: Reconstruction,
     /// The call-site groups.
     groups: SiteGroups,
     /// How events are numbered into steps.
@@ -54,10 +52,6 @@ pub(super) struct ModelViewBuilder<'a> {
     tallies: FxHashMap<(GroupId, u32), StepTally>,
     /// `(group, event index)` of every event a group owns besides its allocations.
     group_extra_events: Vec<(GroupId, u32)>,
-    /// Allocated and reserved bytes after every event that changed them.
-    timeline: Vec<TimelinePoint>,
-    /// The usage after the last event fed (the start's before the first).
-    last_usage: Usage,
     /// Totals over the events fed so far.
     totals: TraceTotals,
     /// Indices of the `Oom` events.
@@ -65,17 +59,14 @@ pub(super) struct ModelViewBuilder<'a> {
 }
 
 impl<'a> ModelViewBuilder<'a> {
-    /// A builder for the view of `snapshot`, before any event: walks the snapshot with the
-    /// engine, groups its call sites and numbers its steps.
+    /// A builder for the view of `snapshot`, before any event: groups its call sites and
+    /// numbers its steps.
     pub(super) fn new(snapshot: &'a Snapshot) -> ModelViewBuilder<'a> {
-        let walk = Reconstruction::of(snapshot);
         let groups = SiteGroups::from_sites(&snapshot.sites);
         let plan = StepPlan::of(snapshot);
         let (step_numbers, steps) = collect_steps(snapshot, &plan);
-        let last_usage = walk.start.usage();
         ModelViewBuilder {
             snapshot,
-            walk,
             groups,
             plan,
             step_numbers,
@@ -87,8 +78,6 @@ impl<'a> ModelViewBuilder<'a> {
             open_intervals: FxHashMap::default(),
             tallies: FxHashMap::default(),
             group_extra_events: Vec::new(),
-            timeline: Vec::new(),
-            last_usage,
             totals: TraceTotals {
                 events: snapshot.events.len() as u64,
                 ..TraceTotals::default()
@@ -118,7 +107,6 @@ impl<'a> ModelViewBuilder<'a> {
             }
             _ => self.record_other(event_index, event, group, step),
         }
-        self.record_usage(index, event);
     }
 
     /// The step index of step number `step`. Consecutive events mostly share a step, so the
@@ -227,38 +215,43 @@ impl<'a> ModelViewBuilder<'a> {
         self.group_extra_events.push((group, event_index));
     }
 
-    /// Adds a point to the timeline when the usage after event `index` differs from the usage
+    /// The timeline: a point after every event whose usage in `walk` differs from the usage
     /// before it.
-    fn record_usage(&mut self, index: usize, event: &Event) {
-        let usage = self.walk.usage[index];
-        if usage == self.last_usage {
-            return;
+    fn timeline(&self, walk: &Reconstruction) -> Vec<TimelinePoint> {
+        let mut timeline = Vec::new();
+        let mut last_usage = walk.start.usage();
+        for (index, (event, &usage)) in self.snapshot.events.iter().zip(&walk.usage).enumerate() {
+            if usage == last_usage {
+                continue;
+            }
+            last_usage = usage;
+            timeline.push(TimelinePoint {
+                event: index as u32,
+                seq: event.seq,
+                time_ns: event.time_ns,
+                step: self.plan.step_of(index, event),
+                allocated: usage.allocated,
+                reserved: if walk.reserved_known {
+                    usage.reserved
+                } else {
+                    0
+                },
+            });
         }
-        self.last_usage = usage;
-        self.timeline.push(TimelinePoint {
-            event: index as u32,
-            seq: event.seq,
-            time_ns: event.time_ns,
-            step: self.plan.step_of(index, event),
-            allocated: usage.allocated,
-            reserved: if self.walk.reserved_known {
-                usage.reserved
-            } else {
-                0
-            },
-        });
+        timeline
     }
 
-    /// The view of every event fed so far. Call it once all the snapshot's events are in.
-    pub(super) fn finish(mut self) -> ModelView<'a> {
+    /// The view of every event fed so far, with `walk`, the engine's walk of the same snapshot.
+    /// Call it once all the snapshot's events are in.
+    pub(super) fn finish(mut self, walk: Reconstruction) -> ModelView<'a> {
+        let timeline = self.timeline(&walk);
         self.count_retained();
         let group_intervals = self.intervals_by_group();
         let group_events = self.extra_events_by_group();
         let (step_totals, group_steps) = self.tallies_by_step_and_group();
-        let (live_end, live_peak) = self.holdings_at_end_and_peak();
+        let (live_end, live_peak) = self.holdings_at_end_and_peak(&walk);
         let empty_cache_calls = empty_cache_calls(self.snapshot);
         let segments = summarize_segments(self.snapshot);
-        let walk = self.walk;
         let known_reserved = |bytes: u64| if walk.reserved_known { bytes } else { 0 };
         ModelView {
             snapshot: self.snapshot,
@@ -270,7 +263,7 @@ impl<'a> ModelViewBuilder<'a> {
             event_step: self.event_step,
             step_totals,
             group_steps,
-            timeline: self.timeline,
+            timeline,
             reserved_known: walk.reserved_known,
             baseline_allocated: walk.start.allocated,
             baseline_reserved: known_reserved(walk.start.reserved),
@@ -336,16 +329,16 @@ impl<'a> ModelViewBuilder<'a> {
     }
 
     /// What each group holds at the end of the trace and at the peak of allocated bytes.
-    fn holdings_at_end_and_peak(&self) -> (Vec<Holding>, Vec<Holding>) {
+    fn holdings_at_end_and_peak(&self, walk: &Reconstruction) -> (Vec<Holding>, Vec<Holding>) {
         let block_step = |block: &LiveBlock| self.block_step(block);
-        let live_end = holdings_of(&self.walk.end, &self.groups, &block_step);
-        let live_peak = match self.walk.peak_allocated.event {
+        let live_end = holdings_of(&walk.end, &self.groups, &block_step);
+        let live_peak = match walk.peak_allocated.event {
             Some(at) => holdings_of(
-                &self.walk.state_at(&self.snapshot.events, at as usize + 1),
+                &walk.state_at(&self.snapshot.events, at as usize + 1),
                 &self.groups,
                 &block_step,
             ),
-            None => holdings_of(&self.walk.start, &self.groups, &block_step),
+            None => holdings_of(&walk.start, &self.groups, &block_step),
         };
         (live_end, live_peak)
     }

@@ -31,7 +31,9 @@ pub(crate) use stacks::default_framework_paths;
 pub use steps::{apply_step_marker, restep, step_marker_candidates, StepMarkerError, StepSource};
 
 use rustc_hash::FxHashMap;
-use vramscope_engine::{name_call_site, EmptyCacheCall, GroupId, SiteGroup, SiteGroups, SiteName};
+use vramscope_engine::{
+    name_call_site, EmptyCacheCall, GroupId, Reconstruction, SiteGroup, SiteGroups, SiteName,
+};
 use vramscope_model::{SiteId, Snapshot};
 
 use build::ModelViewBuilder;
@@ -277,13 +279,20 @@ pub struct ModelView<'a> {
 
 impl<'a> ModelView<'a> {
     /// Builds the view of `snapshot`: one walk of the engine (`crate::engine`) for the state at
-    /// every event, then one pass over the events for pairing, groups and tallies.
+    /// every event and one pass over the events for pairing, groups and tallies. The two do not
+    /// depend on each other, so the walk runs on a second thread while this one makes the pass.
     pub fn new(snapshot: &'a Snapshot) -> ModelView<'a> {
-        let mut builder = ModelViewBuilder::new(snapshot);
-        for (index, event) in snapshot.events.iter().enumerate() {
-            builder.push(index, event);
-        }
-        builder.finish()
+        std::thread::scope(|scope| {
+            let walk = scope.spawn(|| Reconstruction::of(snapshot));
+            let mut builder = ModelViewBuilder::new(snapshot);
+            for (index, event) in snapshot.events.iter().enumerate() {
+                builder.push(index, event);
+            }
+            let walk = walk
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            builder.finish(walk)
+        })
     }
 
     /// Where the steps of this view came from: the trace's own marks, a repeating call-site
