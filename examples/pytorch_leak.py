@@ -3,6 +3,7 @@
     python examples/pytorch_leak.py --mode attach          # PyTorch's allocator, recorded
     python examples/pytorch_leak.py --mode use_allocator   # vramscope's allocator under torch
     python examples/pytorch_leak.py --mode attach --check  # assert the findings name the lines
+    python examples/pytorch_leak.py --mode attach --listen unix:/tmp/leak.sock  # and live
 
 The bugs (each line is marked with its BUG comment):
 
@@ -11,8 +12,10 @@ The bugs (each line is marked with its BUG comment):
 3. a tensor made on the CPU every step and copied to the GPU (the wrong device).
 
 ``--bugs off`` trains without them, and ``--time`` prints the mean step time (for the
-overhead figures in BENCHMARKS.md: ``--mode plain`` is PyTorch without vramscope). Needs torch
-with CUDA; scripts/gpu-check.sh runs it both ways.
+overhead figures in BENCHMARKS.md: ``--mode plain`` is PyTorch without vramscope).
+``--listen ADDR`` (the attach modes) publishes live telemetry for ``vramscope top ADDR`` and,
+before the script ends, waits up to 30 seconds for a dashboard to attach and be sent the whole
+run. Needs torch with CUDA; scripts/gpu-check.sh runs it both ways, and live.
 """
 
 import argparse
@@ -62,6 +65,21 @@ def train(steps, bugs, batch=256, width=2048):
     return losses, times
 
 
+def wait_for_dashboard(session, seconds=30.0):
+    """Waits until a dashboard is attached to the session's live telemetry and has been sent
+    the history up to now (the session sends it about once a second while one is attached),
+    for at most ``seconds``; says whether one was."""
+    feeder = session.feeder
+    sent_before = feeder.history_calls
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if session.live.clients > 0 and feeder.history_calls > sent_before:
+            return True
+        time.sleep(0.05)
+    print(f"no dashboard attached within {seconds:.0f} s", file=sys.stderr)
+    return False
+
+
 def lines(marker):
     with open(os.path.abspath(__file__)) as f:
         return [i + 1 for i, text in enumerate(f) if marker in text and "lines(" not in text]
@@ -92,14 +110,22 @@ def main():
     parser.add_argument("--check", action="store_true", help="assert the findings name the bugs")
     parser.add_argument("--time", action="store_true", help="print the mean step time")
     parser.add_argument("--snapshot", help="write the snapshot here at the end")
+    parser.add_argument("--listen", metavar="ADDR",
+                        help="publish live telemetry on ADDR (unix:PATH or tcp:127.0.0.1:PORT) "
+                             "and wait at the end for a dashboard to get the run (attach modes)")
     args = parser.parse_args()
+    if args.listen and not args.mode.startswith("attach"):
+        parser.error("--listen needs --mode attach or attach-nostacks")
+    session = None
     if args.mode == "attach":
-        vramscope.attach()
+        session = vramscope.attach(listen=args.listen)
     elif args.mode == "attach-nostacks":
-        vramscope.attach(stacks=False, catch_syncs=False)
+        session = vramscope.attach(listen=args.listen, stacks=False, catch_syncs=False)
     elif args.mode == "use_allocator":
         vramscope.use_allocator()
     losses, times = train(args.steps, args.bugs == "on")
+    if args.listen:
+        wait_for_dashboard(session)
     if args.time:
         warm = times[len(times) // 4:]
         print(f"step_ms={1000 * sum(warm) / len(warm):.3f} mode={args.mode}")

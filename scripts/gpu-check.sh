@@ -170,6 +170,32 @@ if python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
         step "pytorch_leak.py through attach(): the bugs at their Python lines" 180 \
             "$PYVENV/bin/python" examples/pytorch_leak.py --mode attach --check \
             --snapshot "$OUT_DIR/pytorch_leak_attach.pickle"
+        # Live: the example publishes through attach(listen=...), and a dashboard in another
+        # process (vramscope._native.read_telemetry, as `vramscope top` reads) must get its
+        # allocations at their Python lines. The example waits for the dashboard at its end.
+        step "pytorch_leak.py through attach(listen=...): a dashboard reads it live" 180 bash -c '
+            sock="$OUT_DIR/pytorch_leak.sock"
+            rm -f "$sock"
+            "$PYVENV/bin/python" examples/pytorch_leak.py --mode attach --listen "unix:$sock" \
+                >"$OUT_DIR/pytorch_leak_live.log" 2>&1 &
+            example=$!
+            "$PYVENV/bin/python" - "$sock" <<"EOF"
+import json, os, sys, time
+from vramscope import _native
+sock = sys.argv[1]
+deadline = time.monotonic() + 60
+while not os.path.exists(sock):
+    assert time.monotonic() < deadline, "pytorch_leak.py never published on " + sock
+    time.sleep(0.05)
+seen = json.loads(_native.read_telemetry("unix:" + sock, 90.0))
+allocs = [e for e in seen["events"] if e["kind"] == "alloc"]
+named = [e for e in allocs if "examples/pytorch_leak.py" in (e["site"] or "")]
+print(len(allocs), "alloc events,", len(named), "at examples/pytorch_leak.py; ended:", seen["ended"])
+assert named, [e["site"] for e in allocs[:20]]
+EOF
+            read_status=$?
+            wait "$example" || { echo "pytorch_leak.py failed:"; cat "$OUT_DIR/pytorch_leak_live.log"; exit 1; }
+            exit "$read_status"'
         step "pytorch_leak.py through use_allocator(): the bugs at their Python lines" 180 \
             "$PYVENV/bin/python" examples/pytorch_leak.py --mode use_allocator --check \
             --snapshot "$OUT_DIR/pytorch_leak_pluggable.json"

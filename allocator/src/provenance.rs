@@ -5,17 +5,24 @@
 //! (thread-locals, no lock), captures an unresolved backtrace when sampling says so (outside
 //! its lock), and then, under its device lock, interns the `#[track_caller]` location, the
 //! backtrace, the tag and the scope into small integer ids (`ProvenanceTables`). A block keeps
-//! one `u32` provenance id; `ProvenanceTables::call_sites` symbolizes lazily into the model's
-//! `CallSite` table.
+//! one `u32` provenance id. Sites leave the tables unsymbolized, copied under the lock
+//! (`ProvenanceTables::sites_since`), and [`UnresolvedSite::resolve`] turns them into the
+//! model's `CallSite`s after the lock is released; the frames it symbolizes are then kept
+//! (`ProvenanceTables::keep_resolved`), so each backtrace is symbolized once.
 //!
 //! A caller that knows better than Rust where an allocation comes from (the Python binding,
 //! which walks the interpreter's frames) wraps the allocation in [`with_call_site`]: the site
 //! it gives replaces the `#[track_caller]` location and any backtrace for the allocations the
-//! thread makes inside the closure.
+//! thread makes inside the closure. Such a site is kept as given; when it leaves the allocator
+//! (in a snapshot, a site table or the tables the telemetry publisher sends, always after the
+//! device lock is released) the resolver its owner registered with
+//! [`set_external_site_resolver`] may rewrite it: the Python binding gives allocations on
+//! threads without Python a site of raw native addresses and names their functions there.
 
 use std::cell::{Cell, RefCell};
 use std::panic::Location;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
 
 use rustc_hash::FxHashMap;
 
@@ -47,6 +54,37 @@ pub fn with_call_site<R>(site: &'static CallSite, f: impl FnOnce() -> R) -> R {
     }
     let _restore = Restore(EXTERNAL_SITE.with(|s| s.replace(Some(site))));
     f()
+}
+
+/// Rewrites a site given with [`with_call_site`] as it leaves the allocator: `Some` replaces
+/// it, `None` keeps it as it is.
+pub type ExternalSiteResolver = fn(&CallSite) -> Option<CallSite>;
+
+/// The resolver of sites given with [`with_call_site`], once registered.
+static EXTERNAL_RESOLVER: OnceLock<ExternalSiteResolver> = OnceLock::new();
+
+/// Registers, for the whole process, the function that resolves the sites given with
+/// [`with_call_site`] when they leave any allocator. Snapshots, [`site_tables`] and
+/// [`site_tables_since`] (so the tables the telemetry publisher sends) pass each such site
+/// through it after the device lock is released, never on the allocation path, so the
+/// resolver may be slow (symbolize native addresses, say) and take locks of its own. It
+/// returns `None` for a site it leaves as it is (every site it did not make); a resolver that
+/// panics leaves the site as it is too. The first registration stays: a later call is ignored
+/// and returns `false` (it returns `true` when it registered `resolver`).
+///
+/// [`site_tables`]: crate::CachingAllocator::site_tables
+/// [`site_tables_since`]: crate::CachingAllocator::site_tables_since
+pub fn set_external_site_resolver(resolver: ExternalSiteResolver) -> bool {
+    EXTERNAL_RESOLVER.set(resolver).is_ok()
+}
+
+/// A site given with [`with_call_site`] as it leaves the allocator: through the registered
+/// resolver, if any ([`set_external_site_resolver`]).
+fn resolve_external(site: &CallSite) -> CallSite {
+    EXTERNAL_RESOLVER
+        .get()
+        .and_then(|resolver| std::panic::catch_unwind(|| resolver(site)).ok().flatten())
+        .unwrap_or_else(|| site.clone())
 }
 
 /// The site [`with_call_site`] set on this thread, if any.
@@ -375,31 +413,6 @@ impl ProvenanceTables {
     pub fn provenances(&self) -> &[Provenance] {
         &self.provenance
     }
-
-    /// Symbolizes every site not yet resolved and returns the model's call-site table, indexed
-    /// by site id.
-    pub fn call_sites(&mut self) -> Vec<CallSite> {
-        self.sites
-            .iter_mut()
-            .map(|entry| {
-                if entry.resolved.is_none() {
-                    if let Some(ips) = &entry.backtrace {
-                        entry.resolved = Some(resolve(ips));
-                    }
-                }
-                if let Some(external) = entry.external {
-                    return external.clone();
-                }
-                CallSite {
-                    file: entry.location.file().to_string(),
-                    line: entry.location.line(),
-                    column: entry.location.column(),
-                    function: String::new(),
-                    frames: entry.resolved.clone().unwrap_or_default(),
-                }
-            })
-            .collect()
-    }
 }
 
 /// A call site taken from the tables without symbolizing it ([`ProvenanceTables::sites_since`]).
@@ -413,10 +426,11 @@ pub struct UnresolvedSite {
 
 impl UnresolvedSite {
     /// The model's call site, symbolizing the backtrace if it has one (slow: call it without
-    /// the device lock).
+    /// the device lock). A site given with [`with_call_site`] goes through the resolver
+    /// registered with [`set_external_site_resolver`], if any.
     pub fn resolve(self) -> CallSite {
         if let Some(external) = self.external {
-            return external.clone();
+            return resolve_external(external);
         }
         let frames = match (self.resolved, self.backtrace) {
             (Some(frames), _) => frames,
@@ -520,5 +534,74 @@ mod tests {
         );
         let same: Vec<_> = snapshot.sites.iter().filter(|s| *s == site).collect();
         assert_eq!(same.len(), 1, "one table entry per given site");
+    }
+
+    /// The test's resolver: names the sites of `native.placeholder`, panics on those of
+    /// `native.panics` and leaves every other site alone.
+    fn name_placeholders(site: &CallSite) -> Option<CallSite> {
+        match site.file.as_str() {
+            "native.placeholder" => Some(CallSite {
+                file: "native.rs".to_string(),
+                frames: vec![Frame {
+                    file: "native.rs".to_string(),
+                    line: 0,
+                    function: "MmBackward0::apply".to_string(),
+                }],
+                ..site.clone()
+            }),
+            "native.panics" => panic!("the test's resolver panics on {site}"),
+            _ => None,
+        }
+    }
+
+    /// The test's second resolver, which must never be used.
+    fn second_resolver(site: &CallSite) -> Option<CallSite> {
+        Some(CallSite {
+            function: "second resolver".to_string(),
+            ..site.clone()
+        })
+    }
+
+    #[test]
+    fn the_registered_resolver_rewrites_given_sites_as_they_leave_the_allocator() {
+        let alloc = CachingAllocator::new(SimDevice::phantom(1 << 30), AllocatorConfig::default());
+        let placeholder = leaked("native.placeholder", 0);
+        let panics = leaked("native.panics", 0);
+        let kept = leaked("kept.py", 7);
+        // Given before the resolver is registered: resolved all the same, when it leaves.
+        with_call_site(placeholder, || alloc.alloc_ptr(4096, StreamId::DEFAULT)).unwrap();
+        assert!(set_external_site_resolver(name_placeholders));
+        assert!(
+            !set_external_site_resolver(second_resolver),
+            "the first registration stays"
+        );
+        let known = alloc.site_tables_since(0, 0, 0);
+        assert_eq!(known.sites.len(), 1);
+        let named = &known.sites[0];
+        assert_eq!(named.file, "native.rs");
+        assert_eq!(named.frames[0].function, "MmBackward0::apply");
+        assert_eq!(
+            named.function, "train",
+            "the rest of the site is the resolver's to keep"
+        );
+        assert_eq!(
+            *placeholder,
+            *leaked("native.placeholder", 0),
+            "the given site is unchanged"
+        );
+
+        // Sites added later reach a live consumer resolved, as table additions; the sites the
+        // resolver declines, or panics on, go out as given.
+        with_call_site(kept, || alloc.alloc_ptr(4096, StreamId::DEFAULT)).unwrap();
+        with_call_site(panics, || alloc.alloc_ptr(4096, StreamId::DEFAULT)).unwrap();
+        let more = alloc.site_tables_since(known.sites.len(), 0, 0);
+        assert_eq!(more.sites, vec![kept.clone(), panics.clone()]);
+
+        // Snapshots and the whole table go through the same resolver.
+        let snapshot = alloc.snapshot();
+        let all = alloc.site_tables();
+        assert_eq!(snapshot.sites, all.sites);
+        assert_eq!(all.sites, vec![named.clone(), kept.clone(), panics.clone()]);
+        assert!(all.sites.iter().all(|s| s.function != "second resolver"));
     }
 }

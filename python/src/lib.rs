@@ -159,6 +159,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     {
         native::set_every(every);
     }
+    // The native stacks' placeholders are named when they leave the allocator, live telemetry
+    // included; a second initialisation finds the same resolver registered and changes nothing.
+    vramscope_allocator::provenance::set_external_site_resolver(native::resolve_site);
     m.add_class::<sim::SimAllocator>()?;
     m.add_class::<sim::Block>()?;
     m.add_class::<sim::ScopeToken>()?;

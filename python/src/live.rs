@@ -769,7 +769,8 @@ impl Server {
 /// Test support: connects to the publisher at `addr` as `vramscope top` does and reads frames
 /// for up to `seconds` (or until `Bye`), keeping a snapshot's state as the dashboard does;
 /// returns a JSON summary of what arrived: the hello, each snapshot, the statistics frames,
-/// and every event with its call site as `file:line`.
+/// every event with its call site as `file:line` (and its index in `sites`, as `site_id`),
+/// and the call-site table as it stood at the end (`sites`, each site with its frames).
 #[pyfunction]
 pub fn read_telemetry(py: Python<'_>, addr: &str, seconds: f64) -> PyResult<String> {
     let addr = TelemetryAddr::parse(addr).map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -800,7 +801,7 @@ pub fn read_telemetry(py: Python<'_>, addr: &str, seconds: f64) -> PyResult<Stri
                     for e in &snapshot.events {
                         events.push(serde_json::json!({
                             "seq": e.seq, "kind": e.kind, "size": e.size, "step": e.step,
-                            "site": site_of(&sites, e), "in_snapshot": true,
+                            "site": site_of(&sites, e), "site_id": e.site, "in_snapshot": true,
                         }));
                     }
                     snapshots.push(serde_json::json!({
@@ -821,7 +822,7 @@ pub fn read_telemetry(py: Python<'_>, addr: &str, seconds: f64) -> PyResult<Stri
                     for e in &batch {
                         events.push(serde_json::json!({
                             "seq": e.seq, "kind": e.kind, "size": e.size, "step": e.step,
-                            "site": site_of(&sites, e), "in_snapshot": false,
+                            "site": site_of(&sites, e), "site_id": e.site, "in_snapshot": false,
                         }));
                     }
                 }
@@ -844,6 +845,10 @@ pub fn read_telemetry(py: Python<'_>, addr: &str, seconds: f64) -> PyResult<Stri
                 }
             }
         }
+        out.insert(
+            "sites".into(),
+            serde_json::to_value(&sites).unwrap_or_default(),
+        );
         out.insert("snapshots".into(), snapshots.into());
         out.insert("stats".into(), stats.into());
         out.insert("events".into(), events.into());

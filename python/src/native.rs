@@ -5,10 +5,14 @@
 //! captures its native backtrace as raw instruction pointers, with nothing symbolized on the
 //! hot path, and is given the call site of that chain of addresses: a site without a line whose
 //! frames are placeholders naming the addresses, leaked once per distinct chain like the
-//! Python sites of `crate::stack`. [`symbolize`] turns the placeholders into function names
-//! (and source files, without lines) when a snapshot is made (each address once per process)
-//! and drops the frames of the allocator itself, up to `vramscope_malloc`, so that the frames
-//! begin at PyTorch's caller.
+//! Python sites of `crate::stack`. [`resolve_site`] turns the placeholders into function
+//! names (and source files, without lines), each address once per process, and drops the
+//! frames of the allocator itself, up to `vramscope_malloc`, so that the frames begin at
+//! PyTorch's caller. It runs whenever such a site leaves the allocator, after its device lock
+//! is released: the module registers it at import as the allocator's resolver of the sites
+//! it was given (`vramscope_allocator::provenance::set_external_site_resolver`), so snapshots
+//! and the tables of live telemetry (`vramscope top`) name the functions, never the addresses;
+//! [`symbolize`] does the same to a whole snapshot.
 //! The inspector then names the site by the autograd node it runs in (`MmBackward0
 //! (backward)`, from `torch::autograd::generated::MmBackward0::apply`), as it names PyTorch's
 //! own C++ stacks. Allocations that are not sampled keep the Rust site of the allocator.
@@ -185,29 +189,40 @@ fn caller_frames(mut frames: Vec<Frame>) -> Vec<Frame> {
     frames
 }
 
-/// Turns the native stacks among `snapshot`'s sites into function names, from the
-/// allocator's caller outwards.
-pub fn symbolize(snapshot: &mut Snapshot) {
-    let native = |site: &CallSite| {
-        site.frames
-            .first()
-            .is_some_and(|f| placeholder_ip(f).is_some())
-    };
-    if !snapshot.sites.iter().any(native) {
-        return;
-    }
+/// The native stack `site` with its placeholders turned into function names, from the
+/// allocator's caller outwards; `None` when `site` is not a native stack of [`sampled_site`]
+/// (its first frame is not a placeholder). The allocator calls it, as the resolver of the
+/// sites given with `with_call_site` (registered at import), for each such site that leaves
+/// it: snapshots and the tables that live telemetry sends, after its device lock is released.
+pub fn resolve_site(site: &CallSite) -> Option<CallSite> {
+    placeholder_ip(site.frames.first()?)?;
     let mut guard = RESOLVED.lock().unwrap_or_else(|e| e.into_inner());
     let cache = guard.get_or_insert_with(FxHashMap::default);
-    for site in snapshot.sites.iter_mut().filter(|s| native(s)) {
-        let frames: Vec<Frame> = site
-            .frames
-            .iter()
-            .flat_map(|f| match placeholder_ip(f) {
-                Some(ip) => resolve(ip, cache),
-                None => vec![f.clone()],
-            })
-            .collect();
-        site.frames = caller_frames(frames);
+    let frames = site
+        .frames
+        .iter()
+        .flat_map(|f| match placeholder_ip(f) {
+            Some(ip) => resolve(ip, cache),
+            None => vec![f.clone()],
+        })
+        .collect();
+    Some(CallSite {
+        file: site.file.clone(),
+        line: site.line,
+        column: site.column,
+        function: site.function.clone(),
+        frames: caller_frames(frames),
+    })
+}
+
+/// Turns the native stacks among `snapshot`'s sites into function names, from the
+/// allocator's caller outwards (those that [`resolve_site`] has not already named as they
+/// left the allocator).
+pub fn symbolize(snapshot: &mut Snapshot) {
+    for site in &mut snapshot.sites {
+        if let Some(named) = resolve_site(site) {
+            *site = named;
+        }
     }
 }
 

@@ -330,3 +330,64 @@ def test_an_allocation_on_a_thread_without_python_is_named_by_its_native_caller(
     unsampled = snap["sites"][blocks[result["unsampled"]]["site"]]
     assert unsampled["file"].endswith("pluggable.rs"), unsampled
     assert "MmBackward0 (backward)" in result["report"], result["report"]
+
+
+NATIVE_THREAD_LIVE = '''
+    import json, sys, threading, time
+    from vramscope import _native
+
+    addr, snap_path = "unix:" + sys.argv[1], sys.argv[2]
+    _native.set_listen(addr)
+    _native.set_native_stacks(1)
+    # The first allocation opens device 0, which starts publishing: made before a dashboard
+    # attaches, it reaches the dashboard in the snapshot it attaches with.
+    before = _native.alloc_on_native_thread(0, 1 << 20)
+
+    seen = {}
+    reader = threading.Thread(
+        target=lambda: seen.update(json.loads(_native.read_telemetry(addr, 5.0))))
+    reader.start()
+
+    def snapshots_taken():
+        # Each snapshot adds a "snapshot" event: the publisher's, and each one taken here.
+        _native.device_snapshot(0, snap_path)
+        with open(snap_path) as f:
+            return sum(e["kind"] == "snapshot" for e in json.load(f)["events"])
+
+    polls, deadline = 1, time.monotonic() + 4
+    while snapshots_taken() <= polls:
+        assert time.monotonic() < deadline, "the dashboard got no snapshot"
+        polls += 1
+        time.sleep(0.02)
+    # After the dashboard's snapshot, from another native stack (a new call site): the
+    # allocation streams to it, its site in a table addition.
+    _native.time_native_thread_pairs(0, 2 << 20, 1)
+    reader.join()
+    print(json.dumps({"seen": seen, "errors": _native.errors()[0]}))
+'''
+
+
+def test_an_allocation_on_a_thread_without_python_reaches_a_live_dashboard_by_name(tmp_path):
+    # The native stack's placeholders are named as the site leaves the allocator, so a live
+    # dashboard (`vramscope top`) shows the autograd node, not raw addresses: in the snapshot
+    # a dashboard attaches with, and in the tables that come with the allocations after it.
+    script = tmp_path / "native_live.py"
+    script.write_text(textwrap.dedent(NATIVE_THREAD_LIVE))
+    env = dict(os.environ, VRAMSCOPE_BACKEND="sim")
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "live.sock"),
+                          str(tmp_path / "snap.json")],
+                         env=env, capture_output=True, text=True, check=True, timeout=60)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["errors"] == 0, out.stderr
+    seen = result["seen"]
+    assert seen["snapshots"], seen
+    allocs = {e["size"]: e for e in seen["events"] if e["kind"] == "alloc"}
+    before, streamed = allocs[1 << 20], allocs[2 << 20]
+    assert before["in_snapshot"] and not streamed["in_snapshot"], seen["events"]
+    assert before["site_id"] != streamed["site_id"], "two native stacks, two call sites"
+    for event in (before, streamed):
+        site = seen["sites"][event["site_id"]]
+        functions = [f["function"] for f in site["frames"]]
+        assert functions and "MmBackward0::apply" in functions[0], functions
+        assert not any("vramscope_malloc" in f for f in functions), functions
+    assert "vramscope-native-ip:" not in json.dumps(seen)

@@ -210,15 +210,16 @@ impl<B: Backend> CachingAllocator<B> {
         }
     }
 
-    /// The call-site, tag and scope tables that events index, symbolizing new backtraces.
+    /// The call-site, tag and scope tables that events index, symbolizing new backtraces
+    /// after the device lock is released (as [`CachingAllocator::site_tables_since`] does).
     /// Ids are stable: the tables only grow.
     pub fn site_tables(&self) -> SiteTables {
-        let mut state = self.shared.lock();
-        SiteTables {
-            sites: state.provenance.call_sites(),
-            tags: state.provenance.tags.strings.clone(),
-            scopes: state.provenance.scopes.strings.clone(),
-        }
+        let tables = self.site_tables_since(0, 0, 0);
+        self.shared
+            .lock()
+            .provenance
+            .keep_resolved(0, &tables.sites);
+        tables
     }
 
     /// The entries of the call-site, tag and scope tables from the given lengths on (the
