@@ -415,7 +415,8 @@ impl ProvenanceTables {
     }
 }
 
-/// A call site taken from the tables without symbolizing it ([`ProvenanceTables::sites_since`]).
+/// A call site taken from the tables without symbolizing it (`ProvenanceTables::sites_since`, as
+/// [`crate::CachingAllocator::site_tables_since`] uses it).
 #[derive(Clone, Debug)]
 pub struct UnresolvedSite {
     location: &'static Location<'static>,

@@ -20,7 +20,7 @@
 //! Misuse never aborts the host process: a free of an unknown or already-freed pointer, a
 //! negative size or a bad device is counted ([`vramscope_error_count`]) and logged to standard
 //! error, and the call returns. Nor does a bug of ours: every entry point runs its body under
-//! `catch_unwind` ([`guarded`]), so a panic becomes a logged, counted error and the entry
+//! `catch_unwind` (`guarded`), so a panic becomes a logged, counted error and the entry
 //! point's failure value (null, -1, 0), never an unwind across the C boundary (which aborts).
 
 use std::cell::RefCell;

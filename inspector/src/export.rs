@@ -639,7 +639,7 @@ fn write_segments(
 
 /// The snapshot as a PyTorch pickle, with what the model does not keep read again from
 /// `source`, the file it was imported from, when that is a PyTorch pickle
-/// ([`PytorchExtras::from_file`]); what `vramscope convert --to pytorch` writes.
+/// ([`PytorchExtras::from_document`] of its pickle); what `vramscope convert --to pytorch` writes.
 pub fn to_pytorch_pickle_from_file(
     snapshot: &Snapshot,
     source: &std::path::Path,

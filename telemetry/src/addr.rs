@@ -11,10 +11,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::TelemetryError;
 
-/// The environment variable [`Telemetry::from_env`] reads: `unix:PATH`, `unix` (the default
-/// socket), `tcp:HOST:PORT`, or a bare path.
+/// The environment variable the allocator's `Telemetry::from_env` reads: `unix:PATH`, `unix`
+/// (the default socket), `tcp:HOST:PORT`, or a bare path.
 pub const ENV_LISTEN: &str = "VRAMSCOPE_LISTEN";
-/// Set to `1` to let [`Telemetry::from_env`] listen on a TCP address other than loopback.
+/// Set to `1` to let the allocator's `Telemetry::from_env` listen on a TCP address other than
+/// loopback.
 pub const ENV_ALLOW_REMOTE: &str = "VRAMSCOPE_LISTEN_ALLOW_REMOTE";
 
 /// Where a publisher listens and a client connects.

@@ -18,23 +18,23 @@
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 2 | magic `b"VS"` |
-//! | 2 | 1 | protocol version, [`PROTOCOL_VERSION`] |
+//! | 2 | 1 | protocol version, [`PROTOCOL_VERSION`](wire::PROTOCOL_VERSION) |
 //! | 3 | 1 | frame kind ([`FrameKind`]) |
-//! | 4 | 4 | payload length in bytes, little-endian `u32`, at most [`MAX_FRAME_BYTES`] |
+//! | 4 | 4 | payload length in bytes, little-endian `u32`, at most [`MAX_FRAME_BYTES`](wire::MAX_FRAME_BYTES) |
 //!
 //! Payloads by kind:
 //!
 //! - `Hello` (1), JSON [`Hello`]: the first frame of every connection.
 //! - `SnapshotPart` (2) and `SnapshotEnd` (3): the pieces of one JSON document
 //!   `{"next_seq": S, "history": H, "snapshot": Snapshot}`, split so that no frame exceeds the
-//!   limit (the whole document is limited to [`MAX_SNAPSHOT_BYTES`]). The snapshot's `events`
+//!   limit (the whole document is limited to [`MAX_SNAPSHOT_BYTES`](wire::MAX_SNAPSHOT_BYTES)). The snapshot's `events`
 //!   are empty in the JSON; the `H` events that precede sequence number `S` follow in `Events`
 //!   frames and belong to the snapshot. Sent after `Hello`, and again whenever the client has
 //!   lost events.
 //! - `Events` (4), binary: a little-endian `u32` count, then that many records of
-//!   [`EVENT_RECORD_BYTES`] bytes each: `seq`, `time_ns`, `addr`, `size`, `requested`, `stream`,
+//!   [`EVENT_RECORD_BYTES`](wire::EVENT_RECORD_BYTES) bytes each: `seq`, `time_ns`, `addr`, `size`, `requested`, `stream`,
 //!   `step` (each `u64`), `site`, `tag`, `scope` (each `u32`, `u32::MAX` for none), `thread`,
-//!   `device` (each `u32`), the kind (`u8`, see [`EventKind`] codes in this module), the transfer
+//!   `device` (each `u32`), the kind (`u8`, see the `EventKind` codes in [`wire`]), the transfer
 //!   direction (`u8`) and two bytes of padding. An `oom` has no block: its `addr` slot carries
 //!   the event's `device_free`.
 //! - `Tables` (5), JSON [`TablesFrame`]: call sites, tags and scopes added since the client's

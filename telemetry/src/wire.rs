@@ -317,7 +317,7 @@ impl TablesFrame {
     }
 }
 
-/// One decoded frame, as [`TelemetryClient::next_frame`] returns it.
+/// One decoded frame, as `TelemetryClient::next_frame` (feature `client`) returns it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Frame {
     /// Who is talking.
@@ -538,7 +538,8 @@ pub fn decode_events(payload: &[u8]) -> Result<Vec<Event>, TelemetryError> {
     Ok(events)
 }
 
-/// Reads and checks frames from any byte stream; [`TelemetryClient`] wraps one around a socket.
+/// Reads and checks frames from any byte stream; `TelemetryClient` (feature `client`) wraps one
+/// around a socket.
 pub struct FrameReader<R: Read> {
     reader: R,
     snapshot: Vec<u8>,
