@@ -7,6 +7,7 @@
 //! `--fail-on`, 2 for unusable input.
 
 mod demo;
+mod loading;
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -353,7 +354,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Replay(args) => run_replay(args),
         Command::Convert { file, to, output } => {
             use vramscope::inspector::export;
-            let snapshot = import::load(&file).map_err(Failure::input)?;
+            let snapshot = loading::load(&file).map_err(Failure::input)?;
             let written = match to {
                 ConvertTarget::Pytorch => export::to_pytorch_pickle_from_file(&snapshot, &file)
                     .map_err(std::io::Error::other)
@@ -380,7 +381,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             Ok(0)
         }
         Command::Summary { file, device } => {
-            let snapshot = import::load(&file).map_err(Failure::input)?;
+            let snapshot = loading::load(&file).map_err(Failure::input)?;
             require_data(&snapshot, &file)?;
             let text = device_parts(snapshot, device)?
                 .iter()
@@ -433,8 +434,8 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             after,
             format,
         } => {
-            let a = import::load(&before).map_err(Failure::input)?;
-            let b = import::load(&after).map_err(Failure::input)?;
+            let a = loading::load(&before).map_err(Failure::input)?;
+            let b = loading::load(&after).map_err(Failure::input)?;
             let d = diff::diff(&a, &b);
             let text = match format {
                 Format::Json => diff::render_json(&d),
@@ -515,7 +516,7 @@ fn run_report(args: ReportArgs) -> Result<u8, Failure> {
         fail_on,
         device,
     } = args;
-    let mut snapshot = import::load(&file).map_err(Failure::input)?;
+    let mut snapshot = loading::load(&file).map_err(Failure::input)?;
     if let Some(marker) = step_marker {
         // A marker may be a step-mark label, an annotation name
         // (`Optimizer.step#AdamW.step`) or a function of the stacks; one that matches
@@ -585,7 +586,7 @@ fn run_replay(args: ReplayArgs) -> Result<u8, Failure> {
     if let Some(policy) = policy {
         config.set("policy", &policy).map_err(Failure::input)?;
     }
-    let snapshot = import::load(&file).map_err(Failure::input)?;
+    let snapshot = loading::load(&file).map_err(Failure::input)?;
     let parts = device_parts(snapshot, device)?;
     let mut calls_differ = false;
     let mut texts = Vec::with_capacity(parts.len());

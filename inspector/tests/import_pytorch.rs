@@ -313,3 +313,37 @@ fn agrees_with_python_pickler() {
     let e = pickle::parse(blobs[7]).unwrap_err();
     assert!(e.to_string().contains("refused opcode GLOBAL"), "{e}");
 }
+
+#[test]
+fn loading_a_file_reports_how_far_it_has_got() {
+    use vramscope_inspector::import::{Progress, Stage};
+    let dir = std::env::temp_dir().join(format!("vramscope-progress-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+
+    // A PyTorch pickle ends in the block-size replay, which went through every trace event
+    // of the device (its first six: the seventh's action is unknown and dropped).
+    let pickle_path = dir.join("synthetic.pickle");
+    std::fs::write(&pickle_path, SYNTHETIC).expect("write pickle");
+    let progress = Progress::new();
+    let mut options = ImportOptions::default();
+    options.progress = Some(progress.clone());
+    let snapshot = import::load_with(&pickle_path, &options).expect("pickle loads");
+    let state = progress.state();
+    assert_eq!(state.stage, Stage::SizingBlocks, "{state:?}");
+    assert!(state.total > 0 && state.done == state.total, "{state:?}");
+    assert!(state.total <= snapshot.events.len() as u64, "{state:?}");
+
+    // Any other file ends with its bytes read.
+    let json_path = dir.join("synthetic.json");
+    std::fs::write(&json_path, serde_json::to_vec(&snapshot).expect("json")).expect("write json");
+    let size = std::fs::metadata(&json_path).expect("metadata").len();
+    let progress = Progress::new();
+    options.progress = Some(progress.clone());
+    import::load_with(&json_path, &options).expect("json loads");
+    let state = progress.state();
+    assert_eq!(
+        (state.stage, state.done, state.total),
+        (Stage::Reading, size, size)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -34,4 +34,6 @@ pub use snapshot::{
     ScopeId, Segment, SiteId, Snapshot, SnapshotError, SnapshotSource, StepMark, TagId,
     TransferDirection, Violation, ViolationKind, FORMAT_VERSION, FORMAT_VERSION_OOM_IN_ADDR,
 };
-pub use stats::{format_bytes, parse_bytes, plural, MemoryStats, Recorded, Stat, StatArray};
+pub use stats::{
+    format_bytes, parse_bytes, plural, thousands, MemoryStats, Recorded, Stat, StatArray,
+};

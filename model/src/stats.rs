@@ -199,6 +199,20 @@ pub fn plural(count: u64, noun: &str) -> String {
     }
 }
 
+/// A count with thousands separators (`1,130,496`), as the dashboard and progress lines write
+/// large counts.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// Formats a byte count with a binary unit, at most 7 characters (`1023 B`, `12.5 MiB`).
 pub fn format_bytes(bytes: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
@@ -416,6 +430,15 @@ impl fmt::Display for MemoryStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn thousands_groups_digits_in_threes() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(1_130_496), "1,130,496");
+        assert_eq!(thousands(u64::MAX), "18,446,744,073,709,551,615");
+    }
 
     #[test]
     fn stat_tracks_peak_and_totals() {

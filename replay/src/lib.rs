@@ -341,6 +341,15 @@ pub enum BlockSizing {
 /// end takes its size from the dump-time state, which records it. `Event::requested` keeps
 /// the request. Frees take the size of the allocation they release.
 pub fn size_blocks(snapshot: &mut Snapshot) -> BlockSizing {
+    size_blocks_with_progress(snapshot, &mut |_, _| {})
+}
+
+/// [`size_blocks`], calling `progress(done, total)` as the replay goes through the trace's
+/// events (as [`replay`] calls its own).
+pub fn size_blocks_with_progress(
+    snapshot: &mut Snapshot,
+    progress: &mut dyn FnMut(usize, usize),
+) -> BlockSizing {
     // Until the replay says better, every block is its request rounded (which is also what
     // the replay's starting state needs of blocks from before the trace). Pairing does not
     // look at sizes, so the one pass that rounds also keeps what each free releases.
@@ -367,7 +376,7 @@ pub fn size_blocks(snapshot: &mut Snapshot) -> BlockSizing {
     // The replay writes the block size of each allocation it served; this becomes the block
     // size of every allocation below.
     let mut block = vec![0u64; snapshot.events.len()];
-    let result = replay_recording(snapshot, &options, &mut |_, _| {}, Some(&mut block));
+    let result = replay_recording(snapshot, &options, progress, Some(&mut block));
     let sizing = match &result.device_calls {
         Some(check) if check.trace_calls > 0 && check.first_difference.is_none() => {
             BlockSizing::Replayed

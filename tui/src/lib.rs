@@ -35,7 +35,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use vramscope_allocator::{Backend, CachingAllocator};
-use vramscope_inspector::import::{self, ImportError, ImportOptions};
+use vramscope_inspector::import::{self, ImportError, ImportOptions, Progress, Stage};
 use vramscope_model::{DeviceInfo, Snapshot, SnapshotSource};
 use vramscope_telemetry::TelemetryAddr;
 
@@ -100,6 +100,11 @@ const FIRST_ANALYSIS_WAIT: Duration = Duration::from_millis(400);
 /// Chrome trace), ready to run; [`run_view`] runs it.
 pub fn view_app(path: &Path, options: &ImportOptions) -> Result<App, TuiError> {
     let snapshot = import::load_with(path, options).map_err(TuiError::Import)?;
+    let stage = |stage| {
+        if let Some(progress) = &options.progress {
+            progress.begin(stage, 0);
+        }
+    };
     // A snapshot of several devices opens at its first device with data; `D` shows the next.
     let devices = vramscope_inspector::devices::devices_with_data(&snapshot);
     let (shown, switch) = if devices.len() > 1 {
@@ -113,11 +118,13 @@ pub fn view_app(path: &Path, options: &ImportOptions) -> Result<App, TuiError> {
     } else {
         (snapshot, None)
     };
+    stage(Stage::BuildingTimeline);
     let data = Dataset::new(shown, Origin::File(path.display().to_string()));
     let mut app = App::new(data).with_analyzer();
     app.devices = switch;
     // A file opens where the question usually is: the peak of allocated bytes.
     app.cursor = Some(app.data.peak_allocated_pos());
+    stage(Stage::Analysing);
     app.wait_for_analysis(FIRST_ANALYSIS_WAIT);
     Ok(app)
 }
@@ -126,10 +133,15 @@ pub fn view_app(path: &Path, options: &ImportOptions) -> Result<App, TuiError> {
 /// user quits.
 pub fn run_view(path: &Path, options: &ImportOptions) -> Result<(), TuiError> {
     term::check_foreground().map_err(TuiError::NoTerminal)?;
-    // A large file takes a while: the terminal says so meanwhile, and `q` gives up.
-    let (file, opts) = (path.to_path_buf(), options.clone());
-    let loaded =
-        term::wait_with_cancel(&path.display().to_string(), move || view_app(&file, &opts))?;
+    // A large file takes a while: the terminal says how far it has got meanwhile, and `q`
+    // gives up.
+    let progress = Progress::new();
+    let mut opts = options.clone();
+    opts.progress = Some(progress.clone());
+    let file = path.to_path_buf();
+    let loaded = term::wait_with_cancel(&path.display().to_string(), Some(&progress), move || {
+        view_app(&file, &opts)
+    })?;
     let Some(app) = loaded else {
         return Ok(());
     };

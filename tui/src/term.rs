@@ -30,6 +30,7 @@ use ratatui::crossterm::terminal::{
 };
 use ratatui::layout::Rect;
 use ratatui::Terminal;
+use vramscope_inspector::import::{Progress, ProgressState};
 
 use crate::app::App;
 use crate::fleet::Fleet;
@@ -244,11 +245,13 @@ impl Screen for Fleet {
 const SHOW_WAITING_AFTER: Duration = Duration::from_millis(300);
 
 /// Runs `work` on a thread of its own and waits for it. When it takes longer than a moment,
-/// the terminal shows `what` with the time spent and a way out: `q`, Esc or Ctrl-C (or a stop
-/// signal) gives up waiting and returns `None` (the work is left to finish on its own, and the
-/// process that called this usually exits then). A quick result never touches the terminal.
+/// the terminal shows `what` with the time spent, where the work is (`progress`, when it
+/// reports there) and a way out: `q`, Esc or Ctrl-C (or a stop signal) gives up waiting and
+/// returns `None` (the work is left to finish on its own, and the process that called this
+/// usually exits then). A quick result never touches the terminal.
 pub fn wait_with_cancel<T: Send + 'static>(
     what: &str,
+    progress: Option<&Progress>,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> io::Result<Option<T>> {
     let (done, result) = std::sync::mpsc::channel();
@@ -274,15 +277,8 @@ pub fn wait_with_cancel<T: Send + 'static>(
         if signals.received.load(Ordering::SeqCst) != 0 {
             return Ok(None);
         }
-        let line = format!(
-            " Loading {what} ... {:.0} s   (q, Esc or Ctrl-C to give up)",
-            started.elapsed().as_secs_f64()
-        );
-        terminal.draw(|frame| {
-            let area = frame.area();
-            let text = ratatui::widgets::Paragraph::new(line.as_str());
-            frame.render_widget(text, Rect::new(0, area.height / 2, area.width, 1));
-        })?;
+        let lines = loading_lines(what, started.elapsed(), progress.map(Progress::state));
+        terminal.draw(|frame| draw_loading(frame, &lines))?;
         if event::poll(Duration::from_millis(100))? {
             if let Event::Key(key) = event::read()? {
                 use ratatui::crossterm::event::{KeyCode, KeyModifiers};
@@ -293,6 +289,44 @@ pub fn wait_with_cancel<T: Send + 'static>(
                 }
             }
         }
+    }
+}
+
+/// The loading screen's lines: what is loading and for how long, where the load is (with a
+/// bar when the stage knows its total), and how to give up.
+fn loading_lines(what: &str, elapsed: Duration, state: Option<ProgressState>) -> Vec<String> {
+    let mut lines = vec![format!(
+        " Loading {} ... {:.0} s",
+        vramscope_inspector::terminal::sanitize(what),
+        elapsed.as_secs_f64()
+    )];
+    if let Some(state) = state {
+        lines.push(format!(" {state}"));
+        if let Some(fraction) = state.fraction() {
+            const WIDTH: usize = 40;
+            let filled = ((fraction * WIDTH as f64) as usize).min(WIDTH);
+            lines.push(format!(
+                " [{}{}]",
+                "#".repeat(filled),
+                "-".repeat(WIDTH - filled)
+            ));
+        }
+    }
+    lines.push(" q, Esc or Ctrl-C to give up".to_string());
+    lines
+}
+
+/// Draws the loading screen's `lines` in the middle of the terminal.
+fn draw_loading(frame: &mut ratatui::Frame<'_>, lines: &[String]) {
+    let area = frame.area();
+    let top = (area.height / 2).saturating_sub(lines.len() as u16 / 2);
+    for (i, line) in lines.iter().enumerate() {
+        let y = top.saturating_add(i as u16);
+        if y >= area.bottom() {
+            break;
+        }
+        let text = ratatui::widgets::Paragraph::new(line.as_str());
+        frame.render_widget(text, Rect::new(area.x, y, area.width, 1));
     }
 }
 
@@ -365,5 +399,53 @@ fn event_loop(
             // Answer keys at once rather than at the next frame.
             last_draw = last_draw.and_then(|t| t.checked_sub(min_frame));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ratatui::backend::TestBackend;
+    use vramscope_inspector::import::Stage;
+
+    #[test]
+    fn the_loading_screen_says_where_a_big_load_is() {
+        let progress = Progress::new();
+        progress.begin(Stage::Reading, 1000 << 20);
+        progress.add(430 << 20);
+        let lines = loading_lines(
+            "big\u{1b}]0;owned\u{7}.pickle",
+            Duration::from_secs(3),
+            Some(progress.state()),
+        );
+        assert_eq!(
+            lines,
+            [
+                " Loading big\\u{1b}]0;owned\\u{7}.pickle ... 3 s",
+                " reading the file: 430 MiB of 1000 MiB (43 %)",
+                " [#################-----------------------]",
+                " q, Esc or Ctrl-C to give up",
+            ]
+        );
+        // A stage without a total has no bar.
+        progress.begin(Stage::BuildingTimeline, 0);
+        let lines = loading_lines("f", Duration::ZERO, Some(progress.state()));
+        assert_eq!(lines[1], " building the timeline");
+        assert_eq!(lines.len(), 3);
+
+        let mut terminal = Terminal::new(TestBackend::new(60, 9)).expect("test terminal");
+        terminal
+            .draw(|frame| draw_loading(frame, &lines))
+            .expect("draw");
+        let screen: Vec<String> = terminal
+            .backend()
+            .buffer()
+            .content()
+            .chunks(60)
+            .map(|row| row.iter().map(|c| c.symbol()).collect::<String>())
+            .collect();
+        assert_eq!(screen[3].trim_end(), " Loading f ... 0 s");
+        assert_eq!(screen[4].trim_end(), " building the timeline");
+        assert_eq!(screen[5].trim_end(), " q, Esc or Ctrl-C to give up");
     }
 }

@@ -24,6 +24,7 @@
 
 pub mod chrome;
 pub mod event_log;
+mod progress;
 pub mod pytorch;
 pub mod sites;
 mod timeline;
@@ -35,6 +36,8 @@ use std::path::Path;
 use vramscope_model::{Snapshot, SnapshotError};
 
 use crate::pickle::PickleError;
+
+pub use progress::{Progress, ProgressState, Stage};
 
 /// The largest file [`load`] reads by default, in bytes (4 GiB); [`default_max_input`] says
 /// what the defaults of [`ImportOptions`] use in this process.
@@ -107,6 +110,10 @@ pub struct ImportOptions {
     pub max_file_bytes: u64,
     /// The most bytes a gzip file may unpack to ([`default_max_input`] by default).
     pub max_decompressed_bytes: u64,
+    /// Where [`load_with`] reports how far it has got (the bytes of the file read, then, for a
+    /// PyTorch pickle, the trace events replayed for block sizes), for a display to show;
+    /// `None` by default.
+    pub progress: Option<Progress>,
 }
 
 impl Default for ImportOptions {
@@ -120,6 +127,7 @@ impl Default for ImportOptions {
             step_annotation: None,
             max_file_bytes: default_max_input(),
             max_decompressed_bytes: default_max_input(),
+            progress: None,
         }
     }
 }
@@ -295,6 +303,9 @@ pub fn load_with(path: impl AsRef<Path>, options: &ImportOptions) -> Result<Snap
     if size > options.max_file_bytes {
         return Err(too_large(size));
     }
+    if let Some(progress) = &options.progress {
+        progress.begin(Stage::Reading, size);
+    }
     if starts_with(&file, PICKLE_PROTOCOL).map_err(io)? {
         if let Some(result) = pytorch::from_pickle_file(&file, size, &origin, options) {
             return result;
@@ -308,6 +319,11 @@ pub fn load_with(path: impl AsRef<Path>, options: &ImportOptions) -> Result<Snap
         .map_err(io)?;
     if bytes.len() as u64 > options.max_file_bytes {
         return Err(too_large(bytes.len() as u64));
+    }
+    if let Some(progress) = &options.progress {
+        // The file is in memory; decoding it is the rest of this stage, with no measure of
+        // its own.
+        progress.set(bytes.len() as u64, bytes.len() as u64);
     }
     load_vec(bytes, &origin, options)
 }

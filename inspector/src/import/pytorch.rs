@@ -42,7 +42,7 @@ use vramscope_model::{
 };
 
 use super::timeline;
-use super::{ImportError, ImportErrorKind, ImportOptions};
+use super::{ImportError, ImportErrorKind, ImportOptions, Stage};
 use crate::pickle::{Document, Limits, Seq, Value, ValueRef};
 
 mod stacks;
@@ -956,7 +956,18 @@ fn finish(
         violations: Vec::new(),
     };
     // PyTorch records requested sizes; every figure counts block sizes, as its statistics do.
-    vramscope_replay::size_blocks(&mut snapshot);
+    match &options.progress {
+        Some(progress) => {
+            // The replay says how many events it goes through once it starts.
+            progress.begin(Stage::SizingBlocks, 0);
+            vramscope_replay::size_blocks_with_progress(&mut snapshot, &mut |done, total| {
+                progress.set(done as u64, total as u64)
+            });
+        }
+        None => {
+            vramscope_replay::size_blocks(&mut snapshot);
+        }
+    }
     snapshot.stats = compute_stats(
         &snapshot.segments,
         &snapshot.events,

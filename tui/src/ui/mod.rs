@@ -217,18 +217,8 @@ pub(crate) fn put(buf: &mut Buffer, area: Rect, x: u16, y: u16, text: &str, styl
     nx
 }
 
-/// A number with thousands separators.
-pub fn thousands(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::with_capacity(s.len() + s.len() / 3);
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
+/// A number with thousands separators (the model's, for every panel).
+pub use vramscope_model::thousands;
 
 /// Cuts `text` to `width` characters, marking the cut with `…` at the start.
 pub fn clip_left(text: &str, width: usize) -> String {

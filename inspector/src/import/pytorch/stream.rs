@@ -124,6 +124,7 @@ pub(super) fn read_file(file: &File, size: u64, options: &ImportOptions) -> Opti
     std::thread::scope(|scope| {
         let (pieces, received) = mpsc::sync_channel::<Vec<u8>>(4);
         let (give_back, returned) = mpsc::channel::<Vec<u8>>();
+        let progress = options.progress.clone();
         scope.spawn(move || {
             let mut file = file;
             loop {
@@ -133,8 +134,15 @@ pub(super) fn read_file(file: &File, size: u64, options: &ImportOptions) -> Opti
                     // An error ends the pieces early: the sizes disagree and the caller reads
                     // the file again, which reports it.
                     Ok(0) | Err(_) => break,
-                    Ok(_) if pieces.send(piece).is_err() => break,
-                    Ok(_) => {}
+                    Ok(read) => {
+                        // The parser is at most the channel's four pieces behind.
+                        if let Some(progress) = &progress {
+                            progress.add(read as u64);
+                        }
+                        if pieces.send(piece).is_err() {
+                            break;
+                        }
+                    }
                 }
             }
         });
