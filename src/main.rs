@@ -377,7 +377,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             Ok(0)
         }
         Command::Doctor => {
-            emit(&format!("{}\n", vramscope::allocator::any::doctor()), None)?;
+            emit(&format!("{}\n", vramscope::allocator::doctor()), None)?;
             Ok(0)
         }
         Command::Summary { file, device } => {

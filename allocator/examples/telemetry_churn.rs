@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vramscope_allocator::{telemetry::ServeOptions, telemetry::Telemetry};
 use vramscope_allocator::{CachingAllocator, SimDevice};
+use vramscope_allocator::{ServeOptions, Telemetry};
 use vramscope_model::AllocatorConfig;
 use vramscope_telemetry::TelemetryAddr;
 

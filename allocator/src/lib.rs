@@ -1,10 +1,13 @@
 //! vramscope-allocator: a PyTorch-compatible caching GPU allocator that records where every
 //! allocation came from.
 //!
-//! The crate is layered bottom-up: [`backend`] defines the raw device primitives and [`sim`]
-//! implements them without a GPU; [`caching`] applies PyTorch's caching policy on top of any
-//! backend and keeps PyTorch's statistics, [`provenance`] and an event ring; [`buffer`] is the
-//! memory it hands out; [`telemetry`] publishes its events to dashboards. The data it fills
+//! The crate is layered bottom-up: [`Backend`] defines the raw device primitives and
+//! [`SimDevice`] implements them without a GPU ([`cuda::CudaBackend`] with one);
+//! [`CachingAllocator`] applies PyTorch's caching policy on top of any backend and keeps
+//! PyTorch's statistics, [`provenance`] and an event ring; [`DeviceBuffer`] is the memory it
+//! hands out; [`Telemetry`] publishes its events to dashboards. Each item has one public path:
+//! the crate root, or the public module it lives in (`cuda`, `provenance`, `debug`,
+//! `metrics`). The data it fills
 //! (snapshots, segments, blocks, events, call sites, statistics, settings) is the data model of
 //! `vramscope-model`, which every other vramscope crate reads without linking this one. Nothing
 //! here touches files other than `Snapshot::save`/`load`, terminals or pickles.
@@ -24,10 +27,10 @@
 //! assert_eq!(snapshot.segments.len(), 1);
 //! ```
 
-pub mod any;
-pub mod backend;
-pub mod buffer;
-pub mod caching;
+mod any;
+mod backend;
+mod buffer;
+mod caching;
 mod clock;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -41,7 +44,7 @@ mod free_index;
 pub mod metrics;
 pub mod provenance;
 mod ring;
-pub mod sim;
+mod sim;
 mod stats;
 mod sync;
 
@@ -52,15 +55,18 @@ mod sync;
 use vramscope_model as config;
 use vramscope_model as model;
 use vramscope_model::oom;
-pub mod telemetry;
+mod telemetry;
 
-pub use any::{doctor, DeviceBackend, DoctorReport};
+// Every item of the modules above that are not public has its one public path here, at the
+// crate root; the public modules (`cuda`, `provenance`, `debug`, `metrics`) are namespaces
+// whose items are reached only through them.
+pub use any::{doctor, DeviceBackend, DoctorReport, BACKEND_ENV, DEFAULT_SIM_CAPACITY};
 pub use backend::{Backend, BackendError, EventId, MemInfo, StreamId};
 pub use buffer::DeviceBuffer;
 pub use caching::{
-    AllocError, BlockHandle, CachingAllocator, EventBatch, Exclusive, OomReport, ScopeGuard,
-    SiteTables, Tagged,
+    pool_for, round_size, segment_size_for, AllocError, BlockHandle, CachingAllocator, EventBatch,
+    Exclusive, OomReport, ScopeGuard, SiteTables, Tagged, LARGE_BUFFER, MIN_BLOCK_SIZE,
+    MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
 };
-pub use cuda::CudaBackend;
-pub use sim::{SimCounters, SimDevice};
-pub use telemetry::{PublisherStats, ServeOptions, Telemetry};
+pub use sim::{SimCounters, SimDevice, SIM_ALIGNMENT, SIM_GRANULARITY};
+pub use telemetry::{pull_tables, PublisherStats, ServeOptions, Telemetry};

@@ -9,8 +9,8 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use vramscope_allocator::{telemetry::ServeOptions, telemetry::Telemetry};
 use vramscope_allocator::{CachingAllocator, SimDevice};
+use vramscope_allocator::{ServeOptions, Telemetry};
 use vramscope_model::{AllocatorConfig, EventKind};
 use vramscope_telemetry::{
     wire::encode_events, wire::encode_frame, wire::HEADER_BYTES, wire::MAX_FRAME_BYTES, Frame,

@@ -29,9 +29,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use vramscope_allocator::any::DeviceBackend;
 use vramscope_allocator::metrics::{MetricsServer, StatsSource};
-use vramscope_allocator::telemetry::Telemetry;
+use vramscope_allocator::DeviceBackend;
+use vramscope_allocator::Telemetry;
 use vramscope_allocator::{AllocError, CachingAllocator, ScopeGuard, StreamId};
 use vramscope_model::AllocatorConfig;
 
@@ -70,7 +70,7 @@ fn report_error(message: String) {
 
 /// The backend for `device`: CUDA device `device` unless `VRAMSCOPE_BACKEND=sim`.
 fn open_backend(device: u32) -> Result<DeviceBackend, String> {
-    let forced_sim = std::env::var(vramscope_allocator::any::BACKEND_ENV)
+    let forced_sim = std::env::var(vramscope_allocator::BACKEND_ENV)
         .is_ok_and(|v| v.eq_ignore_ascii_case("sim"));
     if forced_sim {
         return Ok(DeviceBackend::Sim(

@@ -6,7 +6,7 @@
 //! first time a tensor op runs on a CUDA device, and falls back to the CPU twins in `crate::cpu`
 //! (with the reason recorded) when NVRTC is missing or compilation fails. `crate::tensor` calls
 //! [`Kernels::launch`] with raw device addresses from the allocator's buffers and the raw stream
-//! from `vramscope_allocator::CudaBackend::raw_stream`.
+//! from `vramscope_allocator::cuda::CudaBackend::raw_stream`.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{result, sys, CudaFunction, CudaModule};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use vramscope_allocator::cuda::nvrtc_version;
-use vramscope_allocator::{CudaBackend, StreamId};
+use vramscope_allocator::cuda::CudaBackend;
+use vramscope_allocator::StreamId;
 
 /// Every kernel source, in the order they are concatenated (the helpers first).
 pub const SOURCES: [(&str, &str); 6] = [

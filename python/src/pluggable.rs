@@ -23,9 +23,9 @@ use std::sync::{Mutex, OnceLock};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use vramscope_allocator::any::DeviceBackend;
 use vramscope_allocator::provenance::with_call_site;
-use vramscope_allocator::telemetry::Telemetry;
+use vramscope_allocator::DeviceBackend;
+use vramscope_allocator::Telemetry;
 use vramscope_allocator::{AllocError, CachingAllocator, ScopeGuard, SimDevice, StreamId};
 use vramscope_model::{AllocatorConfig, CallSite, Snapshot};
 use vramscope_telemetry::TelemetryAddr;
@@ -122,7 +122,7 @@ fn guarded<T>(entry: &str, failure: T, body: impl FnOnce() -> T) -> T {
 }
 
 fn open_backend(device: u32) -> Result<DeviceBackend, String> {
-    let forced_sim = std::env::var(vramscope_allocator::any::BACKEND_ENV)
+    let forced_sim = std::env::var(vramscope_allocator::BACKEND_ENV)
         .is_ok_and(|v| v.eq_ignore_ascii_case("sim"));
     if forced_sim {
         return Ok(DeviceBackend::Sim(SimDevice::with_index(

@@ -13,7 +13,7 @@
 
 use rustc_hash::FxHashMap;
 use serde::Serialize;
-use vramscope_allocator::caching::round_size;
+use vramscope_allocator::round_size;
 
 use vramscope_allocator::{AllocError, CachingAllocator, SimDevice, StreamId};
 use vramscope_engine::{is_segment_event, MemoryState, Pair, Pairing, Reconstruction};

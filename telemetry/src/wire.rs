@@ -252,7 +252,7 @@ impl KnownTables {
     /// Records table additions that follow what is known (call sites, tags and scopes, each
     /// starting at the index this record knows), which then become known, and returns them as
     /// the frame that carries them. The publisher takes the additions from the allocator
-    /// (`vramscope_allocator::telemetry::pull_tables`).
+    /// (`vramscope_allocator::pull_tables`).
     pub fn advance(
         &mut self,
         sites: Vec<CallSite>,

@@ -15,7 +15,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use vramscope_allocator::telemetry::pull_tables;
+use vramscope_allocator::pull_tables;
 use vramscope_allocator::{Backend, CachingAllocator};
 use vramscope_model::{Event, MemoryStats, Snapshot};
 use vramscope_telemetry::{Frame, KnownTables, TablesFrame};
