@@ -492,3 +492,34 @@ fn options_change_thresholds() {
         .iter()
         .any(|f| f.kind == FindingKind::SyncInLoop));
 }
+
+#[test]
+fn explicit_syncs_count_from_one_per_step_and_tiny_copies_from_eight() {
+    // One rule for every face (`vramscope report`, `vramscope.report()`): an explicit sync is a
+    // wait that was reported as such, so one per step is enough to name the site (as `info`:
+    // once per step is the advice itself) and more is a warning; a tiny copy is only a guess
+    // at a sync, so it takes `sync_per_step` (8) of them.
+    let sync_finding = |explicit: usize, copies: usize| {
+        let mut t = clean_loop(0);
+        let site = t.site("train.py", 44, "log");
+        for _ in 0..5 {
+            t.step();
+            for _ in 0..explicit {
+                t.sync(site);
+            }
+            for _ in 0..copies {
+                t.transfer(site, TransferDirection::DeviceToHost, 4);
+            }
+        }
+        findings(&t.finish())
+            .into_iter()
+            .find(|f| f.kind == FindingKind::SyncInLoop)
+            .map(|f| (f.severity, f.per_step.map(|p| p.count)))
+    };
+    assert_eq!(sync_finding(1, 0), Some((Severity::Info, Some(1.0))));
+    assert_eq!(sync_finding(3, 0), Some((Severity::Warning, Some(3.0))));
+    assert_eq!(sync_finding(0, 1), None);
+    assert_eq!(sync_finding(0, 7), None);
+    assert_eq!(sync_finding(0, 8), Some((Severity::Warning, Some(8.0))));
+    assert_eq!(sync_finding(1, 2), Some((Severity::Warning, Some(3.0))));
+}

@@ -2,64 +2,26 @@
 //! and the checks of the pytest marker (peak, leaks, syncs per step), each failure a sentence
 //! that names the call site.
 //!
-//! A snapshot that holds the synchronizing calls PyTorch reported (`crate::host`) is read with
-//! a lower `sync_in_loop` threshold: PyTorch names each of those calls as a sync, where the
-//! detector's default (8 per step) is for syncs inferred from tiny device-to-host copies, so
-//! [`HOST_SYNCS_PER_STEP`] per step is enough to report a site; one per step or fewer is
-//! reported as `info` (reading a value once per step is the advice), more as a warning.
+//! The findings are the inspector's, with its default settings: `sync_in_loop` reports
+//! explicit syncs (those PyTorch's sync debug mode reported, recorded by `crate::host`) from one
+//! per step, `info` at one and a warning above, by the same rule as `vramscope report`.
 
 use std::collections::BTreeMap;
 
 use vramscope_inspector::checks;
-use vramscope_inspector::detect::{
-    detect, sort_findings, DetectOptions, Finding, FindingKind, Severity,
-};
+use vramscope_inspector::detect::{detect, DetectOptions};
 use vramscope_inspector::report::{build_report, render, Format, ReportOptions};
 use vramscope_model::{format_bytes, EventKind, Snapshot, TransferDirection};
 
-/// Average syncs per step at or above which a site is reported when the snapshot holds the
-/// syncs PyTorch reported.
-pub const HOST_SYNCS_PER_STEP: f64 = 1.0;
-
-/// The detector settings for a snapshot; `host_syncs` when it holds the syncs PyTorch
-/// reported.
-fn detect_options(host_syncs: bool) -> DetectOptions {
-    let mut options = DetectOptions::default();
-    if host_syncs {
-        options.sync_per_step = HOST_SYNCS_PER_STEP;
-    }
-    options
-}
-
-/// With `host_syncs`, marks `sync_in_loop` findings of one sync per step or fewer as `info`,
-/// and sorts the findings again.
-fn grade_host_syncs(findings: &mut [Finding], host_syncs: bool) {
-    if !host_syncs {
-        return;
-    }
-    for f in findings.iter_mut() {
-        let per_step = f.per_step.map_or(0.0, |p| p.count);
-        if f.kind == FindingKind::SyncInLoop && per_step <= HOST_SYNCS_PER_STEP {
-            f.severity = Severity::Info;
-        }
-    }
-    sort_findings(findings);
-}
-
-/// The inspector's findings on `snapshot`, as the JSON array of its `Finding`s; `host_syncs`
-/// when it holds the syncs PyTorch reported.
-pub fn findings_json(snapshot: &Snapshot, host_syncs: bool) -> String {
-    let mut findings = detect(snapshot, &detect_options(host_syncs));
-    grade_host_syncs(&mut findings, host_syncs);
+/// The inspector's findings on `snapshot`, as the JSON array of its `Finding`s.
+pub fn findings_json(snapshot: &Snapshot) -> String {
+    let findings = detect(snapshot, &DetectOptions::default());
     serde_json::to_string(&findings).unwrap_or_else(|_| "[]".to_string())
 }
 
-/// The inspector's text report on `snapshot`; `host_syncs` as for [`findings_json`].
-pub fn report_text(snapshot: &Snapshot, host_syncs: bool) -> String {
-    let mut options = ReportOptions::default();
-    options.detect = detect_options(host_syncs);
-    let mut report = build_report(snapshot, &options);
-    grade_host_syncs(&mut report.findings, host_syncs);
+/// The inspector's text report on `snapshot`, as `vramscope report` prints it.
+pub fn report_text(snapshot: &Snapshot) -> String {
+    let report = build_report(snapshot, &ReportOptions::default());
     render(&report, Format::Text, false)
 }
 

@@ -159,11 +159,6 @@ impl LogData {
         syncs.chain(self.steps.iter().map(|s| s.1)).min()
     }
 
-    /// Whether the log holds a sync.
-    pub fn has_syncs(&self) -> bool {
-        !self.syncs.is_empty()
-    }
-
     /// A snapshot that holds only this log: its syncs and its step marks.
     pub fn alone(&self) -> Snapshot {
         let mut snapshot = Snapshot::empty(SnapshotSource::Vramscope, DeviceInfo::default());
@@ -381,7 +376,7 @@ impl HostLog {
     /// The inspector's findings on the log's syncs and steps alone, as JSON.
     fn findings_json(&self) -> String {
         let data = self.data();
-        analysis::findings_json(&data.alone(), data.has_syncs())
+        analysis::findings_json(&data.alone())
     }
 
     /// The sync check of the pytest marker on the log alone: the failure, if any.
@@ -403,9 +398,4 @@ pub fn with_log(mut snapshot: Snapshot, log: Option<&HostLog>, numbering: Number
         merge(&mut snapshot, &log.data(), numbering);
     }
     snapshot
-}
-
-/// Whether `log` holds a sync.
-pub fn log_has_syncs(log: Option<&HostLog>) -> bool {
-    log.is_some_and(|l| l.data.lock().unwrap_or_else(|e| e.into_inner()).has_syncs())
 }

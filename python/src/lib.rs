@@ -40,10 +40,7 @@ fn load_with(path: &str, log: Option<&HostLog>) -> PyResult<vramscope_model::Sna
 #[pyo3(signature = (path, log = None))]
 fn file_findings_json(path: &str, log: Option<Bound<'_, HostLog>>) -> PyResult<String> {
     let log = log.as_ref().map(Bound::get);
-    Ok(analysis::findings_json(
-        &load_with(path, log)?,
-        host::log_has_syncs(log),
-    ))
+    Ok(analysis::findings_json(&load_with(path, log)?))
 }
 
 /// The inspector's text report on the file at `path`, with the syncs of `log`.
@@ -51,10 +48,7 @@ fn file_findings_json(path: &str, log: Option<Bound<'_, HostLog>>) -> PyResult<S
 #[pyo3(signature = (path, log = None))]
 fn file_report_text(path: &str, log: Option<Bound<'_, HostLog>>) -> PyResult<String> {
     let log = log.as_ref().map(Bound::get);
-    Ok(analysis::report_text(
-        &load_with(path, log)?,
-        host::log_has_syncs(log),
-    ))
+    Ok(analysis::report_text(&load_with(path, log)?))
 }
 
 /// The checks of the pytest marker that the file at `path`, with the syncs of `log`, fails.

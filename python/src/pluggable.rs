@@ -417,10 +417,7 @@ pub fn device_stats_json(device: i32) -> PyResult<String> {
 #[pyo3(signature = (device, log = None))]
 pub fn device_findings_json(device: i32, log: Option<Bound<'_, HostLog>>) -> PyResult<String> {
     let log = log.as_ref().map(Bound::get);
-    Ok(analysis::findings_json(
-        &snapshot_with(device, log)?,
-        host::log_has_syncs(log),
-    ))
+    Ok(analysis::findings_json(&snapshot_with(device, log)?))
 }
 
 /// The inspector's text report on `device`'s snapshot, with the syncs of `log`.
@@ -428,10 +425,7 @@ pub fn device_findings_json(device: i32, log: Option<Bound<'_, HostLog>>) -> PyR
 #[pyo3(signature = (device, log = None))]
 pub fn device_report_text(device: i32, log: Option<Bound<'_, HostLog>>) -> PyResult<String> {
     let log = log.as_ref().map(Bound::get);
-    Ok(analysis::report_text(
-        &snapshot_with(device, log)?,
-        host::log_has_syncs(log),
-    ))
+    Ok(analysis::report_text(&snapshot_with(device, log)?))
 }
 
 /// The checks of the pytest marker that `device`'s snapshot, with the syncs of `log`, fails.

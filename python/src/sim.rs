@@ -145,12 +145,12 @@ impl SimAllocator {
 
     /// The inspector's findings, as JSON (the Python `report()` turns them into objects).
     fn findings_json(&self) -> String {
-        analysis::findings_json(&self.alloc.snapshot(), false)
+        analysis::findings_json(&self.alloc.snapshot())
     }
 
     /// The inspector's text report.
     fn report_text(&self) -> String {
-        analysis::report_text(&self.alloc.snapshot(), false)
+        analysis::report_text(&self.alloc.snapshot())
     }
 
     /// The checks of the pytest marker that fail, one message each.

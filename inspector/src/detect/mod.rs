@@ -399,8 +399,13 @@ pub struct DetectOptions {
     pub retained_error_steps_until_oom: u64,
     /// `sync_in_loop`: device-to-host copies up to this size count as a sync (64 B).
     pub sync_max_bytes: u64,
-    /// `sync_in_loop`: average syncs per active step at or above this are reported (8).
+    /// `sync_in_loop`: average syncs per active step (tiny device-to-host copies and explicit
+    /// syncs together) at or above this are reported (8): a tiny copy is only a guess at a
+    /// sync.
     pub sync_per_step: f64,
+    /// `sync_in_loop`: average explicit syncs per active step (`Sync` events: each one a wait
+    /// that the program or PyTorch reported) at or above this are reported (1).
+    pub explicit_sync_per_step: f64,
     /// `transfer_heavy`: host/device bytes per step below this are never reported (1 MiB).
     pub transfer_min_bytes_per_step: u64,
     /// `transfer_heavy`: host/device bytes per step at or above this fraction of the bytes
@@ -431,6 +436,7 @@ impl Default for DetectOptions {
             retained_error_steps_until_oom: 1_000_000,
             sync_max_bytes: 64,
             sync_per_step: 8.0,
+            explicit_sync_per_step: 1.0,
             transfer_min_bytes_per_step: 1 << 20,
             transfer_ratio: 0.5,
             assumed_transfer_bytes_per_s: 12e9,

@@ -3,8 +3,13 @@
 //! Every device-to-host copy waits for the stream, so `.item()` or `print(t[0, 0])` inside a
 //! hot loop stalls the pipeline once per element. The detector counts, per call-site group and
 //! loop step, the tiny device-to-host copies (at most `sync_max_bytes`) and the explicit `Sync`
-//! events recorded by `crate::model_view`, and reports groups that average `sync_per_step` or
-//! more over at least `min_steps` steps.
+//! events recorded by `crate::model_view`, and reports groups over at least `min_steps` steps
+//! that average `explicit_sync_per_step` explicit syncs or more (each one a wait that was
+//! reported as such: PyTorch's sync debug mode, `CachingAllocator::synchronize`), or
+//! `sync_per_step` syncs of both kinds together (a tiny copy is only a guess at a sync, so it
+//! takes more of them). A site that waits at most once per step is `info` (reading a value
+//! once per step is the advice itself); more often, a warning. The rule is the same wherever
+//! the snapshot came from and whichever face reads it.
 
 use rustc_hash::FxHashMap;
 use vramscope_model::{EventKind, TransferDirection};
@@ -49,9 +54,15 @@ pub fn sync_in_loop(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dy
         let syncs = sat_sum(per_step.values().map(|c| c.2));
         let total = copies + syncs;
         let average = total as f64 / active as f64;
-        if average < options.sync_per_step {
+        let explicit_average = syncs as f64 / active as f64;
+        if average < options.sync_per_step && explicit_average < options.explicit_sync_per_step {
             continue;
         }
+        let severity = if average <= 1.0 {
+            Severity::Info
+        } else {
+            Severity::Warning
+        };
         let most = per_step.values().map(|c| c.0 + c.2).max().unwrap_or(0);
         let first = per_step.keys().copied().min().unwrap_or(0);
         let last = per_step.keys().copied().max().unwrap_or(0);
@@ -59,7 +70,7 @@ pub fn sync_in_loop(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dy
         let mut f = Finding::at_group(
             view,
             FindingKind::SyncInLoop,
-            Severity::Warning,
+            severity,
             Some(group),
         );
         f.bytes = bytes;
