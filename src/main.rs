@@ -400,7 +400,10 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             format,
             output,
         } => {
-            let files = ranks::expand_inputs(&inputs).map_err(Failure::input)?;
+            let (files, left_out) = ranks::expand_inputs(&inputs).map_err(Failure::input)?;
+            for why in &left_out {
+                eprintln!("vramscope ranks: left out {why}");
+            }
             if files.is_empty() {
                 return Err(Failure::input("no snapshot files in the inputs"));
             }

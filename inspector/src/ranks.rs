@@ -29,14 +29,15 @@ pub const IMBALANCE_THRESHOLD: f64 = 0.10;
 /// The most sites a `rank_imbalance` finding names.
 const IMBALANCE_SITES: usize = 5;
 
-/// Version of the JSON schema of `vramscope ranks`.
-pub const RANKS_FORMAT_VERSION: u32 = 1;
+/// Version of the JSON schema of `vramscope ranks` (2: `numbering`).
+pub const RANKS_FORMAT_VERSION: u32 = 2;
 
 /// One rank's figures.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RankRow {
-    /// The rank: the number in the file name (`rank3`, `_3.pickle`), else its place in the
-    /// list.
+    /// The rank: the number the file name gives (`rank3`, `mem_3.pickle`) when every file's
+    /// name gives a different one, else the file's place in the list (see
+    /// [`RankComparison::numbering`]).
     pub rank: u32,
     /// The file.
     pub file: String,
@@ -98,6 +99,9 @@ pub struct RankImbalance {
 pub struct RankComparison {
     /// [`RANKS_FORMAT_VERSION`].
     pub format_version: u32,
+    /// How the ranks were numbered: `"file names"`, or a sentence saying why they are the
+    /// files' places in the list instead.
+    pub numbering: String,
     /// One row per rank, in rank order.
     pub ranks: Vec<RankRow>,
     /// The ranks whose peak stands out.
@@ -105,7 +109,8 @@ pub struct RankComparison {
 }
 
 /// The rank a file name gives (`rank3.pickle`, `snapshot_rank_3.json`, `mem-3.pickle`): the
-/// digits after `rank` if the name has them, else the last run of digits.
+/// digits after `rank` if the name has them, else the digits that end the name before its
+/// extensions. Digits inside a name (`ctx512_train`, `opt125m`) are not a rank.
 pub fn rank_from_name(path: &Path) -> Option<u32> {
     let name = path.file_name()?.to_str()?.to_ascii_lowercase();
     let digits_at = |at: usize| -> Option<u32> {
@@ -119,16 +124,60 @@ pub fn rank_from_name(path: &Path) -> Option<u32> {
         }
     }
     let stem = name.split('.').next().unwrap_or(&name);
-    let end = stem.rfind(|c: char| c.is_ascii_digit())? + 1;
-    let start = stem[..end]
-        .rfind(|c: char| !c.is_ascii_digit())
-        .map_or(0, |i| i + 1);
-    stem[start..end].parse().ok()
+    let digits = stem.len() - stem.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    if digits == 0 {
+        return None;
+    }
+    stem[stem.len() - digits..].parse().ok()
 }
 
-/// The snapshot files named by `inputs`: files as they are, folders by their files (sorted).
-pub fn expand_inputs(inputs: &[PathBuf]) -> std::io::Result<Vec<PathBuf>> {
+/// The ranks of `paths`, and how they were numbered: from the file names when every name
+/// gives one and no two give the same, else by place in the list, with the reason.
+pub fn number_ranks(paths: &[&Path]) -> (Vec<u32>, String) {
+    let named: Vec<Option<u32>> = paths.iter().map(|p| rank_from_name(p)).collect();
+    let by_place = || (0..paths.len() as u32).collect::<Vec<u32>>();
+    if let Some(i) = named.iter().position(Option::is_none) {
+        let why = format!(
+            "by place in the list: {} does not name a rank (rank3, mem_3.pickle)",
+            paths[i].display()
+        );
+        return (by_place(), why);
+    }
+    let ranks: Vec<u32> = named.into_iter().flatten().collect();
+    let mut seen = BTreeMap::new();
+    for (i, &rank) in ranks.iter().enumerate() {
+        if let Some(first) = seen.insert(rank, i) {
+            let why = format!(
+                "by place in the list: {} and {} both name rank {rank}",
+                paths[first].display(),
+                paths[i].display()
+            );
+            return (by_place(), why);
+        }
+    }
+    (ranks, "file names".to_string())
+}
+
+/// The file name endings a folder's snapshot files have (`vramscope ranks DIR`): PyTorch's
+/// pickles, our JSON and event logs, Chrome traces, plain or gzipped.
+const SNAPSHOT_ENDINGS: [&str; 6] = [".pickle", ".pkl", ".json", ".jsonl", ".gz", ".pt"];
+
+/// The snapshot files named by `inputs`, each once: files as they are, folders by their files
+/// (sorted) whose names end like a snapshot's ([`SNAPSHOT_ENDINGS`]). Also returns what was
+/// left out, each with the reason: another file of a folder (`README.md`), or a file named
+/// again (the same file, by any path).
+pub fn expand_inputs(inputs: &[PathBuf]) -> std::io::Result<(Vec<PathBuf>, Vec<String>)> {
     let mut files = Vec::new();
+    let mut left_out = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut take = |path: PathBuf, left_out: &mut Vec<String>| {
+        let identity = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+        if seen.insert(identity) {
+            files.push(path);
+        } else {
+            left_out.push(format!("{}: named more than once", path.display()));
+        }
+    };
     for input in inputs {
         if input.is_dir() {
             let mut inside: Vec<PathBuf> = std::fs::read_dir(input)?
@@ -136,12 +185,26 @@ pub fn expand_inputs(inputs: &[PathBuf]) -> std::io::Result<Vec<PathBuf>> {
                 .filter(|p| p.is_file())
                 .collect();
             inside.sort();
-            files.extend(inside);
+            for path in inside {
+                let name = path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().to_ascii_lowercase())
+                    .unwrap_or_default();
+                if SNAPSHOT_ENDINGS.iter().any(|end| name.ends_with(end)) {
+                    take(path, &mut left_out);
+                } else {
+                    left_out.push(format!(
+                        "{}: not a snapshot's file name ({})",
+                        path.display(),
+                        SNAPSHOT_ENDINGS.join(", ")
+                    ));
+                }
+            }
         } else {
-            files.push(input.clone());
+            take(input.clone(), &mut left_out);
         }
     }
-    Ok(files)
+    Ok((files, left_out))
 }
 
 /// Loads every file, on as many threads as the machine has cores; `progress` is called with
@@ -225,18 +288,18 @@ fn row(rank: u32, file: &str, snapshot: &Snapshot) -> RankRow {
 
 /// Compares the ranks of `snapshots` (`(file, snapshot)`, in any order).
 pub fn compare(snapshots: &[(PathBuf, Snapshot)]) -> RankComparison {
+    let paths: Vec<&Path> = snapshots.iter().map(|(p, _)| p.as_path()).collect();
+    let (numbers, numbering) = number_ranks(&paths);
     let mut ranks: Vec<RankRow> = snapshots
         .iter()
-        .enumerate()
-        .map(|(i, (path, snapshot))| {
-            let rank = rank_from_name(path).unwrap_or(i as u32);
-            row(rank, &path.display().to_string(), snapshot)
-        })
+        .zip(numbers)
+        .map(|((path, snapshot), rank)| row(rank, &path.display().to_string(), snapshot))
         .collect();
     ranks.sort_by_key(|r| r.rank);
     let findings = imbalances(&ranks);
     RankComparison {
         format_version: RANKS_FORMAT_VERSION,
+        numbering,
         ranks,
         findings,
     }
@@ -337,6 +400,9 @@ pub fn render_text(comparison: &RankComparison) -> String {
             n => format!("{n} ranks stand out"),
         }
     );
+    if comparison.numbering != "file names" {
+        let _ = writeln!(out, "ranks numbered {}", comparison.numbering);
+    }
     let _ = writeln!(
         out,
         "{:>5}  {:>11}  {:>11}  {:>6}  {:>5}  {:>10}  top site at the peak",
@@ -379,7 +445,11 @@ pub fn render_text(comparison: &RankComparison) -> String {
 
 /// The comparison as a markdown table and findings.
 pub fn render_markdown(comparison: &RankComparison) -> String {
-    let mut out = String::from(
+    let mut out = String::new();
+    if comparison.numbering != "file names" {
+        let _ = writeln!(out, "Ranks numbered {}.\n", comparison.numbering);
+    }
+    out.push_str(
         "| rank | peak allocated | peak reserved | fragmentation at peak | OOMs | findings | top site at the peak |\n|---:|---:|---:|---:|---:|---|---|\n",
     );
     for r in &comparison.ranks {
@@ -424,8 +494,16 @@ pub fn render_json(comparison: &RankComparison) -> String {
 pub fn render_html(comparison: &RankComparison) -> String {
     let escape = crate::html::escape;
     let mut out = String::from(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>vramscope ranks</title><style>body{font:14px system-ui,sans-serif;margin:2em}table{border-collapse:collapse}td,th{padding:.3em .8em;border-bottom:1px solid #ddd;text-align:right}td.site{text-align:left;font-family:monospace}.bar{background:#4a7;height:.8em;display:inline-block}.hot{background:#d54}</style></head><body><h1>vramscope ranks</h1><table><tr><th>rank</th><th>peak allocated</th><th></th><th>peak reserved</th><th>fragmentation at peak</th><th>OOMs</th><th>findings</th><th>top site at the peak</th></tr>",
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>vramscope ranks</title><style>body{font:14px system-ui,sans-serif;margin:2em}table{border-collapse:collapse}td,th{padding:.3em .8em;border-bottom:1px solid #ddd;text-align:right}td.site{text-align:left;font-family:monospace}.bar{background:#4a7;height:.8em;display:inline-block}.hot{background:#d54}</style></head><body><h1>vramscope ranks</h1>",
     );
+    if comparison.numbering != "file names" {
+        let _ = write!(
+            out,
+            "<p>Ranks numbered {}.</p>",
+            escape(&comparison.numbering)
+        );
+    }
+    out.push_str("<table><tr><th>rank</th><th>peak allocated</th><th></th><th>peak reserved</th><th>fragmentation at peak</th><th>OOMs</th><th>findings</th><th>top site at the peak</th></tr>");
     let most = comparison
         .ranks
         .iter()
@@ -488,8 +566,59 @@ mod tests {
             ("mem_7.pickle", Some(7)),
             ("/tmp/job/trace-5.json.gz", Some(5)),
             ("snapshot.pickle", None),
+            // Digits inside a name are a model or a setting, not a rank.
+            ("cs336_medium_ctx512_train_step.pickle", None),
+            ("decomfl_opt125m_zo_fedlearn.pickle", None),
+            ("hta_ddp_rank1_v100_profile_memory.trace.json.gz", Some(1)),
         ] {
             assert_eq!(rank_from_name(Path::new(name)), rank, "{name}");
         }
+    }
+
+    #[test]
+    fn ranks_are_numbered_by_place_unless_every_name_gives_a_different_one() {
+        let paths = |names: &[&'static str]| -> Vec<&'static Path> {
+            names.iter().map(|n| Path::new(*n)).collect()
+        };
+        assert_eq!(
+            number_ranks(&paths(&["r/mem_2.pickle", "r/mem_0.pickle"])),
+            (vec![2, 0], "file names".to_string())
+        );
+        let (ranks, why) = number_ranks(&paths(&["a/rank1.pickle", "b/rank1.pickle"]));
+        assert_eq!(ranks, [0, 1]);
+        assert_eq!(
+            why,
+            "by place in the list: a/rank1.pickle and b/rank1.pickle both name rank 1"
+        );
+        let (ranks, why) = number_ranks(&paths(&["rank4.pickle", "cs336_ctx512_train.pickle"]));
+        assert_eq!(ranks, [0, 1]);
+        assert!(
+            why.contains("cs336_ctx512_train.pickle does not name a rank"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_folder_gives_its_snapshot_files_and_each_file_counts_once() {
+        let dir = std::env::temp_dir().join(format!("vramscope-ranks-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        for name in ["rank0.pickle", "rank1.json.gz", "README.md"] {
+            std::fs::write(dir.join(name), b"x").expect("write");
+        }
+        let (files, left_out) =
+            expand_inputs(&[dir.clone(), dir.join("rank0.pickle")]).expect("expand");
+        assert_eq!(files, [dir.join("rank0.pickle"), dir.join("rank1.json.gz")]);
+        assert_eq!(left_out.len(), 2, "{left_out:?}");
+        assert!(
+            left_out[0].ends_with(
+                "README.md: not a snapshot's file name (.pickle, .pkl, .json, .jsonl, .gz, .pt)"
+            ),
+            "{left_out:?}"
+        );
+        assert!(
+            left_out[1].ends_with("rank0.pickle: named more than once"),
+            "{left_out:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
