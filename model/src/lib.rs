@@ -32,7 +32,8 @@ pub use config::{AllocatorConfig, BacktraceMode, ConfigError, Policy, CONFIG_ENV
 pub use snapshot::{
     Annotation, Block, BlockState, CallSite, DeviceInfo, Event, EventKind, Frame, Owner, Pool,
     ScopeId, Segment, SiteId, Snapshot, SnapshotError, SnapshotSource, StepMark, TagId,
-    TransferDirection, Violation, ViolationKind, FORMAT_VERSION, FORMAT_VERSION_OOM_IN_ADDR,
+    TransferDirection, Violation, ViolationKind, EVENT_LOG_COUNT_KEY, FORMAT_VERSION,
+    FORMAT_VERSION_OOM_IN_ADDR,
 };
 pub use stats::{
     format_bytes, parse_bytes, plural, thousands, MemoryStats, Recorded, Stat, StatArray,

@@ -16,6 +16,11 @@ use crate::MemoryStats;
 
 /// The version of the JSON snapshot format written by [`Snapshot::save`].
 pub const FORMAT_VERSION: u32 = 2;
+
+/// The key of an event log's header that counts the event lines after it
+/// ([`Snapshot::write_event_log`]); a snapshot read as JSON ignores it.
+pub const EVENT_LOG_COUNT_KEY: &str = "event_log_events";
+
 /// The format version whose `oom` events kept the device's free memory in `addr` (format 2
 /// gave it [`Event::device_free`]); files of that version are upgraded as they are read.
 pub const FORMAT_VERSION_OOM_IN_ADDR: u32 = 1;
@@ -595,15 +600,25 @@ impl Snapshot {
     }
 
     /// Writes the snapshot as an event log: JSON Lines whose first line is the snapshot without
-    /// its events (device, settings, statistics, segments, call-site tables, steps) and every
-    /// further line one event, oldest first. A program can keep appending event lines; the
-    /// inspector reads the file either way.
+    /// its events (device, settings, statistics, the segments at the end, call-site tables,
+    /// steps) plus [`EVENT_LOG_COUNT_KEY`], the number of event lines that follow, and every
+    /// further line one event, oldest first. The header's state is the log's end, so the
+    /// events are only read whole: the inspector refuses a log with fewer (or more) event
+    /// lines than its header counts, rather than rebuild a wrong start from them.
     pub fn write_event_log(&self, mut out: impl std::io::Write) -> std::io::Result<()> {
         let header = Snapshot {
             events: Vec::new(),
             ..self.clone()
         };
-        serde_json::to_writer(&mut out, &header)?;
+        // The count goes last, so that `format_version` stays the first key (which is how a
+        // reader tells our JSON from a Chrome trace).
+        let mut header = serde_json::to_vec(&header)?;
+        if header.last() == Some(&b'}') {
+            header.pop();
+            let count = format!(",\"{EVENT_LOG_COUNT_KEY}\":{}}}", self.events.len());
+            header.extend_from_slice(count.as_bytes());
+        }
+        out.write_all(&header)?;
         out.write_all(b"\n")?;
         for event in &self.events {
             serde_json::to_writer(&mut out, event)?;

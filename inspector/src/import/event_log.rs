@@ -3,12 +3,15 @@
 //!
 //! `super::load_bytes` sends a vramscope JSON file here when more JSON follows the first
 //! object. The header supplies the device, settings, statistics, segments and call-site tables;
-//! the events are appended in order. A log a program was still appending to may end in a cut
-//! line: that last line is dropped, and any other bad line is an error naming its line number.
+//! the events are appended in order. The header's state is the log's end, so a log is read
+//! whole or not at all: when its header counts its event lines (`EVENT_LOG_COUNT_KEY`, which
+//! every log written by this version has), a log with fewer or more is an error saying so; a
+//! log from before that count existed may end in a cut line, which is dropped. Any other bad
+//! line is an error naming its line number.
 //! Steps come from the header's step marks, or, when it has none, from the log's `step` events.
 
 use serde_json::Deserializer;
-use vramscope_model::{Event, EventKind, Snapshot, StepMark, FORMAT_VERSION};
+use vramscope_model::{Event, EventKind, Snapshot, StepMark, EVENT_LOG_COUNT_KEY, FORMAT_VERSION};
 
 use super::{ImportError, ImportErrorKind};
 
@@ -40,11 +43,14 @@ pub fn read(bytes: &[u8], origin: &str) -> Result<Snapshot, ImportError> {
     // The version the log was written in, which its event lines follow too (reading the header
     // upgrades the snapshot to this build's version).
     #[derive(serde::Deserialize)]
-    struct VersionProbe {
+    struct HeaderProbe {
         format_version: u32,
+        #[serde(rename = "event_log_events", default)]
+        events: Option<u64>,
     }
-    let written_in = serde_json::from_slice::<VersionProbe>(header)
-        .map_or(FORMAT_VERSION, |probe| probe.format_version);
+    let probe = serde_json::from_slice::<HeaderProbe>(header).ok();
+    let written_in = probe.as_ref().map_or(FORMAT_VERSION, |p| p.format_version);
+    let declared = probe.and_then(|p| p.events);
     let mut snapshot = Snapshot::from_json_bytes(header, origin)
         .map_err(|e| ImportError::new(origin, ImportErrorKind::Snapshot(e)))?;
     if snapshot.format_version > FORMAT_VERSION {
@@ -53,15 +59,39 @@ pub fn read(bytes: &[u8], origin: &str) -> Result<Snapshot, ImportError> {
             format!("format version {}", snapshot.format_version),
         ));
     }
+    let mut last_line = 1;
+    let mut cut_line = None;
     while let Some((index, line)) = lines.next() {
         match serde_json::from_slice::<Event>(line) {
             Ok(mut event) => {
                 event.upgrade_from(written_in);
                 snapshot.events.push(event);
+                last_line = index + 1;
             }
-            // The writer may have been cut off in the middle of its last line.
-            Err(e) if e.is_eof() && lines.peek().is_none() => break,
+            // A log from before the header's count may have been cut off in the middle of its
+            // last line; with the count, the check below says so.
+            Err(e) if e.is_eof() && lines.peek().is_none() => {
+                cut_line = Some(index + 1);
+                break;
+            }
             Err(e) => return Err(structure(index + 1, e.to_string())),
+        }
+    }
+    if let Some(declared) = declared {
+        let read = snapshot.events.len() as u64;
+        if read != declared {
+            let ending = match cut_line {
+                Some(line) => format!("it ends in the middle of line {line}"),
+                None => format!("its last complete line is line {last_line}"),
+            };
+            return Err(structure(
+                cut_line.unwrap_or(last_line),
+                format!(
+                    "the event log is incomplete: its header counts {declared} events, the file \
+                     holds {read} ({ending}); the header's state is the log's end, so its events \
+                     cannot be read without the missing ones"
+                ),
+            ));
         }
     }
     if snapshot.steps.is_empty() {
@@ -109,10 +139,48 @@ mod tests {
     }
 
     #[test]
-    fn a_cut_last_line_is_dropped_and_other_bad_lines_are_named() {
+    fn a_cut_log_is_refused_and_other_bad_lines_are_named() {
+        // Cut in the middle of a line, and at a line's end: either way the header's count
+        // says events are missing.
         let (snapshot, mut bytes) = log();
         bytes.truncate(bytes.len() - 20);
-        let back = load_bytes(&bytes, "run.jsonl", &ImportOptions::default()).unwrap();
+        let err = load_bytes(&bytes, "run.jsonl", &ImportOptions::default())
+            .unwrap_err()
+            .to_string();
+        let events = snapshot.events.len();
+        assert!(
+            err.contains(&format!(
+                "header counts {events} events, the file holds {}",
+                events - 1
+            )) && err.contains("it ends in the middle of line"),
+            "{err}"
+        );
+        let (_, bytes) = log();
+        let text = String::from_utf8(bytes).unwrap();
+        let kept: Vec<&str> = text.lines().take(3).collect();
+        let err = load_bytes(
+            kept.join("\n").as_bytes(),
+            "run.jsonl",
+            &ImportOptions::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("line 3")
+                && err.contains("the file holds 2 (its last complete line is line 3)"),
+            "{err}"
+        );
+
+        // A log written before the header's count: a cut last line is dropped.
+        let (snapshot, bytes) = log();
+        let text = String::from_utf8(bytes).unwrap();
+        let (header, events) = text.split_once('\n').unwrap();
+        let count = format!(",\"{EVENT_LOG_COUNT_KEY}\":{}", snapshot.events.len());
+        assert!(header.contains(&count), "{header}");
+        let header = header.replace(&count, "");
+        let mut old = format!("{header}\n{events}").into_bytes();
+        old.truncate(old.len() - 20);
+        let back = load_bytes(&old, "run.jsonl", &ImportOptions::default()).unwrap();
         assert_eq!(back.events.len(), snapshot.events.len() - 1);
 
         let (_, bytes) = log();
