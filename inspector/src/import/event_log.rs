@@ -11,7 +11,7 @@
 //! Steps come from the header's step marks, or, when it has none, from the log's `step` events.
 
 use serde_json::Deserializer;
-use vramscope_model::{Event, EventKind, Snapshot, StepMark, EVENT_LOG_COUNT_KEY, FORMAT_VERSION};
+use vramscope_model::{Event, EventKind, Snapshot, StepMark, FORMAT_VERSION};
 
 use super::{ImportError, ImportErrorKind};
 
@@ -45,6 +45,8 @@ pub fn read(bytes: &[u8], origin: &str) -> Result<Snapshot, ImportError> {
     #[derive(serde::Deserialize)]
     struct HeaderProbe {
         format_version: u32,
+        // `vramscope_model::EVENT_LOG_COUNT_KEY` (an attribute takes no constant; the tests
+        // read logs through that constant).
         #[serde(rename = "event_log_events", default)]
         events: Option<u64>,
     }
@@ -115,7 +117,7 @@ mod tests {
     use super::*;
     use crate::import::{load_bytes, ImportOptions};
     use vramscope_allocator::{CachingAllocator, SimDevice};
-    use vramscope_model::AllocatorConfig;
+    use vramscope_model::{AllocatorConfig, EVENT_LOG_COUNT_KEY};
 
     fn log() -> (Snapshot, Vec<u8>) {
         let alloc = CachingAllocator::new(SimDevice::phantom(1 << 34), AllocatorConfig::default());
