@@ -669,6 +669,8 @@ pub fn evidence_sentence(finding: &Finding) -> String {
                 EvidenceValue::Int(n) if bytes => format_bytes(*n),
                 EvidenceValue::Int(n) => n.to_string(),
                 EvidenceValue::Float(x) if bytes => format_bytes(x.round().max(0.0) as u64),
+                // A share is a fraction: a percentage, as the finding's sentence writes it.
+                EvidenceValue::Float(x) if k.starts_with("share_") => percent_text(*x),
                 EvidenceValue::Float(x) => crate::detect::count_text(*x),
                 EvidenceValue::Text(t) => t.clone(),
             };
@@ -682,6 +684,15 @@ pub fn evidence_sentence(finding: &Finding) -> String {
     }
     sentence.push('.');
     sentence
+}
+
+/// A fraction as a whole percentage (`85%`), `<1%` for a sliver, as findings write shares.
+fn percent_text(fraction: f64) -> String {
+    if fraction > 0.0 && fraction < 0.005 {
+        "<1%".to_string()
+    } else {
+        format!("{:.0}%", fraction * 100.0)
+    }
 }
 
 /// The one-line verdict a report opens with: how many problems (warnings and errors) and

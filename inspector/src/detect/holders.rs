@@ -15,7 +15,7 @@ use vramscope_model::format_bytes;
 use super::{DetectOptions, Finding, FindingKind, FindingSink, FindingSite, Severity};
 use crate::model_view::{Holding, ModelView};
 use vramscope_engine::{GroupId, GroupKind, SiteGroups};
-use vramscope_model::plural;
+use vramscope_model::{plural, SnapshotSource};
 
 /// The kinds of holders, in report order.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -105,10 +105,15 @@ pub fn top_holders(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
             ),
             Kind::Before => "allocated before the trace began".to_string(),
         };
+        // Memory a trace knows only as a total (a profiler trace's statistics) is in no block.
+        let held_in = if blocks == 0 {
+            "in no block the trace names (a total from its statistics)".to_string()
+        } else {
+            format!("in {}", plural(blocks, "block"))
+        };
         f.summary = format!(
-            "{} in {} from {} {what} held {share_text} of live memory at the {when}; the largest is {} ({})",
+            "{} {held_in} from {} {what} held {share_text} of live memory at the {when}; the largest is {} ({})",
             format_bytes(bytes),
-            plural(blocks, "block"),
             plural(site_count as u64, "site"),
             sites[0].site,
             format_bytes(sites[0].bytes),
@@ -132,7 +137,7 @@ pub fn top_holders(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
         f.fix = match kind {
             Kind::Once => "expected for weights and optimizer state; to shrink it, use lower precision, sharding or offloading".to_string(),
             Kind::Spread => "if it keeps growing with the step count it is a leak (see retained_per_step); otherwise free it once it is used".to_string(),
-            Kind::Before => "allocated before recording began: start _record_memory_history() earlier to see where".to_string(),
+            Kind::Before => before_trace_fix(view.snapshot().source).to_string(),
         };
         f.sites = sites;
         sink.report(f);
@@ -164,4 +169,18 @@ fn tag_of<'a>(view: &ModelView<'a>, group: GroupId) -> Option<&'a str> {
         let event = &snapshot.events[view.intervals()[i as usize].alloc_event as usize];
         snapshot.tag(event.tag)
     })
+}
+
+/// What to do about memory allocated before a trace of `source` began: start that recording
+/// earlier, in the words of the tool that made it.
+fn before_trace_fix(source: SnapshotSource) -> &'static str {
+    match source {
+        SnapshotSource::Pytorch => {
+            "allocated before recording began: call torch.cuda.memory._record_memory_history() earlier (before the model is built) to see where"
+        }
+        SnapshotSource::ChromeTrace => {
+            "allocated before the profiler started: start torch.profiler with profile_memory=True earlier (before the model is built), or record with torch.cuda.memory._record_memory_history(), to see where"
+        }
+        _ => "allocated before this recording began: attach vramscope before the model is built to see where",
+    }
 }
