@@ -317,7 +317,7 @@ fn tui_failure(e: vramscope_tui::TuiError) -> Failure {
 fn emit(text: &str, output: Option<&PathBuf>) -> Result<(), Failure> {
     match output {
         Some(path) => std::fs::write(path, text)
-            .map_err(|e| Failure::input(format!("{}: {e}", path.display()))),
+            .map_err(|e| Failure::input(format!("cannot write {}: {e}", path.display()))),
         None => {
             let mut stdout = std::io::stdout().lock();
             // A closed pipe (`| head`) is not an error worth reporting.
