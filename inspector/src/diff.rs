@@ -173,7 +173,9 @@ pub fn render_text(diff: &Diff) -> String {
         }
         for r in rows {
             let site = &r.label;
-            let function = if r.function.is_empty() {
+            // A site named by its function already (`AccumulateGrad (backward)`) does not
+            // repeat it.
+            let function = if r.function.is_empty() || site.contains(r.function.as_str()) {
                 String::new()
             } else {
                 format!(" ({})", r.function)
