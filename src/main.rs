@@ -156,18 +156,20 @@ struct ReplayArgs {
     /// Device capacity (24GiB, 80G, ...); unlimited when not given.
     #[arg(long, value_parser = parse_size)]
     capacity: Option<u64>,
-    /// Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax.
-    #[arg(long, default_value = "")]
-    conf: String,
-    /// Placement policy (pytorch).
+    /// Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax; the settings the trace recorded
+    /// when not given ("" for PyTorch's defaults).
+    #[arg(long)]
+    conf: Option<String>,
+    /// Placement policy: pytorch or compact (vramscope's own, not a PyTorch setting).
     #[arg(long)]
     policy: Option<String>,
-    /// Try a set of settings and say which fit the capacity.
+    /// Try a set of settings, the trace's own and those given among them, and say which fit
+    /// the capacity.
     #[arg(long)]
     sweep: bool,
     /// Also compare the replay's device calls (segment allocations, frees, maps, unmaps)
     /// with the trace's, call by call, and name the first difference; exits with 1 when
-    /// they differ.
+    /// they differ (a trace that records none has nothing to differ from).
     #[arg(long, conflicts_with = "sweep")]
     verify: bool,
     /// Output format: text or json.
@@ -585,10 +587,13 @@ fn run_replay(args: ReplayArgs) -> Result<u8, Failure> {
         device,
     } = args;
     use vramscope::replay;
-    let mut config = vramscope::AllocatorConfig::parse(&conf).map_err(Failure::input)?;
-    if let Some(policy) = policy {
-        config.set("policy", &policy).map_err(Failure::input)?;
+    // Without --conf the trace's own settings apply; --policy replaces either's policy.
+    let mut config =
+        vramscope::AllocatorConfig::parse(conf.as_deref().unwrap_or("")).map_err(Failure::input)?;
+    if let Some(policy) = &policy {
+        config.set("policy", policy).map_err(Failure::input)?;
     }
+    let policy = policy.map(|_| config.policy);
     let snapshot = loading::load(&file).map_err(Failure::input)?;
     let parts = device_parts(snapshot, device)?;
     let mut calls_differ = false;
@@ -600,7 +605,22 @@ fn run_replay(args: ReplayArgs) -> Result<u8, Failure> {
             file.display().to_string()
         };
         texts.push(if sweep {
-            let rows = replay::sweep(snapshot, capacity, &mut progress_line("sweeping"));
+            // The settings given are one more row: --conf's, or the trace's with --policy.
+            let given = match (&conf, policy) {
+                (Some(_), _) => Some(config.clone()),
+                (None, Some(policy)) => {
+                    let mut given = replay::trace_settings(snapshot);
+                    given.policy = policy;
+                    Some(given)
+                }
+                (None, None) => None,
+            };
+            let rows = replay::sweep_with(
+                snapshot,
+                capacity,
+                given.as_ref(),
+                &mut progress_line("sweeping"),
+            );
             match format {
                 Format::Json => serde_json::to_string_pretty(&rows).unwrap_or_default(),
                 _ => replay::render_sweep_text(
@@ -613,13 +633,15 @@ fn run_replay(args: ReplayArgs) -> Result<u8, Failure> {
             let mut options = replay::ReplayOptions::default();
             options.capacity = capacity;
             options.config = config.clone();
+            options.trace_settings = conf.is_none();
+            options.policy = policy;
             options.reconstruct_start = true;
             options.verify = verify;
             let result = replay::replay(snapshot, &options, &mut progress_line("replaying"));
             calls_differ |= result
                 .device_calls
                 .as_ref()
-                .is_some_and(|check| check.first_difference.is_some())
+                .is_some_and(replay::DeviceCallCheck::differs)
                 || (fail_on_oom && result.first_oom.is_some());
             match format {
                 Format::Json => serde_json::to_string_pretty(&result).unwrap_or_default(),

@@ -294,6 +294,167 @@ fn replay_prints_the_figures_external_checks_read() {
     std::fs::remove_file(trace).ok();
 }
 
+/// A recording of PyTorch's own allocator on an H200 (`inspector/tests/data/torch_h200`).
+fn torch_h200(case: &str) -> String {
+    format!(
+        "{}/inspector/tests/data/torch_h200/{case}.pickle.gz",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+#[test]
+fn replay_uses_the_settings_the_trace_recorded_unless_conf_is_given() {
+    let path = torch_h200("expandable");
+    let text = stdout(&vramscope(&["replay", &path]));
+    assert!(
+        text.contains("settings (from the trace: expandable_segments:True) on"),
+        "{text}"
+    );
+    // PyTorch's own max_memory_reserved for this run (expected.json).
+    let json = vramscope(&["replay", &path, "--format", "json"]);
+    let value: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    assert_eq!(value["peak_reserved"], 1677721600u64);
+    assert_eq!(value["peak_reserved"], value["original"]["peak_reserved"]);
+    assert_eq!(value["trace_settings"], "expandable_segments:True");
+    // --policy replaces the trace's policy and keeps the rest of its settings.
+    let text = stdout(&vramscope(&["replay", &path, "--policy", "compact"]));
+    assert!(
+        text.contains("settings (from the trace: expandable_segments:True) with policy:compact on"),
+        "{text}"
+    );
+    // --conf overrides, "" being PyTorch's defaults.
+    let json = vramscope(&["replay", &path, "--conf", "", "--format", "json"]);
+    let value: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    assert!(value["peak_reserved"].as_u64().unwrap() > 1677721600);
+    assert!(value.get("trace_settings").is_none());
+    // The sweep marks the trace's settings among those it tries.
+    let sweep = stdout(&vramscope(&["replay", &path, "--sweep"]));
+    assert!(
+        sweep.contains("expandable_segments:True (the trace's)"),
+        "{sweep}"
+    );
+}
+
+#[test]
+fn replay_marks_an_estimated_trace_peak() {
+    // Replayed at import without its cap, this run's blocks are requests rounded.
+    let path = torch_h200("default_capped");
+    let text = stdout(&vramscope(&["replay", &path, "--capacity", "1897352533"]));
+    let line = text
+        .lines()
+        .find(|l| l.contains("peak allocated"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.ends_with("~1.51 GiB"), "{line}");
+    assert!(text.contains("~ estimated:"), "{text}");
+    let json = vramscope(&["replay", &path, "--format", "json"]);
+    let value: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    assert_eq!(value["original"]["peak_allocated_estimated"], true);
+    assert!(value.get("peak_allocated_estimated").is_none());
+}
+
+#[test]
+fn replay_verify_of_a_trace_without_device_calls_exits_0() {
+    let trace = temp("replay-no-calls.json");
+    {
+        use vramscope::{AllocatorConfig, CachingAllocator, SimDevice};
+        let alloc = CachingAllocator::new(SimDevice::phantom(1 << 34), AllocatorConfig::default());
+        for _ in 0..3 {
+            drop(alloc.alloc(40 << 20).unwrap());
+        }
+        // Blocks only: no segments, segment events or totals, like a profiler trace without them.
+        let mut snapshot = alloc.snapshot();
+        snapshot
+            .events
+            .retain(|e| !vramscope::engine::is_segment_event(e));
+        snapshot.segments.clear();
+        snapshot.stats = Default::default();
+        snapshot.save(&trace).unwrap();
+    }
+    let output = vramscope(&["replay", trace.to_str().unwrap(), "--verify"]);
+    assert!(
+        stdout(&output).contains("the trace records none to compare with"),
+        "{}",
+        stdout(&output)
+    );
+    assert_eq!(output.status.code(), Some(0));
+    std::fs::remove_file(trace).ok();
+}
+
+#[test]
+fn replay_help_names_every_policy() {
+    let help = stdout(&vramscope(&["replay", "--help"]));
+    let line = help
+        .lines()
+        .find(|l| l.contains("--policy"))
+        .unwrap_or_else(|| panic!("{help}"));
+    assert!(
+        line.contains("pytorch") && line.contains("compact"),
+        "{help}"
+    );
+}
+
+#[test]
+fn replay_of_a_late_profiler_trace_holds_what_it_started_with() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let Some(trace) =
+        vramscope_testkit::shared_trace(root, "hta_ddp_rank1_v100_profile_memory.trace.json.gz")
+    else {
+        return;
+    };
+    let path = trace.to_str().unwrap();
+    // The trace peaks at 6.17 GiB allocated, 3.82 GiB of it held before the trace.
+    let text = stdout(&vramscope(&["replay", path, "--capacity", "4GiB"]));
+    assert!(
+        text.contains(
+            "3.82 GiB held before the trace (recorded as a total, no blocks named), restored as"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("first OOM:"), "{text}");
+    assert!(!text.contains("no OOM at this capacity"), "{text}");
+    let sweep = stdout(&vramscope(&[
+        "replay",
+        path,
+        "--capacity",
+        "4GiB",
+        "--sweep",
+    ]));
+    assert!(sweep.contains("no PyTorch setting tried fits"), "{sweep}");
+    let json = vramscope(&["replay", path, "--format", "json"]);
+    let value: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    let (ours, theirs) = (
+        value["peak_allocated"].as_u64().unwrap(),
+        value["original"]["peak_allocated"].as_u64().unwrap(),
+    );
+    // The replay rounds the trace's requests to blocks: a little above, never below.
+    assert!(
+        ours >= theirs && ours - theirs < theirs / 100,
+        "{ours} vs {theirs}"
+    );
+}
+
+#[test]
+fn replay_says_which_frees_it_skipped_and_why() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let Some(trace) = vramscope_testkit::shared_trace(root, "decomfl_opt125m_zo_fedlearn.pickle")
+    else {
+        return;
+    };
+    // The trace starts from an empty device: what is skipped at 1 GiB are frees of
+    // allocations that ran out of memory in the replay.
+    let text = stdout(&vramscope(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "--capacity",
+        "1GiB",
+    ]));
+    assert!(
+        text.contains("996 frees of allocations that failed in the replay were skipped"),
+        "{text}"
+    );
+    assert!(!text.contains("before the trace"), "{text}");
+}
+
 #[test]
 fn convert_writes_pytorch_perfetto_and_json() {
     let source = temp("convert-src.json");

@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use vramscope_inspector::import;
 use vramscope_model::AllocatorConfig;
-use vramscope_replay::{replay, ReplayOptions, ReplayResult};
+use vramscope_replay::{
+    block_sizing, render_text, replay, BlockSizing, ReplayOptions, ReplayResult,
+};
 
 fn data() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/torch_h200")
@@ -178,4 +180,69 @@ fn verify_names_where_other_settings_part_from_pytorch() {
     assert_eq!(theirs.action, "segment_free");
     assert!(difference.trace_seq.is_some());
     assert_ne!(Some(theirs), difference.replay);
+}
+
+#[test]
+fn the_recorded_settings_are_replayed_when_none_are_given() {
+    // `allocator_settings` in each pickle names the settings it ran with: replayed with them
+    // (and its cap), every figure is PyTorch's, without the settings being given.
+    for (case, expected) in expected() {
+        let snapshot = import::load(data().join(format!("{case}.pickle.gz"))).unwrap();
+        let mut options = ReplayOptions::default();
+        options.trace_settings = true;
+        options.capacity = expected["cap"].as_u64();
+        options.verify = true;
+        let result = replay(&snapshot, &options, &mut |_, _| {});
+        let conf = AllocatorConfig::parse(expected["conf"].as_str().unwrap()).unwrap();
+        assert_eq!(result.config, conf.to_string(), "{case}");
+        assert_eq!(result.trace_settings.as_deref(), Some(&*result.config));
+        assert_eq!(
+            result.figures.peak_reserved,
+            expected["max_memory_reserved"].as_u64(),
+            "{case}"
+        );
+        let check = result.device_calls.unwrap();
+        assert!(!check.differs(), "{case}: {check:?}");
+    }
+}
+
+#[test]
+fn the_trace_column_marks_an_estimated_peak() {
+    // Where the importer's replay (with the trace's settings and no cap) did not make the
+    // trace's device calls, block sizes are requests rounded: the trace's peak allocated is
+    // an estimate and says so; elsewhere it is PyTorch's own figure.
+    let mut estimated = 0;
+    for (case, expected) in expected() {
+        let snapshot = import::load(data().join(format!("{case}.pickle.gz"))).unwrap();
+        let sizing = block_sizing(&snapshot).expect("a PyTorch snapshot");
+        let mut options = ReplayOptions::default();
+        options.capacity = expected["cap"].as_u64();
+        let result = replay(&snapshot, &options, &mut |_, _| {});
+        let theirs = expected["max_memory_allocated"].as_u64();
+        let text = render_text(case.as_str(), &result);
+        let json = serde_json::to_value(&result).unwrap();
+        match sizing {
+            BlockSizing::Replayed => {
+                assert!(!result.original.peak_allocated_estimated, "{case}");
+                assert_eq!(result.original.peak_allocated, theirs, "{case}");
+                assert!(!text.contains('~'), "{case}: {text}");
+                assert!(json["original"].get("peak_allocated_estimated").is_none());
+            }
+            BlockSizing::Rounded => {
+                estimated += 1;
+                assert!(result.original.peak_allocated_estimated, "{case}");
+                let line = text.lines().find(|l| l.contains("peak allocated")).unwrap();
+                assert!(
+                    line.trim_end().ends_with(" GiB") && line.contains(" ~"),
+                    "{line}"
+                );
+                assert!(text.contains("~ estimated: the trace records requests"));
+                assert_eq!(json["original"]["peak_allocated_estimated"], true);
+            }
+        }
+    }
+    // The capped run is one: its importer's replay had no cap and freed no segment.
+    assert!(estimated > 0);
+    let capped = import::load(data().join("default_capped.pickle.gz")).unwrap();
+    assert_eq!(block_sizing(&capped), Some(BlockSizing::Rounded));
 }

@@ -5,19 +5,25 @@
 //! that started after its program had allocated (PyTorch's recording usually does) is replayed
 //! from the allocator state it started in: [`initial_state`] walks the trace backwards from the
 //! segments at the end, as PyTorch's own memory visualizer does, and the allocator's
-//! `restore_segment` recreates those segments and their live blocks. [`replay`] then reports
-//! peak allocated and reserved bytes, raw segment allocations and frees, retries, OOMs (with the
-//! step and request of the first) and fragmentation, beside the same figures read from the
-//! trace itself; [`sweep`] repeats it over a set of settings to answer "will this run fit in
-//! 24 GiB, and with what setting". The CLI's `vramscope replay` is glue over these functions.
+//! `restore_segment` recreates those segments and their live blocks; memory that the trace's
+//! format records only as totals (a profiler trace's) is restored too ([`HeldBeforeTrace`]).
+//! The settings are the caller's, or the trace's own ([`trace_settings`]). [`replay`] then
+//! reports peak allocated and reserved bytes, allocations and frees, raw segment allocations
+//! and frees, retries, OOMs (with the step and request of the first) and fragmentation, beside
+//! the same figures read from the trace itself (its peak allocated marked where its block sizes
+//! are estimates, [`block_sizing`]); [`sweep`] repeats it over a set of settings to answer
+//! "will this run fit in 24 GiB, and with what setting". The CLI's `vramscope replay` is glue
+//! over these functions.
 
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 use vramscope_allocator::round_size;
 
 use vramscope_allocator::{AllocError, CachingAllocator, SimDevice, StreamId};
-use vramscope_engine::{is_segment_event, MemoryState, Pair, Pairing, Reconstruction};
-use vramscope_model::{AllocatorConfig, BlockState, Event, EventKind, Pool, Snapshot};
+use vramscope_engine::{is_segment_event, MemoryState, Pair, Pairing, Reconstruction, Usage};
+use vramscope_model::{
+    AllocatorConfig, BlockState, Event, EventKind, Policy, Pool, Snapshot, SnapshotSource,
+};
 
 /// Capacity used when neither the caller nor the snapshot names one: large enough that nothing
 /// fails (1 PiB of addresses, no memory behind them).
@@ -31,6 +37,12 @@ pub struct ReplayOptions {
     pub capacity: Option<u64>,
     /// Allocator settings (tracking is switched off for speed whatever this says).
     pub config: AllocatorConfig,
+    /// Replay with the settings the trace recorded ([`trace_settings`]) in place of
+    /// `config`.
+    pub trace_settings: bool,
+    /// A placement policy in place of the settings' own (`config`'s or the trace's; PyTorch
+    /// records none).
+    pub policy: Option<Policy>,
     /// Start from the state reconstructed from the segments at the end (true), or from an
     /// empty device (false).
     pub reconstruct_start: bool,
@@ -44,6 +56,8 @@ impl Default for ReplayOptions {
         ReplayOptions {
             capacity: None,
             config: AllocatorConfig::default(),
+            trace_settings: false,
+            policy: None,
             reconstruct_start: true,
             verify: false,
         }
@@ -53,11 +67,24 @@ impl Default for ReplayOptions {
 /// The figures a replay produces, and the same figures read from the trace where it has them.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Figures {
-    /// Allocation and free events replayed (or present in the trace).
+    /// Events: for the replay, the trace's events it went through (allocations, completed
+    /// frees, failed requests and `empty_cache()` calls); for the trace, all its events (free
+    /// requests, segment calls, steps and the rest too). The two count different things:
+    /// [`Figures::allocs`] and [`Figures::frees`] compare like with like.
     pub events: u64,
+    /// Allocations: for the replay, those it served; for the trace, its allocation events.
+    pub allocs: u64,
+    /// Frees: for the replay, those it performed; for the trace, its completed frees (the
+    /// events the replay performs as frees).
+    pub frees: u64,
     /// Highest allocated bytes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_allocated: Option<u64>,
+    /// Whether `peak_allocated` is an estimate: the trace records requests, and the block
+    /// sizes behind the figure are the requests rounded as PyTorch rounds them
+    /// ([`BlockSizing::Rounded`]), not PyTorch's own blocks. Never so for the replay.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub peak_allocated_estimated: bool,
     /// Highest reserved bytes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_reserved: Option<u64>,
@@ -103,6 +130,11 @@ pub struct ReplayResult {
     pub figures: Figures,
     /// The settings replayed, in `PYTORCH_CUDA_ALLOC_CONF` syntax.
     pub config: String,
+    /// The settings the trace recorded, when the replay used them
+    /// ([`ReplayOptions::trace_settings`]; empty for the defaults, or a trace that records
+    /// none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_settings: Option<String>,
     /// The capacity replayed against.
     pub capacity: u64,
     /// The first failed allocation, if any.
@@ -115,8 +147,14 @@ pub struct ReplayResult {
     pub restored_segments: u64,
     /// Live blocks recreated at the start.
     pub restored_blocks: u64,
-    /// Frees of blocks the replay never saw allocated (outside any reconstructed segment).
+    /// Memory the trace records only as totals from before it, as the replay restored it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_before_trace: Option<HeldBeforeTrace>,
+    /// Frees of blocks allocated before the trace that its start state does not hold (they
+    /// were skipped).
     pub unmatched_frees: u64,
+    /// Frees of allocations that failed in the replay (out of memory); they were skipped.
+    pub failed_frees: u64,
     /// Requests that failed in the trace (its OOM events) but were served in the replay, which
     /// freed them at once: the program that failed there would have run on. They are tried
     /// only against a capacity.
@@ -129,6 +167,26 @@ pub struct ReplayResult {
     /// The replay's device calls against the trace's, with [`ReplayOptions::verify`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_calls: Option<DeviceCallCheck>,
+}
+
+/// Memory from before the trace that its format records only as totals (a profiler trace's
+/// `Total Allocated` and `Total Reserved` beyond its blocks: the engine's
+/// `MemoryState::unattributed`), as the replay restored it. The allocated bytes are live the
+/// whole trace: one live block that fills a segment of its size, which the allocator can
+/// neither reuse nor release, and which counts against a capacity. The reserved bytes beyond
+/// them were cached and free, in segments the trace does not describe. Without a capacity
+/// they are restored as one free segment that the trace's allocations may split, so that the
+/// replay with the trace's settings reserves what the trace did; against a capacity they are
+/// left out, since a capped allocator sizes its cache itself and releases it to retry, and a
+/// cache of a made-up layout, pinned once split, could fail requests the run would serve.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct HeldBeforeTrace {
+    /// Bytes allocated before the trace that no block names.
+    pub allocated: u64,
+    /// Bytes reserved beyond them (cached, free).
+    pub cached: u64,
+    /// Whether the cached bytes were restored (only without a capacity).
+    pub cached_restored: bool,
 }
 
 /// One device call: a segment allocation, free, map or unmap, by its action name
@@ -155,7 +213,8 @@ pub struct CallDifference {
 }
 
 /// How the replay's device calls compare with the trace's: whether the replay is the trace's
-/// allocator, call for call, and where it stops being so.
+/// allocator, call for call, and where it stops being so. A trace that records no device
+/// calls has nothing to compare with: see [`DeviceCallCheck::differs`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DeviceCallCheck {
     /// Device calls in the trace.
@@ -166,6 +225,15 @@ pub struct DeviceCallCheck {
     pub matching: u64,
     /// The first difference, if any.
     pub first_difference: Option<CallDifference>,
+}
+
+impl DeviceCallCheck {
+    /// Whether the replay's device calls differ from the trace's. A trace that records none
+    /// (a format without segment events) has nothing to differ from: `false`, whatever calls
+    /// the replay made.
+    pub fn differs(&self) -> bool {
+        self.trace_calls > 0 && self.first_difference.is_some()
+    }
 }
 
 /// The device calls among `events`, with their sequence numbers.
@@ -271,10 +339,20 @@ fn start_segments(state: &MemoryState, device: u32) -> Vec<StartSegment> {
 }
 
 /// The trace's own figures, as every other view reads them (`crate::engine`): events, peaks,
-/// segment calls and OOMs.
-fn original_figures(snapshot: &Snapshot, walk: &Reconstruction) -> Figures {
+/// segment calls and OOMs; and the allocations and frees on `device`, which the replay
+/// performs.
+fn original_figures(snapshot: &Snapshot, walk: &Reconstruction, device: u32) -> Figures {
+    let on_device = |kind: EventKind| {
+        snapshot
+            .events
+            .iter()
+            .filter(|e| e.device == device && e.kind == kind)
+            .count() as u64
+    };
     let mut figures = Figures {
         events: snapshot.events.len() as u64,
+        allocs: on_device(EventKind::Alloc),
+        frees: on_device(EventKind::FreeCompleted),
         peak_allocated: Some(walk.peak_allocated.bytes),
         num_ooms: Some(
             snapshot
@@ -318,10 +396,49 @@ pub fn replay(
     options: &ReplayOptions,
     progress: &mut dyn FnMut(usize, usize),
 ) -> ReplayResult {
-    replay_recording(snapshot, options, progress, None)
+    let estimated = block_sizing(snapshot) == Some(BlockSizing::Rounded);
+    replay_recording(
+        snapshot,
+        options,
+        progress,
+        &mut Keep::TraceFigures { estimated },
+    )
 }
 
-/// Where the block sizes of a trace's allocations came from ([`size_blocks`]).
+/// The placement settings `snapshot` records (`Snapshot::config`: for a PyTorch snapshot its
+/// `allocator_settings`), without the tracking and checking settings, which change what a run
+/// records and not where its blocks go. The defaults for a trace that records none.
+pub fn trace_settings(snapshot: &Snapshot) -> AllocatorConfig {
+    placement(&snapshot.config)
+}
+
+/// The placement settings of `recorded`, every other setting the default.
+fn placement(recorded: &AllocatorConfig) -> AllocatorConfig {
+    AllocatorConfig {
+        policy: recorded.policy,
+        max_split_size: recorded.max_split_size,
+        roundup_power2_divisions: recorded.roundup_power2_divisions,
+        garbage_collection_threshold: recorded.garbage_collection_threshold,
+        expandable_segments: recorded.expandable_segments,
+        ..AllocatorConfig::default()
+    }
+}
+
+/// The settings a replay under `options` uses: `options.config`, or with
+/// [`ReplayOptions::trace_settings`] the trace's own, with [`ReplayOptions::policy`] if any.
+fn settings_of(snapshot: &Snapshot, options: &ReplayOptions) -> AllocatorConfig {
+    let mut config = if options.trace_settings {
+        trace_settings(snapshot)
+    } else {
+        options.config.clone()
+    };
+    if let Some(policy) = options.policy {
+        config.policy = policy;
+    }
+    config
+}
+
+/// Where the block sizes of a trace's allocations came from ([`size_blocks`], [`block_sizing`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BlockSizing {
     /// From a replay with the trace's own settings whose device calls were the trace's, call
@@ -342,6 +459,45 @@ pub enum BlockSizing {
 /// the request. Frees take the size of the allocation they release.
 pub fn size_blocks(snapshot: &mut Snapshot) -> BlockSizing {
     size_blocks_with_progress(snapshot, &mut |_, _| {})
+}
+
+/// How the block sizes of an imported snapshot were found: `None` when they are the trace's
+/// own record (a snapshot that is not PyTorch's), else what [`size_blocks`] decided when the
+/// snapshot was imported, found again. A freed block whose size is not its request rounded
+/// can only come from the replay; otherwise the trace is replayed with its own settings, as
+/// [`size_blocks`] did, and its device calls decide.
+pub fn block_sizing(snapshot: &Snapshot) -> Option<BlockSizing> {
+    if snapshot.source != SnapshotSource::Pytorch {
+        return None;
+    }
+    let divisions = snapshot.config.roundup_power2_divisions;
+    let mut pairing = Pairing::new();
+    for (i, e) in snapshot.events.iter().enumerate() {
+        if let Pair::Free(link) = pairing.push(i as u32, e) {
+            let alloc = link.alloc.map(|a| &snapshot.events[a as usize]);
+            if alloc.is_some_and(|a| a.size != round_size(a.requested, divisions)) {
+                return Some(BlockSizing::Replayed);
+            }
+        }
+    }
+    let options = ReplayOptions {
+        trace_settings: true,
+        verify: true,
+        ..ReplayOptions::default()
+    };
+    let result = replay_recording(snapshot, &options, &mut |_, _| {}, &mut Keep::Nothing);
+    Some(sizing_of(result.device_calls.as_ref()))
+}
+
+/// What a replay's device-call check says of the blocks it served: PyTorch's own when the
+/// trace has device calls and the replay made them all alike.
+fn sizing_of(check: Option<&DeviceCallCheck>) -> BlockSizing {
+    match check {
+        Some(check) if check.trace_calls > 0 && check.first_difference.is_none() => {
+            BlockSizing::Replayed
+        }
+        _ => BlockSizing::Rounded,
+    }
 }
 
 /// [`size_blocks`], calling `progress(done, total)` as the replay goes through the trace's
@@ -369,20 +525,20 @@ pub fn size_blocks_with_progress(
         }
     }
     let options = ReplayOptions {
-        config: snapshot.config.clone(),
+        trace_settings: true,
         verify: true,
         ..ReplayOptions::default()
     };
     // The replay writes the block size of each allocation it served; this becomes the block
     // size of every allocation below.
     let mut block = vec![0u64; snapshot.events.len()];
-    let result = replay_recording(snapshot, &options, progress, Some(&mut block));
-    let sizing = match &result.device_calls {
-        Some(check) if check.trace_calls > 0 && check.first_difference.is_none() => {
-            BlockSizing::Replayed
-        }
-        _ => BlockSizing::Rounded,
-    };
+    let result = replay_recording(
+        snapshot,
+        &options,
+        progress,
+        &mut Keep::BlockSizes(&mut block),
+    );
+    let sizing = sizing_of(result.device_calls.as_ref());
     for (size, e) in block.iter_mut().zip(&snapshot.events) {
         if e.kind == EventKind::Alloc && (*size == 0 || sizing == BlockSizing::Rounded) {
             *size = round_size(e.requested, divisions);
@@ -441,28 +597,34 @@ impl CallLog {
     }
 }
 
-/// [`replay`], also writing into `block_sizes` (indexed like the snapshot's events) the size
-/// of the block each replayed allocation got. A replay for block sizes leaves the trace's own
-/// figures (`ReplayResult::original`) empty: [`size_blocks`] wants the replay's blocks and
-/// device calls only.
+/// What a replay keeps beside its own figures.
+enum Keep<'a> {
+    /// The trace's own figures ([`ReplayResult::original`]), its peak allocated marked as an
+    /// estimate when `estimated`.
+    TraceFigures {
+        /// Whether the trace's block sizes are estimates ([`BlockSizing::Rounded`]).
+        estimated: bool,
+    },
+    /// The size of the block each replayed allocation got, indexed like the snapshot's events
+    /// ([`size_blocks`]); the trace's own figures stay empty.
+    BlockSizes(&'a mut Vec<u64>),
+    /// Nothing more: the replay's device calls are all that is wanted ([`block_sizing`]).
+    Nothing,
+}
+
+/// [`replay`], keeping what `keep` asks for.
 fn replay_recording(
     snapshot: &Snapshot,
     options: &ReplayOptions,
     progress: &mut dyn FnMut(usize, usize),
-    mut block_sizes: Option<&mut Vec<u64>>,
+    keep: &mut Keep<'_>,
 ) -> ReplayResult {
-    let (result, lost) = replay_with_ring(
-        snapshot,
-        options,
-        progress,
-        block_sizes.as_deref_mut(),
-        CallLog::RING,
-    );
+    let (result, lost) = replay_with_ring(snapshot, options, progress, keep, CallLog::RING);
     if !lost {
         return result;
     }
     // A burst outgrew the ring: replay again keeping every event.
-    replay_with_ring(snapshot, options, progress, block_sizes, usize::MAX).0
+    replay_with_ring(snapshot, options, progress, keep, usize::MAX).0
 }
 
 /// [`replay_recording`] with an event ring of `ring` events when verifying; also returns
@@ -471,38 +633,54 @@ fn replay_with_ring(
     snapshot: &Snapshot,
     options: &ReplayOptions,
     progress: &mut dyn FnMut(usize, usize),
-    mut block_sizes: Option<&mut Vec<u64>>,
+    keep: &mut Keep<'_>,
     ring: usize,
 ) -> (ReplayResult, bool) {
     let device = device_of(snapshot);
     let capacity = options.capacity.unwrap_or(UNLIMITED_CAPACITY);
-    let config = replay_config(options, ring);
+    let settings = settings_of(snapshot, options);
+    let config = replay_config(&settings, options.verify, ring);
     // A capped PyTorch run has a whole device behind its cap (`set_per_process_memory_fraction`),
     // whose pages expandable segments may map past the cap: the cap is the allocator's memory
     // limit, on a device without one.
     let sim = SimDevice::phantom(UNLIMITED_CAPACITY);
     let alloc = CachingAllocator::new(sim.clone(), config);
     alloc.set_memory_limit(options.capacity);
-    // A replay for block sizes needs where the trace started, not its own figures: the
+    // A replay without the trace's own figures needs only where the trace started: the
     // start-only walk keeps no usage per event.
-    let (start, original) = if block_sizes.is_some() {
-        let start = options
-            .reconstruct_start
-            .then(|| start_segments(&Reconstruction::start_of(snapshot), device));
-        (start.unwrap_or_default(), Figures::default())
-    } else {
-        let walk = Reconstruction::of(snapshot);
-        let start = options
-            .reconstruct_start
-            .then(|| start_segments(&walk.start, device));
-        (start.unwrap_or_default(), original_figures(snapshot, &walk))
+    let (start, original) = match keep {
+        Keep::TraceFigures { estimated } => {
+            let walk = Reconstruction::of(snapshot);
+            let mut original = original_figures(snapshot, &walk, device);
+            original.peak_allocated_estimated = *estimated;
+            (options.reconstruct_start.then_some(walk.start), original)
+        }
+        _ => (
+            options
+                .reconstruct_start
+                .then(|| Reconstruction::start_of(snapshot)),
+            Figures::default(),
+        ),
     };
 
     // Map the trace's addresses to the replay's.
     let mut addresses: FxHashMap<u64, u64> = FxHashMap::default();
     let mut first_oom = None;
-    let (restored_segments, restored_blocks) =
-        restore_start(&alloc, &start, &mut addresses, &mut first_oom);
+    let (restored_segments, restored_blocks, held_before_trace) = match &start {
+        Some(start) => {
+            let (segments, blocks) = restore_start(
+                &alloc,
+                &start_segments(start, device),
+                &mut addresses,
+                &mut first_oom,
+            );
+            let held = restore_unattributed(&alloc, start.unattributed, options.capacity);
+            (segments, blocks, held)
+        }
+        None => (0, 0, None),
+    };
+    // Raw allocations that recreated the start, which the replay's own figures leave out.
+    let start_allocations = alloc.stats().num_device_alloc;
 
     // New segments take the addresses the recorded run's got while the two runs agree, so that
     // equal free blocks are told apart by address as they were there.
@@ -519,6 +697,10 @@ fn replay_with_ring(
     let (events, empty_cache_at) = replayed_events(snapshot, device);
     let total = events.len();
     let mut unmatched_frees = 0;
+    let mut failed_frees = 0;
+    let (mut allocs, mut frees) = (0, 0);
+    // The trace's addresses whose allocation failed here: their frees are skipped.
+    let mut failed: rustc_hash::FxHashSet<u64> = rustc_hash::FxHashSet::default();
     let mut trace_ooms_served = 0;
     let mut empty_cache_calls = 0;
     // The replay's own calls start after the reconstructed start's.
@@ -552,17 +734,20 @@ fn replay_with_ring(
                 };
                 match exclusive.alloc_ptr(requested, StreamId(event.stream)) {
                     Ok(ours) => {
+                        allocs += 1;
                         addresses.insert(event.addr, ours);
-                        if let Some(sizes) = block_sizes.as_deref_mut() {
+                        failed.remove(&event.addr);
+                        if let Keep::BlockSizes(sizes) = keep {
                             sizes[index] = exclusive.block_size_of(ours).unwrap_or(0);
                         }
                     }
-                    Err(AllocError::OutOfMemory(report)) => {
+                    Err(error) => {
                         addresses.remove(&event.addr);
-                        first_oom.get_or_insert(failure_at(snapshot, event, requested, &report));
-                    }
-                    Err(_) => {
-                        addresses.remove(&event.addr);
+                        failed.insert(event.addr);
+                        if let AllocError::OutOfMemory(report) = error {
+                            first_oom
+                                .get_or_insert(failure_at(snapshot, event, requested, &report));
+                        }
                     }
                 }
             }
@@ -593,7 +778,9 @@ fn replay_with_ring(
                 Some(ours) => {
                     // The replay frees only what it allocated, so this cannot fail.
                     let _ = exclusive.free_ptr(ours);
+                    frees += 1;
                 }
+                None if failed.remove(&event.addr) => failed_frees += 1,
                 None => unmatched_frees += 1,
             },
         }
@@ -609,15 +796,24 @@ fn replay_with_ring(
     let peak_allocated = stats.allocated_bytes.all.peak;
     let peak_reserved = stats.reserved_bytes.all.peak;
     let result = ReplayResult {
-        figures: replayed_figures(&stats, total as u64, restored_segments),
-        config: options.config.to_string(),
+        figures: Figures {
+            allocs,
+            frees,
+            ..replayed_figures(&stats, total as u64, start_allocations)
+        },
+        config: settings.to_string(),
+        trace_settings: options
+            .trace_settings
+            .then(|| trace_settings(snapshot).to_string()),
         capacity,
         first_oom,
         fragmentation: peak_reserved.saturating_sub(peak_allocated),
         inactive_split_bytes: stats.inactive_split_bytes.all.current,
         restored_segments,
         restored_blocks,
+        held_before_trace,
         unmatched_frees,
+        failed_frees,
         trace_ooms_served,
         empty_cache_calls,
         original,
@@ -627,25 +823,26 @@ fn replay_with_ring(
 }
 
 /// The replay's own figures, from the allocator's statistics at its end: `events` replayed,
-/// and the device allocations less the `restored` segments of the start state.
+/// and the device allocations less the `restored` ones that recreated the start state.
 fn replayed_figures(stats: &vramscope_model::MemoryStats, events: u64, restored: u64) -> Figures {
     Figures {
         events,
         peak_allocated: Some(stats.allocated_bytes.all.peak),
         peak_reserved: Some(stats.reserved_bytes.all.peak),
-        segment_allocs: Some(stats.num_device_alloc - restored),
+        segment_allocs: Some(stats.num_device_alloc.saturating_sub(restored)),
         segment_frees: Some(stats.num_device_free),
         num_alloc_retries: Some(stats.num_alloc_retries),
         num_ooms: Some(stats.num_ooms),
+        ..Figures::default()
     }
 }
 
-/// The allocator settings of a replay: the options' settings without tracking, or, when the
-/// device calls are verified, with events only (no call sites) in a ring of `ring` entries
-/// (the ring takes memory as it fills).
-fn replay_config(options: &ReplayOptions, ring: usize) -> AllocatorConfig {
-    let mut config = options.config.clone().untracked();
-    if options.verify {
+/// The allocator settings of a replay: `settings` without tracking, or, when the device calls
+/// are verified, with events only (no call sites) in a ring of `ring` entries (the ring takes
+/// memory as it fills).
+fn replay_config(settings: &AllocatorConfig, verify: bool, ring: usize) -> AllocatorConfig {
+    let mut config = settings.clone().untracked();
+    if verify {
         config.record_events = true;
         config.max_entries = ring;
     }
@@ -713,6 +910,45 @@ fn restore_start(
     }
     (restored_segments, restored_blocks)
 }
+
+/// Recreates the memory from before the trace that its format records only as totals
+/// (`unattributed`), as [`HeldBeforeTrace`] describes: the allocated bytes as one live block
+/// filling a segment of their size, and, without a `capacity`, the reserved bytes beyond them
+/// as one free segment. `None` when there is none.
+fn restore_unattributed(
+    alloc: &CachingAllocator<SimDevice>,
+    unattributed: Usage,
+    capacity: Option<u64>,
+) -> Option<HeldBeforeTrace> {
+    if unattributed == Usage::default() {
+        return None;
+    }
+    let allocated = unattributed.allocated;
+    let cached = unattributed.reserved.saturating_sub(allocated);
+    // The replay's device has no limit, so these restorations cannot fail; a start that
+    // passes the capacity makes the next segment the replay needs fail instead.
+    if allocated > 0 {
+        let pool = if allocated <= SMALL_REQUEST {
+            Pool::Small
+        } else {
+            Pool::Large
+        };
+        let _ = alloc.restore_segment(allocated, StreamId(0), pool, &[(0, allocated, allocated)]);
+    }
+    let cached_restored = cached > 0
+        && capacity.is_none()
+        && alloc
+            .restore_segment(cached, StreamId(0), Pool::Large, &[])
+            .is_ok();
+    Some(HeldBeforeTrace {
+        allocated,
+        cached,
+        cached_restored,
+    })
+}
+
+/// PyTorch's largest small-pool request (1 MiB): larger blocks live in the large pool.
+const SMALL_REQUEST: u64 = 1 << 20;
 
 /// The events of `device` that the replay performs (allocations, completed frees, failed
 /// requests and the first event of each `empty_cache()` call), with their indices in the
@@ -794,10 +1030,24 @@ fn render_device_calls(check: &DeviceCallCheck, capped: bool) -> String {
 pub struct SweepRow {
     /// The settings tried.
     pub config: String,
+    /// Whether these are the settings the trace recorded or those given, besides (or rather
+    /// than) one of [`sweep_configs`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub origin: Option<SettingsOrigin>,
     /// The replay under them.
     pub result: ReplayResult,
     /// Whether the run fits: no OOM, and peak reserved within the capacity.
     pub fits: bool,
+}
+
+/// Where the settings of a sweep's row came from, when not only from the sweep's own list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SettingsOrigin {
+    /// The settings the trace was recorded with ([`trace_settings`]).
+    Recorded,
+    /// The settings the caller gave.
+    Given,
 }
 
 /// The settings a sweep tries: PyTorch's defaults, expandable segments, several
@@ -819,25 +1069,58 @@ pub fn sweep_configs() -> Vec<AllocatorConfig> {
     .collect()
 }
 
-/// Replays `snapshot` under every setting of [`sweep_configs`] against `capacity`, best fit
-/// first (fits, then lowest peak reserved).
+/// Replays `snapshot` under every setting of [`sweep_configs`], and under the settings the
+/// trace recorded ([`trace_settings`]) when they are not the defaults, against `capacity`,
+/// best fit first (fits, then lowest peak reserved). The row of the trace's settings says so
+/// ([`SweepRow::origin`]).
 pub fn sweep(
     snapshot: &Snapshot,
     capacity: Option<u64>,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Vec<SweepRow> {
-    let configs = sweep_configs();
+    sweep_with(snapshot, capacity, None, progress)
+}
+
+/// [`sweep`], also under `given` (the settings a caller asked for), whose row says so.
+pub fn sweep_with(
+    snapshot: &Snapshot,
+    capacity: Option<u64>,
+    given: Option<&AllocatorConfig>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Vec<SweepRow> {
+    let mut configs: Vec<(AllocatorConfig, Option<SettingsOrigin>)> =
+        sweep_configs().into_iter().map(|c| (c, None)).collect();
+    let recorded = trace_settings(snapshot);
+    let mut mark = |config: AllocatorConfig, origin: SettingsOrigin| match configs
+        .iter_mut()
+        .find(|(c, _)| *c == config)
+    {
+        Some((_, mark)) => *mark = Some(origin),
+        None => configs.push((config, Some(origin))),
+    };
+    if recorded != AllocatorConfig::default() {
+        mark(recorded, SettingsOrigin::Recorded);
+    }
+    if let Some(given) = given {
+        mark(placement(given), SettingsOrigin::Given);
+    }
+    let estimated = block_sizing(snapshot) == Some(BlockSizing::Rounded);
     let count = configs.len();
     let mut rows: Vec<SweepRow> = configs
         .into_iter()
         .enumerate()
-        .map(|(i, config)| {
+        .map(|(i, (config, origin))| {
             let options = ReplayOptions {
                 capacity,
                 config,
                 ..ReplayOptions::default()
             };
-            let result = replay(snapshot, &options, &mut |_, _| {});
+            let result = replay_recording(
+                snapshot,
+                &options,
+                &mut |_, _| {},
+                &mut Keep::TraceFigures { estimated },
+            );
             progress(i + 1, count);
             let fits = result.figures.num_ooms == Some(0)
                 && result.first_oom.is_none()
@@ -848,6 +1131,7 @@ pub fn sweep(
                 } else {
                     result.config.clone()
                 },
+                origin,
                 result,
                 fits,
             }
@@ -869,6 +1153,7 @@ fn plural_times(count: u64) -> String {
     vramscope_model::plural(count, "time")
 }
 
+/// A figure of the table, `-` where the source has none.
 fn cell(value: Option<u64>, bytes: bool) -> String {
     match value {
         None => "-".to_string(),
@@ -877,15 +1162,53 @@ fn cell(value: Option<u64>, bytes: bool) -> String {
     }
 }
 
+/// How the text names the settings of `result`: `(defaults)`, the settings, or
+/// `(from the trace: ...)` with the policy that replaced the trace's.
+fn settings_text(result: &ReplayResult) -> String {
+    match &result.trace_settings {
+        Some(recorded) if !recorded.is_empty() => {
+            let policy = |text: &str| AllocatorConfig::parse(text).map(|c| c.policy).ok();
+            match policy(&result.config) {
+                Some(ours) if policy(recorded) != Some(ours) => {
+                    format!("(from the trace: {recorded}) with policy:{}", ours.name())
+                }
+                _ => format!("(from the trace: {recorded})"),
+            }
+        }
+        _ if result.config.is_empty() => "(defaults)".to_string(),
+        _ => result.config.clone(),
+    }
+}
+
+/// The sentences on memory from before the trace that it records only as totals.
+fn held_text(held: &HeldBeforeTrace) -> String {
+    let bytes = vramscope_model::format_bytes;
+    let mut out = String::new();
+    if held.allocated > 0 {
+        out.push_str(&format!(
+            "  {} held before the trace (recorded as a total, no blocks named), restored as one live block filling a segment of its size\n",
+            bytes(held.allocated)
+        ));
+    }
+    if held.cached > 0 && held.cached_restored {
+        out.push_str(&format!(
+            "  {} more reserved before the trace (cached, free), restored as one free segment\n",
+            bytes(held.cached)
+        ));
+    } else if held.cached > 0 {
+        out.push_str(&format!(
+            "  {} more reserved before the trace (cached, free) left out: against a capacity the allocator sizes its cache itself\n",
+            bytes(held.cached)
+        ));
+    }
+    out
+}
+
 /// The replay as a text table: the replay's figures beside the trace's own.
 pub fn render_text(source: &str, result: &ReplayResult) -> String {
     let mut out = format!(
         "replay of {source}\n  settings {} on {} capacity\n",
-        if result.config.is_empty() {
-            "(defaults)"
-        } else {
-            &result.config
-        },
+        settings_text(result),
         vramscope_model::format_bytes(result.capacity)
     );
     if result.restored_segments > 0 {
@@ -894,13 +1217,24 @@ pub fn render_text(source: &str, result: &ReplayResult) -> String {
             result.restored_segments, result.restored_blocks
         ));
     }
+    if let Some(held) = &result.held_before_trace {
+        out.push_str(&held_text(held));
+    }
     out.push_str(&format!(
         "\n  {:<20} {:>12} {:>12}\n",
         "", "replay", "trace"
     ));
     let (r, o) = (&result.figures, &result.original);
+    let estimate = |cell: String| {
+        if o.peak_allocated_estimated && cell != "-" {
+            format!("~{cell}")
+        } else {
+            cell
+        }
+    };
     let rows = [
-        ("events", Some(r.events), Some(o.events), false),
+        ("allocations", Some(r.allocs), Some(o.allocs), false),
+        ("frees", Some(r.frees), Some(o.frees), false),
         ("peak allocated", r.peak_allocated, o.peak_allocated, true),
         ("peak reserved", r.peak_reserved, o.peak_reserved, true),
         ("segment allocs", r.segment_allocs, o.segment_allocs, false),
@@ -914,12 +1248,21 @@ pub fn render_text(source: &str, result: &ReplayResult) -> String {
         ("OOMs", r.num_ooms, o.num_ooms, false),
     ];
     for (name, ours, theirs, bytes) in rows {
+        let theirs = match name {
+            "peak allocated" => estimate(cell(theirs, bytes)),
+            _ => cell(theirs, bytes),
+        };
         out.push_str(&format!(
             "  {:<20} {:>12} {:>12}\n",
             name,
             cell(ours, bytes),
-            cell(theirs, bytes)
+            theirs
         ));
+    }
+    if o.peak_allocated_estimated {
+        out.push_str(
+            "  ~ estimated: the trace records requests, and a replay with its own settings did not make its device calls, so its blocks are the requests rounded as PyTorch rounds them\n",
+        );
     }
     out.push_str(&format!(
         "\n  fragmentation: {} reserved beyond allocated at the peaks; {} free inside partly used segments at the end\n",
@@ -941,11 +1284,19 @@ pub fn render_text(source: &str, result: &ReplayResult) -> String {
         )),
         None => out.push_str("  no OOM at this capacity\n"),
     }
-    if result.unmatched_frees > 0 {
-        out.push_str(&format!(
-            "  {} frees of blocks allocated before the trace were skipped\n",
-            result.unmatched_frees
-        ));
+    match result.unmatched_frees {
+        0 => {}
+        1 => out.push_str("  1 free of a block allocated before the trace was skipped\n"),
+        n => out.push_str(&format!(
+            "  {n} frees of blocks allocated before the trace were skipped\n"
+        )),
+    }
+    match result.failed_frees {
+        0 => {}
+        1 => out.push_str("  1 free of an allocation that failed in the replay was skipped\n"),
+        n => out.push_str(&format!(
+            "  {n} frees of allocations that failed in the replay were skipped\n"
+        )),
     }
     if result.empty_cache_calls > 0 {
         out.push_str(&format!(
@@ -980,9 +1331,14 @@ pub fn render_sweep_text(source: &str, capacity: u64, rows: &[SweepRow]) -> Stri
         "OOMs"
     );
     for row in rows {
+        let settings = match row.origin {
+            Some(SettingsOrigin::Recorded) => format!("{} (the trace's)", row.config),
+            Some(SettingsOrigin::Given) => format!("{} (given)", row.config),
+            None => row.config.clone(),
+        };
         out.push_str(&format!(
             "  {:<52} {:>5} {:>12} {:>12} {:>5}\n",
-            row.config,
+            settings,
             if row.fits { "yes" } else { "no" },
             cell(row.result.figures.peak_reserved, true),
             cell(row.result.figures.peak_allocated, true),
@@ -1074,17 +1430,34 @@ mod tests {
             verify: true,
             ..ReplayOptions::default()
         };
-        let (full, lost) = replay_with_ring(&snapshot, &options, &mut |_, _| {}, None, usize::MAX);
+        let (full, lost) = replay_with_ring(
+            &snapshot,
+            &options,
+            &mut |_, _| {},
+            &mut Keep::TraceFigures { estimated: false },
+            usize::MAX,
+        );
         assert!(!lost);
         let check = full.device_calls.clone().expect("verified");
         assert!(check.trace_calls > 4, "{check:?}");
-        let (bounded, lost) =
-            replay_with_ring(&snapshot, &options, &mut |_, _| {}, None, CallLog::RING);
+        let (bounded, lost) = replay_with_ring(
+            &snapshot,
+            &options,
+            &mut |_, _| {},
+            &mut Keep::TraceFigures { estimated: false },
+            CallLog::RING,
+        );
         assert!(!lost);
         assert_eq!(bounded, full);
         // A ring too small for the events between two takes says so, and the replay is then
         // done again with a full one.
-        let (_, lost) = replay_with_ring(&snapshot, &options, &mut |_, _| {}, None, 2);
+        let (_, lost) = replay_with_ring(
+            &snapshot,
+            &options,
+            &mut |_, _| {},
+            &mut Keep::TraceFigures { estimated: false },
+            2,
+        );
         assert!(lost);
         assert_eq!(replay(&snapshot, &options, &mut |_, _| {}), full);
     }
