@@ -360,7 +360,13 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             let written = match to {
                 ConvertTarget::Pytorch => export::to_pytorch_pickle_from_file(&snapshot, &file)
                     .map_err(std::io::Error::other)
-                    .and_then(|bytes| std::fs::write(&output, bytes)),
+                    .and_then(|export| {
+                        // What the format cannot carry, said before the file is written.
+                        for line in &export.not_carried {
+                            eprintln!("not carried into the PyTorch format: {line}");
+                        }
+                        std::fs::write(&output, export.bytes)
+                    }),
                 ConvertTarget::Perfetto => std::fs::File::create(&output).and_then(|f| {
                     export::write_perfetto(&snapshot, f).map_err(std::io::Error::other)
                 }),

@@ -498,6 +498,114 @@ fn convert_writes_pytorch_perfetto_and_json() {
     std::fs::remove_file(source).ok();
 }
 
+/// A profiler trace that starts late: 8 MiB allocated before it, known only from its totals,
+/// 20 MiB reserved, two steps labelled from 4.
+const LATE_CHROME_TRACE: &str = r#"{"deviceProperties": [{"id": 0, "name": "Test GPU", "totalGlobalMem": 34359738368}],
+  "traceEvents": [
+    {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "ts": 100, "dur": 90},
+    {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#5", "ts": 200, "dur": 90},
+    {"ph": "i", "name": "[memory]", "ts": 110, "args": {"Device Type": 1, "Device Id": 0,
+      "Addr": 268435456, "Bytes": 4194304, "Total Allocated": 12582912, "Total Reserved": 20971520}},
+    {"ph": "i", "name": "[memory]", "ts": 210, "args": {"Device Type": 1, "Device Id": 0,
+      "Addr": 268435456, "Bytes": -4194304, "Total Allocated": 8388608, "Total Reserved": 20971520}}
+  ]}"#;
+
+/// `convert` carries the engine's figures into both formats: the PyTorch pickle of a profiler
+/// trace reports the same peaks, end state and step labels, with a line on standard error for
+/// each thing the format cannot carry; the Perfetto counters peak at the report's peaks.
+#[test]
+fn convert_carries_a_late_traces_figures_and_says_what_it_cannot() {
+    let source = temp("late.trace.json");
+    std::fs::write(&source, LATE_CHROME_TRACE).unwrap();
+    let src = source.to_str().unwrap();
+    let figures = |file: &str| {
+        let output = vramscope(&["report", file, "--format", "json"]);
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let json: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+        let s = &json["stats"];
+        [
+            "baseline_allocated_bytes",
+            "peak_allocated_bytes",
+            "peak_reserved_bytes",
+            "allocated_bytes",
+            "reserved_bytes",
+        ]
+        .map(|key| {
+            s[key]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{key}: {}", s[key]))
+        })
+    };
+    let before = figures(src);
+    assert_eq!(before, [8 << 20, 12 << 20, 20 << 20, 8 << 20, 20 << 20]);
+
+    let pickle = temp("late.pickle");
+    let output = vramscope(&[
+        "convert",
+        src,
+        "--to",
+        "pytorch",
+        "-o",
+        pickle.to_str().unwrap(),
+    ]);
+    assert!(output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lost: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("not carried into the PyTorch format: "))
+        .collect();
+    for needle in [
+        "1 free recorded only as completed",
+        "known only as totals",
+        "Test GPU",
+    ] {
+        assert!(
+            lost.iter().any(|l| l.contains(needle)),
+            "no line about {needle:?} in\n{stderr}"
+        );
+    }
+    assert_eq!(figures(pickle.to_str().unwrap()), before);
+    let report = vramscope(&["report", pickle.to_str().unwrap()]);
+    assert!(
+        stdout(&report).contains("`ProfilerStep#4`"),
+        "{}",
+        stdout(&report)
+    );
+
+    let trace = temp("late.perfetto.json");
+    let output = vramscope(&[
+        "convert",
+        src,
+        "--to",
+        "perfetto",
+        "-o",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(output.status.success());
+    let value: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let counters: Vec<&serde_json::Value> = value["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "C")
+        .collect();
+    let max = |key: &str| {
+        counters
+            .iter()
+            .filter_map(|e| e["args"][key].as_u64())
+            .max()
+    };
+    assert_eq!(max("allocated"), Some(before[1]));
+    assert_eq!(max("reserved"), Some(before[2]));
+    for path in [source, pickle, trace] {
+        std::fs::remove_file(path).ok();
+    }
+}
+
 #[test]
 fn doctor_says_which_backend_a_program_gets() {
     let output = vramscope(&["doctor"]);

@@ -10,6 +10,16 @@
 //! [`to_pytorch_pickle_with`] writes the model's values with them, so that a PyTorch pickle
 //! converted to PyTorch's format comes back key for key and value for value.
 //!
+//! A snapshot from another source is written so that the pickle imports again to the same
+//! figures (start state, usage and peaks, end state, step labels): without a dump-time state of
+//! its own, the engine's end state is written as the `segments` (memory from before the trace
+//! that the source knows only as totals included, as one block in a segment of its own); frees
+//! recorded only as completions are written as PyTorch writes every free, a `free_requested`
+//! and a `free_completed`; steps keep their labels where the importer takes them back.
+//! [`export_pytorch`] also says, one line each, what the pickle cannot carry (copies, syncs, the
+//! device's capacity, what it had to make up, ...), which `vramscope convert` prints; the
+//! `carry` submodule holds those rules.
+//!
 //! [`write_perfetto`] (in the `perfetto` submodule) streams Chrome trace JSON that
 //! ui.perfetto.dev opens, one event at a time (memory is the allocations' intervals, never a
 //! document of the output): a counter track for allocated and reserved bytes, each allocation
@@ -25,7 +35,7 @@ use std::fmt;
 
 use rustc_hash::FxHashMap;
 use vramscope_model::{
-    AllocatorConfig, BlockState, CallSite, Event, EventKind, Pool, SiteId, Snapshot,
+    AllocatorConfig, BlockState, CallSite, Event, EventKind, Pool, Segment, SiteId, Snapshot,
 };
 
 use crate::pickle::{Document, ValueRef};
@@ -46,6 +56,12 @@ pub enum ExportError {
     Io(std::io::Error),
     /// Reading the source file again for what the model does not keep failed.
     Source(crate::import::ImportError),
+    /// The snapshot does not fit the limits within which a PyTorch snapshot pickle is read
+    /// back (the importer's), said as a sentence.
+    Limit {
+        /// What does not fit.
+        what: String,
+    },
 }
 
 impl fmt::Display for ExportError {
@@ -57,6 +73,9 @@ impl fmt::Display for ExportError {
             ),
             ExportError::Io(e) => write!(f, "cannot write: {e}"),
             ExportError::Source(e) => write!(f, "{e}"),
+            ExportError::Limit { what } => {
+                write!(f, "cannot be written as a PyTorch snapshot: {what}")
+            }
         }
     }
 }
@@ -66,7 +85,7 @@ impl std::error::Error for ExportError {
         match self {
             ExportError::Io(e) => Some(e),
             ExportError::Source(e) => Some(e),
-            ExportError::Overflow { .. } => None,
+            ExportError::Overflow { .. } | ExportError::Limit { .. } => None,
         }
     }
 }
@@ -473,6 +492,60 @@ pub fn to_pytorch_pickle_with(
     snapshot: &Snapshot,
     extras: Option<&PytorchExtras<'_>>,
 ) -> Result<Vec<u8>, ExportError> {
+    export_pytorch(snapshot, extras).map(|export| export.bytes)
+}
+
+/// A PyTorch snapshot pickle and what it could not carry of the snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PytorchExport {
+    /// The pickle.
+    pub bytes: Vec<u8>,
+    /// What the pickle cannot carry, or carries only in a form the writer made up, one
+    /// sentence each (`3 transfer events: PyTorch snapshots record no host/device copies`);
+    /// empty when it carries everything.
+    pub not_carried: Vec<String>,
+}
+
+/// Writes `snapshot` as a PyTorch snapshot pickle (see [`to_pytorch_pickle_with`]) and says
+/// what the pickle cannot carry: events PyTorch has no entry for, figures it does not record,
+/// and what was made up to carry the rest (segments around live blocks, memory from before the
+/// trace known only as totals, frees written as a request and a completion).
+pub fn export_pytorch(
+    snapshot: &Snapshot,
+    extras: Option<&PytorchExtras<'_>>,
+) -> Result<PytorchExport, ExportError> {
+    let dump = carry::DumpState::of(snapshot)?;
+    let pairs = carry::completions_only(snapshot);
+    if dump.is_some() || pairs {
+        // What was made must stay within the limits the importer reads a file with.
+        let events = snapshot
+            .events
+            .iter()
+            .filter(|e| action(e.kind).is_some())
+            .flat_map(|e| {
+                let twice = pairs && e.kind == EventKind::FreeCompleted;
+                std::iter::repeat_n(recorded_size(e), if twice { 2 } else { 1 })
+            });
+        let segments = dump
+            .as_ref()
+            .map_or(&snapshot.segments[..], |d| &d.segments);
+        carry::check_total(events, segments)?;
+    }
+    let bytes = write_pytorch(snapshot, extras, dump.as_ref(), pairs)?;
+    Ok(PytorchExport {
+        bytes,
+        not_carried: carry::not_carried(snapshot, dump.as_ref()),
+    })
+}
+
+/// Writes the pickle: `dump` is the dump-time state made for a snapshot without one, `pairs`
+/// whether each completed free is written after a request of its own.
+fn write_pytorch(
+    snapshot: &Snapshot,
+    extras: Option<&PytorchExtras<'_>>,
+    dump: Option<&carry::DumpState>,
+    pairs: bool,
+) -> Result<Vec<u8>, ExportError> {
     let mut w = PickleWriter::new();
     let mut frames = Frames {
         sites: &snapshot.sites,
@@ -518,8 +591,13 @@ pub fn to_pytorch_pickle_with(
     for key in &root_order {
         out.w.shared_str(key, out.strings);
         match key.as_str() {
-            "segments" => write_segments(&mut out, snapshot, extras, &mut frames)?,
-            "device_traces" => write_traces(&mut out, snapshot, extras, &mut frames, &time_us)?,
+            "segments" => {
+                let segments = dump.map_or(&snapshot.segments[..], |d| &d.segments);
+                write_segments(&mut out, segments, extras, &mut frames)?
+            }
+            "device_traces" => {
+                write_traces(&mut out, snapshot, extras, &mut frames, &time_us, pairs)?
+            }
             "allocator_settings" => match source_value(key) {
                 Some(v) => out.values.write(out.w, out.strings, v),
                 None => write_settings(out.w, &snapshot.config),
@@ -537,12 +615,12 @@ pub fn to_pytorch_pickle_with(
 
 fn write_segments(
     out: &mut Out<'_>,
-    snapshot: &Snapshot,
+    segments: &[Segment],
     extras: Option<&PytorchExtras<'_>>,
     frames: &mut Frames<'_>,
 ) -> Result<(), ExportError> {
     out.w.begin_list();
-    for (i, segment) in snapshot.segments.iter().enumerate() {
+    for (i, segment) in segments.iter().enumerate() {
         let path = || format!("segments[{i}].blocks");
         let (mut allocated, mut active, mut requested) = (0u64, 0u64, 0u64);
         for b in &segment.blocks {
@@ -639,25 +717,30 @@ fn write_segments(
 
 /// The snapshot as a PyTorch pickle, with what the model does not keep read again from
 /// `source`, the file it was imported from, when that is a PyTorch pickle
-/// ([`PytorchExtras::from_document`] of its pickle); what `vramscope convert --to pytorch` writes.
+/// ([`PytorchExtras::from_document`] of its pickle), and what the pickle cannot carry
+/// ([`export_pytorch`]); what `vramscope convert --to pytorch` writes and prints.
 pub fn to_pytorch_pickle_from_file(
     snapshot: &Snapshot,
     source: &std::path::Path,
-) -> Result<Vec<u8>, ExportError> {
+) -> Result<PytorchExport, ExportError> {
     let options = crate::import::ImportOptions::default();
     let doc = read_source(source, &options).map_err(ExportError::Source)?;
     let extras = doc.as_ref().and_then(PytorchExtras::from_document);
-    to_pytorch_pickle_with(snapshot, extras.as_ref())
+    export_pytorch(snapshot, extras.as_ref())
 }
 
 type TimeUs<'a> = dyn Fn(u64, &dyn Fn() -> String) -> Result<u64, ExportError> + 'a;
 
+/// Writes `device_traces`: per device, the source's entries in order where there is a source
+/// (each entry the model read takes the model's values), then the model's events; with
+/// `pairs`, each completed free after a `free_requested` of its own.
 fn write_traces(
     out: &mut Out<'_>,
     snapshot: &Snapshot,
     extras: Option<&PytorchExtras<'_>>,
     frames: &mut Frames<'_>,
     time_us: &TimeUs<'_>,
+    pairs: bool,
 ) -> Result<(), ExportError> {
     let devices = snapshot
         .events
@@ -675,8 +758,9 @@ fn write_traces(
             by_device[e.device as usize].push((i, e));
         }
     }
-    let mut write_event = |out: &mut Out<'_>,
+    let mut write_entry = |out: &mut Out<'_>,
                            (i, event): (usize, &Event),
+                           kind: EventKind,
                            source: Option<ValueRef<'_>>|
      -> Result<(), ExportError> {
         // PyTorch writes an OOM's free device memory in place of its address.
@@ -693,7 +777,7 @@ fn write_traces(
             .is_some_and(|v| v < 0);
         let mut write = |out: &mut Out<'_>, key: &str| -> Result<(), ExportError> {
             match key {
-                "action" => out.w.str(action(event.kind).unwrap_or("alloc")),
+                "action" => out.w.str(action(kind).unwrap_or("alloc")),
                 "addr" => out.w.uint(event.addr),
                 "device_free" => out.w.uint(event.device_free),
                 "size" => out.w.uint(recorded_size(event)),
@@ -708,6 +792,16 @@ fn write_traces(
             Ok(())
         };
         write_fields(out, source, &keys, &mut write)
+    };
+    // An event, after a request of its own for a completed free with `pairs`.
+    let mut write_event = |out: &mut Out<'_>,
+                           (i, event): (usize, &Event),
+                           source: Option<ValueRef<'_>>|
+     -> Result<(), ExportError> {
+        if pairs && event.kind == EventKind::FreeCompleted {
+            write_entry(out, (i, event), EventKind::FreeRequested, None)?;
+        }
+        write_entry(out, (i, event), event.kind, source)
     };
     out.w.begin_list();
     for (device, events) in by_device.iter().enumerate() {
@@ -762,13 +856,14 @@ fn write_annotations(
         )?;
     }
     if snapshot.annotations.is_empty() {
-        for mark in &snapshot.steps {
+        let (names, _) = carry::step_names(&snapshot.steps);
+        for (mark, name) in snapshot.steps.iter().zip(&names) {
             let w = &mut *out.w;
             w.begin_dict();
             w.str("device");
             w.uint(snapshot.device.index as u64);
             w.str("name");
-            w.str(&format!("ProfilerStep#{}", mark.step));
+            w.str(name);
             w.str("stage");
             w.str("START");
             w.str("time_us");
@@ -782,6 +877,7 @@ fn write_annotations(
     Ok(())
 }
 
+mod carry;
 mod perfetto;
 
 pub use perfetto::{to_perfetto, write_perfetto};

@@ -82,16 +82,8 @@ pub fn render_html(report: &Report) -> String {
     );
     let _ = writeln!(
         out,
-        "<li>{} transfers ({} to device, {} to host), {} host waits ({} syncs, {} copies to host), {} device allocs, {} device frees, {} OOMs</li>",
-        s.transfers,
-        format_bytes(s.h2d_bytes),
-        format_bytes(s.d2h_bytes),
-        s.host_waits,
-        s.syncs,
-        s.host_waits.saturating_sub(s.syncs),
-        s.device_allocs,
-        s.device_frees,
-        s.ooms
+        "<li>{}</li>",
+        escape(&crate::report::activity_sentence(s))
     );
     out.push_str("</ul>\n");
 

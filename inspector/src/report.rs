@@ -25,7 +25,15 @@ use vramscope_engine::GroupId;
 /// `severity`, `site` as `"file:line"` or null, `function`, `bytes`, `count`, `per_step`
 /// {`bytes`, `count`} or null, `first_step`, `last_step`, `summary`, `evidence` {key: number or
 /// string, in detector order}, `fix`) and `top_sites[]` (see [`TopSite`]).
-pub const REPORT_FORMAT_VERSION: u32 = 1;
+///
+/// A figure the input's format does not record is `null`, never 0 (ARCHITECTURE.md, "The
+/// figures, defined"). Version 2 made these keys null where version 1 wrote 0:
+/// `device.capacity_bytes` (unknown capacity, as for every PyTorch snapshot),
+/// `stats.transfers`, `stats.h2d_bytes`, `stats.d2h_bytes`, `stats.syncs` and
+/// `stats.host_waits` (recorded by vramscope's own allocator only), and
+/// `stats.device_allocs`, `stats.device_frees`, `stats.empty_cache_calls` and `stats.ooms`
+/// (not recorded by a profiler trace). The keys themselves are those of version 1.
+pub const REPORT_FORMAT_VERSION: u32 = 2;
 
 /// The device a report describes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -34,8 +42,8 @@ pub struct ReportDevice {
     pub name: String,
     /// Backend kind (`sim`, `cuda`, `unknown`).
     pub backend: String,
-    /// Total device memory in bytes (0 when unknown).
-    pub capacity_bytes: u64,
+    /// Total device memory in bytes (null when unknown).
+    pub capacity_bytes: Option<u64>,
 }
 
 /// Headline statistics of a report.
@@ -51,25 +59,29 @@ pub struct ReportStats {
     pub frees: u64,
     /// Frees of blocks allocated before the trace began.
     pub unmatched_frees: u64,
-    /// Host/device copies.
-    pub transfers: u64,
-    /// Bytes copied host to device.
-    pub h2d_bytes: u64,
-    /// Bytes copied device to host.
-    pub d2h_bytes: u64,
-    /// Explicit syncs.
-    pub syncs: u64,
+    /// Host/device copies (null when the format does not record copies: only vramscope's own
+    /// snapshots do).
+    pub transfers: Option<u64>,
+    /// Bytes copied host to device (null when copies are not recorded).
+    pub h2d_bytes: Option<u64>,
+    /// Bytes copied device to host (null when copies are not recorded).
+    pub d2h_bytes: Option<u64>,
+    /// Explicit syncs (null when the format does not record them).
+    pub syncs: Option<u64>,
     /// Times the host waited for the device: explicit syncs plus device-to-host copies (each
-    /// waits for its stream; `.item()` is one), what `sync_in_loop` counts.
-    pub host_waits: u64,
-    /// Raw device allocations.
-    pub device_allocs: u64,
-    /// Raw device frees.
-    pub device_frees: u64,
-    /// `empty_cache()` calls.
-    pub empty_cache_calls: u64,
-    /// Failed allocations.
-    pub ooms: u64,
+    /// waits for its stream; `.item()` is one), what `sync_in_loop` counts (null when syncs
+    /// and copies are not recorded).
+    pub host_waits: Option<u64>,
+    /// Raw device allocations (null when the format does not record them, as a profiler
+    /// trace does not).
+    pub device_allocs: Option<u64>,
+    /// Raw device frees (null when not recorded).
+    pub device_frees: Option<u64>,
+    /// `empty_cache()` calls (null when neither the calls nor the segment frees they make are
+    /// recorded).
+    pub empty_cache_calls: Option<u64>,
+    /// Failed allocations (null when the format does not record them).
+    pub ooms: Option<u64>,
     /// Bytes allocated before the trace began (the engine's start state).
     pub baseline_allocated_bytes: u64,
     /// Highest allocated bytes (block sizes, as PyTorch's `allocated_bytes` counts them).
@@ -236,23 +248,28 @@ pub fn build_report_view(view: &ModelView<'_>, options: &ReportOptions) -> Repor
     let totals = view.totals();
     let segments = view.segments();
     let dump_time_state = !snapshot.segments.is_empty();
+    let activity = RecordedActivity::of(snapshot.source);
+    let copies = |v: u64| activity.copies_and_syncs.then_some(v);
+    let device = |v: u64| activity.device_calls.then_some(v);
     let stats = ReportStats {
         events: totals.events,
         dropped_events: snapshot.dropped_events,
         allocations: totals.allocs,
         frees: totals.frees,
         unmatched_frees: totals.unmatched_frees,
-        transfers: totals.transfers,
-        h2d_bytes: totals.h2d_bytes,
-        d2h_bytes: totals.d2h_bytes,
-        syncs: totals.syncs,
-        host_waits: totals
-            .syncs
-            .saturating_add(detect::sat_sum(view.step_totals().iter().map(|t| t.d2h))),
-        device_allocs: totals.segment_allocs,
-        device_frees: totals.segment_frees,
-        empty_cache_calls: totals.empty_cache,
-        ooms: totals.ooms.max(snapshot.stats.num_ooms),
+        transfers: copies(totals.transfers),
+        h2d_bytes: copies(totals.h2d_bytes),
+        d2h_bytes: copies(totals.d2h_bytes),
+        syncs: copies(totals.syncs),
+        host_waits: copies(
+            totals
+                .syncs
+                .saturating_add(detect::sat_sum(view.step_totals().iter().map(|t| t.d2h))),
+        ),
+        device_allocs: device(totals.segment_allocs),
+        device_frees: device(totals.segment_frees),
+        empty_cache_calls: device(totals.empty_cache),
+        ooms: device(totals.ooms.max(snapshot.stats.num_ooms)),
         baseline_allocated_bytes: view.baseline_allocated(),
         peak_allocated_bytes: view.peak_allocated(),
         peak_allocated_event: view.peak_allocated_event(),
@@ -274,7 +291,7 @@ pub fn build_report_view(view: &ModelView<'_>, options: &ReportOptions) -> Repor
         device: ReportDevice {
             name: snapshot.device.name.clone(),
             backend: snapshot.device.backend.clone(),
-            capacity_bytes: snapshot.device.capacity,
+            capacity_bytes: (snapshot.device.capacity > 0).then_some(snapshot.device.capacity),
         },
         steps: view.loop_steps().len() as u64,
         step_source: view.step_source().describe(),
@@ -283,6 +300,38 @@ pub fn build_report_view(view: &ModelView<'_>, options: &ReportOptions) -> Repor
         top_sites: top_sites(view, options.top_sites),
         timeline: timeline(view, options),
         memory_summary,
+    }
+}
+
+/// Which kinds of activity a format records, so that a figure it cannot know is `null` in
+/// JSON and `n/a` in text instead of a 0 that reads like a measurement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RecordedActivity {
+    /// Host/device copies and explicit syncs: vramscope's own allocator records them; a
+    /// PyTorch snapshot and a profiler trace's memory events do not.
+    copies_and_syncs: bool,
+    /// Raw device allocations and frees, `empty_cache()` calls (or the bursts of segment frees
+    /// they make) and failed allocations: vramscope's and PyTorch's traces record them; a
+    /// profiler trace records only allocations, frees and the totals.
+    device_calls: bool,
+}
+
+impl RecordedActivity {
+    fn of(source: SnapshotSource) -> RecordedActivity {
+        match source {
+            SnapshotSource::Vramscope => RecordedActivity {
+                copies_and_syncs: true,
+                device_calls: true,
+            },
+            SnapshotSource::Pytorch => RecordedActivity {
+                copies_and_syncs: false,
+                device_calls: true,
+            },
+            SnapshotSource::ChromeTrace => RecordedActivity {
+                copies_and_syncs: false,
+                device_calls: false,
+            },
+        }
     }
 }
 
@@ -311,22 +360,26 @@ fn summary_table(view: &ModelView<'_>) -> String {
         // totals are all there is.
         _ if !known_stats => engine_only(),
         SnapshotSource::Vramscope => Recorded::all(),
-        // A PyTorch snapshot records neither retries nor syncs.
-        SnapshotSource::Pytorch => Recorded::all().with_metrics(
-            RECORDED_BY_PYTORCH_SNAPSHOTS
-                .iter()
-                .copied()
-                .filter(|m| view.reserved_known() || *m != "GPU reserved memory")
-                .collect(),
-        ),
+        // A PyTorch snapshot records neither retries nor syncs, and its non-releasable memory
+        // only at dump time (its segments' free blocks), with no history.
+        SnapshotSource::Pytorch => Recorded::all()
+            .with_metrics(
+                RECORDED_BY_PYTORCH_SNAPSHOTS
+                    .iter()
+                    .copied()
+                    .filter(|m| view.reserved_known() || *m != "GPU reserved memory")
+                    .collect(),
+            )
+            .with_current_only(vec!["Non-releasable memory", "Non-releasable allocs"]),
         // A profiler trace records the two totals with each event, and nothing else.
         SnapshotSource::ChromeTrace => engine_only(),
     };
     stats.summary_recorded(&recorded)
 }
 
-/// The rows of the summary table a PyTorch snapshot lets vramscope compute.
-const RECORDED_BY_PYTORCH_SNAPSHOTS: [&str; 13] = [
+/// The rows of the summary table a PyTorch snapshot lets vramscope compute. Not `Alloc
+/// retries` or `Sync all streams`: its trace has no entry for either.
+const RECORDED_BY_PYTORCH_SNAPSHOTS: [&str; 12] = [
     "Allocated memory",
     "Active memory",
     "Requested memory",
@@ -339,7 +392,6 @@ const RECORDED_BY_PYTORCH_SNAPSHOTS: [&str; 13] = [
     "Device allocs",
     "Device frees",
     "OOMs",
-    "Alloc retries",
 ];
 
 /// The call sites holding the most at the end (then at the peak), at most `limit` of them.
@@ -561,12 +613,8 @@ pub fn headline(report: &Report) -> String {
     if !report.device.name.is_empty() {
         let _ = write!(line, " on {}", report.device.name);
     }
-    if report.device.capacity_bytes > 0 {
-        let _ = write!(
-            line,
-            " ({} capacity)",
-            format_bytes(report.device.capacity_bytes)
-        );
+    if let Some(capacity) = report.device.capacity_bytes {
+        let _ = write!(line, " ({} capacity)", format_bytes(capacity));
     }
     line
 }
@@ -574,6 +622,52 @@ pub fn headline(report: &Report) -> String {
 /// A byte figure, or `n/a` when the data does not record it.
 pub fn bytes_or_na(bytes: Option<u64>) -> String {
     bytes.map_or_else(|| "n/a".to_string(), format_bytes)
+}
+
+/// A count, or `n/a` when the data does not record it.
+fn count_or_na(count: Option<u64>) -> String {
+    count.map_or_else(|| "n/a".to_string(), |n| n.to_string())
+}
+
+/// The sentence of copies, host waits, device calls and OOMs (`12 transfers (1.00 MiB to
+/// device, 4 B to host), ...`), with `n/a` for each figure the format does not record; `None`
+/// when none of them is recorded or all that are are 0. The text, markdown and HTML reports
+/// print it.
+pub fn activity_line(s: &ReportStats) -> Option<String> {
+    let known = [s.transfers, s.syncs, s.device_allocs, s.ooms];
+    if known.iter().flatten().all(|&n| n == 0) {
+        return None;
+    }
+    Some(activity_sentence(s))
+}
+
+/// [`activity_line`]'s sentence, whatever the figures. A group the format records none of is
+/// said once (`transfers and host waits n/a`).
+pub(crate) fn activity_sentence(s: &ReportStats) -> String {
+    let copies = if s.transfers.is_none() && s.host_waits.is_none() {
+        "transfers and host waits n/a".to_string()
+    } else {
+        format!(
+            "{} transfers ({} to device, {} to host), {} host waits ({} syncs, {} copies to host)",
+            count_or_na(s.transfers),
+            bytes_or_na(s.h2d_bytes),
+            bytes_or_na(s.d2h_bytes),
+            count_or_na(s.host_waits),
+            count_or_na(s.syncs),
+            count_or_na(s.host_waits.zip(s.syncs).map(|(w, n)| w.saturating_sub(n)))
+        )
+    };
+    let device = if s.device_allocs.is_none() && s.ooms.is_none() {
+        "device allocs and OOMs n/a".to_string()
+    } else {
+        format!(
+            "{} device allocs, {} device frees, {} OOMs",
+            count_or_na(s.device_allocs),
+            count_or_na(s.device_frees),
+            count_or_na(s.ooms)
+        )
+    };
+    format!("{copies}, {device}")
 }
 
 /// Lines of headline statistics, shared by the text and markdown renderers.
@@ -614,19 +708,8 @@ fn stat_lines(report: &Report) -> Vec<String> {
     );
     let _ = write!(peak, ", {} reserved", bytes_or_na(s.reserved_bytes));
     lines.push(peak);
-    if s.transfers + s.syncs + s.device_allocs + s.ooms > 0 {
-        lines.push(format!(
-            "{} transfers ({} to device, {} to host), {} host waits ({} syncs, {} copies to host), {} device allocs, {} device frees, {} OOMs",
-            s.transfers,
-            format_bytes(s.h2d_bytes),
-            format_bytes(s.d2h_bytes),
-            s.host_waits,
-            s.syncs,
-            s.host_waits.saturating_sub(s.syncs),
-            s.device_allocs,
-            s.device_frees,
-            s.ooms
-        ));
+    if let Some(line) = activity_line(s) {
+        lines.push(line);
     }
     if s.dropped_events > 0 {
         lines.push(format!(

@@ -47,7 +47,7 @@ fn json_report_has_the_stable_schema() {
     ] {
         assert!(json.get(key).is_some(), "missing top-level key {key}");
     }
-    assert_eq!(json["format_version"], 1);
+    assert_eq!(json["format_version"], 2);
     assert_eq!(json["source"], "vramscope");
     assert_eq!(json["steps"], 10);
     for key in [

@@ -77,7 +77,13 @@ fn pytorch_pickles_convert_to_pytorch_key_by_key() {
             return;
         }
         let snapshot = import::load(&path).unwrap();
-        let bytes = to_pytorch_pickle_from_file(&snapshot, &path).unwrap();
+        let export = to_pytorch_pickle_from_file(&snapshot, &path).unwrap();
+        assert_eq!(
+            export.not_carried,
+            Vec::<String>::new(),
+            "{name}: nothing lost"
+        );
+        let bytes = export.bytes;
         let out =
             std::env::temp_dir().join(format!("vramscope-lossless-{}-{name}", std::process::id()));
         std::fs::write(&out, &bytes).unwrap();

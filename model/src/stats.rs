@@ -281,6 +281,10 @@ pub struct Recorded {
     pub pools: bool,
     /// Whether the running totals (`Tot Alloc`, `Tot Freed`) are recorded.
     pub totals: bool,
+    /// Rows (by metric name) of which only the current value is recorded: their peak and
+    /// totals print as `n/a` (a dump-time figure, such as a PyTorch snapshot's non-releasable
+    /// memory, has no history).
+    pub current_only: Vec<&'static str>,
 }
 
 impl Recorded {
@@ -290,6 +294,7 @@ impl Recorded {
             metrics: None,
             pools: true,
             totals: true,
+            current_only: Vec::new(),
         }
     }
 
@@ -299,12 +304,20 @@ impl Recorded {
             metrics: Some(metrics),
             pools: false,
             totals: false,
+            current_only: Vec::new(),
         }
     }
 
     /// These settings with only the named rows recorded.
     pub fn with_metrics(mut self, metrics: Vec<&'static str>) -> Recorded {
         self.metrics = Some(metrics);
+        self
+    }
+
+    /// These settings with only the current value of the named rows recorded (their peak and
+    /// totals print as `n/a`).
+    pub fn with_current_only(mut self, metrics: Vec<&'static str>) -> Recorded {
+        self.current_only = metrics;
         self
     }
 
@@ -353,14 +366,16 @@ impl MemoryStats {
         for (name, array, bytes) in rows {
             writeln!(f, "{THIN}")?;
             let known_row = recorded.has(name);
+            let current_only = recorded.current_only.contains(&name);
             for (label, stat, pool) in [
                 (name.to_string(), &array.all, false),
                 ("  from large pool".to_string(), &array.large_pool, true),
                 ("  from small pool".to_string(), &array.small_pool, true),
             ] {
                 let known = known_row && (!pool || recorded.pools);
-                let cell = |v: u64, total: bool| {
-                    if !known || (total && !recorded.totals) {
+                // `history`: a peak or a running total, not the current value.
+                let cell = |v: u64, total: bool, history: bool| {
+                    if !known || (total && !recorded.totals) || (history && current_only) {
                         NA.to_string()
                     } else if bytes {
                         format_bytes(v)
@@ -372,10 +387,10 @@ impl MemoryStats {
                     f,
                     "| {:<24} | {:>10} | {:>10} | {:>10} | {:>10} |",
                     label,
-                    cell(stat.current, false),
-                    cell(stat.peak, false),
-                    cell(stat.allocated, true),
-                    cell(stat.freed, true)
+                    cell(stat.current, false, false),
+                    cell(stat.peak, false, true),
+                    cell(stat.allocated, true, true),
+                    cell(stat.freed, true, true)
                 )?;
             }
         }
@@ -499,5 +514,65 @@ mod tests {
         }
         assert!(text.contains("Allocated memory"));
         assert!(text.contains("123 GiB"));
+    }
+
+    /// The cells of the table row that starts with `label`.
+    fn row<'t>(text: &'t str, label: &str) -> Vec<&'t str> {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("| {label} ")))
+            .unwrap_or_else(|| panic!("no row {label:?} in\n{text}"));
+        line.split('|')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect()
+    }
+
+    #[test]
+    fn a_current_only_row_prints_n_a_for_its_peak_and_totals() {
+        let mut s = MemoryStats::default();
+        s.inactive_split_bytes.increase(Pool::Small, 1 << 20);
+        s.inactive_split.increase(Pool::Small, 1);
+        s.allocated_bytes.increase(Pool::Large, 3 << 20);
+        let recorded = Recorded::all().with_current_only(vec!["Non-releasable memory"]);
+        let text = s.summary_recorded(&recorded);
+        assert_eq!(
+            row(&text, "Non-releasable memory"),
+            ["Non-releasable memory", "1.00 MiB", "n/a", "n/a", "n/a"]
+        );
+        // Rows not named keep every figure.
+        assert_eq!(
+            row(&text, "Non-releasable allocs"),
+            ["Non-releasable allocs", "1", "1", "1", "0"]
+        );
+        assert_eq!(
+            row(&text, "Allocated memory"),
+            [
+                "Allocated memory",
+                "3.00 MiB",
+                "3.00 MiB",
+                "3.00 MiB",
+                "0 B"
+            ]
+        );
+        let pools: Vec<Vec<&str>> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("| Non-releasable memory "))
+            .skip(1)
+            .take(2)
+            .map(|l| {
+                l.split('|')
+                    .map(str::trim)
+                    .filter(|c| !c.is_empty())
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            pools,
+            [
+                vec!["from large pool", "0 B", "n/a", "n/a", "n/a"],
+                vec!["from small pool", "1.00 MiB", "n/a", "n/a", "n/a"]
+            ]
+        );
     }
 }

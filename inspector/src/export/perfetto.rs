@@ -2,13 +2,23 @@
 //! one event at a time.
 //!
 //! [`write_perfetto`] makes three passes, each a named step: the events in order (a `memory`
-//! counter at every change of allocated or reserved bytes, OOMs as instants, and each
-//! allocation collected as an [`Interval`] from its allocation to its free), the allocations
-//! (each interval assigned a track of its stream where it nests, by [`assign_tracks`], then
-//! written as a complete slice in start order), and the steps on a track of their own. A
+//! counter at the start and at every change of allocated or reserved bytes, OOMs as instants,
+//! and each allocation collected as an [`Interval`] from its allocation to its free), the
+//! allocations (each interval assigned a track of its stream where it nests, by
+//! [`assign_tracks`], then written as a complete slice in start order), and the steps on a
+//! track of their own. A
 //! [`TraceWriter`] holds what every step shares: the output, the separator state, the process
-//! id and the clock. The parent module (`crate::export`) re-exports the two public functions
-//! and lends its checked addition, so a sum past 2^64 bytes is an [`ExportError`] here too.
+//! id and the clock. The parent module (`crate::export`) re-exports the two public functions.
+//! The engine's sums saturate, so before it walks the snapshot every size it could add up is
+//! added with the parent module's checked addition: no state can hold more than all of them
+//! together, and a snapshot whose sizes pass 2^64 bytes is an [`ExportError`] naming the field
+//! where they do.
+//!
+//! The counter's figures are the engine's (`vramscope_engine::Reconstruction`): its start
+//! state, memory held before the trace included, and its usage after every event, so that the
+//! counter's highest values are the peaks `vramscope report` prints; which free ends which
+//! allocation is the engine's pairing too. Where the format does not record reserved memory,
+//! the counter has no `reserved` series rather than one of zeros.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
@@ -16,9 +26,41 @@ use std::io::{BufWriter, Write};
 
 use rustc_hash::FxHashMap;
 use serde_json::json;
+use vramscope_engine::{FreeLink, Reconstruction, Usage};
 use vramscope_model::{EventKind, SiteId, Snapshot};
 
 use super::{add, ExportError};
+
+/// Fails when the sizes the engine could add up (the dump-time segments and blocks, every
+/// event's size, and the statistics' current totals that stand for memory no block describes)
+/// pass 2^64 bytes together: below that bound none of the engine's saturating sums can
+/// saturate.
+fn check_sizes(snapshot: &Snapshot) -> Result<(), ExportError> {
+    const WHAT: &str = "the sizes of the snapshot's segments, blocks and events together";
+    let mut total = 0u64;
+    for (i, segment) in snapshot.segments.iter().enumerate() {
+        total = add(
+            total,
+            segment.total_size,
+            || format!("segments[{i}].total_size"),
+            WHAT,
+        )?;
+        for b in &segment.blocks {
+            total = add(total, b.size, || format!("segments[{i}].blocks"), WHAT)?;
+        }
+    }
+    for (k, e) in snapshot.events.iter().enumerate() {
+        total = add(total, e.size, || format!("events[{k}].size"), WHAT)?;
+    }
+    let stats = &snapshot.stats;
+    for current in [
+        stats.allocated_bytes.all.current,
+        stats.reserved_bytes.all.current,
+    ] {
+        total = add(total, current, || "stats".to_string(), WHAT)?;
+    }
+    Ok(())
+}
 
 /// An allocation as the Perfetto export draws it: a slice from its allocation to its free
 /// (or the end of the trace), in nanoseconds.
@@ -139,10 +181,12 @@ pub fn to_perfetto(snapshot: &Snapshot) -> Result<String, ExportError> {
 }
 
 /// Streams the snapshot as Chrome trace JSON for ui.perfetto.dev into `out`, one event at a
-/// time: process and track names, a `memory` counter (allocated and reserved bytes) at every
-/// change, each allocation as a complete slice on a track of its stream where it nests, OOMs
-/// as instants, and the steps on their own track. Slices are written in start order, a longer
-/// one first when two start together, as trace viewers expect of nested slices.
+/// time: process and track names, a `memory` counter (allocated and reserved bytes, as the
+/// engine counts them: memory from before the trace included, reserved left out where the
+/// format does not record it) at the start and at every change, each allocation as a complete
+/// slice on a track of its stream where it nests, OOMs as instants, and the steps on their own
+/// track. Slices are written in start order, a longer one first when two start together, as
+/// trace viewers expect of nested slices.
 pub fn write_perfetto(snapshot: &Snapshot, out: impl Write) -> Result<(), ExportError> {
     let mut writer = TraceWriter::new(snapshot, out);
     writer.open()?;
@@ -225,22 +269,48 @@ impl<'s, W: Write> TraceWriter<'s, W> {
         }))
     }
 
-    /// Writes the `memory` counter at every change and the OOMs, in event order, and collects
-    /// the allocations as intervals. Returns them with the time of the last event.
+    /// Writes one `memory` counter sample at time `t`.
+    fn write_counter(
+        &mut self,
+        t: u64,
+        usage: Usage,
+        reserved_known: bool,
+    ) -> Result<(), ExportError> {
+        let mut args = json!({"allocated": usage.allocated});
+        if reserved_known {
+            args["reserved"] = json!(usage.reserved);
+        }
+        self.emit(
+            json!({"ph": "C", "pid": self.pid, "ts": micros(t), "name": "memory", "args": args}),
+        )
+    }
+
+    /// Writes the `memory` counter at the start and at every change, and the OOMs, in event
+    /// order, and collects the allocations as intervals. Returns them with the time of the last
+    /// event.
     fn write_counters(&mut self) -> Result<(Vec<Interval>, u64), ExportError> {
         let snapshot = self.snapshot;
         let pid = self.pid;
+        check_sizes(snapshot)?;
+        let walk = Reconstruction::of(snapshot);
         let mut intervals: Vec<Interval> = Vec::new();
-        let mut open: FxHashMap<(u32, u64), usize> = FxHashMap::default();
-        let (mut allocated, mut reserved) = (0u64, 0u64);
+        // The interval of each allocation event, by the event's index.
+        let mut interval_of: FxHashMap<u32, usize> = FxHashMap::default();
         let mut last = 0u64;
+        // The state before the first event, at the time of the first event (at 0 without
+        // events: the dump-time state alone).
+        let mut shown = walk.start.usage();
+        let t0 = snapshot
+            .events
+            .first()
+            .map_or(0, |first| self.ts(first.seq, first.time_ns));
+        self.write_counter(t0, shown, walk.reserved_known)?;
         for (k, event) in snapshot.events.iter().enumerate() {
             let t = self.ts(event.seq, event.time_ns);
             last = last.max(t);
-            let path = || format!("events[{k}].size");
-            let counters_changed = match event.kind {
+            match event.kind {
                 EventKind::Alloc => {
-                    open.insert((event.device, event.addr), intervals.len());
+                    interval_of.insert(k as u32, intervals.len());
                     intervals.push(Interval {
                         start: t,
                         end: t,
@@ -253,26 +323,15 @@ impl<'s, W: Write> TraceWriter<'s, W> {
                         live_at_end: true,
                         tid: 0,
                     });
-                    allocated = add(allocated, event.size, path, "the allocated bytes")?;
-                    true
                 }
                 EventKind::FreeCompleted => {
-                    if let Some(i) = open.remove(&(event.device, event.addr)) {
+                    // The engine's pairing names the allocation this free releases.
+                    let link = FreeLink::unpack(walk.links[k]);
+                    if let Some(&i) = link.alloc.and_then(|a| interval_of.get(&a)) {
                         // A clock that went backwards gives an empty slice, not a negative one.
                         intervals[i].end = t.max(intervals[i].start);
                         intervals[i].live_at_end = false;
                     }
-                    // A block from before the trace was never counted: the figure stays at 0.
-                    allocated = allocated.saturating_sub(event.size);
-                    true
-                }
-                EventKind::SegmentAlloc | EventKind::SegmentMap => {
-                    reserved = add(reserved, event.size, path, "the reserved bytes")?;
-                    true
-                }
-                EventKind::SegmentFree | EventKind::SegmentUnmap => {
-                    reserved = reserved.saturating_sub(event.size);
-                    true
                 }
                 EventKind::Oom => {
                     let site = self.site_label(event.site);
@@ -280,18 +339,16 @@ impl<'s, W: Write> TraceWriter<'s, W> {
                         "ph": "i", "s": "p", "pid": pid, "ts": micros(t), "name": "OOM",
                         "args": {"requested": event.size, "device_free": event.device_free, "site": site}
                     }))?;
-                    false
                 }
-                _ => false,
-            };
-            if counters_changed {
-                self.emit(json!({
-                    "ph": "C", "pid": pid, "ts": micros(t), "name": "memory",
-                    "args": {"allocated": allocated, "reserved": reserved}
-                }))?;
+                _ => {}
+            }
+            let usage = walk.usage[k];
+            if usage != shown {
+                self.write_counter(t, usage, walk.reserved_known)?;
+                shown = usage;
             }
         }
-        drop(open);
+        drop(interval_of);
         // Blocks still live at the end stay open until the last event.
         for v in intervals.iter_mut().filter(|v| v.live_at_end) {
             v.end = last.max(v.start);

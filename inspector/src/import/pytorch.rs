@@ -55,7 +55,7 @@ pub(crate) use stats::compute_stats;
 /// The size of a small-pool segment.
 const SMALL_SEGMENT: u64 = 2 << 20;
 /// Annotation families that mark training steps, in order of preference.
-const STEP_ANNOTATIONS: &[&str] = &[
+pub(crate) const STEP_ANNOTATIONS: &[&str] = &[
     "ProfilerStep#",
     "Optimizer.step#",
     "Optimizer.zero_grad#",

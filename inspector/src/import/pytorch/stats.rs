@@ -7,6 +7,7 @@
 //! segment's size or page size names its pool; `super::super::timeline::TrackArray` keeps each
 //! statistic's current value, peak and totals.
 
+use vramscope_engine::{Pair, Pairing};
 use vramscope_model::{
     AllocatorConfig, BlockState, Event, EventKind, MemoryStats, Pool, Segment, Stat, StatArray,
 };
@@ -65,6 +66,9 @@ fn segment_pool(segments: &[Segment], e: &Event) -> Pool {
     }
 }
 
+/// A statistic of which only the current value is known (from the dump-time segments): the
+/// peak and the running totals repeat it, as placeholders that the summary table prints as
+/// `n/a` (`vramscope_model::Recorded::current_only`).
 fn current_only(value: StatArray) -> StatArray {
     let fix = |s: Stat| Stat {
         current: s.current,
@@ -80,7 +84,9 @@ fn current_only(value: StatArray) -> StatArray {
 }
 
 /// Statistics of `device`: current values from its segments, the rest from replaying its
-/// events.
+/// events. A block stops counting as allocated when its free is requested, or, for a free the
+/// trace records only as completed (a trace written by a tool that records frees once), when
+/// it completes: the engine's pairing (`vramscope_engine::Pairing`) says which.
 pub(crate) fn compute_stats(
     segments: &[Segment],
     events: &[Event],
@@ -134,9 +140,25 @@ pub(crate) fn compute_stats(
     let mut reserved = TrackArray::default();
     let mut segment = TrackArray::default();
     let mut stats = MemoryStats::default();
-    for e in events.iter().filter(|e| e.device == device) {
+    let mut pairing = Pairing::new();
+    for (i, e) in events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.device == device)
+    {
         let pool = request_pool(e.size);
         let block = round_block(e.size);
+        // Whether this free ends the block's life as an allocation: its request, or its
+        // completion when the trace has no request for it.
+        let ends_allocation = match pairing.push(i as u32, e) {
+            Pair::Free(link) => link.ends_allocation,
+            _ => false,
+        };
+        if ends_allocation {
+            allocated.remove(pool, block);
+            requested.remove(pool, e.requested);
+            allocation.remove(pool, 1);
+        }
         match e.kind {
             EventKind::Alloc => {
                 allocated.add(pool, block);
@@ -144,11 +166,6 @@ pub(crate) fn compute_stats(
                 allocation.add(pool, 1);
                 active_bytes.add(pool, block);
                 active.add(pool, 1);
-            }
-            EventKind::FreeRequested => {
-                allocated.remove(pool, block);
-                requested.remove(pool, e.requested);
-                allocation.remove(pool, 1);
             }
             EventKind::FreeCompleted => {
                 active_bytes.remove(pool, block);
@@ -248,5 +265,51 @@ mod tests {
             (20 * mib, 0)
         );
         assert_eq!(stats.num_device_free, 1);
+    }
+
+    #[test]
+    fn a_free_recorded_only_as_completed_ends_the_allocation() {
+        let event = |kind, addr, size, requested| {
+            vramscope_testkit::event(kind)
+                .addr(addr)
+                .size(size)
+                .requested(requested)
+                .build()
+        };
+        let mib = 1u64 << 20;
+        // Two blocks of 4 MiB, one after the other, each freed with a completion alone (as a
+        // profiler trace records frees); then one freed as PyTorch records it, request first.
+        let events = [
+            event(EventKind::Alloc, 0x1000_0000, 4 * mib, 4 * mib - 100),
+            event(
+                EventKind::FreeCompleted,
+                0x1000_0000,
+                4 * mib,
+                4 * mib - 100,
+            ),
+            event(EventKind::Alloc, 0x2000_0000, 4 * mib, 4 * mib - 100),
+            event(
+                EventKind::FreeCompleted,
+                0x2000_0000,
+                4 * mib,
+                4 * mib - 100,
+            ),
+            event(EventKind::Alloc, 0x3000_0000, 4 * mib, 4 * mib),
+            event(EventKind::FreeRequested, 0x3000_0000, 4 * mib, 4 * mib),
+            event(EventKind::FreeCompleted, 0x3000_0000, 4 * mib, 4 * mib),
+        ];
+        let stats = compute_stats(&[], &events, 0, &AllocatorConfig::default());
+        let a = stats.allocated_bytes;
+        assert_eq!(
+            (a.all.current, a.all.peak, a.all.allocated, a.all.freed),
+            (0, 4 * mib, 12 * mib, 12 * mib)
+        );
+        assert_eq!((a.large_pool.peak, a.large_pool.freed), (4 * mib, 12 * mib));
+        let r = stats.requested_bytes.all;
+        assert_eq!((r.current, r.peak, r.freed), (0, 4 * mib, 12 * mib - 200));
+        let n = stats.allocation.all;
+        assert_eq!((n.current, n.peak, n.allocated, n.freed), (0, 1, 3, 3));
+        let active = stats.active.all;
+        assert_eq!((active.current, active.peak, active.freed), (0, 1, 3));
     }
 }
