@@ -67,12 +67,7 @@ pub fn sync_in_loop(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dy
         let first = per_step.keys().copied().min().unwrap_or(0);
         let last = per_step.keys().copied().max().unwrap_or(0);
 
-        let mut f = Finding::at_group(
-            view,
-            FindingKind::SyncInLoop,
-            severity,
-            Some(group),
-        );
+        let mut f = Finding::at_group(view, FindingKind::SyncInLoop, severity, Some(group));
         f.bytes = bytes;
         f.count = total;
         f.per_step = Some(PerStep::new(bytes as f64 / active as f64, average));
