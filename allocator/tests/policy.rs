@@ -278,6 +278,21 @@ fn oom_error_names_request_capacity_holders_and_a_setting() {
     assert!(err.contains("expandable_segments:True"), "{err}");
 }
 
+/// An OOM under the memory limit with the device's memory free names the limit, not
+/// fragmentation (`vramscope_model::oom`, the rule the inspector's report shares).
+#[test]
+fn oom_under_the_memory_limit_names_the_limit() {
+    let (_, alloc) = phantom(1 << 30, "");
+    alloc.set_memory_limit(Some(100 * MIB));
+    let held = alloc.alloc(90 * MIB).unwrap();
+    let err = alloc.alloc(30 * MIB).unwrap_err().to_string();
+    assert!(err.contains("memory cap of 100 MiB"), "{err}");
+    assert!(err.contains("CachingAllocator::set_memory_limit"), "{err}");
+    assert!(!err.contains("fragmentation"), "{err}");
+    assert!(!err.contains("max_split_size_mb"), "{err}");
+    drop(held);
+}
+
 #[test]
 fn misuse_is_an_error_not_a_crash() {
     let (_, alloc) = phantom(1 << 30, "");

@@ -6,7 +6,7 @@ use vramscope_inspector::detect::{
     self, detect, DetectOptions, Finding, FindingKind, FindingSink, Severity, VecSink,
 };
 use vramscope_inspector::model_view::{apply_step_marker, ModelView};
-use vramscope_model::{Annotation, Snapshot, TransferDirection};
+use vramscope_model::{Annotation, Snapshot, SnapshotSource, TransferDirection};
 use vramscope_testkit::{clean_loop, Trace, MIB};
 
 fn findings(snapshot: &Snapshot) -> Vec<Finding> {
@@ -316,35 +316,62 @@ fn oom_with_enough_free_cache_is_fragmentation() {
     assert_eq!(f.severity, Severity::Error);
     assert_eq!(f.bytes, 40 * MIB);
     assert_eq!(f.site.as_deref(), Some("model.py:9"));
+    let evidence = |key: &str| f.evidence.get(key).map(|v| v.to_string());
+    assert_eq!(evidence("cause").as_deref(), Some("fragmentation"));
     assert_eq!(
-        f.evidence
-            .get("reserved_unallocated_at_oom")
-            .map(|v| v.to_string()),
+        evidence("reserved_unallocated_bytes_at_oom"),
         Some((72 * MIB).to_string())
     );
+    // The largest free block at the OOM, from the engine's state there.
     assert_eq!(
-        f.evidence
-            .get("largest_free_block_at_snapshot")
-            .map(|v| v.to_string()),
+        evidence("largest_usable_free_block_bytes_at_oom"),
         Some((18 * MIB).to_string())
     );
+    assert!(
+        f.summary.contains("72.0 MiB was reserved but unallocated")
+            && f.summary.contains("the largest it could use 18.0 MiB")
+            && f.summary.contains("only 10.0 MiB free"),
+        "{}",
+        f.summary
+    );
     assert!(f.fix.contains("expandable_segments:True"), "{}", f.fix);
+    // Byte figures read as bytes in the text report.
+    let sentence = vramscope_inspector::report::evidence_sentence(f);
+    assert!(
+        sentence.contains("reserved unallocated at oom 72.0 MiB")
+            && sentence.contains("largest usable free block at oom 18.0 MiB"),
+        "{sentence}"
+    );
 }
 
+/// With expandable segments on, `max_split_size_mb` does not limit splitting and whole free
+/// pages already go back to the device before an allocation fails: no setting is offered.
 #[test]
-fn fragmentation_suggests_a_split_limit_when_segments_are_expandable() {
+fn fragmentation_with_expandable_segments_offers_no_split_limit() {
     let mut t = Trace::new();
     t.snap.config.expandable_segments = true;
     let act = t.site("model.py", 9, "forward");
-    let seg = t.segment_alloc(Some(act), 100 * MIB);
-    t.alloc_at(act, seg, MIB);
-    t.oom(act, 150 * MIB, 60 * MIB);
+    let seg = t.segment_alloc(Some(act), 200 * MIB);
+    // Live 1 MiB blocks every 50 MiB leave four free pieces of 49 MiB.
+    for i in 0..4 {
+        t.alloc_at(act, seg + i * 50 * MIB, MIB);
+    }
+    t.oom(act, 100 * MIB, 10 * MIB);
     let found = findings(&t.finish());
     let f = found
         .iter()
         .find(|f| f.kind == FindingKind::Fragmentation)
-        .expect("fragmentation");
-    assert!(f.fix.contains("max_split_size_mb:150"), "{}", f.fix);
+        .unwrap_or_else(|| panic!("no fragmentation: {}", describe(&found)));
+    assert_eq!(f.severity, Severity::Error);
+    assert!(
+        f.summary.contains("the largest it could use 49.0 MiB"),
+        "{}",
+        f.summary
+    );
+    assert!(!f.fix.contains("max_split_size_mb"), "{}", f.fix);
+    assert!(!f.fix.contains("expandable_segments:True"), "{}", f.fix);
+    assert!(f.fix.contains("lower the peak"), "{}", f.fix);
+    assert!(f.evidence.get("setting").is_none());
 }
 
 #[test]
@@ -362,10 +389,126 @@ fn oom_without_free_memory_is_an_oom_with_the_largest_holder() {
         .expect("oom finding");
     assert_eq!(f.severity, Severity::Error);
     assert_eq!(
+        f.evidence.get("cause").map(|v| v.to_string()).as_deref(),
+        Some("memory_in_use")
+    );
+    assert_eq!(
         f.evidence.get("largest_holder").map(|v| v.to_string()),
         Some("model.py:5".to_string())
     );
+    assert!(f.fix.contains("lower the peak"), "{}", f.fix);
     assert!(!found.iter().any(|f| f.kind == FindingKind::Fragmentation));
+}
+
+/// A capped run: the device has far more free than the request, so the process's cap refused
+/// it, whatever the cache holds; it is an `oom` naming the cap, never fragmentation.
+#[test]
+fn oom_with_room_on_the_device_is_the_memory_cap() {
+    for cached_pieces in [false, true] {
+        let mut t = Trace::new().capacity(140 << 30);
+        t.snap.source = SnapshotSource::Pytorch;
+        let model = t.site("model.py", 5, "build");
+        let act = t.site("model.py", 9, "forward");
+        let seg = t.segment_alloc(Some(model), 400 * MIB);
+        t.alloc_at(model, seg, 100 * MIB);
+        if cached_pieces {
+            // 200 MiB free in the segment's middle, pinned by a live block after it.
+            t.alloc_at(model, seg + 300 * MIB, 100 * MIB);
+        } else {
+            t.alloc_at(model, seg + 100 * MIB, 300 * MIB);
+        }
+        t.oom(act, 128 * MIB, 138 << 30);
+        let found = findings(&t.finish());
+        let serious = serious(&found);
+        assert_eq!(serious.len(), 1, "{}", describe(&found));
+        let f = serious[0];
+        assert_eq!(f.kind, FindingKind::Oom, "{}", describe(&found));
+        assert_eq!(
+            f.evidence.get("cause").map(|v| v.to_string()).as_deref(),
+            Some("memory_cap")
+        );
+        assert!(
+            f.summary.contains("138 GiB free") && f.summary.contains("memory cap"),
+            "{}",
+            f.summary
+        );
+        assert!(
+            f.fix.contains("torch.cuda.set_per_process_memory_fraction"),
+            "{}",
+            f.fix
+        );
+        assert!(!f.fix.contains("max_split_size_mb"), "{}", f.fix);
+        // Cached pieces that would have covered the request are named, and the setting that
+        // frees them is offered beside the cap.
+        assert_eq!(
+            f.summary
+                .contains("200 MiB of the reserved memory was unallocated"),
+            cached_pieces,
+            "{}",
+            f.summary
+        );
+        assert_eq!(
+            f.fix.contains("expandable_segments:True"),
+            cached_pieces,
+            "{}",
+            f.fix
+        );
+    }
+}
+
+/// A usable free block large enough, kept from a smaller request by `max_split_size_mb`.
+#[test]
+fn oom_beside_an_oversize_free_block_is_the_split_limit() {
+    let mut t = Trace::new();
+    t.snap.config.max_split_size = Some(64 * MIB);
+    let model = t.site("model.py", 5, "build");
+    let act = t.site("model.py", 9, "forward");
+    let seg = t.segment_alloc(Some(model), 300 * MIB);
+    t.alloc_at(model, seg, MIB);
+    t.oom(act, 30 * MIB, 0);
+    let found = findings(&t.finish());
+    let f = found
+        .iter()
+        .find(|f| f.severity == Severity::Error)
+        .unwrap_or_else(|| panic!("no error: {}", describe(&found)));
+    assert_eq!(f.kind, FindingKind::Oom);
+    assert_eq!(
+        f.evidence.get("cause").map(|v| v.to_string()).as_deref(),
+        Some("max_split_size")
+    );
+    assert!(
+        f.summary.contains("a cached free block of 299 MiB"),
+        "{}",
+        f.summary
+    );
+    assert!(f.fix.contains("max_split_size_mb"), "{}", f.fix);
+}
+
+/// OOMs of different causes are one finding per cause.
+#[test]
+fn ooms_of_different_causes_are_reported_apart() {
+    let mut t = Trace::new().capacity(1 << 30);
+    let act = t.site("model.py", 9, "forward");
+    let seg = t.segment_alloc(Some(act), 100 * MIB);
+    t.alloc_at(act, seg, 100 * MIB);
+    t.oom(act, 40 * MIB, 10 * MIB);
+    t.oom(act, 50 * MIB, 10 * MIB);
+    t.oom(act, 60 * MIB, 500 * MIB);
+    let found = findings(&t.finish());
+    let ooms: Vec<_> = found
+        .iter()
+        .filter(|f| f.kind == FindingKind::Oom)
+        .collect();
+    assert_eq!(ooms.len(), 2, "{}", describe(&found));
+    let by_cause = |cause: &str| {
+        ooms.iter()
+            .find(|f| f.evidence.get("cause").map(|v| v.to_string()).as_deref() == Some(cause))
+            .unwrap_or_else(|| panic!("no {cause}: {}", describe(&found)))
+    };
+    let in_use = by_cause("memory_in_use");
+    assert_eq!((in_use.count, in_use.bytes), (2, 50 * MIB));
+    let cap = by_cause("memory_cap");
+    assert_eq!((cap.count, cap.bytes), (1, 60 * MIB));
 }
 
 #[test]
@@ -377,9 +520,59 @@ fn split_free_memory_without_pressure_is_at_most_information() {
     t.add_segment(seg, &[(0, MIB, true), (MIB, 511 * MIB, false)], 512 * MIB);
     let found = findings(&t.finish());
     assert!(serious(&found).is_empty(), "{}", describe(&found));
-    assert!(found
+    let f = found
         .iter()
-        .any(|f| f.kind == FindingKind::Fragmentation && f.severity == Severity::Info));
+        .find(|f| f.kind == FindingKind::Fragmentation && f.severity == Severity::Info)
+        .unwrap_or_else(|| panic!("no information: {}", describe(&found)));
+    assert!(f.fix.contains("expandable_segments:True"), "{}", f.fix);
+    // Byte figures read as bytes in the text report, the largest free block too.
+    let sentence = vramscope_inspector::report::evidence_sentence(f);
+    assert!(
+        sentence.contains("largest free block 511 MiB"),
+        "{sentence}"
+    );
+}
+
+/// Free memory inside expandable segments is not split memory (PyTorch's own
+/// `inactive_split_bytes` leaves it out): its whole pages go back to the device on demand, and
+/// `max_split_size_mb` does not apply there.
+#[test]
+fn free_memory_in_expandable_segments_is_not_reported_as_split() {
+    let mut t = Trace::new();
+    t.snap.config.expandable_segments = true;
+    let model = t.site("model.py", 5, "build");
+    let seg = t.segment_alloc(Some(model), 512 * MIB);
+    t.alloc_at(model, seg, MIB);
+    t.add_segment(seg, &[(0, MIB, true), (MIB, 511 * MIB, false)], 512 * MIB);
+    t.snap.segments.last_mut().unwrap().expandable = true;
+    let found = findings(&t.finish());
+    assert!(
+        !found.iter().any(|f| f.kind == FindingKind::Fragmentation),
+        "{}",
+        describe(&found)
+    );
+
+    // A plain segment beside expandable ones (made before the setting took effect) still
+    // counts, and its fix names neither setting.
+    let mut t = Trace::new();
+    t.snap.config.expandable_segments = true;
+    let model = t.site("model.py", 5, "build");
+    let seg = t.segment_alloc(Some(model), 512 * MIB);
+    t.alloc_at(model, seg, MIB);
+    t.add_segment(seg, &[(0, MIB, true), (MIB, 511 * MIB, false)], 512 * MIB);
+    let found = findings(&t.finish());
+    let f = found
+        .iter()
+        .find(|f| f.kind == FindingKind::Fragmentation)
+        .unwrap_or_else(|| panic!("no fragmentation: {}", describe(&found)));
+    assert_eq!(f.severity, Severity::Info);
+    assert!(
+        f.summary.contains("plain (not expandable) segments"),
+        "{}",
+        f.summary
+    );
+    assert!(!f.fix.contains("max_split_size_mb"), "{}", f.fix);
+    assert!(!f.fix.contains("expandable_segments:True"), "{}", f.fix);
 }
 
 #[test]

@@ -6,7 +6,8 @@
 //! - PyTorch's statistics under PyTorch's names ([`MemoryStats`]) and its `memory_summary()`
 //!   table, with byte sizes formatted and parsed the way every view prints them;
 //! - allocator settings in `PYTORCH_CUDA_ALLOC_CONF` syntax ([`AllocatorConfig`]);
-//! - the one rule for "this out-of-memory error is fragmentation" ([`oom`]).
+//! - the one rule for why an out-of-memory error happened (the process's memory cap,
+//!   fragmentation, memory in use, ...) and what helps ([`oom`]).
 //!
 //! The caching allocator (`vramscope-allocator`) fills these types; the inspector's importers
 //! build them from PyTorch pickles and Chrome traces; the engine, detectors, replay, telemetry

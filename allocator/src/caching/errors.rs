@@ -105,7 +105,8 @@ pub struct OomReport {
     pub reserved: u64,
     /// The call sites holding the most live memory: (site, bytes, blocks).
     pub top_sites: Vec<(String, u64, u64)>,
-    /// A setting that would help, when fragmentation is the likely cause.
+    /// Why it failed and what helps (`vramscope_model::oom::OomDiagnosis::hint`), unless the
+    /// memory was simply in use.
     pub hint: Option<String>,
 }
 

@@ -25,7 +25,6 @@ use crate::config::{BacktraceMode, Policy, MIB};
 use crate::debug::{self, FreedRange};
 use crate::model::{EventKind, Pool};
 use crate::provenance::{self, Provenance, NIL};
-use crate::stats::format_bytes;
 
 /// Requests are rounded up to a multiple of this (and never below it).
 pub const MIN_BLOCK_SIZE: u64 = 512;
@@ -377,7 +376,8 @@ impl<'a, B: Backend> Books<'a, B> {
     }
 
     /// Counts and records an allocation that failed for good, and reports it with the largest
-    /// live call sites and, when fragmentation is the likely cause, a setting that would help.
+    /// live call sites and, unless the memory was simply in use, why it failed and what helps
+    /// (`vramscope_model::oom`: the memory limit, fragmentation, the split limit).
     #[cold]
     #[inline(never)]
     pub(super) fn out_of_memory(
@@ -407,14 +407,16 @@ impl<'a, B: Backend> Books<'a, B> {
         }
         let allocated = state.stats.allocated_bytes.all().current;
         let reserved = state.stats.reserved_bytes.all().current;
-        let cached = reserved.saturating_sub(allocated);
-        let hint = crate::oom::is_fragmentation(rounded, cached, info.free).then(|| {
-            format!(
-                "{} is reserved but unallocated: the memory is there, in pieces (fragmentation); try VRAMSCOPE_ALLOC_CONF={} to reduce it.",
-                format_bytes(cached),
-                crate::oom::fragmentation_setting(&shared.config, rounded)
-            )
-        });
+        let facts = crate::oom::OomFacts {
+            request: rounded,
+            allocated,
+            reserved: Some(reserved),
+            device_free: info.free,
+            largest_usable_free_block: None,
+            cap: state.memory_limit,
+        };
+        let hint =
+            crate::oom::diagnose(&facts, &shared.config).hint(crate::oom::SettingNames::VRAMSCOPE);
         AllocError::OutOfMemory(Box::new(OomReport {
             requested,
             rounded,

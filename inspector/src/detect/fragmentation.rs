@@ -1,205 +1,290 @@
 //! `fragmentation` and `oom`: reserved memory the program cannot use, and failed allocations.
 //!
-//! For every `Oom` event the detector looks up, on the timeline of `crate::model_view`, how
-//! much was allocated and reserved at that moment. When the reserved-but-unallocated bytes plus
-//! the device's free bytes would have covered the request, the memory was there but in pieces:
-//! that is reported as `fragmentation` (error) with the allocator setting that helps
-//! (`expandable_segments:True`, or `max_split_size_mb:N` when expandable segments are already
-//! on). Otherwise the OOM is reported as `oom` (error) with what was live at the peak.
+//! Every `Oom` event is diagnosed by the allocator's own rule (`vramscope_model::oom::diagnose`,
+//! so that its OOM message and this report agree) from the state around it: the allocated and
+//! reserved bytes on the timeline of `crate::model_view`, the device's free memory the event
+//! recorded, and the largest free block its request could have used (on its stream, in its
+//! pool), read from the engine's state at that event. The OOMs of each cause are one finding,
+//! named at the largest request:
 //!
-//! Without an OOM, fragmentation matters only under memory pressure: allocation retries
-//! (`num_alloc_retries`) or a peak close to capacity with much free memory stuck in split
-//! segments give a warning; a large share of split free memory alone is information.
+//! - `fragmentation` (error) when the cache's free bytes alone would have covered the request
+//!   and the device could not, with the setting that helps (`expandable_segments:True`, none
+//!   when segments are already expandable);
+//! - `oom` (error) otherwise, with the cause's sentence and fix: the process's memory cap
+//!   (`set_per_process_memory_fraction`) when the device had room for what the allocator
+//!   needed, a block that `max_split_size_mb` kept from the request, or memory in use, with the
+//!   largest holder at that moment.
+//!
+//! Without an OOM explained by fragmentation, free memory split inside plain segments matters
+//! only under memory pressure: allocation retries (`num_alloc_retries`) or a peak close to
+//! capacity with much free memory stuck in split segments give a warning; a large share of
+//! split free memory alone is information. Expandable segments are left out, as PyTorch's own
+//! `inactive_split_bytes` leaves them out: their free blocks merge with their neighbours, their
+//! whole free pages go back to the device (on `empty_cache()`, or before an allocation fails),
+//! and `max_split_size_mb` does not limit how they split.
 
-use vramscope_model::{format_bytes, Event};
-use vramscope_model::{oom::fragmentation_setting, oom::is_fragmentation};
+use vramscope_engine::{MemoryState, Reconstruction};
+use vramscope_model::oom::{diagnose, OomCause, OomDiagnosis, OomFacts, SettingNames};
+use vramscope_model::{format_bytes, BlockState, Event, Pool, Snapshot, MIB};
 
 use super::{config_env_var, DetectOptions, Finding, FindingKind, FindingSink, Severity};
 use crate::model_view::ModelView;
 
-/// One OOM event and the state around it.
+/// OOMs whose largest usable free block is looked up; later ones go without it (the lookup
+/// walks the trace up to the last of them).
+const MAX_OOMS_SIZED: usize = 64;
+
+/// One OOM event, the state around it and its diagnosis.
 struct OomCase<'e> {
     index: u32,
     event: &'e Event,
-    allocated: u64,
-    reserved: u64,
-}
-
-impl OomCase<'_> {
-    fn cache_free(&self) -> u64 {
-        self.reserved.saturating_sub(self.allocated)
-    }
+    diagnosis: OomDiagnosis,
 }
 
 /// Reports fragmentation and OOMs.
 pub fn fragmentation(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn FindingSink) {
-    let (split, plain) = classify_ooms(view);
-    if let Some(worst) = largest(&split) {
-        report_split_oom(view, worst, &split, sink);
-    }
-    if let Some(worst) = largest(&plain) {
-        report_plain_oom(view, options, worst, &plain, sink);
+    let cases = diagnose_ooms(view);
+    let mut causes: Vec<OomCause> = cases.iter().map(|c| c.diagnosis.cause).collect();
+    causes.sort_unstable();
+    causes.dedup();
+    for cause in causes {
+        let same: Vec<&OomCase<'_>> = cases
+            .iter()
+            .filter(|c| c.diagnosis.cause == cause)
+            .collect();
+        if let Some(worst) = largest(&same) {
+            report_oom(view, options, worst, &same, sink);
+        }
     }
     // An OOM explained by fragmentation says it all; without one, look for pressure, then
     // for a large share of split free memory.
-    if split.is_empty() {
+    if !cases.iter().any(|c| c.diagnosis.is_fragmentation()) {
         report_split_free_memory(view, options, sink);
     }
 }
 
-/// The OOMs of the trace with the state around them: those the free memory would have
-/// covered had it not been in pieces (fragmentation), and the rest.
-fn classify_ooms<'e>(view: &ModelView<'e>) -> (Vec<OomCase<'e>>, Vec<OomCase<'e>>) {
+/// The OOMs of the trace, each diagnosed by the allocator's rule.
+fn diagnose_ooms<'e>(view: &ModelView<'e>) -> Vec<OomCase<'e>> {
     let snapshot = view.snapshot();
-    let mut split: Vec<OomCase<'_>> = Vec::new();
-    let mut plain: Vec<OomCase<'_>> = Vec::new();
-    for &i in view.ooms() {
-        let event = &snapshot.events[i as usize];
-        let (allocated, reserved) = view.usage_at(i);
-        let case = OomCase {
-            index: i,
-            event,
-            allocated,
-            reserved,
-        };
-        // The allocator's own rule, so that its OOM hint and this report agree.
-        if view.reserved_known()
-            && is_fragmentation(event.size, case.cache_free(), event.device_free)
-        {
-            split.push(case);
-        } else {
-            plain.push(case);
+    let ooms = view.ooms();
+    let reserved_known = view.reserved_known();
+    let largest = if reserved_known {
+        largest_usable_free_blocks(snapshot, ooms)
+    } else {
+        vec![None; ooms.len()]
+    };
+    ooms.iter()
+        .zip(largest)
+        .map(|(&index, largest_usable_free_block)| {
+            let event = &snapshot.events[index as usize];
+            let (allocated, reserved) = view.usage_at(index);
+            let facts = OomFacts {
+                request: event.size,
+                allocated,
+                reserved: reserved_known.then_some(reserved),
+                device_free: event.device_free,
+                largest_usable_free_block,
+                // A snapshot does not record the process's cap; the rule infers it from the
+                // device's free memory.
+                cap: None,
+            };
+            OomCase {
+                index,
+                event,
+                diagnosis: diagnose(&facts, &snapshot.config),
+            }
+        })
+        .collect()
+}
+
+/// For each OOM event at `ooms`, the largest free block its request could have used: on its
+/// device and stream, in its pool (small for requests up to 1 MiB), in the engine's state at
+/// that event. `None` past the first [`MAX_OOMS_SIZED`].
+fn largest_usable_free_blocks(snapshot: &Snapshot, ooms: &[u32]) -> Vec<Option<u64>> {
+    let mut at = vec![None; ooms.len()];
+    // The OOMs to size, in trace order, with their places in `ooms`.
+    let mut order: Vec<(u32, usize)> = ooms
+        .iter()
+        .take(MAX_OOMS_SIZED)
+        .enumerate()
+        .map(|(slot, &index)| (index, slot))
+        .collect();
+    order.sort_unstable();
+    let Some(&(last, _)) = order.last() else {
+        return at;
+    };
+    let mut state = Reconstruction::start_of(snapshot);
+    let mut next = order.iter().peekable();
+    for (i, e) in snapshot.events.iter().enumerate().take(last as usize + 1) {
+        state.apply(e, i as u32);
+        while let Some(&(_, slot)) = next.next_if(|&&(index, _)| index as usize == i) {
+            let pool = if e.size <= MIB {
+                Pool::Small
+            } else {
+                Pool::Large
+            };
+            at[slot] = Some(largest_free_block(&state, e.device, e.stream, pool));
         }
     }
-    (split, plain)
+    at
 }
 
-/// Reports the OOMs that fragmentation explains, at the `worst` of them.
-fn report_split_oom(
-    view: &ModelView<'_>,
-    worst: &OomCase<'_>,
-    split: &[OomCase<'_>],
-    sink: &mut dyn FindingSink,
-) {
-    let var = config_env_var(view.snapshot().source);
-    let segments = view.segments();
-    let setting = setting_for(view, Some(worst.event.size));
-    let group = worst.event.site.and_then(|s| view.group_of_site(s));
-    let mut f = Finding::at_group(view, FindingKind::Fragmentation, Severity::Error, group);
-    f.bytes = worst.event.size;
-    f.count = split.len() as u64;
-    f.first_step = split.iter().map(|c| c.event.step).min();
-    f.last_step = split.iter().map(|c| c.event.step).max();
-    f.summary = format!(
-        "an allocation of {} failed although {} was reserved but unallocated and {} was free on the device: the free memory is in pieces too small for it",
-        format_bytes(worst.event.size),
-        format_bytes(worst.cache_free()),
-        format_bytes(worst.event.device_free)
-    );
-    let mut evidence = f
-        .evidence
-        .int("ooms", split.len() as u64)
-        .int("request_bytes", worst.event.size)
-        .int("device_free_bytes", worst.event.device_free)
-        .int("allocated_bytes_at_oom", worst.allocated)
-        .int("reserved_bytes_at_oom", worst.reserved)
-        .int("reserved_unallocated_at_oom", worst.cache_free());
-    if segments.segments > 0 {
-        evidence = evidence
-            .int(
-                "largest_free_block_at_snapshot",
-                segments.largest_free_block,
-            )
-            .int(
-                "inactive_split_bytes_at_snapshot",
-                segments.inactive_split_bytes,
-            );
+/// The largest free block in the segments (mapped runs) of `state` on `device` and `stream`
+/// in `pool`: the largest gap between live blocks, or at a segment's ends.
+fn largest_free_block(state: &MemoryState, device: u32, stream: u64, pool: Pool) -> u64 {
+    let mut largest = 0;
+    for (&base, segment) in &state.segments {
+        if segment.device != device || segment.stream != stream || segment.pool != pool {
+            continue;
+        }
+        let end = base.saturating_add(segment.size);
+        let mut cursor = base;
+        for (&addr, block) in state.blocks_in(base, segment.size) {
+            largest = largest.max(addr.saturating_sub(cursor));
+            cursor = cursor.max(addr.saturating_add(block.size));
+        }
+        largest = largest.max(end.saturating_sub(cursor));
     }
-    f.evidence = evidence.text("setting", setting.clone());
-    f.fix =
-        format!("set {var}={setting} so that free pieces of the cache can serve large requests");
-    sink.report(f);
+    largest
 }
 
-/// Reports the OOMs that fragmentation does not explain, at the `worst` of them, with the
-/// largest holder at that moment.
-fn report_plain_oom(
+/// Reports the OOMs of one cause, `same`, at the `worst` of them: `fragmentation` when the
+/// cause is fragmentation, else `oom`.
+fn report_oom(
     view: &ModelView<'_>,
     options: &DetectOptions,
     worst: &OomCase<'_>,
-    plain: &[OomCase<'_>],
+    same: &[&OomCase<'_>],
     sink: &mut dyn FindingSink,
 ) {
+    let d = &worst.diagnosis;
+    let facts = &d.facts;
+    let kind = if d.is_fragmentation() {
+        FindingKind::Fragmentation
+    } else {
+        FindingKind::Oom
+    };
     let group = worst.event.site.and_then(|s| view.group_of_site(s));
-    let mut f = Finding::at_group(view, FindingKind::Oom, Severity::Error, group);
-    f.bytes = worst.event.size;
-    f.count = plain.len() as u64;
-    f.first_step = plain.iter().map(|c| c.event.step).min();
-    f.last_step = plain.iter().map(|c| c.event.step).max();
-    let at_oom = view.live_after_event(worst.index);
-    let top = at_oom.first();
-    let top_text = match top {
-        Some(h) => format!(
-            "; the largest holder is {} with {}",
-            view.group(h.group)
-                .file_line
-                .as_deref()
-                .unwrap_or("(unknown site)"),
-            format_bytes(h.bytes)
-        ),
-        None => String::new(),
+    let mut f = Finding::at_group(view, kind, Severity::Error, group);
+    f.bytes = facts.request;
+    f.count = same.len() as u64;
+    f.first_step = same.iter().map(|c| c.event.step).min();
+    f.last_step = same.iter().map(|c| c.event.step).max();
+    // What was live names what to lower when the peak is the problem.
+    let top = match d.cause {
+        OomCause::InUse | OomCause::Cap { .. } => {
+            view.live_after_event(worst.index).into_iter().next()
+        }
+        _ => None,
+    };
+    let site_of = |h: &crate::model_view::Holding| {
+        view.group(h.group)
+            .file_line
+            .clone()
+            .unwrap_or_else(|| "(unknown site)".to_string())
     };
     f.summary = format!(
-        "an allocation of {} failed with {} allocated and {} free on the device{}",
-        format_bytes(worst.event.size),
-        format_bytes(worst.allocated),
-        format_bytes(worst.event.device_free),
-        top_text
+        "an allocation of {} failed: {}{}",
+        format_bytes(facts.request),
+        d.explanation(),
+        match &top {
+            Some(h) => format!(
+                "; the largest holder is {} with {}",
+                site_of(h),
+                format_bytes(h.bytes)
+            ),
+            None => String::new(),
+        }
     );
     let mut evidence = f
         .evidence
-        .int("ooms", plain.len() as u64)
-        .int("request_bytes", worst.event.size)
-        .int("device_free_bytes", worst.event.device_free)
-        .int("allocated_bytes_at_oom", worst.allocated);
-    if view.reserved_known() {
+        .int("ooms", same.len() as u64)
+        .text("cause", d.cause.as_str())
+        .int("request_bytes", facts.request)
+        .int("device_free_bytes", facts.device_free)
+        .int("device_need_bytes", d.device_need)
+        .int("allocated_bytes_at_oom", facts.allocated);
+    if let (Some(reserved), Some(cached)) = (facts.reserved, d.cached()) {
         evidence = evidence
-            .int("reserved_bytes_at_oom", worst.reserved)
-            .int("reserved_unallocated_at_oom", worst.cache_free());
+            .int("reserved_bytes_at_oom", reserved)
+            .int("reserved_unallocated_bytes_at_oom", cached);
+    }
+    if let Some(largest) = facts.largest_usable_free_block {
+        evidence = evidence.int("largest_usable_free_block_bytes_at_oom", largest);
     }
     if let Some(c) = view.capacity(options.capacity) {
         evidence = evidence.int("device_capacity_bytes", c);
     }
-    if let Some(h) = top {
+    if let Some(h) = &top {
         evidence = evidence
-            .text(
-                "largest_holder",
-                view.group(h.group)
-                    .file_line
-                    .clone()
-                    .unwrap_or_else(|| "(unknown site)".to_string()),
-            )
+            .text("largest_holder", site_of(h))
             .int("largest_holder_bytes", h.bytes);
     }
+    if let Some(setting) = d.setting() {
+        evidence = evidence.text("setting", setting);
+    }
     f.evidence = evidence;
-    f.fix = "lower the peak: smaller batch, activation checkpointing or lower precision; free what the largest holders keep".to_string();
+    f.fix = d.fix(SettingNames::of(view.snapshot().source));
     sink.report(f);
 }
 
-/// Reports free memory stuck in split segments: a warning under memory pressure (allocation
-/// retries, or a peak near capacity with a large share stuck), information for a large share
-/// alone.
+/// Free memory inside plain (not expandable) segments at the snapshot.
+#[derive(Default)]
+struct PlainSplit {
+    /// Free bytes in plain segments that also hold an active block (PyTorch's
+    /// `inactive_split_bytes`).
+    bytes: u64,
+    /// Free blocks in them.
+    blocks: u64,
+    /// The largest of those free blocks.
+    largest_free_block: u64,
+    /// Free bytes in plain segments without an active block (`empty_cache()` releases them).
+    releasable: u64,
+}
+
+/// The free memory of the snapshot's plain segments, split or releasable.
+fn plain_split(snapshot: &Snapshot) -> PlainSplit {
+    let mut s = PlainSplit::default();
+    for segment in snapshot.segments.iter().filter(|s| !s.expandable) {
+        // Sums saturate: an imported file may hold absurd sizes.
+        let active = segment
+            .blocks
+            .iter()
+            .filter(|b| b.state != BlockState::Inactive)
+            .fold(0u64, |sum, b| sum.saturating_add(b.size));
+        let free = segment.total_size.saturating_sub(active);
+        if active == 0 {
+            s.releasable = s.releasable.saturating_add(free);
+            continue;
+        }
+        s.bytes = s.bytes.saturating_add(free);
+        for block in segment
+            .blocks
+            .iter()
+            .filter(|b| b.state == BlockState::Inactive)
+        {
+            s.blocks += 1;
+            s.largest_free_block = s.largest_free_block.max(block.size);
+        }
+    }
+    s
+}
+
+/// Reports free memory stuck in split plain segments: a warning under memory pressure
+/// (allocation retries, or a peak near capacity with a large share stuck), information for a
+/// large share alone.
 fn report_split_free_memory(
     view: &ModelView<'_>,
     options: &DetectOptions,
     sink: &mut dyn FindingSink,
 ) {
     let segments = view.segments();
-    if segments.segments == 0 {
+    let split = plain_split(view.snapshot());
+    let stuck = split.bytes;
+    if segments.segments == 0 || stuck == 0 {
         return;
     }
     let retries = view.snapshot().stats.num_alloc_retries;
-    let stuck = segments.inactive_split_bytes;
     let capacity = view.capacity(options.capacity);
     let peak_reserved = view.peak_reserved().max(segments.reserved);
     let near_capacity = capacity.is_some_and(|c| peak_reserved as f64 >= 0.9 * c as f64);
@@ -212,16 +297,17 @@ fn report_split_free_memory(
     } else {
         return;
     };
-    let var = config_env_var(view.snapshot().source);
-    let setting = setting_for(view, None);
+    let config = &view.snapshot().config;
+    let expandable_on = config.uses_expandable_segments();
     let mut f = Finding::at_group(view, FindingKind::Fragmentation, severity, None);
     f.bytes = stuck;
-    f.count = segments.inactive_split_blocks;
+    f.count = split.blocks;
     f.summary = format!(
-        "{} of {} reserved is free but split inside segments that also hold live blocks (largest free block {}){}",
+        "{} of {} reserved is free but split inside {}segments that also hold live blocks (largest free block {}){}",
         format_bytes(stuck),
         format_bytes(segments.reserved),
-        format_bytes(segments.largest_free_block),
+        if expandable_on { "plain (not expandable) " } else { "" },
+        format_bytes(split.largest_free_block),
         if retries > 0 {
             format!("; the allocator had to flush its cache and retry {retries} times")
         } else if near_capacity && significant {
@@ -233,36 +319,37 @@ fn report_split_free_memory(
     let mut evidence = f
         .evidence
         .int("inactive_split_bytes", stuck)
-        .int("inactive_split_blocks", segments.inactive_split_blocks)
+        .int("inactive_split_blocks", split.blocks)
         .int("reserved_bytes", segments.reserved)
         .int("allocated_bytes", segments.allocated)
-        .int("releasable_bytes", segments.releasable_bytes)
-        .int("largest_free_block", segments.largest_free_block)
+        .int("releasable_bytes", split.releasable)
+        .int("largest_free_block_bytes", split.largest_free_block)
         .int("alloc_retries", retries)
         .int("peak_reserved_bytes", peak_reserved);
     if let Some(c) = capacity {
         evidence = evidence.int("device_capacity_bytes", c);
     }
-    f.evidence = evidence.text("setting", setting.clone());
-    f.fix = format!(
-        "set {var}={setting} to let freed pieces of segments be reused for larger requests"
-    );
+    let var = config_env_var(view.snapshot().source);
+    if expandable_on {
+        f.fix = "these segments are plain although expandable segments are on (made before the setting took effect, or in a pool that does not use them): free the live blocks that pin them, and empty_cache() then releases them".to_string();
+    } else {
+        let setting = "expandable_segments:True";
+        evidence = evidence.text("setting", setting);
+        f.fix = format!(
+            "set {var}={setting}: segments then grow in place, and the whole free pages of partly used ones can go back to the device"
+        );
+    }
+    f.evidence = evidence;
     sink.report(f);
 }
 
 /// The OOM with the largest request (the first one on ties).
-fn largest<'a, 'e>(cases: &'a [OomCase<'e>]) -> Option<&'a OomCase<'e>> {
+fn largest<'a, 'e>(cases: &[&'a OomCase<'e>]) -> Option<&'a OomCase<'e>> {
     cases
         .iter()
+        .copied()
         .fold(None, |best: Option<&OomCase<'_>>, c| match best {
             Some(b) if b.event.size >= c.event.size => Some(b),
             _ => Some(c),
         })
-}
-
-/// The allocator setting to suggest: expandable segments when they are off, else a split limit
-/// sized from the failed request (or from the largest free block).
-fn setting_for(view: &ModelView<'_>, request: Option<u64>) -> String {
-    let basis = request.unwrap_or(view.segments().largest_free_block);
-    fragmentation_setting(&view.snapshot().config, basis)
 }
