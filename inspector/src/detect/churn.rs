@@ -112,7 +112,7 @@ pub fn cache_churn(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
             .int("steps", n_steps)
             .float("device_allocs_per_step", per_step(device_allocs))
             .float("device_frees_per_step", per_step(device_frees))
-            .float("bytes_released_per_step", per_step(released))
+            .float("released_bytes_per_step", per_step(released))
             .float("empty_cache_calls_per_step", per_step(empty_calls))
             .int("empty_cache_calls", empty_calls)
             .float(
