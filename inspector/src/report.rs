@@ -624,9 +624,13 @@ pub fn bytes_or_na(bytes: Option<u64>) -> String {
     bytes.map_or_else(|| "n/a".to_string(), format_bytes)
 }
 
-/// A count, or `n/a` when the data does not record it.
-fn count_or_na(count: Option<u64>) -> String {
-    count.map_or_else(|| "n/a".to_string(), |n| n.to_string())
+/// A count with its noun, or `n/a` when the data does not record it (`1 OOM`, `3 OOMs`, `n/a OOMs`).
+fn counted(count: Option<u64>, one: &str, many: &str) -> String {
+    match count {
+        Some(1) => format!("1 {one}"),
+        Some(n) => format!("{n} {many}"),
+        None => format!("n/a {many}"),
+    }
 }
 
 /// The sentence of copies, host waits, device calls and OOMs (`12 transfers (1.00 MiB to
@@ -648,23 +652,27 @@ pub(crate) fn activity_sentence(s: &ReportStats) -> String {
         "transfers and host waits n/a".to_string()
     } else {
         format!(
-            "{} transfers ({} to device, {} to host), {} host waits ({} syncs, {} copies to host)",
-            count_or_na(s.transfers),
+            "{} ({} to device, {} to host), {} ({}, {})",
+            counted(s.transfers, "transfer", "transfers"),
             bytes_or_na(s.h2d_bytes),
             bytes_or_na(s.d2h_bytes),
-            count_or_na(s.host_waits),
-            count_or_na(s.syncs),
-            count_or_na(s.host_waits.zip(s.syncs).map(|(w, n)| w.saturating_sub(n)))
+            counted(s.host_waits, "host wait", "host waits"),
+            counted(s.syncs, "sync", "syncs"),
+            counted(
+                s.host_waits.zip(s.syncs).map(|(w, n)| w.saturating_sub(n)),
+                "copy to host",
+                "copies to host"
+            )
         )
     };
     let device = if s.device_allocs.is_none() && s.ooms.is_none() {
         "device allocs and OOMs n/a".to_string()
     } else {
         format!(
-            "{} device allocs, {} device frees, {} OOMs",
-            count_or_na(s.device_allocs),
-            count_or_na(s.device_frees),
-            count_or_na(s.ooms)
+            "{}, {}, {}",
+            counted(s.device_allocs, "device alloc", "device allocs"),
+            counted(s.device_frees, "device free", "device frees"),
+            counted(s.ooms, "OOM", "OOMs")
         )
     };
     format!("{copies}, {device}")
