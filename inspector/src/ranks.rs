@@ -160,7 +160,7 @@ pub fn number_ranks(paths: &[&Path]) -> (Vec<u32>, String) {
 
 /// The file name endings a folder's snapshot files have (`vramscope ranks DIR`): PyTorch's
 /// pickles, our JSON and event logs, Chrome traces, plain or gzipped.
-const SNAPSHOT_ENDINGS: [&str; 6] = [".pickle", ".pkl", ".json", ".jsonl", ".gz", ".pt"];
+pub const SNAPSHOT_ENDINGS: [&str; 6] = [".pickle", ".pkl", ".json", ".jsonl", ".gz", ".pt"];
 
 /// The snapshot files named by `inputs`, each once: files as they are, folders by their files
 /// (sorted) whose names end like a snapshot's ([`SNAPSHOT_ENDINGS`]). Also returns what was
