@@ -402,8 +402,8 @@ pub fn read_source(
     Ok(Some(doc))
 }
 
-/// Writes a dict whose keys are `source`'s, in its order, when there is a source dict, else
-/// `model_keys`. A key the model writes takes the model's value (`write_model` writes it); any
+/// Writes a dict whose keys are `source`'s, in its order and each once (as Python holds it),
+/// when there is a source dict, else `model_keys`. A key the model writes takes the model's value (`write_model` writes it); any
 /// other key of the source keeps the source's value.
 fn write_fields(
     out: &mut Out<'_>,
@@ -412,7 +412,9 @@ fn write_fields(
     write_model: &mut WriteModel<'_>,
 ) -> Result<(), ExportError> {
     out.w.begin_dict();
-    match source.and_then(ValueRef::dict_items) {
+    // Each key once, as Python holds the dict: a key the model writes is written once even
+    // when a hostile file repeats it thousands of times.
+    match source.and_then(ValueRef::python_dict_items) {
         Some(items) => {
             for (key, value) in items {
                 match key.as_str() {
@@ -532,6 +534,11 @@ pub fn export_pytorch(
         carry::check_total(events, segments)?;
     }
     let bytes = write_pytorch(snapshot, extras, dump.as_ref(), pairs)?;
+    // After writing, so that a sum past 2^64 is named by its field first.
+    carry::check_layout(
+        dump.as_ref()
+            .map_or(&snapshot.segments[..], |d| &d.segments),
+    )?;
     Ok(PytorchExport {
         bytes,
         not_carried: carry::not_carried(snapshot, dump.as_ref()),
@@ -571,7 +578,7 @@ fn write_pytorch(
     let root_order: Vec<String> = match extras {
         Some(x) => x
             .root
-            .dict_items()
+            .python_dict_items()
             .into_iter()
             .flatten()
             .filter_map(|(k, _)| k.as_str().map(str::to_string))

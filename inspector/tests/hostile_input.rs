@@ -408,3 +408,211 @@ fn json_nested_a_million_deep_is_an_error_naming_the_limit() {
         assert!(matches!(e.kind, ImportErrorKind::TooDeep { .. }), "{e}");
     }
 }
+
+/// Writes a block dict `{'address': address, 'size': size, 'requested_size': size, 'state':
+/// 'active_allocated'}`.
+fn block(p: &mut Pickle, address: i32, size: i32) {
+    p.op(b"}(")
+        .str("address")
+        .int(address)
+        .str("size")
+        .int(size)
+        .str("requested_size")
+        .int(size)
+        .str("state")
+        .str("active_allocated")
+        .op(b"u");
+}
+
+/// Opens a segment dict of 2 MiB at `address` on device 0, up to its `blocks` key (the caller
+/// writes the blocks and closes the dict with `u`).
+fn begin_segment(p: &mut Pickle, address: i32) {
+    p.op(b"}(")
+        .str("device")
+        .int(0)
+        .str("address")
+        .int(address)
+        .str("total_size")
+        .int(2 << 20)
+        .str("stream")
+        .int(0)
+        .str("segment_type")
+        .str("large");
+}
+
+fn structure_error(bytes: &[u8]) -> (String, String) {
+    match load(bytes, "hostile.pickle").unwrap_err().kind {
+        ImportErrorKind::Structure { path, message } => (path, message),
+        other => panic!("expected a structure error, got {other:?}"),
+    }
+}
+
+#[test]
+fn segments_that_share_one_list_of_blocks_many_times_are_refused() {
+    // One segment dict listed 20,000 times, its blocks one block dict listed 20,000 times:
+    // 4e8 blocks from 80 KB, which the importer made one by one (gigabytes, minutes) and the
+    // PyTorch export then wrote out (4.5 GB from a 40 KB file).
+    let mut p = Pickle::new();
+    p.op(b"}(")
+        .str("device_traces")
+        .op(b"]")
+        .str("segments")
+        .op(b"](");
+    begin_segment(&mut p, 1 << 30);
+    p.str("blocks").op(b"](");
+    block(&mut p, 1 << 30, 512);
+    let shared_block = p.memoize();
+    for _ in 1..20_000 {
+        p.get(shared_block);
+    }
+    p.op(b"eu");
+    let shared_segment = p.memoize();
+    for _ in 1..20_000 {
+        p.get(shared_segment);
+    }
+    p.op(b"eu");
+    let bytes = p.stop();
+    let (path, message) = structure_error(&bytes);
+    assert_eq!(path, "segments");
+    assert!(message.starts_with("400000000 blocks in a"), "{message}");
+    assert!(
+        message.contains("share blocks through the memo"),
+        "{message}"
+    );
+}
+
+#[test]
+fn blocks_that_overlap_or_leave_their_segment_are_an_error_naming_the_segment() {
+    let one_segment = |blocks: &dyn Fn(&mut Pickle)| {
+        let mut p = Pickle::new();
+        p.op(b"}(")
+            .str("device_traces")
+            .op(b"]")
+            .str("segments")
+            .op(b"](");
+        begin_segment(&mut p, 1 << 30);
+        p.str("blocks").op(b"](");
+        blocks(&mut p);
+        p.op(b"eueu");
+        p.stop()
+    };
+    // The same block listed twice counted its bytes twice in every figure.
+    let (path, message) = structure_error(&one_segment(&|p| {
+        block(p, 1 << 30, 4096);
+        block(p, (1 << 30) + 2048, 4096);
+    }));
+    assert_eq!(path, "segments[0].blocks");
+    assert!(
+        message.contains("the block at 0x40000800 (4096 bytes) overlaps the block before it"),
+        "{message}"
+    );
+    let (path, message) = structure_error(&one_segment(&|p| block(p, (1 << 30) - 512, 4096)));
+    assert_eq!(path, "segments[0].blocks");
+    assert!(message.contains("lies outside its segment"), "{message}");
+    // Blocks in another order are sorted first: tiling blocks are fine.
+    let fine = one_segment(&|p| {
+        block(p, (1 << 30) + 4096, 4096);
+        block(p, 1 << 30, 4096);
+    });
+    let s = load(&fine, "fine.pickle").unwrap();
+    assert_eq!(s.segments[0].blocks.len(), 2);
+}
+
+#[test]
+fn segments_that_overlap_are_an_error_naming_the_later_one() {
+    let mut p = Pickle::new();
+    p.op(b"}(")
+        .str("device_traces")
+        .op(b"]")
+        .str("segments")
+        .op(b"](");
+    for address in [(1 << 30) + (1 << 20), 1 << 30] {
+        begin_segment(&mut p, address);
+        p.str("blocks").op(b"]u");
+    }
+    p.op(b"eu");
+    let (path, message) = structure_error(&p.stop());
+    // Sorted by address, the segment of the file's first place is the one that overlaps.
+    assert_eq!(path, "segments[0].address");
+    assert!(
+        message.contains("overlaps segments[1] (0x40000000 to 0x40200000) on device 0"),
+        "{message}"
+    );
+}
+
+#[test]
+fn keys_a_file_repeats_are_exported_once() {
+    // `device_traces` set 20,000 times to one trace of 2,000 entries, and a segment whose
+    // `blocks` is set 20,000 times: Python keeps one of each, and the export wrote the trace
+    // 20,000 times (40 million entries) and the blocks as often.
+    let mut p = Pickle::new();
+    p.op(b"](");
+    for i in 0..2_000 {
+        begin_entry(&mut p, (1 << 30) + 512 * i);
+        p.op(b"]");
+        end_entry(&mut p);
+    }
+    p.op(b"e");
+    let trace = p.memoize();
+    p.op(b"0");
+    p.op(b"](");
+    for i in 0..64 {
+        block(&mut p, (1 << 29) + 4096 * i, 4096);
+    }
+    p.op(b"e");
+    let blocks = p.memoize();
+    p.op(b"0");
+    p.op(b"}(").str("segments").op(b"](");
+    begin_segment(&mut p, 1 << 29);
+    for _ in 0..20_000 {
+        p.str("blocks").get(blocks);
+    }
+    p.op(b"ue");
+    p.str("device_traces").op(b"](");
+    p.get(trace);
+    p.op(b"e");
+    let traces = p.memoize();
+    for _ in 1..20_000 {
+        p.str("device_traces").get(traces);
+    }
+    p.op(b"u");
+    let bytes = p.stop();
+
+    let snapshot = load(&bytes, "repeated.pickle").unwrap();
+    let doc = pickle::Document::parse(&bytes).unwrap();
+    let extras = vramscope_inspector::export::PytorchExtras::from_document(&doc).unwrap();
+    let exported =
+        vramscope_inspector::export::to_pytorch_pickle_with(&snapshot, Some(&extras)).unwrap();
+    assert!(
+        exported.len() < bytes.len(),
+        "{} bytes exported from {}",
+        exported.len(),
+        bytes.len()
+    );
+    let again = load(&exported, "exported.pickle").unwrap();
+    assert_eq!(again.events.len(), snapshot.events.len());
+    assert_eq!(again.segments[0].blocks.len(), 64);
+}
+
+#[test]
+fn a_trace_whose_live_blocks_overlap_is_not_exported_as_a_snapshot_that_cannot_import() {
+    // Two live allocations over the same bytes: the export made one segment holding both
+    // blocks, a pickle the importer refuses (and PyTorch's viewer would count twice).
+    let bytes = snapshot(
+        |p| {
+            for addr in [1 << 30, (1 << 30) + 256] {
+                begin_entry(p, addr);
+                p.op(b"]");
+                end_entry(p);
+            }
+        },
+        |p| {
+            p.op(b"}");
+        },
+    );
+    let snapshot = load(&bytes, "overlap.pickle").unwrap();
+    let e = vramscope_inspector::export::to_pytorch_pickle(&snapshot).unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("overlaps"), "{text}");
+    assert!(text.contains("the trace is inconsistent"), "{text}");
+}

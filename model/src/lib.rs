@@ -31,10 +31,10 @@ mod stats;
 
 pub use config::{AllocatorConfig, BacktraceMode, ConfigError, Policy, CONFIG_ENV_VAR, MIB};
 pub use snapshot::{
-    Annotation, Block, BlockState, CallSite, DeviceInfo, Event, EventKind, Frame, Owner, Pool,
-    ScopeId, Segment, SiteId, Snapshot, SnapshotError, SnapshotSource, StepMark, TagId,
-    TransferDirection, Violation, ViolationKind, EVENT_LOG_COUNT_KEY, FORMAT_VERSION,
-    FORMAT_VERSION_OOM_IN_ADDR,
+    overlapping_segment, Annotation, Block, BlockPlacement, BlockState, CallSite, DeviceInfo,
+    Event, EventKind, Frame, Owner, Pool, ScopeId, Segment, SiteId, Snapshot, SnapshotError,
+    SnapshotSource, StepMark, TagId, TransferDirection, Violation, ViolationKind,
+    EVENT_LOG_COUNT_KEY, FORMAT_VERSION, FORMAT_VERSION_OOM_IN_ADDR,
 };
 pub use stats::{
     format_bytes, parse_bytes, plural, thousands, MemoryStats, Recorded, Stat, StatArray,

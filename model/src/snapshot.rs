@@ -188,6 +188,57 @@ impl Segment {
             .max()
             .unwrap_or(0)
     }
+
+    /// The first block (its index) that is out of place with why, for blocks in address
+    /// order: one that lies outside the segment, or one that starts before the block ahead of
+    /// it ends. `None` when every block lies inside the segment, apart from the others, as
+    /// blocks a caching allocator cut from the segment do; blocks out of place would count
+    /// the same bytes twice in every figure.
+    pub fn misplaced_block(&self) -> Option<(usize, BlockPlacement)> {
+        let end = self.address.saturating_add(self.total_size);
+        let mut covered = self.address;
+        for (i, block) in self.blocks.iter().enumerate() {
+            let block_end = block.address.saturating_add(block.size);
+            if block.address < self.address || block_end > end {
+                return Some((i, BlockPlacement::OutsideSegment));
+            }
+            if block.address < covered {
+                return Some((
+                    i,
+                    BlockPlacement::Overlaps {
+                        previous_end: covered,
+                    },
+                ));
+            }
+            covered = block_end;
+        }
+        None
+    }
+}
+
+/// How a block is out of place in its segment ([`Segment::misplaced_block`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockPlacement {
+    /// The block starts before its segment or ends after it.
+    OutsideSegment,
+    /// The block starts before the block ahead of it, which ends at `previous_end`.
+    Overlaps {
+        /// Where the block ahead of it ends.
+        previous_end: u64,
+    },
+}
+
+/// The first segment (its index) that overlaps the one before it on the same device, for
+/// segments sorted by device and address; `None` when they lie apart, as the segments of one
+/// device's memory do.
+pub fn overlapping_segment(segments: &[Segment]) -> Option<usize> {
+    segments
+        .windows(2)
+        .position(|pair| {
+            pair[0].device == pair[1].device
+                && pair[1].address < pair[0].address.saturating_add(pair[0].total_size)
+        })
+        .map(|i| i + 1)
 }
 
 /// Direction of a host/device copy.

@@ -21,8 +21,8 @@
 
 use vramscope_engine::{MemoryState, Reconstruction, Usage, NO_EVENT};
 use vramscope_model::{
-    format_bytes, plural, Block, BlockState, EventKind, Pool, Segment, Snapshot, SnapshotSource,
-    StepMark,
+    format_bytes, plural, Block, BlockPlacement, BlockState, EventKind, Pool, Segment, Snapshot,
+    SnapshotSource, StepMark,
 };
 
 use super::ExportError;
@@ -243,6 +243,42 @@ impl DumpState {
             reserved_known: walk.reserved_known,
         }))
     }
+}
+
+/// Fails when `segments` would not import again: two segments of a device that overlap, or a
+/// block outside its segment or over another ([`Segment::misplaced_block`]). Only an
+/// inconsistent trace leaves live blocks so, and the importer refuses such a file.
+pub(crate) fn check_layout(segments: &[Segment]) -> Result<(), ExportError> {
+    let mut order: Vec<&Segment> = segments.iter().collect();
+    order.sort_by_key(|s| (s.device, s.address));
+    for pair in order.windows(2) {
+        let (before, after) = (pair[0], pair[1]);
+        let before_end = before.address.saturating_add(before.total_size);
+        if before.device == after.device && after.address < before_end {
+            return Err(ExportError::Limit {
+                what: format!(
+                    "the segment at {:#x} overlaps the one at {:#x} ({} bytes) on device {}: the trace is inconsistent, and a pickle cannot hold memory that overlaps",
+                    after.address, before.address, before.total_size, after.device
+                ),
+            });
+        }
+    }
+    for segment in segments {
+        if let Some((i, placement)) = segment.misplaced_block() {
+            let block = &segment.blocks[i];
+            let how = match placement {
+                BlockPlacement::OutsideSegment => "lies outside its segment",
+                BlockPlacement::Overlaps { .. } => "overlaps another block",
+            };
+            return Err(ExportError::Limit {
+                what: format!(
+                    "the live block at {:#x} ({} bytes) {how} in the segment at {:#x}: the trace is inconsistent, and a pickle cannot hold memory that overlaps",
+                    block.address, block.size, segment.address
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Fails when the sizes a pickle holds add up past what the importer reads: `events` (each

@@ -37,8 +37,9 @@ use std::fmt;
 
 use rustc_hash::FxHashMap;
 use vramscope_model::{
-    AllocatorConfig, Annotation, Block, BlockState, DeviceInfo, Event, EventKind, MemoryStats,
-    Pool, Segment, SiteId, Snapshot, SnapshotSource, StepMark, FORMAT_VERSION,
+    overlapping_segment, AllocatorConfig, Annotation, Block, BlockPlacement, BlockState,
+    DeviceInfo, Event, EventKind, MemoryStats, Pool, Segment, SiteId, Snapshot, SnapshotSource,
+    StepMark, FORMAT_VERSION,
 };
 
 use super::timeline;
@@ -128,22 +129,47 @@ pub fn max_trace_entries(input_bytes: usize) -> usize {
     input_bytes / 8 + 65_536
 }
 
-/// Fails when the traces of `root` hold more entries than [`max_trace_entries`] allows.
+/// Fails when the traces of `root` hold more entries, or its segments more blocks, than
+/// [`max_trace_entries`] allows. A block is a dict of four keys or more as PyTorch writes it,
+/// 40 bytes or more; segments that share one list of blocks through the memo (or one segment
+/// listed many times) would make a block of every pair of references.
 fn check_entries(root: ValueRef<'_>, input_bytes: usize) -> Result<(), Fault> {
-    let Some(traces) = root.get("device_traces").and_then(ValueRef::as_seq) else {
-        return Ok(());
-    };
-    let entries = traces
-        .iter()
-        .filter_map(ValueRef::as_seq)
-        .map(Seq::len)
-        .fold(0usize, usize::saturating_add);
     let limit = max_trace_entries(input_bytes);
+    let count = |list: Option<ValueRef<'_>>, inner: &dyn Fn(ValueRef<'_>) -> Option<usize>| {
+        list.and_then(ValueRef::as_seq)
+            .into_iter()
+            .flat_map(|seq| seq.iter())
+            .filter_map(inner)
+            .fold(0usize, usize::saturating_add)
+    };
+    let entries = count(root.get("device_traces"), &|trace| {
+        trace.as_seq().map(Seq::len)
+    });
     if entries > limit {
         return Err(Fault {
             path: "device_traces".to_string(),
             message: format!(
                 "{entries} trace entries in a {input_bytes}-byte pickle, more than the limit of {limit} (one per 8 bytes of input; PyTorch writes 40 bytes or more per entry, so these entries share dicts through the memo and are not a recorded trace)"
+            ),
+        });
+    }
+    // Very old files are a bare list of segments.
+    let segments = if root.is_dict() {
+        root.get("segments")
+    } else {
+        Some(root)
+    };
+    let blocks = count(segments, &|segment| {
+        segment
+            .get("blocks")
+            .and_then(ValueRef::as_seq)
+            .map(Seq::len)
+    });
+    if blocks > limit {
+        return Err(Fault {
+            path: "segments".to_string(),
+            message: format!(
+                "{blocks} blocks in a {input_bytes}-byte pickle, more than the limit of {limit} (one per 8 bytes of input; PyTorch writes 40 bytes or more per block, so these segments share blocks through the memo and are not a memory snapshot)"
             ),
         });
     }
@@ -534,6 +560,52 @@ fn block_state(text: &str) -> Option<BlockState> {
     }
 }
 
+/// Checks that the blocks of `segment` (sorted by address), the segment at `loc`, lie inside
+/// it and apart ([`Segment::misplaced_block`]).
+fn check_blocks_placed(segment: &Segment, loc: Loc) -> Result<(), Fault> {
+    let Some((i, placement)) = segment.misplaced_block() else {
+        return Ok(());
+    };
+    let block = &segment.blocks[i];
+    let why = match placement {
+        BlockPlacement::OutsideSegment => format!(
+            "lies outside its segment, {:#x} to {:#x}",
+            segment.address,
+            segment.address.saturating_add(segment.total_size)
+        ),
+        BlockPlacement::Overlaps { previous_end } => {
+            format!("overlaps the block before it, which ends at {previous_end:#x}")
+        }
+    };
+    Err(loc.fault(
+        "blocks",
+        format!(
+            "the block at {:#x} ({} bytes) {why}; the file is inconsistent",
+            block.address, block.size
+        ),
+    ))
+}
+
+/// Checks that no two segments of a device (sorted by device and address) overlap; `places`
+/// gives each segment's place in the file, for the error.
+fn check_segments_apart(segments: &[Segment], places: &[usize]) -> Result<(), Fault> {
+    let Some(i) = overlapping_segment(segments) else {
+        return Ok(());
+    };
+    let (before, after) = (&segments[i - 1], &segments[i]);
+    Err(Loc::Segment(places[i]).fault(
+        "address",
+        format!(
+            "the segment at {:#x} overlaps segments[{}] ({:#x} to {:#x}) on device {}; the file is inconsistent",
+            after.address,
+            places[i - 1],
+            before.address,
+            before.address.saturating_add(before.total_size),
+            after.device
+        ),
+    ))
+}
+
 /// Where and when each live block was last allocated in the trace.
 type LastAlloc = FxHashMap<(u32, u64), (Option<SiteId>, u64)>;
 
@@ -631,7 +703,7 @@ fn read_segment(
         });
     }
     blocks_out.sort_by_key(|b| b.address);
-    Ok(Segment {
+    let segment = Segment {
         device,
         address,
         total_size,
@@ -639,7 +711,9 @@ fn read_segment(
         pool,
         expandable,
         blocks: blocks_out,
-    })
+    };
+    check_blocks_placed(&segment, loc)?;
+    Ok(segment)
 }
 
 /// Reads `allocator_settings` on top of the defaults, ignoring unknown keys and values.
@@ -916,11 +990,16 @@ fn finish(
     for e in events.iter().filter(|e| e.kind == EventKind::Alloc) {
         last_alloc.insert((e.device, e.addr), (e.site, e.step));
     }
-    let mut segments = Vec::with_capacity(segment_values.map_or(0, Seq::len));
+    let mut placed = Vec::with_capacity(segment_values.map_or(0, Seq::len));
     for (i, s) in elements(segment_values).enumerate() {
-        segments.push(read_segment(s, i, &mut stacks, &last_alloc, &mut figures)?);
+        placed.push((
+            read_segment(s, i, &mut stacks, &last_alloc, &mut figures)?,
+            i,
+        ));
     }
-    segments.sort_by_key(|s| (s.device, s.address));
+    placed.sort_by_key(|(s, _)| (s.device, s.address));
+    let (segments, places): (Vec<Segment>, Vec<usize>) = placed.into_iter().unzip();
+    check_segments_apart(&segments, &places)?;
 
     let first_segment_device = segments.iter().map(|s| s.device).min();
     let index = match (first_device, first_segment_device) {

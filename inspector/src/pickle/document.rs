@@ -484,6 +484,38 @@ impl<'d> ValueRef<'d> {
         })
     }
 
+    /// The key/value pairs Python holds once it has loaded the dict: a string key set more
+    /// than once appears once, in the place it was first set, with the value it was last set
+    /// to. Other keys (which a snapshot never uses) are kept as they come. Writers use it so
+    /// that a key repeated in a hostile file is written once, not once per repetition.
+    pub fn python_dict_items(self) -> Option<Vec<(ValueRef<'d>, ValueRef<'d>)>> {
+        let items: Vec<_> = self.dict_items()?.collect();
+        // Most dicts are a handful of distinct keys: look for a repeat before building a map.
+        let mut seen = rustc_hash::FxHashMap::default();
+        let mut repeated = false;
+        for (i, (key, _)) in items.iter().enumerate() {
+            if let Some(text) = key.as_str() {
+                if seen.insert(text, i).is_some() {
+                    repeated = true;
+                }
+            }
+        }
+        if !repeated {
+            return Some(items);
+        }
+        // `seen` now holds each string key's last place; keep its first place.
+        let mut placed: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();
+        let mut kept = Vec::with_capacity(seen.len());
+        for &(key, value) in &items {
+            match key.as_str() {
+                Some(text) if placed.insert(text) => kept.push((key, items[seen[text]].1)),
+                Some(_) => {}
+                None => kept.push((key, value)),
+            }
+        }
+        Some(kept)
+    }
+
     /// Whether the value is a dict.
     pub fn is_dict(self) -> bool {
         self.r.kind() == kind::DICT
