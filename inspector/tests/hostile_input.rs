@@ -474,9 +474,12 @@ fn segments_that_share_one_list_of_blocks_many_times_are_refused() {
     let bytes = p.stop();
     let (path, message) = structure_error(&bytes);
     assert_eq!(path, "segments");
-    assert!(message.starts_with("400000000 blocks in a"), "{message}");
     assert!(
-        message.contains("share blocks through the memo"),
+        message.starts_with("20000 segments and 400000000 blocks in a"),
+        "{message}"
+    );
+    assert!(
+        message.contains("share dicts through the memo"),
         "{message}"
     );
 }
@@ -615,4 +618,35 @@ fn a_trace_whose_live_blocks_overlap_is_not_exported_as_a_snapshot_that_cannot_i
     let text = e.to_string();
     assert!(text.contains("overlaps"), "{text}");
     assert!(text.contains("the trace is inconsistent"), "{text}");
+}
+
+#[test]
+fn annotations_that_share_one_dict_many_times_are_refused() {
+    // One annotation dict listed 200,000 times in 400 KB: each became a step of its own
+    // (135 MB for a 1 MB file).
+    let mut p = Pickle::new();
+    p.op(b"}(")
+        .str("segments")
+        .op(b"]")
+        .str("device_traces")
+        .op(b"]");
+    p.str("external_annotations").op(b"](");
+    p.op(b"}(")
+        .str("device")
+        .int(0)
+        .str("name")
+        .str("step")
+        .str("stage")
+        .str("START")
+        .str("time_us")
+        .int(5)
+        .op(b"u");
+    let shared = p.memoize();
+    for _ in 1..200_000 {
+        p.get(shared);
+    }
+    p.op(b"eu");
+    let (path, message) = structure_error(&p.stop());
+    assert_eq!(path, "external_annotations");
+    assert!(message.starts_with("200000 annotations in a"), "{message}");
 }

@@ -129,10 +129,11 @@ pub fn max_trace_entries(input_bytes: usize) -> usize {
     input_bytes / 8 + 65_536
 }
 
-/// Fails when the traces of `root` hold more entries, or its segments more blocks, than
-/// [`max_trace_entries`] allows. A block is a dict of four keys or more as PyTorch writes it,
-/// 40 bytes or more; segments that share one list of blocks through the memo (or one segment
-/// listed many times) would make a block of every pair of references.
+/// Fails when the traces of `root` hold more entries, its segments and their blocks more
+/// records, or its annotations more, than [`max_trace_entries`] allows. PyTorch writes each
+/// as a dict of four keys or more; a file whose lists share one dict through the memo (a
+/// segment listed many times, each sharing one list of blocks) would otherwise make a record
+/// of every reference, and a block of every pair of them.
 fn check_entries(root: ValueRef<'_>, input_bytes: usize) -> Result<(), Fault> {
     let limit = max_trace_entries(input_bytes);
     let count = |list: Option<ValueRef<'_>>, inner: &dyn Fn(ValueRef<'_>) -> Option<usize>| {
@@ -159,17 +160,31 @@ fn check_entries(root: ValueRef<'_>, input_bytes: usize) -> Result<(), Fault> {
     } else {
         Some(root)
     };
+    let segment_count = segments.and_then(ValueRef::as_seq).map_or(0, Seq::len);
     let blocks = count(segments, &|segment| {
         segment
             .get("blocks")
             .and_then(ValueRef::as_seq)
             .map(Seq::len)
     });
-    if blocks > limit {
+    let records = blocks.saturating_add(segment_count);
+    if records > limit {
         return Err(Fault {
             path: "segments".to_string(),
             message: format!(
-                "{blocks} blocks in a {input_bytes}-byte pickle, more than the limit of {limit} (one per 8 bytes of input; PyTorch writes 40 bytes or more per block, so these segments share blocks through the memo and are not a memory snapshot)"
+                "{segment_count} segments and {blocks} blocks in a {input_bytes}-byte pickle, more than the limit of {limit} together (one per 8 bytes of input; PyTorch writes 40 bytes or more per block or segment, so these share dicts through the memo and are not a memory snapshot)"
+            ),
+        });
+    }
+    let annotations = root
+        .get("external_annotations")
+        .and_then(ValueRef::as_seq)
+        .map_or(0, Seq::len);
+    if annotations > limit {
+        return Err(Fault {
+            path: "external_annotations".to_string(),
+            message: format!(
+                "{annotations} annotations in a {input_bytes}-byte pickle, more than the limit of {limit} (one per 8 bytes of input; PyTorch writes 20 bytes or more per annotation, so these share dicts through the memo and are not recorded annotations)"
             ),
         });
     }
