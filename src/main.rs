@@ -27,9 +27,14 @@ use vramscope::Snapshot;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+/// The ceiling on what a command that reads files reads: only those commands take it.
+#[derive(Args, Clone, Copy, Default)]
+struct InputLimit {
     /// The largest input file (or gzip content) read, e.g. 8GiB; 4GiB by default, or
     /// VRAMSCOPE_MAX_INPUT.
-    #[arg(long, global = true, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_size)]
     max_input: Option<u64>,
 }
 
@@ -44,6 +49,8 @@ enum Command {
         /// A function name whose allocations start a new training step.
         #[arg(long)]
         step_marker: Option<String>,
+        #[command(flatten)]
+        limit: InputLimit,
     },
     /// Attach the dashboard to a live program started with VRAMSCOPE_LISTEN, or to several
     /// (one address per rank or process: a row each, Enter opens one).
@@ -68,6 +75,8 @@ enum Command {
         /// The file to write.
         #[arg(short, long)]
         output: PathBuf,
+        #[command(flatten)]
+        limit: InputLimit,
     },
     /// Say what this machine offers: CUDA driver, devices and memory, NVRTC, and which backend
     /// a program would get.
@@ -79,6 +88,8 @@ enum Command {
         /// Summarize only this device (a multi-device snapshot gives one summary per device).
         #[arg(long)]
         device: Option<u32>,
+        #[command(flatten)]
+        limit: InputLimit,
     },
     /// Compare the snapshots of a job's ranks side by side and name the rank that stands out.
     Ranks {
@@ -91,6 +102,8 @@ enum Command {
         /// Write to this file instead of standard output.
         #[arg(short, long)]
         output: Option<PathBuf>,
+        #[command(flatten)]
+        limit: InputLimit,
     },
     /// Compare two snapshots by call site: what grew and what shrank.
     Diff {
@@ -101,7 +114,25 @@ enum Command {
         /// Output format: text or json.
         #[arg(long, default_value = "text")]
         format: Format,
+        #[command(flatten)]
+        limit: InputLimit,
     },
+}
+
+impl Command {
+    /// The input ceiling given to a command that reads files; none for the others.
+    fn input_limit(&self) -> InputLimit {
+        match self {
+            Command::View { limit, .. }
+            | Command::Convert { limit, .. }
+            | Command::Summary { limit, .. }
+            | Command::Ranks { limit, .. }
+            | Command::Diff { limit, .. } => *limit,
+            Command::Report(args) => args.limit,
+            Command::Replay(args) => args.limit,
+            Command::Demo(_) | Command::Top { .. } | Command::Doctor => InputLimit::default(),
+        }
+    }
 }
 
 /// The arguments of `vramscope demo`.
@@ -146,6 +177,8 @@ struct ReportArgs {
     /// Report only this device (a multi-device snapshot reports every device with data).
     #[arg(long)]
     device: Option<u32>,
+    #[command(flatten)]
+    limit: InputLimit,
 }
 
 /// The arguments of `vramscope replay`.
@@ -181,6 +214,8 @@ struct ReplayArgs {
     /// Report only this device (a multi-device snapshot reports every device with data).
     #[arg(long)]
     device: Option<u32>,
+    #[command(flatten)]
+    limit: InputLimit,
 }
 
 /// A format `vramscope convert` writes.
@@ -333,7 +368,9 @@ fn emit(text: &str, output: Option<&PathBuf>) -> Result<(), Failure> {
 fn run(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
         Command::Demo(args) => run_demo(args),
-        Command::View { file, step_marker } => {
+        Command::View {
+            file, step_marker, ..
+        } => {
             let mut options = ImportOptions::default();
             options.step_marker = step_marker;
             vramscope_tui::run_view(&file, &options).map_err(tui_failure)?;
@@ -354,7 +391,9 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         }
         Command::Report(args) => run_report(args),
         Command::Replay(args) => run_replay(args),
-        Command::Convert { file, to, output } => {
+        Command::Convert {
+            file, to, output, ..
+        } => {
             use vramscope::inspector::export;
             let snapshot = loading::load(&file).map_err(Failure::input)?;
             let written = match to {
@@ -388,7 +427,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             emit(&format!("{}\n", vramscope::allocator::doctor()), None)?;
             Ok(0)
         }
-        Command::Summary { file, device } => {
+        Command::Summary { file, device, .. } => {
             let snapshot = loading::load(&file).map_err(Failure::input)?;
             require_data(&snapshot, &file)?;
             let text = device_parts(snapshot, device)?
@@ -407,6 +446,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             inputs,
             format,
             output,
+            ..
         } => {
             let (files, left_out) = ranks::expand_inputs(&inputs).map_err(Failure::input)?;
             for why in &left_out {
@@ -444,6 +484,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             before,
             after,
             format,
+            ..
         } => {
             let a = loading::load(&before).map_err(Failure::input)?;
             let b = loading::load(&after).map_err(Failure::input)?;
@@ -526,6 +567,7 @@ fn run_report(args: ReportArgs) -> Result<u8, Failure> {
         step_marker,
         fail_on,
         device,
+        limit: _,
     } = args;
     let mut snapshot = loading::load(&file).map_err(Failure::input)?;
     if let Some(marker) = step_marker {
@@ -591,6 +633,7 @@ fn run_replay(args: ReplayArgs) -> Result<u8, Failure> {
         format,
         fail_on_oom,
         device,
+        limit: _,
     } = args;
     use vramscope::replay;
     // Without --conf the trace's own settings apply; --policy replaces either's policy.
@@ -669,7 +712,7 @@ fn run_replay(args: ReplayArgs) -> Result<u8, Failure> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(bytes) = cli.max_input {
+    if let Some(bytes) = cli.command.input_limit().max_input {
         import::set_default_max_input(bytes);
     }
     match run(cli) {

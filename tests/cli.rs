@@ -1012,3 +1012,26 @@ fn q_gives_up_a_slow_load() {
     assert_eq!(status.trim(), "0", "giving up is not an error");
     assert_eq!(alternate.trim(), "0", "the terminal was restored");
 }
+
+#[test]
+fn the_input_ceiling_belongs_to_the_commands_that_read_files() {
+    let file = temp("ceiling.json");
+    let demo = vramscope(&["demo", "--headless", "--steps", "2", "--format", "json"]);
+    std::fs::write(&file, &demo.stdout).unwrap();
+    // Not in the help of the commands that read no file.
+    for command in ["demo", "top", "doctor"] {
+        let help = stdout(&vramscope(&[command, "--help"]));
+        assert!(!help.contains("--max-input"), "{command}: {help}");
+    }
+    // A file command takes it, and a file past it is exit 2 naming both ways to raise it.
+    for command in ["report", "summary", "replay"] {
+        let help = stdout(&vramscope(&[command, "--help"]));
+        assert!(help.contains("--max-input"), "{command}: {help}");
+        let output = vramscope(&[command, "--max-input", "16B", file.to_str().unwrap()]);
+        assert_eq!(output.status.code(), Some(2), "{command}");
+        let error = String::from_utf8_lossy(&output.stderr);
+        assert!(error.contains("larger than the limit of 16 bytes"), "{error}");
+        assert!(error.contains("--max-input SIZE"), "{error}");
+    }
+    let _ = std::fs::remove_file(&file);
+}

@@ -54,7 +54,7 @@ static MAX_INPUT_OVERRIDE: std::sync::atomic::AtomicU64 = std::sync::atomic::Ato
 
 /// Sets the largest input (file, or what a gzip file unpacks to) that the defaults of
 /// [`ImportOptions`] accept from now on in this process, over [`MAX_INPUT_ENV`]: what
-/// `vramscope --max-input SIZE` does.
+/// a file command's `--max-input SIZE` does (`vramscope report --max-input 8GiB FILE`).
 pub fn set_default_max_input(bytes: u64) {
     MAX_INPUT_OVERRIDE.store(bytes.max(1), std::sync::atomic::Ordering::Relaxed);
 }

@@ -6,7 +6,7 @@
 //! [`Limits::max_input_bytes`] from the importer's options. SECURITY.md lists every bound.
 
 /// The largest input read by default, in bytes (4 GiB): more than the largest PyTorch snapshots
-/// of big jobs. `vramscope --max-input` and `VRAMSCOPE_MAX_INPUT` set another ceiling.
+/// of big jobs. The file commands' `--max-input` and `VRAMSCOPE_MAX_INPUT` set another ceiling.
 pub const DEFAULT_MAX_INPUT_BYTES: usize = 4 << 30;
 
 /// Bounds on what one [`parse`](super::parse) may build; exceeding one is an error, never an abort.
