@@ -8,7 +8,7 @@
 //! devices being [`devices_with_data`]. The part is a snapshot like any other: the engine,
 //! the detectors and the dashboard need nothing else.
 
-use vramscope_model::{Snapshot, SnapshotSource};
+use vramscope_model::{Event, Segment, Snapshot, SnapshotSource, Violation};
 
 /// The devices that have events, in increasing order; those with segments when no device has
 /// events; the snapshot's own device when it has neither.
@@ -32,12 +32,13 @@ pub fn is_multi_device(snapshot: &Snapshot) -> bool {
 
 /// `device`'s part of `snapshot`: its events (renumbered from 0, step marks moved with them),
 /// segments and annotations, with the statistics of that device (recomputed for a PyTorch
-/// snapshot; kept for the snapshot's own device; unknown, that is zero, otherwise). Call
-/// sites, tags and scopes are shared tables and stay whole.
+/// snapshot; kept for the snapshot's own device; unknown, that is zero, otherwise), and the
+/// call sites, tags and scopes that those events and blocks name (renumbered in the order of
+/// the whole snapshot's tables). The part costs what it holds: nothing of the other devices is
+/// copied, so taking every device's part in turn is linear in the snapshot.
 pub fn only_device(snapshot: &Snapshot, device: u32) -> Snapshot {
-    let mut part = snapshot.clone();
-    if !is_multi_device(snapshot) && snapshot.device.index == device {
-        return part;
+    if snapshot.device.index == device && !is_multi_device(snapshot) {
+        return snapshot.clone();
     }
     let kept: Vec<usize> = snapshot
         .events
@@ -46,12 +47,12 @@ pub fn only_device(snapshot: &Snapshot, device: u32) -> Snapshot {
         .filter(|(_, e)| e.device == device)
         .map(|(i, _)| i)
         .collect();
-    part.events = kept.iter().map(|&i| snapshot.events[i]).collect();
-    for (seq, e) in part.events.iter_mut().enumerate() {
+    let mut events: Vec<Event> = kept.iter().map(|&i| snapshot.events[i]).collect();
+    for (seq, e) in events.iter_mut().enumerate() {
         e.seq = seq as u64;
     }
     // A step mark starts at the first kept event at or after its old sequence number.
-    part.steps = snapshot
+    let steps = snapshot
         .steps
         .iter()
         .map(|mark| {
@@ -60,23 +61,142 @@ pub fn only_device(snapshot: &Snapshot, device: u32) -> Snapshot {
             mark
         })
         .collect();
-    part.segments.retain(|s| s.device == device);
-    part.annotations.retain(|a| a.device == device);
-    part.device.index = device;
-    if part.device.name.starts_with("cuda:") {
-        part.device.name = format!("cuda:{device}");
+    let mut segments: Vec<Segment> = snapshot
+        .segments
+        .iter()
+        .filter(|s| s.device == device)
+        .cloned()
+        .collect();
+    // Only the table entries the part names, renumbered.
+    let mut violations = snapshot.violations.clone();
+    let mut tables = [
+        Renumbering::new(snapshot.sites.len()),
+        Renumbering::new(snapshot.tags.len()),
+        Renumbering::new(snapshot.scopes.len()),
+    ];
+    each_id(
+        &mut events,
+        &mut segments,
+        &mut violations,
+        &mut |table, id| tables[table].mark(id),
+    );
+    let [sites_kept, tags_kept, scopes_kept] = tables.each_mut().map(Renumbering::finish);
+    each_id(
+        &mut events,
+        &mut segments,
+        &mut violations,
+        &mut |table, id| tables[table].renumber(id),
+    );
+    let annotations = snapshot
+        .annotations
+        .iter()
+        .filter(|a| a.device == device)
+        .cloned()
+        .collect();
+    let mut device_info = snapshot.device.clone();
+    device_info.index = device;
+    if device_info.name.starts_with("cuda:") {
+        device_info.name = format!("cuda:{device}");
     }
-    part.stats = match snapshot.source {
-        SnapshotSource::Pytorch => crate::import::pytorch::compute_stats(
-            &part.segments,
-            &part.events,
-            device,
-            &part.config,
-        ),
+    let stats = match snapshot.source {
+        SnapshotSource::Pytorch => {
+            crate::import::pytorch::compute_stats(&segments, &events, device, &snapshot.config)
+        }
         _ if snapshot.device.index == device => snapshot.stats,
         _ => Default::default(),
     };
-    part
+    Snapshot {
+        format_version: snapshot.format_version,
+        source: snapshot.source,
+        device: device_info,
+        config: snapshot.config.clone(),
+        stats,
+        epoch_unix_ns: snapshot.epoch_unix_ns,
+        segments,
+        events,
+        dropped_events: snapshot.dropped_events,
+        sites: sites_kept
+            .iter()
+            .map(|&i| snapshot.sites[i].clone())
+            .collect(),
+        tags: tags_kept
+            .iter()
+            .map(|&i| snapshot.tags[i].clone())
+            .collect(),
+        scopes: scopes_kept
+            .iter()
+            .map(|&i| snapshot.scopes[i].clone())
+            .collect(),
+        steps,
+        annotations,
+        violations,
+    }
+}
+
+/// Calls `f` with every table id of `events`, `segments`' blocks and `violations`' owners: the
+/// table (0 call sites, 1 tags, 2 scopes) and the id.
+fn each_id(
+    events: &mut [Event],
+    segments: &mut [Segment],
+    violations: &mut [Violation],
+    f: &mut dyn FnMut(usize, &mut Option<u32>),
+) {
+    for e in events {
+        f(0, &mut e.site);
+        f(1, &mut e.tag);
+        f(2, &mut e.scope);
+    }
+    for b in segments.iter_mut().flat_map(|s| s.blocks.iter_mut()) {
+        f(0, &mut b.site);
+        f(1, &mut b.tag);
+        f(2, &mut b.scope);
+    }
+    let owners = violations
+        .iter_mut()
+        .flat_map(|v| [v.previous_owner.as_mut(), v.new_owner.as_mut()])
+        .flatten();
+    for owner in owners {
+        f(0, &mut owner.site);
+        f(1, &mut owner.tag);
+    }
+}
+
+/// The entries of one table (call sites, tags or scopes) that a device's part names, and
+/// their new numbers: marked first, then numbered in the table's order.
+struct Renumbering {
+    /// For each entry of the whole table, its number in the part once used (`u32::MAX`
+    /// while unused, or before [`Renumbering::finish`]).
+    new_id: Vec<u32>,
+    used: Vec<bool>,
+}
+
+impl Renumbering {
+    fn new(len: usize) -> Renumbering {
+        Renumbering {
+            new_id: vec![u32::MAX; len],
+            used: vec![false; len],
+        }
+    }
+
+    fn mark(&mut self, id: &mut Option<u32>) {
+        if let Some(used) = id.and_then(|i| self.used.get_mut(i as usize)) {
+            *used = true;
+        }
+    }
+
+    /// Numbers the used entries in order and returns their places in the whole table.
+    fn finish(&mut self) -> Vec<usize> {
+        let kept: Vec<usize> = (0..self.used.len()).filter(|&i| self.used[i]).collect();
+        for (new, &old) in kept.iter().enumerate() {
+            self.new_id[old] = new as u32;
+        }
+        kept
+    }
+
+    /// An id past the table (an inconsistent file) becomes no entry, as it read before.
+    fn renumber(&self, id: &mut Option<u32>) {
+        *id = id.and_then(|i| self.new_id.get(i as usize).copied());
+    }
 }
 
 #[cfg(test)]
@@ -113,6 +233,37 @@ mod tests {
                 "device {device}"
             );
             assert_eq!(view.end_allocated(), own.end_allocated(), "device {device}");
+        }
+    }
+
+    #[test]
+    fn a_part_names_only_its_own_sites_and_each_the_same_as_before() {
+        let (mut both, _, _) = merged();
+        // Sites that only device 1 names, so that device 0's part must leave them out.
+        let first_site = both.sites.len() as u32;
+        for (i, e) in both.events.iter_mut().filter(|e| e.device == 1).enumerate() {
+            let mut site = both.sites[0].clone();
+            site.line = 10_000 + i as u32;
+            both.sites.push(site);
+            e.site = Some(first_site + i as u32);
+        }
+        let site_of = |s: &Snapshot, id: Option<u32>| id.map(|i| s.sites[i as usize].clone());
+        for device in [0, 1] {
+            let part = only_device(&both, device);
+            let full: Vec<_> = both.events.iter().filter(|e| e.device == device).collect();
+            for (kept, original) in part.events.iter().zip(&full) {
+                assert_eq!(site_of(&part, kept.site), site_of(&both, original.site));
+            }
+            let used: std::collections::BTreeSet<_> =
+                part.events.iter().filter_map(|e| e.site).collect();
+            let blocks = part.segments.iter().flat_map(|s| &s.blocks);
+            let used_by_blocks: std::collections::BTreeSet<_> =
+                blocks.filter_map(|b| b.site).collect();
+            assert_eq!(
+                part.sites.len(),
+                used.union(&used_by_blocks).count(),
+                "device {device}: only the sites its events and blocks name"
+            );
         }
     }
 

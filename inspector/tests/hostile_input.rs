@@ -650,3 +650,67 @@ fn annotations_that_share_one_dict_many_times_are_refused() {
     assert_eq!(path, "external_annotations");
     assert!(message.starts_with("200000 annotations in a"), "{message}");
 }
+
+#[test]
+fn a_device_past_the_device_limit_is_an_error_naming_the_field() {
+    // A 208-byte pickle with one segment on device 4,000,000,000 made the PyTorch export ask
+    // for 96 GB (a list per device up to it), and 40,000 device traces sharing one entry made
+    // `report` take 28 s for 200 KB (the whole snapshot copied per device).
+    let mut p = Pickle::new();
+    p.op(b"}(")
+        .str("device_traces")
+        .op(b"]")
+        .str("segments")
+        .op(b"](");
+    p.op(b"}(")
+        .str("device")
+        .op(b"\x8a\x05\x00\x28\x6b\xee\x00"); // LONG1 4e9
+    p.str("address")
+        .int(1 << 30)
+        .str("total_size")
+        .int(2 << 20)
+        .str("blocks")
+        .op(b"]u");
+    p.op(b"eu");
+    let (path, message) = structure_error(&p.stop());
+    assert_eq!(path, "segments[0].device");
+    assert!(
+        message.starts_with("device 4000000000 is out of range: device indices run from 0 to 255"),
+        "{message}"
+    );
+
+    // An entry in the trace at position 256.
+    let mut p = Pickle::new();
+    p.op(b"}(")
+        .str("segments")
+        .op(b"]")
+        .str("device_traces")
+        .op(b"](");
+    p.op(b"]");
+    let empty = p.memoize();
+    for _ in 1..256 {
+        p.get(empty);
+    }
+    p.op(b"](");
+    begin_entry(&mut p, 1 << 30);
+    p.op(b"]");
+    end_entry(&mut p);
+    p.op(b"eeu");
+    let (path, message) = structure_error(&p.stop());
+    assert_eq!(path, "device_traces[256]");
+    assert!(
+        message.starts_with("device 256 is out of range"),
+        "{message}"
+    );
+
+    // vramscope's own JSON, whatever field names the device.
+    let mut snapshot = vramscope_testkit::device_run(0, 1 << 20);
+    snapshot.events[3].device = 4_000_000_000;
+    let json = serde_json::to_vec(&snapshot).unwrap();
+    let (path, message) = structure_error(&json);
+    assert_eq!(path, "events[3].device");
+    assert!(
+        message.starts_with("device 4000000000 is out of range"),
+        "{message}"
+    );
+}

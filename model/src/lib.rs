@@ -34,7 +34,7 @@ pub use snapshot::{
     overlapping_segment, Annotation, Block, BlockPlacement, BlockState, CallSite, DeviceInfo,
     Event, EventKind, Frame, Owner, Pool, ScopeId, Segment, SiteId, Snapshot, SnapshotError,
     SnapshotSource, StepMark, TagId, TransferDirection, Violation, ViolationKind,
-    EVENT_LOG_COUNT_KEY, FORMAT_VERSION, FORMAT_VERSION_OOM_IN_ADDR,
+    EVENT_LOG_COUNT_KEY, FORMAT_VERSION, FORMAT_VERSION_OOM_IN_ADDR, MAX_DEVICES,
 };
 pub use stats::{
     format_bytes, parse_bytes, plural, thousands, MemoryStats, Recorded, Stat, StatArray,

@@ -285,8 +285,30 @@ pub fn load(path: impl AsRef<Path>) -> Result<Snapshot, ImportError> {
 
 /// Reads and imports the file at `path` with `options`.
 pub fn load_with(path: impl AsRef<Path>, options: &ImportOptions) -> Result<Snapshot, ImportError> {
-    let path = path.as_ref();
-    let origin = path.display().to_string();
+    let origin = path.as_ref().display().to_string();
+    load_file(path.as_ref(), &origin, options).and_then(|s| in_range(s, &origin))
+}
+
+/// Fails when a snapshot names a device past [`vramscope_model::MAX_DEVICES`], naming the
+/// field: every importer's result passes through here.
+fn in_range(snapshot: Snapshot, origin: &str) -> Result<Snapshot, ImportError> {
+    match snapshot.device_out_of_range() {
+        None => Ok(snapshot),
+        Some((path, device)) => Err(ImportError::new(
+            origin,
+            ImportErrorKind::Structure {
+                path,
+                message: format!(
+                    "device {device} is out of range: device indices run from 0 to {} (a process sees a few dozen GPUs at most)",
+                    vramscope_model::MAX_DEVICES - 1
+                ),
+            },
+        )),
+    }
+}
+
+fn load_file(path: &Path, origin: &str, options: &ImportOptions) -> Result<Snapshot, ImportError> {
+    let origin = origin.to_string();
     let io = |e| ImportError::new(&origin, ImportErrorKind::Io(e));
     let file = std::fs::File::open(path).map_err(io)?;
     let size = file.metadata().map_err(io)?.len();
@@ -347,13 +369,15 @@ pub fn load_bytes(
     options: &ImportOptions,
 ) -> Result<Snapshot, ImportError> {
     check_size(bytes, origin, options)?;
-    if is_gzip(bytes) {
-        return match unpack(bytes, origin, options)? {
-            Unpacked::Done(snapshot) => Ok(*snapshot),
-            Unpacked::Plain(unpacked) => load_plain_vec(unpacked, origin, options),
-        };
-    }
-    load_plain(bytes, origin, options)
+    let snapshot = if is_gzip(bytes) {
+        match unpack(bytes, origin, options)? {
+            Unpacked::Done(snapshot) => *snapshot,
+            Unpacked::Plain(unpacked) => load_plain_vec(unpacked, origin, options)?,
+        }
+    } else {
+        load_plain(bytes, origin, options)?
+    };
+    in_range(snapshot, origin)
 }
 
 /// Like [`load_bytes`], but takes the bytes over so that they can be freed as soon as they

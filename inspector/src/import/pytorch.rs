@@ -39,7 +39,7 @@ use rustc_hash::FxHashMap;
 use vramscope_model::{
     overlapping_segment, AllocatorConfig, Annotation, Block, BlockPlacement, BlockState,
     DeviceInfo, Event, EventKind, MemoryStats, Pool, Segment, SiteId, Snapshot, SnapshotSource,
-    StepMark, FORMAT_VERSION,
+    StepMark, FORMAT_VERSION, MAX_DEVICES,
 };
 
 use super::timeline;
@@ -407,7 +407,18 @@ fn opt_time_us(v: Option<ValueRef<'_>>, key: &str, loc: Loc) -> Result<Option<u6
 }
 
 fn device_index(v: u64, key: &str, loc: Loc) -> Result<u32, Fault> {
-    u32::try_from(v).map_err(|_| loc.fault(key, format!("device {v} is out of range")))
+    u32::try_from(v)
+        .ok()
+        .filter(|&d| d < MAX_DEVICES)
+        .ok_or_else(|| loc.fault(key, device_out_of_range(v)))
+}
+
+/// Why device `v` is refused: past [`MAX_DEVICES`].
+fn device_out_of_range(v: u64) -> String {
+    format!(
+        "device {v} is out of range: device indices run from 0 to {} (a process sees a few dozen GPUs at most)",
+        MAX_DEVICES - 1
+    )
 }
 
 /// The figures of a file, checked as they are read so that no sum of them computed later (the
@@ -908,6 +919,12 @@ fn read_traces(
             message: format!("expected a list, found {}", trace.type_name()),
         })?;
         let device = u32::try_from(d).unwrap_or(u32::MAX);
+        if !entries.is_empty() && device >= MAX_DEVICES {
+            return Err(Fault {
+                path: format!("device_traces[{d}]"),
+                message: device_out_of_range(d as u64),
+            });
+        }
         if !entries.is_empty() {
             out.devices_with_events += 1;
             out.first_device = Some(out.first_device.map_or(device, |f| f.min(device)));

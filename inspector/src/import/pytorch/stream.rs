@@ -16,7 +16,7 @@ use std::io::Read;
 use std::sync::mpsc;
 
 use rustc_hash::FxHashSet;
-use vramscope_model::{Event, Snapshot};
+use vramscope_model::{Event, Snapshot, MAX_DEVICES};
 
 use super::stacks::Stacks;
 use super::{
@@ -54,7 +54,8 @@ impl EntrySink for EntryStream {
         transient_from: usize,
     ) -> bool {
         self.entries += 1;
-        let Ok(device) = u32::try_from(list) else {
+        // A device past the limit is the whole document's error to name.
+        let Some(device) = u32::try_from(list).ok().filter(|&d| d < MAX_DEVICES) else {
             return false;
         };
         if self.entries > self.limit {
