@@ -1030,7 +1030,10 @@ fn the_input_ceiling_belongs_to_the_commands_that_read_files() {
         let output = vramscope(&[command, "--max-input", "16B", file.to_str().unwrap()]);
         assert_eq!(output.status.code(), Some(2), "{command}");
         let error = String::from_utf8_lossy(&output.stderr);
-        assert!(error.contains("larger than the limit of 16 bytes"), "{error}");
+        assert!(
+            error.contains("larger than the limit of 16 bytes"),
+            "{error}"
+        );
         assert!(error.contains("--max-input SIZE"), "{error}");
     }
     let _ = std::fs::remove_file(&file);
