@@ -198,7 +198,7 @@ pub fn from_document(
     options: &ImportOptions,
 ) -> Result<Snapshot, ImportError> {
     check_entries(doc.root(), doc.input_bytes())
-        .and_then(|()| convert(doc.root(), options))
+        .and_then(|()| convert(doc.root(), doc.input_bytes(), options))
         .map_err(|fault| {
             ImportError::new(
                 origin,
@@ -940,9 +940,13 @@ fn read_traces(
     Ok(out)
 }
 
-fn convert(root: ValueRef<'_>, options: &ImportOptions) -> Result<Snapshot, Fault> {
+fn convert(
+    root: ValueRef<'_>,
+    input_bytes: usize,
+    options: &ImportOptions,
+) -> Result<Snapshot, Fault> {
     let parts = parts(root)?;
-    let mut stacks = Stacks::new(&options.framework_paths);
+    let mut stacks = Stacks::new(&options.framework_paths, input_bytes);
     let mut figures = Figures::default();
     let traces = read_traces(parts.traces, &mut stacks, &mut figures)?;
     finish(parts, traces, stacks, figures, options)

@@ -26,7 +26,7 @@ use crate::pickle::{Seq, Standin, ValueRef};
 /// shares is copied once per place a call site holds it. Two bounds keep a small file from
 /// becoming a huge site table: a call site keeps the innermost [`Stacks::MAX_FRAMES`] frames
 /// of its stack (and one frame saying how many outer ones it left out), and the frames of all
-/// call sites together may hold at most [`Stacks::MAX_BYTES`] bytes, past which the import
+/// call sites together may hold at most [`Stacks::max_bytes`] bytes, past which the import
 /// fails naming the stack. Both are checked before any text is copied.
 pub(super) struct Stacks {
     pub(super) table: SiteTable,
@@ -51,6 +51,8 @@ pub(super) struct Stacks {
     by_numbers: FxHashMap<Vec<u32>, Option<SiteId>>,
     /// Bytes held by the frames of the call sites so far.
     pub(super) bytes: usize,
+    /// The most bytes they may hold ([`Stacks::max_bytes`]).
+    max_bytes: usize,
     /// While a streamed entry is converted: containers numbered from this one were made for
     /// it.
     pub(super) transient_from: Option<usize>,
@@ -68,11 +70,25 @@ impl Stacks {
     /// The most frames a call site keeps: the innermost ones (Python's default recursion
     /// limit is 1,000 frames, and C++ frames add a few to each).
     pub(super) const MAX_FRAMES: usize = 4096;
-    /// The most bytes the frames of all call sites may hold together.
+    /// The most bytes the frames of all call sites may hold together, whatever the file.
     pub(super) const MAX_BYTES: usize = 1 << 30;
 
-    pub(super) fn new(framework_paths: &[String]) -> Stacks {
+    /// The most bytes the frames of all call sites of a pickle of `input_bytes` bytes may
+    /// hold together: 64 MiB and 8 bytes per input byte, at most [`Stacks::MAX_BYTES`].
+    /// PyTorch's snapshots need a fraction of their size (0.2 to 0.4 bytes per input byte in
+    /// the shared traces); a file that shares one long file name among thousands of call
+    /// sites would otherwise make gigabytes of copies from a few hundred kilobytes.
+    pub(super) fn max_bytes(input_bytes: usize) -> usize {
+        input_bytes
+            .saturating_mul(8)
+            .saturating_add(64 << 20)
+            .min(Self::MAX_BYTES)
+    }
+
+    /// Stacks for a pickle of `input_bytes` bytes (see [`Stacks::max_bytes`]).
+    pub(super) fn new(framework_paths: &[String], input_bytes: usize) -> Stacks {
         let mut stacks = Stacks {
+            max_bytes: Self::max_bytes(input_bytes),
             table: SiteTable::new(framework_paths),
             by_list: FxHashMap::default(),
             by_elements: FxHashMap::default(),
@@ -326,12 +342,13 @@ impl Stacks {
             )
             .fold(0usize, usize::saturating_add);
         match self.bytes.checked_add(bytes) {
-            Some(total) if total <= Self::MAX_BYTES => self.bytes = total,
+            Some(total) if total <= self.max_bytes => self.bytes = total,
             _ => {
                 return Err(loc.fault(
                     "frames",
                     format!(
-                        "the call stacks hold more than {} MiB of frames (the limit; a frame the file shares is copied into every call site that holds it)",
+                        "the call stacks hold more than {} MiB of frames (the limit for this file: 64 MiB and 8 bytes per byte of the file, at most {} MiB; a frame the file shares is copied into every call site that holds it)",
+                        self.max_bytes >> 20,
                         Self::MAX_BYTES >> 20
                     ),
                 ))

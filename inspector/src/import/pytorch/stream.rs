@@ -173,7 +173,7 @@ fn read_with(
 ) -> Option<Ready> {
     let mut sink = EntryStream {
         keys: EntryKeys::default(),
-        stacks: Stacks::new(&options.framework_paths),
+        stacks: Stacks::new(&options.framework_paths, input_bytes),
         figures: Figures::default(),
         events: Vec::new(),
         entries: 0,
