@@ -37,5 +37,6 @@ pub use snapshot::{
     EVENT_LOG_COUNT_KEY, FORMAT_VERSION, FORMAT_VERSION_OOM_IN_ADDR, MAX_DEVICES,
 };
 pub use stats::{
-    format_bytes, parse_bytes, plural, thousands, MemoryStats, Recorded, Stat, StatArray,
+    elide_end, elide_start, format_bytes, parse_bytes, plural, thousands, MemoryStats, Recorded,
+    Stat, StatArray, LABEL_CHARS,
 };

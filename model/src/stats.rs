@@ -187,6 +187,35 @@ impl MemoryStats {
     }
 }
 
+/// How many characters of a name (a file path, a function) a label repeated per event or per
+/// step keeps: enough for any real name, and a bound on what a file's one long name can cost
+/// when it is written thousands of times.
+pub const LABEL_CHARS: usize = 240;
+
+/// `text` when it has at most `max_chars` characters; else its last `max_chars - 1` after
+/// `…` (for paths, whose end names the file).
+pub fn elide_start(text: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().rev().nth(max_chars.saturating_sub(1)) {
+        Some((at, _)) if at > 0 => {
+            let keep = text[at..].chars().skip(1).collect::<String>();
+            format!("…{keep}").into()
+        }
+        _ => text.into(),
+    }
+}
+
+/// `text` when it has at most `max_chars` characters; else its first `max_chars - 1` and
+/// `…` (for function names, whose start names the function).
+pub fn elide_end(text: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(max_chars) {
+        Some(_) => {
+            let keep: String = text.chars().take(max_chars.saturating_sub(1)).collect();
+            format!("{keep}…").into()
+        }
+        None => text.into(),
+    }
+}
+
 /// `count` and `noun`, the noun in the plural unless the count is one (`1 step`, `3 passes`),
 /// as every report sentence writes counts.
 pub fn plural(count: u64, noun: &str) -> String {
@@ -574,5 +603,23 @@ mod tests {
                 vec!["from small pool", "1.00 MiB", "n/a", "n/a", "n/a"]
             ]
         );
+    }
+}
+
+#[cfg(test)]
+mod elide_tests {
+    use super::{elide_end, elide_start};
+
+    #[test]
+    fn names_are_cut_to_the_characters_asked_for_and_kept_whole_within_them() {
+        assert_eq!(elide_start("a/b/c.py", 8), "a/b/c.py");
+        assert_eq!(elide_start("a/b/c.py", 5), "…c.py");
+        assert_eq!(elide_end("forward_pass", 12), "forward_pass");
+        assert_eq!(elide_end("forward_pass", 5), "forw…");
+        // Characters, not bytes.
+        assert_eq!(elide_start("ééééé", 3), "…éé");
+        assert_eq!(elide_end("ééééé", 3), "éé…");
+        assert_eq!(elide_start(&"x".repeat(100_000), 240).chars().count(), 240);
+        assert_eq!(elide_end(&"x".repeat(100_000), 240).chars().count(), 240);
     }
 }

@@ -564,14 +564,32 @@ struct RawAnnotation {
     time_us: Option<u64>,
 }
 
-fn read_annotation(value: ValueRef<'_>, loc: Loc) -> Result<RawAnnotation, Fault> {
+/// Reads the annotation at `loc`, adding the bytes of its text to `text_bytes`, which may not
+/// pass `max_text_bytes`: a file that shares one long name among many annotations through
+/// the memo would otherwise make a copy of it per annotation (and per step it starts).
+fn read_annotation(
+    value: ValueRef<'_>,
+    loc: Loc,
+    text_bytes: &mut usize,
+    max_text_bytes: usize,
+) -> Result<RawAnnotation, Fault> {
     let value = dict(value, loc)?;
     let [name, stage, device, time_us] = fields(value, ["name", "stage", "device", "time_us"]);
+    let name = opt_str(name, "name", loc)?.unwrap_or_default();
+    let stage = opt_str(stage, "stage", loc)?.unwrap_or_default();
+    *text_bytes = text_bytes.saturating_add(name.len() + stage.len());
+    if *text_bytes > max_text_bytes {
+        return Err(loc.fault(
+            "name",
+            format!(
+                "the annotations' names hold more than {} MiB (the limit for this file: 64 MiB and 8 bytes per byte of the file; a name the file shares is copied into every annotation that holds it)",
+                max_text_bytes >> 20
+            ),
+        ));
+    }
     Ok(RawAnnotation {
-        name: opt_str(name, "name", loc)?.unwrap_or_default().to_string(),
-        stage: opt_str(stage, "stage", loc)?
-            .unwrap_or_default()
-            .to_string(),
+        name: name.to_string(),
+        stage: stage.to_string(),
         device: device_index(opt_u64(device, "device", loc)?.unwrap_or(0), "device", loc)?,
         time_us: opt_time_us(time_us, "time_us", loc)?,
     })
@@ -974,8 +992,15 @@ fn finish(
         first_device,
     } = traces;
     let mut annotations_raw = Vec::with_capacity(annotation_values.map_or(0, Seq::len));
+    let mut annotation_text = 0;
     for (i, a) in elements(annotation_values).enumerate() {
-        annotations_raw.push(read_annotation(a, Loc::Annotation(i))?);
+        let loc = Loc::Annotation(i);
+        annotations_raw.push(read_annotation(
+            a,
+            loc,
+            &mut annotation_text,
+            stacks.max_bytes,
+        )?);
     }
 
     // Times relative to the earliest one in the file.

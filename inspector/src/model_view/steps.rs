@@ -253,7 +253,12 @@ fn infer_steps(snapshot: &Snapshot) -> Option<InferredSteps> {
             .min_by_key(|(_, _, runs)| runs[0])?;
         return Some(InferredSteps {
             starts: opener.2.clone(),
-            opener: format!("{}:{}", opener.0 .0, opener.0 .1),
+            // The label every inferred step repeats: a long file name is cut.
+            opener: format!(
+                "{}:{}",
+                vramscope_model::elide_start(&opener.0 .0, vramscope_model::LABEL_CHARS),
+                opener.0 .1
+            ),
         });
     }
 }

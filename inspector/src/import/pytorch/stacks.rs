@@ -51,8 +51,9 @@ pub(super) struct Stacks {
     by_numbers: FxHashMap<Vec<u32>, Option<SiteId>>,
     /// Bytes held by the frames of the call sites so far.
     pub(super) bytes: usize,
-    /// The most bytes they may hold ([`Stacks::max_bytes`]).
-    max_bytes: usize,
+    /// The most bytes they may hold ([`Stacks::max_bytes`]); the annotations' names are held
+    /// to the same.
+    pub(super) max_bytes: usize,
     /// While a streamed entry is converted: containers numbered from this one were made for
     /// it.
     pub(super) transient_from: Option<usize>,
