@@ -404,20 +404,33 @@ impl FreeIndex {
         ))
     }
 
-    /// Every entry at or after `key`, in order.
+    /// Every entry at or after `key`, in order. It visits only the non-empty bins (by the
+    /// masks), so that a list of one free block costs what one block costs however large the
+    /// bins it once used: the release at an out-of-memory goes through every free list.
     pub fn all_from(&self, key: u128) -> Vec<(u128, u32)> {
-        let (level, sub) = bin_of(key_size(key));
-        let first = slot(level, sub).min(self.bins.len());
-        let mut all = Vec::new();
-        for (at, bin) in self.bins.iter().enumerate().skip(first) {
-            all.extend(
-                bin.iter()
-                    .rev()
-                    .filter(|e| e.key() >= key)
-                    .map(|e| (e.key(), e.id)),
-            );
-            if let Some(tree) = self.overflow_of(at) {
-                all.extend(tree.range(key..).map(|(&k, &id)| (k, id)));
+        let (first_level, first_sub) = bin_of(key_size(key));
+        let mut all = Vec::with_capacity(self.len);
+        let mut levels = self.level_mask & (u64::MAX << first_level);
+        while levels != 0 {
+            let level = levels.trailing_zeros() as usize;
+            levels &= levels - 1;
+            let mut subs = self.bin_masks[level];
+            if level == first_level {
+                subs &= u32::MAX << first_sub;
+            }
+            while subs != 0 {
+                let at = slot(level, subs.trailing_zeros() as usize);
+                subs &= subs - 1;
+                all.extend(
+                    self.bins[at]
+                        .iter()
+                        .rev()
+                        .filter(|e| e.key() >= key)
+                        .map(|e| (e.key(), e.id)),
+                );
+                if let Some(tree) = self.overflow_of(at) {
+                    all.extend(tree.range(key..).map(|(&k, &id)| (k, id)));
+                }
             }
         }
         all

@@ -57,6 +57,16 @@ pub(crate) struct CounterArray {
 }
 
 impl CounterArray {
+    /// A number that grows by one with every increase or decrease by one (an allocation or a
+    /// free, for the count of allocations): equal at two moments only when nothing was
+    /// counted in between.
+    pub(crate) fn changes(&self) -> u64 {
+        self.pools
+            .iter()
+            .map(|c| c.current.wrapping_add(c.freed.wrapping_mul(2)))
+            .fold(0, u64::wrapping_add)
+    }
+
     #[inline]
     fn pool_mut(&mut self, pool: Pool) -> &mut Counter {
         &mut self.pools[pool as usize]

@@ -1179,3 +1179,35 @@ fn thousands_of_equal_free_blocks_keep_best_fit_order() {
     assert_eq!(stats.inactive_split.all.current, 0);
     assert_eq!(stats.segment.all.current, 4_000 * size / (2 * MIB));
 }
+
+#[test]
+fn the_holders_an_oom_names_follow_every_allocation_and_free_between_ooms() {
+    // Worked out once per change of the live blocks, not once per failed request.
+    let (_, alloc) = phantom(100 * MIB, "");
+    let mut keep = Vec::new();
+    for _ in 0..2 {
+        keep.push(alloc.alloc(40 * MIB).unwrap());
+    }
+    let holders = |alloc: &CachingAllocator<SimDevice>| match alloc.alloc(60 * MIB).unwrap_err() {
+        AllocError::OutOfMemory(report) => report.top_sites.clone(),
+        other => panic!("expected OOM, got {other}"),
+    };
+    let total = |rows: &[(String, u64, u64)]| {
+        rows.iter().fold((0, 0), |(bytes, blocks), row| {
+            (bytes + row.1, blocks + row.2)
+        })
+    };
+    let first = holders(&alloc);
+    assert_eq!(first.len(), 1);
+    assert_eq!(total(&first), (80 * MIB, 2));
+    assert_eq!(holders(&alloc), first, "nothing changed in between");
+    drop(keep.pop());
+    keep.push(alloc.alloc(30 * MIB).unwrap());
+    let after = holders(&alloc);
+    assert_eq!(after.len(), 2, "{after:?}");
+    assert_eq!(
+        total(&after),
+        (70 * MIB, 2),
+        "a free and an allocation later"
+    );
+}

@@ -425,7 +425,7 @@ impl<'a, B: Backend> Books<'a, B> {
             device_free: info.free,
             allocated,
             reserved,
-            top_sites: state.top_sites(5),
+            top_sites: state.top_sites_cached(5),
             hint,
         }))
     }
@@ -805,6 +805,22 @@ impl State {
             }
         }
         AllocError::UnknownPointer { addr }
+    }
+
+    /// [`State::top_sites`], worked out again only when a block was allocated or freed since
+    /// the last out-of-memory: a program (or a replayed trace) that fails request after
+    /// request with nothing freed in between would otherwise go through every live block
+    /// each time.
+    fn top_sites_cached(&mut self, limit: usize) -> Vec<(String, u64, u64)> {
+        let changes = self.stats.allocation.changes();
+        match &self.top_sites_cache {
+            Some((at, rows)) if *at == (changes, limit) => rows.clone(),
+            _ => {
+                let rows = self.top_sites(limit);
+                self.top_sites_cache = Some(((changes, limit), rows.clone()));
+                rows
+            }
+        }
     }
 
     /// Live bytes and blocks by call site, largest first.

@@ -203,8 +203,10 @@ impl State {
     /// blocks by stream, size and address): the plain segments that are one free block, and
     /// the free blocks of expandable segments, whose whole pages are unmapped.
     fn releasable(&self, pool: Pool) -> (Vec<u32>, Vec<u32>) {
+        // Only lists that hold blocks: a trace of thousands of streams has as many lists,
+        // nearly all empty, and this runs at every out-of-memory.
         let mut lists: Vec<usize> = (0..self.free_lists.len())
-            .filter(|&i| self.free_lists[i].pool == pool)
+            .filter(|&i| self.free_lists[i].pool == pool && self.free_lists[i].blocks.len() > 0)
             .collect();
         lists.sort_by_key(|&i| self.free_lists[i].stream.0);
         let mut whole = Vec::new();

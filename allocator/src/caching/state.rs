@@ -139,6 +139,10 @@ pub(super) fn free_key(size: u64, addr: u64) -> u128 {
 /// No free list: an empty entry of `State::first_stream_lists`.
 const NO_LIST: u32 = u32::MAX;
 
+/// The top sites of an out-of-memory report (label, live bytes, live blocks), with the
+/// number of allocations and frees they were worked out at and how many rows were asked for.
+pub(super) type TopSitesCache = ((u64, usize), Vec<(String, u64, u64)>);
+
 /// Everything the allocator knows about one device, guarded by its mutex
 /// (`super::Shared::state`). Aligned to 128 bytes (a pair of cache lines, which x86 fetches
 /// together) so that the mutex's lock word, just before it, has its lines to itself: threads
@@ -195,6 +199,9 @@ pub(super) struct State {
     pub(super) freed: FreedOwners,
     /// Violations found by the debug checks.
     pub(super) violations: Vec<Violation>,
+    /// The top sites of the last out-of-memory report, with the number of allocations and
+    /// frees (`CounterArray::changes`) they were worked out at and how many were asked for.
+    pub(super) top_sites_cache: Option<TopSitesCache>,
 }
 
 impl State {
@@ -213,6 +220,7 @@ impl State {
             expandable: Vec::new(),
             stream_uses: FxHashMap::default(),
             pending_events: FxHashMap::default(),
+            top_sites_cache: None,
             outstanding: VecDeque::new(),
             spare_events: Vec::new(),
             stats: StatsBook::default(),
