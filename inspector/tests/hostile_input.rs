@@ -413,6 +413,28 @@ fn json_nested_a_million_deep_is_an_error_naming_the_limit() {
     }
 }
 
+/// Opens `{'device_traces': [], 'segments': [` (the caller writes the segments and closes
+/// both with `eu`).
+fn open_segments(p: &mut Pickle) {
+    p.op(b"}(")
+        .str("device_traces")
+        .op(b"]")
+        .str("segments")
+        .op(b"](");
+}
+
+/// Opens `{'segments': [], 'device_traces': [], 'external_annotations': [` (the caller writes
+/// the annotations and closes both with `eu`).
+fn open_annotations(p: &mut Pickle) {
+    p.op(b"}(")
+        .str("segments")
+        .op(b"]")
+        .str("device_traces")
+        .op(b"]")
+        .str("external_annotations")
+        .op(b"](");
+}
+
 /// Writes a block dict `{'address': address, 'size': size, 'requested_size': size, 'state':
 /// 'active_allocated'}`.
 fn block(p: &mut Pickle, address: i32, size: i32) {
@@ -457,11 +479,7 @@ fn segments_that_share_one_list_of_blocks_many_times_are_refused() {
     // 4e8 blocks from 80 KB, which the importer made one by one (gigabytes, minutes) and the
     // PyTorch export then wrote out (4.5 GB from a 40 KB file).
     let mut p = Pickle::new();
-    p.op(b"}(")
-        .str("device_traces")
-        .op(b"]")
-        .str("segments")
-        .op(b"](");
+    open_segments(&mut p);
     begin_segment(&mut p, 1 << 30);
     p.str("blocks").op(b"](");
     block(&mut p, 1 << 30, 512);
@@ -492,11 +510,7 @@ fn segments_that_share_one_list_of_blocks_many_times_are_refused() {
 fn blocks_that_overlap_or_leave_their_segment_are_an_error_naming_the_segment() {
     let one_segment = |blocks: &dyn Fn(&mut Pickle)| {
         let mut p = Pickle::new();
-        p.op(b"}(")
-            .str("device_traces")
-            .op(b"]")
-            .str("segments")
-            .op(b"](");
+        open_segments(&mut p);
         begin_segment(&mut p, 1 << 30);
         p.str("blocks").op(b"](");
         blocks(&mut p);
@@ -528,11 +542,7 @@ fn blocks_that_overlap_or_leave_their_segment_are_an_error_naming_the_segment() 
 #[test]
 fn segments_that_overlap_are_an_error_naming_the_later_one() {
     let mut p = Pickle::new();
-    p.op(b"}(")
-        .str("device_traces")
-        .op(b"]")
-        .str("segments")
-        .op(b"](");
+    open_segments(&mut p);
     for address in [(1 << 30) + (1 << 20), 1 << 30] {
         begin_segment(&mut p, address);
         p.str("blocks").op(b"]u");
@@ -629,12 +639,7 @@ fn annotations_that_share_one_dict_many_times_are_refused() {
     // One annotation dict listed 200,000 times in 400 KB: each became a step of its own
     // (135 MB for a 1 MB file).
     let mut p = Pickle::new();
-    p.op(b"}(")
-        .str("segments")
-        .op(b"]")
-        .str("device_traces")
-        .op(b"]");
-    p.str("external_annotations").op(b"](");
+    open_annotations(&mut p);
     p.op(b"}(")
         .str("device")
         .int(0)
@@ -661,11 +666,7 @@ fn a_device_past_the_device_limit_is_an_error_naming_the_field() {
     // for 96 GB (a list per device up to it), and 40,000 device traces sharing one entry made
     // `report` take 28 s for 200 KB (the whole snapshot copied per device).
     let mut p = Pickle::new();
-    p.op(b"}(")
-        .str("device_traces")
-        .op(b"]")
-        .str("segments")
-        .op(b"](");
+    open_segments(&mut p);
     p.op(b"}(")
         .str("device")
         .op(b"\x8a\x05\x00\x28\x6b\xee\x00"); // LONG1 4e9
@@ -760,12 +761,7 @@ fn a_long_name_shared_by_many_annotations_is_held_to_the_file_size() {
     // One 100 KB annotation name, memoized, in 20,000 annotations: 2 GB of copies (5.9 GB at
     // the peak of `report`) from 520 KB.
     let mut p = Pickle::new();
-    p.op(b"}(")
-        .str("segments")
-        .op(b"]")
-        .str("device_traces")
-        .op(b"]");
-    p.str("external_annotations").op(b"](");
+    open_annotations(&mut p);
     let name = p.str(&"n".repeat(100_000)).memoize();
     p.op(b"0");
     for i in 0..20_000 {
