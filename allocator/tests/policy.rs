@@ -1211,3 +1211,27 @@ fn the_holders_an_oom_names_follow_every_allocation_and_free_between_ooms() {
         "a free and an allocation later"
     );
 }
+
+#[test]
+fn a_release_that_found_nothing_runs_again_once_a_block_is_freed() {
+    // Failed requests with nothing freed in between skip a release that would find nothing
+    // again; a free in between makes the next one release the freed segment, as PyTorch does.
+    let (_, alloc) = phantom(100 * MIB, "");
+    let _a = alloc.alloc(60 * MIB).unwrap();
+    let b = alloc.alloc(30 * MIB).unwrap();
+    for _ in 0..3 {
+        assert!(matches!(
+            alloc.alloc(50 * MIB),
+            Err(AllocError::OutOfMemory(_))
+        ));
+    }
+    assert_eq!(alloc.stats().num_device_free, 0);
+    drop(b);
+    assert!(matches!(
+        alloc.alloc(50 * MIB),
+        Err(AllocError::OutOfMemory(_))
+    ));
+    let stats = alloc.stats();
+    assert_eq!(stats.num_device_free, 1, "the freed segment went back");
+    assert_eq!(stats.num_ooms, 4);
+}

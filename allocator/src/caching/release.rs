@@ -129,8 +129,16 @@ impl<B: Backend> Books<'_, B> {
     /// plain segment that is one free block as it comes and then unmapping the whole free pages
     /// of each free block of an expandable segment (`release_blocks`), so that the device calls
     /// come in PyTorch's order. Returns the bytes released.
+    ///
+    /// A pass that released nothing is not repeated while the free blocks stay as they were
+    /// (nothing allocated, freed, mapped or released since): it would find nothing again and
+    /// make no device call, and a program (or a replayed trace) that fails request after
+    /// request would otherwise go through every free block each time.
     pub(super) fn release_cached_blocks(&mut self) -> u64 {
         self.synchronize_and_free_events();
+        if self.state.fruitless_release == Some(self.state.free_blocks_generation()) {
+            return 0;
+        }
         let before = self.state.stats.reserved_bytes.all().current;
         for pool in [Pool::Large, Pool::Small] {
             let (whole, to_unmap) = self.state.releasable(pool);
@@ -156,7 +164,9 @@ impl<B: Backend> Books<'_, B> {
         for segment in empty {
             self.release_if_unmapped(segment);
         }
-        before - self.state.stats.reserved_bytes.all().current
+        let released = before - self.state.stats.reserved_bytes.all().current;
+        self.state.fruitless_release = (released == 0).then(|| self.state.free_blocks_generation());
+        released
     }
 
     /// PyTorch's `garbage_collect_cached_blocks`: once reserved memory is over `threshold` of
@@ -199,6 +209,23 @@ impl<B: Backend> Books<'_, B> {
 }
 
 impl State {
+    /// Counts that change whenever the free blocks may have: with every allocation, free,
+    /// completed pending free, segment made or released, and page mapped or unmapped (the
+    /// counters only grow under [`CounterArray::changes`]), and the segments' numbers.
+    ///
+    /// [`CounterArray::changes`]: crate::stats::CounterArray::changes
+    pub(super) fn free_blocks_generation(&self) -> [u64; 6] {
+        let stats = &self.stats;
+        [
+            stats.allocation.changes(),
+            stats.pending.changes(),
+            stats.segment.changes(),
+            stats.reserved_bytes.changes(),
+            self.segments.len() as u64,
+            self.expandable.len() as u64,
+        ]
+    }
+
     /// What [`Books::release_cached_blocks`] releases in `pool`, in PyTorch's order (free
     /// blocks by stream, size and address): the plain segments that are one free block, and
     /// the free blocks of expandable segments, whose whole pages are unmapped.

@@ -202,6 +202,9 @@ pub(super) struct State {
     /// The top sites of the last out-of-memory report, with the number of allocations and
     /// frees (`CounterArray::changes`) they were worked out at and how many were asked for.
     pub(super) top_sites_cache: Option<TopSitesCache>,
+    /// The [`State::free_blocks_generation`] at the end of the last release of cached blocks
+    /// that released nothing, while nothing has changed since.
+    pub(super) fruitless_release: Option<[u64; 6]>,
 }
 
 impl State {
@@ -221,6 +224,7 @@ impl State {
             stream_uses: FxHashMap::default(),
             pending_events: FxHashMap::default(),
             top_sites_cache: None,
+            fruitless_release: None,
             outstanding: VecDeque::new(),
             spare_events: Vec::new(),
             stats: StatsBook::default(),
