@@ -403,8 +403,8 @@ pub fn read_source(
 }
 
 /// Writes a dict whose keys are `source`'s, in its order and each once (as Python holds it),
-/// when there is a source dict, else `model_keys`. A key the model writes takes the model's value (`write_model` writes it); any
-/// other key of the source keeps the source's value.
+/// when there is a source dict, else `model_keys`. A key the model writes takes the model's
+/// value (`write_model` writes it); any other key of the source keeps the source's value.
 fn write_fields(
     out: &mut Out<'_>,
     source: Option<ValueRef<'_>>,

@@ -490,7 +490,7 @@ impl<'d> ValueRef<'d> {
     /// that a key repeated in a hostile file is written once, not once per repetition.
     pub fn python_dict_items(self) -> Option<Vec<(ValueRef<'d>, ValueRef<'d>)>> {
         let items: Vec<_> = self.dict_items()?.collect();
-        // Most dicts are a handful of distinct keys: look for a repeat before building a map.
+        // Each string key's last place; a dict without a repeated key is done after this pass.
         let mut seen = rustc_hash::FxHashMap::default();
         let mut repeated = false;
         for (i, (key, _)) in items.iter().enumerate() {
@@ -503,7 +503,7 @@ impl<'d> ValueRef<'d> {
         if !repeated {
             return Some(items);
         }
-        // `seen` now holds each string key's last place; keep its first place.
+        // Each repeated key at its first place, with the value of its last.
         let mut placed: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();
         let mut kept = Vec::with_capacity(seen.len());
         for &(key, value) in &items {
