@@ -1,7 +1,7 @@
 //! The ceiling on input size is configurable (issue 18): `VRAMSCOPE_MAX_INPUT` sets it for a
-//! process, `import::set_default_max_input` (what the file commands' `--max-input` calls) overrides that,
-//! and the defaults of `ImportOptions` and the pickle reader's limits follow. One test in its
-//! own binary, since it changes the process's environment.
+//! process, `import::set_default_max_input` (what the file commands' `--max-input` calls)
+//! overrides that, and the defaults of `ImportOptions` and the pickle reader's limits follow.
+//! One test in its own binary, since it changes the process's environment.
 
 use vramscope_inspector::import::{self, ImportErrorKind, ImportOptions};
 
