@@ -75,10 +75,15 @@ pub(crate) struct Found {
 
 /// Free blocks keyed by `(size << 64) | address`, with their block ids.
 pub(crate) struct FreeIndex {
-    /// Entries per bin, each vector sorted by key in descending order. Bins exist up to the
-    /// largest one ever used (a pool of small blocks never pays for the bins of gigabytes);
-    /// a bin whose mask bit is set always exists and has a non-empty vector.
+    /// Entries per bin from slot [`FreeIndex::base`] on, each vector sorted by key in
+    /// descending order. Bins exist from the smallest to the largest one ever used (a pool of
+    /// small blocks never pays for the bins of gigabytes, and a list that only ever held one
+    /// large block has one bin: a trace of a hundred thousand streams, each with a free list,
+    /// would otherwise take 7 KB of empty bins per stream); a bin whose mask bit is set always
+    /// exists and has a non-empty vector.
     bins: Vec<Vec<Entry>>,
+    /// The slot of `bins[0]`.
+    base: usize,
     /// The overflow trees of long bins, by slot: the larger keys of a bin that has held more
     /// than [`LONG_BIN`] free blocks. Every key in a bin's tree is larger than every key in its
     /// vector, and a bin with a tree has a non-empty vector, so the vectors' fast paths
@@ -121,6 +126,7 @@ impl FreeIndex {
     pub fn new() -> FreeIndex {
         FreeIndex {
             bins: Vec::new(),
+            base: 0,
             overflow: Vec::new(),
             level_mask: 0,
             bin_masks: [0; LEVEL_SLOTS],
@@ -133,10 +139,10 @@ impl FreeIndex {
     pub fn insert(&mut self, key: u128, id: u32) {
         let (level, sub) = bin_of(key_size(key));
         let at = slot(level, sub);
-        if at >= self.bins.len() {
+        if at.wrapping_sub(self.base) >= self.bins.len() {
             self.add_bins(at);
         }
-        let bin = &mut self.bins[at];
+        let bin = &mut self.bins[at - self.base];
         // The length test keeps every vector at `LONG_BIN` entries at most, so that taking an
         // entry out of its middle never shifts more than that.
         if bin.len() < LONG_BIN && bin.last().is_none_or(|last| last.key() > key) {
@@ -155,16 +161,16 @@ impl FreeIndex {
     /// than every key of a long bin's vector.
     #[inline(never)]
     fn insert_within(&mut self, at: usize, key: u128, id: u32) {
-        if self.bins[at].len() >= LONG_BIN {
+        if self.bins[at - self.base].len() >= LONG_BIN {
             self.spill(at);
         }
-        if !self.overflow.is_empty() && key > self.bins[at][0].key() {
+        if !self.overflow.is_empty() && key > self.bins[at - self.base][0].key() {
             if let Some(i) = self.overflow_position(at) {
                 self.overflow[i].1.insert(key, id);
                 return;
             }
         }
-        let bin = &mut self.bins[at];
+        let bin = &mut self.bins[at - self.base];
         let index = bin.partition_point(|e| e.key() > key);
         bin.insert(index, Entry::new(key, id));
     }
@@ -174,7 +180,7 @@ impl FreeIndex {
     #[cold]
     #[inline(never)]
     fn spill(&mut self, at: usize) {
-        let bin = &mut self.bins[at];
+        let bin = &mut self.bins[at - self.base];
         let moved: Vec<Entry> = bin.drain(..bin.len() - KEPT_IN_VECTOR).collect();
         let tree = match self.overflow_position(at) {
             Some(i) => &mut self.overflow[i].1,
@@ -196,17 +202,27 @@ impl FreeIndex {
         self.overflow_position(at).map(|i| &self.overflow[i].1)
     }
 
-    /// Creates the bins up to slot `at`.
+    /// Creates the bins from slot `at` to the bins there are, or from them to `at`.
     #[cold]
     fn add_bins(&mut self, at: usize) {
-        self.bins.resize_with(at + 1, Vec::new);
+        if self.bins.is_empty() {
+            self.base = at;
+            self.bins.push(Vec::new());
+        } else if at < self.base {
+            let before = self.base - at;
+            self.bins
+                .splice(0..0, std::iter::repeat_with(Vec::new).take(before));
+            self.base = at;
+        } else {
+            self.bins.resize_with(at - self.base + 1, Vec::new);
+        }
     }
 
     /// Removes the block with `key`, returning its id.
     #[inline(always)]
     pub fn remove(&mut self, key: u128) -> Option<u32> {
         let (level, sub) = bin_of(key_size(key));
-        let bin = self.bins.get(slot(level, sub))?;
+        let bin = self.bins.get(slot(level, sub).wrapping_sub(self.base))?;
         let index = match bin.last() {
             Some(last) if last.key() == key => bin.len() - 1,
             _ => match self.position_within(slot(level, sub), key)? {
@@ -221,10 +237,10 @@ impl FreeIndex {
     /// vector, or [`IN_OVERFLOW`] when it can only be in the bin's overflow tree.
     #[inline(never)]
     fn position_within(&mut self, at: usize, key: u128) -> Option<usize> {
-        if self.bins[at].len() >= LONG_BIN {
+        if self.bins[at - self.base].len() >= LONG_BIN {
             self.spill(at);
         }
-        match self.bins[at].binary_search_by(|e| key.cmp(&e.key())) {
+        match self.bins[at - self.base].binary_search_by(|e| key.cmp(&e.key())) {
             Ok(index) => Some(index),
             Err(_) if !self.overflow.is_empty() => Some(IN_OVERFLOW),
             Err(_) => None,
@@ -236,7 +252,7 @@ impl FreeIndex {
     #[inline(always)]
     pub fn take(&mut self, at: Found, key: u128) -> (u128, u32) {
         let at_slot = slot(at.level, at.sub);
-        let bin = &mut self.bins[at_slot];
+        let bin = &mut self.bins[at_slot - self.base];
         // `IN_OVERFLOW + 1` wraps to 0, never the length of a bin that has a position, so
         // the common case (the last entry) tests nothing else.
         let entry = if at.index.wrapping_add(1) == bin.len() {
@@ -307,7 +323,7 @@ impl FreeIndex {
             self.overflow.swap_remove(i);
         }
         smallest.reverse();
-        self.bins[at] = smallest;
+        self.bins[at - self.base] = smallest;
         true
     }
 
@@ -315,7 +331,7 @@ impl FreeIndex {
     pub fn get(&self, key: u128) -> Option<u32> {
         let (level, sub) = bin_of(key_size(key));
         let at = slot(level, sub);
-        let bin = self.bins.get(at)?;
+        let bin = self.bins.get(at.wrapping_sub(self.base))?;
         match bin.binary_search_by(|e| key.cmp(&e.key())) {
             Ok(index) => Some(bin[index].id),
             Err(_) => self.overflow_of(at)?.get(&key).copied(),
@@ -334,7 +350,7 @@ impl FreeIndex {
     pub fn find_from(&self, key: u128) -> Option<(Found, u128, u32)> {
         let (level, sub) = bin_of(key_size(key));
         if self.bin_masks[level & (LEVEL_SLOTS - 1)] & (1 << sub) != 0 {
-            let bin = &self.bins[slot(level, sub)];
+            let bin = &self.bins[slot(level, sub) - self.base];
             let last = bin.len() - 1;
             let smallest = bin[last];
             if smallest.key() >= key {
@@ -372,7 +388,7 @@ impl FreeIndex {
             }
         }
         let (level, sub) = self.next_bin(level, sub)?;
-        let bin = &self.bins[slot(level, sub)];
+        let bin = &self.bins[slot(level, sub) - self.base];
         let index = bin.len() - 1;
         let entry = bin[index];
         Some((Found { level, sub, index }, entry.key(), entry.id))
@@ -422,7 +438,7 @@ impl FreeIndex {
                 let at = slot(level, subs.trailing_zeros() as usize);
                 subs &= subs - 1;
                 all.extend(
-                    self.bins[at]
+                    self.bins[at - self.base]
                         .iter()
                         .rev()
                         .filter(|e| e.key() >= key)
@@ -465,6 +481,34 @@ mod tests {
         let key = free_key_of(3 << 20, 0x7f00_0000_1200);
         let entry = Entry::new(key, 7);
         assert_eq!((entry.key(), entry.id), (key, 7));
+    }
+
+    #[test]
+    fn bins_cover_only_the_sizes_a_list_has_held() {
+        // A list that held one large block pays for one bin, not for every smaller one.
+        let mut index = FreeIndex::new();
+        index.insert(free_key_of((2 << 20) - 512, 0x1000), 1);
+        assert_eq!(index.bins.len(), 1);
+        // Smaller and larger sizes extend the bins on either side, and all stay found.
+        index.insert(free_key_of(512, 0x9000), 2);
+        index.insert(free_key_of(1 << 30, 0x8000_0000), 3);
+        let (small, large) = (bin_of(512), bin_of(1 << 30));
+        assert_eq!(
+            index.bins.len(),
+            slot(large.0, large.1) - slot(small.0, small.1) + 1
+        );
+        let all: Vec<u32> = index.all_from(0).into_iter().map(|(_, id)| id).collect();
+        assert_eq!(all, [2, 1, 3]);
+        assert_eq!(
+            index.first_from(free_key_of(4096, 0)).map(|(_, id)| id),
+            Some(1)
+        );
+        assert_eq!(index.remove(free_key_of((2 << 20) - 512, 0x1000)), Some(1));
+        assert_eq!(index.get(free_key_of(512, 0x9000)), Some(2));
+        assert_eq!(
+            index.first_from(free_key_of(4096, 0)).map(|(_, id)| id),
+            Some(3)
+        );
     }
 
     #[test]
