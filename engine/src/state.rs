@@ -54,6 +54,26 @@ pub struct LiveBlock {
 }
 
 impl LiveBlock {
+    /// The model's block for this live block at `address`, of `size` bytes of which the
+    /// program asked for `requested`: allocated, or pending free.
+    pub fn to_block(&self, address: u64, size: u64, requested: u64) -> Block {
+        Block {
+            address,
+            size,
+            requested_size: requested,
+            state: if self.pending {
+                BlockState::ActivePendingFree
+            } else {
+                BlockState::ActiveAllocated
+            },
+            site: self.site,
+            tag: self.tag,
+            scope: self.scope,
+            step: self.step,
+            thread: 0,
+        }
+    }
+
     /// The block an allocation event made.
     pub fn from_alloc(e: &Event, alloc_event: u32, pending: bool) -> LiveBlock {
         LiveBlock {
@@ -445,21 +465,7 @@ impl MemoryState {
                     blocks.push(free_block(cursor, a - cursor));
                 }
                 let size = b.size.min(end - a);
-                blocks.push(Block {
-                    address: a,
-                    size,
-                    requested_size: b.requested,
-                    state: if b.pending {
-                        BlockState::ActivePendingFree
-                    } else {
-                        BlockState::ActiveAllocated
-                    },
-                    site: b.site,
-                    tag: b.tag,
-                    scope: b.scope,
-                    step: b.step,
-                    thread: 0,
-                });
+                blocks.push(b.to_block(a, size, b.requested));
                 cursor = a + size;
             }
             if cursor < end {

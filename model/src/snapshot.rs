@@ -231,12 +231,13 @@ pub enum BlockPlacement {
 /// The first segment (its index) that overlaps the one before it on the same device, for
 /// segments sorted by device and address; `None` when they lie apart, as the segments of one
 /// device's memory do.
-pub fn overlapping_segment(segments: &[Segment]) -> Option<usize> {
+pub fn overlapping_segment<S: std::borrow::Borrow<Segment>>(segments: &[S]) -> Option<usize> {
     segments
         .windows(2)
         .position(|pair| {
-            pair[0].device == pair[1].device
-                && pair[1].address < pair[0].address.saturating_add(pair[0].total_size)
+            let (before, after) = (pair[0].borrow(), pair[1].borrow());
+            before.device == after.device
+                && after.address < before.address.saturating_add(before.total_size)
         })
         .map(|i| i + 1)
 }

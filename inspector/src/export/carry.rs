@@ -21,8 +21,8 @@
 
 use vramscope_engine::{MemoryState, Reconstruction, Usage, NO_EVENT};
 use vramscope_model::{
-    format_bytes, plural, Block, BlockPlacement, BlockState, EventKind, Pool, Segment, Snapshot,
-    SnapshotSource, StepMark,
+    format_bytes, overlapping_segment, plural, Block, BlockPlacement, BlockState, EventKind, Pool,
+    Segment, Snapshot, SnapshotSource, StepMark,
 };
 
 use super::ExportError;
@@ -96,13 +96,6 @@ impl DumpState {
             return Ok(None);
         }
         let mut segments = end.to_segments();
-        // A source that records block sizes only has no requests: each is its block's size, as
-        // the trace's events are written.
-        for b in segments.iter_mut().flat_map(|s| s.blocks.iter_mut()) {
-            if b.state != BlockState::Inactive && b.requested_size == 0 {
-                b.requested_size = b.size;
-            }
-        }
         // Each live block outside every segment gets a segment of its own size; blocks that
         // overlap (an inconsistent trace) share one.
         let inside = |addr: u64| {
@@ -121,21 +114,7 @@ impl DumpState {
                     .get(b.alloc_event as usize)
                     .map_or(snapshot.device.index, |e| e.device)
             };
-            let block = Block {
-                address: addr,
-                size: b.size,
-                requested_size: if b.requested > 0 { b.requested } else { b.size },
-                state: if b.pending {
-                    BlockState::ActivePendingFree
-                } else {
-                    BlockState::ActiveAllocated
-                },
-                site: b.site,
-                tag: b.tag,
-                scope: b.scope,
-                step: b.step,
-                thread: 0,
-            };
+            let block = b.to_block(addr, b.size, b.requested);
             let block_end = addr.saturating_add(b.size);
             match made.last_mut() {
                 Some(last) if last.device == device && addr < last.address + last.total_size => {
@@ -159,6 +138,13 @@ impl DumpState {
             .map(|s| s.total_size)
             .fold(0, u64::saturating_add);
         segments.extend(made);
+        // A source that records block sizes only has no requests: each is its block's size, as
+        // the trace's events are written.
+        for b in segments.iter_mut().flat_map(|s| s.blocks.iter_mut()) {
+            if b.state != BlockState::Inactive && b.requested_size == 0 {
+                b.requested_size = b.size;
+            }
+        }
 
         // The memory known only as totals: one block in a segment that holds, with the
         // segments made around blocks, what the source says was reserved beyond its segments.
@@ -251,17 +237,14 @@ impl DumpState {
 pub(crate) fn check_layout(segments: &[Segment]) -> Result<(), ExportError> {
     let mut order: Vec<&Segment> = segments.iter().collect();
     order.sort_by_key(|s| (s.device, s.address));
-    for pair in order.windows(2) {
-        let (before, after) = (pair[0], pair[1]);
-        let before_end = before.address.saturating_add(before.total_size);
-        if before.device == after.device && after.address < before_end {
-            return Err(ExportError::Limit {
-                what: format!(
-                    "the segment at {:#x} overlaps the one at {:#x} ({} bytes) on device {}: the trace is inconsistent, and a pickle cannot hold memory that overlaps",
-                    after.address, before.address, before.total_size, after.device
-                ),
-            });
-        }
+    if let Some(i) = overlapping_segment(&order) {
+        let (before, after) = (order[i - 1], order[i]);
+        return Err(ExportError::Limit {
+            what: format!(
+                "the segment at {:#x} overlaps the one at {:#x} ({} bytes) on device {}: the trace is inconsistent, and a pickle cannot hold memory that overlaps",
+                after.address, before.address, before.total_size, after.device
+            ),
+        });
     }
     for segment in segments {
         if let Some((i, placement)) = segment.misplaced_block() {
