@@ -298,23 +298,27 @@ fn in_range(snapshot: Snapshot, origin: &str) -> Result<Snapshot, ImportError> {
             origin,
             ImportErrorKind::Structure {
                 path,
-                message: format!(
-                    "device {device} is out of range: device indices run from 0 to {} (a process sees a few dozen GPUs at most)",
-                    vramscope_model::MAX_DEVICES - 1
-                ),
+                message: device_out_of_range(device.into()),
             },
         )),
     }
 }
 
+/// Why device `device` is refused: past [`vramscope_model::MAX_DEVICES`].
+pub(crate) fn device_out_of_range(device: u64) -> String {
+    format!(
+        "device {device} is out of range: device indices run from 0 to {} (a process sees a few dozen GPUs at most)",
+        vramscope_model::MAX_DEVICES - 1
+    )
+}
+
 fn load_file(path: &Path, origin: &str, options: &ImportOptions) -> Result<Snapshot, ImportError> {
-    let origin = origin.to_string();
-    let io = |e| ImportError::new(&origin, ImportErrorKind::Io(e));
+    let io = |e| ImportError::new(origin, ImportErrorKind::Io(e));
     let file = std::fs::File::open(path).map_err(io)?;
     let size = file.metadata().map_err(io)?.len();
     let too_large = |size: u64| {
         ImportError::new(
-            &origin,
+            origin,
             ImportErrorKind::TooLarge {
                 what: "file",
                 limit: options.max_file_bytes,
@@ -329,7 +333,7 @@ fn load_file(path: &Path, origin: &str, options: &ImportOptions) -> Result<Snaps
         progress.begin(Stage::Reading, size);
     }
     if starts_with(&file, PICKLE_PROTOCOL).map_err(io)? {
-        if let Some(result) = pytorch::from_pickle_file(&file, size, &origin, options) {
+        if let Some(result) = pytorch::from_pickle_file(&file, size, origin, options) {
             return result;
         }
         (&file).seek(SeekFrom::Start(0)).map_err(io)?;
@@ -347,7 +351,7 @@ fn load_file(path: &Path, origin: &str, options: &ImportOptions) -> Result<Snaps
         // its own.
         progress.set(bytes.len() as u64, bytes.len() as u64);
     }
-    load_vec(bytes, &origin, options)
+    load_vec(bytes, origin, options)
 }
 
 /// The first byte of a pickle of protocol 2 or later (the `PROTO` opcode), which

@@ -43,7 +43,7 @@ use vramscope_model::{
 };
 
 use super::timeline;
-use super::{ImportError, ImportErrorKind, ImportOptions, Stage};
+use super::{device_out_of_range, ImportError, ImportErrorKind, ImportOptions, Stage};
 use crate::pickle::{Document, Limits, Seq, Value, ValueRef};
 
 mod stacks;
@@ -411,14 +411,6 @@ fn device_index(v: u64, key: &str, loc: Loc) -> Result<u32, Fault> {
         .ok()
         .filter(|&d| d < MAX_DEVICES)
         .ok_or_else(|| loc.fault(key, device_out_of_range(v)))
-}
-
-/// Why device `v` is refused: past [`MAX_DEVICES`].
-fn device_out_of_range(v: u64) -> String {
-    format!(
-        "device {v} is out of range: device indices run from 0 to {} (a process sees a few dozen GPUs at most)",
-        MAX_DEVICES - 1
-    )
 }
 
 /// The figures of a file, checked as they are read so that no sum of them computed later (the
