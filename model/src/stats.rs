@@ -193,9 +193,13 @@ impl MemoryStats {
 pub const LABEL_CHARS: usize = 240;
 
 /// `text` when it has at most `max_chars` characters; else its last `max_chars - 1` after
-/// `…` (for paths, whose end names the file).
+/// `…` (for paths, whose end names the file), or nothing when `max_chars` is 0. The
+/// dashboard's panels cut their columns with it too.
 pub fn elide_start(text: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
-    match text.char_indices().rev().nth(max_chars.saturating_sub(1)) {
+    if max_chars == 0 {
+        return "".into();
+    }
+    match text.char_indices().rev().nth(max_chars - 1) {
         Some((at, _)) if at > 0 => {
             let keep = text[at..].chars().skip(1).collect::<String>();
             format!("…{keep}").into()
@@ -205,11 +209,15 @@ pub fn elide_start(text: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
 }
 
 /// `text` when it has at most `max_chars` characters; else its first `max_chars - 1` and
-/// `…` (for function names, whose start names the function).
+/// `…` (for function names, whose start names the function), or nothing when `max_chars` is
+/// 0.
 pub fn elide_end(text: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
+    if max_chars == 0 {
+        return "".into();
+    }
     match text.char_indices().nth(max_chars) {
         Some(_) => {
-            let keep: String = text.chars().take(max_chars.saturating_sub(1)).collect();
+            let keep: String = text.chars().take(max_chars - 1).collect();
             format!("{keep}…").into()
         }
         None => text.into(),
@@ -621,5 +629,7 @@ mod elide_tests {
         assert_eq!(elide_end("ééééé", 3), "éé…");
         assert_eq!(elide_start(&"x".repeat(100_000), 240).chars().count(), 240);
         assert_eq!(elide_end(&"x".repeat(100_000), 240).chars().count(), 240);
+        assert_eq!(elide_start("abc", 0), "");
+        assert_eq!(elide_end("abc", 0), "");
     }
 }

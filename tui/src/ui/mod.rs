@@ -220,33 +220,16 @@ pub(crate) fn put(buf: &mut Buffer, area: Rect, x: u16, y: u16, text: &str, styl
 /// A number with thousands separators (the model's, for every panel).
 pub use vramscope_model::thousands;
 
-/// Cuts `text` to `width` characters, marking the cut with `…` at the start.
+/// Cuts `text` to `width` characters, marking the cut with `…` at the start (the model's
+/// [`vramscope_model::elide_start`], as the reports cut their labels).
 pub fn clip_left(text: &str, width: usize) -> String {
-    let n = text.chars().count();
-    if n <= width {
-        return text.to_string();
-    }
-    if width == 0 {
-        return String::new();
-    }
-    let skip = n - width + 1;
-    let mut out = String::from("…");
-    out.extend(text.chars().skip(skip));
-    out
+    vramscope_model::elide_start(text, width).into_owned()
 }
 
-/// Cuts `text` to `width` characters, marking the cut with `…` at the end.
+/// Cuts `text` to `width` characters, marking the cut with `…` at the end (the model's
+/// [`vramscope_model::elide_end`]).
 pub fn clip(text: &str, width: usize) -> String {
-    let n = text.chars().count();
-    if n <= width {
-        return text.to_string();
-    }
-    if width == 0 {
-        return String::new();
-    }
-    let mut out: String = text.chars().take(width - 1).collect();
-    out.push('…');
-    out
+    vramscope_model::elide_end(text, width).into_owned()
 }
 
 /// Formats seconds since the epoch of the data.
