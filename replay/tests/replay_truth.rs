@@ -14,6 +14,17 @@ use vramscope_replay::{
 
 const MIB: u64 = 1 << 20;
 
+/// Four steps that each allocate 30 and 40 MiB and free both.
+fn four_steps(alloc: &CachingAllocator<SimDevice>) {
+    for _ in 0..4 {
+        alloc.mark_step();
+        let a = alloc.alloc(30 * MIB).unwrap();
+        let b = alloc.alloc(40 * MIB).unwrap();
+        drop(a);
+        drop(b);
+    }
+}
+
 /// A run recorded by vramscope under `config`: 100 MiB of weights, then four steps that each
 /// allocate 30 and 40 MiB and free both.
 fn recorded(config: &str) -> Snapshot {
@@ -22,13 +33,7 @@ fn recorded(config: &str) -> Snapshot {
         AllocatorConfig::parse(config).unwrap(),
     );
     let _weights = alloc.alloc(100 * MIB).unwrap();
-    for _ in 0..4 {
-        alloc.mark_step();
-        let a = alloc.alloc(30 * MIB).unwrap();
-        let b = alloc.alloc(40 * MIB).unwrap();
-        drop(a);
-        drop(b);
-    }
+    four_steps(&alloc);
     alloc.snapshot()
 }
 
@@ -41,13 +46,7 @@ fn totals_only_trace() -> Snapshot {
     let _weights = alloc.alloc(100 * MIB).unwrap();
     drop(alloc.alloc(60 * MIB).unwrap());
     let before = alloc.snapshot().events.len();
-    for _ in 0..4 {
-        alloc.mark_step();
-        let a = alloc.alloc(30 * MIB).unwrap();
-        let b = alloc.alloc(40 * MIB).unwrap();
-        drop(a);
-        drop(b);
-    }
+    four_steps(&alloc);
     let mut snapshot = alloc.snapshot();
     snapshot.events.drain(..before);
     snapshot.events.retain(|e| !is_segment_event(e));
