@@ -36,17 +36,17 @@
 use crate::{format_bytes, AllocatorConfig, Policy, SnapshotSource, MIB};
 
 /// Requests up to this size use the small pool (PyTorch's `kSmallSize`).
-const SMALL_SIZE: u64 = MIB;
+pub const SMALL_SIZE: u64 = MIB;
 /// A small-pool segment, and a small-pool page of an expandable segment (`kSmallBuffer`).
-const SMALL_BUFFER: u64 = 2 * MIB;
+pub const SMALL_BUFFER: u64 = 2 * MIB;
 /// The segment of a large request below [`MIN_LARGE_ALLOC`], a large-pool page of an
 /// expandable segment, and the most an oversize request may take beyond its size
 /// (`kLargeBuffer`).
-const LARGE_BUFFER: u64 = 20 * MIB;
+pub const LARGE_BUFFER: u64 = 20 * MIB;
 /// Large requests from this size get a segment of their own size (`kMinLargeAlloc`).
-const MIN_LARGE_ALLOC: u64 = 10 * MIB;
+pub const MIN_LARGE_ALLOC: u64 = 10 * MIB;
 /// Those segments are rounded up to this (`kRoundLarge`).
-const ROUND_LARGE: u64 = 2 * MIB;
+pub const ROUND_LARGE: u64 = 2 * MIB;
 
 /// What is known when an allocation failed for good.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -145,7 +145,7 @@ impl SettingNames {
 }
 
 /// The size of the plain segment a request of `request` bytes (rounded) gets: PyTorch's
-/// `get_allocation_size`, the allocator's `segment_size_for`. PyTorch checks its cap against
+/// `get_allocation_size`, which the allocator uses as `segment_size_for`. PyTorch checks its cap against
 /// this size whether or not segments are expandable.
 pub fn segment_size(request: u64) -> u64 {
     if request <= SMALL_SIZE {

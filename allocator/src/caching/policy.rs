@@ -21,24 +21,17 @@ use super::state::{
 };
 use super::Shared;
 use crate::backend::{Backend, StreamId};
-use crate::config::{BacktraceMode, Policy, MIB};
+use crate::config::{BacktraceMode, Policy};
 use crate::debug::{self, FreedRange};
 use crate::model::{EventKind, Pool};
 use crate::provenance::{self, Provenance, NIL};
 
 /// Requests are rounded up to a multiple of this (and never below it).
 pub const MIN_BLOCK_SIZE: u64 = 512;
-/// Rounded requests up to this size use the small pool.
-pub const SMALL_SIZE: u64 = MIB;
-/// Segment size for small-pool requests.
-pub const SMALL_BUFFER: u64 = 2 * MIB;
-/// Segment size for large-pool requests under [`MIN_LARGE_ALLOC`]; also the most an oversize
-/// request may waste when `max_split_size` is set.
-pub const LARGE_BUFFER: u64 = 20 * MIB;
-/// Large requests from this size get a segment of their own size, rounded to [`ROUND_LARGE`].
-pub const MIN_LARGE_ALLOC: u64 = 10 * MIB;
-/// Rounding of large segments.
-pub const ROUND_LARGE: u64 = 2 * MIB;
+// PyTorch's sizes of pools and segments, as the model's OOM diagnosis works them out too.
+pub use vramscope_model::oom::{
+    LARGE_BUFFER, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
+};
 
 /// The largest rounded request the allocator asks a device for (2^62 bytes); larger ones are
 /// out of memory at once, before computing a segment size could overflow.
@@ -85,15 +78,7 @@ pub fn pool_for(rounded: u64) -> Pool {
 }
 
 /// The size of a new segment for a rounded request (PyTorch's `get_allocation_size`).
-pub fn segment_size_for(rounded: u64) -> u64 {
-    if rounded <= SMALL_SIZE {
-        SMALL_BUFFER
-    } else if rounded < MIN_LARGE_ALLOC {
-        LARGE_BUFFER
-    } else {
-        rounded.div_ceil(ROUND_LARGE) * ROUND_LARGE
-    }
-}
+pub use vramscope_model::oom::segment_size as segment_size_for;
 
 /// Where an allocation came from, gathered before the lock is taken.
 pub(crate) struct Origin<'a> {
