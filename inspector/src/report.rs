@@ -1030,9 +1030,6 @@ mod tests {
     fn point(event: u32, allocated: u64) -> TimelinePoint {
         TimelinePoint {
             event,
-            seq: u64::from(event),
-            time_ns: 0,
-            step: 0,
             allocated,
             reserved: allocated * 2,
         }

@@ -139,8 +139,6 @@ impl<'a> ModelViewBuilder<'a> {
             .insert(event_index, self.intervals.len() as u32);
         self.intervals.push(Interval {
             group,
-            device: event.device,
-            addr: event.addr,
             size: event.size,
             requested: event.requested,
             alloc_event: event_index,
@@ -220,16 +218,14 @@ impl<'a> ModelViewBuilder<'a> {
     fn timeline(&self, walk: &Reconstruction) -> Vec<TimelinePoint> {
         let mut timeline = Vec::new();
         let mut last_usage = walk.start.usage();
-        for (index, (event, &usage)) in self.snapshot.events.iter().zip(&walk.usage).enumerate() {
+        let events = self.snapshot.events.len();
+        for (index, &usage) in walk.usage.iter().take(events).enumerate() {
             if usage == last_usage {
                 continue;
             }
             last_usage = usage;
             timeline.push(TimelinePoint {
                 event: index as u32,
-                seq: event.seq,
-                time_ns: event.time_ns,
-                step: self.plan.step_of(index, event),
                 allocated: usage.allocated,
                 reserved: if walk.reserved_known {
                     usage.reserved

@@ -44,11 +44,7 @@ use holdings::{add_holding, sorted_holdings};
 pub struct Interval {
     /// Call-site group of the allocation.
     pub group: GroupId,
-    /// Device ordinal.
-    pub device: u32,
-    /// Device address.
-    pub addr: u64,
-    /// Block size in bytes.
+    /// Block size in bytes (the event at `alloc_event` holds the device and address).
     pub size: u64,
     /// Bytes the program asked for.
     pub requested: u64,
@@ -159,14 +155,9 @@ pub struct StepInfo {
 /// Allocated and reserved bytes just after one event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TimelinePoint {
-    /// Index of the event in [`Snapshot::events`].
+    /// Index of the event in [`Snapshot::events`], which holds its sequence number, time and
+    /// step (the point does not copy them: a 10M-event trace has millions of points).
     pub event: u32,
-    /// Sequence number of the event.
-    pub seq: u64,
-    /// Time of the event in nanoseconds since the snapshot's epoch.
-    pub time_ns: u64,
-    /// Step number of the event.
-    pub step: u64,
     /// Bytes allocated to the program, including the inferred baseline.
     pub allocated: u64,
     /// Bytes reserved from the device, including the inferred baseline (0 when unknown).
@@ -568,7 +559,8 @@ mod tests {
         assert_eq!(iv[0].free_step, Some(1));
         assert!(iv[1].is_live_at_end());
         assert!(iv[2].is_live_at_end());
-        assert_eq!(iv[0].addr, iv[2].addr);
+        let addr_of = |interval: &Interval| snapshot.events[interval.alloc_event as usize].addr;
+        assert_eq!(addr_of(&iv[0]), addr_of(&iv[2]));
         assert_eq!(view.totals().frees, 1);
         assert_eq!(view.totals().unmatched_frees, 0);
         assert_eq!(view.peak_allocated(), 3 * MIB);
