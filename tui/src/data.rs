@@ -103,7 +103,10 @@ pub struct Dataset {
     usage: Vec<Usage>,
     /// The extremes of `usage` by bucket, for ranges of it.
     pyramid: Pyramid,
-    peaks: Vec<Usage>,
+    /// The highest allocated and reserved bytes over the start and every event, and the first
+    /// positions that reach each (kept as the events come, instead of a running maximum per
+    /// event: 16 bytes an event, 160 MB at 10M).
+    peak: Peak,
     checkpoints: Vec<(usize, MemoryState)>,
     checkpoint_every: usize,
     link: Vec<u32>,
@@ -138,7 +141,7 @@ impl Dataset {
             start_usage: Usage::default(),
             usage: Vec::new(),
             pyramid: Pyramid::default(),
-            peaks: Vec::new(),
+            peak: Peak::default(),
             checkpoints: Vec::new(),
             checkpoint_every: 16_384,
             link: Vec::new(),
@@ -184,16 +187,9 @@ impl Dataset {
         self.start_usage = walk.start.usage();
         checkpoints.push((0, walk.start));
         checkpoints.reverse();
-        let mut peaks = Vec::with_capacity(n);
-        let mut peak = self.start_usage;
-        for u in &walk.usage {
-            peak.allocated = peak.allocated.max(u.allocated);
-            peak.reserved = peak.reserved.max(u.reserved);
-            peaks.push(peak);
-        }
         self.usage = walk.usage;
         self.pyramid = Pyramid::new(&self.usage);
-        self.peaks = peaks;
+        self.peak = Peak::of(self.start_usage, &self.usage);
         self.checkpoints = checkpoints;
         self.link = walk.links;
         self.pairing = walk.pairing;
@@ -228,12 +224,9 @@ impl Dataset {
             });
             self.head.apply(e, i as u32);
             let u = self.head.usage();
-            let mut peak = self.peaks.last().copied().unwrap_or(self.start_usage);
-            peak.allocated = peak.allocated.max(u.allocated);
-            peak.reserved = peak.reserved.max(u.reserved);
             self.usage.push(u);
             self.pyramid.push(u);
-            self.peaks.push(peak);
+            self.peak.take(u, self.usage.len());
             match e.kind {
                 EventKind::Step => {
                     snapshot.steps.push(StepMark {
@@ -297,7 +290,7 @@ impl Dataset {
         self.start_usage = self.usage[count - 1];
         self.usage.drain(..count);
         self.pyramid = Pyramid::new(&self.usage);
-        self.peaks.drain(..count);
+        self.peak = Peak::of(self.start_usage, &self.usage);
         self.link.drain(..count);
         for l in &mut self.link {
             *l = shift(*l);
@@ -428,34 +421,30 @@ impl Dataset {
         }
     }
 
-    /// The highest allocated and reserved bytes up to position `pos`.
+    /// The highest allocated and reserved bytes up to position `pos` (the start's, and those
+    /// after the events before `pos`): from the pyramid, in O(log n).
     pub fn peak_at(&self, pos: usize) -> Usage {
-        match pos.min(self.len()).checked_sub(1) {
-            Some(i) => self.peaks[i],
-            None => self.start_usage,
+        let pos = pos.min(self.len());
+        if pos == self.len() {
+            return self.peak.bytes;
         }
+        let mut peak = self.start_usage;
+        if let Some(e) = self.pyramid.range(&self.usage, 0, pos) {
+            peak.allocated = peak.allocated.max(e.max.allocated);
+            peak.reserved = peak.reserved.max(e.max.reserved);
+        }
+        peak
     }
 
     /// The position where allocated bytes first reach their peak (0 when the state before
     /// the first event already held it): where `P` and a newly opened file put the cursor.
     pub fn peak_allocated_pos(&self) -> usize {
-        self.first_reaching(|u| u.allocated)
+        self.peak.allocated_pos
     }
 
     /// The position where reserved bytes first reach their peak (`R`).
     pub fn peak_reserved_pos(&self) -> usize {
-        self.first_reaching(|u| u.reserved)
-    }
-
-    /// The first position whose figure reaches the peak: a binary search of the running
-    /// maxima, which never decrease.
-    fn first_reaching(&self, key: fn(&Usage) -> u64) -> usize {
-        let peak = key(&self.peak_at(self.len()));
-        if key(&self.start_usage) >= peak {
-            return 0;
-        }
-        let n = self.len().min(self.peaks.len());
-        self.peaks[..n].partition_point(|u| key(u) < peak) + 1
+        self.peak.reserved_pos
     }
 
     /// Allocated and reserved bytes after every event.
@@ -590,6 +579,44 @@ pub fn cut_snapshot(full: &Snapshot, pos: usize, segments: Vec<Segment>) -> Snap
     cut
 }
 
+/// The highest allocated and reserved bytes of a usage series and where each is first reached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Peak {
+    /// The highest figures, each on its own.
+    bytes: Usage,
+    /// The first position (events applied) whose allocated bytes equal `bytes.allocated`.
+    allocated_pos: usize,
+    /// The first position whose reserved bytes equal `bytes.reserved`.
+    reserved_pos: usize,
+}
+
+impl Peak {
+    /// The peak of `start` (position 0) followed by `usage` (positions 1 on).
+    fn of(start: Usage, usage: &[Usage]) -> Peak {
+        let mut peak = Peak {
+            bytes: start,
+            allocated_pos: 0,
+            reserved_pos: 0,
+        };
+        for (i, &u) in usage.iter().enumerate() {
+            peak.take(u, i + 1);
+        }
+        peak
+    }
+
+    /// Takes in `u`, the usage at position `pos`, after every earlier one.
+    fn take(&mut self, u: Usage, pos: usize) {
+        if u.allocated > self.bytes.allocated {
+            self.bytes.allocated = u.allocated;
+            self.allocated_pos = pos;
+        }
+        if u.reserved > self.bytes.reserved {
+            self.bytes.reserved = u.reserved;
+            self.reserved_pos = pos;
+        }
+    }
+}
+
 /// Step starts of a snapshot: each step mark at the first event with its sequence number.
 fn step_starts(snapshot: &Snapshot) -> Vec<(u64, usize)> {
     let events = &snapshot.events;
@@ -662,7 +689,11 @@ mod tests {
         for (a, b) in [(0, n), (1, n - 1), (n / 3, n / 2), (n - 17, n), (5, 5)] {
             extremes(&grown, a, b);
         }
+        check_peaks(&grown);
+        check_peaks(&whole);
+        assert_eq!(grown.peak_allocated_pos(), whole.peak_allocated_pos());
         grown.trim_front(half / 2);
+        check_peaks(&grown);
         assert_eq!(grown.len(), whole.len() - half / 2);
         assert_eq!(grown.state_at(0).usage(), whole.usage_at(half / 2));
         let k = grown.len() - 3;
@@ -672,6 +703,31 @@ mod tests {
         for (a, b) in [(0, n), (2, n - 40), (n / 4, n / 4 + 33)] {
             extremes(&grown, a, b);
         }
+    }
+
+    /// The peaks the dataset keeps, against running maxima worked out here: at every position,
+    /// and where each figure first reaches its peak.
+    fn check_peaks(data: &Dataset) {
+        let n = data.len();
+        let mut running = vec![data.usage_at(0)];
+        for pos in 1..=n {
+            let (before, now) = (running[pos - 1], data.usage_at(pos));
+            running.push(Usage {
+                allocated: before.allocated.max(now.allocated),
+                reserved: before.reserved.max(now.reserved),
+            });
+        }
+        for (pos, expected) in running.iter().enumerate() {
+            assert_eq!(data.peak_at(pos), *expected, "peak at {pos} of {n}");
+        }
+        let first = |key: fn(&Usage) -> u64| {
+            (0..=n)
+                .find(|&pos| key(&data.usage_at(pos)) == key(&running[n]))
+                .unwrap()
+        };
+        assert_eq!(data.peak_allocated_pos(), first(|u| u.allocated));
+        assert_eq!(data.peak_reserved_pos(), first(|u| u.reserved));
+        assert!(data.peak_allocated_pos() > 0, "the fixture's peak is after its start");
     }
 
     /// Over a trace with many checkpoints, the state at any position, reached from wherever
