@@ -146,7 +146,7 @@ fn with_planted_shard(snapshot: &Snapshot, bytes: u64, site: &str) -> Snapshot {
             .step(first.map_or(0, |e| e.step))
             .build()
     };
-    planted.events.splice(
+    planted.events.to_mut().splice(
         0..0,
         [event(EventKind::SegmentAlloc), event(EventKind::Alloc)],
     );

@@ -113,7 +113,7 @@ pub fn only_device(snapshot: &Snapshot, device: u32) -> Snapshot {
         stats,
         epoch_unix_ns: snapshot.epoch_unix_ns,
         segments,
-        events,
+        events: events.into(),
         dropped_events: snapshot.dropped_events,
         sites: sites_kept
             .iter()

@@ -2,7 +2,8 @@
 //! that describes device memory, and nothing that produces or analyses it.
 //!
 //! - snapshots, segments, blocks, events, call sites, steps and annotations (the snapshot
-//!   module), saved and loaded as JSON with a format version;
+//!   module), saved and loaded as JSON with a format version; a snapshot's events are an
+//!   [`Events`] list, whose memory its prefixes can share (the events module);
 //! - PyTorch's statistics under PyTorch's names ([`MemoryStats`]) and its `memory_summary()`
 //!   table, with byte sizes formatted and parsed the way every view prints them;
 //! - allocator settings in `PYTORCH_CUDA_ALLOC_CONF` syntax ([`AllocatorConfig`]);
@@ -25,11 +26,13 @@
 //! ```
 
 mod config;
+mod events;
 pub mod oom;
 mod snapshot;
 mod stats;
 
 pub use config::{AllocatorConfig, BacktraceMode, ConfigError, Policy, CONFIG_ENV_VAR, MIB};
+pub use events::Events;
 pub use snapshot::{
     overlapping_segment, Annotation, Block, BlockPlacement, BlockState, CallSite, DeviceInfo,
     Event, EventKind, Frame, Owner, Pool, ScopeId, Segment, SiteId, Snapshot, SnapshotError,

@@ -12,6 +12,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::AllocatorConfig;
+use crate::Events;
 use crate::MemoryStats;
 
 /// The version of the JSON snapshot format written by [`Snapshot::save`].
@@ -504,7 +505,7 @@ pub struct Snapshot {
     /// Segments with their blocks, ordered by address.
     pub segments: Vec<Segment>,
     /// Recorded events, oldest first.
-    pub events: Vec<Event>,
+    pub events: Events,
     /// Events lost because the ring was full.
     #[serde(default)]
     pub dropped_events: u64,
@@ -618,7 +619,7 @@ impl Snapshot {
             stats: MemoryStats::default(),
             epoch_unix_ns: 0,
             segments: Vec::new(),
-            events: Vec::new(),
+            events: Events::new(),
             dropped_events: 0,
             sites: Vec::new(),
             tags: Vec::new(),
@@ -688,7 +689,7 @@ impl Snapshot {
     /// lines than its header counts, rather than rebuild a wrong start from them.
     pub fn write_event_log(&self, mut out: impl std::io::Write) -> std::io::Result<()> {
         let header = Snapshot {
-            events: Vec::new(),
+            events: Events::new(),
             ..self.clone()
         };
         // The count goes last, so that `format_version` stays the first key (which is how a

@@ -257,7 +257,7 @@ pub fn merge(snapshot: &mut Snapshot, log: &LogData, numbering: Numbering) {
             })
             .collect();
     }
-    snapshot.events = merged;
+    snapshot.events = merged.into();
 }
 
 /// The step in force at `time_ns` by `marks` (`(step, time)`, oldest first): 0 before them.

@@ -159,7 +159,7 @@ fn blocks_bench(blocks: usize) {
 /// time and step; its step marks repeated with them.
 fn repeated(base: &Snapshot, n: usize) -> Snapshot {
     let mut out = base.clone();
-    out.events = Vec::with_capacity(n);
+    out.events = vramscope_model::Events::with_capacity(n);
     out.steps = Vec::new();
     let (Some(first), Some(last)) = (base.events.first(), base.events.last()) else {
         return out;

@@ -204,6 +204,10 @@ impl Dataset {
         self.groups = SiteGroups::from_sites(&snapshot.sites);
         self.cache = None;
         self.segments_current = true;
+        // The analysis reads the events up to the time cursor: shared, they are not copied
+        // for it (`cut_snapshot`).
+        let mut snapshot = snapshot;
+        snapshot.events.share();
         self.snapshot = Arc::new(snapshot);
         self.step_starts = step_starts(&self.snapshot);
         self.version += 1;
@@ -247,6 +251,7 @@ impl Dataset {
                 self.checkpoints.push((len, self.head.clone()));
             }
         }
+        snapshot.events.share();
         let held: usize = self.checkpoints.iter().map(|(_, s)| items(s)).sum();
         if self.checkpoints.len() > MAX_CHECKPOINTS && held > self.len() / EVENTS_PER_ITEM {
             self.checkpoint_every *= 2;
@@ -286,6 +291,7 @@ impl Dataset {
         };
         let snapshot = Arc::make_mut(&mut self.snapshot);
         snapshot.events.drain(..count);
+        snapshot.events.share();
         snapshot.dropped_events += count as u64;
         self.start_usage = self.usage[count - 1];
         self.usage.drain(..count);
@@ -553,7 +559,8 @@ impl Dataset {
 }
 
 /// The snapshot of the first `pos` events of `full`, whose segments were `segments` then (see
-/// [`Dataset::cut_at`]): a copy of those events, the tables and the step marks up to them.
+/// [`Dataset::cut_at`]): those events (the same memory where `full`'s events are shared, as a
+/// dataset's are), a copy of the tables and the step marks up to them.
 pub fn cut_snapshot(full: &Snapshot, pos: usize, segments: Vec<Segment>) -> Snapshot {
     let s = full;
     let pos = pos.min(s.events.len());
@@ -564,7 +571,7 @@ pub fn cut_snapshot(full: &Snapshot, pos: usize, segments: Vec<Segment>) -> Snap
     cut.stats = s.stats;
     cut.epoch_unix_ns = s.epoch_unix_ns;
     cut.segments = segments;
-    cut.events = s.events[..pos].to_vec();
+    cut.events = s.events.prefix(pos);
     cut.dropped_events = s.dropped_events;
     cut.sites = s.sites.clone();
     cut.tags = s.tags.clone();
@@ -727,7 +734,10 @@ mod tests {
         };
         assert_eq!(data.peak_allocated_pos(), first(|u| u.allocated));
         assert_eq!(data.peak_reserved_pos(), first(|u| u.reserved));
-        assert!(data.peak_allocated_pos() > 0, "the fixture's peak is after its start");
+        assert!(
+            data.peak_allocated_pos() > 0,
+            "the fixture's peak is after its start"
+        );
     }
 
     /// Over a trace with many checkpoints, the state at any position, reached from wherever

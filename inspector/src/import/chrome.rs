@@ -903,7 +903,7 @@ fn convert(
     snapshot.format_version = FORMAT_VERSION;
     snapshot.stats = stats;
     snapshot.epoch_unix_ns = epoch_unix_ns;
-    snapshot.events = events;
+    snapshot.events = events.into();
     snapshot.steps = steps;
     snapshot
 }

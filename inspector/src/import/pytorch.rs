@@ -1078,7 +1078,7 @@ fn finish(
         stats: MemoryStats::default(),
         epoch_unix_ns: timeline::unix_epoch_ns(epoch_us.unwrap_or(0) as f64),
         segments,
-        events,
+        events: events.into(),
         dropped_events: 0,
         sites: stacks.table.into_sites(),
         tags: Vec::new(),
