@@ -488,39 +488,56 @@ fn timeline(view: &ModelView<'_>, options: &ReportOptions) -> Timeline {
 }
 
 /// Keeps, per bucket of events, the points with the lowest and highest allocated bytes, the
-/// point with the highest reserved bytes and the last point, in event order.
-fn downsample(points: &[TimelinePoint], events: u64, buckets: usize) -> Vec<TimelinePoint> {
-    if points.len() <= buckets * 4 {
-        return points.to_vec();
+/// point with the highest reserved bytes and the last point, in event order. The points are
+/// read once, holding one bucket's at a time (a 10M-event trace has millions of them).
+fn downsample(
+    points: impl IntoIterator<Item = TimelinePoint>,
+    events: u64,
+    buckets: usize,
+) -> Vec<TimelinePoint> {
+    let limit = buckets * 4;
+    let mut points = points.into_iter();
+    let first: Vec<TimelinePoint> = points.by_ref().take(limit + 1).collect();
+    if first.len() <= limit {
+        return first;
     }
-    let mut out = Vec::with_capacity(buckets * 4);
+    let mut out = Vec::with_capacity(limit);
     let bucket_of =
         |p: &TimelinePoint| (u64::from(p.event) * buckets as u64 / events.max(1)) as usize;
-    let mut start = 0;
-    while start < points.len() {
-        let b = bucket_of(&points[start]);
-        let mut end = start;
-        while end < points.len() && bucket_of(&points[end]) == b {
-            end += 1;
+    let mut chunk: Vec<TimelinePoint> = Vec::new();
+    for point in first.into_iter().chain(points) {
+        if chunk
+            .last()
+            .is_some_and(|last| bucket_of(last) != bucket_of(&point))
+        {
+            keep_extremes(&chunk, &mut out);
+            chunk.clear();
         }
-        let chunk = &points[start..end];
-        let mut keep = [
-            argmin(chunk, |p| p.allocated),
-            argmax(chunk, |p| p.allocated),
-            argmax(chunk, |p| p.reserved),
-            chunk.len() - 1,
-        ];
-        keep.sort_unstable();
-        let mut last = usize::MAX;
-        for k in keep {
-            if k != last {
-                out.push(chunk[k]);
-                last = k;
-            }
-        }
-        start = end;
+        chunk.push(point);
     }
+    keep_extremes(&chunk, &mut out);
     out
+}
+
+/// Appends to `out` the points of one bucket that [`downsample`] keeps, in event order.
+fn keep_extremes(chunk: &[TimelinePoint], out: &mut Vec<TimelinePoint>) {
+    let Some(last_index) = chunk.len().checked_sub(1) else {
+        return;
+    };
+    let mut keep = [
+        argmin(chunk, |p| p.allocated),
+        argmax(chunk, |p| p.allocated),
+        argmax(chunk, |p| p.reserved),
+        last_index,
+    ];
+    keep.sort_unstable();
+    let mut last = usize::MAX;
+    for k in keep {
+        if k != last {
+            out.push(chunk[k]);
+            last = k;
+        }
+    }
 }
 
 fn argmin(chunk: &[TimelinePoint], key: impl Fn(&TimelinePoint) -> u64) -> usize {
@@ -1049,12 +1066,12 @@ mod tests {
                 )
             })
             .collect();
-        let kept = downsample(&points, 10_000, 100);
+        let kept = downsample(points.iter().copied(), 10_000, 100);
         assert!(kept.len() <= 400);
         assert!(kept.iter().any(|p| p.allocated == 1 << 40));
         assert!(kept.windows(2).all(|w| w[0].event < w[1].event));
         assert_eq!(kept.last(), points.last());
-        let few = downsample(&points[..50], 50, 100);
+        let few = downsample(points[..50].iter().copied(), 50, 100);
         assert_eq!(few.len(), 50);
     }
 }

@@ -7,8 +7,8 @@
 //! group and step. The engine's walk of the snapshot (`Reconstruction`: the memory state at the
 //! start, the end and the peaks, and the usage after every event) does not depend on that pass,
 //! so the parent module runs it on a second thread meanwhile and hands it to
-//! [`ModelViewBuilder::finish`], which first records a [`TimelinePoint`] wherever the usage
-//! changed, then derives what needs every event (retained bytes per step,
+//! [`ModelViewBuilder::finish`], which keeps the walk's usage after every event (the view's
+//! timeline is read from it, not copied), then derives what needs every event (retained bytes per step,
 //! the per-group indexes, the holdings at the end and at the peak, the segment summary) and
 //! hands the result to the parent module's [`ModelView`]. A new figure of the view is a new
 //! field here, a line in the `record_*` method of its event kind, and a line in `finish`.
@@ -21,9 +21,7 @@ use vramscope_model::{BlockState, Event, EventKind, Snapshot, TransferDirection}
 
 use super::holdings::holdings_of;
 use super::steps::{collect_steps, StepPlan};
-use super::{
-    Holding, Interval, ModelView, SegmentSummary, StepInfo, StepTally, TimelinePoint, TraceTotals,
-};
+use super::{Holding, Interval, ModelView, SegmentSummary, StepInfo, StepTally, TraceTotals};
 
 /// Builds a [`ModelView`] from the events of its snapshot, fed in order with
 /// [`ModelViewBuilder::push`]. See the module documentation.
@@ -213,34 +211,9 @@ impl<'a> ModelViewBuilder<'a> {
         self.group_extra_events.push((group, event_index));
     }
 
-    /// The timeline: a point after every event whose usage in `walk` differs from the usage
-    /// before it.
-    fn timeline(&self, walk: &Reconstruction) -> Vec<TimelinePoint> {
-        let mut timeline = Vec::new();
-        let mut last_usage = walk.start.usage();
-        let events = self.snapshot.events.len();
-        for (index, &usage) in walk.usage.iter().take(events).enumerate() {
-            if usage == last_usage {
-                continue;
-            }
-            last_usage = usage;
-            timeline.push(TimelinePoint {
-                event: index as u32,
-                allocated: usage.allocated,
-                reserved: if walk.reserved_known {
-                    usage.reserved
-                } else {
-                    0
-                },
-            });
-        }
-        timeline
-    }
-
     /// The view of every event fed so far, with `walk`, the engine's walk of the same snapshot.
     /// Call it once all the snapshot's events are in.
     pub(super) fn finish(mut self, walk: Reconstruction) -> ModelView<'a> {
-        let timeline = self.timeline(&walk);
         self.count_retained();
         let group_intervals = self.intervals_by_group();
         let group_events = self.extra_events_by_group();
@@ -259,7 +232,8 @@ impl<'a> ModelViewBuilder<'a> {
             event_step: self.event_step,
             step_totals,
             group_steps,
-            timeline,
+            usage: walk.usage,
+            start_usage: walk.start.usage(),
             reserved_known: walk.reserved_known,
             baseline_allocated: walk.start.allocated,
             baseline_reserved: known_reserved(walk.start.reserved),

@@ -32,7 +32,7 @@ pub use steps::{apply_step_marker, restep, step_marker_candidates, StepMarkerErr
 
 use rustc_hash::FxHashMap;
 use vramscope_engine::{
-    name_call_site, EmptyCacheCall, GroupId, Reconstruction, SiteGroup, SiteGroups, SiteName,
+    name_call_site, EmptyCacheCall, GroupId, Reconstruction, SiteGroup, SiteGroups, SiteName, Usage,
 };
 use vramscope_model::{SiteId, Snapshot};
 
@@ -249,7 +249,11 @@ pub struct ModelView<'a> {
     event_step: Vec<u32>,
     step_totals: Vec<StepTally>,
     group_steps: Vec<Vec<(u32, StepTally)>>,
-    timeline: Vec<TimelinePoint>,
+    /// Allocated and reserved bytes after every event: the engine's walk's own series, kept
+    /// rather than copied into points (the timeline is read from it).
+    usage: Vec<Usage>,
+    /// The usage before the first event, as the walk has it (reserved bytes even when unknown).
+    start_usage: Usage,
     reserved_known: bool,
     baseline_allocated: u64,
     baseline_reserved: u64,
@@ -433,24 +437,42 @@ impl<'a> ModelView<'a> {
         (blocks, bytes)
     }
 
-    /// Allocated and reserved bytes after every event that changed them.
-    pub fn timeline(&self) -> &[TimelinePoint] {
-        &self.timeline
+    /// Allocated and reserved bytes after every event that changed them, in event order
+    /// (reserved bytes are 0 when unknown).
+    pub fn timeline(&self) -> impl Iterator<Item = TimelinePoint> + '_ {
+        let mut last = self.start_usage;
+        self.usage
+            .iter()
+            .enumerate()
+            .filter_map(move |(event, &usage)| {
+                if usage == last {
+                    return None;
+                }
+                last = usage;
+                Some(TimelinePoint {
+                    event: event as u32,
+                    allocated: usage.allocated,
+                    reserved: self.known_reserved(usage.reserved),
+                })
+            })
     }
 
-    /// Allocated and reserved bytes just after event `event` (the baseline before any change).
+    /// Allocated and reserved bytes just after event `event` (the baseline before the first
+    /// event; the end for an index past the last event; reserved bytes are 0 when unknown).
     pub fn usage_at(&self, event: u32) -> (u64, u64) {
-        let n = self.timeline.partition_point(|p| p.event <= event);
-        match n.checked_sub(1).map(|i| &self.timeline[i]) {
-            Some(p) => (p.allocated, p.reserved),
-            None => (
-                self.baseline_allocated,
-                if self.reserved_known {
-                    self.baseline_reserved
-                } else {
-                    0
-                },
-            ),
+        let index = (event as usize).min(self.usage.len().saturating_sub(1));
+        match self.usage.get(index) {
+            Some(usage) => (usage.allocated, self.known_reserved(usage.reserved)),
+            None => (self.baseline_allocated, self.baseline_reserved),
+        }
+    }
+
+    /// `bytes` of reserved memory as the view reports them: 0 when reserved bytes are unknown.
+    fn known_reserved(&self, bytes: u64) -> u64 {
+        if self.reserved_known {
+            bytes
+        } else {
+            0
         }
     }
 
