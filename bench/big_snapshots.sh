@@ -12,7 +12,8 @@
 #   - `python3 -c 'pickle.load(...)'`, the floor for anything written in Python;
 #   - `ptmem -s FILE` where `ptmem` is on PATH (`pip install ptmem==0.1.2`);
 #   - `vramscope view FILE` in a 200×60 tmux pane, timed until the findings panel shows its
-#     counts (the first full screen), where tmux is installed.
+#     counts (the first full screen), with the process's peak memory then (VmHWM), where tmux
+#     is installed.
 # Set VRAMSCOPE to choose the binary (default: target/release/vramscope).
 set -u
 if [ $# -lt 3 ]; then
@@ -48,8 +49,13 @@ first_screen() {
     while tmux has-session -t "$session" 2> /dev/null; do
         if tmux capture-pane -p -t "$session" | grep -q "Findings.* errors"; then
             end=$(date +%s.%N)
+            # The dashboard's peak memory so far: the high-water mark of the newest process
+            # named vramscope (the one in the pane).
+            local pid peak
+            pid=$(pgrep -n -x vramscope)
+            peak=$(awk '/VmHWM/ {print int($2 / 1024)}' "/proc/$pid/status" 2> /dev/null)
             tmux kill-session -t "$session"
-            printf 'view, first full screen: %.2f s\n' "$(echo "$end - $start" | bc)"
+            printf 'view, first full screen: %.2f s, %s MB\n' "$(echo "$end - $start" | bc)" "${peak:-?}"
             return
         fi
         sleep 0.05
