@@ -1235,3 +1235,39 @@ fn a_release_that_found_nothing_runs_again_once_a_block_is_freed() {
     assert_eq!(stats.num_device_free, 1, "the freed segment went back");
     assert_eq!(stats.num_ooms, 4);
 }
+
+/// Each stream's expandable segment reserves address space for 9/8 of the device's memory, so
+/// a device of 2^62 bytes has room for three such ranges in its 2^64 addresses: the fourth
+/// stream's request fails with memory to spare, and the report names the address space, not
+/// a memory cap that the free memory would otherwise suggest. A later failure for want of
+/// memory is diagnosed as memory again.
+#[test]
+fn a_refused_address_range_is_reported_as_the_address_space() {
+    use vramscope_model::oom::OomCause;
+    let (_, alloc) = phantom(1 << 62, "expandable_segments:True");
+    let mut held = Vec::new();
+    for stream in 1..=3 {
+        held.push(alloc.alloc_ptr(4 * MIB, StreamId(stream)).unwrap());
+    }
+    let err = alloc.alloc_ptr(4 * MIB, StreamId(4)).unwrap_err();
+    let AllocError::OutOfMemory(report) = &err else {
+        panic!("{err}");
+    };
+    assert_eq!(report.cause, OomCause::AddressSpace);
+    let hint = report.hint.as_deref().unwrap_or_default();
+    assert!(hint.contains("address range"), "{hint}");
+    assert!(hint.contains("fewer streams"), "{hint}");
+    assert!(!hint.contains("cap"), "{hint}");
+    // Streams that have their range still allocate.
+    held.push(alloc.alloc_ptr(4 * MIB, StreamId(2)).unwrap());
+    // Under a memory limit, the same device runs out of memory on a stream with a range.
+    alloc.set_memory_limit(Some(64 * MIB));
+    let err = alloc.alloc_ptr(128 * MIB, StreamId(1)).unwrap_err();
+    let AllocError::OutOfMemory(report) = &err else {
+        panic!("{err}");
+    };
+    assert_eq!(report.cause, OomCause::Cap { known: true });
+    for ptr in held {
+        alloc.free_ptr(ptr).unwrap();
+    }
+}

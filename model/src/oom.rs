@@ -14,6 +14,9 @@
 //!
 //! [`diagnose`] takes what is known at the failure ([`OomFacts`]) and decides, in this order:
 //!
+//! 0. **Address space** ([`OomCause::AddressSpace`]): a new expandable segment could not
+//!    reserve its address range (9/8 of the device's memory, one range per stream and pool),
+//!    whatever memory was free: the device's address space ran out, not its memory.
 //! 1. **The cap** ([`OomCause::Cap`]): the device had room for all the allocator would have
 //!    asked of it ([`device_need`]), so the one limit left is the process's cap, known or not;
 //!    or a known cap would have been passed by a new segment ([`cap_need`]), which the allocator
@@ -67,6 +70,9 @@ pub struct OomFacts {
     /// capacity, or `set_memory_limit`), when known. Without it, a cap is inferred when the
     /// device had room.
     pub cap: Option<u64>,
+    /// Whether the device refused the address range of a new expandable segment during the
+    /// failed allocation (only an allocator that saw it happen knows; a snapshot does not say).
+    pub address_space_refused: bool,
 }
 
 impl OomFacts {
@@ -80,6 +86,9 @@ impl OomFacts {
 /// which the causes are tried).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum OomCause {
+    /// The device had no address range left for a new expandable segment, which reserves
+    /// address space for 9/8 of the device's memory per stream and pool.
+    AddressSpace,
     /// The process's memory cap refused the memory. `known` says whether the cap was given;
     /// when it was not, the device's free memory showed that nothing else could have refused.
     Cap {
@@ -105,6 +114,7 @@ impl OomCause {
     /// A stable id for the cause (`"memory_cap"`, `"fragmentation"`, ...).
     pub fn as_str(self) -> &'static str {
         match self {
+            OomCause::AddressSpace => "address_space",
             OomCause::Cap { .. } => "memory_cap",
             OomCause::DeviceRefused => "device_refused",
             OomCause::SplitLimit { .. } => "max_split_size",
@@ -213,7 +223,9 @@ pub fn diagnose(facts: &OomFacts, config: &AllocatorConfig) -> OomDiagnosis {
         _ => None,
     };
     let cached = facts.reserved_unallocated();
-    let cause = if cap_passed == Some(true) {
+    let cause = if facts.address_space_refused {
+        OomCause::AddressSpace
+    } else if cap_passed == Some(true) {
         OomCause::Cap { known: true }
     } else if device_room {
         if cap_passed == Some(false) {
@@ -287,6 +299,9 @@ impl OomDiagnosis {
             format!("the device had only {free} free")
         };
         match self.cause {
+            OomCause::AddressSpace => format!(
+                "a new expandable segment could not reserve its address range although the device had {free} free: every stream and pool that allocates reserves address space for 9/8 of the device's memory, and the device's address space ran out"
+            ),
             OomCause::Cap { known: true } => {
                 let device = if f.device_free >= self.device_need {
                     format!("; the device had {free} free, room for it")
@@ -404,7 +419,7 @@ impl OomDiagnosis {
             OomCause::Fragmentation => true,
             OomCause::Cap { .. } => self.cached().is_some_and(|c| c >= self.facts.request),
             OomCause::InUse => self.covered_together(),
-            OomCause::DeviceRefused | OomCause::SplitLimit { .. } => false,
+            OomCause::AddressSpace | OomCause::DeviceRefused | OomCause::SplitLimit { .. } => false,
         };
         (pieces_matter && !self.expandable).then(|| "expandable_segments:True".to_string())
     }
@@ -416,6 +431,9 @@ impl OomDiagnosis {
             "lower the peak: smaller batch, activation checkpointing or lower precision";
         let setting = self.setting();
         match self.cause {
+            OomCause::AddressSpace => format!(
+                "allocate on fewer streams (each stream and pool reserves its own range), or set {var}=expandable_segments:False"
+            ),
             OomCause::Cap { .. } => {
                 let mut fix = format!(
                     "raise or remove the process's memory cap ({}), or {lower_peak}",
@@ -494,6 +512,7 @@ mod tests {
             device_free,
             largest_usable_free_block: None,
             cap: None,
+            address_space_refused: false,
         }
     }
 
@@ -513,6 +532,35 @@ mod tests {
             ..AllocatorConfig::default()
         };
         assert_eq!(cap_need(&compact, 3 * MIB), 4 * MIB);
+    }
+
+    /// An expandable segment whose address range the device refused names the address space,
+    /// not a cap the device's free memory would otherwise suggest, and no allocator setting
+    /// but the one that stops the reservations.
+    #[test]
+    fn a_refused_address_range_is_the_address_space() {
+        let mut f = facts(128 * MIB, 0, 1 << 50);
+        assert_eq!(
+            diagnose(&f, &expandable()).cause,
+            OomCause::Cap { known: false }
+        );
+        f.address_space_refused = true;
+        let d = diagnose(&f, &expandable());
+        assert_eq!(d.cause, OomCause::AddressSpace);
+        assert_eq!(d.cause.as_str(), "address_space");
+        let text = d.explanation();
+        assert!(text.contains("address range"), "{text}");
+        assert!(text.contains("1.00 PiB free"), "{text}");
+        assert!(!text.contains("cap"), "{text}");
+        assert_eq!(d.setting(), None);
+        let fix = d.fix(SettingNames::PYTORCH);
+        assert!(fix.contains("fewer streams"), "{fix}");
+        assert!(
+            fix.contains("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False"),
+            "{fix}"
+        );
+        let hint = d.hint(SettingNames::VRAMSCOPE).unwrap();
+        assert!(hint.starts_with("Why: a new expandable segment"), "{hint}");
     }
 
     /// The audit's case: a capped PyTorch run with expandable segments, 43.8 MiB cached and

@@ -120,6 +120,11 @@ pub struct FirstOom {
     pub allocated: u64,
     /// Bytes reserved when it failed.
     pub reserved: u64,
+    /// Whether the simulated device ran out of address space rather than memory: with
+    /// expandable segments every stream and pool that allocates reserves addresses for 9/8 of
+    /// the device's memory, and a trace of many thousands of streams uses them all up.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub address_space: bool,
 }
 
 /// What one replay found.
@@ -863,6 +868,7 @@ fn failure_at(
         requested,
         allocated: report.allocated,
         reserved: report.reserved,
+        address_space: report.cause == vramscope_model::oom::OomCause::AddressSpace,
     }
 }
 
@@ -895,7 +901,7 @@ fn restore_start(
                     restored_blocks += 1;
                 }
             }
-            Err(_) => {
+            Err(err) => {
                 let stats = alloc.stats();
                 first_oom.get_or_insert(FirstOom {
                     seq: 0,
@@ -904,6 +910,11 @@ fn restore_start(
                     requested: segment.size,
                     allocated: stats.allocated_bytes.all.current,
                     reserved: stats.reserved_bytes.all.current,
+                    address_space: matches!(
+                        &err,
+                        vramscope_allocator::AllocError::OutOfMemory(report)
+                            if report.cause == vramscope_model::oom::OomCause::AddressSpace
+                    ),
                 });
             }
         }
@@ -1283,6 +1294,15 @@ pub fn render_text(source: &str, result: &ReplayResult) -> String {
             vramscope_model::format_bytes(oom.reserved)
         )),
         None => out.push_str("  no OOM at this capacity\n"),
+    }
+    if result
+        .first_oom
+        .as_ref()
+        .is_some_and(|oom| oom.address_space)
+    {
+        out.push_str(
+            "  the simulated device ran out of address space, not memory: with expandable segments every stream and pool that allocates reserves addresses for 9/8 of the device's memory; --conf expandable_segments:False replays the trace's memory alone\n",
+        );
     }
     match result.unmatched_frees {
         0 => {}

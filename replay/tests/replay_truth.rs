@@ -294,3 +294,40 @@ fn a_trace_without_device_calls_has_nothing_to_differ_from() {
     assert!(!check.differs());
     assert!(render_text("trace", &result).contains("the trace records none to compare with"));
 }
+
+/// With expandable segments, every stream that allocates reserves addresses for 9/8 of the
+/// device's memory, and the replay's unlimited device (1 PiB) has room in its 2^64 addresses
+/// for about 14,500 of them: a trace of 15,000 streams runs out of address space with almost
+/// nothing allocated, and the replay says so instead of calling it a shortage of memory.
+#[test]
+fn a_replay_that_runs_out_of_address_space_says_so() {
+    const STREAMS: u64 = 15_000;
+    let alloc = CachingAllocator::new(
+        SimDevice::phantom(1 << 40),
+        AllocatorConfig::parse("expandable_segments:True").unwrap(),
+    );
+    for stream in 1..=STREAMS {
+        let ptr = alloc
+            .alloc_ptr(4 * MIB, vramscope_allocator::StreamId(stream))
+            .unwrap();
+        alloc.free_ptr(ptr).unwrap();
+    }
+    let snapshot = alloc.snapshot();
+    let mut options = ReplayOptions::default();
+    options.trace_settings = true;
+    let result = replay(&snapshot, &options, &mut |_, _| {});
+    let oom = result.first_oom.clone().expect("the replay ran out");
+    assert!(oom.address_space, "{oom:?}");
+    assert!(oom.reserved < 1 << 40, "{oom:?}");
+    let text = render_text("trace", &result);
+    assert!(
+        text.contains("ran out of address space, not memory"),
+        "{text}"
+    );
+    // The same trace without expandable segments reserves no address ranges and fits.
+    options.trace_settings = false;
+    options.config = AllocatorConfig::default();
+    let plain = replay(&snapshot, &options, &mut |_, _| {});
+    assert_eq!(plain.first_oom, None);
+    assert!(!render_text("trace", &plain).contains("address space"));
+}

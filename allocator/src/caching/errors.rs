@@ -105,6 +105,8 @@ pub struct OomReport {
     pub reserved: u64,
     /// The call sites holding the most live memory: (site, bytes, blocks).
     pub top_sites: Vec<(String, u64, u64)>,
+    /// Why it failed, by the one rule (`vramscope_model::oom::diagnose`).
+    pub cause: crate::oom::OomCause,
     /// Why it failed and what helps (`vramscope_model::oom::OomDiagnosis::hint`), unless the
     /// memory was simply in use.
     pub hint: Option<String>,

@@ -97,7 +97,10 @@ impl<B: Backend> Books<'_, B> {
         if rounded > reserve {
             return None;
         }
-        let addr = self.shared.backend.reserve_address_range(reserve).ok()?;
+        let Ok(addr) = self.shared.backend.reserve_address_range(reserve) else {
+            state.address_space_refused = true;
+            return None;
+        };
         let list = state.list_index(stream, pool);
         let id = state.segments.insert(SegmentMeta {
             addr,

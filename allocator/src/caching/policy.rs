@@ -399,9 +399,10 @@ impl<'a, B: Backend> Books<'a, B> {
             device_free: info.free,
             largest_usable_free_block: None,
             cap: state.memory_limit,
+            address_space_refused: std::mem::take(&mut state.address_space_refused),
         };
-        let hint =
-            crate::oom::diagnose(&facts, &shared.config).hint(crate::oom::SettingNames::VRAMSCOPE);
+        let diagnosis = crate::oom::diagnose(&facts, &shared.config);
+        let hint = diagnosis.hint(crate::oom::SettingNames::VRAMSCOPE);
         AllocError::OutOfMemory(Box::new(OomReport {
             requested,
             rounded,
@@ -411,6 +412,7 @@ impl<'a, B: Backend> Books<'a, B> {
             allocated,
             reserved,
             top_sites: state.top_sites_cached(5),
+            cause: diagnosis.cause,
             hint,
         }))
     }
@@ -419,6 +421,8 @@ impl<'a, B: Backend> Books<'a, B> {
     fn new_block(&mut self, pool: Pool, stream: StreamId, rounded: u64) -> Option<Found> {
         let shared = self.shared;
         if shared.config.uses_expandable_segments() {
+            // Only this attempt's refusal explains a failure that follows it.
+            self.state.address_space_refused = false;
             // PyTorch's `alloc_block` checks its cap before it looks for room, against the size
             // a plain segment for the request would have, whatever needs mapping (the
             // `compact` policy maps only what it needs, and checks only that).

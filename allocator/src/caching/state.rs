@@ -205,6 +205,10 @@ pub(super) struct State {
     /// The [`State::free_blocks_generation`] at the end of the last release of cached blocks
     /// that released nothing, while nothing has changed since.
     pub(super) fruitless_release: Option<[u64; 6]>,
+    /// Whether the backend refused the address range of a new expandable segment since the
+    /// allocation being served first asked for a new block (its out-of-memory report names the
+    /// address space then, not memory).
+    pub(super) address_space_refused: bool,
 }
 
 impl State {
@@ -225,6 +229,7 @@ impl State {
             pending_events: FxHashMap::default(),
             top_sites_cache: None,
             fruitless_release: None,
+            address_space_refused: false,
             outstanding: VecDeque::new(),
             spare_events: Vec::new(),
             stats: StatsBook::default(),

@@ -87,6 +87,8 @@ fn diagnose_ooms<'e>(view: &ModelView<'e>) -> Vec<OomCase<'e>> {
                 // A snapshot does not record the process's cap; the rule infers it from the
                 // device's free memory.
                 cap: None,
+                // Nor whether an address range was refused: only a live allocator sees that.
+                address_space_refused: false,
             };
             OomCase {
                 index,
