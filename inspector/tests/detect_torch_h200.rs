@@ -5,26 +5,14 @@
 //! since without the cap the same request is served; and free memory inside expandable
 //! segments is not reported as split memory to fix with `max_split_size_mb`.
 
-use std::path::{Path, PathBuf};
-
-use serde_json::Value;
 use vramscope_inspector::detect::{detect, DetectOptions, Finding, FindingKind, Severity};
 use vramscope_inspector::import;
 use vramscope_model::{AllocatorConfig, EventKind, Snapshot};
 use vramscope_replay::{replay, ReplayOptions};
 
-fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/torch_h200")
-}
-
-fn expected() -> serde_json::Map<String, Value> {
-    let text = std::fs::read_to_string(data().join("expected.json")).unwrap();
-    serde_json::from_str::<Value>(&text)
-        .unwrap()
-        .as_object()
-        .unwrap()
-        .clone()
-}
+#[path = "common/torch_h200.rs"]
+mod torch_h200;
+use torch_h200::{data, expected};
 
 fn load(case: &str) -> Snapshot {
     import::load(data().join(format!("{case}.pickle.gz"))).unwrap()

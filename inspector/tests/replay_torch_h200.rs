@@ -7,8 +7,6 @@
 //! must reproduce every one of those numbers.
 //! The stack frames were dropped from the pickles to keep them small.
 
-use std::path::{Path, PathBuf};
-
 use serde_json::Value;
 use vramscope_inspector::import;
 use vramscope_model::AllocatorConfig;
@@ -16,18 +14,9 @@ use vramscope_replay::{
     block_sizing, render_text, replay, BlockSizing, ReplayOptions, ReplayResult,
 };
 
-fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/torch_h200")
-}
-
-fn expected() -> serde_json::Map<String, Value> {
-    let text = std::fs::read_to_string(data().join("expected.json")).unwrap();
-    serde_json::from_str::<Value>(&text)
-        .unwrap()
-        .as_object()
-        .unwrap()
-        .clone()
-}
+#[path = "common/torch_h200.rs"]
+mod torch_h200;
+use torch_h200::{data, expected};
 
 /// Replays a recording with its settings (and `policy`, if given) and cap, comparing device
 /// calls too (`verify`).
