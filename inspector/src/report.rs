@@ -489,7 +489,9 @@ fn timeline(view: &ModelView<'_>, options: &ReportOptions) -> Timeline {
 
 /// Keeps, per bucket of events, the points with the lowest and highest allocated bytes, the
 /// point with the highest reserved bytes and the last point, in event order. The points are
-/// read once, holding one bucket's at a time (a 10M-event trace has millions of them).
+/// read once, holding at most `4 * buckets + 1` of them (to return them all when there are
+/// no more than `4 * buckets`) and then one bucket's at a time (a 10M-event trace has
+/// millions).
 fn downsample(
     points: impl IntoIterator<Item = TimelinePoint>,
     events: u64,

@@ -86,7 +86,12 @@ impl Events {
                     events.truncate(len);
                     std::mem::take(events)
                 }
-                None => all[..len].to_vec(),
+                None => {
+                    // Room to grow: a copy is made to be changed, most often appended to.
+                    let mut events = Vec::with_capacity(len + len / 8);
+                    events.extend_from_slice(&all[..len]);
+                    events
+                }
             };
             self.0 = Store::Owned(events);
         }

@@ -6,9 +6,10 @@
 //! directly; [`Analyzer`] runs it on a background thread so that the dashboard (`crate::app`)
 //! keeps drawing while a large trace is analysed, and hands back the latest result. The
 //! snapshot comes from `crate::data::Dataset`, shared; to analyse the data up to the time
-//! cursor, [`analyze`] cuts it there itself (`crate::data::cut_snapshot`, a copy of every event
-//! before the cursor), so that the dashboard's loop only hands over the shared snapshot and the
-//! segments at the cursor and never waits for the copy.
+//! cursor, [`analyze`] cuts it there itself (`crate::data::cut_snapshot`: the events before the
+//! cursor are a prefix of the dataset's shared events, not a copy, and the tables are copied),
+//! so that the dashboard's loop only hands over the shared snapshot and the segments at the
+//! cursor.
 
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;

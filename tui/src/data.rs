@@ -107,6 +107,10 @@ pub struct Dataset {
     /// positions that reach each (kept as the events come, instead of a running maximum per
     /// event: 16 bytes an event, 160 MB at 10M).
     peak: Peak,
+    /// The highest allocated and reserved bytes among the events dropped from the front (a
+    /// live source's oldest), and the states before them: the peak up to any position counts
+    /// them, since they came before it.
+    dropped_peak: Usage,
     checkpoints: Vec<(usize, MemoryState)>,
     checkpoint_every: usize,
     link: Vec<u32>,
@@ -142,6 +146,7 @@ impl Dataset {
             usage: Vec::new(),
             pyramid: Pyramid::default(),
             peak: Peak::default(),
+            dropped_peak: Usage::default(),
             checkpoints: Vec::new(),
             checkpoint_every: 16_384,
             link: Vec::new(),
@@ -190,6 +195,7 @@ impl Dataset {
         self.usage = walk.usage;
         self.pyramid = Pyramid::new(&self.usage);
         self.peak = Peak::of(self.start_usage, &self.usage);
+        self.dropped_peak = Usage::default();
         self.checkpoints = checkpoints;
         self.link = walk.links;
         self.pairing = walk.pairing;
@@ -289,6 +295,7 @@ impl Dataset {
                 }
             }
         };
+        self.dropped_peak = self.peak_at(count);
         let snapshot = Arc::make_mut(&mut self.snapshot);
         snapshot.events.drain(..count);
         snapshot.events.share();
@@ -374,8 +381,9 @@ impl Dataset {
 
     /// What [`Dataset::snapshot_at`] needs of the dataset itself for a position `pos` before
     /// the end, without copying events: the whole snapshot, shared, and the segments at `pos`.
-    /// [`cut_snapshot`] makes the snapshot from them, wherever the copy does not hold up the
-    /// dashboard (the analysis thread of `crate::analysis`).
+    /// [`cut_snapshot`] makes the snapshot from them (sharing the events, copying the tables)
+    /// wherever that does not hold up the dashboard (the analysis thread of
+    /// `crate::analysis`).
     pub fn cut_at(&mut self, pos: usize) -> (Arc<Snapshot>, Vec<Segment>) {
         let segments = self.state_at(pos).to_segments();
         (Arc::clone(&self.snapshot), segments)
@@ -427,28 +435,31 @@ impl Dataset {
         }
     }
 
-    /// The highest allocated and reserved bytes up to position `pos` (the start's, and those
-    /// after the events before `pos`): from the pyramid, in O(log n).
+    /// The highest allocated and reserved bytes up to position `pos` (the start's, those
+    /// after the events before `pos`, and those of events already dropped from the front):
+    /// from the pyramid, in O(log n).
     pub fn peak_at(&self, pos: usize) -> Usage {
         let pos = pos.min(self.len());
-        if pos == self.len() {
-            return self.peak.bytes;
-        }
-        let mut peak = self.start_usage;
-        if let Some(e) = self.pyramid.range(&self.usage, 0, pos) {
-            peak.allocated = peak.allocated.max(e.max.allocated);
-            peak.reserved = peak.reserved.max(e.max.reserved);
-        }
-        peak
+        let kept = if pos == self.len() {
+            self.peak.bytes
+        } else {
+            let mut peak = self.start_usage;
+            if let Some(e) = self.pyramid.range(&self.usage, 0, pos) {
+                peak = higher(peak, e.max);
+            }
+            peak
+        };
+        higher(kept, self.dropped_peak)
     }
 
-    /// The position where allocated bytes first reach their peak (0 when the state before
-    /// the first event already held it): where `P` and a newly opened file put the cursor.
+    /// The position where allocated bytes first reach their peak among the events kept (0
+    /// when the state before the first kept event already held it): where `P` and a newly
+    /// opened file put the cursor.
     pub fn peak_allocated_pos(&self) -> usize {
         self.peak.allocated_pos
     }
 
-    /// The position where reserved bytes first reach their peak (`R`).
+    /// The position where reserved bytes first reach their peak among the events kept (`R`).
     pub fn peak_reserved_pos(&self) -> usize {
         self.peak.reserved_pos
     }
@@ -586,6 +597,14 @@ pub fn cut_snapshot(full: &Snapshot, pos: usize, segments: Vec<Segment>) -> Snap
     cut
 }
 
+/// The higher of each figure of `a` and `b`.
+fn higher(a: Usage, b: Usage) -> Usage {
+    Usage {
+        allocated: a.allocated.max(b.allocated),
+        reserved: a.reserved.max(b.reserved),
+    }
+}
+
 /// The highest allocated and reserved bytes of a usage series and where each is first reached.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Peak {
@@ -696,11 +715,13 @@ mod tests {
         for (a, b) in [(0, n), (1, n - 1), (n / 3, n / 2), (n - 17, n), (5, 5)] {
             extremes(&grown, a, b);
         }
-        check_peaks(&grown);
-        check_peaks(&whole);
+        check_peaks(&grown, Usage::default());
+        check_peaks(&whole, Usage::default());
         assert_eq!(grown.peak_allocated_pos(), whole.peak_allocated_pos());
+        let session_peak = grown.peak_at(grown.len());
         grown.trim_front(half / 2);
-        check_peaks(&grown);
+        check_peaks(&grown, whole.peak_at(half / 2));
+        assert_eq!(grown.peak_at(grown.len()), session_peak);
         assert_eq!(grown.len(), whole.len() - half / 2);
         assert_eq!(grown.state_at(0).usage(), whole.usage_at(half / 2));
         let k = grown.len() - 3;
@@ -712,20 +733,21 @@ mod tests {
         }
     }
 
-    /// The peaks the dataset keeps, against running maxima worked out here: at every position,
-    /// and where each figure first reaches its peak.
-    fn check_peaks(data: &Dataset) {
+    /// The peaks the dataset keeps, against running maxima worked out here: at every position
+    /// (counting `dropped`, the peak of the events dropped from the front), and where each
+    /// figure first reaches its peak among the events kept.
+    fn check_peaks(data: &Dataset, dropped: Usage) {
         let n = data.len();
         let mut running = vec![data.usage_at(0)];
         for pos in 1..=n {
-            let (before, now) = (running[pos - 1], data.usage_at(pos));
-            running.push(Usage {
-                allocated: before.allocated.max(now.allocated),
-                reserved: before.reserved.max(now.reserved),
-            });
+            running.push(higher(running[pos - 1], data.usage_at(pos)));
         }
-        for (pos, expected) in running.iter().enumerate() {
-            assert_eq!(data.peak_at(pos), *expected, "peak at {pos} of {n}");
+        for (pos, kept) in running.iter().enumerate() {
+            assert_eq!(
+                data.peak_at(pos),
+                higher(*kept, dropped),
+                "peak at {pos} of {n}"
+            );
         }
         let first = |key: fn(&Usage) -> u64| {
             (0..=n)

@@ -205,9 +205,9 @@ pub(super) struct State {
     /// The [`State::free_blocks_generation`] at the end of the last release of cached blocks
     /// that released nothing, while nothing has changed since.
     pub(super) fruitless_release: Option<[u64; 6]>,
-    /// Whether the backend refused the address range of a new expandable segment since the
-    /// allocation being served first asked for a new block (its out-of-memory report names the
-    /// address space then, not memory).
+    /// Whether the backend refused the address range of a new expandable segment in the latest
+    /// attempt at a new block: cleared at each attempt, taken by the out-of-memory report that
+    /// follows a failed one (which then names the address space, not memory).
     pub(super) address_space_refused: bool,
 }
 

@@ -155,8 +155,9 @@ pub struct StepInfo {
 /// Allocated and reserved bytes just after one event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TimelinePoint {
-    /// Index of the event in [`Snapshot::events`], which holds its sequence number, time and
-    /// step (the point does not copy them: a 10M-event trace has millions of points).
+    /// Index of the event in [`Snapshot::events`], which holds its sequence number and time;
+    /// its step is `view.step_number(view.event_step(event))` ([`ModelView::event_step`]; the
+    /// point copies neither: a 10M-event trace has millions of points).
     pub event: u32,
     /// Bytes allocated to the program, including the inferred baseline.
     pub allocated: u64,

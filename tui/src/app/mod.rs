@@ -257,7 +257,8 @@ impl App {
     fn job(&mut self) -> Job {
         let cut = self.cursor.filter(|&c| c < self.data.len());
         let version = self.data.version();
-        // The copy of the events before the cursor is the analysis thread's to make.
+        // The cut at the cursor (a prefix of the shared events, and a copy of the tables) is the
+        // analysis thread's to make.
         let (snapshot, cut) = match cut {
             Some(pos) => {
                 let (snapshot, segments) = self.data.cut_at(pos);
