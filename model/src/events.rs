@@ -261,25 +261,16 @@ impl<'de> Deserialize<'de> for Events {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::EventKind;
 
+    /// An allocation numbered `seq`, read as a snapshot file holds it (the fields a file may
+    /// leave out are their defaults).
     fn event(seq: u64) -> Event {
-        Event {
-            seq,
-            time_ns: seq * 10,
-            kind: EventKind::Alloc,
-            device: 0,
-            stream: 0,
-            addr: seq << 20,
-            size: 512,
-            requested: 512,
-            site: None,
-            tag: None,
-            scope: None,
-            step: 0,
-            thread: 0,
-            device_free: 0,
-        }
+        let text = format!(
+            r#"{{"seq":{seq},"time_ns":{},"kind":"alloc","device":0,"stream":0,"addr":{},"size":512,"requested":512}}"#,
+            seq * 10,
+            seq << 20
+        );
+        serde_json::from_str(&text).unwrap()
     }
 
     fn list(n: u64) -> Events {
