@@ -762,6 +762,35 @@ mod tests {
         );
     }
 
+    /// The analysis's cut at a position reads the dataset's events where they are (the
+    /// architecture's "a cut shares, it does not copy"), before and after live events are
+    /// appended, and an append while a cut is held leaves the cut as it was.
+    #[test]
+    fn a_cut_shares_the_events_and_keeps_them_while_the_dataset_grows() {
+        let snapshot = fixture::training_snapshot();
+        let half = snapshot.events.len() / 2;
+        let mut first = snapshot.clone();
+        let rest = first.events.split_off(half);
+        let mut whole = Dataset::new(snapshot.clone(), Origin::File("f".into()));
+        first.segments = whole.state_at(half).to_segments();
+        first.steps.retain(|m| m.seq < rest[0].seq);
+        let mut data = Dataset::new(first, Origin::Live("l".into()));
+        let pos = half / 2;
+        let (full, segments) = data.cut_at(pos);
+        let cut = cut_snapshot(&full, pos, segments);
+        assert_eq!(cut.events.len(), pos);
+        assert!(std::ptr::eq(cut.events.as_ptr(), data.events().as_ptr()));
+        assert_eq!(*cut.events, data.events()[..pos]);
+        let before: Vec<Event> = cut.events.to_vec();
+        data.append(&rest);
+        assert_eq!(data.len(), snapshot.events.len());
+        assert_eq!(*cut.events, *before, "the cut still reads what it had");
+        let (full, segments) = data.cut_at(data.len() - 1);
+        let later = cut_snapshot(&full, data.len() - 1, segments);
+        assert!(std::ptr::eq(later.events.as_ptr(), data.events().as_ptr()));
+        assert_eq!(*later.events, snapshot.events[..snapshot.events.len() - 1]);
+    }
+
     /// Over a trace with many checkpoints, the state at any position, reached from wherever
     /// the last one was (forwards, backwards, far or near), has the usage the series says.
     #[test]
