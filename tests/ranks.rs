@@ -134,7 +134,7 @@ fn with_planted_shard(snapshot: &Snapshot, bytes: u64, site: &str) -> Snapshot {
         frames: Vec::new(),
     });
     let address = 0x7fff_0000_0000;
-    let device = planted.device.index;
+    let device = u16::try_from(planted.device.index).unwrap();
     let first = planted.events.first().copied();
     let event = |kind| {
         vramscope_testkit::event(kind)
@@ -157,7 +157,7 @@ fn with_planted_shard(snapshot: &Snapshot, bytes: u64, site: &str) -> Snapshot {
         mark.seq += 2;
     }
     planted.segments.push(Segment {
-        device,
+        device: u32::from(device),
         address,
         total_size: bytes,
         stream: 0,

@@ -262,7 +262,7 @@ impl MemoryState {
     fn plain_segment(e: &Event) -> SegmentInfo {
         SegmentInfo {
             size: e.size,
-            device: e.device,
+            device: u32::from(e.device),
             stream: e.stream,
             pool: if e.size <= SMALL_SEGMENT {
                 Pool::Small
@@ -327,7 +327,7 @@ impl MemoryState {
             start,
             SegmentInfo {
                 size: stop - start,
-                device: e.device,
+                device: u32::from(e.device),
                 stream,
                 pool,
                 expandable: true,

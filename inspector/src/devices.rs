@@ -13,7 +13,11 @@ use vramscope_model::{Event, Segment, Snapshot, SnapshotSource, Violation};
 /// The devices that have events, in increasing order; those with segments when no device has
 /// events; the snapshot's own device when it has neither.
 pub fn devices_with_data(snapshot: &Snapshot) -> Vec<u32> {
-    let mut devices: Vec<u32> = snapshot.events.iter().map(|e| e.device).collect();
+    let mut devices: Vec<u32> = snapshot
+        .events
+        .iter()
+        .map(|e| u32::from(e.device))
+        .collect();
     if devices.is_empty() {
         devices = snapshot.segments.iter().map(|s| s.device).collect();
     }
@@ -44,7 +48,7 @@ pub fn only_device(snapshot: &Snapshot, device: u32) -> Snapshot {
         .events
         .iter()
         .enumerate()
-        .filter(|(_, e)| e.device == device)
+        .filter(|(_, e)| u32::from(e.device) == device)
         .map(|(i, _)| i)
         .collect();
     let mut events: Vec<Event> = kept.iter().map(|&i| snapshot.events[i]).collect();
@@ -217,7 +221,7 @@ mod tests {
         assert_eq!(devices_with_data(&both), [0, 1]);
         for (device, alone) in [(0, &a), (1, &b)] {
             let part = only_device(&both, device);
-            assert!(part.events.iter().all(|e| e.device == device));
+            assert!(part.events.iter().all(|e| u32::from(e.device) == device));
             assert!(part.segments.iter().all(|s| s.device == device));
             assert_eq!(part.events.len(), alone.events.len());
             assert!(part
@@ -250,7 +254,11 @@ mod tests {
         let site_of = |s: &Snapshot, id: Option<u32>| id.map(|i| s.sites[i as usize].clone());
         for device in [0, 1] {
             let part = only_device(&both, device);
-            let full: Vec<_> = both.events.iter().filter(|e| e.device == device).collect();
+            let full: Vec<_> = both
+                .events
+                .iter()
+                .filter(|e| u32::from(e.device) == device)
+                .collect();
             for (kept, original) in part.events.iter().zip(&full) {
                 assert_eq!(site_of(&part, kept.site), site_of(&both, original.site));
             }

@@ -708,16 +708,30 @@ fn a_device_past_the_device_limit_is_an_error_naming_the_field() {
         "{message}"
     );
 
-    // vramscope's own JSON, whatever field names the device.
+    // vramscope's own JSON, whatever field names the device: a segment's is checked after
+    // reading, with its path; an event's as it is read (an event holds its device in two
+    // bytes), in the same words, with the line and column.
     let mut snapshot = vramscope_testkit::device_run(0, 1 << 20);
-    snapshot.events[3].device = 4_000_000_000;
+    snapshot.segments[0].device = 4_000_000_000;
     let json = serde_json::to_vec(&snapshot).unwrap();
     let (path, message) = structure_error(&json);
-    assert_eq!(path, "events[3].device");
+    assert_eq!(path, "segments[0].device");
     assert!(
         message.starts_with("device 4000000000 is out of range"),
         "{message}"
     );
+    let snapshot = vramscope_testkit::device_run(0, 1 << 20);
+    for device in [4_000_000_000u64, 70_000, 300] {
+        let mut value = serde_json::to_value(&snapshot).unwrap();
+        value["events"][3]["device"] = device.into();
+        let json = serde_json::to_vec(&value).unwrap();
+        let error = load(&json, "hostile.json").unwrap_err().to_string();
+        assert!(
+            error.contains(&format!("device {device} is out of range")),
+            "{error}"
+        );
+        assert!(error.contains("line 1 column"), "{error}");
+    }
 }
 
 /// A snapshot of `stacks` allocations, each with a stack of one frame at its own line in

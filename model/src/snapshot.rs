@@ -319,8 +319,10 @@ pub struct Event {
     pub time_ns: u64,
     /// What happened.
     pub kind: EventKind,
-    /// Device ordinal.
-    pub device: u32,
+    /// Device ordinal (two bytes: a snapshot holds devices below [`MAX_DEVICES`], and a
+    /// 10M-event trace keeps 10M of these).
+    #[serde(deserialize_with = "event_device")]
+    pub device: u16,
     /// Stream handle.
     pub stream: u64,
     /// Device address (0 for an `oom`, which has no block).
@@ -585,6 +587,25 @@ impl std::error::Error for SnapshotError {
 /// ask for 96 GB, and 40,000 devices made `report` take 28 s for a 200 KB file).
 pub const MAX_DEVICES: u32 = 256;
 
+/// Why device `device` is refused: past [`MAX_DEVICES`]. Every reader of device indices says
+/// it in these words.
+pub fn device_refusal(device: u64) -> String {
+    format!(
+        "device {device} is out of range: device indices run from 0 to {} (a process sees a few dozen GPUs at most)",
+        MAX_DEVICES - 1
+    )
+}
+
+/// Reads an event's device index, refusing one past [`MAX_DEVICES`] in [`device_refusal`]'s
+/// words (an event keeps its device in two bytes, so a larger one could not even be held).
+fn event_device<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u16, D::Error> {
+    let device = u64::deserialize(deserializer)?;
+    u16::try_from(device)
+        .ok()
+        .filter(|&d| u32::from(d) < MAX_DEVICES)
+        .ok_or_else(|| serde::de::Error::custom(device_refusal(device)))
+}
+
 impl Snapshot {
     /// The first device index at or past [`MAX_DEVICES`], with the path of its field
     /// (`events[17].device`); `None` when every device is in range.
@@ -599,14 +620,17 @@ impl Snapshot {
                 .find(|&(_, d)| bad(d))
                 .map(|(i, d)| (format!("{what}[{i}].device"), d))
         };
-        first("events", &mut self.events.iter().map(|e| e.device))
-            .or_else(|| first("segments", &mut self.segments.iter().map(|s| s.device)))
-            .or_else(|| {
-                first(
-                    "annotations",
-                    &mut self.annotations.iter().map(|a| a.device),
-                )
-            })
+        first(
+            "events",
+            &mut self.events.iter().map(|e| u32::from(e.device)),
+        )
+        .or_else(|| first("segments", &mut self.segments.iter().map(|s| s.device)))
+        .or_else(|| {
+            first(
+                "annotations",
+                &mut self.annotations.iter().map(|a| a.device),
+            )
+        })
     }
 
     /// An empty snapshot of `source` for `device`, with default settings and zero statistics.

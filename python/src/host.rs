@@ -207,7 +207,8 @@ pub fn merge(snapshot: &mut Snapshot, log: &LogData, numbering: Numbering) {
             seq: 0,
             time_ns,
             kind: EventKind::Sync,
-            device: snapshot.device.index,
+            // A CUDA device ordinal; one past 2^16 would read as 65535, out of range.
+            device: u16::try_from(snapshot.device.index).unwrap_or(u16::MAX),
             stream: 0,
             addr: 0,
             size: 0,

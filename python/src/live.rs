@@ -216,7 +216,11 @@ impl State {
         let mut newest: Option<(u64, usize)> = None;
         let first_new = self.next_seq;
         let mut added = 0;
-        for e in snapshot.events.iter().filter(|e| e.device == device) {
+        for e in snapshot
+            .events
+            .iter()
+            .filter(|e| u32::from(e.device) == device)
+        {
             let absolute = snapshot.epoch_unix_ns.saturating_add(e.time_ns);
             newest = match newest {
                 Some((time, count)) if time == absolute => Some((time, count + 1)),

@@ -351,7 +351,7 @@ fn original_figures(snapshot: &Snapshot, walk: &Reconstruction, device: u32) -> 
         snapshot
             .events
             .iter()
-            .filter(|e| e.device == device && e.kind == kind)
+            .filter(|e| u32::from(e.device) == device && e.kind == kind)
             .count() as u64
     };
     let mut figures = Figures {
@@ -693,7 +693,7 @@ fn replay_with_ring(
         snapshot
             .events
             .iter()
-            .filter(|e| e.device == device && e.kind == EventKind::SegmentAlloc)
+            .filter(|e| u32::from(e.device) == device && e.kind == EventKind::SegmentAlloc)
             .map(|e| (e.size, e.addr)),
     );
 
@@ -795,7 +795,12 @@ fn replay_with_ring(
     drop(exclusive);
     let device_calls = options.verify.then(|| {
         calls.take(&alloc);
-        let theirs = device_calls(snapshot.events.iter().filter(|e| e.device == device));
+        let theirs = device_calls(
+            snapshot
+                .events
+                .iter()
+                .filter(|e| u32::from(e.device) == device),
+        );
         compare_calls(&theirs, &calls.calls)
     });
     let peak_allocated = stats.allocated_bytes.all.peak;
@@ -971,7 +976,7 @@ fn replayed_events(
     let empty_cache_at: rustc_hash::FxHashSet<usize> =
         vramscope_engine::empty_cache_calls(snapshot)
             .iter()
-            .filter(|c| snapshot.events[c.first_event as usize].device == device)
+            .filter(|c| u32::from(snapshot.events[c.first_event as usize].device) == device)
             .map(|c| c.first_event as usize)
             .collect();
     let events = snapshot
@@ -979,7 +984,7 @@ fn replayed_events(
         .iter()
         .enumerate()
         .filter(|(i, e)| {
-            e.device == device
+            u32::from(e.device) == device
                 && (matches!(
                     e.kind,
                     EventKind::Alloc | EventKind::FreeCompleted | EventKind::Oom

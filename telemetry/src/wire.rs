@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::ENV_ALLOW_REMOTE;
 use vramscope_model::{
     AllocatorConfig, CallSite, DeviceInfo, Event, EventKind, MemoryStats, Snapshot,
-    TransferDirection,
+    TransferDirection, MAX_DEVICES,
 };
 
 /// The protocol version this build speaks.
@@ -457,7 +457,7 @@ fn put_event(out: &mut Vec<u8>, e: &Event) {
         e.tag.unwrap_or(NO_ID),
         e.scope.unwrap_or(NO_ID),
         e.thread,
-        e.device,
+        u32::from(e.device),
     ];
     for (i, v) in ids.iter().enumerate() {
         r[56 + i * 4..60 + i * 4].copy_from_slice(&v.to_le_bytes());
@@ -518,6 +518,16 @@ pub fn decode_events(payload: &[u8]) -> Result<Vec<Event>, TelemetryError> {
             malformed(format!("event {i} has unknown kind {} / {}", r[76], r[77]))
         })?;
         let oom = kind == EventKind::Oom;
+        let device = u16::try_from(u32_at(72))
+            .ok()
+            .filter(|&d| u32::from(d) < MAX_DEVICES)
+            .ok_or_else(|| {
+                malformed(format!(
+                    "event {i} is on device {}, past the last device {}",
+                    u32_at(72),
+                    MAX_DEVICES - 1
+                ))
+            })?;
         events.push(Event {
             seq: u64_at(0),
             time_ns: u64_at(8),
@@ -530,7 +540,7 @@ pub fn decode_events(payload: &[u8]) -> Result<Vec<Event>, TelemetryError> {
             tag: id(60),
             scope: id(64),
             thread: u32_at(68),
-            device: u32_at(72),
+            device,
             kind,
             device_free: if oom { u64_at(16) } else { 0 },
         });

@@ -289,7 +289,7 @@ impl EventBuilder {
     }
 
     /// Sets the device ordinal.
-    pub fn device(mut self, device: u32) -> Self {
+    pub fn device(mut self, device: u16) -> Self {
         self.event.device = device;
         self
     }

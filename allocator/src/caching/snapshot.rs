@@ -68,7 +68,10 @@ fn event_of(
         seq: raw.seq,
         time_ns: (raw.time_ns as f64 * ns_per_tick) as u64,
         kind: raw.kind,
-        device,
+        // A device ordinal is far below 2^16 (CUDA numbers its devices from 0, and a snapshot
+        // holds at most `MAX_DEVICES`); one past it reads as 65535, which every importer and
+        // the telemetry reader refuse as out of range.
+        device: u16::try_from(device).unwrap_or(u16::MAX),
         stream: raw.stream,
         addr: if oom { 0 } else { raw.addr },
         size: raw.size,

@@ -125,7 +125,12 @@ fn largest_usable_free_blocks(snapshot: &Snapshot, ooms: &[u32]) -> Vec<Option<u
             } else {
                 Pool::Large
             };
-            at[slot] = Some(largest_free_block(&state, e.device, e.stream, pool));
+            at[slot] = Some(largest_free_block(
+                &state,
+                u32::from(e.device),
+                e.stream,
+                pool,
+            ));
         }
     }
     at

@@ -112,7 +112,7 @@ impl DumpState {
                 snapshot
                     .events
                     .get(b.alloc_event as usize)
-                    .map_or(snapshot.device.index, |e| e.device)
+                    .map_or(snapshot.device.index, |e| u32::from(e.device))
             };
             let block = b.to_block(addr, b.size, b.requested);
             let block_end = addr.saturating_add(b.size);

@@ -167,6 +167,12 @@ fn check_figures(memory: &[Memory], origin: &str) -> Result<(), ImportError> {
                 },
             )
         };
+        if m.device >= vramscope_model::MAX_DEVICES {
+            return Err(fault(
+                "Device Id",
+                vramscope_model::device_refusal(u64::from(m.device)),
+            ));
+        }
         if m.addr as u128 + size > ADDRESS_END {
             return Err(fault(
                 "Addr",
@@ -867,7 +873,8 @@ fn convert(
                 } else {
                     EventKind::FreeCompleted
                 },
-                device: m.device,
+                // `check_figures` refused devices past `MAX_DEVICES`.
+                device: u16::try_from(m.device).unwrap_or(u16::MAX),
                 stream: 0,
                 addr: m.addr,
                 size,
@@ -922,7 +929,7 @@ fn from_totals(values: impl Iterator<Item = u64>) -> Option<Stat> {
 fn compute_stats(memory: &[Memory], events: &[Event], device: u32) -> MemoryStats {
     let mut allocated = TrackArray::default();
     let mut allocation = TrackArray::default();
-    for e in events.iter().filter(|e| e.device == device) {
+    for e in events.iter().filter(|e| u32::from(e.device) == device) {
         let pool = if e.size <= SMALL_BLOCK {
             Pool::Small
         } else {

@@ -298,18 +298,10 @@ fn in_range(snapshot: Snapshot, origin: &str) -> Result<Snapshot, ImportError> {
             origin,
             ImportErrorKind::Structure {
                 path,
-                message: device_out_of_range(device.into()),
+                message: vramscope_model::device_refusal(device.into()),
             },
         )),
     }
-}
-
-/// Why device `device` is refused: past [`vramscope_model::MAX_DEVICES`].
-pub(crate) fn device_out_of_range(device: u64) -> String {
-    format!(
-        "device {device} is out of range: device indices run from 0 to {} (a process sees a few dozen GPUs at most)",
-        vramscope_model::MAX_DEVICES - 1
-    )
 }
 
 fn load_file(path: &Path, origin: &str, options: &ImportOptions) -> Result<Snapshot, ImportError> {

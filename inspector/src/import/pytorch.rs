@@ -43,7 +43,7 @@ use vramscope_model::{
 };
 
 use super::timeline;
-use super::{device_out_of_range, ImportError, ImportErrorKind, ImportOptions, Stage};
+use super::{ImportError, ImportErrorKind, ImportOptions, Stage};
 use crate::pickle::{Document, Limits, Seq, Value, ValueRef};
 
 mod stacks;
@@ -410,7 +410,7 @@ fn device_index(v: u64, key: &str, loc: Loc) -> Result<u32, Fault> {
     u32::try_from(v)
         .ok()
         .filter(|&d| d < MAX_DEVICES)
-        .ok_or_else(|| loc.fault(key, device_out_of_range(v)))
+        .ok_or_else(|| loc.fault(key, vramscope_model::device_refusal(v)))
 }
 
 /// The figures of a file, checked as they are read so that no sum of them computed later (the
@@ -534,7 +534,9 @@ fn read_entry(
         seq: u64::from(time_us.is_some()),
         time_ns: time_us.unwrap_or(0),
         kind,
-        device,
+        // The callers take devices from list positions below `MAX_DEVICES`; one past 2^16
+        // would read as 65535, which the import's range check refuses.
+        device: u16::try_from(device).unwrap_or(u16::MAX),
         stream,
         addr,
         size,
@@ -932,7 +934,7 @@ fn read_traces(
         if !entries.is_empty() && device >= MAX_DEVICES {
             return Err(Fault {
                 path: format!("device_traces[{d}]"),
-                message: device_out_of_range(d as u64),
+                message: vramscope_model::device_refusal(d as u64),
             });
         }
         if !entries.is_empty() {
@@ -1041,7 +1043,7 @@ fn finish(
     // Segments, with the site and step of each live block's allocation.
     let mut last_alloc: LastAlloc = FxHashMap::default();
     for e in events.iter().filter(|e| e.kind == EventKind::Alloc) {
-        last_alloc.insert((e.device, e.addr), (e.site, e.step));
+        last_alloc.insert((u32::from(e.device), e.addr), (e.site, e.step));
     }
     let mut placed = Vec::with_capacity(segment_values.map_or(0, Seq::len));
     for (i, s) in elements(segment_values).enumerate() {

@@ -43,7 +43,7 @@ fn request_pool(size: u64) -> Pool {
 /// addresses hold it, among the final segments (sorted by device and address), else its page
 /// size says it.
 fn segment_pool(segments: &[Segment], e: &Event) -> Pool {
-    let (device, addr, size) = (e.device, e.addr, e.size);
+    let (device, addr, size) = (u32::from(e.device), e.addr, e.size);
     if matches!(e.kind, EventKind::SegmentAlloc | EventKind::SegmentFree) {
         return if size <= SMALL_SEGMENT {
             Pool::Small
@@ -144,7 +144,7 @@ pub(crate) fn compute_stats(
     for (i, e) in events
         .iter()
         .enumerate()
-        .filter(|(_, e)| e.device == device)
+        .filter(|(_, e)| u32::from(e.device) == device)
     {
         let pool = request_pool(e.size);
         let block = round_block(e.size);

@@ -509,7 +509,7 @@ mod tests {
     fn several_devices_stream_each_at_its_position() {
         let bytes = snapshot(3, 25);
         let s = assert_same(&bytes, true);
-        let devices: Vec<u32> = s.events.iter().map(|e| e.device).collect();
+        let devices: Vec<u32> = s.events.iter().map(|e| u32::from(e.device)).collect();
         assert_eq!(devices.iter().filter(|&&d| d == 0).count(), 25);
         assert_eq!(devices.iter().filter(|&&d| d == 2).count(), 25);
         assert!(!devices.contains(&1));
