@@ -684,17 +684,24 @@ mod tests {
         }
     }
 
-    #[test]
-    fn appending_matches_loading_at_once() {
+    /// The training fixture split in half: the whole of it as a file's dataset, a live
+    /// dataset of its first half (whose end state is the state after those events), and the
+    /// events of the second half, yet to come.
+    fn halves() -> (Dataset, Dataset, Vec<Event>) {
         let snapshot = fixture::training_snapshot();
         let half = snapshot.events.len() / 2;
         let mut first = snapshot.clone();
-        let rest = first.events.split_off(half);
-        // The first half's end state is the state after `half` events.
-        let mut whole = Dataset::new(snapshot.clone(), Origin::File("f".into()));
+        let rest = first.events.split_off(half).into_vec();
+        let mut whole = Dataset::new(snapshot, Origin::File("f".into()));
         first.segments = whole.state_at(half).to_segments();
         first.steps.retain(|m| m.seq < rest[0].seq);
-        let mut grown = Dataset::new(first, Origin::Live("l".into()));
+        (whole, Dataset::new(first, Origin::Live("l".into())), rest)
+    }
+
+    #[test]
+    fn appending_matches_loading_at_once() {
+        let (whole, mut grown, rest) = halves();
+        let half = grown.len();
         grown.append(&rest);
         assert_eq!(grown.len(), whole.len());
         assert_eq!(grown.usage(), whole.usage());
@@ -767,15 +774,8 @@ mod tests {
     /// appended, and an append while a cut is held leaves the cut as it was.
     #[test]
     fn a_cut_shares_the_events_and_keeps_them_while_the_dataset_grows() {
-        let snapshot = fixture::training_snapshot();
-        let half = snapshot.events.len() / 2;
-        let mut first = snapshot.clone();
-        let rest = first.events.split_off(half);
-        let mut whole = Dataset::new(snapshot.clone(), Origin::File("f".into()));
-        first.segments = whole.state_at(half).to_segments();
-        first.steps.retain(|m| m.seq < rest[0].seq);
-        let mut data = Dataset::new(first, Origin::Live("l".into()));
-        let pos = half / 2;
+        let (whole, mut data, rest) = halves();
+        let pos = data.len() / 2;
         let (full, segments) = data.cut_at(pos);
         let cut = cut_snapshot(&full, pos, segments);
         assert_eq!(cut.events.len(), pos);
@@ -783,12 +783,12 @@ mod tests {
         assert_eq!(*cut.events, data.events()[..pos]);
         let before: Vec<Event> = cut.events.to_vec();
         data.append(&rest);
-        assert_eq!(data.len(), snapshot.events.len());
+        assert_eq!(data.len(), whole.len());
         assert_eq!(*cut.events, *before, "the cut still reads what it had");
         let (full, segments) = data.cut_at(data.len() - 1);
         let later = cut_snapshot(&full, data.len() - 1, segments);
         assert!(std::ptr::eq(later.events.as_ptr(), data.events().as_ptr()));
-        assert_eq!(*later.events, snapshot.events[..snapshot.events.len() - 1]);
+        assert_eq!(*later.events, whole.events()[..whole.len() - 1]);
     }
 
     /// Over a trace with many checkpoints, the state at any position, reached from wherever
