@@ -6,12 +6,14 @@
 //! allocation (`Pairing`), opens or closes an [`Interval`], and adds it to the tally of its
 //! group and step. The engine's walk of the snapshot (`Reconstruction`: the memory state at the
 //! start, the end and the peaks, and the usage after every event) does not depend on that pass,
-//! so the parent module runs it on a second thread meanwhile and hands it to
-//! [`ModelViewBuilder::finish`], which keeps the walk's usage after every event (the view's
-//! timeline is read from it, not copied), then derives what needs every event (retained bytes per step,
-//! the per-group indexes, the holdings at the end and at the peak, the segment summary) and
-//! hands the result to the parent module's [`ModelView`]. A new figure of the view is a new
-//! field here, a line in the `record_*` method of its event kind, and a line in `finish`.
+//! so the parent module runs it on a second thread meanwhile. Once every event is in,
+//! [`ModelViewBuilder::summarize`] derives what needs every event but not the walk (retained
+//! bytes per step, the per-group indexes, the segment summary) while the walk, the longer of
+//! the two, finishes; then [`ModelViewBuilder::finish`] keeps the walk's usage after every event
+//! (the view's timeline is read from it, not copied), works out the holdings at the end and at
+//! the peak, and hands the result to the parent module's [`ModelView`]. A new figure of the
+//! view is a new field here, a line in the `record_*` method of its event kind, and a line in
+//! `summarize` or `finish`.
 
 use rustc_hash::FxHashMap;
 use vramscope_engine::{
@@ -211,16 +213,37 @@ impl<'a> ModelViewBuilder<'a> {
         self.group_extra_events.push((group, event_index));
     }
 
-    /// The view of every event fed so far, with `walk`, the engine's walk of the same snapshot.
-    /// Call it once all the snapshot's events are in.
-    pub(super) fn finish(mut self, walk: Reconstruction) -> ModelView<'a> {
+    /// What the view derives from every event without the engine's walk, once all the
+    /// snapshot's events are in: the part of the view that can be worked out while the walk is
+    /// still going on another thread ([`ModelView::new`] calls it before it waits for the
+    /// walk).
+    pub(super) fn summarize(&mut self) -> Summaries {
         self.count_retained();
         let group_intervals = self.intervals_by_group();
         let group_events = self.extra_events_by_group();
         let (step_totals, group_steps) = self.tallies_by_step_and_group();
+        Summaries {
+            group_intervals,
+            group_events,
+            step_totals,
+            group_steps,
+            empty_cache_calls: empty_cache_calls(self.snapshot),
+            segments: summarize_segments(self.snapshot),
+        }
+    }
+
+    /// The view of every event fed so far, from `summaries` ([`ModelViewBuilder::summarize`])
+    /// and `walk`, the engine's walk of the same snapshot.
+    pub(super) fn finish(self, summaries: Summaries, walk: Reconstruction) -> ModelView<'a> {
+        let Summaries {
+            group_intervals,
+            group_events,
+            step_totals,
+            group_steps,
+            empty_cache_calls,
+            segments,
+        } = summaries;
         let (live_end, live_peak) = self.holdings_at_end_and_peak(&walk);
-        let empty_cache_calls = empty_cache_calls(self.snapshot);
-        let segments = summarize_segments(self.snapshot);
         let known_reserved = |bytes: u64| if walk.reserved_known { bytes } else { 0 };
         ModelView {
             snapshot: self.snapshot,
@@ -323,6 +346,17 @@ impl<'a> ModelViewBuilder<'a> {
             _ => block.step,
         }
     }
+}
+
+/// What [`ModelViewBuilder::summarize`] derives before the engine's walk is needed, for
+/// [`ModelViewBuilder::finish`].
+pub(super) struct Summaries {
+    group_intervals: Vec<Vec<u32>>,
+    group_events: Vec<Vec<u32>>,
+    step_totals: Vec<StepTally>,
+    group_steps: Vec<Vec<(u32, StepTally)>>,
+    empty_cache_calls: Vec<vramscope_engine::EmptyCacheCall>,
+    segments: SegmentSummary,
 }
 
 /// Counts one transfer of `bytes` in `direction` in a group's step tally and in the totals.
