@@ -321,7 +321,7 @@ pub struct Event {
     pub kind: EventKind,
     /// Device ordinal (two bytes: a snapshot holds devices below [`MAX_DEVICES`], and a
     /// 10M-event trace keeps 10M of these).
-    #[serde(deserialize_with = "event_device")]
+    #[serde(deserialize_with = "read_event_device")]
     pub device: u16,
     /// Stream handle.
     pub stream: u64,
@@ -596,14 +596,20 @@ pub fn device_refusal(device: u64) -> String {
     )
 }
 
-/// Reads an event's device index, refusing one past [`MAX_DEVICES`] in [`device_refusal`]'s
-/// words (an event keeps its device in two bytes, so a larger one could not even be held).
-fn event_device<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u16, D::Error> {
-    let device = u64::deserialize(deserializer)?;
+/// `device` as an event holds it (in two bytes) when it is below [`MAX_DEVICES`], the devices
+/// a snapshot may name; `None` past them, which every reader refuses in [`device_refusal`]'s
+/// words.
+pub fn event_device(device: u64) -> Option<u16> {
     u16::try_from(device)
         .ok()
         .filter(|&d| u32::from(d) < MAX_DEVICES)
-        .ok_or_else(|| serde::de::Error::custom(device_refusal(device)))
+}
+
+/// Reads an event's device index from a file, refusing one past [`MAX_DEVICES`]
+/// ([`event_device`]): a larger one could not even be held.
+fn read_event_device<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u16, D::Error> {
+    let device = u64::deserialize(deserializer)?;
+    event_device(device).ok_or_else(|| serde::de::Error::custom(device_refusal(device)))
 }
 
 impl Snapshot {

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::ENV_ALLOW_REMOTE;
 use vramscope_model::{
-    AllocatorConfig, CallSite, DeviceInfo, Event, EventKind, MemoryStats, Snapshot,
-    TransferDirection, MAX_DEVICES,
+    device_refusal, event_device, AllocatorConfig, CallSite, DeviceInfo, Event, EventKind,
+    MemoryStats, Snapshot, TransferDirection,
 };
 
 /// The protocol version this build speaks.
@@ -518,16 +518,9 @@ pub fn decode_events(payload: &[u8]) -> Result<Vec<Event>, TelemetryError> {
             malformed(format!("event {i} has unknown kind {} / {}", r[76], r[77]))
         })?;
         let oom = kind == EventKind::Oom;
-        let device = u16::try_from(u32_at(72))
-            .ok()
-            .filter(|&d| u32::from(d) < MAX_DEVICES)
-            .ok_or_else(|| {
-                malformed(format!(
-                    "event {i} is on device {}, past the last device {}",
-                    u32_at(72),
-                    MAX_DEVICES - 1
-                ))
-            })?;
+        let device = u64::from(u32_at(72));
+        let device = event_device(device)
+            .ok_or_else(|| malformed(format!("event {i}: {}", device_refusal(device))))?;
         events.push(Event {
             seq: u64_at(0),
             time_ns: u64_at(8),
@@ -808,5 +801,25 @@ mod tests {
         let mut reader = FrameReader::new(&frame[..]);
         assert_eq!(reader.next_frame().unwrap(), Frame::Events(events));
         assert!(matches!(reader.next_frame(), Err(TelemetryError::Closed)));
+    }
+
+    /// A record's device past the devices a snapshot may name is refused in the words every
+    /// reader uses, not cut to two bytes.
+    #[test]
+    fn a_device_past_the_limit_is_malformed() {
+        let events = [event(1, EventKind::Alloc), event(2, EventKind::Alloc)];
+        let frame = encode_events(&events);
+        let mut payload = frame[HEADER_BYTES..].to_vec();
+        let device = 4 + EVENT_RECORD_BYTES + 72;
+        for bad in [300u32, 70_000] {
+            payload[device..device + 4].copy_from_slice(&bad.to_le_bytes());
+            let message = decode_events(&payload).unwrap_err().to_string();
+            assert!(
+                message.contains(&format!("event 1: device {bad} is out of range")),
+                "{message}"
+            );
+        }
+        payload[device..device + 4].copy_from_slice(&255u32.to_le_bytes());
+        assert_eq!(decode_events(&payload).unwrap()[1].device, 255);
     }
 }

@@ -39,7 +39,7 @@ use rustc_hash::FxHashMap;
 use vramscope_model::{
     overlapping_segment, AllocatorConfig, Annotation, Block, BlockPlacement, BlockState,
     DeviceInfo, Event, EventKind, MemoryStats, Pool, Segment, SiteId, Snapshot, SnapshotSource,
-    StepMark, FORMAT_VERSION, MAX_DEVICES,
+    StepMark, FORMAT_VERSION,
 };
 
 use super::timeline;
@@ -407,9 +407,8 @@ fn opt_time_us(v: Option<ValueRef<'_>>, key: &str, loc: Loc) -> Result<Option<u6
 }
 
 fn device_index(v: u64, key: &str, loc: Loc) -> Result<u32, Fault> {
-    u32::try_from(v)
-        .ok()
-        .filter(|&d| d < MAX_DEVICES)
+    vramscope_model::event_device(v)
+        .map(u32::from)
         .ok_or_else(|| loc.fault(key, vramscope_model::device_refusal(v)))
 }
 
@@ -490,7 +489,7 @@ fn event_kind(action: &str) -> Option<EventKind> {
 /// (see [`finish`]).
 fn read_entry(
     entry: ValueRef<'_>,
-    device: u32,
+    device: u16,
     loc: Loc,
     keys: &mut EntryKeys,
     stacks: &mut Stacks,
@@ -534,9 +533,7 @@ fn read_entry(
         seq: u64::from(time_us.is_some()),
         time_ns: time_us.unwrap_or(0),
         kind,
-        // The callers take devices from list positions below `MAX_DEVICES`; one past 2^16
-        // would read as 65535, which the import's range check refuses.
-        device: u16::try_from(device).unwrap_or(u16::MAX),
+        device,
         stream,
         addr,
         size,
@@ -930,17 +927,16 @@ fn read_traces(
             path: format!("device_traces[{d}]"),
             message: format!("expected a list, found {}", trace.type_name()),
         })?;
-        let device = u32::try_from(d).unwrap_or(u32::MAX);
-        if !entries.is_empty() && device >= MAX_DEVICES {
-            return Err(Fault {
-                path: format!("device_traces[{d}]"),
-                message: vramscope_model::device_refusal(d as u64),
-            });
+        if entries.is_empty() {
+            continue;
         }
-        if !entries.is_empty() {
-            out.devices_with_events += 1;
-            out.first_device = Some(out.first_device.map_or(device, |f| f.min(device)));
-        }
+        let device = vramscope_model::event_device(d as u64).ok_or_else(|| Fault {
+            path: format!("device_traces[{d}]"),
+            message: vramscope_model::device_refusal(d as u64),
+        })?;
+        out.devices_with_events += 1;
+        let index = u32::from(device);
+        out.first_device = Some(out.first_device.map_or(index, |f| f.min(index)));
         out.events.reserve(entries.len());
         for (i, entry) in entries.iter().enumerate() {
             let loc = Loc::Entry(d, i);

@@ -16,7 +16,7 @@ use std::io::Read;
 use std::sync::mpsc;
 
 use rustc_hash::FxHashSet;
-use vramscope_model::{Event, Snapshot, MAX_DEVICES};
+use vramscope_model::{Event, Snapshot};
 
 use super::stacks::Stacks;
 use super::{
@@ -55,7 +55,7 @@ impl EntrySink for EntryStream {
     ) -> bool {
         self.entries += 1;
         // A device past the limit is the whole document's error to name.
-        let Some(device) = u32::try_from(list).ok().filter(|&d| d < MAX_DEVICES) else {
+        let Some(device) = vramscope_model::event_device(list as u64) else {
             return false;
         };
         if self.entries > self.limit {
