@@ -258,8 +258,6 @@ impl<'a> ModelViewBuilder<'a> {
             usage: walk.usage,
             start_usage: walk.start.usage(),
             reserved_known: walk.reserved_known,
-            baseline_allocated: walk.start.allocated,
-            baseline_reserved: known_reserved(walk.start.reserved),
             peak_allocated: walk.peak_allocated.bytes,
             peak_allocated_event: walk.peak_allocated.event,
             peak_reserved: known_reserved(walk.peak_reserved.bytes),

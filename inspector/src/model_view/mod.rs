@@ -253,11 +253,10 @@ pub struct ModelView<'a> {
     /// Allocated and reserved bytes after every event: the engine's walk's own series, kept
     /// rather than copied into points (the timeline is read from it).
     usage: Vec<Usage>,
-    /// The usage before the first event, as the walk has it (reserved bytes even when unknown).
+    /// The usage before the first event, as the walk has it (reserved bytes even when unknown,
+    /// which the baseline accessors report as 0).
     start_usage: Usage,
     reserved_known: bool,
-    baseline_allocated: u64,
-    baseline_reserved: u64,
     peak_allocated: u64,
     peak_allocated_event: Option<u32>,
     peak_reserved: u64,
@@ -467,7 +466,7 @@ impl<'a> ModelView<'a> {
         let index = (event as usize).min(self.usage.len().saturating_sub(1));
         match self.usage.get(index) {
             Some(usage) => (usage.allocated, self.known_reserved(usage.reserved)),
-            None => (self.baseline_allocated, self.baseline_reserved),
+            None => (self.baseline_allocated(), self.baseline_reserved()),
         }
     }
 
@@ -488,12 +487,12 @@ impl<'a> ModelView<'a> {
     /// Bytes allocated before the trace began: the engine's start state (blocks the trace
     /// frees or the dump-time state shows, and what the statistics say beyond them).
     pub fn baseline_allocated(&self) -> u64 {
-        self.baseline_allocated
+        self.start_usage.allocated
     }
 
     /// Bytes reserved before the trace began (0 when unknown).
     pub fn baseline_reserved(&self) -> u64 {
-        self.baseline_reserved
+        self.known_reserved(self.start_usage.reserved)
     }
 
     /// The highest allocated bytes on the timeline.
