@@ -168,29 +168,32 @@ fn each_id(
 /// The entries of one table (call sites, tags or scopes) that a device's part names, and
 /// their new numbers: marked first, then numbered in the table's order.
 struct Renumbering {
-    /// For each entry of the whole table, its number in the part once used (`u32::MAX`
-    /// while unused, or before [`Renumbering::finish`]).
+    /// For each entry of the whole table, its number in the part: [`UNUSED`] for an entry the
+    /// part does not name; once marked and before [`Renumbering::finish`], any other value.
     new_id: Vec<u32>,
-    used: Vec<bool>,
 }
+
+/// An entry of a table that a device's part does not name ([`Renumbering`]).
+const UNUSED: u32 = u32::MAX;
 
 impl Renumbering {
     fn new(len: usize) -> Renumbering {
         Renumbering {
-            new_id: vec![u32::MAX; len],
-            used: vec![false; len],
+            new_id: vec![UNUSED; len],
         }
     }
 
     fn mark(&mut self, id: &mut Option<u32>) {
-        if let Some(used) = id.and_then(|i| self.used.get_mut(i as usize)) {
-            *used = true;
+        if let Some(new_id) = id.and_then(|i| self.new_id.get_mut(i as usize)) {
+            *new_id = 0;
         }
     }
 
     /// Numbers the used entries in order and returns their places in the whole table.
     fn finish(&mut self) -> Vec<usize> {
-        let kept: Vec<usize> = (0..self.used.len()).filter(|&i| self.used[i]).collect();
+        let kept: Vec<usize> = (0..self.new_id.len())
+            .filter(|&i| self.new_id[i] != UNUSED)
+            .collect();
         for (new, &old) in kept.iter().enumerate() {
             self.new_id[old] = new as u32;
         }
