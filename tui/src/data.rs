@@ -21,7 +21,7 @@ use vramscope_engine::{FreeLink, MemoryState, Pair, Pairing, SiteGroups, Usage};
 use vramscope_model::{Event, EventKind, MemoryStats, Segment, Snapshot, StepMark};
 use vramscope_telemetry::TablesFrame;
 
-use crate::pyramid::{Extremes, Pyramid};
+use crate::pyramid::{higher, Extremes, Pyramid};
 
 /// The most events undone to move the cursor back, rather than starting from a checkpoint.
 const UNDO_LIMIT: usize = 4096;
@@ -595,14 +595,6 @@ pub fn cut_snapshot(full: &Snapshot, pos: usize, segments: Vec<Segment>) -> Snap
         .collect();
     cut.annotations = s.annotations.clone();
     cut
-}
-
-/// The higher of each figure of `a` and `b`.
-fn higher(a: Usage, b: Usage) -> Usage {
-    Usage {
-        allocated: a.allocated.max(b.allocated),
-        reserved: a.reserved.max(b.reserved),
-    }
 }
 
 /// The highest allocated and reserved bytes of a usage series and where each is first reached.

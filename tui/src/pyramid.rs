@@ -17,6 +17,14 @@ use vramscope_engine::Usage;
 /// `2 * (2^BASE - 1)` events.
 const BASE: u32 = 4;
 
+/// The higher of each figure of `a` and `b` (allocated and reserved bytes each on its own).
+pub fn higher(a: Usage, b: Usage) -> Usage {
+    Usage {
+        allocated: a.allocated.max(b.allocated),
+        reserved: a.reserved.max(b.reserved),
+    }
+}
+
 /// The lowest and highest allocated and reserved bytes over some events (each figure on its
 /// own: the highest allocated and the highest reserved may come from different events).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,10 +48,7 @@ impl Extremes {
                 allocated: self.min.allocated.min(other.min.allocated),
                 reserved: self.min.reserved.min(other.min.reserved),
             },
-            max: Usage {
-                allocated: self.max.allocated.max(other.max.allocated),
-                reserved: self.max.reserved.max(other.max.reserved),
-            },
+            max: higher(self.max, other.max),
         }
     }
 

@@ -243,10 +243,9 @@ impl<'s, W: Write> TraceWriter<'s, W> {
         Ok(())
     }
 
-    /// How a slice or an instant names its call site.
-    /// The name of an allocation's slice: its site, names cut to
-    /// [`vramscope_model::LABEL_CHARS`] characters, as it is written once per event (one
-    /// 200 KB function name made a 6 GB trace of a 1 MB file).
+    /// How a slice or an instant names its call site: its file, line and function, names cut
+    /// to [`vramscope_model::LABEL_CHARS`] characters, as the label is written once per event
+    /// (one 200 KB function name made a 6 GB trace of a 1 MB file).
     fn site_label(&self, site: Option<SiteId>) -> String {
         use vramscope_model::{elide_end, elide_start, LABEL_CHARS};
         self.snapshot
