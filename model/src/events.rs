@@ -58,11 +58,6 @@ impl Events {
         }
     }
 
-    /// Whether the list's memory is shareable ([`Events::share`]).
-    pub fn is_shared(&self) -> bool {
-        matches!(self.0, Store::Shared { .. })
-    }
-
     /// The first `len` events (all of them when there are fewer): the same memory when the
     /// list is shared, a copy otherwise.
     pub fn prefix(&self, len: usize) -> Events {
@@ -123,11 +118,6 @@ impl Events {
         self.0 = Store::Owned(Vec::new());
     }
 
-    /// Makes room for `additional` more events.
-    pub fn reserve(&mut self, additional: usize) {
-        self.to_mut().reserve(additional);
-    }
-
     /// Keeps the events for which `keep` is true, in order.
     pub fn retain(&mut self, keep: impl FnMut(&Event) -> bool) {
         self.to_mut().retain(keep);
@@ -141,16 +131,6 @@ impl Events {
     /// Splits the list at `at`: this keeps `..at`, the result holds `at..`.
     pub fn split_off(&mut self, at: usize) -> Events {
         Events(Store::Owned(self.to_mut().split_off(at)))
-    }
-
-    /// Moves every event of `other` to the end of this list.
-    pub fn append(&mut self, other: &mut Vec<Event>) {
-        self.to_mut().append(other);
-    }
-
-    /// Appends a copy of each event of `events`.
-    pub fn extend_from_slice(&mut self, events: &[Event]) {
-        self.to_mut().extend_from_slice(events);
     }
 }
 
@@ -195,12 +175,6 @@ impl Extend<Event> for Events {
     }
 }
 
-impl<'a> Extend<&'a Event> for Events {
-    fn extend<I: IntoIterator<Item = &'a Event>>(&mut self, iter: I) {
-        self.to_mut().extend(iter.into_iter().cloned());
-    }
-}
-
 impl<'a> IntoIterator for &'a Events {
     type Item = &'a Event;
     type IntoIter = std::slice::Iter<'a, Event>;
@@ -230,12 +204,6 @@ impl IntoIterator for Events {
 
 impl PartialEq for Events {
     fn eq(&self, other: &Events) -> bool {
-        **self == **other
-    }
-}
-
-impl PartialEq<Vec<Event>> for Events {
-    fn eq(&self, other: &Vec<Event>) -> bool {
         **self == **other
     }
 }
