@@ -616,7 +616,7 @@ impl Snapshot {
     /// The first device index at or past [`MAX_DEVICES`], with the path of its field
     /// (`events[17].device`); `None` when every device is in range.
     pub fn device_out_of_range(&self) -> Option<(String, u32)> {
-        let bad = |d: u32| d >= MAX_DEVICES;
+        let bad = |d: u32| event_device(u64::from(d)).is_none();
         if bad(self.device.index) {
             return Some(("device.index".to_string(), self.device.index));
         }

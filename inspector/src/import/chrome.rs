@@ -167,7 +167,7 @@ fn check_figures(memory: &[Memory], origin: &str) -> Result<(), ImportError> {
                 },
             )
         };
-        if m.device >= vramscope_model::MAX_DEVICES {
+        if vramscope_model::event_device(u64::from(m.device)).is_none() {
             return Err(fault(
                 "Device Id",
                 vramscope_model::device_refusal(u64::from(m.device)),
