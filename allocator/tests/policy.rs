@@ -789,7 +789,7 @@ fn events_since_pulls_by_sequence_and_counts_missed() {
     assert_eq!(later.events.len(), 4);
     assert!(later.events.windows(2).all(|w| w[1].seq == w[0].seq + 1));
     let tables = alloc.site_tables();
-    let site = &tables.sites[later.events[0].site.unwrap() as usize];
+    let site = &tables.sites[later.events[0].site().unwrap() as usize];
     assert!(site.file.ends_with("policy.rs"));
     assert_eq!(alloc.events_since(later.next_seq, 10).events.len(), 0);
 }

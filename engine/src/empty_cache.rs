@@ -44,7 +44,7 @@ pub fn empty_cache_calls(snapshot: &Snapshot) -> Vec<EmptyCacheCall> {
             .map(|(i, e)| EmptyCacheCall {
                 first_event: i as u32,
                 last_event: i as u32,
-                site: e.site,
+                site: e.site(),
                 segments: 0,
                 bytes: e.size,
             })
@@ -66,7 +66,7 @@ pub fn empty_cache_calls(snapshot: &Snapshot) -> Vec<EmptyCacheCall> {
         let burst = &events[start..i];
         let stacks: Vec<&CallSite> = burst
             .iter()
-            .filter_map(|e| snapshot.sites.get(e.site? as usize))
+            .filter_map(|e| snapshot.sites.get(e.site()? as usize))
             .collect();
         let with_stacks: Vec<&&CallSite> = stacks.iter().filter(|s| !s.frames.is_empty()).collect();
         let is_call = if with_stacks.is_empty() {
@@ -86,7 +86,7 @@ pub fn empty_cache_calls(snapshot: &Snapshot) -> Vec<EmptyCacheCall> {
             calls.push(EmptyCacheCall {
                 first_event: start as u32,
                 last_event: (i - 1) as u32,
-                site: burst.iter().find_map(|e| e.site),
+                site: burst.iter().find_map(|e| e.site()),
                 segments: burst.len() as u64,
                 bytes: burst.iter().fold(0u64, |a, e| a.saturating_add(e.size)),
             });

@@ -211,7 +211,7 @@ impl EndOfTrace {
                 if let Some(block) = end.blocks.get_mut(&addr) {
                     block.alloc_event = alloc;
                     if block.site.is_none() {
-                        block.site = events[alloc as usize].site;
+                        block.site = events[alloc as usize].site();
                     }
                 }
             }

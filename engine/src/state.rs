@@ -79,9 +79,9 @@ impl LiveBlock {
         LiveBlock {
             size: e.size,
             requested: e.requested,
-            site: e.site,
-            tag: e.tag,
-            scope: e.scope,
+            site: e.site(),
+            tag: e.tag(),
+            scope: e.scope(),
             step: e.step,
             stream: e.stream,
             pending,
@@ -502,6 +502,7 @@ fn free_block(address: u64, size: u64) -> Block {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vramscope_model::Id;
 
     fn ev(kind: EventKind, addr: u64, size: u64) -> Event {
         Event {
@@ -513,7 +514,7 @@ mod tests {
             addr,
             size,
             requested: size,
-            site: Some(1),
+            site: Id::new(1),
             tag: None,
             scope: None,
             step: 0,

@@ -8,7 +8,7 @@
 //! devices being [`devices_with_data`]. The part is a snapshot like any other: the engine,
 //! the detectors and the dashboard need nothing else.
 
-use vramscope_model::{Event, Segment, Snapshot, SnapshotSource, Violation};
+use vramscope_model::{Event, Id, Segment, Snapshot, SnapshotSource, Violation};
 
 /// The devices that have events, in increasing order; those with segments when no device has
 /// events; the snapshot's own device when it has neither.
@@ -146,9 +146,11 @@ fn each_id(
     f: &mut dyn FnMut(usize, &mut Option<u32>),
 ) {
     for e in events {
-        f(0, &mut e.site);
-        f(1, &mut e.tag);
-        f(2, &mut e.scope);
+        for (table, id) in [(0, &mut e.site), (1, &mut e.tag), (2, &mut e.scope)] {
+            let mut plain = id.map(Id::get);
+            f(table, &mut plain);
+            *id = Id::pack(plain);
+        }
     }
     for b in segments.iter_mut().flat_map(|s| s.blocks.iter_mut()) {
         f(0, &mut b.site);
@@ -252,7 +254,7 @@ mod tests {
             let mut site = both.sites[0].clone();
             site.line = 10_000 + i as u32;
             both.sites.push(site);
-            e.site = Some(first_site + i as u32);
+            e.site = Id::new(first_site + i as u32);
         }
         let site_of = |s: &Snapshot, id: Option<u32>| id.map(|i| s.sites[i as usize].clone());
         for device in [0, 1] {
@@ -263,10 +265,10 @@ mod tests {
                 .filter(|e| u32::from(e.device) == device)
                 .collect();
             for (kept, original) in part.events.iter().zip(&full) {
-                assert_eq!(site_of(&part, kept.site), site_of(&both, original.site));
+                assert_eq!(site_of(&part, kept.site()), site_of(&both, original.site()));
             }
             let used: std::collections::BTreeSet<_> =
-                part.events.iter().filter_map(|e| e.site).collect();
+                part.events.iter().filter_map(|e| e.site()).collect();
             let blocks = part.segments.iter().flat_map(|s| &s.blocks);
             let used_by_blocks: std::collections::BTreeSet<_> =
                 blocks.filter_map(|b| b.site).collect();

@@ -794,7 +794,7 @@ fn write_traces(
                 "time_us" => out
                     .w
                     .uint(time_us(event.time_ns, &|| format!("events[{i}].time_ns"))?),
-                _ => frames.write(out.w, event.site),
+                _ => frames.write(out.w, event.site()),
             }
             Ok(())
         };
@@ -935,7 +935,7 @@ mod tests {
                 .iter()
                 .find(|e| e.kind == EventKind::Alloc)
                 .unwrap()
-                .site,
+                .site(),
         );
         assert!(site.unwrap().file.ends_with("export.rs"));
     }

@@ -7,7 +7,7 @@ use vramscope_inspector::checks::{
 use vramscope_inspector::detect::Severity;
 use vramscope_inspector::diff::{self, diff};
 use vramscope_inspector::report::{build_report, render, Format, Report, ReportOptions};
-use vramscope_model::{Snapshot, TransferDirection};
+use vramscope_model::{Id, Snapshot, TransferDirection};
 use vramscope_testkit::{clean_loop, Trace, MIB};
 
 fn leaky(steps: u64) -> Snapshot {
@@ -190,7 +190,7 @@ fn diff_shows_what_grew_and_shrank() {
     after.sites.reverse();
     let n = after.sites.len() as u32;
     for e in &mut after.events {
-        e.site = e.site.map(|s| n - 1 - s);
+        e.site = Id::pack(e.site().map(|s| n - 1 - s));
     }
     let d = diff(&before, &after);
     assert_eq!(d.grew.len(), 1, "{}", diff::render_text(&d));

@@ -56,7 +56,7 @@ fn essentials(s: &Snapshot) -> impl PartialEq + std::fmt::Debug {
                 e.stream,
                 e.time_ns,
                 e.step,
-                s.site(e.site).cloned(),
+                s.site(e.site()).cloned(),
             )
         })
         .collect();

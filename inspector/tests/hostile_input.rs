@@ -8,7 +8,7 @@ use std::io::Write;
 
 use vramscope_inspector::import::{self, ImportError, ImportErrorKind, ImportOptions};
 use vramscope_inspector::pickle::{self, PickleErrorKind};
-use vramscope_model::Snapshot;
+use vramscope_model::{Id, Snapshot};
 
 fn load(bytes: &[u8], origin: &str) -> Result<Snapshot, ImportError> {
     import::load_bytes(bytes, origin, &ImportOptions::default())
@@ -231,7 +231,7 @@ fn frame_dicts_that_share_their_strings_are_read_once() {
     assert_eq!(s.events.len(), 30_000);
     assert_eq!(s.sites.len(), 1);
     assert_eq!(s.sites[0].frames.len(), 1);
-    assert!(s.events.iter().all(|e| e.site == Some(0)));
+    assert!(s.events.iter().all(|e| e.site == Id::new(0)));
 }
 
 #[test]
@@ -731,6 +731,36 @@ fn a_device_past_the_device_limit_is_an_error_naming_the_field() {
             "{error}"
         );
         assert!(error.contains("line 1 column"), "{error}");
+    }
+}
+
+/// An event's call site, tag and scope are kept in four bytes that cannot hold `u32::MAX`:
+/// vramscope's JSON that names it is refused as it is read, with the line and column, and the
+/// largest index that fits reads back as written.
+#[test]
+fn an_event_table_index_past_the_largest_is_refused() {
+    let snapshot = vramscope_testkit::device_run(0, 1 << 20);
+    for field in ["site", "tag", "scope"] {
+        let mut value = serde_json::to_value(&snapshot).unwrap();
+        value["events"][3][field] = u32::MAX.into();
+        let json = serde_json::to_vec(&value).unwrap();
+        let error = load(&json, "hostile.json").unwrap_err().to_string();
+        assert!(
+            error.contains("the index 4294967295 is past the largest a table can have"),
+            "{field}: {error}"
+        );
+        assert!(error.contains("line 1 column"), "{field}: {error}");
+
+        value["events"][3][field] = (u32::MAX - 1).into();
+        let json = serde_json::to_vec(&value).unwrap();
+        let back: vramscope_model::Snapshot = serde_json::from_slice(&json).unwrap();
+        let e = &back.events[3];
+        let read = match field {
+            "site" => e.site(),
+            "tag" => e.tag(),
+            _ => e.scope(),
+        };
+        assert_eq!(read, Some(u32::MAX - 1), "{field}");
     }
 }
 

@@ -107,7 +107,10 @@ fn synthetic_snapshot_converts() {
         assert_eq!(site.file_line(), "/home/u/train.py:42");
         assert_eq!(site.function, "train_step");
     }
-    assert_eq!(s.sites[s.events[1].site.unwrap() as usize].frames.len(), 4);
+    assert_eq!(
+        s.sites[s.events[1].site().unwrap() as usize].frames.len(),
+        4
+    );
     assert_eq!(s.events[5].site, None);
 
     // The START annotation at 1005 µs begins step 1.
@@ -126,7 +129,7 @@ fn synthetic_snapshot_converts() {
     assert_eq!(seg.blocks.len(), 2);
     assert_eq!(seg.blocks[0].state, BlockState::ActiveAllocated);
     assert_eq!(seg.blocks[0].step, 1);
-    assert_eq!(seg.blocks[0].site, s.events[3].site);
+    assert_eq!(seg.blocks[0].site, s.events[3].site());
     assert_eq!(seg.blocks[1].site, None);
 
     // Statistics.

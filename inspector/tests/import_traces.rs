@@ -170,7 +170,7 @@ fn decomfl_pickle() {
 
     // Real Python frames; the first event (moving the model to the GPU) is named by the
     // user's script, not by torch or transformers.
-    let first = s.site(ev[0].site).expect("the first event has a stack");
+    let first = s.site(ev[0].site()).expect("the first event has a stack");
     assert_eq!(first.function, "setup_server_and_clients");
     assert!(first.file.ends_with("decomfl_main.py"), "{}", first.file);
     assert_eq!(first.line, 66);
@@ -277,7 +277,7 @@ fn cs336_pickle() {
             assert!(!site.file.contains("site-packages"), "{}", site.file);
         }
     }
-    let first = s.site(ev[0].site).unwrap();
+    let first = s.site(ev[0].site()).unwrap();
     assert!(
         first.file.ends_with("cs336_basics/model.py"),
         "{}",

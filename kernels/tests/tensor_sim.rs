@@ -20,7 +20,7 @@ fn lines_of(snapshot: &Snapshot, kind: EventKind) -> Vec<u32> {
         .events
         .iter()
         .filter(|e| e.kind == kind)
-        .filter_map(|e| e.site)
+        .filter_map(|e| e.site())
         .map(|s| &snapshot.sites[s as usize])
         .filter(|site| site.file.ends_with("tensor_sim.rs"))
         .map(|site| site.line)

@@ -121,7 +121,7 @@ fn item_in_loop_syncs_many_times_per_step_from_one_line() {
     let mut per_site = std::collections::HashMap::<u32, usize>::new();
     for e in &snapshot.events {
         if e.kind == EventKind::Transfer(TransferDirection::DeviceToHost) {
-            *per_site.entry(e.site.unwrap()).or_default() += 1;
+            *per_site.entry(e.site().unwrap()).or_default() += 1;
         }
     }
     // The element-by-element read: 2 samples × 4 classes per step, all from one line.

@@ -35,7 +35,7 @@ pub use config::{AllocatorConfig, BacktraceMode, ConfigError, Policy, CONFIG_ENV
 pub use events::Events;
 pub use snapshot::{
     device_refusal, event_device, overlapping_segment, Annotation, Block, BlockPlacement,
-    BlockState, CallSite, DeviceInfo, Event, EventKind, Frame, Owner, Pool, ScopeId, Segment,
+    BlockState, CallSite, DeviceInfo, Event, EventKind, Frame, Id, Owner, Pool, ScopeId, Segment,
     SiteId, Snapshot, SnapshotError, SnapshotSource, StepMark, TagId, TransferDirection, Violation,
     ViolationKind, EVENT_LOG_COUNT_KEY, FORMAT_VERSION, FORMAT_VERSION_OOM_IN_ADDR, MAX_DEVICES,
 };

@@ -89,7 +89,7 @@ fn check_syncs(snapshot: &Snapshot, limit: u64) -> Option<String> {
             *by_step
                 .entry(event.step)
                 .or_default()
-                .entry(event.site)
+                .entry(event.site())
                 .or_default() += 1;
         }
     }

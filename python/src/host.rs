@@ -21,7 +21,7 @@ use pyo3::prelude::*;
 use rustc_hash::FxHashMap;
 use vramscope_inspector::import::sites::{is_framework_frame, primary_frame};
 use vramscope_model::{
-    CallSite, DeviceInfo, Event, EventKind, Frame, Snapshot, SnapshotSource, StepMark,
+    CallSite, DeviceInfo, Event, EventKind, Frame, Id, Snapshot, SnapshotSource, StepMark,
 };
 
 use crate::analysis;
@@ -213,7 +213,7 @@ pub fn merge(snapshot: &mut Snapshot, log: &LogData, numbering: Numbering) {
             addr: 0,
             size: 0,
             requested: 0,
-            site: Some(site),
+            site: Id::new(site),
             tag: None,
             scope: None,
             step,

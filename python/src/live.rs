@@ -37,7 +37,7 @@ use pyo3::types::PyDict;
 use rustc_hash::FxHashMap;
 use vramscope_inspector::import::{pytorch, ImportOptions};
 use vramscope_model::{
-    AllocatorConfig, CallSite, DeviceInfo, Event, MemoryStats, Snapshot, SnapshotSource, Stat,
+    AllocatorConfig, CallSite, DeviceInfo, Event, Id, MemoryStats, Snapshot, SnapshotSource, Stat,
     StatArray, StepMark,
 };
 use vramscope_telemetry::serve::{Listener, Outbox};
@@ -241,13 +241,13 @@ impl State {
             self.next_seq += 1;
             event.time_ns = absolute.saturating_sub(epoch);
             event.step = self.step_at(event.time_ns);
-            event.site = e.site.and_then(|id| {
+            event.site = Id::pack(e.site().and_then(|id| {
                 let slot = site_map.get_mut(id as usize)?;
                 if slot.is_none() {
                     *slot = Some(self.site_id(&snapshot.sites[id as usize]));
                 }
                 *slot
-            });
+            }));
             event.tag = None;
             event.scope = None;
             if self.history.len() >= HISTORY_EVENTS {
@@ -664,7 +664,7 @@ impl Server {
             let events: Vec<Event> = state.history.range(from..).copied().collect();
             let needs_sites = events
                 .iter()
-                .filter_map(|e| e.site)
+                .filter_map(|e| e.site())
                 .max()
                 .is_some_and(|max| max as usize >= client.known_sites);
             let mut frames = Vec::new();
@@ -789,7 +789,7 @@ pub fn read_telemetry(py: Python<'_>, addr: &str, seconds: f64) -> PyResult<Stri
         let mut events = Vec::new();
         let mut ended = None;
         let site_of = |sites: &[CallSite], e: &Event| {
-            e.site
+            e.site()
                 .and_then(|s| sites.get(s as usize))
                 .map(|s| s.file_line())
         };

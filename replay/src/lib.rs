@@ -869,7 +869,7 @@ fn failure_at(
     FirstOom {
         seq: event.seq,
         step: event.step,
-        site: site_of(snapshot, event.site),
+        site: site_of(snapshot, event.site()),
         requested,
         allocated: report.allocated,
         reserved: report.reserved,

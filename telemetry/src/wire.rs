@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ENV_ALLOW_REMOTE;
 use vramscope_model::{
-    device_refusal, event_device, AllocatorConfig, CallSite, DeviceInfo, Event, EventKind,
+    device_refusal, event_device, AllocatorConfig, CallSite, DeviceInfo, Event, EventKind, Id,
     MemoryStats, Snapshot, TransferDirection,
 };
 
@@ -34,6 +34,7 @@ pub const EVENT_RECORD_BYTES: usize = 80;
 const HISTORY_CHUNK: usize = 65_536;
 /// The most events that fit in one frame.
 const MAX_EVENTS_PER_FRAME: usize = (MAX_FRAME_BYTES - 4) / EVENT_RECORD_BYTES;
+/// An absent id on the wire: the one index an [`Id`] cannot hold.
 const NO_ID: u32 = u32::MAX;
 const _: () = assert!(4 + MAX_EVENTS_PER_FRAME * EVENT_RECORD_BYTES <= MAX_FRAME_BYTES);
 
@@ -244,9 +245,9 @@ impl KnownTables {
     /// Whether one of `events` refers to a table entry not known yet.
     pub fn lacks_any(&self, events: &[Event]) -> bool {
         let new = |id: Option<u32>, known: usize| id.is_some_and(|i| i as usize >= known);
-        events
-            .iter()
-            .any(|e| new(e.site, self.sites) || new(e.tag, self.tags) || new(e.scope, self.scopes))
+        events.iter().any(|e| {
+            new(e.site(), self.sites) || new(e.tag(), self.tags) || new(e.scope(), self.scopes)
+        })
     }
 
     /// Records table additions that follow what is known (call sites, tags and scopes, each
@@ -453,9 +454,9 @@ fn put_event(out: &mut Vec<u8>, e: &Event) {
         r[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
     }
     let ids = [
-        e.site.unwrap_or(NO_ID),
-        e.tag.unwrap_or(NO_ID),
-        e.scope.unwrap_or(NO_ID),
+        e.site().unwrap_or(NO_ID),
+        e.tag().unwrap_or(NO_ID),
+        e.scope().unwrap_or(NO_ID),
         e.thread,
         u32::from(e.device),
     ];
@@ -513,7 +514,7 @@ pub fn decode_events(payload: &[u8]) -> Result<Vec<Event>, TelemetryError> {
             b.copy_from_slice(&r[o..o + 4]);
             u32::from_le_bytes(b)
         };
-        let id = |o: usize| Some(u32_at(o)).filter(|&v| v != NO_ID);
+        let id = |o: usize| Id::new(u32_at(o));
         let kind = kind_from_code(r[76], r[77]).ok_or_else(|| {
             malformed(format!("event {i} has unknown kind {} / {}", r[76], r[77]))
         })?;
@@ -760,9 +761,9 @@ mod tests {
             addr: if oom { 0 } else { 0x1000 + seq },
             size: 512 * seq,
             requested: 500,
-            site: Some(3),
+            site: Id::new(3),
             tag: None,
-            scope: Some(2),
+            scope: Id::new(2),
             step: 4,
             thread: 9,
             device_free: if oom { 0x1000 + seq } else { 0 },

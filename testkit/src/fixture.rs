@@ -11,7 +11,7 @@
 //! the drawing benchmark.
 
 use vramscope_allocator::{CachingAllocator, SimDevice};
-use vramscope_model::{AllocatorConfig, CallSite, Frame, Snapshot};
+use vramscope_model::{AllocatorConfig, CallSite, Frame, Id, Snapshot};
 
 const MIB: u64 = 1 << 20;
 
@@ -219,7 +219,7 @@ pub fn many_blocks_snapshot(blocks: usize) -> Snapshot {
     let extra = 40u32;
     for (i, e) in snapshot.events.iter_mut().enumerate() {
         if e.site.is_some() {
-            e.site = Some(i as u32 % (sites + extra));
+            e.site = Id::new(i as u32 % (sites + extra));
         }
     }
     for s in &mut snapshot.segments {

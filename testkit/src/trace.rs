@@ -7,7 +7,7 @@
 //! (the importers', exporters' and dashboard's tests), with every field it does not name zero.
 
 use vramscope_model::{
-    Block, BlockState, CallSite, DeviceInfo, Event, EventKind, Pool, Segment, SiteId, Snapshot,
+    Block, BlockState, CallSite, DeviceInfo, Event, EventKind, Id, Pool, Segment, SiteId, Snapshot,
     SnapshotSource, StepMark, TransferDirection,
 };
 
@@ -75,7 +75,7 @@ impl Trace {
             addr,
             size,
             requested: if kind == EventKind::Alloc { size } else { 0 },
-            site,
+            site: Id::pack(site),
             tag: None,
             scope: None,
             step: self.step,
@@ -243,7 +243,7 @@ pub fn clean_loop(steps: u64) -> Trace {
 /// use vramscope_testkit::event;
 ///
 /// let e = event(EventKind::Alloc).seq(3).addr(0x1000).size(512).site(0).build();
-/// assert_eq!((e.seq, e.addr, e.size, e.site), (3, 0x1000, 512, Some(0)));
+/// assert_eq!((e.seq, e.addr, e.size, e.site()), (3, 0x1000, 512, Some(0)));
 /// assert_eq!(e.requested, 512, "the request is the size unless one is given");
 /// ```
 pub fn event(kind: EventKind) -> EventBuilder {
@@ -321,19 +321,19 @@ impl EventBuilder {
 
     /// Sets the call site (a `SiteId`, or an `Option` of one).
     pub fn site(mut self, site: impl Into<Option<SiteId>>) -> Self {
-        self.event.site = site.into();
+        self.event.site = Id::pack(site.into());
         self
     }
 
     /// Sets the tag.
     pub fn tag(mut self, tag: u32) -> Self {
-        self.event.tag = Some(tag);
+        self.event.tag = Id::new(tag);
         self
     }
 
     /// Sets the innermost scope.
     pub fn scope(mut self, scope: u32) -> Self {
-        self.event.scope = Some(scope);
+        self.event.scope = Id::new(scope);
         self
     }
 

@@ -12,7 +12,7 @@ use super::state::{RawEventParts, State, ALLOCATED, PENDING_FREE, UNMAPPED};
 use super::CachingAllocator;
 use crate::backend::Backend;
 use crate::model::{
-    Block, BlockState, DeviceInfo, EventKind, Segment, Snapshot, SnapshotSource, StepMark,
+    Block, BlockState, DeviceInfo, EventKind, Id, Segment, Snapshot, SnapshotSource, StepMark,
 };
 use crate::provenance::{Provenance, NIL};
 use crate::ring::RawEvent;
@@ -60,7 +60,8 @@ fn event_of(
             scope: NIL,
             thread: 0,
         });
-    let opt = |id: u32| (id != NIL).then_some(id);
+    // `NIL` is `u32::MAX`, the one index an `Id` cannot hold, so `Id::new` reads it as none.
+    const _: () = assert!(Id::new(NIL).is_none());
     // The ring keeps an out-of-memory event's free device memory in its address slot (such an
     // event has no block); the model gives it a field of its own.
     let oom = raw.kind == crate::model::EventKind::Oom;
@@ -76,9 +77,9 @@ fn event_of(
         addr: if oom { 0 } else { raw.addr },
         size: raw.size,
         requested: raw.requested,
-        site: opt(p.site),
-        tag: opt(p.tag),
-        scope: opt(p.scope),
+        site: Id::new(p.site),
+        tag: Id::new(p.tag),
+        scope: Id::new(p.scope),
         step: raw.step as u64,
         thread: p.thread,
         device_free: if oom { raw.addr } else { 0 },

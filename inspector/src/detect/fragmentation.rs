@@ -171,7 +171,7 @@ fn report_oom(
     } else {
         FindingKind::Oom
     };
-    let group = worst.event.site.and_then(|s| view.group_of_site(s));
+    let group = worst.event.site().and_then(|s| view.group_of_site(s));
     let mut f = Finding::at_group(view, kind, Severity::Error, group);
     f.bytes = facts.request;
     f.count = same.len() as u64;

@@ -167,7 +167,7 @@ fn tag_of<'a>(view: &ModelView<'a>, group: GroupId) -> Option<&'a str> {
     let snapshot = view.snapshot();
     view.group_intervals(group).iter().find_map(|&i| {
         let event = &snapshot.events[view.intervals()[i as usize].alloc_event as usize];
-        snapshot.tag(event.tag)
+        snapshot.tag(event.tag())
     })
 }
 

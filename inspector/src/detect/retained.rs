@@ -132,7 +132,7 @@ fn units_of(view: &ModelView<'_>) -> Vec<Unit> {
             (Some(file_line), GroupKind::Site) if !file_line.starts_with("??:") => {
                 (file_line.clone(), group.function.clone())
             }
-            _ => match events[iv.alloc_event as usize].site {
+            _ => match events[iv.alloc_event as usize].site() {
                 Some(site) => {
                     let name = view.site_name(site);
                     (name.label, name.function)
@@ -337,7 +337,7 @@ fn name_cluster(
 ) -> (String, String, &'static str, Option<String>) {
     let retained = RetainedStacks::of(view, units, leaks, members, &lead.steps);
     let events = &view.snapshot().events;
-    let latest_site = retained.latest.and_then(|(e, _)| events[e as usize].site);
+    let latest_site = retained.latest.and_then(|(e, _)| events[e as usize].site());
     let named = name_by_stacks(view, &retained.site_ids, latest_site, lead.steps.len());
     match named {
         Some((frame, why)) => {
@@ -393,7 +393,7 @@ impl RetainedStacks {
                 if !(iv.is_live_at_end() && loop_steps.contains(&iv.alloc_step)) {
                     continue;
                 }
-                if let Some(site) = events[iv.alloc_event as usize].site {
+                if let Some(site) = events[iv.alloc_event as usize].site() {
                     if site_ids.len() < 512 && !site_ids.contains(&site) {
                         site_ids.push(site);
                     }
@@ -517,10 +517,12 @@ fn name_by_stacks(
         let mut inside = false;
         for e in snapshot.events.iter().filter(|e| {
             e.kind == EventKind::Alloc
-                && e.site
+                && e.site()
                     .is_some_and(|s| has_python.get(s as usize) == Some(&true))
         }) {
-            let now = e.site.is_some_and(|s| under.get(s as usize) == Some(&true));
+            let now = e
+                .site()
+                .is_some_and(|s| under.get(s as usize) == Some(&true));
             if now && !inside {
                 runs += 1;
             }

@@ -322,7 +322,7 @@ impl<'s, W: Write> TraceWriter<'s, W> {
                         size: event.size,
                         addr: event.addr,
                         stream: event.stream,
-                        site: event.site,
+                        site: event.site(),
                         step: event.step,
                         live_at_end: true,
                         tid: 0,
@@ -338,7 +338,7 @@ impl<'s, W: Write> TraceWriter<'s, W> {
                     }
                 }
                 EventKind::Oom => {
-                    let site = self.site_label(event.site);
+                    let site = self.site_label(event.site());
                     self.emit(json!({
                         "ph": "i", "s": "p", "pid": pid, "ts": micros(t), "name": "OOM",
                         "args": {"requested": event.size, "device_free": event.device_free, "site": site}

@@ -38,7 +38,7 @@ use std::fmt;
 use rustc_hash::FxHashMap;
 use vramscope_model::{
     overlapping_segment, AllocatorConfig, Annotation, Block, BlockPlacement, BlockState,
-    DeviceInfo, Event, EventKind, MemoryStats, Pool, Segment, SiteId, Snapshot, SnapshotSource,
+    DeviceInfo, Event, EventKind, Id, MemoryStats, Pool, Segment, SiteId, Snapshot, SnapshotSource,
     StepMark, FORMAT_VERSION,
 };
 
@@ -538,7 +538,7 @@ fn read_entry(
         addr,
         size,
         requested,
-        site,
+        site: Id::pack(site),
         tag: None,
         scope: None,
         step: 0,
@@ -831,7 +831,7 @@ fn marker_steps(events: &[Event], stacks: &Stacks, marker: &str) -> Vec<(usize, 
         if e.kind != EventKind::Alloc {
             continue;
         }
-        let has = e.site.is_some_and(|id| {
+        let has = e.site().is_some_and(|id| {
             *memo.entry(id).or_insert_with(|| {
                 stacks
                     .table
@@ -1039,7 +1039,7 @@ fn finish(
     // Segments, with the site and step of each live block's allocation.
     let mut last_alloc: LastAlloc = FxHashMap::default();
     for e in events.iter().filter(|e| e.kind == EventKind::Alloc) {
-        last_alloc.insert((u32::from(e.device), e.addr), (e.site, e.step));
+        last_alloc.insert((u32::from(e.device), e.addr), (e.site(), e.step));
     }
     let mut placed = Vec::with_capacity(segment_values.map_or(0, Seq::len));
     for (i, s) in elements(segment_values).enumerate() {

@@ -97,7 +97,7 @@ impl<'a> ModelViewBuilder<'a> {
         if first_event.is_none() {
             *first_event = Some(event_index);
         }
-        let group = self.groups.of(event.site);
+        let group = self.groups.of(event.site());
         match (event.kind, self.pairing.push(event_index, event)) {
             (EventKind::Alloc, Pair::Alloc { replaced }) => {
                 self.record_alloc(event_index, event, group, step, replaced);

@@ -192,7 +192,7 @@ fn infer_steps(snapshot: &Snapshot) -> Option<InferredSteps> {
         .enumerate()
         .filter(|(_, e)| e.kind == EventKind::Alloc)
         .filter_map(|(i, e)| {
-            let keys = site_keys.get(e.site? as usize)?;
+            let keys = site_keys.get(e.site()? as usize)?;
             (!keys.is_empty()).then_some((i as u32, keys.as_slice()))
         })
         .collect();
@@ -391,7 +391,7 @@ pub fn restep(snapshot: &mut Snapshot, marker: &str) -> Result<usize, StepMarker
         if e.kind != EventKind::Alloc {
             continue;
         }
-        let now = e.site.is_some_and(|s| has.get(s as usize) == Some(&true));
+        let now = e.site().is_some_and(|s| has.get(s as usize) == Some(&true));
         if now && !inside {
             starts.push(i);
         }
@@ -459,7 +459,7 @@ pub fn step_marker_candidates(snapshot: &Snapshot) -> Vec<String> {
         .iter()
         .filter(|e| e.kind == EventKind::Alloc)
     {
-        if let Some(names) = e.site.and_then(|s| per_site.get(s as usize)) {
+        if let Some(names) = e.site().and_then(|s| per_site.get(s as usize)) {
             for name in names {
                 *counts.entry(name).or_default() += 1;
             }

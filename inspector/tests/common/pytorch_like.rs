@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use vramscope_allocator::{CachingAllocator, SimDevice, StreamId};
 use vramscope_inspector::import::sites::{SiteTable, DEFAULT_FRAMEWORK_PATHS};
 use vramscope_model::{
-    AllocatorConfig, Annotation, DeviceInfo, EventKind, Frame, SiteId, Snapshot, SnapshotSource,
+    AllocatorConfig, Annotation, DeviceInfo, EventKind, Frame, Id, SiteId, Snapshot, SnapshotSource,
 };
 
 /// One mebibyte.
@@ -185,7 +185,7 @@ impl Torch {
             self.time_ns += 1_000;
             e.seq = self.snap.events.len() as u64;
             e.time_ns = self.time_ns;
-            e.site = site;
+            e.site = Id::pack(site);
             e.tag = None;
             e.scope = None;
             e.step = 0;

@@ -102,12 +102,12 @@ impl Widget for EventsPanel<'_> {
             let e = &events[i];
             let y = inner.y + 1 + (row - first) as u16;
             let site = snapshot
-                .site(e.site)
-                .map(|_| groups.get(groups.of(e.site)).label().to_string())
+                .site(e.site())
+                .map(|_| groups.get(groups.of(e.site())).label().to_string())
                 .unwrap_or_default();
             let text = if wide {
-                let tag = snapshot.tag(e.tag).unwrap_or("");
-                let scope = snapshot.scope(e.scope).unwrap_or("");
+                let tag = snapshot.tag(e.tag()).unwrap_or("");
+                let scope = snapshot.scope(e.scope()).unwrap_or("");
                 format!(
                     "{:>9} {:>10} {:>5} {:<15} {:>9} {:>#16x}  {:<40} {}{}{}",
                     i + 1,
