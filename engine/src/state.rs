@@ -82,7 +82,7 @@ impl LiveBlock {
             site: e.site(),
             tag: e.tag(),
             scope: e.scope(),
-            step: e.step,
+            step: u64::from(e.step),
             stream: e.stream,
             pending,
             alloc_event,

@@ -44,13 +44,13 @@ fn size() -> impl Strategy<Value = u64> {
     ]
 }
 
-fn event() -> impl Strategy<Value = (EventKind, u64, u64, Option<u32>, u64, u64)> {
+fn event() -> impl Strategy<Value = (EventKind, u64, u64, Option<u32>, u32, u64)> {
     (
         kind(),
         prop_oneof![4 => (0u64..6).prop_map(|a| a * 0x1000), 1 => any::<u64>()],
         size(),
         prop::option::of(0u32..6),
-        prop_oneof![4 => 0u64..6, 1 => any::<u64>()],
+        prop_oneof![4 => 0u32..6, 1 => any::<u32>()],
         any::<u64>(),
     )
 }

@@ -49,7 +49,7 @@ fn figures(snapshot: &Snapshot) -> Figures {
         .iter()
         .filter(|e| e.kind == EventKind::Alloc)
     {
-        *per_step.entry(e.step).or_insert(0) += 1;
+        *per_step.entry(u64::from(e.step)).or_insert(0) += 1;
     }
     Figures {
         baseline_allocated: s.baseline_allocated_bytes,

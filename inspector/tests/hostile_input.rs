@@ -734,6 +734,26 @@ fn a_device_past_the_device_limit_is_an_error_naming_the_field() {
     }
 }
 
+/// An event keeps its step in four bytes: vramscope's JSON with a step past them is refused
+/// as it is read, in the one sentence every reader uses, with the line and column.
+#[test]
+fn an_event_step_past_four_bytes_is_refused() {
+    let snapshot = vramscope_testkit::device_run(0, 1 << 20);
+    let mut value = serde_json::to_value(&snapshot).unwrap();
+    value["events"][3]["step"] = (1u64 << 32).into();
+    let json = serde_json::to_vec(&value).unwrap();
+    let error = load(&json, "hostile.json").unwrap_err().to_string();
+    assert!(
+        error.contains(&vramscope_model::step_refusal(1 << 32)),
+        "{error}"
+    );
+    assert!(error.contains("line 1 column"), "{error}");
+    value["events"][3]["step"] = u32::MAX.into();
+    let json = serde_json::to_vec(&value).unwrap();
+    let back: vramscope_model::Snapshot = serde_json::from_slice(&json).unwrap();
+    assert_eq!(back.events[3].step, u32::MAX);
+}
+
 /// An event's call site, tag and scope are kept in four bytes that cannot hold `u32::MAX`:
 /// vramscope's JSON that names it is refused as it is read, with the line and column, and the
 /// largest index that fits reads back as written.

@@ -119,7 +119,7 @@ fn synthetic_snapshot_converts() {
     assert_eq!(s.steps.len(), 1);
     assert_eq!(s.steps[0].label, "Optimizer.step#SGD.step");
     assert_eq!((s.steps[0].step, s.steps[0].seq), (1, 3));
-    let steps: Vec<u64> = s.events.iter().map(|e| e.step).collect();
+    let steps: Vec<u32> = s.events.iter().map(|e| e.step).collect();
     assert_eq!(steps, vec![0, 0, 0, 1, 1, 1]);
 
     // Segments and blocks.
@@ -156,7 +156,7 @@ fn step_marker_function_starts_steps() {
     assert_eq!(s.steps.len(), 1);
     assert_eq!(s.steps[0].seq, 3);
     assert_eq!(s.steps[0].label, "train_step");
-    let steps: Vec<u64> = s.events.iter().map(|e| e.step).collect();
+    let steps: Vec<u32> = s.events.iter().map(|e| e.step).collect();
     assert_eq!(steps, vec![0, 0, 0, 1, 1, 1]);
 }
 

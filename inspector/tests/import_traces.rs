@@ -95,7 +95,7 @@ fn check_steps(s: &Snapshot) {
     }
     for (k, mark) in s.steps.iter().enumerate() {
         assert_eq!(mark.step, k as u64 + 1);
-        if let Some(first) = s.events.iter().find(|e| e.step >= mark.step) {
+        if let Some(first) = s.events.iter().find(|e| u64::from(e.step) >= mark.step) {
             assert_eq!(first.seq, mark.seq);
         }
     }

@@ -34,10 +34,11 @@ mod stats;
 pub use config::{AllocatorConfig, BacktraceMode, ConfigError, Policy, CONFIG_ENV_VAR, MIB};
 pub use events::Events;
 pub use snapshot::{
-    device_refusal, event_device, overlapping_segment, Annotation, Block, BlockPlacement,
-    BlockState, CallSite, DeviceInfo, Event, EventKind, Frame, Id, Owner, Pool, ScopeId, Segment,
-    SiteId, Snapshot, SnapshotError, SnapshotSource, StepMark, TagId, TransferDirection, Violation,
-    ViolationKind, EVENT_LOG_COUNT_KEY, FORMAT_VERSION, FORMAT_VERSION_OOM_IN_ADDR, MAX_DEVICES,
+    device_refusal, event_device, event_step, overlapping_segment, step_after, step_refusal,
+    Annotation, Block, BlockPlacement, BlockState, CallSite, DeviceInfo, Event, EventKind, Frame,
+    Id, Owner, Pool, ScopeId, Segment, SiteId, Snapshot, SnapshotError, SnapshotSource, StepMark,
+    TagId, TransferDirection, Violation, ViolationKind, EVENT_LOG_COUNT_KEY, FORMAT_VERSION,
+    FORMAT_VERSION_OOM_IN_ADDR, MAX_DEVICES,
 };
 pub use stats::{
     elide_end, elide_start, format_bytes, parse_bytes, plural, thousands, MemoryStats, Recorded,

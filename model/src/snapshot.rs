@@ -405,9 +405,11 @@ pub struct Event {
     /// Innermost named scope ([`Event::scope`] reads it as a [`ScopeId`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<Id>,
-    /// Step number when the event happened.
-    #[serde(default)]
-    pub step: u64,
+    /// Step number when the event happened (four bytes, as the allocator's ring keeps it: a
+    /// run of more than 4 billion steps does not happen, and a file that names one is refused
+    /// as it is read).
+    #[serde(default, deserialize_with = "read_event_step")]
+    pub step: u32,
     /// Thread number.
     #[serde(default)]
     pub thread: u32,
@@ -685,6 +687,35 @@ pub fn event_device(device: u64) -> Option<u16> {
     u16::try_from(device)
         .ok()
         .filter(|&d| u32::from(d) < MAX_DEVICES)
+}
+
+/// Why step `step` is refused for an event, which keeps its step in four bytes. Every reader
+/// of event steps says it in these words.
+pub fn step_refusal(step: u64) -> String {
+    format!(
+        "step {step} is out of range: an event's step runs from 0 to {} (no run takes 4 billion steps)",
+        u32::MAX
+    )
+}
+
+/// `step` as an event holds it (in four bytes); `None` past `u32::MAX`, which every reader
+/// refuses in [`step_refusal`]'s words.
+pub fn event_step(step: u64) -> Option<u32> {
+    u32::try_from(step).ok()
+}
+
+/// The step of an event after `starts` step starts: the count in four bytes. Steps counted
+/// from a file's marks number fewer than its events, which four bytes hold, so the count
+/// saturates only for a trace that no reader accepts.
+pub fn step_after(starts: usize) -> u32 {
+    u32::try_from(starts).unwrap_or(u32::MAX)
+}
+
+/// Reads an event's step from a file, refusing one that four bytes cannot hold
+/// ([`event_step`]).
+fn read_event_step<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
+    let step = u64::deserialize(deserializer)?;
+    event_step(step).ok_or_else(|| serde::de::Error::custom(step_refusal(step)))
 }
 
 /// Reads an event's device index from a file, refusing one past [`MAX_DEVICES`]

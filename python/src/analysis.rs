@@ -87,7 +87,7 @@ fn check_syncs(snapshot: &Snapshot, limit: u64) -> Option<String> {
         );
         if waits {
             *by_step
-                .entry(event.step)
+                .entry(u64::from(event.step))
                 .or_default()
                 .entry(event.site())
                 .or_default() += 1;

@@ -21,7 +21,8 @@ use pyo3::prelude::*;
 use rustc_hash::FxHashMap;
 use vramscope_inspector::import::sites::{is_framework_frame, primary_frame};
 use vramscope_model::{
-    CallSite, DeviceInfo, Event, EventKind, Frame, Id, Snapshot, SnapshotSource, StepMark,
+    event_step, CallSite, DeviceInfo, Event, EventKind, Frame, Id, Snapshot, SnapshotSource,
+    StepMark,
 };
 
 use crate::analysis;
@@ -184,7 +185,8 @@ pub fn merge(snapshot: &mut Snapshot, log: &LogData, numbering: Numbering) {
     let take_marks = !marked && !python_marks.is_empty();
     if take_marks {
         for e in &mut snapshot.events {
-            e.step = step_at(&python_marks, e.time_ns);
+            // A program marks fewer than 4 billion steps, which an event holds.
+            e.step = event_step(step_at(&python_marks, e.time_ns)).unwrap_or(u32::MAX);
         }
     }
     let window_start = snapshot.events.first().map(|e| e.time_ns);
@@ -216,7 +218,7 @@ pub fn merge(snapshot: &mut Snapshot, log: &LogData, numbering: Numbering) {
             site: Id::new(site),
             tag: None,
             scope: None,
-            step,
+            step: event_step(step).unwrap_or(u32::MAX),
             thread: 0,
             device_free: 0,
         });
@@ -296,7 +298,7 @@ fn snapshot_step(
     }
     match snapshot.events.partition_point(|e| e.time_ns <= anchor) {
         0 => 0,
-        i => snapshot.events[i - 1].step,
+        i => u64::from(snapshot.events[i - 1].step),
     }
 }
 

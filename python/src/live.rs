@@ -37,8 +37,8 @@ use pyo3::types::PyDict;
 use rustc_hash::FxHashMap;
 use vramscope_inspector::import::{pytorch, ImportOptions};
 use vramscope_model::{
-    AllocatorConfig, CallSite, DeviceInfo, Event, Id, MemoryStats, Snapshot, SnapshotSource, Stat,
-    StatArray, StepMark,
+    event_step, AllocatorConfig, CallSite, DeviceInfo, Event, Id, MemoryStats, Snapshot,
+    SnapshotSource, Stat, StatArray, StepMark,
 };
 use vramscope_telemetry::serve::{Listener, Outbox};
 use vramscope_telemetry::wire::{
@@ -240,7 +240,8 @@ impl State {
             event.seq = self.next_seq;
             self.next_seq += 1;
             event.time_ns = absolute.saturating_sub(epoch);
-            event.step = self.step_at(event.time_ns);
+            // A program marks fewer than 4 billion steps, which an event holds.
+            event.step = event_step(self.step_at(event.time_ns)).unwrap_or(u32::MAX);
             event.site = Id::pack(e.site().and_then(|id| {
                 let slot = site_map.get_mut(id as usize)?;
                 if slot.is_none() {

@@ -868,7 +868,7 @@ fn failure_at(
 ) -> FirstOom {
     FirstOom {
         seq: event.seq,
-        step: event.step,
+        step: u64::from(event.step),
         site: site_of(snapshot, event.site()),
         requested,
         allocated: report.allocated,

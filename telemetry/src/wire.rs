@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::ENV_ALLOW_REMOTE;
 use vramscope_model::{
-    device_refusal, event_device, AllocatorConfig, CallSite, DeviceInfo, Event, EventKind, Id,
-    MemoryStats, Snapshot, TransferDirection,
+    device_refusal, event_device, event_step, step_refusal, AllocatorConfig, CallSite, DeviceInfo,
+    Event, EventKind, Id, MemoryStats, Snapshot, TransferDirection,
 };
 
 /// The protocol version this build speaks.
@@ -448,7 +448,7 @@ fn put_event(out: &mut Vec<u8>, e: &Event) {
         e.size,
         e.requested,
         e.stream,
-        e.step,
+        u64::from(e.step),
     ];
     for (i, v) in words.iter().enumerate() {
         r[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
@@ -522,6 +522,9 @@ pub fn decode_events(payload: &[u8]) -> Result<Vec<Event>, TelemetryError> {
         let device = u64::from(u32_at(72));
         let device = event_device(device)
             .ok_or_else(|| malformed(format!("event {i}: {}", device_refusal(device))))?;
+        let step = u64_at(48);
+        let step = event_step(step)
+            .ok_or_else(|| malformed(format!("event {i}: {}", step_refusal(step))))?;
         events.push(Event {
             seq: u64_at(0),
             time_ns: u64_at(8),
@@ -529,7 +532,7 @@ pub fn decode_events(payload: &[u8]) -> Result<Vec<Event>, TelemetryError> {
             size: u64_at(24),
             requested: u64_at(32),
             stream: u64_at(40),
-            step: u64_at(48),
+            step,
             site: id(56),
             tag: id(60),
             scope: id(64),
@@ -822,5 +825,26 @@ mod tests {
         }
         payload[device..device + 4].copy_from_slice(&255u32.to_le_bytes());
         assert_eq!(decode_events(&payload).unwrap()[1].device, 255);
+    }
+
+    /// The wire carries a step in eight bytes and an event holds it in four: a frame with a
+    /// step past them is malformed, in `step_refusal`'s words, and the largest that fits
+    /// comes through.
+    #[test]
+    fn a_step_past_four_bytes_is_malformed() {
+        let events = [event(1, EventKind::Alloc), event(2, EventKind::Alloc)];
+        let frame = encode_events(&events);
+        let mut payload = frame[HEADER_BYTES..].to_vec();
+        let step = 4 + EVENT_RECORD_BYTES + 48;
+        for bad in [1u64 << 32, u64::MAX] {
+            payload[step..step + 8].copy_from_slice(&bad.to_le_bytes());
+            let message = decode_events(&payload).unwrap_err().to_string();
+            assert!(
+                message.contains(&format!("event 1: step {bad} is out of range")),
+                "{message}"
+            );
+        }
+        payload[step..step + 8].copy_from_slice(&u64::from(u32::MAX).to_le_bytes());
+        assert_eq!(decode_events(&payload).unwrap()[1].step, u32::MAX);
     }
 }

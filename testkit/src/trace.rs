@@ -15,7 +15,7 @@ use vramscope_model::{
 pub struct Trace {
     /// The snapshot being built.
     pub snap: Snapshot,
-    step: u64,
+    step: u32,
     next_addr: u64,
 }
 
@@ -61,7 +61,7 @@ impl Trace {
 
     /// The current step number.
     pub fn current_step(&self) -> u64 {
-        self.step
+        u64::from(self.step)
     }
 
     fn push(&mut self, kind: EventKind, addr: u64, size: u64, site: Option<SiteId>) {
@@ -89,7 +89,7 @@ impl Trace {
         self.step += 1;
         let seq = self.snap.events.len() as u64;
         self.snap.steps.push(StepMark {
-            step: self.step,
+            step: u64::from(self.step),
             seq,
             time_ns: seq * 1000,
             label: "mark_step".to_string(),
@@ -338,7 +338,7 @@ impl EventBuilder {
     }
 
     /// Sets the step number.
-    pub fn step(mut self, step: u64) -> Self {
+    pub fn step(mut self, step: u32) -> Self {
         self.event.step = step;
         self
     }

@@ -166,7 +166,13 @@ fn repeated(base: &Snapshot, n: usize) -> Snapshot {
     };
     let seq_span = last.seq - first.seq + 1;
     let time_span = last.time_ns.saturating_sub(first.time_ns) + 1;
-    let step_span = base.events.iter().map(|e| e.step).max().unwrap_or(0) + 1;
+    let step_span = base
+        .events
+        .iter()
+        .map(|e| u64::from(e.step))
+        .max()
+        .unwrap_or(0)
+        + 1;
     let mut copy = 0u64;
     while out.events.len() < n {
         for e in &base.events {
@@ -176,7 +182,7 @@ fn repeated(base: &Snapshot, n: usize) -> Snapshot {
             let mut e = *e;
             e.seq += copy * seq_span;
             e.time_ns += copy * time_span;
-            e.step += copy * step_span;
+            e.step = vramscope_model::step_after((u64::from(e.step) + copy * step_span) as usize);
             out.events.push(e);
         }
         let last_seq = out.events.last().map_or(0, |e| e.seq);

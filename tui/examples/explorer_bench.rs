@@ -58,7 +58,7 @@ fn synthetic(target: usize) -> Snapshot {
         });
     }
     let mut seq = 0u64;
-    let mut push = |s: &mut Snapshot, kind, addr, size, site: Option<u32>, step| {
+    let mut push = |s: &mut Snapshot, kind, addr, size, site: Option<u32>, step: u64| {
         s.events.push(
             vramscope_testkit::event(kind)
                 .seq(seq)
@@ -67,7 +67,7 @@ fn synthetic(target: usize) -> Snapshot {
                 .size(size)
                 .requested(size)
                 .site(site)
-                .step(step)
+                .step(vramscope_model::step_after(step as usize))
                 .build(),
         );
         seq += 1;

@@ -240,12 +240,12 @@ impl Dataset {
             match e.kind {
                 EventKind::Step => {
                     snapshot.steps.push(StepMark {
-                        step: e.step,
+                        step: u64::from(e.step),
                         seq: e.seq,
                         time_ns: e.time_ns,
                         label: "mark_step".to_string(),
                     });
-                    self.step_starts.push((e.step, i));
+                    self.step_starts.push((u64::from(e.step), i));
                 }
                 EventKind::Oom => self.ooms.push(i),
                 _ => {}
@@ -501,8 +501,8 @@ impl Dataset {
     pub fn step_at(&self, pos: usize) -> u64 {
         let events = &self.snapshot.events;
         match events.get(pos) {
-            Some(e) => e.step,
-            None => events.last().map_or(0, |e| e.step),
+            Some(e) => u64::from(e.step),
+            None => events.last().map_or(0, |e| u64::from(e.step)),
         }
     }
 

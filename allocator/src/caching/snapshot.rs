@@ -80,7 +80,7 @@ fn event_of(
         site: Id::new(p.site),
         tag: Id::new(p.tag),
         scope: Id::new(p.scope),
-        step: raw.step as u64,
+        step: raw.step,
         thread: p.thread,
         device_free: if oom { raw.addr } else { 0 },
     }

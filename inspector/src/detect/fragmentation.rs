@@ -175,8 +175,8 @@ fn report_oom(
     let mut f = Finding::at_group(view, kind, Severity::Error, group);
     f.bytes = facts.request;
     f.count = same.len() as u64;
-    f.first_step = same.iter().map(|c| c.event.step).min();
-    f.last_step = same.iter().map(|c| c.event.step).max();
+    f.first_step = same.iter().map(|c| u64::from(c.event.step)).min();
+    f.last_step = same.iter().map(|c| u64::from(c.event.step)).max();
     // What was live names what to lower when the peak is the problem.
     let top = match d.cause {
         OomCause::InUse | OomCause::Cap { .. } => {

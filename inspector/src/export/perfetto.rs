@@ -323,7 +323,7 @@ impl<'s, W: Write> TraceWriter<'s, W> {
                         addr: event.addr,
                         stream: event.stream,
                         site: event.site(),
-                        step: event.step,
+                        step: u64::from(event.step),
                         live_at_end: true,
                         tid: 0,
                     });

@@ -995,7 +995,7 @@ mod tests {
         assert_eq!(s.source, SnapshotSource::ChromeTrace);
         assert_eq!(s.device.name, "Test GPU");
         assert_eq!(s.device.capacity, 1_000_000);
-        let kinds: Vec<(EventKind, u64, u64)> =
+        let kinds: Vec<(EventKind, u64, u32)> =
             s.events.iter().map(|e| (e.kind, e.addr, e.step)).collect();
         assert_eq!(
             kinds,

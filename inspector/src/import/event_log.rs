@@ -102,7 +102,7 @@ pub fn read(bytes: &[u8], origin: &str) -> Result<Snapshot, ImportError> {
             .iter()
             .filter(|e| e.kind == EventKind::Step)
             .map(|e| StepMark {
-                step: e.step,
+                step: u64::from(e.step),
                 seq: e.seq,
                 time_ns: e.time_ns,
                 label: "mark_step".to_string(),

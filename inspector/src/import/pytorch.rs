@@ -1039,7 +1039,7 @@ fn finish(
     // Segments, with the site and step of each live block's allocation.
     let mut last_alloc: LastAlloc = FxHashMap::default();
     for e in events.iter().filter(|e| e.kind == EventKind::Alloc) {
-        last_alloc.insert((u32::from(e.device), e.addr), (e.site(), e.step));
+        last_alloc.insert((u32::from(e.device), e.addr), (e.site(), u64::from(e.step)));
     }
     let mut placed = Vec::with_capacity(segment_values.map_or(0, Seq::len));
     for (i, s) in elements(segment_values).enumerate() {

@@ -9,7 +9,7 @@
 //! then anchors them to a known final value (from the snapshot's segments) or, without one,
 //! to the smallest start that never goes negative.
 
-use vramscope_model::{Event, Pool, Stat, StatArray, StepMark};
+use vramscope_model::{step_after, Event, Pool, Stat, StatArray, StepMark};
 
 /// Numbers steps from start times: each `(time_ns, label)` begins a step; an event belongs to
 /// the last step that began at or before its time (step 0 before the first). Returns the
@@ -21,7 +21,7 @@ pub(crate) fn assign_steps_by_time(
     starts.sort_by_key(|(t, _)| *t);
     let times: Vec<u64> = starts.iter().map(|(t, _)| *t).collect();
     for event in events.iter_mut() {
-        event.step = times.partition_point(|&t| t <= event.time_ns) as u64;
+        event.step = step_after(times.partition_point(|&t| t <= event.time_ns));
     }
     marks(events, starts)
 }
@@ -30,13 +30,13 @@ pub(crate) fn assign_steps_by_time(
 /// increasing order) begins a step at that event.
 pub(crate) fn assign_steps_at(events: &mut [Event], starts: Vec<(usize, String)>) -> Vec<StepMark> {
     let mut next = starts.iter().map(|(i, _)| *i).peekable();
-    let mut step = 0u64;
+    let mut step = 0;
     for (i, event) in events.iter_mut().enumerate() {
         while next.peek() == Some(&i) {
             next.next();
             step += 1;
         }
-        event.step = step;
+        event.step = step_after(step);
     }
     let with_times = starts
         .into_iter()
@@ -209,7 +209,7 @@ mod tests {
                 (500, "c".into()),
             ],
         );
-        let steps: Vec<u64> = events.iter().map(|e| e.step).collect();
+        let steps: Vec<u32> = events.iter().map(|e| e.step).collect();
         assert_eq!(steps, vec![0, 1, 1, 2, 2, 2]);
         assert_eq!(marks.len(), 3);
         assert_eq!(
@@ -224,7 +224,7 @@ mod tests {
     fn steps_at_events() {
         let mut events: Vec<Event> = (0..5).map(|i| event(i, i * 10)).collect();
         let marks = assign_steps_at(&mut events, vec![(1, "x".into()), (3, "x".into())]);
-        let steps: Vec<u64> = events.iter().map(|e| e.step).collect();
+        let steps: Vec<u32> = events.iter().map(|e| e.step).collect();
         assert_eq!(steps, vec![0, 1, 1, 2, 2]);
         assert_eq!(marks[1].seq, 3);
         assert_eq!(marks[1].time_ns, 30);

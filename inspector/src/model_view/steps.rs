@@ -12,7 +12,7 @@
 //! matches. The parent module re-exports these, so they stay `model_view::restep` and so on.
 
 use rustc_hash::FxHashMap;
-use vramscope_model::{Event, EventKind, Snapshot};
+use vramscope_model::{step_after, Event, EventKind, Snapshot};
 
 use super::stacks::default_framework_paths;
 use super::StepInfo;
@@ -105,7 +105,7 @@ impl StepPlan {
     pub(super) fn step_of(&self, index: usize, event: &Event) -> u64 {
         match &self.inferred {
             Some(inferred) => inferred.starts.partition_point(|&s| s as usize <= index) as u64,
-            None => event.step,
+            None => u64::from(event.step),
         }
     }
 }
@@ -130,7 +130,7 @@ pub(super) fn collect_steps(snapshot: &Snapshot, plan: &StepPlan) -> (Vec<u64>, 
             .collect();
         return (numbers, steps);
     }
-    let mut numbers: Vec<u64> = snapshot.events.iter().map(|e| e.step).collect();
+    let mut numbers: Vec<u64> = snapshot.events.iter().map(|e| u64::from(e.step)).collect();
     numbers.extend(snapshot.steps.iter().map(|m| m.step));
     numbers.sort_unstable();
     numbers.dedup();
@@ -287,7 +287,7 @@ pub fn apply_step_marker(snapshot: &mut Snapshot, marker: &str) -> usize {
         let mut marks = by_label;
         marks.sort_by_key(|m| m.0);
         for e in &mut snapshot.events {
-            e.step = marks.partition_point(|m| m.0 <= e.seq) as u64;
+            e.step = step_after(marks.partition_point(|m| m.0 <= e.seq));
         }
         snapshot.steps = marks
             .iter()
@@ -316,7 +316,7 @@ pub fn apply_step_marker(snapshot: &mut Snapshot, marker: &str) -> usize {
     times.sort();
     times.dedup_by_key(|t| t.0);
     for e in &mut snapshot.events {
-        e.step = times.partition_point(|t| t.0 <= e.time_ns) as u64;
+        e.step = step_after(times.partition_point(|t| t.0 <= e.time_ns));
     }
     let next_seq = snapshot.events.last().map(|e| e.seq + 1).unwrap_or(0);
     let mut marks = Vec::with_capacity(times.len());
@@ -409,7 +409,7 @@ pub fn restep(snapshot: &mut Snapshot, marker: &str) -> Result<usize, StepMarker
             });
         }
         for (i, e) in snapshot.events.iter_mut().enumerate() {
-            e.step = starts.partition_point(|&s| s <= i) as u64;
+            e.step = step_after(starts.partition_point(|&s| s <= i));
         }
         snapshot.steps = marks;
         return Ok(starts.len());

@@ -267,7 +267,7 @@ impl Torch {
                 .events
                 .iter()
                 .filter(|e| e.kind == EventKind::Alloc)
-                .map(|e| (e.addr, e.step))
+                .map(|e| (e.addr, u64::from(e.step)))
                 .collect();
             for segment in &mut self.snap.segments {
                 for block in &mut segment.blocks {
