@@ -33,11 +33,12 @@ pub type TagId = u32;
 /// Index into [`Snapshot::scopes`].
 pub type ScopeId = u32;
 
-/// An event's index into one of a snapshot's tables ([`SiteId`], [`TagId`], [`ScopeId`]),
-/// kept so that `Option<Id>` takes four bytes where `Option<u32>` takes eight: a 10M-event
-/// trace keeps three of them per event. It holds every index but `u32::MAX`, which no table
-/// reaches (a table of that many entries would not fit a snapshot); a file that names it is
-/// refused as it is read.
+/// An index kept so that `Option<Id>` takes four bytes where `Option<u32>` takes eight: an
+/// event's index into one of a snapshot's tables ([`SiteId`], [`TagId`], [`ScopeId`]), of
+/// which a 10M-event trace keeps three per event, or an event or step index that a view keeps
+/// for millions of blocks. It holds every index but `u32::MAX`, which no table, trace or step
+/// count reaches (`u32::MAX` is also what the allocator and the wire write for none); a file
+/// that names it as a table index is refused as it is read.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Id(std::num::NonZeroU32);
 

@@ -172,7 +172,7 @@ fn staircase(
     for &i in intervals {
         let iv = &view.intervals()[i as usize];
         delta[slot(iv.alloc_step)] += i128::from(iv.size);
-        if let Some(f) = iv.free_step {
+        if let Some(f) = iv.free_step() {
             delta[slot(f)] -= i128::from(iv.size);
         }
     }

@@ -19,7 +19,7 @@ use rustc_hash::FxHashMap;
 use vramscope_engine::{
     empty_cache_calls, GroupId, LiveBlock, Pair, Pairing, Reconstruction, SiteGroups, NO_EVENT,
 };
-use vramscope_model::{BlockState, Event, EventKind, Snapshot, TransferDirection};
+use vramscope_model::{BlockState, Event, EventKind, Id, Snapshot, TransferDirection};
 
 use super::holdings::holdings_of;
 use super::steps::{collect_steps, StepPlan};
@@ -131,8 +131,8 @@ impl<'a> ModelViewBuilder<'a> {
         if let Some(old) = replaced.and_then(|a| self.open_intervals.remove(&a)) {
             // The trace lost the free of the previous block at this address.
             let old = &mut self.intervals[old as usize];
-            old.free_event = Some(event_index);
-            old.free_step = Some(step);
+            old.free_event = Id::new(event_index);
+            old.free_step = Id::new(step);
             self.totals.lost_frees += 1;
         }
         self.open_intervals
@@ -158,8 +158,8 @@ impl<'a> ModelViewBuilder<'a> {
         match alloc.and_then(|a| self.open_intervals.remove(&a)) {
             Some(at) => {
                 let interval = &mut self.intervals[at as usize];
-                interval.free_event = Some(event_index);
-                interval.free_step = Some(step);
+                interval.free_event = Id::new(event_index);
+                interval.free_step = Id::new(step);
                 let tally = self.tallies.entry((interval.group, step)).or_default();
                 tally.frees += 1;
                 tally.free_bytes = tally.free_bytes.saturating_add(interval.size);
