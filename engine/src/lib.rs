@@ -11,6 +11,7 @@
 //!   [`name_call_site`]: `file:line`, or the autograd node of a C++-only stack) under stable
 //!   ids, plus the "unknown site" and "before the trace" groups;
 //! - `empty_cache`: the `empty_cache()` calls of a trace ([`empty_cache_calls`]);
+//! - `usage`: [`UsageSeries`], the allocated and reserved bytes after every event, compactly;
 //! - [`Reconstruction`] (this file): the state at the start of the trace, rebuilt once from
 //!   the dump-time state by undoing every event, the usage after every event, and the peaks.
 //!
@@ -27,6 +28,7 @@ mod groups;
 mod naming;
 mod pairing;
 mod state;
+mod usage;
 
 pub use empty_cache::{empty_cache_calls, stack_calls_empty_cache, EmptyCacheCall};
 pub use groups::{GroupId, GroupKind, SiteGroup, SiteGroups};
@@ -35,6 +37,7 @@ pub use naming::{
 };
 pub use pairing::{FreeLink, Pair, Pairing};
 pub use state::{LiveBlock, MemoryState, SegmentInfo, Usage, NO_EVENT};
+pub use usage::UsageSeries;
 
 use vramscope_model::{Event, Snapshot};
 
@@ -57,7 +60,7 @@ pub struct Reconstruction {
     /// The state after the last event.
     pub end: MemoryState,
     /// Allocated and reserved bytes after each event.
-    pub usage: Vec<Usage>,
+    pub usage: UsageSeries,
     /// The packed [`FreeLink`] of each event (see [`FreeLink::pack`]).
     pub links: Vec<u32>,
     /// The pairing after the last event, for appending events later.
@@ -90,15 +93,15 @@ impl Reconstruction {
             end,
             reserved_known,
         } = EndOfTrace::of(snapshot);
-        let mut usage = vec![Usage::default(); n];
         let mut state = end.clone();
-        for i in (0..n).rev() {
-            usage[i] = state.usage();
+        let usage = UsageSeries::from_last(n, |i| {
+            let after = state.usage();
             if checkpoint_every > 0 && (i + 1).is_multiple_of(checkpoint_every) && i + 1 < n {
                 checkpoint(i + 1, &state);
             }
             undo(&mut state, events, &links, i);
-        }
+            after
+        });
         let start = state;
         let peak = |key: fn(&Usage) -> u64| {
             let mut best = Peak {
@@ -106,9 +109,9 @@ impl Reconstruction {
                 event: None,
             };
             for (i, u) in usage.iter().enumerate() {
-                if key(u) > best.bytes {
+                if key(&u) > best.bytes {
                     best = Peak {
-                        bytes: key(u),
+                        bytes: key(&u),
                         event: Some(i as u32),
                     };
                 }
@@ -158,7 +161,7 @@ impl Reconstruction {
     /// Allocated and reserved bytes after the first `pos` events.
     pub fn usage_at(&self, pos: usize) -> Usage {
         match pos.min(self.usage.len()).checked_sub(1) {
-            Some(i) => self.usage[i],
+            Some(i) => self.usage.get(i).unwrap_or_default(),
             None => self.start.usage(),
         }
     }

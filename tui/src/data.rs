@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use vramscope_engine::{FreeLink, MemoryState, Pair, Pairing, SiteGroups, Usage};
+use vramscope_engine::{FreeLink, MemoryState, Pair, Pairing, SiteGroups, Usage, UsageSeries};
 use vramscope_model::{Event, EventKind, MemoryStats, Segment, Snapshot, StepMark};
 use vramscope_telemetry::TablesFrame;
 
@@ -100,7 +100,7 @@ pub struct Dataset {
     origin: Origin,
     head: MemoryState,
     start_usage: Usage,
-    usage: Vec<Usage>,
+    usage: UsageSeries,
     /// The extremes of `usage` by bucket, for ranges of it.
     pyramid: Pyramid,
     /// The highest allocated and reserved bytes over the start and every event, and the first
@@ -143,7 +143,7 @@ impl Dataset {
             origin,
             head: MemoryState::default(),
             start_usage: Usage::default(),
-            usage: Vec::new(),
+            usage: UsageSeries::new(),
             pyramid: Pyramid::default(),
             peak: Peak::default(),
             dropped_peak: Usage::default(),
@@ -300,8 +300,8 @@ impl Dataset {
         snapshot.events.drain(..count);
         snapshot.events.share();
         snapshot.dropped_events += count as u64;
-        self.start_usage = self.usage[count - 1];
-        self.usage.drain(..count);
+        self.start_usage = self.usage.get(count - 1).unwrap_or_default();
+        self.usage.drop_front(count);
         self.pyramid = Pyramid::new(&self.usage);
         self.peak = Peak::of(self.start_usage, &self.usage);
         self.link.drain(..count);
@@ -430,7 +430,7 @@ impl Dataset {
     /// Allocated and reserved bytes at position `pos`.
     pub fn usage_at(&self, pos: usize) -> Usage {
         match pos.min(self.len()).checked_sub(1) {
-            Some(i) => self.usage[i],
+            Some(i) => self.usage.get(i).unwrap_or_default(),
             None => self.start_usage,
         }
     }
@@ -465,7 +465,7 @@ impl Dataset {
     }
 
     /// Allocated and reserved bytes after every event.
-    pub fn usage(&self) -> &[Usage] {
+    pub fn usage(&self) -> &UsageSeries {
         &self.usage
     }
 
@@ -610,13 +610,13 @@ struct Peak {
 
 impl Peak {
     /// The peak of `start` (position 0) followed by `usage` (positions 1 on).
-    fn of(start: Usage, usage: &[Usage]) -> Peak {
+    fn of(start: Usage, usage: &UsageSeries) -> Peak {
         let mut peak = Peak {
             bytes: start,
             allocated_pos: 0,
             reserved_pos: 0,
         };
-        for (i, &u) in usage.iter().enumerate() {
+        for (i, u) in usage.iter().enumerate() {
             peak.take(u, i + 1);
         }
         peak
@@ -705,7 +705,7 @@ mod tests {
         let extremes = |d: &Dataset, a: usize, b: usize| {
             assert_eq!(
                 d.usage_extremes(a, b),
-                Extremes::scan(&d.usage()[a..b]),
+                Extremes::scan(d.usage().range(a, b)),
                 "range {a}..{b} of {}",
                 d.len()
             );

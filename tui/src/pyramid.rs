@@ -10,7 +10,7 @@
 //! `crate::ui::timeline` asks it, through `Dataset::usage_extremes`, for each column's highest
 //! bytes. It knows nothing of the rest of the crate.
 
-use vramscope_engine::Usage;
+use vramscope_engine::{Usage, UsageSeries};
 
 /// The lowest level's buckets hold `2^BASE` events: the pyramid takes `4 / 2^BASE` of the usage
 /// series' memory (about 40 MB at ten million events) and a query scans at most
@@ -53,12 +53,10 @@ impl Extremes {
     }
 
     /// The extremes of `usage` by a plain scan; `None` when it is empty.
-    pub fn scan(usage: &[Usage]) -> Option<Extremes> {
-        let (first, rest) = usage.split_first()?;
-        Some(
-            rest.iter()
-                .fold(Extremes::of(*first), |e, &u| e.merge(Extremes::of(u))),
-        )
+    pub fn scan(usage: impl IntoIterator<Item = Usage>) -> Option<Extremes> {
+        let mut usage = usage.into_iter();
+        let first = usage.next()?;
+        Some(usage.fold(Extremes::of(first), |e, u| e.merge(Extremes::of(u))))
     }
 }
 
@@ -74,9 +72,12 @@ pub struct Pyramid {
 
 impl Pyramid {
     /// The pyramid of `usage`, built bottom-up in one pass over it and one over each level.
-    pub fn new(usage: &[Usage]) -> Pyramid {
+    pub fn new(usage: &UsageSeries) -> Pyramid {
         let mut levels = Vec::new();
-        let mut level: Vec<Extremes> = usage.chunks(1 << BASE).filter_map(Extremes::scan).collect();
+        let size = 1usize << BASE;
+        let mut level: Vec<Extremes> = (0..usage.len().div_ceil(size))
+            .filter_map(|bucket| Extremes::scan(usage.range(bucket * size, (bucket + 1) * size)))
+            .collect();
         while level.len() > 1 {
             let up = level
                 .chunks(2)
@@ -131,7 +132,7 @@ impl Pyramid {
     /// The extremes of `usage[a..b]`, where `usage` is the series this pyramid covers; `None`
     /// for an empty range. At most `2 * (2^BASE - 1)` events are scanned, plus two buckets a
     /// level.
-    pub fn range(&self, usage: &[Usage], a: usize, b: usize) -> Option<Extremes> {
+    pub fn range(&self, usage: &UsageSeries, a: usize, b: usize) -> Option<Extremes> {
         let b = b.min(self.len).min(usage.len());
         if a >= b {
             return None;
@@ -141,11 +142,11 @@ impl Pyramid {
         let lo = a.div_ceil(size);
         let hi = b / size;
         if lo >= hi {
-            return Extremes::scan(&usage[a..b]);
+            return Extremes::scan(usage.range(a, b));
         }
-        let mut out = Extremes::scan(&usage[a..lo * size]);
+        let mut out = Extremes::scan(usage.range(a, lo * size));
         let mut add = |e: Extremes| out = Some(out.map_or(e, |o| o.merge(e)));
-        if let Some(e) = Extremes::scan(&usage[hi * size..b]) {
+        if let Some(e) = Extremes::scan(usage.range(hi * size, b)) {
             add(e);
         }
         let (mut l, mut h) = (lo, hi);
@@ -171,7 +172,7 @@ impl Pyramid {
 #[cfg(test)]
 mod tests {
     use super::{Extremes, Pyramid, BASE};
-    use vramscope_engine::Usage;
+    use vramscope_engine::{Usage, UsageSeries};
 
     /// A small random number generator (xorshift), so that every run checks the same ranges.
     struct Rng(u64);
@@ -218,11 +219,14 @@ mod tests {
         lengths.extend((0..8).map(|_| rng.below(20_000)));
         for n in lengths {
             let usage = series(&mut rng, n);
-            let pyramid = Pyramid::new(&usage);
+            let kept: UsageSeries = usage.iter().copied().collect();
+            let pyramid = Pyramid::new(&kept);
             assert_eq!(pyramid.len(), n);
             let check = |a: usize, b: usize| {
-                let want = usage.get(a..b).and_then(Extremes::scan);
-                assert_eq!(pyramid.range(&usage, a, b), want, "n {n}, range {a}..{b}");
+                let want = usage
+                    .get(a..b)
+                    .and_then(|range| Extremes::scan(range.iter().copied()));
+                assert_eq!(pyramid.range(&kept, a, b), want, "n {n}, range {a}..{b}");
             };
             if n <= 2 * size + 3 {
                 for a in 0..=n {
@@ -246,20 +250,21 @@ mod tests {
     fn pushing_equals_building() {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         let usage = series(&mut rng, 5_000);
+        let kept: UsageSeries = usage.iter().copied().collect();
         let mut grown = Pyramid::default();
         for (i, &u) in usage.iter().enumerate() {
             grown.push(u);
             let n = i + 1;
             if n % 97 == 0 || n < 3 * (1 << BASE) {
-                let built = Pyramid::new(&usage[..n]);
+                let built = Pyramid::new(&usage[..n].iter().copied().collect());
                 assert_eq!(grown.levels, built.levels, "after {n} events");
             }
         }
         for _ in 0..2_000 {
             let a = rng.below(usage.len() + 1);
             let b = a + rng.below(usage.len() + 1 - a);
-            let want = Extremes::scan(&usage[a..b]);
-            assert_eq!(grown.range(&usage, a, b), want, "range {a}..{b}");
+            let want = Extremes::scan(usage[a..b].iter().copied());
+            assert_eq!(grown.range(&kept, a, b), want, "range {a}..{b}");
         }
     }
 
@@ -274,6 +279,7 @@ mod tests {
         let mut usage = vec![flat; 100_000];
         usage[54_321].allocated = 7_000;
         usage[12_345].reserved = 5;
+        let usage: UsageSeries = usage.into_iter().collect();
         let pyramid = Pyramid::new(&usage);
         let e = pyramid.range(&usage, 3, 99_990).unwrap();
         assert_eq!(e.max.allocated, 7_000);

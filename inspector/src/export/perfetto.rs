@@ -309,7 +309,7 @@ impl<'s, W: Write> TraceWriter<'s, W> {
             .first()
             .map_or(0, |first| self.ts(first.seq, first.time_ns));
         self.write_counter(t0, shown, walk.reserved_known)?;
-        for (k, event) in snapshot.events.iter().enumerate() {
+        for ((k, event), usage) in snapshot.events.iter().enumerate().zip(walk.usage.iter()) {
             let t = self.ts(event.seq, event.time_ns);
             last = last.max(t);
             match event.kind {
@@ -346,7 +346,6 @@ impl<'s, W: Write> TraceWriter<'s, W> {
                 }
                 _ => {}
             }
-            let usage = walk.usage[k];
             if usage != shown {
                 self.write_counter(t, usage, walk.reserved_known)?;
                 shown = usage;

@@ -32,7 +32,8 @@ pub use steps::{apply_step_marker, restep, step_marker_candidates, StepMarkerErr
 
 use rustc_hash::FxHashMap;
 use vramscope_engine::{
-    name_call_site, EmptyCacheCall, GroupId, Reconstruction, SiteGroup, SiteGroups, SiteName, Usage,
+    name_call_site, EmptyCacheCall, GroupId, Reconstruction, SiteGroup, SiteGroups, SiteName,
+    Usage, UsageSeries,
 };
 use vramscope_model::{Id, SiteId, Snapshot};
 
@@ -263,7 +264,7 @@ pub struct ModelView<'a> {
     group_steps: Vec<Vec<(u32, StepTally)>>,
     /// Allocated and reserved bytes after every event: the engine's walk's own series, kept
     /// rather than copied into points (the timeline is read from it).
-    usage: Vec<Usage>,
+    usage: UsageSeries,
     /// The usage before the first event, as the walk has it (reserved bytes even when unknown,
     /// which the baseline accessors report as 0).
     start_usage: Usage,
@@ -458,7 +459,7 @@ impl<'a> ModelView<'a> {
         self.usage
             .iter()
             .enumerate()
-            .filter_map(move |(event, &usage)| {
+            .filter_map(move |(event, usage)| {
                 if usage == last {
                     return None;
                 }
