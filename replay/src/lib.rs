@@ -516,11 +516,16 @@ pub fn size_blocks_with_progress(
     // look at sizes, so the one pass that rounds also keeps what each free releases.
     let divisions = snapshot.config.roundup_power2_divisions;
     let mut pairing = Pairing::new();
-    let mut freed: Vec<Option<Option<u32>>> = vec![None; snapshot.events.len()];
+    // The allocation each free releases, in four bytes an event: the trace's events are most
+    // of the memory at this point, and this list sits beside them. Event indices stay below
+    // the two markers (the engine numbers events in `u32`, with `u32::MAX` for none).
+    const NOT_A_FREE: u32 = u32::MAX;
+    const FREE_OF_UNSEEN: u32 = u32::MAX - 1;
+    let mut freed: Vec<u32> = vec![NOT_A_FREE; snapshot.events.len()];
     for (i, e) in snapshot.events.iter_mut().enumerate() {
         let pair = pairing.push(i as u32, e);
         if let Pair::Free(link) = pair {
-            freed[i] = Some(link.alloc);
+            freed[i] = link.alloc.unwrap_or(FREE_OF_UNSEEN);
         }
         if matches!(pair, Pair::Alloc { .. } | Pair::Free(_)) {
             if e.requested == 0 {
@@ -566,9 +571,10 @@ pub fn size_blocks_with_progress(
     for (i, e) in snapshot.events.iter_mut().enumerate() {
         if e.kind == EventKind::Alloc {
             e.size = block[i];
-        } else if let Some(alloc) = freed[i] {
-            e.size =
-                alloc.map_or_else(|| round_size(e.requested, divisions), |a| block[a as usize]);
+        } else if freed[i] == FREE_OF_UNSEEN {
+            e.size = round_size(e.requested, divisions);
+        } else if freed[i] != NOT_A_FREE {
+            e.size = block[freed[i] as usize];
         }
     }
     sizing
@@ -720,7 +726,9 @@ fn replay_with_ring(
     };
     // The replay is the allocator's only user: hold its lock for the whole sequence.
     let mut exclusive = alloc.exclusive();
-    for (i, &(index, event)) in events.iter().enumerate() {
+    for (i, &index) in events.iter().enumerate() {
+        let index = index as usize;
+        let event = &snapshot.events[index];
         if i % 8192 == 0 {
             progress(i, total);
         }
@@ -966,13 +974,11 @@ fn restore_unattributed(
 /// PyTorch's largest small-pool request (1 MiB): larger blocks live in the large pool.
 const SMALL_REQUEST: u64 = 1 << 20;
 
-/// The events of `device` that the replay performs (allocations, completed frees, failed
-/// requests and the first event of each `empty_cache()` call), with their indices in the
-/// trace, and the indices at which `empty_cache()` was called.
-fn replayed_events(
-    snapshot: &Snapshot,
-    device: u32,
-) -> (Vec<(usize, &Event)>, rustc_hash::FxHashSet<usize>) {
+/// The indices in the trace of the events of `device` that the replay performs (allocations,
+/// completed frees, failed requests and the first event of each `empty_cache()` call), and
+/// the indices at which `empty_cache()` was called. Indices take four bytes: a big trace has
+/// millions of these, and the engine numbers events in `u32`.
+fn replayed_events(snapshot: &Snapshot, device: u32) -> (Vec<u32>, rustc_hash::FxHashSet<usize>) {
     let empty_cache_at: rustc_hash::FxHashSet<usize> =
         vramscope_engine::empty_cache_calls(snapshot)
             .iter()
@@ -990,6 +996,7 @@ fn replayed_events(
                     EventKind::Alloc | EventKind::FreeCompleted | EventKind::Oom
                 ) || empty_cache_at.contains(i))
         })
+        .map(|(i, _)| i as u32)
         .collect();
     (events, empty_cache_at)
 }

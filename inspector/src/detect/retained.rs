@@ -74,7 +74,7 @@ pub fn retained_per_step(
                     .entry(iv.alloc_step - loop_steps.start)
                     .or_default();
                 r.0 += 1;
-                r.1 = r.1.saturating_add(iv.size);
+                r.1 = r.1.saturating_add(view.interval_size(iv));
             }
         }
         if (retained.len() as u64) < min_steps {
@@ -171,9 +171,10 @@ fn staircase(
     };
     for &i in intervals {
         let iv = &view.intervals()[i as usize];
-        delta[slot(iv.alloc_step)] += i128::from(iv.size);
+        let size = i128::from(view.interval_size(iv));
+        delta[slot(iv.alloc_step)] += size;
         if let Some(f) = iv.free_step() {
-            delta[slot(f)] -= i128::from(iv.size);
+            delta[slot(f)] -= size;
         }
     }
     let mut live = Vec::with_capacity(n + 1);

@@ -23,6 +23,7 @@ use vramscope_model::{BlockState, Event, EventKind, Id, Snapshot, TransferDirect
 
 use super::holdings::holdings_of;
 use super::steps::{collect_steps, StepPlan};
+use super::StepRuns;
 use super::{Holding, Interval, ModelView, SegmentSummary, StepInfo, StepTally, TraceTotals};
 
 /// Builds a [`ModelView`] from the events of its snapshot, fed in order with
@@ -41,7 +42,7 @@ pub(super) struct ModelViewBuilder<'a> {
     /// The steps, by step index.
     steps: Vec<StepInfo>,
     /// The step index of every event fed so far.
-    event_step: Vec<u32>,
+    event_step: StepRuns,
     /// Pairs frees with their allocations.
     pairing: Pairing,
     /// Every allocation so far, in allocation order.
@@ -72,7 +73,7 @@ impl<'a> ModelViewBuilder<'a> {
             step_numbers,
             step_hint: 0,
             steps,
-            event_step: Vec::with_capacity(snapshot.events.len()),
+            event_step: StepRuns::default(),
             pairing: Pairing::new(),
             intervals: Vec::new(),
             open_intervals: FxHashMap::default(),
@@ -139,8 +140,6 @@ impl<'a> ModelViewBuilder<'a> {
             .insert(event_index, self.intervals.len() as u32);
         self.intervals.push(Interval {
             group,
-            size: event.size,
-            requested: event.requested,
             alloc_event: event_index,
             free_event: None,
             alloc_step: step,
@@ -162,7 +161,8 @@ impl<'a> ModelViewBuilder<'a> {
                 interval.free_step = Id::new(step);
                 let tally = self.tallies.entry((interval.group, step)).or_default();
                 tally.frees += 1;
-                tally.free_bytes = tally.free_bytes.saturating_add(interval.size);
+                let size = self.snapshot.events[interval.alloc_event as usize].size;
+                tally.free_bytes = tally.free_bytes.saturating_add(size);
                 self.totals.frees += 1;
             }
             None => {
@@ -282,7 +282,8 @@ impl<'a> ModelViewBuilder<'a> {
                 .entry((interval.group, interval.alloc_step))
                 .or_default();
             tally.retained += 1;
-            tally.retained_bytes = tally.retained_bytes.saturating_add(interval.size);
+            let size = self.snapshot.events[interval.alloc_event as usize].size;
+            tally.retained_bytes = tally.retained_bytes.saturating_add(size);
         }
     }
 

@@ -40,15 +40,13 @@ use vramscope_model::{Id, SiteId, Snapshot};
 use build::ModelViewBuilder;
 use holdings::{add_holding, sorted_holdings};
 
-/// One allocation paired with its free, if the trace has one.
+/// One allocation paired with its free, if the trace has one. Its allocation event holds its
+/// size, requested bytes, device and address ([`ModelView::interval_size`] reads them): a
+/// view keeps an interval for every allocation, millions in a big trace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Interval {
     /// Call-site group of the allocation.
     pub group: GroupId,
-    /// Block size in bytes (the event at `alloc_event` holds the device and address).
-    pub size: u64,
-    /// Bytes the program asked for.
-    pub requested: u64,
     /// Index of the `Alloc` event in [`Snapshot::events`].
     pub alloc_event: u32,
     /// Index of the first free event of the block, `None` when it is live at the end
@@ -250,6 +248,44 @@ pub struct TraceTotals {
     pub ooms: u64,
 }
 
+/// The step index of every event, kept as runs: events come a step at a time, so a trace of
+/// millions of events has as many runs as steps (a list of every event's step index was
+/// four bytes an event).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct StepRuns {
+    /// The first event of each run, in increasing order.
+    starts: Vec<u32>,
+    /// The step index of each run.
+    steps: Vec<u32>,
+    /// Events taken in.
+    len: u32,
+}
+
+impl StepRuns {
+    /// Takes in the step index of the next event.
+    pub(crate) fn push(&mut self, step: u32) {
+        if self.steps.last() != Some(&step) {
+            self.starts.push(self.len);
+            self.steps.push(step);
+        }
+        self.len = self.len.saturating_add(1);
+    }
+
+    /// Events taken in.
+    pub(crate) fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// The step index of event `event` (the last event's past the end; 0 when empty).
+    pub(crate) fn get(&self, event: u32) -> u32 {
+        let run = self
+            .starts
+            .partition_point(|&start| start <= event)
+            .saturating_sub(1);
+        self.steps.get(run).copied().unwrap_or(0)
+    }
+}
+
 /// The analysis view of one snapshot. See the module documentation.
 #[derive(Clone, Debug)]
 pub struct ModelView<'a> {
@@ -259,7 +295,7 @@ pub struct ModelView<'a> {
     group_intervals: Vec<Vec<u32>>,
     group_events: Vec<Vec<u32>>,
     steps: Vec<StepInfo>,
-    event_step: Vec<u32>,
+    event_step: StepRuns,
     step_totals: Vec<StepTally>,
     group_steps: Vec<Vec<(u32, StepTally)>>,
     /// Allocated and reserved bytes after every event: the engine's walk's own series, kept
@@ -344,7 +380,8 @@ impl<'a> ModelView<'a> {
         let mut by_group: FxHashMap<GroupId, Holding> = FxHashMap::default();
         for iv in self.intervals.iter().filter(|iv| keep(iv)) {
             let step = self.steps[iv.alloc_step as usize].step;
-            add_holding(&mut by_group, iv.group, iv.size, iv.requested, step);
+            let alloc = &self.snapshot.events[iv.alloc_event as usize];
+            add_holding(&mut by_group, iv.group, alloc.size, alloc.requested, step);
         }
         sorted_holdings(by_group)
     }
@@ -409,9 +446,14 @@ impl<'a> ModelView<'a> {
         self.steps[index as usize].step
     }
 
+    /// The block size of an interval's allocation, in bytes.
+    pub fn interval_size(&self, interval: &Interval) -> u64 {
+        self.snapshot.events[interval.alloc_event as usize].size
+    }
+
     /// Step index of the event at `event`.
     pub fn event_step(&self, event: u32) -> u32 {
-        self.event_step[event as usize]
+        self.event_step.get(event)
     }
 
     /// Tallies of the whole trace, one per step index.
@@ -432,7 +474,7 @@ impl<'a> ModelView<'a> {
             let iv = &self.intervals[i as usize];
             if iv.alloc_step <= step && iv.free_step().is_none_or(|f| f > step) {
                 blocks += 1;
-                bytes = bytes.saturating_add(iv.size);
+                bytes = bytes.saturating_add(self.interval_size(iv));
             }
         }
         (blocks, bytes)
@@ -446,7 +488,7 @@ impl<'a> ModelView<'a> {
             let iv = &self.intervals[i as usize];
             if iv.is_live_at_end() {
                 blocks += 1;
-                bytes = bytes.saturating_add(iv.size);
+                bytes = bytes.saturating_add(self.interval_size(iv));
             }
         }
         (blocks, bytes)
@@ -578,12 +620,28 @@ mod tests {
     use super::*;
     use vramscope_testkit::{Trace, MIB};
 
-    /// The view keeps an interval per allocation, a third of a big trace's events: 48 bytes
-    /// each until the free's event and step took four bytes each; a field that grows it
-    /// shows here.
     #[test]
-    fn an_interval_takes_40_bytes() {
-        assert_eq!(std::mem::size_of::<Interval>(), 40);
+    fn step_runs_give_every_events_step() {
+        let plain = [0u32, 0, 0, 1, 1, 2, 0, 0, 5];
+        let mut runs = StepRuns::default();
+        for &step in &plain {
+            runs.push(step);
+        }
+        assert_eq!(runs.len(), plain.len());
+        assert_eq!(runs.starts, vec![0, 3, 5, 6, 8], "one entry a run");
+        for (i, &step) in plain.iter().enumerate() {
+            assert_eq!(runs.get(i as u32), step, "event {i}");
+        }
+        assert_eq!(runs.get(100), 5, "past the end: the last event's");
+        assert_eq!(StepRuns::default().get(0), 0);
+    }
+
+    /// The view keeps an interval per allocation, a third of a big trace's events: 48 bytes
+    /// each until the free's event and step took four bytes each and the size and requested
+    /// bytes were read from the allocation event; a field that grows it shows here.
+    #[test]
+    fn an_interval_takes_20_bytes() {
+        assert_eq!(std::mem::size_of::<Interval>(), 20);
     }
 
     #[test]
