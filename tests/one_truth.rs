@@ -75,6 +75,17 @@ fn check(name: &str, snapshot: &Snapshot) {
         walk.end.blocks.len(),
         "{name}: blocks at the end"
     );
+    // The view's walk, which lets go of its links as it goes, is the same walk.
+    let lean = vramscope::engine::Reconstruction::without_links(snapshot);
+    assert!(lean.links.is_empty(), "{name}: no links kept");
+    assert_eq!(lean.start, walk.start, "{name}: the lean walk's start");
+    assert_eq!(lean.end, walk.end, "{name}: the lean walk's end");
+    assert_eq!(lean.usage, walk.usage, "{name}: the lean walk's usage");
+    assert_eq!(
+        (lean.peak_allocated, lean.peak_reserved),
+        (walk.peak_allocated, walk.peak_reserved),
+        "{name}: the lean walk's peaks"
+    );
     // The start-only walk (the replay's block sizing) starts where the full walk does.
     let start = vramscope::engine::Reconstruction::start_of(snapshot);
     assert_eq!(start.usage(), walk.start.usage(), "{name}: start usage");

@@ -61,7 +61,8 @@ pub struct Reconstruction {
     pub end: MemoryState,
     /// Allocated and reserved bytes after each event.
     pub usage: UsageSeries,
-    /// The packed [`FreeLink`] of each event (see [`FreeLink::pack`]).
+    /// The packed [`FreeLink`] of each event (see [`FreeLink::pack`]); empty from
+    /// [`Reconstruction::without_links`].
     pub links: Vec<u32>,
     /// The pairing after the last event, for appending events later.
     pub pairing: Pairing,
@@ -85,10 +86,29 @@ impl Reconstruction {
         checkpoint_every: usize,
         checkpoint: &mut dyn FnMut(usize, &MemoryState),
     ) -> Reconstruction {
+        Reconstruction::walk(snapshot, checkpoint_every, checkpoint, None)
+    }
+
+    /// The walk of `snapshot` without its links (`links` is empty), for a caller that reads
+    /// the states, the usage and the peaks and nothing else (the inspector's `ModelView`): the
+    /// walk lets go of each stretch of links once it has undone those events, so that at the
+    /// peak of a big trace's memory they are not beside the usage (four bytes an event).
+    pub fn without_links(snapshot: &Snapshot) -> Reconstruction {
+        Reconstruction::walk(snapshot, 0, &mut |_, _| {}, Some(1 << 20))
+    }
+
+    /// [`Reconstruction::new`], keeping the links, or, with `release_links_every`, letting go
+    /// of those behind the walk every so many events and of all of them at the start.
+    fn walk(
+        snapshot: &Snapshot,
+        checkpoint_every: usize,
+        checkpoint: &mut dyn FnMut(usize, &MemoryState),
+        release_links_every: Option<usize>,
+    ) -> Reconstruction {
         let events = &snapshot.events;
         let n = events.len();
         let EndOfTrace {
-            links,
+            mut links,
             pairing,
             end,
             reserved_known,
@@ -100,6 +120,11 @@ impl Reconstruction {
                 checkpoint(i + 1, &state);
             }
             undo(&mut state, events, &links, i);
+            if release_links_every.is_some_and(|every| i.is_multiple_of(every)) {
+                // The walk goes backwards: the links from `i` on are done with.
+                links.truncate(i);
+                links.shrink_to_fit();
+            }
             after
         });
         let start = state;
@@ -134,7 +159,7 @@ impl Reconstruction {
 
     /// The walk of `snapshot` without checkpoints.
     pub fn of(snapshot: &Snapshot) -> Reconstruction {
-        Reconstruction::new(snapshot, 0, &mut |_, _| {})
+        Reconstruction::walk(snapshot, 0, &mut |_, _| {}, None)
     }
 
     /// Only the state before the first event: the same backward walk as [`Reconstruction::of`]
@@ -252,5 +277,71 @@ impl EndOfTrace {
             end,
             reserved_known,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vramscope_model::EventKind;
+
+    /// Allocations that overlap in time, each freed (requested, then completed) a few events
+    /// later, some from before the trace: every kind of link the walk undoes.
+    fn trace() -> Snapshot {
+        let mut snapshot = Snapshot::empty(Default::default(), Default::default());
+        let event = |kind, addr: u64, size: u64| Event {
+            seq: 0,
+            time_ns: 0,
+            kind,
+            device: 0,
+            stream: 0,
+            addr,
+            size,
+            requested: size,
+            site: None,
+            tag: None,
+            scope: None,
+            step: 0,
+            thread: 0,
+            device_free: 0,
+        };
+        for k in 0..60u64 {
+            let addr = 0x1000 * (k % 9);
+            if k % 3 != 0 {
+                snapshot
+                    .events
+                    .push(event(EventKind::Alloc, addr, 512 * (k + 1)));
+            }
+            snapshot
+                .events
+                .push(event(EventKind::FreeRequested, addr, 512 * (k + 1)));
+            snapshot
+                .events
+                .push(event(EventKind::FreeCompleted, addr, 512 * (k + 1)));
+        }
+        for (i, e) in snapshot.events.iter_mut().enumerate() {
+            e.seq = i as u64;
+        }
+        snapshot
+    }
+
+    /// Letting go of the links behind the walk, however often, changes nothing it finds.
+    #[test]
+    fn a_walk_that_lets_go_of_its_links_finds_the_same() {
+        let snapshot = trace();
+        let kept = Reconstruction::of(&snapshot);
+        assert_eq!(kept.links.len(), snapshot.events.len());
+        for every in [1, 7, 64, 1 << 20] {
+            let lean = Reconstruction::walk(&snapshot, 0, &mut |_, _| {}, Some(every));
+            assert!(lean.links.is_empty(), "every {every}");
+            assert_eq!(lean.start, kept.start, "every {every}");
+            assert_eq!(lean.end, kept.end, "every {every}");
+            assert_eq!(lean.usage, kept.usage, "every {every}");
+            assert_eq!(lean.peak_allocated, kept.peak_allocated, "every {every}");
+        }
+        assert!(
+            kept.start.allocated > 0,
+            "the trace frees blocks from before it"
+        );
     }
 }

@@ -1,28 +1,116 @@
-//! The usage series: allocated and reserved bytes after every event of a trace, kept in eight
-//! bytes an event rather than sixteen.
+//! The usage series: allocated and reserved bytes after every event of a trace, kept in four
+//! or eight bytes an event rather than sixteen.
 //!
 //! [`Reconstruction`](crate::Reconstruction) fills a [`UsageSeries`] on its backward walk; the
 //! inspector's `ModelView` reads its timeline and peaks from it, and the dashboard's dataset
 //! keeps one that grows as a live source appends events and loses its front when old ones are
-//! dropped. Allocated bytes change at almost every event, so they are kept for each; reserved
-//! bytes change only at segment events, so they are kept as runs: the first event of each run
-//! and its figure. A trace where every event changes reserved bytes (a replay of mappings
-//! only) costs twenty bytes an event, where a plain list cost sixteen; every other trace costs
-//! about eight.
+//! dropped. Allocated bytes change at almost every event, so they are kept for each: as a
+//! count of 512-byte units in four bytes while every figure is such a multiple below 2 TiB
+//! (PyTorch rounds every block to 512 bytes, so its traces' figures all are), in eight bytes
+//! from the first figure that is not. Reserved bytes change only at segment events, so they
+//! are kept as runs: the first event of each run and its figure. A PyTorch trace costs about
+//! four bytes an event, where a plain list cost sixteen; a trace where every event changes
+//! reserved bytes (a replay of mappings only) costs up to twenty.
 
 use crate::Usage;
 
 /// Allocated and reserved bytes after every event. See the module documentation.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct UsageSeries {
     /// Allocated bytes after each event.
-    allocated: Vec<u64>,
+    allocated: Allocated,
     /// The first event of each run of equal reserved bytes, in increasing order; the first
     /// run starts at event 0 whenever the series is not empty.
     run_starts: Vec<u32>,
     /// The reserved bytes of each run.
     run_reserved: Vec<u64>,
 }
+
+/// The bytes of one 512-byte unit, PyTorch's rounding of every block.
+const UNIT: u64 = 512;
+
+/// Allocated bytes after each event, in the narrower form that holds them all.
+#[derive(Clone, Debug)]
+enum Allocated {
+    /// Counts of [`UNIT`]s, while every figure is a multiple of it below 2 TiB.
+    Units(Vec<u32>),
+    /// Bytes.
+    Bytes(Vec<u64>),
+}
+
+impl Default for Allocated {
+    fn default() -> Allocated {
+        Allocated::Units(Vec::new())
+    }
+}
+
+impl Allocated {
+    /// `bytes` as a count of units, when it is one that four bytes hold.
+    fn units(bytes: u64) -> Option<u32> {
+        if bytes.is_multiple_of(UNIT) {
+            u32::try_from(bytes / UNIT).ok()
+        } else {
+            None
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Allocated::Units(v) => v.len(),
+            Allocated::Bytes(v) => v.len(),
+        }
+    }
+
+    fn get(&self, i: usize) -> Option<u64> {
+        match self {
+            Allocated::Units(v) => v.get(i).map(|&u| u64::from(u) * UNIT),
+            Allocated::Bytes(v) => v.get(i).copied(),
+        }
+    }
+
+    /// The list in bytes, from here on: a figure the units cannot hold came.
+    fn widen(&mut self) -> &mut Vec<u64> {
+        if let Allocated::Units(v) = self {
+            *self = Allocated::Bytes(v.iter().map(|&u| u64::from(u) * UNIT).collect());
+        }
+        match self {
+            Allocated::Bytes(v) => v,
+            Allocated::Units(_) => unreachable!("widened above"),
+        }
+    }
+
+    fn set(&mut self, i: usize, bytes: u64) {
+        match (&mut *self, Allocated::units(bytes)) {
+            (Allocated::Units(v), Some(units)) => v[i] = units,
+            (Allocated::Bytes(v), _) => v[i] = bytes,
+            (Allocated::Units(_), None) => self.widen()[i] = bytes,
+        }
+    }
+
+    fn push(&mut self, bytes: u64) {
+        match (&mut *self, Allocated::units(bytes)) {
+            (Allocated::Units(v), Some(units)) => v.push(units),
+            (Allocated::Bytes(v), _) => v.push(bytes),
+            (Allocated::Units(_), None) => self.widen().push(bytes),
+        }
+    }
+
+    fn drop_front(&mut self, count: usize) {
+        match self {
+            Allocated::Units(v) => drop(v.drain(..count)),
+            Allocated::Bytes(v) => drop(v.drain(..count)),
+        }
+    }
+}
+
+/// Two series are equal when they hold the same figures, however they keep them.
+impl PartialEq for UsageSeries {
+    fn eq(&self, other: &UsageSeries) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for UsageSeries {}
 
 impl UsageSeries {
     /// An empty series.
@@ -34,13 +122,13 @@ impl UsageSeries {
     /// `i = len - 1` down to `0` and gives the usage after event `i`. The backward walk of
     /// [`Reconstruction`](crate::Reconstruction) makes the usage in that order.
     pub fn from_last(len: usize, mut at: impl FnMut(usize) -> Usage) -> UsageSeries {
-        let mut allocated = vec![0u64; len];
+        let mut allocated = Allocated::Units(vec![0; len]);
         // Runs are found back to front and put in order at the end.
         let mut runs: Vec<(u32, u64)> = Vec::new();
         let mut later: Option<u64> = None;
         for i in (0..len).rev() {
             let u = at(i);
-            allocated[i] = u.allocated;
+            allocated.set(i, u.allocated);
             if let Some(r) = later.filter(|&r| r != u.reserved) {
                 runs.push((event_index(i + 1), r));
             }
@@ -65,12 +153,12 @@ impl UsageSeries {
 
     /// Whether the series has no event.
     pub fn is_empty(&self) -> bool {
-        self.allocated.is_empty()
+        self.allocated.len() == 0
     }
 
     /// The usage after event `i`, `None` past the last. O(log runs).
     pub fn get(&self, i: usize) -> Option<Usage> {
-        let allocated = *self.allocated.get(i)?;
+        let allocated = self.allocated.get(i)?;
         let run = self
             .run_starts
             .partition_point(|&start| start as usize <= i)
@@ -103,7 +191,7 @@ impl UsageSeries {
         if count == 0 {
             return;
         }
-        self.allocated.drain(..count);
+        self.allocated.drop_front(count);
         // The run that holds the new first event starts there; earlier runs go.
         let keep_from = self
             .run_starts
@@ -111,7 +199,7 @@ impl UsageSeries {
             .saturating_sub(1);
         self.run_starts.drain(..keep_from);
         self.run_reserved.drain(..keep_from);
-        if self.allocated.is_empty() {
+        if self.allocated.len() == 0 {
             self.run_starts.clear();
             self.run_reserved.clear();
             return;
@@ -140,7 +228,7 @@ impl UsageSeries {
                 run += 1;
             }
             Usage {
-                allocated: self.allocated[i],
+                allocated: self.allocated.get(i).unwrap_or(0),
                 reserved: self.run_reserved.get(run).copied().unwrap_or(0),
             }
         })
@@ -225,6 +313,33 @@ mod tests {
             );
             series.push(usage(1, 1));
             assert_eq!(series.last(), Some(usage(1, 1)));
+        }
+    }
+
+    /// Figures in 512-byte units up to 2 TiB are kept in four bytes; the first figure that is
+    /// not (an odd size, or more) widens the series, and every figure reads back either way,
+    /// filled from the last or pushed.
+    #[test]
+    fn units_widen_to_bytes_at_the_first_figure_they_cannot_hold() {
+        let top = u64::from(u32::MAX) * UNIT;
+        for odd in [top + UNIT, 1000, 3 << 40] {
+            let plain: Vec<Usage> = [512, 1024, top, 0, odd, 2048, odd + 1]
+                .iter()
+                .enumerate()
+                .map(|(i, &a)| usage(a, i as u64 / 3))
+                .collect();
+            let pushed: UsageSeries = plain.iter().copied().collect();
+            let filled = UsageSeries::from_last(plain.len(), |i| plain[i]);
+            for series in [&pushed, &filled] {
+                assert!(matches!(series.allocated, Allocated::Bytes(_)), "{odd}");
+                assert_eq!(series.iter().collect::<Vec<_>>(), plain, "{odd}");
+            }
+            let before: UsageSeries = plain[..4].iter().copied().collect();
+            assert!(matches!(before.allocated, Allocated::Units(_)));
+            assert_eq!(before.iter().collect::<Vec<_>>(), plain[..4]);
+            let mut dropped = pushed.clone();
+            dropped.drop_front(5);
+            assert_eq!(dropped.iter().collect::<Vec<_>>(), plain[5..], "{odd}");
         }
     }
 

@@ -512,21 +512,11 @@ pub fn size_blocks_with_progress(
     progress: &mut dyn FnMut(usize, usize),
 ) -> BlockSizing {
     // Until the replay says better, every block is its request rounded (which is also what
-    // the replay's starting state needs of blocks from before the trace). Pairing does not
-    // look at sizes, so the one pass that rounds also keeps what each free releases.
+    // the replay's starting state needs of blocks from before the trace).
     let divisions = snapshot.config.roundup_power2_divisions;
     let mut pairing = Pairing::new();
-    // The allocation each free releases, in four bytes an event: the trace's events are most
-    // of the memory at this point, and this list sits beside them. Event indices stay below
-    // the two markers (the engine numbers events in `u32`, with `u32::MAX` for none).
-    const NOT_A_FREE: u32 = u32::MAX;
-    const FREE_OF_UNSEEN: u32 = u32::MAX - 1;
-    let mut freed: Vec<u32> = vec![NOT_A_FREE; snapshot.events.len()];
     for (i, e) in snapshot.events.iter_mut().enumerate() {
         let pair = pairing.push(i as u32, e);
-        if let Pair::Free(link) = pair {
-            freed[i] = link.alloc.unwrap_or(FREE_OF_UNSEEN);
-        }
         if matches!(pair, Pair::Alloc { .. } | Pair::Free(_)) {
             if e.requested == 0 {
                 e.requested = e.size;
@@ -539,20 +529,18 @@ pub fn size_blocks_with_progress(
         verify: true,
         ..ReplayOptions::default()
     };
-    // The replay writes the block size of each allocation it served; this becomes the block
-    // size of every allocation below.
-    let mut block = vec![0u64; snapshot.events.len()];
+    // The replay notes the block size of each allocation it served where that is not the
+    // rounded request; that becomes the block size of the allocation below. Only those are
+    // kept: a list of every event's block size sat beside the events, eight bytes each.
+    let mut served = FxHashMap::default();
     let result = replay_recording(
         snapshot,
         &options,
         progress,
-        &mut Keep::BlockSizes(&mut block),
+        &mut Keep::BlockSizes(&mut served),
     );
-    let sizing = sizing_of(result.device_calls.as_ref());
-    for (size, e) in block.iter_mut().zip(&snapshot.events) {
-        if e.kind == EventKind::Alloc && (*size == 0 || sizing == BlockSizing::Rounded) {
-            *size = round_size(e.requested, divisions);
-        }
+    if sizing_of(result.device_calls.as_ref()) == BlockSizing::Rounded {
+        served.clear();
     }
     // A block still allocated at the end is in the dump-time state with its true size: that
     // beats any estimate, and keeps the walk forwards from the start equal to that state.
@@ -565,19 +553,28 @@ pub fn size_blocks_with_progress(
         .collect();
     for (addr, alloc) in pairing.open_allocations() {
         if let Some(&size) = at_end.get(&addr) {
-            block[alloc as usize] = size;
+            served.insert(alloc, size);
         }
     }
-    for (i, e) in snapshot.events.iter_mut().enumerate() {
-        if e.kind == EventKind::Alloc {
-            e.size = block[i];
-        } else if freed[i] == FREE_OF_UNSEEN {
-            e.size = round_size(e.requested, divisions);
-        } else if freed[i] != NOT_A_FREE {
-            e.size = block[freed[i] as usize];
-        }
+    // Pairing again finds what each free releases, which by then has its block size (rather
+    // than a list of it kept from the first pass, four bytes an event).
+    let mut pairing = Pairing::new();
+    for i in 0..snapshot.events.len() {
+        let e = &snapshot.events[i];
+        let size = match (e.kind, pairing.push(i as u32, e)) {
+            (EventKind::Alloc, _) => served
+                .get(&(i as u32))
+                .copied()
+                .unwrap_or_else(|| round_size(e.requested, divisions)),
+            (_, Pair::Free(link)) => match link.alloc {
+                Some(alloc) => snapshot.events[alloc as usize].size,
+                None => round_size(e.requested, divisions),
+            },
+            _ => continue,
+        };
+        snapshot.events[i].size = size;
     }
-    sizing
+    sizing_of(result.device_calls.as_ref())
 }
 
 /// The device calls a verifying replay makes, taken out of the allocator's event ring every
@@ -616,9 +613,10 @@ enum Keep<'a> {
         /// Whether the trace's block sizes are estimates ([`BlockSizing::Rounded`]).
         estimated: bool,
     },
-    /// The size of the block each replayed allocation got, indexed like the snapshot's events
-    /// ([`size_blocks`]); the trace's own figures stay empty.
-    BlockSizes(&'a mut Vec<u64>),
+    /// The size of the block each replayed allocation got, by its index in the snapshot's
+    /// events, where that is not the event's own (rounded) size ([`size_blocks`]); the trace's
+    /// own figures stay empty.
+    BlockSizes(&'a mut FxHashMap<u32, u64>),
     /// Nothing more: the replay's device calls are all that is wanted ([`block_sizing`]).
     Nothing,
 }
@@ -751,7 +749,12 @@ fn replay_with_ring(
                         addresses.insert(event.addr, ours);
                         failed.remove(&event.addr);
                         if let Keep::BlockSizes(sizes) = keep {
-                            sizes[index] = exclusive.block_size_of(ours).unwrap_or(0);
+                            match exclusive.block_size_of(ours) {
+                                Some(size) if size != event.size => {
+                                    sizes.insert(index as u32, size);
+                                }
+                                _ => {}
+                            }
                         }
                     }
                     Err(error) => {

@@ -326,7 +326,7 @@ impl<'a> ModelView<'a> {
     /// depend on each other, so the walk runs on a second thread while this one makes the pass.
     pub fn new(snapshot: &'a Snapshot) -> ModelView<'a> {
         std::thread::scope(|scope| {
-            let walk = scope.spawn(|| Reconstruction::of(snapshot));
+            let walk = scope.spawn(|| Reconstruction::without_links(snapshot));
             let mut builder = ModelViewBuilder::new(snapshot);
             for (index, event) in snapshot.events.iter().enumerate() {
                 builder.push(index, event);
