@@ -283,28 +283,13 @@ impl EndOfTrace {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::tests::ev as event;
     use vramscope_model::EventKind;
 
     /// Allocations that overlap in time, each freed (requested, then completed) a few events
     /// later, some from before the trace: every kind of link the walk undoes.
     fn trace() -> Snapshot {
         let mut snapshot = Snapshot::empty(Default::default(), Default::default());
-        let event = |kind, addr: u64, size: u64| Event {
-            seq: 0,
-            time_ns: 0,
-            kind,
-            device: 0,
-            stream: 0,
-            addr,
-            size,
-            requested: size,
-            site: None,
-            tag: None,
-            scope: None,
-            step: 0,
-            thread: 0,
-            device_free: 0,
-        };
         for k in 0..60u64 {
             let addr = 0x1000 * (k % 9);
             if k % 3 != 0 {

@@ -500,11 +500,12 @@ fn free_block(address: u64, size: u64) -> Block {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use vramscope_model::Id;
 
-    fn ev(kind: EventKind, addr: u64, size: u64) -> Event {
+    /// An event of `kind` at `addr` of `size` bytes (requested as much), at call site 1.
+    pub(crate) fn ev(kind: EventKind, addr: u64, size: u64) -> Event {
         Event {
             seq: 0,
             time_ns: 0,

@@ -8,7 +8,7 @@ use std::io::Write;
 
 use vramscope_inspector::import::{self, ImportError, ImportErrorKind, ImportOptions};
 use vramscope_inspector::pickle::{self, PickleErrorKind};
-use vramscope_model::{Id, Snapshot};
+use vramscope_model::Snapshot;
 
 fn load(bytes: &[u8], origin: &str) -> Result<Snapshot, ImportError> {
     import::load_bytes(bytes, origin, &ImportOptions::default())
@@ -231,7 +231,7 @@ fn frame_dicts_that_share_their_strings_are_read_once() {
     assert_eq!(s.events.len(), 30_000);
     assert_eq!(s.sites.len(), 1);
     assert_eq!(s.sites[0].frames.len(), 1);
-    assert!(s.events.iter().all(|e| e.site == Id::new(0)));
+    assert!(s.events.iter().all(|e| e.site() == Some(0)));
 }
 
 #[test]

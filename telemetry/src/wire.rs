@@ -811,9 +811,7 @@ mod tests {
     /// reader uses, not cut to two bytes.
     #[test]
     fn a_device_past_the_limit_is_malformed() {
-        let events = [event(1, EventKind::Alloc), event(2, EventKind::Alloc)];
-        let frame = encode_events(&events);
-        let mut payload = frame[HEADER_BYTES..].to_vec();
+        let mut payload = two_events_payload();
         let device = 4 + EVENT_RECORD_BYTES + 72;
         for bad in [300u32, 70_000] {
             payload[device..device + 4].copy_from_slice(&bad.to_le_bytes());
@@ -827,14 +825,19 @@ mod tests {
         assert_eq!(decode_events(&payload).unwrap()[1].device, 255);
     }
 
+    /// The payload of an `Events` frame of two allocations, to corrupt the second's record
+    /// (which starts at `4 + EVENT_RECORD_BYTES`).
+    fn two_events_payload() -> Vec<u8> {
+        let events = [event(1, EventKind::Alloc), event(2, EventKind::Alloc)];
+        encode_events(&events)[HEADER_BYTES..].to_vec()
+    }
+
     /// The wire carries a step in eight bytes and an event holds it in four: a frame with a
     /// step past them is malformed, in `step_refusal`'s words, and the largest that fits
     /// comes through.
     #[test]
     fn a_step_past_four_bytes_is_malformed() {
-        let events = [event(1, EventKind::Alloc), event(2, EventKind::Alloc)];
-        let frame = encode_events(&events);
-        let mut payload = frame[HEADER_BYTES..].to_vec();
+        let mut payload = two_events_payload();
         let step = 4 + EVENT_RECORD_BYTES + 48;
         for bad in [1u64 << 32, u64::MAX] {
             payload[step..step + 8].copy_from_slice(&bad.to_le_bytes());
