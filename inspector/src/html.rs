@@ -85,6 +85,9 @@ pub fn render_html(report: &Report) -> String {
         "<li>{}</li>",
         escape(&crate::report::activity_sentence(s))
     );
+    for gap in crate::report::gap_sentences(s) {
+        let _ = writeln!(out, "<li>{}</li>", escape(&gap));
+    }
     out.push_str("</ul>\n");
 
     match &report.timeline.explorer {

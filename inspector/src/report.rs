@@ -32,7 +32,8 @@ use vramscope_engine::GroupId;
 /// `stats.transfers`, `stats.h2d_bytes`, `stats.d2h_bytes`, `stats.syncs` and
 /// `stats.host_waits` (recorded by vramscope's own allocator only), and
 /// `stats.device_allocs`, `stats.device_frees`, `stats.empty_cache_calls` and `stats.ooms`
-/// (not recorded by a profiler trace). The keys themselves are those of version 1.
+/// (not recorded by a profiler trace). The keys themselves are those of version 1, and
+/// version 2 has since added `stats.lost_frees`.
 pub const REPORT_FORMAT_VERSION: u32 = 2;
 
 /// The device a report describes.
@@ -59,6 +60,10 @@ pub struct ReportStats {
     pub frees: u64,
     /// Frees of blocks allocated before the trace began.
     pub unmatched_frees: u64,
+    /// Allocations at an address whose block the trace never freed: frees the trace lost
+    /// (the recorder dropped them, or the file was edited). Each such block is taken as freed
+    /// when its address is allocated again.
+    pub lost_frees: u64,
     /// Host/device copies (null when the format does not record copies: only vramscope's own
     /// snapshots do).
     pub transfers: Option<u64>,
@@ -257,6 +262,7 @@ pub fn build_report_view(view: &ModelView<'_>, options: &ReportOptions) -> Repor
         allocations: totals.allocs,
         frees: totals.frees,
         unmatched_frees: totals.unmatched_frees,
+        lost_frees: totals.lost_frees,
         transfers: copies(totals.transfers),
         h2d_bytes: copies(totals.h2d_bytes),
         d2h_bytes: copies(totals.d2h_bytes),
@@ -738,10 +744,31 @@ fn stat_lines(report: &Report) -> Vec<String> {
     if let Some(line) = activity_line(s) {
         lines.push(line);
     }
+    lines.extend(gap_sentences(s));
+    lines
+}
+
+/// What the trace is missing, in sentences for a reader: events the recorder dropped, and
+/// frees the trace lost (an address allocated again while its block was live). Empty for a
+/// whole trace. The text, markdown and HTML reports all say these.
+pub fn gap_sentences(s: &ReportStats) -> Vec<String> {
+    let mut lines = Vec::new();
     if s.dropped_events > 0 {
         lines.push(format!(
             "{} events were dropped by the recorder; figures are lower bounds",
             s.dropped_events
+        ));
+    }
+    if s.lost_frees > 0 {
+        let made = if s.lost_frees == 1 {
+            "1 allocation was made".to_string()
+        } else {
+            format!("{} allocations were made", s.lost_frees)
+        };
+        lines.push(format!(
+            "{made} at an address whose block the trace had not freed: the trace lost those \
+             frees (events dropped, or the file edited), and each such block is taken as freed \
+             when its address is allocated again"
         ));
     }
     lines

@@ -275,3 +275,35 @@ fn the_summary_says_when_a_leak_runs_out_of_memory() {
     );
     assert!(summary.contains("train.py:33"), "{summary}");
 }
+
+/// A trace that allocates twice at one address without freeing it between lost that free:
+/// the report says so, with the count, in text and JSON, and a trace that lost none says
+/// nothing of it.
+#[test]
+fn a_report_names_the_frees_a_trace_lost() {
+    let mut t = Trace::new();
+    let site = t.site("train.py", 12, "step");
+    t.alloc_at(site, 0x1000_0000, MIB);
+    t.alloc_at(site, 0x1000_0000, MIB);
+    t.alloc_at(site, 0x1000_0000, MIB);
+    t.free(0x1000_0000, MIB);
+    let report = report_of(&t.finish());
+    assert_eq!(report.stats.lost_frees, 2);
+    let text = render(&report, Format::Text, false);
+    assert!(
+        text.contains("2 allocations were made at an address whose block the trace had not freed"),
+        "{text}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&render(&report, Format::Json, false)).expect("valid JSON");
+    assert_eq!(json["stats"]["lost_frees"], 2);
+    let html = render(&report, Format::Html, false);
+    assert!(
+        html.contains("<li>2 allocations were made at an address"),
+        "the HTML says it too"
+    );
+
+    let clean = report_of(&clean_loop(3).finish());
+    assert_eq!(clean.stats.lost_frees, 0);
+    assert!(!render(&clean, Format::Text, false).contains("had not freed"));
+}
