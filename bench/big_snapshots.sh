@@ -64,7 +64,9 @@ first_screen() {
 }
 
 for events in "$@"; do
-    file=$out_dir/decomfl_$events.pickle
+    # `.torn`: made with the generator's teardown between copies (a consistent trace); files
+    # of the same count made before it have no suffix and are not reused.
+    file=$out_dir/decomfl_$events.torn.pickle
     if [ ! -f "$file" ]; then
         python3 "$here/bench/gen_pytorch_snapshot.py" "$source_trace" "$events" "$file" || exit 1
     fi

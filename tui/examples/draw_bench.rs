@@ -8,8 +8,9 @@
 //! # A state with BLOCKS live blocks (100,000 unless given), the cursor moved a little:
 //! cargo run --release -p vramscope-tui --example draw_bench [BLOCKS]
 //! # A decomfl-shaped trace of EVENTS events: the shared decomfl trace's events repeated in
-//! # memory, each copy shifted in sequence numbers, time and step (as
-//! # `bench/gen_pytorch_snapshot.py` repeats its entries), or any file the importers read:
+//! # memory, each copy shifted in sequence numbers, time and step (without the teardown
+//! # between copies that `bench/gen_pytorch_snapshot.py` writes), or any file the importers
+//! # read:
 //! cargo run --release -p vramscope-tui --example draw_bench -- --events 10000000 [--trace FILE]
 //! ```
 //!
