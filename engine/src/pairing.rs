@@ -21,12 +21,36 @@ pub enum Pair {
     Alloc {
         /// The allocation event it replaced, if any.
         replaced: Option<u32>,
+        /// Whether the replaced block's free had been requested (it was pending).
+        replaced_requested: bool,
     },
     /// A free request or completion.
     Free(FreeLink),
 }
 
-/// How a free relates to its allocation; stored per event by the dashboard's dataset.
+impl Pair {
+    /// The link the walk keeps for this event (packed, one per event): a free's own, and for
+    /// an allocation that replaced a block the trace had not freed, the replaced allocation
+    /// (with whether it was pending), so that undoing the allocation brings that block back.
+    /// Every other event has [`FreeLink::NONE`].
+    pub fn link(&self) -> FreeLink {
+        match *self {
+            Pair::Free(link) => link,
+            Pair::Alloc {
+                replaced: Some(alloc),
+                replaced_requested,
+            } => FreeLink {
+                alloc: Some(alloc),
+                requested_before: replaced_requested,
+                ends_allocation: false,
+            },
+            _ => FreeLink::NONE,
+        }
+    }
+}
+
+/// How a free relates to its allocation (or an allocation to the block it replaced, see
+/// [`Pair::link`]); stored per event by the walk and the dashboard's dataset.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FreeLink {
     /// The allocation event the free releases, when the trace has it.
@@ -94,6 +118,8 @@ struct Open {
 #[derive(Clone, Debug, Default)]
 pub struct Pairing {
     open: FxHashMap<u64, Open>,
+    /// Allocations at an address whose block was not freed yet (its free not completed).
+    lost_frees: u64,
 }
 
 impl Pairing {
@@ -110,8 +136,12 @@ impl Pairing {
                     alloc: Some(index),
                     requested: false,
                 };
-                let replaced = self.open.insert(e.addr, open).and_then(|o| o.alloc);
-                Pair::Alloc { replaced }
+                let before = self.open.insert(e.addr, open);
+                self.lost_frees += u64::from(before.is_some());
+                Pair::Alloc {
+                    replaced: before.and_then(|o| o.alloc),
+                    replaced_requested: before.is_some_and(|o| o.requested),
+                }
             }
             EventKind::FreeRequested => {
                 let open = self.open.entry(e.addr).or_insert(Open {
@@ -139,6 +169,13 @@ impl Pairing {
             },
             _ => Pair::Other,
         }
+    }
+
+    /// The frees the trace lost so far: allocations at an address whose block was not freed
+    /// yet (no free completed; whether or not one was requested). Every view counts them
+    /// here, so `report` and the dashboard give the same number.
+    pub fn lost_frees(&self) -> u64 {
+        self.lost_frees
     }
 
     /// The open allocations: address and allocation event, for blocks allocated in the trace

@@ -396,7 +396,10 @@ impl MemoryState {
 
     /// Undoes event `e` going backwards. `alloc` is the allocation event that a free releases,
     /// with its index, when the trace has it; `pending_before` says whether the block was
-    /// pending just before a `FreeCompleted` (the trace also has the free request).
+    /// pending just before a `FreeCompleted` (the trace also has the free request). For an
+    /// `Alloc` that replaced a block the trace had not freed, `alloc` is that block's
+    /// allocation and `pending_before` whether it was pending: undoing brings it back, as
+    /// applying forwards replaced it.
     pub fn undo(&mut self, e: &Event, alloc: Option<(&Event, u32)>, pending_before: bool) {
         let recreate = |pending: bool| match alloc {
             Some((a, i)) => LiveBlock::from_alloc(a, i, pending),
@@ -405,6 +408,9 @@ impl MemoryState {
         match e.kind {
             EventKind::Alloc => {
                 self.remove_block(e.addr);
+                if let Some((a, i)) = alloc {
+                    self.insert_block(e.addr, LiveBlock::from_alloc(a, i, pending_before));
+                }
             }
             EventKind::FreeRequested => {
                 if !self.set_pending(e.addr, false) {

@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use vramscope_engine::{FreeLink, MemoryState, Pair, Pairing, SiteGroups, Usage, UsageSeries};
+use vramscope_engine::{FreeLink, MemoryState, Pairing, SiteGroups, Usage, UsageSeries};
 use vramscope_model::{Event, EventKind, MemoryStats, Segment, Snapshot, StepMark};
 use vramscope_telemetry::TablesFrame;
 
@@ -228,10 +228,7 @@ impl Dataset {
         let snapshot = Arc::make_mut(&mut self.snapshot);
         for e in events {
             let i = snapshot.events.len();
-            self.link.push(match self.pairing.push(i as u32, e) {
-                Pair::Free(link) => link.pack(),
-                _ => FreeLink::NONE.pack(),
-            });
+            self.link.push(self.pairing.push(i as u32, e).link().pack());
             self.head.apply(e, i as u32);
             let u = self.head.usage();
             self.usage.push(u);
@@ -490,6 +487,13 @@ impl Dataset {
         &self.ooms
     }
 
+    /// The frees the trace lost: allocations at an address whose block was not freed yet, as
+    /// the engine's pairing counts them for `report` too; events dropped from the front of a
+    /// live session included.
+    pub fn lost_frees(&self) -> u64 {
+        self.pairing.lost_frees()
+    }
+
     /// The kind of every event, in a column of its own: a pass over the kinds (the event log's
     /// kind filter) reads two bytes an event rather than the whole events.
     pub fn kinds(&self) -> &[EventKind] {
@@ -506,7 +510,8 @@ impl Dataset {
         }
     }
 
-    /// The allocation event paired with the free at `index`, if the trace has it.
+    /// The allocation event paired with the free at `index`, if the trace has it (for an
+    /// allocation, the one whose block it replaced when the trace lost that block's free).
     pub fn alloc_of(&self, index: usize) -> Option<usize> {
         let link = FreeLink::unpack(*self.link.get(index)?);
         link.alloc.map(|a| a as usize)

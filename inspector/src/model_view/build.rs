@@ -100,7 +100,7 @@ impl<'a> ModelViewBuilder<'a> {
         }
         let group = self.groups.of(event.site());
         match (event.kind, self.pairing.push(event_index, event)) {
-            (EventKind::Alloc, Pair::Alloc { replaced }) => {
+            (EventKind::Alloc, Pair::Alloc { replaced, .. }) => {
                 self.record_alloc(event_index, event, group, step, replaced);
             }
             (_, Pair::Free(link)) if link.ends_allocation => {
@@ -134,8 +134,8 @@ impl<'a> ModelViewBuilder<'a> {
             let old = &mut self.intervals[old as usize];
             old.free_event = Id::new(event_index);
             old.free_step = Id::new(step);
-            self.totals.lost_frees += 1;
         }
+        self.totals.lost_frees = self.pairing.lost_frees();
         self.open_intervals
             .insert(event_index, self.intervals.len() as u32);
         self.intervals.push(Interval {

@@ -228,7 +228,8 @@ pub struct TraceTotals {
     pub unmatched_frees: u64,
     /// Bytes of those unmatched frees.
     pub unmatched_free_bytes: u64,
-    /// Allocations whose address was allocated again without a free in between.
+    /// Allocations at an address whose block the trace had not freed (its free not
+    /// completed): frees the trace lost, as the engine's `Pairing::lost_frees` counts them.
     pub lost_frees: u64,
     /// Host-to-device bytes copied.
     pub h2d_bytes: u64,

@@ -155,7 +155,7 @@ impl Widget for Header<'_> {
 
 impl Header<'_> {
     /// Rows 2 and 3: allocated, reserved and peak bytes as bars, then retries, OOMs, dropped
-    /// events and live blocks.
+    /// events, lost frees (when the trace lost any) and live blocks.
     fn figure_rows(&self, area: Rect, buf: &mut Buffer) {
         let model = self.model;
         let theme: Theme = model.theme;
@@ -241,7 +241,7 @@ impl Header<'_> {
             },
         );
         let x = put(buf, area, x, y + 2, "  ", Style::new());
-        let x = put(
+        let mut x = put(
             buf,
             area,
             x,
@@ -253,6 +253,18 @@ impl Header<'_> {
                 Style::new()
             },
         );
+        // A trace that allocated over live blocks lost their frees: said only when it did.
+        let lost = data.lost_frees();
+        if lost > 0 {
+            x = put(
+                buf,
+                area,
+                x,
+                y + 2,
+                &format!("  lost frees {}", thousands(lost)),
+                theme.pending(),
+            );
+        }
         put(
             buf,
             area,
