@@ -386,3 +386,52 @@ fn step_labels_never_garble_at_any_width() {
         assert!(labels.iter().all(|l| (1..=240).contains(l)), "{w}: {row}");
     }
 }
+
+/// A trace that allocated over blocks it had not freed lost those frees: the header says how
+/// many, with the count the report gives, and a whole trace's header does not mention it.
+#[test]
+fn the_header_counts_the_frees_a_trace_lost() {
+    use vramscope_model::EventKind;
+    let mut snapshot = fixture::training_snapshot();
+    // Drop the frees of the first two addresses that are allocated again later.
+    let events = snapshot.events.to_vec();
+    let mut reused = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        if e.kind == EventKind::Alloc
+            && !reused.contains(&e.addr)
+            && events[i + 1..]
+                .iter()
+                .any(|l| l.kind == EventKind::Alloc && l.addr == e.addr)
+        {
+            reused.push(e.addr);
+        }
+    }
+    reused.truncate(2);
+    let lost: Vec<bool> = events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            matches!(e.kind, EventKind::FreeRequested | EventKind::FreeCompleted)
+                && reused.contains(&e.addr)
+                && events[i + 1..]
+                    .iter()
+                    .any(|l| l.kind == EventKind::Alloc && l.addr == e.addr)
+        })
+        .collect();
+    let mut at = 0;
+    snapshot.events.retain(|_| {
+        at += 1;
+        !lost[at - 1]
+    });
+    let report = vramscope_inspector::report::build_report(&snapshot, &Default::default());
+    assert!(report.stats.lost_frees > 0);
+    let mut app = App::new(Dataset::new(snapshot, Origin::File("run.json".into())));
+    app.theme = Theme::plain();
+    assert_eq!(app.data.lost_frees(), report.stats.lost_frees);
+    let s = screen(&mut app, 160, 48);
+    assert!(
+        s.contains(&format!("lost frees {}", report.stats.lost_frees)),
+        "{s}"
+    );
+    assert!(!screen(&mut self::app(), 160, 48).contains("lost frees"));
+}
