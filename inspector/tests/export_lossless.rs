@@ -361,3 +361,57 @@ fn an_oom_keeps_the_free_memory_in_its_own_field() {
     );
     assert_eq!(upgraded.format_version, vramscope_model::FORMAT_VERSION);
 }
+
+/// An allocation over a block the trace had not freed (a lost free) ends that block's slice
+/// where it replaces it, as the engine's walk and the report take it, rather than leaving it
+/// live to the end.
+#[test]
+fn perfetto_ends_a_block_whose_free_was_lost_where_its_address_is_reused() {
+    let mut snapshot = sample();
+    snapshot.events.clear();
+    snapshot.steps.clear();
+    snapshot.segments.clear();
+    let event = |seq: u64, kind, size| {
+        vramscope_testkit::event(kind)
+            .seq(seq)
+            .time_ns(1000 * (seq + 1))
+            .stream(7)
+            .addr(0x1000)
+            .size(size)
+            .build()
+    };
+    snapshot.events.push(event(0, EventKind::Alloc, 512));
+    snapshot.events.push(event(1, EventKind::Alloc, 1024));
+    snapshot
+        .events
+        .push(event(2, EventKind::FreeRequested, 1024));
+    snapshot
+        .events
+        .push(event(3, EventKind::FreeCompleted, 1024));
+    let json: serde_json::Value = serde_json::from_str(&to_perfetto(&snapshot).unwrap()).unwrap();
+    let slices: Vec<(u64, f64, f64, bool)> = json["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["args"]["size"].is_u64())
+        .map(|e| {
+            (
+                e["args"]["size"].as_u64().unwrap(),
+                e["ts"].as_f64().unwrap(),
+                e["dur"].as_f64().unwrap(),
+                e["args"]["live_at_end"] == true,
+            )
+        })
+        .collect();
+    assert_eq!(slices.len(), 2, "{slices:?}");
+    let (first, second) = (slices[0], slices[1]);
+    assert_eq!(first.0, 512);
+    assert_eq!(
+        first.2, 1.0,
+        "the lost block ends at the reuse, a microsecond on"
+    );
+    assert!(!first.3, "and is not live at the end");
+    assert_eq!(second.0, 1024);
+    assert_eq!(second.1, first.1 + 1.0);
+    assert_eq!(second.2, 2.0, "the new block ends at its completed free");
+}

@@ -314,6 +314,13 @@ impl<'s, W: Write> TraceWriter<'s, W> {
             last = last.max(t);
             match event.kind {
                 EventKind::Alloc => {
+                    // An allocation over a block the trace had not freed (a lost free) ends
+                    // that block's slice here, where the engine's walk replaces it.
+                    let replaced = FreeLink::unpack(walk.links[k]).alloc;
+                    if let Some(&i) = replaced.and_then(|a| interval_of.get(&a)) {
+                        intervals[i].end = t.max(intervals[i].start);
+                        intervals[i].live_at_end = false;
+                    }
                     interval_of.insert(k as u32, intervals.len());
                     intervals.push(Interval {
                         start: t,
