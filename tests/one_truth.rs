@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 use vramscope::inspector::model_view::ModelView;
 use vramscope::inspector::{diff, html, import, report};
-use vramscope::model::{format_bytes, EventKind, Snapshot};
+use vramscope::model::{format_bytes, Snapshot};
 use vramscope::replay;
 use vramscope::tui::data::{Dataset, Origin};
 use vramscope_testkit::shared_trace;
@@ -248,40 +248,9 @@ fn a_run_recorded_late_agrees_everywhere() {
 
 #[test]
 fn a_run_that_lost_frees_agrees_everywhere() {
-    // The frees between two allocations at one address, for the first eight addresses
-    // allocated more than once (the last allocation's free is kept): the recorder lost them.
+    // The frees between reuses of eight addresses: the recorder lost them.
     let mut lossy = planted_run();
-    let events = &lossy.events;
-    let mut reused = Vec::new();
-    for (i, e) in events.iter().enumerate() {
-        let again = events[i + 1..]
-            .iter()
-            .any(|l| l.kind == EventKind::Alloc && l.addr == e.addr);
-        if e.kind == EventKind::Alloc && again && !reused.contains(&e.addr) {
-            reused.push(e.addr);
-        }
-        if reused.len() == 8 {
-            break;
-        }
-    }
-    // A free is lost when another allocation at its address follows it.
-    let lost: Vec<bool> = events
-        .iter()
-        .enumerate()
-        .map(|(i, e)| {
-            matches!(e.kind, EventKind::FreeRequested | EventKind::FreeCompleted)
-                && reused.contains(&e.addr)
-                && events[i + 1..]
-                    .iter()
-                    .any(|l| l.kind == EventKind::Alloc && l.addr == e.addr)
-        })
-        .collect();
-    let dropped = lost.iter().filter(|&&l| l).count();
-    let mut at = 0;
-    lossy.events.retain(|_| {
-        at += 1;
-        !lost[at - 1]
-    });
+    let dropped = vramscope_testkit::fixture::lose_frees(&mut lossy, 8);
     assert!(dropped > 0, "the run frees and reuses addresses");
     let report = report::build_report(&lossy, &report::ReportOptions::default());
     assert!(

@@ -11,7 +11,7 @@
 //! the drawing benchmark.
 
 use vramscope_allocator::{CachingAllocator, SimDevice};
-use vramscope_model::{AllocatorConfig, CallSite, Frame, Id, Snapshot};
+use vramscope_model::{AllocatorConfig, CallSite, EventKind, Frame, Id, Snapshot};
 
 const MIB: u64 = 1 << 20;
 
@@ -159,6 +159,43 @@ pub fn training_snapshot_with(steps: u64) -> Snapshot {
 /// [`training_snapshot_with`] for eight steps.
 pub fn training_snapshot() -> Snapshot {
     training_snapshot_with(8)
+}
+
+/// Makes `snapshot` a trace that lost frees, as a recorder that dropped events gives: for the
+/// first `addresses` addresses allocated more than once, the free requests and completions
+/// that another allocation at the address follows are removed (the last allocation's free is
+/// kept, so the dump-time state still holds). Returns how many events went.
+pub fn lose_frees(snapshot: &mut Snapshot, addresses: usize) -> usize {
+    let events = snapshot.events.to_vec();
+    let allocated_later = |i: usize, addr: u64| {
+        events[i + 1..]
+            .iter()
+            .any(|l| l.kind == EventKind::Alloc && l.addr == addr)
+    };
+    let mut reused: Vec<u64> = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        if reused.len() == addresses {
+            break;
+        }
+        if e.kind == EventKind::Alloc && !reused.contains(&e.addr) && allocated_later(i, e.addr) {
+            reused.push(e.addr);
+        }
+    }
+    let lost: Vec<bool> = events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            matches!(e.kind, EventKind::FreeRequested | EventKind::FreeCompleted)
+                && reused.contains(&e.addr)
+                && allocated_later(i, e.addr)
+        })
+        .collect();
+    let mut at = 0;
+    snapshot.events.retain(|_| {
+        at += 1;
+        !lost[at - 1]
+    });
+    lost.iter().filter(|&&l| l).count()
 }
 
 /// Replaces times, threads and call sites with fixed values.

@@ -391,38 +391,8 @@ fn step_labels_never_garble_at_any_width() {
 /// many, with the count the report gives, and a whole trace's header does not mention it.
 #[test]
 fn the_header_counts_the_frees_a_trace_lost() {
-    use vramscope_model::EventKind;
     let mut snapshot = fixture::training_snapshot();
-    // Drop the frees of the first two addresses that are allocated again later.
-    let events = snapshot.events.to_vec();
-    let mut reused = Vec::new();
-    for (i, e) in events.iter().enumerate() {
-        if e.kind == EventKind::Alloc
-            && !reused.contains(&e.addr)
-            && events[i + 1..]
-                .iter()
-                .any(|l| l.kind == EventKind::Alloc && l.addr == e.addr)
-        {
-            reused.push(e.addr);
-        }
-    }
-    reused.truncate(2);
-    let lost: Vec<bool> = events
-        .iter()
-        .enumerate()
-        .map(|(i, e)| {
-            matches!(e.kind, EventKind::FreeRequested | EventKind::FreeCompleted)
-                && reused.contains(&e.addr)
-                && events[i + 1..]
-                    .iter()
-                    .any(|l| l.kind == EventKind::Alloc && l.addr == e.addr)
-        })
-        .collect();
-    let mut at = 0;
-    snapshot.events.retain(|_| {
-        at += 1;
-        !lost[at - 1]
-    });
+    assert!(fixture::lose_frees(&mut snapshot, 2) > 0);
     let report = vramscope_inspector::report::build_report(&snapshot, &Default::default());
     assert!(report.stats.lost_frees > 0);
     let mut app = App::new(Dataset::new(snapshot, Origin::File("run.json".into())));
