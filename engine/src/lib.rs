@@ -11,6 +11,7 @@
 //!   [`name_call_site`]: `file:line`, or the autograd node of a C++-only stack) under stable
 //!   ids, plus the "unknown site" and "before the trace" groups;
 //! - `empty_cache`: the `empty_cache()` calls of a trace ([`empty_cache_calls`]);
+//! - `runs`: [`Runs`], a figure per event kept as runs of equal values;
 //! - `usage`: [`UsageSeries`], the allocated and reserved bytes after every event, compactly;
 //! - [`Reconstruction`] (this file): the state at the start of the trace, rebuilt once from
 //!   the dump-time state by undoing every event, the usage after every event, and the peaks.
@@ -27,6 +28,7 @@ mod empty_cache;
 mod groups;
 mod naming;
 mod pairing;
+mod runs;
 mod state;
 mod usage;
 
@@ -36,6 +38,7 @@ pub use naming::{
     autograd_node, is_native_frame, is_system_source, name_call_site, short_function, SiteName,
 };
 pub use pairing::{FreeLink, Pair, Pairing};
+pub use runs::Runs;
 pub use state::{LiveBlock, MemoryState, SegmentInfo, Usage, NO_EVENT};
 pub use usage::UsageSeries;
 

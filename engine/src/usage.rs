@@ -8,22 +8,20 @@
 //! count of 512-byte units in four bytes while every figure is such a multiple below 2 TiB
 //! (PyTorch rounds every block to 512 bytes, so its traces' figures all are), in eight bytes
 //! from the first figure that is not. Reserved bytes change only at segment events, so they
-//! are kept as runs: the first event of each run and its figure. A PyTorch trace costs about
+//! are kept as runs (`crate::runs`): the first event of each run and its figure. A PyTorch
+//! trace costs about
 //! four bytes an event, where a plain list cost sixteen; a trace where every event changes
 //! reserved bytes (a replay of mappings only) costs up to twenty.
 
-use crate::Usage;
+use crate::{Runs, Usage};
 
 /// Allocated and reserved bytes after every event. See the module documentation.
 #[derive(Clone, Debug, Default)]
 pub struct UsageSeries {
     /// Allocated bytes after each event.
     allocated: Allocated,
-    /// The first event of each run of equal reserved bytes, in increasing order; the first
-    /// run starts at event 0 whenever the series is not empty.
-    run_starts: Vec<u32>,
-    /// The reserved bytes of each run.
-    run_reserved: Vec<u64>,
+    /// Reserved bytes after each event, as runs.
+    reserved: Runs<u64>,
 }
 
 /// The bytes of one 512-byte unit, PyTorch's rounding of every block.
@@ -123,26 +121,14 @@ impl UsageSeries {
     /// [`Reconstruction`](crate::Reconstruction) makes the usage in that order.
     pub fn from_last(len: usize, mut at: impl FnMut(usize) -> Usage) -> UsageSeries {
         let mut allocated = Allocated::Units(vec![0; len]);
-        // Runs are found back to front and put in order at the end.
-        let mut runs: Vec<(u32, u64)> = Vec::new();
-        let mut later: Option<u64> = None;
-        for i in (0..len).rev() {
+        let reserved = Runs::from_last(len, |i| {
             let u = at(i);
             allocated.set(i, u.allocated);
-            if let Some(r) = later.filter(|&r| r != u.reserved) {
-                runs.push((event_index(i + 1), r));
-            }
-            later = Some(u.reserved);
-        }
-        if let Some(r) = later {
-            runs.push((0, r));
-        }
-        runs.reverse();
-        let (run_starts, run_reserved) = runs.into_iter().unzip();
+            u.reserved
+        });
         UsageSeries {
             allocated,
-            run_starts,
-            run_reserved,
+            reserved,
         }
     }
 
@@ -158,14 +144,9 @@ impl UsageSeries {
 
     /// The usage after event `i`, `None` past the last. O(log runs).
     pub fn get(&self, i: usize) -> Option<Usage> {
-        let allocated = self.allocated.get(i)?;
-        let run = self
-            .run_starts
-            .partition_point(|&start| start as usize <= i)
-            .saturating_sub(1);
         Some(Usage {
-            allocated,
-            reserved: self.run_reserved.get(run).copied().unwrap_or(0),
+            allocated: self.allocated.get(i)?,
+            reserved: self.reserved.get(i)?,
         })
     }
 
@@ -176,38 +157,16 @@ impl UsageSeries {
 
     /// Adds the usage after one more event.
     pub fn push(&mut self, u: Usage) {
-        let index = event_index(self.allocated.len());
         self.allocated.push(u.allocated);
-        if self.run_reserved.last() != Some(&u.reserved) || self.run_starts.is_empty() {
-            self.run_starts.push(index);
-            self.run_reserved.push(u.reserved);
-        }
+        self.reserved.push(u.reserved);
     }
 
     /// Drops the first `count` events (all of them when `count` is past the end); the event
     /// that was `count` is event 0 afterwards.
     pub fn drop_front(&mut self, count: usize) {
         let count = count.min(self.len());
-        if count == 0 {
-            return;
-        }
         self.allocated.drop_front(count);
-        // The run that holds the new first event starts there; earlier runs go.
-        let keep_from = self
-            .run_starts
-            .partition_point(|&start| start as usize <= count)
-            .saturating_sub(1);
-        self.run_starts.drain(..keep_from);
-        self.run_reserved.drain(..keep_from);
-        if self.allocated.len() == 0 {
-            self.run_starts.clear();
-            self.run_reserved.clear();
-            return;
-        }
-        let shift = event_index(count);
-        for start in &mut self.run_starts {
-            *start = start.saturating_sub(shift);
-        }
+        self.reserved.drop_front(count);
     }
 
     /// The usage after events `a..b` (clamped to the series), in order. O(log runs) to
@@ -215,23 +174,13 @@ impl UsageSeries {
     pub fn range(&self, a: usize, b: usize) -> impl Iterator<Item = Usage> + '_ {
         let b = b.min(self.len());
         let a = a.min(b);
-        let mut run = self
-            .run_starts
-            .partition_point(|&start| start as usize <= a)
-            .saturating_sub(1);
-        (a..b).map(move |i| {
-            while self
-                .run_starts
-                .get(run + 1)
-                .is_some_and(|&next| next as usize <= i)
-            {
-                run += 1;
-            }
-            Usage {
+        self.reserved
+            .range(a, b)
+            .zip(a..b)
+            .map(|(reserved, i)| Usage {
                 allocated: self.allocated.get(i).unwrap_or(0),
-                reserved: self.run_reserved.get(run).copied().unwrap_or(0),
-            }
-        })
+                reserved,
+            })
     }
 
     /// The usage after every event, in order.
@@ -248,12 +197,6 @@ impl FromIterator<Usage> for UsageSeries {
         }
         series
     }
-}
-
-/// An event's index as a run start holds it: a trace has fewer than 2^32 events (the
-/// importers' limits refuse more long before), and the engine numbers events in `u32`.
-fn event_index(i: usize) -> u32 {
-    u32::try_from(i).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]
@@ -289,7 +232,11 @@ mod tests {
         assert_eq!(pushed.get(plain.len()), None);
         assert_eq!(pushed.iter().collect::<Vec<_>>(), plain);
         assert_eq!(pushed.last(), plain.last().copied());
-        assert_eq!(pushed.run_starts, vec![0, 3, 5, 6, 10], "one entry a run");
+        assert_eq!(
+            pushed.reserved.starts,
+            vec![0, 3, 5, 6, 10],
+            "one entry a run"
+        );
         for a in 0..=plain.len() {
             for b in a..=plain.len() + 2 {
                 let want: Vec<Usage> = plain[a..b.min(plain.len())].to_vec();

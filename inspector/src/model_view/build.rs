@@ -17,13 +17,13 @@
 
 use rustc_hash::FxHashMap;
 use vramscope_engine::{
-    empty_cache_calls, GroupId, LiveBlock, Pair, Pairing, Reconstruction, SiteGroups, NO_EVENT,
+    empty_cache_calls, GroupId, LiveBlock, Pair, Pairing, Reconstruction, Runs, SiteGroups,
+    NO_EVENT,
 };
 use vramscope_model::{BlockState, Event, EventKind, Id, Snapshot, TransferDirection};
 
 use super::holdings::holdings_of;
 use super::steps::{collect_steps, StepPlan};
-use super::StepRuns;
 use super::{Holding, Interval, ModelView, SegmentSummary, StepInfo, StepTally, TraceTotals};
 
 /// Builds a [`ModelView`] from the events of its snapshot, fed in order with
@@ -42,7 +42,7 @@ pub(super) struct ModelViewBuilder<'a> {
     /// The steps, by step index.
     steps: Vec<StepInfo>,
     /// The step index of every event fed so far.
-    event_step: StepRuns,
+    event_step: Runs<u32>,
     /// Pairs frees with their allocations.
     pairing: Pairing,
     /// Every allocation so far, in allocation order.
@@ -73,7 +73,7 @@ impl<'a> ModelViewBuilder<'a> {
             step_numbers,
             step_hint: 0,
             steps,
-            event_step: StepRuns::default(),
+            event_step: Runs::new(),
             pairing: Pairing::new(),
             intervals: Vec::new(),
             open_intervals: FxHashMap::default(),

@@ -32,7 +32,7 @@ pub use steps::{apply_step_marker, restep, step_marker_candidates, StepMarkerErr
 
 use rustc_hash::FxHashMap;
 use vramscope_engine::{
-    name_call_site, EmptyCacheCall, GroupId, Reconstruction, SiteGroup, SiteGroups, SiteName,
+    name_call_site, EmptyCacheCall, GroupId, Reconstruction, Runs, SiteGroup, SiteGroups, SiteName,
     Usage, UsageSeries,
 };
 use vramscope_model::{Id, SiteId, Snapshot};
@@ -249,42 +249,10 @@ pub struct TraceTotals {
     pub ooms: u64,
 }
 
-/// The step index of every event, kept as runs: events come a step at a time, so a trace of
-/// millions of events has as many runs as steps (a list of every event's step index was
-/// four bytes an event).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct StepRuns {
-    /// The first event of each run, in increasing order.
-    starts: Vec<u32>,
-    /// The step index of each run.
-    steps: Vec<u32>,
-    /// Events taken in.
-    len: u32,
-}
-
-impl StepRuns {
-    /// Takes in the step index of the next event.
-    pub(crate) fn push(&mut self, step: u32) {
-        if self.steps.last() != Some(&step) {
-            self.starts.push(self.len);
-            self.steps.push(step);
-        }
-        self.len = self.len.saturating_add(1);
-    }
-
-    /// Events taken in.
-    pub(crate) fn len(&self) -> usize {
-        self.len as usize
-    }
-
-    /// The step index of event `event` (the last event's past the end; 0 when empty).
-    pub(crate) fn get(&self, event: u32) -> u32 {
-        let run = self
-            .starts
-            .partition_point(|&start| start <= event)
-            .saturating_sub(1);
-        self.steps.get(run).copied().unwrap_or(0)
-    }
+/// The step index of event `event` in `runs` (the last event's past the end; 0 when there is
+/// none).
+fn step_of_event(runs: &Runs<u32>, event: u32) -> u32 {
+    runs.get(event as usize).or(runs.last()).unwrap_or(0)
 }
 
 /// The analysis view of one snapshot. See the module documentation.
@@ -296,7 +264,10 @@ pub struct ModelView<'a> {
     group_intervals: Vec<Vec<u32>>,
     group_events: Vec<Vec<u32>>,
     steps: Vec<StepInfo>,
-    event_step: StepRuns,
+    /// The step index of every event, as runs: events come a step at a time, so a trace of
+    /// millions of events has as many runs as steps (a list of every event's step index was
+    /// four bytes an event).
+    event_step: Runs<u32>,
     step_totals: Vec<StepTally>,
     group_steps: Vec<Vec<(u32, StepTally)>>,
     /// Allocated and reserved bytes after every event: the engine's walk's own series, kept
@@ -454,7 +425,7 @@ impl<'a> ModelView<'a> {
 
     /// Step index of the event at `event`.
     pub fn event_step(&self, event: u32) -> u32 {
-        self.event_step.get(event)
+        step_of_event(&self.event_step, event)
     }
 
     /// Tallies of the whole trace, one per step index.
@@ -624,17 +595,20 @@ mod tests {
     #[test]
     fn step_runs_give_every_events_step() {
         let plain = [0u32, 0, 0, 1, 1, 2, 0, 0, 5];
-        let mut runs = StepRuns::default();
+        let mut runs = Runs::new();
         for &step in &plain {
             runs.push(step);
         }
         assert_eq!(runs.len(), plain.len());
-        assert_eq!(runs.starts, vec![0, 3, 5, 6, 8], "one entry a run");
         for (i, &step) in plain.iter().enumerate() {
-            assert_eq!(runs.get(i as u32), step, "event {i}");
+            assert_eq!(step_of_event(&runs, i as u32), step, "event {i}");
         }
-        assert_eq!(runs.get(100), 5, "past the end: the last event's");
-        assert_eq!(StepRuns::default().get(0), 0);
+        assert_eq!(
+            step_of_event(&runs, 100),
+            5,
+            "past the end: the last event's"
+        );
+        assert_eq!(step_of_event(&Runs::new(), 0), 0);
     }
 
     /// The view keeps an interval per allocation, a third of a big trace's events: 48 bytes
