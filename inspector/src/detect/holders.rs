@@ -166,7 +166,7 @@ fn group_name(view: &ModelView<'_>, group: GroupId) -> (String, String) {
 fn tag_of<'a>(view: &ModelView<'a>, group: GroupId) -> Option<&'a str> {
     let snapshot = view.snapshot();
     view.group_intervals(group).iter().find_map(|&i| {
-        let event = &snapshot.events[view.intervals()[i as usize].alloc_event as usize];
+        let event = view.intervals()[i as usize].alloc(&snapshot.events);
         snapshot.tag(event.tag())
     })
 }

@@ -132,7 +132,7 @@ fn units_of(view: &ModelView<'_>) -> Vec<Unit> {
             (Some(file_line), GroupKind::Site) if !file_line.starts_with("??:") => {
                 (file_line.clone(), group.function.clone())
             }
-            _ => match events[iv.alloc_event as usize].site() {
+            _ => match iv.alloc(events).site() {
                 Some(site) => {
                     let name = view.site_name(site);
                     (name.label, name.function)
@@ -394,7 +394,7 @@ impl RetainedStacks {
                 if !(iv.is_live_at_end() && loop_steps.contains(&iv.alloc_step)) {
                     continue;
                 }
-                if let Some(site) = events[iv.alloc_event as usize].site() {
+                if let Some(site) = iv.alloc(events).site() {
                     if site_ids.len() < 512 && !site_ids.contains(&site) {
                         site_ids.push(site);
                     }

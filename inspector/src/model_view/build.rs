@@ -135,7 +135,6 @@ impl<'a> ModelViewBuilder<'a> {
             old.free_event = Id::new(event_index);
             old.free_step = Id::new(step);
         }
-        self.totals.lost_frees = self.pairing.lost_frees();
         self.open_intervals
             .insert(event_index, self.intervals.len() as u32);
         self.intervals.push(Interval {
@@ -161,7 +160,7 @@ impl<'a> ModelViewBuilder<'a> {
                 interval.free_step = Id::new(step);
                 let tally = self.tallies.entry((interval.group, step)).or_default();
                 tally.frees += 1;
-                let size = self.snapshot.events[interval.alloc_event as usize].size;
+                let size = interval.alloc(&self.snapshot.events).size;
                 tally.free_bytes = tally.free_bytes.saturating_add(size);
                 self.totals.frees += 1;
             }
@@ -218,6 +217,7 @@ impl<'a> ModelViewBuilder<'a> {
     /// still going on another thread ([`ModelView::new`] calls it before it waits for the
     /// walk).
     pub(super) fn summarize(&mut self) -> Summaries {
+        self.totals.lost_frees = self.pairing.lost_frees();
         self.count_retained();
         let group_intervals = self.intervals_by_group();
         let group_events = self.extra_events_by_group();
@@ -282,7 +282,7 @@ impl<'a> ModelViewBuilder<'a> {
                 .entry((interval.group, interval.alloc_step))
                 .or_default();
             tally.retained += 1;
-            let size = self.snapshot.events[interval.alloc_event as usize].size;
+            let size = interval.alloc(&self.snapshot.events).size;
             tally.retained_bytes = tally.retained_bytes.saturating_add(size);
         }
     }

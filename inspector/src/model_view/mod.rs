@@ -35,7 +35,7 @@ use vramscope_engine::{
     name_call_site, EmptyCacheCall, GroupId, Reconstruction, Runs, SiteGroup, SiteGroups, SiteName,
     Usage, UsageSeries,
 };
-use vramscope_model::{Id, SiteId, Snapshot};
+use vramscope_model::{Event, Id, SiteId, Snapshot};
 
 use build::ModelViewBuilder;
 use holdings::{add_holding, sorted_holdings};
@@ -59,6 +59,12 @@ pub struct Interval {
 }
 
 impl Interval {
+    /// Its allocation event in `events` (the snapshot's), which holds its size, requested
+    /// bytes, device and address.
+    pub fn alloc<'e>(&self, events: &'e [Event]) -> &'e Event {
+        &events[self.alloc_event as usize]
+    }
+
     /// Index of the first free event of the block, `None` when it is live at the end.
     pub fn free_event(&self) -> Option<u32> {
         self.free_event.map(Id::get)
@@ -352,7 +358,7 @@ impl<'a> ModelView<'a> {
         let mut by_group: FxHashMap<GroupId, Holding> = FxHashMap::default();
         for iv in self.intervals.iter().filter(|iv| keep(iv)) {
             let step = self.steps[iv.alloc_step as usize].step;
-            let alloc = &self.snapshot.events[iv.alloc_event as usize];
+            let alloc = iv.alloc(&self.snapshot.events);
             add_holding(&mut by_group, iv.group, alloc.size, alloc.requested, step);
         }
         sorted_holdings(by_group)
@@ -420,7 +426,7 @@ impl<'a> ModelView<'a> {
 
     /// The block size of an interval's allocation, in bytes.
     pub fn interval_size(&self, interval: &Interval) -> u64 {
-        self.snapshot.events[interval.alloc_event as usize].size
+        interval.alloc(&self.snapshot.events).size
     }
 
     /// Step index of the event at `event`.
@@ -637,7 +643,7 @@ mod tests {
         assert_eq!(iv[0].free_step(), Some(1));
         assert!(iv[1].is_live_at_end());
         assert!(iv[2].is_live_at_end());
-        let addr_of = |interval: &Interval| snapshot.events[interval.alloc_event as usize].addr;
+        let addr_of = |interval: &Interval| interval.alloc(&snapshot.events).addr;
         assert_eq!(addr_of(&iv[0]), addr_of(&iv[2]));
         assert_eq!(view.totals().frees, 1);
         assert_eq!(view.totals().unmatched_frees, 0);
