@@ -188,13 +188,15 @@ impl Dataset {
                 above = k;
             }
         });
+        // The walk found the peaks (the first event reaching each); a pass over the usage
+        // would find them again.
+        self.peak = Peak::of_walk(&walk);
         self.head = walk.end;
         self.start_usage = walk.start.usage();
         checkpoints.push((0, walk.start));
         checkpoints.reverse();
         self.usage = walk.usage;
         self.pyramid = Pyramid::new(&self.usage);
-        self.peak = Peak::of(self.start_usage, &self.usage);
         self.dropped_peak = Usage::default();
         self.checkpoints = checkpoints;
         self.link = walk.links;
@@ -625,6 +627,20 @@ impl Peak {
             peak.take(u, i + 1);
         }
         peak
+    }
+
+    /// The peak the engine's walk found: the same rule (the start's figures, then the first
+    /// event whose figure passes every one before it), so it equals [`Peak::of`] its usage.
+    fn of_walk(walk: &vramscope_engine::Reconstruction) -> Peak {
+        let pos = |peak: &vramscope_engine::Peak| peak.event.map_or(0, |e| e as usize + 1);
+        Peak {
+            bytes: Usage {
+                allocated: walk.peak_allocated.bytes,
+                reserved: walk.peak_reserved.bytes,
+            },
+            allocated_pos: pos(&walk.peak_allocated),
+            reserved_pos: pos(&walk.peak_reserved),
+        }
     }
 
     /// Takes in `u`, the usage at position `pos`, after every earlier one.
