@@ -36,25 +36,23 @@ pub fn stack_calls_empty_cache(site: &CallSite) -> bool {
 /// segment allocation or an OOM.
 pub fn empty_cache_calls(snapshot: &Snapshot) -> Vec<EmptyCacheCall> {
     let events = &snapshot.events;
-    if events.iter().any(|e| e.kind == EventKind::EmptyCache) {
-        return events
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| e.kind == EventKind::EmptyCache)
-            .map(|(i, e)| EmptyCacheCall {
-                first_event: i as u32,
-                last_event: i as u32,
-                site: e.site(),
-                segments: 0,
-                bytes: e.size,
-            })
-            .collect();
-    }
     let is_release = |e: &Event| matches!(e.kind, EventKind::SegmentFree | EventKind::SegmentUnmap);
-    let mut calls = Vec::new();
+    // One pass finds both kinds of call, which a big trace's size (80 bytes an event) makes
+    // worth a second list: the explicit events win where there are any.
+    let mut explicit = Vec::new();
+    let mut bursts = Vec::new();
     let mut i = 0;
     while i < events.len() {
-        if !is_release(&events[i]) {
+        if events[i].kind == EventKind::EmptyCache {
+            explicit.push(EmptyCacheCall {
+                first_event: i as u32,
+                last_event: i as u32,
+                site: events[i].site(),
+                segments: 0,
+                bytes: events[i].size,
+            });
+        }
+        if !is_release(&events[i]) || !explicit.is_empty() {
             i += 1;
             continue;
         }
@@ -83,7 +81,7 @@ pub fn empty_cache_calls(snapshot: &Snapshot) -> Vec<EmptyCacheCall> {
             with_stacks.iter().any(|s| stack_calls_empty_cache(s))
         };
         if is_call {
-            calls.push(EmptyCacheCall {
+            bursts.push(EmptyCacheCall {
                 first_event: start as u32,
                 last_event: (i - 1) as u32,
                 site: burst.iter().find_map(|e| e.site()),
@@ -92,5 +90,69 @@ pub fn empty_cache_calls(snapshot: &Snapshot) -> Vec<EmptyCacheCall> {
             });
         }
     }
-    calls
+    if explicit.is_empty() {
+        bursts
+    } else {
+        explicit
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::tests::ev;
+    use vramscope_model::Id;
+
+    fn snapshot(events: Vec<Event>) -> Snapshot {
+        let mut snapshot = Snapshot::empty(Default::default(), Default::default());
+        snapshot.events = events.into();
+        snapshot
+    }
+
+    /// A burst of segment frees without stacks is a call unless an allocation follows it (the
+    /// allocator freeing its cache to retry); one on another device starts its own burst.
+    #[test]
+    fn bursts_of_segment_frees_are_calls_unless_an_allocation_follows() {
+        let mut events = vec![
+            ev(EventKind::SegmentAlloc, 0x1000, 4096),
+            ev(EventKind::SegmentFree, 0x1000, 4096),
+            ev(EventKind::SegmentFree, 0x2000, 2048),
+            ev(EventKind::Alloc, 0x9000, 512),
+            ev(EventKind::SegmentFree, 0x3000, 1024),
+            ev(EventKind::SegmentAlloc, 0x4000, 8192),
+            ev(EventKind::SegmentUnmap, 0x5000, 512),
+            ev(EventKind::SegmentFree, 0x6000, 256),
+        ];
+        events[7].device = 1;
+        for e in &mut events {
+            e.site = None;
+        }
+        let calls = empty_cache_calls(&snapshot(events));
+        let spans: Vec<(u32, u32, u64, u64)> = calls
+            .iter()
+            .map(|c| (c.first_event, c.last_event, c.segments, c.bytes))
+            .collect();
+        assert_eq!(spans, [(1, 2, 2, 6144), (6, 6, 1, 512), (7, 7, 1, 256)]);
+    }
+
+    /// Where the trace records its calls as events (vramscope's), those are the calls, and
+    /// bursts of segment frees, before or after the first one, are not counted again.
+    #[test]
+    fn explicit_calls_win_over_bursts_wherever_they_are() {
+        let mut call = ev(EventKind::EmptyCache, 0, 6144);
+        call.site = Id::new(7);
+        let events = vec![
+            ev(EventKind::SegmentFree, 0x1000, 4096),
+            ev(EventKind::SegmentFree, 0x2000, 2048),
+            call,
+            ev(EventKind::SegmentFree, 0x3000, 1024),
+            ev(EventKind::EmptyCache, 0, 0),
+        ];
+        let calls = empty_cache_calls(&snapshot(events));
+        let found: Vec<(u32, Option<u32>, u64)> = calls
+            .iter()
+            .map(|c| (c.first_event, c.site, c.bytes))
+            .collect();
+        assert_eq!(found, [(2, Some(7), 6144), (4, Some(1), 0)]);
+    }
 }

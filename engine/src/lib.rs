@@ -76,6 +76,56 @@ pub struct Reconstruction {
     /// Whether the trace says anything about reserved bytes (segments, segment events or a
     /// reserved statistic).
     pub reserved_known: bool,
+    /// States kept by the walk, `(position, state after that many events)` in increasing
+    /// position, from which [`Reconstruction::state_at`] walks forwards instead of from the
+    /// start; empty except from [`Reconstruction::without_links`] (see [`Checkpoints`]).
+    checkpoints: Vec<(usize, MemoryState)>,
+}
+
+/// The states [`Reconstruction::without_links`] keeps on its way back, so that the state at
+/// any event (the peak's, which the model view asks for) is a short walk forwards from one
+/// of them rather than from the start. A state is kept when the events since the last one
+/// kept are at least a sixteenth of the trace (and at least [`Checkpoints::MIN_GAP`]) and at
+/// least [`Checkpoints::EVENTS_PER_ITEM`] times its blocks and segments: at most sixteen
+/// states, holding together at most one item per 16 events of the trace, so that what they
+/// add to a big trace's memory is a small fraction of its events'.
+struct Checkpoints {
+    kept: Vec<(usize, MemoryState)>,
+    /// The position of the last state kept (the walk goes backwards).
+    above: usize,
+    /// The fewest events between two kept states.
+    gap: usize,
+}
+
+impl Checkpoints {
+    /// The events each kept item (block or segment) must stand for.
+    const EVENTS_PER_ITEM: usize = 16;
+    /// The fewest events between two kept states, and how often the walk offers one.
+    const MIN_GAP: usize = 16_384;
+
+    fn new(events: usize) -> Checkpoints {
+        Checkpoints {
+            kept: Vec::new(),
+            above: usize::MAX,
+            gap: (events / 16).max(Self::MIN_GAP),
+        }
+    }
+
+    /// Keeps `state`, the state after `pos` events, when it is far enough from the last.
+    fn offer(&mut self, pos: usize, state: &MemoryState) {
+        let items = state.blocks.len() + state.segments.len();
+        let gap = items.saturating_mul(Self::EVENTS_PER_ITEM).max(self.gap);
+        if self.above.saturating_sub(pos) >= gap {
+            self.kept.push((pos, state.clone()));
+            self.above = pos;
+        }
+    }
+
+    /// The kept states in increasing position.
+    fn into_increasing(mut self) -> Vec<(usize, MemoryState)> {
+        self.kept.reverse();
+        self.kept
+    }
 }
 
 impl Reconstruction {
@@ -97,7 +147,15 @@ impl Reconstruction {
     /// walk lets go of each stretch of links once it has undone those events, so that at the
     /// peak of a big trace's memory they are not beside the usage (four bytes an event).
     pub fn without_links(snapshot: &Snapshot) -> Reconstruction {
-        Reconstruction::walk(snapshot, 0, &mut |_, _| {}, Some(1 << 20))
+        let mut checkpoints = Checkpoints::new(snapshot.events.len());
+        let mut walk = Reconstruction::walk(
+            snapshot,
+            Checkpoints::MIN_GAP,
+            &mut |pos, state| checkpoints.offer(pos, state),
+            Some(1 << 20),
+        );
+        walk.checkpoints = checkpoints.into_increasing();
+        walk
     }
 
     /// [`Reconstruction::new`], keeping the links, or, with `release_links_every`, letting go
@@ -157,6 +215,7 @@ impl Reconstruction {
             peak_allocated,
             peak_reserved,
             reserved_known,
+            checkpoints: Vec::new(),
         }
     }
 
@@ -177,10 +236,15 @@ impl Reconstruction {
         state
     }
 
-    /// The state after the first `pos` events, walked forwards from the start.
+    /// The state after the first `pos` events, walked forwards from the start or from the
+    /// nearest state the walk kept before `pos`.
     pub fn state_at(&self, events: &[Event], pos: usize) -> MemoryState {
-        let mut state = self.start.clone();
-        for (i, e) in events.iter().enumerate().take(pos) {
+        let kept = self.checkpoints.partition_point(|(k, _)| *k <= pos);
+        let (from, mut state) = match kept.checked_sub(1) {
+            Some(i) => (self.checkpoints[i].0, self.checkpoints[i].1.clone()),
+            None => (0, self.start.clone()),
+        };
+        for (i, e) in events.iter().enumerate().take(pos).skip(from) {
             state.apply(e, i as u32);
         }
         state
@@ -368,5 +432,44 @@ mod tests {
             kept.start.allocated > 0,
             "the trace frees blocks from before it"
         );
+    }
+
+    /// The states the lean walk keeps make the state at any event the one the walk forwards
+    /// from the start gives, and there are at most sixteen of them however long the trace.
+    #[test]
+    fn the_states_kept_on_the_way_back_give_the_state_at_any_event() {
+        let mut snapshot = Snapshot::empty(Default::default(), Default::default());
+        // Long enough for several states to be kept; blocks live for a while and some are
+        // from before the trace.
+        for k in 0..40_000u64 {
+            let addr = 0x10_0000 + 0x1000 * (k % 37);
+            let kind = match k % 3 {
+                0 => EventKind::Alloc,
+                1 => EventKind::FreeRequested,
+                _ => EventKind::FreeCompleted,
+            };
+            snapshot.events.push(event(kind, addr, 512 * (1 + k % 11)));
+        }
+        let lean = Reconstruction::without_links(&snapshot);
+        let kept = Reconstruction::of(&snapshot);
+        assert!(
+            (2..=16).contains(&lean.checkpoints.len()),
+            "{} states kept",
+            lean.checkpoints.len()
+        );
+        assert!(kept.checkpoints.is_empty());
+        let n = snapshot.events.len();
+        let mut positions: Vec<usize> = (0..=n).step_by(997).collect();
+        for (k, _) in &lean.checkpoints {
+            positions.extend([k - 1, *k, k + 1]);
+        }
+        positions.push(n);
+        for pos in positions {
+            assert_eq!(
+                lean.state_at(&snapshot.events, pos),
+                kept.state_at(&snapshot.events, pos),
+                "position {pos}"
+            );
+        }
     }
 }

@@ -209,24 +209,32 @@ impl MemoryState {
         self.reserved = self.reserved.saturating_add(usage.reserved);
     }
 
+    /// Puts `block` at `addr`, replacing the block there, if any, in one search of the map.
     fn insert_block(&mut self, addr: u64, block: LiveBlock) {
-        self.remove_block(addr);
-        self.active = self.active.saturating_add(block.size);
-        if !block.pending {
-            self.allocated = self.allocated.saturating_add(block.size);
-            self.requested = self.requested.saturating_add(block.requested);
+        let (size, requested, pending) = (block.size, block.requested, block.pending);
+        if let Some(replaced) = self.blocks.insert(addr, block) {
+            self.uncount_block(&replaced);
         }
-        self.blocks.insert(addr, block);
+        self.active = self.active.saturating_add(size);
+        if !pending {
+            self.allocated = self.allocated.saturating_add(size);
+            self.requested = self.requested.saturating_add(requested);
+        }
     }
 
     fn remove_block(&mut self, addr: u64) -> Option<LiveBlock> {
         let block = self.blocks.remove(&addr)?;
+        self.uncount_block(&block);
+        Some(block)
+    }
+
+    /// Takes the bytes of `block`, which has left the map, out of the totals.
+    fn uncount_block(&mut self, block: &LiveBlock) {
         self.active = self.active.saturating_sub(block.size);
         if !block.pending {
             self.allocated = self.allocated.saturating_sub(block.size);
             self.requested = self.requested.saturating_sub(block.requested);
         }
-        Some(block)
     }
 
     fn set_pending(&mut self, addr: u64, pending: bool) -> bool {
@@ -406,12 +414,16 @@ impl MemoryState {
             None => LiveBlock::before_trace(e, pending),
         };
         match e.kind {
-            EventKind::Alloc => {
-                self.remove_block(e.addr);
-                if let Some((a, i)) = alloc {
+            // The block the allocation replaced comes back in its place; else the address
+            // is empty again.
+            EventKind::Alloc => match alloc {
+                Some((a, i)) => {
                     self.insert_block(e.addr, LiveBlock::from_alloc(a, i, pending_before));
                 }
-            }
+                None => {
+                    self.remove_block(e.addr);
+                }
+            },
             EventKind::FreeRequested => {
                 if !self.set_pending(e.addr, false) {
                     self.insert_block(e.addr, recreate(false));

@@ -655,22 +655,31 @@ fn replay_with_ring(
     let sim = SimDevice::phantom(UNLIMITED_CAPACITY);
     let alloc = CachingAllocator::new(sim.clone(), config);
     alloc.set_memory_limit(options.capacity);
-    // A replay without the trace's own figures needs only where the trace started: the
-    // start-only walk keeps no usage per event.
-    let (start, original) = match keep {
-        Keep::TraceFigures { estimated } => {
-            let walk = Reconstruction::of(snapshot);
-            let mut original = original_figures(snapshot, &walk, device);
-            original.peak_allocated_estimated = *estimated;
-            (options.reconstruct_start.then_some(walk.start), original)
-        }
-        _ => (
-            options
-                .reconstruct_start
-                .then(|| Reconstruction::start_of(snapshot)),
-            Figures::default(),
-        ),
-    };
+    // The walk back to the trace's start and the choice of the events to replay each go
+    // through every event, and neither needs the other: the choice runs on a second thread.
+    let ((start, original), (events, empty_cache_at)) = std::thread::scope(|scope| {
+        let chosen = scope.spawn(|| replayed_events(snapshot, device));
+        // A replay without the trace's own figures needs only where the trace started: the
+        // start-only walk keeps no usage per event.
+        let start = match keep {
+            Keep::TraceFigures { estimated } => {
+                let walk = Reconstruction::of(snapshot);
+                let mut original = original_figures(snapshot, &walk, device);
+                original.peak_allocated_estimated = *estimated;
+                (options.reconstruct_start.then_some(walk.start), original)
+            }
+            _ => (
+                options
+                    .reconstruct_start
+                    .then(|| Reconstruction::start_of(snapshot)),
+                Figures::default(),
+            ),
+        };
+        let chosen = chosen
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (start, chosen)
+    });
 
     // Map the trace's addresses to the replay's.
     let mut addresses: FxHashMap<u64, u64> = FxHashMap::default();
@@ -701,9 +710,6 @@ fn replay_with_ring(
             .map(|e| (e.size, e.addr)),
     );
 
-    // `empty_cache()` calls (explicit events, or PyTorch's bursts of segment frees that no
-    // allocation asked for) are performed where the trace made them.
-    let (events, empty_cache_at) = replayed_events(snapshot, device);
     let total = events.len();
     let mut unmatched_frees = 0;
     let mut failed_frees = 0;

@@ -306,9 +306,16 @@ const ENTRY_KEYS: [&str; 7] = [
 #[derive(Default)]
 struct EntryKeys {
     by_string: FxHashMap<usize, u8>,
+    /// The identity and position of the key found at each place of the last entry's dict:
+    /// PyTorch writes every entry's keys in the same order, so the next entry's key at the
+    /// same place is usually the same string, found without a look-up.
+    last: [(usize, u8); EntryKeys::REMEMBERED],
 }
 
 impl EntryKeys {
+    /// The places of an entry's dict whose keys are remembered from the last entry.
+    const REMEMBERED: usize = 16;
+
     /// [`fields`] of `entry` with [`ENTRY_KEYS`].
     fn fields<'d>(&mut self, entry: ValueRef<'d>) -> [Option<ValueRef<'d>>; 7] {
         let position = |text: &str| {
@@ -319,13 +326,21 @@ impl EntryKeys {
         };
         let mut found = [None; 7];
         if let Some(pairs) = entry.dict_items() {
-            for (k, v) in pairs {
+            for (place, (k, v)) in pairs.enumerate() {
                 let Some(text) = k.as_str() else {
                     continue;
                 };
-                let at = match k.identity() {
-                    Some(id) => *self.by_string.entry(id).or_insert_with(|| position(text)),
-                    None => position(text),
+                let at = match (k.identity(), self.last.get_mut(place)) {
+                    // An unset place holds identity 0, which is never taken from it.
+                    (Some(id), Some(last)) if last.0 == id && id != 0 => last.1,
+                    (Some(id), last) => {
+                        let at = *self.by_string.entry(id).or_insert_with(|| position(text));
+                        if let Some(last) = last {
+                            *last = (id, at);
+                        }
+                        at
+                    }
+                    (None, _) => position(text),
                 };
                 if let Some(slot) = found.get_mut(at as usize) {
                     *slot = Some(v);
@@ -1004,14 +1019,17 @@ fn finish(
         (Some(t), Some(epoch)) => t.saturating_sub(epoch).saturating_mul(1000),
         _ => 0,
     };
-    for e in events.iter_mut() {
-        e.time_ns = relative((e.seq == 1).then_some(e.time_ns));
-    }
-    if devices_with_events > 1 {
-        events.sort_by_key(|e| e.time_ns);
-    }
+    // Numbered in the same pass unless the devices' events are merged by time first.
+    let merged = devices_with_events > 1;
     for (seq, e) in events.iter_mut().enumerate() {
+        e.time_ns = relative((e.seq == 1).then_some(e.time_ns));
         e.seq = seq as u64;
+    }
+    if merged {
+        events.sort_by_key(|e| e.time_ns);
+        for (seq, e) in events.iter_mut().enumerate() {
+            e.seq = seq as u64;
+        }
     }
     let annotations: Vec<Annotation> = annotations_raw
         .into_iter()
@@ -1126,5 +1144,53 @@ mod tests {
         assert_eq!(config.garbage_collection_threshold, None);
         assert!(config.expandable_segments);
         assert_eq!(config.roundup_power2_divisions, 4);
+    }
+
+    /// The keys of an entry are found wherever they stand in its dict: in the order of the
+    /// entry before (remembered by place), in another order, beside keys that are not read,
+    /// and as strings of their own rather than the ones the entries share.
+    #[test]
+    fn entry_keys_are_found_in_any_order() {
+        use crate::pickle::Document;
+        use crate::pickle_writer::PickleWriter;
+        let mut w = PickleWriter::new();
+        let mut shared = FxHashMap::default();
+        let entries: [&[(&str, u64)]; 4] = [
+            &[("action", 0), ("addr", 16), ("size", 512), ("stream", 7)],
+            &[("action", 0), ("addr", 32), ("size", 1024), ("stream", 8)],
+            &[("size", 2048), ("extra", 5), ("stream", 9), ("addr", 48), ("action", 0)],
+            &[("addr", 64), ("size", 4096), ("action", 0), ("stream", 10)],
+        ];
+        w.begin_list();
+        for (i, entry) in entries.iter().enumerate() {
+            w.begin_dict();
+            for &(key, value) in entry.iter() {
+                // The last entry's keys are strings of their own.
+                if i == 3 {
+                    w.str(key);
+                } else {
+                    w.shared_str(key, &mut shared);
+                }
+                if key == "action" {
+                    w.shared_str("alloc", &mut shared);
+                } else {
+                    w.uint(value);
+                }
+            }
+            w.end_dict();
+        }
+        w.end_list();
+        let doc = Document::parse(&w.finish()).unwrap();
+        let mut keys = EntryKeys::default();
+        let list = doc.root().as_seq().unwrap();
+        for (entry, expected) in list.iter().zip(entries) {
+            let [action, addr, size, stream, time_us, frames, device_free] = keys.fields(entry);
+            let value = |key: &str| expected.iter().find(|(k, _)| *k == key).unwrap().1;
+            assert_eq!(action.and_then(|v| v.as_str()), Some("alloc"));
+            assert_eq!(addr.and_then(|v| v.as_u64()), Some(value("addr")));
+            assert_eq!(size.and_then(|v| v.as_u64()), Some(value("size")));
+            assert_eq!(stream.and_then(|v| v.as_u64()), Some(value("stream")));
+            assert!(time_us.is_none() && frames.is_none() && device_free.is_none());
+        }
     }
 }

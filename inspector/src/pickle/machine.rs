@@ -671,12 +671,8 @@ impl<'a, 's> Machine<'a, 's> {
             };
             self.op = op;
             self.pos += 1;
-            if let Some(reason) = refusal(op) {
-                return Err(self.error(PickleErrorKind::Refused {
-                    opcode: self.name(),
-                    reason,
-                }));
-            }
+            // One dispatch per opcode: the opcodes refused (which no arm runs) are told apart
+            // from unknown bytes only once neither builds data.
             match op {
                 STOP => {
                     self.check_budget()?;
@@ -698,7 +694,15 @@ impl<'a, 's> Machine<'a, 's> {
                 EMPTY_LIST | EMPTY_DICT | EMPTY_TUPLE | EMPTY_SET | LIST | TUPLE | FROZENSET
                 | DICT | TUPLE1 | TUPLE2 | TUPLE3 => self.make_container(op)?,
                 APPEND | APPENDS | SETITEM | SETITEMS | ADDITEMS => self.fill_container(op)?,
-                _ => return Err(self.unknown(op)),
+                _ => {
+                    return Err(match refusal(op) {
+                        Some(reason) => self.error(PickleErrorKind::Refused {
+                            opcode: self.name(),
+                            reason,
+                        }),
+                        None => self.unknown(op),
+                    })
+                }
             }
         }
     }
