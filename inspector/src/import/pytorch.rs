@@ -1158,7 +1158,13 @@ mod tests {
         let entries: [&[(&str, u64)]; 4] = [
             &[("action", 0), ("addr", 16), ("size", 512), ("stream", 7)],
             &[("action", 0), ("addr", 32), ("size", 1024), ("stream", 8)],
-            &[("size", 2048), ("extra", 5), ("stream", 9), ("addr", 48), ("action", 0)],
+            &[
+                ("size", 2048),
+                ("extra", 5),
+                ("stream", 9),
+                ("addr", 48),
+                ("action", 0),
+            ],
             &[("addr", 64), ("size", 4096), ("action", 0), ("stream", 10)],
         ];
         w.begin_list();

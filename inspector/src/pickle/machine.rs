@@ -500,6 +500,11 @@ impl<'a, 's> Machine<'a, 's> {
         if cont.len == 0 || cont.cap != cont.len || range.end != self.doc.items.len() {
             return;
         }
+        // A list made for a streamed entry is dropped with it, and the sink never looks one
+        // up by identity: sharing its elements would only be undone.
+        if self.made_for_entry(c) {
+            return;
+        }
         let mut hasher = FxHasher::default();
         self.doc.items[range.clone()].hash(&mut hasher);
         let key = (r.kind(), hasher.finish());

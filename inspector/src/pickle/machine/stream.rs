@@ -411,6 +411,15 @@ impl Machine<'_, '_> {
         }
     }
 
+    /// Whether container `c` was made for the entry being read, which drops it once the sink
+    /// has converted the entry.
+    pub(super) fn made_for_entry(&self, c: usize) -> bool {
+        self.stream
+            .as_ref()
+            .and_then(|stream| stream.entry)
+            .is_some_and(|entry| c >= entry.containers)
+    }
+
     /// After a `SETITEM` or `SETITEMS` into `target`: the entry is complete when it is the
     /// target and no mark of its own is open.
     pub(super) fn stream_filled(&mut self, target: Ref) -> Step<()> {
