@@ -414,6 +414,46 @@ mod tests {
         }
     }
 
+    /// A block from before the trace whose free was requested in it and never completed,
+    /// then allocated over, is brought back by undoing the allocation, pending, as it was
+    /// before it: the states walked backwards are those walked forwards at every position.
+    #[test]
+    fn a_lost_free_of_a_block_from_before_the_trace_is_undone_as_it_was_applied() {
+        let mut snapshot = Snapshot::empty(Default::default(), Default::default());
+        snapshot
+            .events
+            .push(event(EventKind::FreeRequested, 0x1000, 512));
+        snapshot.events.push(event(EventKind::Alloc, 0x1000, 2048));
+        snapshot.events.push(event(EventKind::Alloc, 0x9000, 1024));
+        snapshot
+            .events
+            .push(event(EventKind::FreeRequested, 0x1000, 2048));
+        snapshot
+            .events
+            .push(event(EventKind::FreeCompleted, 0x1000, 2048));
+        let mut backwards = Vec::new();
+        let walk = Reconstruction::new(&snapshot, 1, &mut |pos, state| {
+            backwards.push((pos, state.clone()));
+        });
+        assert_eq!(backwards.len(), snapshot.events.len() - 1);
+        for (pos, state) in &backwards {
+            assert_eq!(
+                &walk.state_at(&snapshot.events, *pos),
+                state,
+                "position {pos}"
+            );
+        }
+        let pending = walk.state_at(&snapshot.events, 1);
+        assert!(pending.blocks[&0x1000].pending && pending.blocks[&0x1000].predates_trace());
+        let lean = Reconstruction::without_links(&snapshot);
+        assert_eq!(lean.start, walk.start);
+        let mut pairing = Pairing::new();
+        for (i, e) in snapshot.events.iter().enumerate() {
+            pairing.push(i as u32, e);
+        }
+        assert_eq!(pairing.lost_frees(), 1);
+    }
+
     /// Letting go of the links behind the walk, however often, changes nothing it finds.
     #[test]
     fn a_walk_that_lets_go_of_its_links_finds_the_same() {

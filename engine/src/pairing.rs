@@ -23,6 +23,9 @@ pub enum Pair {
         replaced: Option<u32>,
         /// Whether the replaced block's free had been requested (it was pending).
         replaced_requested: bool,
+        /// For a replaced block from before the trace (allocated before it, its free requested
+        /// in it and never completed), the free request, the one event that describes it.
+        replaced_request: Option<u32>,
     },
     /// A free request or completion.
     Free(FreeLink),
@@ -30,21 +33,26 @@ pub enum Pair {
 
 impl Pair {
     /// The link the walk keeps for this event (packed, one per event): a free's own, and for
-    /// an allocation that replaced a block the trace had not freed, the replaced allocation
-    /// (with whether it was pending), so that undoing the allocation brings that block back.
-    /// Every other event has [`FreeLink::NONE`].
+    /// an allocation that replaced a block the trace had not freed, the event that describes
+    /// the replaced block (its allocation, or for a block from before the trace its free
+    /// request) with whether it was pending, so that undoing the allocation brings that block
+    /// back. Every other event has [`FreeLink::NONE`].
     pub fn link(&self) -> FreeLink {
         match *self {
             Pair::Free(link) => link,
             Pair::Alloc {
-                replaced: Some(alloc),
+                replaced,
                 replaced_requested,
-            } => FreeLink {
-                alloc: Some(alloc),
-                requested_before: replaced_requested,
-                ends_allocation: false,
+                replaced_request,
+            } => match replaced.or(replaced_request) {
+                Some(event) => FreeLink {
+                    alloc: Some(event),
+                    requested_before: replaced_requested,
+                    ends_allocation: false,
+                },
+                None => FreeLink::NONE,
             },
-            _ => FreeLink::NONE,
+            Pair::Other => FreeLink::NONE,
         }
     }
 }
@@ -112,6 +120,8 @@ struct Open {
     alloc: Option<u32>,
     /// Whether its free was requested.
     requested: bool,
+    /// For a block from before the trace, the free request that made it known.
+    request: Option<u32>,
 }
 
 /// The open allocations of a trace, fed one event at a time. See the module documentation.
@@ -135,18 +145,21 @@ impl Pairing {
                 let open = Open {
                     alloc: Some(index),
                     requested: false,
+                    request: None,
                 };
                 let before = self.open.insert(e.addr, open);
                 self.lost_frees += u64::from(before.is_some());
                 Pair::Alloc {
                     replaced: before.and_then(|o| o.alloc),
                     replaced_requested: before.is_some_and(|o| o.requested),
+                    replaced_request: before.and_then(|o| o.request),
                 }
             }
             EventKind::FreeRequested => {
                 let open = self.open.entry(e.addr).or_insert(Open {
                     alloc: None,
                     requested: false,
+                    request: Some(index),
                 });
                 let first = !open.requested;
                 open.requested = true;
@@ -191,6 +204,7 @@ impl Pairing {
     pub fn drop_front(&mut self, count: u32) {
         for open in self.open.values_mut() {
             open.alloc = open.alloc.and_then(|a| a.checked_sub(count));
+            open.request = open.request.and_then(|r| r.checked_sub(count));
         }
     }
 }

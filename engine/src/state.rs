@@ -406,8 +406,9 @@ impl MemoryState {
     /// with its index, when the trace has it; `pending_before` says whether the block was
     /// pending just before a `FreeCompleted` (the trace also has the free request). For an
     /// `Alloc` that replaced a block the trace had not freed, `alloc` is that block's
-    /// allocation and `pending_before` whether it was pending: undoing brings it back, as
-    /// applying forwards replaced it.
+    /// allocation (or, for a block from before the trace, its free request) and
+    /// `pending_before` whether it was pending: undoing brings it back, as applying forwards
+    /// replaced it.
     pub fn undo(&mut self, e: &Event, alloc: Option<(&Event, u32)>, pending_before: bool) {
         let recreate = |pending: bool| match alloc {
             Some((a, i)) => LiveBlock::from_alloc(a, i, pending),
@@ -417,8 +418,12 @@ impl MemoryState {
             // The block the allocation replaced comes back in its place; else the address
             // is empty again.
             EventKind::Alloc => match alloc {
-                Some((a, i)) => {
+                Some((a, i)) if a.kind == EventKind::Alloc => {
                     self.insert_block(e.addr, LiveBlock::from_alloc(a, i, pending_before));
+                }
+                // A block from before the trace, known from its free request.
+                Some((request, _)) => {
+                    self.insert_block(e.addr, LiveBlock::before_trace(request, pending_before));
                 }
                 None => {
                     self.remove_block(e.addr);

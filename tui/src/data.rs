@@ -513,7 +513,8 @@ impl Dataset {
     }
 
     /// The allocation event paired with the free at `index`, if the trace has it (for an
-    /// allocation, the one whose block it replaced when the trace lost that block's free).
+    /// allocation, the one whose block it replaced when the trace lost that block's free, or
+    /// for a replaced block from before the trace its free request).
     pub fn alloc_of(&self, index: usize) -> Option<usize> {
         let link = FreeLink::unpack(*self.link.get(index)?);
         link.alloc.map(|a| a as usize)
