@@ -123,34 +123,54 @@ fn retaining_range(view: &ModelView<'_>) -> std::ops::Range<u32> {
 /// the sites of a group without a source line (C++ frames only) are told apart by their
 /// autograd node or C++ function.
 fn units_of(view: &ModelView<'_>) -> Vec<Unit> {
-    let mut units: Vec<Unit> = Vec::new();
-    let mut by_label: FxHashMap<String, usize> = FxHashMap::default();
+    let mut units = Units::default();
+    // A unit's name depends only on the group, or for a group without a source line on the
+    // allocation's call site: each is named once, not once per allocation (millions in a big
+    // trace, each a copy of its name).
+    let mut by_group: Vec<Option<usize>> = vec![None; view.groups().len()];
+    let mut by_site: FxHashMap<SiteId, usize> = FxHashMap::default();
     let events = &view.snapshot().events;
     for (i, iv) in view.intervals().iter().enumerate() {
         let group = view.group(iv.group);
-        let (label, function) = match (&group.file_line, group.kind) {
-            (Some(file_line), GroupKind::Site) if !file_line.starts_with("??:") => {
-                (file_line.clone(), group.function.clone())
-            }
+        let cached_by_group = &mut by_group[iv.group as usize];
+        let u = match (&group.file_line, group.kind) {
+            (Some(file_line), GroupKind::Site) if !file_line.starts_with("??:") => *cached_by_group
+                .get_or_insert_with(|| units.named(file_line.clone(), group.function.clone())),
             _ => match iv.alloc(events).site() {
-                Some(site) => {
+                Some(site) => *by_site.entry(site).or_insert_with(|| {
                     let name = view.site_name(site);
-                    (name.label, name.function)
-                }
-                None => (group.label().to_string(), String::new()),
+                    units.named(name.label, name.function)
+                }),
+                None => *cached_by_group
+                    .get_or_insert_with(|| units.named(group.label().to_string(), String::new())),
             },
         };
-        let u = *by_label.entry(label.clone()).or_insert_with(|| {
-            units.push(Unit {
-                label,
-                function,
-                intervals: Vec::new(),
-            });
-            units.len() - 1
-        });
-        units[u].intervals.push(i as u32);
+        units.list[u].intervals.push(i as u32);
     }
-    units
+    units.list
+}
+
+/// The units found so far, and each one's place by its name.
+#[derive(Default)]
+struct Units {
+    list: Vec<Unit>,
+    by_label: FxHashMap<String, usize>,
+}
+
+impl Units {
+    /// The place of the unit named `label`, made (with `function`) when it is new.
+    fn named(&mut self, label: String, function: String) -> usize {
+        if let Some(&u) = self.by_label.get(&label) {
+            return u;
+        }
+        self.list.push(Unit {
+            label: label.clone(),
+            function,
+            intervals: Vec::new(),
+        });
+        self.by_label.insert(label, self.list.len() - 1);
+        self.list.len() - 1
+    }
 }
 
 /// Live bytes of the intervals at the end of each loop step, and (first) just before the loop.
