@@ -20,10 +20,25 @@ pub(crate) fn assign_steps_by_time(
 ) -> Vec<StepMark> {
     starts.sort_by_key(|(t, _)| *t);
     let times: Vec<u64> = starts.iter().map(|(t, _)| *t).collect();
+    let mut firsts = FirstEvents::new(starts.len());
+    // Events usually come in time order: the step of the one before is where the search for
+    // the next one starts, and it moves forwards; a time that goes back is searched for.
+    let mut at = 0;
+    let mut last_time = 0;
     for event in events.iter_mut() {
-        event.step = step_after(times.partition_point(|&t| t <= event.time_ns));
+        let t = event.time_ns;
+        if t < last_time {
+            at = times.partition_point(|&s| s <= t);
+        } else {
+            while at < times.len() && times[at] <= t {
+                at += 1;
+            }
+        }
+        last_time = t;
+        event.step = step_after(at);
+        firsts.note(event);
     }
-    marks(events, starts)
+    firsts.marks(events, starts)
 }
 
 /// Numbers steps from event positions: each `(index, label)` (an index into `events`, in
@@ -31,47 +46,66 @@ pub(crate) fn assign_steps_by_time(
 pub(crate) fn assign_steps_at(events: &mut [Event], starts: Vec<(usize, String)>) -> Vec<StepMark> {
     let mut next = starts.iter().map(|(i, _)| *i).peekable();
     let mut step = 0;
+    let mut firsts = FirstEvents::new(starts.len());
     for (i, event) in events.iter_mut().enumerate() {
         while next.peek() == Some(&i) {
             next.next();
             step += 1;
         }
         event.step = step_after(step);
+        firsts.note(event);
     }
     let with_times = starts
         .into_iter()
         .map(|(i, label)| (events.get(i).map(|e| e.time_ns).unwrap_or(0), label))
         .collect();
-    marks(events, with_times)
+    firsts.marks(events, with_times)
 }
 
-/// Builds the step marks once every event has its step: a step's `seq` is the first event of
-/// that step or a later one (one past the last event when none follows).
-fn marks(events: &[Event], starts: Vec<(u64, String)>) -> Vec<StepMark> {
-    let n = starts.len();
-    let end = events.last().map(|e| e.seq + 1).unwrap_or(0);
-    let mut first = vec![u64::MAX; n + 2];
-    for e in events {
-        let s = (e.step as usize).min(n + 1);
-        first[s] = first[s].min(e.seq);
+/// The first event of each step, noted as the steps are given out, for the step marks.
+struct FirstEvents {
+    /// The lowest `seq` of each step number (`u64::MAX` for none); the last slot collects
+    /// steps past the marks.
+    first: Vec<u64>,
+}
+
+impl FirstEvents {
+    fn new(marks: usize) -> FirstEvents {
+        FirstEvents {
+            first: vec![u64::MAX; marks + 2],
+        }
     }
-    for s in (0..=n).rev() {
-        first[s] = first[s].min(first[s + 1]);
+
+    /// Notes `event`, which has its step.
+    fn note(&mut self, event: &Event) {
+        let s = (event.step as usize).min(self.first.len() - 1);
+        self.first[s] = self.first[s].min(event.seq);
     }
-    starts
-        .into_iter()
-        .enumerate()
-        .map(|(k, (time_ns, label))| StepMark {
-            step: k as u64 + 1,
-            seq: if first[k + 1] == u64::MAX {
-                end
-            } else {
-                first[k + 1]
-            },
-            time_ns,
-            label,
-        })
-        .collect()
+
+    /// The step marks once every event has its step: a step's `seq` is the first event of
+    /// that step or a later one (one past the last event when none follows).
+    fn marks(mut self, events: &[Event], starts: Vec<(u64, String)>) -> Vec<StepMark> {
+        let n = starts.len();
+        let end = events.last().map(|e| e.seq + 1).unwrap_or(0);
+        let first = &mut self.first;
+        for s in (0..=n).rev() {
+            first[s] = first[s].min(first[s + 1]);
+        }
+        starts
+            .into_iter()
+            .enumerate()
+            .map(|(k, (time_ns, label))| StepMark {
+                step: k as u64 + 1,
+                seq: if first[k + 1] == u64::MAX {
+                    end
+                } else {
+                    first[k + 1]
+                },
+                time_ns,
+                label,
+            })
+            .collect()
+    }
 }
 
 /// Microseconds of 2000-01-01 since the Unix epoch: earlier times are taken to be relative
@@ -218,6 +252,32 @@ mod tests {
         );
         assert_eq!((marks[1].step, marks[1].seq), (2, 3));
         assert_eq!((marks[2].step, marks[2].seq), (3, 6));
+    }
+
+    /// Times that go back (threads, clocks) get the step their own time falls in, as a search
+    /// of every event would give, before and after the step search resumes going forwards.
+    #[test]
+    fn steps_by_time_when_times_go_back() {
+        let times = [5, 15, 3, 25, 25, 12, 10, 30, 0, 20];
+        let mut events: Vec<Event> = times
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| event(i as u64, t))
+            .collect();
+        let starts = [10, 20];
+        let marks = assign_steps_by_time(
+            &mut events,
+            starts.iter().map(|&t| (t, "s".to_string())).collect(),
+        );
+        let expected: Vec<u32> = times
+            .iter()
+            .map(|&t| starts.iter().filter(|&&s| s <= t).count() as u32)
+            .collect();
+        let steps: Vec<u32> = events.iter().map(|e| e.step).collect();
+        assert_eq!(steps, expected);
+        assert_eq!(steps, [0, 1, 0, 2, 2, 1, 1, 2, 0, 2]);
+        // Each mark names the first event of its step or a later one.
+        assert_eq!((marks[0].seq, marks[1].seq), (1, 3));
     }
 
     #[test]
