@@ -77,21 +77,22 @@ pub struct Reconstruction {
     /// reserved statistic).
     pub reserved_known: bool,
     /// States kept by the walk, `(position, state after that many events)` in increasing
-    /// position, from which [`Reconstruction::state_at`] walks forwards instead of from the
-    /// start; empty except from [`Reconstruction::without_links`] (see [`Checkpoints`]).
+    /// position, from which [`Reconstruction::state_walked`] undoes events instead of from the
+    /// end; empty except from [`Reconstruction::without_links`] (see [`Checkpoints`]).
     checkpoints: Vec<(usize, MemoryState)>,
 }
 
-/// The states [`Reconstruction::without_links`] keeps on its way back, so that the state at
-/// any event (the peak's, which the model view asks for) is a short walk forwards from one
-/// of them rather than from the start. A state is kept when the events since the last one
-/// kept are at least a sixteenth of the trace (and at least [`Checkpoints::MIN_GAP`]) and at
-/// least [`Checkpoints::EVENTS_PER_ITEM`] times its blocks and segments: at most sixteen
-/// states, holding together at most one item per 16 events of the trace, so that what they
-/// add to a big trace's memory is a small fraction of its events'.
+/// The states [`Reconstruction::without_links`] keeps on its way back, so that the walk's
+/// state at any event (the peak's, which the model view asks for) is a short walk back from
+/// one of them rather than from the end ([`Reconstruction::state_walked`]). A state is kept
+/// when the events between it and the last one kept (or the end) are at least a sixteenth of
+/// the trace (and at least [`Checkpoints::MIN_GAP`]) and at least
+/// [`Checkpoints::EVENTS_PER_ITEM`] times its blocks and segments: at most sixteen states,
+/// holding together at most one item per 16 events of the trace, so that what they add to a
+/// big trace's memory is a small fraction of its events'.
 struct Checkpoints {
     kept: Vec<(usize, MemoryState)>,
-    /// The position of the last state kept (the walk goes backwards).
+    /// The position of the last state kept, or the end (the walk goes backwards).
     above: usize,
     /// The fewest events between two kept states.
     gap: usize,
@@ -106,7 +107,7 @@ impl Checkpoints {
     fn new(events: usize) -> Checkpoints {
         Checkpoints {
             kept: Vec::new(),
-            above: usize::MAX,
+            above: events,
             gap: (events / 16).max(Self::MIN_GAP),
         }
     }
@@ -236,16 +237,52 @@ impl Reconstruction {
         state
     }
 
-    /// The state after the first `pos` events, walked forwards from the start or from the
-    /// nearest state the walk kept before `pos`.
+    /// The state after the first `pos` events, walked forwards from the start.
     pub fn state_at(&self, events: &[Event], pos: usize) -> MemoryState {
-        let kept = self.checkpoints.partition_point(|(k, _)| *k <= pos);
-        let (from, mut state) = match kept.checked_sub(1) {
-            Some(i) => (self.checkpoints[i].0, self.checkpoints[i].1.clone()),
-            None => (0, self.start.clone()),
-        };
-        for (i, e) in events.iter().enumerate().take(pos).skip(from) {
+        let mut state = self.start.clone();
+        for (i, e) in events.iter().enumerate().take(pos) {
             state.apply(e, i as u32);
+        }
+        state
+    }
+
+    /// The state after the first `pos` events as the walk back from the end had it: the state
+    /// whose figures [`Reconstruction::usage`] holds, so that what it holds adds up to them
+    /// (the peak's holdings to the peak). On a consistent trace it is
+    /// [`Reconstruction::state_at`]'s; where the trace contradicts itself (a block freed twice,
+    /// a free request repeated), walking forwards from the start can differ. It is undone from
+    /// the nearest state the walk kept at or after `pos`, or from the end, with the events'
+    /// links, found again by pairing the events before them when the walk let go of its own.
+    pub fn state_walked(&self, events: &[Event], pos: usize) -> MemoryState {
+        let n = events.len();
+        let pos = pos.min(n);
+        let above = self.checkpoints.partition_point(|(k, _)| *k < pos);
+        let (from, mut state) = match self.checkpoints.get(above) {
+            Some((k, state)) => (*k, state.clone()),
+            None => (n, self.end.clone()),
+        };
+        if from == pos {
+            return state;
+        }
+        let found;
+        let links = if self.links.len() == n {
+            &self.links[pos..from]
+        } else {
+            let mut pairing = Pairing::new();
+            let mut window = Vec::with_capacity(from - pos);
+            for (i, e) in events.iter().enumerate().take(from) {
+                let pair = pairing.push(i as u32, e);
+                if i >= pos {
+                    window.push(pair.link().pack());
+                }
+            }
+            found = window;
+            &found[..]
+        };
+        for i in (pos..from).rev() {
+            let link = FreeLink::unpack(links[i - pos]);
+            let alloc = link.alloc.map(|a| (&events[a as usize], a));
+            state.undo(&events[i], alloc, link.requested_before);
         }
         state
     }
@@ -474,14 +511,13 @@ mod tests {
         );
     }
 
-    /// The states the lean walk keeps make the state at any event the one the walk forwards
-    /// from the start gives, and there are at most sixteen of them however long the trace.
+    /// The walk's own state at any event, from the states the lean walk keeps and the links
+    /// it finds again, is the one the full walk has there, on a trace with blocks from before
+    /// it; and at most sixteen states are kept however long the trace.
     #[test]
-    fn the_states_kept_on_the_way_back_give_the_state_at_any_event() {
+    fn the_states_kept_on_the_way_back_give_the_walks_state_at_any_event() {
         let mut snapshot = Snapshot::empty(Default::default(), Default::default());
-        // Long enough for several states to be kept; blocks live for a while and some are
-        // from before the trace.
-        for k in 0..40_000u64 {
+        for k in 0..60_000u64 {
             let addr = 0x10_0000 + 0x1000 * (k % 37);
             let kind = match k % 3 {
                 0 => EventKind::Alloc,
@@ -490,26 +526,61 @@ mod tests {
             };
             snapshot.events.push(event(kind, addr, 512 * (1 + k % 11)));
         }
+        let every = 997;
+        let mut backwards = Vec::new();
+        let full = Reconstruction::new(&snapshot, every, &mut |pos, state| {
+            backwards.push((pos, state.clone()));
+        });
         let lean = Reconstruction::without_links(&snapshot);
-        let kept = Reconstruction::of(&snapshot);
         assert!(
             (2..=16).contains(&lean.checkpoints.len()),
             "{} states kept",
             lean.checkpoints.len()
         );
-        assert!(kept.checkpoints.is_empty());
+        assert!(full.checkpoints.is_empty());
+        for (pos, state) in &backwards {
+            assert_eq!(&lean.state_walked(&snapshot.events, *pos), state, "{pos}");
+            assert_eq!(&full.state_walked(&snapshot.events, *pos), state, "{pos}");
+        }
         let n = snapshot.events.len();
-        let mut positions: Vec<usize> = (0..=n).step_by(997).collect();
+        let mut positions = vec![0, 1, n - 1, n];
         for (k, _) in &lean.checkpoints {
             positions.extend([k - 1, *k, k + 1]);
         }
-        positions.push(n);
         for pos in positions {
-            assert_eq!(
-                lean.state_at(&snapshot.events, pos),
-                kept.state_at(&snapshot.events, pos),
-                "position {pos}"
-            );
+            let walked = lean.state_walked(&snapshot.events, pos);
+            assert_eq!(walked, full.state_walked(&snapshot.events, pos), "{pos}");
+            // A consistent trace: forwards from the start gives the same.
+            assert_eq!(walked, full.state_at(&snapshot.events, pos), "{pos}");
         }
+        assert_eq!(lean.state_walked(&snapshot.events, 0), lean.start);
+        assert_eq!(lean.state_walked(&snapshot.events, n), lean.end);
+    }
+
+    /// On a trace that contradicts itself (blocks freed twice, free requests repeated), the
+    /// walk's own state at every event adds up to the usage the walk found there, wherever
+    /// the kept states fall, while the walk forwards from the start does not.
+    #[test]
+    fn the_walks_state_adds_up_to_its_usage_on_a_trace_that_contradicts_itself() {
+        let mut snapshot = Snapshot::empty(Default::default(), Default::default());
+        for k in 0..60_000u64 {
+            let addr = 0x10_0000 + 0x1000 * (k % 13);
+            let kind = match k % 5 {
+                0 => EventKind::Alloc,
+                1 | 2 => EventKind::FreeRequested,
+                _ => EventKind::FreeCompleted,
+            };
+            snapshot.events.push(event(kind, addr, 512));
+        }
+        let lean = Reconstruction::without_links(&snapshot);
+        assert!(!lean.checkpoints.is_empty());
+        let n = snapshot.events.len();
+        let mut forwards_differ = false;
+        for pos in (0..=n).step_by(211).chain([n]) {
+            let walked = lean.state_walked(&snapshot.events, pos);
+            assert_eq!(walked.usage(), lean.usage_at(pos), "{pos}");
+            forwards_differ |= lean.state_at(&snapshot.events, pos).usage() != walked.usage();
+        }
+        assert!(forwards_differ, "the trace does contradict itself");
     }
 }

@@ -61,7 +61,9 @@ impl Pair {
 /// [`Pair::link`]); stored per event by the walk and the dashboard's dataset.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FreeLink {
-    /// The allocation event the free releases, when the trace has it.
+    /// The allocation event the free releases, when the trace has it. In an allocation's
+    /// link ([`Pair::link`]), the event that describes the block it replaced: that block's
+    /// allocation, or for a block from before the trace its free request.
     pub alloc: Option<u32>,
     /// Whether the free was requested before this event (true only for a completion whose
     /// request the trace has): the block was pending just before.

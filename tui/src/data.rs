@@ -512,14 +512,6 @@ impl Dataset {
         }
     }
 
-    /// The allocation event paired with the free at `index`, if the trace has it (for an
-    /// allocation, the one whose block it replaced when the trace lost that block's free, or
-    /// for a replaced block from before the trace its free request).
-    pub fn alloc_of(&self, index: usize) -> Option<usize> {
-        let link = FreeLink::unpack(*self.link.get(index)?);
-        link.alloc.map(|a| a as usize)
-    }
-
     /// The state at position `pos` (after the first `pos` events).
     pub fn state_at(&mut self, pos: usize) -> &MemoryState {
         let n = self.len();

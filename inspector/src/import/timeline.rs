@@ -21,18 +21,17 @@ pub(crate) fn assign_steps_by_time(
     starts.sort_by_key(|(t, _)| *t);
     let times: Vec<u64> = starts.iter().map(|(t, _)| *t).collect();
     let mut firsts = FirstEvents::new(starts.len());
-    // Events usually come in time order: the step of the one before is where the search for
-    // the next one starts, and it moves forwards; a time that goes back is searched for.
+    // Events usually come in time order, mostly within one step: the step of the one before
+    // is where the next one's is looked for, found at once when the next start is still ahead,
+    // else searched for after it; a time that goes back is searched for from the first start.
     let mut at = 0;
     let mut last_time = 0;
     for event in events.iter_mut() {
         let t = event.time_ns;
         if t < last_time {
             at = times.partition_point(|&s| s <= t);
-        } else {
-            while at < times.len() && times[at] <= t {
-                at += 1;
-            }
+        } else if times.get(at).is_some_and(|&s| s <= t) {
+            at += times[at..].partition_point(|&s| s <= t);
         }
         last_time = t;
         event.step = step_after(at);

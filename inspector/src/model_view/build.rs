@@ -325,8 +325,9 @@ impl<'a> ModelViewBuilder<'a> {
         let block_step = |block: &LiveBlock| self.block_step(block);
         let live_end = holdings_of(&walk.end, &self.groups, &block_step);
         let live_peak = match walk.peak_allocated.event {
+            // The walk's own state, whose blocks add up to the peak it found.
             Some(at) => holdings_of(
-                &walk.state_at(&self.snapshot.events, at as usize + 1),
+                &walk.state_walked(&self.snapshot.events, at as usize + 1),
                 &self.groups,
                 &block_step,
             ),

@@ -247,8 +247,11 @@ impl Stacks {
             return self.transient_site(frames, loc);
         }
         let identity = frames.identity();
-        if let Some(site) = identity.and_then(|id| self.by_list.get(&id)) {
-            return Ok(*site);
+        if let Some(&site) = identity.and_then(|id| self.by_list.get(&id)) {
+            // Another list with the same frames (the reader stores equal lists once) may be
+            // the one converted: this one must not change afterwards either.
+            self.note_read(frames);
+            return Ok(site);
         }
         let list = frames
             .as_seq()

@@ -587,6 +587,43 @@ mod tests {
             .any(|site| site.frames.iter().any(|f| f.line == 777)));
     }
 
+    /// A frames list from before the traces with the same frames as one an earlier entry's
+    /// stack came from (the reader stores the two once) is read by its own entry too:
+    /// changed afterwards, it makes the document be read whole, as the entry's stack in the
+    /// document has the frame added.
+    #[test]
+    fn a_list_equal_to_a_converted_one_and_changed_later_is_read_whole() {
+        let mut w = Writer::new();
+        w.w.begin_dict();
+        w.segments();
+        w.key("other");
+        w.w.begin_list();
+        w.frame(5);
+        w.frame(1);
+        w.w.end_list();
+        let twin = w.w.memoize();
+        w.key("device_traces");
+        w.w.begin_list();
+        w.w.begin_list();
+        w.entry("alloc", 1 << 32, 1_000_000, Frames::Block);
+        w.lists.push(twin);
+        w.entry("alloc", 1 << 33, 1_000_001, Frames::Earlier(1));
+        w.w.end_list();
+        w.w.end_list();
+        w.tail();
+        w.key("extra");
+        // The twin, one frame longer: `MARK`, the frame, `APPENDS`.
+        w.w.get(twin);
+        w.w.begin_tuple();
+        w.frame(2);
+        w.w.end_list();
+        w.w.end_dict();
+        let s = assert_same(&w.w.finish(), false);
+        assert_eq!(s.events.len(), 2);
+        let depth = |e: &Event| s.sites[e.site().unwrap() as usize].frames.len();
+        assert_eq!((depth(&s.events[0]), depth(&s.events[1])), (2, 3));
+    }
+
     #[test]
     fn a_list_appended_twice_is_read_whole() {
         let mut w = Writer::new();
