@@ -511,21 +511,29 @@ mod tests {
         );
     }
 
+    /// 60,000 events cycling through `addresses` addresses and the `kinds` (0 an allocation,
+    /// 1 a free request, 2 a completed free), of `size(k)` bytes for the `k`-th: long enough
+    /// for the lean walk to keep a few states.
+    fn cycling_trace(addresses: u64, kinds: &[u8], size: impl Fn(u64) -> u64) -> Snapshot {
+        let mut snapshot = Snapshot::empty(Default::default(), Default::default());
+        for k in 0..60_000u64 {
+            let addr = 0x10_0000 + 0x1000 * (k % addresses);
+            let kind = match kinds[(k % kinds.len() as u64) as usize] {
+                0 => EventKind::Alloc,
+                1 => EventKind::FreeRequested,
+                _ => EventKind::FreeCompleted,
+            };
+            snapshot.events.push(event(kind, addr, size(k)));
+        }
+        snapshot
+    }
+
     /// The walk's own state at any event, from the states the lean walk keeps and the links
     /// it finds again, is the one the full walk has there, on a trace with blocks from before
     /// it; and at most sixteen states are kept however long the trace.
     #[test]
     fn the_states_kept_on_the_way_back_give_the_walks_state_at_any_event() {
-        let mut snapshot = Snapshot::empty(Default::default(), Default::default());
-        for k in 0..60_000u64 {
-            let addr = 0x10_0000 + 0x1000 * (k % 37);
-            let kind = match k % 3 {
-                0 => EventKind::Alloc,
-                1 => EventKind::FreeRequested,
-                _ => EventKind::FreeCompleted,
-            };
-            snapshot.events.push(event(kind, addr, 512 * (1 + k % 11)));
-        }
+        let snapshot = cycling_trace(37, &[0, 1, 2], |k| 512 * (1 + k % 11));
         let every = 997;
         let mut backwards = Vec::new();
         let full = Reconstruction::new(&snapshot, every, &mut |pos, state| {
@@ -562,16 +570,7 @@ mod tests {
     /// the kept states fall, while the walk forwards from the start does not.
     #[test]
     fn the_walks_state_adds_up_to_its_usage_on_a_trace_that_contradicts_itself() {
-        let mut snapshot = Snapshot::empty(Default::default(), Default::default());
-        for k in 0..60_000u64 {
-            let addr = 0x10_0000 + 0x1000 * (k % 13);
-            let kind = match k % 5 {
-                0 => EventKind::Alloc,
-                1 | 2 => EventKind::FreeRequested,
-                _ => EventKind::FreeCompleted,
-            };
-            snapshot.events.push(event(kind, addr, 512));
-        }
+        let snapshot = cycling_trace(13, &[0, 1, 1, 2, 2], |_| 512);
         let lean = Reconstruction::without_links(&snapshot);
         assert!(!lean.checkpoints.is_empty());
         let n = snapshot.events.len();
