@@ -78,7 +78,8 @@ pub struct Reconstruction {
     pub reserved_known: bool,
     /// States kept by the walk, `(position, state after that many events)` in increasing
     /// position, from which [`Reconstruction::state_walked`] undoes events instead of from the
-    /// end; empty except from [`Reconstruction::without_links`] (see [`Checkpoints`]).
+    /// end; empty except from [`Reconstruction::without_links`] and
+    /// [`Reconstruction::with_states`] (see [`Checkpoints`]).
     checkpoints: Vec<(usize, MemoryState)>,
 }
 
@@ -148,12 +149,24 @@ impl Reconstruction {
     /// walk lets go of each stretch of links once it has undone those events, so that at the
     /// peak of a big trace's memory they are not beside the usage (four bytes an event).
     pub fn without_links(snapshot: &Snapshot) -> Reconstruction {
+        Reconstruction::keeping_states(snapshot, Some(1 << 20))
+    }
+
+    /// [`Reconstruction::of`], also keeping a few states on the way back, for a caller that
+    /// asks for the walk's state at several events ([`Reconstruction::state_walked`]: the
+    /// HTML explorer's moments).
+    pub fn with_states(snapshot: &Snapshot) -> Reconstruction {
+        Reconstruction::keeping_states(snapshot, None)
+    }
+
+    /// The walk, keeping states as [`Checkpoints`] chooses them.
+    fn keeping_states(snapshot: &Snapshot, release_links_every: Option<usize>) -> Reconstruction {
         let mut checkpoints = Checkpoints::new(snapshot.events.len());
         let mut walk = Reconstruction::walk(
             snapshot,
             Checkpoints::MIN_GAP,
             &mut |pos, state| checkpoints.offer(pos, state),
-            Some(1 << 20),
+            release_links_every,
         );
         walk.checkpoints = checkpoints.into_increasing();
         walk

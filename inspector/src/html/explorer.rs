@@ -181,7 +181,7 @@ impl ExplorerData {
     /// Builds the explorer's data of `view`'s snapshot, with `capacity` as the device's.
     pub fn build(view: &ModelView<'_>, capacity: Option<u64>) -> ExplorerData {
         let snapshot = view.snapshot();
-        let walk = Reconstruction::of(snapshot);
+        let walk = Reconstruction::with_states(snapshot);
         let groups = view.site_groups();
         let events = &snapshot.events;
         let n = events.len();
@@ -288,7 +288,10 @@ fn bytes_by_group(state: &MemoryState, groups: &SiteGroups) -> FxHashMap<GroupId
 }
 
 /// One walk forwards from the engine's start state: the change of each group's bytes at every
-/// position where one changes, and the `planned` moments as the walk reaches them.
+/// position where one changes, and the `planned` moments as the walk reaches them. A moment is
+/// the engine's own state there ([`Reconstruction::state_walked`]), as the model view's "at
+/// peak" holdings are, so that its table adds up to the figures the walk found even on a
+/// trace that contradicts itself (where the walk forwards can differ).
 fn walk_forwards(
     snapshot: &Snapshot,
     walk: &Reconstruction,
@@ -309,13 +312,17 @@ fn walk_forwards(
             .filter(|b| !b.pending)
             .map(|b| (groups.of_block(b), b.size))
     };
-    let mut take_moment = |pos: u64, state: &MemoryState, moments: &mut Vec<Moment>| {
+    let mut take_moment = |pos: u64, moments: &mut Vec<Moment>| {
+        if planned.get(next_moment).is_none_or(|plan| plan.pos != pos) {
+            return;
+        }
+        let state = walk.state_walked(events, pos as usize);
         while next_moment < planned.len() && planned[next_moment].pos == pos {
             let plan = &planned[next_moment];
             moments.push(moment(
                 plan.name.clone(),
                 pos,
-                state,
+                &state,
                 groups,
                 walk.reserved_known,
                 plan.max_blocks,
@@ -324,7 +331,7 @@ fn walk_forwards(
             next_moment += 1;
         }
     };
-    take_moment(0, &state, &mut moments);
+    take_moment(0, &mut moments);
     for (i, e) in events.iter().enumerate() {
         let touches = matches!(
             e.kind,
@@ -342,9 +349,7 @@ fn walk_forwards(
                 push_deltas(&mut deltas, i as u32 + 1, before, after);
             }
         }
-        // The end is the engine's end state (the dump-time state), as every view shows it.
-        let at = if i + 1 == n { &walk.end } else { &state };
-        take_moment(i as u64 + 1, at, &mut moments);
+        take_moment(i as u64 + 1, &mut moments);
     }
     (deltas, moments)
 }
@@ -830,6 +835,38 @@ mod tests {
         let end = data.moments.iter().find(|m| m.pos == data.events).unwrap();
         assert_eq!(total(end), view.end_allocated());
         assert_eq!(end.allocated, view.end_allocated());
+    }
+
+    /// On a trace that frees blocks twice, the walk forwards from the start and the engine's
+    /// walk disagree on what was live at the peak: the explorer's table at the peak and the
+    /// model view's "at peak" holdings both come from the engine's walk, and both add up to
+    /// the peak it found.
+    #[test]
+    fn the_peak_table_adds_up_on_a_trace_that_contradicts_itself() {
+        let mut t = Trace::new();
+        let s = t.site("train.py", 7, "step");
+        let (a, b) = (0x10_0000, 0x20_0000);
+        t.alloc_at(s, a, MIB);
+        t.free(a, MIB);
+        t.alloc_at(s, b, 2 * MIB);
+        // The first block again, freed already: walking back from the end, it was live until
+        // here, from before the trace.
+        t.free(a, MIB);
+        t.free(b, 2 * MIB);
+        let snapshot = t.finish();
+        let view = ModelView::new(&snapshot);
+        let data = ExplorerData::build(&view, None);
+        let peak = data.peak_moment().expect("a moment at the peak");
+        let total = peak.sites.iter().map(|r| r[1]).sum::<u64>() + peak.rest[1];
+        assert_eq!(total, view.peak_allocated());
+        let held: u64 = view.live_at_peak().iter().map(|h| h.bytes).sum();
+        assert_eq!(held, view.peak_allocated());
+        let forwards = Reconstruction::of(&snapshot).state_at(&snapshot.events, peak.pos as usize);
+        assert_ne!(
+            forwards.allocated,
+            view.peak_allocated(),
+            "the trace contradicts itself"
+        );
     }
 
     #[test]
