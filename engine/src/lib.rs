@@ -281,21 +281,11 @@ impl Reconstruction {
         let links = if self.links.len() == n {
             &self.links[pos..from]
         } else {
-            let mut pairing = Pairing::new();
-            let mut window = Vec::with_capacity(from - pos);
-            for (i, e) in events.iter().enumerate().take(from) {
-                let pair = pairing.push(i as u32, e);
-                if i >= pos {
-                    window.push(pair.link().pack());
-                }
-            }
-            found = window;
+            found = pair_links(&mut Pairing::new(), events, pos, from);
             &found[..]
         };
         for i in (pos..from).rev() {
-            let link = FreeLink::unpack(links[i - pos]);
-            let alloc = link.alloc.map(|a| (&events[a as usize], a));
-            state.undo(&events[i], alloc, link.requested_before);
+            undo_linked(&mut state, events, links[i - pos], i);
         }
         state
     }
@@ -320,9 +310,27 @@ pub fn is_segment_event(e: &Event) -> bool {
 
 /// Undoes event `i` of `events` on `state`, with the allocation its packed link names.
 pub fn undo(state: &mut MemoryState, events: &[Event], links: &[u32], i: usize) {
-    let link = FreeLink::unpack(links[i]);
+    undo_linked(state, events, links[i], i);
+}
+
+/// [`undo`] with event `i`'s packed link `link` at hand.
+fn undo_linked(state: &mut MemoryState, events: &[Event], link: u32, i: usize) {
+    let link = FreeLink::unpack(link);
     let alloc = link.alloc.map(|a| (&events[a as usize], a));
     state.undo(&events[i], alloc, link.requested_before);
+}
+
+/// Pairs `events[..upto]` on `pairing`, returning the packed links ([`Pair::link`]) of those
+/// from `keep_from` on.
+fn pair_links(pairing: &mut Pairing, events: &[Event], keep_from: usize, upto: usize) -> Vec<u32> {
+    let mut links = Vec::with_capacity(upto.saturating_sub(keep_from));
+    for (i, e) in events.iter().enumerate().take(upto) {
+        let link = pairing.push(i as u32, e).link();
+        if i >= keep_from {
+            links.push(link.pack());
+        }
+    }
+    links
 }
 
 /// What the backward walk starts from: the link of every free, the pairing after the last
@@ -342,10 +350,7 @@ impl EndOfTrace {
         let events = &snapshot.events;
         let n = events.len();
         let mut pairing = Pairing::new();
-        let mut links = Vec::with_capacity(n);
-        for (i, e) in events.iter().enumerate() {
-            links.push(pairing.push(i as u32, e).link().pack());
-        }
+        let links = pair_links(&mut pairing, events, 0, n);
         let dump_time_state = !snapshot.segments.is_empty();
         let end = if dump_time_state {
             let mut end = MemoryState::from_segments(&snapshot.segments);

@@ -89,6 +89,16 @@ impl LiveBlock {
         }
     }
 
+    /// The block that event `e` (at index `index`) describes: the one an allocation made, or
+    /// one from before the trace that a free made known.
+    fn described_by(e: &Event, index: u32, pending: bool) -> LiveBlock {
+        if e.kind == EventKind::Alloc {
+            LiveBlock::from_alloc(e, index, pending)
+        } else {
+            LiveBlock::before_trace(e, pending)
+        }
+    }
+
     /// A block allocated before the trace, known only from the free event `e`.
     fn before_trace(e: &Event, pending: bool) -> LiveBlock {
         LiveBlock {
@@ -411,20 +421,14 @@ impl MemoryState {
     /// replaced it.
     pub fn undo(&mut self, e: &Event, alloc: Option<(&Event, u32)>, pending_before: bool) {
         let recreate = |pending: bool| match alloc {
-            Some((a, i)) => LiveBlock::from_alloc(a, i, pending),
+            Some((a, i)) => LiveBlock::described_by(a, i, pending),
             None => LiveBlock::before_trace(e, pending),
         };
         match e.kind {
             // The block the allocation replaced comes back in its place; else the address
             // is empty again.
             EventKind::Alloc => match alloc {
-                Some((a, i)) if a.kind == EventKind::Alloc => {
-                    self.insert_block(e.addr, LiveBlock::from_alloc(a, i, pending_before));
-                }
-                // A block from before the trace, known from its free request.
-                Some((request, _)) => {
-                    self.insert_block(e.addr, LiveBlock::before_trace(request, pending_before));
-                }
+                Some(_) => self.insert_block(e.addr, recreate(pending_before)),
                 None => {
                     self.remove_block(e.addr);
                 }
