@@ -579,7 +579,9 @@ pub fn size_blocks_with_progress(
 
 /// The device calls a verifying replay makes, taken out of the allocator's event ring every
 /// [`CallLog::EVERY`] trace events, so that the ring holds [`CallLog::RING`] events rather
-/// than all of them (two or more per trace event, 64 bytes each: more than the trace itself).
+/// than all of them. The replay's allocator records device calls and no allocation or free
+/// (`CachingAllocator::recording_device_calls`): those would be two or more events per trace
+/// event, 64 bytes each, pushed only to be passed over here.
 struct CallLog {
     /// The first event not taken out yet.
     next_seq: u64,
@@ -653,7 +655,8 @@ fn replay_with_ring(
     // whose pages expandable segments may map past the cap: the cap is the allocator's memory
     // limit, on a device without one.
     let sim = SimDevice::phantom(UNLIMITED_CAPACITY);
-    let alloc = CachingAllocator::new(sim.clone(), config);
+    // Its ring is read for device calls only: allocations and frees are not recorded.
+    let alloc = CachingAllocator::recording_device_calls(sim.clone(), config);
     alloc.set_memory_limit(options.capacity);
     // The walk back to the trace's start and the choice of the events to replay each go
     // through every event, and neither needs the other: the choice runs on a second thread.

@@ -70,8 +70,12 @@ struct Shared<B: Backend> {
     /// vramscope's number of the thread holding an [`Exclusive`] guard (0: none), so that the
     /// same thread locking again is refused with a message instead of deadlocking.
     exclusive_thread: AtomicU64,
-    /// Call sites or events are recorded (`config.record_sites || config.record_events`).
+    /// Call sites or events are recorded (`config.record_sites || config.record_events`,
+    /// without `config.record_events` for an allocator that records device calls only).
     tracking: bool,
+    /// Allocations and frees are recorded as events (`config.record_events`, unless the
+    /// allocator records device calls only: [`CachingAllocator::recording_device_calls`]).
+    record_blocks: bool,
     /// Handed-out blocks are checked (`config.debug || config.guard_bytes > 0`).
     checks: bool,
     /// `config.max_split_size`, or `u64::MAX` when unset (no block is oversize).
@@ -109,6 +113,22 @@ impl<B: Backend> Clone for CachingAllocator<B> {
 impl<B: Backend> CachingAllocator<B> {
     /// An allocator for `device` with `config`.
     pub fn new(device: B, config: AllocatorConfig) -> CachingAllocator<B> {
+        let record_blocks = config.record_events;
+        Self::build(device, config, record_blocks)
+    }
+
+    /// An allocator for `device` with `config` whose event ring records what the device is
+    /// asked for (segments allocated, freed, mapped and unmapped) and out-of-memory failures,
+    /// `empty_cache()` calls and steps, but no allocation or free: the ring of a replay that
+    /// only compares device calls, which would otherwise hold two or more block events per
+    /// call. Events are recorded only if `config.record_events` is set; call sites only if
+    /// `config.record_sites` is. The policy, the statistics and the device calls are those of
+    /// [`CachingAllocator::new`].
+    pub fn recording_device_calls(device: B, config: AllocatorConfig) -> CachingAllocator<B> {
+        Self::build(device, config, false)
+    }
+
+    fn build(device: B, config: AllocatorConfig, record_blocks: bool) -> CachingAllocator<B> {
         let info = device.mem_info();
         let epoch_unix_ns = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -124,7 +144,8 @@ impl<B: Backend> CachingAllocator<B> {
             shared: Arc::new(Shared {
                 id,
                 exclusive_thread: AtomicU64::new(0),
-                tracking: config.record_sites || config.record_events,
+                tracking: config.record_sites || record_blocks,
+                record_blocks,
                 checks: config.debug || config.guard_bytes > 0,
                 max_split: config.max_split_size.unwrap_or(u64::MAX),
                 expandable_segments: config.uses_expandable_segments(),

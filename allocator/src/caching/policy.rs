@@ -268,7 +268,7 @@ impl<'a, B: Backend> Books<'a, B> {
             let block = *self.state.blocks.get(id);
             self.reborrow().check_reused(&block, size);
         }
-        if config.record_events {
+        if shared.record_blocks {
             self.state.record(
                 &shared.clock,
                 EventKind::Alloc,
@@ -639,7 +639,7 @@ impl<'a, B: Backend> Books<'a, B> {
         if b.size >= shared.max_split {
             stats.oversize_allocations.decrease(1);
         }
-        if shared.config.record_events {
+        if shared.record_blocks {
             state.record(
                 &shared.clock,
                 EventKind::FreeRequested,
@@ -723,7 +723,7 @@ impl<'a, B: Backend> Books<'a, B> {
                 },
             );
         }
-        if shared.config.record_events {
+        if shared.record_blocks {
             let parts = RawEventParts {
                 addr: original.addr,
                 size: original.size,
