@@ -511,6 +511,19 @@ pub fn size_blocks_with_progress(
     snapshot: &mut Snapshot,
     progress: &mut dyn FnMut(usize, usize),
 ) -> BlockSizing {
+    size_blocks_visiting(snapshot, progress, &mut |_, _| {})
+}
+
+/// [`size_blocks_with_progress`], handing every event, in order and once it has its block
+/// size, to `visit` with what the engine's pairing (`vramscope_engine::Pairing`, over all
+/// the snapshot's events) found for it: the sizing's last pass pairs the whole trace, and a
+/// caller that needs the sized events paired (the importer's statistics) need not pair it
+/// again.
+pub fn size_blocks_visiting(
+    snapshot: &mut Snapshot,
+    progress: &mut dyn FnMut(usize, usize),
+    visit: &mut dyn FnMut(&Event, Pair),
+) -> BlockSizing {
     // Until the replay says better, every block is its request rounded (which is also what
     // the replay's starting state needs of blocks from before the trace).
     let divisions = snapshot.config.roundup_power2_divisions;
@@ -561,18 +574,25 @@ pub fn size_blocks_with_progress(
     let mut pairing = Pairing::new();
     for i in 0..snapshot.events.len() {
         let e = &snapshot.events[i];
-        let size = match (e.kind, pairing.push(i as u32, e)) {
-            (EventKind::Alloc, _) => served
-                .get(&(i as u32))
-                .copied()
-                .unwrap_or_else(|| round_size(e.requested, divisions)),
-            (_, Pair::Free(link)) => match link.alloc {
+        let pair = pairing.push(i as u32, e);
+        let size = match (e.kind, pair) {
+            (EventKind::Alloc, _) => Some(
+                served
+                    .get(&(i as u32))
+                    .copied()
+                    .unwrap_or_else(|| round_size(e.requested, divisions)),
+            ),
+            (_, Pair::Free(link)) => Some(match link.alloc {
                 Some(alloc) => snapshot.events[alloc as usize].size,
                 None => round_size(e.requested, divisions),
-            },
-            _ => continue,
+            }),
+            _ => None,
         };
-        snapshot.events[i].size = size;
+        let e = &mut snapshot.events[i];
+        if let Some(size) = size {
+            e.size = size;
+        }
+        visit(e, pair);
     }
     sizing_of(result.device_calls.as_ref())
 }

@@ -52,6 +52,7 @@ mod stream;
 
 use stacks::Stacks;
 pub(crate) use stats::compute_stats;
+use stats::{SegmentPools, StatsPass};
 
 /// The size of a small-pool segment.
 const SMALL_SEGMENT: u64 = 2 << 20;
@@ -1104,24 +1105,39 @@ fn finish(
         violations: Vec::new(),
     };
     // PyTorch records requested sizes; every figure counts block sizes, as its statistics do.
+    // The sizing's last pass pairs every event once it has its block size: when all events are
+    // on the snapshot's device, the statistics are counted in that pass, not in a pass of
+    // their own.
+    let one_device = devices_with_events == 0 || first_device == Some(index);
+    let mut pass = one_device.then(|| StatsPass::new(SegmentPools::of(&snapshot.segments)));
+    let mut visit = |e: &Event, pair: vramscope_engine::Pair| {
+        if let Some(pass) = &mut pass {
+            pass.push(e, pair);
+        }
+    };
     match &options.progress {
         Some(progress) => {
             // The replay says how many events it goes through once it starts.
             progress.begin(Stage::SizingBlocks, 0);
-            vramscope_replay::size_blocks_with_progress(&mut snapshot, &mut |done, total| {
-                progress.set(done as u64, total as u64)
-            });
+            vramscope_replay::size_blocks_visiting(
+                &mut snapshot,
+                &mut |done, total| progress.set(done as u64, total as u64),
+                &mut visit,
+            );
         }
         None => {
-            vramscope_replay::size_blocks(&mut snapshot);
+            vramscope_replay::size_blocks_visiting(&mut snapshot, &mut |_, _| {}, &mut visit);
         }
     }
-    snapshot.stats = compute_stats(
-        &snapshot.segments,
-        &snapshot.events,
-        index,
-        &snapshot.config,
-    );
+    snapshot.stats = match pass {
+        Some(pass) => pass.finish(&snapshot.segments, index, &snapshot.config),
+        None => compute_stats(
+            &snapshot.segments,
+            &snapshot.events,
+            index,
+            &snapshot.config,
+        ),
+    };
     Ok(snapshot)
 }
 

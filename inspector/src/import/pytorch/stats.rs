@@ -35,6 +35,24 @@ fn request_pool(size: u64) -> Pool {
     }
 }
 
+/// Where the final segments lie, by device and address, with their pools: what
+/// [`segment_pool`] looks a mapped range up in. A copy of four fields per segment, so that the
+/// statistics can be worked out while the events they read are still being sized
+/// ([`StatsPass`]).
+pub(crate) struct SegmentPools(Vec<(u32, u64, u64, Pool)>);
+
+impl SegmentPools {
+    /// The pools of `segments` (sorted by device and address, as a snapshot keeps them).
+    pub(crate) fn of(segments: &[Segment]) -> SegmentPools {
+        SegmentPools(
+            segments
+                .iter()
+                .map(|s| (s.device, s.address, s.total_size, s.pool))
+                .collect(),
+        )
+    }
+}
+
 /// The pool of the segment or mapped range an event allocates or frees. A plain segment's
 /// size says it: the small pool allocates 2 MiB segments and the large pool never does (its
 /// smallest is 20 MiB, or a request of 10 MiB or more rounded to 2 MiB), so no lookup is needed,
@@ -42,7 +60,7 @@ fn request_pool(size: u64) -> Pool {
 /// the other pool took. A mapped range belongs to the expandable segment whose reserved
 /// addresses hold it, among the final segments (sorted by device and address), else its page
 /// size says it.
-fn segment_pool(segments: &[Segment], e: &Event) -> Pool {
+fn segment_pool(segments: &SegmentPools, e: &Event) -> Pool {
     let (device, addr, size) = (u32::from(e.device), e.addr, e.size);
     if matches!(e.kind, EventKind::SegmentAlloc | EventKind::SegmentFree) {
         return if size <= SMALL_SEGMENT {
@@ -51,11 +69,12 @@ fn segment_pool(segments: &[Segment], e: &Event) -> Pool {
             Pool::Large
         };
     }
-    let at = segments.partition_point(|s| (s.device, s.address) <= (device, addr));
+    let segments = &segments.0;
+    let at = segments.partition_point(|&(d, a, _, _)| (d, a) <= (device, addr));
     if at > 0 {
-        let s = &segments[at - 1];
-        if s.device == device && addr < s.address.saturating_add(s.total_size.max(1)) {
-            return s.pool;
+        let (d, address, total_size, pool) = segments[at - 1];
+        if d == device && addr < address.saturating_add(total_size.max(1)) {
+            return pool;
         }
     }
     // The large pool maps 20 MiB pages, the small pool 2 MiB ones.
@@ -93,6 +112,125 @@ pub(crate) fn compute_stats(
     device: u32,
     config: &AllocatorConfig,
 ) -> MemoryStats {
+    let mut pass = StatsPass::new(SegmentPools::of(segments));
+    let mut pairing = Pairing::new();
+    for (i, e) in events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| u32::from(e.device) == device)
+    {
+        pass.push(e, pairing.push(i as u32, e));
+    }
+    pass.finish(segments, device, config)
+}
+
+/// The statistics of one device's events, fed one event at a time with what the engine's
+/// pairing found for it: [`compute_stats`] pairs them itself, and the PyTorch importer feeds it
+/// from the block sizing's own last pass (`vramscope_replay::size_blocks_visiting`), which pairs
+/// every event just after giving it its block size, so that a big trace is not paired again.
+pub(crate) struct StatsPass {
+    pools: SegmentPools,
+    allocated: TrackArray,
+    requested: TrackArray,
+    allocation: TrackArray,
+    active_bytes: TrackArray,
+    active: TrackArray,
+    reserved: TrackArray,
+    segment: TrackArray,
+    stats: MemoryStats,
+}
+
+impl StatsPass {
+    /// A pass with nothing fed yet, looking mapped ranges up in `pools`.
+    pub(crate) fn new(pools: SegmentPools) -> StatsPass {
+        StatsPass {
+            pools,
+            allocated: TrackArray::default(),
+            requested: TrackArray::default(),
+            allocation: TrackArray::default(),
+            active_bytes: TrackArray::default(),
+            active: TrackArray::default(),
+            reserved: TrackArray::default(),
+            segment: TrackArray::default(),
+            stats: MemoryStats::default(),
+        }
+    }
+
+    /// Counts event `e` (with its block size), which pairing found to be `pair`.
+    #[inline]
+    pub(crate) fn push(&mut self, e: &Event, pair: Pair) {
+        let pool = request_pool(e.size);
+        let block = round_block(e.size);
+        // Whether this free ends the block's life as an allocation: its request, or its
+        // completion when the trace has no request for it.
+        let ends_allocation = match pair {
+            Pair::Free(link) => link.ends_allocation,
+            _ => false,
+        };
+        if ends_allocation {
+            self.allocated.remove(pool, block);
+            self.requested.remove(pool, e.requested);
+            self.allocation.remove(pool, 1);
+        }
+        match e.kind {
+            EventKind::Alloc => {
+                self.allocated.add(pool, block);
+                self.requested.add(pool, e.requested);
+                self.allocation.add(pool, 1);
+                self.active_bytes.add(pool, block);
+                self.active.add(pool, 1);
+            }
+            EventKind::FreeCompleted => {
+                self.active_bytes.remove(pool, block);
+                self.active.remove(pool, 1);
+            }
+            EventKind::SegmentAlloc | EventKind::SegmentMap => {
+                let pool = segment_pool(&self.pools, e);
+                self.reserved.add(pool, e.size);
+                if e.kind == EventKind::SegmentAlloc {
+                    self.segment.add(pool, 1);
+                }
+                self.stats.num_device_alloc += 1;
+            }
+            EventKind::SegmentFree | EventKind::SegmentUnmap => {
+                let pool = segment_pool(&self.pools, e);
+                self.reserved.remove(pool, e.size);
+                if e.kind == EventKind::SegmentFree {
+                    self.segment.remove(pool, 1);
+                }
+                self.stats.num_device_free += 1;
+            }
+            EventKind::Oom => self.stats.num_ooms += 1,
+            _ => {}
+        }
+    }
+
+    /// The statistics of `device`, with the current values of its dump-time `segments`.
+    pub(crate) fn finish(
+        self,
+        segments: &[Segment],
+        device: u32,
+        config: &AllocatorConfig,
+    ) -> MemoryStats {
+        let end = end_stats(segments, device, config);
+        let mut stats = self.stats;
+        stats.allocated_bytes = self.allocated.finish(Some(&end.allocated_bytes));
+        stats.requested_bytes = self.requested.finish(Some(&end.requested_bytes));
+        stats.allocation = self.allocation.finish(Some(&end.allocation));
+        stats.active_bytes = self.active_bytes.finish(Some(&end.active_bytes));
+        stats.active = self.active.finish(Some(&end.active));
+        stats.reserved_bytes = self.reserved.finish(Some(&end.reserved_bytes));
+        stats.segment = self.segment.finish(Some(&end.segment));
+        stats.inactive_split_bytes = current_only(end.inactive_split_bytes);
+        stats.inactive_split = current_only(end.inactive_split);
+        stats.oversize_allocations = end.oversize_allocations;
+        stats.oversize_segments = end.oversize_segments;
+        stats
+    }
+}
+
+/// The current values of `device`'s statistics in its dump-time `segments`.
+fn end_stats(segments: &[Segment], device: u32, config: &AllocatorConfig) -> MemoryStats {
     let mut end = MemoryStats::default();
     for seg in segments.iter().filter(|s| s.device == device) {
         let pool = seg.pool;
@@ -131,78 +269,7 @@ pub(crate) fn compute_stats(
             }
         }
     }
-
-    let mut allocated = TrackArray::default();
-    let mut requested = TrackArray::default();
-    let mut allocation = TrackArray::default();
-    let mut active_bytes = TrackArray::default();
-    let mut active = TrackArray::default();
-    let mut reserved = TrackArray::default();
-    let mut segment = TrackArray::default();
-    let mut stats = MemoryStats::default();
-    let mut pairing = Pairing::new();
-    for (i, e) in events
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| u32::from(e.device) == device)
-    {
-        let pool = request_pool(e.size);
-        let block = round_block(e.size);
-        // Whether this free ends the block's life as an allocation: its request, or its
-        // completion when the trace has no request for it.
-        let ends_allocation = match pairing.push(i as u32, e) {
-            Pair::Free(link) => link.ends_allocation,
-            _ => false,
-        };
-        if ends_allocation {
-            allocated.remove(pool, block);
-            requested.remove(pool, e.requested);
-            allocation.remove(pool, 1);
-        }
-        match e.kind {
-            EventKind::Alloc => {
-                allocated.add(pool, block);
-                requested.add(pool, e.requested);
-                allocation.add(pool, 1);
-                active_bytes.add(pool, block);
-                active.add(pool, 1);
-            }
-            EventKind::FreeCompleted => {
-                active_bytes.remove(pool, block);
-                active.remove(pool, 1);
-            }
-            EventKind::SegmentAlloc | EventKind::SegmentMap => {
-                let pool = segment_pool(segments, e);
-                reserved.add(pool, e.size);
-                if e.kind == EventKind::SegmentAlloc {
-                    segment.add(pool, 1);
-                }
-                stats.num_device_alloc += 1;
-            }
-            EventKind::SegmentFree | EventKind::SegmentUnmap => {
-                let pool = segment_pool(segments, e);
-                reserved.remove(pool, e.size);
-                if e.kind == EventKind::SegmentFree {
-                    segment.remove(pool, 1);
-                }
-                stats.num_device_free += 1;
-            }
-            EventKind::Oom => stats.num_ooms += 1,
-            _ => {}
-        }
-    }
-    stats.allocated_bytes = allocated.finish(Some(&end.allocated_bytes));
-    stats.requested_bytes = requested.finish(Some(&end.requested_bytes));
-    stats.allocation = allocation.finish(Some(&end.allocation));
-    stats.active_bytes = active_bytes.finish(Some(&end.active_bytes));
-    stats.active = active.finish(Some(&end.active));
-    stats.reserved_bytes = reserved.finish(Some(&end.reserved_bytes));
-    stats.segment = segment.finish(Some(&end.segment));
-    stats.inactive_split_bytes = current_only(end.inactive_split_bytes);
-    stats.inactive_split = current_only(end.inactive_split);
-    stats.oversize_allocations = end.oversize_allocations;
-    stats.oversize_segments = end.oversize_segments;
-    stats
+    end
 }
 
 #[cfg(test)]
@@ -311,5 +378,61 @@ mod tests {
         assert_eq!((n.current, n.peak, n.allocated, n.freed), (0, 1, 3, 3));
         let active = stats.active.all;
         assert_eq!((active.current, active.peak, active.freed), (0, 1, 3));
+    }
+
+    /// The importer counts the statistics in the block sizing's last pass ([`StatsPass`] fed
+    /// by `size_blocks_visiting`); they are those of a pass of their own over the sized events
+    /// ([`compute_stats`]), on a run with frees waiting on other streams, an `empty_cache()`
+    /// and an out-of-memory failure, and on the shared PyTorch traces.
+    #[test]
+    fn the_statistics_counted_while_sizing_are_those_of_a_pass_of_their_own() {
+        use vramscope_allocator::{Backend, CachingAllocator, SimDevice};
+        let device = SimDevice::phantom(64 << 20);
+        device.set_manual_events(true);
+        let side = device.create_stream().unwrap();
+        let alloc = CachingAllocator::new(device.clone(), AllocatorConfig::default());
+        let mut kept = Vec::new();
+        for i in 0..40u64 {
+            let a = alloc.alloc((1 + i % 7) << 18).unwrap();
+            let b = alloc.alloc((3 + i % 5) << 20).unwrap();
+            if i % 3 == 0 {
+                b.record_stream(side).unwrap();
+            }
+            if i % 4 == 0 {
+                kept.push(a);
+            }
+            if i % 10 == 9 {
+                device.complete_all_events();
+                alloc.empty_cache();
+            }
+        }
+        assert!(alloc.alloc(1 << 30).is_err(), "an out-of-memory failure");
+        let run = alloc.snapshot();
+        drop(kept);
+        let bytes = crate::export::to_pytorch_pickle(&run).unwrap();
+        let mut snapshots =
+            vec![crate::import::load_bytes(&bytes, "run", &Default::default()).unwrap()];
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        for name in [
+            "decomfl_opt125m_zo_fedlearn.pickle",
+            "cs336_medium_ctx512_train_step.pickle",
+        ] {
+            if let Some(path) = vramscope_testkit::shared_trace(&root, name) {
+                snapshots.push(crate::import::load(path).unwrap());
+            }
+        }
+        for snapshot in &snapshots {
+            assert!(snapshot.stats.allocated_bytes.all.allocated > 0);
+            let own_pass = compute_stats(
+                &snapshot.segments,
+                &snapshot.events,
+                snapshot.device.index,
+                &snapshot.config,
+            );
+            assert_eq!(snapshot.stats, own_pass);
+        }
+        let first = &snapshots[0].stats;
+        assert!(first.num_ooms > 0 && first.num_device_free > 0);
+        assert!(first.active_bytes.all.freed > 0);
     }
 }
