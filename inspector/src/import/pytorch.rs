@@ -563,6 +563,14 @@ fn read_entry(
     }))
 }
 
+/// Lowers `earliest` to the time of `e`, an event from [`read_entry`], when it has one.
+#[inline]
+fn note_time(earliest: &mut Option<u64>, e: &Event) {
+    if e.seq == 1 {
+        *earliest = Some(earliest.map_or(e.time_ns, |t| t.min(e.time_ns)));
+    }
+}
+
 /// An annotation before its time is made relative.
 struct RawAnnotation {
     name: String,
@@ -920,6 +928,8 @@ fn parts(root: ValueRef<'_>) -> Result<Parts<'_>, Fault> {
 /// [`read_entry`]).
 struct TraceEvents {
     events: Vec<Event>,
+    /// The earliest time of an event that has one (see [`read_entry`]), noted as each is read.
+    earliest_us: Option<u64>,
     /// How many devices have a trace entry.
     devices_with_events: usize,
     /// The lowest device that has one.
@@ -935,6 +945,7 @@ fn read_traces(
     let mut keys = EntryKeys::default();
     let mut out = TraceEvents {
         events: Vec::new(),
+        earliest_us: None,
         devices_with_events: 0,
         first_device: None,
     };
@@ -957,6 +968,7 @@ fn read_traces(
         for (i, entry) in entries.iter().enumerate() {
             let loc = Loc::Entry(d, i);
             if let Some(e) = read_entry(entry, device, loc, &mut keys, stacks, figures)? {
+                note_time(&mut out.earliest_us, &e);
                 out.events.push(e);
             }
         }
@@ -994,6 +1006,7 @@ fn finish(
     } = parts;
     let TraceEvents {
         mut events,
+        earliest_us,
         devices_with_events,
         first_device,
     } = traces;
@@ -1010,10 +1023,8 @@ fn finish(
     }
 
     // Times relative to the earliest one in the file.
-    let epoch_us = events
-        .iter()
-        .filter(|e| e.seq == 1)
-        .map(|e| e.time_ns)
+    let epoch_us = earliest_us
+        .into_iter()
         .chain(annotations_raw.iter().filter_map(|a| a.time_us))
         .min();
     let relative = |t: Option<u64>| match (t, epoch_us) {

@@ -20,8 +20,8 @@ use vramscope_model::{Event, Snapshot};
 
 use super::stacks::Stacks;
 use super::{
-    check_entries, finish, limits, max_trace_entries, parts, read_entry, read_traces, EntryKeys,
-    Fault, Figures, Loc, TraceEvents,
+    check_entries, finish, limits, max_trace_entries, note_time, parts, read_entry, read_traces,
+    EntryKeys, Fault, Figures, Loc, TraceEvents,
 };
 use crate::import::{ImportError, ImportErrorKind, ImportOptions};
 use crate::pickle::{
@@ -39,6 +39,8 @@ struct EntryStream {
     figures: Figures,
     /// The events, their times not yet relative (see `super::read_entry`).
     events: Vec<Event>,
+    /// The earliest of their times (`super::note_time`).
+    earliest_us: Option<u64>,
     /// Entries read so far, and the most a pickle of this size may hold
     /// (`super::max_trace_entries`).
     entries: usize,
@@ -73,6 +75,7 @@ impl EntrySink for EntryStream {
         self.stacks.transient_from = None;
         match event {
             Ok(Some(e)) => {
+                note_time(&mut self.earliest_us, &e);
                 self.events.push(e);
                 true
             }
@@ -176,6 +179,7 @@ fn read_with(
         stacks: Stacks::new(&options.framework_paths, input_bytes),
         figures: Figures::default(),
         events: Vec::new(),
+        earliest_us: None,
         entries: 0,
         limit: max_trace_entries(input_bytes),
     };
@@ -251,6 +255,7 @@ impl Ready {
             mut stacks,
             mut figures,
             events,
+            earliest_us,
             ..
         } = sink;
         let root = doc.root();
@@ -263,6 +268,7 @@ impl Ready {
         let traces = match traces {
             Some((devices_with_events, first_device)) => TraceEvents {
                 events,
+                earliest_us,
                 devices_with_events,
                 first_device,
             },
