@@ -40,7 +40,7 @@ fn dashboard_sites(data: &mut Dataset, pos: usize) -> BySite {
     let groups = data.groups().clone();
     let state = data.state_at(pos);
     let mut out = BySite::new();
-    for block in state.blocks.values().filter(|b| !b.pending) {
+    for (_, block) in state.blocks.unordered().filter(|(_, b)| !b.pending) {
         *out.entry(groups.get(groups.of_block(block)).label().to_string())
             .or_default() += block.size;
     }
@@ -90,8 +90,16 @@ fn check(name: &str, snapshot: &Snapshot) {
     let start = vramscope::engine::Reconstruction::start_of(snapshot);
     assert_eq!(start.usage(), walk.start.usage(), "{name}: start usage");
     assert_eq!(
-        start.blocks.keys().collect::<Vec<_>>(),
-        walk.start.blocks.keys().collect::<Vec<_>>(),
+        start
+            .blocks
+            .by_address()
+            .map(|(a, _)| *a)
+            .collect::<Vec<_>>(),
+        walk.start
+            .blocks
+            .by_address()
+            .map(|(a, _)| *a)
+            .collect::<Vec<_>>(),
         "{name}: start blocks"
     );
 

@@ -4,8 +4,10 @@
 //! event, the peak and what was live then, which free releases which allocation, which call
 //! sites hold what) is answered here once, with one set of rules:
 //!
-//! - `state`: [`MemoryState`], segments (mapped runs) and live blocks, with `apply` and
-//!   `undo` for every event kind;
+//! - `state`: [`MemoryState`], segments (mapped runs) and live blocks ([`LiveBlocks`]), with
+//!   `apply` and `undo` for every event kind;
+//! - `addr`: [`AddrMap`], the hash maps keyed by device address that the walk and the pairing
+//!   use, seeded per process so that a file cannot choose addresses that collide;
 //! - `pairing`: [`Pairing`], which allocation each free releases;
 //! - `groups`: [`SiteGroups`], call sites grouped by the name a reader sees (`naming`,
 //!   [`name_call_site`]: `file:line`, or the autograd node of a C++-only stack) under stable
@@ -24,6 +26,7 @@
 //! block sizes, as PyTorch's `allocated_bytes` counts them; memory from before the trace is
 //! part of every figure, under its site when the dump-time state names one.
 
+mod addr;
 mod empty_cache;
 mod groups;
 mod naming;
@@ -32,6 +35,7 @@ mod runs;
 mod state;
 mod usage;
 
+pub use addr::{AddrHasher, AddrMap, AddrSet, AddrState};
 pub use empty_cache::{empty_cache_calls, stack_calls_empty_cache, EmptyCacheCall};
 pub use groups::{GroupId, GroupKind, SiteGroup, SiteGroups};
 pub use naming::{
@@ -39,7 +43,7 @@ pub use naming::{
 };
 pub use pairing::{FreeLink, Pair, Pairing};
 pub use runs::Runs;
-pub use state::{LiveBlock, MemoryState, SegmentInfo, Usage, NO_EVENT};
+pub use state::{LiveBlock, LiveBlocks, MemoryState, SegmentInfo, Usage, NO_EVENT};
 pub use usage::UsageSeries;
 
 use vramscope_model::{Event, Snapshot};
@@ -355,7 +359,7 @@ impl EndOfTrace {
         let end = if dump_time_state {
             let mut end = MemoryState::from_segments(&snapshot.segments);
             for (addr, alloc) in pairing.open_allocations() {
-                if let Some(block) = end.blocks.get_mut(&addr) {
+                if let Some(block) = end.blocks.get_mut(addr) {
                     block.alloc_event = alloc;
                     if block.site.is_none() {
                         block.site = events[alloc as usize].site();
@@ -499,7 +503,8 @@ mod tests {
             );
         }
         let pending = walk.state_at(&snapshot.events, 1);
-        assert!(pending.blocks[&0x1000].pending && pending.blocks[&0x1000].predates_trace());
+        let block = pending.blocks.get(0x1000).unwrap();
+        assert!(block.pending && block.predates_trace());
         let lean = Reconstruction::without_links(&snapshot);
         assert_eq!(lean.start, walk.start);
         let mut pairing = Pairing::new();

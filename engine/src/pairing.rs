@@ -8,7 +8,7 @@
 //! by the dashboard's dataset as a live program's events arrive, so that every view pairs the
 //! same way.
 
-use rustc_hash::FxHashMap;
+use crate::AddrMap;
 use vramscope_model::{Event, EventKind};
 
 /// What pairing one event found.
@@ -129,7 +129,7 @@ struct Open {
 /// The open allocations of a trace, fed one event at a time. See the module documentation.
 #[derive(Clone, Debug, Default)]
 pub struct Pairing {
-    open: FxHashMap<u64, Open>,
+    open: AddrMap<Open>,
     /// Allocations at an address whose block was not freed yet (its free not completed).
     lost_frees: u64,
 }

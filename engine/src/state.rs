@@ -14,6 +14,9 @@
 //! [`MemoryState::unattributed`] figure, part of every total.
 
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use crate::AddrMap;
 
 use vramscope_model::{Block, BlockState, Event, EventKind, Pool, ScopeId, Segment, SiteId, TagId};
 
@@ -120,6 +123,118 @@ impl LiveBlock {
     }
 }
 
+/// The live blocks of a [`MemoryState`] by address: a hash map (`crate::AddrMap`), since a
+/// walk over a trace inserts or removes a block at nearly every event and an ordered map made
+/// each of those a search of a tree. Order is asked for where it matters:
+/// [`LiveBlocks::by_address`] and [`LiveBlocks::in_range`] go through the addresses sorted,
+/// which are sorted once after the set of addresses last changed and kept until it changes
+/// again (a walk never asks for them; a state that is drawn or summarized asks for them once);
+/// [`LiveBlocks::unordered`] is for sums and tallies that do not depend on order.
+#[derive(Clone, Default)]
+pub struct LiveBlocks {
+    map: AddrMap<LiveBlock>,
+    /// The addresses of `map`, sorted, once asked for; emptied whenever one is added or
+    /// removed.
+    order: OnceLock<Vec<u64>>,
+}
+
+impl PartialEq for LiveBlocks {
+    fn eq(&self, other: &LiveBlocks) -> bool {
+        self.map == other.map
+    }
+}
+
+impl Eq for LiveBlocks {}
+
+impl std::fmt::Debug for LiveBlocks {
+    /// The blocks in address order, so that two equal states print alike.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map().entries(self.by_address()).finish()
+    }
+}
+
+impl LiveBlocks {
+    /// How many blocks there are.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// The block at `addr`.
+    pub fn get(&self, addr: u64) -> Option<&LiveBlock> {
+        self.map.get(&addr)
+    }
+
+    /// The block at `addr`, to change in place. Its size and whether it is pending must not
+    /// change: the state's totals count them.
+    pub fn get_mut(&mut self, addr: u64) -> Option<&mut LiveBlock> {
+        self.map.get_mut(&addr)
+    }
+
+    /// Every block with its address, in no particular order (it differs from run to run):
+    /// for sums and tallies only.
+    pub fn unordered(&self) -> impl Iterator<Item = (&u64, &LiveBlock)> {
+        self.map.iter()
+    }
+
+    /// Every block, in no particular order, to change in place; as for
+    /// [`LiveBlocks::get_mut`], sizes and pending flags must not change.
+    pub fn unordered_mut(&mut self) -> impl Iterator<Item = &mut LiveBlock> {
+        self.map.values_mut()
+    }
+
+    /// Every block with its address, in address order.
+    pub fn by_address(&self) -> impl Iterator<Item = (&u64, &LiveBlock)> {
+        self.with_addresses(self.addresses())
+    }
+
+    /// The blocks at addresses in `[start, end)`, in address order: a search of the sorted
+    /// addresses, then the blocks in the range.
+    pub fn in_range(&self, start: u64, end: u64) -> impl Iterator<Item = (&u64, &LiveBlock)> {
+        let addresses = self.addresses();
+        let from = addresses.partition_point(|&a| a < start);
+        let to = addresses.partition_point(|&a| a < end).max(from);
+        self.with_addresses(&addresses[from..to])
+    }
+
+    /// The addresses, sorted (once after they last changed).
+    fn addresses(&self) -> &[u64] {
+        self.order.get_or_init(|| {
+            let mut addresses: Vec<u64> = self.map.keys().copied().collect();
+            addresses.sort_unstable();
+            addresses
+        })
+    }
+
+    /// The blocks at `addresses` (all of them in the map).
+    fn with_addresses<'a>(
+        &'a self,
+        addresses: &'a [u64],
+    ) -> impl Iterator<Item = (&'a u64, &'a LiveBlock)> {
+        addresses
+            .iter()
+            .filter_map(move |addr| self.map.get(addr).map(|b| (addr, b)))
+    }
+
+    fn insert(&mut self, addr: u64, block: LiveBlock) -> Option<LiveBlock> {
+        let replaced = self.map.insert(addr, block);
+        if replaced.is_none() {
+            self.order.take();
+        }
+        replaced
+    }
+
+    fn remove(&mut self, addr: u64) -> Option<LiveBlock> {
+        let removed = self.map.remove(&addr)?;
+        self.order.take();
+        Some(removed)
+    }
+}
+
 /// One segment: a raw device allocation, or one mapped run of an expandable segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SegmentInfo {
@@ -150,7 +265,7 @@ pub struct MemoryState {
     /// Segments (mapped runs) by address.
     pub segments: BTreeMap<u64, SegmentInfo>,
     /// Allocated and pending-free blocks by address.
-    pub blocks: BTreeMap<u64, LiveBlock>,
+    pub blocks: LiveBlocks,
     /// Bytes in allocated (not pending) blocks, the unattributed bytes included.
     pub allocated: u64,
     /// Bytes in allocated and pending blocks, the unattributed bytes included.
@@ -233,7 +348,7 @@ impl MemoryState {
     }
 
     fn remove_block(&mut self, addr: u64) -> Option<LiveBlock> {
-        let block = self.blocks.remove(&addr)?;
+        let block = self.blocks.remove(addr)?;
         self.uncount_block(&block);
         Some(block)
     }
@@ -248,7 +363,7 @@ impl MemoryState {
     }
 
     fn set_pending(&mut self, addr: u64, pending: bool) -> bool {
-        let Some(block) = self.blocks.get_mut(&addr) else {
+        let Some(block) = self.blocks.map.get_mut(&addr) else {
             return false;
         };
         if block.pending != pending {
@@ -460,7 +575,7 @@ impl MemoryState {
 
     /// The live blocks inside the segment at `addr` of `size` bytes, in address order.
     pub fn blocks_in(&self, addr: u64, size: u64) -> impl Iterator<Item = (&u64, &LiveBlock)> {
-        self.blocks.range(addr..addr.saturating_add(size))
+        self.blocks.in_range(addr, addr.saturating_add(size))
     }
 
     /// Live blocks that lie in no known segment (traces without segment data), the
@@ -551,6 +666,50 @@ pub(crate) mod tests {
         }
     }
 
+    /// The blocks in address order and in a range, asked for between changes of every kind
+    /// (a new address, a block replaced at its address, one removed, one made pending), are
+    /// those of an ordered map that went through the same changes.
+    #[test]
+    fn blocks_by_address_follow_every_change() {
+        let mut blocks = LiveBlocks::default();
+        let mut model: BTreeMap<u64, LiveBlock> = BTreeMap::new();
+        let block = |size: u64| LiveBlock::described_by(&ev(EventKind::Alloc, 0, size), 0, false);
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for step in 0..4000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let addr = (x % 97) << 9;
+            match x % 5 {
+                0 | 1 => {
+                    assert_eq!(
+                        blocks.insert(addr, block(step)),
+                        model.insert(addr, block(step))
+                    );
+                }
+                2 | 3 => assert_eq!(blocks.remove(addr), model.remove(&addr)),
+                _ => {
+                    if let (Some(b), Some(m)) = (blocks.get_mut(addr), model.get_mut(&addr)) {
+                        b.step = step;
+                        m.step = step;
+                    }
+                }
+            }
+            // Asked for now and then, so that the sorted addresses are kept across changes.
+            if step % 3 == 0 {
+                let ours: Vec<(u64, LiveBlock)> =
+                    blocks.by_address().map(|(&a, &b)| (a, b)).collect();
+                let theirs: Vec<(u64, LiveBlock)> = model.iter().map(|(&a, &b)| (a, b)).collect();
+                assert_eq!(ours, theirs, "step {step}");
+                let (from, to) = (((x >> 8) % 60) << 9, ((x >> 16) % 60) << 9);
+                let ours: Vec<u64> = blocks.in_range(from, to).map(|(&a, _)| a).collect();
+                let theirs: Vec<u64> = model.range(from..to.max(from)).map(|(&a, _)| a).collect();
+                assert_eq!(ours, theirs, "step {step}: [{from:#x}, {to:#x})");
+            }
+            assert_eq!(blocks.len(), model.len());
+        }
+    }
+
     #[test]
     fn forwards_then_backwards_returns_to_the_start() {
         let events = [
@@ -601,11 +760,11 @@ pub(crate) mod tests {
             ]
         );
         let mut back = MemoryState::from_segments(&segments);
-        for b in back.blocks.values_mut() {
+        for b in back.blocks.unordered_mut() {
             b.alloc_event = NO_EVENT;
         }
         let mut expect = state.clone();
-        for b in expect.blocks.values_mut() {
+        for b in expect.blocks.unordered_mut() {
             b.alloc_event = NO_EVENT;
         }
         assert_eq!(back, expect);

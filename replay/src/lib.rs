@@ -20,7 +20,9 @@ use serde::Serialize;
 use vramscope_allocator::round_size;
 
 use vramscope_allocator::{AllocError, CachingAllocator, SimDevice, StreamId};
-use vramscope_engine::{is_segment_event, MemoryState, Pair, Pairing, Reconstruction, Usage};
+use vramscope_engine::{
+    is_segment_event, AddrMap, AddrSet, MemoryState, Pair, Pairing, Reconstruction, Usage,
+};
 use vramscope_model::{
     AllocatorConfig, BlockState, Event, EventKind, Policy, Pool, Snapshot, SnapshotSource,
 };
@@ -557,7 +559,7 @@ pub fn size_blocks_visiting(
     }
     // A block still allocated at the end is in the dump-time state with its true size: that
     // beats any estimate, and keeps the walk forwards from the start equal to that state.
-    let at_end: FxHashMap<u64, u64> = snapshot
+    let at_end: AddrMap<u64> = snapshot
         .segments
         .iter()
         .flat_map(|s| s.blocks.iter())
@@ -705,7 +707,9 @@ fn replay_with_ring(
     });
 
     // Map the trace's addresses to the replay's.
-    let mut addresses: FxHashMap<u64, u64> = FxHashMap::default();
+    // Keyed by the trace's addresses, which a file chooses: `AddrMap` is seeded against
+    // collisions.
+    let mut addresses: AddrMap<u64> = AddrMap::default();
     let mut first_oom = None;
     let (restored_segments, restored_blocks, held_before_trace) = match &start {
         Some(start) => {
@@ -738,7 +742,7 @@ fn replay_with_ring(
     let mut failed_frees = 0;
     let (mut allocs, mut frees) = (0, 0);
     // The trace's addresses whose allocation failed here: their frees are skipped.
-    let mut failed: rustc_hash::FxHashSet<u64> = rustc_hash::FxHashSet::default();
+    let mut failed: AddrSet = AddrSet::default();
     let mut trace_ooms_served = 0;
     let mut empty_cache_calls = 0;
     // The replay's own calls start after the reconstructed start's.
@@ -923,7 +927,7 @@ fn failure_at(
 fn restore_start(
     alloc: &CachingAllocator<SimDevice>,
     start: &[StartSegment],
-    addresses: &mut FxHashMap<u64, u64>,
+    addresses: &mut AddrMap<u64>,
     first_oom: &mut Option<FirstOom>,
 ) -> (u64, u64) {
     let (mut restored_segments, mut restored_blocks) = (0, 0);

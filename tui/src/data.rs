@@ -284,7 +284,7 @@ impl Dataset {
             link.pack()
         };
         let fix_blocks = |state: &mut MemoryState| {
-            for b in state.blocks.values_mut() {
+            for b in state.blocks.unordered_mut() {
                 if b.alloc_event != vramscope_engine::NO_EVENT {
                     b.alloc_event = if (b.alloc_event as usize) < count {
                         vramscope_engine::NO_EVENT

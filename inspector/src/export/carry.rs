@@ -105,7 +105,7 @@ impl DumpState {
                 .is_some_and(|(&base, s)| addr < base.saturating_add(s.size))
         };
         let mut made: Vec<Segment> = Vec::new();
-        for (&addr, b) in end.blocks.iter().filter(|(&a, _)| !inside(a)) {
+        for (&addr, b) in end.blocks.by_address().filter(|(&a, _)| !inside(a)) {
             let device = if b.alloc_event == NO_EVENT {
                 snapshot.device.index
             } else {

@@ -276,7 +276,7 @@ fn plan_moments(n: usize, peak_pos: u64, peak_reserved_pos: Option<u64>) -> Vec<
 /// unattributed bytes under "before the trace".
 fn bytes_by_group(state: &MemoryState, groups: &SiteGroups) -> FxHashMap<GroupId, u64> {
     let mut bytes: FxHashMap<GroupId, u64> = FxHashMap::default();
-    for block in state.blocks.values().filter(|b| !b.pending) {
+    for (_, block) in state.blocks.unordered().filter(|(_, b)| !b.pending) {
         let e = bytes.entry(groups.of_block(block)).or_default();
         *e = e.saturating_add(block.size);
     }
@@ -308,7 +308,7 @@ fn walk_forwards(
     let contribution = |state: &MemoryState, addr: u64| {
         state
             .blocks
-            .get(&addr)
+            .get(addr)
             .filter(|b| !b.pending)
             .map(|b| (groups.of_block(b), b.size))
     };
@@ -713,7 +713,7 @@ fn moment(
     indexer: &mut GroupIndexer,
 ) -> Moment {
     let mut by_group: FxHashMap<GroupId, (u64, u64)> = FxHashMap::default();
-    for block in state.blocks.values().filter(|b| !b.pending) {
+    for (_, block) in state.blocks.unordered().filter(|(_, b)| !b.pending) {
         let e = by_group.entry(groups.of_block(block)).or_default();
         e.0 = e.0.saturating_add(block.size);
         e.1 += 1;

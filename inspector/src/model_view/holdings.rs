@@ -44,7 +44,7 @@ pub(super) fn holdings_of(
     step_of: &dyn Fn(&LiveBlock) -> u64,
 ) -> Vec<Holding> {
     let mut by_group: FxHashMap<GroupId, Holding> = FxHashMap::default();
-    for block in state.blocks.values().filter(|b| !b.pending) {
+    for (_, block) in state.blocks.unordered().filter(|(_, b)| !b.pending) {
         add_holding(
             &mut by_group,
             groups.of_block(block),

@@ -68,7 +68,7 @@ impl App {
         let mut by_group: FxHashMap<u32, SiteRow> = FxHashMap::default();
         let mut by_site: FxHashMap<Option<SiteId>, (u64, u64)> = FxHashMap::default();
         let mut live_blocks = 0u64;
-        for b in state.blocks.values() {
+        for (_, b) in state.blocks.unordered() {
             live_blocks += 1;
             let g = groups.of_block(b);
             let row = by_group.entry(g).or_insert(SiteRow {
@@ -117,7 +117,9 @@ impl App {
             SiteSort::Growth => sites.sort_by(|a, b| {
                 let ga = a.growth.unwrap_or(f64::MIN);
                 let gb = b.growth.unwrap_or(f64::MIN);
-                gb.total_cmp(&ga).then(b.bytes.cmp(&a.bytes))
+                gb.total_cmp(&ga)
+                    .then(b.bytes.cmp(&a.bytes))
+                    .then(label(a).cmp(&label(b)))
             }),
             SiteSort::Name => sites.sort_by_key(label),
         }

@@ -13,6 +13,7 @@ use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
 use ratatui::style::Style;
 use ratatui::widgets::Widget;
+use vramscope_engine::LiveBlock;
 use vramscope_inspector::import::sites::{is_framework_frame, DEFAULT_FRAMEWORK_PATHS};
 use vramscope_model::format_bytes;
 
@@ -263,12 +264,22 @@ impl SitesPanel<'_> {
             theme.header(),
         );
         let state = model.state;
-        let mut shown = 0;
         let total = row.blocks as usize;
-        for (&addr, b) in &state.blocks {
-            if groups.of_block(b) != row.group {
-                continue;
-            }
+        // The group's blocks in address order, as many as the panel can show: the lowest
+        // addresses are picked out first, so that a group of many blocks is not sorted whole.
+        let mut blocks: Vec<(u64, &LiveBlock)> = state
+            .blocks
+            .unordered()
+            .filter(|(_, b)| groups.of_block(b) == row.group)
+            .map(|(&addr, b)| (addr, b))
+            .collect();
+        let room = usize::from(bottom.saturating_sub(y)) + 1;
+        if blocks.len() > room {
+            blocks.select_nth_unstable_by_key(room, |&(addr, _)| addr);
+            blocks.truncate(room);
+        }
+        blocks.sort_unstable_by_key(|&(addr, _)| addr);
+        for (shown, (addr, b)) in blocks.into_iter().enumerate() {
             if y + 1 >= bottom && shown + 1 < total {
                 line(
                     &mut y,
@@ -295,7 +306,6 @@ impl SitesPanel<'_> {
                 scope
             );
             line(&mut y, &text, Style::new());
-            shown += 1;
         }
     }
 
