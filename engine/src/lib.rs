@@ -254,6 +254,21 @@ impl Reconstruction {
         state
     }
 
+    /// [`Reconstruction::start_of`] with the events already paired (all of them, in order);
+    /// the same state. Events paired otherwise (a count that is not the trace's) are paired
+    /// again here.
+    pub fn start_of_paired(snapshot: &Snapshot, paired: &PairedEvents) -> MemoryState {
+        let events = &snapshot.events;
+        if paired.len() != events.len() {
+            return Reconstruction::start_of(snapshot);
+        }
+        let (mut state, _) = end_state(snapshot, &paired.pairing);
+        for i in (0..events.len()).rev() {
+            undo(&mut state, events, &paired.links, i);
+        }
+        state
+    }
+
     /// The state after the first `pos` events, walked forwards from the start.
     pub fn state_at(&self, events: &[Event], pos: usize) -> MemoryState {
         let mut state = self.start.clone();
@@ -355,51 +370,105 @@ impl EndOfTrace {
         let n = events.len();
         let mut pairing = Pairing::new();
         let links = pair_links(&mut pairing, events, 0, n);
-        let dump_time_state = !snapshot.segments.is_empty();
-        let end = if dump_time_state {
-            let mut end = MemoryState::from_segments(&snapshot.segments);
-            for (addr, alloc) in pairing.open_allocations() {
-                if let Some(block) = end.blocks.get_mut(addr) {
-                    block.alloc_event = alloc;
-                    if block.site.is_none() {
-                        block.site = events[alloc as usize].site();
-                    }
-                }
-            }
-            end
-        } else {
-            // No dump-time state: the blocks the trace allocated and did not free, and what
-            // the statistics say was there beyond them.
-            let mut end = MemoryState::default();
-            for (i, e) in events.iter().enumerate() {
-                end.apply(e, i as u32);
-            }
-            let stats = &snapshot.stats;
-            end.add_unattributed(Usage {
-                allocated: stats
-                    .allocated_bytes
-                    .all
-                    .current
-                    .saturating_sub(end.allocated),
-                reserved: stats
-                    .reserved_bytes
-                    .all
-                    .current
-                    .saturating_sub(end.reserved),
-            });
-            end
-        };
-        let reserved_known = dump_time_state
-            || snapshot.stats.reserved_bytes.all.current > 0
-            || snapshot.stats.reserved_bytes.all.peak > 0
-            || events.iter().any(is_segment_event);
-
+        let (end, reserved_known) = end_state(snapshot, &pairing);
         EndOfTrace {
             links,
             pairing,
             end,
             reserved_known,
         }
+    }
+}
+
+/// The state at the end of `snapshot`, whose events `pairing` paired, and whether the trace
+/// says anything about reserved bytes: the dump-time state of its segments, each live block
+/// with the allocation the trace has for it, or for a format without segments the blocks its
+/// events leave and what its statistics' current figures say was there beyond them.
+fn end_state(snapshot: &Snapshot, pairing: &Pairing) -> (MemoryState, bool) {
+    let events = &snapshot.events;
+    let dump_time_state = !snapshot.segments.is_empty();
+    let end = if dump_time_state {
+        let mut end = MemoryState::from_segments(&snapshot.segments);
+        for (addr, alloc) in pairing.open_allocations() {
+            if let Some(block) = end.blocks.get_mut(addr) {
+                block.alloc_event = alloc;
+                if block.site.is_none() {
+                    block.site = events[alloc as usize].site();
+                }
+            }
+        }
+        end
+    } else {
+        let mut end = MemoryState::default();
+        for (i, e) in events.iter().enumerate() {
+            end.apply(e, i as u32);
+        }
+        let stats = &snapshot.stats;
+        end.add_unattributed(Usage {
+            allocated: stats
+                .allocated_bytes
+                .all
+                .current
+                .saturating_sub(end.allocated),
+            reserved: stats
+                .reserved_bytes
+                .all
+                .current
+                .saturating_sub(end.reserved),
+        });
+        end
+    };
+    let reserved_known = dump_time_state
+        || snapshot.stats.reserved_bytes.all.current > 0
+        || snapshot.stats.reserved_bytes.all.peak > 0
+        || events.iter().any(is_segment_event);
+    (end, reserved_known)
+}
+
+/// A trace's events paired in order as the engine's walk pairs them (`Pairing`), with the
+/// link of each ([`Pair::link`], packed): what a caller that pairs the trace anyway (the
+/// replay's block sizing) hands to [`Reconstruction::start_of_paired`], so that the walk to
+/// the start does not pair it again.
+#[derive(Clone, Debug, Default)]
+pub struct PairedEvents {
+    pairing: Pairing,
+    links: Vec<u32>,
+}
+
+impl PairedEvents {
+    /// Nothing paired yet, with room for `events` links.
+    pub fn with_capacity(events: usize) -> PairedEvents {
+        PairedEvents {
+            pairing: Pairing::new(),
+            links: Vec::with_capacity(events),
+        }
+    }
+
+    /// Pairs `e`, the event at `index`, which must be the next one of the trace.
+    pub fn push(&mut self, index: u32, e: &Event) -> Pair {
+        debug_assert_eq!(
+            index as usize,
+            self.links.len(),
+            "events are paired in order"
+        );
+        let pair = self.pairing.push(index, e);
+        self.links.push(pair.link().pack());
+        pair
+    }
+
+    /// How many events were paired.
+    pub fn len(&self) -> usize {
+        self.links.len()
+    }
+
+    /// The pairing after the last event paired (its open allocations, its lost frees).
+    pub fn pairing(&self) -> &Pairing {
+        &self.pairing
+    }
+
+    /// Whether none were.
+    pub fn is_empty(&self) -> bool {
+        self.links.is_empty()
     }
 }
 
@@ -604,5 +673,25 @@ mod tests {
             forwards_differ |= lean.state_at(&snapshot.events, pos).usage() != walked.usage();
         }
         assert!(forwards_differ, "the trace does contradict itself");
+    }
+
+    /// The walk to the start with the events paired by the caller (as the replay's sizing
+    /// pairs them) reaches the state the walk that pairs them itself reaches, on a trace with
+    /// every kind of link and on one that contradicts itself; pairs of another trace are not
+    /// taken.
+    #[test]
+    fn the_start_from_events_paired_elsewhere_is_the_walks_own() {
+        for snapshot in [trace(), cycling_trace(13, &[0, 1, 1, 2, 2], |_| 512)] {
+            let mut paired = PairedEvents::with_capacity(snapshot.events.len());
+            for (i, e) in snapshot.events.iter().enumerate() {
+                paired.push(i as u32, e);
+            }
+            let own = Reconstruction::start_of(&snapshot);
+            assert!(!own.blocks.is_empty());
+            assert_eq!(Reconstruction::start_of_paired(&snapshot, &paired), own);
+            let mut short = PairedEvents::with_capacity(1);
+            short.push(0, &snapshot.events[0]);
+            assert_eq!(Reconstruction::start_of_paired(&snapshot, &short), own);
+        }
     }
 }

@@ -21,7 +21,8 @@ use vramscope_allocator::round_size;
 
 use vramscope_allocator::{AllocError, CachingAllocator, SimDevice, StreamId};
 use vramscope_engine::{
-    is_segment_event, AddrMap, AddrSet, MemoryState, Pair, Pairing, Reconstruction, Usage,
+    is_segment_event, AddrMap, AddrSet, MemoryState, Pair, PairedEvents, Pairing, Reconstruction,
+    Usage,
 };
 use vramscope_model::{
     AllocatorConfig, BlockState, Event, EventKind, Policy, Pool, Snapshot, SnapshotSource,
@@ -247,26 +248,27 @@ impl DeviceCallCheck {
 fn device_calls<'a>(
     events: impl Iterator<Item = &'a vramscope_model::Event>,
 ) -> Vec<(u64, DeviceCall)> {
-    events
-        .filter(|e| {
-            matches!(
-                e.kind,
-                EventKind::SegmentAlloc
-                    | EventKind::SegmentFree
-                    | EventKind::SegmentMap
-                    | EventKind::SegmentUnmap
-            )
-        })
-        .map(|e| {
-            (
-                e.seq,
-                DeviceCall {
-                    action: e.kind.name(),
-                    size: e.size,
-                },
-            )
-        })
-        .collect()
+    events.filter_map(device_call).collect()
+}
+
+/// The device call event `e` records, with its sequence number, if it records one.
+fn device_call(e: &vramscope_model::Event) -> Option<(u64, DeviceCall)> {
+    matches!(
+        e.kind,
+        EventKind::SegmentAlloc
+            | EventKind::SegmentFree
+            | EventKind::SegmentMap
+            | EventKind::SegmentUnmap
+    )
+    .then(|| {
+        (
+            e.seq,
+            DeviceCall {
+                action: e.kind.name(),
+                size: e.size,
+            },
+        )
+    })
 }
 
 /// Compares two runs' device calls, call by call.
@@ -529,9 +531,11 @@ pub fn size_blocks_visiting(
     // Until the replay says better, every block is its request rounded (which is also what
     // the replay's starting state needs of blocks from before the trace).
     let divisions = snapshot.config.roundup_power2_divisions;
-    let mut pairing = Pairing::new();
+    // The pairs found here are also the walk's to the trace's start (they do not depend on
+    // sizes): it takes them rather than pairing the trace again.
+    let mut paired = PairedEvents::with_capacity(snapshot.events.len());
     for (i, e) in snapshot.events.iter_mut().enumerate() {
-        let pair = pairing.push(i as u32, e);
+        let pair = paired.push(i as u32, e);
         if matches!(pair, Pair::Alloc { .. } | Pair::Free(_)) {
             if e.requested == 0 {
                 e.requested = e.size;
@@ -552,7 +556,7 @@ pub fn size_blocks_visiting(
         snapshot,
         &options,
         progress,
-        &mut Keep::BlockSizes(&mut served),
+        &mut Keep::BlockSizes(&mut served, &paired),
     );
     if sizing_of(result.device_calls.as_ref()) == BlockSizing::Rounded {
         served.clear();
@@ -566,11 +570,12 @@ pub fn size_blocks_visiting(
         .filter(|b| b.state != BlockState::Inactive)
         .map(|b| (b.address, b.size))
         .collect();
-    for (addr, alloc) in pairing.open_allocations() {
+    for (addr, alloc) in paired.pairing().open_allocations() {
         if let Some(&size) = at_end.get(&addr) {
             served.insert(alloc, size);
         }
     }
+    drop(paired);
     // Pairing again finds what each free releases, which by then has its block size (rather
     // than a list of it kept from the first pass, four bytes an event).
     let mut pairing = Pairing::new();
@@ -639,8 +644,9 @@ enum Keep<'a> {
     },
     /// The size of the block each replayed allocation got, by its index in the snapshot's
     /// events, where that is not the event's own (rounded) size ([`size_blocks`]); the trace's
-    /// own figures stay empty.
-    BlockSizes(&'a mut FxHashMap<u32, u64>),
+    /// own figures stay empty. The events are paired already (the walk to the start takes
+    /// the pairs).
+    BlockSizes(&'a mut FxHashMap<u32, u64>, &'a PairedEvents),
     /// Nothing more: the replay's device calls are all that is wanted ([`block_sizing`]).
     Nothing,
 }
@@ -682,8 +688,11 @@ fn replay_with_ring(
     alloc.set_memory_limit(options.capacity);
     // The walk back to the trace's start and the choice of the events to replay each go
     // through every event, and neither needs the other: the choice runs on a second thread.
-    let ((start, original), (events, empty_cache_at)) = std::thread::scope(|scope| {
-        let chosen = scope.spawn(|| replayed_events(snapshot, device));
+    let ((start, original), (events, empty_cache_at, plan, theirs)) = std::thread::scope(|scope| {
+        // The other thread also lists what the walk does not need either: the trace's
+        // segment allocations (for the addresses of new segments) and, to check the replay
+        // against, its device calls.
+        let chosen = scope.spawn(|| replayed_events(snapshot, device, options.verify));
         // A replay without the trace's own figures needs only where the trace started: the
         // start-only walk keeps no usage per event.
         let start = match keep {
@@ -693,7 +702,13 @@ fn replay_with_ring(
                 original.peak_allocated_estimated = *estimated;
                 (options.reconstruct_start.then_some(walk.start), original)
             }
-            _ => (
+            Keep::BlockSizes(_, paired) => (
+                options
+                    .reconstruct_start
+                    .then(|| Reconstruction::start_of_paired(snapshot, paired)),
+                Figures::default(),
+            ),
+            Keep::Nothing => (
                 options
                     .reconstruct_start
                     .then(|| Reconstruction::start_of(snapshot)),
@@ -729,13 +744,7 @@ fn replay_with_ring(
 
     // New segments take the addresses the recorded run's got while the two runs agree, so that
     // equal free blocks are told apart by address as they were there.
-    sim.plan_addresses(
-        snapshot
-            .events
-            .iter()
-            .filter(|e| u32::from(e.device) == device && e.kind == EventKind::SegmentAlloc)
-            .map(|e| (e.size, e.addr)),
-    );
+    sim.plan_addresses(plan);
 
     let total = events.len();
     let mut unmatched_frees = 0;
@@ -781,7 +790,7 @@ fn replay_with_ring(
                         allocs += 1;
                         addresses.insert(event.addr, ours);
                         failed.remove(&event.addr);
-                        if let Keep::BlockSizes(sizes) = keep {
+                        if let Keep::BlockSizes(sizes, _) = keep {
                             match exclusive.block_size_of(ours) {
                                 Some(size) if size != event.size => {
                                     sizes.insert(index as u32, size);
@@ -837,14 +846,8 @@ fn replay_with_ring(
     progress(total, total);
     let stats = exclusive.stats();
     drop(exclusive);
-    let device_calls = options.verify.then(|| {
+    let device_calls = theirs.map(|theirs| {
         calls.take(&alloc);
-        let theirs = device_calls(
-            snapshot
-                .events
-                .iter()
-                .filter(|e| u32::from(e.device) == device),
-        );
         compare_calls(&theirs, &calls.calls)
     });
     let peak_allocated = stats.allocated_bytes.all.peak;
@@ -1010,31 +1013,52 @@ fn restore_unattributed(
 /// PyTorch's largest small-pool request (1 MiB): larger blocks live in the large pool.
 const SMALL_REQUEST: u64 = 1 << 20;
 
+/// What a replay of `device`'s events takes from the trace besides the walk to its start
+/// ([`replayed_events`]): the events it performs, where `empty_cache()` was called, the
+/// segment allocations (size, address) and, when verifying, the trace's device calls.
+type ChosenEvents = (
+    Vec<u32>,
+    rustc_hash::FxHashSet<usize>,
+    Vec<(u64, u64)>,
+    Option<Vec<(u64, DeviceCall)>>,
+);
+
 /// The indices in the trace of the events of `device` that the replay performs (allocations,
 /// completed frees, failed requests and the first event of each `empty_cache()` call), and
-/// the indices at which `empty_cache()` was called. Indices take four bytes: a big trace has
-/// millions of these, and the engine numbers events in `u32`.
-fn replayed_events(snapshot: &Snapshot, device: u32) -> (Vec<u32>, rustc_hash::FxHashSet<usize>) {
+/// the indices at which `empty_cache()` was called; the trace's segment allocations, for
+/// the addresses of new segments; and when `verify`ing, the trace's device calls, to check
+/// the replay's against. Indices take four bytes: a big trace has millions of these, and the
+/// engine numbers events in `u32`.
+fn replayed_events(snapshot: &Snapshot, device: u32, verify: bool) -> ChosenEvents {
     let empty_cache_at: rustc_hash::FxHashSet<usize> =
         vramscope_engine::empty_cache_calls(snapshot)
             .iter()
             .filter(|c| u32::from(snapshot.events[c.first_event as usize].device) == device)
             .map(|c| c.first_event as usize)
             .collect();
-    let events = snapshot
-        .events
-        .iter()
-        .enumerate()
-        .filter(|(i, e)| {
-            u32::from(e.device) == device
-                && (matches!(
-                    e.kind,
-                    EventKind::Alloc | EventKind::FreeCompleted | EventKind::Oom
-                ) || empty_cache_at.contains(i))
-        })
-        .map(|(i, _)| i as u32)
-        .collect();
-    (events, empty_cache_at)
+    // One pass for the rest, which a big trace's size (80 bytes an event) makes worth it.
+    let mut events = Vec::new();
+    let mut plan = Vec::new();
+    let mut calls = Vec::new();
+    for (i, e) in snapshot.events.iter().enumerate() {
+        if u32::from(e.device) != device {
+            continue;
+        }
+        if matches!(
+            e.kind,
+            EventKind::Alloc | EventKind::FreeCompleted | EventKind::Oom
+        ) || empty_cache_at.contains(&i)
+        {
+            events.push(i as u32);
+        }
+        if e.kind == EventKind::SegmentAlloc {
+            plan.push((e.size, e.addr));
+        }
+        if verify {
+            calls.extend(device_call(e));
+        }
+    }
+    (events, empty_cache_at, plan, verify.then_some(calls))
 }
 
 /// The call site of an event as a reader names it.
