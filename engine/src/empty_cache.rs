@@ -35,7 +35,8 @@ pub fn stack_calls_empty_cache(site: &CallSite) -> bool {
 /// only to retry a failed `cudaMalloc` (or to collect garbage), and then the next event is a
 /// segment allocation or an OOM.
 pub fn empty_cache_calls(snapshot: &Snapshot) -> Vec<EmptyCacheCall> {
-    let events = &snapshot.events;
+    // A slice once: indexing `Events` itself looks up its store at every event.
+    let events: &[Event] = &snapshot.events;
     let is_release = |e: &Event| matches!(e.kind, EventKind::SegmentFree | EventKind::SegmentUnmap);
     // One pass finds both kinds of call, which a big trace's size (80 bytes an event) makes
     // worth a second list: the explicit events win where there are any.

@@ -184,7 +184,7 @@ impl Reconstruction {
         checkpoint: &mut dyn FnMut(usize, &MemoryState),
         release_links_every: Option<usize>,
     ) -> Reconstruction {
-        let events = &snapshot.events;
+        let events: &[Event] = &snapshot.events;
         let n = events.len();
         let EndOfTrace {
             mut links,
@@ -258,7 +258,7 @@ impl Reconstruction {
     /// the same state. Events paired otherwise (a count that is not the trace's) are paired
     /// again here.
     pub fn start_of_paired(snapshot: &Snapshot, paired: &PairedEvents) -> MemoryState {
-        let events = &snapshot.events;
+        let events: &[Event] = &snapshot.events;
         if paired.len() != events.len() {
             return Reconstruction::start_of(snapshot);
         }
@@ -366,7 +366,7 @@ impl EndOfTrace {
     /// Pairs the frees of `snapshot` and takes its end state from its segments (or, for a
     /// format without them, from its events and its statistics' current figures).
     fn of(snapshot: &Snapshot) -> EndOfTrace {
-        let events = &snapshot.events;
+        let events: &[Event] = &snapshot.events;
         let n = events.len();
         let mut pairing = Pairing::new();
         let links = pair_links(&mut pairing, events, 0, n);
@@ -385,7 +385,7 @@ impl EndOfTrace {
 /// with the allocation the trace has for it, or for a format without segments the blocks its
 /// events leave and what its statistics' current figures say was there beyond them.
 fn end_state(snapshot: &Snapshot, pairing: &Pairing) -> (MemoryState, bool) {
-    let events = &snapshot.events;
+    let events: &[Event] = &snapshot.events;
     let dump_time_state = !snapshot.segments.is_empty();
     let end = if dump_time_state {
         let mut end = MemoryState::from_segments(&snapshot.segments);

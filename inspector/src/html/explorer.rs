@@ -183,7 +183,7 @@ impl ExplorerData {
         let snapshot = view.snapshot();
         let walk = Reconstruction::with_states(snapshot);
         let groups = view.site_groups();
-        let events = &snapshot.events;
+        let events: &[Event] = &snapshot.events;
         let n = events.len();
         let peak_pos = walk.peak_allocated.event.map_or(0, |e| u64::from(e) + 1);
         let peak_reserved_pos = walk
@@ -299,7 +299,7 @@ fn walk_forwards(
     planned: &[PlannedMoment],
     indexer: &mut GroupIndexer,
 ) -> (Vec<Delta>, Vec<Moment>) {
-    let events = &snapshot.events;
+    let events: &[Event] = &snapshot.events;
     let n = events.len();
     let mut moments = Vec::with_capacity(planned.len());
     let mut next_moment = 0;
