@@ -64,6 +64,13 @@ fn check(name: &str, snapshot: &Snapshot) {
 
     // The engine's walk forwards from the start reaches the dump-time end state.
     let walk = vramscope::engine::Reconstruction::of(snapshot);
+    // These traces are consistent: walking forwards from any of the walk's states keeps to
+    // them, so the dashboard steps forwards over them (`Dataset::state_at`).
+    assert!(
+        walk.disagreements.is_empty(),
+        "{name}: {:?}",
+        walk.disagreements
+    );
     let forwards = walk.state_at(&snapshot.events, snapshot.events.len());
     assert_eq!(
         forwards.usage(),

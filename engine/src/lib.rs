@@ -85,6 +85,72 @@ pub struct Reconstruction {
     /// end; empty except from [`Reconstruction::without_links`] and
     /// [`Reconstruction::with_states`] (see [`Checkpoints`]).
     checkpoints: Vec<(usize, MemoryState)>,
+    /// The events where a walk forwards from the walk's own states would part from it
+    /// ([`MemoryState::undo_checked`]).
+    pub disagreements: Disagreements,
+}
+
+/// The events of a trace at which the walk back found the state other than applying the
+/// event leaves it ([`MemoryState::undo_checked`]): a walk forwards from a state of the walk
+/// back reaches the walk's own state at a later position exactly when no such event lies
+/// between the two. The dashboard steps forwards where that holds and undoes from a later
+/// state where it does not, so that what it shows is always the walk's state. A trace that
+/// contradicts itself at more than [`Disagreements::MAX_NOTED`] events counts as
+/// contradicting itself everywhere.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Disagreements {
+    /// The events, in increasing order.
+    at: Vec<u32>,
+    everywhere: bool,
+}
+
+impl Disagreements {
+    /// The most events noted one by one.
+    pub const MAX_NOTED: usize = 1 << 16;
+
+    /// Notes event `event`; the walk goes backwards, so the events come in decreasing order
+    /// ([`Disagreements::finish_backwards`] turns them round).
+    fn note(&mut self, event: usize) {
+        if self.everywhere {
+            return;
+        }
+        if self.at.len() >= Self::MAX_NOTED {
+            self.everywhere = true;
+            self.at = Vec::new();
+        } else {
+            self.at.push(event as u32);
+        }
+    }
+
+    fn finish_backwards(&mut self) {
+        self.at.reverse();
+    }
+
+    /// Whether no event in `from..to` was noted: walking forwards over them keeps to the
+    /// walk's states.
+    pub fn none_in(&self, from: usize, to: usize) -> bool {
+        if from >= to {
+            return true;
+        }
+        if self.everywhere {
+            return false;
+        }
+        let first = self.at.partition_point(|&e| (e as usize) < from);
+        self.at.get(first).is_none_or(|&e| e as usize >= to)
+    }
+
+    /// Whether none was noted.
+    pub fn is_empty(&self) -> bool {
+        !self.everywhere && self.at.is_empty()
+    }
+
+    /// Shifts every event down by `count` after the first `count` events were dropped.
+    pub fn drop_front(&mut self, count: usize) {
+        self.at.retain(|&e| e as usize >= count);
+        for e in &mut self.at {
+            *e -= count as u32;
+        }
+    }
 }
 
 /// The states [`Reconstruction::without_links`] keeps on its way back, so that the walk's
@@ -193,12 +259,15 @@ impl Reconstruction {
             reserved_known,
         } = EndOfTrace::of(snapshot);
         let mut state = end.clone();
+        let mut disagreements = Disagreements::default();
         let usage = UsageSeries::from_last(n, |i| {
             let after = state.usage();
             if checkpoint_every > 0 && (i + 1).is_multiple_of(checkpoint_every) && i + 1 < n {
                 checkpoint(i + 1, &state);
             }
-            undo(&mut state, events, &links, i);
+            if !undo(&mut state, events, &links, i) {
+                disagreements.note(i);
+            }
             if release_links_every.is_some_and(|every| i.is_multiple_of(every)) {
                 // The walk goes backwards: the links from `i` on are done with.
                 links.truncate(i);
@@ -207,6 +276,7 @@ impl Reconstruction {
             after
         });
         let start = state;
+        disagreements.finish_backwards();
         let peak = |key: fn(&Usage) -> u64| {
             let mut best = Peak {
                 bytes: key(&start.usage()),
@@ -234,6 +304,7 @@ impl Reconstruction {
             peak_reserved,
             reserved_known,
             checkpoints: Vec::new(),
+            disagreements,
         }
     }
 
@@ -327,16 +398,17 @@ pub fn is_segment_event(e: &Event) -> bool {
     )
 }
 
-/// Undoes event `i` of `events` on `state`, with the allocation its packed link names.
-pub fn undo(state: &mut MemoryState, events: &[Event], links: &[u32], i: usize) {
-    undo_linked(state, events, links[i], i);
+/// Undoes event `i` of `events` on `state`, with the allocation its packed link names;
+/// whether the state was the one applying the event leaves ([`MemoryState::undo_checked`]).
+pub fn undo(state: &mut MemoryState, events: &[Event], links: &[u32], i: usize) -> bool {
+    undo_linked(state, events, links[i], i)
 }
 
 /// [`undo`] with event `i`'s packed link `link` at hand.
-fn undo_linked(state: &mut MemoryState, events: &[Event], link: u32, i: usize) {
+fn undo_linked(state: &mut MemoryState, events: &[Event], link: u32, i: usize) -> bool {
     let link = FreeLink::unpack(link);
     let alloc = link.alloc.map(|a| (&events[a as usize], a));
-    state.undo(&events[i], alloc, link.requested_before);
+    state.undo_checked(&events[i], i as u32, alloc, link.requested_before)
 }
 
 /// Pairs `events[..upto]` on `pairing`, returning the packed links ([`Pair::link`]) of those
@@ -692,6 +764,68 @@ mod tests {
             let mut short = PairedEvents::with_capacity(1);
             short.push(0, &snapshot.events[0]);
             assert_eq!(Reconstruction::start_of_paired(&snapshot, &short), own);
+        }
+    }
+
+    /// Every event the walk back did not note as a disagreement is one that applying to the
+    /// walk's state before it gives the walk's state after it, so that stepping forwards over
+    /// such events keeps to the walk's states; a consistent trace has none noted, and one that
+    /// frees blocks twice has some.
+    #[test]
+    fn forwards_agrees_with_the_walk_wherever_no_disagreement_is_noted() {
+        // Blocks from before the trace freed in it, a segment made and released, and blocks
+        // allocated and freed at their own addresses: a consistent trace.
+        let mut consistent = Snapshot::empty(Default::default(), Default::default());
+        let mut push = |kind, addr, size| consistent.events.push(event(kind, addr, size));
+        push(EventKind::SegmentAlloc, 0x100_0000, 1 << 20);
+        for k in 0..200u64 {
+            let addr = 0x1000 * (k % 9);
+            push(EventKind::Alloc, addr, 512 * (k + 1));
+            if k % 4 == 0 {
+                push(EventKind::FreeRequested, 0x20_0000 + 0x1000 * k, 1024);
+                push(EventKind::FreeCompleted, 0x20_0000 + 0x1000 * k, 1024);
+            }
+            push(EventKind::FreeRequested, addr, 512 * (k + 1));
+            push(EventKind::FreeCompleted, addr, 512 * (k + 1));
+        }
+        push(EventKind::SegmentFree, 0x100_0000, 1 << 20);
+        let cases = [
+            (consistent, false),
+            // Frees of blocks at addresses the trace freed already.
+            (trace(), true),
+            (cycling_trace(7, &[0, 1, 2], |k| 512 * (1 + k % 5)), false),
+            (cycling_trace(13, &[0, 1, 1, 2, 2], |_| 512), true),
+            // Allocations over blocks not freed yet (lost frees): both ways agree by design.
+            (
+                cycling_trace(5, &[0, 0, 1, 2], |k| 512 * (1 + k % 3)),
+                false,
+            ),
+        ];
+        for (n, (mut snapshot, contradicts)) in cases.into_iter().enumerate() {
+            snapshot.events.truncate(3_000);
+            let events: &[Event] = &snapshot.events;
+            let walk = Reconstruction::of(&snapshot);
+            // The walk's state after every position, found the way the walk finds them.
+            let mut states = vec![walk.end.clone()];
+            let mut state = walk.end.clone();
+            for i in (0..events.len()).rev() {
+                undo(&mut state, events, &walk.links, i);
+                states.push(state.clone());
+            }
+            states.reverse();
+            assert_eq!(states[0], walk.start, "case {n}");
+            let mut noted = 0;
+            for i in 0..events.len() {
+                if walk.disagreements.none_in(i, i + 1) {
+                    let mut forwards = states[i].clone();
+                    forwards.apply(&events[i], i as u32);
+                    assert_eq!(forwards, states[i + 1], "case {n}, event {i}");
+                } else {
+                    noted += 1;
+                }
+            }
+            assert_eq!(noted > 0, contradicts, "case {n}: {noted} noted");
+            assert_eq!(walk.disagreements.is_empty(), !contradicts, "case {n}");
         }
     }
 }

@@ -335,16 +335,18 @@ impl MemoryState {
     }
 
     /// Puts `block` at `addr`, replacing the block there, if any, in one search of the map.
-    fn insert_block(&mut self, addr: u64, block: LiveBlock) {
+    fn insert_block(&mut self, addr: u64, block: LiveBlock) -> Option<LiveBlock> {
         let (size, requested, pending) = (block.size, block.requested, block.pending);
-        if let Some(replaced) = self.blocks.insert(addr, block) {
-            self.uncount_block(&replaced);
+        let replaced = self.blocks.insert(addr, block);
+        if let Some(replaced) = &replaced {
+            self.uncount_block(replaced);
         }
         self.active = self.active.saturating_add(size);
         if !pending {
             self.allocated = self.allocated.saturating_add(size);
             self.requested = self.requested.saturating_add(requested);
         }
+        replaced
     }
 
     fn remove_block(&mut self, addr: u64) -> Option<LiveBlock> {
@@ -503,7 +505,9 @@ impl MemoryState {
     /// Applies event `e` (at index `index` of the trace) going forwards.
     pub fn apply(&mut self, e: &Event, index: u32) {
         match e.kind {
-            EventKind::Alloc => self.insert_block(e.addr, LiveBlock::from_alloc(e, index, false)),
+            EventKind::Alloc => {
+                self.insert_block(e.addr, LiveBlock::from_alloc(e, index, false));
+            }
             EventKind::FreeRequested => {
                 self.set_pending(e.addr, true);
             }
@@ -535,6 +539,23 @@ impl MemoryState {
     /// `pending_before` whether it was pending: undoing brings it back, as applying forwards
     /// replaced it.
     pub fn undo(&mut self, e: &Event, alloc: Option<(&Event, u32)>, pending_before: bool) {
+        self.undo_checked(e, NO_EVENT, alloc, pending_before);
+    }
+
+    /// [`MemoryState::undo`] of event `e` at index `index`, saying whether the state before
+    /// it was exactly the one applying `e` leaves ([`MemoryState::apply`]): then applying
+    /// `e` to the result gives that state back, and a walk forwards through the event agrees
+    /// with the walk back. `false` where the trace contradicts itself there (a block freed
+    /// twice, a free request repeated, an allocation whose block is not the one the trace
+    /// ends with) and, to be safe, for every map and unmap, whose runs a walk forwards joins
+    /// differently.
+    pub fn undo_checked(
+        &mut self,
+        e: &Event,
+        index: u32,
+        alloc: Option<(&Event, u32)>,
+        pending_before: bool,
+    ) -> bool {
         let recreate = |pending: bool| match alloc {
             Some((a, i)) => LiveBlock::described_by(a, i, pending),
             None => LiveBlock::before_trace(e, pending),
@@ -542,34 +563,45 @@ impl MemoryState {
         match e.kind {
             // The block the allocation replaced comes back in its place; else the address
             // is empty again.
-            EventKind::Alloc => match alloc {
-                Some(_) => self.insert_block(e.addr, recreate(pending_before)),
-                None => {
-                    self.remove_block(e.addr);
-                }
-            },
+            EventKind::Alloc => {
+                let found = match alloc {
+                    Some(_) => self.insert_block(e.addr, recreate(pending_before)),
+                    None => self.remove_block(e.addr),
+                };
+                found == Some(LiveBlock::from_alloc(e, index, false))
+            }
             EventKind::FreeRequested => {
+                let was_pending = self.blocks.get(e.addr).map(|b| b.pending);
                 if !self.set_pending(e.addr, false) {
                     self.insert_block(e.addr, recreate(false));
                 }
+                was_pending == Some(true)
             }
-            EventKind::FreeCompleted => {
-                self.insert_block(e.addr, recreate(pending_before));
-            }
+            EventKind::FreeCompleted => self
+                .insert_block(e.addr, recreate(pending_before))
+                .is_none(),
             EventKind::SegmentAlloc => {
-                self.remove_segment(e.addr);
+                self.remove_segment(e.addr) == Some(MemoryState::plain_segment(e))
             }
             EventKind::SegmentFree => {
+                let had = self.segments.contains_key(&e.addr);
                 self.add_segment(e.addr, MemoryState::plain_segment(e));
+                !had
             }
-            EventKind::SegmentMap => self.unmap(e),
-            EventKind::SegmentUnmap => self.map(e),
+            EventKind::SegmentMap => {
+                self.unmap(e);
+                false
+            }
+            EventKind::SegmentUnmap => {
+                self.map(e);
+                false
+            }
             EventKind::EmptyCache
             | EventKind::Oom
             | EventKind::Transfer(_)
             | EventKind::Sync
             | EventKind::Step
-            | EventKind::Snapshot => {}
+            | EventKind::Snapshot => true,
         }
     }
 

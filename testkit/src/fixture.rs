@@ -259,10 +259,20 @@ pub fn many_blocks_snapshot(blocks: usize) -> Snapshot {
             e.site = Id::new(i as u32 % (sites + extra));
         }
     }
+    // Each live block keeps the site of the allocation that made it, as a real snapshot's
+    // does (a block named otherwise would be a trace that contradicts itself).
+    let mut site_at: std::collections::HashMap<u64, Option<u32>> = Default::default();
+    for e in snapshot
+        .events
+        .iter()
+        .filter(|e| e.kind == EventKind::Alloc)
+    {
+        site_at.insert(e.addr, e.site());
+    }
     for s in &mut snapshot.segments {
-        for (i, b) in s.blocks.iter_mut().enumerate() {
-            if b.site.is_some() {
-                b.site = Some(i as u32 % (sites + extra));
+        for b in s.blocks.iter_mut().filter(|b| b.site.is_some()) {
+            if let Some(&site) = site_at.get(&b.address) {
+                b.site = site;
             }
         }
     }

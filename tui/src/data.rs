@@ -17,14 +17,13 @@
 
 use std::sync::Arc;
 
-use vramscope_engine::{FreeLink, MemoryState, Pairing, SiteGroups, Usage, UsageSeries};
+use vramscope_engine::{
+    Disagreements, FreeLink, MemoryState, Pairing, SiteGroups, Usage, UsageSeries,
+};
 use vramscope_model::{Event, EventKind, MemoryStats, Segment, Snapshot, StepMark};
 use vramscope_telemetry::TablesFrame;
 
 use crate::pyramid::{higher, Extremes, Pyramid};
-
-/// The most events undone to move the cursor back, rather than starting from a checkpoint.
-const UNDO_LIMIT: usize = 4096;
 
 /// Past this many checkpoints of appended events, once they hold more than one block or segment
 /// per [`EVENTS_PER_ITEM`] events, every other one is dropped (a live source's memory).
@@ -38,6 +37,17 @@ const CHECKPOINT_MIN: usize = 16_384;
 /// one's come no further apart than the old fixed interval. Checkpoints hold at most one block
 /// or segment per this many events beyond that (about 6 bytes an event).
 const EVENTS_PER_ITEM: usize = 16;
+
+/// Where [`Dataset::state_at`] starts from.
+#[derive(Clone, Copy)]
+enum Start {
+    /// The state it worked out last.
+    Cache,
+    /// A checkpoint, by index.
+    Checkpoint(usize),
+    /// The state after the last event.
+    Head,
+}
 
 /// The blocks and segments of a state: what keeping or cloning it costs, about.
 fn items(state: &MemoryState) -> usize {
@@ -120,7 +130,15 @@ pub struct Dataset {
     /// The kind of every event, apart from the events (see [`Dataset::kinds`]).
     kinds: Vec<EventKind>,
     groups: SiteGroups,
+    /// The last state [`Dataset::state_at`] worked out, and its position.
     cache: Option<(usize, MemoryState)>,
+    /// The events that came from the engine's walk (the loaded snapshot's): the state after
+    /// any of them is the walk's own, found by undoing from a later state, or by applying
+    /// events from an earlier one where no disagreement lies between
+    /// (`vramscope_engine::Disagreements`). Events appended after them (a live source's)
+    /// are walked forwards.
+    loaded: usize,
+    disagreements: Disagreements,
     version: u64,
     /// Changes when anything but appended events changes what the events say (see
     /// [`Dataset::epoch`]).
@@ -156,6 +174,8 @@ impl Dataset {
             kinds: Vec::new(),
             groups: SiteGroups::new(),
             cache: None,
+            loaded: 0,
+            disagreements: Disagreements::default(),
             version: 0,
             epoch: 0,
             segments_current: true,
@@ -201,6 +221,8 @@ impl Dataset {
         self.checkpoints = checkpoints;
         self.link = walk.links;
         self.pairing = walk.pairing;
+        self.loaded = n;
+        self.disagreements = walk.disagreements;
         self.kinds = snapshot.events.iter().map(|e| e.kind).collect();
         self.ooms = self
             .kinds
@@ -226,6 +248,11 @@ impl Dataset {
     pub fn append(&mut self, events: &[Event]) {
         if events.is_empty() {
             return;
+        }
+        if self.len() == self.loaded && self.checkpoints.last().map(|c| c.0) != Some(self.loaded) {
+            // The walk's state after the loaded events, which the head leaves behind now: the
+            // state from which the loaded events are undone.
+            self.checkpoints.push((self.loaded, self.head.clone()));
         }
         let snapshot = Arc::make_mut(&mut self.snapshot);
         for e in events {
@@ -261,7 +288,9 @@ impl Dataset {
         if self.checkpoints.len() > MAX_CHECKPOINTS && held > self.len() / EVENTS_PER_ITEM {
             self.checkpoint_every *= 2;
             let every = self.checkpoint_every;
-            self.checkpoints.retain(|(k, _)| k.is_multiple_of(every));
+            let loaded = self.loaded;
+            self.checkpoints
+                .retain(|(k, _)| k.is_multiple_of(every) || *k <= loaded);
         }
         self.segments_current = false;
         self.version += 1;
@@ -308,6 +337,8 @@ impl Dataset {
             *l = shift(*l);
         }
         self.pairing.drop_front(count as u32);
+        self.loaded = self.loaded.saturating_sub(count);
+        self.disagreements.drop_front(count);
         fix_blocks(&mut self.head);
         let mut checkpoints = vec![(0, start)];
         for (k, mut s) in std::mem::take(&mut self.checkpoints) {
@@ -512,25 +543,46 @@ impl Dataset {
         }
     }
 
-    /// The state at position `pos` (after the first `pos` events).
+    /// The state at position `pos` (after the first `pos` events): for a loaded event the
+    /// engine walk's own state there (whose figures the usage series holds), for an appended
+    /// one the state its events leave walking forwards.
     pub fn state_at(&mut self, pos: usize) -> &MemoryState {
         let n = self.len();
         let pos = pos.min(n);
         if pos == n {
             return &self.head;
         }
-        // Start from the cached state (undoing a few events back, or applying events forward)
-        // or from the checkpoint before `pos`, whichever touches fewer events and blocks.
-        let at = self.checkpoints.partition_point(|(k, _)| *k <= pos);
-        let (ck, checkpoint) = &self.checkpoints[at.saturating_sub(1)];
-        let from_checkpoint = items(checkpoint) + (pos - ck);
-        let reuse = match &self.cache {
-            Some((k, _)) if *k > pos => *k - pos <= UNDO_LIMIT.min(from_checkpoint),
-            Some((k, _)) => pos - *k <= from_checkpoint,
-            None => false,
+        // Start from the cached state or a checkpoint, at or after `pos` (undoing events, the
+        // walk's own step) or before it (applying events, where that keeps to the walk's
+        // states), whichever touches fewer events and blocks; the head is the last resort.
+        let keeps = |from: usize| self.forward_keeps(from, pos);
+        let mut best = (items(&self.head) + (n - pos), Start::Head);
+        let mut consider = |cost: usize, start: Start| {
+            if cost < best.0 {
+                best = (cost, start);
+            }
         };
-        if !reuse {
-            self.cache = Some((*ck, checkpoint.clone()));
+        let above = self.checkpoints.partition_point(|(k, _)| *k < pos);
+        if let Some((k, state)) = self.checkpoints.get(above) {
+            consider(items(state) + (k - pos), Start::Checkpoint(above));
+        }
+        if let Some(below) = above.checked_sub(1) {
+            let (k, state) = &self.checkpoints[below];
+            if keeps(*k) {
+                consider(items(state) + (pos - k), Start::Checkpoint(below));
+            }
+        }
+        if let Some((k, _)) = &self.cache {
+            if *k >= pos {
+                consider(k - pos, Start::Cache);
+            } else if keeps(*k) {
+                consider(pos - k, Start::Cache);
+            }
+        }
+        match best.1 {
+            Start::Cache => {}
+            Start::Checkpoint(c) => self.cache = Some(self.checkpoints[c].clone()),
+            Start::Head => self.cache = Some((n, self.head.clone())),
         }
         let events = &self.snapshot.events;
         if let Some((k, state)) = &mut self.cache {
@@ -549,6 +601,13 @@ impl Dataset {
             Some((_, state)) => state,
             None => &self.head,
         }
+    }
+
+    /// Whether applying the events from position `from` to `pos` keeps to the states
+    /// [`Dataset::state_at`] stands for: no loaded event among them disagrees with the walk.
+    fn forward_keeps(&self, from: usize, pos: usize) -> bool {
+        self.disagreements
+            .none_in(from.min(self.loaded), pos.min(self.loaded))
     }
 
     /// The state at `pos` if it is at hand without work (the head, or the last state
@@ -828,5 +887,81 @@ mod tests {
             };
             assert_eq!(data.state_at(pos).usage(), data.usage_at(pos), "at {pos}");
         }
+    }
+
+    /// On a trace that contradicts itself (blocks freed twice, free requests repeated), where
+    /// walking forwards parts from the engine's walk back, the state at any position, reached
+    /// from wherever the last one was, is the walk's own: the blocks whose figures the
+    /// timeline shows there, the ones the report's "at peak" column counts. Stepping forwards
+    /// over a stretch without disagreements still applies events.
+    #[test]
+    fn the_state_at_any_position_is_the_walks_own_on_a_trace_that_contradicts_itself() {
+        let mut snapshot = Snapshot::empty(Default::default(), Default::default());
+        let kinds = [
+            EventKind::Alloc,
+            EventKind::FreeRequested,
+            EventKind::FreeRequested,
+            EventKind::FreeCompleted,
+            EventKind::FreeCompleted,
+        ];
+        for k in 0..70_000u64 {
+            // Every third stretch of 20,000 events is consistent.
+            let contradicting = (k / 20_000) % 3 != 1;
+            let kind = if contradicting {
+                kinds[(k % 5) as usize]
+            } else {
+                [
+                    EventKind::Alloc,
+                    EventKind::FreeRequested,
+                    EventKind::FreeCompleted,
+                ][(k % 3) as usize]
+            };
+            let addr = 0x10_0000 + 0x1000 * (k % 13);
+            snapshot.events.push(
+                vramscope_testkit::event(kind)
+                    .addr(addr)
+                    .size(512 * (1 + k % 7))
+                    .seq(k)
+                    .build(),
+            );
+        }
+        let walk = vramscope_engine::Reconstruction::of(&snapshot);
+        assert!(!walk.disagreements.is_empty());
+        let events: &[Event] = &snapshot.events;
+        let n = events.len();
+        // The walk's own state after every position.
+        let mut states = vec![walk.end.clone()];
+        let mut state = walk.end.clone();
+        for i in (0..n).rev() {
+            vramscope_engine::undo(&mut state, events, &walk.links, i);
+            states.push(state.clone());
+        }
+        states.reverse();
+        let mut forwards_differs = false;
+        let mut data = Dataset::new(snapshot.clone(), Origin::File("f".into()));
+        assert!(data.checkpoints.len() > 2, "{}", data.checkpoints.len());
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut pos = n / 2;
+        for i in 0..600 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            pos = match i % 4 {
+                0 => (x % (n as u64 + 1)) as usize,
+                1 => (pos + (x % 64) as usize).saturating_sub(32).min(n),
+                // Stepping forwards, as a held arrow key does.
+                _ => (pos + 1).min(n),
+            };
+            assert_eq!(*data.state_at(pos), states[pos], "at {pos}");
+            assert_eq!(data.usage_at(pos), states[pos].usage(), "at {pos}");
+            let mut forwards = walk.start.clone();
+            if i % 50 == 0 {
+                for (j, e) in events.iter().enumerate().take(pos) {
+                    forwards.apply(e, j as u32);
+                }
+                forwards_differs |= forwards != states[pos];
+            }
+        }
+        assert!(forwards_differs, "the trace does part the two directions");
     }
 }
