@@ -856,6 +856,14 @@ mod tests {
         assert_eq!(*later.events, whole.events()[..whole.len() - 1]);
     }
 
+    /// The next number of a xorshift sequence: where a test's cursor goes next.
+    fn next_random(mut x: u64) -> u64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+
     /// Over a trace with many checkpoints, the state at any position, reached from wherever
     /// the last one was (forwards, backwards, far or near), has the usage the series says.
     #[test]
@@ -874,9 +882,7 @@ mod tests {
         let mut x = 0x2545_f491_4f6c_dd1du64;
         let mut pos = n / 2;
         for i in 0..120 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            x = next_random(x);
             pos = match i % 3 {
                 // A jump anywhere.
                 0 => (x % (n as u64 + 1)) as usize,
@@ -943,9 +949,7 @@ mod tests {
         let mut x = 0x2545_f491_4f6c_dd1du64;
         let mut pos = n / 2;
         for i in 0..600 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            x = next_random(x);
             pos = match i % 4 {
                 0 => (x % (n as u64 + 1)) as usize,
                 1 => (pos + (x % 64) as usize).saturating_sub(32).min(n),
