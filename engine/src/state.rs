@@ -364,11 +364,12 @@ impl MemoryState {
         }
     }
 
-    fn set_pending(&mut self, addr: u64, pending: bool) -> bool {
-        let Some(block) = self.blocks.map.get_mut(&addr) else {
-            return false;
-        };
-        if block.pending != pending {
+    /// Marks the block at `addr` pending (or not); whether it was pending before, or `None`
+    /// when there is no block there.
+    fn set_pending(&mut self, addr: u64, pending: bool) -> Option<bool> {
+        let block = self.blocks.map.get_mut(&addr)?;
+        let was = block.pending;
+        if was != pending {
             block.pending = pending;
             if pending {
                 self.allocated = self.allocated.saturating_sub(block.size);
@@ -378,7 +379,7 @@ impl MemoryState {
                 self.requested = self.requested.saturating_add(block.requested);
             }
         }
-        true
+        Some(was)
     }
 
     fn add_segment(&mut self, addr: u64, info: SegmentInfo) {
@@ -571,8 +572,8 @@ impl MemoryState {
                 found == Some(LiveBlock::from_alloc(e, index, false))
             }
             EventKind::FreeRequested => {
-                let was_pending = self.blocks.get(e.addr).map(|b| b.pending);
-                if !self.set_pending(e.addr, false) {
+                let was_pending = self.set_pending(e.addr, false);
+                if was_pending.is_none() {
                     self.insert_block(e.addr, recreate(false));
                 }
                 was_pending == Some(true)
