@@ -284,11 +284,17 @@ impl Dataset {
             }
         }
         snapshot.events.share();
-        let held: usize = self.checkpoints.iter().map(|(_, s)| items(s)).sum();
-        if self.checkpoints.len() > MAX_CHECKPOINTS && held > self.len() / EVENTS_PER_ITEM {
-            self.checkpoint_every *= 2;
+        // Only the appended events' checkpoints are thinned: the loaded ones are the walk's,
+        // as few as it chose.
+        let loaded = self.loaded;
+        let (appended, held) = self
+            .checkpoints
+            .iter()
+            .filter(|(k, _)| *k > loaded)
+            .fold((0, 0), |(n, held), (_, s)| (n + 1, held + items(s)));
+        if appended > MAX_CHECKPOINTS && held > (self.len() - loaded) / EVENTS_PER_ITEM {
+            self.checkpoint_every = self.checkpoint_every.saturating_mul(2);
             let every = self.checkpoint_every;
-            let loaded = self.loaded;
             self.checkpoints
                 .retain(|(k, _)| k.is_multiple_of(every) || *k <= loaded);
         }
@@ -337,8 +343,12 @@ impl Dataset {
             *l = shift(*l);
         }
         self.pairing.drop_front(count as u32);
-        self.loaded = self.loaded.saturating_sub(count);
-        self.disagreements.drop_front(count);
+        // A free whose allocation was dropped no longer names it, so undoing it would not
+        // bring back the block it freed: from here on every state is walked forwards from the
+        // new start (the state after the dropped events), as a live source's appended events
+        // are.
+        self.loaded = 0;
+        self.disagreements = Disagreements::default();
         fix_blocks(&mut self.head);
         let mut checkpoints = vec![(0, start)];
         for (k, mut s) in std::mem::take(&mut self.checkpoints) {
@@ -553,32 +563,49 @@ impl Dataset {
             return &self.head;
         }
         // Start from the cached state or a checkpoint, at or after `pos` (undoing events, the
-        // walk's own step) or before it (applying events, where that keeps to the walk's
-        // states), whichever touches fewer events and blocks; the head is the last resort.
+        // walk's own step: only from a state of the walk, at or before `loaded`) or before it
+        // (applying events, where that keeps to the walk's states), whichever touches fewer
+        // events and blocks. The checkpoint at or before `pos` with the events applied is
+        // always at hand, which the head (undone) beats only before any event was appended.
+        let loaded = self.loaded;
         let keeps = |from: usize| self.forward_keeps(from, pos);
-        let mut best = (items(&self.head) + (n - pos), Start::Head);
+        // A state at `pos` itself needs neither.
+        let undoes = |from: usize| from <= loaded || from == pos;
+        let above = self.checkpoints.partition_point(|(k, _)| *k < pos);
+        let below = above
+            .checked_sub(1)
+            .filter(|&b| self.checkpoints[b].0 < pos);
+        let mut best: Option<(usize, Start)> = None;
         let mut consider = |cost: usize, start: Start| {
-            if cost < best.0 {
-                best = (cost, start);
+            if best.is_none_or(|(c, _)| cost < c) {
+                best = Some((cost, start));
             }
         };
-        let above = self.checkpoints.partition_point(|(k, _)| *k < pos);
-        if let Some((k, state)) = self.checkpoints.get(above) {
-            consider(items(state) + (k - pos), Start::Checkpoint(above));
-        }
-        if let Some(below) = above.checked_sub(1) {
-            let (k, state) = &self.checkpoints[below];
-            if keeps(*k) {
-                consider(items(state) + (pos - k), Start::Checkpoint(below));
-            }
-        }
         if let Some((k, _)) = &self.cache {
-            if *k >= pos {
+            if *k >= pos && undoes(*k) {
                 consider(k - pos, Start::Cache);
-            } else if keeps(*k) {
+            } else if *k < pos && keeps(*k) {
                 consider(pos - k, Start::Cache);
             }
         }
+        if let Some((k, state)) = self.checkpoints.get(above) {
+            if undoes(*k) {
+                consider(items(state) + (k - pos), Start::Checkpoint(above));
+            }
+        }
+        if let Some(b) = below {
+            let (k, state) = &self.checkpoints[b];
+            if keeps(*k) {
+                consider(items(state) + (pos - k), Start::Checkpoint(b));
+            }
+        }
+        if undoes(n) {
+            consider(items(&self.head) + (n - pos), Start::Head);
+        }
+        // Nothing else keeps to the walk: the first checkpoint, walked forwards (the events
+        // before `loaded` agree with the walk wherever a checkpoint at or before `loaded` is
+        // missing, which only a trimmed live source has, and it walks forwards throughout).
+        let best = best.unwrap_or((0, Start::Checkpoint(0)));
         match best.1 {
             Start::Cache => {}
             Start::Checkpoint(c) => self.cache = Some(self.checkpoints[c].clone()),
@@ -967,5 +994,88 @@ mod tests {
             }
         }
         assert!(forwards_differs, "the trace does part the two directions");
+    }
+
+    /// Appended events are walked forwards, never undone: a live source that frees a block
+    /// twice shows the state its events leave, whichever way the cursor comes.
+    #[test]
+    fn appended_events_are_walked_forwards_even_where_they_contradict_themselves() {
+        let empty = Snapshot::empty(Default::default(), Default::default());
+        let mut data = Dataset::new(empty, Origin::File("f".into()));
+        let ev = |kind, seq| {
+            vramscope_testkit::event(kind)
+                .addr(0x1000)
+                .size(4096)
+                .seq(seq)
+                .build()
+        };
+        data.append(&[
+            ev(EventKind::Alloc, 0),
+            ev(EventKind::FreeCompleted, 1),
+            ev(EventKind::FreeCompleted, 2),
+        ]);
+        for pos in [3, 2, 1, 0, 2, 1, 3, 2] {
+            let state = data.state_at(pos).clone();
+            assert_eq!(state.usage(), data.usage_at(pos), "at {pos}");
+            assert_eq!(state.blocks.len(), usize::from(pos == 1), "at {pos}");
+        }
+    }
+
+    /// The loaded events are undone from the walk's own state after them, which the head
+    /// leaves behind once events are appended: a block the dump names keeps its site there.
+    #[test]
+    fn the_walks_end_state_is_kept_when_events_are_appended() {
+        let snapshot = fixture::training_snapshot();
+        let mut data = Dataset::new(snapshot, Origin::File("f".into()));
+        let loaded = data.len();
+        let at_load = data.head().clone();
+        let (&addr, block) = at_load.blocks.by_address().next().unwrap();
+        assert!(block.site.is_some());
+        let free = vramscope_testkit::event(EventKind::FreeCompleted)
+            .addr(addr)
+            .size(block.size)
+            .seq(loaded as u64)
+            .build();
+        data.append(&[free]);
+        assert_eq!(*data.state_at(loaded), at_load);
+        let back = data.state_at(loaded.saturating_sub(3)).clone();
+        assert_eq!(*data.state_at(loaded), at_load);
+        assert_eq!(back.usage(), data.usage_at(loaded.saturating_sub(3)));
+    }
+
+    /// After the oldest events are dropped (a live source), a free whose allocation went
+    /// with them is walked forwards from the new start, which holds the block as allocated,
+    /// site and all, whichever way the cursor comes.
+    #[test]
+    fn a_free_whose_allocation_was_dropped_shows_the_block_it_frees() {
+        let empty = Snapshot::empty(Default::default(), Default::default());
+        let mut data = Dataset::new(empty, Origin::File("f".into()));
+        let mut events = Vec::new();
+        for seq in 0..60u64 {
+            let (kind, addr) = match seq {
+                5 => (EventKind::Alloc, 0x9_0000_0000),
+                40 => (EventKind::FreeCompleted, 0x9_0000_0000),
+                _ if seq % 2 == 0 => (EventKind::Alloc, 0x1000 * (1 + seq)),
+                _ => (EventKind::FreeCompleted, 0x1000 * seq),
+            };
+            let mut e = vramscope_testkit::event(kind)
+                .addr(addr)
+                .size(1024)
+                .seq(seq)
+                .build();
+            if addr == 0x9_0000_0000 {
+                e.site = vramscope_model::Id::new(7);
+            }
+            events.push(e);
+        }
+        data.append(&events);
+        data.trim_front(10);
+        // Event 40 is now event 30: the block lives before it.
+        for pos in [50, 20, 29, 31, 25, 0] {
+            let site = data.state_at(pos).blocks.get(0x9_0000_0000).map(|b| b.site);
+            let live = pos <= 30;
+            assert_eq!(site, live.then_some(Some(7)), "at {pos}");
+            assert_eq!(data.state_at(pos).usage(), data.usage_at(pos), "at {pos}");
+        }
     }
 }
