@@ -883,12 +883,24 @@ mod tests {
         assert_eq!(*later.events, whole.events()[..whole.len() - 1]);
     }
 
-    /// The next number of a xorshift sequence: where a test's cursor goes next.
-    fn next_random(mut x: u64) -> u64 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
+    /// Where a test's cursor goes over `n` events, `moves` times: by turns a jump anywhere,
+    /// a few events back or forward, and `step` events on, from the middle.
+    fn cursor_walk(n: usize, moves: usize, step: usize) -> Vec<usize> {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut pos = n / 2;
+        let mut out = Vec::with_capacity(moves);
+        for i in 0..moves {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            pos = match i % 3 {
+                0 => (x % (n as u64 + 1)) as usize,
+                1 => (pos + (x % 64) as usize).saturating_sub(32).min(n),
+                _ => (pos + step).min(n),
+            };
+            out.push(pos);
+        }
+        out
     }
 
     /// Over a trace with many checkpoints, the state at any position, reached from wherever
@@ -906,18 +918,7 @@ mod tests {
             "{} checkpoints",
             data.checkpoints.len()
         );
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut pos = n / 2;
-        for i in 0..120 {
-            x = next_random(x);
-            pos = match i % 3 {
-                // A jump anywhere.
-                0 => (x % (n as u64 + 1)) as usize,
-                // A few events back or forward.
-                1 => (pos + (x % 64) as usize).saturating_sub(32).min(n),
-                // A timeline column on.
-                _ => (pos + n / 190).min(n),
-            };
+        for pos in cursor_walk(n, 120, n / 190) {
             assert_eq!(data.state_at(pos).usage(), data.usage_at(pos), "at {pos}");
         }
     }
@@ -973,16 +974,8 @@ mod tests {
         let mut forwards_differs = false;
         let mut data = Dataset::new(snapshot.clone(), Origin::File("f".into()));
         assert!(data.checkpoints.len() > 2, "{}", data.checkpoints.len());
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut pos = n / 2;
-        for i in 0..600 {
-            x = next_random(x);
-            pos = match i % 4 {
-                0 => (x % (n as u64 + 1)) as usize,
-                1 => (pos + (x % 64) as usize).saturating_sub(32).min(n),
-                // Stepping forwards, as a held arrow key does.
-                _ => (pos + 1).min(n),
-            };
+        // Stepping forwards one event at a time, as a held arrow key does.
+        for (i, pos) in cursor_walk(n, 600, 1).into_iter().enumerate() {
             assert_eq!(*data.state_at(pos), states[pos], "at {pos}");
             assert_eq!(data.usage_at(pos), states[pos].usage(), "at {pos}");
             let mut forwards = walk.start.clone();
