@@ -317,12 +317,7 @@ impl Reconstruction {
     /// without keeping the usage after every event, for callers (the replay's block sizing)
     /// that need where the trace started and nothing else.
     pub fn start_of(snapshot: &Snapshot) -> MemoryState {
-        let EndOfTrace { links, end, .. } = EndOfTrace::of(snapshot);
-        let mut state = end;
-        for i in (0..snapshot.events.len()).rev() {
-            undo(&mut state, &snapshot.events, &links, i);
-        }
-        state
+        Reconstruction::start_of_paired(snapshot, &PairedEvents::of(&snapshot.events))
     }
 
     /// [`Reconstruction::start_of`] with the events already paired (all of them, in order);
@@ -438,10 +433,7 @@ impl EndOfTrace {
     /// Pairs the frees of `snapshot` and takes its end state from its segments (or, for a
     /// format without them, from its events and its statistics' current figures).
     fn of(snapshot: &Snapshot) -> EndOfTrace {
-        let events: &[Event] = &snapshot.events;
-        let n = events.len();
-        let mut pairing = Pairing::new();
-        let links = pair_links(&mut pairing, events, 0, n);
+        let PairedEvents { pairing, links } = PairedEvents::of(&snapshot.events);
         let (end, reserved_known) = end_state(snapshot, &pairing);
         EndOfTrace {
             links,
@@ -514,6 +506,15 @@ impl PairedEvents {
             pairing: Pairing::new(),
             links: Vec::with_capacity(events),
         }
+    }
+
+    /// Every event of `events` paired, in order.
+    pub fn of(events: &[Event]) -> PairedEvents {
+        let mut paired = PairedEvents::with_capacity(events.len());
+        for (i, e) in events.iter().enumerate() {
+            paired.push(i as u32, e);
+        }
+        paired
     }
 
     /// Pairs `e`, the event at `index`, which must be the next one of the trace.
@@ -754,13 +755,12 @@ mod tests {
     #[test]
     fn the_start_from_events_paired_elsewhere_is_the_walks_own() {
         for snapshot in [trace(), cycling_trace(13, &[0, 1, 1, 2, 2], |_| 512)] {
-            let mut paired = PairedEvents::with_capacity(snapshot.events.len());
-            for (i, e) in snapshot.events.iter().enumerate() {
-                paired.push(i as u32, e);
-            }
-            let own = Reconstruction::start_of(&snapshot);
+            let paired = PairedEvents::of(&snapshot.events);
+            // The full walk's start, which pairs the events itself.
+            let own = Reconstruction::of(&snapshot).start;
             assert!(!own.blocks.is_empty());
             assert_eq!(Reconstruction::start_of_paired(&snapshot, &paired), own);
+            assert_eq!(Reconstruction::start_of(&snapshot), own);
             let mut short = PairedEvents::with_capacity(1);
             short.push(0, &snapshot.events[0]);
             assert_eq!(Reconstruction::start_of_paired(&snapshot, &short), own);
