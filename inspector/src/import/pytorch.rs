@@ -1126,20 +1126,16 @@ fn finish(
             pass.push(e, pair);
         }
     };
-    match &options.progress {
-        Some(progress) => {
-            // The replay says how many events it goes through once it starts.
-            progress.begin(Stage::SizingBlocks, 0);
-            vramscope_replay::size_blocks_visiting(
-                &mut snapshot,
-                &mut |done, total| progress.set(done as u64, total as u64),
-                &mut visit,
-            );
-        }
-        None => {
-            vramscope_replay::size_blocks_visiting(&mut snapshot, &mut |_, _| {}, &mut visit);
-        }
+    if let Some(progress) = &options.progress {
+        // The replay says how many events it goes through once it starts.
+        progress.begin(Stage::SizingBlocks, 0);
     }
+    let mut report = |done: usize, total: usize| {
+        if let Some(progress) = &options.progress {
+            progress.set(done as u64, total as u64);
+        }
+    };
+    vramscope_replay::size_blocks_visiting(&mut snapshot, &mut report, &mut visit);
     snapshot.stats = match pass {
         Some(pass) => pass.finish(&snapshot.segments, index, &snapshot.config),
         None => compute_stats(
