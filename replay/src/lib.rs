@@ -688,7 +688,7 @@ fn replay_with_ring(
     alloc.set_memory_limit(options.capacity);
     // The walk back to the trace's start and the choice of the events to replay each go
     // through every event, and neither needs the other: the choice runs on a second thread.
-    let ((start, original), (events, empty_cache_at, plan, theirs)) = std::thread::scope(|scope| {
+    let ((start, original), chosen) = std::thread::scope(|scope| {
         // The other thread also lists what the walk does not need either: the trace's
         // segment allocations (for the addresses of new segments) and, to check the replay
         // against, its device calls.
@@ -742,6 +742,12 @@ fn replay_with_ring(
     // Raw allocations that recreated the start, which the replay's own figures leave out.
     let start_allocations = alloc.stats().num_device_alloc;
 
+    let ChosenEvents {
+        events,
+        empty_cache_at,
+        plan,
+        device_calls: theirs,
+    } = chosen;
     // New segments take the addresses the recorded run's got while the two runs agree, so that
     // equal free blocks are told apart by address as they were there.
     sim.plan_addresses(plan);
@@ -1013,22 +1019,24 @@ fn restore_unattributed(
 /// PyTorch's largest small-pool request (1 MiB): larger blocks live in the large pool.
 const SMALL_REQUEST: u64 = 1 << 20;
 
-/// What a replay of `device`'s events takes from the trace besides the walk to its start
-/// ([`replayed_events`]): the events it performs, where `empty_cache()` was called, the
-/// segment allocations (size, address) and, when verifying, the trace's device calls.
-type ChosenEvents = (
-    Vec<u32>,
-    rustc_hash::FxHashSet<usize>,
-    Vec<(u64, u64)>,
-    Option<Vec<(u64, DeviceCall)>>,
-);
+/// What a replay of one device's events takes from the trace besides the walk to its start
+/// ([`replayed_events`]).
+struct ChosenEvents {
+    /// The indices of the events it performs, in order. Indices take four bytes: a big trace
+    /// has millions of these, and the engine numbers events in `u32`.
+    events: Vec<u32>,
+    /// The indices at which `empty_cache()` was called (an explicit event, or the first of a
+    /// burst of segment frees that no allocation asked for).
+    empty_cache_at: rustc_hash::FxHashSet<usize>,
+    /// The trace's segment allocations (size, address), whose addresses new segments take.
+    plan: Vec<(u64, u64)>,
+    /// When verifying, the trace's device calls, to check the replay's against.
+    device_calls: Option<Vec<(u64, DeviceCall)>>,
+}
 
-/// The indices in the trace of the events of `device` that the replay performs (allocations,
-/// completed frees, failed requests and the first event of each `empty_cache()` call), and
-/// the indices at which `empty_cache()` was called; the trace's segment allocations, for
-/// the addresses of new segments; and when `verify`ing, the trace's device calls, to check
-/// the replay's against. Indices take four bytes: a big trace has millions of these, and the
-/// engine numbers events in `u32`.
+/// What the replay of `device`'s events takes from the trace ([`ChosenEvents`]): the events
+/// it performs (allocations, completed frees, failed requests and the first event of each
+/// `empty_cache()` call), and with `verify` the trace's device calls.
 fn replayed_events(snapshot: &Snapshot, device: u32, verify: bool) -> ChosenEvents {
     let empty_cache_at: rustc_hash::FxHashSet<usize> =
         vramscope_engine::empty_cache_calls(snapshot)
@@ -1058,7 +1066,12 @@ fn replayed_events(snapshot: &Snapshot, device: u32, verify: bool) -> ChosenEven
             calls.extend(device_call(e));
         }
     }
-    (events, empty_cache_at, plan, verify.then_some(calls))
+    ChosenEvents {
+        events,
+        empty_cache_at,
+        plan,
+        device_calls: verify.then_some(calls),
+    }
 }
 
 /// The call site of an event as a reader names it.
