@@ -14,13 +14,16 @@
 //! bench/target/release/vramscope-bench profile pairs <subject> <pairs>
 //! bench/target/release/vramscope-bench profile trace|steady <trace> <subject> <reps>
 //! bench/target/release/vramscope-bench profile threads <subject> <pairs> <reps> <threads>...
+//! bench/target/release/vramscope-bench profile apart <subject> <pairs> <reps> <threads>...
 //! ```
 //!
 //! The `profile` forms run one allocator alone, for `valgrind --tool=callgrind` or a quick
 //! timing: `trace` times the first pass through a fresh allocator, `steady` the second pass,
 //! and both print the mean and the fastest of `reps` repetitions. `threads` runs cached pairs
 //! from each given number of threads on one allocator (the scaling table's pair loop, for more
-//! thread counts).
+//! thread counts). `apart` runs the same pairs with an allocator per thread, alone and with one
+//! exact shared counter, beside one allocator for all: how far books kept apart per stream
+//! could go, and what an exact all-streams statistic costs them.
 
 mod measure;
 mod peers;
@@ -718,7 +721,7 @@ fn generated_traces(quick: bool) -> Vec<Trace> {
 /// allocator alone, for callgrind.
 fn profile(args: &[String]) -> Result<(), String> {
     let usage =
-        "usage: profile pairs <subject> <pairs> | profile trace|steady <trace> <subject> <reps> | profile threads <subject> <pairs> <reps> <threads>...";
+        "usage: profile pairs <subject> <pairs> | profile trace|steady <trace> <subject> <reps> | profile threads|apart <subject> <pairs> <reps> <threads>...";
     let subject = |key: &str| {
         Subject::from_key(key).ok_or_else(|| {
             let keys: Vec<&str> = SUBJECTS.iter().map(|s| s.key()).collect();
@@ -785,9 +788,77 @@ fn profile(args: &[String]) -> Result<(), String> {
                 .collect::<Result<_, _>>()?;
             thread_pairs(subject, &config, pairs, reps, &counts);
         }
+        Some("apart") => {
+            let subject = subject(args.get(1).ok_or(usage)?)?;
+            let config = subject.config().ok_or("apart needs a vramscope subject")?;
+            let pairs = number(args.get(2))?;
+            let reps = number(args.get(3))?.max(1) as usize;
+            let counts: Vec<usize> = args[4..]
+                .iter()
+                .map(|n| n.parse().map_err(|_| usage.to_string()))
+                .collect::<Result<_, _>>()?;
+            pairs_apart(subject, &config, pairs, reps, &counts);
+        }
         _ => return Err(usage.to_string()),
     }
     Ok(())
+}
+
+/// `profile apart`: cached 4 KiB pairs from each count of threads in three arrangements, run
+/// alternately: one allocator for all threads (each on its own stream, as `profile threads`),
+/// an allocator each (the bound on books kept apart per stream), and an allocator each plus
+/// one exact shared counter of allocated bytes (what an exact all-streams statistic adds to
+/// that bound). Ratios are against one thread on one allocator; the median run of `reps` by
+/// throughput for each.
+fn pairs_apart(
+    subject: Subject,
+    config: &AllocatorConfig,
+    pairs: u64,
+    reps: usize,
+    counts: &[usize],
+) {
+    use measure::Shared;
+    println!(
+        "{}: {pairs} cached 4 KiB pairs per thread, the three arrangements run alternately, median of {reps} run(s) by throughput\n",
+        subject.label()
+    );
+    println!("| threads | arrangement | total M pairs/s | ÷ 1 thread, one allocator | CPU ns/pair per thread | CPU ÷ wall | voluntary / involuntary switches per 10k pairs |");
+    println!("|---:|---|---:|---:|---:|---:|---:|");
+    let arrangements: [(&str, Option<Shared>); 3] = [
+        ("one allocator", None),
+        ("an allocator each", Some(Shared::Nothing)),
+        (
+            "an allocator each + exact shared counter",
+            Some(Shared::ExactCounter),
+        ),
+    ];
+    let mut one = None;
+    for &threads in counts {
+        let mut runs: Vec<Vec<measure::Threaded>> = vec![Vec::new(); arrangements.len()];
+        for _ in 0..reps {
+            for (runs, (_, shared)) in runs.iter_mut().zip(arrangements) {
+                runs.push(match shared {
+                    None => measure::pairs_threads(config, threads, pairs),
+                    Some(shared) => measure::pairs_apart(config, threads, pairs, shared),
+                });
+            }
+        }
+        for (runs, (label, _)) in runs.iter_mut().zip(arrangements) {
+            runs.sort_by(|a, b| a.mops().total_cmp(&b.mops()));
+            let run = runs[runs.len() / 2];
+            let mpairs = run.mops() / 2.0;
+            let base = *one.get_or_insert(mpairs);
+            let pairs_total = run.ops as f64 / 2.0;
+            println!(
+                "| {threads} | {label} | {mpairs:.2} | {:.2}× | {:.0} | {:.2} | {:.0} / {:.0} |",
+                mpairs / base,
+                run.cpu_ns_per_op * 2.0,
+                run.cpu_ns_per_op / run.wall_ns_per_op,
+                run.voluntary_switches as f64 * 1e4 / pairs_total,
+                run.involuntary_switches as f64 * 1e4 / pairs_total,
+            );
+        }
+    }
 }
 
 /// `profile threads`: cached 4 KiB pairs through `alloc_ptr`/`free_ptr` on one allocator from

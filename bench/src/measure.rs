@@ -257,6 +257,65 @@ pub fn pairs_threads(config: &AllocatorConfig, threads: usize, pairs: u64) -> Th
     Threaded::from_threads(wall, &per_thread, (pairs * 2) as usize)
 }
 
+/// What the threads of [`pairs_apart`] share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shared {
+    /// Nothing: each thread has an allocator of its own (the most that books kept apart per
+    /// stream could give).
+    Nothing,
+    /// One counter of allocated bytes with an exact peak, besides an allocator each: every
+    /// allocation adds to it and every free takes from it, in one order of all threads' changes,
+    /// which is the least an exact all-streams statistic costs on top of books kept apart.
+    ExactCounter,
+}
+
+/// One cache line of its own for a shared counter, so that the counter's transfers between
+/// cores are its own and not those of its neighbours.
+#[repr(align(128))]
+struct Line(std::sync::atomic::AtomicU64);
+
+/// Each of `threads` threads does `pairs` cached 4 KiB alloc+free pairs on an allocator of its
+/// own with `config`, sharing only what `shared` says: the bound on what splitting one
+/// allocator's books by stream could give, and what an exact shared statistic costs on top.
+pub fn pairs_apart(
+    config: &AllocatorConfig,
+    threads: usize,
+    pairs: u64,
+    shared: Shared,
+) -> Threaded {
+    use std::sync::atomic::Ordering;
+    let allocators: Vec<CachingAllocator<SimDevice>> = (0..threads)
+        .map(|_| {
+            let alloc = CachingAllocator::new(SimDevice::phantom(DEVICE_CAPACITY), config.clone());
+            let warm = alloc.alloc_ptr(4096, StreamId(1)).unwrap();
+            alloc.free_ptr(warm).unwrap();
+            alloc
+        })
+        .collect();
+    let (current, peak) = (Line(0.into()), Line(0.into()));
+    let (wall, per_thread) = run_threads(threads, |t| {
+        let alloc = &allocators[t];
+        let size = std::hint::black_box(4096u64);
+        for _ in 0..pairs {
+            let addr = alloc.alloc_ptr(size, StreamId(1)).unwrap();
+            if shared == Shared::ExactCounter {
+                // Every value the counter takes is one of a single order of all changes, so
+                // the largest of them is the exact peak; the peak is written only when raised.
+                let now = current.0.fetch_add(size, Ordering::AcqRel) + size;
+                if now > peak.0.load(Ordering::Relaxed) {
+                    peak.0.fetch_max(now, Ordering::AcqRel);
+                }
+            }
+            alloc.free_ptr(std::hint::black_box(addr)).unwrap();
+            if shared == Shared::ExactCounter {
+                current.0.fetch_sub(size, Ordering::AcqRel);
+            }
+        }
+    });
+    assert!(peak.0.load(Ordering::Relaxed) <= 4096 * threads as u64);
+    Threaded::from_threads(wall, &per_thread, (pairs * 2) as usize)
+}
+
 /// `pairs` alloc+free pairs of 4 KiB through any allocator after one warm-up pair; nanoseconds
 /// per operation (half a pair).
 pub fn pairs<A: DeviceAllocator>(alloc: &mut A, pairs: u64) -> f64 {

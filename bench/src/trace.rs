@@ -102,7 +102,11 @@ impl Trace {
         let mut ops = Vec::new();
         let mut slots = 0u32;
         let mut unmatched = 0;
-        for event in snapshot.events.iter().filter(|e| u32::from(e.device) == device) {
+        for event in snapshot
+            .events
+            .iter()
+            .filter(|e| u32::from(e.device) == device)
+        {
             match event.kind {
                 EventKind::Alloc => {
                     let size = if event.requested > 0 {
