@@ -515,16 +515,19 @@ pub fn size_blocks_with_progress(
     snapshot: &mut Snapshot,
     progress: &mut dyn FnMut(usize, usize),
 ) -> BlockSizing {
-    size_blocks_visiting(snapshot, progress, &mut |_, _| {})
+    size_blocks_visiting(snapshot, None, progress, &mut |_, _| {})
 }
 
 /// [`size_blocks_with_progress`], handing every event, in order and once it has its block
 /// size, to `visit` with what the engine's pairing (`vramscope_engine::Pairing`, over all
 /// the snapshot's events) found for it: the sizing's last pass pairs the whole trace, and a
 /// caller that needs the sized events paired (the importer's statistics) need not pair it
-/// again.
+/// again. `paired` is the snapshot's events paired already, in their order (the importer
+/// pairs them on a second core while it reads them), or `None` to pair them here; pairs of
+/// another list of events are refused with a panic.
 pub fn size_blocks_visiting(
     snapshot: &mut Snapshot,
+    paired: Option<PairedEvents>,
     progress: &mut dyn FnMut(usize, usize),
     visit: &mut dyn FnMut(&Event, Pair),
 ) -> BlockSizing {
@@ -533,16 +536,42 @@ pub fn size_blocks_visiting(
     let divisions = snapshot.config.roundup_power2_divisions;
     // The pairs found here are also the walk's to the trace's start (they do not depend on
     // sizes): it takes them rather than pairing the trace again.
-    let mut paired = PairedEvents::with_capacity(snapshot.events.len());
-    for (i, e) in snapshot.events.iter_mut().enumerate() {
-        let pair = paired.push(i as u32, e);
-        if matches!(pair, Pair::Alloc { .. } | Pair::Free(_)) {
-            if e.requested == 0 {
-                e.requested = e.size;
-            }
-            e.size = round_size(e.requested, divisions);
+    let round = |e: &mut Event| {
+        if e.requested == 0 {
+            e.requested = e.size;
         }
-    }
+        e.size = round_size(e.requested, divisions);
+    };
+    let paired = match paired {
+        Some(paired) => {
+            assert_eq!(
+                paired.len(),
+                snapshot.events.len(),
+                "the pairs given are those of the snapshot's events"
+            );
+            // An allocation or a free of either kind is what the pairing links (`Pair::Alloc`
+            // and `Pair::Free`).
+            for e in snapshot.events.iter_mut() {
+                if matches!(
+                    e.kind,
+                    EventKind::Alloc | EventKind::FreeRequested | EventKind::FreeCompleted
+                ) {
+                    round(e);
+                }
+            }
+            paired
+        }
+        None => {
+            let mut paired = PairedEvents::with_capacity(snapshot.events.len());
+            for (i, e) in snapshot.events.iter_mut().enumerate() {
+                let pair = paired.push(i as u32, e);
+                if matches!(pair, Pair::Alloc { .. } | Pair::Free(_)) {
+                    round(e);
+                }
+            }
+            paired
+        }
+    };
     let options = ReplayOptions {
         trace_settings: true,
         verify: true,

@@ -46,6 +46,7 @@ use super::timeline;
 use super::{ImportError, ImportErrorKind, ImportOptions, Stage};
 use crate::pickle::{Document, Limits, Seq, Value, ValueRef};
 
+mod collect;
 mod stacks;
 mod stats;
 mod stream;
@@ -934,6 +935,9 @@ struct TraceEvents {
     devices_with_events: usize,
     /// The lowest device that has one.
     first_device: Option<u32>,
+    /// The events' pairs and last allocations, worked out while they were read when all are
+    /// on one device (`collect`).
+    one_device: Option<collect::OneDevice>,
 }
 
 /// Reads the entries of `device_traces`, one list per device.
@@ -948,6 +952,7 @@ fn read_traces(
         earliest_us: None,
         devices_with_events: 0,
         first_device: None,
+        one_device: None,
     };
     for (d, trace) in elements(traces).enumerate() {
         let entries = trace.as_seq().ok_or_else(|| Fault {
@@ -1009,6 +1014,7 @@ fn finish(
         earliest_us,
         devices_with_events,
         first_device,
+        one_device,
     } = traces;
     let mut annotations_raw = Vec::with_capacity(annotation_values.map_or(0, Seq::len));
     let mut annotation_text = 0;
@@ -1033,6 +1039,9 @@ fn finish(
     };
     // Numbered in the same pass unless the devices' events are merged by time first.
     let merged = devices_with_events > 1;
+    // The collector's pairs and indices follow the order the events were read in, which a
+    // merge changes.
+    let read_on_one_device = one_device.filter(|_| !merged);
     for (seq, e) in events.iter_mut().enumerate() {
         e.time_ns = relative((e.seq == 1).then_some(e.time_ns));
         e.seq = seq as u64;
@@ -1067,10 +1076,24 @@ fn finish(
     };
 
     // Segments, with the site and step of each live block's allocation.
-    let mut last_alloc: LastAlloc = FxHashMap::default();
-    for e in events.iter().filter(|e| e.kind == EventKind::Alloc) {
-        last_alloc.insert((u32::from(e.device), e.addr), (e.site(), u64::from(e.step)));
-    }
+    let alloc_of = |e: &Event| (e.site(), u64::from(e.step));
+    let last_alloc: LastAlloc = match &read_on_one_device {
+        Some(one) => one
+            .last_alloc
+            .iter()
+            .map(|(&addr, &i)| {
+                let e = &events[i as usize];
+                ((u32::from(e.device), addr), alloc_of(e))
+            })
+            .collect(),
+        None => {
+            let mut last_alloc = FxHashMap::default();
+            for e in events.iter().filter(|e| e.kind == EventKind::Alloc) {
+                last_alloc.insert((u32::from(e.device), e.addr), alloc_of(e));
+            }
+            last_alloc
+        }
+    };
     let mut placed = Vec::with_capacity(segment_values.map_or(0, Seq::len));
     for (i, s) in elements(segment_values).enumerate() {
         placed.push((
@@ -1135,7 +1158,8 @@ fn finish(
             progress.set(done as u64, total as u64);
         }
     };
-    vramscope_replay::size_blocks_visiting(&mut snapshot, &mut report, &mut visit);
+    let paired = read_on_one_device.map(|one| one.paired);
+    vramscope_replay::size_blocks_visiting(&mut snapshot, paired, &mut report, &mut visit);
     snapshot.stats = match pass {
         Some(pass) => pass.finish(&snapshot.segments, index, &snapshot.config),
         None => compute_stats(

@@ -18,6 +18,7 @@ use std::sync::mpsc;
 use rustc_hash::FxHashSet;
 use vramscope_model::{Event, Snapshot};
 
+use super::collect::{collecting, Collected, EventOut};
 use super::stacks::Stacks;
 use super::{
     check_entries, finish, limits, max_trace_entries, note_time, parts, read_entry, read_traces,
@@ -33,12 +34,12 @@ use crate::pickle::{
 const TRACES: &str = "device_traces";
 
 /// Converts streamed trace entries into events and call sites.
-struct EntryStream {
+struct EntryStream<'a> {
     keys: EntryKeys,
     stacks: Stacks,
     figures: Figures,
-    /// The events, their times not yet relative (see `super::read_entry`).
-    events: Vec<Event>,
+    /// Where the events go, their times not yet relative (see `super::read_entry`).
+    events: &'a mut EventOut,
     /// The earliest of their times (`super::note_time`).
     earliest_us: Option<u64>,
     /// Entries read so far, and the most a pickle of this size may hold
@@ -47,7 +48,7 @@ struct EntryStream {
     limit: usize,
 }
 
-impl EntrySink for EntryStream {
+impl EntrySink for EntryStream<'_> {
     fn entry(
         &mut self,
         entry: ValueRef<'_>,
@@ -93,7 +94,8 @@ impl EntrySink for EntryStream {
     }
 
     fn memory(&self) -> usize {
-        self.events.capacity() * std::mem::size_of::<Event>()
+        // Each event and its pair link (four bytes), which the collector keeps.
+        self.events.len() * (std::mem::size_of::<Event>() + 4)
             + self.stacks.bytes
             + self.stacks.memory()
             + self.keys.memory()
@@ -104,7 +106,12 @@ impl EntrySink for EntryStream {
 /// document would.
 pub(super) struct Ready {
     doc: Document,
-    sink: EntryStream,
+    stacks: Stacks,
+    figures: Figures,
+    /// The earliest time of a streamed event (`super::note_time`).
+    earliest_us: Option<u64>,
+    /// The streamed entries' events, and what the collector made of them.
+    collected: Collected,
     /// Where each device's events are, when entries were streamed: how many devices have
     /// entries and the lowest of them.
     traces: Option<(usize, Option<u32>)>,
@@ -172,18 +179,28 @@ pub(super) fn read_file(file: &File, size: u64, options: &ImportOptions) -> Opti
 fn read_with(
     input_bytes: usize,
     options: &ImportOptions,
-    parse: impl FnOnce(&mut EntryStream) -> Option<Streamed>,
+    parse: impl FnOnce(&mut EntryStream<'_>) -> Option<Streamed>,
 ) -> Option<Ready> {
-    let mut sink = EntryStream {
-        keys: EntryKeys::default(),
-        stacks: Stacks::new(&options.framework_paths, input_bytes),
-        figures: Figures::default(),
-        events: Vec::new(),
-        earliest_us: None,
-        entries: 0,
-        limit: max_trace_entries(input_bytes),
-    };
-    let streamed = parse(&mut sink)?;
+    let ((streamed, stacks, figures, earliest_us), collected) = collecting(|mut events| {
+        let mut sink = EntryStream {
+            keys: EntryKeys::default(),
+            stacks: Stacks::new(&options.framework_paths, input_bytes),
+            figures: Figures::default(),
+            events: &mut events,
+            earliest_us: None,
+            entries: 0,
+            limit: max_trace_entries(input_bytes),
+        };
+        let streamed = parse(&mut sink);
+        let EntryStream {
+            stacks,
+            figures,
+            earliest_us,
+            ..
+        } = sink;
+        ((streamed, stacks, figures, earliest_us), events)
+    });
+    let streamed = streamed?;
     let traces = if streamed.lists.is_empty() {
         None
     } else {
@@ -191,7 +208,10 @@ fn read_with(
     };
     Some(Ready {
         doc: streamed.doc,
-        sink,
+        stacks,
+        figures,
+        earliest_us,
+        collected,
         traces,
     })
 }
@@ -250,14 +270,14 @@ impl Ready {
     }
 
     fn snapshot(self, options: &ImportOptions) -> Result<Snapshot, Fault> {
-        let Ready { doc, sink, traces } = self;
-        let EntryStream {
+        let Ready {
+            doc,
             mut stacks,
             mut figures,
-            events,
             earliest_us,
-            ..
-        } = sink;
+            collected,
+            traces,
+        } = self;
         let root = doc.root();
         // Streamed entries are within the limit (the sink stops past it) and `placed` found
         // no others; without them, the document holds all.
@@ -267,10 +287,11 @@ impl Ready {
         let parts = parts(root)?;
         let traces = match traces {
             Some((devices_with_events, first_device)) => TraceEvents {
-                events,
+                events: collected.events,
                 earliest_us,
                 devices_with_events,
                 first_device,
+                one_device: collected.one_device,
             },
             None => read_traces(parts.traces, &mut stacks, &mut figures)?,
         };
@@ -284,6 +305,7 @@ mod tests {
 
     use super::*;
     use crate::pickle_writer::{MemoRef, PickleWriter};
+    use vramscope_model::EventKind;
 
     /// What an entry's `frames` is.
     #[derive(Clone, Copy)]
@@ -365,13 +387,24 @@ mod tests {
         }
 
         fn entry(&mut self, action: &str, addr: u64, time_us: u64, frames: Frames) {
+            self.entry_of_size(action, addr, 4096, time_us, frames);
+        }
+
+        fn entry_of_size(
+            &mut self,
+            action: &str,
+            addr: u64,
+            size: u64,
+            time_us: u64,
+            frames: Frames,
+        ) {
             self.w.begin_dict();
             self.key("action");
             self.key(action);
             self.key("addr");
             self.w.uint(addr);
             self.key("size");
-            self.w.uint(4096);
+            self.w.uint(size);
             self.key("stream");
             self.w.int(0);
             self.key("time_us");
@@ -519,6 +552,49 @@ mod tests {
         assert_eq!(devices.iter().filter(|&&d| d == 0).count(), 25);
         assert_eq!(devices.iter().filter(|&&d| d == 2).count(), 25);
         assert!(!devices.contains(&1));
+    }
+
+    /// Entries over many of the collector's batches give the whole document's snapshot: the
+    /// events in order, paired on the second thread for the block sizing.
+    #[test]
+    fn entries_over_many_batches_stream_into_the_whole_documents_snapshot() {
+        let bytes = snapshot(1, 9_000);
+        let s = assert_same(&bytes, true);
+        assert_eq!(s.events.len(), 9_000);
+    }
+
+    /// A second device whose entries are none of them events still has the devices' events
+    /// merged by time, which reorders them here: the pairs made in file order are not used.
+    /// (Merged, some allocations are open at the end, among them one at the address of the
+    /// dump-time block, whose size, unlike the requests', it takes.)
+    #[test]
+    fn events_merged_by_time_are_paired_in_their_merged_order() {
+        let mut w = Writer::new();
+        w.w.begin_dict();
+        w.segments();
+        w.key("device_traces");
+        w.w.begin_list();
+        w.w.begin_list();
+        for i in 0..3_000u64 {
+            let action = ["alloc", "free_requested", "free_completed"][i as usize % 3];
+            // Times fall back every 7 entries, so that the merge moves events across pairs.
+            let time = 1_000_000 + (i / 3) * 3 + (7 - i % 7) * 5;
+            let addr = (1 << 32) + 4096 * (i / 3 % 5);
+            w.entry_of_size(action, addr, 1024, time, Frames::Fresh(1 + i as usize % 4));
+        }
+        w.w.end_list();
+        w.w.begin_list();
+        w.entry("weird_new_action", 0, 1_000_001, Frames::Fresh(2));
+        w.w.end_list();
+        w.w.end_list();
+        w.tail();
+        w.w.end_dict();
+        let s = assert_same(&w.w.finish(), true);
+        assert!(s.events.windows(2).all(|p| p[0].time_ns <= p[1].time_ns));
+        assert!(s
+            .events
+            .iter()
+            .any(|e| e.kind == EventKind::Alloc && e.size == 4096));
     }
 
     #[test]
