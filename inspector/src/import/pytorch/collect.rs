@@ -17,8 +17,8 @@ use rustc_hash::FxHashMap;
 use vramscope_engine::PairedEvents;
 use vramscope_model::{Event, EventKind};
 
-/// Events in a batch: 160 KiB, which stays in the parser's cache until it is handed over.
-const BATCH: usize = 2048;
+/// Events in a batch: 640 KiB, which stays in the parser's cache until it is handed over.
+const BATCH: usize = 8192;
 /// Batches handed over and not yet collected, at most, before the parser waits.
 const QUEUE: usize = 8;
 

@@ -558,9 +558,9 @@ mod tests {
     /// events in order, paired on the second thread for the block sizing.
     #[test]
     fn entries_over_many_batches_stream_into_the_whole_documents_snapshot() {
-        let bytes = snapshot(1, 9_000);
+        let bytes = snapshot(1, 20_000);
         let s = assert_same(&bytes, true);
-        assert_eq!(s.events.len(), 9_000);
+        assert_eq!(s.events.len(), 20_000);
     }
 
     /// A second device whose entries are none of them events still has the devices' events
