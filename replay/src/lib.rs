@@ -523,8 +523,9 @@ pub fn size_blocks_with_progress(
 /// the snapshot's events) found for it: the sizing's last pass pairs the whole trace, and a
 /// caller that needs the sized events paired (the importer's statistics) need not pair it
 /// again. `paired` is the snapshot's events paired already, in their order (the importer
-/// pairs them on a second core while it reads them), or `None` to pair them here; pairs of
-/// another list of events are refused with a panic.
+/// pairs them on a second core while it reads them), or `None` to pair them here. They must be
+/// the pairs of these events in this order: only pairs of another number of events are
+/// refused (with a panic).
 pub fn size_blocks_visiting(
     snapshot: &mut Snapshot,
     paired: Option<PairedEvents>,

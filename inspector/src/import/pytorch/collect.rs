@@ -5,21 +5,22 @@
 //! ([`Collected`]) while the parser goes on with the next entries.
 //!
 //! `super::finish` takes the pairs for the block sizing and the last allocations for the
-//! segments' live blocks where the events' order is final: when all of them are on one device.
-//! Events of several devices are merged by time afterwards, which changes their order, so
-//! then the collector stops pairing at the second device's first event and `super::finish`
-//! works both out from the merged events, as after a whole-document import. Either way the
-//! snapshot is the same; the thread only moves work off the parser's core.
+//! segments' live blocks where the events' order is final: when only one device's trace has
+//! entries. The events of several devices' traces are merged by time afterwards, which
+//! changes their order: then `super::finish` leaves what the collector made (which stops
+//! pairing at the first event of a second device) and works both out from the merged events,
+//! as after a whole-document import. Either way the snapshot is the same; the thread only
+//! moves work off the parser's core.
 
 use std::sync::mpsc::{self, Receiver, SyncSender};
 
-use rustc_hash::FxHashMap;
-use vramscope_engine::PairedEvents;
+use vramscope_engine::{AddrMap, PairedEvents};
 use vramscope_model::{Event, EventKind};
 
 /// Events in a batch: 640 KiB, which stays in the parser's cache until it is handed over.
 const BATCH: usize = 8192;
-/// Batches handed over and not yet collected, at most, before the parser waits.
+/// Batches waiting in the channel, at most, before the parser waits (besides the one being
+/// collected).
 const QUEUE: usize = 8;
 
 /// What the collector made of the events, in the order they were converted.
@@ -36,8 +37,9 @@ pub(super) struct Collected {
 pub(super) struct OneDevice {
     /// Every event paired, in order.
     pub(super) paired: PairedEvents,
-    /// The index of the last allocation at each address.
-    pub(super) last_alloc: FxHashMap<u64, u32>,
+    /// The index of the last allocation at each address (keyed by the file's addresses, so
+    /// seeded per process: `vramscope_engine::AddrMap`).
+    pub(super) last_alloc: AddrMap<u32>,
 }
 
 impl Collected {
@@ -46,7 +48,7 @@ impl Collected {
             events: Vec::new(),
             one_device: Some(OneDevice {
                 paired: PairedEvents::with_capacity(0),
-                last_alloc: FxHashMap::default(),
+                last_alloc: AddrMap::default(),
             }),
             device: None,
         }
@@ -249,7 +251,7 @@ mod tests {
         open.sort_unstable();
         expected_open.sort_unstable();
         assert_eq!(open, expected_open);
-        let mut last = FxHashMap::default();
+        let mut last = AddrMap::default();
         for (i, e) in events.iter().enumerate() {
             if e.kind == EventKind::Alloc {
                 last.insert(e.addr, i as u32);

@@ -94,8 +94,10 @@ impl EntrySink for EntryStream<'_> {
     }
 
     fn memory(&self) -> usize {
-        // Each event and its pair link (four bytes), which the collector keeps.
-        self.events.len() * (std::mem::size_of::<Event>() + 4)
+        // What the collector keeps for each event: the event, its pair link (four bytes) and,
+        // for the maps by address (the pairing's open allocations, the last allocations),
+        // 24 bytes, as the reader counts an entry of its memo.
+        self.events.len() * (std::mem::size_of::<Event>() + 4 + 24)
             + self.stacks.bytes
             + self.stacks.memory()
             + self.keys.memory()
