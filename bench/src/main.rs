@@ -844,18 +844,10 @@ fn pairs_apart(
             }
         }
         for (runs, (label, _)) in runs.iter_mut().zip(arrangements) {
-            runs.sort_by(|a, b| a.mops().total_cmp(&b.mops()));
-            let run = runs[runs.len() / 2];
-            let mpairs = run.mops() / 2.0;
-            let base = *one.get_or_insert(mpairs);
-            let pairs_total = run.ops as f64 / 2.0;
+            let row = PairsRow::median_of(runs, &mut one);
             println!(
-                "| {threads} | {label} | {mpairs:.2} | {:.2}× | {:.0} | {:.2} | {:.0} / {:.0} |",
-                mpairs / base,
-                run.cpu_ns_per_op * 2.0,
-                run.cpu_ns_per_op / run.wall_ns_per_op,
-                run.voluntary_switches as f64 * 1e4 / pairs_total,
-                run.involuntary_switches as f64 * 1e4 / pairs_total,
+                "| {threads} | {label} | {:.2} | {:.2}× | {:.0} | {:.2} | {:.0} / {:.0} |",
+                row.mpairs, row.ratio, row.cpu_ns, row.cpu_per_wall, row.voluntary, row.involuntary,
             );
         }
     }
@@ -883,19 +875,53 @@ fn thread_pairs(
         let mut runs: Vec<measure::Threaded> = (0..reps)
             .map(|_| measure::pairs_threads(config, threads, pairs))
             .collect();
+        let row = PairsRow::median_of(&mut runs, &mut one);
+        println!(
+            "| {threads} | {:.2} | {:.2}× | {:.0} | {:.0} | {:.2} | {:.0} / {:.0} |",
+            row.mpairs,
+            row.ratio,
+            row.wall_ns,
+            row.cpu_ns,
+            row.cpu_per_wall,
+            row.voluntary,
+            row.involuntary,
+        );
+    }
+}
+
+/// The figures of a row of the thread tables: the median run of a set by throughput.
+struct PairsRow {
+    /// Pairs per second of all threads together, in millions.
+    mpairs: f64,
+    /// That over the first row's (one thread).
+    ratio: f64,
+    /// Wall-clock and CPU nanoseconds per pair, each a mean over the threads.
+    wall_ns: f64,
+    cpu_ns: f64,
+    /// CPU time over wall-clock time, per thread: 1 when each had a core to itself.
+    cpu_per_wall: f64,
+    /// Context switches of all threads per 10,000 pairs.
+    voluntary: f64,
+    involuntary: f64,
+}
+
+impl PairsRow {
+    /// The row of the median of `runs` by throughput; `one` is the throughput the ratios are
+    /// taken against, set by the first row.
+    fn median_of(runs: &mut [measure::Threaded], one: &mut Option<f64>) -> PairsRow {
         runs.sort_by(|a, b| a.mops().total_cmp(&b.mops()));
         let run = runs[runs.len() / 2];
         let mpairs = run.mops() / 2.0;
         let base = *one.get_or_insert(mpairs);
         let pairs_total = run.ops as f64 / 2.0;
-        println!(
-            "| {threads} | {mpairs:.2} | {:.2}× | {:.0} | {:.0} | {:.2} | {:.0} / {:.0} |",
-            mpairs / base,
-            run.wall_ns_per_op * 2.0,
-            run.cpu_ns_per_op * 2.0,
-            run.cpu_ns_per_op / run.wall_ns_per_op,
-            run.voluntary_switches as f64 * 1e4 / pairs_total,
-            run.involuntary_switches as f64 * 1e4 / pairs_total,
-        );
+        PairsRow {
+            mpairs,
+            ratio: mpairs / base,
+            wall_ns: run.wall_ns_per_op * 2.0,
+            cpu_ns: run.cpu_ns_per_op * 2.0,
+            cpu_per_wall: run.cpu_ns_per_op / run.wall_ns_per_op,
+            voluntary: run.voluntary_switches as f64 * 1e4 / pairs_total,
+            involuntary: run.involuntary_switches as f64 * 1e4 / pairs_total,
+        }
     }
 }

@@ -196,22 +196,11 @@ mod tests {
     use vramscope_model::EventKind;
 
     fn event(kind: EventKind, device: u16, addr: u64) -> Event {
-        Event {
-            seq: 0,
-            time_ns: 0,
-            kind,
-            device,
-            stream: 0,
-            addr,
-            size: 512,
-            requested: 512,
-            site: None,
-            tag: None,
-            scope: None,
-            step: 0,
-            thread: 0,
-            device_free: 0,
-        }
+        vramscope_testkit::event(kind)
+            .device(device)
+            .addr(addr)
+            .size(512)
+            .build()
     }
 
     /// A trace longer than several batches, with allocations that reuse addresses.

@@ -475,14 +475,27 @@ mod tests {
         }
     }
 
+    impl Writer {
+        /// Opens the root dict, writes the segments and opens `device_traces`.
+        fn begin_traces(&mut self) {
+            self.w.begin_dict();
+            self.segments();
+            self.key("device_traces");
+            self.w.begin_list();
+        }
+
+        /// Closes `device_traces` and writes the pairs after it.
+        fn end_traces(&mut self) {
+            self.w.end_list();
+            self.tail();
+        }
+    }
+
     /// A snapshot with `devices` traces of `entries` entries each (none for device 1 when
     /// there are several), with every kind of frames list.
     fn snapshot(devices: usize, entries: usize) -> Vec<u8> {
         let mut w = Writer::new();
-        w.w.begin_dict();
-        w.segments();
-        w.key("device_traces");
-        w.w.begin_list();
+        w.begin_traces();
         for d in 0..devices {
             w.w.begin_list();
             let n = if devices > 1 && d == 1 { 0 } else { entries };
@@ -502,8 +515,7 @@ mod tests {
             }
             w.w.end_list();
         }
-        w.w.end_list();
-        w.tail();
+        w.end_traces();
         w.w.end_dict();
         w.w.finish()
     }
@@ -572,10 +584,7 @@ mod tests {
     #[test]
     fn events_merged_by_time_are_paired_in_their_merged_order() {
         let mut w = Writer::new();
-        w.w.begin_dict();
-        w.segments();
-        w.key("device_traces");
-        w.w.begin_list();
+        w.begin_traces();
         w.w.begin_list();
         for i in 0..3_000u64 {
             let action = ["alloc", "free_requested", "free_completed"][i as usize % 3];
@@ -588,8 +597,7 @@ mod tests {
         w.w.begin_list();
         w.entry("weird_new_action", 0, 1_000_001, Frames::Fresh(2));
         w.w.end_list();
-        w.w.end_list();
-        w.tail();
+        w.end_traces();
         w.w.end_dict();
         let s = assert_same(&w.w.finish(), true);
         assert!(s.events.windows(2).all(|p| p[0].time_ns <= p[1].time_ns));
@@ -602,17 +610,13 @@ mod tests {
     #[test]
     fn an_unknown_action_streams_when_nothing_uses_its_frames_again() {
         let mut w = Writer::new();
-        w.w.begin_dict();
-        w.segments();
-        w.key("device_traces");
-        w.w.begin_list();
+        w.begin_traces();
         w.w.begin_list();
         w.entry("alloc", 1 << 32, 1_000_000, Frames::Fresh(2));
         w.entry("weird_new_action", 0, 1_000_001, Frames::Fresh(3));
         w.entry("alloc", 1 << 33, 1_000_002, Frames::Block);
         w.w.end_list();
-        w.w.end_list();
-        w.tail();
+        w.end_traces();
         w.w.end_dict();
         let s = assert_same(&w.w.finish(), true);
         assert_eq!(s.events.len(), 2);
@@ -621,17 +625,13 @@ mod tests {
     /// A snapshot whose last root pair is written by `last` after the traces.
     fn with_tail(last: impl FnOnce(&mut Writer)) -> Vec<u8> {
         let mut w = Writer::new();
-        w.w.begin_dict();
-        w.segments();
-        w.key("device_traces");
-        w.w.begin_list();
+        w.begin_traces();
         w.w.begin_list();
         w.entry("alloc", 1 << 32, 1_000_000, Frames::Fresh(2));
         w.entry("weird_new_action", 0, 1_000_001, Frames::Fresh(3));
         w.entry("free_requested", 1 << 32, 1_000_002, Frames::Fresh(2));
         w.w.end_list();
-        w.w.end_list();
-        w.tail();
+        w.end_traces();
         w.key("extra");
         last(&mut w);
         w.w.end_dict();
@@ -693,8 +693,7 @@ mod tests {
         w.lists.push(twin);
         w.entry("alloc", 1 << 33, 1_000_001, Frames::Earlier(1));
         w.w.end_list();
-        w.w.end_list();
-        w.tail();
+        w.end_traces();
         w.key("extra");
         // The twin, one frame longer: `MARK`, the frame, `APPENDS`.
         w.w.get(twin);
@@ -711,18 +710,14 @@ mod tests {
     #[test]
     fn a_list_appended_twice_is_read_whole() {
         let mut w = Writer::new();
-        w.w.begin_dict();
-        w.segments();
-        w.key("device_traces");
-        w.w.begin_list();
+        w.begin_traces();
         w.w.begin_list();
         w.entry("alloc", 1 << 32, 1_000_000, Frames::Fresh(2));
         w.entry("alloc", 1 << 33, 1_000_001, Frames::Fresh(2));
         w.w.end_list();
         let list = w.w.memoize();
         w.w.get(list);
-        w.w.end_list();
-        w.tail();
+        w.end_traces();
         w.w.end_dict();
         let s = assert_same(&w.w.finish(), false);
         assert_eq!(s.events.len(), 4);
