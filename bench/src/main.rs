@@ -775,29 +775,22 @@ fn profile(args: &[String]) -> Result<(), String> {
                 total / reps as f64
             );
         }
-        Some("threads") => {
+        Some(form @ ("threads" | "apart")) => {
             let subject = subject(args.get(1).ok_or(usage)?)?;
             let config = subject
                 .config()
-                .ok_or("threads needs a vramscope subject")?;
+                .ok_or_else(|| format!("{form} needs a vramscope subject"))?;
             let pairs = number(args.get(2))?;
             let reps = number(args.get(3))?.max(1) as usize;
             let counts: Vec<usize> = args[4..]
                 .iter()
                 .map(|n| n.parse().map_err(|_| usage.to_string()))
                 .collect::<Result<_, _>>()?;
-            thread_pairs(subject, &config, pairs, reps, &counts);
-        }
-        Some("apart") => {
-            let subject = subject(args.get(1).ok_or(usage)?)?;
-            let config = subject.config().ok_or("apart needs a vramscope subject")?;
-            let pairs = number(args.get(2))?;
-            let reps = number(args.get(3))?.max(1) as usize;
-            let counts: Vec<usize> = args[4..]
-                .iter()
-                .map(|n| n.parse().map_err(|_| usage.to_string()))
-                .collect::<Result<_, _>>()?;
-            pairs_apart(subject, &config, pairs, reps, &counts);
+            if form == "threads" {
+                thread_pairs(subject, &config, pairs, reps, &counts);
+            } else {
+                pairs_apart(subject, &config, pairs, reps, &counts);
+            }
         }
         _ => return Err(usage.to_string()),
     }

@@ -143,14 +143,6 @@ impl Disagreements {
     pub fn is_empty(&self) -> bool {
         !self.everywhere && self.at.is_empty()
     }
-
-    /// Shifts every event down by `count` after the first `count` events were dropped.
-    pub fn drop_front(&mut self, count: usize) {
-        self.at.retain(|&e| e as usize >= count);
-        for e in &mut self.at {
-            *e -= count as u32;
-        }
-    }
 }
 
 /// The states [`Reconstruction::without_links`] keeps on its way back, so that the walk's

@@ -367,7 +367,7 @@ impl MemoryState {
     /// Marks the block at `addr` pending (or not); whether it was pending before, or `None`
     /// when there is no block there.
     fn set_pending(&mut self, addr: u64, pending: bool) -> Option<bool> {
-        let block = self.blocks.map.get_mut(&addr)?;
+        let block = self.blocks.get_mut(addr)?;
         let was = block.pending;
         if was != pending {
             block.pending = pending;

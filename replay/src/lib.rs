@@ -535,44 +535,27 @@ pub fn size_blocks_visiting(
     // Until the replay says better, every block is its request rounded (which is also what
     // the replay's starting state needs of blocks from before the trace).
     let divisions = snapshot.config.roundup_power2_divisions;
-    // The pairs found here are also the walk's to the trace's start (they do not depend on
-    // sizes): it takes them rather than pairing the trace again.
-    let round = |e: &mut Event| {
-        if e.requested == 0 {
-            e.requested = e.size;
-        }
-        e.size = round_size(e.requested, divisions);
-    };
-    let paired = match paired {
-        Some(paired) => {
-            assert_eq!(
-                paired.len(),
-                snapshot.events.len(),
-                "the pairs given are those of the snapshot's events"
-            );
-            // An allocation or a free of either kind is what the pairing links (`Pair::Alloc`
-            // and `Pair::Free`).
-            for e in snapshot.events.iter_mut() {
-                if matches!(
-                    e.kind,
-                    EventKind::Alloc | EventKind::FreeRequested | EventKind::FreeCompleted
-                ) {
-                    round(e);
-                }
+    // The pairs (found here, or by the caller) are also the walk's to the trace's start (they
+    // do not depend on sizes): it takes them rather than pairing the trace again.
+    let paired = paired.unwrap_or_else(|| PairedEvents::of(&snapshot.events));
+    assert_eq!(
+        paired.len(),
+        snapshot.events.len(),
+        "the pairs given are those of the snapshot's events"
+    );
+    // The allocations and frees of either kind: the events the pairing links (`Pair::Alloc`
+    // and `Pair::Free`).
+    for e in snapshot.events.iter_mut() {
+        if matches!(
+            e.kind,
+            EventKind::Alloc | EventKind::FreeRequested | EventKind::FreeCompleted
+        ) {
+            if e.requested == 0 {
+                e.requested = e.size;
             }
-            paired
+            e.size = round_size(e.requested, divisions);
         }
-        None => {
-            let mut paired = PairedEvents::with_capacity(snapshot.events.len());
-            for (i, e) in snapshot.events.iter_mut().enumerate() {
-                let pair = paired.push(i as u32, e);
-                if matches!(pair, Pair::Alloc { .. } | Pair::Free(_)) {
-                    round(e);
-                }
-            }
-            paired
-        }
-    };
+    }
     let options = ReplayOptions {
         trace_settings: true,
         verify: true,

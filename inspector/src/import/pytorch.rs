@@ -1142,8 +1142,9 @@ fn finish(
     // The sizing's last pass pairs every event once it has its block size: when all events are
     // on the snapshot's device, the statistics are counted in that pass, not in a pass of
     // their own.
-    let one_device = devices_with_events == 0 || first_device == Some(index);
-    let mut pass = one_device.then(|| StatsPass::new(SegmentPools::of(&snapshot.segments)));
+    let all_on_snapshot_device = devices_with_events == 0 || first_device == Some(index);
+    let mut pass =
+        all_on_snapshot_device.then(|| StatsPass::new(SegmentPools::of(&snapshot.segments)));
     let mut visit = |e: &Event, pair: vramscope_engine::Pair| {
         if let Some(pass) = &mut pass {
             pass.push(e, pair);

@@ -1,7 +1,7 @@
 //! The second core's share of a streamed import. `super::stream` converts each trace entry
 //! into an event on the parsing thread and hands the events over in batches ([`EventOut`]);
-//! a second thread gathers them into the trace's event list, pairs them
-//! (`vramscope_engine::PairedEvents`) and notes the last allocation at each address
+//! a second thread gathers them into the trace's event list, notes their earliest time, pairs
+//! them (`vramscope_engine::PairedEvents`) and notes the last allocation at each address
 //! ([`Collected`]) while the parser goes on with the next entries.
 //!
 //! `super::finish` takes the pairs for the block sizing and the last allocations for the
@@ -17,6 +17,8 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use vramscope_engine::{AddrMap, PairedEvents};
 use vramscope_model::{Event, EventKind};
 
+use super::note_time;
+
 /// Events in a batch: 640 KiB, which stays in the parser's cache until it is handed over.
 const BATCH: usize = 8192;
 /// Batches waiting in the channel, at most, before the parser waits (besides the one being
@@ -27,6 +29,8 @@ const QUEUE: usize = 8;
 pub(super) struct Collected {
     /// Every event, its time not yet relative (see `super::read_entry`).
     pub(super) events: Vec<Event>,
+    /// The earliest of their times (`super::note_time`).
+    pub(super) earliest_us: Option<u64>,
     /// The pairs and last allocations, while every event so far is on one device.
     pub(super) one_device: Option<OneDevice>,
     /// The device of the first event.
@@ -46,6 +50,7 @@ impl Collected {
     fn new() -> Collected {
         Collected {
             events: Vec::new(),
+            earliest_us: None,
             one_device: Some(OneDevice {
                 paired: PairedEvents::with_capacity(0),
                 last_alloc: AddrMap::default(),
@@ -58,6 +63,9 @@ impl Collected {
     fn push(&mut self, batch: &[Event]) {
         let first = self.events.len();
         self.events.extend_from_slice(batch);
+        for e in batch {
+            note_time(&mut self.earliest_us, e);
+        }
         let Some(one) = &mut self.one_device else {
             return;
         };
@@ -97,8 +105,6 @@ enum Handoff {
     },
     /// This thread, when no second one could be started.
     Here(Collected),
-    /// Neither any more: the parse is over.
-    Closed,
 }
 
 impl EventOut {
@@ -133,26 +139,25 @@ impl EventOut {
                 collected.push(&self.batch);
                 self.batch.clear();
             }
-            Handoff::Closed => self.batch.clear(),
         }
     }
 
-    /// Hands over the last batch and closes the handoff; what was collected here, if it was.
-    fn close(&mut self) -> Option<Collected> {
+    /// Hands over the last batch and closes the handoff (the second thread ends once it has
+    /// collected what it was handed); what was collected here, if it was.
+    fn close(mut self) -> Option<Collected> {
         if !self.batch.is_empty() {
             self.hand_over();
         }
-        match std::mem::replace(&mut self.to, Handoff::Closed) {
+        match self.to {
             Handoff::Here(collected) => Some(collected),
-            Handoff::Thread { .. } | Handoff::Closed => None,
+            Handoff::Thread { .. } => None,
         }
     }
 }
 
 /// Runs `work` with an [`EventOut`] whose batches a second thread collects (this one, when no
-/// thread can be started); gives back `work`'s result and what was collected once `work` has
-/// given the `EventOut` back.
-pub(super) fn collecting<R>(work: impl FnOnce(EventOut) -> (R, EventOut)) -> (R, Collected) {
+/// thread can be started); gives back `work`'s result and what was collected.
+pub(super) fn collecting<R>(work: impl FnOnce(&mut EventOut) -> R) -> (R, Collected) {
     std::thread::scope(|scope| {
         let (batches, received) = mpsc::sync_channel::<Vec<Event>>(QUEUE);
         let (give_back, returned) = mpsc::channel::<Vec<Event>>();
@@ -170,12 +175,12 @@ pub(super) fn collecting<R>(work: impl FnOnce(EventOut) -> (R, EventOut)) -> (R,
             Ok(handle) => (Handoff::Thread { batches, returned }, Some(handle)),
             Err(_) => (Handoff::Here(Collected::new()), None),
         };
-        let out = EventOut {
+        let mut out = EventOut {
             batch: Vec::with_capacity(BATCH),
             handed: 0,
             to,
         };
-        let (result, mut out) = work(out);
+        let result = work(&mut out);
         let here = out.close();
         let collected = match (here, collector) {
             (Some(collected), _) => collected,
@@ -203,7 +208,9 @@ mod tests {
             .build()
     }
 
-    /// A trace longer than several batches, with allocations that reuse addresses.
+    /// A trace longer than several batches, with allocations that reuse addresses; most
+    /// events have a time (`seq` 1, as `super::super::read_entry` marks them), and those
+    /// without one hold a smaller number there.
     fn trace(devices: &[u16]) -> Vec<Event> {
         (0..3 * BATCH + 17)
             .map(|i| {
@@ -214,24 +221,37 @@ mod tests {
                 } else {
                     EventKind::FreeCompleted
                 };
-                event(kind, device, addr)
+                let mut e = event(kind, device, addr);
+                if i % 5 == 0 {
+                    e.time_ns = 1;
+                } else {
+                    e.seq = 1;
+                    e.time_ns = 10_000 + (i as u64 * 7919) % 5000;
+                }
+                e
             })
             .collect()
     }
 
-    /// Everything the collector gives back: the events in order, and on one device the pairs
-    /// and last allocations a pass over the whole list finds.
+    /// Everything the collector gives back: the events in order, their earliest time, and on
+    /// one device the pairs and last allocations a pass over the whole list finds.
     #[test]
     fn the_collector_gives_the_events_pairs_and_last_allocations_of_one_pass() {
         let events = trace(&[3]);
-        let ((), collected) = collecting(|mut out| {
+        let ((), collected) = collecting(|out| {
             for e in &events {
                 out.push(*e);
             }
             assert_eq!(out.len(), events.len());
-            ((), out)
         });
         assert_eq!(collected.events, events);
+        let earliest = events
+            .iter()
+            .filter(|e| e.seq == 1)
+            .map(|e| e.time_ns)
+            .min();
+        assert_eq!(collected.earliest_us, earliest);
+        assert!(earliest > Some(1));
         let one = collected.one_device.expect("all events are on one device");
         let expected = PairedEvents::of(&events);
         assert_eq!(one.paired.len(), expected.len());
@@ -267,7 +287,6 @@ mod tests {
             out.push(*e);
         }
         assert!(out.close().is_none());
-        drop(out);
         let got: Vec<Event> = received.iter().flatten().collect();
         assert_eq!(got, events);
     }
@@ -276,11 +295,10 @@ mod tests {
     #[test]
     fn a_second_device_ends_the_pairing() {
         let events = trace(&[0, 1]);
-        let ((), collected) = collecting(|mut out| {
+        let ((), collected) = collecting(|out| {
             for e in &events {
                 out.push(*e);
             }
-            ((), out)
         });
         assert_eq!(collected.events, events);
         assert!(collected.one_device.is_none());

@@ -21,8 +21,8 @@ use vramscope_model::{Event, Snapshot};
 use super::collect::{collecting, Collected, EventOut};
 use super::stacks::Stacks;
 use super::{
-    check_entries, finish, limits, max_trace_entries, note_time, parts, read_entry, read_traces,
-    EntryKeys, Fault, Figures, Loc, TraceEvents,
+    check_entries, finish, limits, max_trace_entries, parts, read_entry, read_traces, EntryKeys,
+    Fault, Figures, Loc, TraceEvents,
 };
 use crate::import::{ImportError, ImportErrorKind, ImportOptions};
 use crate::pickle::{
@@ -40,8 +40,6 @@ struct EntryStream<'a> {
     figures: Figures,
     /// Where the events go, their times not yet relative (see `super::read_entry`).
     events: &'a mut EventOut,
-    /// The earliest of their times (`super::note_time`).
-    earliest_us: Option<u64>,
     /// Entries read so far, and the most a pickle of this size may hold
     /// (`super::max_trace_entries`).
     entries: usize,
@@ -76,7 +74,6 @@ impl EntrySink for EntryStream<'_> {
         self.stacks.transient_from = None;
         match event {
             Ok(Some(e)) => {
-                note_time(&mut self.earliest_us, &e);
                 self.events.push(e);
                 true
             }
@@ -110,8 +107,6 @@ pub(super) struct Ready {
     doc: Document,
     stacks: Stacks,
     figures: Figures,
-    /// The earliest time of a streamed event (`super::note_time`).
-    earliest_us: Option<u64>,
     /// The streamed entries' events, and what the collector made of them.
     collected: Collected,
     /// Where each device's events are, when entries were streamed: how many devices have
@@ -183,24 +178,17 @@ fn read_with(
     options: &ImportOptions,
     parse: impl FnOnce(&mut EntryStream<'_>) -> Option<Streamed>,
 ) -> Option<Ready> {
-    let ((streamed, stacks, figures, earliest_us), collected) = collecting(|mut events| {
+    let ((streamed, stacks, figures), collected) = collecting(|events| {
         let mut sink = EntryStream {
             keys: EntryKeys::default(),
             stacks: Stacks::new(&options.framework_paths, input_bytes),
             figures: Figures::default(),
-            events: &mut events,
-            earliest_us: None,
+            events,
             entries: 0,
             limit: max_trace_entries(input_bytes),
         };
         let streamed = parse(&mut sink);
-        let EntryStream {
-            stacks,
-            figures,
-            earliest_us,
-            ..
-        } = sink;
-        ((streamed, stacks, figures, earliest_us), events)
+        (streamed, sink.stacks, sink.figures)
     });
     let streamed = streamed?;
     let traces = if streamed.lists.is_empty() {
@@ -212,7 +200,6 @@ fn read_with(
         doc: streamed.doc,
         stacks,
         figures,
-        earliest_us,
         collected,
         traces,
     })
@@ -276,7 +263,6 @@ impl Ready {
             doc,
             mut stacks,
             mut figures,
-            earliest_us,
             collected,
             traces,
         } = self;
@@ -290,7 +276,7 @@ impl Ready {
         let traces = match traces {
             Some((devices_with_events, first_device)) => TraceEvents {
                 events: collected.events,
-                earliest_us,
+                earliest_us: collected.earliest_us,
                 devices_with_events,
                 first_device,
                 one_device: collected.one_device,
