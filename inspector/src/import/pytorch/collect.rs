@@ -158,22 +158,39 @@ impl EventOut {
 /// Runs `work` with an [`EventOut`] whose batches a second thread collects (this one, when no
 /// thread can be started); gives back `work`'s result and what was collected.
 pub(super) fn collecting<R>(work: impl FnOnce(&mut EventOut) -> R) -> (R, Collected) {
+    collecting_on(Collector::SecondThread, work)
+}
+
+/// Where the batches are collected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Collector {
+    /// On a second thread, or on this one when none can be started.
+    SecondThread,
+    /// On this thread, as when no second one can be started.
+    #[cfg_attr(not(test), allow(dead_code))]
+    ThisThread,
+}
+
+/// [`collecting`] with the collector where `collector` says.
+fn collecting_on<R>(collector: Collector, work: impl FnOnce(&mut EventOut) -> R) -> (R, Collected) {
     std::thread::scope(|scope| {
         let (batches, received) = mpsc::sync_channel::<Vec<Event>>(QUEUE);
         let (give_back, returned) = mpsc::channel::<Vec<Event>>();
-        let collector = std::thread::Builder::new()
-            .name("vramscope-collect".to_string())
-            .spawn_scoped(scope, move || {
-                let mut collected = Collected::new();
-                for batch in received {
-                    collected.push(&batch);
-                    let _ = give_back.send(batch);
-                }
-                collected
-            });
-        let (to, collector) = match collector {
-            Ok(handle) => (Handoff::Thread { batches, returned }, Some(handle)),
-            Err(_) => (Handoff::Here(Collected::new()), None),
+        let spawned = (collector == Collector::SecondThread).then(|| {
+            std::thread::Builder::new()
+                .name("vramscope-collect".to_string())
+                .spawn_scoped(scope, move || {
+                    let mut collected = Collected::new();
+                    for batch in received {
+                        collected.push(&batch);
+                        let _ = give_back.send(batch);
+                    }
+                    collected
+                })
+        });
+        let (to, collector) = match spawned {
+            Some(Ok(handle)) => (Handoff::Thread { batches, returned }, Some(handle)),
+            Some(Err(_)) | None => (Handoff::Here(Collected::new()), None),
         };
         let mut out = EventOut {
             batch: Vec::with_capacity(BATCH),
@@ -302,5 +319,44 @@ mod tests {
         });
         assert_eq!(collected.events, events);
         assert!(collected.one_device.is_none());
+    }
+
+    /// Collected on the parser's own thread (as when no second one can be started), the
+    /// events, their earliest time, pairs and last allocations are the second thread's, on one
+    /// device and on two.
+    #[test]
+    fn collecting_without_a_second_thread_gives_the_same() {
+        for devices in [&[2][..], &[0, 1][..]] {
+            let events = trace(devices);
+            let [second, here] =
+                [Collector::SecondThread, Collector::ThisThread].map(|collector| {
+                    let ((), collected) = collecting_on(collector, |out| {
+                        let on_this_thread = matches!(out.to, Handoff::Here(_));
+                        assert_eq!(on_this_thread, collector == Collector::ThisThread);
+                        for e in &events {
+                            out.push(*e);
+                        }
+                        assert_eq!(out.len(), events.len());
+                    });
+                    collected
+                });
+            assert_eq!(second.events, events);
+            assert_eq!(here.events, events);
+            assert_eq!(here.earliest_us, second.earliest_us);
+            match (&here.one_device, &second.one_device) {
+                (Some(a), Some(b)) => {
+                    assert_eq!(devices.len(), 1);
+                    assert_eq!(a.last_alloc, b.last_alloc);
+                    let mut open_a: Vec<_> = a.paired.pairing().open_allocations().collect();
+                    let mut open_b: Vec<_> = b.paired.pairing().open_allocations().collect();
+                    open_a.sort_unstable();
+                    open_b.sort_unstable();
+                    assert_eq!(open_a, open_b);
+                    assert_eq!(a.paired.len(), events.len());
+                }
+                (None, None) => assert_eq!(devices.len(), 2),
+                _ => panic!("one collector paired the events and the other did not"),
+            }
+        }
     }
 }

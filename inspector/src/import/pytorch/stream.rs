@@ -563,6 +563,45 @@ mod tests {
         assert_eq!(s.events.len(), 20_000);
     }
 
+    /// On one device, the import takes the pairs and last allocations the collector made on
+    /// its thread rather than working them out again. Through them, an allocation still live
+    /// at the dump gets the dump-time block's size, and the block the allocation's step.
+    /// Pairs made for another address leave the allocation its rounded request; last
+    /// allocations without the block leave the block in no step.
+    #[test]
+    fn the_collectors_pairs_and_last_allocations_are_what_the_import_uses() {
+        let mut w = Writer::new();
+        w.begin_traces();
+        w.w.begin_list();
+        // The dump's block is 4,096 bytes at 1 << 32; this request rounds to 512. The time is
+        // within the tail's step 1.
+        w.entry_of_size("alloc", 1 << 32, 100, 1_000_015, Frames::Fresh(2));
+        w.w.end_list();
+        w.end_traces();
+        w.w.end_dict();
+        let bytes = w.w.finish();
+        let options = ImportOptions::default();
+        let read_bytes = || read(&bytes, &options).expect("the entries stream");
+        let honest = read_bytes().convert("t", &options).unwrap();
+        assert_eq!(honest, whole(&bytes).unwrap());
+        let alloc = honest.events[0];
+        assert_eq!(
+            (alloc.kind, alloc.size, alloc.step),
+            (EventKind::Alloc, 4096, 1)
+        );
+        assert_eq!(honest.segments[0].blocks[0].step, 1);
+
+        let mut ready = read_bytes();
+        let one = ready.collected.one_device.as_mut().expect("one device");
+        let mut elsewhere = ready.collected.events.clone();
+        elsewhere[0].addr += 1 << 20;
+        one.paired = vramscope_engine::PairedEvents::of(&elsewhere);
+        one.last_alloc.clear();
+        let misled = ready.convert("t", &options).unwrap();
+        assert_eq!((misled.events[0].size, misled.events[0].step), (512, 1));
+        assert_eq!(misled.segments[0].blocks[0].step, 0);
+    }
+
     /// A second device whose entries are none of them events still has the devices' events
     /// merged by time, which reorders them here: the pairs made in file order are not used.
     /// (Merged, some allocations are open at the end, among them one at the address of the
