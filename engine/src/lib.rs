@@ -367,6 +367,43 @@ impl Reconstruction {
         state
     }
 
+    /// Undoes the events from the end as the walk did, telling `changed`, at every allocation
+    /// and free from the last event to the first, its index and the block at its address in
+    /// the walk's state after the event and before it. Undoing an event changes no other
+    /// block, so these are every change of the walk's live blocks: what a reader that sums
+    /// blocks by some key (the HTML explorer's bands by call site) needs to follow the walk's
+    /// own states, which on a trace that contradicts itself a walk forwards from the start
+    /// does not.
+    pub fn block_changes_back(
+        &self,
+        events: &[Event],
+        mut changed: impl FnMut(usize, Option<&LiveBlock>, Option<&LiveBlock>),
+    ) {
+        use vramscope_model::EventKind::{Alloc, FreeCompleted, FreeRequested};
+        let n = events.len();
+        let found;
+        let links = if self.links.len() == n {
+            &self.links[..]
+        } else {
+            found = pair_links(&mut Pairing::new(), events, 0, n);
+            &found[..]
+        };
+        let mut state = self.end.clone();
+        for i in (0..n).rev() {
+            let e = &events[i];
+            let touches = matches!(e.kind, Alloc | FreeRequested | FreeCompleted);
+            let after = if touches {
+                state.blocks.get(e.addr).copied()
+            } else {
+                None
+            };
+            undo_linked(&mut state, events, links[i], i);
+            if touches {
+                changed(i, after.as_ref(), state.blocks.get(e.addr));
+            }
+        }
+    }
+
     /// Allocated and reserved bytes after the first `pos` events.
     pub fn usage_at(&self, pos: usize) -> Usage {
         match pos.min(self.usage.len()).checked_sub(1) {
@@ -738,6 +775,60 @@ mod tests {
             forwards_differ |= lean.state_at(&snapshot.events, pos).usage() != walked.usage();
         }
         assert!(forwards_differ, "the trace does contradict itself");
+    }
+
+    /// The block changes told from the end, each applied to the blocks of the walk's state
+    /// after its event, give the walk's own state before it, on a consistent trace and on one
+    /// that contradicts itself, whether or not the walk kept its links.
+    #[test]
+    fn the_block_changes_back_lead_through_the_walks_own_states() {
+        use rustc_hash::FxHashMap;
+        for snapshot in [trace(), cycling_trace(13, &[0, 1, 1, 2, 2], |_| 512)] {
+            let events: &[Event] = &snapshot.events;
+            let n = events.len();
+            for walk in [
+                Reconstruction::of(&snapshot),
+                Reconstruction::without_links(&snapshot),
+            ] {
+                let blocks_at = |pos: usize| -> FxHashMap<u64, LiveBlock> {
+                    let state = walk.state_walked(events, pos);
+                    state.blocks.unordered().map(|(&a, &b)| (a, b)).collect()
+                };
+                let mut blocks = blocks_at(n);
+                let mut told = Vec::new();
+                walk.block_changes_back(events, |i, after, before| {
+                    assert_eq!(blocks.get(&events[i].addr), after, "event {i}");
+                    match before {
+                        Some(&b) => blocks.insert(events[i].addr, b),
+                        None => blocks.remove(&events[i].addr),
+                    };
+                    if i % 401 == 0 {
+                        assert_eq!(blocks, blocks_at(i), "before event {i}");
+                    }
+                    told.push(i);
+                });
+                assert_eq!(blocks, blocks_at(0));
+                assert_eq!(
+                    blocks_at(0),
+                    walk.start
+                        .blocks
+                        .unordered()
+                        .map(|(&a, &b)| (a, b))
+                        .collect()
+                );
+                assert!(told.windows(2).all(|w| w[0] > w[1]));
+                let block_events = events
+                    .iter()
+                    .filter(|e| {
+                        matches!(
+                            e.kind,
+                            EventKind::Alloc | EventKind::FreeRequested | EventKind::FreeCompleted
+                        )
+                    })
+                    .count();
+                assert_eq!(told.len(), block_events);
+            }
+        }
     }
 
     /// The walk to the start with the events paired by the caller (as the replay's sizing

@@ -1,21 +1,25 @@
 //! The data of the HTML explorer: memory over time in bands by call site, and the state at a
 //! few moments, precomputed from the engine so that the page only draws.
 //!
-//! [`ExplorerData::build`] walks the trace forwards once from the engine's start state
-//! (`vramscope_engine::Reconstruction`), grouping live blocks with the engine's
-//! [`SiteGroups`], so every figure on the page is the report's: allocated bytes are block
-//! sizes, memory from before the trace counts under its site or under "before the trace", and
-//! the band values at the peak sum to the peak. The size of the result is bounded whatever the
+//! [`ExplorerData::build`] follows the engine walk's own states
+//! (`vramscope_engine::Reconstruction`): the bands change where the walk's live blocks change
+//! ([`Reconstruction::block_changes_back`]) and the moments are its states there, with live
+//! blocks grouped by the engine's [`SiteGroups`]. So every figure on the page is the
+//! report's, even on a trace that contradicts itself: allocated bytes are block sizes, memory
+//! from before the trace counts under its site or under "before the trace", and the band
+//! values of every column sum to its allocated bytes (at the peak, to the peak). The size of the result is bounded whatever the
 //! trace's length: at most [`MAX_BUCKETS`] columns of at most [`MAX_SERIES`] sites plus "other"
 //! and "before the trace", and a few [`Moment`]s (the peak, the peak of reserved bytes, the end
 //! and evenly spaced ones between) whose block lists are capped.
 
 use rustc_hash::FxHashMap;
 use serde::Serialize;
-use vramscope_model::{Event, EventKind, Pool, Snapshot};
+use vramscope_model::{Event, Pool, Snapshot};
 
 use crate::model_view::ModelView;
-use vramscope_engine::{GroupId, GroupKind, MemoryState, Reconstruction, SiteGroups, Usage};
+use vramscope_engine::{
+    GroupId, GroupKind, LiveBlock, MemoryState, Reconstruction, SiteGroups, Usage,
+};
 
 /// The most columns of the chart: positions are gathered into at most this many buckets.
 pub const MAX_BUCKETS: usize = 16_384;
@@ -194,7 +198,8 @@ impl ExplorerData {
         // The order matters: groups get their index as the moments, then the bands, name them.
         let mut indexer = GroupIndexer::new(snapshot, groups);
         let start_bytes = bytes_by_group(&walk.start, groups);
-        let (deltas, moments) = walk_forwards(snapshot, &walk, groups, &planned, &mut indexer);
+        let moments = take_moments(snapshot, &walk, groups, &planned, &mut indexer);
+        let deltas = group_deltas(snapshot, &walk, groups);
         let bands = Bands::choose(&start_bytes, &deltas, groups, &mut indexer);
         let clock = Clock::of(events);
         let columns = Columns::gather(&walk, &bands, &start_bytes, &deltas, &clock);
@@ -287,38 +292,22 @@ fn bytes_by_group(state: &MemoryState, groups: &SiteGroups) -> FxHashMap<GroupId
     bytes
 }
 
-/// One walk forwards from the engine's start state: the change of each group's bytes at every
-/// position where one changes, and the `planned` moments as the walk reaches them. A moment is
-/// the engine's own state there ([`Reconstruction::state_walked`]), as the model view's "at
-/// peak" holdings are, so that its table adds up to the figures the walk found even on a
-/// trace that contradicts itself (where the walk forwards can differ).
-fn walk_forwards(
+/// The `planned` moments, each the engine's own state at its position
+/// ([`Reconstruction::state_walked`]), as the model view's "at peak" holdings are, so that its
+/// table adds up to the figures the walk found even on a trace that contradicts itself.
+fn take_moments(
     snapshot: &Snapshot,
     walk: &Reconstruction,
     groups: &SiteGroups,
     planned: &[PlannedMoment],
     indexer: &mut GroupIndexer,
-) -> (Vec<Delta>, Vec<Moment>) {
+) -> Vec<Moment> {
     let events: &[Event] = &snapshot.events;
-    let n = events.len();
     let mut moments = Vec::with_capacity(planned.len());
-    let mut next_moment = 0;
-    let mut state = walk.start.clone();
-    let mut deltas: Vec<Delta> = Vec::with_capacity(n);
-    let contribution = |state: &MemoryState, addr: u64| {
-        state
-            .blocks
-            .get(addr)
-            .filter(|b| !b.pending)
-            .map(|b| (groups.of_block(b), b.size))
-    };
-    let mut take_moment = |pos: u64, moments: &mut Vec<Moment>| {
-        if planned.get(next_moment).is_none_or(|plan| plan.pos != pos) {
-            return;
-        }
+    for at_one_position in planned.chunk_by(|a, b| a.pos == b.pos) {
+        let pos = at_one_position[0].pos;
         let state = walk.state_walked(events, pos as usize);
-        while next_moment < planned.len() && planned[next_moment].pos == pos {
-            let plan = &planned[next_moment];
+        for plan in at_one_position {
             moments.push(moment(
                 plan.name.clone(),
                 pos,
@@ -328,54 +317,48 @@ fn walk_forwards(
                 plan.max_blocks,
                 indexer,
             ));
-            next_moment += 1;
         }
-    };
-    take_moment(0, &mut moments);
-    for (i, e) in events.iter().enumerate() {
-        let touches = matches!(
-            e.kind,
-            EventKind::Alloc | EventKind::FreeRequested | EventKind::FreeCompleted
-        );
-        let before = if touches {
-            contribution(&state, e.addr)
-        } else {
-            None
-        };
-        state.apply(e, i as u32);
-        if touches {
-            let after = contribution(&state, e.addr);
-            if before != after {
-                push_deltas(&mut deltas, i as u32 + 1, before, after);
-            }
-        }
-        take_moment(i as u64 + 1, &mut moments);
     }
-    (deltas, moments)
+    moments
 }
 
-/// Records at `pos` that the block at one address went from `before` to `after`, each a
-/// `(group, bytes)` or nothing.
-fn push_deltas(
-    deltas: &mut Vec<Delta>,
-    pos: u32,
-    before: Option<(GroupId, u64)>,
-    after: Option<(GroupId, u64)>,
-) {
-    if let Some((g, b)) = before {
-        deltas.push(Delta {
-            pos,
-            group: g,
-            bytes: -signed(b),
-        });
-    }
-    if let Some((g, b)) = after {
-        deltas.push(Delta {
-            pos,
-            group: g,
-            bytes: signed(b),
-        });
-    }
+/// The change of each group's bytes at every position where one changes, in position order.
+/// They are the changes between the engine walk's own states
+/// ([`Reconstruction::block_changes_back`]), so the bands at every position sum to the
+/// allocated bytes the walk found there, even on a trace that contradicts itself (where a walk
+/// forwards from the start differs).
+fn group_deltas(snapshot: &Snapshot, walk: &Reconstruction, groups: &SiteGroups) -> Vec<Delta> {
+    let contribution = |block: Option<&LiveBlock>| {
+        block
+            .filter(|b| !b.pending)
+            .map(|b| (groups.of_block(b), b.size))
+    };
+    let mut backwards: Vec<Delta> = Vec::new();
+    walk.block_changes_back(&snapshot.events, |i, after, before| {
+        let (after, before) = (contribution(after), contribution(before));
+        if before == after {
+            return;
+        }
+        let pos = i as u32 + 1;
+        // The list is turned round at the end: what the event adds goes in first, so that
+        // what it takes away comes first at its position.
+        if let Some((group, bytes)) = after {
+            backwards.push(Delta {
+                pos,
+                group,
+                bytes: signed(bytes),
+            });
+        }
+        if let Some((group, bytes)) = before {
+            backwards.push(Delta {
+                pos,
+                group,
+                bytes: -signed(bytes),
+            });
+        }
+    });
+    backwards.reverse();
+    backwards
 }
 
 /// The bands of the chart and which band each group is drawn in.
@@ -781,6 +764,7 @@ fn moment(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vramscope_model::EventKind;
     use vramscope_testkit::{Trace, MIB};
 
     /// Many sites, a leak and a free of a block from before the trace: more sites than bands
@@ -867,6 +851,60 @@ mod tests {
             view.peak_allocated(),
             "the trace contradicts itself"
         );
+        // The bands of every column (one per position here) are the walk's state too.
+        assert_eq!(data.bucket_start.len(), snapshot.events.len() + 1);
+        for k in 0..data.bucket_start.len() {
+            let sum: u64 = data.values.iter().map(|v| v[k]).sum();
+            assert_eq!(sum, data.allocated[k], "column {k}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the trace, consistent or not (blocks freed twice or never allocated,
+        /// allocations over live blocks, free requests repeated), with or without dump-time
+        /// blocks, every column's bands sum to the allocated bytes the engine's walk found
+        /// there, and the bands and the peak's table agree with the report.
+        #[test]
+        fn the_bands_of_any_trace_sum_to_the_walks_figures(
+            ops in proptest::collection::vec((0u8..3, 0u64..4, 1u64..4, 0usize..3), 1..80),
+            dump_blocks in proptest::collection::vec(proptest::bool::ANY, 4),
+        ) {
+            let mut t = Trace::new();
+            let sites: Vec<_> = (0..3).map(|i| t.site("train.py", 10 + i, "step")).collect();
+            let addr_of = |slot: u64| 0x100_0000 + slot * 4 * MIB;
+            let blocks: Vec<(u64, u64, bool)> = dump_blocks
+                .iter()
+                .enumerate()
+                .map(|(slot, &live)| (slot as u64 * 4 * MIB, MIB, live))
+                .collect();
+            t.add_segment(addr_of(0), &blocks, 16 * MIB);
+            let mut snapshot = t.finish();
+            for (kind, slot, size, site) in ops {
+                let kind = [EventKind::Alloc, EventKind::FreeRequested, EventKind::FreeCompleted]
+                    [kind as usize];
+                let e = vramscope_testkit::event(kind)
+                    .addr(addr_of(slot))
+                    .size(size * MIB)
+                    .site((kind == EventKind::Alloc).then_some(sites[site]))
+                    .build();
+                snapshot.events.push(e);
+            }
+            let view = ModelView::new(&snapshot);
+            let data = ExplorerData::build(&view, None);
+            let walk = Reconstruction::of(&snapshot);
+            proptest::prop_assert_eq!(data.bucket_start.len(), snapshot.events.len() + 1);
+            for k in 0..data.bucket_start.len() {
+                let sum: u64 = data.values.iter().map(|v| v[k]).sum();
+                proptest::prop_assert_eq!(sum, data.allocated[k], "column {}", k);
+                proptest::prop_assert_eq!(
+                    data.allocated[k],
+                    walk.usage_at(data.bucket_pos[k] as usize).allocated
+                );
+            }
+            let peak = data.peak_moment().expect("a moment at the peak");
+            let total = peak.sites.iter().map(|r| r[1]).sum::<u64>() + peak.rest[1];
+            proptest::prop_assert_eq!(total, view.peak_allocated());
+        }
     }
 
     #[test]
