@@ -367,6 +367,39 @@ impl Reconstruction {
         state
     }
 
+    /// The walk's own state after each of the events at `after_events` (indices into the
+    /// trace; others are left out), told to `visit` from the last of them to the first. These
+    /// are the states whose figures [`Reconstruction::usage`] holds, so what a reader finds in
+    /// them agrees with those figures even on a trace that contradicts itself (where a walk
+    /// forwards from the start can differ). The walk goes back from the end only as far as
+    /// the first of them, without keeping the usage.
+    pub fn states_after(
+        snapshot: &Snapshot,
+        after_events: &[u32],
+        mut visit: impl FnMut(u32, &MemoryState),
+    ) {
+        let events: &[Event] = &snapshot.events;
+        let mut wanted: Vec<u32> = after_events
+            .iter()
+            .copied()
+            .filter(|&i| (i as usize) < events.len())
+            .collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let Some(&first) = wanted.first() else {
+            return;
+        };
+        let EndOfTrace { links, end, .. } = EndOfTrace::of(snapshot);
+        let mut state = end;
+        let mut next = wanted.iter().rev().peekable();
+        for i in (first as usize..events.len()).rev() {
+            if next.next_if(|&&w| w as usize == i).is_some() {
+                visit(i as u32, &state);
+            }
+            undo(&mut state, events, &links, i);
+        }
+    }
+
     /// Undoes the events from the end as the walk did, telling `changed`, at every allocation
     /// and free from the last event to the first, its index and the block at its address in
     /// the walk's state after the event and before it. Undoing an event changes no other
@@ -775,6 +808,28 @@ mod tests {
             forwards_differ |= lean.state_at(&snapshot.events, pos).usage() != walked.usage();
         }
         assert!(forwards_differ, "the trace does contradict itself");
+    }
+
+    /// The states after the events asked for, in any order, with repeats and indices past
+    /// the end, are the walk's own states there, told once each from the last to the first,
+    /// on a consistent trace and on one that contradicts itself.
+    #[test]
+    fn the_states_after_events_are_the_walks_own() {
+        for snapshot in [trace(), cycling_trace(13, &[0, 1, 1, 2, 2], |_| 512)] {
+            let n = snapshot.events.len() as u32;
+            let walk = Reconstruction::with_states(&snapshot);
+            let asked = [n / 2, 3, n - 1, n / 2, n + 5, 0, n / 3];
+            let mut told = Vec::new();
+            Reconstruction::states_after(&snapshot, &asked, |i, state| {
+                assert_eq!(
+                    *state,
+                    walk.state_walked(&snapshot.events, i as usize + 1),
+                    "{i}"
+                );
+                told.push(i);
+            });
+            assert_eq!(told, [n - 1, n / 2, n / 3, 3, 0]);
+        }
     }
 
     /// The block changes told from the end, each applied to the blocks of the walk's state

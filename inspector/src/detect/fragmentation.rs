@@ -30,8 +30,8 @@ use vramscope_model::{format_bytes, BlockState, Event, Pool, Snapshot, MIB};
 use super::{config_env_var, DetectOptions, Finding, FindingKind, FindingSink, Severity};
 use crate::model_view::ModelView;
 
-/// OOMs whose largest usable free block is looked up; later ones go without it (the lookup
-/// walks the trace up to the last of them).
+/// OOMs whose largest usable free block is looked up; later ones go without it (each lookup
+/// goes over every segment and live block of the state at its OOM).
 const MAX_OOMS_SIZED: usize = 64;
 
 /// One OOM event, the state around it and its diagnosis.
@@ -100,39 +100,24 @@ fn diagnose_ooms<'e>(view: &ModelView<'e>) -> Vec<OomCase<'e>> {
 }
 
 /// For each OOM event at `ooms`, the largest free block its request could have used: on its
-/// device and stream, in its pool (small for requests up to 1 MiB), in the engine's state at
-/// that event. `None` past the first [`MAX_OOMS_SIZED`].
+/// device and stream, in its pool (small for requests up to 1 MiB), in the engine walk's own
+/// state after that event (`Reconstruction::states_after`), whose allocated and reserved bytes
+/// are the ones the diagnosis is given. `None` past the first [`MAX_OOMS_SIZED`].
 fn largest_usable_free_blocks(snapshot: &Snapshot, ooms: &[u32]) -> Vec<Option<u64>> {
     let mut at = vec![None; ooms.len()];
-    // The OOMs to size, in trace order, with their places in `ooms`.
-    let mut order: Vec<(u32, usize)> = ooms
-        .iter()
-        .take(MAX_OOMS_SIZED)
-        .enumerate()
-        .map(|(slot, &index)| (index, slot))
-        .collect();
-    order.sort_unstable();
-    let Some(&(last, _)) = order.last() else {
-        return at;
-    };
-    let mut state = Reconstruction::start_of(snapshot);
-    let mut next = order.iter().peekable();
-    for (i, e) in snapshot.events.iter().enumerate().take(last as usize + 1) {
-        state.apply(e, i as u32);
-        while let Some(&(_, slot)) = next.next_if(|&&(index, _)| index as usize == i) {
-            let pool = if e.size <= MIB {
-                Pool::Small
-            } else {
-                Pool::Large
-            };
-            at[slot] = Some(largest_free_block(
-                &state,
-                u32::from(e.device),
-                e.stream,
-                pool,
-            ));
+    let sized = &ooms[..ooms.len().min(MAX_OOMS_SIZED)];
+    Reconstruction::states_after(snapshot, sized, |index, state| {
+        let e = &snapshot.events[index as usize];
+        let pool = if e.size <= MIB {
+            Pool::Small
+        } else {
+            Pool::Large
+        };
+        let largest = largest_free_block(state, u32::from(e.device), e.stream, pool);
+        for (slot, _) in sized.iter().enumerate().filter(|&(_, &i)| i == index) {
+            at[slot] = Some(largest);
         }
-    }
+    });
     at
 }
 
@@ -359,4 +344,65 @@ fn largest<'a, 'e>(cases: &[&'a OomCase<'e>]) -> Option<&'a OomCase<'e>> {
             Some(b) if b.event.size >= c.event.size => Some(b),
             _ => Some(c),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vramscope_model::EventKind;
+    use vramscope_testkit::{Trace, MIB as TEST_MIB};
+
+    proptest::proptest! {
+        /// Whatever the trace, consistent or not (blocks freed twice or never allocated,
+        /// allocations over live blocks), the largest free block at each OOM is the one in the
+        /// engine walk's own state there, whose allocated and reserved bytes the diagnosis is
+        /// given, not one in a walk forwards from the start.
+        #[test]
+        fn the_largest_free_block_at_an_oom_is_in_the_walks_own_state(
+            ops in proptest::collection::vec((0u8..4, 0u64..4, 1u64..4), 1..60),
+            dump_blocks in proptest::collection::vec(proptest::bool::ANY, 4),
+        ) {
+            let mut t = Trace::new();
+            let site = t.site("train.py", 3, "step");
+            let addr_of = |slot: u64| 0x100_0000 + slot * 4 * TEST_MIB;
+            let blocks: Vec<(u64, u64, bool)> = dump_blocks
+                .iter()
+                .enumerate()
+                .map(|(slot, &live)| (slot as u64 * 4 * TEST_MIB, 2 * TEST_MIB, live))
+                .collect();
+            t.add_segment(addr_of(0), &blocks, 16 * TEST_MIB);
+            let mut snapshot = t.finish();
+            for (kind, slot, size) in ops {
+                let kind = [
+                    EventKind::Alloc,
+                    EventKind::FreeRequested,
+                    EventKind::FreeCompleted,
+                    EventKind::Oom,
+                ][kind as usize];
+                let e = vramscope_testkit::event(kind)
+                    .addr(addr_of(slot))
+                    .size(size * TEST_MIB)
+                    .site(site)
+                    .build();
+                snapshot.events.push(e);
+            }
+            let ooms: Vec<u32> = snapshot
+                .events
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.kind == EventKind::Oom)
+                .map(|(i, _)| i as u32)
+                .collect();
+            let found = largest_usable_free_blocks(&snapshot, &ooms);
+            let walk = Reconstruction::with_states(&snapshot);
+            for (&index, largest) in ooms.iter().zip(found) {
+                let state = walk.state_walked(&snapshot.events, index as usize + 1);
+                proptest::prop_assert_eq!(state.usage(), walk.usage_at(index as usize + 1));
+                let e = &snapshot.events[index as usize];
+                let pool = if e.size <= MIB { Pool::Small } else { Pool::Large };
+                let expected = largest_free_block(&state, u32::from(e.device), e.stream, pool);
+                proptest::prop_assert_eq!(largest, Some(expected), "OOM at {}", index);
+            }
+        }
+    }
 }
