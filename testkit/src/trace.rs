@@ -116,6 +116,12 @@ impl Trace {
         self.push(EventKind::FreeCompleted, addr, size, None);
     }
 
+    /// Requests the free of the block at `addr` without its completion (the block waits for
+    /// its stream's work, or the trace repeats or loses the request).
+    pub fn free_requested(&mut self, addr: u64, size: u64) {
+        self.push(EventKind::FreeRequested, addr, size, None);
+    }
+
     /// Records a copy of `size` bytes in `direction`.
     pub fn transfer(&mut self, site: SiteId, direction: TransferDirection, size: u64) {
         self.push(EventKind::Transfer(direction), 0, size, Some(site));
