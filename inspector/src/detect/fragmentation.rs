@@ -28,7 +28,7 @@ use vramscope_model::oom::{diagnose, OomCause, OomDiagnosis, OomFacts, SettingNa
 use vramscope_model::{format_bytes, BlockState, Event, Pool, Snapshot, MIB};
 
 use super::{config_env_var, DetectOptions, Finding, FindingKind, FindingSink, Severity};
-use crate::model_view::ModelView;
+use crate::model_view::{Holding, ModelView};
 
 /// OOMs whose largest usable free block is looked up; later ones go without it (each lookup
 /// goes over every segment and live block of the state at its OOM).
@@ -53,7 +53,12 @@ pub fn fragmentation(view: &ModelView<'_>, options: &DetectOptions, sink: &mut d
             .filter(|c| c.diagnosis.cause == cause)
             .collect();
         if let Some(worst) = largest(&same) {
-            report_oom(view, options, worst, &same, sink);
+            // What was live names what to lower when the peak is the problem.
+            let holder = match worst.diagnosis.cause {
+                OomCause::InUse | OomCause::Cap { .. } => largest_holder_after(view, worst.index),
+                _ => None,
+            };
+            report_oom(view, options, worst, &same, holder, sink);
         }
     }
     // An OOM explained by fragmentation says it all; without one, look for pressure, then
@@ -121,6 +126,17 @@ fn largest_usable_free_blocks(snapshot: &Snapshot, ooms: &[u32]) -> Vec<Option<u
     at
 }
 
+/// What held the most memory just after event `index`, in the engine walk's own state there,
+/// whose allocated bytes the diagnosis is given: memory from before the trace counts, as in the
+/// "at peak" column.
+fn largest_holder_after(view: &ModelView<'_>, index: u32) -> Option<Holding> {
+    let mut top = None;
+    Reconstruction::states_after(view.snapshot(), &[index], |_, state| {
+        top = view.holdings_in(state).into_iter().next();
+    });
+    top
+}
+
 /// The largest free block in the segments (mapped runs) of `state` on `device` and `stream`
 /// in `pool`: the largest gap between live blocks, or at a segment's ends.
 fn largest_free_block(state: &MemoryState, device: u32, stream: u64, pool: Pool) -> u64 {
@@ -147,6 +163,7 @@ fn report_oom(
     options: &DetectOptions,
     worst: &OomCase<'_>,
     same: &[&OomCase<'_>],
+    top: Option<Holding>,
     sink: &mut dyn FindingSink,
 ) {
     let d = &worst.diagnosis;
@@ -162,14 +179,7 @@ fn report_oom(
     f.count = same.len() as u64;
     f.first_step = same.iter().map(|c| u64::from(c.event.step)).min();
     f.last_step = same.iter().map(|c| u64::from(c.event.step)).max();
-    // What was live names what to lower when the peak is the problem.
-    let top = match d.cause {
-        OomCause::InUse | OomCause::Cap { .. } => {
-            view.live_after_event(worst.index).into_iter().next()
-        }
-        _ => None,
-    };
-    let site_of = |h: &crate::model_view::Holding| {
+    let site_of = |h: &Holding| {
         view.group(h.group)
             .file_line
             .clone()

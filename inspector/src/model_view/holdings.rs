@@ -1,11 +1,10 @@
 //! What each call-site group holds: blocks summed into one [`Holding`] per group, largest
 //! first.
 //!
-//! The view sums holdings in two ways that must agree: from its own intervals
-//! (`ModelView::live_after_event`, in the parent module) and from an engine state
-//! (`MemoryState`, for the end and the peak, in `build`). Both go through [`add_holding`] and
-//! [`sorted_holdings`], so a group's figures and the order of the list are the same whichever
-//! way they were reached.
+//! Holdings are always summed from an engine state (`MemoryState`): the walk's own state at
+//! the end and at the peak (in `build`), or at any event the caller walked to
+//! (`ModelView::holdings_in`, in the parent module, for the OOMs' largest holder). So they add
+//! up to the allocated figure the walk found there, memory from before the trace included.
 
 use rustc_hash::FxHashMap;
 use vramscope_engine::{GroupId, LiveBlock, MemoryState, SiteGroups};
@@ -14,7 +13,7 @@ use super::Holding;
 
 /// Adds one block of `bytes` (`requested` of them asked for), allocated in step number `step`,
 /// to `group`'s holding in `by_group`.
-pub(super) fn add_holding(
+fn add_holding(
     by_group: &mut FxHashMap<GroupId, Holding>,
     group: GroupId,
     bytes: u64,
@@ -69,7 +68,7 @@ pub(super) fn holdings_of(
 
 /// The holdings of `by_group`, largest first (more blocks first on equal bytes, then by group
 /// id, so that the order never depends on the map's).
-pub(super) fn sorted_holdings(by_group: FxHashMap<GroupId, Holding>) -> Vec<Holding> {
+fn sorted_holdings(by_group: FxHashMap<GroupId, Holding>) -> Vec<Holding> {
     let mut list: Vec<Holding> = by_group.into_values().collect();
     list.sort_unstable_by(|a, b| {
         b.bytes

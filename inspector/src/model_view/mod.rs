@@ -30,15 +30,14 @@ pub use stacks::common_caller;
 pub(crate) use stacks::default_framework_paths;
 pub use steps::{apply_step_marker, restep, step_marker_candidates, StepMarkerError, StepSource};
 
-use rustc_hash::FxHashMap;
 use vramscope_engine::{
-    name_call_site, EmptyCacheCall, GroupId, Reconstruction, Runs, SiteGroup, SiteGroups, SiteName,
-    Usage, UsageSeries,
+    name_call_site, EmptyCacheCall, GroupId, LiveBlock, MemoryState, Reconstruction, Runs,
+    SiteGroup, SiteGroups, SiteName, Usage, UsageSeries, NO_EVENT,
 };
 use vramscope_model::{Event, Id, SiteId, Snapshot};
 
 use build::ModelViewBuilder;
-use holdings::{add_holding, sorted_holdings};
+use holdings::holdings_of;
 
 /// One allocation paired with its free, if the trace has one. Its allocation event holds its
 /// size, requested bytes, device and address ([`ModelView::interval_size`] reads them): a
@@ -78,11 +77,6 @@ impl Interval {
     /// Whether the block is still allocated at the end of the trace.
     pub fn is_live_at_end(&self) -> bool {
         self.free_event.is_none()
-    }
-
-    /// Whether the block is allocated just after event `event` has happened.
-    pub fn is_live_after(&self, event: u32) -> bool {
-        self.alloc_event <= event && self.free_event().is_none_or(|f| f > event)
     }
 }
 
@@ -347,21 +341,19 @@ impl<'a> ModelView<'a> {
         }
     }
 
-    /// What each group holds just after event `event` (blocks allocated inside the trace),
-    /// largest first.
-    pub fn live_after_event(&self, event: u32) -> Vec<Holding> {
-        self.holdings(|iv| iv.is_live_after(event))
-    }
-
-    /// Holdings by group of the intervals selected by `keep`, largest first.
-    fn holdings(&self, keep: impl Fn(&Interval) -> bool) -> Vec<Holding> {
-        let mut by_group: FxHashMap<GroupId, Holding> = FxHashMap::default();
-        for iv in self.intervals.iter().filter(|iv| keep(iv)) {
-            let step = self.steps[iv.alloc_step as usize].step;
-            let alloc = iv.alloc(&self.snapshot.events);
-            add_holding(&mut by_group, iv.group, alloc.size, alloc.requested, step);
-        }
-        sorted_holdings(by_group)
+    /// What each group holds in `state`, a state of this view's trace (the engine walk's own
+    /// state at some event: `Reconstruction::state_walked`, `Reconstruction::states_after`),
+    /// largest first, as the "at peak" and "at end" columns are summed: memory from before
+    /// the trace included, pending frees left out.
+    pub fn holdings_in(&self, state: &MemoryState) -> Vec<Holding> {
+        let step_of = |block: &LiveBlock| match self.snapshot.events.get(block.alloc_event as usize)
+        {
+            Some(_) if block.alloc_event != NO_EVENT => {
+                self.steps[self.event_step(block.alloc_event) as usize].step
+            }
+            _ => block.step,
+        };
+        holdings_of(state, &self.groups, &step_of)
     }
 
     /// The snapshot this view describes.
