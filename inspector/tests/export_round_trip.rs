@@ -385,3 +385,39 @@ fn perfetto_counters_of_the_shared_traces_peak_at_the_reports_peaks() {
         assert_counters_are_the_engines(&snapshot, name);
     }
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+
+    /// Any trace, consistent or not (blocks freed twice or never allocated, allocations over
+    /// live blocks, free requests never completed), with or without dump-time blocks, imports
+    /// again from its PyTorch pickle to the same figures: the start, the peaks, the end, the
+    /// counts and the steps.
+    #[test]
+    fn any_trace_round_trips_to_the_same_figures(
+        ops in proptest::collection::vec((0u8..4, 0u64..5, 1u64..4, 0usize..3), 1..80),
+        dump_blocks in proptest::collection::vec(proptest::bool::ANY, 5),
+    ) {
+        let mut t = Trace::new();
+        let sites: Vec<_> = (0..3).map(|i| t.site("train.py", 10 + i, "step")).collect();
+        let addr_of = |slot: u64| 0x100_0000 + slot * 4 * MIB;
+        let blocks: Vec<(u64, u64, bool)> = dump_blocks
+            .iter()
+            .enumerate()
+            .map(|(slot, &live)| (slot as u64 * 4 * MIB, MIB, live))
+            .collect();
+        t.add_segment(addr_of(0), &blocks, 20 * MIB);
+        for (kind, slot, size, site) in ops {
+            match kind {
+                0 => t.alloc_at(sites[site], addr_of(slot), size * MIB),
+                1 => t.free(addr_of(slot), size * MIB),
+                2 => t.free_requested(addr_of(slot), size * MIB),
+                _ => t.step(),
+            }
+        }
+        let original = t.finish();
+        let (back, _) = round_trip(&original);
+        let (before, after) = (figures(&original), figures(&back));
+        proptest::prop_assert_eq!(after, before);
+    }
+}
