@@ -392,7 +392,8 @@ proptest::proptest! {
     /// Any trace, consistent or not (blocks freed twice or never allocated, allocations over
     /// live blocks, free requests never completed), with or without dump-time blocks, imports
     /// again from its PyTorch pickle to the same figures: the start, the peaks, the end, the
-    /// counts and the steps; where it is consistent, the statistics agree with them.
+    /// counts and the steps; where it is consistent, the statistics agree with them. Its
+    /// Perfetto export's counter starts and peaks where the report says.
     #[test]
     fn any_trace_round_trips_to_the_same_figures(
         ops in proptest::collection::vec((0u8..4, 0u64..5, 2u64..5, 0usize..3), 1..80),
@@ -433,5 +434,7 @@ proptest::proptest! {
         if vramscope_engine::Reconstruction::of(&back).disagreements.is_empty() {
             assert_statistics_agree(&back);
         }
+        // The Perfetto export's counter is the engine's usage, whichever the trace.
+        assert_counters_are_the_engines(&original, "any trace");
     }
 }
