@@ -47,19 +47,35 @@ pub fn fragmentation(view: &ModelView<'_>, options: &DetectOptions, sink: &mut d
     let mut causes: Vec<OomCause> = cases.iter().map(|c| c.diagnosis.cause).collect();
     causes.sort_unstable();
     causes.dedup();
-    for cause in causes {
-        let same: Vec<&OomCase<'_>> = cases
+    let reported: Vec<(&OomCase<'_>, Vec<&OomCase<'_>>)> = causes
+        .into_iter()
+        .filter_map(|cause| {
+            let same: Vec<&OomCase<'_>> = cases
+                .iter()
+                .filter(|c| c.diagnosis.cause == cause)
+                .collect();
+            largest(&same).map(|worst| (worst, same))
+        })
+        .collect();
+    // What was live names what to lower when the peak is the problem: the holders at those
+    // OOMs come from one walk back.
+    let holder_wanted: Vec<u32> = reported
+        .iter()
+        .filter(|(worst, _)| {
+            matches!(
+                worst.diagnosis.cause,
+                OomCause::InUse | OomCause::Cap { .. }
+            )
+        })
+        .map(|(worst, _)| worst.index)
+        .collect();
+    let holders = largest_holders_after(view, &holder_wanted);
+    for (worst, same) in &reported {
+        let holder = holders
             .iter()
-            .filter(|c| c.diagnosis.cause == cause)
-            .collect();
-        if let Some(worst) = largest(&same) {
-            // What was live names what to lower when the peak is the problem.
-            let holder = match worst.diagnosis.cause {
-                OomCause::InUse | OomCause::Cap { .. } => largest_holder_after(view, worst.index),
-                _ => None,
-            };
-            report_oom(view, options, worst, &same, holder, sink);
-        }
+            .find(|(index, _)| *index == worst.index)
+            .map(|(_, h)| h.clone());
+        report_oom(view, options, worst, same, holder, sink);
     }
     // An OOM explained by fragmentation says it all; without one, look for pressure, then
     // for a large share of split free memory.
@@ -126,15 +142,17 @@ fn largest_usable_free_blocks(snapshot: &Snapshot, ooms: &[u32]) -> Vec<Option<u
     at
 }
 
-/// What held the most memory just after event `index`, in the engine walk's own state there,
-/// whose allocated bytes the diagnosis is given: memory from before the trace counts, as in the
-/// "at peak" column.
-fn largest_holder_after(view: &ModelView<'_>, index: u32) -> Option<Holding> {
-    let mut top = None;
-    Reconstruction::states_after(view.snapshot(), &[index], |_, state| {
-        top = view.holdings_in(state).into_iter().next();
+/// What held the most memory just after each event of `indices`, in the engine walk's own
+/// state there, whose allocated bytes the diagnosis is given: memory from before the trace
+/// counts, as in the "at peak" column.
+fn largest_holders_after(view: &ModelView<'_>, indices: &[u32]) -> Vec<(u32, Holding)> {
+    let mut holders = Vec::with_capacity(indices.len());
+    Reconstruction::states_after(view.snapshot(), indices, |index, state| {
+        if let Some(top) = view.holdings_in(state).into_iter().next() {
+            holders.push((index, top));
+        }
     });
-    top
+    holders
 }
 
 /// The largest free block in the segments (mapped runs) of `state` on `device` and `stream`
