@@ -321,27 +321,10 @@ proptest::proptest! {
     /// blocks, gives the same figures in every view.
     #[test]
     fn any_trace_agrees_everywhere(
-        ops in proptest::collection::vec((0u8..4, 0u64..5, 1u64..4, 0usize..3), 1..120),
-        dump_blocks in proptest::collection::vec(proptest::bool::ANY, 5),
+        ops in proptest::collection::vec((0u8..6, 0u64..5, 1u64..5, 0usize..3), 1..120),
+        live_at_dump in proptest::collection::vec(proptest::bool::ANY, 5),
     ) {
-        use vramscope_testkit::{Trace, MIB};
-        let mut t = Trace::new();
-        let sites: Vec<_> = (0..3).map(|i| t.site("train.py", 10 + i, "step")).collect();
-        let addr_of = |slot: u64| 0x100_0000 + slot * 4 * MIB;
-        let blocks: Vec<(u64, u64, bool)> = dump_blocks
-            .iter()
-            .enumerate()
-            .map(|(slot, &live)| (slot as u64 * 4 * MIB, MIB, live))
-            .collect();
-        t.add_segment(addr_of(0), &blocks, 20 * MIB);
-        for (kind, slot, size, site) in ops {
-            match kind {
-                0 => t.alloc_at(sites[site], addr_of(slot), size * MIB),
-                1 => t.free(addr_of(slot), size * MIB),
-                2 => t.free_requested(addr_of(slot), size * MIB),
-                _ => t.step(),
-            }
-        }
-        check_views("any trace", &t.finish(), false);
+        let snapshot = vramscope_testkit::generated::trace_of_ops(&ops, &live_at_dump);
+        check_views("any trace", &snapshot, false);
     }
 }

@@ -396,35 +396,11 @@ proptest::proptest! {
     /// Perfetto export's counter starts and peaks where the report says.
     #[test]
     fn any_trace_round_trips_to_the_same_figures(
-        ops in proptest::collection::vec((0u8..4, 0u64..5, 2u64..5, 0usize..3), 1..80),
-        dump_blocks in proptest::collection::vec(proptest::bool::ANY, 5),
+        ops in proptest::collection::vec((0u8..6, 0u64..5, 2u64..5, 0usize..3), 1..80),
+        live_at_dump in proptest::collection::vec(proptest::bool::ANY, 5),
     ) {
         // Blocks above 1 MiB, in the large pool as their segment is.
-        let mut t = Trace::new();
-        let sites: Vec<_> = (0..3).map(|i| t.site("train.py", 10 + i, "step")).collect();
-        let addr_of = |slot: u64| 0x100_0000 + slot * 8 * MIB;
-        let blocks: Vec<(u64, u64, bool)> = dump_blocks
-            .iter()
-            .enumerate()
-            .map(|(slot, &live)| (slot as u64 * 8 * MIB, 2 * MIB, live))
-            .collect();
-        t.add_segment(addr_of(0), &blocks, 40 * MIB);
-        // A free names the size of the last block allocated at its address, as PyTorch
-        // writes it, or any size for a block from before the trace.
-        let mut last_size = [None; 5];
-        for (kind, slot, size, site) in ops {
-            let free_size = last_size[slot as usize].unwrap_or(size * MIB);
-            match kind {
-                0 => {
-                    t.alloc_at(sites[site], addr_of(slot), size * MIB);
-                    last_size[slot as usize] = Some(size * MIB);
-                }
-                1 => t.free(addr_of(slot), free_size),
-                2 => t.free_requested(addr_of(slot), free_size),
-                _ => t.step(),
-            }
-        }
-        let original = t.finish();
+        let original = vramscope_testkit::generated::trace_of_ops(&ops, &live_at_dump);
         let (back, _) = round_trip(&original);
         let (before, after) = (figures(&original), figures(&back));
         proptest::prop_assert_eq!(after, before);

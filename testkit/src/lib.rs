@@ -2,6 +2,7 @@
 //! (never a dependency of a library, so nothing here is part of any public API).
 //!
 //! - [`Trace`] and [`event`] (the `trace` module) build synthetic snapshots and single events;
+//! - [`generated::trace_of_ops`] builds the traces, consistent or not, of property tests;
 //! - [`device_run`] and [`merge_devices`] build the multi-device snapshots that tests of
 //!   per-device views need, by running the caching allocator on simulated devices;
 //! - [`skip_notice`], [`shared_traces_dir`] and [`shared_trace`] are for tests that need
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 use vramscope_allocator::{CachingAllocator, SimDevice};
 
 pub mod fixture;
+pub mod generated;
 mod trace;
 
 pub use trace::{clean_loop, event, EventBuilder, Trace, MIB};

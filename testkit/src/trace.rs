@@ -122,6 +122,12 @@ impl Trace {
         self.push(EventKind::FreeRequested, addr, size, None);
     }
 
+    /// Completes the free of the block at `addr` without a request before it (a trace that
+    /// records frees once, or lost the request).
+    pub fn free_completed(&mut self, addr: u64, size: u64) {
+        self.push(EventKind::FreeCompleted, addr, size, None);
+    }
+
     /// Records a copy of `size` bytes in `direction`.
     pub fn transfer(&mut self, site: SiteId, direction: TransferDirection, size: u64) {
         self.push(EventKind::Transfer(direction), 0, size, Some(site));

@@ -378,7 +378,6 @@ fn largest<'a, 'e>(cases: &[&'a OomCase<'e>]) -> Option<&'a OomCase<'e>> {
 mod tests {
     use super::*;
     use vramscope_model::EventKind;
-    use vramscope_testkit::{Trace, MIB as TEST_MIB};
 
     proptest::proptest! {
         /// Whatever the trace, consistent or not (blocks freed twice or never allocated,
@@ -387,33 +386,10 @@ mod tests {
         /// given, not one in a walk forwards from the start.
         #[test]
         fn the_largest_free_block_at_an_oom_is_in_the_walks_own_state(
-            ops in proptest::collection::vec((0u8..4, 0u64..4, 1u64..4), 1..60),
-            dump_blocks in proptest::collection::vec(proptest::bool::ANY, 4),
+            ops in proptest::collection::vec((0u8..6, 0u64..5, 1u64..5, 0usize..3), 1..60),
+            live_at_dump in proptest::collection::vec(proptest::bool::ANY, 5),
         ) {
-            let mut t = Trace::new();
-            let site = t.site("train.py", 3, "step");
-            let addr_of = |slot: u64| 0x100_0000 + slot * 4 * TEST_MIB;
-            let blocks: Vec<(u64, u64, bool)> = dump_blocks
-                .iter()
-                .enumerate()
-                .map(|(slot, &live)| (slot as u64 * 4 * TEST_MIB, 2 * TEST_MIB, live))
-                .collect();
-            t.add_segment(addr_of(0), &blocks, 16 * TEST_MIB);
-            let mut snapshot = t.finish();
-            for (kind, slot, size) in ops {
-                let kind = [
-                    EventKind::Alloc,
-                    EventKind::FreeRequested,
-                    EventKind::FreeCompleted,
-                    EventKind::Oom,
-                ][kind as usize];
-                let e = vramscope_testkit::event(kind)
-                    .addr(addr_of(slot))
-                    .size(size * TEST_MIB)
-                    .site(site)
-                    .build();
-                snapshot.events.push(e);
-            }
+            let snapshot = vramscope_testkit::generated::trace_of_ops(&ops, &live_at_dump);
             let ooms: Vec<u32> = snapshot
                 .events
                 .iter()

@@ -764,7 +764,6 @@ fn moment(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vramscope_model::EventKind;
     use vramscope_testkit::{Trace, MIB};
 
     /// Many sites, a leak and a free of a block from before the trace: more sites than bands
@@ -866,29 +865,10 @@ mod tests {
         /// there, and the bands and the peak's table agree with the report.
         #[test]
         fn the_bands_of_any_trace_sum_to_the_walks_figures(
-            ops in proptest::collection::vec((0u8..3, 0u64..4, 1u64..4, 0usize..3), 1..80),
-            dump_blocks in proptest::collection::vec(proptest::bool::ANY, 4),
+            ops in proptest::collection::vec((0u8..6, 0u64..5, 1u64..5, 0usize..3), 1..80),
+            live_at_dump in proptest::collection::vec(proptest::bool::ANY, 5),
         ) {
-            let mut t = Trace::new();
-            let sites: Vec<_> = (0..3).map(|i| t.site("train.py", 10 + i, "step")).collect();
-            let addr_of = |slot: u64| 0x100_0000 + slot * 4 * MIB;
-            let blocks: Vec<(u64, u64, bool)> = dump_blocks
-                .iter()
-                .enumerate()
-                .map(|(slot, &live)| (slot as u64 * 4 * MIB, MIB, live))
-                .collect();
-            t.add_segment(addr_of(0), &blocks, 16 * MIB);
-            let mut snapshot = t.finish();
-            for (kind, slot, size, site) in ops {
-                let kind = [EventKind::Alloc, EventKind::FreeRequested, EventKind::FreeCompleted]
-                    [kind as usize];
-                let e = vramscope_testkit::event(kind)
-                    .addr(addr_of(slot))
-                    .size(size * MIB)
-                    .site((kind == EventKind::Alloc).then_some(sites[site]))
-                    .build();
-                snapshot.events.push(e);
-            }
+            let snapshot = vramscope_testkit::generated::trace_of_ops(&ops, &live_at_dump);
             let view = ModelView::new(&snapshot);
             let data = ExplorerData::build(&view, None);
             let walk = Reconstruction::of(&snapshot);
