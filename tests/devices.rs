@@ -1,6 +1,7 @@
 //! Multi-device snapshots through the CLI: `report`, `summary` and `replay` report every device
 //! with data in turn (JSON lists them), `--device N` picks one, and a device without data is
-//! an error that lists those with data.
+//! an error that lists those with data. Each device's part gives the figures of that device's
+//! trace alone, whatever the traces.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -74,4 +75,57 @@ fn every_device_is_reported_and_one_can_be_chosen() {
         assert_eq!(run["original"]["peak_allocated"], peak);
     }
     let _ = std::fs::remove_file(path);
+}
+
+/// The figures a reader compares between a device's part and its own run.
+fn figures(
+    snapshot: &vramscope::model::Snapshot,
+) -> (u64, u64, Option<u32>, u64, Vec<(String, u64)>) {
+    let view = ModelView::new(snapshot);
+    let mut at_peak: Vec<(String, u64)> = view
+        .live_at_peak()
+        .iter()
+        .map(|h| (view.group(h.group).label().to_string(), h.bytes))
+        .collect();
+    at_peak.sort();
+    (
+        view.baseline_allocated(),
+        view.peak_allocated(),
+        view.peak_allocated_event(),
+        view.end_allocated(),
+        at_peak,
+    )
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// Two devices' traces of any shape, consistent or not, in one snapshot: each device's part
+    /// gives the figures its trace gives alone (start, peak and its event, end, and what each
+    /// site holds at the peak), as `report` shows them device by device.
+    #[test]
+    fn each_devices_part_gives_its_own_figures(
+        ops in proptest::collection::vec(
+            proptest::collection::vec((0u8..6, 0u64..5, 1u64..5, 0usize..3), 1..60),
+            2,
+        ),
+        live_at_dump in proptest::collection::vec(proptest::collection::vec(proptest::bool::ANY, 5), 2),
+    ) {
+        use vramscope_testkit::generated::trace_of_ops;
+        let mut runs: Vec<_> = (0..2).map(|d| trace_of_ops(&ops[d], &live_at_dump[d])).collect();
+        for e in runs[1].events.iter_mut() {
+            e.device = 1;
+        }
+        for s in runs[1].segments.iter_mut() {
+            s.device = 1;
+        }
+        // The device numbers the file has.
+        runs[1].device.index = 1;
+        let both = merge_devices(&runs);
+        for (d, run) in runs.iter().enumerate() {
+            let part = vramscope::inspector::devices::only_device(&both, d as u32);
+            proptest::prop_assert_eq!(part.events.len(), run.events.len());
+            proptest::prop_assert_eq!(figures(&part), figures(run), "device {}", d);
+        }
+    }
 }
