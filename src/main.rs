@@ -312,7 +312,13 @@ fn device_parts(snapshot: Snapshot, device: Option<u32>) -> Result<Vec<Snapshot>
             .iter()
             .map(|&d| devices::only_device(&snapshot, d))
             .collect()),
-        None => Ok(vec![snapshot]),
+        // One device with events: its part, without the segments of devices that have none.
+        None => match available.first() {
+            Some(&d) if !devices::holds_only(&snapshot, d) => {
+                Ok(vec![devices::only_device(&snapshot, d)])
+            }
+            _ => Ok(vec![snapshot]),
+        },
     }
 }
 

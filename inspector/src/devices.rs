@@ -42,6 +42,18 @@ pub fn is_multi_device(snapshot: &Snapshot) -> bool {
     devices_with_data(snapshot).len() > 1
 }
 
+/// Whether every event and segment of `snapshot` is on `device`, and the snapshot is that
+/// device's: then it is its own part. A device with segments and no events is not among
+/// [`devices_with_data`] when another has events, but its part of the memory is its own.
+pub fn holds_only(snapshot: &Snapshot, device: u32) -> bool {
+    snapshot.device.index == device
+        && snapshot.segments.iter().all(|s| s.device == device)
+        && snapshot
+            .events
+            .iter()
+            .all(|e| u32::from(e.device) == device)
+}
+
 /// `device`'s part of `snapshot`: its events (renumbered from 0, step marks moved with them),
 /// segments and annotations, with the statistics of that device (recomputed for a PyTorch
 /// snapshot; kept for the snapshot's own device; unknown, that is zero, otherwise), and the
@@ -49,7 +61,7 @@ pub fn is_multi_device(snapshot: &Snapshot) -> bool {
 /// the whole snapshot's tables). The part costs what it holds: nothing of the other devices is
 /// copied, so taking every device's part in turn is linear in the snapshot.
 pub fn only_device(snapshot: &Snapshot, device: u32) -> Snapshot {
-    if snapshot.device.index == device && !is_multi_device(snapshot) {
+    if holds_only(snapshot, device) {
         return snapshot.clone();
     }
     let kept: Vec<usize> = snapshot

@@ -1141,8 +1141,10 @@ fn finish(
     // PyTorch records requested sizes; every figure counts block sizes, as its statistics do.
     // The sizing's last pass pairs every event once it has its block size: when all events are
     // on the snapshot's device, the statistics are counted in that pass, not in a pass of
-    // their own.
-    let all_on_snapshot_device = devices_with_events == 0 || first_device == Some(index);
+    // their own. Several devices' events are counted for the snapshot's device alone, in a
+    // pass of their own.
+    let all_on_snapshot_device =
+        devices_with_events == 0 || (devices_with_events == 1 && first_device == Some(index));
     let mut pass =
         all_on_snapshot_device.then(|| StatsPass::new(SegmentPools::of(&snapshot.segments)));
     let mut visit = |e: &Event, pair: vramscope_engine::Pair| {
@@ -1159,8 +1161,12 @@ fn finish(
             progress.set(done as u64, total as u64);
         }
     };
-    let paired = read_on_one_device.map(|one| one.paired);
-    vramscope_replay::size_blocks_visiting(&mut snapshot, paired, &mut report, &mut visit);
+    if devices_with_events > 1 {
+        size_blocks_per_device(&mut snapshot, &mut report);
+    } else {
+        let paired = read_on_one_device.map(|one| one.paired);
+        vramscope_replay::size_blocks_visiting(&mut snapshot, paired, &mut report, &mut visit);
+    }
     snapshot.stats = match pass {
         Some(pass) => pass.finish(&snapshot.segments, index, &snapshot.config),
         None => compute_stats(
@@ -1171,6 +1177,48 @@ fn finish(
         ),
     };
     Ok(snapshot)
+}
+
+/// Gives every event of a snapshot with several devices' traces its block size by sizing
+/// each device's events and segments on their own (`vramscope_replay::size_blocks_visiting`),
+/// as PyTorch keeps an allocator per device: a free on one device never pairs with an
+/// allocation at the same address on another, and each device's replay can make that
+/// device's own calls. Each device's events are copied for its sizing and their sizes written
+/// back, so a file of several devices takes their events' memory once more while it is sized.
+fn size_blocks_per_device(snapshot: &mut Snapshot, report: &mut dyn FnMut(usize, usize)) {
+    let mut devices: Vec<u16> = snapshot.events.iter().map(|e| e.device).collect();
+    devices.sort_unstable();
+    devices.dedup();
+    for device in devices {
+        let positions: Vec<usize> = snapshot
+            .events
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.device == device)
+            .map(|(i, _)| i)
+            .collect();
+        let mut part = Snapshot::empty(
+            snapshot.source,
+            DeviceInfo {
+                index: u32::from(device),
+                ..snapshot.device.clone()
+            },
+        );
+        part.config = snapshot.config.clone();
+        part.segments = snapshot
+            .segments
+            .iter()
+            .filter(|s| s.device == u32::from(device))
+            .cloned()
+            .collect();
+        part.events = positions.iter().map(|&i| snapshot.events[i]).collect();
+        vramscope_replay::size_blocks_visiting(&mut part, None, report, &mut |_, _| {});
+        for (sized, &i) in part.events.iter().zip(&positions) {
+            let e = &mut snapshot.events[i];
+            e.size = sized.size;
+            e.requested = sized.requested;
+        }
+    }
 }
 
 #[cfg(test)]

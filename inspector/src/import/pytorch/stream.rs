@@ -602,6 +602,39 @@ mod tests {
         assert_eq!(misled.segments[0].blocks[0].step, 0);
     }
 
+    /// Each device's events are sized on their own, as PyTorch keeps an allocator per device:
+    /// a free on device 1 at an address where device 0 has an open allocation keeps its own
+    /// size, rather than taking the size of device 0's block.
+    #[test]
+    fn each_devices_events_are_sized_on_their_own() {
+        let at = (1 << 32) + (1 << 20);
+        let mut w = Writer::new();
+        w.begin_traces();
+        w.w.begin_list();
+        w.entry_of_size("alloc", at, 1 << 20, 1_000_000, Frames::Fresh(1));
+        w.w.end_list();
+        w.w.begin_list();
+        w.entry_of_size("free_requested", at, 3 << 20, 1_000_005, Frames::Fresh(2));
+        w.entry_of_size("free_completed", at, 3 << 20, 1_000_006, Frames::Fresh(2));
+        w.w.end_list();
+        w.end_traces();
+        w.w.end_dict();
+        let s = assert_same(&w.w.finish(), true);
+        let sizes: Vec<(u16, EventKind, u64)> = s
+            .events
+            .iter()
+            .map(|e| (e.device, e.kind, e.size))
+            .collect();
+        assert_eq!(
+            sizes,
+            [
+                (0, EventKind::Alloc, 1 << 20),
+                (1, EventKind::FreeRequested, 3 << 20),
+                (1, EventKind::FreeCompleted, 3 << 20),
+            ]
+        );
+    }
+
     /// A second device whose entries are none of them events still has the devices' events
     /// merged by time, which reorders them here: the pairs made in file order are not used.
     /// (Merged, some allocations are open at the end, among them one at the address of the
