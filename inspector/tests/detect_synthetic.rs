@@ -402,46 +402,46 @@ fn oom_without_free_memory_is_an_oom_with_the_largest_holder() {
 
 /// In a trace recorded late, memory allocated before the recording began is held at the OOM
 /// like any other: the largest holder is named among all that was held there, as the "at
-/// peak" column names it, and the figure is what the walk's state held, not only what the
-/// trace's own allocations held.
+/// peak" column names it (by the dump-time block's site, or as "(before the trace)" when it
+/// has none), and the figure is what the walk's state held, not only what the trace's own
+/// allocations held.
 #[test]
 fn the_largest_holder_at_an_oom_counts_memory_from_before_the_trace() {
-    let mut t = Trace::new().capacity(100 * MIB);
-    let weights = t.site("model.py", 5, "build");
-    let act = t.site("model.py", 9, "forward");
-    // The dump-time state: 80 MiB of weights from before the trace, and the activation's block.
-    let seg = 0x7e00_0000_0000;
-    t.add_segment(
-        seg,
-        &[(0, 80 * MIB, true), (80 * MIB, 8 * MIB, true)],
-        90 * MIB,
-    );
-    t.snap.segments[0].blocks[0].site = Some(weights);
-    t.alloc_at(act, seg + 80 * MIB, 8 * MIB);
-    t.oom(act, 40 * MIB, 10 * MIB);
-    let found = findings(&t.finish());
-    let f = found
-        .iter()
-        .find(|f| f.kind == FindingKind::Oom)
-        .unwrap_or_else(|| panic!("no oom: {}", describe(&found)));
-    assert_eq!(
-        f.evidence.get("largest_holder").map(|v| v.to_string()),
-        Some("model.py:5".to_string()),
-        "{}",
-        f.summary
-    );
-    assert_eq!(
-        f.evidence
-            .get("largest_holder_bytes")
-            .map(|v| v.to_string()),
-        Some((80 * MIB).to_string())
-    );
-    assert!(
-        f.summary
-            .contains("the largest holder is model.py:5 with 80.0 MiB"),
-        "{}",
-        f.summary
-    );
+    for (named, label) in [(true, "model.py:5"), (false, "(before the trace)")] {
+        let mut t = Trace::new().capacity(100 * MIB);
+        let weights = t.site("model.py", 5, "build");
+        let act = t.site("model.py", 9, "forward");
+        // The dump-time state: 80 MiB of weights from before the trace, and the activation's
+        // block.
+        let seg = 0x7e00_0000_0000;
+        t.add_segment(
+            seg,
+            &[(0, 80 * MIB, true), (80 * MIB, 8 * MIB, true)],
+            90 * MIB,
+        );
+        t.snap.segments[0].blocks[0].site = named.then_some(weights);
+        t.alloc_at(act, seg + 80 * MIB, 8 * MIB);
+        t.oom(act, 40 * MIB, 10 * MIB);
+        let found = findings(&t.finish());
+        let f = found
+            .iter()
+            .find(|f| f.kind == FindingKind::Oom)
+            .unwrap_or_else(|| panic!("no oom: {}", describe(&found)));
+        assert_eq!(
+            f.evidence.get("largest_holder").map(|v| v.to_string()),
+            Some(label.to_string()),
+            "{}",
+            f.summary
+        );
+        assert_eq!(
+            f.evidence
+                .get("largest_holder_bytes")
+                .map(|v| v.to_string()),
+            Some((80 * MIB).to_string())
+        );
+        let sentence = format!("the largest holder is {label} with 80.0 MiB");
+        assert!(f.summary.contains(&sentence), "{}", f.summary);
+    }
 }
 
 /// A capped run: the device has far more free than the request, so the process's cap refused

@@ -39,6 +39,9 @@ struct OomCase<'e> {
     index: u32,
     event: &'e Event,
     diagnosis: OomDiagnosis,
+    /// What held the most memory in the walk's own state at the OOM; `None` past the first
+    /// [`MAX_OOMS_SIZED`] (or with nothing held).
+    holder: Option<Holding>,
 }
 
 /// Reports fragmentation and OOMs.
@@ -57,24 +60,27 @@ pub fn fragmentation(view: &ModelView<'_>, options: &DetectOptions, sink: &mut d
             largest(&same).map(|worst| (worst, same))
         })
         .collect();
-    // What was live names what to lower when the peak is the problem: the holders at those
-    // OOMs come from one walk back.
-    let holder_wanted: Vec<u32> = reported
+    // What was live names what to lower when the peak is the problem. The holders of the
+    // first OOMs were found with their free blocks; a later one's takes a walk of its own.
+    let names_holder =
+        |case: &OomCase<'_>| matches!(case.diagnosis.cause, OomCause::InUse | OomCause::Cap { .. });
+    let without_holder: Vec<u32> = reported
         .iter()
-        .filter(|(worst, _)| {
-            matches!(
-                worst.diagnosis.cause,
-                OomCause::InUse | OomCause::Cap { .. }
-            )
-        })
+        .filter(|(worst, _)| names_holder(worst) && worst.holder.is_none())
         .map(|(worst, _)| worst.index)
         .collect();
-    let holders = largest_holders_after(view, &holder_wanted);
+    let later_holders = largest_holders_after(view, &without_holder);
     for (worst, same) in &reported {
-        let holder = holders
-            .iter()
-            .find(|(index, _)| *index == worst.index)
-            .map(|(_, h)| h.clone());
+        let holder = if names_holder(worst) {
+            worst.holder.clone().or_else(|| {
+                later_holders
+                    .iter()
+                    .find(|(index, _)| *index == worst.index)
+                    .map(|(_, h)| h.clone())
+            })
+        } else {
+            None
+        };
         report_oom(view, options, worst, same, holder, sink);
     }
     // An OOM explained by fragmentation says it all; without one, look for pressure, then
@@ -89,14 +95,10 @@ fn diagnose_ooms<'e>(view: &ModelView<'e>) -> Vec<OomCase<'e>> {
     let snapshot = view.snapshot();
     let ooms = view.ooms();
     let reserved_known = view.reserved_known();
-    let largest = if reserved_known {
-        largest_usable_free_blocks(snapshot, ooms)
-    } else {
-        vec![None; ooms.len()]
-    };
     ooms.iter()
-        .zip(largest)
-        .map(|(&index, largest_usable_free_block)| {
+        .zip(states_at_ooms(view, ooms))
+        .map(|(&index, (largest_usable_free_block, holder))| {
+            let largest_usable_free_block = largest_usable_free_block.filter(|_| reserved_known);
             let event = &snapshot.events[index as usize];
             let (allocated, reserved) = view.usage_at(index);
             let facts = OomFacts {
@@ -115,17 +117,20 @@ fn diagnose_ooms<'e>(view: &ModelView<'e>) -> Vec<OomCase<'e>> {
                 index,
                 event,
                 diagnosis: diagnose(&facts, &snapshot.config),
+                holder,
             }
         })
         .collect()
 }
 
-/// For each OOM event at `ooms`, the largest free block its request could have used: on its
-/// device and stream, in its pool (small for requests up to 1 MiB), in the engine walk's own
-/// state after that event (`Reconstruction::states_after`), whose allocated and reserved bytes
-/// are the ones the diagnosis is given. `None` past the first [`MAX_OOMS_SIZED`].
-fn largest_usable_free_blocks(snapshot: &Snapshot, ooms: &[u32]) -> Vec<Option<u64>> {
-    let mut at = vec![None; ooms.len()];
+/// For each OOM event at `ooms`, from one walk back (`Reconstruction::states_after`), in the
+/// engine walk's own state after that event, whose allocated and reserved bytes the diagnosis
+/// is given: the largest free block its request could have used (on its device and stream, in
+/// its pool: small for requests up to 1 MiB), and what held the most memory there. `None`s
+/// past the first [`MAX_OOMS_SIZED`].
+fn states_at_ooms(view: &ModelView<'_>, ooms: &[u32]) -> Vec<(Option<u64>, Option<Holding>)> {
+    let snapshot = view.snapshot();
+    let mut at = vec![(None, None); ooms.len()];
     let sized = &ooms[..ooms.len().min(MAX_OOMS_SIZED)];
     Reconstruction::states_after(snapshot, sized, |index, state| {
         let e = &snapshot.events[index as usize];
@@ -135,8 +140,9 @@ fn largest_usable_free_blocks(snapshot: &Snapshot, ooms: &[u32]) -> Vec<Option<u
             Pool::Large
         };
         let largest = largest_free_block(state, u32::from(e.device), e.stream, pool);
+        let holder = view.holdings_in(state).into_iter().next();
         for (slot, _) in sized.iter().enumerate().filter(|&(_, &i)| i == index) {
-            at[slot] = Some(largest);
+            at[slot] = (Some(largest), holder.clone());
         }
     });
     at
@@ -197,12 +203,8 @@ fn report_oom(
     f.count = same.len() as u64;
     f.first_step = same.iter().map(|c| u64::from(c.event.step)).min();
     f.last_step = same.iter().map(|c| u64::from(c.event.step)).max();
-    let site_of = |h: &Holding| {
-        view.group(h.group)
-            .file_line
-            .clone()
-            .unwrap_or_else(|| "(unknown site)".to_string())
-    };
+    // A group's name as every table prints it: `file:line`, or "(before the trace)".
+    let site_of = |h: &Holding| view.group(h.group).label().to_string();
     f.summary = format!(
         "an allocation of {} failed: {}{}",
         format_bytes(facts.request),
@@ -381,9 +383,9 @@ mod tests {
 
     proptest::proptest! {
         /// Whatever the trace, consistent or not (blocks freed twice or never allocated,
-        /// allocations over live blocks), the largest free block at each OOM is the one in the
-        /// engine walk's own state there, whose allocated and reserved bytes the diagnosis is
-        /// given, not one in a walk forwards from the start.
+        /// allocations over live blocks), the largest free block and the largest holder at each
+        /// OOM are the ones in the engine walk's own state there, whose allocated and reserved
+        /// bytes the diagnosis is given, not ones in a walk forwards from the start.
         #[test]
         fn the_largest_free_block_at_an_oom_is_in_the_walks_own_state(
             ops in proptest::collection::vec((0u8..6, 0u64..5, 1u64..5, 0usize..3), 1..60),
@@ -397,15 +399,24 @@ mod tests {
                 .filter(|(_, e)| e.kind == EventKind::Oom)
                 .map(|(i, _)| i as u32)
                 .collect();
-            let found = largest_usable_free_blocks(&snapshot, &ooms);
+            let view = ModelView::new(&snapshot);
+            let found = states_at_ooms(&view, &ooms);
             let walk = Reconstruction::with_states(&snapshot);
-            for (&index, largest) in ooms.iter().zip(found) {
+            for (&index, (largest, holder)) in ooms.iter().zip(found) {
                 let state = walk.state_walked(&snapshot.events, index as usize + 1);
                 proptest::prop_assert_eq!(state.usage(), walk.usage_at(index as usize + 1));
                 let e = &snapshot.events[index as usize];
                 let pool = if e.size <= MIB { Pool::Small } else { Pool::Large };
                 let expected = largest_free_block(&state, u32::from(e.device), e.stream, pool);
                 proptest::prop_assert_eq!(largest, Some(expected), "OOM at {}", index);
+                // The holder is the largest of what that state holds, which sums to the
+                // allocated bytes the diagnosis is given.
+                let held = view.holdings_in(&state);
+                proptest::prop_assert_eq!(
+                    held.iter().map(|h| h.bytes).sum::<u64>(),
+                    view.usage_at(index).0
+                );
+                proptest::prop_assert_eq!(holder.as_ref(), held.first());
             }
         }
     }
