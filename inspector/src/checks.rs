@@ -108,7 +108,7 @@ pub fn check_peak_below(snapshot: &Snapshot, budget: u64) -> Result<(), CheckErr
                 "    {:>10} in {:>5} blocks  {}{}",
                 format_bytes(h.bytes),
                 h.blocks,
-                group.file_line.as_deref().unwrap_or("(unknown site)"),
+                group.label(),
                 function
             );
         }

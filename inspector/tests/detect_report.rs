@@ -237,6 +237,19 @@ fn peak_budget_checks() {
     assert!(panic.is_err());
 }
 
+/// Memory from before the trace that the dump-time state names no site for is listed among
+/// what was held at the peak by the name every table gives it.
+#[test]
+fn a_peak_budget_names_memory_from_before_the_trace() {
+    let mut t = Trace::new();
+    let step = t.site("train.py", 7, "step");
+    t.add_segment(0x7e00_0000_0000, &[(0, 96 * MIB, true)], 128 * MIB);
+    t.alloc(step, 8 * MIB);
+    let err = check_peak_below(&t.finish(), 64 * MIB).expect_err("over budget");
+    assert!(err.report.contains("(before the trace)"), "{}", err.report);
+    assert!(!err.report.contains("(unknown site)"), "{}", err.report);
+}
+
 #[test]
 fn summary_and_empty_snapshot_render() {
     let empty = Trace::new().finish();
