@@ -16,6 +16,7 @@ use vramscope::inspector::{diff, html, import, report};
 use vramscope::model::{format_bytes, Snapshot};
 use vramscope::replay;
 use vramscope::tui::data::{Dataset, Origin};
+use vramscope::tui::App;
 use vramscope_testkit::shared_trace;
 
 /// Bytes per site label.
@@ -35,18 +36,16 @@ fn holdings(view: &ModelView<'_>, at_peak: bool) -> BySite {
     out
 }
 
-/// What the dashboard shows per site in the state after `pos` events.
-fn dashboard_sites(data: &mut Dataset, pos: usize) -> BySite {
-    let groups = data.groups().clone();
-    let state = data.state_at(pos);
+/// What the dashboard's call-site panel shows per site with the time cursor after `pos`
+/// events (sites holding nothing left out, as the report's columns leave them out).
+fn dashboard_sites(app: &mut App, pos: usize) -> BySite {
+    app.cursor = Some(pos);
+    app.prepare();
+    let groups = app.data.groups().clone();
     let mut out = BySite::new();
-    for (_, block) in state.blocks.unordered().filter(|(_, b)| !b.pending) {
-        *out.entry(groups.get(groups.of_block(block)).label().to_string())
-            .or_default() += block.size;
-    }
-    if state.unattributed.allocated > 0 {
-        let before = groups.get(vramscope::engine::SiteGroups::BEFORE_TRACE);
-        *out.entry(before.label().to_string()).or_default() += state.unattributed.allocated;
+    for row in app.view().sites.iter().filter(|r| r.bytes > 0) {
+        *out.entry(groups.get(row.group).label().to_string())
+            .or_default() += row.bytes;
     }
     out
 }
@@ -193,7 +192,7 @@ fn check_views(name: &str, snapshot: &Snapshot, consistent: bool) {
     assert_eq!(same.before_bytes, end_allocated, "{name}: diff total");
 
     // The dashboard at the end and at the peak.
-    let mut data = Dataset::new(snapshot.clone(), Origin::File(name.to_string()));
+    let data = Dataset::new(snapshot.clone(), Origin::File(name.to_string()));
     assert_eq!(data.len() as u64, events, "{name}: dashboard events");
     assert_eq!(
         data.lost_frees(),
@@ -222,14 +221,15 @@ fn check_views(name: &str, snapshot: &Snapshot, consistent: bool) {
             "{name}: the peak is first reached at its event"
         );
     }
+    let last = data.len();
+    let mut app = App::new(data);
     assert_eq!(
-        dashboard_sites(&mut data, peak_pos),
+        dashboard_sites(&mut app, peak_pos),
         at_peak,
         "{name}: dashboard sites at peak"
     );
-    let last = data.len();
     assert_eq!(
-        dashboard_sites(&mut data, last),
+        dashboard_sites(&mut app, last),
         at_end,
         "{name}: dashboard sites at end"
     );

@@ -13,6 +13,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use ratatui::layout::Rect;
 use rustc_hash::FxHashMap;
+use vramscope_engine::SiteGroups;
 use vramscope_inspector::import::sites::is_framework_frame;
 use vramscope_model::SiteId;
 
@@ -70,6 +71,11 @@ impl App {
         let mut live_blocks = 0u64;
         for (_, b) in state.blocks.unordered() {
             live_blocks += 1;
+            // The rows hold allocated bytes, as the timeline and every report count them: a
+            // block whose free is requested is no longer among them.
+            if b.pending {
+                continue;
+            }
             let g = groups.of_block(b);
             let row = by_group.entry(g).or_insert(SiteRow {
                 group: g,
@@ -90,6 +96,20 @@ impl App {
                 s.0 += b.size;
                 s.1 += 1;
             }
+        }
+        // Memory from before the trace that no block describes (a profiler trace's totals)
+        // is held by the "before the trace" group, as in the report's columns.
+        if state.unattributed.allocated > 0 {
+            let row = by_group.entry(SiteGroups::BEFORE_TRACE).or_insert(SiteRow {
+                group: SiteGroups::BEFORE_TRACE,
+                bytes: 0,
+                blocks: 0,
+                requested: 0,
+                first_step: 0,
+                last_step: 0,
+                growth: None,
+            });
+            row.bytes += state.unattributed.allocated;
         }
         let filter = self.sites.filter.to_lowercase();
         let mut sites: Vec<SiteRow> = by_group
