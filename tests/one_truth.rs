@@ -1,9 +1,10 @@
 //! One truth: every view of a trace gives the same figures.
 //!
-//! For each shared trace and for planted cases built here (a run recorded from its start, the
+//! For each shared trace, for planted cases built here (a run recorded from its start, the
 //! same run recorded late, and the same run without its dump-time state, as a profiler trace
-//! gives it), the report's JSON, `summary`, `diff` of the trace against itself, the dashboard's
-//! dataset at the same cursor, the replay's "trace" column and the HTML report must agree on:
+//! gives it) and for generated traces of any shape, consistent or not, the report's JSON,
+//! `summary`, `diff` of the trace against itself, the dashboard's timeline and call-site panel
+//! at the same cursor, the replay's "trace" column and the HTML report must agree on:
 //! allocated and reserved bytes at the end, peak allocated bytes and its event, the bytes each
 //! site holds at the end and at the peak, and the event and step counts. The "at peak" column
 //! sums to the peak.
