@@ -39,8 +39,10 @@ fn holdings(view: &ModelView<'_>, at_peak: bool) -> BySite {
 
 /// What the dashboard's call-site panel shows per site with the time cursor after `pos`
 /// events (sites holding nothing left out, as the report's columns leave them out).
+/// Its tree of stacks holds the same bytes in all (its outermost frames).
 fn dashboard_sites(app: &mut App, pos: usize) -> BySite {
     app.cursor = Some(pos);
+    app.sites.tree = false;
     app.prepare();
     let groups = app.data.groups().clone();
     let mut out = BySite::new();
@@ -48,6 +50,20 @@ fn dashboard_sites(app: &mut App, pos: usize) -> BySite {
         *out.entry(groups.get(row.group).label().to_string())
             .or_default() += row.bytes;
     }
+    app.sites.tree = true;
+    app.prepare();
+    let in_tree: u64 = app
+        .view()
+        .tree
+        .iter()
+        .filter(|r| r.depth == 0)
+        .map(|r| r.bytes)
+        .sum();
+    assert_eq!(
+        in_tree,
+        out.values().sum::<u64>(),
+        "the tree's total at {pos}"
+    );
     out
 }
 

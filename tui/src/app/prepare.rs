@@ -13,7 +13,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use ratatui::layout::Rect;
 use rustc_hash::FxHashMap;
-use vramscope_engine::SiteGroups;
+use vramscope_engine::{GroupId, SiteGroups};
 use vramscope_inspector::import::sites::is_framework_frame;
 use vramscope_model::SiteId;
 
@@ -67,7 +67,9 @@ impl App {
         let state = self.data.state_at(pos);
         // Live blocks by group and by site.
         let mut by_group: FxHashMap<u32, SiteRow> = FxHashMap::default();
-        let mut by_site: FxHashMap<Option<SiteId>, (u64, u64)> = FxHashMap::default();
+        // The tree's sums by site; a block without a site by its group ("before the trace" or
+        // "unknown site"), as the table names it.
+        let mut by_site: FxHashMap<(Option<SiteId>, GroupId), (u64, u64)> = FxHashMap::default();
         let mut live_blocks = 0u64;
         for (_, b) in state.blocks.unordered() {
             live_blocks += 1;
@@ -92,7 +94,7 @@ impl App {
             row.first_step = row.first_step.min(b.step);
             row.last_step = row.last_step.max(b.step);
             if self.sites.tree {
-                let s = by_site.entry(b.site).or_insert((0, 0));
+                let s = by_site.entry((b.site, g)).or_insert((0, 0));
                 s.0 += b.size;
                 s.1 += 1;
             }
@@ -110,6 +112,12 @@ impl App {
                 growth: None,
             });
             row.bytes += state.unattributed.allocated;
+            if self.sites.tree {
+                let s = by_site
+                    .entry((None, SiteGroups::BEFORE_TRACE))
+                    .or_insert((0, 0));
+                s.0 += state.unattributed.allocated;
+            }
         }
         let filter = self.sites.filter.to_lowercase();
         let mut sites: Vec<SiteRow> = by_group
@@ -175,7 +183,7 @@ impl App {
 
     fn build_tree(
         &self,
-        by_site: &FxHashMap<Option<SiteId>, (u64, u64)>,
+        by_site: &FxHashMap<(Option<SiteId>, GroupId), (u64, u64)>,
         filter: &str,
     ) -> Vec<TreeRow> {
         #[derive(Default)]
@@ -186,10 +194,11 @@ impl App {
             children: HashMap<String, Node>,
         }
         let snapshot = self.data.snapshot();
+        let groups = self.data.groups();
         let mut root = Node::default();
-        for (site, &(bytes, blocks)) in by_site {
+        for (&(site, group), &(bytes, blocks)) in by_site {
             let mut path: Vec<(String, bool)> = Vec::new();
-            match snapshot.site(*site) {
+            match snapshot.site(site) {
                 Some(s) if !s.frames.is_empty() => {
                     for f in s.frames.iter().rev() {
                         let framework = is_framework_frame(f, &self.framework_paths);
@@ -206,7 +215,7 @@ impl App {
                 }
                 Some(s) if s.function.is_empty() => path.push((s.file_line(), false)),
                 Some(s) => path.push((format!("{} ({})", s.function, s.file_line()), false)),
-                None => path.push(("(unknown site)".to_string(), false)),
+                None => path.push((groups.get(group).label().to_string(), false)),
             }
             if !filter.is_empty() && !path.iter().any(|(l, _)| l.to_lowercase().contains(filter)) {
                 continue;

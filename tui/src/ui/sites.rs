@@ -2,7 +2,8 @@
 //! table, a detail view of one site (its stacks and blocks), or a tree of all stacks. The
 //! table's rows are the report's "at peak" and "at end" columns at any position: pending frees
 //! are left out, and memory from before the trace that only totals record is a row of its own,
-//! "(before the trace)" (the tree shows stacks, so it has no such row).
+//! "(before the trace)"; the tree holds the same bytes, a block without a stack under its
+//! group's name.
 //!
 //! The rows come from `crate::view::CursorView::sites` (grouped, filtered and sorted by
 //! `crate::app::App::prepare`, read through the `crate::view::ViewModel`), growth per step from
