@@ -515,14 +515,15 @@ pub fn size_blocks_with_progress(
     snapshot: &mut Snapshot,
     progress: &mut dyn FnMut(usize, usize),
 ) -> BlockSizing {
-    size_blocks_visiting(snapshot, None, progress, &mut |_, _| {})
+    size_blocks_visiting(snapshot, None, progress, &mut |_, _, _| {})
 }
 
 /// [`size_blocks_with_progress`], handing every event, in order and once it has its block
 /// size, to `visit` with what the engine's pairing (`vramscope_engine::Pairing`, over all
-/// the snapshot's events) found for it: the sizing's last pass pairs the whole trace, and a
-/// caller that needs the sized events paired (the importer's statistics) need not pair it
-/// again. `paired` is the snapshot's events paired already, in their order (the importer
+/// the snapshot's events) found for it and, for an allocation that replaced a block the trace
+/// did not free, the sized event that describes that block ([`Pair::link`]): the sizing's last
+/// pass pairs the whole trace, and a caller that needs the sized events paired (the
+/// importer's statistics) need not pair it again. `paired` is the snapshot's events paired already, in their order (the importer
 /// pairs them on a second core while it reads them), or `None` to pair them here. They must be
 /// the pairs of these events in this order: only pairs of another number of events are
 /// refused (with a panic).
@@ -530,7 +531,7 @@ pub fn size_blocks_visiting(
     snapshot: &mut Snapshot,
     paired: Option<PairedEvents>,
     progress: &mut dyn FnMut(usize, usize),
-    visit: &mut dyn FnMut(&Event, Pair),
+    visit: &mut dyn FnMut(&Event, Pair, Option<&Event>),
 ) -> BlockSizing {
     // Until the replay says better, every block is its request rounded (which is also what
     // the replay's starting state needs of blocks from before the trace).
@@ -608,11 +609,17 @@ pub fn size_blocks_visiting(
             }),
             _ => None,
         };
+        // An allocation over a block the trace did not free replaces it: the event that
+        // describes that block (sized already, as it comes earlier) goes with it.
+        let replaced = match pair {
+            Pair::Alloc { .. } => pair.link().alloc.map(|r| snapshot.events[r as usize]),
+            _ => None,
+        };
         let e = &mut snapshot.events[i];
         if let Some(size) = size {
             e.size = size;
         }
-        visit(e, pair);
+        visit(e, pair, replaced.as_ref());
     }
     sizing_of(result.device_calls.as_ref())
 }

@@ -1147,9 +1147,9 @@ fn finish(
         devices_with_events == 0 || (devices_with_events == 1 && first_device == Some(index));
     let mut pass =
         all_on_snapshot_device.then(|| StatsPass::new(SegmentPools::of(&snapshot.segments)));
-    let mut visit = |e: &Event, pair: vramscope_engine::Pair| {
+    let mut visit = |e: &Event, pair: vramscope_engine::Pair, replaced: Option<&Event>| {
         if let Some(pass) = &mut pass {
-            pass.push(e, pair);
+            pass.push(e, pair, replaced);
         }
     };
     if let Some(progress) = &options.progress {
@@ -1212,7 +1212,7 @@ fn size_blocks_per_device(snapshot: &mut Snapshot, report: &mut dyn FnMut(usize,
             .cloned()
             .collect();
         part.events = positions.iter().map(|&i| snapshot.events[i]).collect();
-        vramscope_replay::size_blocks_visiting(&mut part, None, report, &mut |_, _| {});
+        vramscope_replay::size_blocks_visiting(&mut part, None, report, &mut |_, _, _| {});
         for (sized, &i) in part.events.iter().zip(&positions) {
             let e = &mut snapshot.events[i];
             e.size = sized.size;
