@@ -2,9 +2,10 @@
 //! first.
 //!
 //! Holdings are always summed from an engine state (`MemoryState`): the walk's own state at
-//! the end and at the peak (in `build`), or at any event the caller walked to
-//! (`ModelView::holdings_in`, in the parent module, for the OOMs' largest holder). So they add
-//! up to the allocated figure the walk found there, memory from before the trace included.
+//! the end and at the peak (in `build`), at any event the caller walked to
+//! (`ModelView::holdings_in`, in the parent module, for the OOMs' largest holder), or at the
+//! dashboard's time cursor (`vramscope-tui`). So they add up to the allocated figure the walk
+//! found there, memory from before the trace included.
 
 use rustc_hash::FxHashMap;
 use vramscope_engine::{GroupId, LiveBlock, MemoryState, SiteGroups};
@@ -36,8 +37,10 @@ fn add_holding(
 }
 
 /// What each group holds in `state` (pending frees left out, as from the allocated figure),
-/// with the state's unattributed bytes under [`SiteGroups::BEFORE_TRACE`].
-pub(super) fn holdings_of(
+/// with the state's unattributed bytes under [`SiteGroups::BEFORE_TRACE`], largest first;
+/// `step_of` gives the step a block was allocated in. The report's columns, the OOM findings
+/// and the dashboard's call-site panel all sum a state this way.
+pub fn holdings_of(
     state: &MemoryState,
     groups: &SiteGroups,
     step_of: &dyn Fn(&LiveBlock) -> u64,

@@ -37,7 +37,7 @@ use vramscope_engine::{
 use vramscope_model::{Event, Id, SiteId, Snapshot};
 
 use build::ModelViewBuilder;
-use holdings::holdings_of;
+pub use holdings::holdings_of;
 
 /// One allocation paired with its free, if the trace has one. Its allocation event holds its
 /// size, requested bytes, device and address ([`ModelView::interval_size`] reads them): a

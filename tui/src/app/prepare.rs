@@ -13,8 +13,9 @@ use std::collections::{BTreeSet, HashMap};
 
 use ratatui::layout::Rect;
 use rustc_hash::FxHashMap;
-use vramscope_engine::{GroupId, SiteGroups};
+use vramscope_engine::{GroupId, LiveBlock, SiteGroups};
 use vramscope_inspector::import::sites::is_framework_frame;
+use vramscope_inspector::model_view::holdings_of;
 use vramscope_model::SiteId;
 
 use super::event_rows::{self, RowsKey};
@@ -65,63 +66,41 @@ impl App {
         let growth = self.analysis.as_ref().map(|a| &a.growth);
         let groups = self.data.groups().clone();
         let state = self.data.state_at(pos);
-        // Live blocks by group and by site.
-        let mut by_group: FxHashMap<u32, SiteRow> = FxHashMap::default();
-        // The tree's sums by site; a block without a site by its group ("before the trace" or
-        // "unknown site"), as the table names it.
+        // The rows hold allocated bytes by group, summed as the report sums its columns: a
+        // block whose free is requested is not among them, and memory from before the trace
+        // that no block describes (a profiler trace's totals) is the "before the trace" row.
+        let by_group = holdings_of(state, &groups, &|b: &LiveBlock| b.step);
+        // The tree's sums by site, the same bytes; a block without a site goes by its group
+        // ("before the trace" or "unknown site"), as the table names it.
         let mut by_site: FxHashMap<(Option<SiteId>, GroupId), (u64, u64)> = FxHashMap::default();
-        let mut live_blocks = 0u64;
-        for (_, b) in state.blocks.unordered() {
-            live_blocks += 1;
-            // The rows hold allocated bytes, as the timeline and every report count them: a
-            // block whose free is requested is no longer among them.
-            if b.pending {
-                continue;
-            }
-            let g = groups.of_block(b);
-            let row = by_group.entry(g).or_insert(SiteRow {
-                group: g,
-                bytes: 0,
-                blocks: 0,
-                requested: 0,
-                first_step: b.step,
-                last_step: b.step,
-                growth: None,
-            });
-            row.bytes += b.size;
-            row.blocks += 1;
-            row.requested += b.requested;
-            row.first_step = row.first_step.min(b.step);
-            row.last_step = row.last_step.max(b.step);
-            if self.sites.tree {
-                let s = by_site.entry((b.site, g)).or_insert((0, 0));
+        if self.sites.tree {
+            for (_, b) in state.blocks.unordered().filter(|(_, b)| !b.pending) {
+                let s = by_site
+                    .entry((b.site, groups.of_block(b)))
+                    .or_insert((0, 0));
                 s.0 += b.size;
                 s.1 += 1;
             }
-        }
-        // Memory from before the trace that no block describes (a profiler trace's totals)
-        // is held by the "before the trace" group, as in the report's columns.
-        if state.unattributed.allocated > 0 {
-            let row = by_group.entry(SiteGroups::BEFORE_TRACE).or_insert(SiteRow {
-                group: SiteGroups::BEFORE_TRACE,
-                bytes: 0,
-                blocks: 0,
-                requested: 0,
-                first_step: 0,
-                last_step: 0,
-                growth: None,
-            });
-            row.bytes += state.unattributed.allocated;
-            if self.sites.tree {
+            if state.unattributed.allocated > 0 {
                 let s = by_site
                     .entry((None, SiteGroups::BEFORE_TRACE))
                     .or_insert((0, 0));
                 s.0 += state.unattributed.allocated;
             }
         }
+        let live_blocks = state.blocks.len() as u64;
         let filter = self.sites.filter.to_lowercase();
         let mut sites: Vec<SiteRow> = by_group
-            .into_values()
+            .into_iter()
+            .map(|h| SiteRow {
+                group: h.group,
+                bytes: h.bytes,
+                blocks: h.blocks,
+                requested: h.requested,
+                first_step: h.first_step,
+                last_step: h.last_step,
+                growth: None,
+            })
             .filter(|r| {
                 filter.is_empty() || {
                     let g = groups.get(r.group);

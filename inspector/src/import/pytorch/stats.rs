@@ -312,6 +312,19 @@ fn end_stats(segments: &[Segment], device: u32, config: &AllocatorConfig) -> Mem
 mod tests {
     use super::*;
 
+    /// A dump-time large-pool segment on device 0 with nothing allocated in it.
+    fn large_segment(address: u64, total_size: u64) -> Segment {
+        Segment {
+            device: 0,
+            address,
+            total_size,
+            stream: 0,
+            pool: Pool::Large,
+            expandable: false,
+            blocks: Vec::new(),
+        }
+    }
+
     #[test]
     fn rounds_like_pytorch() {
         assert_eq!(round_block(1), 512);
@@ -348,15 +361,7 @@ mod tests {
             event(EventKind::SegmentFree, 0x7000_0000, 2 * mib),
             event(EventKind::SegmentAlloc, 0x7000_0000, 20 * mib),
         ];
-        let segments = [Segment {
-            device: 0,
-            address: 0x7000_0000,
-            total_size: 20 * mib,
-            stream: 0,
-            pool: Pool::Large,
-            expandable: false,
-            blocks: Vec::new(),
-        }];
+        let segments = [large_segment(0x7000_0000, 20 * mib)];
         let stats = compute_stats(&segments, &events, 0, &AllocatorConfig::default());
         let reserved = stats.reserved_bytes;
         assert_eq!(
@@ -439,25 +444,7 @@ mod tests {
             event(EventKind::FreeRequested, 0x1000_0000, 6 * mib),
             event(EventKind::FreeCompleted, 0x1000_0000, 6 * mib),
         ];
-        let segments = [Segment {
-            device: 0,
-            address: 0x1000_0000,
-            total_size: 20 * mib,
-            stream: 0,
-            pool: Pool::Large,
-            expandable: false,
-            blocks: vec![vramscope_model::Block {
-                address: 0x1000_0000,
-                size: 20 * mib,
-                requested_size: 0,
-                state: BlockState::Inactive,
-                site: None,
-                tag: None,
-                scope: None,
-                step: 0,
-                thread: 0,
-            }],
-        }];
+        let segments = [large_segment(0x1000_0000, 20 * mib)];
         let stats = compute_stats(&segments, &events, 0, &AllocatorConfig::default());
         let a = stats.allocated_bytes.all;
         assert_eq!(
