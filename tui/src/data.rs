@@ -989,6 +989,30 @@ mod tests {
         assert!(forwards_differs, "the trace does part the two directions");
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Whatever the trace, consistent or not, and wherever the cursor goes from wherever
+        /// it was, the state at the cursor is the engine walk's own there, with its usage.
+        #[test]
+        fn the_state_at_any_cursor_of_any_trace_is_the_walks_own(
+            ops in proptest::collection::vec((0u8..6, 0u64..5, 1u64..5, 0usize..3), 1..80),
+            live_at_dump in proptest::collection::vec(proptest::bool::ANY, 5),
+            cursor in proptest::collection::vec(0usize..100, 1..40),
+        ) {
+            let snapshot = vramscope_testkit::generated::trace_of_ops(&ops, &live_at_dump);
+            let walk = vramscope_engine::Reconstruction::of(&snapshot);
+            let events: &[Event] = &snapshot.events;
+            let n = events.len();
+            let mut data = Dataset::new(snapshot.clone(), Origin::File("f".into()));
+            for pos in cursor.into_iter().map(|c| c % (n + 1)) {
+                let own = walk.state_walked(events, pos);
+                proptest::prop_assert_eq!(data.state_at(pos), &own, "at {}", pos);
+                proptest::prop_assert_eq!(data.usage_at(pos), own.usage(), "at {}", pos);
+            }
+        }
+    }
+
     /// Appended events are walked forwards, never undone: a live source that frees a block
     /// twice shows the state its events leave, whichever way the cursor comes.
     #[test]
