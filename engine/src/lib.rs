@@ -90,6 +90,10 @@ pub struct Reconstruction {
     pub disagreements: Disagreements,
 }
 
+/// How many events a walk back that lets go of its links passes between two releases of those
+/// behind it ([`Reconstruction::without_links`], [`Reconstruction::states_after`]).
+const RELEASE_LINKS_EVERY: usize = 1 << 20;
+
 /// The events of a trace at which the walk back found the state other than applying the
 /// event leaves it ([`MemoryState::undo_checked`]): a walk forwards from a state of the walk
 /// back reaches the walk's own state at a later position exactly when no such event lies
@@ -211,7 +215,7 @@ impl Reconstruction {
     /// walk lets go of each stretch of links once it has undone those events, so that at the
     /// peak of a big trace's memory they are not beside the usage (four bytes an event).
     pub fn without_links(snapshot: &Snapshot) -> Reconstruction {
-        Reconstruction::keeping_states(snapshot, Some(1 << 20))
+        Reconstruction::keeping_states(snapshot, Some(RELEASE_LINKS_EVERY))
     }
 
     /// [`Reconstruction::of`], also keeping a few states on the way back, for a caller that
@@ -372,7 +376,8 @@ impl Reconstruction {
     /// are the states whose figures [`Reconstruction::usage`] holds, so what a reader finds in
     /// them agrees with those figures even on a trace that contradicts itself (where a walk
     /// forwards from the start can differ). The walk goes back from the end only as far as
-    /// the first of them, without keeping the usage.
+    /// the first of them, without keeping the usage, and lets go of the links behind it as
+    /// [`Reconstruction::without_links`] does.
     pub fn states_after(
         snapshot: &Snapshot,
         after_events: &[u32],
@@ -389,7 +394,7 @@ impl Reconstruction {
         let Some(&first) = wanted.first() else {
             return;
         };
-        let EndOfTrace { links, end, .. } = EndOfTrace::of(snapshot);
+        let EndOfTrace { mut links, end, .. } = EndOfTrace::of(snapshot);
         let mut state = end;
         let mut next = wanted.iter().rev().peekable();
         for i in (first as usize..events.len()).rev() {
@@ -397,6 +402,11 @@ impl Reconstruction {
                 visit(i as u32, &state);
             }
             undo(&mut state, events, &links, i);
+            if i.is_multiple_of(RELEASE_LINKS_EVERY) {
+                // The walk goes backwards: the links from `i` on are done with.
+                links.truncate(i);
+                links.shrink_to_fit();
+            }
         }
     }
 
