@@ -1186,21 +1186,19 @@ fn finish(
 /// device's own calls. Each device's events are copied for its sizing and their sizes written
 /// back, so a file of several devices takes their events' memory once more while it is sized.
 fn size_blocks_per_device(snapshot: &mut Snapshot, report: &mut dyn FnMut(usize, usize)) {
-    let mut devices: Vec<u16> = snapshot.events.iter().map(|e| e.device).collect();
-    devices.sort_unstable();
-    devices.dedup();
-    for device in devices {
+    // The snapshot has events, so these are the devices with events.
+    for device in crate::devices::devices_with_data(snapshot) {
         let positions: Vec<usize> = snapshot
             .events
             .iter()
             .enumerate()
-            .filter(|(_, e)| e.device == device)
+            .filter(|(_, e)| u32::from(e.device) == device)
             .map(|(i, _)| i)
             .collect();
         let mut part = Snapshot::empty(
             snapshot.source,
             DeviceInfo {
-                index: u32::from(device),
+                index: device,
                 ..snapshot.device.clone()
             },
         );
@@ -1208,7 +1206,7 @@ fn size_blocks_per_device(snapshot: &mut Snapshot, report: &mut dyn FnMut(usize,
         part.segments = snapshot
             .segments
             .iter()
-            .filter(|s| s.device == u32::from(device))
+            .filter(|s| s.device == device)
             .cloned()
             .collect();
         part.events = positions.iter().map(|&i| snapshot.events[i]).collect();
