@@ -32,6 +32,16 @@ pub enum Pair {
 }
 
 impl Pair {
+    /// For an allocation over a block the trace had not freed, the event that describes the
+    /// block it replaced (its allocation, or for a block from before the trace its free
+    /// request); `None` for every other event.
+    pub fn replaced(&self) -> Option<u32> {
+        match self {
+            Pair::Alloc { .. } => self.link().alloc,
+            _ => None,
+        }
+    }
+
     /// The link the walk keeps for this event (packed, one per event): a free's own, and for
     /// an allocation that replaced a block the trace had not freed, the event that describes
     /// the replaced block (its allocation, or for a block from before the trace its free

@@ -611,10 +611,7 @@ pub fn size_blocks_visiting(
         };
         // An allocation over a block the trace did not free replaces it: the event that
         // describes that block (sized already, as it comes earlier) goes with it.
-        let replaced = match pair {
-            Pair::Alloc { .. } => pair.link().alloc.map(|r| snapshot.events[r as usize]),
-            _ => None,
-        };
+        let replaced = pair.replaced().map(|r| snapshot.events[r as usize]);
         let e = &mut snapshot.events[i];
         if let Some(size) = size {
             e.size = size;

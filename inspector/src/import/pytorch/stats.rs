@@ -121,11 +121,7 @@ pub(crate) fn compute_stats(
         .filter(|(_, e)| u32::from(e.device) == device)
     {
         let pair = pairing.push(i as u32, e);
-        let replaced = match pair {
-            Pair::Alloc { .. } => pair.link().alloc.map(|r| &events[r as usize]),
-            _ => None,
-        };
-        pass.push(e, pair, replaced);
+        pass.push(e, pair, pair.replaced().map(|r| &events[r as usize]));
     }
     pass.finish(segments, device, config)
 }
