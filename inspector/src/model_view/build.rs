@@ -17,14 +17,12 @@
 
 use rustc_hash::FxHashMap;
 use vramscope_engine::{
-    empty_cache_calls, GroupId, LiveBlock, Pair, Pairing, Reconstruction, Runs, SiteGroups,
-    NO_EVENT,
+    empty_cache_calls, GroupId, Pair, Pairing, Reconstruction, Runs, SiteGroups,
 };
 use vramscope_model::{BlockState, Event, EventKind, Id, Snapshot, TransferDirection};
 
-use super::holdings::holdings_of;
 use super::steps::{collect_steps, StepPlan};
-use super::{Holding, Interval, ModelView, SegmentSummary, StepInfo, StepTally, TraceTotals};
+use super::{Interval, ModelView, SegmentSummary, StepInfo, StepTally, TraceTotals};
 
 /// Builds a [`ModelView`] from the events of its snapshot, fed in order with
 /// [`ModelViewBuilder::push`]. See the module documentation.
@@ -243,9 +241,13 @@ impl<'a> ModelViewBuilder<'a> {
             empty_cache_calls,
             segments,
         } = summaries;
-        let (live_end, live_peak) = self.holdings_at_end_and_peak(&walk);
+        // The walk's own state at the peak, whose blocks add up to the peak it found.
+        let at_peak = walk
+            .peak_allocated
+            .event
+            .map(|at| walk.state_walked(&self.snapshot.events, at as usize + 1));
         let known_reserved = |bytes: u64| if walk.reserved_known { bytes } else { 0 };
-        ModelView {
+        let mut view = ModelView {
             snapshot: self.snapshot,
             groups: self.groups,
             intervals: self.intervals,
@@ -266,12 +268,15 @@ impl<'a> ModelViewBuilder<'a> {
             end_reserved: known_reserved(walk.end.reserved),
             totals: self.totals,
             ooms: self.ooms,
-            live_end,
-            live_peak,
+            live_end: Vec::new(),
+            live_peak: Vec::new(),
             segments,
             step_source: self.plan.source,
             empty_cache_calls,
-        }
+        };
+        view.live_end = view.holdings_in(&walk.end);
+        view.live_peak = view.holdings_in(at_peak.as_ref().unwrap_or(&walk.start));
+        view
     }
 
     /// Blocks still live at the end count as retained by the step that allocated them.
@@ -318,33 +323,6 @@ impl<'a> ModelViewBuilder<'a> {
             list.sort_unstable_by_key(|(step, _)| *step);
         }
         (step_totals, group_steps)
-    }
-
-    /// What each group holds at the end of the trace and at the peak of allocated bytes.
-    fn holdings_at_end_and_peak(&self, walk: &Reconstruction) -> (Vec<Holding>, Vec<Holding>) {
-        let block_step = |block: &LiveBlock| self.block_step(block);
-        let live_end = holdings_of(&walk.end, &self.groups, &block_step);
-        let live_peak = match walk.peak_allocated.event {
-            // The walk's own state, whose blocks add up to the peak it found.
-            Some(at) => holdings_of(
-                &walk.state_walked(&self.snapshot.events, at as usize + 1),
-                &self.groups,
-                &block_step,
-            ),
-            None => holdings_of(&walk.start, &self.groups, &block_step),
-        };
-        (live_end, live_peak)
-    }
-
-    /// The step number a live block was allocated in: its allocation event's, under the view's
-    /// step plan, or the block's own for a block from before the trace.
-    fn block_step(&self, block: &LiveBlock) -> u64 {
-        match self.snapshot.events.get(block.alloc_event as usize) {
-            Some(event) if block.alloc_event != NO_EVENT => {
-                self.plan.step_of(block.alloc_event as usize, event)
-            }
-            _ => block.step,
-        }
     }
 }
 

@@ -1,11 +1,11 @@
 //! What each call-site group holds: blocks summed into one [`Holding`] per group, largest
 //! first.
 //!
-//! Holdings are always summed from an engine state (`MemoryState`): the walk's own state at
-//! the end and at the peak (in `build`), at any event the caller walked to
-//! (`ModelView::holdings_in`, in the parent module, for the OOMs' largest holder), or at the
-//! dashboard's time cursor (`vramscope-tui`). So they add up to the allocated figure the walk
-//! found there, memory from before the trace included.
+//! Holdings are always summed from an engine state (`MemoryState`): through
+//! `ModelView::holdings_in` (in the parent module) for the walk's own state at the end and at
+//! the peak (`build`) and at an OOM (the largest holder), or at the dashboard's time cursor
+//! (`vramscope-tui`). So they add up to the allocated figure the walk found there, memory from
+//! before the trace included.
 
 use rustc_hash::FxHashMap;
 use vramscope_engine::{GroupId, LiveBlock, MemoryState, SiteGroups};
