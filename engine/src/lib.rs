@@ -46,6 +46,8 @@ pub use runs::Runs;
 pub use state::{LiveBlock, LiveBlocks, MemoryState, SegmentInfo, Usage, NO_EVENT};
 pub use usage::UsageSeries;
 
+use std::borrow::Cow;
+
 use vramscope_model::{Event, Snapshot};
 
 /// The highest value of one figure and the event after which it was first reached.
@@ -358,17 +360,21 @@ impl Reconstruction {
         if from == pos {
             return state;
         }
-        let found;
-        let links = if self.links.len() == n {
-            &self.links[pos..from]
-        } else {
-            found = pair_links(&mut Pairing::new(), events, pos, from);
-            &found[..]
-        };
+        let links = self.links_between(events, pos, from);
         for i in (pos..from).rev() {
             undo_linked(&mut state, events, links[i - pos], i);
         }
         state
+    }
+
+    /// The packed links of events `from..to` of `events`: the walk's own when it kept them,
+    /// else found again by pairing the events up to `to`.
+    fn links_between(&self, events: &[Event], from: usize, to: usize) -> Cow<'_, [u32]> {
+        if self.links.len() == events.len() {
+            Cow::Borrowed(&self.links[from..to])
+        } else {
+            Cow::Owned(pair_links(&mut Pairing::new(), events, from, to))
+        }
     }
 
     /// The walk's own state after each of the events at `after_events` (indices into the
@@ -424,13 +430,7 @@ impl Reconstruction {
     ) {
         use vramscope_model::EventKind::{Alloc, FreeCompleted, FreeRequested};
         let n = events.len();
-        let found;
-        let links = if self.links.len() == n {
-            &self.links[..]
-        } else {
-            found = pair_links(&mut Pairing::new(), events, 0, n);
-            &found[..]
-        };
+        let links = self.links_between(events, 0, n);
         let mut state = self.end.clone();
         for i in (0..n).rev() {
             let e = &events[i];
