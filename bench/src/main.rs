@@ -786,15 +786,32 @@ fn profile(args: &[String]) -> Result<(), String> {
                 .iter()
                 .map(|n| n.parse().map_err(|_| usage.to_string()))
                 .collect::<Result<_, _>>()?;
+            let run = ThreadedPairs {
+                subject,
+                config,
+                pairs,
+                reps,
+                counts,
+            };
             if form == "threads" {
-                thread_pairs(subject, &config, pairs, reps, &counts);
+                thread_pairs(&run);
             } else {
-                pairs_apart(subject, &config, pairs, reps, &counts);
+                pairs_apart(&run);
             }
         }
         _ => return Err(usage.to_string()),
     }
     Ok(())
+}
+
+/// What `profile threads` and `profile apart` run: cached 4 KiB pairs of `subject` with
+/// `config`, `pairs` per thread, from each count of threads in `counts`, `reps` times.
+struct ThreadedPairs {
+    subject: Subject,
+    config: AllocatorConfig,
+    pairs: u64,
+    reps: usize,
+    counts: Vec<usize>,
 }
 
 /// `profile apart`: cached 4 KiB pairs from each count of threads in three arrangements, run
@@ -803,14 +820,15 @@ fn profile(args: &[String]) -> Result<(), String> {
 /// one exact shared counter of allocated bytes (what an exact all-streams statistic adds to
 /// that bound). Ratios are against one thread on one allocator; the median run of `reps` by
 /// throughput for each.
-fn pairs_apart(
-    subject: Subject,
-    config: &AllocatorConfig,
-    pairs: u64,
-    reps: usize,
-    counts: &[usize],
-) {
+fn pairs_apart(run: &ThreadedPairs) {
     use measure::Shared;
+    let &ThreadedPairs {
+        subject,
+        ref config,
+        pairs,
+        reps,
+        ref counts,
+    } = run;
     println!(
         "{}: {pairs} cached 4 KiB pairs per thread, the three arrangements run alternately, median of {reps} run(s) by throughput\n",
         subject.label()
@@ -850,13 +868,14 @@ fn pairs_apart(
 /// each count of threads, each thread on its own stream, as a markdown table. The median run of
 /// `reps` by throughput; CPU time per pair is each thread's own (spinning included, time parked
 /// or preempted not), so CPU ÷ wall near 1 says the threads had their cores to themselves.
-fn thread_pairs(
-    subject: Subject,
-    config: &AllocatorConfig,
-    pairs: u64,
-    reps: usize,
-    counts: &[usize],
-) {
+fn thread_pairs(run: &ThreadedPairs) {
+    let &ThreadedPairs {
+        subject,
+        ref config,
+        pairs,
+        reps,
+        ref counts,
+    } = run;
     println!(
         "{}: {pairs} cached 4 KiB pairs per thread, median of {reps} run(s) by throughput\n",
         subject.label()
