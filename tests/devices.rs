@@ -109,10 +109,11 @@ fn figures(snapshot: &vramscope::model::Snapshot) -> Figures {
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
 
-    /// Two devices' traces of any shape, consistent or not, in one snapshot: each device's part gives the figures its trace gives alone (start, peak and
-    /// its event, end, and what each site holds at the peak), as `report` shows them device by
-    /// device, and so does the same file written as a PyTorch pickle and read again, whose
-    /// statistics are its own device's.
+    /// Two devices' traces of any shape, consistent or not, in one snapshot: each device's
+    /// part gives the figures its trace gives alone (start, peak and its event, end, and what
+    /// each site holds at the peak), as `report` shows them device by device, and so does the
+    /// same file written as a PyTorch pickle and read again, whose statistics are its own
+    /// device's.
     #[test]
     fn each_devices_part_gives_its_own_figures(
         ops in proptest::collection::vec(

@@ -523,10 +523,10 @@ pub fn size_blocks_with_progress(
 /// the snapshot's events) found for it and, for an allocation that replaced a block the trace
 /// did not free, the sized event that describes that block ([`Pair::link`]): the sizing's last
 /// pass pairs the whole trace, and a caller that needs the sized events paired (the
-/// importer's statistics) need not pair it again. `paired` is the snapshot's events paired already, in their order (the importer
-/// pairs them on a second core while it reads them), or `None` to pair them here. They must be
-/// the pairs of these events in this order: only pairs of another number of events are
-/// refused (with a panic).
+/// importer's statistics) need not pair it again. `paired` is the snapshot's events paired
+/// already, in their order (the importer pairs them on a second core while it reads them), or
+/// `None` to pair them here. They must be the pairs of these events in this order: only pairs
+/// of another number of events are refused (with a panic).
 pub fn size_blocks_visiting(
     snapshot: &mut Snapshot,
     paired: Option<PairedEvents>,

@@ -7,10 +7,11 @@
 //! blocks grouped by the engine's [`SiteGroups`]. So every figure on the page is the
 //! report's, even on a trace that contradicts itself: allocated bytes are block sizes, memory
 //! from before the trace counts under its site or under "before the trace", and the band
-//! values of every column sum to its allocated bytes (at the peak, to the peak). The size of the result is bounded whatever the
-//! trace's length: at most [`MAX_BUCKETS`] columns of at most [`MAX_SERIES`] sites plus "other"
-//! and "before the trace", and a few [`Moment`]s (the peak, the peak of reserved bytes, the end
-//! and evenly spaced ones between) whose block lists are capped.
+//! values of every column sum to its allocated bytes (at the peak, to the peak). The size of
+//! the result is bounded whatever the trace's length: at most [`MAX_BUCKETS`] columns of at
+//! most [`MAX_SERIES`] sites plus "other" and "before the trace", and a few [`Moment`]s (the
+//! peak, the peak of reserved bytes, the end and evenly spaced ones between) whose block lists
+//! are capped.
 
 use rustc_hash::FxHashMap;
 use serde::Serialize;
