@@ -116,11 +116,8 @@ proptest::proptest! {
     /// device's.
     #[test]
     fn each_devices_part_gives_its_own_figures(
-        ops in proptest::collection::vec(
-            proptest::collection::vec((0u8..6, 0u64..5, 1u64..5, 0usize..3), 1..60),
-            2,
-        ),
-        live_at_dump in proptest::collection::vec(proptest::collection::vec(proptest::bool::ANY, 5), 2),
+        ops in proptest::collection::vec(vramscope_testkit::generated::ops(1..5, 1..60), 2),
+        live_at_dump in proptest::collection::vec(vramscope_testkit::generated::live_at_dump(), 2),
     ) {
         use vramscope_testkit::generated::trace_of_ops;
         let mut runs: Vec<_> = (0..2).map(|d| trace_of_ops(&ops[d], &live_at_dump[d])).collect();

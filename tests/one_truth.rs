@@ -338,8 +338,8 @@ proptest::proptest! {
     /// blocks, gives the same figures in every view.
     #[test]
     fn any_trace_agrees_everywhere(
-        ops in proptest::collection::vec((0u8..6, 0u64..5, 1u64..5, 0usize..3), 1..120),
-        live_at_dump in proptest::collection::vec(proptest::bool::ANY, 5),
+        ops in vramscope_testkit::generated::ops(1..5, 1..120),
+        live_at_dump in vramscope_testkit::generated::live_at_dump(),
     ) {
         let snapshot = vramscope_testkit::generated::trace_of_ops(&ops, &live_at_dump);
         check_views("any trace", &snapshot, false);

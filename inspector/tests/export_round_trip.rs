@@ -396,8 +396,8 @@ proptest::proptest! {
     /// Perfetto export's counter starts and peaks where the report says.
     #[test]
     fn any_trace_round_trips_to_the_same_figures(
-        ops in proptest::collection::vec((0u8..6, 0u64..5, 2u64..5, 0usize..3), 1..80),
-        live_at_dump in proptest::collection::vec(proptest::bool::ANY, 5),
+        ops in vramscope_testkit::generated::ops(2..5, 1..80),
+        live_at_dump in vramscope_testkit::generated::live_at_dump(),
     ) {
         // Blocks above 1 MiB, in the large pool as their segment is.
         let original = vramscope_testkit::generated::trace_of_ops(&ops, &live_at_dump);

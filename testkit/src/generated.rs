@@ -1,7 +1,10 @@
 //! Traces made from a list of operations at a few addresses, for property tests of what must
-//! hold on any trace, consistent or not: the operations come from a strategy of the test's, and
-//! [`trace_of_ops`] turns them into a snapshot the same way for every test.
+//! hold on any trace, consistent or not: [`ops`] and [`live_at_dump`] are the strategies, and
+//! [`trace_of_ops`] turns what they give into a snapshot the same way for every test.
 
+use std::ops::Range;
+
+use proptest::strategy::Strategy;
 use vramscope_model::Snapshot;
 
 use crate::trace::{Trace, MIB};
@@ -43,6 +46,20 @@ impl Op {
     }
 }
 
+/// One operation of [`trace_of_ops`]: `(operation number for Op::nth, slot, MiB, site number)`.
+pub type OpArgs = (u8, u64, u64, usize);
+
+/// Lists of `len` operations of any kind, at any slot and of any call site, each of `mib`
+/// MiB (within 1 to 8).
+pub fn ops(mib: Range<u64>, len: Range<usize>) -> impl Strategy<Value = Vec<OpArgs>> {
+    proptest::collection::vec((0u8..6, 0..SLOTS, mib, 0usize..3), len)
+}
+
+/// Which slots hold a live block in the dump-time state.
+pub fn live_at_dump() -> impl Strategy<Value = Vec<bool>> {
+    proptest::collection::vec(proptest::bool::ANY, SLOTS as usize)
+}
+
 /// The address of slot `slot` (modulo [`SLOTS`]).
 pub fn slot_address(slot: u64) -> u64 {
     0x100_0000 + (slot % SLOTS) * SLOT_BYTES
@@ -56,7 +73,7 @@ pub fn slot_address(slot: u64) -> u64 {
 /// for its size. Nothing keeps the trace consistent: blocks freed twice or never allocated,
 /// allocations over live blocks, free requests never completed and dump-time states that the
 /// events contradict all come out of some lists.
-pub fn trace_of_ops(ops: &[(u8, u64, u64, usize)], live_at_dump: &[bool]) -> Snapshot {
+pub fn trace_of_ops(ops: &[OpArgs], live_at_dump: &[bool]) -> Snapshot {
     let mut t = Trace::new();
     let sites: Vec<_> = (0..3).map(|i| t.site("train.py", 10 + i, "step")).collect();
     let blocks: Vec<(u64, u64, bool)> = live_at_dump

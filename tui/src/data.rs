@@ -996,8 +996,8 @@ mod tests {
         /// it was, the state at the cursor is the engine walk's own there, with its usage.
         #[test]
         fn the_state_at_any_cursor_of_any_trace_is_the_walks_own(
-            ops in proptest::collection::vec((0u8..6, 0u64..5, 1u64..5, 0usize..3), 1..80),
-            live_at_dump in proptest::collection::vec(proptest::bool::ANY, 5),
+            ops in vramscope_testkit::generated::ops(1..5, 1..80),
+            live_at_dump in vramscope_testkit::generated::live_at_dump(),
             cursor in proptest::collection::vec(0usize..100, 1..40),
         ) {
             let snapshot = vramscope_testkit::generated::trace_of_ops(&ops, &live_at_dump);

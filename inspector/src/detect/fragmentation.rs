@@ -388,8 +388,8 @@ mod tests {
         /// bytes the diagnosis is given, not ones in a walk forwards from the start.
         #[test]
         fn the_largest_free_block_at_an_oom_is_in_the_walks_own_state(
-            ops in proptest::collection::vec((0u8..6, 0u64..5, 1u64..5, 0usize..3), 1..60),
-            live_at_dump in proptest::collection::vec(proptest::bool::ANY, 5),
+            ops in vramscope_testkit::generated::ops(1..5, 1..60),
+            live_at_dump in vramscope_testkit::generated::live_at_dump(),
         ) {
             let snapshot = vramscope_testkit::generated::trace_of_ops(&ops, &live_at_dump);
             let ooms: Vec<u32> = snapshot

@@ -866,8 +866,8 @@ mod tests {
         /// there, and the bands and the peak's table agree with the report.
         #[test]
         fn the_bands_of_any_trace_sum_to_the_walks_figures(
-            ops in proptest::collection::vec((0u8..6, 0u64..5, 1u64..5, 0usize..3), 1..80),
-            live_at_dump in proptest::collection::vec(proptest::bool::ANY, 5),
+            ops in vramscope_testkit::generated::ops(1..5, 1..80),
+            live_at_dump in vramscope_testkit::generated::live_at_dump(),
         ) {
             let snapshot = vramscope_testkit::generated::trace_of_ops(&ops, &live_at_dump);
             let view = ModelView::new(&snapshot);
