@@ -822,13 +822,7 @@ struct ThreadedPairs {
 /// throughput for each.
 fn pairs_apart(run: &ThreadedPairs) {
     use measure::Shared;
-    let &ThreadedPairs {
-        subject,
-        ref config,
-        pairs,
-        reps,
-        ref counts,
-    } = run;
+    let (subject, config, pairs, reps) = (run.subject, &run.config, run.pairs, run.reps);
     println!(
         "{}: {pairs} cached 4 KiB pairs per thread, the three arrangements run alternately, median of {reps} run(s) by throughput\n",
         subject.label()
@@ -844,7 +838,7 @@ fn pairs_apart(run: &ThreadedPairs) {
         ),
     ];
     let mut one = None;
-    for &threads in counts {
+    for &threads in &run.counts {
         let mut runs: Vec<Vec<measure::Threaded>> = vec![Vec::new(); arrangements.len()];
         for _ in 0..reps {
             for (runs, (_, shared)) in runs.iter_mut().zip(arrangements) {
@@ -869,13 +863,7 @@ fn pairs_apart(run: &ThreadedPairs) {
 /// `reps` by throughput; CPU time per pair is each thread's own (spinning included, time parked
 /// or preempted not), so CPU ÷ wall near 1 says the threads had their cores to themselves.
 fn thread_pairs(run: &ThreadedPairs) {
-    let &ThreadedPairs {
-        subject,
-        ref config,
-        pairs,
-        reps,
-        ref counts,
-    } = run;
+    let (subject, config, pairs, reps) = (run.subject, &run.config, run.pairs, run.reps);
     println!(
         "{}: {pairs} cached 4 KiB pairs per thread, median of {reps} run(s) by throughput\n",
         subject.label()
@@ -883,7 +871,7 @@ fn thread_pairs(run: &ThreadedPairs) {
     println!("| threads | total M pairs/s | ÷ 1 thread | wall ns/pair per thread | CPU ns/pair per thread | CPU ÷ wall | voluntary / involuntary switches per 10k pairs |");
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     let mut one = None;
-    for &threads in counts {
+    for &threads in &run.counts {
         let mut runs: Vec<measure::Threaded> = (0..reps)
             .map(|_| measure::pairs_threads(config, threads, pairs))
             .collect();

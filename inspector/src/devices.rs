@@ -54,6 +54,17 @@ pub fn holds_only(snapshot: &Snapshot, device: u32) -> bool {
             .all(|e| u32::from(e.device) == device)
 }
 
+/// The indices of `device`'s events in `snapshot`, in order.
+pub(crate) fn event_indices(snapshot: &Snapshot, device: u32) -> Vec<usize> {
+    snapshot
+        .events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| u32::from(e.device) == device)
+        .map(|(i, _)| i)
+        .collect()
+}
+
 /// `device`'s part of `snapshot`: its events (renumbered from 0, step marks moved with them),
 /// segments and annotations, with the statistics of that device (recomputed for a PyTorch
 /// snapshot; kept for the snapshot's own device; unknown, that is zero, otherwise), and the
@@ -64,13 +75,7 @@ pub fn only_device(snapshot: &Snapshot, device: u32) -> Snapshot {
     if holds_only(snapshot, device) {
         return snapshot.clone();
     }
-    let kept: Vec<usize> = snapshot
-        .events
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| u32::from(e.device) == device)
-        .map(|(i, _)| i)
-        .collect();
+    let kept = event_indices(snapshot, device);
     let mut events: Vec<Event> = kept.iter().map(|&i| snapshot.events[i]).collect();
     for (seq, e) in events.iter_mut().enumerate() {
         e.seq = seq as u64;

@@ -1188,13 +1188,7 @@ fn finish(
 fn size_blocks_per_device(snapshot: &mut Snapshot, report: &mut dyn FnMut(usize, usize)) {
     // The snapshot has events, so these are the devices with events.
     for device in crate::devices::devices_with_data(snapshot) {
-        let positions: Vec<usize> = snapshot
-            .events
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| u32::from(e.device) == device)
-            .map(|(i, _)| i)
-            .collect();
+        let positions = crate::devices::event_indices(snapshot, device);
         let mut part = Snapshot::empty(
             snapshot.source,
             DeviceInfo {
