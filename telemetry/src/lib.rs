@@ -38,7 +38,9 @@
 //!   direction (`u8`) and two bytes of padding. An `oom` has no block: its `addr` slot carries
 //!   the event's `device_free`.
 //! - `Tables` (5), JSON [`TablesFrame`]: call sites, tags and scopes added since the client's
-//!   snapshot, sent before the first event that refers to them.
+//!   snapshot, sent before the first event that refers to them. Each list that adds entries
+//!   starts at the next index of its table (the snapshot's length, plus the additions since):
+//!   a gap or an overlap is a protocol error.
 //! - `Stats` (6), JSON [`StatsFrame`]: the statistics, ten times a second.
 //! - `Bye` (7), empty: the publisher is shutting down.
 //! - `Refused` (8), JSON `{"reason": "..."}`: the publisher turned this client away (too many
@@ -46,7 +48,11 @@
 //!
 //! A reader rejects a frame with the wrong magic, another protocol version, a payload over the
 //! limit, or a payload that does not parse; it skips frames of unknown kinds, so that later
-//! versions may add kinds without breaking older dashboards.
+//! versions may add kinds without breaking older dashboards. It also rejects table additions
+//! that do not follow on, and a connection that would make it hold more than
+//! [`CLIENT_BUFFER_BYTES`](wire::CLIENT_BUFFER_BYTES) for one snapshot: the document, the
+//! history it announces (counted when announced, before any event of it arrives) and the
+//! table additions after it, together.
 
 mod addr;
 #[cfg(feature = "client")]

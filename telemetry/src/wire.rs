@@ -28,6 +28,15 @@ pub const HEADER_BYTES: usize = 8;
 pub const MAX_FRAME_BYTES: usize = 16 << 20;
 /// The largest snapshot document a client reassembles from its parts (256 MiB).
 pub const MAX_SNAPSHOT_BYTES: usize = 256 << 20;
+/// The most a client holds for one connection's snapshot (256 MiB): the snapshot document while
+/// it is reassembled, the history events it announces (each counted at
+/// [`EVENT_RECORD_BYTES`], before any of them arrives) and every table addition after it (each
+/// `Tables` frame at its payload's bytes), together. A publisher that would make a client hold
+/// more breaks the protocol: [`FrameReader`] refuses with [`TelemetryError::OverLimit`] and
+/// nothing past the limit is ever reserved. A new snapshot starts the count again (the
+/// dashboard replaces the old one with it). Events that stream after the snapshot are not
+/// counted here: the dashboard keeps a bounded number of them (it drops its oldest).
+pub const CLIENT_BUFFER_BYTES: usize = 256 << 20;
 /// Bytes per event record in an `Events` frame.
 pub const EVENT_RECORD_BYTES: usize = 80;
 /// Events per `Events` frame in the history that follows a snapshot.
@@ -112,6 +121,16 @@ pub enum TelemetryError {
     },
     /// The publisher turned this client away; the reason it gave.
     Refused(String),
+    /// The publisher would make this client hold more than its limit
+    /// ([`CLIENT_BUFFER_BYTES`], or the one given to [`FrameReader::with_limit`]).
+    OverLimit {
+        /// What would be held: "a snapshot's history of 4611686018427387904 events", ….
+        what: String,
+        /// The bytes the client would hold with it.
+        bytes: u64,
+        /// The limit in bytes.
+        limit: usize,
+    },
     /// An address that is not `unix:PATH` or `tcp:HOST:PORT`.
     BadAddress(String),
     /// A TCP address off the loopback interface, without permission to use it.
@@ -145,6 +164,10 @@ impl fmt::Display for TelemetryError {
             TelemetryError::Malformed { kind, message } => {
                 write!(f, "malformed telemetry {kind:?} frame: {message}")
             }
+            TelemetryError::OverLimit { what, bytes, limit } => write!(
+                f,
+                "the telemetry publisher sent more than a dashboard holds: {what} would make it hold {bytes} bytes, over the limit of {limit} bytes"
+            ),
             TelemetryError::Refused(reason) => {
                 write!(f, "the program's telemetry publisher refused this dashboard: {reason}")
             }
@@ -283,38 +306,40 @@ impl KnownTables {
 }
 
 impl TablesFrame {
-    /// Writes the entries into `snapshot`'s tables, replacing entries at the same index and
-    /// filling any gap with placeholders.
+    /// Checks that every list that adds entries starts at the next index of its table, as
+    /// `known` counts them (an empty list's offset says nothing and is not checked), and
+    /// returns the counts with the additions. A gap or an overlap is the publisher's error:
+    /// the message names the table, the offset and the index expected.
+    pub fn follows(&self, known: &KnownTables) -> Result<KnownTables, String> {
+        let check = |name: &str, from: u32, added: usize, known: usize| {
+            if added == 0 || from as usize == known {
+                Ok(known + added)
+            } else {
+                Err(format!(
+                    "{name}_from is {from} but the next {name} index is {known}: tables only grow by their next entries"
+                ))
+            }
+        };
+        Ok(KnownTables {
+            sites: check("sites", self.sites_from, self.sites.len(), known.sites)?,
+            tags: check("tags", self.tags_from, self.tags.len(), known.tags)?,
+            scopes: check("scopes", self.scopes_from, self.scopes.len(), known.scopes)?,
+        })
+    }
+
+    /// Appends the entries to `snapshot`'s tables. A list that does not start at the next
+    /// index of its table (see [`TablesFrame::follows`], which [`FrameReader`] holds every
+    /// frame to) is left out whole: no gap is ever filled and no entry replaced, so the work
+    /// and memory are those of the frame's own entries.
     pub fn apply_to(&self, snapshot: &mut Snapshot) {
-        fn put<T: Clone>(table: &mut Vec<T>, from: u32, items: &[T], filler: impl Fn() -> T) {
-            for (i, item) in items.iter().enumerate() {
-                let at = from as usize + i;
-                while table.len() < at {
-                    table.push(filler());
-                }
-                if at < table.len() {
-                    table[at] = item.clone();
-                } else {
-                    table.push(item.clone());
-                }
+        fn put<T: Clone>(table: &mut Vec<T>, from: u32, items: &[T]) {
+            if from as usize == table.len() {
+                table.extend_from_slice(items);
             }
         }
-        put(&mut snapshot.sites, self.sites_from, &self.sites, || {
-            CallSite {
-                file: "??".to_string(),
-                line: 0,
-                column: 0,
-                function: String::new(),
-                frames: Vec::new(),
-            }
-        });
-        put(&mut snapshot.tags, self.tags_from, &self.tags, String::new);
-        put(
-            &mut snapshot.scopes,
-            self.scopes_from,
-            &self.scopes,
-            String::new,
-        );
+        put(&mut snapshot.sites, self.sites_from, &self.sites);
+        put(&mut snapshot.tags, self.tags_from, &self.tags);
+        put(&mut snapshot.scopes, self.scopes_from, &self.scopes);
     }
 }
 
@@ -547,20 +572,66 @@ pub fn decode_events(payload: &[u8]) -> Result<Vec<Event>, TelemetryError> {
 
 /// Reads and checks frames from any byte stream; `TelemetryClient` (feature `client`) wraps one
 /// around a socket.
+///
+/// Besides each frame's own checks it holds the connection to the protocol's promises: the
+/// table additions after a snapshot follow on from its tables without gaps
+/// ([`TablesFrame::follows`]), and what the client holds for one snapshot (its document, its
+/// announced history, the table additions after it) stays within one limit
+/// ([`CLIENT_BUFFER_BYTES`]). What is announced is checked before anything is reserved for it.
 pub struct FrameReader<R: Read> {
     reader: R,
     snapshot: Vec<u8>,
     pending: Option<(u64, u64, Box<Snapshot>)>,
+    /// The table lengths the client knows: the last snapshot's and the additions since.
+    known: KnownTables,
+    /// Bytes counted against `limit` since the last snapshot began.
+    held: u64,
+    limit: usize,
 }
 
 impl<R: Read> FrameReader<R> {
-    /// A reader of frames from `reader`.
+    /// A reader of frames from `reader`, holding at most [`CLIENT_BUFFER_BYTES`].
     pub fn new(reader: R) -> FrameReader<R> {
+        FrameReader::with_limit(reader, CLIENT_BUFFER_BYTES)
+    }
+
+    /// A reader of frames from `reader` that holds at most `limit` bytes for one snapshot,
+    /// its history and the table additions after it (see [`CLIENT_BUFFER_BYTES`]).
+    pub fn with_limit(reader: R, limit: usize) -> FrameReader<R> {
         FrameReader {
             reader,
             snapshot: Vec::new(),
             pending: None,
+            known: KnownTables::default(),
+            held: 0,
+            limit,
         }
+    }
+
+    /// The bytes counted against the limit now: those of the snapshot being reassembled or
+    /// last read, its history, and the table additions since.
+    pub fn held_bytes(&self) -> u64 {
+        self.held
+    }
+
+    /// The table lengths the client knows now: the last snapshot's tables and the additions
+    /// read since.
+    pub fn known_tables(&self) -> KnownTables {
+        self.known
+    }
+
+    /// Counts `bytes` more against the limit, or refuses them naming `what`.
+    fn hold(&mut self, what: impl FnOnce() -> String, bytes: u64) -> Result<(), TelemetryError> {
+        let total = self.held.saturating_add(bytes);
+        if total > self.limit as u64 {
+            return Err(TelemetryError::OverLimit {
+                what: what(),
+                bytes: total,
+                limit: self.limit,
+            });
+        }
+        self.held = total;
+        Ok(())
     }
 
     /// The underlying stream.
@@ -619,7 +690,9 @@ impl<R: Read> FrameReader<R> {
     }
 
     /// Reads the next complete frame. Snapshot parts are reassembled and the snapshot's history
-    /// events collected before it is returned; frames of unknown kinds are skipped.
+    /// events collected before it is returned; frames of unknown kinds are skipped. A frame
+    /// that breaks the protocol (table additions that leave a gap, more than the limit held)
+    /// is an error: the connection is of no more use.
     pub fn next_frame(&mut self) -> Result<Frame, TelemetryError> {
         loop {
             let (code, payload) = self.next_raw()?;
@@ -640,6 +713,10 @@ impl<R: Read> FrameReader<R> {
                     return Ok(Frame::Hello(hello));
                 }
                 FrameKind::SnapshotPart | FrameKind::SnapshotEnd => {
+                    if self.snapshot.is_empty() {
+                        // A new snapshot: the dashboard replaces what it held with it.
+                        self.held = 0;
+                    }
                     if self.snapshot.len() + payload.len() > MAX_SNAPSHOT_BYTES {
                         let len = self.snapshot.len() + payload.len();
                         self.snapshot = Vec::new();
@@ -648,6 +725,14 @@ impl<R: Read> FrameReader<R> {
                             limit: MAX_SNAPSHOT_BYTES,
                         });
                     }
+                    let len = self.snapshot.len() + payload.len();
+                    if let Err(e) = self.hold(
+                        || format!("a snapshot document of {len} bytes"),
+                        payload.len() as u64,
+                    ) {
+                        self.snapshot = Vec::new();
+                        return Err(e);
+                    }
                     self.snapshot.extend_from_slice(&payload);
                     if kind == FrameKind::SnapshotPart {
                         continue;
@@ -655,23 +740,36 @@ impl<R: Read> FrameReader<R> {
                     let doc = std::mem::take(&mut self.snapshot);
                     let doc: SnapshotDoc =
                         serde_json::from_slice(&doc).map_err(|e| malformed(e.to_string()))?;
+                    // The history is counted as announced, before any of it arrives: a
+                    // publisher cannot make the client wait for, or reserve, more than fits.
+                    let history = doc.history;
+                    self.hold(
+                        || format!("a snapshot's history of {history} events"),
+                        history.saturating_mul(EVENT_RECORD_BYTES as u64),
+                    )?;
                     let mut snapshot = Box::new(doc.snapshot);
                     snapshot.events.clear();
-                    if doc.history == 0 {
+                    self.known = KnownTables {
+                        sites: snapshot.sites.len(),
+                        tags: snapshot.tags.len(),
+                        scopes: snapshot.scopes.len(),
+                    };
+                    if history == 0 {
                         return Ok(Frame::Snapshot {
                             next_seq: doc.next_seq,
                             snapshot,
                         });
                     }
-                    self.pending = Some((doc.next_seq, doc.history, snapshot));
+                    self.pending = Some((doc.next_seq, history, snapshot));
                 }
                 FrameKind::Events => {
                     let events = decode_events(&payload)?;
                     let Some((next_seq, history, mut snapshot)) = self.pending.take() else {
                         return Ok(Frame::Events(events));
                     };
-                    let wanted = history as usize - snapshot.events.len();
-                    if events.len() > wanted {
+                    // At most the limit's worth of events (checked when announced) fits.
+                    let wanted = history - snapshot.events.len() as u64;
+                    if events.len() as u64 > wanted {
                         return Err(malformed(format!(
                             "{} history events where {wanted} were left",
                             events.len()
@@ -686,6 +784,19 @@ impl<R: Read> FrameReader<R> {
                 FrameKind::Tables => {
                     let tables: TablesFrame =
                         serde_json::from_slice(&payload).map_err(|e| malformed(e.to_string()))?;
+                    let known = tables.follows(&self.known).map_err(malformed)?;
+                    let (sites, tags, scopes) =
+                        (tables.sites.len(), tables.tags.len(), tables.scopes.len());
+                    self.hold(
+                        || {
+                            format!(
+                                "table additions ({sites} call sites, {tags} tags, {scopes} scopes in a frame of {} bytes)",
+                                payload.len()
+                            )
+                        },
+                        payload.len() as u64,
+                    )?;
+                    self.known = known;
                     return Ok(Frame::Tables(tables));
                 }
                 FrameKind::Stats => {
@@ -849,5 +960,204 @@ mod tests {
         }
         payload[step..step + 8].copy_from_slice(&u64::from(u32::MAX).to_le_bytes());
         assert_eq!(decode_events(&payload).unwrap()[1].step, u32::MAX);
+    }
+
+    /// The bytes of a snapshot document announcing `history` events, over an empty snapshot
+    /// with `sites` call sites, as one `SnapshotEnd` frame.
+    fn snapshot_end(history: u64, sites: usize) -> Vec<u8> {
+        let mut snapshot = Snapshot::empty(Default::default(), Default::default());
+        snapshot.sites = (0..sites).map(|i| site(&format!("s{i}.py"))).collect();
+        let doc = format!(
+            r#"{{"next_seq":0,"history":{history},"snapshot":{}}}"#,
+            serde_json::to_string(&snapshot).unwrap()
+        );
+        encode_frame(FrameKind::SnapshotEnd, doc.as_bytes())
+    }
+
+    fn site(file: &str) -> CallSite {
+        CallSite {
+            file: file.to_string(),
+            line: 1,
+            column: 0,
+            function: String::new(),
+            frames: Vec::new(),
+        }
+    }
+
+    /// A `Tables` frame written out as JSON text, as a hostile publisher would.
+    fn tables_frame(json: &str) -> Vec<u8> {
+        encode_frame(FrameKind::Tables, json.as_bytes())
+    }
+
+    /// Issue 33: a 150-byte `Tables` frame whose offset leaves a gap of 10^8 call sites (or
+    /// 2^32 - 1 tags) used to make the dashboard fill the gap with placeholders (10 GB). It is
+    /// a protocol error naming the table and the index expected, and nothing is held for it.
+    #[test]
+    fn a_tables_frame_with_a_gap_is_a_protocol_error() {
+        let gaps = [
+            (
+                r#"{"sites_from":100000000,"sites":[{"file":"x.py","line":1}],"tags_from":0,"tags":[],"scopes_from":0,"scopes":[]}"#,
+                "sites_from is 100000000 but the next sites index is 0",
+            ),
+            (
+                r#"{"sites_from":0,"sites":[],"tags_from":4294967295,"tags":["t"],"scopes_from":0,"scopes":[]}"#,
+                "tags_from is 4294967295 but the next tags index is 0",
+            ),
+            (
+                r#"{"sites_from":0,"sites":[],"tags_from":0,"tags":[],"scopes_from":7,"scopes":["a/b"]}"#,
+                "scopes_from is 7 but the next scopes index is 0",
+            ),
+        ];
+        for (json, words) in gaps {
+            let frame = tables_frame(json);
+            assert!(frame.len() < 160, "{} bytes", frame.len());
+            let mut reader = FrameReader::new(&frame[..]);
+            let err = reader.next_frame().unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    TelemetryError::Malformed {
+                        kind: FrameKind::Tables,
+                        ..
+                    }
+                ),
+                "{err:?}"
+            );
+            assert!(err.to_string().contains(words), "{err}");
+            assert_eq!(reader.held_bytes(), 0);
+            assert_eq!(reader.known_tables(), KnownTables::default());
+        }
+        // Applied directly, such a frame adds nothing either.
+        let gap: TablesFrame = serde_json::from_str(gaps[0].0).unwrap();
+        let mut snapshot = Snapshot::empty(Default::default(), Default::default());
+        gap.apply_to(&mut snapshot);
+        assert!(snapshot.sites.is_empty());
+    }
+
+    /// After a snapshot of two call sites the next addition starts at index 2: one that does
+    /// is read (the tables then count 3), one that overlaps is refused, and an empty list's
+    /// offset (the Python publisher leaves `tags_from` at 0) says nothing.
+    #[test]
+    fn table_additions_follow_on_from_the_snapshot() {
+        let mut stream = snapshot_end(0, 2);
+        stream.extend(tables_frame(
+            r#"{"sites_from":2,"sites":[{"file":"c.py","line":3}],"tags_from":0,"tags":[],"scopes_from":9,"scopes":[]}"#,
+        ));
+        stream.extend(tables_frame(
+            r#"{"sites_from":1,"sites":[{"file":"d.py","line":4}],"tags_from":0,"tags":[],"scopes_from":0,"scopes":[]}"#,
+        ));
+        let mut reader = FrameReader::new(&stream[..]);
+        let Frame::Snapshot { mut snapshot, .. } = reader.next_frame().unwrap() else {
+            panic!("a snapshot first")
+        };
+        assert_eq!(reader.known_tables().sites, 2);
+        let Frame::Tables(tables) = reader.next_frame().unwrap() else {
+            panic!("the additions")
+        };
+        tables.apply_to(&mut snapshot);
+        assert_eq!(snapshot.sites.len(), 3);
+        assert_eq!(snapshot.sites[2].file, "c.py");
+        assert_eq!(reader.known_tables().sites, 3);
+        let err = reader.next_frame().unwrap_err().to_string();
+        assert!(
+            err.contains("sites_from is 1 but the next sites index is 3"),
+            "{err}"
+        );
+    }
+
+    /// Issue 33: a snapshot announcing 2^62 history events, followed by events, used to grow
+    /// the reader's pending history at wire speed. The announcement alone is refused, before
+    /// any event is read or anything reserved for them; a history that fits is read.
+    #[test]
+    fn an_announced_history_past_the_limit_is_refused_before_any_event() {
+        for history in [
+            1u64 << 62,
+            u64::MAX,
+            (CLIENT_BUFFER_BYTES / EVENT_RECORD_BYTES) as u64,
+        ] {
+            let mut stream = snapshot_end(history, 0);
+            stream.extend(encode_events(&[event(0, EventKind::Alloc)]));
+            let mut reader = FrameReader::new(&stream[..]);
+            let err = reader.next_frame().unwrap_err();
+            let TelemetryError::OverLimit { bytes, limit, .. } = &err else {
+                panic!("{err:?}")
+            };
+            assert!(*bytes > *limit as u64);
+            assert_eq!(*limit, CLIENT_BUFFER_BYTES);
+            let text = err.to_string();
+            assert!(
+                text.contains(&format!("a snapshot's history of {history} events")),
+                "{text}"
+            );
+            assert!(reader.held_bytes() <= CLIENT_BUFFER_BYTES as u64);
+        }
+        let mut stream = snapshot_end(2, 0);
+        stream.extend(encode_events(&[event(0, EventKind::Alloc)]));
+        stream.extend(encode_events(&[event(1, EventKind::Alloc)]));
+        let mut reader = FrameReader::new(&stream[..]);
+        let Frame::Snapshot { snapshot, .. } = reader.next_frame().unwrap() else {
+            panic!("a snapshot")
+        };
+        assert_eq!(snapshot.events.len(), 2);
+    }
+
+    /// The snapshot document, its history and the table additions after it count against
+    /// one limit: additions past it are refused with the figures, the count never passes the
+    /// limit, and a new snapshot starts the count again.
+    #[test]
+    fn everything_held_counts_against_one_limit() {
+        let limit = 64 << 10;
+        let addition = |from: usize| {
+            let sites: Vec<CallSite> = (0..50)
+                .map(|i| site(&format!("f{}.py", from + i)))
+                .collect();
+            json_frame(
+                FrameKind::Tables,
+                &TablesFrame {
+                    sites_from: from as u32,
+                    sites,
+                    ..TablesFrame::default()
+                },
+            )
+        };
+        let mut stream = snapshot_end(3, 0);
+        for seq in 0..3 {
+            stream.extend(encode_events(&[event(seq, EventKind::Alloc)]));
+        }
+        for k in 0..100 {
+            stream.extend(addition(k * 50));
+        }
+        let mut reader = FrameReader::with_limit(&stream[..], limit);
+        assert!(matches!(reader.next_frame(), Ok(Frame::Snapshot { .. })));
+        let mut additions = 0;
+        let err = loop {
+            match reader.next_frame() {
+                Ok(Frame::Tables(_)) => additions += 1,
+                Ok(other) => panic!("{other:?}"),
+                Err(e) => break e,
+            }
+            assert!(reader.held_bytes() <= limit as u64);
+        };
+        assert!(additions > 5 && additions < 100, "{additions} additions");
+        assert!(matches!(err, TelemetryError::OverLimit { limit: l, .. } if l == limit));
+        assert!(
+            err.to_string().contains("table additions (50 call sites"),
+            "{err}"
+        );
+        // A new snapshot replaces what was held.
+        let mut stream = snapshot_end(0, 0);
+        for k in 0..5 {
+            stream.extend(addition(k * 50));
+        }
+        stream.extend(snapshot_end(0, 0));
+        stream.extend(addition(0));
+        let mut reader = FrameReader::with_limit(&stream[..], limit);
+        for _ in 0..6 {
+            reader.next_frame().unwrap();
+        }
+        let held = reader.held_bytes();
+        assert!(matches!(reader.next_frame(), Ok(Frame::Snapshot { .. })));
+        assert!(reader.held_bytes() < held);
+        assert!(matches!(reader.next_frame(), Ok(Frame::Tables(_))));
     }
 }
