@@ -222,6 +222,7 @@ fn bind_unix(path: &Path) -> Result<UnixListener, TelemetryError> {
 
 extern "C" {
     fn umask(mask: u32) -> u32;
+    fn geteuid() -> u32;
 }
 
 /// The process's file-creation mask set to 0177 (new files readable and writable by the
@@ -252,9 +253,11 @@ fn parent_is_default_temp(path: &Path) -> bool {
     path.parent() == Some(temp_default.as_path())
 }
 
-/// Checks that a folder in a shared place is a real directory, owned by this process's user and
-/// closed to everyone else, so that nobody else can swap the socket.
-fn check_private_dir(dir: &Path) -> Result<(), TelemetryError> {
+/// Checks that a folder in a shared place is a real directory (not a link), owned by this
+/// process's effective user and closed to everyone else (no group or other permission bits),
+/// so that nobody else can swap the socket. The publisher checks the folder it binds in, and
+/// discovery (`TelemetryAddr::discover_checked`) the folder it reads, with this one function.
+pub(crate) fn check_private_dir(dir: &Path) -> Result<(), TelemetryError> {
     let meta = std::fs::symlink_metadata(dir)?;
     let refuse = |why: &str| {
         Err(TelemetryError::Io(io::Error::new(
@@ -268,10 +271,10 @@ fn check_private_dir(dir: &Path) -> Result<(), TelemetryError> {
     if meta.permissions().mode() & 0o077 != 0 {
         return refuse("open to other users (expected mode 0700)");
     }
-    if let Ok(me) = std::fs::metadata("/proc/self") {
-        if me.uid() != meta.uid() {
-            return refuse("owned by another user");
-        }
+    // SAFETY: geteuid(2) only reads the process's effective user id and cannot fail.
+    let me = unsafe { geteuid() };
+    if me != meta.uid() {
+        return refuse("owned by another user");
     }
     Ok(())
 }

@@ -156,12 +156,16 @@ pub fn run_top(addr: Option<TelemetryAddr>) -> Result<(), TuiError> {
     term::check_foreground().map_err(TuiError::NoTerminal)?;
     let addr = match addr {
         Some(a) => a,
-        None => TelemetryAddr::discover()
-            .into_iter()
-            .next()
-            .ok_or_else(|| {
-                TuiError::NoPublisher(TelemetryAddr::default_dir().display().to_string())
-            })?,
+        // Where the default folder lies in the shared temporary directory, it is read only
+        // when it passes the publisher's own check (owner and mode); otherwise it is skipped,
+        // and the error says why.
+        None => {
+            let dir = TelemetryAddr::default_dir().display().to_string();
+            match TelemetryAddr::discover_checked() {
+                Ok(found) => found.into_iter().next().ok_or(TuiError::NoPublisher(dir))?,
+                Err(e) => return Err(TuiError::NoPublisher(format!("{dir} (skipped: {e})"))),
+            }
+        }
     };
     let empty = Snapshot::empty(SnapshotSource::Vramscope, DeviceInfo::default());
     let mut data = Dataset::new(empty, Origin::Live(addr.to_string()));
