@@ -5,6 +5,12 @@
 //! simulated device in the terminal dashboard (`vramscope-tui`), or reports on it with
 //! `--headless`; `view` and `top` open the dashboard on a file or a live program. Exit status: 0 on success, 1 when a finding reaches
 //! `--fail-on`, 2 for unusable input.
+//!
+//! Everything printed passes one door, [`emit`] for the output and [`say`] for standard error:
+//! text and markdown through `inspector::terminal::sanitize_output` (only a text report's own
+//! colours pass as escape sequences), JSON and HTML through `sanitize_json`, so that no
+//! string from a file acts on the terminal. A write that fails is exit 2 with the system's
+//! words ("No space left on device"), except a closed pipe (`| head`), which ends quietly.
 
 mod demo;
 mod loading;
@@ -18,7 +24,7 @@ use vramscope::inspector::detect::Severity;
 use vramscope::inspector::import::{self, ImportOptions};
 use vramscope::inspector::ranks;
 use vramscope::inspector::report::{self, Format, ReportOptions};
-use vramscope::inspector::{devices, diff};
+use vramscope::inspector::{devices, diff, terminal};
 use vramscope::Snapshot;
 
 /// GPU memory debugger and allocator inspector.
@@ -357,16 +363,57 @@ fn tui_failure(e: vramscope_tui::TuiError) -> Failure {
     }
 }
 
-fn emit(text: &str, output: Option<&PathBuf>) -> Result<(), Failure> {
+/// What an output is, for the escaping it gets on its way out.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Output {
+    /// Text or markdown; `color`: the text report's own colour sequences pass.
+    Text { color: bool },
+    /// JSON, or an HTML page (whose data is JSON): escaped as JSON escapes.
+    Json,
+}
+
+impl Output {
+    /// The output of a report in `format`.
+    fn of(format: Format, color: bool) -> Output {
+        match format {
+            Format::Text => Output::Text { color },
+            Format::Markdown => Output::Text { color: false },
+            Format::Json | Format::Html => Output::Json,
+        }
+    }
+}
+
+/// A line on standard error, escaped as text from a file is (`inspector::terminal`); a
+/// failure to write it has nowhere to be told.
+fn say(line: impl std::fmt::Display) {
+    let line = line.to_string();
+    let mut stderr = std::io::stderr().lock();
+    let _ = writeln!(stderr, "{}", terminal::sanitize_output(&line, false));
+}
+
+/// Writes `text` to `output` (a file) or to standard output, escaped as `kind` says. A failed
+/// write is exit 2 with the system's words; a closed pipe on standard output (`| head`) is
+/// not an error worth reporting.
+fn emit(text: &str, output: Option<&PathBuf>, kind: Output) -> Result<(), Failure> {
+    let text = match kind {
+        Output::Text { color } => terminal::sanitize_output(text, color),
+        Output::Json => terminal::sanitize_json(text),
+    };
     match output {
-        Some(path) => std::fs::write(path, text)
+        Some(path) => std::fs::write(path, text.as_bytes())
             .map_err(|e| Failure::input(format!("cannot write {}: {e}", path.display()))),
         None => {
             let mut stdout = std::io::stdout().lock();
-            // A closed pipe (`| head`) is not an error worth reporting.
-            let _ = stdout.write_all(text.as_bytes());
-            let _ = stdout.flush();
-            Ok(())
+            match stdout
+                .write_all(text.as_bytes())
+                .and_then(|()| stdout.flush())
+            {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+                Err(e) => Err(Failure::input(format!(
+                    "cannot write to standard output: {e}"
+                ))),
+            }
         }
     }
 }
@@ -408,14 +455,20 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                     .and_then(|export| {
                         // What the format cannot carry, said before the file is written.
                         for line in &export.not_carried {
-                            eprintln!("not carried into the PyTorch format: {line}");
+                            say(format_args!("not carried into the PyTorch format: {line}"));
                         }
                         std::fs::write(&output, export.bytes)
                     }),
                 ConvertTarget::Perfetto => std::fs::File::create(&output).and_then(|f| {
                     export::write_perfetto(&snapshot, f).map_err(std::io::Error::other)
                 }),
-                ConvertTarget::Json => snapshot.save(&output).map_err(std::io::Error::other),
+                // Written here rather than by `Snapshot::save`, so that a failed write says
+                // the system's words, not that the snapshot is not valid.
+                ConvertTarget::Json => std::fs::File::create(&output).and_then(|file| {
+                    let mut writer = std::io::BufWriter::new(file);
+                    serde_json::to_writer(&mut writer, &snapshot).map_err(std::io::Error::from)?;
+                    writer.flush()
+                }),
                 ConvertTarget::Html => {
                     let mut options = ReportOptions::default();
                     options.input = Some(file.display().to_string());
@@ -426,11 +479,15 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                     .and_then(|file| snapshot.write_event_log(std::io::BufWriter::new(file))),
             };
             written.map_err(|e| Failure::input(format!("{}: {e}", output.display())))?;
-            eprintln!("wrote {}", output.display());
+            say(format_args!("wrote {}", output.display()));
             Ok(0)
         }
         Command::Doctor => {
-            emit(&format!("{}\n", vramscope::allocator::doctor()), None)?;
+            emit(
+                &format!("{}\n", vramscope::allocator::doctor()),
+                None,
+                Output::Text { color: false },
+            )?;
             Ok(0)
         }
         Command::Summary { file, device, .. } => {
@@ -445,7 +502,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                 })
                 .collect::<Vec<_>>()
                 .join("\n");
-            emit(&text, None)?;
+            emit(&text, None, Output::Text { color: false })?;
             Ok(0)
         }
         Command::Ranks {
@@ -456,7 +513,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         } => {
             let (files, left_out) = ranks::expand_inputs(&inputs).map_err(Failure::input)?;
             for why in &left_out {
-                eprintln!("vramscope ranks: left out {why}");
+                say(format_args!("vramscope ranks: left out {why}"));
             }
             if files.is_empty() {
                 return Err(Failure::input("no snapshot files in the inputs"));
@@ -472,19 +529,31 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             if show && started.elapsed().as_secs_f64() > 1.0 {
                 eprint!("\r{:40}\r", "");
             }
-            let mut snapshots = Vec::with_capacity(files.len());
-            for (path, result) in files.into_iter().zip(loaded) {
-                snapshots.push((path, result.map_err(Failure::input)?));
+            let results: Vec<_> = files.into_iter().zip(loaded).collect();
+            // A file that cannot be read is a row with its error; the others are compared.
+            if results.iter().all(|(_, result)| result.is_err()) {
+                for (_, result) in &results {
+                    if let Err(e) = result {
+                        say(format_args!("vramscope ranks: {e}"));
+                    }
+                }
+                return Err(Failure::input("none of the snapshot files could be read"));
             }
-            let comparison = ranks::compare(&snapshots);
+            let comparison = ranks::compare_results(&results);
+            for failed in &comparison.failed {
+                say(format_args!(
+                    "vramscope ranks: rank {}: {}",
+                    failed.rank, failed.error
+                ));
+            }
             let text = match format {
                 Format::Text => ranks::render_text(&comparison),
                 Format::Markdown => ranks::render_markdown(&comparison),
                 Format::Json => ranks::render_json(&comparison),
                 Format::Html => ranks::render_html(&comparison),
             };
-            emit(&text, output.as_ref())?;
-            Ok(0)
+            emit(&text, output.as_ref(), Output::of(format, false))?;
+            Ok(u8::from(!comparison.failed.is_empty()))
         }
         Command::Diff {
             before,
@@ -504,7 +573,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                     )))
                 }
             };
-            emit(&text, None)?;
+            emit(&text, None, Output::of(format, false))?;
             Ok(0)
         }
     }
@@ -531,7 +600,7 @@ fn run_demo(args: DemoArgs) -> Result<u8, Failure> {
     if !headless && terminal {
         let steps = steps.unwrap_or(300);
         let (device, why) = demo::device();
-        eprintln!("vramscope demo: {why}");
+        say(format_args!("vramscope demo: {why}"));
         let alloc = device.allocator().clone();
         let pace = std::time::Duration::from_millis(150);
         let intro = demo::intro(steps, bug);
@@ -557,9 +626,11 @@ fn run_demo(args: DemoArgs) -> Result<u8, Failure> {
     options.input = Some("vramscope demo".to_string());
     options.explorer = format == Format::Html;
     let built = report::build_report(&snapshot, &options);
+    let color = use_color() && format == Format::Text;
     emit(
-        &report::render(&built, format, use_color() && format == Format::Text),
+        &report::render(&built, format, color),
         None,
+        Output::of(format, color),
     )?;
     Ok(0)
 }
@@ -620,7 +691,7 @@ fn run_report(args: ReportArgs) -> Result<u8, Failure> {
             .collect::<Vec<_>>()
             .join("\n"),
     };
-    emit(&text, output.as_ref())?;
+    emit(&text, output.as_ref(), Output::of(format, color))?;
     Ok(match fail_on {
         Some(level) if reports.iter().any(|r| r.fails_on(level)) => 1,
         _ => 0,
@@ -710,7 +781,7 @@ fn run_replay(args: ReplayArgs) -> Result<u8, Failure> {
         Format::Json => texts.join("") + "\n",
         _ => texts.join("\n"),
     };
-    emit(&text, None)?;
+    emit(&text, None, Output::of(format, false))?;
     // Like `diff`, a verification that found a difference exits with 1, and so does a
     // replay that ran out of memory under `--fail-on-oom`.
     Ok(u8::from(calls_differ))
@@ -724,7 +795,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(status) => ExitCode::from(status),
         Err(failure) => {
-            eprintln!("vramscope: {}", failure.message);
+            say(format_args!("vramscope: {}", failure.message));
             ExitCode::from(failure.status)
         }
     }

@@ -15,6 +15,7 @@ pub mod diff;
 
 pub mod export;
 pub mod html;
+pub mod markdown;
 pub mod model_view;
 pub mod pickle_writer;
 pub mod ranks;

@@ -11,6 +11,11 @@
 //! held at that rank's peak against what it held at the median rank's peak (the extra
 //! optimizer shard, the uneven batch). [`render_text`], [`render_markdown`], [`render_json`]
 //! and [`render_html`] print it for `vramscope ranks`.
+//!
+//! A file that cannot be read does not stop the others: [`compare_results`] gives it a row of
+//! its own with the error ([`RankComparison::failed`]), and the command exits with 1. Text
+//! from the files (site names, file names, errors) is escaped for the terminal by
+//! `crate::terminal` and for markdown by `crate::markdown`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -20,6 +25,7 @@ use serde::Serialize;
 use vramscope_model::{format_bytes, Snapshot};
 
 use crate::import::{self, ImportError};
+use crate::markdown;
 use crate::model_view::ModelView;
 use crate::report::{self, ReportOptions};
 
@@ -106,6 +112,21 @@ pub struct RankComparison {
     pub ranks: Vec<RankRow>,
     /// The ranks whose peak stands out.
     pub findings: Vec<RankImbalance>,
+    /// The files that could not be read, in rank order: they have no figures and take no
+    /// part in the comparison (absent from the JSON when every file was read).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failed: Vec<FailedRank>,
+}
+
+/// A rank whose file could not be read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FailedRank {
+    /// The rank, numbered as the others are.
+    pub rank: u32,
+    /// The file.
+    pub file: String,
+    /// Why it could not be read (the importer's error, which names the file).
+    pub error: String,
 }
 
 /// The rank a file name gives (`rank3.pickle`, `snapshot_rank_3.json`, `mem-3.pickle`): the
@@ -288,20 +309,74 @@ fn row(rank: u32, file: &str, snapshot: &Snapshot) -> RankRow {
 
 /// Compares the ranks of `snapshots` (`(file, snapshot)`, in any order).
 pub fn compare(snapshots: &[(PathBuf, Snapshot)]) -> RankComparison {
-    let paths: Vec<&Path> = snapshots.iter().map(|(p, _)| p.as_path()).collect();
-    let (numbers, numbering) = number_ranks(&paths);
-    let mut ranks: Vec<RankRow> = snapshots
+    let entries: Vec<(&Path, Result<&Snapshot, String>)> = snapshots
         .iter()
-        .zip(numbers)
-        .map(|((path, snapshot), rank)| row(rank, &path.display().to_string(), snapshot))
+        .map(|(path, snapshot)| (path.as_path(), Ok(snapshot)))
         .collect();
+    compare_entries(&entries)
+}
+
+/// Compares the ranks of `results` (`(file, what loading it gave)`, in any order, as
+/// [`load_all`] returns them beside its files): a file that could not be read is numbered
+/// as the others are and listed in [`RankComparison::failed`] with its error; the others are
+/// compared among themselves.
+pub fn compare_results(results: &[(PathBuf, Result<Snapshot, ImportError>)]) -> RankComparison {
+    let entries: Vec<(&Path, Result<&Snapshot, String>)> = results
+        .iter()
+        .map(|(path, result)| (path.as_path(), result.as_ref().map_err(|e| e.to_string())))
+        .collect();
+    compare_entries(&entries)
+}
+
+fn compare_entries(entries: &[(&Path, Result<&Snapshot, String>)]) -> RankComparison {
+    let paths: Vec<&Path> = entries.iter().map(|(p, _)| *p).collect();
+    let (numbers, numbering) = number_ranks(&paths);
+    let mut ranks = Vec::new();
+    let mut failed = Vec::new();
+    for ((path, result), rank) in entries.iter().zip(numbers) {
+        let file = path.display().to_string();
+        match result {
+            Ok(snapshot) => ranks.push(row(rank, &file, snapshot)),
+            Err(error) => failed.push(FailedRank {
+                rank,
+                file,
+                error: error.clone(),
+            }),
+        }
+    }
     ranks.sort_by_key(|r| r.rank);
+    failed.sort_by_key(|f| f.rank);
     let findings = imbalances(&ranks);
     RankComparison {
         format_version: RANKS_FORMAT_VERSION,
         numbering,
         ranks,
         findings,
+        failed,
+    }
+}
+
+/// The rows of `comparison` in rank order: each read rank's figures, or a failed file.
+fn rows_in_order(comparison: &RankComparison) -> Vec<Result<&RankRow, &FailedRank>> {
+    let mut rows: Vec<Result<&RankRow, &FailedRank>> = comparison
+        .ranks
+        .iter()
+        .map(Ok)
+        .chain(comparison.failed.iter().map(Err))
+        .collect();
+    rows.sort_by_key(|row| match row {
+        Ok(r) => r.rank,
+        Err(f) => f.rank,
+    });
+    rows
+}
+
+/// The count of ranks said in a heading: `8 ranks`, or `8 ranks (1 could not be read)`.
+fn rank_count(comparison: &RankComparison) -> String {
+    let all = comparison.ranks.len() + comparison.failed.len();
+    match comparison.failed.len() {
+        0 => format!("{all} ranks"),
+        n => format!("{all} ranks ({n} could not be read)"),
     }
 }
 
@@ -392,8 +467,8 @@ pub fn render_text(comparison: &RankComparison) -> String {
     let flagged = comparison.findings.len();
     let _ = writeln!(
         out,
-        "vramscope ranks: {} ranks; {}",
-        comparison.ranks.len(),
+        "vramscope ranks: {}; {}",
+        rank_count(comparison),
         match flagged {
             0 => "no rank stands out".to_string(),
             1 => "1 rank stands out".to_string(),
@@ -401,14 +476,26 @@ pub fn render_text(comparison: &RankComparison) -> String {
         }
     );
     if comparison.numbering != "file names" {
-        let _ = writeln!(out, "ranks numbered {}", comparison.numbering);
+        let _ = writeln!(
+            out,
+            "ranks numbered {}",
+            crate::terminal::sanitize(&comparison.numbering)
+        );
     }
     let _ = writeln!(
         out,
         "{:>5}  {:>11}  {:>11}  {:>6}  {:>5}  {:>10}  top site at the peak",
         "rank", "peak alloc", "peak resv", "frag", "OOMs", "findings"
     );
-    for r in &comparison.ranks {
+    for r in rows_in_order(comparison) {
+        let r = match r {
+            Ok(r) => r,
+            Err(f) => {
+                let error = crate::terminal::sanitize(&f.error);
+                let _ = writeln!(out, "{:>5}  could not be read: {error}", f.rank);
+                continue;
+            }
+        };
         let _ = writeln!(
             out,
             "{:>5}  {:>11}  {:>11}  {:>6}  {:>5}  {:>10}  {}",
@@ -447,15 +534,27 @@ pub fn render_text(comparison: &RankComparison) -> String {
 pub fn render_markdown(comparison: &RankComparison) -> String {
     let mut out = String::new();
     if comparison.numbering != "file names" {
-        let _ = writeln!(out, "Ranks numbered {}.\n", comparison.numbering);
+        let _ = writeln!(
+            out,
+            "Ranks numbered {}.\n",
+            markdown::escape(&comparison.numbering)
+        );
     }
     out.push_str(
         "| rank | peak allocated | peak reserved | fragmentation at peak | OOMs | findings | top site at the peak |\n|---:|---:|---:|---:|---:|---|---|\n",
     );
-    for r in &comparison.ranks {
+    for r in rows_in_order(comparison) {
+        let r = match r {
+            Ok(r) => r,
+            Err(f) => {
+                let error = markdown::escape(&f.error);
+                let _ = writeln!(out, "| {} | could not be read: {error} | | | | | |", f.rank);
+                continue;
+            }
+        };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} errors, {} warnings, {} infos | `{}` |",
+            "| {} | {} | {} | {} | {} | {} errors, {} warnings, {} infos | {} |",
             r.rank,
             format_bytes(r.peak_allocated),
             report::bytes_or_na(r.peak_reserved),
@@ -464,16 +563,20 @@ pub fn render_markdown(comparison: &RankComparison) -> String {
             r.findings.0,
             r.findings.1,
             r.findings.2,
-            top_site(r).replace('`', "'"),
+            markdown::code_span(&top_site(r), true),
         );
     }
     for f in &comparison.findings {
-        let _ = writeln!(out, "\n**rank_imbalance**: {}\n", f.summary);
+        let _ = writeln!(
+            out,
+            "\n**rank_imbalance**: {}\n",
+            markdown::escape(&f.summary)
+        );
         for s in &f.sites {
             let _ = writeln!(
                 out,
-                "- `{}`: {} more ({} here, {} on rank {})",
-                s.site.replace('`', "'"),
+                "- {}: {} more ({} here, {} on rank {})",
+                markdown::code_span(&s.site, false),
                 format_bytes(s.bytes - s.median_bytes),
                 format_bytes(s.bytes),
                 format_bytes(s.median_bytes),
@@ -511,7 +614,19 @@ pub fn render_html(comparison: &RankComparison) -> String {
         .max()
         .unwrap_or(1)
         .max(1);
-    for r in &comparison.ranks {
+    for r in rows_in_order(comparison) {
+        let r = match r {
+            Ok(r) => r,
+            Err(f) => {
+                let _ = write!(
+                    out,
+                    "<tr><td>{}</td><td colspan=\"7\" class=\"site\">could not be read: {}</td></tr>",
+                    f.rank,
+                    escape(&f.error)
+                );
+                continue;
+            }
+        };
         let hot = comparison.findings.iter().any(|f| f.rank == r.rank);
         let _ = write!(
             out,

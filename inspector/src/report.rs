@@ -938,20 +938,9 @@ pub fn render_text(report: &Report, color: bool) -> String {
     out
 }
 
-/// Escapes text for a markdown table cell or paragraph.
+/// Escapes text for a markdown table cell or paragraph: the shared `crate::markdown::escape`.
 fn md_escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '|' | '\\' | '`' | '*' | '_' | '<' | '>' | '[' | ']' => {
-                out.push('\\');
-                out.push(c);
-            }
-            '\n' | '\r' => out.push(' '),
-            _ => out.push(c),
-        }
-    }
-    out
+    crate::markdown::escape(text)
 }
 
 /// The report as GitHub-flavoured markdown.

@@ -330,6 +330,14 @@ fn load_file(path: &Path, origin: &str, options: &ImportOptions) -> Result<Snaps
         }
         (&file).seek(SeekFrom::Start(0)).map_err(io)?;
     }
+    // Sniffed before the file is read whole: a 2 GB file of zeros is refused after its
+    // first bytes, as it would be after all of them.
+    if let Some(found) = unknown_start(&file).map_err(io)? {
+        return Err(ImportError::new(
+            origin,
+            ImportErrorKind::UnknownFormat { found },
+        ));
+    }
     let mut bytes = Vec::with_capacity(size as usize);
     // The file may grow while it is read; `take` keeps the limit regardless.
     file.take(options.max_file_bytes.saturating_add(1))
@@ -356,6 +364,35 @@ fn starts_with(mut file: &std::fs::File, byte: u8) -> std::io::Result<bool> {
     let read = file.read(&mut first)?;
     file.seek(SeekFrom::Start(0))?;
     Ok(read == 1 && first[0] == byte)
+}
+
+/// How much of a file [`unknown_start`] reads at a time.
+const SNIFF_BYTES: u64 = 64 << 10;
+
+/// When the start of `file` is no format [`detect`] knows (nor gzip), what it starts with, as
+/// [`load_plain`] would say it after reading the whole; `None` when it may be one. Reads only
+/// the first piece, and beyond it only while a byte-order mark and whitespace go on (before a
+/// JSON document), keeping one piece at a time; leaves the file at its start.
+fn unknown_start(mut file: &std::fs::File) -> std::io::Result<Option<String>> {
+    let mut head = Vec::new();
+    file.take(SNIFF_BYTES).read_to_end(&mut head)?;
+    let found = if is_gzip(&head) || head.first() == Some(&PICKLE_PROTOCOL) {
+        None
+    } else {
+        let mut piece = head.strip_prefix(b"\xef\xbb\xbf").unwrap_or(&head).to_vec();
+        loop {
+            if let Some(&first) = piece.iter().find(|b| !b.is_ascii_whitespace()) {
+                break (!matches!(first, b'{' | b'[')).then(|| describe_start(&head));
+            }
+            piece.clear();
+            if file.take(SNIFF_BYTES).read_to_end(&mut piece)? == 0 {
+                // Whitespace to the end: no document at all.
+                break Some(describe_start(&head));
+            }
+        }
+    };
+    file.seek(SeekFrom::Start(0))?;
+    Ok(found)
 }
 
 /// Imports a file already in memory; `origin` names it in errors.
