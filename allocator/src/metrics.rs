@@ -4,7 +4,7 @@
 //! Where users outgrow one machine they already watch the fleet with Prometheus; vramscope
 //! feeds it rather than replacing it. [`MetricsServer::serve`] (or [`MetricsServer::from_env`]
 //! with `VRAMSCOPE_METRICS=127.0.0.1:9400`) starts one background thread with a small HTTP
-//! server (tiny_http) that answers `GET /metrics` in the Prometheus text exposition format
+//! server of its own that answers `GET /metrics` in the Prometheus text exposition format
 //! (version 0.0.4, written by the prometheus-client crate). Each scrape reads every
 //! allocator's [`MemoryStats`] once, so the figures are those `memory_stats()` gives at that
 //! moment; nothing is kept between scrapes and the allocators never wait for the server.
@@ -19,14 +19,20 @@
 //! `vramscope_fragmentation_ratio`, the share of reserved memory not allocated. A `rank` label
 //! (from `RANK`, else `LOCAL_RANK`) is on every series when the variable is set. Like the
 //! telemetry socket (`crate::telemetry`), the server listens on loopback unless told otherwise.
+//!
+//! The server runs inside the program being debugged, so nothing a client sends may cost that
+//! program more than a few kilobytes or a thread for a few seconds: it reads only a request's
+//! head, into a fixed buffer, within a deadline, on a bounded number of connections at once
+//! ([`MetricsLimits`]; a general-purpose HTTP server buffers header lines without limit).
 
 use std::borrow::Cow;
 use std::fmt;
-use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -270,7 +276,53 @@ fn render_registry(registry: &Registry) -> String {
     text
 }
 
+/// The bounds of a `/metrics` server: whatever clients send, the server holds at most
+/// `max_connections` requests of at most `max_request_bytes` each, for at most
+/// `request_timeout` each. The defaults are the figures SECURITY.md states.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MetricsLimits {
+    /// The most bytes of a request's head, its request line and header lines together (8 KiB).
+    /// A head that does not end within them is answered 431 and the connection closed: the
+    /// server reads no further.
+    pub max_request_bytes: usize,
+    /// The most header lines of a request (64); more are answered 431.
+    pub max_headers: usize,
+    /// The time a client has, from its connection, to send the whole head of its request
+    /// (5 s); a client that has not is answered 408 and closed.
+    pub request_timeout: Duration,
+    /// The time a client has to take the response (5 s), after which the connection closes.
+    pub write_timeout: Duration,
+    /// The most connections served at once (8). A connection past them is answered 503 at once
+    /// and closed: none waits in a queue.
+    pub max_connections: usize,
+}
+
+impl Default for MetricsLimits {
+    fn default() -> MetricsLimits {
+        MetricsLimits {
+            max_request_bytes: 8 << 10,
+            max_headers: 64,
+            request_timeout: Duration::from_secs(5),
+            write_timeout: Duration::from_secs(5),
+            max_connections: 8,
+        }
+    }
+}
+
+/// How often the accepting thread looks for new connections and for a stop.
+const ACCEPT_POLL: Duration = Duration::from_millis(20);
+
 /// A running `/metrics` server. Dropping it (or [`MetricsServer::shutdown`]) stops it.
+///
+/// The server is small on purpose: one thread accepts connections, and each connection is
+/// served by a thread of its own, at most [`MetricsLimits::max_connections`] at once. It reads
+/// only the head of a request (the request line and the header lines, into a buffer of
+/// [`MetricsLimits::max_request_bytes`] allocated once per connection), answers `GET /metrics`
+/// with the metrics and anything else with an error status, and closes the connection: there
+/// is no keep-alive and no request body is read. So whatever clients send, the server holds at
+/// most `max_connections × max_request_bytes` of their bytes (64 KiB by default), and a client
+/// holds a connection for at most `request_timeout + write_timeout`.
 pub struct MetricsServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
@@ -295,6 +347,16 @@ impl MetricsServer {
         addr: &str,
         allow_remote: bool,
     ) -> Result<MetricsServer, MetricsError> {
+        MetricsServer::serve_source_with(source, addr, allow_remote, MetricsLimits::default())
+    }
+
+    /// [`MetricsServer::serve_source`] with bounds other than the default ones.
+    pub fn serve_source_with(
+        source: StatsSource,
+        addr: &str,
+        allow_remote: bool,
+        limits: MetricsLimits,
+    ) -> Result<MetricsServer, MetricsError> {
         let wanted = addr
             .to_socket_addrs()
             .ok()
@@ -303,27 +365,27 @@ impl MetricsServer {
         if !wanted.ip().is_loopback() && !allow_remote {
             return Err(MetricsError::NotLoopback(wanted));
         }
-        let server =
-            tiny_http::Server::http(wanted).map_err(|e| MetricsError::Listen(e.to_string()))?;
-        let bound = server
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| MetricsError::Listen("not an IP address".to_string()))?;
-        let registry = registry(source);
+        let listen = |e: std::io::Error| MetricsError::Listen(e.to_string());
+        let listener = TcpListener::bind(wanted).map_err(listen)?;
+        let bound = listener.local_addr().map_err(listen)?;
+        listener.set_nonblocking(true).map_err(listen)?;
+        let registry = Arc::new(registry(source));
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("vramscope-metrics".to_string())
             .spawn(move || {
+                let active = Arc::new(AtomicUsize::new(0));
                 while !stopping.load(Ordering::Relaxed) {
-                    match server.recv_timeout(Duration::from_millis(100)) {
-                        Ok(Some(request)) => answer(request, &registry),
-                        Ok(None) => {}
-                        Err(_) => return,
+                    match listener.accept() {
+                        Ok((conn, _)) => dispatch(conn, &registry, &limits, &active),
+                        // Nothing pending, or a failed accept (a client gone at once, or no
+                        // descriptor left): look again a little later.
+                        Err(_) => std::thread::sleep(ACCEPT_POLL),
                     }
                 }
             })
-            .map_err(|e| MetricsError::Listen(e.to_string()))?;
+            .map_err(listen)?;
         Ok(MetricsServer {
             addr: bound,
             stop,
@@ -350,7 +412,8 @@ impl MetricsServer {
         self.addr
     }
 
-    /// Stops the server and waits for its thread.
+    /// Stops accepting and waits for the accepting thread (a connection being served finishes
+    /// on its own thread, within the limits' timeouts).
     pub fn shutdown(mut self) {
         self.stop_thread();
     }
@@ -369,20 +432,251 @@ impl Drop for MetricsServer {
     }
 }
 
-/// Answers one request: the metrics on `GET /metrics`, 404 elsewhere, 405 for other methods.
-fn answer(request: tiny_http::Request, registry: &Registry) {
-    let path = request.url().split('?').next().unwrap_or("");
-    let response = if *request.method() != tiny_http::Method::Get {
-        tiny_http::Response::from_string("only GET is served\n").with_status_code(405)
-    } else if path == "/metrics" {
-        let header =
-            tiny_http::Header::from_bytes("Content-Type", CONTENT_TYPE).expect("a valid header");
-        tiny_http::Response::from_string(render_registry(registry)).with_header(header)
-    } else {
-        tiny_http::Response::from_string("vramscope serves /metrics\n").with_status_code(404)
+/// Takes a slot for one connection while it is served; gives it back when dropped.
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Serves `conn` on a thread of its own when a slot is free, else answers 503 without waiting
+/// and closes it.
+fn dispatch(
+    mut conn: TcpStream,
+    registry: &Arc<Registry>,
+    limits: &MetricsLimits,
+    active: &Arc<AtomicUsize>,
+) {
+    let taken = active.fetch_add(1, Ordering::AcqRel);
+    let slot = Slot(Arc::clone(active));
+    if taken >= limits.max_connections {
+        // A fresh socket's buffer takes these few bytes at once; never wait for the client.
+        let _ = conn.set_nonblocking(true);
+        let _ = conn.write_all(&response(Status::Busy, "text/plain", b"busy: try again\n"));
+        close_gently(&mut conn);
+        return;
+    }
+    let registry = Arc::clone(registry);
+    let limits = limits.clone();
+    // A thread that cannot start drops the connection and gives the slot back.
+    let _ = std::thread::Builder::new()
+        .name("vramscope-metrics-conn".to_string())
+        .spawn(move || {
+            let _slot = slot;
+            serve_connection(conn, &registry, &limits);
+        });
+}
+
+/// The statuses the server answers with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Status {
+    Ok,
+    BadRequest,
+    NotFound,
+    MethodNotAllowed,
+    Timeout,
+    TooLarge,
+    Busy,
+}
+
+impl Status {
+    fn line(self) -> &'static str {
+        match self {
+            Status::Ok => "200 OK",
+            Status::BadRequest => "400 Bad Request",
+            Status::NotFound => "404 Not Found",
+            Status::MethodNotAllowed => "405 Method Not Allowed",
+            Status::Timeout => "408 Request Timeout",
+            Status::TooLarge => "431 Request Header Fields Too Large",
+            Status::Busy => "503 Service Unavailable",
+        }
+    }
+}
+
+/// A whole response that closes the connection.
+fn response(status: Status, content_type: &str, body: &[u8]) -> Vec<u8> {
+    let mut out = format!(
+        "HTTP/1.1 {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        status.line(),
+        body.len()
+    )
+    .into_bytes();
+    if status == Status::Busy {
+        out.extend_from_slice(b"Retry-After: 1\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+    out
+}
+
+/// What reading a request's head found.
+#[derive(Debug, PartialEq, Eq)]
+enum Head {
+    /// The head, complete, is the first `usize` bytes of the buffer.
+    Complete(usize),
+    /// The client closed the connection (or it failed) before the head was complete.
+    Gone,
+    /// The client did not send the whole head in time.
+    Timeout,
+    /// The head did not end within the buffer.
+    TooLarge,
+}
+
+/// Reads the head of one request into `buf`, and never more than `buf` holds, by `deadline`.
+fn read_head(conn: &mut impl ReadTimeout, buf: &mut [u8], deadline: Instant) -> Head {
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            return Head::TooLarge;
+        }
+        let Some(left) = deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+        else {
+            return Head::Timeout;
+        };
+        if conn.set_timeout(left).is_err() {
+            return Head::Gone;
+        }
+        match conn.read(&mut buf[len..]) {
+            Ok(0) => return Head::Gone,
+            Ok(n) => {
+                let from = len.saturating_sub(3);
+                len += n;
+                if let Some(end) = head_end(&buf[..len], from) {
+                    return Head::Complete(end);
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Head::Timeout
+            }
+            Err(_) => return Head::Gone,
+        }
+    }
+}
+
+/// A stream whose reads can be bounded in time (a `TcpStream`; a test's reader).
+trait ReadTimeout: Read {
+    /// Makes a read that waits longer than `timeout` fail with `WouldBlock` or `TimedOut`.
+    fn set_timeout(&mut self, timeout: Duration) -> std::io::Result<()>;
+}
+
+impl ReadTimeout for TcpStream {
+    fn set_timeout(&mut self, timeout: Duration) -> std::io::Result<()> {
+        self.set_read_timeout(Some(timeout))
+    }
+}
+
+/// Where the head in `bytes` ends (just after its empty line: `\r\n\r\n` or `\n\n`), looking
+/// only at line ends from `from` on.
+fn head_end(bytes: &[u8], from: usize) -> Option<usize> {
+    (from..bytes.len()).find_map(|i| {
+        let ends = bytes[i] == b'\n'
+            && ((i >= 1 && bytes[i - 1] == b'\n')
+                || (i >= 2 && bytes[i - 1] == b'\r' && bytes[i - 2] == b'\n'));
+        ends.then_some(i + 1)
+    })
+}
+
+/// The answer to a complete head: the status, and whether it is the metrics.
+fn route(head: &[u8], limits: &MetricsLimits) -> Status {
+    let Ok(text) = std::str::from_utf8(head) else {
+        return Status::BadRequest;
     };
-    // A client that went away is not the program's problem.
-    let _ = request.respond(response);
+    let mut lines = text.lines().map(|l| l.strip_suffix('\r').unwrap_or(l));
+    let request = lines.next().unwrap_or("");
+    let mut headers = 0;
+    for line in lines.take_while(|l| !l.is_empty()) {
+        headers += 1;
+        if headers > limits.max_headers {
+            return Status::TooLarge;
+        }
+        if !line.contains(':') {
+            return Status::BadRequest;
+        }
+    }
+    let mut parts = request.split(' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Status::BadRequest;
+    };
+    if method.is_empty() || !target.starts_with('/') || !version.starts_with("HTTP/") {
+        return Status::BadRequest;
+    }
+    if method != "GET" {
+        return Status::MethodNotAllowed;
+    }
+    if target.split('?').next() == Some("/metrics") {
+        Status::Ok
+    } else {
+        Status::NotFound
+    }
+}
+
+/// Serves one connection: one request, one response, then the connection closes.
+fn serve_connection(mut conn: TcpStream, registry: &Registry, limits: &MetricsLimits) {
+    let deadline = Instant::now() + limits.request_timeout;
+    let _ = conn.set_nonblocking(false);
+    let mut buf = vec![0u8; limits.max_request_bytes.max(1)];
+    let status = match read_head(&mut conn, &mut buf, deadline) {
+        Head::Complete(end) => route(&buf[..end], limits),
+        Head::Gone => return,
+        Head::Timeout => Status::Timeout,
+        Head::TooLarge => Status::TooLarge,
+    };
+    drop(buf);
+    let bytes = match status {
+        Status::Ok => response(
+            Status::Ok,
+            CONTENT_TYPE,
+            render_registry(registry).as_bytes(),
+        ),
+        Status::NotFound => response(status, "text/plain", b"vramscope serves /metrics\n"),
+        Status::MethodNotAllowed => response(status, "text/plain", b"only GET is served\n"),
+        Status::TooLarge => response(
+            status,
+            "text/plain",
+            format!(
+                "a request's head is limited to {} bytes and {} header lines\n",
+                limits.max_request_bytes, limits.max_headers
+            )
+            .as_bytes(),
+        ),
+        Status::Timeout => response(
+            status,
+            "text/plain",
+            format!(
+                "a request must arrive within {} ms\n",
+                limits.request_timeout.as_millis()
+            )
+            .as_bytes(),
+        ),
+        other => response(other, "text/plain", b"bad request\n"),
+    };
+    // A client that does not take the response, or went away, is not the program's problem.
+    let _ = conn.set_write_timeout(Some(limits.write_timeout.max(Duration::from_millis(1))));
+    let _ = conn.write_all(&bytes);
+    let _ = conn.flush();
+    let _ = conn.set_nonblocking(true);
+    close_gently(&mut conn);
+}
+
+/// Ends the response and discards what the client has sent and the server has not read, as
+/// far as it is already there (never waiting, at most 16 KiB), so that closing the connection
+/// does not reset it and lose the response on its way; the socket must be non-blocking.
+fn close_gently(conn: &mut TcpStream) {
+    let _ = conn.shutdown(Shutdown::Write);
+    let mut sink = [0u8; 4096];
+    for _ in 0..4 {
+        match conn.read(&mut sink) {
+            Ok(n) if n > 0 => {}
+            _ => return,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -412,6 +706,105 @@ mod tests {
         ] {
             assert!(text.contains(name), "{name} missing from\n{text}");
         }
+    }
+
+    /// A reader that hands out `chunk` bytes of `data` per read and counts what it gave.
+    struct Trickle {
+        data: Vec<u8>,
+        chunk: usize,
+        given: usize,
+    }
+
+    impl Read for Trickle {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.chunk.min(buf.len()).min(self.data.len() - self.given);
+            buf[..n].copy_from_slice(&self.data[self.given..self.given + n]);
+            self.given += n;
+            Ok(n)
+        }
+    }
+
+    impl ReadTimeout for Trickle {
+        fn set_timeout(&mut self, _: Duration) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_head_is_read_into_its_buffer_and_never_past_it() {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut huge = b"GET /metrics HTTP/1.1\r\nX-Big: ".to_vec();
+        huge.resize(1 << 20, b'a');
+        let mut reader = Trickle {
+            data: huge,
+            chunk: 1000,
+            given: 0,
+        };
+        let mut buf = vec![0u8; 8192];
+        assert_eq!(read_head(&mut reader, &mut buf, deadline), Head::TooLarge);
+        assert_eq!(
+            reader.given, 8192,
+            "not a byte more than the buffer was read"
+        );
+
+        // Byte by byte, the end is found however the last line end is split.
+        for ending in ["\r\n\r\n", "\n\n"] {
+            let head = format!("GET /metrics HTTP/1.1{ending}");
+            let mut reader = Trickle {
+                data: head.clone().into_bytes(),
+                chunk: 1,
+                given: 0,
+            };
+            assert_eq!(
+                read_head(&mut reader, &mut buf, deadline),
+                Head::Complete(head.len())
+            );
+        }
+        let mut gone = Trickle {
+            data: b"GET /metr".to_vec(),
+            chunk: 4,
+            given: 0,
+        };
+        assert_eq!(read_head(&mut gone, &mut buf, deadline), Head::Gone);
+        let past = Instant::now() - Duration::from_millis(1);
+        assert_eq!(read_head(&mut gone, &mut buf, past), Head::Timeout);
+    }
+
+    #[test]
+    fn requests_are_routed_by_method_path_and_header_count() {
+        let limits = MetricsLimits::default();
+        let route_of = |text: &str| route(text.as_bytes(), &limits);
+        assert_eq!(
+            route_of("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Status::Ok
+        );
+        assert_eq!(route_of("GET /metrics?x=1 HTTP/1.0\n\n"), Status::Ok);
+        assert_eq!(route_of("GET / HTTP/1.1\r\n\r\n"), Status::NotFound);
+        assert_eq!(
+            route_of("POST /metrics HTTP/1.1\r\n\r\n"),
+            Status::MethodNotAllowed
+        );
+        for bad in [
+            "nonsense\r\n\r\n",
+            "GET /metrics\r\n\r\n",
+            "GET metrics HTTP/1.1\r\n\r\n",
+            "GET /metrics HTTP/1.1\r\nno colon\r\n\r\n",
+        ] {
+            assert_eq!(route_of(bad), Status::BadRequest, "{bad:?}");
+        }
+        assert_eq!(
+            route(b"GET /metrics HTTP/1.1\r\n\xff: x\r\n\r\n", &limits),
+            Status::BadRequest
+        );
+        let headers = |n: usize| {
+            let mut text = "GET /metrics HTTP/1.1\r\n".to_string();
+            for i in 0..n {
+                text.push_str(&format!("X-{i}: y\r\n"));
+            }
+            text + "\r\n"
+        };
+        assert_eq!(route_of(&headers(limits.max_headers)), Status::Ok);
+        assert_eq!(route_of(&headers(limits.max_headers + 1)), Status::TooLarge);
     }
 
     #[test]
