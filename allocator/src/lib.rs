@@ -65,7 +65,7 @@ pub use backend::{Backend, BackendError, EventId, MemInfo, StreamId};
 pub use buffer::DeviceBuffer;
 pub use caching::{
     pool_for, round_size, segment_size_for, AllocError, BlockHandle, CachingAllocator, EventBatch,
-    Exclusive, OomReport, ScopeGuard, SiteTables, Tagged, LARGE_BUFFER, MIN_BLOCK_SIZE,
+    Exclusive, OomReport, ScopeGuard, ScopeStats, SiteTables, Tagged, LARGE_BUFFER, MIN_BLOCK_SIZE,
     MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
 };
 pub use sim::{SimCounters, SimDevice, SIM_ALIGNMENT, SIM_GRANULARITY};

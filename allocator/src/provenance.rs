@@ -190,6 +190,15 @@ pub(crate) struct Interner {
 }
 
 impl Interner {
+    /// The bytes the strings and their index hold.
+    pub fn bytes(&self) -> usize {
+        let text: usize = self.strings.iter().map(|s| s.capacity()).sum();
+        let string = std::mem::size_of::<String>();
+        self.strings.capacity() * string
+            + self.ids.capacity() * (string + std::mem::size_of::<u32>() + 1)
+            + 2 * text
+    }
+
     pub fn intern(&mut self, text: &str) -> u32 {
         if let Some(&id) = self.ids.get(text) {
             return id;
@@ -198,6 +207,119 @@ impl Interner {
         self.strings.push(text.to_string());
         self.ids.insert(text.to_string(), id);
         id
+    }
+}
+
+/// The deepest a scope may nest: a scope opened inside [`MAX_SCOPE_DEPTH`] open ones is
+/// refused and counted ([`crate::CachingAllocator::try_scope`], [`crate::ScopeStats::refused`]).
+pub const MAX_SCOPE_DEPTH: usize = 1024;
+
+/// The most bytes of a scope's path as it leaves the allocator (in a snapshot or a telemetry
+/// table): a longer path keeps its innermost bytes after a leading `…`, so that a table of
+/// deeply nested scopes with long names is never quadratic in what it sends.
+pub const MAX_SCOPE_PATH_BYTES: usize = 4096;
+
+/// One scope of the table: its parent's id ([`NIL`] at the top), its own name's id, and its
+/// depth (1 at the top).
+#[derive(Clone, Copy, Debug)]
+struct ScopeEntry {
+    parent: u32,
+    name: u32,
+    depth: u32,
+}
+
+/// The scope table: each scope is its parent's id and its own name, stored once, so a scope
+/// costs the same few bytes however deep it nests; the path a reader sees
+/// (`outer/inner`) is put together only as it leaves the allocator
+/// ([`ScopeTable::paths_since`]).
+#[derive(Default)]
+pub(crate) struct ScopeTable {
+    names: Interner,
+    entries: Vec<ScopeEntry>,
+    by_key: FxHashMap<(u32, u32), u32>,
+    refused: u64,
+}
+
+impl ScopeTable {
+    /// The id of the scope `name` inside `parent` ([`NIL`]: at the top), added if new; `None`,
+    /// counted, when it would nest deeper than [`MAX_SCOPE_DEPTH`].
+    pub fn open(&mut self, parent: u32, name: &str) -> Option<u32> {
+        let depth = match self.entries.get(parent as usize) {
+            Some(entry) => entry.depth + 1,
+            None => 1,
+        };
+        if depth as usize > MAX_SCOPE_DEPTH {
+            self.refused += 1;
+            return None;
+        }
+        let parent = if depth == 1 { NIL } else { parent };
+        let name = self.names.intern(name);
+        if let Some(&id) = self.by_key.get(&(parent, name)) {
+            return Some(id);
+        }
+        let id = self.entries.len() as u32;
+        self.entries.push(ScopeEntry {
+            parent,
+            name,
+            depth,
+        });
+        self.by_key.insert((parent, name), id);
+        Some(id)
+    }
+
+    /// The scopes in the table.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Scopes refused for nesting past [`MAX_SCOPE_DEPTH`].
+    pub fn refused(&self) -> u64 {
+        self.refused
+    }
+
+    /// The bytes the table holds: its entries, its index and the names (each once).
+    pub fn bytes(&self) -> usize {
+        let map_entry = std::mem::size_of::<((u32, u32), u32)>() + 1;
+        self.entries.capacity() * std::mem::size_of::<ScopeEntry>()
+            + self.by_key.capacity() * map_entry
+            + self.names.bytes()
+    }
+
+    /// The paths (`outer/inner`) of the scopes from id `from` on, by id, each cut to
+    /// [`MAX_SCOPE_PATH_BYTES`].
+    pub fn paths_since(&self, from: usize) -> Vec<String> {
+        (from..self.entries.len())
+            .map(|id| self.path(id as u32))
+            .collect()
+    }
+
+    /// The path of scope `id`, its innermost [`MAX_SCOPE_PATH_BYTES`] when it is longer.
+    fn path(&self, id: u32) -> String {
+        let mut names = Vec::new();
+        let mut bytes = 0;
+        let mut at = id;
+        let mut cut = false;
+        while let Some(entry) = self.entries.get(at as usize) {
+            let name = &self.names.strings[entry.name as usize];
+            bytes += name.len() + usize::from(!names.is_empty());
+            names.push(name.as_str());
+            if bytes > MAX_SCOPE_PATH_BYTES {
+                cut = true;
+                break;
+            }
+            at = entry.parent;
+        }
+        names.reverse();
+        let path = names.join("/");
+        if !cut {
+            return path;
+        }
+        let keep = MAX_SCOPE_PATH_BYTES - "…".len();
+        let mut start = path.len() - keep.min(path.len());
+        while !path.is_char_boundary(start) {
+            start += 1;
+        }
+        format!("…{}", &path[start..])
     }
 }
 
@@ -218,7 +340,7 @@ pub(crate) struct ProvenanceTables {
     /// Sites given with [`with_call_site`], by address.
     by_external: FxHashMap<usize, u32>,
     pub tags: Interner,
-    pub scopes: Interner,
+    pub scopes: ScopeTable,
     provenance: Vec<Provenance>,
     by_provenance: FxHashMap<Provenance, u32>,
     /// Fast path: (location, tag, scope, thread) straight to a provenance id.
@@ -236,7 +358,7 @@ impl Default for ProvenanceTables {
             by_backtrace: FxHashMap::default(),
             by_external: FxHashMap::default(),
             tags: Interner::default(),
-            scopes: Interner::default(),
+            scopes: ScopeTable::default(),
             provenance: Vec::new(),
             by_provenance: FxHashMap::default(),
             by_origin: FxHashMap::default(),
@@ -535,6 +657,68 @@ mod tests {
         );
         let same: Vec<_> = snapshot.sites.iter().filter(|s| *s == site).collect();
         assert_eq!(same.len(), 1, "one table entry per given site");
+    }
+
+    #[test]
+    fn scope_paths_render_as_before_and_are_stored_once_per_scope() {
+        let mut table = ScopeTable::default();
+        let model = table.open(NIL, "model").unwrap();
+        let layer = table.open(model, "layer1").unwrap();
+        let again = table.open(model, "layer1").unwrap();
+        let other = table.open(NIL, "eval").unwrap();
+        assert_eq!(layer, again, "a name inside a parent is one scope");
+        assert_eq!(
+            table.paths_since(0),
+            vec![
+                "model".to_string(),
+                "model/layer1".to_string(),
+                "eval".to_string()
+            ]
+        );
+        assert_eq!(table.paths_since(2), vec!["eval".to_string()]);
+        assert_ne!(other, layer);
+        // An id this table never gave (a scope of another allocator) is no parent.
+        assert_eq!(table.open(12345, "top"), Some(3));
+        assert_eq!(table.paths_since(3), vec!["top".to_string()]);
+    }
+
+    #[test]
+    fn scopes_past_the_depth_cap_are_refused_and_counted() {
+        let mut table = ScopeTable::default();
+        let mut parent = NIL;
+        for _ in 0..MAX_SCOPE_DEPTH {
+            parent = table.open(parent, "loop").expect("within the cap");
+        }
+        for _ in 0..10 {
+            assert_eq!(table.open(parent, "loop"), None);
+        }
+        assert_eq!(table.refused(), 10);
+        assert_eq!(table.len(), MAX_SCOPE_DEPTH);
+        // One name, stored once: a few dozen bytes a scope.
+        assert!(
+            table.bytes() < 100 * MAX_SCOPE_DEPTH,
+            "{} bytes for {MAX_SCOPE_DEPTH} scopes",
+            table.bytes()
+        );
+        let paths = table.paths_since(0);
+        let deepest = paths.last().unwrap();
+        assert!(deepest.len() <= MAX_SCOPE_PATH_BYTES, "{}", deepest.len());
+        assert!(deepest.starts_with('…') && deepest.ends_with("loop/loop"));
+        assert_eq!(paths[9], ["loop"; 10].join("/"), "short paths are whole");
+    }
+
+    #[test]
+    fn a_long_name_is_cut_at_a_character_boundary() {
+        let mut table = ScopeTable::default();
+        let long = "é".repeat(3000);
+        let outer = table.open(NIL, &long).unwrap();
+        table.open(outer, "inner").unwrap();
+        let paths = table.paths_since(0);
+        for path in &paths {
+            assert!(path.len() <= MAX_SCOPE_PATH_BYTES, "{}", path.len());
+            assert!(path.starts_with('…'));
+        }
+        assert!(paths[1].ends_with("é/inner"));
     }
 
     /// The test's resolver: names the sites of `native.placeholder`, panics on those of

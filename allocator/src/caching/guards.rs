@@ -89,29 +89,58 @@ impl<B: Backend> CachingAllocator<B> {
         }
     }
 
-    /// Opens a named scope on this thread; allocations until the guard drops carry it.
+    /// Opens a named scope on this thread; allocations until the guard drops carry it, nested
+    /// in the scopes the thread already has open on this allocator (`outer/inner`). A scope
+    /// that would nest deeper than [`provenance::MAX_SCOPE_DEPTH`] (1024) levels is refused
+    /// and counted ([`ScopeStats::refused`]), never fatal: the guard then opens nothing, and
+    /// allocations keep the scope they had. [`CachingAllocator::try_scope`] says so instead.
     pub fn scope(&self, name: &str) -> ScopeGuard {
+        self.try_scope(name).unwrap_or(ScopeGuard {
+            owner: self.shared.id,
+            id: None,
+            _not_send: std::marker::PhantomData,
+        })
+    }
+
+    /// [`CachingAllocator::scope`], or `None` (counted in [`ScopeStats::refused`]) when the
+    /// scope would nest deeper than [`provenance::MAX_SCOPE_DEPTH`] (1024) levels. Each scope
+    /// costs the table a few bytes once, however deep it nests: it is its parent's id and its
+    /// own name.
+    pub fn try_scope(&self, name: &str) -> Option<ScopeGuard> {
         let owner = self.shared.id;
         let parent = provenance::current_scope(owner);
-        let id = {
-            let mut state = self.shared.lock();
-            let path = if parent == NIL {
-                name.to_string()
-            } else {
-                format!(
-                    "{}/{name}",
-                    state.provenance.scopes.strings[parent as usize]
-                )
-            };
-            state.provenance.scopes.intern(&path)
-        };
+        let id = self.shared.lock().provenance.scopes.open(parent, name)?;
         provenance::push_scope(owner, id);
-        ScopeGuard {
+        Some(ScopeGuard {
             owner,
-            id,
+            id: Some(id),
             _not_send: std::marker::PhantomData,
+        })
+    }
+
+    /// The scope table's figures: scopes, scopes refused for nesting too deep, bytes held.
+    pub fn scope_stats(&self) -> ScopeStats {
+        let state = self.shared.lock();
+        let scopes = &state.provenance.scopes;
+        ScopeStats {
+            scopes: scopes.len(),
+            refused: scopes.refused(),
+            table_bytes: scopes.bytes(),
         }
     }
+}
+
+/// The figures of an allocator's scope table ([`CachingAllocator::scope_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ScopeStats {
+    /// Distinct scopes (a name inside a parent) opened so far.
+    pub scopes: usize,
+    /// Scopes refused because they would nest deeper than [`provenance::MAX_SCOPE_DEPTH`]
+    /// (1024) levels.
+    pub refused: u64,
+    /// Bytes the table holds: a few per scope, and each distinct name once.
+    pub table_bytes: usize,
 }
 
 /// The device lock held for a run of operations ([`CachingAllocator::exclusive`]). Every
@@ -237,16 +266,29 @@ impl<B: Backend> Tagged<'_, B> {
     }
 }
 
-/// Keeps a named scope open on this thread until dropped.
+/// Keeps a named scope open on this thread until dropped. It belongs to the thread that
+/// opened it (it is neither `Send` nor `Sync`): the scopes a thread has open are that
+/// thread's own.
 #[must_use = "the scope closes when the guard is dropped"]
 pub struct ScopeGuard {
     owner: u64,
-    id: u32,
+    /// The scope opened; `None` for a scope refused for nesting too deep.
+    id: Option<u32>,
     _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl ScopeGuard {
+    /// Whether the guard opened its scope (`false`: it was refused for nesting deeper than
+    /// [`provenance::MAX_SCOPE_DEPTH`] (1024) levels, and closing it does nothing).
+    pub fn is_open(&self) -> bool {
+        self.id.is_some()
+    }
 }
 
 impl Drop for ScopeGuard {
     fn drop(&mut self) {
-        provenance::pop_scope(self.owner, self.id);
+        if let Some(id) = self.id {
+            provenance::pop_scope(self.owner, id);
+        }
     }
 }

@@ -50,7 +50,7 @@ mod state;
 mod streams;
 
 pub use errors::{AllocError, OomReport};
-pub use guards::{BlockHandle, Exclusive, ScopeGuard, Tagged};
+pub use guards::{BlockHandle, Exclusive, ScopeGuard, ScopeStats, Tagged};
 pub(crate) use policy::Origin;
 pub use policy::{
     pool_for, round_size, segment_size_for, LARGE_BUFFER, MIN_BLOCK_SIZE, MIN_LARGE_ALLOC,

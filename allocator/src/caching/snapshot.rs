@@ -168,7 +168,7 @@ impl<B: Backend> CachingAllocator<B> {
         let provenances = state.provenance.provenances().to_vec();
         let unresolved = state.provenance.sites_since(0);
         snapshot.tags = state.provenance.tags.strings.clone();
-        snapshot.scopes = state.provenance.scopes.strings.clone();
+        snapshot.scopes = state.provenance.scopes.paths_since(0);
         drop(guard);
 
         let device = shared.device;
@@ -238,12 +238,7 @@ impl<B: Backend> CachingAllocator<B> {
             (
                 tables.sites_since(sites),
                 tables.tags.strings.get(tags..).unwrap_or_default().to_vec(),
-                tables
-                    .scopes
-                    .strings
-                    .get(scopes..)
-                    .unwrap_or_default()
-                    .to_vec(),
+                tables.scopes.paths_since(scopes),
             )
         };
         SiteTables {
