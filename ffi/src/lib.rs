@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use vramscope_allocator::metrics::{MetricsServer, StatsSource};
+use vramscope_allocator::provenance::MAX_SCOPE_DEPTH;
 use vramscope_allocator::DeviceBackend;
 use vramscope_allocator::Telemetry;
 use vramscope_allocator::{AllocError, CachingAllocator, ScopeGuard, StreamId};
@@ -47,6 +48,8 @@ const SIM_CAPACITY: u64 = 1 << 40;
 static ALLOCATORS: [OnceLock<Option<CachingAllocator<DeviceBackend>>>; MAX_DEVICES] =
     [const { OnceLock::new() }; MAX_DEVICES];
 static ERRORS: AtomicU64 = AtomicU64::new(0);
+/// Scopes refused for nesting too deep ([`vramscope_scopes_refused`]).
+static SCOPES_REFUSED: AtomicU64 = AtomicU64::new(0);
 static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
 static EXIT_HOOK: AtomicBool = AtomicBool::new(false);
 /// The live-telemetry publisher (`VRAMSCOPE_LISTEN`), serving the first device opened.
@@ -173,7 +176,12 @@ pub extern "C" fn vramscope_malloc(size: isize, device: c_int, stream: *mut c_vo
 /// [`vramscope_pop_scope`]. PyTorch calls `alloc_fn` on the thread that runs the operation, so
 /// a Python `with` block around a forward pass names its allocations (not those of the
 /// backward pass, which autograd runs on a thread of its own). Returns 0, or -1 for a null or
-/// non-UTF-8 name or a device that cannot be served (counted and logged).
+/// non-UTF-8 name or a device that cannot be served (counted and logged), or for a scope that
+/// would nest deeper than `MAX_SCOPE_DEPTH` (1024) levels: that scope is refused and nothing
+/// is opened (do not pop it), and the refusal is counted in [`vramscope_error_count`] and
+/// [`vramscope_scopes_refused`] (logged at the first refusal and then at each power of two,
+/// so a program that never closes its scopes cannot flood standard error). A scope costs a few
+/// bytes however deep it nests, so the table stays linear in the scopes opened.
 ///
 /// # Safety
 ///
@@ -193,7 +201,22 @@ pub unsafe extern "C" fn vramscope_push_scope(device: c_int, name: *const c_char
         let Some(alloc) = allocator(device) else {
             return -1;
         };
-        let guard = alloc.scope(name);
+        let Some(guard) = alloc.try_scope(name) else {
+            let refused = SCOPES_REFUSED.fetch_add(1, Ordering::Relaxed) + 1;
+            ERRORS.fetch_add(1, Ordering::Relaxed);
+            let message = format!(
+                "vramscope_push_scope: scope `{}` refused: scopes nest at most {MAX_SCOPE_DEPTH} \
+                 levels ({refused} refused so far)",
+                name.chars().take(64).collect::<String>()
+            );
+            if refused.is_power_of_two() {
+                eprintln!("vramscope: {message}");
+            }
+            if let Ok(mut last) = LAST_ERROR.lock() {
+                *last = message;
+            }
+            return -1;
+        };
         match OPEN_SCOPES.try_with(|scopes| scopes.borrow_mut().push(guard)) {
             Ok(()) => 0,
             Err(_) => {
@@ -202,6 +225,13 @@ pub unsafe extern "C" fn vramscope_push_scope(device: c_int, name: *const c_char
             }
         }
     })
+}
+
+/// Scopes [`vramscope_push_scope`] refused because they would nest deeper than
+/// `MAX_SCOPE_DEPTH` (1024) levels, since the library was loaded.
+#[no_mangle]
+pub extern "C" fn vramscope_scopes_refused() -> u64 {
+    SCOPES_REFUSED.load(Ordering::Relaxed)
 }
 
 /// Closes the innermost scope the calling thread opened with [`vramscope_push_scope`]. Returns

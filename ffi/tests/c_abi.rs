@@ -173,6 +173,70 @@ fn scopes_opened_through_the_abi_name_the_allocations() {
     std::fs::remove_file(path).ok();
 }
 
+/// The resident memory of this process, in bytes (Linux's `/proc/self/status`).
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[test]
+fn thirty_thousand_scopes_never_closed_are_refused_past_the_cap_and_the_host_lives_on() {
+    type PushScope = unsafe extern "C" fn(c_int, *const c_char) -> c_int;
+    type PopScope = unsafe extern "C" fn() -> c_int;
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lib = load();
+    let pushes = 30_000;
+    let cap = 1024;
+    let name = CString::new("training_loop_iteration").unwrap();
+    // SAFETY: each symbol is looked up with the signature it is defined with in src/lib.rs;
+    // the name is NUL-terminated.
+    unsafe {
+        let malloc: Symbol<Malloc> = lib.get(b"vramscope_malloc").unwrap();
+        let free: Symbol<Free> = lib.get(b"vramscope_free").unwrap();
+        let push: Symbol<PushScope> = lib.get(b"vramscope_push_scope").unwrap();
+        let pop: Symbol<PopScope> = lib.get(b"vramscope_pop_scope").unwrap();
+        let errors: Symbol<Counter> = lib.get(b"vramscope_error_count").unwrap();
+        let refused: Symbol<Counter> = lib.get(b"vramscope_scopes_refused").unwrap();
+        // The device's allocator exists before the memory is measured.
+        free(
+            malloc(512, 0, std::ptr::null_mut()),
+            512,
+            0,
+            std::ptr::null_mut(),
+        );
+        let errors_before = errors();
+        let refused_before = refused();
+        let resident_before = resident_bytes();
+        let opened = (0..pushes).filter(|_| push(0, name.as_ptr()) == 0).count();
+        let resident_after = resident_bytes();
+        assert_eq!(opened, cap, "scopes nest at most {cap} levels");
+        assert_eq!(refused() - refused_before, (pushes - cap) as u64);
+        assert_eq!(errors() - errors_before, (pushes - cap) as u64);
+        if let (Some(before), Some(after)) = (resident_before, resident_after) {
+            // Quadratic paths took 830 MB at 10,000 levels; the table is a few dozen bytes a
+            // level (and each refusal nothing).
+            assert!(
+                after.saturating_sub(before) < 32 << 20,
+                "{} bytes more resident after {pushes} pushes",
+                after.saturating_sub(before)
+            );
+        }
+        // The host lives on: it allocates inside the deepest scope, and closes every scope
+        // that was opened, and no more.
+        let block = malloc(4096, 0, std::ptr::null_mut());
+        assert!(!block.is_null());
+        free(block, 4096, 0, std::ptr::null_mut());
+        for _ in 0..cap {
+            assert_eq!(pop(), 0);
+        }
+        assert_eq!(pop(), -1, "only the scopes opened were open");
+        assert_eq!(push(0, name.as_ptr()), 0, "scopes open again at the top");
+        assert_eq!(pop(), 0);
+    }
+}
+
 fn vramscope_allocator_snapshot(path: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
