@@ -1,0 +1,350 @@
+//! What the `vramscope` binary prints is safe to print (issue 33, items 9 and 11, and the
+//! `ranks` and format-sniffing items): a snapshot whose call sites, device name and block
+//! states carry terminal escape sequences (OSC 52 to the clipboard, a tmux rename, a reset),
+//! a bidi override and a line separator, and a folder of rank files whose names do, are run
+//! through every command that prints; no raw control or bidi character reaches standard
+//! output or standard error, in any format. A failed write is exit 2 with the system's words,
+//! a closed pipe a quiet exit 0. A file of one bad rank is a row with its error, and a file
+//! of zeros is refused by its first bytes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use vramscope::allocator::{CachingAllocator, SimDevice};
+use vramscope::model::AllocatorConfig;
+use vramscope::Snapshot;
+
+/// Escape sequences and characters that act on a terminal or reorder what it shows: OSC 52
+/// (write the clipboard), a tmux window rename (`ESC k … ESC \`), a terminal reset (`ESC c`),
+/// a C1 CSI, a right-to-left override, a line separator, DEL.
+const HOSTILE: &str = "evil\u{1b}]52;c;aGk=\u{7}\u{1b}kpwned\u{1b}\\\u{1b}c\u{9b}2J\u{202e}yp.\u{2028}x\u{7f}\u{2066}";
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "vramscope-hostile-output-{name}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn vramscope(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("vramscope runs")
+}
+
+/// The raw characters that must never be printed: every C0 control but newline and tab,
+/// DEL, the C1 controls, the bidi controls and the line and paragraph separators.
+fn raw_hostile(text: &str) -> Option<char> {
+    text.chars().find(|&c| {
+        (c.is_control() && c != '\n' && c != '\t')
+            || matches!(
+                c,
+                '\u{202a}'..='\u{202e}'
+                    | '\u{2066}'..='\u{2069}'
+                    | '\u{200e}'
+                    | '\u{200f}'
+                    | '\u{061c}'
+                    | '\u{2028}'
+                    | '\u{2029}'
+            )
+    })
+}
+
+/// Asserts that neither stream of `output` holds a raw hostile character (checked on the
+/// bytes too: an ESC is never printed, valid UTF-8 or not).
+fn assert_safe(what: &str, output: &Output) {
+    for (stream, bytes) in [("stdout", &output.stdout), ("stderr", &output.stderr)] {
+        let text = String::from_utf8_lossy(bytes);
+        assert!(
+            !bytes.contains(&0x1b) && !bytes.contains(&0x07),
+            "{what} printed a raw escape on {stream}: {text:?}"
+        );
+        if let Some(c) = raw_hostile(&text) {
+            panic!(
+                "{what} printed a raw U+{:04X} on {stream}: {text:?}",
+                c as u32
+            );
+        }
+    }
+}
+
+/// A leaking trace whose call sites, functions and device name are `name`; `heavy` keeps
+/// more, for a rank that stands out.
+fn snapshot_named(name: &str, heavy: bool) -> Snapshot {
+    let alloc = CachingAllocator::new(SimDevice::phantom(1 << 34), AllocatorConfig::default());
+    let mut kept = Vec::new();
+    for _ in 0..6 {
+        alloc.mark_step();
+        kept.push(alloc.alloc(8 << 20).unwrap());
+        if heavy {
+            kept.push(alloc.alloc(8 << 20).unwrap());
+        }
+        drop(alloc.alloc(2 << 20).unwrap());
+    }
+    let mut snapshot = alloc.snapshot();
+    for site in &mut snapshot.sites {
+        site.file = format!("{name}.py");
+        site.function = format!("f{name}");
+        site.frames.clear();
+    }
+    snapshot.device.name = name.to_string();
+    snapshot
+}
+
+fn save(snapshot: &Snapshot, path: &Path) -> String {
+    snapshot.save(path).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// `snapshot` as vramscope's JSON with its first `active_allocated` block state replaced
+/// by a hostile word: serde's "unknown variant" error quotes it.
+fn with_hostile_block_state(snapshot: &Snapshot) -> String {
+    let json = serde_json::to_string(snapshot).unwrap();
+    assert!(json.contains("\"active_allocated\""), "a live block");
+    let word = serde_json::to_string(&format!("active{HOSTILE}")).unwrap();
+    json.replacen("\"active_allocated\"", &word, 1)
+}
+
+#[test]
+fn text_from_a_file_reaches_no_terminal_raw_in_any_command() {
+    let dir = scratch("commands");
+    let hostile = snapshot_named(HOSTILE, false);
+    let file = save(&hostile, &dir.join("run.json"));
+    let before = save(&snapshot_named("before", false), &dir.join("before.json"));
+    let mut runs: Vec<(String, Output)> = Vec::new();
+    let mut run = |args: &[&str]| runs.push((args.join(" "), vramscope(args)));
+    for format in ["text", "markdown", "json", "html"] {
+        run(&["report", &file, "--format", format]);
+    }
+    run(&["summary", &file]);
+    run(&["diff", &before, &file]);
+    run(&["diff", &before, &file, "--format", "json"]);
+    // A capacity the kept blocks outgrow: the first OOM's site is printed.
+    run(&["replay", &file, "--capacity", "30MiB"]);
+    run(&["replay", &file, "--capacity", "30MiB", "--format", "json"]);
+    for (what, output) in &runs {
+        assert_safe(what, output);
+        let out = String::from_utf8_lossy(&output.stdout);
+        assert!(out.contains("evil"), "{what} names the site: {out}");
+    }
+    let text = String::from_utf8_lossy(&runs[0].1.stdout).into_owned();
+    assert!(
+        text.contains("evil\\u{1b}]52;c;aGk="),
+        "shown escaped: {text}"
+    );
+    let replay = String::from_utf8_lossy(&runs[7].1.stdout).into_owned();
+    assert!(
+        replay.contains("out of memory") || replay.contains("OOM"),
+        "{replay}"
+    );
+    // JSON stays JSON and reads back to the file's own text.
+    let json: serde_json::Value = serde_json::from_slice(&runs[2].1.stdout).unwrap();
+    assert!(json.to_string().contains("evil\\u001b]52"), "{json}");
+    assert!(
+        serde_json::to_string(&json)
+            .unwrap()
+            .contains(&serde_json::to_string(HOSTILE).unwrap()[1..20]),
+        "the site's name survives in the JSON"
+    );
+
+    // Parse errors that quote the file: serde's unknown variant in vramscope's JSON, the
+    // PyTorch importer's unknown block state in a pickle.
+    let bad_json = dir.join("bad-state.json");
+    std::fs::write(&bad_json, with_hostile_block_state(&hostile)).unwrap();
+    let output = vramscope(&["report", bad_json.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2));
+    assert_safe("report of an unknown variant", &output);
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert!(err.contains("unknown variant"), "{err}");
+    assert!(err.contains("\\u{1b}]52"), "{err}");
+
+    let mut pickle = vramscope::inspector::export::to_pytorch_pickle(&hostile).unwrap();
+    let state = b"active_allocated";
+    // The same length, so that the pickle's string lengths still hold.
+    let evil = "\u{1b}]0;x\u{7}\u{202e}\u{1b}c!!!!!";
+    assert_eq!(evil.len(), state.len());
+    let at = pickle
+        .windows(state.len())
+        .position(|w| w == state)
+        .expect("a block state in the pickle");
+    pickle[at..at + state.len()].copy_from_slice(evil.as_bytes());
+    let bad_pickle = dir.join("bad-state.pickle");
+    std::fs::write(&bad_pickle, pickle).unwrap();
+    let output = vramscope(&["summary", bad_pickle.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2));
+    assert_safe("summary of an unknown block state", &output);
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert!(err.contains("unknown block state"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn ranks_escapes_names_goes_on_past_a_bad_file_and_exits_1() {
+    let dir = scratch("ranks");
+    save(&snapshot_named(HOSTILE, false), &dir.join("rank0.json"));
+    save(&snapshot_named(HOSTILE, true), &dir.join("rank1.json"));
+    save(&snapshot_named(HOSTILE, false), &dir.join("rank2.json"));
+    // A file that is no snapshot, and one whose error quotes hostile text.
+    std::fs::write(dir.join("rank3.json"), [0u8; 4096]).unwrap();
+    std::fs::write(
+        dir.join("rank4.json"),
+        with_hostile_block_state(&snapshot_named("x", false)),
+    )
+    .unwrap();
+    // A file the folder leaves out, whose name is an escape sequence.
+    std::fs::write(dir.join(format!("notes{HOSTILE}.txt")), b"hi").unwrap();
+    let folder = dir.to_str().unwrap();
+    for format in ["text", "markdown", "json", "html"] {
+        let output = vramscope(&["ranks", folder, "--format", format]);
+        assert_safe(&format!("ranks --format {format}"), &output);
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "a rank failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let out = String::from_utf8_lossy(&output.stdout);
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert!(err.contains("left out") && err.contains("notes"), "{err}");
+        assert!(err.contains("rank 3"), "the failed rank is said: {err}");
+        if format == "json" {
+            let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+            assert_eq!(json["ranks"].as_array().unwrap().len(), 3, "{json}");
+            let failed = json["failed"].as_array().unwrap();
+            let ranks: Vec<u64> = failed.iter().map(|f| f["rank"].as_u64().unwrap()).collect();
+            assert_eq!(ranks, [3, 4]);
+            assert!(
+                failed[0]["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("not a format vramscope reads"),
+                "{json}"
+            );
+            assert!(
+                failed[1]["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("unknown variant"),
+                "{json}"
+            );
+            assert_eq!(json["findings"][0]["rank"], 1, "the heavy rank: {json}");
+        } else {
+            assert!(out.contains("could not be read"), "{format}: {out}");
+            assert!(out.contains("evil"), "{format}: {out}");
+        }
+        if format == "text" {
+            assert!(
+                out.starts_with(
+                    "vramscope ranks: 5 ranks (2 could not be read); 1 rank stands out"
+                ),
+                "{out}"
+            );
+        }
+    }
+    // No file can be read: nothing to compare, exit 2.
+    let only_bad = vramscope(&["ranks", dir.join("rank3.json").to_str().unwrap()]);
+    assert_eq!(only_bad.status.code(), Some(2));
+    assert_safe("ranks of one bad file", &only_bad);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Standard output on `/dev/full`: every printing command exits 2 with the system's words.
+#[test]
+fn a_failed_write_is_exit_2_with_the_systems_words() {
+    if !Path::new("/dev/full").exists() {
+        vramscope_testkit::skip_notice("/dev/full does not exist here");
+        return;
+    }
+    let dir = scratch("full");
+    let file = save(&snapshot_named("train", false), &dir.join("rank0.json"));
+    save(&snapshot_named("train", true), &dir.join("rank1.json"));
+    let folder = dir.to_str().unwrap().to_string();
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["report", &file],
+        vec!["report", &file, "--format", "json"],
+        vec!["report", &file, "--format", "markdown"],
+        vec!["summary", &file],
+        vec!["diff", &file, &file],
+        vec!["diff", &file, &file, "--format", "json"],
+        vec!["replay", &file],
+        vec!["replay", &file, "--format", "json"],
+        vec!["ranks", &folder],
+        vec!["ranks", &folder, "--format", "json"],
+    ];
+    for args in &commands {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let output = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+            .args(args)
+            .stdout(full)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("No space left on device"), "{args:?}: {err}");
+    }
+    // A JSON snapshot written to a full device says so, not that the snapshot is invalid.
+    let output = vramscope(&["convert", &file, "--to", "json", "-o", "/dev/full"]);
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(!err.contains("not a valid"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A reader that stops early (`| head`) ends the command quietly, with status 0.
+#[test]
+fn a_closed_pipe_is_a_quiet_exit_0() {
+    let dir = scratch("pipe");
+    let file = save(&snapshot_named("train", false), &dir.join("run.json"));
+    for args in [
+        vec!["report", file.as_str()],
+        vec!["report", file.as_str(), "--format", "json"],
+        vec!["summary", file.as_str()],
+        vec!["diff", file.as_str(), file.as_str()],
+        vec!["replay", file.as_str()],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Closed before the command has loaded its file, so its write finds no reader.
+        drop(child.stdout.take());
+        let output = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{args:?}: {err}");
+        assert!(err.is_empty(), "{args:?} said: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A big file whose first bytes are no known format is refused by them, naming what was
+/// expected (a sparse file: its gigabytes of zeros take no disk).
+#[test]
+fn a_file_of_zeros_is_refused_by_its_first_bytes() {
+    let dir = scratch("zeros");
+    let path = dir.join("zeros.pickle");
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(3 << 30).unwrap();
+    drop(file);
+    let output = vramscope(&["report", path.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(
+            "not a format vramscope reads (a PyTorch snapshot pickle, a Chrome trace, or a \
+             vramscope JSON snapshot): it starts with bytes 00 00 00 00 00 00 00 00"
+        ),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
