@@ -180,6 +180,11 @@ pub fn render_text(diff: &Diff) -> String {
             } else {
                 format!(" ({})", r.function)
             };
+            // Names from the files, escaped for the terminal (`crate::terminal`).
+            let (site, function) = (
+                crate::terminal::sanitize(site),
+                crate::terminal::sanitize(&function),
+            );
             let _ = writeln!(
                 out,
                 "  {:>11} {:>+7} blocks  {:>10} -> {:<10}  {site}{function}",

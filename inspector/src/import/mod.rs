@@ -373,9 +373,9 @@ const SNIFF_BYTES: u64 = 64 << 10;
 /// [`load_plain`] would say it after reading the whole; `None` when it may be one. Reads only
 /// the first piece, and beyond it only while a byte-order mark and whitespace go on (before a
 /// JSON document), keeping one piece at a time; leaves the file at its start.
-fn unknown_start(mut file: &std::fs::File) -> std::io::Result<Option<String>> {
+fn unknown_start(mut file: impl Read + Seek) -> std::io::Result<Option<String>> {
     let mut head = Vec::new();
-    file.take(SNIFF_BYTES).read_to_end(&mut head)?;
+    (&mut file).take(SNIFF_BYTES).read_to_end(&mut head)?;
     let found = if is_gzip(&head) || head.first() == Some(&PICKLE_PROTOCOL) {
         None
     } else {
@@ -385,7 +385,7 @@ fn unknown_start(mut file: &std::fs::File) -> std::io::Result<Option<String>> {
                 break (!matches!(first, b'{' | b'[')).then(|| describe_start(&head));
             }
             piece.clear();
-            if file.take(SNIFF_BYTES).read_to_end(&mut piece)? == 0 {
+            if (&mut file).take(SNIFF_BYTES).read_to_end(&mut piece)? == 0 {
                 // Whitespace to the end: no document at all.
                 break Some(describe_start(&head));
             }
@@ -770,6 +770,84 @@ mod tests {
         assert!(text.contains("47 49 46"), "{text}");
         let e = load_bytes(b"", "empty", &ImportOptions::default()).unwrap_err();
         assert!(e.to_string().contains("empty"), "{e}");
+    }
+
+    /// `len` bytes of `fill` after `start`, made up as they are read, counting what was read.
+    struct Endless {
+        start: Vec<u8>,
+        fill: u8,
+        len: u64,
+        at: u64,
+        read: u64,
+    }
+
+    impl Read for Endless {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = (buf.len() as u64).min(self.len - self.at) as usize;
+            for (i, b) in buf[..n].iter_mut().enumerate() {
+                let at = self.at as usize + i;
+                *b = self.start.get(at).copied().unwrap_or(self.fill);
+            }
+            self.at += n as u64;
+            self.read += n as u64;
+            Ok(n)
+        }
+    }
+
+    impl Seek for Endless {
+        fn seek(&mut self, to: SeekFrom) -> std::io::Result<u64> {
+            assert_eq!(to, SeekFrom::Start(0), "back to the start only");
+            self.at = 0;
+            Ok(0)
+        }
+    }
+
+    fn endless(start: &[u8], fill: u8, len: u64) -> Endless {
+        Endless {
+            start: start.to_vec(),
+            fill,
+            len,
+            at: 0,
+            read: 0,
+        }
+    }
+
+    #[test]
+    fn the_format_is_sniffed_from_the_first_bytes() {
+        // 2 GB of zeros: refused after the first piece, with the words of a whole read.
+        let mut zeros = endless(b"", 0, 2_000_000_000);
+        let found = unknown_start(&mut zeros).expect("reads");
+        assert_eq!(
+            found.as_deref(),
+            Some("it starts with bytes 00 00 00 00 00 00 00 00")
+        );
+        assert!(zeros.read <= SNIFF_BYTES, "read {} bytes", zeros.read);
+        assert_eq!(zeros.at, 0, "left at the start");
+        // Known starts go on to the importers, having read one piece.
+        for start in [
+            &b"\x80\x04"[..],
+            b"\x1f\x8b",
+            b"{\"a\"",
+            b"\xef\xbb\xbf [",
+            b"\n\n{",
+        ] {
+            let mut file = endless(start, b' ', 1 << 30);
+            assert_eq!(unknown_start(&mut file).expect("reads"), None, "{start:?}");
+            assert!(file.read <= SNIFF_BYTES);
+        }
+        // Whitespace before a JSON document is read past, piece by piece; whitespace to
+        // the end is no document.
+        let mut spaces = endless(b"", b' ', 3 * SNIFF_BYTES);
+        assert_eq!(
+            unknown_start(&mut spaces).expect("reads").as_deref(),
+            Some("it starts with bytes 20 20 20 20 20 20 20 20")
+        );
+        assert_eq!(
+            unknown_start(&mut endless(b"", 0, 0))
+                .expect("reads")
+                .as_deref(),
+            Some("the file is empty")
+        );
     }
 
     #[test]
