@@ -13,8 +13,11 @@
 //! the same way. Snapshots, which hold the allocator's lock while they are taken, are rate
 //! limited (`ServeOptions::attach_interval`, `ServeOptions::resync_interval`): clients that
 //! connect meanwhile share the next one. A client past `ServeOptions::max_clients` is told why
-//! in a `Refused` frame before the connection closes. The protocol is read-only: the publisher
-//! never reads what a client sends.
+//! in a `Refused` frame before the connection closes, unless a client that has read nothing
+//! for a second or more gives up its place; a client that reads nothing for
+//! `ServeOptions::idle_timeout` while bytes wait for it is closed, so that connections that
+//! never read cannot keep a dashboard out. The protocol is read-only: the publisher never reads
+//! what a client sends.
 //!
 //! The frames themselves, and the client that dashboards read them with, are the
 //! `vramscope-telemetry` crate's ([`vramscope_telemetry::wire`]); this module is the one
@@ -68,6 +71,15 @@ pub struct ServeOptions {
     /// connect meanwhile wait and share the next one, so that connection churn costs the
     /// program at most four snapshots a second, however many clients come and go.
     pub attach_interval: Duration,
+    /// How long a client may read nothing while bytes wait for it before it is closed and its
+    /// place freed (10 s), so that connections that never read cannot hold every place a
+    /// dashboard could take. A dashboard reads each frame as it comes, so it never waits that
+    /// long. On a Unix socket the bytes the client has not read from the socket count (the
+    /// system says how many); over TCP only the publisher's own queue does, so there an idle
+    /// client is found once the system's socket buffers have filled. A client that connects
+    /// while every place is taken takes the place of one that has read nothing for a second or
+    /// more, if there is one, instead of being turned away.
+    pub idle_timeout: Duration,
 }
 
 impl Default for ServeOptions {
@@ -82,6 +94,7 @@ impl Default for ServeOptions {
             max_clients: 16,
             resync_interval: Duration::from_secs(1),
             attach_interval: Duration::from_millis(250),
+            idle_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -107,6 +120,9 @@ pub struct PublisherStats {
     pub snapshots: u64,
     /// Clients turned away (too many attached).
     pub clients_refused: u64,
+    /// Clients closed for reading nothing for `ServeOptions::idle_timeout`, or to make room
+    /// for a new one while they read nothing.
+    pub clients_idle: u64,
     /// Bytes of frames waiting in the clients' queues now, summed over clients.
     pub queued_bytes: u64,
 }
@@ -121,6 +137,7 @@ struct Counters {
     ring_missed: AtomicU64,
     snapshots: AtomicU64,
     clients_refused: AtomicU64,
+    clients_idle: AtomicU64,
     queued_bytes: AtomicU64,
 }
 
@@ -178,6 +195,7 @@ impl Telemetry {
     ) -> Result<Telemetry, TelemetryError> {
         let listener = Listener::bind(addr, options.allow_remote)?;
         let bound = listener.addr().clone();
+        let unix = matches!(bound, TelemetryAddr::Unix(_));
         let shared = Arc::new(PublisherShared {
             stop: AtomicBool::new(false),
             counters: Counters::default(),
@@ -193,6 +211,8 @@ impl Telemetry {
             hello: Vec::new(),
             last_stats: None,
             last_snapshot: None,
+            unix,
+            last_idle_check: Instant::now(),
         };
         let thread = std::thread::Builder::new()
             .name("vramscope-telemetry".to_string())
@@ -224,6 +244,7 @@ impl Telemetry {
             ring_missed: c.ring_missed.load(Ordering::Relaxed),
             snapshots: c.snapshots.load(Ordering::Relaxed),
             clients_refused: c.clients_refused.load(Ordering::Relaxed),
+            clients_idle: c.clients_idle.load(Ordering::Relaxed),
             queued_bytes: c.queued_bytes.load(Ordering::Relaxed),
         }
     }
@@ -250,6 +271,9 @@ impl Drop for Telemetry {
 /// How long a client may take nothing while its queue is full before it is stalled.
 const STALLED_AFTER: Duration = Duration::from_secs(1);
 
+/// How often the publisher looks at what each client has read (`Publisher::close_idle`).
+const IDLE_CHECK: Duration = Duration::from_millis(50);
+
 /// One attached dashboard.
 struct Client {
     /// Its connection and the frames waiting for it.
@@ -262,6 +286,11 @@ struct Client {
     resync: bool,
     /// Set until the first snapshot is queued.
     fresh: bool,
+    /// Since when the client has read nothing while bytes waited for it (reset at each check
+    /// that finds it read something, or had nothing waiting).
+    idle_since: Instant,
+    /// The bytes it had not read from its socket at the last check (Unix sockets).
+    unread: usize,
 }
 
 impl Client {
@@ -294,6 +323,10 @@ struct Publisher<B: Backend> {
     hello: Vec<u8>,
     last_stats: Option<Instant>,
     last_snapshot: Option<Instant>,
+    /// Whether clients connect over a Unix socket, whose unread bytes the system reports.
+    unix: bool,
+    /// When `close_idle` last looked.
+    last_idle_check: Instant,
 }
 
 impl<B: Backend> Publisher<B> {
@@ -333,6 +366,7 @@ impl<B: Backend> Publisher<B> {
                     client.out.flush();
                     waiting |= !client.out.queue.is_empty();
                 }
+                self.close_idle();
                 self.reap();
             }
             match pulled {
@@ -377,7 +411,7 @@ impl<B: Backend> Publisher<B> {
         loop {
             match self.listener.accept() {
                 Ok(Some(conn)) => {
-                    if self.clients.len() >= self.options.max_clients {
+                    if self.clients.len() >= self.options.max_clients && !self.make_room() {
                         self.refuse(conn);
                         continue;
                     }
@@ -387,6 +421,8 @@ impl<B: Backend> Publisher<B> {
                         dropped: 0,
                         resync: false,
                         fresh: true,
+                        idle_since: Instant::now(),
+                        unread: 0,
                     };
                     client.push(Arc::new(self.hello.clone()));
                     self.clients.push(client);
@@ -399,6 +435,77 @@ impl<B: Backend> Publisher<B> {
                 // A failed accept (a client that went away at once) is not the app's problem.
                 Err(_) => return,
             }
+        }
+    }
+
+    /// Closes the client that has read nothing for longest, if that is a second or more, to
+    /// make room for a new one; whether it did.
+    fn make_room(&mut self) -> bool {
+        self.close_idle_now();
+        if self.clients.iter().filter(|c| !c.out.dead).count() < self.options.max_clients {
+            return true;
+        }
+        let Some((at, idle)) = self
+            .clients
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| !c.out.dead)
+            .map(|(at, c)| (at, c.idle_since.elapsed()))
+            .max_by_key(|(_, idle)| *idle)
+        else {
+            return true;
+        };
+        if idle < STALLED_AFTER.min(self.options.idle_timeout) {
+            return false;
+        }
+        self.close_for_idling(at);
+        true
+    }
+
+    /// Closes client `at` for reading nothing, and counts it.
+    fn close_for_idling(&mut self, at: usize) {
+        let client = self.clients.remove(at);
+        let _ = client.out.conn.shutdown(std::net::Shutdown::Both);
+        let c = &self.shared.counters;
+        c.clients_idle.fetch_add(1, Ordering::Relaxed);
+        c.clients
+            .store(self.clients.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Looks, every [`IDLE_CHECK`], at what each client has read, and closes those that have
+    /// read nothing for `ServeOptions::idle_timeout` while bytes waited for them.
+    fn close_idle(&mut self) {
+        if self.last_idle_check.elapsed() >= IDLE_CHECK {
+            self.close_idle_now();
+        }
+    }
+
+    fn close_idle_now(&mut self) {
+        let now = Instant::now();
+        let checked = self.last_idle_check;
+        self.last_idle_check = now;
+        let mut at = 0;
+        while at < self.clients.len() {
+            let client = &mut self.clients[at];
+            let backlog = !client.out.queue.is_empty();
+            // The publisher's queue drains only as the client reads, once the socket is full.
+            let wrote = backlog && client.out.last_progress > checked;
+            let read = match self.unix.then(|| unread_bytes(&client.out.conn)).flatten() {
+                Some(unread) => {
+                    let read = (unread == 0 && !backlog) || unread < client.unread || wrote;
+                    client.unread = unread;
+                    read
+                }
+                // Without the system's word, a client with nothing queued may be reading.
+                None => !backlog || wrote,
+            };
+            if read {
+                client.idle_since = now;
+            } else if now.duration_since(client.idle_since) >= self.options.idle_timeout {
+                self.close_for_idling(at);
+                continue;
+            }
+            at += 1;
         }
     }
 
@@ -667,4 +774,56 @@ pub fn pull_tables<B: Backend>(
 ) -> TablesFrame {
     let added = alloc.site_tables_since(known.sites, known.tags, known.scopes);
     known.advance(added.sites, added.tags, added.scopes)
+}
+
+/// The bytes written to the Unix socket `conn` that its peer has not read yet (Linux's
+/// `SIOCOUTQ`), where the system says.
+#[cfg(all(
+    target_os = "linux",
+    any(
+        target_arch = "x86_64",
+        target_arch = "x86",
+        target_arch = "aarch64",
+        target_arch = "arm",
+        target_arch = "riscv64",
+        target_arch = "s390x",
+        target_arch = "loongarch64"
+    )
+))]
+fn unread_bytes(conn: &TcpStream) -> Option<usize> {
+    use std::os::fd::AsRawFd;
+    extern "C" {
+        fn ioctl(fd: std::ffi::c_int, request: std::ffi::c_ulong, ...) -> std::ffi::c_int;
+    }
+    /// `SIOCOUTQ` (`TIOCOUTQ`) on these architectures.
+    const SIOCOUTQ: std::ffi::c_ulong = 0x5411;
+    let mut unread: std::ffi::c_int = 0;
+    // SAFETY: `conn` owns an open socket descriptor for the whole call; SIOCOUTQ writes one
+    // `int` through the pointer, which points to a live, aligned `c_int`.
+    let rc = unsafe {
+        ioctl(
+            conn.as_raw_fd(),
+            SIOCOUTQ,
+            &mut unread as *mut std::ffi::c_int,
+        )
+    };
+    (rc == 0).then(|| usize::try_from(unread).ok()).flatten()
+}
+
+/// Where the system does not say (another platform): `None`, and only the publisher's own
+/// queue tells an idle client.
+#[cfg(not(all(
+    target_os = "linux",
+    any(
+        target_arch = "x86_64",
+        target_arch = "x86",
+        target_arch = "aarch64",
+        target_arch = "arm",
+        target_arch = "riscv64",
+        target_arch = "s390x",
+        target_arch = "loongarch64"
+    )
+)))]
+fn unread_bytes(_conn: &TcpStream) -> Option<usize> {
+    None
 }

@@ -1,7 +1,8 @@
 //! Tests of the live telemetry publisher and client (`vramscope_allocator::telemetry`): what a
 //! dashboard receives, private sockets, loopback-only TCP, several dashboards, a dashboard that
 //! disconnects mid-frame, malformed and oversized frames, a slow consumer whose lost events are
-//! counted while the application runs on, and reconnecting to a restarted publisher.
+//! counted while the application runs on, reconnecting to a restarted publisher, and
+//! connections that never read, which time out or give up their place to a dashboard.
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -456,4 +457,102 @@ fn connection_churn_shares_rate_limited_snapshots() {
     let stats = telemetry.stats();
     assert_eq!(stats.snapshots, 1, "{stats:?}");
     assert!(stats.clients_total >= 51);
+}
+
+/// Connects `n` Unix sockets to `telemetry` that never read, and waits until all are attached.
+fn idle_connections(telemetry: &Telemetry, n: usize) -> Vec<UnixStream> {
+    let TelemetryAddr::Unix(path) = telemetry.addr().clone() else {
+        unreachable!()
+    };
+    let idle: Vec<UnixStream> = (0..n)
+        .map(|_| UnixStream::connect(&path).unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while telemetry.stats().clients < n as u64 {
+        assert!(Instant::now() < deadline, "the idle clients never attached");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    idle
+}
+
+#[test]
+fn idle_connections_time_out_and_a_dashboard_attaches_past_sixteen_of_them() {
+    let alloc = allocator();
+    drop(alloc.alloc(4096).unwrap());
+    let mut options = ServeOptions::default();
+    options.idle_timeout = Duration::from_millis(300);
+    let telemetry = Telemetry::serve_with(
+        &alloc,
+        &TelemetryAddr::Unix(socket_path("idle-timeout")),
+        options,
+    )
+    .unwrap();
+    let idle = idle_connections(&telemetry, 16);
+    assert_eq!(telemetry.stats().clients_refused, 0);
+
+    // Every place is taken by a connection that reads nothing; each is closed at its limit,
+    // and a dashboard attaches.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while telemetry.stats().clients_idle < 16 {
+        assert!(
+            Instant::now() < deadline,
+            "the idle clients were not closed: {:?}",
+            telemetry.stats()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut dashboard = TelemetryClient::connect(telemetry.addr()).unwrap();
+    attach(&mut dashboard);
+    assert_eq!(
+        telemetry.stats().clients_refused,
+        0,
+        "nobody was turned away"
+    );
+    for mut conn in idle {
+        conn.set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut taken = Vec::new();
+        conn.read_to_end(&mut taken)
+            .expect("the publisher closed the idle connection");
+    }
+
+    // The dashboard, which reads, outlives the idle limit several times over.
+    let reading_until = Instant::now() + Duration::from_millis(1200);
+    let mut stats_frames = 0;
+    while Instant::now() < reading_until {
+        if let Frame::Stats(_) = dashboard
+            .next_frame()
+            .expect("the dashboard stays attached")
+        {
+            stats_frames += 1;
+        }
+    }
+    assert!(
+        stats_frames >= 5,
+        "{stats_frames} statistics frames in 1.2 s"
+    );
+    let stats = telemetry.stats();
+    assert_eq!(stats.clients, 1, "{stats:?}");
+    assert_eq!(stats.clients_idle, 16, "{stats:?}");
+}
+
+#[test]
+fn a_dashboard_takes_the_place_of_a_connection_that_reads_nothing() {
+    let alloc = allocator();
+    // The default settings: idle connections are closed after 10 s, but one that has read
+    // nothing for a second gives up its place to a newcomer.
+    let telemetry = Telemetry::serve_with(
+        &alloc,
+        &TelemetryAddr::Unix(socket_path("idle-room")),
+        ServeOptions::default(),
+    )
+    .unwrap();
+    let _idle = idle_connections(&telemetry, 16);
+    std::thread::sleep(Duration::from_millis(1300));
+    let mut dashboard = TelemetryClient::connect(telemetry.addr()).unwrap();
+    attach(&mut dashboard);
+    let stats = telemetry.stats();
+    assert_eq!(stats.clients_idle, 1, "{stats:?}");
+    assert_eq!(stats.clients_refused, 0, "{stats:?}");
+    assert_eq!(stats.clients, 16, "{stats:?}");
 }
