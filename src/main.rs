@@ -6,7 +6,7 @@
 //! `--headless`; `view` and `top` open the dashboard on a file or a live program. Exit status: 0 on success, 1 when a finding reaches
 //! `--fail-on`, 2 for unusable input.
 //!
-//! Everything printed passes one door, [`emit`] for the output and [`say`] for standard error:
+//! Everything printed passes one door, `emit` for the output and `say` for standard error:
 //! text and markdown through `inspector::terminal::sanitize_output` (only a text report's own
 //! colours pass as escape sequences), JSON and HTML through `sanitize_json`, so that no
 //! string from a file acts on the terminal. A write that fails is exit 2 with the system's
