@@ -25,6 +25,46 @@ pub fn is_native_frame(frame: &Frame) -> bool {
     frame.file.is_empty() || frame.file == "??" || frame.line == 0
 }
 
+/// File endings of C, C++, CUDA and assembly sources and headers: a frame in one of these is
+/// compiled code, never a line the user of a Python framework changes.
+const COMPILED_ENDINGS: &[&str] = &[
+    ".c", ".cc", ".cpp", ".cxx", ".c++", ".h", ".hh", ".hpp", ".hxx", ".inl", ".cu", ".cuh", ".s",
+    ".asm", ".tcc",
+];
+
+/// Path fragments of the C and C++ runtimes and of PyTorch's own compiled libraries, whose
+/// frames may carry a file and a line in a symbolized dump (a conda build's
+/// `libstdc++-v3/src/c++11/thread.cc:82`).
+const COMPILED_PATHS: &[&str] = &[
+    "libstdc++",
+    "libgcc",
+    "glibc",
+    "/libc/",
+    "libtorch",
+    "/c10/",
+    "/aten/",
+    "/torch/csrc/",
+];
+
+/// Whether `frame` is compiled code rather than a source line a reader changes: a frame
+/// without a line ([`is_native_frame`]), a C, C++, CUDA or assembly file (`.cc`, `.cpp`, `.cu`,
+/// `.h`, `.S`, ...), a file of the C or C++ runtime or of PyTorch's compiled libraries
+/// (`libstdc++`, libc, `libtorch`, `c10/`, `aten/`), or a system source
+/// ([`is_system_source`]). Such a frame never names a call site: an autograd thread's stack
+/// symbolized down to `thread.cc:82 (execute_native_thread_routine)` is named by its
+/// autograd node instead.
+pub fn is_compiled_frame(frame: &Frame) -> bool {
+    if is_native_frame(frame) || is_system_source(frame) {
+        return true;
+    }
+    let path = frame.file.replace('\\', "/").to_ascii_lowercase();
+    if path.ends_with(".py") {
+        return false;
+    }
+    COMPILED_ENDINGS.iter().any(|e| path.ends_with(e))
+        || COMPILED_PATHS.iter().any(|p| path.contains(p))
+}
+
 /// Whether `frame`'s source line belongs to the system's libraries rather than to code a
 /// reader wrote: glibc (`./nptl/pthread_create.c`, `../sysdeps/...`, the paths of its build
 /// tree), the C++ standard library's headers (`/usr/include/c++/...`) and anything else under
@@ -67,29 +107,27 @@ pub fn name_call_site(site: &CallSite) -> SiteName {
         line: site.line,
         function: site.function.clone(),
     };
-    if !is_native_frame(&own) {
+    if !is_compiled_frame(&own) {
         return SiteName {
             label: site.file_line(),
             function: site.function.clone(),
             native: false,
         };
     }
-    if let Some(f) = site
-        .frames
-        .iter()
-        .find(|f| !is_native_frame(f) && !is_system_source(f))
-    {
-        return SiteName {
-            label: format!("{}:{}", f.file, f.line),
-            function: f.function.clone(),
-            native: false,
-        };
-    }
+    // No frame of the user's: the autograd node the stack runs in names it first (the
+    // backward pass), then the innermost source line of any framework code.
     if let Some(node) = autograd_node(&site.frames) {
         return SiteName {
             label: format!("{node} (backward)"),
             function: node,
             native: true,
+        };
+    }
+    if let Some(f) = site.frames.iter().find(|f| !is_compiled_frame(f)) {
+        return SiteName {
+            label: format!("{}:{}", f.file, f.line),
+            function: f.function.clone(),
+            native: false,
         };
     }
     // The innermost C++ function that is not the allocator's or the unwinder's own.
@@ -178,18 +216,63 @@ mod tests {
     }
 
     #[test]
-    fn a_line_of_the_users_own_cpp_or_python_still_names_the_stack() {
+    fn a_compiled_frame_with_a_line_never_names_the_stack() {
         let site = native_site(vec![
             frame(
                 "??",
                 0,
                 "c10::cuda::CUDACachingAllocator::Native::malloc(void**)",
             ),
-            frame("/home/me/ext/kernel.cpp", 31, "my_ext::launch"),
+            frame("/home/me/ext/kernel.cu", 31, "my_ext::launch"),
             frame("./nptl/pthread_create.c", 442, "start_thread"),
         ]);
-        assert_eq!(name_call_site(&site).label, "/home/me/ext/kernel.cpp:31");
+        assert_eq!(name_call_site(&site).label, "[my_ext::launch]");
         let site = native_site(vec![frame("./train.py", 12, "step")]);
         assert_eq!(name_call_site(&site).label, "./train.py:12");
+    }
+
+    #[test]
+    fn a_symbolized_autograd_thread_is_named_by_its_node() {
+        // A conda build symbolizes the autograd thread down to libstdc++'s thread entry, with
+        // a file and a line; PyTorch's own sources carry lines too.
+        let conda = "/opt/conda/conda-bld/gcc-compiler_1654084175708/work/gcc/libstdc++-v3";
+        let mut own = native_site(vec![
+            frame(
+                "/opt/conda/pytorch/c10/cuda/CUDACachingAllocator.cpp",
+                1425,
+                "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc",
+            ),
+            frame(
+                "/opt/conda/pytorch/torch/csrc/autograd/generated/Functions.cpp",
+                4410,
+                "torch::autograd::generated::MmBackward0::apply(std::vector<at::Tensor>&&)",
+            ),
+            frame(
+                "/opt/conda/pytorch/torch/csrc/autograd/engine.cpp",
+                1081,
+                "torch::autograd::Engine::thread_main",
+            ),
+            frame(
+                &format!("{conda}/src/c++11/thread.cc"),
+                82,
+                "execute_native_thread_routine",
+            ),
+            frame("??", 0, "start_thread"),
+        ]);
+        // The importer's primary frame falls back to the innermost one when no frame is the
+        // user's: a C++ file with a line.
+        own.file = own.frames[0].file.clone();
+        own.line = own.frames[0].line;
+        let name = name_call_site(&own);
+        assert_eq!(name.label, "MmBackward0 (backward)");
+        assert!(name.native);
+        for f in &own.frames {
+            assert!(is_compiled_frame(f), "{f:?}");
+        }
+        assert!(!is_compiled_frame(&frame(
+            "/opt/conda/lib/python3.11/site-packages/torch/nn/modules/module.py",
+            1762,
+            "_call_impl"
+        )));
     }
 }

@@ -265,6 +265,15 @@ pub struct Finding {
     pub site: Option<String>,
     /// The function at the call site (may be empty).
     pub function: String,
+    /// Where the memory was made, as `file:line`, for findings about kept memory: `site` is the
+    /// line that keeps it (the loop line that called the model), `made_at` the line that
+    /// allocated it (the model's own); the two are equal for a plain leak.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub made_at: Option<String>,
+    /// The user's frames from `site` in to `made_at`, outermost first, as
+    /// `file:line (function)`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub frames: Vec<String>,
     /// The bytes concerned (retained, copied, released, held, requested; see the summary).
     pub bytes: u64,
     /// The events concerned (blocks, copies, calls, OOMs).
@@ -317,6 +326,8 @@ impl Finding {
             severity,
             site,
             function,
+            made_at: None,
+            frames: Vec::new(),
             bytes: 0,
             count: 0,
             per_step: None,

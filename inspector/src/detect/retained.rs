@@ -15,27 +15,34 @@
 //! 10th step, is found; a sliding window, a holder allocated once, a buffer replaced every step
 //! and bounded growth are left alone.
 //!
-//! Sites that retained memory in the same steps are one bug (one reference keeps a graph
-//! alive): they are reported together, as one finding that lists each site with its bytes and
-//! names the innermost frame of the user's code that every retained block's stack shares (the
-//! line that calls the model and keeps its output). Without stacks, the finding names the site
-//! that allocated last in a retaining step: the output of the graph, which keeps the rest.
+//! One finding is one line to change. Each leaking site is charged to the line that keeps it
+//! ([`crate::model_view::kept_line`]): a block made inside a model called from the loop
+//! (`outputs.append(model(x))`) is kept through the loop line that called the model, not the
+//! model's own line; any other block is kept by the line that allocated it. Sites kept through
+//! one line are one finding, named at that line, with the line that made the memory
+//! (`made_at`) and the user's frames between; a leak from one site is named at its allocating
+//! line. Leaks kept through different lines are separate findings, even when they retain in
+//! the same steps: two lists filled in one loop are two bugs, and fixing one leaves the other.
+//! A site without a Python frame (the autograd thread's) is its own finding, named by its
+//! autograd node.
 
 use rustc_hash::FxHashMap;
-use vramscope_model::{format_bytes, CallSite, EventKind, Frame, SiteId};
+use vramscope_model::{format_bytes, Frame, SiteId};
 
 use vramscope_model::plural;
 
 use super::{
     sat_sum, DetectOptions, Finding, FindingKind, FindingSink, FindingSite, PerStep, Severity,
 };
-use crate::model_view::ModelView;
-use vramscope_engine::{is_native_frame, GroupKind};
+use crate::model_view::{kept_line, KeptLine, ModelView};
+use vramscope_engine::GroupKind;
 
 /// One site as the detector sees it: every interval index it owns.
 struct Unit {
     label: String,
     function: String,
+    /// Whether the unit is named by its autograd node or C++ function (no source line).
+    native: bool,
     intervals: Vec<u32>,
 }
 
@@ -46,6 +53,9 @@ struct Leak {
     steps: Vec<u32>,
     bytes: u64,
     blocks: u64,
+    /// The line that keeps the site's retained blocks (of the stack that retained the most
+    /// bytes), when their stacks have a frame of the user's.
+    kept: Option<KeptLine>,
 }
 
 /// Reports memory that grows with the step count, one finding per group of sites retained
@@ -63,6 +73,7 @@ pub fn retained_per_step(
     }
     let units = units_of(view);
     let intervals = view.intervals();
+    let framework = crate::model_view::default_framework_paths();
     let mut leaks: Vec<Leak> = Vec::new();
     for (u, unit) in units.iter().enumerate() {
         // Retained blocks per loop step (relative index), and the live staircase.
@@ -88,27 +99,30 @@ pub fn retained_per_step(
         if !is_leak(&steps, &live, bytes, n as u32) {
             continue;
         }
+        let kept = kept_line_of(view, &unit.intervals, &loop_steps, &framework);
         leaks.push(Leak {
             unit: u,
             steps,
             bytes,
             blocks,
+            kept,
         });
     }
 
-    // Sites retained in the same steps are one bug. The last loop step may have been cut
-    // short by the snapshot, so it takes no part in the comparison.
-    let last = n as u32 - 1;
-    let mut clusters: Vec<(Vec<u32>, Vec<usize>)> = Vec::new();
+    // Sites kept through one line are one bug; a site without a line of the user's is its own.
+    let mut groups: Vec<(Option<Frame>, Vec<usize>)> = Vec::new();
     for (k, leak) in leaks.iter().enumerate() {
-        let key: Vec<u32> = leak.steps.iter().copied().filter(|&s| s != last).collect();
-        match clusters.iter_mut().find(|(sig, _)| *sig == key) {
+        let key = leak.kept.as_ref().map(|kept| kept.keeper.clone());
+        match groups
+            .iter_mut()
+            .find(|(keeper, _)| key.is_some() && *keeper == key)
+        {
             Some((_, members)) => members.push(k),
-            None => clusters.push((key, vec![k])),
+            None => groups.push((key, vec![k])),
         }
     }
-    for (_, members) in clusters {
-        report_cluster(view, options, &units, &leaks, &members, sink);
+    for (_, members) in groups {
+        report_group(view, options, &units, &leaks, &members, sink);
     }
 }
 
@@ -135,14 +149,21 @@ fn units_of(view: &ModelView<'_>) -> Vec<Unit> {
         let cached_by_group = &mut by_group[iv.group as usize];
         let u = match (&group.file_line, group.kind) {
             (Some(file_line), GroupKind::Site) if !file_line.starts_with("??:") => *cached_by_group
-                .get_or_insert_with(|| units.named(file_line.clone(), group.function.clone())),
+                .get_or_insert_with(|| {
+                    let native = group
+                        .sites
+                        .first()
+                        .is_some_and(|&s| view.site_name(s).native);
+                    units.named(file_line.clone(), group.function.clone(), native)
+                }),
             _ => match iv.alloc(events).site() {
                 Some(site) => *by_site.entry(site).or_insert_with(|| {
                     let name = view.site_name(site);
-                    units.named(name.label, name.function)
+                    units.named(name.label, name.function, name.native)
                 }),
-                None => *cached_by_group
-                    .get_or_insert_with(|| units.named(group.label().to_string(), String::new())),
+                None => *cached_by_group.get_or_insert_with(|| {
+                    units.named(group.label().to_string(), String::new(), false)
+                }),
             },
         };
         units.list[u].intervals.push(i as u32);
@@ -158,14 +179,16 @@ struct Units {
 }
 
 impl Units {
-    /// The place of the unit named `label`, made (with `function`) when it is new.
-    fn named(&mut self, label: String, function: String) -> usize {
+    /// The place of the unit named `label`, made (with `function` and whether it is `native`)
+    /// when it is new.
+    fn named(&mut self, label: String, function: String, native: bool) -> usize {
         if let Some(&u) = self.by_label.get(&label) {
             return u;
         }
         self.list.push(Unit {
             label: label.clone(),
             function,
+            native,
             intervals: Vec::new(),
         });
         self.by_label.insert(label, self.list.len() - 1);
@@ -235,8 +258,8 @@ fn is_leak(steps: &[u32], live: &[u64], retained: u64, n: u32) -> bool {
     tail <= 2 * max_gap + 1
 }
 
-/// Reports one group of sites retained together.
-fn report_cluster(
+/// Reports one group of sites kept through one line.
+fn report_group(
     view: &ModelView<'_>,
     options: &DetectOptions,
     units: &[Unit],
@@ -245,7 +268,7 @@ fn report_cluster(
     sink: &mut dyn FindingSink,
 ) {
     let loop_steps = retaining_range(view);
-    // The steps of the cluster: those of its largest member.
+    // The steps of the group: those of its largest member.
     let lead = cluster_lead(leaks, members);
     let steps = &lead.steps;
     let first = steps[0];
@@ -253,7 +276,7 @@ fn report_cluster(
     let total_bytes = sat_sum(members.iter().map(|&k| leaks[k].bytes));
     let total_blocks = sat_sum(members.iter().map(|&k| leaks[k].blocks));
     let sites = cluster_sites(units, leaks, members);
-    let (site, function, why, caller) = name_cluster(view, units, leaks, members, lead);
+    let naming = GroupNaming::of(units, leaks, members, lead);
     let rate = RetentionRate::of(view, options, total_bytes, total_blocks, first);
     let period = period_of(steps);
     let first_step = view.step_number(loop_steps.start + first);
@@ -262,9 +285,12 @@ fn report_cluster(
         1 => "every step".to_string(),
         p => format!("every {p} steps"),
     };
+    let site = naming.site.clone();
     let mut f = Finding::at_group(view, FindingKind::RetainedPerStep, rate.severity, None);
     f.site = Some(site.clone());
-    f.function = function;
+    f.function = naming.function.clone();
+    f.made_at = Some(naming.made_at.clone());
+    f.frames = naming.path.clone();
     f.bytes = total_bytes;
     f.count = total_blocks;
     f.per_step = Some(PerStep::new(rate.bytes_per_step, rate.blocks_per_step));
@@ -273,10 +299,11 @@ fn report_cluster(
     let from_sites = if sites.len() == 1 {
         String::new()
     } else {
-        format!(" from {} sites", sites.len())
+        format!(" from {} lines", sites.len())
     };
+    let origin = naming.origin_phrase();
     f.summary = format!(
-        "keeps memory alive {every}: {} in {}{from_sites} allocated in {} between steps {first_step} and {last_step} are still live at the end ({} per step)",
+        "keeps memory alive {every}: {} in {}{from_sites} allocated in {} between steps {first_step} and {last_step} are still live at the end ({} per step){origin}",
         format_bytes(total_bytes),
         plural(total_blocks, "block"),
         plural(steps.len() as u64, "step"),
@@ -299,10 +326,7 @@ fn report_cluster(
         .int("retained_bytes", total_bytes)
         .int("sites", sites.len() as u64)
         .text("site_bytes", site_list)
-        .text("named_because", why);
-    if let Some(caller) = caller {
-        evidence = evidence.text("caller_line", caller);
-    }
+        .text("named_because", naming.why);
     if let (Some(c), Some(s)) = (rate.capacity, rate.steps_until_oom) {
         evidence = evidence
             .int("device_capacity_bytes", c)
@@ -311,10 +335,153 @@ fn report_cluster(
     }
     f.evidence = evidence;
     f.sites = sites;
-    f.fix = format!(
-        "at {site}, do not keep the step's device tensors: store loss.item() or t.detach().cpu() instead of the tensor (a kept tensor keeps its whole autograd graph), or drop the reference each step"
-    );
+    f.fix = if naming.through_model {
+        format!(
+            "at {site}, do not keep the model's output with its graph: run the loop under torch.no_grad() (or torch.inference_mode()) when it does not train, or keep out.detach() (.cpu() to move it off the device) instead of the output"
+        )
+    } else if naming.native {
+        format!(
+            "{site} is kept from the backward pass: a hook or a list keeps the gradient; store grad.detach().cpu() or a statistic of it, or remove the hook once it has run"
+        )
+    } else {
+        format!(
+            "at {site}, do not keep the step's device tensors: store loss.item() or t.detach().cpu() instead of the tensor (a kept tensor keeps its whole autograd graph), or drop the reference each step"
+        )
+    };
     sink.report(f);
+}
+
+/// The line that keeps a leaking site's retained blocks, from the stack that retained the most
+/// bytes among them; `None` when that stack has no frame of the user's.
+fn kept_line_of(
+    view: &ModelView<'_>,
+    intervals: &[u32],
+    loop_steps: &std::ops::Range<u32>,
+    framework: &[String],
+) -> Option<KeptLine> {
+    let events = &view.snapshot().events;
+    let mut by_site: FxHashMap<SiteId, u64> = FxHashMap::default();
+    for &i in intervals {
+        let iv = &view.intervals()[i as usize];
+        if !(iv.is_live_at_end() && loop_steps.contains(&iv.alloc_step)) {
+            continue;
+        }
+        if let Some(site) = iv.alloc(events).site() {
+            let bytes = by_site.entry(site).or_default();
+            *bytes = bytes.saturating_add(view.interval_size(iv));
+        }
+    }
+    let (&site, _) = by_site
+        .iter()
+        .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))?;
+    let call_site = view.snapshot().sites.get(site as usize)?;
+    kept_line(&call_site.frames, framework)
+}
+
+/// How a group's finding is named: the line to change, where the memory was made, and why.
+struct GroupNaming {
+    /// The line to change: the keeping line of a group of several sites, the allocating line
+    /// of one.
+    site: String,
+    /// The function at `site`.
+    function: String,
+    /// The line that made the memory (`site` itself for a plain leak).
+    made_at: String,
+    /// The function at `made_at`.
+    made_in: String,
+    /// The user's frames from `site` in to `made_at`, as `file:line (function)`.
+    path: Vec<String>,
+    /// Whether the memory was made inside a module called from `site`.
+    through_model: bool,
+    /// Whether the group has no line of the user's (named by autograd node).
+    native: bool,
+    /// Why the finding is named so, for the evidence.
+    why: &'static str,
+}
+
+impl GroupNaming {
+    /// The naming of the group `members` of `leaks`, whose largest member is `lead`.
+    fn of(units: &[Unit], leaks: &[Leak], members: &[usize], lead: &Leak) -> GroupNaming {
+        let label = |f: &Frame| format!("{}:{}", f.file, f.line);
+        let lead_unit = &units[lead.unit];
+        let Some(kept) = &lead.kept else {
+            return GroupNaming {
+                site: lead_unit.label.clone(),
+                function: lead_unit.function.clone(),
+                made_at: lead_unit.label.clone(),
+                made_in: lead_unit.function.clone(),
+                path: Vec::new(),
+                through_model: false,
+                native: lead_unit.native,
+                why: if lead_unit.native {
+                    "no frame of the stack is the user's code: the site is named by its autograd node"
+                } else {
+                    "the retained blocks come from one line: the line that allocated them"
+                },
+            };
+        };
+        let path: Vec<String> = kept
+            .path
+            .iter()
+            .map(|f| format!("{} ({})", label(f), f.function))
+            .collect();
+        if members.len() == 1 {
+            return GroupNaming {
+                site: lead_unit.label.clone(),
+                function: lead_unit.function.clone(),
+                made_at: lead_unit.label.clone(),
+                made_in: lead_unit.function.clone(),
+                path,
+                through_model: false,
+                native: false,
+                why: "the retained blocks come from one line: the line that allocated them",
+            };
+        }
+        // Where the memory was made: the innermost user frame every member's path shares
+        // below the keeping line (the model's own `forward` line), else the largest site.
+        let mut common = kept.path.len();
+        for &k in members {
+            if let Some(other) = &leaks[k].kept {
+                common = common.min(
+                    kept.path
+                        .iter()
+                        .zip(&other.path)
+                        .take_while(|(a, b)| a == b)
+                        .count(),
+                );
+            }
+        }
+        let (made_at, made_in) = match kept.path.get(common.wrapping_sub(1)) {
+            Some(shared) if common > 1 => (label(shared), shared.function.clone()),
+            _ => (lead_unit.label.clone(), lead_unit.function.clone()),
+        };
+        GroupNaming {
+            site: label(&kept.keeper),
+            function: kept.keeper.function.clone(),
+            made_at,
+            made_in,
+            path,
+            through_model: kept.keeper != kept.made_at,
+            native: false,
+            why: "the retained blocks come from several lines under one call: the user's line outside the module call chain that made them all keeps them",
+        }
+    }
+
+    /// `, made in forward at model.py:201, kept through evaluate.py:57` when the two differ.
+    fn origin_phrase(&self) -> String {
+        if self.made_at == self.site || self.native {
+            return String::new();
+        }
+        let made_in = if self.made_in.is_empty() {
+            String::new()
+        } else {
+            format!(" in {}", self.made_in)
+        };
+        format!(
+            "; made{made_in} at {}, kept through {}",
+            self.made_at, self.site
+        )
+    }
 }
 
 /// The largest leak of a cluster (the first site on ties), whose steps stand for the cluster's.
@@ -344,90 +511,6 @@ fn cluster_sites(units: &[Unit], leaks: &[Leak], members: &[usize]) -> Vec<Findi
         .collect();
     sites.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.site.cmp(&b.site)));
     sites
-}
-
-/// The name of a cluster's finding: `(site, function, why it is named so, the caller line
-/// when the stacks gave it)`. The line the retained blocks' stacks share comes first (see
-/// [`name_by_stacks`]); without one, the site of the last block allocated in a retaining step.
-fn name_cluster(
-    view: &ModelView<'_>,
-    units: &[Unit],
-    leaks: &[Leak],
-    members: &[usize],
-    lead: &Leak,
-) -> (String, String, &'static str, Option<String>) {
-    let retained = RetainedStacks::of(view, units, leaks, members, &lead.steps);
-    let events = &view.snapshot().events;
-    let latest_site = retained.latest.and_then(|(e, _)| events[e as usize].site());
-    let named = name_by_stacks(view, &retained.site_ids, latest_site, lead.steps.len());
-    match named {
-        Some((frame, why)) => {
-            let line = format!("{}:{}", frame.file, frame.line);
-            (line.clone(), frame.function, why, Some(line))
-        }
-        None => {
-            let unit = retained.latest.map(|(_, u)| u).unwrap_or(lead.unit);
-            (
-                units[unit].label.clone(),
-                units[unit].function.clone(),
-                "the site of the last block allocated in a retaining step, which keeps the others",
-                None,
-            )
-        }
-    }
-}
-
-/// Where a cluster's retained blocks were allocated.
-struct RetainedStacks {
-    /// The distinct call sites of the retained blocks (at most 512), in allocation order.
-    site_ids: Vec<SiteId>,
-    /// `(alloc event, unit)` of the last block allocated in the last retaining step (the one
-    /// before it when the last is the loop's last step, which the snapshot may have cut short).
-    latest: Option<(u32, usize)>,
-}
-
-impl RetainedStacks {
-    /// The stacks of the blocks the `members` of a cluster retained in `steps` (relative loop
-    /// step indices, sorted).
-    fn of(
-        view: &ModelView<'_>,
-        units: &[Unit],
-        leaks: &[Leak],
-        members: &[usize],
-        steps: &[u32],
-    ) -> RetainedStacks {
-        let loop_steps = retaining_range(view);
-        let n = loop_steps.len() as u32;
-        let intervals = view.intervals();
-        let events = &view.snapshot().events;
-        let last_retaining = steps[steps.len() - 1];
-        let retaining_end = if last_retaining == n - 1 && steps.len() > 1 {
-            steps[steps.len() - 2]
-        } else {
-            last_retaining
-        };
-        let mut site_ids: Vec<SiteId> = Vec::new();
-        let mut latest: Option<(u32, usize)> = None;
-        for &k in members {
-            for &i in &units[leaks[k].unit].intervals {
-                let iv = &intervals[i as usize];
-                if !(iv.is_live_at_end() && loop_steps.contains(&iv.alloc_step)) {
-                    continue;
-                }
-                if let Some(site) = iv.alloc(events).site() {
-                    if site_ids.len() < 512 && !site_ids.contains(&site) {
-                        site_ids.push(site);
-                    }
-                }
-                if iv.alloc_step - loop_steps.start == retaining_end
-                    && latest.is_none_or(|(e, _)| iv.alloc_event > e)
-                {
-                    latest = Some((iv.alloc_event, leaks[k].unit));
-                }
-            }
-        }
-        RetainedStacks { site_ids, latest }
-    }
 }
 
 /// How fast a cluster retains memory, and how bad that is.
@@ -483,89 +566,6 @@ impl RetentionRate {
             severity,
         }
     }
-}
-
-/// The line to name from the retained blocks' stacks: the innermost frame of the user's code
-/// that all of them share, when that line runs once per step (`outputs.append(model(x))`:
-/// every block of the kept graph was allocated under `model(x)`); when the shared frame is
-/// the one around the whole loop, the loop line under which the last retained block was
-/// allocated (`running_loss = running_loss + loss`: the sum made last keeps the graph).
-/// `None` when the stacks have no Python frames.
-fn name_by_stacks(
-    view: &ModelView<'_>,
-    site_ids: &[SiteId],
-    latest: Option<SiteId>,
-    retaining_steps: usize,
-) -> Option<(Frame, &'static str)> {
-    let snapshot = view.snapshot();
-    let framework = crate::model_view::default_framework_paths();
-    let user = |f: &Frame| !crate::import::sites::is_framework_frame(f, &framework);
-    let python = |s: &CallSite| -> Vec<Frame> {
-        s.frames
-            .iter()
-            .rev()
-            .filter(|f| !is_native_frame(f))
-            .cloned()
-            .collect()
-    };
-    let stacks: Vec<Vec<Frame>> = site_ids
-        .iter()
-        .filter_map(|&s| snapshot.sites.get(s as usize))
-        .map(python)
-        .filter(|f| !f.is_empty())
-        .collect();
-    let first = stacks.first()?;
-    let mut common = first.len();
-    for other in &stacks[1..] {
-        common = common.min(first.iter().zip(other).take_while(|(a, b)| a == b).count());
-    }
-    let candidate = first[..common].iter().rev().find(|f| user(f));
-    if let Some(frame) = candidate {
-        // How many times the line ran: runs of allocations under it.
-        let under: Vec<bool> = snapshot
-            .sites
-            .iter()
-            .map(|s| s.frames.iter().any(|f| f == frame))
-            .collect();
-        // Allocations without a Python frame (the autograd thread's) neither open nor close
-        // a run.
-        let has_python: Vec<bool> = snapshot
-            .sites
-            .iter()
-            .map(|s| s.frames.iter().any(|f| !is_native_frame(f)))
-            .collect();
-        let mut runs = 0usize;
-        let mut inside = false;
-        for e in snapshot.events.iter().filter(|e| {
-            e.kind == EventKind::Alloc
-                && e.site()
-                    .is_some_and(|s| has_python.get(s as usize) == Some(&true))
-        }) {
-            let now = e
-                .site()
-                .is_some_and(|s| under.get(s as usize) == Some(&true));
-            if now && !inside {
-                runs += 1;
-            }
-            inside = now;
-        }
-        if runs >= retaining_steps {
-            return Some((
-                frame.clone(),
-                "the line every retained block's stack passes through",
-            ));
-        }
-    }
-    let latest = python(snapshot.sites.get(latest? as usize)?);
-    latest[common.min(latest.len())..]
-        .iter()
-        .find(|f| user(f))
-        .map(|f| {
-            (
-                f.clone(),
-                "the loop line under which the last retained block was allocated; it keeps the others",
-            )
-        })
 }
 
 /// The most common gap between retaining steps (1 for every step).

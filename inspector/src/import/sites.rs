@@ -17,21 +17,16 @@ use vramscope_model::{CallSite, Frame, SiteId};
 /// The path fragments [`super::ImportOptions`] treats as framework code by default.
 pub const DEFAULT_FRAMEWORK_PATHS: &[&str] = &["torch/", "site-packages/", "dist-packages/"];
 
-/// File endings of C and C++ sources and headers.
-const NATIVE_ENDINGS: &[&str] = &[
-    ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".hh", ".cu", ".cuh",
-];
-
-/// Whether `frame` is framework code rather than the user's own: a C++ frame (file `??` or
-/// empty, a C/C++ source, or line 0), a frame of the Python standard library, or a file whose
-/// path matches one of `framework_paths` (see [`super::ImportOptions::framework_paths`]).
+/// Whether `frame` is framework code rather than the user's own: compiled code
+/// ([`vramscope_engine::is_compiled_frame`]: a frame without a line, a C, C++ or CUDA source, the
+/// C++ runtime), a frame of the Python standard library, or a file whose path matches one of
+/// `framework_paths` (see [`super::ImportOptions::framework_paths`]).
 pub fn is_framework_frame(frame: &Frame, framework_paths: &[String]) -> bool {
-    let file = frame.file.as_str();
-    if frame.line == 0 || file.is_empty() || file == "??" {
+    if vramscope_engine::is_compiled_frame(frame) {
         return true;
     }
-    let path = file.replace('\\', "/").to_ascii_lowercase();
-    if NATIVE_ENDINGS.iter().any(|e| path.ends_with(e)) || is_stdlib(&path) {
+    let path = frame.file.replace('\\', "/").to_ascii_lowercase();
+    if is_stdlib(&path) {
         return true;
     }
     framework_paths.iter().any(|p| path_matches(&path, p))

@@ -26,7 +26,7 @@ mod holdings;
 mod stacks;
 mod steps;
 
-pub use stacks::common_caller;
+pub use stacks::{common_caller, is_module_call, kept_line, KeptLine};
 pub(crate) use stacks::default_framework_paths;
 pub use steps::{apply_step_marker, restep, step_marker_candidates, StepMarkerError, StepSource};
 

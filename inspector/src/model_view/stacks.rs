@@ -45,3 +45,117 @@ pub fn common_caller(sites: &[&CallSite]) -> Option<Frame> {
         .find(|f| !crate::import::sites::is_framework_frame(f, &framework))
         .map(|f| (*f).clone())
 }
+
+/// The line that keeps what a stack allocated, and the line that made it.
+///
+/// PyTorch users keep memory through a line of their loop (`outputs.append(model(x))`) while
+/// the blocks are made deep inside the model (`model.py:201` in `forward`): the line to change
+/// is the one outside the module call chain. [`kept_line`] works this out for one stack.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeptLine {
+    /// The user's frame that keeps the memory: the caller of the outermost `nn.Module` call
+    /// when the stack passes through one, else the allocating line itself.
+    pub keeper: Frame,
+    /// The user's innermost frame: the line that allocated.
+    pub made_at: Frame,
+    /// The user's frames from `keeper` in to `made_at`, both included, outermost first.
+    pub path: Vec<Frame>,
+}
+
+/// Whether `frame` is one of the frames `nn.Module.__call__` puts between a caller and a
+/// module's `forward` (`_wrapped_call_impl`, `_call_impl`, or `__call__` in
+/// `torch/nn/modules/module.py`).
+pub fn is_module_call(frame: &Frame) -> bool {
+    let function = frame.function.rsplit('.').next().unwrap_or("");
+    match function {
+        "_call_impl" | "_wrapped_call_impl" => true,
+        "__call__" => frame
+            .file
+            .replace('\\', "/")
+            .ends_with("nn/modules/module.py"),
+        _ => false,
+    }
+}
+
+/// The keeping line of a stack (innermost frame first) under `framework` paths (see
+/// [`default_framework_paths`]): the user's frame just outside the outermost module call that
+/// has user code inside it, else the innermost user frame. `None` when no frame is the user's
+/// (an autograd thread's C++ stack).
+pub fn kept_line(frames: &[Frame], framework: &[String]) -> Option<KeptLine> {
+    let user = |f: &Frame| !crate::import::sites::is_framework_frame(f, framework);
+    let made = frames.iter().position(user)?;
+    let mut keeper = made;
+    let mut outer_user: Option<usize> = None;
+    for i in (0..frames.len()).rev() {
+        if user(&frames[i]) {
+            outer_user = Some(i);
+        } else if let Some(caller) = outer_user {
+            if i > made && is_module_call(&frames[i]) {
+                keeper = caller;
+                break;
+            }
+        }
+    }
+    let path = (made..=keeper)
+        .rev()
+        .filter(|&i| user(&frames[i]))
+        .map(|i| frames[i].clone())
+        .collect();
+    Some(KeptLine {
+        keeper: frames[keeper].clone(),
+        made_at: frames[made].clone(),
+        path,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(file: &str, line: u32, function: &str) -> Frame {
+        Frame {
+            file: file.to_string(),
+            line,
+            function: function.to_string(),
+        }
+    }
+
+    const TORCH: &str = "/venv/lib/python3.11/site-packages/torch";
+
+    #[test]
+    fn a_model_call_is_kept_by_its_caller_and_made_inside() {
+        let call = |line| frame(&format!("{TORCH}/nn/modules/module.py"), line, "_call_impl");
+        let stack = vec![
+            frame("??", 0, "at::native::addmm"),
+            frame(&format!("{TORCH}/nn/modules/linear.py"), 125, "forward"),
+            call(1762),
+            frame("/home/u/model.py", 120, "forward"),
+            call(1762),
+            frame("/home/u/model.py", 201, "forward"),
+            call(1762),
+            frame("/home/u/evaluate.py", 57, "evaluate"),
+            frame("/home/u/evaluate.py", 90, "<module>"),
+        ];
+        let kept = kept_line(&stack, &default_framework_paths()).expect("user frames");
+        assert_eq!(kept.keeper.line, 57);
+        assert_eq!(kept.made_at.line, 120);
+        let lines: Vec<u32> = kept.path.iter().map(|f| f.line).collect();
+        assert_eq!(lines, vec![57, 201, 120]);
+    }
+
+    #[test]
+    fn a_plain_line_keeps_what_it_makes() {
+        let stack = vec![
+            frame("??", 0, "at::native::mul"),
+            frame(&format!("{TORCH}/_tensor.py"), 40, "wrapped"),
+            frame("/home/u/train.py", 163, "train"),
+            frame("/home/u/train.py", 300, "<module>"),
+        ];
+        let kept = kept_line(&stack, &default_framework_paths()).expect("user frames");
+        assert_eq!(kept.keeper, kept.made_at);
+        assert_eq!(kept.keeper.line, 163);
+        assert_eq!(kept.path.len(), 1);
+        let backward = vec![frame("??", 0, "MmBackward0::apply")];
+        assert_eq!(kept_line(&backward, &default_framework_paths()), None);
+    }
+}
