@@ -641,6 +641,17 @@ fn unpack(bytes: &[u8], origin: &str, options: &ImportOptions) -> Result<Unpacke
             }
         };
     }
+    if detect(&head).is_none() {
+        // No format: refused by its start, as a plain file is, without holding the rest
+        // (which is still unpacked, for an unpacking error or the size limit to come first).
+        std::io::copy(&mut unpacker, &mut std::io::sink()).map_err(|e| failed(&mut unpacker, e))?;
+        return Err(ImportError::new(
+            origin,
+            ImportErrorKind::UnknownFormat {
+                found: describe_start(&head),
+            },
+        ));
+    }
     unpacker
         .read_to_end(&mut head)
         .map_err(|e| failed(&mut unpacker, e))?;
@@ -847,6 +858,31 @@ mod tests {
                 .expect("reads")
                 .as_deref(),
             Some("the file is empty")
+        );
+    }
+
+    #[test]
+    fn gzip_data_of_no_format_is_named_by_its_start() {
+        let zeros = vec![0u8; 4 << 20];
+        let options = ImportOptions::default();
+        let plain = load_bytes(&zeros, "z", &options).expect_err("no format");
+        let packed = load_bytes(&gzip(&zeros), "z", &options).expect_err("no format");
+        assert_eq!(packed.to_string(), plain.to_string());
+        assert!(
+            packed
+                .to_string()
+                .ends_with("it starts with bytes 00 00 00 00 00 00 00 00"),
+            "{packed}"
+        );
+        // The size limit still comes first.
+        let small = ImportOptions {
+            max_decompressed_bytes: 1 << 20,
+            ..ImportOptions::default()
+        };
+        let err = load_bytes(&gzip(&zeros), "z", &small).expect_err("too large");
+        assert!(
+            matches!(err.kind, ImportErrorKind::TooLarge { .. }),
+            "{err}"
         );
     }
 
