@@ -348,3 +348,50 @@ fn a_file_of_zeros_is_refused_by_its_first_bytes() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// On a terminal the text report keeps its own colours, and only those: the file's escape
+/// sequences are still shown escaped (run under `script`, which gives it a terminal).
+#[test]
+fn on_a_terminal_only_the_reports_own_colours_pass() {
+    let has_script = Command::new("script")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_script {
+        vramscope_testkit::skip_notice("script (util-linux) is not installed");
+        return;
+    }
+    let dir = scratch("tty");
+    let file = save(&snapshot_named(HOSTILE, false), &dir.join("run.json"));
+    let command = format!("'{}' report '{file}'", env!("CARGO_BIN_EXE_vramscope"));
+    let output = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env_remove("NO_COLOR")
+        .env("TERM", "xterm")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("\u{1b}[1m"),
+        "the report is painted: {text:?}"
+    );
+    assert!(text.contains("evil\\u{1b}]52;c;aGk="), "{text:?}");
+    // Every ESC that reaches the terminal opens a colour: `ESC [` digits and `;` then `m`.
+    for (at, _) in text.match_indices('\u{1b}') {
+        let rest = &text[at + 1..];
+        let params = rest[1..]
+            .find(|c: char| !(c.is_ascii_digit() || c == ';'))
+            .unwrap_or(0);
+        assert!(
+            rest.starts_with('[') && rest[1 + params..].starts_with('m'),
+            "an escape sequence that is no colour: {:?}",
+            &text[at..(at + 12).min(text.len())]
+        );
+    }
+    assert!(
+        raw_hostile(&text.replace(['\u{1b}', '\r'], "")).is_none(),
+        "{text:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
