@@ -364,12 +364,15 @@ pub fn device_arm(on: bool) {
     }
 }
 
-/// Opens the scope `name` on this thread for `device`'s allocations.
+/// Opens the scope `name` on this thread for `device`'s allocations. Raises `RuntimeError` for
+/// a scope that would nest deeper than `MAX_SCOPE_DEPTH` (1024) levels: nothing is opened.
 #[pyfunction]
 pub fn device_push_scope(device: i32, name: &str) -> PyResult<()> {
     let alloc = allocator(device)
         .ok_or_else(|| PyRuntimeError::new_err(format!("cannot open device {device}")))?;
-    let guard = alloc.scope(name);
+    let guard = alloc
+        .try_scope(name)
+        .ok_or_else(|| PyRuntimeError::new_err(crate::sim::scope_refused(name)))?;
     OPEN_SCOPES.with(|scopes| scopes.borrow_mut().push(guard));
     Ok(())
 }

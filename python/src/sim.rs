@@ -6,12 +6,15 @@
 //! Python `file:line`. A [`Block`] frees itself when Python drops it, or on `.free()`. This is
 //! how a Python user (and CI) tries vramscope with no GPU, and how the stack capture is tested.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::thread::ThreadId;
 
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use vramscope_allocator::provenance::with_call_site;
+use vramscope_allocator::provenance::{with_call_site, MAX_SCOPE_DEPTH};
 use vramscope_allocator::{
     AllocError, CachingAllocator, DeviceBuffer, ScopeGuard, SimDevice, StreamId,
 };
@@ -118,11 +121,20 @@ impl SimAllocator {
     }
 
     /// Opens the scope `name` on this thread until the returned token's `close()`; the
-    /// Python `scope()` context manager wraps this.
-    fn open_scope(&self, name: &str) -> ScopeToken {
-        ScopeToken {
-            guard: Some(self.alloc.scope(name)),
-        }
+    /// Python `scope()` context manager wraps this. Raises `RuntimeError` for a scope that
+    /// would nest deeper than `MAX_SCOPE_DEPTH` (1024) levels (counted in `scopes_refused`).
+    fn open_scope(&self, name: &str) -> PyResult<ScopeToken> {
+        let guard = self
+            .alloc
+            .try_scope(name)
+            .ok_or_else(|| PyRuntimeError::new_err(scope_refused(name)))?;
+        Ok(ScopeToken::open(guard))
+    }
+
+    /// Scopes refused because they would nest deeper than `MAX_SCOPE_DEPTH` (1024) levels.
+    #[getter]
+    fn scopes_refused(&self) -> u64 {
+        self.alloc.scope_stats().refused
     }
 
     /// Releases every cached segment without live blocks; returns the bytes released.
@@ -268,16 +280,88 @@ impl Block {
     }
 }
 
-/// An open scope; `close()` ends it. It belongs to the thread that opened it.
-#[pyclass(module = "vramscope._native", unsendable)]
+/// The message of a scope refused for nesting too deep.
+pub fn scope_refused(name: &str) -> String {
+    let shown: String = name.chars().take(64).collect();
+    format!(
+        "scope {shown:?} refused: scopes nest at most {MAX_SCOPE_DEPTH} levels (is a scope \
+         opened in a loop and never closed?)"
+    )
+}
+
+/// The message of a scope closed on a thread other than its own.
+const OTHER_THREAD: &str = "a scope must be closed on the thread that opened it";
+
+thread_local! {
+    /// The scopes this thread opened with `open_scope`, by their token's number: a scope is
+    /// its thread's own, so its guard stays on that thread and only that thread closes it.
+    static OPEN_SCOPES: RefCell<HashMap<u64, ScopeGuard>> = RefCell::new(HashMap::new());
+}
+
+/// The number of the next scope token.
+static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
+
+/// An open scope; `close()` ends it. It belongs to the thread that opened it: `close()` on
+/// another thread raises `RuntimeError` and leaves the scope open; a token dropped on another
+/// thread leaves it open until its own thread ends.
+#[pyclass(module = "vramscope._native", frozen)]
 pub struct ScopeToken {
-    guard: Option<ScopeGuard>,
+    number: u64,
+    thread: ThreadId,
+    closed: AtomicBool,
+}
+
+impl ScopeToken {
+    /// The token of `guard`, which stays with this thread.
+    fn open(guard: ScopeGuard) -> ScopeToken {
+        let number = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+        OPEN_SCOPES.with(|scopes| scopes.borrow_mut().insert(number, guard));
+        ScopeToken {
+            number,
+            thread: std::thread::current().id(),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// Closes the scope, on its own thread (elsewhere: nothing, and `false`).
+    fn close_here(&self) -> bool {
+        if std::thread::current().id() != self.thread {
+            return false;
+        }
+        self.closed.store(true, Ordering::Relaxed);
+        // Taken out first, dropped after the borrow ends.
+        let guard = OPEN_SCOPES
+            .try_with(|scopes| scopes.borrow_mut().remove(&self.number))
+            .ok()
+            .flatten();
+        drop(guard);
+        true
+    }
 }
 
 #[pymethods]
 impl ScopeToken {
-    /// Ends the scope (again: nothing).
-    fn close(&mut self) {
-        self.guard.take();
+    /// Ends the scope (again: nothing). Raises `RuntimeError` on a thread other than the one
+    /// that opened it.
+    fn close(&self) -> PyResult<()> {
+        if self.closed.load(Ordering::Relaxed) || self.close_here() {
+            Ok(())
+        } else {
+            Err(PyRuntimeError::new_err(OTHER_THREAD))
+        }
+    }
+
+    /// Whether the scope is closed.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for ScopeToken {
+    fn drop(&mut self) {
+        if !self.closed.load(Ordering::Relaxed) {
+            self.close_here();
+        }
     }
 }
