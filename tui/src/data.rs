@@ -49,6 +49,16 @@ enum Start {
     Head,
 }
 
+/// Raises `named` (one past the highest call-site, tag and scope ids seen) to the ids `e`
+/// names.
+fn note_ids(named: &mut [usize; 3], e: &Event) {
+    for (n, id) in named.iter_mut().zip([e.site(), e.tag(), e.scope()]) {
+        if let Some(id) = id {
+            *n = (*n).max(id as usize + 1);
+        }
+    }
+}
+
 /// The blocks and segments of a state: what keeping or cloning it costs, about.
 fn items(state: &MemoryState) -> usize {
     state.blocks.len() + state.segments.len()
@@ -145,6 +155,9 @@ pub struct Dataset {
     epoch: u64,
     /// Whether `snapshot.segments` still describe the head state.
     segments_current: bool,
+    /// One past the highest call-site, tag and scope ids the events name: table additions
+    /// beyond them change nothing the events already say (see [`Dataset::apply_tables`]).
+    named: [usize; 3],
     /// The most events kept; older ones are dropped in chunks (live sources).
     pub max_events: usize,
     /// What a live source reported last.
@@ -179,6 +192,7 @@ impl Dataset {
             version: 0,
             epoch: 0,
             segments_current: true,
+            named: [0; 3],
             max_events: 4 << 20,
             live: LiveFigures::default(),
             link_state: Link::Up,
@@ -224,6 +238,10 @@ impl Dataset {
         self.loaded = n;
         self.disagreements = walk.disagreements;
         self.kinds = snapshot.events.iter().map(|e| e.kind).collect();
+        self.named = [0; 3];
+        for e in snapshot.events.iter() {
+            note_ids(&mut self.named, e);
+        }
         self.ooms = self
             .kinds
             .iter()
@@ -277,6 +295,7 @@ impl Dataset {
                 _ => {}
             }
             self.kinds.push(e.kind);
+            note_ids(&mut self.named, e);
             snapshot.events.push(*e);
             let len = i + 1;
             if len.is_multiple_of(self.checkpoint_every) {
@@ -373,13 +392,30 @@ impl Dataset {
         self.epoch += 1;
     }
 
-    /// Applies table additions from a live source.
+    /// Applies table additions from a live source: the work of the additions alone (their
+    /// call sites are named and grouped; nothing else is gone over again). Only where an
+    /// event already named an entry added now (a publisher sends the additions before the
+    /// events that need them, so normally none does) do the lists derived event by event
+    /// start over ([`Dataset::epoch`]).
     pub fn apply_tables(&mut self, tables: &TablesFrame) {
         let snapshot = Arc::make_mut(&mut self.snapshot);
+        let before = [
+            snapshot.sites.len(),
+            snapshot.tags.len(),
+            snapshot.scopes.len(),
+        ];
         tables.apply_to(snapshot);
         self.groups.sync(&snapshot.sites);
+        let after = [
+            snapshot.sites.len(),
+            snapshot.tags.len(),
+            snapshot.scopes.len(),
+        ];
         self.version += 1;
-        self.epoch += 1;
+        let renamed = (0..3).any(|t| after[t] > before[t] && self.named[t] > before[t]);
+        if renamed {
+            self.epoch += 1;
+        }
     }
 
     /// Records statistics from a live source.
@@ -990,7 +1026,7 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        #![proptest_config(vramscope_testkit::props::config(64))]
 
         /// Whatever the trace, consistent or not, and wherever the cursor goes from wherever
         /// it was, the state at the cursor is the engine walk's own there, with its usage.

@@ -153,9 +153,19 @@ fn a_lost_connection_says_since_when() {
         s.lines()
             .next()
             .unwrap()
-            .contains("disconnected since 22:12:38 (42s ago), retrying"),
+            .contains("disconnected since 22:12:38 (42s ago), retrying: the program ended"),
         "{s}"
     );
+    // A reason from a hostile publisher is shown escaped, and cut to a third of the row.
+    app.data.link_state = Link::Down {
+        since_unix_ns: fixture::EPOCH_UNIX_NS - 42_000_000_000,
+        reason: format!("refused: \u{1b}]52;c;b3duZWQ=\u{7}{}", "x".repeat(500)),
+    };
+    let s = screen(&mut app, 120, 30);
+    let header = s.lines().next().unwrap();
+    assert!(header.contains("retrying: refused: \\u{1b}]52;c;"), "{s}");
+    assert!(header.contains("x…"), "{s}");
+    assert!(!s.contains('\u{1b}'), "{s}");
 }
 
 #[test]

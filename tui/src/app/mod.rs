@@ -20,7 +20,7 @@ mod event_rows;
 mod input;
 mod prepare;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -94,7 +94,23 @@ pub struct App {
     /// One line saying what is running and what to look at (the demo's), shown in the help
     /// bar until the first key.
     pub intro: Option<String>,
+    /// Updates the source sent that [`App::tick`] has not applied yet: each tick applies at
+    /// most [`TICK_WORK`] of them (large ones in pieces), so that the loop draws and reads
+    /// keys between ticks however fast the source sends.
+    backlog: VecDeque<Update>,
 }
+
+/// The most work one [`App::tick`] does on the source's updates before the terminal loop
+/// draws and reads keys again, in units of one event appended; a call-site, tag or scope
+/// costs [`TABLE_ENTRY_WORK`] (it is named and grouped), a re-synchronising snapshot its
+/// events and table entries together, anything else one. An `Events` or `Tables` update
+/// larger than what is left of it is applied in pieces over several ticks; a snapshot is
+/// applied whole (its size is bounded by the telemetry client's limit), and ends the tick.
+/// About 10 ms of work in a release build, so that `q` answers at once under any flood.
+pub const TICK_WORK: usize = 1 << 15;
+
+/// The work units of one call-site, tag or scope entry (see [`TICK_WORK`]).
+pub const TABLE_ENTRY_WORK: usize = 8;
 
 impl App {
     /// A dashboard over `data`, with no source.
@@ -144,6 +160,7 @@ impl App {
             cursor_moved: None,
             page_rows: 10,
             intro: None,
+            backlog: VecDeque::new(),
         }
     }
 
@@ -193,16 +210,36 @@ impl App {
         !matches!(self.data.origin(), Origin::File(_))
     }
 
-    /// Takes in what the source sent, and starts or collects analyses. Returns whether
-    /// anything changed.
+    /// Takes in what the source sent (at most [`TICK_WORK`] of it: the rest waits for the
+    /// next tick), and starts or collects analyses. Returns whether anything changed.
     pub fn tick(&mut self) -> bool {
         let mut changed = false;
-        if let Some(source) = self.source.as_mut() {
-            let mut updates = Vec::new();
-            source.poll(&mut updates);
-            changed |= !updates.is_empty();
-            for u in updates {
-                self.apply(u);
+        if self.source.is_some() {
+            let mut budget = TICK_WORK;
+            while budget > 0 {
+                if self.backlog.is_empty() {
+                    let mut updates = Vec::new();
+                    if let Some(source) = self.source.as_mut() {
+                        source.poll(&mut updates);
+                    }
+                    if updates.is_empty() {
+                        break;
+                    }
+                    self.backlog.extend(updates);
+                }
+                let Some(update) = self.backlog.pop_front() else {
+                    break;
+                };
+                let (piece, rest) = split_update(update, budget);
+                if let Some(rest) = rest {
+                    self.backlog.push_front(rest);
+                }
+                budget = budget.saturating_sub(work_of(&piece).max(1));
+                if matches!(piece, Update::Reset(_)) {
+                    budget = 0;
+                }
+                self.apply(piece);
+                changed = true;
             }
         }
         if let Some(analyzer) = self.analyzer.as_mut() {
@@ -214,6 +251,11 @@ impl App {
         }
         self.schedule_analysis();
         changed
+    }
+
+    /// Updates received and not applied yet (see [`App::tick`]).
+    pub fn backlog(&self) -> usize {
+        self.backlog.len()
     }
 
     fn apply(&mut self, update: Update) {
@@ -395,6 +437,50 @@ impl App {
 impl ViewSource for App {
     fn view_model(&self) -> ViewModel<'_> {
         App::view_model(self)
+    }
+}
+
+/// The work of applying `update`, in the units of [`TICK_WORK`].
+pub fn work_of(update: &Update) -> usize {
+    match update {
+        Update::Events(events) => events.len(),
+        Update::Tables(t) => (t.sites.len() + t.tags.len() + t.scopes.len()) * TABLE_ENTRY_WORK,
+        Update::Reset(s) => {
+            s.events.len() + (s.sites.len() + s.tags.len() + s.scopes.len()) * TABLE_ENTRY_WORK
+        }
+        _ => 1,
+    }
+}
+
+/// `update`, or the first piece of it that fits in `budget` work units and the rest, for
+/// updates that split: events by count, table additions by entries (the rest starting at
+/// the index after the piece's last entry).
+fn split_update(update: Update, budget: usize) -> (Update, Option<Update>) {
+    match update {
+        Update::Events(mut events) if events.len() > budget.max(1) => {
+            let rest = events.split_off(budget.max(1));
+            (Update::Events(events), Some(Update::Events(rest)))
+        }
+        Update::Tables(mut t)
+            if (t.sites.len() + t.tags.len() + t.scopes.len()) * TABLE_ENTRY_WORK
+                > budget.max(TABLE_ENTRY_WORK) =>
+        {
+            let mut room = (budget / TABLE_ENTRY_WORK).max(1);
+            let mut rest = vramscope_telemetry::TablesFrame::default();
+            let sites = t.sites.len().min(room);
+            room -= sites;
+            rest.sites_from = t.sites_from.saturating_add(sites as u32);
+            rest.sites = t.sites.split_off(sites);
+            let tags = t.tags.len().min(room);
+            room -= tags;
+            rest.tags_from = t.tags_from.saturating_add(tags as u32);
+            rest.tags = t.tags.split_off(tags);
+            let scopes = t.scopes.len().min(room);
+            rest.scopes_from = t.scopes_from.saturating_add(scopes as u32);
+            rest.scopes = t.scopes.split_off(scopes);
+            (Update::Tables(t), Some(Update::Tables(rest)))
+        }
+        other => (other, None),
     }
 }
 

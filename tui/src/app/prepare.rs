@@ -64,12 +64,19 @@ impl App {
             return;
         }
         let growth = self.analysis.as_ref().map(|a| &a.growth);
-        let groups = self.data.groups().clone();
-        let state = self.data.state_at(pos);
+        // Borrowed, not cloned: a copy of the groups here cost O(call sites) at every view
+        // change, which a publisher sending call sites made quadratic (issue 33). The state at
+        // the cursor was worked out above and is at hand.
+        let _ = self.data.state_at(pos);
+        let groups = self.data.groups();
+        let state = match self.data.cached_state(pos) {
+            Some(state) => state,
+            None => self.data.head(),
+        };
         // The rows hold allocated bytes by group, summed as the report sums its columns: a
         // block whose free is requested is not among them, and memory from before the trace
         // that no block describes (a profiler trace's totals) is the "before the trace" row.
-        let by_group = holdings_of(state, &groups, &|b: &LiveBlock| b.step);
+        let by_group = holdings_of(state, groups, &|b: &LiveBlock| b.step);
         // The tree's sums by site, the same bytes; a block without a site goes by its group
         // ("before the trace" or "unknown site"), as the table names it.
         let mut by_site: FxHashMap<(Option<SiteId>, GroupId), (u64, u64)> = FxHashMap::default();

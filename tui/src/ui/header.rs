@@ -1,7 +1,7 @@
 //! The header: what is shown, its state, and the memory figures at the time cursor.
 //!
 //! Three rows: the source, device, capacity, step, cursor position and connection state (live,
-//! paused, disconnected since when, ended); then allocated, reserved and peak bytes as bars on
+//! paused, disconnected since when and why, ended); then allocated, reserved and peak bytes as bars on
 //! the most the trace uses (the capacity is text in the first row), with their values in
 //! absolute units; then retries, OOMs and events the dashboard did not receive. Figures come
 //! from `crate::data::Dataset` at the cursor, through the `crate::view::ViewModel`.
@@ -44,23 +44,27 @@ pub fn bar(value: u64, scale: u64, width: usize) -> (String, String) {
 }
 
 impl Header<'_> {
-    fn state(&self) -> (String, Style) {
+    /// The state in the first row, and for a lost connection the reason, which comes from
+    /// the publisher or the protocol check (shown with control characters escaped, in the
+    /// room the row has left: see `render`).
+    fn state(&self) -> (String, Option<String>, Style) {
         let model = self.model;
         let theme = model.theme;
-        match &model.data.link_state {
+        let (state, style) = match &model.data.link_state {
             Link::Down {
                 since_unix_ns,
                 reason,
             } => {
                 let ago = model.now_unix_ns.saturating_sub(*since_unix_ns) / 1_000_000_000;
-                let _ = reason;
-                (
+                let reason = vramscope_inspector::terminal::sanitize(reason).into_owned();
+                return (
                     format!(
                         "disconnected since {} ({ago}s ago), retrying",
                         clock(*since_unix_ns)
                     ),
+                    Some(reason),
                     theme.alert(),
-                )
+                );
             }
             Link::Connecting => ("connecting…".to_string(), theme.pending()),
             Link::Ended if model.following => ("ended".to_string(), theme.dim()),
@@ -74,9 +78,26 @@ impl Header<'_> {
                 ),
                 theme.cursor(),
             ),
-        }
+        };
+        (state, None, style)
     }
 }
+
+/// `text` cut to `room` characters, ending in `…` where it was cut.
+fn fit_text(text: &str, room: usize) -> String {
+    if text.chars().count() <= room {
+        text.to_string()
+    } else {
+        text.chars()
+            .take(room.saturating_sub(1))
+            .collect::<String>()
+            + "…"
+    }
+}
+
+/// The fewest characters of a lost connection's reason the first row shows: past what the
+/// row has left, the source's name gives way to it first.
+const REASON_ROOM: usize = 24;
 
 impl Widget for Header<'_> {
     fn render(self, area: Rect, buf: &mut Buffer) {
@@ -93,7 +114,7 @@ impl Widget for Header<'_> {
             Origin::InProcess(_) => "in-process",
         };
         let capacity = snapshot.device.capacity;
-        let (mut state, style) = self.state();
+        let (mut state, reason, style) = self.state();
         if let Some(peak) = model.at_peak {
             state.push(' ');
             state.push_str(peak);
@@ -126,6 +147,22 @@ impl Widget for Header<'_> {
         let label = data.origin().label();
         let mut name = label.to_string();
         let mut device = device;
+        let showing_reason = reason.is_some();
+        if let Some(reason) = reason {
+            // The reason takes the room the row has left, and at least `REASON_ROOM`.
+            let left = width.saturating_sub(total(&name, &device, &events) + 2);
+            let reason = fit_text(&reason, left.max(REASON_ROOM));
+            state.push_str(": ");
+            state.push_str(&reason);
+        }
+        let fixed = " vramscope ".len() + len(&state) + len(" │ ") + kind.len() + 2;
+        let total = |name: &str, device: &str, events: &str| {
+            fixed + len(name) + len(&format!("│ {device} {cap} ")) + len(&step) + len(events)
+        };
+        if showing_reason && total(&name, &device, &events) > width {
+            // With a reason to show, the event count gives way before the name.
+            events.clear();
+        }
         if total(&name, &device, &events) > width {
             let over = total(&name, &device, &events) - width;
             name = fit_name(label, len(label).saturating_sub(over).max(10));
