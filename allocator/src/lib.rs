@@ -69,4 +69,4 @@ pub use caching::{
     MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
 };
 pub use sim::{SimCounters, SimDevice, SIM_ALIGNMENT, SIM_GRANULARITY};
-pub use telemetry::{pull_tables, PublisherStats, ServeOptions, Telemetry};
+pub use telemetry::{pull_tables, IdleWatch, PublisherStats, ServeOptions, Telemetry};

@@ -286,11 +286,8 @@ struct Client {
     resync: bool,
     /// Set until the first snapshot is queued.
     fresh: bool,
-    /// Since when the client has read nothing while bytes waited for it (reset at each check
-    /// that finds it read something, or had nothing waiting).
-    idle_since: Instant,
-    /// The bytes it had not read from its socket at the last check (Unix sockets).
-    unread: usize,
+    /// Whether it reads what it is sent.
+    idle: IdleWatch,
 }
 
 impl Client {
@@ -421,8 +418,7 @@ impl<B: Backend> Publisher<B> {
                         dropped: 0,
                         resync: false,
                         fresh: true,
-                        idle_since: Instant::now(),
-                        unread: 0,
+                        idle: IdleWatch::default(),
                     };
                     client.push(Arc::new(self.hello.clone()));
                     self.clients.push(client);
@@ -450,7 +446,7 @@ impl<B: Backend> Publisher<B> {
             .iter()
             .enumerate()
             .filter(|(_, c)| !c.out.dead)
-            .map(|(at, c)| (at, c.idle_since.elapsed()))
+            .map(|(at, c)| (at, c.idle.idle_for()))
             .max_by_key(|(_, idle)| *idle)
         else {
             return true;
@@ -487,21 +483,7 @@ impl<B: Backend> Publisher<B> {
         let mut at = 0;
         while at < self.clients.len() {
             let client = &mut self.clients[at];
-            let backlog = !client.out.queue.is_empty();
-            // The publisher's queue drains only as the client reads, once the socket is full.
-            let wrote = backlog && client.out.last_progress > checked;
-            let read = match self.unix.then(|| unread_bytes(&client.out.conn)).flatten() {
-                Some(unread) => {
-                    let read = (unread == 0 && !backlog) || unread < client.unread || wrote;
-                    client.unread = unread;
-                    read
-                }
-                // Without the system's word, a client with nothing queued may be reading.
-                None => !backlog || wrote,
-            };
-            if read {
-                client.idle_since = now;
-            } else if now.duration_since(client.idle_since) >= self.options.idle_timeout {
+            if client.idle.look(&client.out, self.unix, checked, now) >= self.options.idle_timeout {
                 self.close_for_idling(at);
                 continue;
             }
@@ -774,6 +756,59 @@ pub fn pull_tables<B: Backend>(
 ) -> TablesFrame {
     let added = alloc.site_tables_since(known.sites, known.tags, known.scopes);
     known.advance(added.sites, added.tags, added.scopes)
+}
+
+/// Whether one client reads what it is sent: how a publisher finds a connection that reads
+/// nothing (the allocator's publisher, and the Python package's for PyTorch's allocator). The
+/// publisher looks ([`IdleWatch::look`]) every few tens of milliseconds; a client has read
+/// something when the bytes it has not read from its Unix socket went down or to nothing (the
+/// system reports them), or when the publisher's queue for it drained some while full. Over
+/// TCP, whose unread bytes the system does not report, a client with nothing queued counts as
+/// reading, so there an idle client is found once the system's socket buffers have filled.
+#[derive(Debug)]
+pub struct IdleWatch {
+    /// Since when the client has read nothing while bytes waited for it.
+    since: Instant,
+    /// The bytes it had not read from its socket at the last look (Unix sockets).
+    unread: usize,
+}
+
+impl Default for IdleWatch {
+    fn default() -> IdleWatch {
+        IdleWatch {
+            since: Instant::now(),
+            unread: 0,
+        }
+    }
+}
+
+impl IdleWatch {
+    /// Looks at what the client behind `out` has read since the previous look, made at
+    /// `checked` (`unix`: its connection is a Unix socket); returns how long, as of `now`, it
+    /// has read nothing while bytes waited for it.
+    pub fn look(&mut self, out: &Outbox, unix: bool, checked: Instant, now: Instant) -> Duration {
+        let backlog = !out.queue.is_empty();
+        // With bytes left in the publisher's queue the socket was full: a write since the
+        // previous look means the client took some.
+        let wrote = backlog && out.last_progress > checked;
+        let read = match unix.then(|| unread_bytes(&out.conn)).flatten() {
+            Some(unread) => {
+                let read = (unread == 0 && !backlog) || unread < self.unread || wrote;
+                self.unread = unread;
+                read
+            }
+            None => !backlog || wrote,
+        };
+        if read {
+            self.since = now;
+        }
+        now.saturating_duration_since(self.since)
+    }
+
+    /// How long the client has read nothing, as of the last look.
+    pub fn idle_for(&self) -> Duration {
+        self.since.elapsed()
+    }
 }
 
 /// The bytes written to the Unix socket `conn` that its peer has not read yet (Linux's

@@ -21,7 +21,9 @@
 //! ([`CLIENT_QUEUE_BYTES`], every frame counted) and a non-blocking socket: a client that falls
 //! behind loses events, which are counted in its statistics, and is sent a fresh snapshot once
 //! its queue has drained (at most once a second); one that takes nothing for a second with a
-//! full queue is treated the same. The program's threads never wait for a dashboard: feeding
+//! full queue is treated the same; one that reads nothing for [`IDLE_TIMEOUT`] is closed, and
+//! one that has read nothing for a second gives up its place to a dashboard that connects while
+//! all are taken. The program's threads never wait for a dashboard: feeding
 //! takes the publisher's lock only to copy data in.
 
 use std::collections::VecDeque;
@@ -35,6 +37,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use rustc_hash::FxHashMap;
+use vramscope_allocator::IdleWatch;
 use vramscope_inspector::import::{pytorch, ImportOptions};
 use vramscope_model::{
     event_step, AllocatorConfig, CallSite, DeviceInfo, Event, Id, MemoryStats, Snapshot,
@@ -68,6 +71,15 @@ const RESYNC_INTERVAL: Duration = Duration::from_secs(1);
 const ATTACH_WAIT: Duration = Duration::from_secs(1);
 /// How long a client may take nothing while its queue is half full before it loses its stream.
 const STALLED_AFTER: Duration = Duration::from_secs(1);
+/// How long a client may read nothing while bytes wait for it before it is closed, so that
+/// connections that never read cannot hold every place a dashboard could take (as the
+/// allocator's publisher does, `ServeOptions::idle_timeout`).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client must have read nothing to give up its place to a dashboard that connects
+/// while every place is taken.
+const ROOM_AFTER: Duration = Duration::from_secs(1);
+/// How often the server looks at what each client has read.
+const IDLE_CHECK: Duration = Duration::from_millis(50);
 
 fn now_unix_ns() -> u64 {
     SystemTime::now()
@@ -101,6 +113,7 @@ struct Counters {
     events_dropped: AtomicU64,
     snapshots: AtomicU64,
     refused: AtomicU64,
+    idle: AtomicU64,
 }
 
 struct Shared {
@@ -370,6 +383,8 @@ impl LivePublisher {
             clients: Vec::new(),
             last_stats: None,
             last_snapshot: None,
+            unix: matches!(bound, TelemetryAddr::Unix(_)),
+            last_idle_check: Instant::now(),
         };
         let thread = std::thread::Builder::new()
             .name("vramscope-live".to_string())
@@ -398,7 +413,7 @@ impl LivePublisher {
     }
 
     /// Counters: clients attached now and in all, events sent and dropped, snapshots sent,
-    /// clients refused, events published.
+    /// clients refused, clients closed for reading nothing (`idle`), events published.
     fn counters(&self) -> std::collections::HashMap<&'static str, u64> {
         let c = &self.shared.counters;
         let published = self.shared.state().next_seq;
@@ -409,6 +424,7 @@ impl LivePublisher {
             ("events_dropped", c.events_dropped.load(Ordering::Relaxed)),
             ("snapshots", c.snapshots.load(Ordering::Relaxed)),
             ("refused", c.refused.load(Ordering::Relaxed)),
+            ("idle", c.idle.load(Ordering::Relaxed)),
             ("events_published", published),
         ]
         .into_iter()
@@ -484,6 +500,8 @@ struct Client {
     resync: bool,
     /// Set until the first snapshot is queued, with the history version seen at connection.
     fresh: Option<(u64, Instant)>,
+    /// Whether it reads what it is sent.
+    idle: IdleWatch,
 }
 
 impl Client {
@@ -500,6 +518,10 @@ struct Server {
     clients: Vec<Client>,
     last_stats: Option<Instant>,
     last_snapshot: Option<Instant>,
+    /// Whether dashboards connect over a Unix socket, whose unread bytes the system reports.
+    unix: bool,
+    /// When the server last looked at what each client has read.
+    last_idle_check: Instant,
 }
 
 impl Server {
@@ -524,6 +546,9 @@ impl Server {
                         client.resync = true;
                     }
                 }
+                if self.last_idle_check.elapsed() >= IDLE_CHECK {
+                    self.close_idle();
+                }
                 self.reap();
             }
             idle = if busy {
@@ -540,7 +565,7 @@ impl Server {
         loop {
             match self.listener.accept() {
                 Ok(Some(mut conn)) => {
-                    if self.clients.len() >= MAX_CLIENTS {
+                    if self.clients.len() >= MAX_CLIENTS && !self.make_room() {
                         let reason = format!(
                             "{MAX_CLIENTS} dashboards are attached already, the most this program allows"
                         );
@@ -558,6 +583,7 @@ impl Server {
                         dropped: 0,
                         resync: false,
                         fresh: Some((version, Instant::now())),
+                        idle: IdleWatch::default(),
                     };
                     client.push(Arc::new(self.hello.clone()));
                     self.clients.push(client);
@@ -736,6 +762,56 @@ impl Server {
             };
             client.push(Arc::new(json_frame(FrameKind::Stats, &frame)));
         }
+    }
+
+    /// Closes the clients that have read nothing for [`IDLE_TIMEOUT`] while bytes waited for
+    /// them.
+    fn close_idle(&mut self) {
+        let now = Instant::now();
+        let checked = std::mem::replace(&mut self.last_idle_check, now);
+        let mut at = 0;
+        while at < self.clients.len() {
+            let client = &mut self.clients[at];
+            if client.idle.look(&client.out, self.unix, checked, now) >= IDLE_TIMEOUT {
+                self.close_for_idling(at);
+            } else {
+                at += 1;
+            }
+        }
+    }
+
+    /// Makes room for a dashboard while every place is taken: closes the client that has read
+    /// nothing for longest, if that is [`ROOM_AFTER`] or more; whether there is room now.
+    fn make_room(&mut self) -> bool {
+        self.close_idle();
+        if self.clients.iter().filter(|c| !c.out.dead).count() < MAX_CLIENTS {
+            return true;
+        }
+        let longest = self
+            .clients
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| !c.out.dead)
+            .map(|(at, c)| (at, c.idle.idle_for()))
+            .max_by_key(|(_, idle)| *idle);
+        match longest {
+            Some((at, idle)) if idle >= ROOM_AFTER => {
+                self.close_for_idling(at);
+                true
+            }
+            Some(_) => false,
+            None => true,
+        }
+    }
+
+    /// Closes client `at` for reading nothing, and counts it.
+    fn close_for_idling(&mut self, at: usize) {
+        let client = self.clients.remove(at);
+        let _ = client.out.conn.shutdown(std::net::Shutdown::Both);
+        let c = &self.shared.counters;
+        c.idle.fetch_add(1, Ordering::Relaxed);
+        c.clients
+            .store(self.clients.len() as u64, Ordering::Relaxed);
     }
 
     fn reap(&mut self) {
