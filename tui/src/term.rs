@@ -7,8 +7,9 @@
 //! share the loop, the panic hook and the restoring.
 //! The loop takes in data with `App::tick`, draws a frame with `crate::ui::draw` when something
 //! changed (at most twenty times a second for live data), and hands keys and mouse events to
-//! the app. Raw mode turns Ctrl-C into a key, which quits like `q`. A panic hook restores the
-//! terminal before the panic message is printed, so the message stays readable. SIGTERM,
+//! the app. Raw mode turns Ctrl-C into a key, which quits like `q`. A panic hook, installed when the
+//! terminal is set up, restores it before the panic message is printed, so the message stays
+//! readable; a panic on another thread (the analysis's, the source's) also ends the loop. SIGTERM,
 //! SIGINT and SIGQUIT from outside (`kill`, `timeout`, a supervisor) end the loop within one
 //! wait like `q` does, so the terminal is restored instead of left in raw mode;
 //! [`stop_signal`] then tells the caller which one came. A second such signal, and any that
@@ -91,13 +92,32 @@ pub fn stop_signal() -> Option<i32> {
     (received != 0).then_some(received as i32)
 }
 
-/// Puts the terminal back as it was. Safe to call more than once.
+/// Set by the panic hook when a thread of the dashboard panicked while it ran: the terminal
+/// was restored for the message, so the loop ends instead of drawing on.
+static PANICKED: AtomicBool = AtomicBool::new(false);
+
+/// Where [`restore`] writes in this crate's tests, instead of standard output.
+#[cfg(test)]
+static TEST_OUT: std::sync::Mutex<Option<Vec<u8>>> = std::sync::Mutex::new(None);
+
+/// Writes what puts a terminal back after the dashboard: leave the alternate screen, stop
+/// reporting the mouse, show the cursor.
+pub fn write_restore(out: &mut impl Write) -> io::Result<()> {
+    execute!(out, LeaveAlternateScreen, DisableMouseCapture, Show)?;
+    out.flush()
+}
+
+/// Puts the terminal back as it was (the sequences of [`write_restore`], then raw mode
+/// off), if a dashboard has it. Safe to call more than once, and from any thread.
 pub fn restore() {
     if ACTIVE.swap(false, Ordering::SeqCst) {
+        #[cfg(test)]
+        if let Some(out) = TEST_OUT.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            let _ = write_restore(out);
+            return;
+        }
+        let _ = write_restore(&mut io::stdout());
         let _ = disable_raw_mode();
-        let mut out = io::stdout();
-        let _ = execute!(out, LeaveAlternateScreen, DisableMouseCapture, Show);
-        let _ = out.flush();
     }
 }
 
@@ -112,10 +132,16 @@ impl Drop for Guard {
     }
 }
 
+/// Installs, once per process, the panic hook that restores the terminal before the panic
+/// message is printed (by the hook that was there before), whichever thread panics; a panic
+/// while a dashboard runs also ends its loop.
 fn install_panic_hook() {
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
+            if ACTIVE.load(Ordering::SeqCst) {
+                PANICKED.store(true, Ordering::SeqCst);
+            }
             restore();
             previous(info);
         }));
@@ -342,6 +368,7 @@ pub fn run_fleet(fleet: &mut Fleet) -> io::Result<()> {
 }
 
 fn run_screen(screen: &mut impl Screen) -> io::Result<()> {
+    PANICKED.store(false, Ordering::SeqCst);
     // A signal that stopped an earlier dashboard in this process does not stop this one.
     let signals = stop_signals();
     signals.received.store(0, Ordering::SeqCst);
@@ -377,6 +404,11 @@ fn event_loop(
         }
         if screen.quit() || stop.load(Ordering::SeqCst) != 0 {
             return Ok(());
+        }
+        if PANICKED.load(Ordering::SeqCst) {
+            // Another thread of the dashboard panicked; its message is on the restored
+            // terminal, which drawing on would scribble over.
+            return Err(io::Error::other("a thread of the dashboard panicked"));
         }
         let wait = if dirty {
             min_frame / 2
@@ -447,5 +479,46 @@ mod tests {
         assert_eq!(screen[3].trim_end(), " Loading f ... 0 s");
         assert_eq!(screen[4].trim_end(), " building the timeline");
         assert_eq!(screen[5].trim_end(), " q, Esc or Ctrl-C to give up");
+    }
+
+    /// Issue 33, item 7: a panic anywhere while the dashboard has the terminal restores it
+    /// (alternate screen left, mouse reporting off, cursor shown) before the panic message
+    /// is printed, and tells the loop to end.
+    #[test]
+    fn a_panic_restores_the_terminal_before_its_message() {
+        let mut expected = Vec::new();
+        write_restore(&mut expected).unwrap();
+        let text = String::from_utf8_lossy(&expected).to_string();
+        assert!(
+            text.contains("\x1b[?1049l"),
+            "leaves the alternate screen: {text:?}"
+        );
+        assert!(
+            text.contains("\x1b[?1000l"),
+            "stops mouse reporting: {text:?}"
+        );
+        assert!(text.contains("\x1b[?25h"), "shows the cursor: {text:?}");
+
+        *TEST_OUT.lock().unwrap() = Some(Vec::new());
+        // The hook found before ours writes the message: it must come after the restoring.
+        std::panic::set_hook(Box::new(|_| {
+            if let Some(out) = TEST_OUT.lock().unwrap().as_mut() {
+                out.extend_from_slice(b"MESSAGE");
+            }
+        }));
+        install_panic_hook();
+        ACTIVE.store(true, Ordering::SeqCst);
+        let panicked = std::thread::spawn(|| panic!("boom in the analysis thread")).join();
+        assert!(panicked.is_err());
+        let written = TEST_OUT.lock().unwrap().take().unwrap();
+        let _ = std::panic::take_hook();
+        assert!(!ACTIVE.load(Ordering::SeqCst));
+        assert!(PANICKED.swap(false, Ordering::SeqCst));
+        let message = written
+            .windows(7)
+            .position(|w| w == b"MESSAGE")
+            .expect("the message was printed");
+        assert_eq!(&written[..message], &expected[..], "restored first");
+        assert_eq!(written.len(), message + 7);
     }
 }
