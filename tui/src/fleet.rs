@@ -184,6 +184,12 @@ impl Fleet {
         changed
     }
 
+    /// Whether a member's last tick stopped at its bound with updates left
+    /// (`App::saturated`).
+    pub fn saturated(&self) -> bool {
+        self.members.iter().any(|m| m.app.saturated())
+    }
+
     /// Runs every member's analysis now, on this thread (tests).
     pub fn analyze_now(&mut self) {
         for m in &mut self.members {

@@ -189,6 +189,8 @@ trait Screen {
     fn set_now(&mut self, now_unix_ns: u64);
     /// Takes in new data; returns whether anything changed.
     fn tick(&mut self) -> bool;
+    /// Whether the last tick stopped at its bound with data left to take in.
+    fn saturated(&self) -> bool;
     /// Draws a frame.
     fn draw(&mut self, terminal: &mut Terminal<CrosstermBackend<Stdout>>) -> io::Result<()>;
     /// Whether the user asked to quit.
@@ -208,6 +210,10 @@ impl Screen for App {
 
     fn tick(&mut self) -> bool {
         App::tick(self)
+    }
+
+    fn saturated(&self) -> bool {
+        App::saturated(self)
     }
 
     fn draw(&mut self, terminal: &mut Terminal<CrosstermBackend<Stdout>>) -> io::Result<()> {
@@ -241,6 +247,10 @@ impl Screen for Fleet {
 
     fn tick(&mut self) -> bool {
         Fleet::tick(self)
+    }
+
+    fn saturated(&self) -> bool {
+        Fleet::saturated(self)
     }
 
     fn draw(&mut self, terminal: &mut Terminal<CrosstermBackend<Stdout>>) -> io::Result<()> {
@@ -410,7 +420,11 @@ fn event_loop(
             // terminal, which drawing on would scribble over.
             return Err(io::Error::other("a thread of the dashboard panicked"));
         }
-        let wait = if dirty {
+        // Data waiting to be taken in: read the keys that are there, then tick again at once
+        // (each tick's work is bounded, so keys are read every few milliseconds).
+        let wait = if screen.saturated() {
+            Duration::ZERO
+        } else if dirty {
             min_frame / 2
         } else {
             Duration::from_millis(100)

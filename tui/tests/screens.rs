@@ -164,7 +164,7 @@ fn a_lost_connection_says_since_when() {
     let s = screen(&mut app, 120, 30);
     let header = s.lines().next().unwrap();
     assert!(header.contains("retrying: refused: \\u{1b}]52;c;"), "{s}");
-    assert!(header.contains("x…"), "{s}");
+    assert!(header.contains("b3…"), "cut where the row ends: {s}");
     assert!(!s.contains('\u{1b}'), "{s}");
 }
 

@@ -98,19 +98,20 @@ pub struct App {
     /// most [`TICK_WORK`] of them (large ones in pieces), so that the loop draws and reads
     /// keys between ticks however fast the source sends.
     backlog: VecDeque<Update>,
+    /// Whether the last tick stopped at its bound with updates left (see [`App::saturated`]).
+    saturated: bool,
 }
 
 /// The most work one [`App::tick`] does on the source's updates before the terminal loop
-/// draws and reads keys again, in units of one event appended; a call-site, tag or scope
-/// costs [`TABLE_ENTRY_WORK`] (it is named and grouped), a re-synchronising snapshot its
-/// events and table entries together, anything else one. An `Events` or `Tables` update
+/// draws and reads keys again, in units of one event appended or one call-site, tag or scope
+/// entry added (each about a microsecond in a release build); a re-synchronising snapshot
+/// costs its events and entries together, anything else one. An `Events` or `Tables` update
 /// larger than what is left of it is applied in pieces over several ticks; a snapshot is
-/// applied whole (its size is bounded by the telemetry client's limit), and ends the tick.
-/// About 10 ms of work in a release build, so that `q` answers at once under any flood.
-pub const TICK_WORK: usize = 1 << 15;
-
-/// The work units of one call-site, tag or scope entry (see [`TICK_WORK`]).
-pub const TABLE_ENTRY_WORK: usize = 8;
+/// applied whole (its size is bounded by the telemetry client's limit) and ends the tick.
+/// About 10 ms of work in a release build: while updates wait, the loop ticks again at once
+/// after reading keys (`App::saturated`), so the bound costs no throughput and `q` answers
+/// under any flood.
+pub const TICK_WORK: usize = 8192;
 
 impl App {
     /// A dashboard over `data`, with no source.
@@ -161,6 +162,7 @@ impl App {
             page_rows: 10,
             intro: None,
             backlog: VecDeque::new(),
+            saturated: false,
         }
     }
 
@@ -214,6 +216,7 @@ impl App {
     /// next tick), and starts or collects analyses. Returns whether anything changed.
     pub fn tick(&mut self) -> bool {
         let mut changed = false;
+        self.saturated = false;
         if self.source.is_some() {
             let mut budget = TICK_WORK;
             while budget > 0 {
@@ -241,6 +244,7 @@ impl App {
                 self.apply(piece);
                 changed = true;
             }
+            self.saturated = budget == 0;
         }
         if let Some(analyzer) = self.analyzer.as_mut() {
             if let Some(a) = analyzer.latest() {
@@ -251,6 +255,12 @@ impl App {
         }
         self.schedule_analysis();
         changed
+    }
+
+    /// Whether the last [`App::tick`] stopped at its bound ([`TICK_WORK`]) rather than for
+    /// want of updates: the terminal loop then reads keys without waiting and ticks again.
+    pub fn saturated(&self) -> bool {
+        self.saturated
     }
 
     /// Updates received and not applied yet (see [`App::tick`]).
@@ -444,10 +454,8 @@ impl ViewSource for App {
 pub fn work_of(update: &Update) -> usize {
     match update {
         Update::Events(events) => events.len(),
-        Update::Tables(t) => (t.sites.len() + t.tags.len() + t.scopes.len()) * TABLE_ENTRY_WORK,
-        Update::Reset(s) => {
-            s.events.len() + (s.sites.len() + s.tags.len() + s.scopes.len()) * TABLE_ENTRY_WORK
-        }
+        Update::Tables(t) => t.sites.len() + t.tags.len() + t.scopes.len(),
+        Update::Reset(s) => s.events.len() + s.sites.len() + s.tags.len() + s.scopes.len(),
         _ => 1,
     }
 }
@@ -461,11 +469,8 @@ fn split_update(update: Update, budget: usize) -> (Update, Option<Update>) {
             let rest = events.split_off(budget.max(1));
             (Update::Events(events), Some(Update::Events(rest)))
         }
-        Update::Tables(mut t)
-            if (t.sites.len() + t.tags.len() + t.scopes.len()) * TABLE_ENTRY_WORK
-                > budget.max(TABLE_ENTRY_WORK) =>
-        {
-            let mut room = (budget / TABLE_ENTRY_WORK).max(1);
+        Update::Tables(mut t) if t.sites.len() + t.tags.len() + t.scopes.len() > budget.max(1) => {
+            let mut room = budget.max(1);
             let mut rest = vramscope_telemetry::TablesFrame::default();
             let sites = t.sites.len().min(room);
             room -= sites;
