@@ -13,7 +13,10 @@
 //! bytes in these events" in O(log n), however many events there are.
 //!
 //! Positions are counts of events applied: position `k` is the state after the first `k`
-//! events, so `0` is the state before the first event and `len()` the latest.
+//! events, so `0` is the state before the first event and `len()` the latest. The states kept
+//! along the way (checkpoints, from which a jump replays or undoes the events between) hold
+//! together at most one block or segment per 16 events and two states of the largest size:
+//! the dataset's memory is O(events + live blocks), whatever the trace.
 
 use std::sync::Arc;
 
@@ -34,9 +37,32 @@ const CHECKPOINT_MIN: usize = 16_384;
 
 /// Events between a checkpoint and the next per block or segment in its state: a small state
 /// costs little to keep, so its checkpoints come often and a jump replays few events; a large
-/// one's come no further apart than the old fixed interval. Checkpoints hold at most one block
-/// or segment per this many events beyond that (about 6 bytes an event).
+/// one's come no further apart than the old fixed interval, unless the memory bound below
+/// asks for more.
 const EVENTS_PER_ITEM: usize = 16;
+
+/// Full-size states the checkpoints may hold beyond one block or segment per
+/// [`EVENTS_PER_ITEM`] events: together they hold at most [`checkpoint_budget`] blocks and
+/// segments, so that the dataset's memory is O(events + live blocks) whatever the trace
+/// (issue 33: a million allocations never freed once kept 48 copies of a state that grew to a
+/// million blocks, 5.3 GB, and two million aborted).
+const FULL_STATES: usize = 2;
+
+/// The most blocks and segments the checkpoints of `events` events hold together, when the
+/// largest state among them has `largest`.
+fn checkpoint_budget(events: usize, largest: usize) -> usize {
+    events / EVENTS_PER_ITEM + FULL_STATES * largest
+}
+
+/// The events between a checkpoint of a state of `items` blocks and segments and the next,
+/// where `every` is the interval states of any size may keep (the old fixed one) and `budget`
+/// the most all checkpoints of `events` events may hold: each is as far from the next as its
+/// share of the budget asks, so that they never hold more than the budget together.
+fn checkpoint_gap(items: usize, every: usize, events: usize, budget: usize) -> usize {
+    let by_size = (items * EVENTS_PER_ITEM).clamp(CHECKPOINT_MIN, every.max(CHECKPOINT_MIN));
+    let by_budget = (items as u128 * events as u128 / budget.max(1) as u128) as usize;
+    by_size.max(by_budget)
+}
 
 /// Where [`Dataset::state_at`] starts from.
 #[derive(Clone, Copy)]
@@ -214,9 +240,15 @@ impl Dataset {
         let mut checkpoints = Vec::new();
         // The walk goes from the end backwards: a state is kept when the checkpoint above it is
         // as far as its size asks for.
-        let mut above = usize::MAX;
+        // The head stands for a checkpoint at the end (`state_at` undoes from it).
+        let mut above = n;
+        // The largest state so far: the budget only grows, so every checkpoint kept fits the
+        // final one.
+        let mut largest = 0;
         let walk = vramscope_engine::Reconstruction::new(&snapshot, CHECKPOINT_MIN, &mut |k, s| {
-            let gap = (items(s) * EVENTS_PER_ITEM).clamp(CHECKPOINT_MIN, widest);
+            let size = items(s);
+            largest = largest.max(size);
+            let gap = checkpoint_gap(size, widest, n, checkpoint_budget(n, largest));
             if above - k >= gap {
                 checkpoints.push((k, s.clone()));
                 above = k;
@@ -306,12 +338,21 @@ impl Dataset {
         // Only the appended events' checkpoints are thinned: the loaded ones are the walk's,
         // as few as it chose.
         let loaded = self.loaded;
-        let (appended, held) = self
-            .checkpoints
-            .iter()
-            .filter(|(k, _)| *k > loaded)
-            .fold((0, 0), |(n, held), (_, s)| (n + 1, held + items(s)));
-        if appended > MAX_CHECKPOINTS && held > (self.len() - loaded) / EVENTS_PER_ITEM {
+        // Past `MAX_CHECKPOINTS` of them holding more than their share of the events, or
+        // holding more than the budget (whose full-size states are the head's size), every
+        // other one goes, until they fit.
+        let budget = checkpoint_budget(self.len() - loaded, items(&self.head));
+        loop {
+            let (appended, held) = self
+                .checkpoints
+                .iter()
+                .filter(|(k, _)| *k > loaded)
+                .fold((0, 0), |(n, held), (_, s)| (n + 1, held + items(s)));
+            let share = (self.len() - loaded) / EVENTS_PER_ITEM;
+            let crowded = appended > MAX_CHECKPOINTS && held > share;
+            if appended == 0 || !(crowded || held > budget) {
+                break;
+            }
             self.checkpoint_every = self.checkpoint_every.saturating_mul(2);
             let every = self.checkpoint_every;
             self.checkpoints
@@ -949,8 +990,10 @@ mod tests {
         );
         let n = data.len();
         assert!(n > 3 * CHECKPOINT_MIN, "{n} events");
+        // Its live blocks grow to 30,000 over some 75,000 events: the memory bound keeps at
+        // most two states of that size beyond the events' share.
         assert!(
-            data.checkpoints.len() > 3,
+            data.checkpoints.len() >= 3,
             "{} checkpoints",
             data.checkpoints.len()
         );
@@ -1129,6 +1172,76 @@ mod tests {
             let live = pos <= 30;
             assert_eq!(site, live.then_some(Some(7)), "at {pos}");
             assert_eq!(data.state_at(pos).usage(), data.usage_at(pos), "at {pos}");
+        }
+    }
+
+    /// One segment, then `n` allocations of 512 bytes in it that are never freed.
+    fn never_freed(n: u64) -> Vec<Event> {
+        let base = 0x10_0000_0000u64;
+        let mut events = vec![vramscope_testkit::event(EventKind::SegmentAlloc)
+            .addr(base)
+            .size(512 * n)
+            .build()];
+        for i in 0..n {
+            events.push(
+                vramscope_testkit::event(EventKind::Alloc)
+                    .addr(base + 512 * i)
+                    .size(512)
+                    .seq(i + 1)
+                    .build(),
+            );
+        }
+        events
+    }
+
+    /// The blocks and segments all checkpoints hold, and the bound they must keep to: one
+    /// per `EVENTS_PER_ITEM` events and `FULL_STATES` states of the head's size.
+    fn held_and_bound(data: &Dataset) -> (usize, usize) {
+        let held = data.checkpoints.iter().map(|(_, s)| items(s)).sum();
+        let bound = data.len() / EVENTS_PER_ITEM + FULL_STATES * items(data.head());
+        (held, bound)
+    }
+
+    /// Issue 33, item 8: on a trace of allocations never freed (a model of many small
+    /// tensors), checkpoints used to copy the whole live set every few thousand events (48
+    /// copies of up to a million blocks, 5.3 GB). Loaded or appended, they now hold at most
+    /// one block per `EVENTS_PER_ITEM` events and `FULL_STATES` full states, and the state
+    /// at any position is still right.
+    #[test]
+    fn checkpoints_of_a_trace_never_freed_hold_memory_linear_in_it() {
+        let events = never_freed(120_000);
+        let mut end = MemoryState::default();
+        for (i, e) in events.iter().enumerate() {
+            end.apply(e, i as u32);
+        }
+        let mut snapshot = Snapshot::empty(Default::default(), Default::default());
+        snapshot.segments = end.to_segments();
+        for e in &events {
+            snapshot.events.push(*e);
+        }
+        let mut loaded = Dataset::new(snapshot, Origin::File("f".into()));
+        let (held, bound) = held_and_bound(&loaded);
+        assert!(held <= bound, "loaded: {held} blocks held, over {bound}");
+        assert!(loaded.checkpoints.len() >= 2);
+
+        let empty = Snapshot::empty(Default::default(), Default::default());
+        let mut appended = Dataset::new(empty, Origin::Live("l".into()));
+        for batch in events.chunks(8192) {
+            appended.append(batch);
+            let (held, bound) = held_and_bound(&appended);
+            assert!(
+                held <= bound,
+                "after {} events: {held} blocks held, over {bound}",
+                appended.len()
+            );
+        }
+        assert!(appended.checkpoints.len() >= 2);
+        for data in [&mut loaded, &mut appended] {
+            let n = data.len();
+            for pos in [n / 2, n / 7, n - 1, 3 * n / 4, 1, 0] {
+                let state = data.state_at(pos);
+                assert_eq!(state.blocks.len(), pos.saturating_sub(1), "at {pos}");
+            }
         }
     }
 }
