@@ -107,7 +107,7 @@ fn figures(snapshot: &vramscope::model::Snapshot) -> Figures {
 }
 
 proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+    #![proptest_config(vramscope_testkit::props::config(48))]
 
     /// Two devices' traces of any shape, consistent or not, in one snapshot: each device's
     /// part gives the figures its trace gives alone (start, peak and its event, end, and what

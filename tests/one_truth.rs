@@ -331,7 +331,7 @@ fn the_shared_traces_agree_everywhere() {
 }
 
 proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    #![proptest_config(vramscope_testkit::props::config(64))]
 
     /// Any trace, consistent or not (blocks freed twice or never allocated, allocations over
     /// live blocks, free requests repeated or never completed), with or without dump-time

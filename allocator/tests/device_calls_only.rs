@@ -118,7 +118,7 @@ fn is_block_event(kind: EventKind) -> bool {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 128, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { failure_persistence: None, ..vramscope_testkit::props::config(128) })]
 
     #[test]
     fn recording_device_calls_only_leaves_out_the_block_events_and_nothing_else(

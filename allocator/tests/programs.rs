@@ -193,7 +193,7 @@ fn run_program(conf: &str, ops: &[Op]) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { failure_persistence: None, ..vramscope_testkit::props::config(256) })]
 
     #[test]
     fn random_programs_keep_the_books_straight(

@@ -159,7 +159,7 @@ fn snapshot() -> impl Strategy<Value = Snapshot> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(96))]
+    #![proptest_config(vramscope_testkit::props::config(96))]
 
     #[test]
     fn any_snapshot_is_analysed_without_panicking(a in snapshot(), b in snapshot()) {

@@ -189,7 +189,7 @@ fn snapshot_pickle(entries: &[Entry], segments: &[Seg]) -> Vec<u8> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1500, ..ProptestConfig::default() })]
+    #![proptest_config(vramscope_testkit::props::config(1500))]
 
     #[test]
     fn generated_snapshots_go_through_every_command(entries in entries(), segments in segments()) {
@@ -280,7 +280,7 @@ fn chrome_trace(events: &[(u64, i64, u64)]) -> Vec<u8> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+    #![proptest_config(vramscope_testkit::props::config(1000))]
 
     #[test]
     fn generated_chrome_traces_go_through_every_command(

@@ -202,7 +202,7 @@ fn missing_files_are_named() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+    #![proptest_config(vramscope_testkit::props::config(1000))]
 
     #[test]
     fn random_input_never_panics(

@@ -18,7 +18,7 @@ fn memory_event(ts: u64, addr: u64, bytes: i64, total: u64, reserved: u64) -> St
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(128))]
+    #![proptest_config(vramscope_testkit::props::config(128))]
 
     /// Allocations and frees at random slots, blocks from before the recording freed in it
     /// or never, memory known only from the totals, reserved memory that grows with the

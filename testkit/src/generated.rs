@@ -69,8 +69,9 @@ pub fn slot_address(slot: u64) -> u64 {
 /// [`SLOTS`] addresses [`SLOT_BYTES`] apart in one large-pool segment. The dump-time state
 /// holds a 2 MiB block at each slot where `live_at_dump` says so (the first [`SLOTS`] of it).
 /// An allocation has one of three call sites; a free names the size of the last block allocated
-/// at its slot, as PyTorch writes it, or its own for a block from before the trace; an OOM asks
-/// for its size. Nothing keeps the trace consistent: blocks freed twice or never allocated,
+/// at its slot, as PyTorch writes it, or for a block from before the trace the size the slot's
+/// first free named (a request and its completion name one size, as in PyTorch's traces); an
+/// OOM asks for its size. Nothing keeps the trace consistent: blocks freed twice or never allocated,
 /// allocations over live blocks, free requests never completed and dump-time states that the
 /// events contradict all come out of some lists.
 pub fn trace_of_ops(ops: &[OpArgs], live_at_dump: &[bool]) -> Snapshot {
@@ -88,6 +89,14 @@ pub fn trace_of_ops(ops: &[OpArgs], live_at_dump: &[bool]) -> Snapshot {
         let (addr, size) = (slot_address(slot), mib.clamp(1, 8) * MIB);
         let last = &mut last_size[(slot % SLOTS) as usize];
         let free_size = last.unwrap_or(size);
+        if matches!(
+            Op::nth(op),
+            Op::Free | Op::FreeRequested | Op::FreeCompleted
+        ) {
+            // A block the trace never allocated keeps the size its first free names: PyTorch
+            // writes one block's size in both its free request and its completion.
+            *last = Some(free_size);
+        }
         match Op::nth(op) {
             Op::Alloc => {
                 t.alloc_at(sites[site % sites.len()], addr, size);

@@ -5,6 +5,8 @@
 //! - [`generated::trace_of_ops`] builds the traces, consistent or not, of property tests;
 //! - [`device_run`] and [`merge_devices`] build the multi-device snapshots that tests of
 //!   per-device views need, by running the caching allocator on simulated devices;
+//! - [`props::config`] is the one configuration of every property test (a fixed seed; a deep
+//!   run on request);
 //! - [`skip_notice`], [`shared_traces_dir`] and [`shared_trace`] are for tests that need
 //!   something this machine may lack.
 //!
@@ -20,6 +22,7 @@ use vramscope_allocator::{CachingAllocator, SimDevice};
 
 pub mod fixture;
 pub mod generated;
+pub mod props;
 mod trace;
 
 pub use trace::{clean_loop, event, EventBuilder, Trace, MIB};

@@ -382,6 +382,7 @@ mod tests {
     use vramscope_model::EventKind;
 
     proptest::proptest! {
+    #![proptest_config(vramscope_testkit::props::config(256))]
         /// Whatever the trace, consistent or not (blocks freed twice or never allocated,
         /// allocations over live blocks), the largest free block and the largest holder at each
         /// OOM are the ones in the engine walk's own state there, whose allocated and reserved

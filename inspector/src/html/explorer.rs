@@ -860,6 +860,7 @@ mod tests {
     }
 
     proptest::proptest! {
+    #![proptest_config(vramscope_testkit::props::config(256))]
         /// Whatever the trace, consistent or not (blocks freed twice or never allocated,
         /// allocations over live blocks, free requests repeated), with or without dump-time
         /// blocks, every column's bands sum to the allocated bytes the engine's walk found

@@ -866,7 +866,7 @@ mod tests {
         use super::*;
 
         proptest! {
-            #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+            #![proptest_config(vramscope_testkit::props::config(300))]
 
             #[test]
             fn streaming_gives_what_the_whole_document_gives(
