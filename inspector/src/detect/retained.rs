@@ -121,8 +121,54 @@ pub fn retained_per_step(
             None => groups.push((key, vec![k])),
         }
     }
-    for (_, members) in groups {
-        report_group(view, options, &units, &leaks, &members, sink);
+    let mut findings: Vec<Finding> = groups
+        .iter()
+        .map(|(_, members)| report_group(view, options, &units, &leaks, members))
+        .collect();
+    note_same_steps(&mut findings, &groups, &leaks, n as u32);
+    for f in findings {
+        sink.report(f);
+    }
+}
+
+/// Says in each finding which other findings retained in exactly the same steps: nothing in a
+/// memory dump says whether one reference keeps them all (a kept tensor's autograd graph keeps
+/// the tensors it was made from) or two lists keep two things, so they stay separate findings,
+/// each with its own line and bytes, and the reader is told they may share a cause. The last
+/// loop step, which the snapshot may have cut short, takes no part in the comparison.
+fn note_same_steps(
+    findings: &mut [Finding],
+    groups: &[(Option<Frame>, Vec<usize>)],
+    leaks: &[Leak],
+    loop_len: u32,
+) {
+    let last = loop_len.saturating_sub(1);
+    let steps_of = |members: &[usize]| -> Vec<u32> {
+        cluster_lead(leaks, members)
+            .steps
+            .iter()
+            .copied()
+            .filter(|&s| s != last)
+            .collect()
+    };
+    let keys: Vec<Vec<u32>> = groups.iter().map(|(_, m)| steps_of(m)).collect();
+    let sites: Vec<String> = findings
+        .iter()
+        .map(|f| f.site_label().to_string())
+        .collect();
+    for (i, f) in findings.iter_mut().enumerate() {
+        let others: Vec<&str> = (0..keys.len())
+            .filter(|&j| j != i && keys[j] == keys[i])
+            .map(|j| sites[j].as_str())
+            .collect();
+        if others.is_empty() {
+            continue;
+        }
+        let list = others.join(", ");
+        f.summary.push_str(&format!(
+            "; retained in the same steps as {list}: if one tensor keeps them all (through its autograd graph), fixing its line fixes them all, else each is a leak of its own"
+        ));
+        f.evidence = std::mem::take(&mut f.evidence).text("same_steps_as", list);
     }
 }
 
@@ -258,15 +304,14 @@ fn is_leak(steps: &[u32], live: &[u64], retained: u64, n: u32) -> bool {
     tail <= 2 * max_gap + 1
 }
 
-/// Reports one group of sites kept through one line.
+/// The finding of one group of sites kept through one line.
 fn report_group(
     view: &ModelView<'_>,
     options: &DetectOptions,
     units: &[Unit],
     leaks: &[Leak],
     members: &[usize],
-    sink: &mut dyn FindingSink,
-) {
+) -> Finding {
     let loop_steps = retaining_range(view);
     // The steps of the group: those of its largest member.
     let lead = cluster_lead(leaks, members);
@@ -348,7 +393,7 @@ fn report_group(
             "at {site}, do not keep the step's device tensors: store loss.item() or t.detach().cpu() instead of the tensor (a kept tensor keeps its whole autograd graph), or drop the reference each step"
         )
     };
-    sink.report(f);
+    f
 }
 
 /// The line that keeps a leaking site's retained blocks, from the stack that retained the most

@@ -77,8 +77,8 @@ pub fn is_module_call(frame: &Frame) -> bool {
     }
 }
 
-/// The keeping line of a stack (innermost frame first) under `framework` paths (see
-/// [`default_framework_paths`]): the user's frame just outside the outermost module call that
+/// The keeping line of a stack (innermost frame first) under `framework` paths (the importer's
+/// `ImportOptions::framework_paths`, PyTorch and `site-packages` by default): the user's frame just outside the outermost module call that
 /// has user code inside it, else the innermost user frame. `None` when no frame is the user's
 /// (an autograd thread's C++ stack).
 pub fn kept_line(frames: &[Frame], framework: &[String]) -> Option<KeptLine> {
