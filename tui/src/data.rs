@@ -233,6 +233,20 @@ impl Dataset {
         self.load(snapshot);
     }
 
+    /// Takes `other`'s data, made elsewhere from a snapshot (`Dataset::new` on a thread of its
+    /// own, so that a large re-synchronising snapshot never holds up the dashboard's keys), as
+    /// [`Dataset::reset`] would have: keeping this dataset's origin, live figures, connection
+    /// state and event limit, and moving its version and epoch on.
+    pub fn adopt(&mut self, mut other: Dataset) {
+        other.origin = std::mem::replace(&mut self.origin, Origin::File(String::new()));
+        other.live = std::mem::take(&mut self.live);
+        other.link_state = self.link_state.clone();
+        other.max_events = self.max_events;
+        other.version = self.version + 1;
+        other.epoch = self.epoch + 1;
+        *self = other;
+    }
+
     fn load(&mut self, snapshot: Snapshot) {
         let n = snapshot.events.len();
         self.checkpoint_every = (n / 48).clamp(CHECKPOINT_MIN, 1 << 20);

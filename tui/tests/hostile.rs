@@ -318,3 +318,59 @@ fn pieces_of_a_large_update_arrive_whole_and_in_order() {
         .enumerate()
         .all(|(i, s)| s.file == format!("/some/long/path/to/module_{i}.py")));
 }
+
+/// A re-synchronising snapshot too large for one tick is loaded on a thread of its own: the
+/// tick that meets it returns at once, saying so, the dashboard reads keys meanwhile, and
+/// what came after the snapshot is taken in after it, in order.
+#[test]
+fn a_large_snapshot_is_loaded_aside_and_keys_are_read_meanwhile() {
+    let n = 200_000u64;
+    let mut snapshot = empty();
+    for seq in 0..n {
+        snapshot.events.push(
+            vramscope_testkit::event(EventKind::Alloc)
+                .addr(0x1000 * (seq + 1))
+                .size(512)
+                .seq(seq)
+                .build(),
+        );
+    }
+    let later = vramscope_testkit::event(EventKind::FreeCompleted)
+        .addr(0x1000)
+        .size(512)
+        .seq(n)
+        .build();
+    let mut app = flood_app(
+        vec![
+            Update::Reset(Box::new(snapshot)),
+            Update::Events(vec![later]),
+        ],
+        false,
+    );
+    app.tick();
+    assert!(app.data.is_empty(), "not loaded on the dashboard's thread");
+    assert!(
+        app.status_text()
+            .is_some_and(|s| s.contains("taking in a snapshot of 200000 events")),
+        "{:?}",
+        app.status_text()
+    );
+    app.handle_key(KeyEvent::from(KeyCode::Char('?')));
+    assert!(app.help, "keys are read while it loads");
+    let started = Instant::now();
+    while app.data.len() < n as usize + 1 {
+        assert!(started.elapsed() < Duration::from_secs(120), "never loaded");
+        app.tick();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(app.data.len(), n as usize + 1);
+    assert_eq!(
+        app.data.head().blocks.len(),
+        n as usize - 1,
+        "the free came after"
+    );
+    assert_eq!(
+        app.data.origin(),
+        &Origin::Live("unix:/tmp/evil.sock".into())
+    );
+}

@@ -22,6 +22,7 @@ mod prepare;
 
 use std::collections::{BTreeSet, VecDeque};
 use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
 use ratatui::layout::Rect;
@@ -100,14 +101,17 @@ pub struct App {
     backlog: VecDeque<Update>,
     /// Whether the last tick stopped at its bound with updates left (see [`App::saturated`]).
     saturated: bool,
+    /// A snapshot too large for one tick being loaded on a thread of its own.
+    loading: Option<Receiver<Dataset>>,
 }
 
 /// The most work one [`App::tick`] does on the source's updates before the terminal loop
 /// draws and reads keys again, in units of one event appended or one call-site, tag or scope
 /// entry added (each about a microsecond in a release build); a re-synchronising snapshot
 /// costs its events and entries together, anything else one. An `Events` or `Tables` update
-/// larger than what is left of it is applied in pieces over several ticks; a snapshot is
-/// applied whole (its size is bounded by the telemetry client's limit) and ends the tick.
+/// larger than what is left of it is applied in pieces over several ticks; a snapshot ends
+/// the tick, and one larger than this bound is loaded on a thread of its own while the
+/// dashboard goes on drawing and reading keys (nothing else is taken in meanwhile).
 /// About 10 ms of work in a release build: while updates wait, the loop ticks again at once
 /// after reading keys (`App::saturated`), so the bound costs no throughput and `q` answers
 /// under any flood.
@@ -163,6 +167,7 @@ impl App {
             intro: None,
             backlog: VecDeque::new(),
             saturated: false,
+            loading: None,
         }
     }
 
@@ -217,7 +222,20 @@ impl App {
     pub fn tick(&mut self) -> bool {
         let mut changed = false;
         self.saturated = false;
-        if self.source.is_some() {
+        let mut intake = self.source.is_some();
+        if let Some(loading) = &self.loading {
+            match loading.try_recv() {
+                Ok(data) => {
+                    self.loading = None;
+                    self.data.adopt(data);
+                    self.after_reset();
+                    changed = true;
+                }
+                Err(TryRecvError::Empty) => intake = false,
+                Err(TryRecvError::Disconnected) => self.loading = None,
+            }
+        }
+        if intake {
             let mut budget = TICK_WORK;
             while budget > 0 {
                 if self.backlog.is_empty() {
@@ -237,12 +255,19 @@ impl App {
                 if let Some(rest) = rest {
                     self.backlog.push_front(rest);
                 }
-                budget = budget.saturating_sub(work_of(&piece).max(1));
-                if matches!(piece, Update::Reset(_)) {
+                let work = work_of(&piece).max(1);
+                budget = budget.saturating_sub(work);
+                changed = true;
+                if let Update::Reset(snapshot) = piece {
+                    if work > TICK_WORK {
+                        self.load_aside(snapshot);
+                        break;
+                    }
+                    self.apply(Update::Reset(snapshot));
                     budget = 0;
+                    continue;
                 }
                 self.apply(piece);
-                changed = true;
             }
             self.saturated = budget == 0;
         }
@@ -268,17 +293,40 @@ impl App {
         self.backlog.len()
     }
 
+    /// What follows a new snapshot: the link is up, and the cursor within the data.
+    fn after_reset(&mut self) {
+        self.data.link_state = match self.data.link_state {
+            Link::Ended => Link::Ended,
+            _ => Link::Up,
+        };
+        if self.cursor.is_some_and(|c| c > self.data.len()) {
+            self.cursor = Some(self.data.len());
+        }
+    }
+
+    /// Loads a snapshot too large for one tick on a thread of its own; [`App::tick`] takes
+    /// the dataset in once it is made, and takes in nothing else meanwhile (what the source
+    /// sends after the snapshot waits, and behind it the socket).
+    fn load_aside(&mut self, snapshot: Box<Snapshot>) {
+        let (tx, rx) = mpsc::channel();
+        let origin = self.data.origin().clone();
+        let events = snapshot.events.len();
+        let spawned = std::thread::Builder::new()
+            .name("vramscope-load".to_string())
+            .spawn(move || {
+                let _ = tx.send(Dataset::new(*snapshot, origin));
+            });
+        if spawned.is_ok() {
+            self.loading = Some(rx);
+            self.set_status(format!("taking in a snapshot of {events} events…"));
+        }
+    }
+
     fn apply(&mut self, update: Update) {
         match update {
             Update::Reset(snapshot) => {
                 self.data.reset(*snapshot);
-                self.data.link_state = match self.data.link_state {
-                    Link::Ended => Link::Ended,
-                    _ => Link::Up,
-                };
-                if self.cursor.is_some_and(|c| c > self.data.len()) {
-                    self.cursor = Some(self.data.len());
-                }
+                self.after_reset();
             }
             Update::Events(events) => self.data.append(&events),
             Update::Tables(t) => self.data.apply_tables(&t),
