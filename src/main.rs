@@ -78,7 +78,7 @@ enum Command {
         /// Target format: pytorch, perfetto, json, events or html.
         #[arg(long)]
         to: ConvertTarget,
-        /// The file to write.
+        /// The file to write; `-` is standard output.
         #[arg(short, long)]
         output: PathBuf,
         #[command(flatten)]
@@ -105,7 +105,7 @@ enum Command {
         /// Output format: text, markdown, json or html.
         #[arg(long, default_value = "text")]
         format: Format,
-        /// Write to this file instead of standard output.
+        /// Write to this file instead of standard output (`-` is standard output).
         #[arg(short, long)]
         output: Option<PathBuf>,
         #[command(flatten)]
@@ -171,7 +171,7 @@ struct ReportArgs {
     /// Output format: text, markdown, json or html.
     #[arg(long, default_value = "text")]
     format: Format,
-    /// Write the report to this file instead of standard output.
+    /// Write the report to this file instead of standard output (`-` is standard output).
     #[arg(short, long)]
     output: Option<PathBuf>,
     /// A function name whose allocations start a new training step.
@@ -399,7 +399,7 @@ fn emit(text: &str, output: Option<&PathBuf>, kind: Output) -> Result<(), Failur
         Output::Text { color } => terminal::sanitize_output(text, color),
         Output::Json => terminal::sanitize_json(text),
     };
-    match output {
+    match output.filter(|path| !is_stdout(path)) {
         Some(path) => std::fs::write(path, text.as_bytes())
             .map_err(|e| Failure::input(format!("cannot write {}: {e}", path.display()))),
         None => {
@@ -414,6 +414,75 @@ fn emit(text: &str, output: Option<&PathBuf>, kind: Output) -> Result<(), Failur
                     "cannot write to standard output: {e}"
                 ))),
             }
+        }
+    }
+}
+
+/// Whether an output path names standard output: `-`, as everywhere in Unix.
+fn is_stdout(path: &std::path::Path) -> bool {
+    path.as_os_str() == "-"
+}
+
+/// An output path as messages name it: `standard output` for `-`.
+fn output_name(path: &std::path::Path) -> String {
+    if is_stdout(path) {
+        "standard output".to_string()
+    } else {
+        path.display().to_string()
+    }
+}
+
+/// Where `convert` writes: a file, standard output streamed as the file would be (a pipe or
+/// a redirection), or, when standard output is a terminal, a buffer that `finish` passes
+/// through `sanitize_json` (every text format convert writes is JSON or a page whose data is
+/// JSON; the binary pickle is refused before).
+enum ConvertSink {
+    /// A file, or standard output that is not a terminal.
+    Stream(std::io::BufWriter<Box<dyn Write>>),
+    /// Standard output that is a terminal: escaped once whole.
+    Terminal(Vec<u8>),
+}
+
+impl ConvertSink {
+    /// Opens `path` for writing, or standard output for `-`.
+    fn open(path: &std::path::Path) -> std::io::Result<ConvertSink> {
+        if !is_stdout(path) {
+            let file: Box<dyn Write> = Box::new(std::fs::File::create(path)?);
+            return Ok(ConvertSink::Stream(std::io::BufWriter::new(file)));
+        }
+        if std::io::stdout().is_terminal() {
+            return Ok(ConvertSink::Terminal(Vec::new()));
+        }
+        let stdout: Box<dyn Write> = Box::new(std::io::stdout());
+        Ok(ConvertSink::Stream(std::io::BufWriter::new(stdout)))
+    }
+
+    /// Writes what is buffered: flushes the stream, or prints the escaped text.
+    fn finish(&mut self) -> std::io::Result<()> {
+        match self {
+            ConvertSink::Stream(writer) => writer.flush(),
+            ConvertSink::Terminal(buffer) => {
+                let text = String::from_utf8_lossy(buffer);
+                let mut stdout = std::io::stdout().lock();
+                stdout.write_all(terminal::sanitize_json(&text).as_bytes())?;
+                stdout.flush()
+            }
+        }
+    }
+}
+
+impl Write for ConvertSink {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        match self {
+            ConvertSink::Stream(writer) => writer.write(bytes),
+            ConvertSink::Terminal(buffer) => buffer.write(bytes),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            ConvertSink::Stream(writer) => writer.flush(),
+            ConvertSink::Terminal(_) => Ok(()),
         }
     }
 }
@@ -448,7 +517,17 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             file, to, output, ..
         } => {
             use vramscope::inspector::export;
+            let to_stdout = is_stdout(&output);
+            // A pickle is binary: like `gzip -c`, it is not written to a terminal.
+            if to_stdout && to == ConvertTarget::Pytorch && std::io::stdout().is_terminal() {
+                return Err(Failure::input(
+                    "a PyTorch pickle is binary and standard output is a terminal: redirect it \
+                     (`-o - > FILE`) or give -o FILE",
+                ));
+            }
             let snapshot = loading::load(&file).map_err(Failure::input)?;
+            let mut sink = ConvertSink::open(&output)
+                .map_err(|e| Failure::input(format!("{}: {e}", output_name(&output))))?;
             let written = match to {
                 ConvertTarget::Pytorch => export::to_pytorch_pickle_from_file(&snapshot, &file)
                     .map_err(std::io::Error::other)
@@ -457,29 +536,34 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                         for line in &export.not_carried {
                             say(format_args!("not carried into the PyTorch format: {line}"));
                         }
-                        std::fs::write(&output, export.bytes)
+                        sink.write_all(&export.bytes)
                     }),
-                ConvertTarget::Perfetto => std::fs::File::create(&output).and_then(|f| {
-                    export::write_perfetto(&snapshot, f).map_err(std::io::Error::other)
-                }),
+                ConvertTarget::Perfetto => {
+                    export::write_perfetto(&snapshot, &mut sink).map_err(std::io::Error::other)
+                }
                 // Written here rather than by `Snapshot::save`, so that a failed write says
                 // the system's words, not that the snapshot is not valid.
-                ConvertTarget::Json => std::fs::File::create(&output).and_then(|file| {
-                    let mut writer = std::io::BufWriter::new(file);
-                    serde_json::to_writer(&mut writer, &snapshot).map_err(std::io::Error::from)?;
-                    writer.flush()
-                }),
+                ConvertTarget::Json => {
+                    serde_json::to_writer(&mut sink, &snapshot).map_err(std::io::Error::from)
+                }
                 ConvertTarget::Html => {
                     let mut options = ReportOptions::default();
                     options.input = Some(file.display().to_string());
                     let built = report::build_report(&snapshot, &options);
-                    std::fs::write(&output, report::render(&built, Format::Html, false))
+                    sink.write_all(report::render(&built, Format::Html, false).as_bytes())
                 }
-                ConvertTarget::Events => std::fs::File::create(&output)
-                    .and_then(|file| snapshot.write_event_log(std::io::BufWriter::new(file))),
-            };
-            written.map_err(|e| Failure::input(format!("{}: {e}", output.display())))?;
-            say(format_args!("wrote {}", output.display()));
+                ConvertTarget::Events => snapshot.write_event_log(&mut sink),
+            }
+            .and_then(|()| sink.finish());
+            match written {
+                Ok(()) => {}
+                // A closed pipe (`| head`) ends quietly, as `emit` does.
+                Err(e) if to_stdout && e.kind() == std::io::ErrorKind::BrokenPipe => {}
+                Err(e) => return Err(Failure::input(format!("{}: {e}", output_name(&output)))),
+            }
+            if !to_stdout {
+                say(format_args!("wrote {}", output.display()));
+            }
             Ok(0)
         }
         Command::Doctor => {
@@ -665,7 +749,7 @@ fn run_report(args: ReportArgs) -> Result<u8, Failure> {
     let mut options = ReportOptions::default();
     options.input = Some(file.display().to_string());
     options.explorer = format == Format::Html;
-    let color = output.is_none() && use_color() && format == Format::Text;
+    let color = output.as_deref().is_none_or(is_stdout) && use_color() && format == Format::Text;
     let reports: Vec<report::Report> = parts
         .iter()
         .map(|part| report::build_report(part, &options))
