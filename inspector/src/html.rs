@@ -149,6 +149,18 @@ pub fn render_html(report: &Report) -> String {
                 escape(&t.function)
             );
         }
+        if let Some(o) = &report.other_sites {
+            let _ = writeln!(
+                out,
+                "<tr><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"muted\">{}</td></tr>",
+                format_bytes(o.live_bytes),
+                o.live_blocks,
+                format_bytes(o.peak_bytes),
+                o.peak_blocks,
+                o.allocations,
+                escape(&o.label())
+            );
+        }
         out.push_str("</table>\n");
     }
     if let Some(data) = &report.timeline.explorer {

@@ -24,7 +24,9 @@ use vramscope_engine::GroupId;
 /// `capacity_bytes`}, `steps`, `stats` (see [`ReportStats`]), `findings[]` (each with `kind`,
 /// `severity`, `site` as `"file:line"` or null, `function`, `bytes`, `count`, `per_step`
 /// {`bytes`, `count`} or null, `first_step`, `last_step`, `summary`, `evidence` {key: number or
-/// string, in detector order}, `fix`) and `top_sites[]` (see [`TopSite`]).
+/// string, in detector order}, `fix`; a finding about kept memory also has `made_at` and
+/// `frames`, see [`Finding`]), `top_sites[]` (see [`TopSite`]) and, when that table is cut,
+/// `other_sites` (see [`OtherSites`]).
 ///
 /// A figure the input's format does not record is `null`, never 0 (ARCHITECTURE.md, "The
 /// figures, defined"). Version 2 made these keys null where version 1 wrote 0:
@@ -134,6 +136,37 @@ pub struct TopSite {
     pub allocated_bytes: u64,
 }
 
+/// The sites a cut `top_sites` table leaves out, summed: the table's last row, so that each
+/// column of the table sums to its figure (allocated at the end, allocated at the peak).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct OtherSites {
+    /// How many sites the table leaves out.
+    pub sites: u64,
+    /// Bytes they hold at the end.
+    pub live_bytes: u64,
+    /// Blocks they hold at the end.
+    pub live_blocks: u64,
+    /// Bytes they hold at the peak of allocated bytes.
+    pub peak_bytes: u64,
+    /// Blocks they hold at the peak.
+    pub peak_blocks: u64,
+    /// Allocations they made in the trace.
+    pub allocations: u64,
+    /// Bytes they allocated in the trace.
+    pub allocated_bytes: u64,
+}
+
+impl OtherSites {
+    /// The label of the row: `3 other sites`.
+    pub fn label(&self) -> String {
+        if self.sites == 1 {
+            "1 other site".to_string()
+        } else {
+            format!("{} other sites", self.sites)
+        }
+    }
+}
+
 /// A step boundary on the timeline.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StepTick {
@@ -187,8 +220,12 @@ pub struct Report {
     pub stats: ReportStats,
     /// Findings, most severe first.
     pub findings: Vec<Finding>,
-    /// Call sites holding the most memory at the end (then at the peak).
+    /// Call sites holding the most memory at the end or at the peak, largest first by the
+    /// larger of the two.
     pub top_sites: Vec<TopSite>,
+    /// The sites `top_sites` leaves out, summed; `None` when it lists them all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub other_sites: Option<OtherSites>,
     /// The timeline for HTML.
     #[serde(skip)]
     pub timeline: Timeline,
@@ -290,6 +327,7 @@ pub fn build_report_view(view: &ModelView<'_>, options: &ReportOptions) -> Repor
     let has_data = !snapshot.events.is_empty() || !snapshot.segments.is_empty();
     let memory_summary =
         (has_data || snapshot.stats != Default::default()).then(|| summary_table(view));
+    let (top_sites, other_sites) = top_sites_and_rest(view, options.top_sites);
     Report {
         format_version: REPORT_FORMAT_VERSION,
         source: snapshot.source.to_string(),
@@ -303,7 +341,8 @@ pub fn build_report_view(view: &ModelView<'_>, options: &ReportOptions) -> Repor
         step_source: view.step_source().describe(),
         stats,
         findings,
-        top_sites: top_sites(view, options.top_sites),
+        top_sites,
+        other_sites,
         timeline: timeline(view, options),
         memory_summary,
     }
@@ -400,8 +439,19 @@ const RECORDED_BY_PYTORCH_SNAPSHOTS: [&str; 12] = [
     "OOMs",
 ];
 
-/// The call sites holding the most at the end (then at the peak), at most `limit` of them.
+/// The call sites holding the most at the end or at the peak, at most `limit` of them (see
+/// [`top_sites_and_rest`]).
 pub fn top_sites(view: &ModelView<'_>, limit: usize) -> Vec<TopSite> {
+    top_sites_and_rest(view, limit).0
+}
+
+/// The call sites holding the most at the end or at the peak, at most `limit` of them, ordered
+/// by the larger of their two holdings (so that a site large at the peak and gone at the end is
+/// listed before a small one still live), and the sites left out, summed.
+pub fn top_sites_and_rest(
+    view: &ModelView<'_>,
+    limit: usize,
+) -> (Vec<TopSite>, Option<OtherSites>) {
     let n = view.groups().len();
     let mut rows: Vec<Option<TopSite>> = vec![None; n];
     let row = |rows: &mut Vec<Option<TopSite>>, g: GroupId| -> usize {
@@ -447,13 +497,30 @@ pub fn top_sites(view: &ModelView<'_>, limit: usize) -> Vec<TopSite> {
         .filter(|r| r.live_bytes > 0 || r.peak_bytes > 0)
         .collect();
     list.sort_by(|a, b| {
-        b.live_bytes
-            .cmp(&a.live_bytes)
+        let larger = |t: &TopSite| t.live_bytes.max(t.peak_bytes);
+        larger(b)
+            .cmp(&larger(a))
+            .then(b.live_bytes.cmp(&a.live_bytes))
             .then(b.peak_bytes.cmp(&a.peak_bytes))
-            .then(a.site.cmp(&b.site))
+            .then(a.label.cmp(&b.label))
     });
-    list.truncate(limit);
-    list
+    let rest = list.split_off(limit.min(list.len()));
+    let other = (!rest.is_empty()).then(|| {
+        let mut o = OtherSites {
+            sites: rest.len() as u64,
+            ..OtherSites::default()
+        };
+        for t in &rest {
+            o.live_bytes = o.live_bytes.saturating_add(t.live_bytes);
+            o.live_blocks += t.live_blocks;
+            o.peak_bytes = o.peak_bytes.saturating_add(t.peak_bytes);
+            o.peak_blocks += t.peak_blocks;
+            o.allocations += t.allocations;
+            o.allocated_bytes = o.allocated_bytes.saturating_add(t.allocated_bytes);
+        }
+        o
+    });
+    (list, other)
 }
 
 fn timeline(view: &ModelView<'_>, options: &ReportOptions) -> Timeline {
@@ -934,6 +1001,17 @@ pub fn render_text(report: &Report, color: bool) -> String {
                 site_with_function(Some(&t.label), &t.function)
             );
         }
+        if let Some(o) = &report.other_sites {
+            let _ = writeln!(
+                out,
+                "  {:>10} {:>8} {:>10} {:>8}  {}",
+                format_bytes(o.live_bytes),
+                o.live_blocks,
+                format_bytes(o.peak_bytes),
+                o.peak_blocks,
+                o.label()
+            );
+        }
     }
     out
 }
@@ -1004,6 +1082,18 @@ pub fn render_markdown(report: &Report) -> String {
                 md_escape(&site_with_function(Some(&t.label), &t.function))
             );
         }
+        if let Some(o) = &report.other_sites {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} |",
+                format_bytes(o.live_bytes),
+                o.live_blocks,
+                format_bytes(o.peak_bytes),
+                o.peak_blocks,
+                o.allocations,
+                o.label()
+            );
+        }
     }
     out
 }
@@ -1042,13 +1132,30 @@ pub fn render_summary(report: &Report) -> String {
             site_with_function(f.site.as_deref(), &f.function)
         );
     }
-    for t in report.top_sites.iter().take(5) {
+    const SUMMARY_ROWS: usize = 5;
+    for t in report.top_sites.iter().take(SUMMARY_ROWS) {
         let _ = writeln!(
             out,
             "  {:>10} live, {:>10} at peak  {}",
             format_bytes(t.live_bytes),
             format_bytes(t.peak_bytes),
             site_with_function(Some(&t.label), &t.function)
+        );
+    }
+    // The rows left out, so that each column sums to its figure.
+    let mut rest = report.other_sites.clone().unwrap_or_default();
+    for t in report.top_sites.iter().skip(SUMMARY_ROWS) {
+        rest.sites += 1;
+        rest.live_bytes = rest.live_bytes.saturating_add(t.live_bytes);
+        rest.peak_bytes = rest.peak_bytes.saturating_add(t.peak_bytes);
+    }
+    if rest.sites > 0 {
+        let _ = writeln!(
+            out,
+            "  {:>10} live, {:>10} at peak  {}",
+            format_bytes(rest.live_bytes),
+            format_bytes(rest.peak_bytes),
+            rest.label()
         );
     }
     if let Some(table) = &report.memory_summary {

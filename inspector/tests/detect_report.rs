@@ -320,3 +320,47 @@ fn a_report_names_the_frees_a_trace_lost() {
     assert_eq!(clean.stats.lost_frees, 0);
     assert!(!render(&clean, Format::Text, false).contains("had not freed"));
 }
+
+/// A trace with more sites than the table has rows: a 768 MiB activation freed before the end
+/// (large at the peak only) is listed before small blocks still live, and the table ends
+/// with an "N other sites" row, so each column sums to its figure in every format.
+#[test]
+fn a_cut_top_sites_table_ends_with_the_rest_and_sums_to_the_figures() {
+    let mut t = Trace::new();
+    let big = t.site("model.py", 201, "forward");
+    let small: Vec<_> = (0..14)
+        .map(|i| t.site("train.py", 100 + i, "train"))
+        .collect();
+    t.step();
+    for (i, &s) in small.iter().enumerate() {
+        t.alloc(s, 512 * (i as u64 + 1));
+    }
+    let activation = t.alloc(big, 768 * MIB);
+    t.free(activation, 768 * MIB);
+    let report = report_of(&t.finish());
+    assert_eq!(report.top_sites.len(), 10);
+    assert_eq!(report.top_sites[0].label, "model.py:201");
+    let other = report.other_sites.clone().expect("a remainder row");
+    assert_eq!(other.sites, 5);
+    let live: u64 = report.top_sites.iter().map(|s| s.live_bytes).sum::<u64>() + other.live_bytes;
+    let peak: u64 = report.top_sites.iter().map(|s| s.peak_bytes).sum::<u64>() + other.peak_bytes;
+    assert_eq!(live, report.stats.allocated_bytes);
+    assert_eq!(peak, report.stats.peak_allocated_bytes);
+    let text = render(&report, Format::Text, false);
+    assert!(text.contains("5 other sites"), "{text}");
+    let markdown = render(&report, Format::Markdown, false);
+    assert!(markdown.contains("| 5 other sites |"), "{markdown}");
+    let html = render(&report, Format::Html, false);
+    assert!(html.contains("5 other sites"));
+    let json: serde_json::Value =
+        serde_json::from_str(&render(&report, Format::Json, false)).unwrap();
+    assert_eq!(json["other_sites"]["sites"], 5);
+    assert_eq!(json["other_sites"]["live_bytes"], other.live_bytes);
+    let summary = vramscope_inspector::report::render_summary(&report);
+    assert!(summary.contains("10 other sites"), "{summary}");
+    // A table that lists every site has no remainder.
+    let mut t = Trace::new();
+    let s = t.site("train.py", 1, "train");
+    t.alloc(s, 512);
+    assert_eq!(report_of(&t.finish()).other_sites, None);
+}
