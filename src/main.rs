@@ -111,12 +111,16 @@ enum Command {
         #[command(flatten)]
         limit: InputLimit,
     },
-    /// Compare two snapshots by call site: what grew and what shrank.
+    /// Compare two snapshots by call site: what grew and what shrank, with both runs' peaks.
     Diff {
         /// The earlier snapshot.
         before: PathBuf,
         /// The later snapshot.
         after: PathBuf,
+        /// Which moment of each run to compare: end (what is live at its end) or peak (what
+        /// it held at its own peak of allocated bytes).
+        #[arg(long, default_value = "end")]
+        at: diff::At,
         /// Output format: text or json.
         #[arg(long, default_value = "text")]
         format: Format,
@@ -642,12 +646,13 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Diff {
             before,
             after,
+            at,
             format,
             ..
         } => {
             let a = loading::load(&before).map_err(Failure::input)?;
             let b = loading::load(&after).map_err(Failure::input)?;
-            let d = diff::diff(&a, &b);
+            let d = diff::diff_at(&a, &b, at);
             let text = match format {
                 Format::Json => diff::render_json(&d),
                 Format::Text => diff::render_text(&d),

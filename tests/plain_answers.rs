@@ -11,6 +11,8 @@ use std::process::{Command, Output};
 
 use vramscope_testkit::{Trace, MIB};
 
+const GIB: u64 = 1 << 30;
+
 fn vramscope(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_vramscope"))
         .args(args)
@@ -99,4 +101,94 @@ fn dash_is_standard_output() {
     assert!(!dir.join("-").exists(), "report -o - wrote a file named -");
     assert_eq!(stdout(&report), stdout(&vramscope(&["report", src])));
     std::fs::remove_dir_all(dir).ok();
+}
+
+/// A run that keeps 64 MiB of weights and, in each of three steps, makes `activations` bytes at
+/// `model.py:50` and frees them, keeping `kept` bytes at `train.py:20` in the last.
+fn run_with(path: &std::path::Path, activations: u64, kept: u64) {
+    let mut t = Trace::new();
+    let weights = t.site("model.py", 10, "Model.__init__");
+    let act = t.site("model.py", 50, "Model.forward");
+    let keep = t.site("train.py", 20, "train");
+    t.alloc(weights, 64 * MIB);
+    for step in 0..3 {
+        t.step();
+        let a = t.alloc(act, activations);
+        t.free(a, activations);
+        if step == 2 {
+            t.alloc(keep, kept);
+        }
+    }
+    t.finish().save(path).unwrap();
+}
+
+/// Two configurations whose peaks differ by 1 GiB and whose ends differ by 392 KiB: `diff`
+/// states both peaks in its header in every mode, and `--at peak` names the site behind the
+/// difference.
+#[test]
+fn diff_states_both_peaks_and_compares_them_at_peak() {
+    let (small, large) = (temp("diff-small.json"), temp("diff-large.json"));
+    run_with(&small, GIB, 8 * MIB);
+    run_with(&large, 2 * GIB, 8 * MIB + 392 * 1024);
+    let (a, b) = (small.to_str().unwrap(), large.to_str().unwrap());
+
+    let end = vramscope(&["diff", a, b]);
+    assert!(end.status.success(), "{}", stderr(&end));
+    let text = stdout(&end);
+    let first = text.lines().next().unwrap_or_default();
+    assert_eq!(
+        first, "peak allocated: 1.06 GiB -> 2.06 GiB (+1.00 GiB)",
+        "{text}"
+    );
+    assert!(text.contains("live at the end: "), "{text}");
+    assert!(text.contains("+392 KiB"), "{text}");
+    assert!(
+        !text.contains("model.py:50"),
+        "nothing of it is live at the end: {text}"
+    );
+
+    let peak = vramscope(&["diff", a, b, "--at", "peak"]);
+    assert!(peak.status.success(), "{}", stderr(&peak));
+    let text = stdout(&peak);
+    assert!(
+        text.starts_with("peak allocated: 1.06 GiB -> 2.06 GiB (+1.00 GiB)\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("held at each run's peak: 1.06 GiB in 2 blocks -> 2.06 GiB in 2 blocks"),
+        "{text}"
+    );
+    let grew = text
+        .lines()
+        .find(|l| l.contains("model.py:50"))
+        .unwrap_or_else(|| panic!("the activations' site grew: {text}"));
+    assert!(grew.contains("+1.00 GiB"), "{grew}");
+    assert!(!text.contains("train.py:20"), "kept after the peak: {text}");
+
+    let json = vramscope(&["diff", a, b, "--at", "peak", "--format", "json"]);
+    let value: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    assert_eq!(value["at"], "peak");
+    assert_eq!(value["before_peak_bytes"], 64 * MIB + GIB);
+    assert_eq!(value["after_peak_bytes"], 64 * MIB + 2 * GIB);
+    assert_eq!(value["delta_peak_bytes"], GIB);
+    // At the peak, each side's column sums to its run's peak.
+    assert_eq!(value["before_bytes"], value["before_peak_bytes"]);
+    assert_eq!(value["after_bytes"], value["after_peak_bytes"]);
+    assert_eq!(value["grew"][0]["site"], "model.py:50");
+    assert_eq!(value["grew"][0]["delta_bytes"], GIB);
+
+    let json = vramscope(&["diff", a, b, "--format", "json"]);
+    let value: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    assert_eq!(value["at"], "end");
+    assert_eq!(value["delta_peak_bytes"], GIB);
+    assert_eq!(
+        value["after_bytes"].as_u64().unwrap() - value["before_bytes"].as_u64().unwrap(),
+        392 * 1024
+    );
+
+    let bad = vramscope(&["diff", a, b, "--at", "middle"]);
+    assert_eq!(bad.status.code(), Some(2));
+    for path in [small, large] {
+        std::fs::remove_file(path).ok();
+    }
 }

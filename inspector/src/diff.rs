@@ -1,10 +1,14 @@
 //! What grew and what shrank between two snapshots, by call site.
 //!
 //! Each snapshot is reduced by `crate::model_view` to the bytes and blocks each `file:line`
-//! holds at its end (site ids differ between files, so sites are matched by `file:line`, never
-//! by id). [`diff`] subtracts the two; [`render_text`] and [`render_json`] print the result for
-//! `vramscope diff A B`. Typical use: a snapshot after step 10 against one after step 20 shows
-//! which call sites keep memory that they should have released.
+//! holds at a moment of its own ([`At`]): at its end (the default), or at its peak of allocated
+//! bytes, the holdings the report's Top sites "peak" column shows (site ids differ between
+//! files, so sites are matched by `file:line`, never by id). [`diff`] and [`diff_at`] subtract
+//! the two; [`render_text`] and [`render_json`] print the result for `vramscope diff A B
+//! [--at end|peak]`, with both runs' peaks and their difference in the header whatever the
+//! moment. Typical uses: a snapshot after step 10 against one after step 20 shows which call
+//! sites keep memory that they should have released (at the end); two configurations of one
+//! job show which sites make one peak higher than the other (at the peak).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -14,8 +18,44 @@ use vramscope_model::{format_bytes, Snapshot};
 
 use crate::model_view::ModelView;
 
-/// Version of the JSON diff schema.
+/// Version of the JSON diff schema (fields are only ever added within a version: `at` and
+/// the peaks came with `--at`).
 pub const DIFF_FORMAT_VERSION: u32 = 1;
+
+/// The moment of each run whose holdings a diff compares.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum At {
+    /// What is live at the end of each snapshot.
+    #[default]
+    End,
+    /// What each run held at its own peak of allocated bytes (the state after the event that
+    /// first reached it, memory from before the trace included): the report's "at peak"
+    /// column, which sums to the peak.
+    Peak,
+}
+
+impl At {
+    /// `end` or `peak`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            At::End => "end",
+            At::Peak => "peak",
+        }
+    }
+}
+
+impl std::str::FromStr for At {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<At, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "end" => Ok(At::End),
+            "peak" => Ok(At::Peak),
+            _ => Err(format!("unknown moment `{s}` (expected end or peak)")),
+        }
+    }
+}
 
 /// One call site's holdings in both snapshots.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -26,13 +66,13 @@ pub struct SiteDelta {
     pub label: String,
     /// Function at the site (from whichever snapshot names it).
     pub function: String,
-    /// Bytes live at the end of the first snapshot.
+    /// Bytes the site holds in the first snapshot at the moment compared ([`Diff::at`]).
     pub before_bytes: u64,
-    /// Bytes live at the end of the second snapshot.
+    /// Bytes the site holds in the second snapshot at the moment compared.
     pub after_bytes: u64,
-    /// Blocks live at the end of the first snapshot.
+    /// Blocks the site holds in the first snapshot at the moment compared.
     pub before_blocks: u64,
-    /// Blocks live at the end of the second snapshot.
+    /// Blocks the site holds in the second snapshot at the moment compared.
     pub after_blocks: u64,
     /// `after_bytes - before_bytes`.
     pub delta_bytes: i64,
@@ -45,13 +85,21 @@ pub struct SiteDelta {
 pub struct Diff {
     /// [`DIFF_FORMAT_VERSION`].
     pub format_version: u32,
-    /// Total live bytes at the end of the first snapshot.
+    /// The moment of each run compared: its end or its peak.
+    pub at: At,
+    /// Peak allocated bytes of the first snapshot (memory from before the trace included).
+    pub before_peak_bytes: u64,
+    /// Peak allocated bytes of the second snapshot.
+    pub after_peak_bytes: u64,
+    /// `after_peak_bytes - before_peak_bytes`.
+    pub delta_peak_bytes: i64,
+    /// Total bytes held at the moment compared in the first snapshot (at the peak: its peak).
     pub before_bytes: u64,
-    /// Total live bytes at the end of the second snapshot.
+    /// Total bytes held at the moment compared in the second snapshot.
     pub after_bytes: u64,
-    /// Total live blocks at the end of the first snapshot.
+    /// Total blocks held at the moment compared in the first snapshot.
     pub before_blocks: u64,
-    /// Total live blocks at the end of the second snapshot.
+    /// Total blocks held at the moment compared in the second snapshot.
     pub after_blocks: u64,
     /// Sites holding more bytes (or more blocks) afterwards, largest growth first.
     pub grew: Vec<SiteDelta>,
@@ -63,14 +111,29 @@ pub struct Diff {
 
 /// Compares what each call site holds at the end of `before` and of `after`.
 pub fn diff(before: &Snapshot, after: &Snapshot) -> Diff {
-    diff_views(&ModelView::new(before), &ModelView::new(after))
+    diff_at(before, after, At::End)
 }
 
-/// Compares two views built earlier.
+/// Compares what each call site holds at the moment `at` of `before` and of `after` (each
+/// run's own end, or its own peak).
+pub fn diff_at(before: &Snapshot, after: &Snapshot, at: At) -> Diff {
+    diff_views_at(&ModelView::new(before), &ModelView::new(after), at)
+}
+
+/// Compares two views built earlier, at their ends.
 pub fn diff_views(before: &ModelView<'_>, after: &ModelView<'_>) -> Diff {
+    diff_views_at(before, after, At::End)
+}
+
+/// Compares two views built earlier, at the moment `at` of each.
+pub fn diff_views_at(before: &ModelView<'_>, after: &ModelView<'_>, at: At) -> Diff {
     let mut sites: BTreeMap<String, SiteDelta> = BTreeMap::new();
     let mut add = |view: &ModelView<'_>, is_after: bool| {
-        for h in view.live_at_end() {
+        let holdings = match at {
+            At::End => view.live_at_end(),
+            At::Peak => view.live_at_peak(),
+        };
+        for h in holdings {
             let group = view.group(h.group);
             let row = sites
                 .entry(group.label().to_string())
@@ -102,6 +165,10 @@ pub fn diff_views(before: &ModelView<'_>, after: &ModelView<'_>) -> Diff {
 
     let mut result = Diff {
         format_version: DIFF_FORMAT_VERSION,
+        at,
+        before_peak_bytes: before.peak_allocated(),
+        after_peak_bytes: after.peak_allocated(),
+        delta_peak_bytes: delta(after.peak_allocated(), before.peak_allocated()),
         before_bytes: 0,
         after_bytes: 0,
         before_blocks: 0,
@@ -153,12 +220,24 @@ fn signed_bytes(delta: i64) -> String {
     }
 }
 
-/// The diff as text.
+/// The diff as text: both runs' peaks, then what they held at the moment compared, then the
+/// sites that grew and shrank.
 pub fn render_text(diff: &Diff) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "live at the end: {} in {} blocks -> {} in {} blocks ({}, {:+} blocks)",
+        "peak allocated: {} -> {} ({})",
+        format_bytes(diff.before_peak_bytes),
+        format_bytes(diff.after_peak_bytes),
+        signed_bytes(diff.delta_peak_bytes)
+    );
+    let moment = match diff.at {
+        At::End => "live at the end",
+        At::Peak => "held at each run's peak",
+    };
+    let _ = writeln!(
+        out,
+        "{moment}: {} in {} blocks -> {} in {} blocks ({}, {:+} blocks)",
         format_bytes(diff.before_bytes),
         diff.before_blocks,
         format_bytes(diff.after_bytes),
