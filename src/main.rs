@@ -218,7 +218,8 @@ struct ReplayArgs {
     /// Output format: text or json.
     #[arg(long, default_value = "text")]
     format: Format,
-    /// Exit with status 1 when the replay runs out of memory.
+    /// Exit with status 1 when the replay runs out of memory (or its start state alone
+    /// exceeds the capacity).
     #[arg(long, conflicts_with = "sweep")]
     fail_on_oom: bool,
     /// Report only this device (a multi-device snapshot reports every device with data).
@@ -857,7 +858,8 @@ fn run_replay(args: ReplayArgs) -> Result<u8, Failure> {
                 .device_calls
                 .as_ref()
                 .is_some_and(replay::DeviceCallCheck::differs)
-                || (fail_on_oom && result.first_oom.is_some());
+                || (fail_on_oom
+                    && (result.first_oom.is_some() || result.start_over_capacity.is_some()));
             match format {
                 Format::Json => serde_json::to_string_pretty(&result).unwrap_or_default(),
                 _ => replay::render_text(&source, &result),

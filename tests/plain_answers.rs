@@ -192,3 +192,217 @@ fn diff_states_both_peaks_and_compares_them_at_peak() {
         std::fs::remove_file(path).ok();
     }
 }
+
+/// A trace that starts late, with 11.6 GiB allocated before it in a 12 GiB segment, then five
+/// steps of 100 MiB allocated and freed.
+fn late_trace(path: &std::path::Path) {
+    let mut t = Trace::new();
+    let step = t.site("train.py", 10, "train");
+    let before = 11_878 * MIB; // 11.6 GiB
+    t.add_segment(0x7e00_0000_0000, &[(0, before, true)], 12 * GIB);
+    for _ in 0..5 {
+        t.step();
+        let a = t.alloc(step, 100 * MIB);
+        t.free(a, 100 * MIB);
+    }
+    t.finish().save(path).unwrap();
+}
+
+/// On an 8 GiB capacity, a trace whose start state alone is 11.6 GiB does not fit, whatever
+/// the settings: `replay` and `replay --sweep` say so plainly, in text and JSON, and say what
+/// fits (what the replay needs with no limit), which does run the trace.
+#[test]
+fn a_start_state_over_the_capacity_is_said_plainly_with_what_fits() {
+    let trace = temp("late.json");
+    late_trace(&trace);
+    let path = trace.to_str().unwrap();
+
+    let text = stdout(&vramscope(&["replay", path, "--capacity", "8GiB"]));
+    assert!(
+        text.contains(
+            "does not fit: the start state alone exceeds the 8.00 GiB capacity: 11.6 GiB allocated before the trace, in 12.0 GiB of segments that hold it"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("what fits: 12.0 GiB, what this replay reserves at its peak with no limit"),
+        "{text}"
+    );
+    assert!(!text.contains("no OOM at this capacity"), "{text}");
+    assert!(
+        text.contains("no limit"),
+        "the column says what it is: {text}"
+    );
+
+    let json = vramscope(&["replay", path, "--capacity", "8GiB", "--format", "json"]);
+    let value: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    let over = &value["start_over_capacity"];
+    assert_eq!(over["allocated"], 11_878 * MIB, "{value:#}");
+    assert_eq!(over["reserved"], 12 * GIB, "{value:#}");
+    assert_eq!(over["needed"], value["peak_reserved"], "{value:#}");
+    let needed = over["needed"].as_u64().unwrap();
+    assert!(needed >= 12 * GIB, "{value:#}");
+    assert_eq!(value["capacity"], 8 * GIB);
+
+    // What fits does fit: replayed on it, the start state is within it and nothing fails.
+    let fits = needed.to_string();
+    let json = vramscope(&["replay", path, "--capacity", &fits, "--format", "json"]);
+    let value: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    assert!(value.get("start_over_capacity").is_none(), "{value:#}");
+    assert_eq!(value["num_ooms"], 0, "{value:#}");
+    assert!(value["first_oom"].is_null(), "{value:#}");
+    // A capacity the start state fits is not said to be exceeded.
+    let text = stdout(&vramscope(&["replay", path, "--capacity", "13GiB"]));
+    assert!(!text.contains("start state alone"), "{text}");
+
+    // Under --fail-on-oom a run that cannot start is a failure.
+    let status = vramscope(&["replay", path, "--capacity", "8GiB", "--fail-on-oom"]).status;
+    assert_eq!(status.code(), Some(1));
+
+    let sweep = stdout(&vramscope(&[
+        "replay",
+        path,
+        "--capacity",
+        "8GiB",
+        "--sweep",
+    ]));
+    assert!(
+        sweep.contains("no setting fits: the start state alone exceeds the 8.00 GiB capacity: 11.6 GiB allocated before the trace"),
+        "{sweep}"
+    );
+    assert!(
+        sweep.contains("what fits: 12.0 GiB with the defaults"),
+        "{sweep}"
+    );
+    assert!(!sweep.contains("PYTORCH_CUDA_ALLOC_CONF"), "{sweep}");
+    assert!(!sweep.contains(" yes "), "{sweep}");
+    let json = vramscope(&[
+        "replay",
+        path,
+        "--capacity",
+        "8GiB",
+        "--sweep",
+        "--format",
+        "json",
+    ]);
+    let rows: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert!(!rows.is_empty());
+    for row in rows {
+        assert_eq!(row["fits"], false, "{row:#}");
+        let over = &row["result"]["start_over_capacity"];
+        assert_eq!(over["allocated"], 11_878 * MIB, "{row:#}");
+        assert_eq!(over["needed"], row["result"]["peak_reserved"], "{row:#}");
+    }
+    std::fs::remove_file(trace).ok();
+}
+
+/// A sweep recommends a setting only when it changes the outcome: where the defaults fit and
+/// nothing reserves materially less it says so and recommends nothing; where expandable
+/// segments save most of the reserve it recommends them; where the defaults run out of memory
+/// and another setting does not, it recommends that one.
+#[test]
+fn a_sweep_recommends_a_change_only_when_it_changes_the_outcome() {
+    let sweep = |path: &str, capacity: &str| {
+        let text = stdout(&vramscope(&[
+            "replay",
+            path,
+            "--capacity",
+            capacity,
+            "--sweep",
+        ]));
+        let json = vramscope(&[
+            "replay",
+            path,
+            "--capacity",
+            capacity,
+            "--sweep",
+            "--format",
+            "json",
+        ]);
+        let rows: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+        let recommended: Vec<String> = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["recommended"] == true)
+            .map(|r| r["config"].as_str().unwrap().to_string())
+            .collect();
+        let baseline: Vec<String> = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["baseline"] == true)
+            .map(|r| r["config"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(baseline, ["(defaults)"], "{rows:#}");
+        (text, recommended)
+    };
+
+    // Defaults that fit, with nothing reserving materially less.
+    let small = temp("sweep-small.json");
+    small_trace(&small);
+    let (text, recommended) = sweep(small.to_str().unwrap(), "1GiB");
+    assert!(
+        text.contains("the defaults fit at a peak of 20.0 MiB reserved: no setting tried reserves materially less (at least 10% and 256 MiB)"),
+        "{text}"
+    );
+    assert!(!text.contains("PYTORCH_CUDA_ALLOC_CONF"), "{text}");
+    assert!(recommended.is_empty(), "{recommended:?}");
+
+    // Activations that grow every step: the defaults cache every size (4.50 GiB reserved for
+    // a 1 GiB peak); expandable segments reserve 1 GiB.
+    let grow = temp("sweep-grow.json");
+    {
+        let mut t = Trace::new();
+        let site = t.site("train.py", 10, "train");
+        for i in 1..=8u64 {
+            t.step();
+            let a = t.alloc(site, i * 128 * MIB);
+            t.free(a, i * 128 * MIB);
+        }
+        t.finish().save(&grow).unwrap();
+    }
+    let (text, recommended) = sweep(grow.to_str().unwrap(), "8GiB");
+    assert!(
+        text.contains(
+            "the defaults fit at a peak of 4.50 GiB reserved; expandable_segments:True reserves"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
+        "{text}"
+    );
+    assert_eq!(recommended, ["expandable_segments:True"]);
+
+    // A block kept in a split segment leaves no room for a larger request under the defaults
+    // at 1 GiB: expandable segments avoid the OOM.
+    let split = temp("sweep-split.json");
+    {
+        let mut t = Trace::new();
+        let site = t.site("train.py", 10, "train");
+        let kept = t.site("train.py", 12, "train");
+        t.step();
+        let a = t.alloc(site, 500 * MIB);
+        t.free(a, 500 * MIB);
+        t.alloc(kept, 300 * MIB);
+        t.step();
+        let b = t.alloc(site, 600 * MIB);
+        t.free(b, 600 * MIB);
+        t.finish().save(&split).unwrap();
+    }
+    let (text, recommended) = sweep(split.to_str().unwrap(), "1GiB");
+    assert!(
+        text.contains("the defaults do not fit; fits with "),
+        "{text}"
+    );
+    assert_eq!(recommended.len(), 1, "{text}");
+    assert!(
+        text.contains(&format!("PYTORCH_CUDA_ALLOC_CONF={}", recommended[0])),
+        "{text}"
+    );
+    for path in [small, grow, split] {
+        std::fs::remove_file(path).ok();
+    }
+}

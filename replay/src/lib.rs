@@ -14,6 +14,14 @@
 //! are estimates, [`block_sizing`]); [`sweep`] repeats it over a set of settings to answer
 //! "will this run fit in 24 GiB, and with what setting". The CLI's `vramscope replay` is glue
 //! over these functions.
+//!
+//! Two answers are plain where figures alone would mislead. A late trace whose start state
+//! alone (the segments holding memory from before the trace) exceeds the capacity cannot run
+//! on it whatever follows: the replay then says so ([`StartOverCapacity`]) and runs without the
+//! limit, so that its figures are what the trace needs. And a sweep recommends a setting
+//! ([`recommend`]) only when it changes the outcome: an OOM avoided, or a peak reserved
+//! materially lower ([`MATERIAL_SAVING_PERCENT`], [`MATERIAL_SAVING_BYTES`]) than the
+//! trace's own settings' (PyTorch's defaults for a trace that records none).
 
 use rustc_hash::FxHashMap;
 use serde::Serialize;
@@ -175,6 +183,47 @@ pub struct ReplayResult {
     /// The replay's device calls against the trace's, with [`ReplayOptions::verify`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_calls: Option<DeviceCallCheck>,
+    /// Set when the start state alone exceeds the capacity: the trace cannot run on it, and
+    /// the replay's figures ([`ReplayResult::figures`], `first_oom`, the fragmentation) are
+    /// those of a replay without the limit, what the trace needs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_over_capacity: Option<StartOverCapacity>,
+}
+
+/// The start state of a late trace holds more than the capacity: the segments that hold its
+/// live blocks (which no setting can release, since the memory in them is in use) and the
+/// memory it records only as totals come to more than the device may reserve, before the
+/// trace's first event. No setting runs the trace on that capacity; [`StartOverCapacity::needed`]
+/// says what does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StartOverCapacity {
+    /// Bytes allocated before the trace: the start state's live blocks and the allocated
+    /// bytes it records only as a total.
+    pub allocated: u64,
+    /// Bytes of the segments that hold them (the allocated total from before the trace
+    /// counted as its own segment), which exceed the capacity.
+    pub reserved: u64,
+    /// What fits: the peak reserved bytes of the replay without a limit, a capacity that runs
+    /// the trace with these settings.
+    pub needed: u64,
+}
+
+/// The start state's memory that no setting can release, when it exceeds `capacity`: the
+/// segments (mapped runs) of `segments` that hold a live block, and `held` bytes allocated
+/// before the trace that its format records only as a total.
+fn start_over(segments: &[StartSegment], held: u64, capacity: u64) -> Option<StartOverCapacity> {
+    let in_use = segments.iter().filter(|s| !s.blocks.is_empty());
+    let reserved = in_use
+        .clone()
+        .fold(held, |sum, s| sum.saturating_add(s.size));
+    let allocated = in_use
+        .flat_map(|s| &s.blocks)
+        .fold(held, |sum, &(_, size, _)| sum.saturating_add(size));
+    (reserved > capacity).then_some(StartOverCapacity {
+        allocated,
+        reserved,
+        needed: 0,
+    })
 }
 
 /// Memory from before the trace that its format records only as totals (a profiler trace's
@@ -743,16 +792,25 @@ fn replay_with_ring(
     // collisions.
     let mut addresses: AddrMap<u64> = AddrMap::default();
     let mut first_oom = None;
+    // The limit the replay runs under: the capacity, unless the start state alone exceeds it,
+    // when no setting can run the trace there and the replay says what fits instead.
+    let mut limit = options.capacity;
+    let mut start_over_capacity = None;
     let (restored_segments, restored_blocks, held_before_trace) = match &start {
         Some(start) => {
-            let (segments, blocks) = restore_start(
-                &alloc,
-                &start_segments(start, device),
-                &mut addresses,
-                &mut first_oom,
-            );
+            let segments = start_segments(start, device);
+            if let Some(capacity) = options.capacity {
+                start_over_capacity = start_over(&segments, start.unattributed.allocated, capacity);
+                if start_over_capacity.is_some() {
+                    limit = None;
+                    alloc.set_memory_limit(None);
+                }
+            }
+            let (restored, blocks) =
+                restore_start(&alloc, &segments, &mut addresses, &mut first_oom);
+            // The cache a capped allocator would size itself stays out of what fits, too.
             let held = restore_unattributed(&alloc, start.unattributed, options.capacity);
-            (segments, blocks, held)
+            (restored, blocks, held)
         }
         None => (0, 0, None),
     };
@@ -837,7 +895,7 @@ fn replay_with_ring(
             // as it did there, and fails or is served and given back.
             // Without a capacity every such request would be served, and its memory would stay
             // cached for the rest of the replay: they are tried only against a capacity.
-            EventKind::Oom if options.capacity.is_none() => {}
+            EventKind::Oom if limit.is_none() => {}
             EventKind::Oom => match exclusive.alloc_ptr(event.size, StreamId(event.stream)) {
                 Ok(ours) => {
                     trace_ooms_served += 1;
@@ -875,6 +933,9 @@ fn replay_with_ring(
     });
     let peak_allocated = stats.allocated_bytes.all.peak;
     let peak_reserved = stats.reserved_bytes.all.peak;
+    if let Some(over) = &mut start_over_capacity {
+        over.needed = peak_reserved;
+    }
     let result = ReplayResult {
         figures: Figures {
             allocs,
@@ -898,6 +959,7 @@ fn replay_with_ring(
         empty_cache_calls,
         original,
         device_calls,
+        start_over_capacity,
     };
     (result, calls.lost)
 }
@@ -1149,8 +1211,73 @@ pub struct SweepRow {
     pub origin: Option<SettingsOrigin>,
     /// The replay under them.
     pub result: ReplayResult,
-    /// Whether the run fits: no OOM, and peak reserved within the capacity.
+    /// Whether the run fits: no OOM, peak reserved within the capacity, and a start state
+    /// within it ([`ReplayResult::start_over_capacity`]).
     pub fits: bool,
+    /// Whether these are the settings the others are weighed against ([`recommend`]): the
+    /// trace's own, or PyTorch's defaults for a trace that records none.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub baseline: bool,
+    /// Whether the sweep recommends changing to these settings ([`recommend`]).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub recommended: bool,
+}
+
+/// The least saving of peak reserved bytes, in percent of the baseline's peak reserved, that
+/// makes a setting that fits where the baseline fits worth recommending (with
+/// [`MATERIAL_SAVING_BYTES`]): less is within what a run's own variation moves.
+pub const MATERIAL_SAVING_PERCENT: u64 = 10;
+
+/// The least saving of peak reserved bytes that makes a setting worth recommending where the
+/// baseline fits (with [`MATERIAL_SAVING_PERCENT`]): 256 MiB, about what a batch-size step or
+/// another process's context takes, so that a small run is not told to change for megabytes.
+pub const MATERIAL_SAVING_BYTES: u64 = 256 << 20;
+
+/// Whether `reserved` instead of `baseline` peak reserved bytes is a material saving: at
+/// least [`MATERIAL_SAVING_PERCENT`] of `baseline` and at least [`MATERIAL_SAVING_BYTES`].
+pub fn material_saving(baseline: u64, reserved: u64) -> bool {
+    let saving = baseline.saturating_sub(reserved);
+    saving >= MATERIAL_SAVING_BYTES
+        && u128::from(saving) * 100 >= u128::from(baseline) * u128::from(MATERIAL_SAVING_PERCENT)
+}
+
+/// The row of `rows` the others are weighed against: the trace's own settings when it
+/// records any, else PyTorch's defaults.
+fn baseline_row(rows: &[SweepRow]) -> Option<usize> {
+    rows.iter()
+        .position(|r| r.origin == Some(SettingsOrigin::Recorded))
+        .or_else(|| rows.iter().position(|r| r.config == "(defaults)"))
+}
+
+/// Whether a row's settings are vramscope's own (a placement policy), which PyTorch does not
+/// accept.
+fn vramscope_only(row: &SweepRow) -> bool {
+    row.config.contains("policy:")
+}
+
+/// The row of a sweep worth changing to, if any: a setting is recommended only when it
+/// changes the outcome against the baseline (the trace's own settings, or PyTorch's defaults).
+/// Where the baseline does not fit, the PyTorch setting that fits with the lowest peak
+/// reserved (an OOM avoided); where it fits, or where no setting can fit because the start
+/// state alone exceeds the capacity, the one that reserves least, if that is a
+/// [`material_saving`] over the baseline. vramscope's own placement policies are never
+/// recommended (PyTorch does not accept them).
+pub fn recommend(rows: &[SweepRow]) -> Option<usize> {
+    let index = baseline_row(rows)?;
+    let baseline = &rows[index];
+    let reserved = |row: &SweepRow| row.result.figures.peak_reserved.unwrap_or(u64::MAX);
+    let start_over = baseline.result.start_over_capacity.is_some();
+    let best = rows
+        .iter()
+        .enumerate()
+        .filter(|&(i, row)| i != index && !vramscope_only(row))
+        .filter(|(_, row)| row.fits || (start_over && !baseline.fits))
+        .min_by_key(|&(i, row)| (reserved(row), i))?;
+    if baseline.fits || start_over {
+        material_saving(reserved(baseline), reserved(best.1)).then_some(best.0)
+    } else {
+        Some(best.0)
+    }
 }
 
 /// Where the settings of a sweep's row came from, when not only from the sweep's own list.
@@ -1237,6 +1364,7 @@ pub fn sweep_with(
             progress(i + 1, count);
             let fits = result.figures.num_ooms == Some(0)
                 && result.first_oom.is_none()
+                && result.start_over_capacity.is_none()
                 && result.figures.peak_reserved.unwrap_or(0) <= result.capacity;
             SweepRow {
                 config: if result.config.is_empty() {
@@ -1247,6 +1375,8 @@ pub fn sweep_with(
                 origin,
                 result,
                 fits,
+                baseline: false,
+                recommended: false,
             }
         })
         .collect();
@@ -1258,6 +1388,12 @@ pub fn sweep_with(
                 .cmp(&b.result.figures.peak_reserved),
         )
     });
+    if let Some(baseline) = baseline_row(&rows) {
+        rows[baseline].baseline = true;
+    }
+    if let Some(recommended) = recommend(&rows) {
+        rows[recommended].recommended = true;
+    }
     rows
 }
 
@@ -1317,7 +1453,20 @@ fn held_text(held: &HeldBeforeTrace) -> String {
     out
 }
 
-/// The replay as a text table: the replay's figures beside the trace's own.
+/// The line that says the start state alone exceeds `capacity`.
+fn start_over_text(over: &StartOverCapacity, capacity: u64) -> String {
+    let bytes = vramscope_model::format_bytes;
+    format!(
+        "  does not fit: the start state alone exceeds the {} capacity: {} allocated before the trace, in {} of segments that hold it\n",
+        bytes(capacity),
+        bytes(over.allocated),
+        bytes(over.reserved)
+    )
+}
+
+/// The replay as a text table: the replay's figures beside the trace's own. When the start
+/// state alone exceeds the capacity, that comes first with what fits, and the figures are the
+/// replay's without a limit.
 pub fn render_text(source: &str, result: &ReplayResult) -> String {
     let mut out = format!(
         "replay of {source}\n  settings {} on {} capacity\n",
@@ -1333,9 +1482,23 @@ pub fn render_text(source: &str, result: &ReplayResult) -> String {
     if let Some(held) = &result.held_before_trace {
         out.push_str(&held_text(held));
     }
+    if let Some(over) = &result.start_over_capacity {
+        out.push_str(&format!(
+            "\n{}  what fits: {}, what this replay reserves at its peak with no limit ({} allocated at its peak)\n",
+            start_over_text(over, result.capacity),
+            vramscope_model::format_bytes(over.needed),
+            cell(result.figures.peak_allocated, true)
+        ));
+    }
     out.push_str(&format!(
         "\n  {:<20} {:>12} {:>12}\n",
-        "", "replay", "trace"
+        "",
+        if result.start_over_capacity.is_some() {
+            "no limit"
+        } else {
+            "replay"
+        },
+        "trace"
     ));
     let (r, o) = (&result.figures, &result.original);
     let estimate = |cell: String| {
@@ -1383,6 +1546,9 @@ pub fn render_text(source: &str, result: &ReplayResult) -> String {
         vramscope_model::format_bytes(result.inactive_split_bytes)
     ));
     match &result.first_oom {
+        // Without the limit the figures are what the trace needs; an OOM or its absence
+        // there says nothing of the capacity.
+        _ if result.start_over_capacity.is_some() => {}
         Some(oom) => out.push_str(&format!(
             "  first OOM: event {} in step {}{}, a request of {} with {} allocated and {} reserved\n",
             oom.seq,
@@ -1441,56 +1607,146 @@ pub fn render_text(source: &str, result: &ReplayResult) -> String {
     out
 }
 
-/// A sweep as a text table, best setting first.
+/// How the sweep's text names a row's settings: `the defaults`, or the trace's settings.
+fn baseline_name(row: &SweepRow) -> String {
+    match row.origin {
+        Some(SettingsOrigin::Recorded) => format!("the trace's settings ({})", row.config),
+        _ if row.config == "(defaults)" => "the defaults".to_string(),
+        _ => row.config.clone(),
+    }
+}
+
+/// `saving` as a share of `of`, in whole percent.
+fn percent(saving: u64, of: u64) -> u64 {
+    (u128::from(saving) * 100 / u128::from(of.max(1))) as u64
+}
+
+/// A sweep as a text table, best setting first, and what it advises ([`recommend`]): a change
+/// only where it changes the outcome, else that the baseline fits. When the start state alone
+/// exceeds the capacity, that comes first, and the table says what each setting needs.
 pub fn render_sweep_text(source: &str, capacity: u64, rows: &[SweepRow]) -> String {
+    let bytes = vramscope_model::format_bytes;
     let mut out = format!(
-        "settings sweep of {source} on {} capacity\n\n  {:<52} {:>5} {:>12} {:>12} {:>5}\n",
-        vramscope_model::format_bytes(capacity),
-        "settings",
-        "fits",
-        "peak resv",
-        "peak alloc",
-        "OOMs"
+        "settings sweep of {source} on {} capacity\n\n",
+        bytes(capacity)
     );
-    for row in rows {
-        let settings = match row.origin {
-            Some(SettingsOrigin::Recorded) => format!("{} (the trace's)", row.config),
-            Some(SettingsOrigin::Given) => format!("{} (given)", row.config),
-            None => row.config.clone(),
+    let over = rows.iter().find_map(|r| r.result.start_over_capacity);
+    let settings = |row: &SweepRow| match row.origin {
+        Some(SettingsOrigin::Recorded) => format!("{} (the trace's)", row.config),
+        Some(SettingsOrigin::Given) => format!("{} (given)", row.config),
+        None => row.config.clone(),
+    };
+    match over {
+        Some(over) => {
+            out.push_str(&start_over_text(&over, capacity).replacen(
+                "does not fit",
+                "no setting fits",
+                1,
+            ));
+            out.push_str(&format!(
+                "\n  {:<52} {:>12} {:>12}\n",
+                "settings", "needs", "peak alloc"
+            ));
+            for row in rows {
+                out.push_str(&format!(
+                    "  {:<52} {:>12} {:>12}\n",
+                    settings(row),
+                    cell(row.result.figures.peak_reserved, true),
+                    cell(row.result.figures.peak_allocated, true)
+                ));
+            }
+            out.push_str("  (needs: the peak reserved of each setting's replay with no limit)\n");
+        }
+        None => {
+            out.push_str(&format!(
+                "  {:<52} {:>5} {:>12} {:>12} {:>5}\n",
+                "settings", "fits", "peak resv", "peak alloc", "OOMs"
+            ));
+            for row in rows {
+                out.push_str(&format!(
+                    "  {:<52} {:>5} {:>12} {:>12} {:>5}\n",
+                    settings(row),
+                    if row.fits { "yes" } else { "no" },
+                    cell(row.result.figures.peak_reserved, true),
+                    cell(row.result.figures.peak_allocated, true),
+                    cell(row.result.figures.num_ooms, false)
+                ));
+            }
+        }
+    }
+    let reserved = |row: &SweepRow| cell(row.result.figures.peak_reserved, true);
+    let baseline = rows.iter().find(|r| r.baseline);
+    let recommended = rows.iter().find(|r| r.recommended);
+    let use_it = |row: &SweepRow| {
+        let conf = if row.config == "(defaults)" {
+            ""
+        } else {
+            row.config.as_str()
+        };
+        format!("; to use it with PyTorch:\n    PYTORCH_CUDA_ALLOC_CONF={conf}\n")
+    };
+    let saving = |base: &SweepRow, row: &SweepRow| {
+        let (b, r) = (
+            base.result.figures.peak_reserved.unwrap_or(0),
+            row.result.figures.peak_reserved.unwrap_or(0),
+        );
+        format!(
+            "{} less ({}%)",
+            bytes(b.saturating_sub(r)),
+            percent(b.saturating_sub(r), b)
+        )
+    };
+    let threshold = format!(
+        "at least {MATERIAL_SAVING_PERCENT}% and {}",
+        bytes(MATERIAL_SAVING_BYTES)
+    );
+    match (baseline, recommended) {
+        (Some(base), Some(row)) if over.is_some() => out.push_str(&format!(
+            "\n  what fits: {} with {}; {} needs {}, {}{}",
+            reserved(base),
+            baseline_name(base),
+            row.config,
+            reserved(row),
+            saving(base, row),
+            use_it(row)
+        )),
+        (Some(base), None) if over.is_some() => out.push_str(&format!(
+            "\n  what fits: {} with {}; no setting tried needs materially less ({threshold})\n",
+            reserved(base),
+            baseline_name(base)
+        )),
+        (Some(base), Some(row)) if base.fits => out.push_str(&format!(
+            "\n  {} fit at a peak of {} reserved; {} reserves {}{}",
+            baseline_name(base),
+            reserved(base),
+            row.config,
+            saving(base, row),
+            use_it(row)
+        )),
+        (Some(base), None) if base.fits => out.push_str(&format!(
+            "\n  {} fit at a peak of {} reserved: no setting tried reserves materially less ({threshold}), so none is worth changing to\n",
+            baseline_name(base),
+            reserved(base)
+        )),
+        (base, Some(row)) => out.push_str(&format!(
+            "\n  {}fits with {} at a peak of {} reserved{}",
+            base.map(|b| format!("{} do not fit; ", baseline_name(b)))
+                .unwrap_or_default(),
+            row.config,
+            reserved(row),
+            use_it(row)
+        )),
+        (_, None) => out.push_str("\n  no PyTorch setting tried fits this capacity\n"),
+    }
+    for row in rows.iter().filter(|r| vramscope_only(r)) {
+        let outcome = match (over, row.fits) {
+            (Some(_), _) => format!("needs {}", reserved(row)),
+            (None, true) => format!("fits at a peak of {} reserved", reserved(row)),
+            (None, false) => format!("does not fit at a peak of {} reserved", reserved(row)),
         };
         out.push_str(&format!(
-            "  {:<52} {:>5} {:>12} {:>12} {:>5}\n",
-            settings,
-            if row.fits { "yes" } else { "no" },
-            cell(row.result.figures.peak_reserved, true),
-            cell(row.result.figures.peak_allocated, true),
-            cell(row.result.figures.num_ooms, false)
-        ));
-    }
-    // PyTorch accepts every setting but vramscope's own placement policies.
-    let ours = |row: &&SweepRow| row.config.contains("policy:");
-    match rows.iter().filter(|r| !ours(r)).find(|r| r.fits) {
-        Some(best) => {
-            out.push_str(&format!(
-                "\n  fits with {} at a peak of {} reserved; to use it with PyTorch:\n",
-                best.config,
-                cell(best.result.figures.peak_reserved, true)
-            ));
-            let conf = if best.config == "(defaults)" {
-                String::new()
-            } else {
-                best.config.clone()
-            };
-            out.push_str(&format!("    PYTORCH_CUDA_ALLOC_CONF={conf}\n"));
-        }
-        None => out.push_str("\n  no PyTorch setting tried fits this capacity\n"),
-    }
-    for row in rows.iter().filter(ours) {
-        out.push_str(&format!(
-            "  vramscope's own {} (not a PyTorch setting): {} at a peak of {} reserved\n",
-            row.config,
-            if row.fits { "fits" } else { "does not fit" },
-            cell(row.result.figures.peak_reserved, true)
+            "  vramscope's own {} (not a PyTorch setting): {outcome}\n",
+            row.config
         ));
     }
     out

@@ -331,3 +331,81 @@ fn a_replay_that_runs_out_of_address_space_says_so() {
     assert_eq!(plain.first_oom, None);
     assert!(!render_text("trace", &plain).contains("address space"));
 }
+
+/// A start state that alone exceeds the capacity (here 100 MiB held before the trace, recorded
+/// as a total, on 90 MiB) is said to, and the replay runs without the limit to say what fits:
+/// replayed on that, the trace runs without an OOM.
+#[test]
+fn a_start_state_over_the_capacity_says_what_fits() {
+    let snapshot = totals_only_trace();
+    let mut options = ReplayOptions::default();
+    options.capacity = Some(90 * MIB);
+    let result = replay(&snapshot, &options, &mut |_, _| {});
+    let over = result
+        .start_over_capacity
+        .expect("100 MiB held exceed 90 MiB");
+    assert_eq!((over.allocated, over.reserved), (100 * MIB, 100 * MIB));
+    assert_eq!(Some(over.needed), result.figures.peak_reserved);
+    assert!(over.needed >= 170 * MIB, "{over:?}");
+    assert!(result.first_oom.is_none(), "{result:#?}");
+    assert_eq!(result.capacity, 90 * MIB);
+    let text = render_text("trace", &result);
+    assert!(
+        text.contains("does not fit: the start state alone exceeds the 90.0 MiB capacity: 100 MiB allocated before the trace"),
+        "{text}"
+    );
+    assert!(!text.contains("no OOM at this capacity"), "{text}");
+
+    options.capacity = Some(over.needed);
+    let fitting = replay(&snapshot, &options, &mut |_, _| {});
+    assert!(fitting.start_over_capacity.is_none());
+    assert!(fitting.first_oom.is_none(), "{fitting:#?}");
+    assert_eq!(fitting.figures.num_ooms, Some(0));
+
+    // A segment that holds the weights at the start, over the capacity, is the same case.
+    let mut late = recorded("");
+    let cut = late
+        .events
+        .iter()
+        .position(|e| e.kind == EventKind::Step)
+        .unwrap();
+    late.events.drain(..cut);
+    options.capacity = Some(64 * MIB);
+    let result = replay(&late, &options, &mut |_, _| {});
+    let over = result
+        .start_over_capacity
+        .expect("100 MiB of weights on 64 MiB");
+    assert_eq!(over.allocated, 100 * MIB);
+    assert!(over.reserved >= 100 * MIB);
+    // And a sweep says no setting fits, and what fits.
+    let rows = sweep(&late, Some(64 * MIB), &mut |_, _| {});
+    assert!(rows
+        .iter()
+        .all(|r| !r.fits && r.result.start_over_capacity.is_some()));
+    let text = render_sweep_text("trace", 64 * MIB, &rows);
+    assert!(
+        text.contains("no setting fits: the start state alone exceeds"),
+        "{text}"
+    );
+    assert!(text.contains("what fits: "), "{text}");
+}
+
+/// A saving is material at 10 % of the baseline and 256 MiB, both.
+#[test]
+fn a_material_saving_is_a_tenth_and_256_mib() {
+    use vramscope_replay::{material_saving, MATERIAL_SAVING_BYTES, MATERIAL_SAVING_PERCENT};
+    assert_eq!(
+        (MATERIAL_SAVING_PERCENT, MATERIAL_SAVING_BYTES),
+        (10, 256 * MIB)
+    );
+    let gib = 1024 * MIB;
+    assert!(material_saving(4 * gib, 3 * gib));
+    assert!(material_saving(10 * gib, 9 * gib), "exactly 10 %");
+    assert!(!material_saving(10 * gib, 9 * gib + MIB), "just under 10 %");
+    assert!(
+        !material_saving(2 * gib, 2 * gib - 200 * MIB),
+        "10 % but under 256 MiB"
+    );
+    assert!(!material_saving(40 * gib, 39 * gib), "1 GiB but 2.5 %");
+    assert!(!material_saving(gib, 2 * gib), "more is no saving");
+}
