@@ -311,7 +311,7 @@ pub fn build_report_view(view: &ModelView<'_>, options: &ReportOptions) -> Repor
         ),
         device_allocs: device(totals.segment_allocs),
         device_frees: device(totals.segment_frees),
-        empty_cache_calls: device(totals.empty_cache),
+        empty_cache_calls: device(view.empty_cache_calls().len() as u64),
         ooms: device(totals.ooms.max(snapshot.stats.num_ooms)),
         baseline_allocated_bytes: view.baseline_allocated(),
         peak_allocated_bytes: view.peak_allocated(),

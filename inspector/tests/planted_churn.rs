@@ -76,6 +76,10 @@ fn empty_cache_in_the_loop_is_named_at_its_line_and_counted() {
         .filter(|f| f.severity >= Severity::Warning)
         .collect();
     assert_eq!(serious.len(), 1, "{serious:#?}");
+    // The report's statistics count the same calls as the finding (they said 0: PyTorch
+    // records no event of its own for a call, only the segment frees).
+    let report = vramscope_inspector::report::build_report(&snapshot, &Default::default());
+    assert_eq!(report.stats.empty_cache_calls, Some(8));
 }
 
 #[test]

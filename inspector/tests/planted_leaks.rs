@@ -605,3 +605,53 @@ fn gradient_accumulation_is_clean() {
         ),
     );
 }
+
+/// AdamW state created over the first three steps as layers unfreeze, and gradients made on
+/// the autograd thread: the holders say what the stacks show (optimizer state, gradients) and
+/// call that memory expected, never "activations" to "free once used"; nothing is a leak.
+#[test]
+fn optimizer_state_made_across_steps_is_named_by_its_stacks() {
+    let mut t = Torch::new();
+    let mut state_stack = alloc_frames("zeros_like");
+    state_stack.push(torch_py("optim/adamw.py", 180, "_init_group"));
+    state_stack.push(torch_py("optim/adamw.py", 230, "step"));
+    state_stack.extend(at(TRAIN, 62, "train"));
+    let mut kept = Vec::new();
+    for step in 0..8 {
+        let x = t.alloc(&op_at("_to_copy", TRAIN, 55), MIB);
+        if step < 3 {
+            kept.push(t.alloc(&backward_stack("AccumulateGrad"), 4 * MIB));
+        }
+        t.annotate("Optimizer.step#AdamW.step", "START");
+        if step < 3 {
+            kept.push(t.alloc(&state_stack, 8 * MIB));
+            kept.push(t.alloc(&state_stack, 8 * MIB));
+        }
+        t.annotate("Optimizer.step#AdamW.step", "END");
+        t.free(x);
+    }
+    let snapshot = t.finish();
+    let findings = detect(&snapshot, &DetectOptions::default());
+    assert!(problems(&findings).is_empty(), "{findings:#?}");
+    let holders: Vec<&Finding> = findings
+        .iter()
+        .filter(|f| f.kind == FindingKind::TopHolders)
+        .collect();
+    let spread = holders
+        .iter()
+        .find(|f| f.summary.contains("across steps"))
+        .expect("memory made across steps");
+    assert!(
+        spread.summary.contains("optimizer state"),
+        "{}",
+        spread.summary
+    );
+    assert!(spread.summary.contains("gradients"), "{}", spread.summary);
+    assert!(
+        !spread.summary.contains("activations"),
+        "{}",
+        spread.summary
+    );
+    assert!(spread.fix.starts_with("expected"), "{}", spread.fix);
+    assert!(!spread.fix.contains("free it once"), "{}", spread.fix);
+}

@@ -3,9 +3,11 @@
 //! Weights, optimizer state and caches allocated once are not leaks, but they are usually most
 //! of the memory, so they are reported as information. The holders of `crate::model_view` (the
 //! call-site groups live at the end, memory from before the recording included) are sorted
-//! into three kinds: memory from before the trace, memory allocated in one step (weights,
-//! optimizer state, caches), and memory allocated across steps (activations and tensors kept
-//! from step to step). Each kind present is one finding that lists its largest sites (up to
+//! into three kinds: memory from before the trace, memory allocated in one step, and memory
+//! allocated across steps. What the memory is (optimizer state, gradients, weights) is said
+//! only where the stacks show it (an optimizer's frames, an autograd node, `Module.to`), and
+//! memory of those kinds made across steps (AdamW state created as layers unfreeze) is called
+//! expected rather than a reference to drop. Each kind present is one finding that lists its largest sites (up to
 //! `top_holders`) with their bytes, names the largest, and gives its advice once. When nothing
 //! is live at the end, as in a profiler window that frees everything it allocates, the
 //! holders at the peak of allocated bytes are reported instead.
@@ -98,11 +100,17 @@ pub fn top_holders(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
         f.count = blocks;
         f.first_step = Some(first_step);
         f.last_step = Some(last_step);
+        // What the stacks say the memory is (optimizer state, gradients, weights); nothing is
+        // claimed where they say nothing.
+        let roles = roles_of(view, &members);
+        let said = if roles.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", roles.join(", "))
+        };
         let what = match kind {
-            Kind::Once => "allocated once (weights, optimizer state, caches)".to_string(),
-            Kind::Spread => format!(
-                "allocated across steps {first_step}..{last_step} (activations or tensors kept between steps)"
-            ),
+            Kind::Once => format!("allocated in one step{said}"),
+            Kind::Spread => format!("allocated across steps {first_step}..{last_step}{said}"),
             Kind::Before => "allocated before the trace began".to_string(),
         };
         // Memory a trace knows only as a total (a profiler trace's statistics) is in no block.
@@ -134,13 +142,73 @@ pub fn top_holders(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
             .int("sites_not_listed", more as u64)
             .int("first_step", first_step)
             .int("last_step", last_step);
+        let expected = !roles.is_empty() && roles.len() == members_with_roles(view, &members);
         f.fix = match kind {
-            Kind::Once => "expected for weights and optimizer state; to shrink it, use lower precision, sharding or offloading".to_string(),
-            Kind::Spread => "if it keeps growing with the step count it is a leak (see retained_per_step); otherwise free it once it is used".to_string(),
+            Kind::Once => "expected for weights, optimizer state and caches made once; to shrink it, use lower precision, sharding or offloading".to_string(),
+            Kind::Spread if expected => "expected: optimizer state and gradients are made as parameters start training (the first steps, or progressive unfreezing); to shrink them, use lower precision, sharding or offloading".to_string(),
+            Kind::Spread => "blocks from several steps are still live: if they keep growing with the step count it is a leak (see retained_per_step); otherwise something keeps a reference to them between steps".to_string(),
             Kind::Before => before_trace_fix(view.snapshot().source).to_string(),
         };
         f.sites = sites;
         sink.report(f);
+    }
+}
+
+/// What one group's stacks say its memory is: `optimizer state` (a frame of `torch/optim/`
+/// or an optimizer's `step`), `gradients` (made on the autograd thread: `AccumulateGrad` or
+/// another backward node), `weights` (`Module.to`/`cuda`/`_apply`, `load_state_dict`).
+fn role_of(view: &ModelView<'_>, group: GroupId) -> Option<&'static str> {
+    let sites = &view.snapshot().sites;
+    let mut role = None;
+    for &s in &view.group(group).sites {
+        let Some(site) = sites.get(s as usize) else {
+            continue;
+        };
+        let optimizer = site.frames.iter().any(|f| {
+            let file = f.file.replace('\\', "/");
+            file.contains("torch/optim/") || f.function.contains("Optimizer.step")
+        });
+        let this = if optimizer {
+            "optimizer state"
+        } else if vramscope_engine::autograd_node(&site.frames).is_some() {
+            "gradients"
+        } else if site.frames.iter().any(|f| {
+            let file = f.file.replace('\\', "/");
+            (file.ends_with("nn/modules/module.py")
+                && matches!(f.function.as_str(), "_apply" | "to" | "cuda" | "convert"))
+                || f.function == "load_state_dict"
+        }) {
+            "weights"
+        } else {
+            return None;
+        };
+        match role {
+            None => role = Some(this),
+            Some(r) if r == this => {}
+            Some(_) => return None,
+        }
+    }
+    role
+}
+
+/// The roles the stacks of `members` show, in a fixed order, each once.
+fn roles_of(view: &ModelView<'_>, members: &[&Holding]) -> Vec<&'static str> {
+    let mut roles: Vec<&'static str> = Vec::new();
+    for role in ["weights", "optimizer state", "gradients"] {
+        if members.iter().any(|h| role_of(view, h.group) == Some(role)) {
+            roles.push(role);
+        }
+    }
+    roles
+}
+
+/// How many distinct roles cover every member: the number of [`roles_of`] when each member
+/// has a role, else `usize::MAX` (some memory is of no known role).
+fn members_with_roles(view: &ModelView<'_>, members: &[&Holding]) -> usize {
+    if members.iter().all(|h| role_of(view, h.group).is_some()) {
+        roles_of(view, members).len()
+    } else {
+        usize::MAX
     }
 }
 
