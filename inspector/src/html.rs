@@ -1,5 +1,7 @@
 //! The HTML report: one self-contained page, the explorer, with memory over time stacked by
 //! call site, the live blocks and segments at a cursor, the findings and the top call sites.
+//! The page opens on the answer: the report's one-line verdict (`report::verdict`) and the
+//! errors and warnings, each with its line and fix, stand above the figures and the chart.
 //!
 //! `crate::report` builds the [`Report`]; its timeline carries the explorer's data
 //! ([`explorer::ExplorerData`], bands and moments precomputed from the engine). This module
@@ -45,7 +47,13 @@ th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums;
 .sev{display:inline-block;padding:1px 7px;border-radius:9px;font-size:12px;font-weight:600;color:#fff}\
 .sev-error{background:#c62828}.sev-warning{background:#e08e00}.sev-info{background:#1e6fb8}\
 code{font-family:ui-monospace,monospace;font-size:13px}.ev{color:#555;font-size:12px}\
-svg{background:#fcfcfc;border:1px solid #e3e3e3}.legend span{margin-right:16px}";
+svg{background:#fcfcfc;border:1px solid #e3e3e3}.legend span{margin-right:16px}\
+#verdict{font-size:16px;font-weight:600;margin:12px 0 6px;padding:8px 12px;border-left:5px solid #2e7d32;background:#f1f8f1}\
+#verdict.verdict-error{border-color:#c62828;background:#fdf0f0}#verdict.verdict-warning{border-color:#e08e00;background:#fff7e8}\
+#problems{list-style:none;margin:0 0 10px;padding:0}#problems li{margin:6px 0;padding-left:12px}#problems .fix{color:#333}";
+
+/// The most errors and warnings listed above the chart; the rest are in the findings table.
+const PROBLEMS_SHOWN: usize = 10;
 
 /// Renders the report as one self-contained HTML page.
 pub fn render_html(report: &Report) -> String {
@@ -63,6 +71,7 @@ pub fn render_html(report: &Report) -> String {
         "<div class=\"muted\">{}</div>",
         escape(&headline(report))
     );
+    out.push_str(&verdict_section(report));
 
     let s = &report.stats;
     out.push_str("<ul class=\"stats\">\n");
@@ -119,7 +128,7 @@ pub fn render_html(report: &Report) -> String {
                 .join(", ");
             let _ = writeln!(
                 out,
-                "<tr data-finding=\"{i}\"><td><span class=\"sev sev-{sev}\">{sev}</span></td><td><code>{kind}</code></td><td><code>{site}</code><br><span class=\"muted\">{function}</span></td><td>{summary}<div class=\"ev\">{evidence}</div><div><b>fix:</b> {fix}</div></td></tr>",
+                "<tr id=\"finding-{i}\" data-finding=\"{i}\"><td><span class=\"sev sev-{sev}\">{sev}</span></td><td><code>{kind}</code></td><td><code>{site}</code><br><span class=\"muted\">{function}</span></td><td>{summary}<div class=\"ev\">{evidence}</div><div><b>fix:</b> {fix}</div></td></tr>",
                 sev = severity_class(f.severity),
                 kind = escape(f.kind.as_str()),
                 site = escape(f.site_label()),
@@ -167,6 +176,52 @@ pub fn render_html(report: &Report) -> String {
         out.push_str(&explorer_scripts(report, data));
     }
     out.push_str("</body>\n</html>\n");
+    out
+}
+
+/// The verdict and the errors and warnings, for the top of the page: the report's one-line
+/// verdict, coloured by the worst severity, then each error and warning with its site, what
+/// it is and its fix (at most [`PROBLEMS_SHOWN`], the rest counted).
+fn verdict_section(report: &Report) -> String {
+    let mut out = String::new();
+    let problems: Vec<(usize, &crate::detect::Finding)> = report
+        .findings
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.severity >= Severity::Warning)
+        .collect();
+    let worst = problems
+        .iter()
+        .map(|(_, f)| f.severity)
+        .max()
+        .map_or("ok", severity_class);
+    let _ = writeln!(
+        out,
+        "<div id=\"verdict\" class=\"verdict-{worst}\">{}</div>",
+        escape(&crate::report::verdict(report))
+    );
+    if problems.is_empty() {
+        return out;
+    }
+    out.push_str("<ul id=\"problems\">\n");
+    for (i, f) in problems.iter().take(PROBLEMS_SHOWN) {
+        let _ = writeln!(
+            out,
+            "<li><span class=\"sev sev-{sev}\">{sev}</span> <code>{site}</code> {summary} <a href=\"#finding-{i}\">details</a><div class=\"fix\"><b>fix:</b> {fix}</div></li>",
+            sev = severity_class(f.severity),
+            site = escape(f.site_label()),
+            summary = escape(&f.summary),
+            fix = escape(&f.fix),
+        );
+    }
+    if problems.len() > PROBLEMS_SHOWN {
+        let _ = writeln!(
+            out,
+            "<li class=\"muted\">and {} more in the findings below</li>",
+            problems.len() - PROBLEMS_SHOWN
+        );
+    }
+    out.push_str("</ul>\n");
     out
 }
 
