@@ -13,7 +13,9 @@
 //! Tests that need something this machine may lack (the shared traces, a CUDA driver, python3)
 //! check for it at run time and, when it is absent, say so in one visible line and pass:
 //! [`skip_notice`] writes that line past the test harness's output capture, and
-//! [`shared_traces_dir`] finds the real traces the project tests against.
+//! [`shared_traces_dir`] finds the real traces the project tests against. Where the traces
+//! must be there (CI sets [`REQUIRE_TRACES_ENV`]`=1`), [`shared_trace`] fails the test instead
+//! of skipping it.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -40,23 +42,43 @@ pub fn skip_notice(reason: &str) {
 /// The shared traces folder: `$VRAMSCOPE_TRACES`, else `shared/traces` beside the workspace
 /// root (`workspace_root/../shared/traces`). `None` when it does not exist.
 pub fn shared_traces_dir(workspace_root: &Path) -> Option<PathBuf> {
-    let dir = std::env::var_os(TRACES_ENV)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root.join("../shared/traces"));
+    let dir = traces_dir_path(workspace_root);
     dir.is_dir().then_some(dir)
 }
 
-/// A file in the shared traces folder, or `None` after a [`skip_notice`] naming it.
+/// Where the shared traces folder should be, whether or not it exists.
+fn traces_dir_path(workspace_root: &Path) -> PathBuf {
+    std::env::var_os(TRACES_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root.join("../shared/traces"))
+}
+
+/// The environment variable that makes a missing shared trace a failure: set to `1` (as
+/// `.ci/run` does), [`shared_trace`] panics where it would otherwise skip.
+pub const REQUIRE_TRACES_ENV: &str = "VRAMSCOPE_REQUIRE_TRACES";
+
+/// Whether [`REQUIRE_TRACES_ENV`] asks for the shared traces: set, and neither empty nor `0`.
+pub fn traces_required() -> bool {
+    std::env::var_os(REQUIRE_TRACES_ENV).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// A file in the shared traces folder, or `None` after a [`skip_notice`] naming it. With
+/// [`REQUIRE_TRACES_ENV`] set, a missing file panics instead, so the test fails.
 pub fn shared_trace(workspace_root: &Path, name: &str) -> Option<PathBuf> {
-    match shared_traces_dir(workspace_root).map(|dir| dir.join(name)) {
-        Some(path) if path.is_file() => Some(path),
-        _ => {
-            skip_notice(&format!(
-                "shared trace {name} not found (set {TRACES_ENV} to the traces folder)"
-            ));
-            None
-        }
+    let dir = traces_dir_path(workspace_root);
+    let path = dir.join(name);
+    if path.is_file() {
+        return Some(path);
     }
+    let reason = format!(
+        "shared trace {name} not found in {} (set {TRACES_ENV} to the traces folder)",
+        dir.display()
+    );
+    if traces_required() {
+        panic!("{reason}; {REQUIRE_TRACES_ENV} is set, so a missing trace fails");
+    }
+    skip_notice(&reason);
+    None
 }
 
 /// A short run on simulated device `index`: a block of `bytes` kept throughout, and three
@@ -99,4 +121,55 @@ pub fn merge_devices(runs: &[vramscope_model::Snapshot]) -> vramscope_model::Sna
     }
     merged.steps.clear();
     merged
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    /// Run only as the child of the test below, in an environment it sets.
+    #[test]
+    #[ignore = "run by a_missing_trace_skips_or_fails_as_the_environment_says"]
+    fn looks_for_a_trace_that_is_not_there() {
+        assert!(shared_trace(Path::new("/nonexistent"), "no-such-trace.pickle").is_none());
+    }
+
+    fn child(require: Option<&str>) -> std::process::Output {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .args([
+                "--exact",
+                "tests::looks_for_a_trace_that_is_not_there",
+                "--ignored",
+            ])
+            .env(TRACES_ENV, "/nonexistent/traces")
+            .env_remove(REQUIRE_TRACES_ENV);
+        if let Some(value) = require {
+            command.env(REQUIRE_TRACES_ENV, value);
+        }
+        command.output().unwrap()
+    }
+
+    #[test]
+    fn a_missing_trace_skips_or_fails_as_the_environment_says() {
+        for require in [None, Some("0"), Some("")] {
+            let output = child(require);
+            assert!(output.status.success(), "{require:?}: {output:?}");
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(
+                stderr.contains(
+                    "skipped: shared trace no-such-trace.pickle not found in /nonexistent/traces"
+                ),
+                "{stderr}"
+            );
+        }
+        let output = child(Some("1"));
+        assert!(!output.status.success(), "{output:?}");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            stdout.contains("VRAMSCOPE_REQUIRE_TRACES is set"),
+            "{stdout}"
+        );
+    }
 }
