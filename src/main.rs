@@ -11,6 +11,9 @@
 //! colours pass as escape sequences), JSON and HTML through `sanitize_json`, so that no
 //! string from a file acts on the terminal. A write that fails is exit 2 with the system's
 //! words ("No space left on device"), except a closed pipe (`| head`), which ends quietly.
+//! An output path of `-` is standard output: `convert -o -` streams the file's own bytes to a
+//! pipe or a redirection, escapes its JSON as `sanitize_json` does on a terminal, and refuses
+//! to write the binary pickle to one.
 
 mod demo;
 mod loading;
