@@ -49,7 +49,10 @@ fn events(n: usize) -> Vec<Event> {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().map_or("load", String::as_str).to_string();
-    let n: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(1_000_000);
+    let n: usize = args
+        .get(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1_000_000);
     let events = events(n);
     let device = DeviceInfo {
         name: "synthetic".to_string(),
