@@ -25,6 +25,10 @@ impl Read for ClientConn {
 }
 
 /// The dashboard's side of a connection: connects to a publisher and reads checked frames.
+/// What a publisher can make it hold is bounded ([`crate::wire::CLIENT_BUFFER_BYTES`] for a
+/// snapshot, its history and the table additions after it; one frame at a time besides): a
+/// publisher that breaks the protocol or the bound ends the connection with an error that
+/// says why.
 pub struct TelemetryClient {
     addr: TelemetryAddr,
     frames: FrameReader<BufReader<ClientConn>>,
