@@ -9,7 +9,7 @@ use vramscope_inspector::export::{
     to_perfetto, to_pytorch_pickle, to_pytorch_pickle_with, PytorchExtras,
 };
 use vramscope_inspector::import::{load_bytes, ImportOptions};
-use vramscope_inspector::pickle::Document;
+use vramscope_pickle::Document;
 
 fuzz_target!(|data: &[u8]| {
     let options = ImportOptions::default();
@@ -22,7 +22,7 @@ fuzz_target!(|data: &[u8]| {
     let doc = Document::parse(data).ok();
     let extras = doc.as_ref().and_then(PytorchExtras::from_document);
     if let Ok(bytes) = to_pytorch_pickle_with(&snapshot, extras.as_ref()) {
-        let _ = vramscope_inspector::pickle::parse(&bytes).expect("the export is a pickle");
+        let _ = vramscope_pickle::parse(&bytes).expect("the export is a pickle");
     }
     if let Ok(json) = to_perfetto(&snapshot) {
         serde_json::from_str::<serde_json::Value>(&json).expect("the export is JSON");

@@ -4,5 +4,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = vramscope_inspector::pickle::parse(data);
+    let _ = vramscope_pickle::parse(data);
 });

@@ -38,8 +38,7 @@ use vramscope_model::{
     AllocatorConfig, BlockState, CallSite, Event, EventKind, Pool, Segment, SiteId, Snapshot,
 };
 
-use crate::pickle::{Document, ValueRef};
-use crate::pickle_writer::{MemoRef, PickleWriter};
+use vramscope_pickle::{Document, MemoRef, PickleWriter, ValueRef};
 
 /// Why an export failed: a figure of the snapshot out of range (with the field's path), or
 /// writing the output failed.

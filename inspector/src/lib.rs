@@ -6,7 +6,6 @@
 //! text, markdown, JSON or HTML, and `diff` compares two snapshots by call site.
 
 pub mod import;
-pub mod pickle;
 
 pub mod checks;
 pub mod detect;
@@ -17,7 +16,6 @@ pub mod export;
 pub mod html;
 pub mod markdown;
 pub mod model_view;
-pub mod pickle_writer;
 pub mod ranks;
 
 pub mod report;

@@ -10,10 +10,9 @@ use vramscope_inspector::export::{
     to_perfetto, to_pytorch_pickle, to_pytorch_pickle_with, PytorchExtras,
 };
 use vramscope_inspector::import::{load_bytes, ImportOptions};
-use vramscope_inspector::pickle::Document;
-use vramscope_inspector::pickle_writer::PickleWriter;
 use vramscope_inspector::report::{build_report, render, render_summary, Format, ReportOptions};
 use vramscope_model::{AllocatorConfig, Snapshot};
+use vramscope_pickle::{Document, PickleWriter};
 use vramscope_replay::{render_text, replay, ReplayOptions};
 
 /// What every file command does with an imported snapshot, as the fuzz targets do it.
@@ -43,7 +42,7 @@ fn every_command(snapshot: &Snapshot, input: &[u8]) {
     let doc = Document::parse(input).ok();
     let extras = doc.as_ref().and_then(PytorchExtras::from_document);
     if let Ok(bytes) = to_pytorch_pickle_with(snapshot, extras.as_ref()) {
-        vramscope_inspector::pickle::parse(&bytes).expect("the export is a pickle");
+        vramscope_pickle::parse(&bytes).expect("the export is a pickle");
     }
     if let Ok(json) = to_perfetto(snapshot) {
         serde_json::from_str::<serde_json::Value>(&json).expect("the export is JSON");

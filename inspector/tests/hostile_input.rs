@@ -7,8 +7,8 @@
 use std::io::Write;
 
 use vramscope_inspector::import::{self, ImportError, ImportErrorKind, ImportOptions};
-use vramscope_inspector::pickle::{self, PickleErrorKind};
 use vramscope_model::Snapshot;
+use vramscope_pickle::PickleErrorKind;
 
 fn load(bytes: &[u8], origin: &str) -> Result<Snapshot, ImportError> {
     import::load_bytes(bytes, origin, &ImportOptions::default())
@@ -283,7 +283,7 @@ fn a_memoized_list_referenced_many_times_is_converted_once() {
     let s = load(&bytes, "settings.pickle").unwrap();
     assert!(s.events.is_empty());
     // The reader's own value tree shares the list among all references.
-    let v = pickle::parse(&bytes).unwrap();
+    let v = vramscope_pickle::parse(&bytes).unwrap();
     let x = v.get("allocator_settings").unwrap().get("x").unwrap();
     let refs = x.as_seq().unwrap();
     assert_eq!(refs.len(), N);
@@ -329,7 +329,7 @@ fn a_decimal_integer_of_too_many_digits_is_refused_where_it_stands() {
             p.op(b"I").op("7".repeat(4300).as_bytes()).op(b"\ns");
         },
     );
-    let v = pickle::parse(&bytes).unwrap();
+    let v = vramscope_pickle::parse(&bytes).unwrap();
     let big = v.get("allocator_settings").unwrap().get("big").unwrap();
     assert_eq!(big.type_name(), "int");
     assert!(load(&bytes, "fits.pickle").is_ok());
@@ -351,7 +351,7 @@ fn a_dict_of_many_float_keys_is_read_in_linear_time() {
         },
     );
     assert!(load(&bytes, "floats.pickle").is_ok());
-    let v = pickle::parse(&bytes).unwrap();
+    let v = vramscope_pickle::parse(&bytes).unwrap();
     let pairs = v.get("allocator_settings").unwrap().as_dict().unwrap();
     assert_eq!(pairs.len(), N);
     assert_eq!(
@@ -596,7 +596,7 @@ fn keys_a_file_repeats_are_exported_once() {
     let bytes = p.stop();
 
     let snapshot = load(&bytes, "repeated.pickle").unwrap();
-    let doc = pickle::Document::parse(&bytes).unwrap();
+    let doc = vramscope_pickle::Document::parse(&bytes).unwrap();
     let extras = vramscope_inspector::export::PytorchExtras::from_document(&doc).unwrap();
     let exported =
         vramscope_inspector::export::to_pytorch_pickle_with(&snapshot, Some(&extras)).unwrap();

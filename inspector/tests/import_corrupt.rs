@@ -7,7 +7,7 @@ use std::io::Write;
 
 use proptest::prelude::*;
 use vramscope_inspector::import::{self, ImportError, ImportErrorKind, ImportOptions};
-use vramscope_inspector::pickle::PickleErrorKind;
+use vramscope_pickle::PickleErrorKind;
 
 /// `{'segments': [], 'device_traces': [[]]}` as Python's pickler writes it (protocol 4).
 const EMPTY_SNAPSHOT: &[u8] = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces](]eu.";

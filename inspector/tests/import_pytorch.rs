@@ -5,8 +5,8 @@
 use std::process::Command;
 
 use vramscope_inspector::import::{self, ImportErrorKind, ImportOptions};
-use vramscope_inspector::pickle::{self, Value};
 use vramscope_model::{BlockState, EventKind, Pool, SnapshotSource};
+use vramscope_pickle::Value;
 
 /// A snapshot written by Python 3's pickler (protocol 4) from this dict:
 ///
@@ -205,12 +205,15 @@ fn wrong_types_name_their_path() {
 
 #[test]
 fn a_read_document_converts_like_the_bytes() {
-    let doc = pickle::Document::parse(SYNTHETIC).unwrap();
+    let doc = vramscope_pickle::Document::parse(SYNTHETIC).unwrap();
     let options = ImportOptions::default();
     let from_doc = import::pytorch::from_document(&doc, "s.pickle", &options).unwrap();
     assert_eq!(from_doc, import(SYNTHETIC, &options));
     // The document and the value tree agree, and the shared frame list is one object.
-    assert_eq!(doc.root().to_value(), pickle::parse(SYNTHETIC).unwrap());
+    assert_eq!(
+        doc.root().to_value(),
+        vramscope_pickle::parse(SYNTHETIC).unwrap()
+    );
     let trace = doc.root().get("device_traces").unwrap().as_seq().unwrap();
     let entries = trace.get(0).unwrap().as_seq().unwrap();
     let frames = |i: usize| entries.get(i).unwrap().get("frames").unwrap().identity();
@@ -258,7 +261,7 @@ fn agrees_with_python_pickler() {
     }
     assert_eq!(blobs.len(), 8);
     for (protocol, bytes) in blobs[..6].iter().enumerate() {
-        let v = match pickle::parse(bytes) {
+        let v = match vramscope_pickle::parse(bytes) {
             Ok(v) => v,
             Err(e) => panic!("protocol {protocol}: {e}"),
         };
@@ -306,14 +309,14 @@ fn agrees_with_python_pickler() {
         assert_eq!(shared[0].identity(), shared[1].identity());
         assert_eq!(shared[0].identity(), shared[2].get("k").unwrap().identity());
     }
-    let native = pickle::parse(blobs[6]).unwrap();
+    let native = vramscope_pickle::parse(blobs[6]).unwrap();
     let native = native.as_seq().unwrap();
     assert_eq!(native[1].as_bytes(), Some(&b"\x00\xff"[..]));
     assert_eq!(native[2].as_bytes(), Some(&b"ab"[..]));
     assert_eq!(native[4], Value::Set(vec![Value::Int(3)].into()));
     assert_eq!(native[5], Value::FrozenSet(vec![Value::Int(4)].into()));
     // Protocol 2 writes a set by calling `builtins.set`, which the reader refuses.
-    let e = pickle::parse(blobs[7]).unwrap_err();
+    let e = vramscope_pickle::parse(blobs[7]).unwrap_err();
     assert!(e.to_string().contains("refused opcode GLOBAL"), "{e}");
 }
 

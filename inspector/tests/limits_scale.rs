@@ -9,9 +9,8 @@
 //! to refuse it with "more than 67108864 container elements".
 
 use vramscope_inspector::import::{self, ImportErrorKind, ImportOptions};
-use vramscope_inspector::pickle::{self, Document, Limits, PickleErrorKind};
-use vramscope_inspector::pickle_writer::{MemoRef, PickleWriter};
 use vramscope_model::EventKind;
+use vramscope_pickle::{Document, Limits, MemoRef, PickleErrorKind, PickleWriter};
 
 /// Distinct frame dicts the generated stacks are made of.
 const FRAMES: usize = 200;
@@ -213,7 +212,7 @@ fn a_small_crafted_pickle_is_held_to_memory_per_input_byte() {
     let mut bytes = b"\x80\x04N".to_vec();
     bytes.resize(bytes.len() + 4_000_000, 0x85);
     bytes.push(b'.');
-    let e = pickle::parse(&bytes).unwrap_err();
+    let e = vramscope_pickle::parse(&bytes).unwrap_err();
     let limits = Limits::default();
     match e.kind {
         PickleErrorKind::MemoryBudget {

@@ -2,8 +2,9 @@
 //! handles through which its values are read.
 //!
 //! `super::machine` fills a document opcode by opcode; once it is read, [`Document`] checks
-//! that it has no cycle and nests within [`Limits::max_depth`]. `crate::import::pytorch` and
-//! `crate::export` walk it through [`ValueRef`]s, and `super::tree` turns it into
+//! that it has no cycle and nests within [`Limits::max_depth`].
+//! `vramscope_inspector::import::pytorch` and `vramscope_inspector::export` walk it through
+//! [`ValueRef`]s, and `super::tree` turns it into
 //! [`super::Value`]s. A value is referenced by a four-byte [`Ref`]: small integers, `None` and
 //! booleans in place, everything else as an index into the table of its kind (the text of all
 //! strings in one buffer, the elements of all containers in one pool).
@@ -559,13 +560,13 @@ impl<'d> ValueRef<'d> {
 
     /// The number of the container in the document's table, when the value is a container:
     /// how a streaming read tells the containers made for an entry from older ones.
-    pub(crate) fn container_index(self) -> Option<usize> {
+    pub fn container_index(self) -> Option<usize> {
         self.r.is_container().then(|| self.r.index())
     }
 
     /// What the value stands in for, when a streaming read made it of a consumed entry's
     /// frames list or frame dict.
-    pub(crate) fn standin(self) -> Option<Standin> {
+    pub fn standin(self) -> Option<Standin> {
         Standin::of(self.r)
     }
 
@@ -608,7 +609,7 @@ impl<'d> Seq<'d> {
     /// very same values, and returns whether it stays valid: `false` when an element is a
     /// container numbered `transient_from` or above, which a streaming read drops and whose
     /// number it gives again.
-    pub(crate) fn stable_elements(self, transient_from: usize, out: &mut Vec<u32>) -> bool {
+    pub fn stable_elements(self, transient_from: usize, out: &mut Vec<u32>) -> bool {
         out.clear();
         out.extend(self.refs.iter().map(|r| r.0));
         !self

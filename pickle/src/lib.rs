@@ -1,16 +1,25 @@
-//! A safe reader for the data subset of Python's pickle format, protocols 0 to 5.
+//! vramscope-pickle: a safe reader and writer for the data subset of Python's pickle format,
+//! protocols 0 to 5. It refuses every opcode that imports or calls anything, so reading a
+//! pickle never runs code that the file names.
 //!
 //! PyTorch's `torch.cuda.memory._dump_snapshot()` writes a pickle of plain Python values: dicts,
 //! lists, tuples, strings, integers, floats, booleans and `None`, with strings, frame dicts and
-//! whole frame lists shared through the pickle memo. This module reads such bytes into a
-//! [`Document`], a compact arena that `crate::import::pytorch` walks through [`ValueRef`]s to
-//! build the one data model of `vramscope_model`, or into a tree of immutable
+//! whole frame lists shared through the pickle memo. This crate reads such bytes into a
+//! [`Document`], a compact arena read through [`ValueRef`]s, or into a tree of immutable
 //! [`Value`]s ([`parse`]). It never imports, constructs or calls anything: every opcode that
 //! would (`GLOBAL`, `STACK_GLOBAL`, `REDUCE`, `BUILD`, `INST`, `OBJ`, `NEWOBJ`, `NEWOBJ_EX`,
 //! the `EXT` registry, persistent ids, out-of-band buffers) is refused with a [`PickleError`]
 //! that names the opcode and its byte offset. Truncated or corrupt input is an error naming
 //! what went wrong and where, never a panic, and [`Limits`] bound nesting depth, the number of
 //! values and the number of container elements so that hostile input cannot exhaust memory.
+//! [`PickleWriter`] (`writer`) writes the same subset as protocol 4, sharing repeated objects
+//! through the memo. The crate depends on no other crate of vramscope.
+//!
+//! The inspector (`vramscope_inspector`) uses it both ways: `import::pytorch` walks a
+//! [`Document`] through [`ValueRef`]s to build the one data model of `vramscope_model`, or
+//! streams the trace entries into an [`EntrySink`] while the pickle is read
+//! ([`parse_streaming`], [`parse_streaming_chunks`]); `export` writes PyTorch snapshot pickles
+//! with [`PickleWriter`], and reads an original snapshot's extras back from a [`Document`].
 //!
 //! A document stores each value in four bytes where it is referenced (small integers, `None`
 //! and booleans in place, everything else as an index into a table of its kind), the text of
@@ -23,15 +32,15 @@
 //! walk of it ends. [`parse`] then turns it into [`Value`]s in which every memo-shared object
 //! (and every such list) becomes one reference-counted allocation.
 //!
-//! The module's parts: [`Value`] (`value`), the [`Document`] arena with its [`ValueRef`] and
+//! The crate's parts: [`Value`] (`value`), the [`Document`] arena with its [`ValueRef`] and
 //! [`Seq`] handles (`document`), the machine that runs the opcodes into a document
 //! (`machine`, with the opcodes by name in `opcodes` and the decoding of text and number
 //! arguments in `args`), the conversion of a document to [`Value`]s (`tree`), the [`Limits`]
-//! (`limits`) and the [`PickleError`] (`error`). For `crate::import::pytorch`, the machine can
-//! also stream the entries of the lists under one key of the root dict into a consumer while it
-//! reads, from all the bytes or from pieces of them, dropping each entry once converted
-//! (`machine::stream`); it falls back to a whole document whenever that could change the
-//! result.
+//! (`limits`), the [`PickleError`] (`error`) and the [`PickleWriter`] (`writer`). The machine
+//! can also stream the entries of the lists under one key of the root dict into a consumer
+//! while it reads, from all the bytes or from pieces of them, dropping each entry once
+//! converted (`machine::stream`); it falls back to a whole document whenever that could
+//! change the result.
 
 #![warn(missing_docs)]
 
@@ -43,6 +52,7 @@ mod machine;
 pub(crate) mod opcodes;
 mod tree;
 mod value;
+pub mod writer;
 
 #[cfg(test)]
 mod tests;
@@ -52,15 +62,16 @@ pub use error::{human_bytes, PickleError, PickleErrorKind};
 pub use limits::{Limits, DEFAULT_MAX_INPUT_BYTES};
 pub use opcodes::opcode_name;
 pub use value::Value;
+pub use writer::{MemoRef, PickleWriter};
 
-pub(crate) use machine::stream::{
+pub use machine::stream::{
     parse_streaming, parse_streaming_chunks, EntrySink, Standin, Streamed, StreamedList,
 };
 
 /// Parses a pickle of plain data with the default [`Limits`].
 ///
 /// ```
-/// use vramscope_inspector::pickle::{parse, Value};
+/// use vramscope_pickle::{parse, Value};
 /// // pickle.dumps([1, "a"], protocol=2)
 /// let v = parse(b"\x80\x02]q\x00(K\x01X\x01\x00\x00\x00aq\x01e.").unwrap();
 /// assert_eq!(v.as_seq().unwrap()[0], Value::Int(1));

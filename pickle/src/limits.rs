@@ -2,8 +2,9 @@
 //! exhaust memory or time.
 //!
 //! `super::machine` checks the memory budget and the open `MARK`s as it runs,
-//! `super::Document`'s check after reading bounds nesting, and `crate::import::pytorch` sets
-//! [`Limits::max_input_bytes`] from the importer's options. SECURITY.md lists every bound.
+//! `super::Document`'s check after reading bounds nesting, and
+//! `vramscope_inspector::import::pytorch` sets [`Limits::max_input_bytes`] from the importer's
+//! options. SECURITY.md lists every bound.
 
 /// The largest input read by default, in bytes (4 GiB): more than the largest PyTorch snapshots
 /// of big jobs. The file commands' `--max-input` and `VRAMSCOPE_MAX_INPUT` set another ceiling.
@@ -55,6 +56,14 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// These limits with the largest input accepted set to `max_input_bytes`: how another
+    /// crate sets one bound, as the struct is `non_exhaustive`.
+    #[must_use]
+    pub fn with_max_input_bytes(mut self, max_input_bytes: usize) -> Self {
+        self.max_input_bytes = max_input_bytes;
+        self
+    }
+
     /// The most bytes of memory a document read from `input_bytes` bytes may take.
     pub fn memory_budget(&self, input_bytes: usize) -> usize {
         input_bytes

@@ -1,11 +1,11 @@
-//! A small streaming writer for pickle protocol 4, the counterpart of `crate::pickle`'s reader
+//! A small streaming writer for pickle protocol 4, the counterpart of this crate's reader
 //! for the data subset: dicts, lists, tuples, strings, integers of any size, floats, booleans
 //! and None, with the memo for shared objects.
 //!
-//! `crate::export` writes PyTorch snapshot pickles with it. Like PyTorch's own files, the output
-//! shares repeated objects (a stack's frame list, a file name) through the memo, so a trace
-//! whose 20,000 events share a few hundred stacks stays small. It writes no opcode that imports
-//! or calls anything, so any unpickler can read it safely.
+//! `vramscope_inspector::export` writes PyTorch snapshot pickles with it. Like PyTorch's own
+//! files, the output shares repeated objects (a stack's frame list, a file name) through the
+//! memo, so a trace whose 20,000 events share a few hundred stacks stays small. It writes no
+//! opcode that imports or calls anything, so any unpickler can read it safely.
 
 /// Opcodes of the pickle protocol used here.
 mod op {
@@ -268,7 +268,7 @@ impl PickleWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pickle::{parse, Value};
+    use crate::{parse, Value};
 
     #[test]
     fn round_trips_through_the_reader() {

@@ -35,13 +35,13 @@ use std::path::Path;
 
 use vramscope_model::{Snapshot, SnapshotError};
 
-use crate::pickle::PickleError;
+use vramscope_pickle::PickleError;
 
 pub use progress::{Progress, ProgressState, Stage};
 
 /// The largest file [`load`] reads by default, in bytes (4 GiB); [`default_max_input`] says
 /// what the defaults of [`ImportOptions`] use in this process.
-pub const MAX_FILE_BYTES: u64 = crate::pickle::DEFAULT_MAX_INPUT_BYTES as u64;
+pub const MAX_FILE_BYTES: u64 = vramscope_pickle::DEFAULT_MAX_INPUT_BYTES as u64;
 
 /// The most bytes a gzip file may unpack to by default (4 GiB, as for a file).
 pub const MAX_DECOMPRESSED_BYTES: u64 = MAX_FILE_BYTES;
@@ -106,7 +106,7 @@ pub struct ImportOptions {
     /// `Optimizer.zero_grad#` and `enumerate(DataLoader)#`, else the first annotated name.
     pub step_annotation: Option<String>,
     /// The largest file accepted, in bytes ([`default_max_input`] by default). The pickle
-    /// reader's bounds on memory scale with the input's size below it (`crate::pickle::Limits`).
+    /// reader's bounds on memory scale with the input's size below it (`vramscope_pickle::Limits`).
     pub max_file_bytes: u64,
     /// The most bytes a gzip file may unpack to ([`default_max_input`] by default).
     pub max_decompressed_bytes: u64,
@@ -214,7 +214,7 @@ impl fmt::Display for ImportError {
         match &self.kind {
             ImportErrorKind::Io(e) => write!(f, "cannot read: {e}"),
             ImportErrorKind::TooLarge { what, limit, size } => {
-                let human = |b: u64| crate::pickle::human_bytes(b as usize);
+                let human = |b: u64| vramscope_pickle::human_bytes(b as usize);
                 match size {
                     Some(size) => write!(f, "{what} is {size} bytes ({}), ", human(*size))?,
                     None => write!(f, "{what} is ")?,

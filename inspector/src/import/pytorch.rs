@@ -44,7 +44,7 @@ use vramscope_model::{
 
 use super::timeline;
 use super::{ImportError, ImportErrorKind, ImportOptions, Stage};
-use crate::pickle::{Document, Limits, Seq, Value, ValueRef};
+use vramscope_pickle::{Document, Limits, Seq, Value, ValueRef};
 
 mod collect;
 mod stacks;
@@ -112,10 +112,7 @@ pub(crate) fn from_pickle_file(
 /// memory scale with the input (`Limits::memory_budget`).
 pub fn limits(options: &ImportOptions) -> Limits {
     let max_input = options.max_file_bytes.max(options.max_decompressed_bytes);
-    Limits {
-        max_input_bytes: usize::try_from(max_input).unwrap_or(usize::MAX),
-        ..Limits::default()
-    }
+    Limits::default().with_max_input_bytes(usize::try_from(max_input).unwrap_or(usize::MAX))
 }
 
 fn parse(bytes: &[u8], origin: &str, options: &ImportOptions) -> Result<Document, ImportError> {
@@ -1219,7 +1216,7 @@ mod tests {
 
     #[test]
     fn reads_pytorch_settings() {
-        let settings = crate::pickle::parse(
+        let settings = vramscope_pickle::parse(
             // {'PYTORCH_CUDA_ALLOC_CONF': 'backend:native,max_split_size_mb:64',
             //  'max_split_size': 67108864, 'garbage_collection_threshold': 0.0,
             //  'expandable_segments': True, 'roundup_power2_divisions': {'1': 0, '2': 4},
@@ -1239,8 +1236,8 @@ mod tests {
     /// and as strings of their own rather than the ones the entries share.
     #[test]
     fn entry_keys_are_found_in_any_order() {
-        use crate::pickle::Document;
-        use crate::pickle_writer::PickleWriter;
+        use vramscope_pickle::Document;
+        use vramscope_pickle::PickleWriter;
         let mut w = PickleWriter::new();
         let mut shared = FxHashMap::default();
         let entries: [&[(&str, u64)]; 4] = [

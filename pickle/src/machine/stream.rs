@@ -1,5 +1,5 @@
 //! Streaming the entries of one list of a pickle into a consumer as they are read, so that
-//! the document never holds them: how `crate::import::pytorch` turns the millions of
+//! the document never holds them: how `vramscope_inspector::import::pytorch` turns the millions of
 //! `device_traces` entries of a big snapshot into events without a document of them.
 //!
 //! [`parse_streaming`] runs the machine of `super` with hooks at `MARK`, `EMPTY_DICT`,
@@ -28,16 +28,16 @@
 //! the sink's memory counted against the document's budget.
 
 use super::{Machine, Step};
-use crate::pickle::document::{kind, Document, Ref, PAYLOAD_MASK};
-use crate::pickle::error::{PickleError, PickleErrorKind};
-use crate::pickle::limits::Limits;
-use crate::pickle::opcodes::APPENDS;
-use crate::pickle::ValueRef;
+use crate::document::{kind, Document, Ref, PAYLOAD_MASK};
+use crate::error::{PickleError, PickleErrorKind};
+use crate::limits::Limits;
+use crate::opcodes::APPENDS;
+use crate::ValueRef;
 
 /// What the memo keeps of a container made for a consumed entry that the pickle may
 /// reference again: what the sink made of it rather than the container.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Standin {
+pub enum Standin {
     /// A frames list, as the number of its call site plus one (0 for none).
     Site(u32),
     /// A frame dict, as the number of its frame.
@@ -46,7 +46,7 @@ pub(crate) enum Standin {
 
 impl Standin {
     /// The largest number a stand-in holds.
-    pub(crate) const MAX: u32 = PAYLOAD_MASK;
+    pub const MAX: u32 = PAYLOAD_MASK;
 
     fn to_ref(self) -> Option<Ref> {
         let (kind, n) = match self {
@@ -57,7 +57,7 @@ impl Standin {
     }
 
     /// The stand-in a reference holds, if it is one.
-    pub(in crate::pickle) fn of(r: Ref) -> Option<Standin> {
+    pub(crate) fn of(r: Ref) -> Option<Standin> {
         match r.kind() {
             kind::SITE => Some(Standin::Site(r.index() as u32)),
             kind::FRAME => Some(Standin::Frame(r.index() as u32)),
@@ -67,7 +67,7 @@ impl Standin {
 }
 
 /// The consumer of streamed entries.
-pub(crate) trait EntrySink {
+pub trait EntrySink {
     /// Converts `entry`, the `index`-th entry of the list at position `list` of the streamed
     /// key's list. Containers numbered `transient_from` and above
     /// ([`ValueRef::container_index`]) were made for this entry and are dropped after the
@@ -91,32 +91,32 @@ pub(crate) trait EntrySink {
 
 /// A list whose entries were streamed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct StreamedList {
+pub struct StreamedList {
     /// The list's container number ([`ValueRef::container_index`]); the document keeps it
     /// empty.
-    pub(crate) list: usize,
+    pub list: usize,
     /// Its position in the outer list, as the sink was told.
-    pub(crate) position: usize,
+    pub position: usize,
     /// How many entries were streamed.
-    pub(crate) entries: usize,
+    pub entries: usize,
 }
 
 /// A pickle read with its entries streamed.
 ///
 /// A list whose runs of entries were not all streamed one after another appears more than once
 /// in `lists`, which the caller must refuse.
-pub(crate) struct Streamed {
+pub struct Streamed {
     /// Everything but the streamed entries.
-    pub(crate) doc: Document,
+    pub doc: Document,
     /// The lists whose entries went to the sink, in the order they were read.
-    pub(crate) lists: Vec<StreamedList>,
+    pub lists: Vec<StreamedList>,
 }
 
 /// Reads `bytes` within `limits`, streaming the entries of the lists of `root[key]` into
 /// `sink`. `None` when the pickle cannot be streamed faithfully or is not valid: the caller
 /// then reads it whole ([`Document::parse_with_limits`]), which gives the same result or the
 /// error. A pickle without such lists is read whole here, with no lists streamed.
-pub(crate) fn parse_streaming<'a>(
+pub fn parse_streaming<'a>(
     bytes: &'a [u8],
     limits: &Limits,
     key: &'static str,
@@ -135,7 +135,7 @@ pub(crate) fn parse_streaming<'a>(
 /// the next piece to the buffer it is given, or returns `false` at the end. Only a window of
 /// the input is held, from the opcode being read on; an opcode whose bytes are not all at
 /// hand yet runs again once they are. The pieces must add up to `total` bytes.
-pub(crate) fn parse_streaming_chunks<'s>(
+pub fn parse_streaming_chunks<'s>(
     total: usize,
     next: &mut dyn FnMut(&mut Vec<u8>) -> bool,
     limits: &Limits,
@@ -187,7 +187,7 @@ fn streamed(mut machine: Machine<'_, '_>, root: Ref, limits: &Limits) -> Option<
 }
 
 /// The machine's streaming state.
-pub(in crate::pickle) struct Stream<'a> {
+pub(crate) struct Stream<'a> {
     sink: &'a mut dyn EntrySink,
     /// The key of the root dict whose lists are streamed.
     key: &'static str,

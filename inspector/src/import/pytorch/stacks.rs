@@ -5,7 +5,7 @@
 //! `super::read_entry` and `super::read_segment` call [`Stacks::site`] for every trace entry
 //! and block. While `super::stream` streams trace entries, the lists and frame dicts made for
 //! an entry are dropped after it: they are not remembered by identity, and what they became is
-//! handed back to the reader as `crate::pickle::Standin`s for the memo to keep, while the
+//! handed back to the reader as `vramscope_pickle::Standin`s for the memo to keep, while the
 //! containers from before the entry that were read are reported so that the reader can make
 //! sure they do not change.
 
@@ -14,7 +14,7 @@ use vramscope_model::{Frame, SiteId};
 
 use super::{fields, Fault, Loc};
 use crate::import::sites::SiteTable;
-use crate::pickle::{Seq, Standin, ValueRef};
+use vramscope_pickle::{Seq, Standin, ValueRef};
 
 /// Converts stacks into call sites. The pickle shares frame lists, frame dicts and strings
 /// through its memo, and the reader stores equal frame lists once, so all are remembered by

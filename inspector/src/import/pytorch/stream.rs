@@ -1,7 +1,7 @@
 //! The streaming import of a PyTorch snapshot: its `device_traces` entries become events
 //! while the pickle is read, so that no document of them is ever held.
 //!
-//! [`read`] runs `crate::pickle::parse_streaming` with an [`EntryStream`] that converts each
+//! [`read`] runs `vramscope_pickle::parse_streaming` with an [`EntryStream`] that converts each
 //! entry with `super::read_entry`, as the whole-document import does, into events and call
 //! sites (`super::stacks`). It then checks that the lists it streamed are where the snapshot's
 //! `device_traces` has them, once each, and that no other trace list has entries. [`Ready`]
@@ -25,7 +25,7 @@ use super::{
     Fault, Figures, Loc, TraceEvents,
 };
 use crate::import::{ImportError, ImportErrorKind, ImportOptions};
-use crate::pickle::{
+use vramscope_pickle::{
     parse_streaming, parse_streaming_chunks, Document, EntrySink, Standin, Streamed, StreamedList,
     ValueRef,
 };
@@ -292,8 +292,8 @@ mod tests {
     use rustc_hash::FxHashMap;
 
     use super::*;
-    use crate::pickle_writer::{MemoRef, PickleWriter};
     use vramscope_model::EventKind;
+    use vramscope_pickle::{MemoRef, PickleWriter};
 
     /// What an entry's `frames` is.
     #[derive(Clone, Copy)]
