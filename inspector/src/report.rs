@@ -970,12 +970,8 @@ pub fn render_text(report: &Report, color: bool) -> String {
             site_with_function(f.site.as_deref(), &f.function)
         );
         let _ = writeln!(out, "            {}", clean(&f.summary));
-        if !f.evidence.is_empty() {
-            let _ = writeln!(
-                out,
-                "            {}",
-                paint(DIM, &format!("evidence: {}", clean(&evidence_sentence(f))))
-            );
+        for detail in f.details() {
+            let _ = writeln!(out, "            {}", paint(DIM, &clean(&detail)));
         }
         let _ = writeln!(out, "            fix: {}", clean(&f.fix));
     }
@@ -1051,15 +1047,23 @@ pub fn render_markdown(report: &Report) -> String {
                 md_escape(&f.fix)
             );
         }
-        let _ = writeln!(out, "\n### Evidence\n");
-        for (i, f) in report.findings.iter().enumerate() {
+        let detailed: Vec<(&Finding, Vec<String>)> = report
+            .findings
+            .iter()
+            .map(|f| (f, f.details()))
+            .filter(|(_, d)| !d.is_empty())
+            .collect();
+        if !detailed.is_empty() {
+            let _ = writeln!(out, "\n### Details\n");
+        }
+        for (i, (f, details)) in detailed.iter().enumerate() {
             let _ = writeln!(
                 out,
                 "{}. **{}** at {}: {}",
                 i + 1,
                 f.kind,
                 md_escape(f.site_label()),
-                md_escape(&evidence_sentence(f))
+                md_escape(&details.join(" "))
             );
         }
     }

@@ -344,6 +344,42 @@ impl Finding {
     pub fn site_label(&self) -> &str {
         self.site.as_deref().unwrap_or("(unknown site)")
     }
+
+    /// The finding's details as sentences a person reads, for the text report, markdown and
+    /// the dashboard (the `evidence` map is for JSON): the user's call path from the line that
+    /// keeps the memory to the line that made it, and the sites the finding gathers with
+    /// their bytes, largest first.
+    pub fn details(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.frames.len() > 1 {
+            out.push(format!("Call path: {}.", self.frames.join(" → ")));
+        }
+        const LISTED: usize = 5;
+        if self.sites.len() > 1
+            || self.sites.first().map(|s| s.site.as_str()) != self.site.as_deref()
+        {
+            let mut listed: Vec<String> = self
+                .sites
+                .iter()
+                .take(LISTED)
+                .map(|s| {
+                    format!(
+                        "{} ({} in {})",
+                        s.site,
+                        vramscope_model::format_bytes(s.bytes),
+                        vramscope_model::plural(s.blocks, "block")
+                    )
+                })
+                .collect();
+            if self.sites.len() > LISTED {
+                listed.push(format!("{} more", self.sites.len() - LISTED));
+            }
+            if !listed.is_empty() {
+                out.push(format!("From: {}.", listed.join(", ")));
+            }
+        }
+        out
+    }
 }
 
 /// Where detectors put their findings.

@@ -212,14 +212,9 @@ fn draw_details(f: &Finding, area: Rect, buf: &mut Buffer, theme: Theme) {
         let prefix = if n == 0 { "fix: " } else { "     " };
         line(&mut y, &format!("{prefix}{l}"), theme.allocated());
     }
-    if !f.evidence.is_empty() {
-        let ev: Vec<String> = f
-            .evidence
-            .entries()
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        for l in wrap(&format!("evidence: {}", ev.join("  ")), width) {
+    // Sentences a person reads; the evidence map is the JSON report's.
+    for detail in f.details() {
+        for l in wrap(&detail, width) {
             line(&mut y, &l, theme.dim());
         }
     }
