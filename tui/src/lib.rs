@@ -118,6 +118,11 @@ pub fn view_app(path: &Path, options: &ImportOptions) -> Result<App, TuiError> {
     } else {
         (snapshot, None)
     };
+    // One step numbering for every view: the steps the report infers for a trace without
+    // marks are written into it, so that the header, the timeline's ticks and the findings at
+    // any cursor (analysed on the trace cut there) number steps as `report` does.
+    let mut shown = shown;
+    vramscope_inspector::model_view::record_inferred_steps(&mut shown);
     stage(Stage::BuildingTimeline);
     let data = Dataset::new(shown, Origin::File(path.display().to_string()));
     let mut app = App::new(data).with_analyzer();

@@ -26,9 +26,12 @@ mod holdings;
 mod stacks;
 mod steps;
 
-pub use stacks::{common_caller, is_module_call, kept_line, KeptLine};
 pub(crate) use stacks::default_framework_paths;
-pub use steps::{apply_step_marker, restep, step_marker_candidates, StepMarkerError, StepSource};
+pub use stacks::{common_caller, is_module_call, kept_line, KeptLine};
+pub use steps::{
+    apply_step_marker, record_inferred_steps, restep, step_marker_candidates, StepMarkerError,
+    StepSource,
+};
 
 use vramscope_engine::{
     name_call_site, EmptyCacheCall, GroupId, LiveBlock, MemoryState, Reconstruction, Runs,

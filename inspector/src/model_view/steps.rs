@@ -161,6 +161,44 @@ pub(super) fn collect_steps(snapshot: &Snapshot, plan: &StepPlan) -> (Vec<u64>, 
     (numbers, steps)
 }
 
+/// Writes the steps a view infers for a trace without marks into the trace itself: each event's
+/// step number, and a mark where each step begins, labelled with the line that opens it. Every
+/// view of the trace, and of any prefix of it (the dashboard's time cursor cuts the trace and
+/// analyses the part before the cursor), then numbers steps as the report on the whole trace
+/// does, instead of inferring a loop of its own from the part it sees (a prefix that ends
+/// inside one step shows the model's layers repeating). Returns the number of steps written:
+/// 0 for a trace with marks of its own or without a loop.
+pub fn record_inferred_steps(snapshot: &mut Snapshot) -> usize {
+    use vramscope_model::StepMark;
+
+    if !snapshot.steps.is_empty() || snapshot.events.iter().any(|e| e.step > 0) {
+        return 0;
+    }
+    let Some(inferred) = infer_steps(snapshot) else {
+        return 0;
+    };
+    for (i, e) in snapshot.events.iter_mut().enumerate() {
+        e.step = step_after(inferred.starts.partition_point(|&s| s as usize <= i));
+    }
+    let label = format!("inferred: each step begins at {}", inferred.opener);
+    let marks: Vec<StepMark> = inferred
+        .starts
+        .iter()
+        .enumerate()
+        .filter_map(|(k, &start)| {
+            let e = snapshot.events.get(start as usize)?;
+            Some(StepMark {
+                step: k as u64 + 1,
+                seq: e.seq,
+                time_ns: e.time_ns,
+                label: label.clone(),
+            })
+        })
+        .collect();
+    snapshot.steps = marks;
+    snapshot.steps.len()
+}
+
 /// Fewest iterations a repeating sequence must show to be taken for a loop.
 const MIN_INFERRED_STEPS: usize = 3;
 

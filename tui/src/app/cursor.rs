@@ -90,7 +90,9 @@ impl App {
         switch.current = (switch.current + 1) % switch.devices.len();
         let device = switch.devices[switch.current];
         let (current, count) = (switch.current, switch.devices.len());
-        let part = vramscope_inspector::devices::only_device(&switch.full, device);
+        let mut part = vramscope_inspector::devices::only_device(&switch.full, device);
+        // The device's own steps, numbered as the report on it numbers them.
+        vramscope_inspector::model_view::record_inferred_steps(&mut part);
         self.data.reset(part);
         self.analysis = None;
         self.cursor = Some(self.data.peak_allocated_pos());
