@@ -108,6 +108,10 @@ class Finding:
     first_step: Optional[int] = None
     last_step: Optional[int] = None
     evidence: Dict[str, Any] = field(default_factory=dict)
+    #: For kept memory: the line that allocated it (``site`` is the line that keeps it).
+    made_at: Optional[str] = None
+    #: The user's frames from ``site`` in to ``made_at``, as ``file:line (function)``.
+    frames: List[str] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, value: Dict[str, Any]) -> "Finding":
@@ -125,6 +129,8 @@ class Finding:
             first_step=value.get("first_step"),
             last_step=value.get("last_step"),
             evidence=value.get("evidence") or {},
+            made_at=value.get("made_at"),
+            frames=list(value.get("frames") or []),
         )
 
     @property
@@ -133,6 +139,8 @@ class Finding:
         where = self.site or "(no site)"
         if self.function:
             where += f" in {self.function}"
+        if self.made_at and self.made_at != self.site:
+            where += f" (made at {self.made_at})"
         return f"{self.severity} {self.kind} at {where}: {self.summary} Fix: {self.fix}"
 
     def __str__(self) -> str:
