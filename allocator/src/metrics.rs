@@ -24,6 +24,8 @@
 //! program more than a few kilobytes or a thread for a few seconds: it reads only a request's
 //! head, into a fixed buffer, within a deadline, on a bounded number of connections at once
 //! ([`MetricsLimits`]; a general-purpose HTTP server buffers header lines without limit).
+//! What a head asks for is decided by one pure function, [`parse_request`], which the server
+//! calls on the bytes it read and the `metrics_request` fuzz target calls on any bytes.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -581,10 +583,52 @@ fn head_end(bytes: &[u8], from: usize) -> Option<usize> {
     })
 }
 
-/// The answer to a complete head: the status, and whether it is the metrics.
-fn route(head: &[u8], limits: &MetricsLimits) -> Status {
+/// What a request's head asks for, when it is one the server answers with a page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Request {
+    /// `GET /metrics`, with or without a query: the metrics (200).
+    Metrics,
+    /// A `GET` of any other path (404).
+    NotFound,
+}
+
+/// Why a request's bytes are not a request the server answers with a page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RequestError {
+    /// The head has not ended (no empty line yet) within fewer bytes than
+    /// [`MetricsLimits::max_request_bytes`]: more bytes may complete it.
+    Incomplete,
+    /// The head does not end within [`MetricsLimits::max_request_bytes`], or it has more than
+    /// [`MetricsLimits::max_headers`] header lines (431).
+    TooLarge,
+    /// The head is not UTF-8, its request line is not `METHOD /TARGET HTTP/…`, or a header
+    /// line has no colon (400).
+    BadRequest,
+    /// A well-formed request with a method other than `GET` (405).
+    MethodNotAllowed,
+}
+
+/// Parses the head of one request from the first bytes a client sent, as the server does:
+/// the head ends at its first empty line (`\r\n\r\n` or `\n\n`), which must come within
+/// `limits.max_request_bytes` (at least 1); bytes after the head (a body, a next request) are
+/// never looked at. Pure and linear in `bytes.len()`, whatever they are, so that a fuzzer can
+/// drive it (`fuzz/fuzz_targets/metrics_request.rs`); the server calls it on the head it read.
+pub fn parse_request(bytes: &[u8], limits: &MetricsLimits) -> Result<Request, RequestError> {
+    let max = limits.max_request_bytes.max(1);
+    let window = &bytes[..bytes.len().min(max)];
+    match head_end(window, 0) {
+        Some(end) => parse_head(&window[..end], limits),
+        None if bytes.len() >= max => Err(RequestError::TooLarge),
+        None => Err(RequestError::Incomplete),
+    }
+}
+
+/// What a complete head (ending in its empty line) asks for.
+fn parse_head(head: &[u8], limits: &MetricsLimits) -> Result<Request, RequestError> {
     let Ok(text) = std::str::from_utf8(head) else {
-        return Status::BadRequest;
+        return Err(RequestError::BadRequest);
     };
     let mut lines = text.lines().map(|l| l.strip_suffix('\r').unwrap_or(l));
     let request = lines.next().unwrap_or("");
@@ -592,28 +636,40 @@ fn route(head: &[u8], limits: &MetricsLimits) -> Status {
     for line in lines.take_while(|l| !l.is_empty()) {
         headers += 1;
         if headers > limits.max_headers {
-            return Status::TooLarge;
+            return Err(RequestError::TooLarge);
         }
         if !line.contains(':') {
-            return Status::BadRequest;
+            return Err(RequestError::BadRequest);
         }
     }
     let mut parts = request.split(' ');
     let (Some(method), Some(target), Some(version), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
     else {
-        return Status::BadRequest;
+        return Err(RequestError::BadRequest);
     };
     if method.is_empty() || !target.starts_with('/') || !version.starts_with("HTTP/") {
-        return Status::BadRequest;
+        return Err(RequestError::BadRequest);
     }
     if method != "GET" {
-        return Status::MethodNotAllowed;
+        return Err(RequestError::MethodNotAllowed);
     }
     if target.split('?').next() == Some("/metrics") {
-        Status::Ok
+        Ok(Request::Metrics)
     } else {
-        Status::NotFound
+        Ok(Request::NotFound)
+    }
+}
+
+/// The answer to a complete head: the status of what [`parse_request`] found in it.
+fn route(head: &[u8], limits: &MetricsLimits) -> Status {
+    match parse_request(head, limits) {
+        Ok(Request::Metrics) => Status::Ok,
+        Ok(Request::NotFound) => Status::NotFound,
+        Err(RequestError::MethodNotAllowed) => Status::MethodNotAllowed,
+        Err(RequestError::TooLarge) => Status::TooLarge,
+        // A complete head is never incomplete; were it so, it is not a request.
+        Err(RequestError::BadRequest | RequestError::Incomplete) => Status::BadRequest,
     }
 }
 
@@ -805,6 +861,80 @@ mod tests {
         };
         assert_eq!(route_of(&headers(limits.max_headers)), Status::Ok);
         assert_eq!(route_of(&headers(limits.max_headers + 1)), Status::TooLarge);
+    }
+
+    #[test]
+    fn parse_request_is_what_the_server_answers_on_the_bytes_it_read() {
+        let limits = MetricsLimits {
+            max_request_bytes: 64,
+            max_headers: 2,
+            ..MetricsLimits::default()
+        };
+        let get = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+        assert_eq!(parse_request(get, &limits), Ok(Request::Metrics));
+        // Bytes after the head (a body, a second request, garbage) are never looked at.
+        let mut trailing = get.to_vec();
+        trailing.extend_from_slice(&[0xff; 4096]);
+        assert_eq!(parse_request(&trailing, &limits), Ok(Request::Metrics));
+        // Every proper prefix is incomplete: the head ends only at its empty line.
+        for cut in 0..get.len() {
+            assert_eq!(
+                parse_request(&get[..cut], &limits),
+                Err(RequestError::Incomplete),
+                "{cut}"
+            );
+        }
+        // A head that has not ended within the limit is too large, however much more follows;
+        // one that ends at the limit's last byte is complete.
+        let mut long = b"GET /metrics HTTP/1.1\r\nX: ".to_vec();
+        long.resize(63, b'a');
+        assert_eq!(parse_request(&long, &limits), Err(RequestError::Incomplete));
+        long.push(b'a');
+        assert_eq!(parse_request(&long, &limits), Err(RequestError::TooLarge));
+        long.truncate(60);
+        long.extend_from_slice(b"\r\n\r\n");
+        assert_eq!(long.len(), 64);
+        assert_eq!(parse_request(&long, &limits), Ok(Request::Metrics));
+        let three = b"GET / HTTP/1.1\r\na: 1\r\nb: 2\r\nc: 3\r\n\r\n";
+        assert_eq!(parse_request(three, &limits), Err(RequestError::TooLarge));
+        assert_eq!(
+            parse_request(&three[..three.len() - 8], &limits),
+            Err(RequestError::Incomplete)
+        );
+        assert_eq!(
+            parse_request(b"PUT /metrics HTTP/1.1\n\n", &limits),
+            Err(RequestError::MethodNotAllowed)
+        );
+
+        // The server reads the head with `read_head` and answers by `parse_request`: the same
+        // answer as on the whole of what the client sent.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut buf = vec![0u8; limits.max_request_bytes];
+        for (data, status) in [
+            (trailing.clone(), Status::Ok),
+            (three.to_vec(), Status::TooLarge),
+            (vec![b'x'; 1000], Status::TooLarge),
+            (b"GET /x HTTP/1.0\n\nrest".to_vec(), Status::NotFound),
+        ] {
+            let mut reader = Trickle {
+                data: data.clone(),
+                chunk: 7,
+                given: 0,
+            };
+            let answered = match read_head(&mut reader, &mut buf, deadline) {
+                Head::Complete(end) => route(&buf[..end], &limits),
+                Head::TooLarge => Status::TooLarge,
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(answered, status, "{data:?}");
+            let parsed = match parse_request(&data, &limits) {
+                Ok(Request::Metrics) => Status::Ok,
+                Ok(Request::NotFound) => Status::NotFound,
+                Err(RequestError::TooLarge) => Status::TooLarge,
+                Err(e) => panic!("{e:?}"),
+            };
+            assert_eq!(parsed, status, "{data:?}");
+        }
     }
 
     #[test]
