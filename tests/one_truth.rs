@@ -96,7 +96,10 @@ fn check_views(name: &str, snapshot: &Snapshot, consistent: bool) {
             "{name}: {:?}",
             walk.disagreements
         );
-        let forwards = walk.state_at(&snapshot.events, snapshot.events.len());
+        let mut forwards = walk.start.clone();
+        for (i, e) in snapshot.events.iter().enumerate() {
+            forwards.apply(e, i as u32);
+        }
         assert_eq!(
             forwards.usage(),
             walk.end.usage(),

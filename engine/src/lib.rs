@@ -334,20 +334,16 @@ impl Reconstruction {
         state
     }
 
-    /// The state after the first `pos` events, walked forwards from the start.
-    pub fn state_at(&self, events: &[Event], pos: usize) -> MemoryState {
-        let mut state = self.start.clone();
-        for (i, e) in events.iter().enumerate().take(pos) {
-            state.apply(e, i as u32);
-        }
-        state
-    }
-
     /// The state after the first `pos` events as the walk back from the end had it: the state
     /// whose figures [`Reconstruction::usage`] holds, so that what it holds adds up to them
-    /// (the peak's holdings to the peak). On a consistent trace it is
-    /// [`Reconstruction::state_at`]'s; where the trace contradicts itself (a block freed twice,
-    /// a free request repeated), walking forwards from the start can differ. It is undone from
+    /// (the peak's holdings to the peak). On a consistent trace it is the state a walk forwards
+    /// from [`Reconstruction::start`] reaches; where the trace contradicts itself (a block
+    /// freed twice, a free request repeated), walking forwards from the start can differ, so
+    /// the engine hands out no forward walk.
+    ///
+    /// Architecture Invariant: this, [`Reconstruction::states_after`] and
+    /// [`Reconstruction::block_changes_back`] are the only ways to a state at an event, and all
+    /// give the walk's own states. It is undone from
     /// the nearest state the walk kept at or after `pos`, or from the end, with the events'
     /// links, found again by pairing the events before them when the walk let go of its own.
     pub fn state_walked(&self, events: &[Event], pos: usize) -> MemoryState {
@@ -621,6 +617,16 @@ impl PairedEvents {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The state after the first `pos` events, walked forwards from the walk's start: what a
+    /// forward walk (the dashboard's) reaches, which the tests compare with the walk's own.
+    fn forwards(walk: &Reconstruction, events: &[Event], pos: usize) -> MemoryState {
+        let mut state = walk.start.clone();
+        for (i, e) in events.iter().enumerate().take(pos) {
+            state.apply(e, i as u32);
+        }
+        state
+    }
     use crate::state::tests::ev as event;
     use vramscope_model::EventKind;
 
@@ -673,7 +679,7 @@ mod tests {
                 "pending {pending}: nothing before the trace"
             );
             for pos in 0..=snapshot.events.len() {
-                let forwards = walk.state_at(&snapshot.events, pos);
+                let forwards = forwards(&walk, &snapshot.events, pos);
                 assert_eq!(
                     forwards.usage(),
                     walk.usage_at(pos),
@@ -712,12 +718,12 @@ mod tests {
         assert_eq!(backwards.len(), snapshot.events.len() - 1);
         for (pos, state) in &backwards {
             assert_eq!(
-                &walk.state_at(&snapshot.events, *pos),
+                &forwards(&walk, &snapshot.events, *pos),
                 state,
                 "position {pos}"
             );
         }
-        let pending = walk.state_at(&snapshot.events, 1);
+        let pending = forwards(&walk, &snapshot.events, 1);
         let block = pending.blocks.get(0x1000).unwrap();
         assert!(block.pending && block.predates_trace());
         let lean = Reconstruction::without_links(&snapshot);
@@ -797,7 +803,7 @@ mod tests {
             let walked = lean.state_walked(&snapshot.events, pos);
             assert_eq!(walked, full.state_walked(&snapshot.events, pos), "{pos}");
             // A consistent trace: forwards from the start gives the same.
-            assert_eq!(walked, full.state_at(&snapshot.events, pos), "{pos}");
+            assert_eq!(walked, forwards(&full, &snapshot.events, pos), "{pos}");
         }
         assert_eq!(lean.state_walked(&snapshot.events, 0), lean.start);
         assert_eq!(lean.state_walked(&snapshot.events, n), lean.end);
@@ -816,7 +822,7 @@ mod tests {
         for pos in (0..=n).step_by(211).chain([n]) {
             let walked = lean.state_walked(&snapshot.events, pos);
             assert_eq!(walked.usage(), lean.usage_at(pos), "{pos}");
-            forwards_differ |= lean.state_at(&snapshot.events, pos).usage() != walked.usage();
+            forwards_differ |= forwards(&lean, &snapshot.events, pos).usage() != walked.usage();
         }
         assert!(forwards_differ, "the trace does contradict itself");
     }

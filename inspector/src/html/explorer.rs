@@ -845,7 +845,11 @@ mod tests {
         assert_eq!(total, view.peak_allocated());
         let held: u64 = view.live_at_peak().iter().map(|h| h.bytes).sum();
         assert_eq!(held, view.peak_allocated());
-        let forwards = Reconstruction::of(&snapshot).state_at(&snapshot.events, peak.pos as usize);
+        // A walk forwards from the start, as a viewer stepping through the trace would take.
+        let mut forwards = Reconstruction::of(&snapshot).start;
+        for (i, e) in snapshot.events.iter().enumerate().take(peak.pos as usize) {
+            forwards.apply(e, i as u32);
+        }
         assert_ne!(
             forwards.allocated,
             view.peak_allocated(),
