@@ -1,0 +1,418 @@
+//! Tests of the dataset: checkpoints, random access, cuts and their memory bound.
+
+use super::*;
+use vramscope_testkit::fixture;
+
+#[test]
+fn the_state_at_the_end_is_the_snapshot_and_replays_agree() {
+    let snapshot = fixture::training_snapshot();
+    let mut data = Dataset::new(snapshot.clone(), Origin::File("f".into()));
+    let end = MemoryState::from_segments(&snapshot.segments);
+    assert_eq!(data.head().blocks.len(), end.blocks.len());
+    assert_eq!(data.usage_at(data.len()), end.usage());
+    // Forwards from the start reproduces the end.
+    let n = data.len();
+    let mut fwd = data.state_at(0).clone();
+    for (i, e) in snapshot.events.iter().enumerate() {
+        fwd.apply(e, i as u32);
+        assert_eq!(fwd.usage(), data.usage_at(i + 1), "after event {i}");
+    }
+    assert_eq!(fwd.usage(), data.usage_at(n));
+    // Random access agrees with the usage series.
+    for pos in [n / 3, 1, n - 1, 0, n / 2] {
+        let u = data.usage_at(pos);
+        assert_eq!(data.state_at(pos).usage(), u, "at {pos}");
+    }
+}
+
+/// The training fixture split in half: the whole of it as a file's dataset, a live
+/// dataset of its first half (whose end state is the state after those events), and the
+/// events of the second half, yet to come.
+fn halves() -> (Dataset, Dataset, Vec<Event>) {
+    let snapshot = fixture::training_snapshot();
+    let half = snapshot.events.len() / 2;
+    let mut first = snapshot.clone();
+    let rest = first.events.split_off(half).into_vec();
+    let mut whole = Dataset::new(snapshot, Origin::File("f".into()));
+    first.segments = whole.state_at(half).to_segments();
+    first.steps.retain(|m| m.seq < rest[0].seq);
+    (whole, Dataset::new(first, Origin::Live("l".into())), rest)
+}
+
+#[test]
+fn appending_matches_loading_at_once() {
+    let (whole, mut grown, rest) = halves();
+    let half = grown.len();
+    grown.append(&rest);
+    assert_eq!(grown.len(), whole.len());
+    assert_eq!(grown.usage(), whole.usage());
+    assert_eq!(grown.step_starts(), whole.step_starts());
+    assert_eq!(grown.kinds(), whole.kinds());
+    let kinds_of = |d: &Dataset| d.events().iter().map(|e| e.kind).collect::<Vec<_>>();
+    assert_eq!(grown.kinds(), kinds_of(&grown));
+    assert_eq!(grown.head().usage(), whole.head().usage());
+    let extremes = |d: &Dataset, a: usize, b: usize| {
+        assert_eq!(
+            d.usage_extremes(a, b),
+            Extremes::scan(d.usage().range(a, b)),
+            "range {a}..{b} of {}",
+            d.len()
+        );
+    };
+    let n = grown.len();
+    for (a, b) in [(0, n), (1, n - 1), (n / 3, n / 2), (n - 17, n), (5, 5)] {
+        extremes(&grown, a, b);
+    }
+    check_peaks(&grown, Usage::default());
+    check_peaks(&whole, Usage::default());
+    assert_eq!(grown.peak_allocated_pos(), whole.peak_allocated_pos());
+    let session_peak = grown.peak_at(grown.len());
+    grown.trim_front(half / 2);
+    check_peaks(&grown, whole.peak_at(half / 2));
+    assert_eq!(grown.peak_at(grown.len()), session_peak);
+    assert_eq!(grown.len(), whole.len() - half / 2);
+    assert_eq!(grown.state_at(0).usage(), whole.usage_at(half / 2));
+    let k = grown.len() - 3;
+    assert_eq!(grown.state_at(k).usage(), whole.usage_at(k + half / 2));
+    assert_eq!(grown.kinds(), kinds_of(&grown));
+    let n = grown.len();
+    for (a, b) in [(0, n), (2, n - 40), (n / 4, n / 4 + 33)] {
+        extremes(&grown, a, b);
+    }
+}
+
+/// The peaks the dataset keeps, against running maxima worked out here: at every position
+/// (counting `dropped`, the peak of the events dropped from the front), and where each
+/// figure first reaches its peak among the events kept.
+fn check_peaks(data: &Dataset, dropped: Usage) {
+    let n = data.len();
+    let mut running = vec![data.usage_at(0)];
+    for pos in 1..=n {
+        running.push(higher(running[pos - 1], data.usage_at(pos)));
+    }
+    for (pos, kept) in running.iter().enumerate() {
+        assert_eq!(
+            data.peak_at(pos),
+            higher(*kept, dropped),
+            "peak at {pos} of {n}"
+        );
+    }
+    let first = |key: fn(&Usage) -> u64| {
+        (0..=n)
+            .find(|&pos| key(&data.usage_at(pos)) == key(&running[n]))
+            .unwrap()
+    };
+    assert_eq!(data.peak_allocated_pos(), first(|u| u.allocated));
+    assert_eq!(data.peak_reserved_pos(), first(|u| u.reserved));
+    assert!(
+        data.peak_allocated_pos() > 0,
+        "the fixture's peak is after its start"
+    );
+}
+
+/// The analysis's cut at a position reads the dataset's events where they are (the
+/// architecture's "a cut shares, it does not copy"), before and after live events are
+/// appended, and an append while a cut is held leaves the cut as it was.
+#[test]
+fn a_cut_shares_the_events_and_keeps_them_while_the_dataset_grows() {
+    let (whole, mut data, rest) = halves();
+    let pos = data.len() / 2;
+    let (full, segments) = data.cut_at(pos);
+    let cut = cut_snapshot(&full, pos, segments);
+    assert_eq!(cut.events.len(), pos);
+    assert!(std::ptr::eq(cut.events.as_ptr(), data.events().as_ptr()));
+    assert_eq!(*cut.events, data.events()[..pos]);
+    let before: Vec<Event> = cut.events.to_vec();
+    data.append(&rest);
+    assert_eq!(data.len(), whole.len());
+    assert_eq!(*cut.events, *before, "the cut still reads what it had");
+    let (full, segments) = data.cut_at(data.len() - 1);
+    let later = cut_snapshot(&full, data.len() - 1, segments);
+    assert!(std::ptr::eq(later.events.as_ptr(), data.events().as_ptr()));
+    assert_eq!(*later.events, whole.events()[..whole.len() - 1]);
+}
+
+/// Where a test's cursor goes over `n` events, `moves` times: by turns a jump anywhere,
+/// a few events back or forward, and `step` events on, from the middle.
+fn cursor_walk(n: usize, moves: usize, step: usize) -> Vec<usize> {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut pos = n / 2;
+    let mut out = Vec::with_capacity(moves);
+    for i in 0..moves {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        pos = match i % 3 {
+            0 => (x % (n as u64 + 1)) as usize,
+            1 => (pos + (x % 64) as usize).saturating_sub(32).min(n),
+            _ => (pos + step).min(n),
+        };
+        out.push(pos);
+    }
+    out
+}
+
+/// Over a trace with many checkpoints, the state at any position, reached from wherever
+/// the last one was (forwards, backwards, far or near), has the usage the series says.
+#[test]
+fn random_access_agrees_with_the_usage_series_over_many_checkpoints() {
+    let mut data = Dataset::new(
+        fixture::many_blocks_snapshot(30_000),
+        Origin::File("f".into()),
+    );
+    let n = data.len();
+    assert!(n > 3 * CHECKPOINT_MIN, "{n} events");
+    // Its live blocks grow to 30,000 over some 75,000 events: the memory bound keeps at
+    // most two states of that size beyond the events' share.
+    assert!(
+        data.checkpoints.len() >= 3,
+        "{} checkpoints",
+        data.checkpoints.len()
+    );
+    for pos in cursor_walk(n, 120, n / 190) {
+        assert_eq!(data.state_at(pos).usage(), data.usage_at(pos), "at {pos}");
+    }
+}
+
+/// On a trace that contradicts itself (blocks freed twice, free requests repeated), where
+/// walking forwards parts from the engine's walk back, the state at any position, reached
+/// from wherever the last one was, is the walk's own: the blocks whose figures the
+/// timeline shows there, the ones the report's "at peak" column counts. Stepping forwards
+/// over a stretch without disagreements still applies events.
+#[test]
+fn the_state_at_any_position_is_the_walks_own_on_a_trace_that_contradicts_itself() {
+    let mut snapshot = Snapshot::empty(Default::default(), Default::default());
+    let kinds = [
+        EventKind::Alloc,
+        EventKind::FreeRequested,
+        EventKind::FreeRequested,
+        EventKind::FreeCompleted,
+        EventKind::FreeCompleted,
+    ];
+    for k in 0..70_000u64 {
+        // Every third stretch of 20,000 events is consistent.
+        let contradicting = (k / 20_000) % 3 != 1;
+        let kind = if contradicting {
+            kinds[(k % 5) as usize]
+        } else {
+            [
+                EventKind::Alloc,
+                EventKind::FreeRequested,
+                EventKind::FreeCompleted,
+            ][(k % 3) as usize]
+        };
+        let addr = 0x10_0000 + 0x1000 * (k % 13);
+        snapshot.events.push(
+            vramscope_testkit::event(kind)
+                .addr(addr)
+                .size(512 * (1 + k % 7))
+                .seq(k)
+                .build(),
+        );
+    }
+    let walk = vramscope_engine::Reconstruction::of(&snapshot);
+    assert!(!walk.disagreements.is_empty());
+    let events: &[Event] = &snapshot.events;
+    let n = events.len();
+    // The walk's own state after every position.
+    let mut states = vec![walk.end.clone()];
+    let mut state = walk.end.clone();
+    for i in (0..n).rev() {
+        vramscope_engine::undo(&mut state, events, &walk.links, i);
+        states.push(state.clone());
+    }
+    states.reverse();
+    let mut forwards_differs = false;
+    let mut data = Dataset::new(snapshot.clone(), Origin::File("f".into()));
+    assert!(data.checkpoints.len() > 2, "{}", data.checkpoints.len());
+    // Stepping forwards one event at a time, as a held arrow key does.
+    for (i, pos) in cursor_walk(n, 600, 1).into_iter().enumerate() {
+        assert_eq!(*data.state_at(pos), states[pos], "at {pos}");
+        assert_eq!(data.usage_at(pos), states[pos].usage(), "at {pos}");
+        let mut forwards = walk.start.clone();
+        if i % 50 == 0 {
+            for (j, e) in events.iter().enumerate().take(pos) {
+                forwards.apply(e, j as u32);
+            }
+            forwards_differs |= forwards != states[pos];
+        }
+    }
+    assert!(forwards_differs, "the trace does part the two directions");
+}
+
+proptest::proptest! {
+    #![proptest_config(vramscope_testkit::props::config(64))]
+
+    /// Whatever the trace, consistent or not, and wherever the cursor goes from wherever
+    /// it was, the state at the cursor is the engine walk's own there, with its usage.
+    #[test]
+    fn the_state_at_any_cursor_of_any_trace_is_the_walks_own(
+        ops in vramscope_testkit::generated::ops(1..5, 1..80),
+        live_at_dump in vramscope_testkit::generated::live_at_dump(),
+        cursor in proptest::collection::vec(0usize..100, 1..40),
+    ) {
+        let snapshot = vramscope_testkit::generated::trace_of_ops(&ops, &live_at_dump);
+        let walk = vramscope_engine::Reconstruction::of(&snapshot);
+        let events: &[Event] = &snapshot.events;
+        let n = events.len();
+        let mut data = Dataset::new(snapshot.clone(), Origin::File("f".into()));
+        for pos in cursor.into_iter().map(|c| c % (n + 1)) {
+            let own = walk.state_walked(events, pos);
+            proptest::prop_assert_eq!(data.state_at(pos), &own, "at {}", pos);
+            proptest::prop_assert_eq!(data.usage_at(pos), own.usage(), "at {}", pos);
+        }
+    }
+}
+
+/// Appended events are walked forwards, never undone: a live source that frees a block
+/// twice shows the state its events leave, whichever way the cursor comes.
+#[test]
+fn appended_events_are_walked_forwards_even_where_they_contradict_themselves() {
+    let empty = Snapshot::empty(Default::default(), Default::default());
+    let mut data = Dataset::new(empty, Origin::File("f".into()));
+    let ev = |kind, seq| {
+        vramscope_testkit::event(kind)
+            .addr(0x1000)
+            .size(4096)
+            .seq(seq)
+            .build()
+    };
+    data.append(&[
+        ev(EventKind::Alloc, 0),
+        ev(EventKind::FreeCompleted, 1),
+        ev(EventKind::FreeCompleted, 2),
+    ]);
+    for pos in [3, 2, 1, 0, 2, 1, 3, 2] {
+        let state = data.state_at(pos).clone();
+        assert_eq!(state.usage(), data.usage_at(pos), "at {pos}");
+        assert_eq!(state.blocks.len(), usize::from(pos == 1), "at {pos}");
+    }
+}
+
+/// The loaded events are undone from the walk's own state after them, which the head
+/// leaves behind once events are appended: a block the dump names keeps its site there.
+#[test]
+fn the_walks_end_state_is_kept_when_events_are_appended() {
+    let snapshot = fixture::training_snapshot();
+    let mut data = Dataset::new(snapshot, Origin::File("f".into()));
+    let loaded = data.len();
+    let at_load = data.head().clone();
+    let (&addr, block) = at_load.blocks.by_address().next().unwrap();
+    assert!(block.site.is_some());
+    let free = vramscope_testkit::event(EventKind::FreeCompleted)
+        .addr(addr)
+        .size(block.size)
+        .seq(loaded as u64)
+        .build();
+    data.append(&[free]);
+    assert_eq!(*data.state_at(loaded), at_load);
+    let back = data.state_at(loaded.saturating_sub(3)).clone();
+    assert_eq!(*data.state_at(loaded), at_load);
+    assert_eq!(back.usage(), data.usage_at(loaded.saturating_sub(3)));
+}
+
+/// After the oldest events are dropped (a live source), a free whose allocation went
+/// with them is walked forwards from the new start, which holds the block as allocated,
+/// site and all, whichever way the cursor comes.
+#[test]
+fn a_free_whose_allocation_was_dropped_shows_the_block_it_frees() {
+    let empty = Snapshot::empty(Default::default(), Default::default());
+    let mut data = Dataset::new(empty, Origin::File("f".into()));
+    let mut events = Vec::new();
+    for seq in 0..60u64 {
+        let (kind, addr) = match seq {
+            5 => (EventKind::Alloc, 0x9_0000_0000),
+            40 => (EventKind::FreeCompleted, 0x9_0000_0000),
+            _ if seq % 2 == 0 => (EventKind::Alloc, 0x1000 * (1 + seq)),
+            _ => (EventKind::FreeCompleted, 0x1000 * seq),
+        };
+        let mut e = vramscope_testkit::event(kind)
+            .addr(addr)
+            .size(1024)
+            .seq(seq)
+            .build();
+        if addr == 0x9_0000_0000 {
+            e.site = vramscope_model::Id::new(7);
+        }
+        events.push(e);
+    }
+    data.append(&events);
+    data.trim_front(10);
+    // Event 40 is now event 30: the block lives before it.
+    for pos in [50, 20, 29, 31, 25, 0] {
+        let site = data.state_at(pos).blocks.get(0x9_0000_0000).map(|b| b.site);
+        let live = pos <= 30;
+        assert_eq!(site, live.then_some(Some(7)), "at {pos}");
+        assert_eq!(data.state_at(pos).usage(), data.usage_at(pos), "at {pos}");
+    }
+}
+
+/// One segment, then `n` allocations of 512 bytes in it that are never freed.
+fn never_freed(n: u64) -> Vec<Event> {
+    let base = 0x10_0000_0000u64;
+    let mut events = vec![vramscope_testkit::event(EventKind::SegmentAlloc)
+        .addr(base)
+        .size(512 * n)
+        .build()];
+    for i in 0..n {
+        events.push(
+            vramscope_testkit::event(EventKind::Alloc)
+                .addr(base + 512 * i)
+                .size(512)
+                .seq(i + 1)
+                .build(),
+        );
+    }
+    events
+}
+
+/// The blocks and segments all checkpoints hold, and the bound they must keep to: one
+/// per `EVENTS_PER_ITEM` events and `FULL_STATES` states of the head's size.
+fn held_and_bound(data: &Dataset) -> (usize, usize) {
+    let held = data.checkpoints.iter().map(|(_, s)| items(s)).sum();
+    let bound = data.len() / EVENTS_PER_ITEM + FULL_STATES * items(data.head());
+    (held, bound)
+}
+
+/// Issue 33, item 8: on a trace of allocations never freed (a model of many small
+/// tensors), checkpoints used to copy the whole live set every few thousand events (48
+/// copies of up to a million blocks, 5.3 GB). Loaded or appended, they now hold at most
+/// one block per `EVENTS_PER_ITEM` events and `FULL_STATES` full states, and the state
+/// at any position is still right.
+#[test]
+fn checkpoints_of_a_trace_never_freed_hold_memory_linear_in_it() {
+    let events = never_freed(120_000);
+    let mut end = MemoryState::default();
+    for (i, e) in events.iter().enumerate() {
+        end.apply(e, i as u32);
+    }
+    let mut snapshot = Snapshot::empty(Default::default(), Default::default());
+    snapshot.segments = end.to_segments();
+    for e in &events {
+        snapshot.events.push(*e);
+    }
+    let mut loaded = Dataset::new(snapshot, Origin::File("f".into()));
+    let (held, bound) = held_and_bound(&loaded);
+    assert!(held <= bound, "loaded: {held} blocks held, over {bound}");
+    assert!(loaded.checkpoints.len() >= 2);
+
+    let empty = Snapshot::empty(Default::default(), Default::default());
+    let mut appended = Dataset::new(empty, Origin::Live("l".into()));
+    for batch in events.chunks(8192) {
+        appended.append(batch);
+        let (held, bound) = held_and_bound(&appended);
+        assert!(
+            held <= bound,
+            "after {} events: {held} blocks held, over {bound}",
+            appended.len()
+        );
+    }
+    assert!(appended.checkpoints.len() >= 2);
+    for data in [&mut loaded, &mut appended] {
+        let n = data.len();
+        for pos in [n / 2, n / 7, n - 1, 3 * n / 4, 1, 0] {
+            let state = data.state_at(pos);
+            assert_eq!(state.blocks.len(), pos.saturating_sub(1), "at {pos}");
+        }
+    }
+}
