@@ -234,6 +234,46 @@ impl Document {
         Ok(doc)
     }
 
+    /// Reads a pickle of plain data within `limits` from an input whose length is not known
+    /// until it ends (what gzip data unpacks to, as it is unpacked), holding only a window of
+    /// it. `open` gives the input from its start: once, and a second time only when the
+    /// document fails its final check, to find where the offending container was made. The
+    /// memory budget is that of the bytes read so far ([`Limits::memory_budget`]), so that a
+    /// hostile input fails, and is read no further, as soon as a prefix of it breaks a bound;
+    /// otherwise the document, and every error, are those of
+    /// [`Document::parse_with_limits`] on the whole input, but that a `FRAME` announcing more
+    /// bytes than the input has is found at the end, after any error in between. A read error
+    /// ends the input: the caller, who owns the reader, reports it first.
+    pub fn parse_read<'r>(
+        open: &mut dyn FnMut() -> Box<dyn std::io::Read + 'r>,
+        limits: &Limits,
+    ) -> Result<Document, PickleError> {
+        use super::machine::stream::{pieces, run_pieces};
+        let unsized_error = |e: Option<PickleError>| {
+            e.unwrap_or(PickleError {
+                offset: 0,
+                kind: PickleErrorKind::Empty,
+            })
+        };
+        let mut input = open();
+        let machine = Machine::unsized_input(limits, false);
+        let (machine, root) =
+            run_pieces(machine, None, &mut pieces(&mut *input), limits).map_err(unsized_error)?;
+        drop(input);
+        let mut doc = machine.doc;
+        doc.root = root;
+        if let Err((container, kind)) = doc.check(limits) {
+            let mut input = open();
+            let again = Machine::unsized_input(limits, true);
+            let offset = match run_pieces(again, None, &mut pieces(&mut *input), limits) {
+                Ok((again, _)) => again.origins.get(container).copied().unwrap_or(0),
+                Err(e) => unsized_error(e).offset,
+            };
+            return Err(PickleError { offset, kind });
+        }
+        Ok(doc)
+    }
+
     /// The bytes of memory the document's tables and element pool take, counted by length as
     /// the [`Limits`] budget counts them.
     pub fn memory_bytes(&self) -> usize {

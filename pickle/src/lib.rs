@@ -65,7 +65,8 @@ pub use value::Value;
 pub use writer::{MemoRef, PickleWriter};
 
 pub use machine::stream::{
-    parse_streaming, parse_streaming_chunks, EntrySink, Standin, Streamed, StreamedList,
+    parse_streaming, parse_streaming_chunks, parse_streaming_read, EntrySink, Standin, Streamed,
+    StreamedList,
 };
 
 /// Parses a pickle of plain data with the default [`Limits`].

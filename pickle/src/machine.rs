@@ -79,8 +79,20 @@ pub(super) struct Machine<'a, 's> {
     pos: usize,
     /// The offset in the input of `data[0]`: 0 unless the input arrives in pieces.
     base: usize,
-    /// The input's length.
+    /// The input's length; for an input of unknown length (`sized` false), the bytes that
+    /// have arrived so far, which is the length once `complete`.
     total: usize,
+    /// Whether `total` was known from the start ([`Machine::unsized_input`] makes one that
+    /// was not: the budget and the document's input size then grow with the bytes that
+    /// arrive).
+    sized: bool,
+    /// The memory budget's floor ([`Limits::min_memory_bytes`]), to recompute it as an input
+    /// of unknown length arrives.
+    min_memory: usize,
+    /// For an input of unknown length, the first `FRAME` that announced more bytes than had
+    /// arrived: its offset, the offset its bytes start at, and their length. Checked once the
+    /// input's length is known, as a sized read checks it at once.
+    pub(super) frame_due: Option<(usize, usize, u64)>,
     /// Whether `data` reaches the end of the input.
     complete: bool,
     /// Set when an opcode needs bytes past `data` that are still to come: how many more, at
@@ -133,6 +145,9 @@ impl<'a, 's> Machine<'a, 's> {
             pos: 0,
             base: 0,
             total,
+            sized: true,
+            min_memory: limits.min_memory_bytes,
+            frame_due: None,
             complete: data.len() == total,
             more: None,
             budget: limits.memory_budget(total),
@@ -152,6 +167,16 @@ impl<'a, 's> Machine<'a, 's> {
         }
     }
 
+    /// A machine reading an input whose length is not known until it ends (what gzip data
+    /// unpacks to): the memory budget, and the input size the document reports, are those of
+    /// the bytes that have arrived so far, and grow at each [`Machine::rebase`].
+    pub(super) fn unsized_input(limits: &Limits, record_origins: bool) -> Machine<'static, 's> {
+        let mut machine = Machine::of_input(&[], 0, limits, record_origins);
+        machine.sized = false;
+        machine.complete = false;
+        machine
+    }
+
     /// The same machine reading `data`, the input from offset `base` on (to its end when
     /// `complete`), from offset `at` (at or after `base`).
     pub(super) fn rebase<'b>(
@@ -161,17 +186,31 @@ impl<'a, 's> Machine<'a, 's> {
         at: usize,
         complete: bool,
     ) -> Machine<'b, 's> {
+        let (total, budget, mut doc) = (self.total, self.budget, self.doc);
+        let (total, budget) = if self.sized {
+            (total, budget)
+        } else {
+            let arrived = total.max(base + data.len());
+            let budget = arrived
+                .saturating_mul(self.per_input_byte)
+                .max(self.min_memory);
+            doc.input_len = arrived;
+            (arrived, budget)
+        };
         Machine {
             data,
             pos: at - base,
             base,
-            total: self.total,
+            total,
+            sized: self.sized,
+            min_memory: self.min_memory,
+            frame_due: self.frame_due,
             complete,
             more: None,
-            budget: self.budget,
+            budget,
             per_input_byte: self.per_input_byte,
             until_check: self.until_check,
-            doc: self.doc,
+            doc,
             stack: self.stack,
             marks: self.marks,
             max_marks: self.max_marks,
@@ -729,7 +768,11 @@ impl<'a, 's> Machine<'a, 's> {
             FRAME => {
                 let len = self.take_u64()?;
                 let available = self.total.saturating_sub(self.base + self.pos) as u64;
-                if len > available {
+                if len > available && !self.sized && !self.complete {
+                    // More may still come: checked once the input has ended.
+                    let start = self.base + self.pos;
+                    self.frame_due.get_or_insert((self.op_pos, start, len));
+                } else if len > available {
                     return Err(self.error(PickleErrorKind::Truncated {
                         opcode: "FRAME",
                         needed: len,

@@ -600,6 +600,122 @@ fn open_marks_are_bounded_by_the_nesting_limit() {
 
 /// `value` in the minimal little-endian two's-complement bytes `LONG1` uses, computed
 /// digit by digit in base 256 as a reference.
+/// A reader that hands out `chunk` bytes at a time and counts what it gave.
+struct Counted<'a> {
+    data: &'a [u8],
+    chunk: usize,
+    given: usize,
+}
+
+impl std::io::Read for Counted<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.chunk.min(buf.len()).min(self.data.len() - self.given);
+        buf[..n].copy_from_slice(&self.data[self.given..self.given + n]);
+        self.given += n;
+        Ok(n)
+    }
+}
+
+/// [`Document::parse_read`] of `bytes` handed out 7 bytes at a time, and how many bytes
+/// were read for it.
+fn read_unsized(bytes: &[u8], limits: &Limits) -> (Result<Document, PickleError>, usize) {
+    let given = std::cell::Cell::new(0);
+    let mut open = || -> Box<dyn std::io::Read + '_> {
+        Box::new(CountOnDrop {
+            inner: Counted {
+                data: bytes,
+                chunk: 7,
+                given: 0,
+            },
+            total: &given,
+        })
+    };
+    let doc = Document::parse_read(&mut open, limits);
+    (doc, given.get())
+}
+
+/// A [`Counted`] that adds what it gave to `total` when dropped.
+struct CountOnDrop<'a, 'c> {
+    inner: Counted<'a>,
+    total: &'c std::cell::Cell<usize>,
+}
+
+impl std::io::Read for CountOnDrop<'_, '_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.inner.read(buf)
+    }
+}
+
+impl Drop for CountOnDrop<'_, '_> {
+    fn drop(&mut self) {
+        self.total.set(self.total.get() + self.inner.given);
+    }
+}
+
+#[test]
+fn an_input_of_unknown_length_reads_as_the_whole_input_does() {
+    let limits = Limits::default();
+    let mut deep = vec![b']'; 300];
+    deep.extend_from_slice(&[b'a'; 299]);
+    deep.push(b'.');
+    let mut cases: Vec<Vec<u8>> = vec![
+        SNAPSHOT_LIKE.to_vec(),
+        deep,
+        b"\x80\x04]\x94h\x00a.".to_vec(),
+        b"\x80\x04\x95\xff\x00\x00\x00\x00\x00\x00\x00N.".to_vec(),
+        b"\x80\x04\x95\x02\x00\x00\x00\x00\x00\x00\x00N.trailing".to_vec(),
+        Vec::new(),
+    ];
+    cases.extend((0..SNAPSHOT_LIKE.len()).map(|end| SNAPSHOT_LIKE[..end].to_vec()));
+    for bytes in &cases {
+        let whole = Document::parse_with_limits(bytes, &limits);
+        let (read, given) = read_unsized(bytes, &limits);
+        match (whole, read) {
+            (Ok(a), Ok(b)) => {
+                assert_eq!(a.root().to_value(), b.root().to_value(), "{bytes:?}");
+                assert_eq!(a.input_bytes(), b.input_bytes());
+                assert_eq!(given, bytes.len(), "read to the end for the input's length");
+            }
+            (Err(a), Err(b)) => assert_eq!(a, b, "{bytes:?}"),
+            (a, b) => panic!("{bytes:?}: whole {:?}, unsized {:?}", a.is_ok(), b.is_ok()),
+        }
+    }
+    // The budget is that of the bytes read so far: the same error as the whole input's.
+    let small = Limits {
+        memory_per_input_byte: 0,
+        min_memory_bytes: 60,
+        ..Limits::default()
+    };
+    let e = read_unsized(b"](NNNNNe.", &small).0.unwrap_err();
+    assert_eq!(
+        e.kind,
+        PickleErrorKind::MemoryBudget {
+            limit: 60,
+            input_bytes: 9,
+            per_input_byte: 0
+        }
+    );
+}
+
+#[test]
+fn an_input_of_unknown_length_is_read_no_further_than_its_first_error() {
+    // 64 MiB of MARKs: refused at the 201st, after one piece of the input, not all of it.
+    let mut bytes = vec![b'('; 64 << 20];
+    bytes.push(b'.');
+    let (read, given) = read_unsized(&bytes, &Limits::default());
+    let e = read.unwrap_err();
+    assert_eq!(e.offset, 200);
+    assert!(matches!(
+        e.kind,
+        PickleErrorKind::LimitExceeded { limit: 200, .. }
+    ));
+    assert!(given <= 2 << 20, "{given} bytes read");
+    // A document that fails its final check is read again to name where it went wrong.
+    let (read, given) = read_unsized(b"\x80\x04]\x94h\x00a.", &Limits::default());
+    assert_eq!(read.unwrap_err().kind, PickleErrorKind::Cycle);
+    assert_eq!(given, 2 * 8, "read twice");
+}
+
 fn reference_le(digits: &str, negative: bool) -> Vec<u8> {
     let mut magnitude = vec![0u8];
     for d in digits.bytes() {

@@ -27,6 +27,8 @@
 //! which gives the result or the error it always gave; limits are enforced the same way, with
 //! the sink's memory counted against the document's budget.
 
+use std::io::Read;
+
 use super::{Machine, Step};
 use crate::document::{kind, Document, Ref, PAYLOAD_MASK};
 use crate::error::{PickleError, PickleErrorKind};
@@ -147,6 +149,49 @@ pub fn parse_streaming_chunks<'s>(
     }
     let mut parked: Machine<'static, 's> = Machine::of_input(&[], total, limits, false);
     parked.stream = Some(Stream::new(sink, key));
+    let (machine, root) = run_pieces(parked, Some(total), next, limits).ok()?;
+    streamed(machine, root, limits)
+}
+
+/// [`parse_streaming`] for an input whose length is not known until it ends, read from
+/// `input` (what gzip data unpacks to, as it is unpacked). The memory budget, and the bounds
+/// the sink keeps, scale with the bytes read so far ([`Limits::memory_budget`] of them), so
+/// that a hostile input fails, and stops being read, as soon as a prefix of it breaks a
+/// bound; a read error ends the input (the caller, who owns the reader, reports it first).
+/// After `STOP`, the rest of the input is read to its end, and discarded, to know its length.
+/// `None` as for [`parse_streaming`]: the caller then reads the input again with
+/// [`Document::parse_read`].
+pub fn parse_streaming_read<'s>(
+    input: &mut dyn Read,
+    limits: &Limits,
+    key: &'static str,
+    sink: &'s mut dyn EntrySink,
+) -> Option<Streamed> {
+    let mut parked: Machine<'static, 's> = Machine::unsized_input(limits, false);
+    parked.stream = Some(Stream::new(sink, key));
+    let (machine, root) = run_pieces(parked, None, &mut pieces(input), limits).ok()?;
+    streamed(machine, root, limits)
+}
+
+/// The bytes [`pieces`] reads at a time.
+const PIECE: u64 = 1 << 20;
+
+/// Pieces of `input` for [`run_pieces`]: a read error ends them.
+pub(crate) fn pieces(input: &mut dyn Read) -> impl FnMut(&mut Vec<u8>) -> bool + '_ {
+    move |window| matches!((&mut *input).take(PIECE).read_to_end(window), Ok(n) if n > 0)
+}
+
+/// Runs `parked` over the input that `next` hands out in pieces, keeping only a window of it
+/// from the opcode being read on, until `STOP`. `total` is the input's length when known; when
+/// not, the rest of the input after `STOP` is read (and dropped) to learn it, and a `FRAME`
+/// that announced more bytes than came is the error a sized read gives. `Err(None)` when the
+/// pieces do not add up to `total`.
+pub(crate) fn run_pieces<'s>(
+    mut parked: Machine<'static, 's>,
+    total: Option<usize>,
+    next: &mut dyn FnMut(&mut Vec<u8>) -> bool,
+    limits: &Limits,
+) -> Result<(Machine<'static, 's>, Ref), Option<PickleError>> {
     let mut window: Vec<u8> = Vec::new();
     // The offset of `window[0]` in the input, and where to go on.
     let (mut base, mut at) = (0, 0);
@@ -156,12 +201,57 @@ pub fn parse_streaming_chunks<'s>(
         while !ended && window.len() < wanted {
             ended = !next(&mut window);
         }
-        if base + window.len() > total || (ended && base + window.len() != total) {
-            return None;
+        let arrived = base + window.len();
+        match total {
+            Some(total) if arrived > total || (ended && arrived != total) => return Err(None),
+            None if arrived > limits.max_input_bytes => {
+                return Err(Some(PickleError {
+                    offset: 0,
+                    kind: PickleErrorKind::InputTooLarge {
+                        size: arrived,
+                        limit: limits.max_input_bytes,
+                    },
+                }))
+            }
+            None if ended && arrived == 0 => {
+                return Err(Some(PickleError {
+                    offset: 0,
+                    kind: PickleErrorKind::Empty,
+                }))
+            }
+            _ => {}
         }
         let mut machine = parked.rebase(&window, base, at, ended);
         match (machine.run(), machine.more) {
-            (Ok(root), _) => return streamed(machine, root, limits),
+            (Ok(root), _) => {
+                at = machine.op_pos() + 1;
+                let mut done = machine.rebase(&[], at, at, ended);
+                if total.is_none() && !ended {
+                    // The input's length, for the budget, the document and any FRAME.
+                    let mut rest = arrived;
+                    window.clear();
+                    while next(&mut window) {
+                        rest += window.len();
+                        window.clear();
+                    }
+                    rest += window.len();
+                    done = done.rebase(&[], rest, rest, true);
+                }
+                if let Some((op, start, len)) = done.frame_due {
+                    let available = done.total.saturating_sub(start) as u64;
+                    if len > available {
+                        return Err(Some(PickleError {
+                            offset: op,
+                            kind: PickleErrorKind::Truncated {
+                                opcode: "FRAME",
+                                needed: len,
+                                available,
+                            },
+                        }));
+                    }
+                }
+                return Ok((done, root));
+            }
             (Err(_), Some(more)) if !ended => {
                 at = machine.op_pos();
                 parked = machine.rebase(&[], at, at, false);
@@ -169,7 +259,24 @@ pub fn parse_streaming_chunks<'s>(
                 base = at;
                 wanted = more;
             }
-            (Err(_), _) => return None,
+            (Err(e), _) => {
+                // A FRAME past the end of an input that has ended is the first error, as a
+                // sized read finds it.
+                let frame = machine.frame_due.filter(|_| ended);
+                return Err(Some(match frame {
+                    Some((op, start, len)) if len > (arrived.saturating_sub(start)) as u64 => {
+                        PickleError {
+                            offset: op,
+                            kind: PickleErrorKind::Truncated {
+                                opcode: "FRAME",
+                                needed: len,
+                                available: arrived.saturating_sub(start) as u64,
+                            },
+                        }
+                    }
+                    _ => e,
+                }));
+            }
         }
     }
 }
