@@ -500,80 +500,13 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Demo(args) => run_demo(args),
         Command::View {
             file, step_marker, ..
-        } => {
-            let mut options = ImportOptions::default();
-            options.step_marker = step_marker;
-            vramscope_tui::run_view(&file, &options).map_err(tui_failure)?;
-            Ok(dashboard_status())
-        }
-        Command::Top { addrs } => {
-            let mut addrs = addrs
-                .iter()
-                .map(|a| a.parse::<vramscope_telemetry::TelemetryAddr>())
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(Failure::input)?;
-            if addrs.len() > 1 {
-                vramscope_tui::run_top_many(addrs).map_err(tui_failure)?;
-            } else {
-                vramscope_tui::run_top(addrs.pop()).map_err(tui_failure)?;
-            }
-            Ok(dashboard_status())
-        }
+        } => run_view(file, step_marker),
+        Command::Top { addrs } => run_top(addrs),
         Command::Report(args) => run_report(args),
         Command::Replay(args) => run_replay(args),
         Command::Convert {
             file, to, output, ..
-        } => {
-            use vramscope::inspector::export;
-            let to_stdout = is_stdout(&output);
-            // A pickle is binary: like `gzip -c`, it is not written to a terminal.
-            if to_stdout && to == ConvertTarget::Pytorch && std::io::stdout().is_terminal() {
-                return Err(Failure::input(
-                    "a PyTorch pickle is binary and standard output is a terminal: redirect it \
-                     (`-o - > FILE`) or give -o FILE",
-                ));
-            }
-            let snapshot = loading::load(&file).map_err(Failure::input)?;
-            let mut sink = ConvertSink::open(&output)
-                .map_err(|e| Failure::input(format!("{}: {e}", output_name(&output))))?;
-            let written = match to {
-                ConvertTarget::Pytorch => export::to_pytorch_pickle_from_file(&snapshot, &file)
-                    .map_err(std::io::Error::other)
-                    .and_then(|export| {
-                        // What the format cannot carry, said before the file is written.
-                        for line in &export.not_carried {
-                            say(format_args!("not carried into the PyTorch format: {line}"));
-                        }
-                        sink.write_all(&export.bytes)
-                    }),
-                ConvertTarget::Perfetto => {
-                    export::write_perfetto(&snapshot, &mut sink).map_err(std::io::Error::other)
-                }
-                // Written here rather than by `Snapshot::save`, so that a failed write says
-                // the system's words, not that the snapshot is not valid.
-                ConvertTarget::Json => {
-                    serde_json::to_writer(&mut sink, &snapshot).map_err(std::io::Error::from)
-                }
-                ConvertTarget::Html => {
-                    let mut options = ReportOptions::default();
-                    options.input = Some(file.display().to_string());
-                    let built = report::build_report(&snapshot, &options);
-                    sink.write_all(report::render(&built, Format::Html, false).as_bytes())
-                }
-                ConvertTarget::Events => snapshot.write_event_log(&mut sink),
-            }
-            .and_then(|()| sink.finish());
-            match written {
-                Ok(()) => {}
-                // A closed pipe (`| head`) ends quietly, as `emit` does.
-                Err(e) if to_stdout && e.kind() == std::io::ErrorKind::BrokenPipe => {}
-                Err(e) => return Err(Failure::input(format!("{}: {e}", output_name(&output)))),
-            }
-            if !to_stdout {
-                say(format_args!("wrote {}", output.display()));
-            }
-            Ok(0)
-        }
+        } => run_convert(file, to, output),
         Command::Doctor => {
             emit(
                 &format!("{}\n", vramscope::allocator::doctor()),
@@ -582,94 +515,179 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             )?;
             Ok(0)
         }
-        Command::Summary { file, device, .. } => {
-            let snapshot = loading::load(&file).map_err(Failure::input)?;
-            require_data(&snapshot, &file)?;
-            let text = device_parts(snapshot, device)?
-                .iter()
-                .map(|part| {
-                    let mut options = ReportOptions::default();
-                    options.explorer = false;
-                    report::render_summary(&report::build_report(part, &options))
-                })
-                .collect::<Vec<_>>()
-                .join("\n");
-            emit(&text, None, Output::Text { color: false })?;
-            Ok(0)
-        }
+        Command::Summary { file, device, .. } => run_summary(file, device),
         Command::Ranks {
             inputs,
             format,
             output,
             ..
-        } => {
-            let (files, left_out) = ranks::expand_inputs(&inputs).map_err(Failure::input)?;
-            for why in &left_out {
-                say(format_args!("vramscope ranks: left out {why}"));
-            }
-            if files.is_empty() {
-                return Err(Failure::input("no snapshot files in the inputs"));
-            }
-            let started = std::time::Instant::now();
-            let show = std::io::stderr().is_terminal();
-            let progress = |done: usize, total: usize| {
-                if show && started.elapsed().as_secs_f64() > 1.0 {
-                    eprint!("\rloading {done}/{total} snapshots");
-                }
-            };
-            let loaded = ranks::load_all(&files, &progress);
-            if show && started.elapsed().as_secs_f64() > 1.0 {
-                eprint!("\r{:40}\r", "");
-            }
-            let results: Vec<_> = files.into_iter().zip(loaded).collect();
-            // A file that cannot be read is a row with its error; the others are compared.
-            if results.iter().all(|(_, result)| result.is_err()) {
-                for (_, result) in &results {
-                    if let Err(e) = result {
-                        say(format_args!("vramscope ranks: {e}"));
-                    }
-                }
-                return Err(Failure::input("none of the snapshot files could be read"));
-            }
-            let comparison = ranks::compare_results(&results);
-            for failed in &comparison.failed {
-                say(format_args!(
-                    "vramscope ranks: rank {}: {}",
-                    failed.rank, failed.error
-                ));
-            }
-            let text = match format {
-                Format::Text => ranks::render_text(&comparison),
-                Format::Markdown => ranks::render_markdown(&comparison),
-                Format::Json => ranks::render_json(&comparison),
-                Format::Html => ranks::render_html(&comparison),
-            };
-            emit(&text, output.as_ref(), Output::of(format, false))?;
-            Ok(u8::from(!comparison.failed.is_empty()))
-        }
+        } => run_ranks(inputs, format, output),
         Command::Diff {
             before,
             after,
             at,
             format,
             ..
-        } => {
-            let a = loading::load(&before).map_err(Failure::input)?;
-            let b = loading::load(&after).map_err(Failure::input)?;
-            let d = diff::diff_at(&a, &b, at);
-            let text = match format {
-                Format::Json => diff::render_json(&d),
-                Format::Text => diff::render_text(&d),
-                other => {
-                    return Err(Failure::input(format!(
-                        "diff prints text or json, not {other:?}"
-                    )))
-                }
-            };
-            emit(&text, None, Output::of(format, false))?;
-            Ok(0)
-        }
+        } => run_diff(before, after, at, format),
     }
+}
+
+/// `vramscope view`.
+fn run_view(file: PathBuf, step_marker: Option<String>) -> Result<u8, Failure> {
+    let mut options = ImportOptions::default();
+    options.step_marker = step_marker;
+    vramscope_tui::run_view(&file, &options).map_err(tui_failure)?;
+    Ok(dashboard_status())
+}
+
+/// `vramscope top`.
+fn run_top(addrs: Vec<String>) -> Result<u8, Failure> {
+    let mut addrs = addrs
+        .iter()
+        .map(|a| a.parse::<vramscope_telemetry::TelemetryAddr>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(Failure::input)?;
+    if addrs.len() > 1 {
+        vramscope_tui::run_top_many(addrs).map_err(tui_failure)?;
+    } else {
+        vramscope_tui::run_top(addrs.pop()).map_err(tui_failure)?;
+    }
+    Ok(dashboard_status())
+}
+
+/// `vramscope convert`.
+fn run_convert(file: PathBuf, to: ConvertTarget, output: PathBuf) -> Result<u8, Failure> {
+    use vramscope::inspector::export;
+    let to_stdout = is_stdout(&output);
+    // A pickle is binary: like `gzip -c`, it is not written to a terminal.
+    if to_stdout && to == ConvertTarget::Pytorch && std::io::stdout().is_terminal() {
+        return Err(Failure::input(
+            "a PyTorch pickle is binary and standard output is a terminal: redirect it \
+             (`-o - > FILE`) or give -o FILE",
+        ));
+    }
+    let snapshot = loading::load(&file).map_err(Failure::input)?;
+    let mut sink = ConvertSink::open(&output)
+        .map_err(|e| Failure::input(format!("{}: {e}", output_name(&output))))?;
+    let written = match to {
+        ConvertTarget::Pytorch => export::to_pytorch_pickle_from_file(&snapshot, &file)
+            .map_err(std::io::Error::other)
+            .and_then(|export| {
+                // What the format cannot carry, said before the file is written.
+                for line in &export.not_carried {
+                    say(format_args!("not carried into the PyTorch format: {line}"));
+                }
+                sink.write_all(&export.bytes)
+            }),
+        ConvertTarget::Perfetto => {
+            export::write_perfetto(&snapshot, &mut sink).map_err(std::io::Error::other)
+        }
+        // Written here rather than by `Snapshot::save`, so that a failed write says
+        // the system's words, not that the snapshot is not valid.
+        ConvertTarget::Json => {
+            serde_json::to_writer(&mut sink, &snapshot).map_err(std::io::Error::from)
+        }
+        ConvertTarget::Html => {
+            let mut options = ReportOptions::default();
+            options.input = Some(file.display().to_string());
+            let built = report::build_report(&snapshot, &options);
+            sink.write_all(report::render(&built, Format::Html, false).as_bytes())
+        }
+        ConvertTarget::Events => snapshot.write_event_log(&mut sink),
+    }
+    .and_then(|()| sink.finish());
+    match written {
+        Ok(()) => {}
+        // A closed pipe (`| head`) ends quietly, as `emit` does.
+        Err(e) if to_stdout && e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        Err(e) => return Err(Failure::input(format!("{}: {e}", output_name(&output)))),
+    }
+    if !to_stdout {
+        say(format_args!("wrote {}", output.display()));
+    }
+    Ok(0)
+}
+
+/// `vramscope summary`.
+fn run_summary(file: PathBuf, device: Option<u32>) -> Result<u8, Failure> {
+    let snapshot = loading::load(&file).map_err(Failure::input)?;
+    require_data(&snapshot, &file)?;
+    let text = device_parts(snapshot, device)?
+        .iter()
+        .map(|part| {
+            let mut options = ReportOptions::default();
+            options.explorer = false;
+            report::render_summary(&report::build_report(part, &options))
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    emit(&text, None, Output::Text { color: false })?;
+    Ok(0)
+}
+
+/// `vramscope ranks`.
+fn run_ranks(inputs: Vec<PathBuf>, format: Format, output: Option<PathBuf>) -> Result<u8, Failure> {
+    let (files, left_out) = ranks::expand_inputs(&inputs).map_err(Failure::input)?;
+    for why in &left_out {
+        say(format_args!("vramscope ranks: left out {why}"));
+    }
+    if files.is_empty() {
+        return Err(Failure::input("no snapshot files in the inputs"));
+    }
+    let started = std::time::Instant::now();
+    let show = std::io::stderr().is_terminal();
+    let progress = |done: usize, total: usize| {
+        if show && started.elapsed().as_secs_f64() > 1.0 {
+            eprint!("\rloading {done}/{total} snapshots");
+        }
+    };
+    let loaded = ranks::load_all(&files, &progress);
+    if show && started.elapsed().as_secs_f64() > 1.0 {
+        eprint!("\r{:40}\r", "");
+    }
+    let results: Vec<_> = files.into_iter().zip(loaded).collect();
+    // A file that cannot be read is a row with its error; the others are compared.
+    if results.iter().all(|(_, result)| result.is_err()) {
+        for (_, result) in &results {
+            if let Err(e) = result {
+                say(format_args!("vramscope ranks: {e}"));
+            }
+        }
+        return Err(Failure::input("none of the snapshot files could be read"));
+    }
+    let comparison = ranks::compare_results(&results);
+    for failed in &comparison.failed {
+        say(format_args!(
+            "vramscope ranks: rank {}: {}",
+            failed.rank, failed.error
+        ));
+    }
+    let text = match format {
+        Format::Text => ranks::render_text(&comparison),
+        Format::Markdown => ranks::render_markdown(&comparison),
+        Format::Json => ranks::render_json(&comparison),
+        Format::Html => ranks::render_html(&comparison),
+    };
+    emit(&text, output.as_ref(), Output::of(format, false))?;
+    Ok(u8::from(!comparison.failed.is_empty()))
+}
+
+/// `vramscope diff`.
+fn run_diff(before: PathBuf, after: PathBuf, at: diff::At, format: Format) -> Result<u8, Failure> {
+    let a = loading::load(&before).map_err(Failure::input)?;
+    let b = loading::load(&after).map_err(Failure::input)?;
+    let d = diff::diff_at(&a, &b, at);
+    let text = match format {
+        Format::Json => diff::render_json(&d),
+        Format::Text => diff::render_text(&d),
+        other => {
+            return Err(Failure::input(format!(
+                "diff prints text or json, not {other:?}"
+            )))
+        }
+    };
+    emit(&text, None, Output::of(format, false))?;
+    Ok(0)
 }
 
 /// `vramscope demo`.
