@@ -291,3 +291,152 @@ pub fn many_blocks_snapshot(blocks: usize) -> Snapshot {
     }
     snapshot
 }
+
+/// Where a conda environment's PyTorch lives: the prefix of the torch frames of
+/// [`pytorch_forward_stack`].
+const CONDA_TORCH: &str = "/opt/conda/lib/python3.11/site-packages/torch";
+
+/// A C++ frame as an unsymbolized PyTorch dump records it: `??:0` and a function name.
+fn native(function: &str) -> Frame {
+    frame("??", 0, function)
+}
+
+/// The C++ frames below the Python interpreter's loop, outermost last, that every stack of a
+/// Python program's main thread ends with.
+fn interpreter_frames() -> Vec<Frame> {
+    [
+        "PyEval_EvalCode",
+        "run_eval_code_obj",
+        "run_mod",
+        "pyrun_file",
+        "_PyRun_SimpleFileObject",
+        "_PyRun_AnyFileObject",
+        "pymain_run_file_obj",
+        "pymain_run_file",
+        "Py_RunMain",
+        "Py_BytesMain",
+        "__libc_start_call_main",
+        "__libc_start_main_impl",
+        "_start",
+    ]
+    .into_iter()
+    .map(native)
+    .collect()
+}
+
+/// The stack of a forward-pass allocation as a PyTorch memory snapshot recorded with
+/// `_record_memory_history(context="all", stacks="all")` holds it, innermost frame first:
+/// the unwinder's, the caching allocator's and ATen's C++ frames (`??:0`), the interpreter's
+/// call into Python, torch's own Python frames under a conda `site-packages`
+/// (`nn/modules/linear.py`, `module.py` `_call_impl`), the user's `model.py:31 forward` and
+/// `train.py:57 train` with torch's module call between them, and the interpreter's frames
+/// down to `_start`: 36 frames of compiled code and 5 of torch's for the user's 3.
+pub fn pytorch_forward_stack() -> Vec<Frame> {
+    let torch = |path: &str, line: u32, function: &str| {
+        frame(&format!("{CONDA_TORCH}/{path}"), line, function)
+    };
+    let mut frames: Vec<Frame> = [
+        "torch::unwind::unwind()",
+        "torch::CapturedTraceback::gather(bool, bool, bool)",
+        "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed char, unsigned long, CUstream_st*)",
+        "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::malloc(void**, signed char, unsigned long, CUstream_st*)",
+        "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long)",
+        "at::TensorBase at::detail::_empty_generic<long>(c10::ArrayRef<long>, c10::Allocator*, c10::DispatchKeySet, c10::ScalarType, std::optional<c10::MemoryFormat>)",
+        "at::detail::empty_generic(c10::ArrayRef<long>, c10::Allocator*, c10::DispatchKeySet, c10::ScalarType, std::optional<c10::MemoryFormat>)",
+        "at::detail::empty_cuda(c10::ArrayRef<long>, c10::ScalarType, std::optional<c10::Device>, std::optional<c10::MemoryFormat>)",
+        "at::native::empty_cuda(c10::ArrayRef<long>, std::optional<c10::ScalarType>, std::optional<c10::Layout>, std::optional<c10::Device>, std::optional<bool>, std::optional<c10::MemoryFormat>)",
+        "at::(anonymous namespace)::create_out(c10::ArrayRef<long>, c10::ArrayRef<long>, c10::TensorOptions const&)",
+        "at::(anonymous namespace)::structured_addmm_out_cuda_functional::set_output_raw_strided(long, c10::ArrayRef<long>, c10::ArrayRef<long>, c10::TensorOptions, c10::ArrayRef<at::Dimname>)",
+        "at::meta::structured_addmm::meta(at::Tensor const&, at::Tensor const&, at::Tensor const&, c10::Scalar const&, c10::Scalar const&)",
+        "at::(anonymous namespace)::wrapper_CUDA_addmm(at::Tensor const&, at::Tensor const&, at::Tensor const&, c10::Scalar const&, c10::Scalar const&)",
+        "at::_ops::addmm::redispatch(c10::DispatchKeySet, at::Tensor const&, at::Tensor const&, at::Tensor const&, c10::Scalar const&, c10::Scalar const&)",
+        "torch::autograd::VariableType::(anonymous namespace)::addmm(c10::DispatchKeySet, at::Tensor const&, at::Tensor const&, at::Tensor const&, c10::Scalar const&, c10::Scalar const&)",
+        "at::_ops::addmm::call(at::Tensor const&, at::Tensor const&, at::Tensor const&, c10::Scalar const&, c10::Scalar const&)",
+        "at::native::linear(at::Tensor const&, at::Tensor const&, std::optional<at::Tensor> const&)",
+        "at::_ops::linear::call(at::Tensor const&, at::Tensor const&, std::optional<at::Tensor> const&)",
+        "torch::autograd::THPVariable_linear(_object*, _object*, _object*)",
+        "cfunction_call",
+        "_PyObject_MakeTpCall",
+        "_PyEval_EvalFrameDefault",
+        "_PyFunction_Vectorcall",
+    ]
+    .into_iter()
+    .map(native)
+    .collect();
+    frames.extend([
+        torch("nn/modules/linear.py", 116, "forward"),
+        torch("nn/modules/module.py", 1527, "_call_impl"),
+        torch("nn/modules/module.py", 1518, "_wrapped_call_impl"),
+        frame("model.py", 31, "forward"),
+        torch("nn/modules/module.py", 1527, "_call_impl"),
+        torch("nn/modules/module.py", 1518, "_wrapped_call_impl"),
+        frame("train.py", 57, "train"),
+        frame("train.py", 88, "<module>"),
+    ]);
+    frames.extend(interpreter_frames());
+    frames
+}
+
+/// The stack of a backward-pass allocation on PyTorch's autograd thread, innermost frame
+/// first: C++ frames only (no Python frame runs on that thread), the autograd node's among
+/// them (`torch::autograd::generated::MmBackward0::apply`), down to a conda build's symbolized
+/// `libstdc++-v3/src/c++11/thread.cc:82 (execute_native_thread_routine)`.
+pub fn pytorch_backward_stack() -> Vec<Frame> {
+    let mut frames: Vec<Frame> = [
+        "torch::unwind::unwind()",
+        "torch::CapturedTraceback::gather(bool, bool, bool)",
+        "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed char, unsigned long, CUstream_st*)",
+        "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::malloc(void**, signed char, unsigned long, CUstream_st*)",
+        "at::native::empty_cuda(c10::ArrayRef<long>, std::optional<c10::ScalarType>, std::optional<c10::Layout>, std::optional<c10::Device>, std::optional<bool>, std::optional<c10::MemoryFormat>)",
+        "at::_ops::mm::call(at::Tensor const&, at::Tensor const&)",
+        "torch::autograd::generated::details::mm_mat2_backward(at::Tensor const&, at::Tensor const&, c10::ArrayRef<long>, c10::ArrayRef<long>, c10::Layout, c10::Scalar const&)",
+        "torch::autograd::generated::MmBackward0::apply(std::vector<at::Tensor, std::allocator<at::Tensor> >&&)",
+        "torch::autograd::Node::operator()(std::vector<at::Tensor, std::allocator<at::Tensor> >&&)",
+        "torch::autograd::call_function(torch::autograd::GraphTask&, torch::autograd::Node*, torch::autograd::InputBuffer&)",
+        "torch::autograd::Engine::evaluate_function(std::shared_ptr<torch::autograd::GraphTask>&, torch::autograd::Node*, torch::autograd::InputBuffer&, std::shared_ptr<torch::autograd::ReadyQueue> const&)",
+        "torch::autograd::Engine::thread_main(std::shared_ptr<torch::autograd::GraphTask> const&)",
+        "torch::autograd::Engine::thread_init(int, std::shared_ptr<torch::autograd::ReadyQueue> const&, bool)",
+        "torch::autograd::python::PythonEngine::thread_init(int, std::shared_ptr<torch::autograd::ReadyQueue> const&, bool)",
+    ]
+    .into_iter()
+    .map(native)
+    .collect();
+    frames.extend([
+        frame(
+            "/opt/conda/conda-bld/gcc-compiler_1654084175708/work/gcc/libstdc++-v3/src/c++11/thread.cc",
+            82,
+            "execute_native_thread_routine",
+        ),
+        native("start_thread"),
+        native("clone"),
+    ]);
+    frames
+}
+
+/// [`training_snapshot`] with the stacks a real PyTorch dump has: the loss kept every step
+/// (the third largest holder at the end) is allocated through [`pytorch_forward_stack`], its
+/// call site the user's `model.py:31` (`forward`), kept by `train.py:57` (`train`); the
+/// weights' site moves to `model.py:12` so that the two stay apart. Everything else is as in
+/// [`training_snapshot`].
+pub fn pytorch_stacks_snapshot() -> Snapshot {
+    let mut snapshot = training_snapshot();
+    for site in &mut snapshot.sites {
+        if site.file == "train.py" && site.line == 77 {
+            *site = CallSite {
+                file: "model.py".to_string(),
+                line: 31,
+                column: 0,
+                function: "forward".to_string(),
+                frames: pytorch_forward_stack(),
+            };
+        } else if site.file == "model.py" && site.line == 31 {
+            site.line = 12;
+            for f in &mut site.frames {
+                if f.file == "model.py" {
+                    f.line = 12;
+                }
+            }
+        }
+    }
+    snapshot
+}

@@ -174,8 +174,12 @@ pub struct SitesView {
     pub sort: SiteSort,
     /// Show the stacks as a tree instead of the table.
     pub tree: bool,
-    /// Hide framework frames in stacks and the tree.
+    /// Hide framework frames in the stack tree (`f` in the table or the tree).
     pub hide_framework: bool,
+    /// Show every frame of the stacks in the detail view (`f` there); otherwise each run of
+    /// framework frames is folded into one line (`crate::ui::stack`), so that the user's own
+    /// frames are on screen.
+    pub all_frames: bool,
     /// Only rows whose text contains this (case-insensitive).
     pub filter: String,
     /// Showing the selected site's stack and blocks.

@@ -1,11 +1,12 @@
 //! Screen tests of the dashboard: every panel drawn on the fixed data of
 //! `vramscope_tui::fixture` into ratatui's `TestBackend`, at 80×24 and 160×48, compared with
 //! the insta snapshots in `tests/snapshots`; plus the detail and tree views, the help overlay,
-//! the help bar while typing a filter, the time cursor in the past, a lost connection, and
-//! `NO_COLOR`.
+//! the help bar while typing a filter, the time cursor in the past, a lost connection,
+//! `NO_COLOR`, and the stack view on PyTorch's stacks (framework frames folded, `f` unfolds).
 
 use ratatui::backend::TestBackend;
 use ratatui::buffer::Buffer;
+use ratatui::crossterm::event::{KeyCode, KeyEvent};
 use ratatui::layout::Rect;
 use ratatui::style::Color;
 use ratatui::Terminal;
@@ -88,11 +89,12 @@ fn call_site_detail_and_tree() {
     app.sites.selected = 2;
     app.sites.detail = true;
     insta::assert_snapshot!("call_site_detail_80x24", screen(&mut app, 80, 24));
-    app.sites.hide_framework = true;
+    app.sites.all_frames = true;
     insta::assert_snapshot!(
-        "call_site_detail_no_framework_160x48",
+        "call_site_detail_all_frames_160x48",
         screen(&mut app, 160, 48)
     );
+    app.sites.all_frames = false;
     app.sites.detail = false;
     app.sites.tree = true;
     app.sites.hide_framework = false;
@@ -101,6 +103,93 @@ fn call_site_detail_and_tree() {
     insta::assert_snapshot!(
         "call_site_tree_no_framework_80x24",
         screen(&mut app, 80, 24)
+    );
+}
+
+/// The fixture's run with PyTorch's stacks (`fixture::pytorch_stacks_snapshot`), the call-site
+/// panel open on the detail view of the loss kept every step: `model.py:31` under 26 C++ and
+/// torch frames, called from `train.py:57`.
+fn pytorch_stack_view() -> App {
+    let data = Dataset::new(
+        fixture::pytorch_stacks_snapshot(),
+        Origin::File("run.json".into()),
+    );
+    let mut app = App::new(data);
+    app.theme = Theme::plain();
+    app.now_unix_ns = fixture::EPOCH_UNIX_NS;
+    app.cursor = Some(app.data.len());
+    app.analyze_now();
+    app.handle_key(KeyEvent::from(KeyCode::Char('4')));
+    app.prepare();
+    let groups = app.data.groups();
+    let row = app
+        .view()
+        .sites
+        .iter()
+        .position(|r| groups.get(r.group).label() == "model.py:31")
+        .expect("the loss's site is a row");
+    app.sites.selected = row;
+    app.handle_key(KeyEvent::from(KeyCode::Enter));
+    assert!(app.sites.detail);
+    app
+}
+
+/// Issue 32, item 8: the stack view opens on the user's frames, each run of framework frames
+/// (PyTorch's ~30 C++ frames, torch's module calls) folded into one line; `f` shows every
+/// frame and folds them again; the help bar and the overlay say so.
+#[test]
+fn the_stack_view_opens_on_the_users_frames() {
+    let mut app = pytorch_stack_view();
+    let s = screen(&mut app, 80, 24);
+    for user in ["model.py:31  forward", "train.py:57  train"] {
+        assert!(s.contains(user), "{user} is on screen at 80x24:\n{s}");
+    }
+    assert!(s.contains("… 26 framework frames (f shows them)"), "{s}");
+    assert!(s.contains("… 2 framework frames (f shows them)"), "{s}");
+    assert!(!s.contains("torch::unwind::unwind()"), "{s}");
+    assert!(s.lines().last().unwrap().contains("f all frames"), "{s}");
+    insta::assert_snapshot!("stack_view_pytorch_80x24", s);
+    let wide = screen(&mut app, 200, 60);
+    assert!(wide.contains("train.py:57  train"), "{wide}");
+    assert!(
+        wide.contains("… 13 framework frames (f shows them)"),
+        "{wide}"
+    );
+
+    app.handle_key(KeyEvent::from(KeyCode::Char('f')));
+    assert!(app.sites.all_frames && app.sites.detail);
+    let s = screen(&mut app, 80, 24);
+    for native in [
+        "??:0  torch::unwind::unwind()",
+        "??:0  torch::CapturedTraceback::gather",
+        "??:0  c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator",
+    ] {
+        assert!(s.contains(native), "{native} shown after f:\n{s}");
+    }
+    assert!(s.contains("more frames"), "the cut is said:\n{s}");
+    assert!(!s.contains("framework frames (f shows them)"), "{s}");
+    assert!(s.lines().last().unwrap().contains("f fold frames"), "{s}");
+    insta::assert_snapshot!("stack_view_pytorch_all_frames_80x24", s);
+    // At 200x60 the frames down to the user's fit, in the stack's own order.
+    let wide = screen(&mut app, 200, 60);
+    let at = |what: &str| wide.find(what).unwrap_or_else(|| panic!("{what}:\n{wide}"));
+    // (The frames' own lines, not the header's `model.py:31  forward`.)
+    assert!(at("│  ??:0  torch::unwind::unwind()") < at("nn/modules/linear.py:116"));
+    assert!(at("nn/modules/linear.py:116") < at("│  model.py:31  forward"));
+    assert!(at("│  model.py:31  forward") < at("│  train.py:57  train"));
+    assert!(at("│  train.py:57  train") < at("more frames"));
+
+    app.handle_key(KeyEvent::from(KeyCode::Char('f')));
+    assert!(!app.sites.all_frames);
+    assert!(screen(&mut app, 80, 24).contains("… 26 framework frames"));
+    // `f` in the stack view leaves the tree's own choice alone.
+    assert!(!app.sites.hide_framework);
+
+    app.handle_key(KeyEvent::from(KeyCode::Char('?')));
+    let help = screen(&mut app, 80, 24);
+    assert!(
+        help.contains("show / fold framework frames"),
+        "the overlay lists f:\n{help}"
     );
 }
 

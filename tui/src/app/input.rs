@@ -124,7 +124,12 @@ impl App {
                 self.sites.selected = 0;
             }
             KeyCode::Char('f') if self.panel == Panel::Sites => {
-                self.sites.hide_framework = !self.sites.hide_framework;
+                if self.sites.detail && !self.sites.tree {
+                    // The stack view: every frame, or the user's with framework runs folded.
+                    self.sites.all_frames = !self.sites.all_frames;
+                } else {
+                    self.sites.hide_framework = !self.sites.hide_framework;
+                }
             }
             KeyCode::Char('e') if self.panel == Panel::Events => {
                 self.events.kind = self.events.kind.next();

@@ -138,6 +138,7 @@ impl App {
                 sort: SiteSort::Bytes,
                 tree: false,
                 hide_framework: false,
+                all_frames: false,
                 filter: String::new(),
                 detail: false,
                 collapsed: BTreeSet::new(),

@@ -34,7 +34,12 @@ pub fn keys_for<S: ViewSource + ?Sized>(source: &S) -> Vec<(&'static str, &'stat
             ("←→", "step"),
         ]),
         Panel::Sites if model.sites.detail => {
-            keys.extend([("Esc", "back"), ("f", "framework"), ("[ ]", "step")]);
+            let f = if model.sites.all_frames {
+                "fold frames"
+            } else {
+                "all frames"
+            };
+            keys.extend([("Esc", "back"), ("f", f), ("[ ]", "step")]);
         }
         Panel::Sites => keys.extend([
             ("↑↓", "select"),
@@ -140,7 +145,7 @@ pub const ALL_KEYS: &[(&str, &str)] = &[
     ),
     (
         "o t f",
-        "call sites: sort; tree of stacks; hide framework frames",
+        "call sites: sort; tree; show / fold framework frames",
     ),
     ("e", "event log: cycle the kind filter"),
     ("/", "filter call sites, findings or events; Esc clears"),

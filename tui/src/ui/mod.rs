@@ -3,13 +3,13 @@
 //! [`draw`] lays the screen out with [`layout`] (header, tab bar, panel body, help bar; the
 //! overview panel is a grid that grows with the terminal) and renders each part with the
 //! widgets of the submodules, each an `impl Widget`: [`header`], [`timeline`], [`segments`],
-//! [`sites`], [`findings`], [`events`] and [`help`]; [`fleet`] draws the table of several
-//! processes that `vramscope top ADDR ADDR...` shows. Widgets read a `crate::view::ViewModel`
-//! (plain data and references to the `crate::data::Dataset`, made by `crate::app::App` after
-//! `App::prepare`) and never change anything, so the screen tests can render any state into
-//! ratatui's `TestBackend`. Nothing here imports `crate::app` or `crate::fleet`: they import
-//! this module for the layout and the mouse, never the other way round. [`Theme`] (from
-//! `crate::theme`) holds every style.
+//! [`sites`] (its stacks folded by [`stack`]), [`findings`], [`events`] and [`help`];
+//! [`fleet`] draws the table of several processes that `vramscope top ADDR ADDR...` shows.
+//! Widgets read a `crate::view::ViewModel` (plain data and references to the
+//! `crate::data::Dataset`, made by `crate::app::App` after `App::prepare`) and never change
+//! anything, so the screen tests can render any state into ratatui's `TestBackend`. Nothing
+//! here imports `crate::app` or `crate::fleet`: they import this module for the layout and the
+//! mouse, never the other way round. [`Theme`] (from `crate::theme`) holds every style.
 
 pub mod events;
 pub mod findings;
@@ -18,6 +18,7 @@ pub mod header;
 pub mod help;
 pub mod segments;
 pub mod sites;
+pub mod stack;
 pub mod timeline;
 
 use ratatui::buffer::Buffer;

@@ -8,9 +8,10 @@
 //! The rows come from `crate::view::CursorView::sites` (grouped, filtered and sorted by
 //! `crate::app::App::prepare`, read through the `crate::view::ViewModel`), growth per step from
 //! the analysis of `crate::analysis`. Enter opens the selected site: every stack recorded for
-//! it, innermost frame first, framework frames dimmed (or hidden with `f`), then its live
-//! blocks. `t` switches to the tree of stacks, with
-//! the bytes under every frame; Enter there folds or unfolds the selected frame (`▸` folded,
+//! it, innermost frame first, the user's frames shown and each run of framework frames folded
+//! into one line (`super::stack`; `f` shows every frame, framework ones dimmed), then its live
+//! blocks. `t` switches to the tree of stacks, with the bytes under every frame (framework
+//! frames left out with `f`); Enter there folds or unfolds the selected frame (`▸` folded,
 //! `▾` open).
 
 use ratatui::buffer::Buffer;
@@ -18,9 +19,10 @@ use ratatui::layout::Rect;
 use ratatui::style::Style;
 use ratatui::widgets::Widget;
 use vramscope_engine::LiveBlock;
-use vramscope_inspector::import::sites::{is_framework_frame, DEFAULT_FRAMEWORK_PATHS};
+use vramscope_inspector::import::sites::DEFAULT_FRAMEWORK_PATHS;
 use vramscope_model::format_bytes;
 
+use super::stack::{folded_text, stack_lines, StackLine};
 use super::{clip, clip_left, panel_block, put, thousands};
 use crate::view::{Panel, ViewModel};
 
@@ -62,7 +64,11 @@ impl Widget for SitesPanel<'_> {
             if model.sites.tree {
                 title.push_str("· tree ");
             }
-            if model.sites.hide_framework {
+            if model.sites.detail && !model.sites.tree {
+                if model.sites.all_frames {
+                    title.push_str("· all frames ");
+                }
+            } else if model.sites.hide_framework {
                 title.push_str("· framework hidden ");
             }
         }
@@ -246,16 +252,39 @@ impl SitesPanel<'_> {
             if s.frames.is_empty() {
                 line(&mut y, &format!("  {}  {}", s, s.function), Style::new());
             }
-            for f in &s.frames {
-                if usize::from(bottom.saturating_sub(y)) <= blocks_room {
+            let lines = stack_lines(&s.frames, &framework, model.sites.all_frames);
+            let mut left: usize = lines.iter().map(StackLine::frames).sum();
+            for (i, l) in lines.iter().enumerate() {
+                let room = usize::from(bottom.saturating_sub(y));
+                if room <= blocks_room {
                     break;
                 }
-                let fw = is_framework_frame(f, &framework);
-                if fw && model.sites.hide_framework {
-                    continue;
+                if room == blocks_room + 1 && i + 1 < lines.len() {
+                    // The last row for this stack: say what is cut rather than cut silently.
+                    line(
+                        &mut y,
+                        &format!("  … {} more frames", thousands(left as u64)),
+                        theme.dim(),
+                    );
+                    break;
                 }
-                let text = format!("  {}:{}  {}", f.file, f.line, f.function);
-                line(&mut y, &text, if fw { theme.dim() } else { Style::new() });
+                left -= l.frames();
+                let (text, style) = match l {
+                    StackLine::Frame {
+                        frame: f,
+                        framework,
+                        node,
+                    } => (
+                        format!("  {}:{}  {}", f.file, f.line, f.function),
+                        if *framework && !*node {
+                            theme.dim()
+                        } else {
+                            Style::new()
+                        },
+                    ),
+                    StackLine::Folded(n) => (format!("  {}", folded_text(*n)), theme.dim()),
+                };
+                line(&mut y, &text, style);
             }
         }
         line(&mut y, "", Style::new());
