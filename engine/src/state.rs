@@ -18,18 +18,11 @@ use std::sync::OnceLock;
 
 use crate::AddrMap;
 
+use vramscope_model::pytorch::{mapping_pool, segment_pool};
 use vramscope_model::{Block, BlockState, Event, EventKind, Pool, ScopeId, Segment, SiteId, TagId};
 
 /// Index value meaning "no event".
 pub const NO_EVENT: u32 = u32::MAX;
-
-/// Plain segments up to this size are small-pool segments (PyTorch's small pool allocates
-/// 2 MiB segments and the large pool never does).
-const SMALL_SEGMENT: u64 = 2 << 20;
-
-/// The page size of the large pool's expandable segments; a mapped range of a multiple of it,
-/// with nothing nearby to say otherwise, is taken to be in the large pool.
-const LARGE_PAGE: u64 = 20 << 20;
 
 /// A block that is allocated or waiting to be freed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -400,11 +393,7 @@ impl MemoryState {
             size: e.size,
             device: u32::from(e.device),
             stream: e.stream,
-            pool: if e.size <= SMALL_SEGMENT {
-                Pool::Small
-            } else {
-                Pool::Large
-            },
+            pool: segment_pool(e.size),
             expandable: false,
         }
     }
@@ -444,11 +433,7 @@ impl MemoryState {
             .or(right)
             .map(|(_, s)| s.pool)
             .or_else(nearest)
-            .unwrap_or(if size.is_multiple_of(LARGE_PAGE) {
-                Pool::Large
-            } else {
-                Pool::Small
-            });
+            .unwrap_or_else(|| mapping_pool(size));
         let mut start = addr;
         let mut stop = end;
         if let Some((base, _)) = left {

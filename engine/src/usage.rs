@@ -24,8 +24,8 @@ pub struct UsageSeries {
     reserved: Runs<u64>,
 }
 
-/// The bytes of one 512-byte unit, PyTorch's rounding of every block.
-const UNIT: u64 = 512;
+/// The bytes of one unit: PyTorch's rounding of every block (512 bytes).
+const UNIT: u64 = vramscope_model::pytorch::MIN_BLOCK_SIZE;
 
 /// Allocated bytes after each event, in the narrower form that holds them all.
 #[derive(Clone, Debug)]

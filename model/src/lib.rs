@@ -8,13 +8,15 @@
 //!   table, with byte sizes formatted and parsed the way every view prints them;
 //! - allocator settings in `PYTORCH_CUDA_ALLOC_CONF` syntax ([`AllocatorConfig`]);
 //! - the one rule for why an out-of-memory error happened (the process's memory cap,
-//!   fragmentation, memory in use, ...) and what helps ([`oom`]).
+//!   fragmentation, memory in use, ...) and what helps ([`oom`]);
+//! - PyTorch's caching-allocator constants and rounding, which the allocator runs on and every
+//!   reader of a trace sizes blocks and picks pools with ([`pytorch`]).
 //!
 //! The caching allocator (`vramscope-allocator`) fills these types; the inspector's importers
 //! build them from PyTorch pickles and Chrome traces; the engine, detectors, replay, telemetry
 //! and the dashboard read them. This crate depends on serde alone, so that reading a snapshot
-//! never links a GPU driver. Every item has one path: the root re-exports below (`oom`, whose
-//! functions read best with their module's name, is the one public module).
+//! never links a GPU driver. Every item has one path: the root re-exports below (`oom` and
+//! `pytorch`, whose items read best with their module's name, are the public modules).
 //!
 //! ```
 //! use vramscope_model::{format_bytes, parse_bytes, AllocatorConfig};
@@ -28,6 +30,7 @@
 mod config;
 mod events;
 pub mod oom;
+pub mod pytorch;
 mod snapshot;
 mod stats;
 

@@ -36,20 +36,8 @@
 //! none when it is already on, since `max_split_size_mb` does not limit splitting in expandable
 //! segments), and lowering the peak for memory in use.
 
-use crate::{format_bytes, AllocatorConfig, Policy, SnapshotSource, MIB};
-
-/// Requests up to this size use the small pool (PyTorch's `kSmallSize`).
-pub const SMALL_SIZE: u64 = MIB;
-/// A small-pool segment, and a small-pool page of an expandable segment (`kSmallBuffer`).
-pub const SMALL_BUFFER: u64 = 2 * MIB;
-/// The segment of a large request below [`MIN_LARGE_ALLOC`], a large-pool page of an
-/// expandable segment, and the most an oversize request may take beyond its size
-/// (`kLargeBuffer`).
-pub const LARGE_BUFFER: u64 = 20 * MIB;
-/// Large requests from this size get a segment of their own size (`kMinLargeAlloc`).
-pub const MIN_LARGE_ALLOC: u64 = 10 * MIB;
-/// Those segments are rounded up to this (`kRoundLarge`).
-pub const ROUND_LARGE: u64 = 2 * MIB;
+use crate::pytorch::{segment_size_for, LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE};
+use crate::{format_bytes, AllocatorConfig, Policy, SnapshotSource};
 
 /// What is known when an allocation failed for good.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -154,19 +142,6 @@ impl SettingNames {
     }
 }
 
-/// The size of the plain segment a request of `request` bytes (rounded) gets: PyTorch's
-/// `get_allocation_size`, which the allocator uses as `segment_size_for`. PyTorch checks its cap against
-/// this size whether or not segments are expandable.
-pub fn segment_size(request: u64) -> u64 {
-    if request <= SMALL_SIZE {
-        SMALL_BUFFER
-    } else if request < MIN_LARGE_ALLOC {
-        LARGE_BUFFER
-    } else {
-        request.div_ceil(ROUND_LARGE).saturating_mul(ROUND_LARGE)
-    }
-}
-
 /// The most device memory a request of `request` bytes (rounded) needs under `config`: its
 /// plain segment, or, with page-mapped segments, the request rounded up to whole pages (less
 /// when the segment's mapped free tail covers part of it, which a trace does not say).
@@ -179,7 +154,7 @@ pub fn device_need(config: &AllocatorConfig, request: u64) -> u64 {
         };
         request.div_ceil(page).saturating_mul(page).max(page)
     } else {
-        segment_size(request)
+        segment_size_for(request)
     }
 }
 
@@ -189,7 +164,7 @@ pub fn device_need(config: &AllocatorConfig, request: u64) -> u64 {
 /// policy, which maps only what it needs.
 pub fn cap_need(config: &AllocatorConfig, request: u64) -> u64 {
     match config.policy {
-        Policy::Pytorch => segment_size(request),
+        Policy::Pytorch => segment_size_for(request),
         Policy::Compact => request
             .div_ceil(SMALL_BUFFER)
             .saturating_mul(SMALL_BUFFER)
@@ -488,6 +463,7 @@ impl OomDiagnosis {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::MIB;
 
     const GIB: u64 = 1 << 30;
 
@@ -518,11 +494,6 @@ mod tests {
 
     #[test]
     fn segment_and_page_needs_follow_pytorch() {
-        assert_eq!(segment_size(512), 2 * MIB);
-        assert_eq!(segment_size(MIB), 2 * MIB);
-        assert_eq!(segment_size(MIB + 512), 20 * MIB);
-        assert_eq!(segment_size(10 * MIB), 10 * MIB);
-        assert_eq!(segment_size(11 * MIB + 1), 12 * MIB);
         assert_eq!(device_need(&plain(), 128 * MIB), 128 * MIB);
         assert_eq!(device_need(&expandable(), 128 * MIB), 140 * MIB);
         assert_eq!(device_need(&expandable(), 512), 2 * MIB);

@@ -25,7 +25,7 @@
 
 use rustc_hash::FxHashMap;
 use serde::Serialize;
-use vramscope_allocator::round_size;
+use vramscope_model::pytorch::{pool_for, round_size};
 
 use vramscope_allocator::{AllocError, CachingAllocator, SimDevice, StreamId};
 use vramscope_engine::{
@@ -1076,11 +1076,7 @@ fn restore_unattributed(
     // The replay's device has no limit, so these restorations cannot fail; a start that
     // passes the capacity makes the next segment the replay needs fail instead.
     if allocated > 0 {
-        let pool = if allocated <= SMALL_REQUEST {
-            Pool::Small
-        } else {
-            Pool::Large
-        };
+        let pool = pool_for(allocated);
         let _ = alloc.restore_segment(allocated, StreamId(0), pool, &[(0, allocated, allocated)]);
     }
     let cached_restored = cached > 0
@@ -1094,9 +1090,6 @@ fn restore_unattributed(
         cached_restored,
     })
 }
-
-/// PyTorch's largest small-pool request (1 MiB): larger blocks live in the large pool.
-const SMALL_REQUEST: u64 = 1 << 20;
 
 /// What a replay of one device's events takes from the trace besides the walk to its start
 /// ([`replayed_events`]).

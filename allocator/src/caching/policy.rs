@@ -26,59 +26,16 @@ use crate::debug::{self, FreedRange};
 use crate::model::{EventKind, Pool};
 use crate::provenance::{self, Provenance, NIL};
 
-/// Requests are rounded up to a multiple of this (and never below it).
-pub const MIN_BLOCK_SIZE: u64 = 512;
-// PyTorch's sizes of pools and segments, as the model's OOM diagnosis works them out too.
-pub use vramscope_model::oom::{
-    LARGE_BUFFER, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
+// PyTorch's sizes and rounding, which the allocator runs on and every reader of a trace uses
+// too: the model's (`vramscope_model::pytorch`), their one home.
+pub use vramscope_model::pytorch::{
+    pool_for, round_size, segment_size_for, LARGE_BUFFER, MIN_BLOCK_SIZE, MIN_LARGE_ALLOC,
+    ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
 };
 
 /// The largest rounded request the allocator asks a device for (2^62 bytes); larger ones are
 /// out of memory at once, before computing a segment size could overflow.
 const MAX_REQUEST: u64 = 1 << 62;
-
-/// Rounds a request as PyTorch's `round_size` does.
-#[inline]
-pub fn round_size(size: u64, roundup_power2_divisions: u32) -> u64 {
-    let divisions = roundup_power2_divisions as u64;
-    if divisions > 1 && size > MIN_BLOCK_SIZE * divisions {
-        return roundup_power2_next_division(size, divisions);
-    }
-    // Requests below `MIN_BLOCK_SIZE` (zero too) round up to it: `max(1)` makes that a
-    // select instead of a branch. Saturating: a request within 511 bytes of `u64::MAX` rounds
-    // down to the last multiple of 512, which no cached block matches and `grow` refuses as
-    // too large.
-    size.max(1).saturating_add(MIN_BLOCK_SIZE - 1) & !(MIN_BLOCK_SIZE - 1)
-}
-
-fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
-    if size.is_power_of_two() {
-        return size;
-    }
-    let floor = 1u64 << (63 - size.leading_zeros());
-    let division = floor >> (63 - divisions.leading_zeros());
-    if division == 0 {
-        return floor.saturating_mul(2);
-    }
-    let rounded_floor = size & !(division - 1);
-    if rounded_floor == size {
-        size
-    } else {
-        rounded_floor.saturating_add(division)
-    }
-}
-
-/// The pool a rounded request belongs to.
-pub fn pool_for(rounded: u64) -> Pool {
-    if rounded <= SMALL_SIZE {
-        Pool::Small
-    } else {
-        Pool::Large
-    }
-}
-
-/// The size of a new segment for a rounded request (PyTorch's `get_allocation_size`).
-pub use vramscope_model::oom::segment_size as segment_size_for;
 
 /// Where an allocation came from, gathered before the lock is taken.
 pub(crate) struct Origin<'a> {

@@ -20,18 +20,17 @@
 //!   to print.
 
 use vramscope_engine::{MemoryState, Reconstruction, Usage, NO_EVENT};
+use vramscope_model::pytorch::{pool_for, SMALL_BUFFER};
 use vramscope_model::{
-    format_bytes, overlapping_segment, plural, Block, BlockPlacement, BlockState, EventKind, Pool,
+    format_bytes, overlapping_segment, plural, Block, BlockPlacement, BlockState, EventKind,
     Segment, Snapshot, SnapshotSource, StepMark,
 };
 
 use super::ExportError;
 use crate::import::pytorch::STEP_ANNOTATIONS;
 
-/// Blocks up to this size come from PyTorch's small pool.
-const SMALL_REQUEST: u64 = 1 << 20;
 /// Made segments start on this alignment (a small-pool segment's size).
-const SEGMENT_ALIGNMENT: u64 = 2 << 20;
+const SEGMENT_ALIGNMENT: u64 = SMALL_BUFFER;
 /// Where every address range of a file must end for the importer to read it.
 const ADDRESS_END: u64 = 1 << 63;
 /// The most all the sizes of a file may add up to for the importer to read it.
@@ -55,15 +54,6 @@ pub(crate) struct DumpState {
     pub extra_reserved: u64,
     /// Whether the source records reserved memory at all.
     pub reserved_known: bool,
-}
-
-/// The pool PyTorch serves a block of `size` bytes from.
-fn pool_of(size: u64) -> Pool {
-    if size <= SMALL_REQUEST {
-        Pool::Small
-    } else {
-        Pool::Large
-    }
 }
 
 /// An allocated block from before the trace (or made by it) at `address`.
@@ -126,7 +116,7 @@ impl DumpState {
                     address: addr,
                     total_size: b.size,
                     stream: b.stream,
-                    pool: pool_of(b.size),
+                    pool: pool_for(b.size),
                     expandable: false,
                     blocks: vec![block],
                 }),
@@ -195,7 +185,7 @@ impl DumpState {
                 address,
                 total_size: size,
                 stream: 0,
-                pool: pool_of(unattributed.allocated.max(1)),
+                pool: pool_for(unattributed.allocated.max(1)),
                 expandable: false,
                 blocks,
             });

@@ -30,8 +30,9 @@ use std::fmt;
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
+use vramscope_model::pytorch::pool_for;
 use vramscope_model::{
-    DeviceInfo, Event, EventKind, MemoryStats, Pool, Snapshot, SnapshotSource, Stat, FORMAT_VERSION,
+    DeviceInfo, Event, EventKind, MemoryStats, Snapshot, SnapshotSource, Stat, FORMAT_VERSION,
 };
 
 use super::timeline::{self, TrackArray};
@@ -41,8 +42,6 @@ use super::{ImportError, ImportErrorKind, ImportOptions};
 const CUDA_DEVICE_TYPE: i128 = 1;
 /// The name of the profiler's memory events.
 const MEMORY_EVENT: &str = "[memory]";
-/// Allocations up to this size come from the small pool.
-const SMALL_BLOCK: u64 = 1 << 20;
 
 /// Converts a Chrome trace; `origin` names the data in errors.
 pub fn from_json_bytes(
@@ -930,11 +929,7 @@ fn compute_stats(memory: &[Memory], events: &[Event], device: u32) -> MemoryStat
     let mut allocated = TrackArray::default();
     let mut allocation = TrackArray::default();
     for e in events.iter().filter(|e| u32::from(e.device) == device) {
-        let pool = if e.size <= SMALL_BLOCK {
-            Pool::Small
-        } else {
-            Pool::Large
-        };
+        let pool = pool_for(e.size);
         if e.kind == EventKind::Alloc {
             allocated.add(pool, e.size);
             allocation.add(pool, 1);

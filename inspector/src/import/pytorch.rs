@@ -55,8 +55,6 @@ use stacks::Stacks;
 pub(crate) use stats::compute_stats;
 use stats::{SegmentPools, StatsPass};
 
-/// The size of a small-pool segment.
-const SMALL_SEGMENT: u64 = 2 << 20;
 /// Annotation families that mark training steps, in order of preference.
 pub(crate) const STEP_ANNOTATIONS: &[&str] = &[
     "ProfilerStep#",
@@ -694,7 +692,7 @@ fn read_segment(
     let pool = match opt_str(segment_type, "segment_type", loc)? {
         Some("small") => Pool::Small,
         Some(_) => Pool::Large,
-        None if total_size == SMALL_SEGMENT => Pool::Small,
+        None if total_size == vramscope_model::pytorch::SMALL_BUFFER => Pool::Small,
         None => Pool::Large,
     };
     let expandable = match is_expandable {

@@ -9,32 +9,12 @@
 
 use rustc_hash::FxHashMap;
 use vramscope_engine::{Pair, Pairing};
+use vramscope_model::pytorch::{self, mapping_pool, pool_for, round_size};
 use vramscope_model::{
     AllocatorConfig, BlockState, Event, EventKind, MemoryStats, Pool, Segment, Stat, StatArray,
 };
 
 use super::super::timeline::TrackArray;
-use super::SMALL_SEGMENT;
-
-/// Requests up to this size are served from the small pool.
-const SMALL_REQUEST: u64 = 1 << 20;
-
-/// PyTorch's rounding of a request to a block size (multiples of 512 bytes, at least 512).
-fn round_block(size: u64) -> u64 {
-    if size < 512 {
-        512
-    } else {
-        size.div_ceil(512).saturating_mul(512)
-    }
-}
-
-fn request_pool(size: u64) -> Pool {
-    if size <= SMALL_REQUEST {
-        Pool::Small
-    } else {
-        Pool::Large
-    }
-}
 
 /// Where the final segments lie, by device and address, with their pools: what
 /// [`segment_pool`] looks a mapped range up in. A copy of four fields per segment, so that the
@@ -64,11 +44,7 @@ impl SegmentPools {
 fn segment_pool(segments: &SegmentPools, e: &Event) -> Pool {
     let (device, addr, size) = (u32::from(e.device), e.addr, e.size);
     if matches!(e.kind, EventKind::SegmentAlloc | EventKind::SegmentFree) {
-        return if size <= SMALL_SEGMENT {
-            Pool::Small
-        } else {
-            Pool::Large
-        };
+        return pytorch::segment_pool(size);
     }
     let segments = &segments.0;
     let at = segments.partition_point(|&(d, a, _, _)| (d, a) <= (device, addr));
@@ -79,11 +55,7 @@ fn segment_pool(segments: &SegmentPools, e: &Event) -> Pool {
         }
     }
     // The large pool maps 20 MiB pages, the small pool 2 MiB ones.
-    if size.is_multiple_of(20 << 20) {
-        Pool::Large
-    } else {
-        Pool::Small
-    }
+    mapping_pool(size)
 }
 
 /// A statistic of which only the current value is known (from the dump-time segments): the
@@ -168,8 +140,9 @@ impl StatsPass {
     /// that block (its allocation, or for a block from before the trace its free request).
     #[inline]
     pub(crate) fn push(&mut self, e: &Event, pair: Pair, replaced: Option<&Event>) {
-        let pool = request_pool(e.size);
-        let block = round_block(e.size);
+        let pool = pool_for(e.size);
+        // A block size as PyTorch rounds it (sized events keep theirs).
+        let block = round_size(e.size, 0);
         // The replaced block is taken as freed, as every view takes it (its allocation ended
         // already when its free was requested).
         if let (
@@ -179,7 +152,7 @@ impl StatsPass {
             Some(old),
         ) = (pair, replaced)
         {
-            let (old_pool, old_block) = (request_pool(old.size), round_block(old.size));
+            let (old_pool, old_block) = (pool_for(old.size), round_size(old.size, 0));
             if !replaced_requested {
                 self.allocated.remove(old_pool, old_block);
                 self.requested.remove(old_pool, old.requested);
@@ -319,16 +292,6 @@ mod tests {
             expandable: false,
             blocks: Vec::new(),
         }
-    }
-
-    #[test]
-    fn rounds_like_pytorch() {
-        assert_eq!(round_block(1), 512);
-        assert_eq!(round_block(512), 512);
-        assert_eq!(round_block(513), 1024);
-        assert_eq!(round_block(u64::MAX), u64::MAX);
-        assert_eq!(request_pool(1 << 20), Pool::Small);
-        assert_eq!(request_pool((1 << 20) + 1), Pool::Large);
     }
 
     #[test]
