@@ -639,6 +639,7 @@ pub fn size_blocks_visiting(
         }
     }
     drop(paired);
+    let before_trace = BeforeTraceSizes::of(snapshot);
     // Pairing again finds what each free releases, which by then has its block size (rather
     // than a list of it kept from the first pass, four bytes an event).
     let mut pairing = Pairing::new();
@@ -654,7 +655,7 @@ pub fn size_blocks_visiting(
             ),
             (_, Pair::Free(link)) => Some(match link.alloc {
                 Some(alloc) => snapshot.events[alloc as usize].size,
-                None => round_size(e.requested, divisions),
+                None => before_trace.size(i as u32, e, divisions),
             }),
             _ => None,
         };
@@ -668,6 +669,70 @@ pub fn size_blocks_visiting(
         visit(e, pair, replaced.as_ref());
     }
     sizing_of(result.device_calls.as_ref())
+}
+
+/// The sizes of blocks from before the trace that the trace frees. Their events carry the
+/// request only; the block may be larger (a 3 MiB request takes a whole 4 MiB free block when
+/// the 1 MiB left is too small to split off). Where the dump-time state still shows the freed
+/// block, an inactive block at its address that nothing allocated at after the free, and its
+/// size is one PyTorch could have handed that request unsplit, that size is the block's; else
+/// the request rounded is the estimate.
+struct BeforeTraceSizes {
+    /// Size of each inactive block at the dump, by address.
+    free_at_end: AddrMap<u64>,
+    /// Index of the last allocation at each address.
+    last_alloc: AddrMap<u32>,
+}
+
+impl BeforeTraceSizes {
+    /// The inactive blocks of `snapshot`'s dump and where it allocates last.
+    fn of(snapshot: &Snapshot) -> BeforeTraceSizes {
+        let free_at_end: AddrMap<u64> = snapshot
+            .segments
+            .iter()
+            .flat_map(|s| s.blocks.iter())
+            .filter(|b| b.state == BlockState::Inactive)
+            .map(|b| (b.address, b.size))
+            .collect();
+        let mut last_alloc = AddrMap::default();
+        if !free_at_end.is_empty() {
+            for (i, e) in snapshot.events.iter().enumerate() {
+                if e.kind == EventKind::Alloc {
+                    last_alloc.insert(e.addr, i as u32);
+                }
+            }
+        }
+        BeforeTraceSizes {
+            free_at_end,
+            last_alloc,
+        }
+    }
+
+    /// The block size of free `e` (at index `index`) of a block from before the trace.
+    fn size(&self, index: u32, e: &Event, divisions: u32) -> u64 {
+        let rounded = round_size(e.requested, divisions);
+        let reused = self.last_alloc.get(&e.addr).is_some_and(|&a| a > index);
+        match self.free_at_end.get(&e.addr) {
+            Some(&size) if !reused && handed_unsplit(rounded, size) => size,
+            _ => rounded,
+        }
+    }
+}
+
+/// Whether PyTorch's allocator could hand a request rounded to `rounded` bytes a free block of
+/// `size` bytes whole: it splits a small-pool block when 512 bytes or more would be left, and a
+/// large-pool block when more than 1 MiB would be (`should_split`).
+fn handed_unsplit(rounded: u64, size: u64) -> bool {
+    use vramscope_model::pytorch::{MIN_BLOCK_SIZE, SMALL_SIZE};
+    if size < rounded {
+        return false;
+    }
+    let left = size - rounded;
+    if rounded <= SMALL_SIZE {
+        left < MIN_BLOCK_SIZE
+    } else {
+        left <= SMALL_SIZE
+    }
 }
 
 /// The device calls a verifying replay makes, taken out of the allocator's event ring every
