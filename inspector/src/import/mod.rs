@@ -13,7 +13,10 @@
 //! faithfully, the file's bytes are handed over, so that they are gone once read and before
 //! they are converted), and gzip data is gone before what it unpacks to is converted. A gzipped Chrome trace is read as it is
 //! unpacked, never whole; its unpacking errors and size limit take precedence over errors in
-//! its JSON, as if it had been unpacked first.
+//! its JSON, as if it had been unpacked first. A gzipped PyTorch pickle is read as it is
+//! unpacked too, never whole, and unpacking stops at the pickle's first error (a run of
+//! `MARK`s that unpacks to 960 MiB is refused after a megabyte or two); the bounds that scale
+//! with a pickle's size follow the bytes unpacked so far (`pytorch::from_pickle_reads`).
 //!
 //! Every failure is an [`ImportError`] that names the file and says what is wrong (and, for
 //! pickles and JSON, where); no input makes an importer panic. [`ImportOptions`] carries the
@@ -581,9 +584,59 @@ impl Read for Unpacker<'_> {
     }
 }
 
+/// Imports the PyTorch pickle that the gzip data `bytes` unpack to as it is unpacked
+/// (`pytorch::from_pickle_reads`), adding the bytes unpacked to `unpacked`. The pickle is
+/// never held whole, and unpacking stops at its first error: an error in the gzip data, or
+/// the size limit, is reported when met before the pickle's own error, and the pickle's
+/// error otherwise.
+fn pickle_from_gzip(
+    bytes: &[u8],
+    origin: &str,
+    options: &ImportOptions,
+    unpacked: &std::cell::Cell<u64>,
+) -> Result<Snapshot, ImportError> {
+    let failure = std::cell::RefCell::new(None);
+    let limit = options.max_decompressed_bytes;
+    let mut open = || -> Box<dyn Read + '_> {
+        Box::new(Watched {
+            unpacker: Unpacker::new(bytes, limit),
+            failure: &failure,
+            origin,
+            unpacked,
+        })
+    };
+    let failed = || failure.borrow_mut().take();
+    pytorch::from_pickle_reads(&mut open, &failed, origin, options)
+}
+
+/// An [`Unpacker`] that leaves the error of its failure in `failure` (the first one only),
+/// for a reader that owns it and sees only that a read failed, and adds the bytes it gives
+/// to `unpacked`.
+struct Watched<'a> {
+    unpacker: Unpacker<'a>,
+    failure: &'a std::cell::RefCell<Option<ImportError>>,
+    origin: &'a str,
+    unpacked: &'a std::cell::Cell<u64>,
+}
+
+impl Read for Watched<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let read = self.unpacker.read(buf);
+        if let Ok(n) = read {
+            self.unpacked.set(self.unpacked.get() + n as u64);
+        }
+        if read.is_err() {
+            if let Some(e) = self.unpacker.error(self.origin) {
+                self.failure.borrow_mut().get_or_insert(e);
+            }
+        }
+        read
+    }
+}
+
 /// Unpacks gzip data within `options.max_decompressed_bytes`. A Chrome trace is converted as
-/// it is unpacked, so that its JSON is never held in memory whole; anything else is returned
-/// whole.
+/// it is unpacked, so that its JSON is never held in memory whole, and so is a PyTorch pickle
+/// ([`pickle_from_gzip`]); anything else is returned whole.
 fn unpack(bytes: &[u8], origin: &str, options: &ImportOptions) -> Result<Unpacked, ImportError> {
     let mut unpacker = Unpacker::new(bytes, options.max_decompressed_bytes);
     let failed = |unpacker: &mut Unpacker<'_>, e: std::io::Error| {
@@ -640,6 +693,14 @@ fn unpack(bytes: &[u8], origin: &str, options: &ImportOptions) -> Result<Unpacke
                 Ok(Unpacked::Done(Box::new(own_snapshot(&all, origin)?)))
             }
         };
+    }
+    if detect(&head) == Some(Format::PytorchPickle) {
+        // Read as it is unpacked, never held whole, and unpacked no further once the pickle
+        // fails: a gzipped run of MARKs that unpacks to 960 MiB stops at the 201st MARK.
+        drop(head);
+        let unpacked = std::cell::Cell::new(0);
+        return pickle_from_gzip(bytes, origin, options, &unpacked)
+            .map(|snapshot| Unpacked::Done(Box::new(snapshot)));
     }
     if detect(&head).is_none() {
         // No format: refused by its start, as a plain file is, without holding the rest
@@ -1068,6 +1129,58 @@ mod tests {
             ..ImportOptions::default()
         };
         assert!(load_bytes(&packed, "exact.json.gz", &exact).is_ok());
+    }
+
+    #[test]
+    fn a_gzipped_run_of_marks_is_refused_without_unpacking_it() {
+        // D7 of issue 33: `PROTO 4` and 960 MiB of MARKs, as concatenated gzip members (one
+        // member of 1 MiB of MARKs compressed once and repeated), 1 MB of gzip data.
+        let mib = vec![b'('; 1 << 20];
+        let mut first = vec![0x80, 4];
+        first.extend_from_slice(&mib);
+        let mut bytes = gzip(&first);
+        let member = gzip(&mib);
+        for _ in 1..960 {
+            bytes.extend_from_slice(&member);
+        }
+        let options = ImportOptions::default();
+        let unpacked = std::cell::Cell::new(0);
+        let started = std::time::Instant::now();
+        let e = pickle_from_gzip(&bytes, "marks.pickle.gz", &options, &unpacked).unwrap_err();
+        let ImportErrorKind::Pickle(pickle) = &e.kind else {
+            panic!("{e}");
+        };
+        assert_eq!(pickle.offset, 202, "{e}");
+        assert!(e.to_string().contains("MARKs open at once"), "{e}");
+        // A piece for the streaming read, one for the whole-document read that names the
+        // error: a few MiB of the 960.
+        assert!(
+            unpacked.get() <= 4 << 20,
+            "{} bytes unpacked",
+            unpacked.get()
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(60));
+        // The same error through the front door.
+        let e = load_bytes(&bytes, "marks.pickle.gz", &options).unwrap_err();
+        assert!(e.to_string().contains("MARKs open at once"), "{e}");
+
+        // Gzip data that goes wrong before the pickle does is reported as such: a pickle
+        // missing its STOP, then a corrupt member.
+        let mut corrupt = gzip(b"\x80\x04]\x94(K\x01K\x02");
+        corrupt.extend_from_slice(&member[..member.len() / 2]);
+        let e = load_bytes(&corrupt, "corrupt.pickle.gz", &options).unwrap_err();
+        assert!(matches!(e.kind, ImportErrorKind::Gzip(_)), "{e}");
+        // And data past the size limit, as the limit.
+        let small = ImportOptions {
+            max_decompressed_bytes: 1 << 20,
+            ..ImportOptions::default()
+        };
+        let mut big = gzip(b"\x80\x04]\x94(");
+        for _ in 0..3 {
+            big.extend_from_slice(&gzip(&vec![b'K'; 1 << 19]));
+        }
+        let e = load_bytes(&big, "big.pickle.gz", &small).unwrap_err();
+        assert!(matches!(e.kind, ImportErrorKind::TooLarge { .. }), "{e}");
     }
 
     #[test]

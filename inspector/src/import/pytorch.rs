@@ -105,6 +105,35 @@ pub(crate) fn from_pickle_file(
     Some(stream::read_file(file, size, options)?.convert(origin, options))
 }
 
+/// Imports the snapshot pickle that `open` reads, whose length is not known until it ends
+/// (what gzip data unpacks to), never holding it whole: its trace entries are streamed as it
+/// is read ([`stream`]), else it is read again into a document
+/// ([`Document::parse_read`]), which gives the snapshot or the error; either read stops at
+/// the pickle's first error. The bounds that scale with a pickle's size follow the bytes read
+/// so far. `open` gives the input from its start, each time it is called; `failed` is asked
+/// after each read whether the input itself failed (corrupt gzip data, the size limit),
+/// which is then the error.
+pub(crate) fn from_pickle_reads<'r>(
+    open: &mut dyn FnMut() -> Box<dyn std::io::Read + 'r>,
+    failed: &dyn Fn() -> Option<ImportError>,
+    origin: &str,
+    options: &ImportOptions,
+) -> Result<Snapshot, ImportError> {
+    let ready = stream::read_unsized(&mut *open(), options);
+    if let Some(e) = failed() {
+        return Err(e);
+    }
+    if let Some(ready) = ready {
+        return ready.convert(origin, options);
+    }
+    let doc = Document::parse_read(open, &limits(options));
+    if let Some(e) = failed() {
+        return Err(e);
+    }
+    let doc = doc.map_err(|e| ImportError::new(origin, ImportErrorKind::Pickle(e)))?;
+    from_document(&doc, origin, options)
+}
+
 /// The reader's limits for a file read with `options`: the largest input is the larger of
 /// the file and unpacked-data limits (a pickle may come out of gzip data); the bounds on
 /// memory scale with the input (`Limits::memory_budget`).

@@ -11,6 +11,7 @@
 //! the error, as before streaming existed; an entry that does not convert is one such case,
 //! so that errors keep the order and wording of the whole-document import.
 
+use std::cell::Cell;
 use std::fs::File;
 use std::io::Read;
 use std::sync::mpsc;
@@ -26,8 +27,8 @@ use super::{
 };
 use crate::import::{ImportError, ImportErrorKind, ImportOptions};
 use vramscope_pickle::{
-    parse_streaming, parse_streaming_chunks, Document, EntrySink, Standin, Streamed, StreamedList,
-    ValueRef,
+    parse_streaming, parse_streaming_chunks, parse_streaming_read, Document, EntrySink, Standin,
+    Streamed, StreamedList, ValueRef,
 };
 
 /// The key of the root dict whose lists are streamed.
@@ -44,6 +45,9 @@ struct EntryStream<'a> {
     /// (`super::max_trace_entries`).
     entries: usize,
     limit: usize,
+    /// For an input whose length is not known until it ends (gzip data as it is unpacked),
+    /// the bytes read so far, which `limit` and the stacks' bound follow.
+    arrived: Option<&'a Cell<usize>>,
 }
 
 impl EntrySink for EntryStream<'_> {
@@ -55,6 +59,10 @@ impl EntrySink for EntryStream<'_> {
         transient_from: usize,
     ) -> bool {
         self.entries += 1;
+        if let Some(arrived) = self.arrived {
+            self.limit = max_trace_entries(arrived.get());
+            self.stacks.max_bytes = Stacks::max_bytes(arrived.get());
+        }
         // A device past the limit is the whole document's error to name.
         let Some(device) = vramscope_model::event_device(list as u64) else {
             return false;
@@ -117,7 +125,7 @@ pub(super) struct Ready {
 /// Reads the snapshot pickle `bytes` with `options`, streaming its trace entries; `None` when
 /// it must be read whole instead.
 pub(super) fn read(bytes: &[u8], options: &ImportOptions) -> Option<Ready> {
-    read_with(bytes.len(), options, |sink| {
+    read_with(bytes.len(), None, options, |sink| {
         parse_streaming(bytes, &limits(options), TRACES, sink)
     })
 }
@@ -162,7 +170,7 @@ pub(super) fn read_file(file: &File, size: u64, options: &ImportOptions) -> Opti
             }
             Err(_) => false,
         };
-        let ready = read_with(total, options, |sink| {
+        let ready = read_with(total, None, options, |sink| {
             parse_streaming_chunks(total, &mut next, &limits(options), TRACES, sink)
         });
         // Stops the reader if the pickle ended before the file.
@@ -171,10 +179,42 @@ pub(super) fn read_file(file: &File, size: u64, options: &ImportOptions) -> Opti
     })
 }
 
-/// Streams a snapshot pickle of `input_bytes` bytes with `parse` into a new sink and checks
-/// where its lists are.
+/// Like [`read`] for a pickle whose length is not known until it ends, read from `input` (gzip
+/// data as it is unpacked), which is never held whole and is read no further once the pickle
+/// fails. The bounds that scale with the input's size (the reader's memory budget, the trace
+/// entries, the call sites' text) are those of the bytes read so far while it is read, and
+/// those of the whole input once it has ended. The caller, who owns `input`, reports a read
+/// error first.
+pub(super) fn read_unsized(input: &mut dyn Read, options: &ImportOptions) -> Option<Ready> {
+    let arrived = Cell::new(0);
+    let mut counted = Counted {
+        input,
+        arrived: &arrived,
+    };
+    read_with(0, Some(&arrived), options, |sink| {
+        parse_streaming_read(&mut counted, &limits(options), TRACES, sink)
+    })
+}
+
+/// A reader that counts the bytes it gives.
+struct Counted<'a, 'c> {
+    input: &'a mut dyn Read,
+    arrived: &'c Cell<usize>,
+}
+
+impl Read for Counted<'_, '_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.input.read(buf)?;
+        self.arrived.set(self.arrived.get() + n);
+        Ok(n)
+    }
+}
+
+/// Streams a snapshot pickle of `input_bytes` bytes (or, with `arrived`, of the bytes read so
+/// far) with `parse` into a new sink and checks where its lists are.
 fn read_with(
     input_bytes: usize,
+    arrived: Option<&Cell<usize>>,
     options: &ImportOptions,
     parse: impl FnOnce(&mut EntryStream<'_>) -> Option<Streamed>,
 ) -> Option<Ready> {
@@ -186,11 +226,17 @@ fn read_with(
             events,
             entries: 0,
             limit: max_trace_entries(input_bytes),
+            arrived,
         };
         let streamed = parse(&mut sink);
         (streamed, sink.stacks, sink.figures)
     });
     let streamed = streamed?;
+    let mut stacks = stacks;
+    if arrived.is_some() {
+        // The whole input's bound, as for a pickle of that size.
+        stacks.max_bytes = Stacks::max_bytes(streamed.doc.input_bytes());
+    }
     let traces = if streamed.lists.is_empty() {
         None
     } else {
@@ -822,7 +868,7 @@ mod tests {
             }
             None => false,
         };
-        let ready = read_with(bytes.len(), &options, |sink| {
+        let ready = read_with(bytes.len(), None, &options, |sink| {
             parse_streaming_chunks(bytes.len(), &mut next, &limits(&options), TRACES, sink)
         })?;
         Some(ready.convert("t", &options).map_err(|e| e.to_string()))
