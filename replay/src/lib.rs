@@ -780,6 +780,15 @@ enum Keep<'a> {
     BlockSizes(&'a mut FxHashMap<u32, u64>, &'a PairedEvents),
     /// Nothing more: the replay's device calls are all that is wanted ([`block_sizing`]).
     Nothing,
+    /// The trace's own figures and its start, walked once for all the replays of a sweep
+    /// ([`sweep_with`]): the walk through every event does not depend on the settings, and
+    /// took a sixth of each replay of 100,000 streams.
+    Walked {
+        /// The state at the trace's start ([`Reconstruction::start`]).
+        start: &'a MemoryState,
+        /// The trace's own figures, as [`Keep::TraceFigures`] keeps them.
+        original: &'a Figures,
+    },
 }
 
 /// [`replay`], keeping what `keep` asks for.
@@ -844,6 +853,10 @@ fn replay_with_ring(
                     .reconstruct_start
                     .then(|| Reconstruction::start_of(snapshot)),
                 Figures::default(),
+            ),
+            Keep::Walked { start, original } => (
+                options.reconstruct_start.then(|| (*start).clone()),
+                (*original).clone(),
             ),
         };
         let chosen = chosen
@@ -1403,6 +1416,14 @@ pub fn sweep_with(
         mark(placement(given), SettingsOrigin::Given);
     }
     let estimated = block_sizing(snapshot) == Some(BlockSizing::Rounded);
+    // The trace's own figures and start, the same under every setting: walked once, and the
+    // rest of the walk (its usage per event) dropped before the replays.
+    let (start, original) = {
+        let walk = Reconstruction::of(snapshot);
+        let mut original = original_figures(snapshot, &walk, device_of(snapshot));
+        original.peak_allocated_estimated = estimated;
+        (walk.start, original)
+    };
     let count = configs.len();
     let mut rows: Vec<SweepRow> = configs
         .into_iter()
@@ -1417,7 +1438,10 @@ pub fn sweep_with(
                 snapshot,
                 &options,
                 &mut |_, _| {},
-                &mut Keep::TraceFigures { estimated },
+                &mut Keep::Walked {
+                    start: &start,
+                    original: &original,
+                },
             );
             progress(i + 1, count);
             let fits = result.figures.num_ooms == Some(0)
