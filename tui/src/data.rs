@@ -5,7 +5,7 @@
 //! (`crate::source::InProcessSource`) start from a snapshot with its history and then append
 //! events, table additions and statistics. [`Dataset`] keeps the events in the one data model
 //! (`vramscope_model::Snapshot`, shared with the analysis thread of `crate::analysis`)
-//! and derives everything else with the inspector's engine (`vramscope_inspector::engine`):
+//! and derives everything else with the inspector's engine (`vramscope_engine`):
 //! the start state reconstructed once, frees paired with their allocations, the allocated and
 //! reserved bytes after every event, call-site groups, and the segments and live blocks at any
 //! cursor position. So the dashboard shows the figures `report` prints, at every event. A

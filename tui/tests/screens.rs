@@ -1,5 +1,5 @@
 //! Screen tests of the dashboard: every panel drawn on the fixed data of
-//! `vramscope_tui::fixture` into ratatui's `TestBackend`, at 80×24 and 160×48, compared with
+//! `vramscope_testkit::fixture` into ratatui's `TestBackend`, at 80×24 and 160×48, compared with
 //! the insta snapshots in `tests/snapshots`; plus the detail and tree views, the help overlay,
 //! the help bar while typing a filter, the time cursor in the past, a lost connection,
 //! `NO_COLOR`, and the stack view on PyTorch's stacks (framework frames folded, `f` unfolds).
