@@ -888,6 +888,32 @@ mod tests {
     }
 
     #[test]
+    fn a_pickle_of_unknown_length_streams_into_the_snapshot_its_bytes_give() {
+        let options = ImportOptions::default();
+        for bytes in [snapshot(1, 5), snapshot(3, 30), snapshot(2, 2000)] {
+            let expected = whole(&bytes);
+            assert!(expected.is_ok());
+            let ready = read_unsized(&mut &bytes[..], &options).expect("streams");
+            assert!(ready.traces.is_some(), "entries were streamed");
+            assert_eq!(
+                ready.convert("t", &options).map_err(|e| e.to_string()),
+                expected
+            );
+            // Through the importer, gzipped: the same snapshot.
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            std::io::Write::write_all(&mut gz, &bytes).unwrap();
+            let packed = gz.finish().unwrap();
+            let loaded = crate::import::load_bytes(&packed, "t", &options);
+            assert_eq!(loaded.map_err(|e| e.to_string()), expected);
+        }
+        // What cannot stream, or is cut short, is read whole or refused as the bytes are.
+        let tail = with_tail(|w| w.w.get(w.entries[0]));
+        assert!(read_unsized(&mut &tail[..], &options).is_none());
+        let bytes = snapshot(3, 30);
+        assert!(read_unsized(&mut &bytes[..bytes.len() - 1], &options).is_none());
+    }
+
+    #[test]
     fn a_file_streams_into_the_snapshot_its_bytes_give() {
         let bytes = snapshot(2, 30);
         let path = std::env::temp_dir().join(format!(
