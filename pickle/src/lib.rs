@@ -18,7 +18,9 @@
 //! The inspector (`vramscope_inspector`) uses it both ways: `import::pytorch` walks a
 //! [`Document`] through [`ValueRef`]s to build the one data model of `vramscope_model`, or
 //! streams the trace entries into an [`EntrySink`] while the pickle is read
-//! ([`parse_streaming`], [`parse_streaming_chunks`]); `export` writes PyTorch snapshot pickles
+//! ([`parse_streaming`], [`parse_streaming_chunks`], and [`parse_streaming_read`] with
+//! [`Document::parse_read`] for what gzip data unpacks to, whose length is not known until it
+//! ends and which is read no further than its first error); `export` writes PyTorch snapshot pickles
 //! with [`PickleWriter`], and reads an original snapshot's extras back from a [`Document`].
 //!
 //! A document stores each value in four bytes where it is referenced (small integers, `None`

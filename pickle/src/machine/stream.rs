@@ -15,7 +15,10 @@
 //! a dropped value that may go nowhere that is kept. Strings are kept: later parts of the file
 //! (annotations) use the same keys. The input is all at hand ([`parse_streaming`]) or arrives
 //! in pieces, of which only a window from the opcode being read on is held
-//! ([`parse_streaming_chunks`], with [`Machine::rebase`]).
+//! ([`parse_streaming_chunks`], with [`Machine::rebase`]), or comes from a reader whose length
+//! is not known until it ends ([`parse_streaming_read`], and `Document::parse_read` for the
+//! whole document; both run [`run_pieces`], and the bounds that scale with the input follow
+//! the bytes read so far).
 //!
 //! Streaming is a bet that the pickle is as Python writes it, checked at every step; the
 //! result must be exactly what reading the whole document and converting it gives. Whatever

@@ -9,7 +9,9 @@
 //! cannot be streamed faithfully, or anything fails while it is read, [`read`] returns `None`
 //! and `super::from_pickle_bytes` reads the pickle whole, which gives the same snapshot, or
 //! the error, as before streaming existed; an entry that does not convert is one such case,
-//! so that errors keep the order and wording of the whole-document import.
+//! so that errors keep the order and wording of the whole-document import. [`read_unsized`]
+//! streams a pickle whose length is not known until it ends (gzip data as it is unpacked),
+//! its bounds following the bytes read so far.
 
 use std::cell::Cell;
 use std::fs::File;
