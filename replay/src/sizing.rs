@@ -1,0 +1,245 @@
+//! Block sizing: a PyTorch trace records requested sizes; the block each request took is
+//! found by replaying the trace through the caching allocator with the trace's own settings
+//! ([`size_blocks`]), by the dump-time state for blocks still live at the end or freed from
+//! before the trace, and by rounding where nothing says better ([`BlockSizing`]).
+
+use super::*;
+
+/// Where the block sizes of a trace's allocations came from ([`size_blocks`], [`block_sizing`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockSizing {
+    /// From a replay with the trace's own settings whose device calls were the trace's, call
+    /// for call: the sizes PyTorch's allocator gave the blocks.
+    Replayed,
+    /// Each request rounded as PyTorch rounds it (512 bytes, or the power-of-two divisions of
+    /// the settings): an estimate, short of the truth where a whole free block was given to a
+    /// smaller request.
+    Rounded,
+}
+
+/// Gives every allocation and free of a trace that records requested sizes (PyTorch's) its
+/// block size, the figure PyTorch's `allocated_bytes` counts, so that every view of the trace
+/// shows PyTorch's own allocated bytes. The trace is replayed with its own settings; when the
+/// replay's device calls are the trace's, call for call, the replay's blocks are PyTorch's
+/// and their sizes are taken, else each request is rounded. A block still allocated at the
+/// end takes its size from the dump-time state, which records it. `Event::requested` keeps
+/// the request. Frees take the size of the allocation they release.
+pub fn size_blocks(snapshot: &mut Snapshot) -> BlockSizing {
+    size_blocks_with_progress(snapshot, &mut |_, _| {})
+}
+
+/// How the block sizes of an imported snapshot were found: `None` when they are the trace's
+/// own record (a snapshot that is not PyTorch's), else what [`size_blocks`] decided when the
+/// snapshot was imported, found again. A freed block whose size is not its request rounded
+/// can only come from the replay; otherwise the trace is replayed with its own settings, as
+/// [`size_blocks`] did, and its device calls decide.
+pub fn block_sizing(snapshot: &Snapshot) -> Option<BlockSizing> {
+    if snapshot.source != SnapshotSource::Pytorch {
+        return None;
+    }
+    let divisions = snapshot.config.roundup_power2_divisions;
+    let mut pairing = Pairing::new();
+    for (i, e) in snapshot.events.iter().enumerate() {
+        if let Pair::Free(link) = pairing.push(i as u32, e) {
+            let alloc = link.alloc.map(|a| &snapshot.events[a as usize]);
+            if alloc.is_some_and(|a| a.size != round_size(a.requested, divisions)) {
+                return Some(BlockSizing::Replayed);
+            }
+        }
+    }
+    let options = ReplayOptions {
+        trace_settings: true,
+        verify: true,
+        ..ReplayOptions::default()
+    };
+    let result = replay_recording(snapshot, &options, &mut |_, _| {}, &mut Keep::Nothing);
+    Some(sizing_of(result.device_calls.as_ref()))
+}
+
+/// What a replay's device-call check says of the blocks it served: PyTorch's own when the
+/// trace has device calls and the replay made them all alike.
+pub(crate) fn sizing_of(check: Option<&DeviceCallCheck>) -> BlockSizing {
+    match check {
+        Some(check) if check.trace_calls > 0 && check.first_difference.is_none() => {
+            BlockSizing::Replayed
+        }
+        _ => BlockSizing::Rounded,
+    }
+}
+
+/// [`size_blocks`], calling `progress(done, total)` as the replay goes through the trace's
+/// events (as [`replay`] calls its own).
+pub fn size_blocks_with_progress(
+    snapshot: &mut Snapshot,
+    progress: &mut dyn FnMut(usize, usize),
+) -> BlockSizing {
+    size_blocks_visiting(snapshot, None, progress, &mut |_, _, _| {})
+}
+
+/// [`size_blocks_with_progress`], handing every event, in order and once it has its block
+/// size, to `visit` with what the engine's pairing (`vramscope_engine::Pairing`, over all
+/// the snapshot's events) found for it and, for an allocation that replaced a block the trace
+/// did not free, the sized event that describes that block ([`Pair::link`]): the sizing's last
+/// pass pairs the whole trace, and a caller that needs the sized events paired (the
+/// importer's statistics) need not pair it again. `paired` is the snapshot's events paired
+/// already, in their order (the importer pairs them on a second core while it reads them), or
+/// `None` to pair them here. They must be the pairs of these events in this order: only pairs
+/// of another number of events are refused (with a panic).
+pub fn size_blocks_visiting(
+    snapshot: &mut Snapshot,
+    paired: Option<PairedEvents>,
+    progress: &mut dyn FnMut(usize, usize),
+    visit: &mut dyn FnMut(&Event, Pair, Option<&Event>),
+) -> BlockSizing {
+    // Until the replay says better, every block is its request rounded (which is also what
+    // the replay's starting state needs of blocks from before the trace).
+    let divisions = snapshot.config.roundup_power2_divisions;
+    // The pairs (found here, or by the caller) are also the walk's to the trace's start (they
+    // do not depend on sizes): it takes them rather than pairing the trace again.
+    let paired = paired.unwrap_or_else(|| PairedEvents::of(&snapshot.events));
+    assert_eq!(
+        paired.len(),
+        snapshot.events.len(),
+        "the pairs given are those of the snapshot's events"
+    );
+    // The allocations and frees of either kind: the events the pairing links (`Pair::Alloc`
+    // and `Pair::Free`).
+    for e in snapshot.events.iter_mut() {
+        if matches!(
+            e.kind,
+            EventKind::Alloc | EventKind::FreeRequested | EventKind::FreeCompleted
+        ) {
+            if e.requested == 0 {
+                e.requested = e.size;
+            }
+            e.size = round_size(e.requested, divisions);
+        }
+    }
+    let options = ReplayOptions {
+        trace_settings: true,
+        verify: true,
+        ..ReplayOptions::default()
+    };
+    // The replay notes the block size of each allocation it served where that is not the
+    // rounded request; that becomes the block size of the allocation below. Only those are
+    // kept: a list of every event's block size sat beside the events, eight bytes each.
+    let mut served = FxHashMap::default();
+    let result = replay_recording(
+        snapshot,
+        &options,
+        progress,
+        &mut Keep::BlockSizes(&mut served, &paired),
+    );
+    if sizing_of(result.device_calls.as_ref()) == BlockSizing::Rounded {
+        served.clear();
+    }
+    // A block still allocated at the end is in the dump-time state with its true size: that
+    // beats any estimate, and keeps the walk forwards from the start equal to that state.
+    let at_end: AddrMap<u64> = snapshot
+        .segments
+        .iter()
+        .flat_map(|s| s.blocks.iter())
+        .filter(|b| b.state != BlockState::Inactive)
+        .map(|b| (b.address, b.size))
+        .collect();
+    for (addr, alloc) in paired.pairing().open_allocations() {
+        if let Some(&size) = at_end.get(&addr) {
+            served.insert(alloc, size);
+        }
+    }
+    drop(paired);
+    let before_trace = BeforeTraceSizes::of(snapshot);
+    // Pairing again finds what each free releases, which by then has its block size (rather
+    // than a list of it kept from the first pass, four bytes an event).
+    let mut pairing = Pairing::new();
+    for i in 0..snapshot.events.len() {
+        let e = &snapshot.events[i];
+        let pair = pairing.push(i as u32, e);
+        let size = match (e.kind, pair) {
+            (EventKind::Alloc, _) => Some(
+                served
+                    .get(&(i as u32))
+                    .copied()
+                    .unwrap_or_else(|| round_size(e.requested, divisions)),
+            ),
+            (_, Pair::Free(link)) => Some(match link.alloc {
+                Some(alloc) => snapshot.events[alloc as usize].size,
+                None => before_trace.size(i as u32, e, divisions),
+            }),
+            _ => None,
+        };
+        // An allocation over a block the trace did not free replaces it: the event that
+        // describes that block (sized already, as it comes earlier) goes with it.
+        let replaced = pair.replaced().map(|r| snapshot.events[r as usize]);
+        let e = &mut snapshot.events[i];
+        if let Some(size) = size {
+            e.size = size;
+        }
+        visit(e, pair, replaced.as_ref());
+    }
+    sizing_of(result.device_calls.as_ref())
+}
+
+/// The sizes of blocks from before the trace that the trace frees. Their events carry the
+/// request only; the block may be larger (a 3 MiB request takes a whole 4 MiB free block when
+/// the 1 MiB left is too small to split off). Where the dump-time state still shows the freed
+/// block, an inactive block at its address that nothing allocated at after the free, and its
+/// size is one PyTorch could have handed that request unsplit, that size is the block's; else
+/// the request rounded is the estimate.
+pub(crate) struct BeforeTraceSizes {
+    /// Size of each inactive block at the dump, by address.
+    free_at_end: AddrMap<u64>,
+    /// Index of the last allocation at each address.
+    last_alloc: AddrMap<u32>,
+}
+
+impl BeforeTraceSizes {
+    /// The inactive blocks of `snapshot`'s dump and where it allocates last.
+    fn of(snapshot: &Snapshot) -> BeforeTraceSizes {
+        let free_at_end: AddrMap<u64> = snapshot
+            .segments
+            .iter()
+            .flat_map(|s| s.blocks.iter())
+            .filter(|b| b.state == BlockState::Inactive)
+            .map(|b| (b.address, b.size))
+            .collect();
+        let mut last_alloc = AddrMap::default();
+        if !free_at_end.is_empty() {
+            for (i, e) in snapshot.events.iter().enumerate() {
+                if e.kind == EventKind::Alloc {
+                    last_alloc.insert(e.addr, i as u32);
+                }
+            }
+        }
+        BeforeTraceSizes {
+            free_at_end,
+            last_alloc,
+        }
+    }
+
+    /// The block size of free `e` (at index `index`) of a block from before the trace.
+    fn size(&self, index: u32, e: &Event, divisions: u32) -> u64 {
+        let rounded = round_size(e.requested, divisions);
+        let reused = self.last_alloc.get(&e.addr).is_some_and(|&a| a > index);
+        match self.free_at_end.get(&e.addr) {
+            Some(&size) if !reused && handed_unsplit(rounded, size) => size,
+            _ => rounded,
+        }
+    }
+}
+
+/// Whether PyTorch's allocator could hand a request rounded to `rounded` bytes a free block of
+/// `size` bytes whole: it splits a small-pool block when 512 bytes or more would be left, and a
+/// large-pool block when more than 1 MiB would be (`should_split`).
+pub(crate) fn handed_unsplit(rounded: u64, size: u64) -> bool {
+    use vramscope_model::pytorch::{MIN_BLOCK_SIZE, SMALL_SIZE};
+    if size < rounded {
+        return false;
+    }
+    let left = size - rounded;
+    if rounded <= SMALL_SIZE {
+        left < MIN_BLOCK_SIZE
+    } else {
+        left <= SMALL_SIZE
+    }
+}
