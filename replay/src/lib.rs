@@ -433,6 +433,20 @@ struct CallLog {
 }
 
 impl CallLog {
+    /// A log of the calls `alloc` makes from now on (none are taken unless `verify`): the
+    /// calls that recreated the start state come before it.
+    fn after_start(alloc: &CachingAllocator<SimDevice>, verify: bool) -> CallLog {
+        CallLog {
+            next_seq: if verify {
+                alloc.events_since(0, usize::MAX).next_seq
+            } else {
+                0
+            },
+            calls: Vec::new(),
+            lost: false,
+        }
+    }
+
     /// Trace events replayed between two takes.
     const EVERY: usize = 1024;
     /// The ring's size in events: room for the events of `EVERY` trace events many times
@@ -509,9 +523,263 @@ fn replay_with_ring(
     // Its ring is read for device calls only: allocations and frees are not recorded.
     let alloc = CachingAllocator::recording_device_calls(sim.clone(), config);
     alloc.set_memory_limit(options.capacity);
-    // The walk back to the trace's start and the choice of the events to replay each go
-    // through every event, and neither needs the other: the choice runs on a second thread.
-    let ((start, original), chosen) = std::thread::scope(|scope| {
+    let ((start, original), chosen) = start_and_events(snapshot, options, keep, device);
+
+    // The trace's addresses to the replay's, keyed by addresses a file chooses: `AddrMap` is
+    // seeded against collisions.
+    let mut addresses: AddrMap<u64> = AddrMap::default();
+    let mut first_oom = None;
+    let mut restored = restore(
+        &alloc,
+        start.as_ref(),
+        device,
+        options.capacity,
+        &mut addresses,
+        &mut first_oom,
+    );
+    // Raw allocations that recreated the start, which the replay's own figures leave out.
+    let start_allocations = alloc.stats().num_device_alloc;
+
+    let (events, empty_cache_at, theirs) =
+        (chosen.events, chosen.empty_cache_at, chosen.device_calls);
+    // New segments take the addresses the recorded run's got while the two runs agree, so that
+    // equal free blocks are told apart by address as they were there.
+    sim.plan_addresses(chosen.plan);
+
+    let total = events.len();
+    let (mut allocs, mut frees, mut unmatched_frees, mut failed_frees) = (0, 0, 0, 0);
+    // The trace's addresses whose allocation failed here: their frees are skipped.
+    let mut failed: AddrSet = AddrSet::default();
+    let mut trace_ooms_served = 0;
+    let mut empty_cache_calls = 0;
+    // The replay's own calls start after the reconstructed start's.
+    let mut calls = CallLog::after_start(&alloc, options.verify);
+    // The replay is the allocator's only user: hold its lock for the whole sequence.
+    let mut exclusive = alloc.exclusive();
+    for (i, &index) in events.iter().enumerate() {
+        let index = index as usize;
+        let event = &snapshot.events[index];
+        if i % 8192 == 0 {
+            progress(i, total);
+        }
+        if options.verify && i % CallLog::EVERY == 0 {
+            // The guard holds the device lock, which reading the ring takes itself.
+            drop(exclusive);
+            calls.take(&alloc);
+            exclusive = alloc.exclusive();
+        }
+        match event.kind {
+            EventKind::Alloc => {
+                let served = serve_alloc(
+                    &mut exclusive,
+                    snapshot,
+                    index,
+                    keep,
+                    &mut addresses,
+                    &mut failed,
+                    &mut first_oom,
+                );
+                allocs += u64::from(served);
+            }
+            // A request that failed in the trace (`size` is the request rounded, `device_free`
+            // the device's free memory then) is tried here too: it frees cached memory and retries
+            // as it did there, and fails or is served and given back.
+            // Without a capacity every such request would be served, and its memory would stay
+            // cached for the rest of the replay: they are tried only against a capacity.
+            EventKind::Oom if restored.limit.is_none() => {}
+            EventKind::Oom => {
+                trace_ooms_served += u64::from(retry_failed_request(
+                    &mut exclusive,
+                    snapshot,
+                    event,
+                    &mut first_oom,
+                ));
+            }
+            _ if empty_cache_at.contains(&index) => {
+                // The guard holds the device lock, which `empty_cache` takes itself.
+                drop(exclusive);
+                alloc.empty_cache();
+                exclusive = alloc.exclusive();
+                empty_cache_calls += 1;
+            }
+            _ => match addresses.remove(&event.addr) {
+                Some(ours) => {
+                    // The replay frees only what it allocated, so this cannot fail.
+                    let _ = exclusive.free_ptr(ours);
+                    frees += 1;
+                }
+                None if failed.remove(&event.addr) => failed_frees += 1,
+                None => unmatched_frees += 1,
+            },
+        }
+    }
+    progress(total, total);
+    let stats = exclusive.stats();
+    drop(exclusive);
+    let device_calls = theirs.map(|theirs| {
+        calls.take(&alloc);
+        compare_calls(&theirs, &calls.calls)
+    });
+    let peak_allocated = stats.allocated_bytes.all.peak;
+    let peak_reserved = stats.reserved_bytes.all.peak;
+    if let Some(over) = &mut restored.over {
+        over.needed = peak_reserved;
+    }
+    let result = ReplayResult {
+        figures: Figures {
+            allocs,
+            frees,
+            ..replayed_figures(&stats, total as u64, start_allocations)
+        },
+        config: settings.to_string(),
+        trace_settings: options
+            .trace_settings
+            .then(|| trace_settings(snapshot).to_string()),
+        capacity,
+        first_oom,
+        fragmentation: peak_reserved.saturating_sub(peak_allocated),
+        inactive_split_bytes: stats.inactive_split_bytes.all.current,
+        restored_segments: restored.segments,
+        restored_blocks: restored.blocks,
+        held_before_trace: restored.held,
+        unmatched_frees,
+        failed_frees,
+        trace_ooms_served,
+        empty_cache_calls,
+        original,
+        device_calls,
+        start_over_capacity: restored.over,
+    };
+    (result, calls.lost)
+}
+
+/// Tries a request that failed in the trace (`event`: its `size` is the request rounded) in
+/// the replay: it frees cached memory and retries as it did there, and fails (noting the
+/// first OOM) or is served and given back. Whether it was served.
+fn retry_failed_request(
+    exclusive: &mut vramscope_allocator::Exclusive<'_, SimDevice>,
+    snapshot: &Snapshot,
+    event: &Event,
+    first_oom: &mut Option<FirstOom>,
+) -> bool {
+    match exclusive.alloc_ptr(event.size, StreamId(event.stream)) {
+        Ok(ours) => {
+            let _ = exclusive.free_ptr(ours);
+            true
+        }
+        Err(AllocError::OutOfMemory(report)) => {
+            first_oom.get_or_insert(failure_at(snapshot, event, event.size, &report));
+            false
+        }
+        Err(_) => false,
+    }
+}
+
+/// Serves the trace's allocation at `index` in the replay's allocator: its address is noted
+/// in `addresses` (or in `failed`, with the first OOM, when the request fails), and its block
+/// size in `keep` when that asks for block sizes. Whether the request was served.
+fn serve_alloc(
+    exclusive: &mut vramscope_allocator::Exclusive<'_, SimDevice>,
+    snapshot: &Snapshot,
+    index: usize,
+    keep: &mut Keep<'_>,
+    addresses: &mut AddrMap<u64>,
+    failed: &mut AddrSet,
+    first_oom: &mut Option<FirstOom>,
+) -> bool {
+    let event = &snapshot.events[index];
+    let requested = if event.requested > 0 {
+        event.requested
+    } else {
+        event.size
+    };
+    match exclusive.alloc_ptr(requested, StreamId(event.stream)) {
+        Ok(ours) => {
+            addresses.insert(event.addr, ours);
+            failed.remove(&event.addr);
+            if let Keep::BlockSizes(sizes, _) = keep {
+                match exclusive.block_size_of(ours) {
+                    Some(size) if size != event.size => {
+                        sizes.insert(index as u32, size);
+                    }
+                    _ => {}
+                }
+            }
+            true
+        }
+        Err(error) => {
+            addresses.remove(&event.addr);
+            failed.insert(event.addr);
+            if let AllocError::OutOfMemory(report) = error {
+                first_oom.get_or_insert(failure_at(snapshot, event, requested, &report));
+            }
+            false
+        }
+    }
+}
+
+/// What recreating the trace's start state in the replay's allocator did.
+struct Restored {
+    /// Segments recreated.
+    segments: u64,
+    /// Live blocks recreated in them.
+    blocks: u64,
+    /// Memory from before the trace known only as totals, restored.
+    held: Option<HeldBeforeTrace>,
+    /// Where the start state alone exceeds the capacity.
+    over: Option<StartOverCapacity>,
+    /// The limit the replay runs under: the capacity, unless the start state alone exceeds
+    /// it, when no setting can run the trace there and the replay says what fits instead.
+    limit: Option<u64>,
+}
+
+/// Recreates `start` (the trace's start state, if reconstructed) on `device` in `alloc`, under
+/// `capacity`, noting the replay's address of each live block in `addresses`.
+fn restore(
+    alloc: &CachingAllocator<SimDevice>,
+    start: Option<&MemoryState>,
+    device: u32,
+    capacity: Option<u64>,
+    addresses: &mut AddrMap<u64>,
+    first_oom: &mut Option<FirstOom>,
+) -> Restored {
+    let mut restored = Restored {
+        segments: 0,
+        blocks: 0,
+        held: None,
+        over: None,
+        limit: capacity,
+    };
+    let Some(start) = start else {
+        return restored;
+    };
+    let segments = start_segments(start, device);
+    if let Some(capacity) = capacity {
+        restored.over = start_over(&segments, start.unattributed.allocated, capacity);
+        if restored.over.is_some() {
+            restored.limit = None;
+            alloc.set_memory_limit(None);
+        }
+    }
+    let (count, blocks) = restore_start(alloc, &segments, addresses, first_oom);
+    restored.segments = count;
+    restored.blocks = blocks;
+    // The cache a capped allocator would size itself stays out of what fits, too.
+    restored.held = restore_unattributed(alloc, start.unattributed, capacity);
+    restored
+}
+
+/// Where the replay starts (the trace's start state, when the options ask for it) with the
+/// trace's own figures (when `keep` asks for them), and the events to replay. The walk back to
+/// the trace's start and the choice of the events each go through every event, and neither
+/// needs the other: the choice runs on a second thread.
+fn start_and_events(
+    snapshot: &Snapshot,
+    options: &ReplayOptions,
+    keep: &Keep<'_>,
+    device: u32,
+) -> ((Option<MemoryState>, Figures), ChosenEvents) {
+    std::thread::scope(|scope| {
         // The other thread also lists what the walk does not need either: the trace's
         // segment allocations (for the addresses of new segments) and, to check the replay
         // against, its device calls.
@@ -546,183 +814,7 @@ fn replay_with_ring(
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         (start, chosen)
-    });
-
-    // Map the trace's addresses to the replay's.
-    // Keyed by the trace's addresses, which a file chooses: `AddrMap` is seeded against
-    // collisions.
-    let mut addresses: AddrMap<u64> = AddrMap::default();
-    let mut first_oom = None;
-    // The limit the replay runs under: the capacity, unless the start state alone exceeds it,
-    // when no setting can run the trace there and the replay says what fits instead.
-    let mut limit = options.capacity;
-    let mut start_over_capacity = None;
-    let (restored_segments, restored_blocks, held_before_trace) = match &start {
-        Some(start) => {
-            let segments = start_segments(start, device);
-            if let Some(capacity) = options.capacity {
-                start_over_capacity = start_over(&segments, start.unattributed.allocated, capacity);
-                if start_over_capacity.is_some() {
-                    limit = None;
-                    alloc.set_memory_limit(None);
-                }
-            }
-            let (restored, blocks) =
-                restore_start(&alloc, &segments, &mut addresses, &mut first_oom);
-            // The cache a capped allocator would size itself stays out of what fits, too.
-            let held = restore_unattributed(&alloc, start.unattributed, options.capacity);
-            (restored, blocks, held)
-        }
-        None => (0, 0, None),
-    };
-    // Raw allocations that recreated the start, which the replay's own figures leave out.
-    let start_allocations = alloc.stats().num_device_alloc;
-
-    let ChosenEvents {
-        events,
-        empty_cache_at,
-        plan,
-        device_calls: theirs,
-    } = chosen;
-    // New segments take the addresses the recorded run's got while the two runs agree, so that
-    // equal free blocks are told apart by address as they were there.
-    sim.plan_addresses(plan);
-
-    let total = events.len();
-    let mut unmatched_frees = 0;
-    let mut failed_frees = 0;
-    let (mut allocs, mut frees) = (0, 0);
-    // The trace's addresses whose allocation failed here: their frees are skipped.
-    let mut failed: AddrSet = AddrSet::default();
-    let mut trace_ooms_served = 0;
-    let mut empty_cache_calls = 0;
-    // The replay's own calls start after the reconstructed start's.
-    let mut calls = CallLog {
-        next_seq: if options.verify {
-            alloc.events_since(0, usize::MAX).next_seq
-        } else {
-            0
-        },
-        calls: Vec::new(),
-        lost: false,
-    };
-    // The replay is the allocator's only user: hold its lock for the whole sequence.
-    let mut exclusive = alloc.exclusive();
-    for (i, &index) in events.iter().enumerate() {
-        let index = index as usize;
-        let event = &snapshot.events[index];
-        if i % 8192 == 0 {
-            progress(i, total);
-        }
-        if options.verify && i % CallLog::EVERY == 0 {
-            // The guard holds the device lock, which reading the ring takes itself.
-            drop(exclusive);
-            calls.take(&alloc);
-            exclusive = alloc.exclusive();
-        }
-        match event.kind {
-            EventKind::Alloc => {
-                let requested = if event.requested > 0 {
-                    event.requested
-                } else {
-                    event.size
-                };
-                match exclusive.alloc_ptr(requested, StreamId(event.stream)) {
-                    Ok(ours) => {
-                        allocs += 1;
-                        addresses.insert(event.addr, ours);
-                        failed.remove(&event.addr);
-                        if let Keep::BlockSizes(sizes, _) = keep {
-                            match exclusive.block_size_of(ours) {
-                                Some(size) if size != event.size => {
-                                    sizes.insert(index as u32, size);
-                                }
-                                _ => {}
-                            }
-                        }
-                    }
-                    Err(error) => {
-                        addresses.remove(&event.addr);
-                        failed.insert(event.addr);
-                        if let AllocError::OutOfMemory(report) = error {
-                            first_oom
-                                .get_or_insert(failure_at(snapshot, event, requested, &report));
-                        }
-                    }
-                }
-            }
-            // A request that failed in the trace (`size` is the request rounded, `device_free`
-            // the device's free memory then) is tried here too: it frees cached memory and retries
-            // as it did there, and fails or is served and given back.
-            // Without a capacity every such request would be served, and its memory would stay
-            // cached for the rest of the replay: they are tried only against a capacity.
-            EventKind::Oom if limit.is_none() => {}
-            EventKind::Oom => match exclusive.alloc_ptr(event.size, StreamId(event.stream)) {
-                Ok(ours) => {
-                    trace_ooms_served += 1;
-                    let _ = exclusive.free_ptr(ours);
-                }
-                Err(AllocError::OutOfMemory(report)) => {
-                    first_oom.get_or_insert(failure_at(snapshot, event, event.size, &report));
-                }
-                Err(_) => {}
-            },
-            _ if empty_cache_at.contains(&index) => {
-                // The guard holds the device lock, which `empty_cache` takes itself.
-                drop(exclusive);
-                alloc.empty_cache();
-                exclusive = alloc.exclusive();
-                empty_cache_calls += 1;
-            }
-            _ => match addresses.remove(&event.addr) {
-                Some(ours) => {
-                    // The replay frees only what it allocated, so this cannot fail.
-                    let _ = exclusive.free_ptr(ours);
-                    frees += 1;
-                }
-                None if failed.remove(&event.addr) => failed_frees += 1,
-                None => unmatched_frees += 1,
-            },
-        }
-    }
-    progress(total, total);
-    let stats = exclusive.stats();
-    drop(exclusive);
-    let device_calls = theirs.map(|theirs| {
-        calls.take(&alloc);
-        compare_calls(&theirs, &calls.calls)
-    });
-    let peak_allocated = stats.allocated_bytes.all.peak;
-    let peak_reserved = stats.reserved_bytes.all.peak;
-    if let Some(over) = &mut start_over_capacity {
-        over.needed = peak_reserved;
-    }
-    let result = ReplayResult {
-        figures: Figures {
-            allocs,
-            frees,
-            ..replayed_figures(&stats, total as u64, start_allocations)
-        },
-        config: settings.to_string(),
-        trace_settings: options
-            .trace_settings
-            .then(|| trace_settings(snapshot).to_string()),
-        capacity,
-        first_oom,
-        fragmentation: peak_reserved.saturating_sub(peak_allocated),
-        inactive_split_bytes: stats.inactive_split_bytes.all.current,
-        restored_segments,
-        restored_blocks,
-        held_before_trace,
-        unmatched_frees,
-        failed_frees,
-        trace_ooms_served,
-        empty_cache_calls,
-        original,
-        device_calls,
-        start_over_capacity,
-    };
-    (result, calls.lost)
+    })
 }
 
 /// The replay's own figures, from the allocator's statistics at its end: `events` replayed,
