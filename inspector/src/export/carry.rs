@@ -363,39 +363,7 @@ pub(crate) fn not_carried(snapshot: &Snapshot, dump: Option<&DumpState>) -> Vec<
         );
     }
     if let Some(dump) = dump {
-        if dump.around_blocks > 0 {
-            lines.push(format!(
-                "the segments around {}: the source records none; each is written in a segment of its own size, which the result's segment counts and free blocks count",
-                plural(dump.around_blocks as u64, "live block")
-            ));
-        }
-        if let Some((address, size)) = dump.unattributed_segment {
-            let free = size.saturating_sub(dump.unattributed.allocated);
-            lines.push(format!(
-                "memory from before the trace known only as totals ({} allocated, {} reserved): written as one block of {} under no call site, in a segment of {} at {address:#x}{}",
-                format_bytes(dump.unattributed.allocated),
-                format_bytes(dump.unattributed.reserved),
-                format_bytes(dump.unattributed.allocated),
-                format_bytes(size),
-                if free > 0 && dump.unattributed.allocated > 0 {
-                    format!(" whose free {} the result counts as non-releasable", format_bytes(free))
-                } else {
-                    String::new()
-                }
-            ));
-        }
-        if !dump.reserved_known {
-            lines.push(format!(
-                "reserved memory: the source does not record it; the pickle's segments reserve what is live at the end ({}), which the result shows as reserved",
-                format_bytes(dump.end_reserved.saturating_add(dump.extra_reserved))
-            ));
-        } else if dump.extra_reserved > 0 {
-            lines.push(format!(
-                "reserved memory at the end: the source records {}, less than its live blocks need; the pickle's segments reserve {}",
-                format_bytes(dump.end_reserved),
-                format_bytes(dump.end_reserved.saturating_add(dump.extra_reserved))
-            ));
-        }
+        lines.extend(dump_lines(dump));
     }
     if snapshot.annotations.is_empty() {
         let (names, carried) = step_names(&snapshot.steps);
@@ -469,6 +437,47 @@ pub(crate) fn not_carried(snapshot: &Snapshot, dump: Option<&DumpState>) -> Vec<
         lines.push(format!(
             "{}: PyTorch snapshots have no place for them",
             plural(snapshot.violations.len() as u64, "debug-check violation")
+        ));
+    }
+    lines
+}
+
+/// What the dump-time state a snapshot without one is given cannot carry: segments around live
+/// blocks the source does not record, memory from before the trace known only as totals, and
+/// reserved memory the source does not know.
+fn dump_lines(dump: &DumpState) -> Vec<String> {
+    let mut lines = Vec::new();
+    if dump.around_blocks > 0 {
+        lines.push(format!(
+            "the segments around {}: the source records none; each is written in a segment of its own size, which the result's segment counts and free blocks count",
+            plural(dump.around_blocks as u64, "live block")
+        ));
+    }
+    if let Some((address, size)) = dump.unattributed_segment {
+        let free = size.saturating_sub(dump.unattributed.allocated);
+        lines.push(format!(
+            "memory from before the trace known only as totals ({} allocated, {} reserved): written as one block of {} under no call site, in a segment of {} at {address:#x}{}",
+            format_bytes(dump.unattributed.allocated),
+            format_bytes(dump.unattributed.reserved),
+            format_bytes(dump.unattributed.allocated),
+            format_bytes(size),
+            if free > 0 && dump.unattributed.allocated > 0 {
+                format!(" whose free {} the result counts as non-releasable", format_bytes(free))
+            } else {
+                String::new()
+            }
+        ));
+    }
+    if !dump.reserved_known {
+        lines.push(format!(
+            "reserved memory: the source does not record it; the pickle's segments reserve what is live at the end ({}), which the result shows as reserved",
+            format_bytes(dump.end_reserved.saturating_add(dump.extra_reserved))
+        ));
+    } else if dump.extra_reserved > 0 {
+        lines.push(format!(
+            "reserved memory at the end: the source records {}, less than its live blocks need; the pickle's segments reserve {}",
+            format_bytes(dump.end_reserved),
+            format_bytes(dump.end_reserved.saturating_add(dump.extra_reserved))
         ));
     }
     lines
