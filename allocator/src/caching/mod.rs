@@ -530,7 +530,6 @@ mod tests {
     use super::state::BlockMeta;
     use super::*;
     use crate::config::MIB;
-    use crate::model::Pool;
 
     #[test]
     fn block_metadata_fits_64_bytes_with_its_map_entry() {
@@ -556,15 +555,4 @@ mod tests {
         assert_eq!(round_size(1500, 4), 1536);
     }
 
-    #[test]
-    fn pools_and_segment_sizes_follow_pytorch() {
-        assert_eq!(pool_for(MIB), Pool::Small);
-        assert_eq!(pool_for(MIB + 512), Pool::Large);
-        assert_eq!(segment_size_for(512), 2 * MIB);
-        assert_eq!(segment_size_for(MIB), 2 * MIB);
-        assert_eq!(segment_size_for(MIB + 512), 20 * MIB);
-        assert_eq!(segment_size_for(10 * MIB - 512), 20 * MIB);
-        assert_eq!(segment_size_for(10 * MIB), 10 * MIB);
-        assert_eq!(segment_size_for(11 * MIB), 12 * MIB);
-    }
 }
