@@ -554,5 +554,4 @@ mod tests {
         // Small sizes below 512 * divisions round to 512 bytes as usual.
         assert_eq!(round_size(1500, 4), 1536);
     }
-
 }
