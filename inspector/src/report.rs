@@ -98,6 +98,10 @@ pub struct ReportStats {
     pub ooms: Option<u64>,
     /// Bytes allocated before the trace began (the engine's start state).
     pub baseline_allocated_bytes: u64,
+    /// Blocks from before the trace, freed in it, whose size is an estimate (their requests
+    /// rounded: the trace records requests and the dump no longer shows the blocks), so that
+    /// `baseline_allocated_bytes` may be low; 0 when every such block's size is known.
+    pub baseline_estimated_blocks: u64,
     /// Highest allocated bytes (block sizes, as PyTorch's `allocated_bytes` counts them).
     pub peak_allocated_bytes: u64,
     /// Index of the event after which allocated bytes peaked (null: before the first event).
@@ -321,6 +325,7 @@ pub fn build_report_view(view: &ModelView<'_>, options: &ReportOptions) -> Repor
         empty_cache_calls: device(view.empty_cache_calls().len() as u64),
         ooms: device(totals.ooms.max(snapshot.stats.num_ooms)),
         baseline_allocated_bytes: view.baseline_allocated(),
+        baseline_estimated_blocks: vramscope_replay::estimated_before_trace_blocks(snapshot),
         peak_allocated_bytes: view.peak_allocated(),
         peak_allocated_event: view.peak_allocated_event(),
         peak_reserved_bytes: view.reserved_known().then(|| view.peak_reserved()),

@@ -705,4 +705,52 @@ fn a_late_recording_starts_from_the_blocks_it_finds() {
     )
     .expect("import");
     assert_eq!(ModelView::new(&back).baseline_allocated(), truth);
+    let report = vramscope_inspector::report::build_report(&back, &Default::default());
+    assert_eq!(
+        report.stats.baseline_estimated_blocks, 0,
+        "the dump shows them"
+    );
+
+    // When the neighbours go too, the freed blocks merge and the dump no longer shows them:
+    // their sizes are estimates, and the report says so.
+    let mut t = Torch::new();
+    let mut kept = Vec::new();
+    let mut pinned = Vec::new();
+    for k in 0..6u64 {
+        let four = t.alloc(&op_at("empty", TRAIN, 19), 4 * MIB);
+        pinned.push(t.alloc(&op_at("empty", TRAIN, 21), 4 * MIB));
+        t.free(four);
+        kept.push(t.alloc(&op_at("empty", TRAIN, 20), 3 * MIB + k * 4096));
+    }
+    let x = t.alloc(&op_at("_to_copy", TRAIN, 55), 2 * MIB);
+    t.free(x);
+    for b in kept.into_iter().chain(pinned) {
+        t.free(b);
+    }
+    let full = t.finish();
+    let start = full
+        .events
+        .iter()
+        .position(|e| {
+            e.kind == vramscope_model::EventKind::Alloc
+                && full.sites[e.site().unwrap() as usize].line == 55
+        })
+        .unwrap();
+    let mut late = full.clone();
+    late.events = full.events.iter().skip(start).cloned().collect();
+    let export = vramscope_inspector::export::export_pytorch(&late, None).expect("export");
+    let back = vramscope_inspector::import::load_bytes(
+        &export.bytes,
+        "late.pickle",
+        &vramscope_inspector::import::ImportOptions::default(),
+    )
+    .expect("import");
+    let report = vramscope_inspector::report::build_report(&back, &Default::default());
+    // The six kept blocks and their six neighbours: none is shown by the dump.
+    assert_eq!(report.stats.baseline_estimated_blocks, 12);
+    let text = vramscope_inspector::report::render_text(&report, false);
+    assert!(
+        text.contains("is an estimate: 12 blocks from before it"),
+        "{text}"
+    );
 }

@@ -45,7 +45,8 @@ use calls::*;
 pub use calls::{CallDifference, DeviceCall, DeviceCallCheck};
 pub use render::{render_sweep_text, render_text};
 pub use sizing::{
-    block_sizing, size_blocks, size_blocks_visiting, size_blocks_with_progress, BlockSizing,
+    block_sizing, estimated_before_trace_blocks, size_blocks, size_blocks_visiting,
+    size_blocks_with_progress, BlockSizing,
 };
 use sweep::*;
 pub use sweep::{

@@ -220,12 +220,54 @@ impl BeforeTraceSizes {
     /// The block size of free `e` (at index `index`) of a block from before the trace.
     fn size(&self, index: u32, e: &Event, divisions: u32) -> u64 {
         let rounded = round_size(e.requested, divisions);
+        self.dump_size(index, e, rounded).unwrap_or(rounded)
+    }
+
+    /// Whether the dump-time state shows the block free `e` (at index `index`) releases.
+    fn shown(&self, index: u32, e: &Event, divisions: u32) -> bool {
+        let requested = if e.requested == 0 {
+            e.size
+        } else {
+            e.requested
+        };
+        self.dump_size(index, e, round_size(requested, divisions))
+            .is_some()
+    }
+
+    /// The size of the dump's inactive block at the address of free `e` (at index `index`),
+    /// when nothing allocated there after the free and a request rounded to `rounded` could
+    /// have taken that block whole.
+    fn dump_size(&self, index: u32, e: &Event, rounded: u64) -> Option<u64> {
         let reused = self.last_alloc.get(&e.addr).is_some_and(|&a| a > index);
         match self.free_at_end.get(&e.addr) {
-            Some(&size) if !reused && handed_unsplit(rounded, size) => size,
-            _ => rounded,
+            Some(&size) if !reused && handed_unsplit(rounded, size) => Some(size),
+            _ => None,
         }
     }
+}
+
+/// How many blocks from before the trace that the trace frees have an estimated size: a
+/// PyTorch trace records their requests only, and the dump-time state no longer shows them
+/// (see `BeforeTraceSizes`), so each counts as its request rounded, where PyTorch may have
+/// handed the request a larger block whole. 0 for a trace that is not PyTorch's, whose events
+/// carry block sizes.
+pub fn estimated_before_trace_blocks(snapshot: &Snapshot) -> u64 {
+    if snapshot.source != SnapshotSource::Pytorch {
+        return 0;
+    }
+    let divisions = snapshot.config.roundup_power2_divisions;
+    let known = BeforeTraceSizes::of(snapshot);
+    let mut pairing = Pairing::new();
+    let mut estimated = 0;
+    for (i, e) in snapshot.events.iter().enumerate() {
+        if let Pair::Free(link) = pairing.push(i as u32, e) {
+            if link.alloc.is_none() && link.ends_allocation && !known.shown(i as u32, e, divisions)
+            {
+                estimated += 1;
+            }
+        }
+    }
+    estimated
 }
 
 /// Whether PyTorch's allocator could hand a request rounded to `rounded` bytes a free block of

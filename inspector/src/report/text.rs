@@ -153,6 +153,30 @@ pub fn gap_sentences(s: &ReportStats) -> Vec<String> {
             s.dropped_events
         ));
     }
+    if s.baseline_estimated_blocks > 0 {
+        lines.push(format!(
+            "the memory from before the trace ({}) is an estimate: {} from before it, freed in \
+             it, {} only by {} request and the dump no longer shows {}, so each counts as its \
+             request rounded, and PyTorch may have handed each up to 1 MiB more",
+            format_bytes(s.baseline_allocated_bytes),
+            vramscope_model::plural(s.baseline_estimated_blocks, "block"),
+            if s.baseline_estimated_blocks == 1 {
+                "is known"
+            } else {
+                "are known"
+            },
+            if s.baseline_estimated_blocks == 1 {
+                "its"
+            } else {
+                "their"
+            },
+            if s.baseline_estimated_blocks == 1 {
+                "it"
+            } else {
+                "them"
+            },
+        ));
+    }
     if s.lost_frees > 0 {
         let made = if s.lost_frees == 1 {
             "1 allocation was made".to_string()
