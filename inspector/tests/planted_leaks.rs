@@ -656,33 +656,23 @@ fn optimizer_state_made_across_steps_is_named_by_its_stacks() {
     assert!(!spread.fix.contains("free it once"), "{}", spread.fix);
 }
 
-/// A recording started late: the memory from before it is the start state, and its baseline
-/// is the allocated bytes the device held when the recording began, counted in blocks (a
-/// 3 MiB request takes a 4 MiB block when its segment's remainder is too small to split).
-#[test]
-fn a_late_recording_starts_from_the_blocks_it_finds() {
-    let mut t = Torch::new();
+/// Six 3 MiB requests that each take a whole 4 MiB free block (the 1 MiB left is too small to
+/// split off), each beside a 4 MiB block allocated with it: `(kept, pinned)` addresses.
+fn unsplit_blocks(t: &mut Torch) -> (Vec<u64>, Vec<u64>) {
     let mut kept = Vec::new();
     let mut pinned = Vec::new();
     for k in 0..6u64 {
-        // A 4 MiB block freed, then taken by a 3 MiB request: the 1 MiB left is too small to
-        // split off, so the request holds the whole 4 MiB block.
         let four = t.alloc(&op_at("empty", TRAIN, 19), 4 * MIB);
         pinned.push(t.alloc(&op_at("empty", TRAIN, 21), 4 * MIB));
         t.free(four);
         kept.push(t.alloc(&op_at("empty", TRAIN, 20), 3 * MIB + k * 4096));
     }
-    for _ in 0..6 {
-        let x = t.alloc(&op_at("_to_copy", TRAIN, 55), 2 * MIB);
-        t.free(x);
-    }
-    // Free half of the early blocks inside the recorded part.
-    for &b in kept.iter().take(3) {
-        t.free(b);
-    }
-    let full = t.finish();
-    let view_full = ModelView::new(&full);
-    // The recording starts at the first `_to_copy`: drop every event before it.
+    (kept, pinned)
+}
+
+/// `full` as a recording that started at its first allocation at line 55: the events before
+/// it dropped, and the index of that allocation in `full`.
+fn recorded_from_line_55(full: &Snapshot) -> (Snapshot, usize) {
     let start = full
         .events
         .iter()
@@ -693,17 +683,41 @@ fn a_late_recording_starts_from_the_blocks_it_finds() {
         .unwrap();
     let mut late = full.clone();
     late.events = full.events.iter().skip(start).cloned().collect();
-    let truth = view_full.usage_at(start as u32 - 1).0;
-    let view = ModelView::new(&late);
-    assert_eq!(view.baseline_allocated(), truth);
-    // Through a PyTorch pickle, whose trace entries carry requested sizes only.
-    let export = vramscope_inspector::export::export_pytorch(&late, None).expect("export");
-    let back = vramscope_inspector::import::load_bytes(
+    (late, start)
+}
+
+/// `snapshot` written as a PyTorch pickle, whose trace entries carry requested sizes only,
+/// and read back.
+fn through_pickle(snapshot: &Snapshot) -> Snapshot {
+    let export = vramscope_inspector::export::export_pytorch(snapshot, None).expect("export");
+    vramscope_inspector::import::load_bytes(
         &export.bytes,
         "late.pickle",
         &vramscope_inspector::import::ImportOptions::default(),
     )
-    .expect("import");
+    .expect("import")
+}
+
+/// A recording started late: the memory from before it is the start state, and its baseline
+/// is the allocated bytes the device held when the recording began, counted in blocks (a
+/// 3 MiB request takes a 4 MiB block when its segment's remainder is too small to split).
+#[test]
+fn a_late_recording_starts_from_the_blocks_it_finds() {
+    let mut t = Torch::new();
+    let (kept, _pinned) = unsplit_blocks(&mut t);
+    for _ in 0..6 {
+        let x = t.alloc(&op_at("_to_copy", TRAIN, 55), 2 * MIB);
+        t.free(x);
+    }
+    // Free half of the early blocks inside the recorded part.
+    for &b in kept.iter().take(3) {
+        t.free(b);
+    }
+    let full = t.finish();
+    let (late, start) = recorded_from_line_55(&full);
+    let truth = ModelView::new(&full).usage_at(start as u32 - 1).0;
+    assert_eq!(ModelView::new(&late).baseline_allocated(), truth);
+    let back = through_pickle(&late);
     assert_eq!(ModelView::new(&back).baseline_allocated(), truth);
     let report = vramscope_inspector::report::build_report(&back, &Default::default());
     assert_eq!(
@@ -714,38 +728,15 @@ fn a_late_recording_starts_from_the_blocks_it_finds() {
     // When the neighbours go too, the freed blocks merge and the dump no longer shows them:
     // their sizes are estimates, and the report says so.
     let mut t = Torch::new();
-    let mut kept = Vec::new();
-    let mut pinned = Vec::new();
-    for k in 0..6u64 {
-        let four = t.alloc(&op_at("empty", TRAIN, 19), 4 * MIB);
-        pinned.push(t.alloc(&op_at("empty", TRAIN, 21), 4 * MIB));
-        t.free(four);
-        kept.push(t.alloc(&op_at("empty", TRAIN, 20), 3 * MIB + k * 4096));
-    }
+    let (kept, pinned) = unsplit_blocks(&mut t);
     let x = t.alloc(&op_at("_to_copy", TRAIN, 55), 2 * MIB);
     t.free(x);
     for b in kept.into_iter().chain(pinned) {
         t.free(b);
     }
-    let full = t.finish();
-    let start = full
-        .events
-        .iter()
-        .position(|e| {
-            e.kind == vramscope_model::EventKind::Alloc
-                && full.sites[e.site().unwrap() as usize].line == 55
-        })
-        .unwrap();
-    let mut late = full.clone();
-    late.events = full.events.iter().skip(start).cloned().collect();
-    let export = vramscope_inspector::export::export_pytorch(&late, None).expect("export");
-    let back = vramscope_inspector::import::load_bytes(
-        &export.bytes,
-        "late.pickle",
-        &vramscope_inspector::import::ImportOptions::default(),
-    )
-    .expect("import");
-    let report = vramscope_inspector::report::build_report(&back, &Default::default());
+    let (late, _) = recorded_from_line_55(&t.finish());
+    let report =
+        vramscope_inspector::report::build_report(&through_pickle(&late), &Default::default());
     // The six kept blocks and their six neighbours: none is shown by the dump.
     assert_eq!(report.stats.baseline_estimated_blocks, 12);
     let text = vramscope_inspector::report::render_text(&report, false);
