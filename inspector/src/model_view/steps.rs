@@ -63,6 +63,13 @@ struct InferredSteps {
     opener: String,
 }
 
+impl InferredSteps {
+    /// The step of event `index`: how many steps began at or before it.
+    fn step_of(&self, index: usize) -> usize {
+        self.starts.partition_point(|&s| s as usize <= index)
+    }
+}
+
 /// How the view numbers steps: the events' own step numbers, or inferred ones.
 pub(super) struct StepPlan {
     /// Where the steps come from, as the view reports it.
@@ -104,7 +111,7 @@ impl StepPlan {
     /// The step number of event `index`.
     pub(super) fn step_of(&self, index: usize, event: &Event) -> u64 {
         match &self.inferred {
-            Some(inferred) => inferred.starts.partition_point(|&s| s as usize <= index) as u64,
+            Some(inferred) => inferred.step_of(index) as u64,
             None => u64::from(event.step),
         }
     }
@@ -178,7 +185,7 @@ pub fn record_inferred_steps(snapshot: &mut Snapshot) -> usize {
         return 0;
     };
     for (i, e) in snapshot.events.iter_mut().enumerate() {
-        e.step = step_after(inferred.starts.partition_point(|&s| s as usize <= i));
+        e.step = step_after(inferred.step_of(i));
     }
     let label = format!("inferred: each step begins at {}", inferred.opener);
     let marks: Vec<StepMark> = inferred
