@@ -161,7 +161,7 @@ struct DemoArgs {
     /// output is not a terminal).
     #[arg(long)]
     headless: bool,
-    /// Report format: text, markdown, json or html.
+    /// Report format: text, markdown, json, html, sarif or github.
     #[arg(long, default_value = "text")]
     format: Format,
     /// Publish the demo's live telemetry on unix:PATH or tcp:127.0.0.1:PORT instead of
@@ -175,7 +175,8 @@ struct DemoArgs {
 struct ReportArgs {
     /// The file to read.
     file: PathBuf,
-    /// Output format: text, markdown, json or html.
+    /// Output format: text, markdown, json, html, sarif (a SARIF 2.1.0 log for code scanning)
+    /// or github (GitHub Actions annotations, one per finding).
     #[arg(long, default_value = "text")]
     format: Format,
     /// Write the report to this file instead of standard output (`-` is standard output).
@@ -386,7 +387,9 @@ impl Output {
         match format {
             Format::Text => Output::Text { color },
             Format::Markdown => Output::Text { color: false },
-            Format::Json | Format::Html => Output::Json,
+            Format::Json | Format::Html | Format::Sarif => Output::Json,
+            // Escaped for the runner by the renderer, and checked as text on the way out.
+            Format::Github => Output::Text { color: false },
         }
     }
 }
@@ -627,6 +630,11 @@ fn run_summary(file: PathBuf, device: Option<u32>) -> Result<u8, Failure> {
 
 /// `vramscope ranks`.
 fn run_ranks(inputs: Vec<PathBuf>, format: Format, output: Option<PathBuf>) -> Result<u8, Failure> {
+    if matches!(format, Format::Sarif | Format::Github) {
+        return Err(Failure::input(
+            "ranks writes text, markdown, json or html (sarif and github are report's)",
+        ));
+    }
     let (files, left_out) = ranks::expand_inputs(&inputs).map_err(Failure::input)?;
     for why in &left_out {
         say(format_args!("vramscope ranks: left out {why}"));
@@ -667,6 +675,7 @@ fn run_ranks(inputs: Vec<PathBuf>, format: Format, output: Option<PathBuf>) -> R
         Format::Markdown => ranks::render_markdown(&comparison),
         Format::Json => ranks::render_json(&comparison),
         Format::Html => ranks::render_html(&comparison),
+        Format::Sarif | Format::Github => unreachable!("refused above"),
     };
     emit(&text, output.as_ref(), Output::of(format, false))?;
     Ok(u8::from(!comparison.failed.is_empty()))
@@ -782,6 +791,19 @@ fn run_report(args: ReportArgs) -> Result<u8, Failure> {
         .map(|part| report::build_report(part, &options))
         .collect();
     let text = match (format, reports.as_slice()) {
+        // SARIF and GitHub's commands: one log, or one list of commands, for every device.
+        (Format::Sarif | Format::Github, all) => {
+            let mut annotation = report::AnnotationOptions::default();
+            annotation.source_root = std::env::current_dir()
+                .ok()
+                .and_then(|dir| dir.to_str().map(str::to_owned));
+            annotation.trace_file = Some(file.display().to_string());
+            if format == Format::Sarif {
+                report::render_sarif(all, &annotation)
+            } else {
+                report::render_github(all, &annotation)
+            }
+        }
         (_, [one]) => report::render(one, format, color),
         // Several devices in JSON: one document listing them.
         (Format::Json, many) => {
@@ -824,6 +846,11 @@ fn run_replay(args: ReplayArgs) -> Result<u8, Failure> {
         limit: _,
     } = args;
     use vramscope::replay;
+    if !matches!(format, Format::Text | Format::Json) {
+        return Err(Failure::input(
+            "replay prints text or json (sarif and github are report's)",
+        ));
+    }
     // Without --conf the trace's own settings apply; --policy replaces either's policy.
     let mut config =
         vramscope::AllocatorConfig::parse(conf.as_deref().unwrap_or("")).map_err(Failure::input)?;

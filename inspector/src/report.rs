@@ -1,5 +1,6 @@
 //! Reports: findings, top call sites and statistics of one snapshot, rendered as text (with
-//! optional ANSI colour), markdown, JSON or HTML.
+//! optional ANSI colour), markdown, JSON, HTML, or for CI as a SARIF log or GitHub workflow
+//! commands.
 //!
 //! [`build_report`] builds a `crate::model_view::ModelView` once, runs every detector of
 //! `crate::detect` on it, and gathers what a reader needs next to the findings: the headline
@@ -17,8 +18,14 @@ use crate::detect::{self, DetectOptions, Finding, Severity};
 use crate::model_view::{ModelView, TimelinePoint};
 use vramscope_engine::GroupId;
 
+mod github;
+mod location;
+mod sarif;
 mod text;
 
+pub use github::{escape_data, escape_property, render_github};
+pub use location::{path_ref, source_line, AnnotationOptions, PathRef, SourceLine};
+pub use sarif::{render_sarif, sarif_level, SARIF_SCHEMA_URI, SOURCE_ROOT_BASE_ID};
 pub(crate) use text::activity_sentence;
 pub use text::{
     activity_line, bytes_or_na, evidence_sentence, gap_sentences, headline, render_markdown,
@@ -658,6 +665,10 @@ pub enum Format {
     Json,
     /// One self-contained HTML page.
     Html,
+    /// A SARIF 2.1.0 log for code scanning (see [`render_sarif`]).
+    Sarif,
+    /// GitHub Actions workflow commands, one annotation per finding (see [`render_github`]).
+    Github,
 }
 
 impl FromStr for Format {
@@ -669,20 +680,28 @@ impl FromStr for Format {
             "markdown" | "md" => Ok(Format::Markdown),
             "json" => Ok(Format::Json),
             "html" => Ok(Format::Html),
+            "sarif" => Ok(Format::Sarif),
+            "github" => Ok(Format::Github),
             _ => Err(format!(
-                "unknown report format `{s}` (expected text, markdown, json or html)"
+                "unknown report format `{s}` (expected text, markdown, json, html, sarif or github)"
             )),
         }
     }
 }
 
-/// Renders `report` in `format`; `color` adds ANSI colours to text.
+/// Renders `report` in `format`; `color` adds ANSI colours to text. SARIF and GitHub's
+/// commands are rendered with the default [`AnnotationOptions`] (paths as the trace names
+/// them); [`render_sarif`] and [`render_github`] take others, and several devices' reports.
 pub fn render(report: &Report, format: Format, color: bool) -> String {
     match format {
         Format::Text => render_text(report, color),
         Format::Markdown => render_markdown(report),
         Format::Json => render_json(report),
         Format::Html => crate::html::render_html(report),
+        Format::Sarif => render_sarif(std::slice::from_ref(report), &AnnotationOptions::default()),
+        Format::Github => {
+            render_github(std::slice::from_ref(report), &AnnotationOptions::default())
+        }
     }
 }
 
