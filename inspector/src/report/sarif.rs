@@ -216,7 +216,9 @@ fn primary_location(finding: &Finding, options: &AnnotationOptions) -> Option<Va
                     );
                 }
             }
-            if let Some(name) = site {
+            // A name of code (`MmBackward0 (backward)`, a C++ function), not a placeholder
+            // such as `(before the trace)` or `(unknown site)`.
+            if let Some(name) = site.filter(|s| !s.starts_with('(')) {
                 let short = if finding.function.is_empty() {
                     name
                 } else {
