@@ -5,7 +5,8 @@
 //! through every command that prints; no raw control or bidi character reaches standard
 //! output or standard error, in any format. A failed write is exit 2 with the system's words,
 //! a closed pipe a quiet exit 0. A file of one bad rank is a row with its error, and a file
-//! of zeros is refused by its first bytes.
+//! of zeros is refused by its first bytes. The CI formats (`report --format sarif` and
+//! `--format github`) keep such a name inside the one annotation it belongs to.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -180,6 +181,84 @@ fn text_from_a_file_reaches_no_terminal_raw_in_any_command() {
     assert_safe("summary of an unknown block state", &output);
     let err = String::from_utf8_lossy(&output.stderr);
     assert!(err.contains("unknown block state"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The CI formats (issue 34): a call site whose name holds escape sequences and GitHub
+/// workflow commands of its own (`::add-mask::`, `::stop-commands::` after a newline), a
+/// comma and a colon that would end the `file` property early, and an escape (`%0A`) that
+/// the runner would turn into a newline. `--format github` prints one line per finding, each
+/// a command of vramscope's own whose properties are the three it sets, and the name reads
+/// back as written; `--format sarif` stays JSON whose URIs are percent-encoded. Neither
+/// prints a raw control or bidi character.
+#[test]
+fn ci_formats_keep_the_files_text_inside_its_own_annotation() {
+    let dir = scratch("ci");
+    let name =
+        format!("{HOSTILE}\n::add-mask::x\r\n::stop-commands::t,line=1,title=pwned:%0A::error::y");
+    let file = save(&snapshot_named(&name, false), &dir.join("run.json"));
+    let json = vramscope(&["report", &file, "--format", "json"]);
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let findings = report["findings"].as_array().unwrap().len();
+    assert!(findings > 0, "{report}");
+
+    let github = vramscope(&["report", &file, "--format", "github"]);
+    assert_safe("report --format github", &github);
+    assert_eq!(github.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&github.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), findings, "one line per finding: {text}");
+    let mut located = 0;
+    for line in &lines {
+        let command = ["::error ", "::warning ", "::notice "]
+            .iter()
+            .find(|c| line.starts_with(*c))
+            .unwrap_or_else(|| panic!("not one of vramscope's commands: {line}"));
+        // The runner ends the properties at the first `::`.
+        let head = &line[command.len()..line[2..].find("::").unwrap() + 2];
+        let keys: Vec<&str> = head
+            .split(',')
+            .map(|p| p.split_once('=').unwrap().0)
+            .collect();
+        assert!(
+            keys == ["file", "line", "title"] || keys == ["title"],
+            "{keys:?} in {line}"
+        );
+        if keys[0] == "file" {
+            located += 1;
+            assert!(
+                head.contains("pwned%3A%250A%3A%3Aerror%3A%3Ay.py,line="),
+                "{head}"
+            );
+            assert!(head.contains("%2Cline=1%2Ctitle=pwned"), "{head}");
+            assert!(head.contains("evil\\u{1b}]52;c;aGk="), "{head}");
+        }
+    }
+    assert!(located > 0, "the leak is on its line: {text}");
+    // Inside the message, the file's `%0A` stays text: `%250A`, never a line of its own.
+    assert!(text.contains("pwned:%250A::error::y.py:"), "{text}");
+
+    let sarif = vramscope(&["report", &file, "--format", "sarif"]);
+    assert_safe("report --format sarif", &sarif);
+    assert_eq!(sarif.status.code(), Some(0));
+    let log: serde_json::Value = serde_json::from_slice(&sarif.stdout).unwrap();
+    let results = log["runs"][0]["results"].as_array().unwrap();
+    assert_eq!(results.len(), findings);
+    let uris: Vec<&str> = results
+        .iter()
+        .filter_map(|r| r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"].as_str())
+        .collect();
+    assert!(!uris.is_empty(), "{log}");
+    for uri in uris {
+        assert!(
+            uri.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-._~/%".contains(c)),
+            "{uri}"
+        );
+        assert!(uri.starts_with("evil%1B%5D52%3Bc%3BaGk%3D%07"), "{uri}");
+    }
+    // The file's own text survives in the message, as JSON's escapes.
+    assert!(log.to_string().contains("evil\\u001b]52;c;aGk="), "{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
