@@ -798,6 +798,7 @@ fn run_report(args: ReportArgs) -> Result<u8, Failure> {
                 .ok()
                 .and_then(|dir| dir.to_str().map(str::to_owned));
             annotation.trace_file = Some(file.display().to_string());
+            annotation.device_indices = parts.iter().map(|p| p.device.index).collect();
             if format == Format::Sarif {
                 report::render_sarif(all, &annotation)
             } else {

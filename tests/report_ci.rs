@@ -490,6 +490,60 @@ fn the_shared_traces_give_valid_annotations_at_their_own_paths() {
     }
 }
 
+/// A snapshot of two devices is one SARIF run and one list of commands, holding every
+/// device's findings, each result and each title saying its device.
+#[test]
+fn several_devices_are_one_log() {
+    let dir = scratch("devices");
+    let merged = vramscope_testkit::merge_devices(&[
+        vramscope_testkit::device_run(0, 64 * MIB),
+        vramscope_testkit::device_run(1, 32 * MIB),
+    ]);
+    merged.save(&dir.join("two.json")).unwrap();
+    let json: Value = serde_json::from_str(&ok_stdout(
+        "json",
+        vramscope_in(&dir, &["report", "two.json", "--format", "json"]),
+    ))
+    .unwrap();
+    let devices = json["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 2, "{json}");
+    let findings: Vec<Value> = devices
+        .iter()
+        .flat_map(|d| d["findings"].as_array().unwrap().clone())
+        .collect();
+    assert!(devices
+        .iter()
+        .all(|d| !d["findings"].as_array().unwrap().is_empty()));
+    let log: Value = serde_json::from_str(&ok_stdout(
+        "sarif",
+        vramscope_in(&dir, &["report", "two.json", "--format", "sarif"]),
+    ))
+    .unwrap();
+    check_log(&log, &findings);
+    let named: Vec<u64> = log["runs"][0]["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["properties"]["device_index"].as_u64().unwrap())
+        .collect();
+    let expected: Vec<u64> = devices
+        .iter()
+        .zip([0, 1])
+        .flat_map(|(d, index)| d["findings"].as_array().unwrap().iter().map(move |_| index))
+        .collect();
+    assert_eq!(named, expected);
+    let github = ok_stdout(
+        "github",
+        vramscope_in(&dir, &["report", "two.json", "--format", "github"]),
+    );
+    let commands = check_commands(&github, &findings);
+    for (command, index) in commands.iter().zip(&expected) {
+        let title = command.property("title").unwrap();
+        assert!(title.ends_with(&format!(" on device {index}")), "{title}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn ranks_and_replay_refuse_the_ci_formats() {
     let dir = scratch("refuse");

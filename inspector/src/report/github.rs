@@ -61,7 +61,7 @@ pub fn escape_property(text: &str) -> String {
 }
 
 /// The one line of `finding`, ending in a newline.
-fn command(finding: &Finding, options: &AnnotationOptions) -> String {
+fn command(finding: &Finding, device: Option<&str>, options: &AnnotationOptions) -> String {
     let mut properties = Vec::new();
     if let Some(at) = finding.site.as_deref().and_then(source_line) {
         if let Some(path) = path_ref(at.file, options.source_root.as_deref()) {
@@ -77,6 +77,9 @@ fn command(finding: &Finding, options: &AnnotationOptions) -> String {
     if properties.is_empty() {
         // No line to put it on: the annotation names the site in its title.
         let _ = write!(title, " at {}", finding.site_label());
+    }
+    if let Some(device) = device {
+        let _ = write!(title, " on {device}");
     }
     properties.push(format!("title={}", escape_property(&sanitize(&title))));
     let mut message: Vec<String> = Vec::new();
@@ -98,13 +101,17 @@ fn command(finding: &Finding, options: &AnnotationOptions) -> String {
 }
 
 /// The workflow commands of `reports` (one per device of one trace): one line per finding,
-/// most severe first within each device; nothing when there are no findings.
+/// most severe first within each device, whose title names the device when there are
+/// several; nothing when there are no findings.
 pub fn render_github(reports: &[Report], options: &AnnotationOptions) -> String {
-    reports
-        .iter()
-        .flat_map(|r| r.findings.iter())
-        .map(|f| command(f, options))
-        .collect()
+    let mut out = String::new();
+    for (i, report) in reports.iter().enumerate() {
+        let device = options.device_label(i, reports);
+        for finding in &report.findings {
+            out.push_str(&command(finding, device.as_deref(), options));
+        }
+    }
+    out
 }
 
 #[cfg(test)]

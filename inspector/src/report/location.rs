@@ -21,6 +21,23 @@ pub struct AnnotationOptions {
     /// names no source line at this file (GitHub's code scanning refuses a log holding a
     /// result without a file). `None` (the demo): such a finding has no file.
     pub trace_file: Option<String>,
+    /// The index of each report's device (`cuda:N`), in the order of the reports, for a trace
+    /// of several devices; empty when not known.
+    pub device_indices: Vec<u32>,
+}
+
+impl AnnotationOptions {
+    /// How the findings of the `i`th of `reports` reports name their device: `cuda:N` (its
+    /// index) or its name; `None` for a single report.
+    pub fn device_label(&self, i: usize, reports: &[super::Report]) -> Option<String> {
+        if reports.len() < 2 {
+            return None;
+        }
+        Some(match self.device_indices.get(i) {
+            Some(index) => format!("device {index}"),
+            None => reports.get(i)?.device.name.clone(),
+        })
+    }
 }
 
 /// A source file and a line in it, from a finding's site.

@@ -286,7 +286,7 @@ fn fnv1a(text: &str) -> String {
 /// One result: the finding at its line, its fix as the message, its figures as properties.
 fn result(
     finding: &Finding,
-    report: &Report,
+    device: (&str, Option<u32>),
     options: &AnnotationOptions,
     ordinal: usize,
 ) -> Value {
@@ -329,7 +329,10 @@ fn result(
         properties.remove(key);
     }
     properties.insert("severity".into(), json!(finding.severity.as_str()));
-    properties.insert("device".into(), json!(report.device.name));
+    properties.insert("device".into(), json!(device.0));
+    if let Some(index) = device.1 {
+        properties.insert("device_index".into(), json!(index));
+    }
     result.insert("properties".into(), Value::Object(properties));
     Value::Object(result)
 }
@@ -338,7 +341,11 @@ fn result(
 pub fn render_sarif(reports: &[Report], options: &AnnotationOptions) -> String {
     let mut results = Vec::new();
     let mut identities: Vec<(FindingKind, Option<&str>, Option<&str>)> = Vec::new();
-    for report in reports {
+    for (i, report) in reports.iter().enumerate() {
+        let device = (
+            report.device.name.as_str(),
+            options.device_indices.get(i).copied(),
+        );
         for finding in &report.findings {
             // Findings alike in kind and lines get distinct fingerprints by their order.
             let identity = (
@@ -348,7 +355,7 @@ pub fn render_sarif(reports: &[Report], options: &AnnotationOptions) -> String {
             );
             let ordinal = identities.iter().filter(|i| **i == identity).count();
             identities.push(identity);
-            results.push(result(finding, report, options, ordinal));
+            results.push(result(finding, device, options, ordinal));
         }
     }
     let mut run_properties = Map::new();
@@ -395,6 +402,7 @@ mod tests {
         let options = AnnotationOptions {
             source_root: Some("/repo".into()),
             trace_file: None,
+            device_indices: Vec::new(),
         };
         let uri = |file: &str| artifact_location(file, &options).unwrap();
         assert_eq!(
