@@ -499,7 +499,7 @@ fn several_devices_are_one_log() {
         vramscope_testkit::device_run(0, 64 * MIB),
         vramscope_testkit::device_run(1, 32 * MIB),
     ]);
-    merged.save(&dir.join("two.json")).unwrap();
+    merged.save(dir.join("two.json")).unwrap();
     let json: Value = serde_json::from_str(&ok_stdout(
         "json",
         vramscope_in(&dir, &["report", "two.json", "--format", "json"]),
