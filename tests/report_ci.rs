@@ -408,6 +408,20 @@ fn github_commands_name_each_line_and_read_back_to_the_findings() {
         .unwrap_or_else(|| panic!("{text}"));
     assert_eq!(node.property("file"), None);
     assert_eq!(node.property("line"), None);
+    // `--fail-on` fails the step on the same annotations.
+    let failing = vramscope_in(
+        &dir,
+        &[
+            "report",
+            "run.json",
+            "--format",
+            "github",
+            "--fail-on",
+            "error",
+        ],
+    );
+    assert_eq!(failing.status.code(), Some(1));
+    assert_eq!(String::from_utf8_lossy(&failing.stdout), text);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
