@@ -449,6 +449,41 @@ fn the_demo_annotates_the_lines_of_its_planted_bugs() {
         let artifact = &result["locations"][0]["physicalLocation"]["artifactLocation"];
         assert_eq!(artifact["uri"], "kernels/src/train.rs", "{result}");
     }
+    // What holds memory across steps gathers the three kept lines: the largest is its site,
+    // the other two its related locations, each with its bytes.
+    let holders = findings
+        .iter()
+        .position(|f| f["kind"] == "top_holders" && f["evidence"]["kind"] == "across_steps")
+        .unwrap_or_else(|| panic!("{report}"));
+    let result = &log["runs"][0]["results"][holders];
+    let sites: Vec<&str> = findings[holders]["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["site"].as_str().unwrap())
+        .collect();
+    assert_eq!(sites.len(), 3, "{sites:?}");
+    let related = result["relatedLocations"].as_array().unwrap();
+    let lines: Vec<String> = related
+        .iter()
+        .map(|r| {
+            let location = &r["physicalLocation"];
+            format!(
+                "{}:{}",
+                location["artifactLocation"]["uri"].as_str().unwrap(),
+                location["region"]["startLine"]
+            )
+        })
+        .collect();
+    assert_eq!(lines, sites[1..], "{result}");
+    assert_eq!(related[0]["id"], 1);
+    assert!(
+        related[0]["message"]["text"]
+            .as_str()
+            .unwrap()
+            .ends_with(" in 8 blocks here"),
+        "{result}"
+    );
     let commands = check_commands(&demo("github"), findings);
     assert!(commands
         .iter()
