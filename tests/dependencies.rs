@@ -46,16 +46,19 @@ fn the_cli_keeps_the_cuda_backend() {
 }
 
 /// The layers of ARCHITECTURE.md's code map: the data model stands on serde alone; the engine
-/// and the telemetry wire format on the model alone, never on the allocator; the replay uses
-/// the allocator, and the inspector reaches it only through the replay.
+/// and the telemetry wire format on the model alone, never on the allocator; the caching
+/// policy on the model alone, with no driver, no network and no telemetry; the replay drives
+/// the caching policy, never the link-in allocator; and the inspector, which reaches the
+/// policy only through the replay, links neither the allocator nor its CUDA bindings.
 #[test]
 fn the_crates_keep_their_layers() {
-    let layers: [(&str, &[&str], &[&str]); 4] = [
+    let layers: [(&str, &[&str], &[&str]); 6] = [
         (
             "vramscope-model",
             &["serde"],
             &[
                 "vramscope-allocator",
+                "vramscope-caching",
                 "vramscope-engine",
                 "vramscope-telemetry",
             ],
@@ -65,6 +68,7 @@ fn the_crates_keep_their_layers() {
             &["vramscope-model"],
             &[
                 "vramscope-allocator",
+                "vramscope-caching",
                 "vramscope-telemetry",
                 "vramscope-inspector",
             ],
@@ -74,14 +78,36 @@ fn the_crates_keep_their_layers() {
             &["vramscope-model"],
             &[
                 "vramscope-allocator",
+                "vramscope-caching",
                 "vramscope-engine",
                 "vramscope-inspector",
             ],
         ),
         (
+            "vramscope-caching",
+            &["vramscope-model"],
+            &[
+                "vramscope-allocator",
+                "vramscope-telemetry",
+                "vramscope-engine",
+                "cudarc",
+                "prometheus-client",
+            ],
+        ),
+        (
             "vramscope-replay",
-            &["vramscope-allocator", "vramscope-engine"],
-            &["vramscope-inspector", "cudarc"],
+            &["vramscope-caching", "vramscope-engine"],
+            &["vramscope-allocator", "vramscope-inspector", "cudarc"],
+        ),
+        (
+            "vramscope-inspector",
+            &["vramscope-replay", "vramscope-pickle"],
+            &[
+                "vramscope-allocator",
+                "vramscope-telemetry",
+                "cudarc",
+                "prometheus-client",
+            ],
         ),
     ];
     for (package, required, forbidden) in layers {
@@ -93,4 +119,17 @@ fn the_crates_keep_their_layers() {
             assert!(!tree.contains(name), "{package} depends on {name}:\n{tree}");
         }
     }
+}
+
+/// The pickle codec depends on no crate of ours (nor they on it but the inspector), so it
+/// builds and is fuzzed alone.
+#[test]
+fn the_pickle_codec_stands_alone() {
+    let tree = tree("vramscope-pickle");
+    let ours: Vec<&str> = tree
+        .lines()
+        .skip(1)
+        .filter(|line| line.contains("vramscope"))
+        .collect();
+    assert!(ours.is_empty(), "vramscope-pickle depends on {ours:?}");
 }

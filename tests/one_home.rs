@@ -31,17 +31,17 @@ const STRAY_CONSTANTS: &[(&str, &str)] = &[
 /// Constants of those values that are not PyTorch's policy: (file, constant, why).
 const NOT_POLICY: &[(&str, &str, &str)] = &[
     (
-        "allocator/src/sim.rs",
+        "caching/src/sim.rs",
         "SIM_ALIGNMENT",
         "the simulated device's address alignment, as cudaMalloc aligns",
     ),
     (
-        "allocator/src/sim.rs",
+        "caching/src/sim.rs",
         "SIM_GRANULARITY",
         "the simulated device's mapping granularity, as the driver reports it",
     ),
     (
-        "allocator/src/debug.rs",
+        "caching/src/debug.rs",
         "CHUNK",
         "how much the debug checks fill or compare at a time",
     ),

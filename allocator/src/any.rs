@@ -1,18 +1,18 @@
 //! [`DeviceBackend`]: the backend a program gets at run time, CUDA when it can, simulated otherwise.
 //!
 //! Programs that should run on a GPU when one is there and on the backed simulated device
-//! otherwise build their `crate::caching::CachingAllocator` on a `DeviceBackend`, which
+//! otherwise build their `crate::CachingAllocator` on a `DeviceBackend`, which
 //! delegates every [`Backend`] call to a `crate::cuda::CudaBackend` or a
-//! `crate::sim::SimDevice`. [`DeviceBackend::detect`] makes the choice and says why in one line;
+//! `crate::SimDevice`. [`DeviceBackend::detect`] makes the choice and says why in one line;
 //! [`doctor`] reports everything the choice was based on (driver library, driver version,
 //! devices and their memory, NVRTC) for `vramscope doctor`. The kernels crate reaches the CUDA
 //! side through [`DeviceBackend::as_cuda`] to launch kernels.
 
 use std::fmt;
 
-use crate::backend::{Backend, BackendError, EventId, MemInfo, StreamId};
 use crate::cuda::{self, CudaBackend, CudaDeviceInfo};
-use crate::sim::SimDevice;
+use vramscope_caching::SimDevice;
+use vramscope_caching::{Backend, BackendError, EventId, MemInfo, StreamId};
 use vramscope_model::format_bytes;
 
 /// The environment variable that forces the simulated device (`VRAMSCOPE_BACKEND=sim`).

@@ -1,6 +1,6 @@
 //! The CUDA backend: [`Backend`] on a real GPU through the driver API, loaded at run time.
 //!
-//! [`CudaBackend`] is the thin twin of `crate::sim::SimDevice`: `crate::caching` asks it for raw
+//! [`CudaBackend`] is the thin twin of `crate::SimDevice`: `crate::CachingAllocator` asks it for raw
 //! segments (`cuMemAlloc`/`cuMemFree`), streams, events, copies and memsets, and for the
 //! virtual-memory API (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`, `cuMemSetAccess`,
 //! `cuMemUnmap`, `cuMemRelease`) behind expandable segments. It adds no policy of its own.
@@ -22,7 +22,7 @@ use cudarc::driver::{sys, CudaContext};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
-use crate::backend::{Backend, BackendError, EventId, MemInfo, StreamId};
+use vramscope_caching::{Backend, BackendError, EventId, MemInfo, StreamId};
 
 /// A raw stream handle that may cross threads.
 struct RawStream(sys::CUstream);

@@ -8,8 +8,8 @@
 //! CUDA. A [`CudaBackend`] cannot exist in such a build: its one field is of a type with no
 //! values, so every method is an empty match.
 
-use crate::backend::{Backend, BackendError, EventId, MemInfo, StreamId};
 pub use crate::driver_info::{CudaDeviceInfo, DriverInfo};
+use vramscope_caching::{Backend, BackendError, EventId, MemInfo, StreamId};
 
 /// Why nothing here reaches a driver.
 const NOT_BUILT: &str = "vramscope-allocator was built without its `cuda` feature";

@@ -43,8 +43,8 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use crate::backend::Backend;
-use crate::caching::CachingAllocator;
+use vramscope_caching::Backend;
+use vramscope_caching::CachingAllocator;
 use vramscope_model::{MemoryStats, Stat, StatArray};
 
 /// The environment variable naming the address to serve metrics on.

@@ -41,8 +41,8 @@ use vramscope_telemetry::{
     ENV_ALLOW_REMOTE, ENV_LISTEN,
 };
 
-use crate::backend::Backend;
-use crate::caching::CachingAllocator;
+use vramscope_caching::Backend;
+use vramscope_caching::CachingAllocator;
 
 /// Settings of a publisher.
 #[derive(Clone, Debug, PartialEq)]

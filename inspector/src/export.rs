@@ -891,7 +891,7 @@ pub use perfetto::{to_perfetto, write_perfetto};
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vramscope_allocator::{CachingAllocator, SimDevice};
+    use vramscope_caching::{CachingAllocator, SimDevice};
 
     fn sample() -> Snapshot {
         let alloc = CachingAllocator::new(SimDevice::phantom(1 << 34), AllocatorConfig::default());

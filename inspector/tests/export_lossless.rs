@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use vramscope_allocator::{CachingAllocator, SimDevice};
+use vramscope_caching::{CachingAllocator, SimDevice};
 use vramscope_inspector::export::{
     to_perfetto, to_pytorch_pickle, to_pytorch_pickle_from_file, ExportError,
 };

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use vramscope_allocator::{CachingAllocator, SimDevice};
+use vramscope_caching::{CachingAllocator, SimDevice};
 use vramscope_inspector::{html, import, report};
 use vramscope_model::{AllocatorConfig, Snapshot};
 use vramscope_testkit::{shared_trace, skip_notice};

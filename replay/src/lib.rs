@@ -27,7 +27,7 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 use vramscope_model::pytorch::{pool_for, round_size};
 
-use vramscope_allocator::{AllocError, CachingAllocator, SimDevice, StreamId};
+use vramscope_caching::{AllocError, CachingAllocator, SimDevice, StreamId};
 use vramscope_engine::{
     is_segment_event, AddrMap, AddrSet, MemoryState, Pair, PairedEvents, Pairing, Reconstruction,
     Usage,
@@ -658,7 +658,7 @@ fn replay_with_ring(
 /// the replay: it frees cached memory and retries as it did there, and fails (noting the
 /// first OOM) or is served and given back. Whether it was served.
 fn retry_failed_request(
-    exclusive: &mut vramscope_allocator::Exclusive<'_, SimDevice>,
+    exclusive: &mut vramscope_caching::Exclusive<'_, SimDevice>,
     snapshot: &Snapshot,
     event: &Event,
     first_oom: &mut Option<FirstOom>,
@@ -680,7 +680,7 @@ fn retry_failed_request(
 /// in `addresses` (or in `failed`, with the first OOM, when the request fails), and its block
 /// size in `keep` when that asks for block sizes. Whether the request was served.
 fn serve_alloc(
-    exclusive: &mut vramscope_allocator::Exclusive<'_, SimDevice>,
+    exclusive: &mut vramscope_caching::Exclusive<'_, SimDevice>,
     snapshot: &Snapshot,
     index: usize,
     keep: &mut Keep<'_>,
@@ -850,7 +850,7 @@ fn failure_at(
     snapshot: &Snapshot,
     event: &Event,
     requested: u64,
-    report: &vramscope_allocator::OomReport,
+    report: &vramscope_caching::OomReport,
 ) -> FirstOom {
     FirstOom {
         seq: event.seq,
@@ -903,7 +903,7 @@ fn restore_start(
                     reserved: stats.reserved_bytes.all.current,
                     address_space: matches!(
                         &err,
-                        vramscope_allocator::AllocError::OutOfMemory(report)
+                        vramscope_caching::AllocError::OutOfMemory(report)
                             if report.cause == vramscope_model::oom::OomCause::AddressSpace
                     ),
                 });

@@ -4,7 +4,7 @@
 //! without device calls has nothing to differ from, and the allocations and frees compared
 //! are like with like.
 
-use vramscope_allocator::{CachingAllocator, SimDevice};
+use vramscope_caching::{CachingAllocator, SimDevice};
 use vramscope_engine::{is_segment_event, Reconstruction};
 use vramscope_model::{AllocatorConfig, EventKind, Policy, Snapshot, SnapshotSource};
 use vramscope_replay::{
@@ -308,7 +308,7 @@ fn a_replay_that_runs_out_of_address_space_says_so() {
     );
     for stream in 1..=STREAMS {
         let ptr = alloc
-            .alloc_ptr(4 * MIB, vramscope_allocator::StreamId(stream))
+            .alloc_ptr(4 * MIB, vramscope_caching::StreamId(stream))
             .unwrap();
         alloc.free_ptr(ptr).unwrap();
     }

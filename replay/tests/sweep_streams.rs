@@ -4,7 +4,7 @@
 //! and work that does not depend on the setting (the walk through the trace for its own
 //! figures and start) is done once. The test checks the answers; BENCHMARKS.md has the time.
 
-use vramscope_allocator::{CachingAllocator, SimDevice, StreamId};
+use vramscope_caching::{CachingAllocator, SimDevice, StreamId};
 use vramscope_model::{AllocatorConfig, EventKind, Snapshot};
 use vramscope_replay::{replay, sweep, sweep_configs, ReplayOptions};
 

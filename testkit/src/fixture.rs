@@ -10,7 +10,7 @@
 //! its text is the same on every machine. [`many_blocks_snapshot`] builds a state with a given number of live blocks for
 //! the drawing benchmark.
 
-use vramscope_allocator::{CachingAllocator, SimDevice};
+use vramscope_caching::{CachingAllocator, SimDevice};
 use vramscope_model::{AllocatorConfig, CallSite, EventKind, Frame, Id, Snapshot};
 
 const MIB: u64 = 1 << 20;
@@ -113,7 +113,7 @@ fn fixed_sites() -> Vec<CallSite> {
 /// simulated device, with fixed times and call sites. See the module documentation.
 pub fn training_snapshot_with(steps: u64) -> Snapshot {
     let alloc = CachingAllocator::new(SimDevice::backed(16 << 30), AllocatorConfig::default());
-    let run = || -> Result<Snapshot, vramscope_allocator::AllocError> {
+    let run = || -> Result<Snapshot, vramscope_caching::AllocError> {
         let _weights = alloc.tagged("weights").alloc(12 * MIB)?;
         let _adam = alloc.tagged("adam").alloc(24 * MIB)?;
         let mut kept = Vec::new();
@@ -239,7 +239,7 @@ pub fn many_blocks_snapshot(blocks: usize) -> Snapshot {
             alloc.mark_step();
         }
         let size = 512 * (1 + (i as u64 * 7919) % 4096);
-        match alloc.alloc_ptr(size, vramscope_allocator::StreamId::DEFAULT) {
+        match alloc.alloc_ptr(size, vramscope_caching::StreamId::DEFAULT) {
             Ok(p) => live.push(p),
             Err(_) => break,
         }

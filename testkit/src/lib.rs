@@ -20,7 +20,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use vramscope_allocator::{CachingAllocator, SimDevice};
+use vramscope_caching::{CachingAllocator, SimDevice};
 
 pub mod fixture;
 pub mod generated;

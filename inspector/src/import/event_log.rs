@@ -116,7 +116,7 @@ pub fn read(bytes: &[u8], origin: &str) -> Result<Snapshot, ImportError> {
 mod tests {
     use super::*;
     use crate::import::{load_bytes, ImportOptions};
-    use vramscope_allocator::{CachingAllocator, SimDevice};
+    use vramscope_caching::{CachingAllocator, SimDevice};
     use vramscope_model::{AllocatorConfig, EVENT_LOG_COUNT_KEY};
 
     fn log() -> (Snapshot, Vec<u8>) {

@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use vramscope_allocator::{CachingAllocator, SimDevice, StreamId};
+use vramscope_caching::{CachingAllocator, SimDevice, StreamId};
 use vramscope_inspector::import::sites::{SiteTable, DEFAULT_FRAMEWORK_PATHS};
 use vramscope_model::{
     AllocatorConfig, Annotation, DeviceInfo, EventKind, Frame, Id, SiteId, Snapshot, SnapshotSource,

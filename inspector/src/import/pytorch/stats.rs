@@ -439,7 +439,7 @@ mod tests {
     /// and an out-of-memory failure, and on the shared PyTorch traces.
     #[test]
     fn the_statistics_counted_while_sizing_are_those_of_a_pass_of_their_own() {
-        use vramscope_allocator::{Backend, CachingAllocator, SimDevice};
+        use vramscope_caching::{Backend, CachingAllocator, SimDevice};
         let device = SimDevice::phantom(64 << 20);
         device.set_manual_events(true);
         let side = device.create_stream().unwrap();

@@ -5,7 +5,7 @@
 //! and frees.
 
 use proptest::prelude::*;
-use vramscope_allocator::{Backend, CachingAllocator, DeviceBuffer, SimDevice, StreamId};
+use vramscope_caching::{Backend, CachingAllocator, DeviceBuffer, SimDevice, StreamId};
 use vramscope_model::{AllocatorConfig, Event, EventKind};
 
 #[derive(Clone, Debug)]

@@ -3,8 +3,8 @@
 //! once), scopes past `MAX_SCOPE_DEPTH` are refused and counted rather than fatal, the paths a
 //! snapshot shows stay bounded, and the allocator works on once they are closed.
 
-use vramscope_allocator::provenance::{MAX_SCOPE_DEPTH, MAX_SCOPE_PATH_BYTES};
-use vramscope_allocator::{CachingAllocator, SimDevice, StreamId};
+use vramscope_caching::provenance::{MAX_SCOPE_DEPTH, MAX_SCOPE_PATH_BYTES};
+use vramscope_caching::{CachingAllocator, SimDevice, StreamId};
 use vramscope_model::AllocatorConfig;
 
 fn allocator() -> CachingAllocator<SimDevice> {

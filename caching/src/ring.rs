@@ -1,6 +1,6 @@
 //! The bounded event ring: every allocator event, in order, in fixed memory.
 //!
-//! `crate::caching` pushes a compact [`RawEvent`] under its device lock; when the ring is full
+//! `crate::allocator` pushes a compact [`RawEvent`] under its device lock; when the ring is full
 //! the oldest entry is overwritten and counted as dropped, so recording never allocates past the
 //! configured `max_entries` and never waits for a reader. Snapshots and the telemetry publisher
 //! read the ring by sequence number and convert entries into the model's `Event`.

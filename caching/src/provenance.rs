@@ -1,7 +1,7 @@
 //! Provenance: where an allocation came from, captured cheaply on the hot path and resolved
 //! only when a snapshot or report is made.
 //!
-//! `crate::caching` asks this module for the calling thread's number and innermost scope
+//! `crate::allocator` asks this module for the calling thread's number and innermost scope
 //! (thread-locals, no lock), captures an unresolved backtrace when sampling says so (outside
 //! its lock), and then, under its device lock, interns the `#[track_caller]` location, the
 //! backtrace, the tag and the scope into small integer ids (`ProvenanceTables`). A block keeps

@@ -2,7 +2,7 @@
 //! simulated device: a stale write is found when the memory is handed out again, an overflow
 //! when the block is freed, each naming the owners by call site, tag and step.
 
-use vramscope_allocator::{Backend, CachingAllocator, SimDevice, StreamId};
+use vramscope_caching::{Backend, CachingAllocator, SimDevice, StreamId};
 use vramscope_model::{AllocatorConfig, ViolationKind};
 
 fn backed(conf: &str) -> (SimDevice, CachingAllocator<SimDevice>) {

@@ -1,6 +1,6 @@
 //! A cheap event clock for the hot path.
 //!
-//! `crate::caching` stamps every event it pushes into the ring with [`Clock::ticks`]; reading
+//! `crate::allocator` stamps every event it pushes into the ring with [`Clock::ticks`]; reading
 //! the time stamp counter costs a few nanoseconds where `Instant::now()` costs tens. Ticks are
 //! converted to nanoseconds only when a snapshot or the telemetry publisher reads the ring, using
 //! the ratio of elapsed `Instant` time to elapsed ticks measured at that moment. Where the

@@ -4,7 +4,7 @@
 //! bytes after the allocator is dropped.
 
 use proptest::prelude::*;
-use vramscope_allocator::{
+use vramscope_caching::{
     AllocError, Backend, BlockHandle, CachingAllocator, DeviceBuffer, SimDevice, StreamId,
 };
 use vramscope_model::AllocatorConfig;

@@ -1,6 +1,6 @@
 //! One test per rule of PyTorch's caching policy, on the simulated device.
 
-use vramscope_allocator::{AllocError, CachingAllocator, SimDevice, StreamId};
+use vramscope_caching::{AllocError, CachingAllocator, SimDevice, StreamId};
 use vramscope_model::{AllocatorConfig, BlockState, EventKind, Pool};
 
 const MIB: u64 = 1 << 20;
@@ -86,7 +86,7 @@ fn best_fit_takes_the_smallest_block_that_fits() {
 #[test]
 fn free_blocks_are_reused_only_on_the_same_stream() {
     let (device, alloc) = phantom(1 << 30, "");
-    let side = vramscope_allocator::Backend::create_stream(&device).unwrap();
+    let side = vramscope_caching::Backend::create_stream(&device).unwrap();
     let a = alloc.alloc(4096).unwrap();
     drop(a);
     let b = alloc.alloc_on(4096, side).unwrap();
@@ -172,7 +172,7 @@ fn frees_merge_with_free_neighbours_inside_the_segment_only() {
 fn record_stream_defers_reuse_until_the_event_completes() {
     let (device, alloc) = phantom(1 << 30, "");
     device.set_manual_events(true);
-    let side = vramscope_allocator::Backend::create_stream(&device).unwrap();
+    let side = vramscope_caching::Backend::create_stream(&device).unwrap();
     let a = alloc.alloc(4096).unwrap();
     let addr = a.addr();
     a.record_stream(side).unwrap();
@@ -844,36 +844,6 @@ fn table_additions_are_the_tables_past_what_is_known() {
 }
 
 #[test]
-#[cfg(feature = "replay")]
-fn restored_segments_hold_their_blocks_and_serve_the_gaps() {
-    let (device, alloc) = phantom(1 << 30, "");
-    let base = alloc
-        .restore_segment(
-            20 * MIB,
-            StreamId::DEFAULT,
-            Pool::Large,
-            &[(4 * MIB, 2 * MIB, 2 * MIB - 100), (0, MIB + 512, MIB + 1)],
-        )
-        .unwrap();
-    alloc.check_invariants().unwrap();
-    let stats = alloc.stats();
-    assert_eq!(stats.allocation.all.current, 2);
-    assert_eq!(stats.allocated_bytes.all.current, 3 * MIB + 512);
-    assert_eq!(stats.reserved_bytes.all.current, 20 * MIB);
-    assert_eq!(device.counters().outstanding_bytes, 20 * MIB);
-    // The 14 MiB gap after the second block serves a 12 MiB request without a new segment.
-    let c = alloc.alloc(12 * MIB).unwrap();
-    assert_eq!(c.addr(), base + 6 * MIB);
-    assert_eq!(alloc.stats().segment.all.current, 1);
-    alloc.free_ptr(base).unwrap();
-    alloc.free_ptr(base + 4 * MIB).unwrap();
-    alloc.check_invariants().unwrap();
-    assert!(alloc
-        .restore_segment(MIB, StreamId::DEFAULT, Pool::Small, &[(0, 2 * MIB, 1)])
-        .is_err());
-}
-
-#[test]
 fn buffers_and_raw_pointers_do_not_free_each_other() {
     let (_, alloc) = phantom(1 << 30, "");
     let buffer = alloc.alloc(4096).unwrap();
@@ -995,7 +965,7 @@ fn a_block_handle_freed_on_the_wrong_allocator_is_refused() {
 fn active_counts_pending_frees_with_their_own_peaks_and_totals() {
     let (device, alloc) = phantom(1 << 30, "");
     device.set_manual_events(true);
-    let side = vramscope_allocator::Backend::create_stream(&device).unwrap();
+    let side = vramscope_caching::Backend::create_stream(&device).unwrap();
     let a = alloc.alloc(4096).unwrap();
     a.record_stream(side).unwrap();
     drop(a);

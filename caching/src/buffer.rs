@@ -8,8 +8,8 @@
 use std::fmt;
 use std::panic::Location;
 
+use crate::allocator::{AllocError, CachingAllocator};
 use crate::backend::{Backend, StreamId};
-use crate::caching::{AllocError, CachingAllocator};
 use vramscope_model::{EventKind, TransferDirection};
 
 /// Device memory from a [`CachingAllocator`]. Returns to the cache when dropped.

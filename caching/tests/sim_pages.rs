@@ -2,7 +2,7 @@
 //! expandable segment of 2^49 bytes, the size one line of a hostile trace can ask a replay
 //! for, is mapped, used and released through the caching allocator without an entry per page.
 
-use vramscope_allocator::{Backend, CachingAllocator, SimDevice};
+use vramscope_caching::{Backend, CachingAllocator, SimDevice};
 use vramscope_model::AllocatorConfig;
 
 #[test]

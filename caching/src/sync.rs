@@ -1,6 +1,6 @@
 //! The lock the caching allocator's hot path takes, swappable for loom's model checker.
 //!
-//! `crate::caching` keeps each device's state behind one [`Mutex`]. In normal builds that is a
+//! `crate::allocator` keeps each device's state behind one [`Mutex`]. In normal builds that is a
 //! `parking_lot::Mutex` whose waiters spin before they park, looking at the lock ever more
 //! rarely. A critical section of the allocator lasts a fraction of a microsecond: parking_lot's
 //! own wait (a few `pause`s, then `sched_yield` calls, then a futex sleep) gave the core away,

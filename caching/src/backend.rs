@@ -1,6 +1,6 @@
 //! The raw device primitives the caching allocator is built on.
 //!
-//! [`Backend`] is the seam between policy and hardware: `crate::caching` asks a backend for
+//! [`Backend`] is the seam between policy and hardware: `crate::allocator` asks a backend for
 //! whole segments, streams, events, copies and virtual-memory pages, and never touches a device
 //! any other way. `crate::sim` implements it on host memory (or on no memory at all, for trace
 //! replay); a CUDA implementation sits behind the same trait, so everything above it is tested

@@ -1,11 +1,11 @@
 //! Model checking with loom: every interleaving of two threads allocating and freeing through
 //! one allocator while a consumer pulls events from the ring by sequence number (as the
 //! telemetry publisher does). Run with
-//! `RUSTFLAGS="--cfg loom" cargo test -p vramscope-allocator --test loom --release`;
+//! `RUSTFLAGS="--cfg loom" cargo test -p vramscope-caching --test loom --release`;
 //! in normal builds this file is empty.
 #![cfg(loom)]
 
-use vramscope_allocator::{CachingAllocator, SimDevice};
+use vramscope_caching::{CachingAllocator, SimDevice};
 use vramscope_model::{AllocatorConfig, EventKind};
 
 /// Pulls everything after `next`; returns the new cursor, adding what was seen and missed.

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use vramscope_allocator::{CachingAllocator, SimDevice, StreamId};
+use vramscope_caching::{CachingAllocator, SimDevice, StreamId};
 use vramscope_model::{AllocatorConfig, EventKind};
 use vramscope_testkit::shared_trace;
 

@@ -5,7 +5,7 @@
 //! memory behind every address so copies, CPU kernels and poison checks work. Both enforce the
 //! capacity like `cudaMalloc`, can be told to fail raw allocations (fault injection), count what
 //! they hand out so tests can prove nothing leaked, and complete stream events either at once or
-//! only when a test says so (to test `record_stream` deferral in `crate::caching`).
+//! only when a test says so (to test `record_stream` deferral in `crate::allocator`).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;

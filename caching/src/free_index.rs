@@ -1,6 +1,6 @@
 //! The ordered index of one free list: free blocks by (size, address), smallest first.
 //!
-//! `crate::caching` keeps one index per (stream, pool) and asks it for the first block at or
+//! `crate::allocator` keeps one index per (stream, pool) and asks it for the first block at or
 //! after a key (PyTorch's best fit: `lower_bound` on a set ordered by size, then address).
 //! The index answers that exactly, as PyTorch's `std::set` does, with one short search
 //! however many free blocks the pool holds: blocks are kept in size bins laid out like TLSF's

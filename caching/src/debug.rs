@@ -1,7 +1,7 @@
 //! Use-after-free and overflow detection for the caching allocator's `debug` and
 //! `guard_bytes` settings.
 //!
-//! With `debug`, `crate::caching` fills all free memory with [`POISON`]: new segments when they
+//! With `debug`, `crate::allocator` fills all free memory with [`POISON`]: new segments when they
 //! arrive, and each block when it returns to the cache, remembering who last owned the bytes
 //! (`FreedOwners`). When a block is handed out again, `first_difference` checks that the
 //! pattern is intact; a changed byte means someone wrote through a stale pointer, and the

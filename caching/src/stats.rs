@@ -1,7 +1,7 @@
 //! The allocator's own books behind PyTorch's statistics: counters kept under the device lock
 //! and turned into `vramscope_model::MemoryStats` on read.
 //!
-//! `crate::caching` updates a [`StatsBook`] on every allocation, free and segment change; the
+//! `crate::allocator` updates a [`StatsBook`] on every allocation, free and segment change; the
 //! figures and their names (`MemoryStats`, `Stat`, `StatArray`) live in the data model crate,
 //! which the inspector reads without linking this allocator.
 
@@ -134,7 +134,7 @@ impl CounterArray {
     }
 }
 
-/// The statistics as `crate::caching` keeps them under its device lock, turned into PyTorch's
+/// The statistics as `crate::allocator` keeps them under its device lock, turned into PyTorch's
 /// [`MemoryStats`] on read. Two things are derived instead of kept: every running total added
 /// (see [`Counter`]), and the whole `active` / `active_bytes` pair, which is `allocation` /
 /// `allocated_bytes` plus the blocks the program freed that still wait for stream events
