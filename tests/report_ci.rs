@@ -489,6 +489,15 @@ fn the_demo_annotates_the_lines_of_its_planted_bugs() {
         .iter()
         .all(|c| c.property("file") == Some("kernels/src/train.rs")));
     assert!(commands.iter().any(|c| c.name == "error"));
+    // A sync in a loop is measured in waits, not bytes.
+    let sync = findings
+        .iter()
+        .position(|f| f["kind"] == "sync_in_loop")
+        .unwrap_or_else(|| panic!("{report}"));
+    assert_eq!(
+        commands[sync].property("title"),
+        Some(format!("vramscope sync_in_loop ({} waits)", findings[sync]["count"]).as_str())
+    );
 }
 
 #[test]

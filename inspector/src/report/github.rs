@@ -5,7 +5,8 @@
 //! A finding whose site is a source line (`super::location`) names it with `file=` (relative
 //! to the checkout when it lies under it) and `line=`; one that names none (an autograd node,
 //! memory from before the trace) is an annotation without a file. The title names the detector
-//! and the bytes; the message is the fix, then what was seen.
+//! and the bytes (the waits, for a sync in a loop); the message is the fix, then what was seen,
+//! then the call path and the sites the finding gathers.
 //!
 //! Nothing from the trace reaches the log raw: every text goes first through
 //! `crate::terminal::sanitize` (a control, bidi or separator character becomes a visible
@@ -16,11 +17,11 @@
 
 use std::fmt::Write as _;
 
-use vramscope_model::format_bytes;
+use vramscope_model::{format_bytes, plural};
 
 use super::location::{path_ref, source_line, AnnotationOptions, PathRef};
 use super::Report;
-use crate::detect::{Finding, Severity};
+use crate::detect::{Finding, FindingKind, Severity};
 use crate::terminal::sanitize;
 
 /// The workflow command of a severity: `error`, `warning`, or `notice` for information.
@@ -70,8 +71,11 @@ fn command(finding: &Finding, device: Option<&str>, options: &AnnotationOptions)
             properties.push(format!("line={}", at.line));
         }
     }
+    // The figure that measures it: the waits of a sync in a loop, else the bytes.
     let mut title = format!("vramscope {}", finding.kind);
-    if finding.bytes > 0 {
+    if finding.kind == FindingKind::SyncInLoop && finding.count > 0 {
+        let _ = write!(title, " ({})", plural(finding.count, "wait"));
+    } else if finding.bytes > 0 {
         let _ = write!(title, " ({})", format_bytes(finding.bytes));
     }
     if properties.is_empty() {

@@ -27,8 +27,8 @@ pub struct AnnotationOptions {
 }
 
 impl AnnotationOptions {
-    /// How the findings of the `i`th of `reports` reports name their device: `cuda:N` (its
-    /// index) or its name; `None` for a single report.
+    /// How the findings of the `i`th of `reports` name their device: `device N` (its index)
+    /// or, without the index, its name; `None` for a single report.
     pub fn device_label(&self, i: usize, reports: &[super::Report]) -> Option<String> {
         if reports.len() < 2 {
             return None;
