@@ -383,7 +383,7 @@ enum Output {
 
 impl Output {
     /// The output of a report in `format`.
-    fn of(format: Format, color: bool) -> Output {
+    fn for_format(format: Format, color: bool) -> Output {
         match format {
             Format::Text => Output::Text { color },
             Format::Markdown => Output::Text { color: false },
@@ -677,7 +677,7 @@ fn run_ranks(inputs: Vec<PathBuf>, format: Format, output: Option<PathBuf>) -> R
         Format::Html => ranks::render_html(&comparison),
         Format::Sarif | Format::Github => unreachable!("refused above"),
     };
-    emit(&text, output.as_ref(), Output::of(format, false))?;
+    emit(&text, output.as_ref(), Output::for_format(format, false))?;
     Ok(u8::from(!comparison.failed.is_empty()))
 }
 
@@ -695,7 +695,7 @@ fn run_diff(before: PathBuf, after: PathBuf, at: diff::At, format: Format) -> Re
             )))
         }
     };
-    emit(&text, None, Output::of(format, false))?;
+    emit(&text, None, Output::for_format(format, false))?;
     Ok(0)
 }
 
@@ -750,7 +750,7 @@ fn run_demo(args: DemoArgs) -> Result<u8, Failure> {
     emit(
         &report::render(&built, format, color),
         None,
-        Output::of(format, color),
+        Output::for_format(format, color),
     )?;
     Ok(0)
 }
@@ -825,7 +825,7 @@ fn run_report(args: ReportArgs) -> Result<u8, Failure> {
             .collect::<Vec<_>>()
             .join("\n"),
     };
-    emit(&text, output.as_ref(), Output::of(format, color))?;
+    emit(&text, output.as_ref(), Output::for_format(format, color))?;
     Ok(match fail_on {
         Some(level) if reports.iter().any(|r| r.fails_on(level)) => 1,
         _ => 0,
@@ -921,7 +921,7 @@ fn run_replay(args: ReplayArgs) -> Result<u8, Failure> {
         Format::Json => texts.join("") + "\n",
         _ => texts.join("\n"),
     };
-    emit(&text, None, Output::of(format, false))?;
+    emit(&text, None, Output::for_format(format, false))?;
     // Like `diff`, a verification that found a difference exits with 1, and so does a
     // replay that ran out of memory under `--fail-on-oom`.
     Ok(u8::from(calls_differ))

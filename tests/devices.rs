@@ -156,7 +156,7 @@ proptest::proptest! {
             // are compared on consistent traces only.
             let part = vramscope::inspector::devices::only_device(&back, d as u32);
             let (through, own) = (figures(&part), figures(run));
-            if Reconstruction::of(run).disagreements.is_empty() {
+            if Reconstruction::from_snapshot(run).disagreements.is_empty() {
                 proptest::prop_assert_eq!(through, own, "device {} through a pickle", d);
             } else {
                 proptest::prop_assert_eq!(

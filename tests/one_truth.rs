@@ -87,7 +87,7 @@ fn check_views(name: &str, snapshot: &Snapshot, consistent: bool) {
     let end_reserved = view.reserved_known().then(|| view.end_reserved());
 
     // The engine's walk forwards from the start reaches the dump-time end state.
-    let walk = vramscope::engine::Reconstruction::of(snapshot);
+    let walk = vramscope::engine::Reconstruction::from_snapshot(snapshot);
     if consistent {
         // These traces are consistent: walking forwards from any of the walk's states keeps to
         // them, so the dashboard steps forwards over them (`Dataset::state_at`).

@@ -122,7 +122,7 @@ impl SiteGroups {
 
     /// The group of an event's site ([`SiteGroups::UNKNOWN`] without one, or for an id
     /// outside the table).
-    pub fn of(&self, site: Option<SiteId>) -> GroupId {
+    pub fn group_of(&self, site: Option<SiteId>) -> GroupId {
         site.and_then(|s| self.site_group.get(s as usize).copied())
             .unwrap_or(SiteGroups::UNKNOWN)
     }
@@ -133,7 +133,7 @@ impl SiteGroups {
         if block.predates_trace() && block.site.is_none() {
             SiteGroups::BEFORE_TRACE
         } else {
-            self.of(block.site)
+            self.group_of(block.site)
         }
     }
 

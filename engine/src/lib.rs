@@ -221,7 +221,7 @@ impl Reconstruction {
         Reconstruction::keeping_states(snapshot, Some(RELEASE_LINKS_EVERY))
     }
 
-    /// [`Reconstruction::of`], also keeping a few states on the way back, for a caller that
+    /// [`Reconstruction::from_snapshot`], also keeping a few states on the way back, for a caller that
     /// asks for the walk's state at several events ([`Reconstruction::state_walked`]: the
     /// HTML explorer's moments).
     pub fn with_states(snapshot: &Snapshot) -> Reconstruction {
@@ -256,7 +256,7 @@ impl Reconstruction {
             pairing,
             end,
             reserved_known,
-        } = EndOfTrace::of(snapshot);
+        } = EndOfTrace::from_snapshot(snapshot);
         let mut state = end.clone();
         let mut disagreements = Disagreements::default();
         let usage = UsageSeries::from_last(n, |i| {
@@ -308,15 +308,15 @@ impl Reconstruction {
     }
 
     /// The walk of `snapshot` without checkpoints.
-    pub fn of(snapshot: &Snapshot) -> Reconstruction {
+    pub fn from_snapshot(snapshot: &Snapshot) -> Reconstruction {
         Reconstruction::walk(snapshot, 0, &mut |_, _| {}, None)
     }
 
-    /// Only the state before the first event: the same backward walk as [`Reconstruction::of`]
+    /// Only the state before the first event: the same backward walk as [`Reconstruction::from_snapshot`]
     /// without keeping the usage after every event, for callers (the replay's block sizing)
     /// that need where the trace started and nothing else.
     pub fn start_of(snapshot: &Snapshot) -> MemoryState {
-        Reconstruction::start_of_paired(snapshot, &PairedEvents::of(&snapshot.events))
+        Reconstruction::start_of_paired(snapshot, &PairedEvents::pair(&snapshot.events))
     }
 
     /// [`Reconstruction::start_of`] with the events already paired (all of them, in order);
@@ -397,7 +397,7 @@ impl Reconstruction {
         let Some(&first) = wanted.first() else {
             return;
         };
-        let EndOfTrace { mut links, end, .. } = EndOfTrace::of(snapshot);
+        let EndOfTrace { mut links, end, .. } = EndOfTrace::from_snapshot(snapshot);
         let mut state = end;
         let mut next = wanted.iter().rev().peekable();
         for i in (first as usize..events.len()).rev() {
@@ -501,8 +501,8 @@ struct EndOfTrace {
 impl EndOfTrace {
     /// Pairs the frees of `snapshot` and takes its end state from its segments (or, for a
     /// format without them, from its events and its statistics' current figures).
-    fn of(snapshot: &Snapshot) -> EndOfTrace {
-        let PairedEvents { pairing, links } = PairedEvents::of(&snapshot.events);
+    fn from_snapshot(snapshot: &Snapshot) -> EndOfTrace {
+        let PairedEvents { pairing, links } = PairedEvents::pair(&snapshot.events);
         let (end, reserved_known) = end_state(snapshot, &pairing);
         EndOfTrace {
             links,
@@ -578,7 +578,7 @@ impl PairedEvents {
     }
 
     /// Every event of `events` paired, in order.
-    pub fn of(events: &[Event]) -> PairedEvents {
+    pub fn pair(events: &[Event]) -> PairedEvents {
         let mut paired = PairedEvents::with_capacity(events.len());
         for (i, e) in events.iter().enumerate() {
             paired.push(i as u32, e);
@@ -673,7 +673,7 @@ mod tests {
             snapshot
                 .events
                 .push(event(EventKind::FreeRequested, 0x9000, 1024));
-            let walk = Reconstruction::of(&snapshot);
+            let walk = Reconstruction::from_snapshot(&snapshot);
             assert_eq!(
                 walk.start.allocated, 0,
                 "pending {pending}: nothing before the trace"
@@ -739,7 +739,7 @@ mod tests {
     #[test]
     fn a_walk_that_lets_go_of_its_links_finds_the_same() {
         let snapshot = trace();
-        let kept = Reconstruction::of(&snapshot);
+        let kept = Reconstruction::from_snapshot(&snapshot);
         assert_eq!(kept.links.len(), snapshot.events.len());
         for every in [1, 7, 64, 1 << 20] {
             let lean = Reconstruction::walk(&snapshot, 0, &mut |_, _| {}, Some(every));
@@ -859,7 +859,7 @@ mod tests {
             let events: &[Event] = &snapshot.events;
             let n = events.len();
             for walk in [
-                Reconstruction::of(&snapshot),
+                Reconstruction::from_snapshot(&snapshot),
                 Reconstruction::without_links(&snapshot),
             ] {
                 let blocks_at = |pos: usize| -> FxHashMap<u64, LiveBlock> {
@@ -910,9 +910,9 @@ mod tests {
     #[test]
     fn the_start_from_events_paired_elsewhere_is_the_walks_own() {
         for snapshot in [trace(), cycling_trace(13, &[0, 1, 1, 2, 2], |_| 512)] {
-            let paired = PairedEvents::of(&snapshot.events);
+            let paired = PairedEvents::pair(&snapshot.events);
             // The full walk's start, which pairs the events itself.
-            let own = Reconstruction::of(&snapshot).start;
+            let own = Reconstruction::from_snapshot(&snapshot).start;
             assert!(!own.blocks.is_empty());
             assert_eq!(Reconstruction::start_of_paired(&snapshot, &paired), own);
             assert_eq!(Reconstruction::start_of(&snapshot), own);
@@ -959,7 +959,7 @@ mod tests {
         for (n, (mut snapshot, contradicts)) in cases.into_iter().enumerate() {
             snapshot.events.truncate(3_000);
             let events: &[Event] = &snapshot.events;
-            let walk = Reconstruction::of(&snapshot);
+            let walk = Reconstruction::from_snapshot(&snapshot);
             // The walk's state after every position, found the way the walk finds them.
             let mut states = vec![walk.end.clone()];
             let mut state = walk.end.clone();

@@ -515,7 +515,7 @@ pub fn export_pytorch(
     snapshot: &Snapshot,
     extras: Option<&PytorchExtras<'_>>,
 ) -> Result<PytorchExport, ExportError> {
-    let dump = carry::DumpState::of(snapshot)?;
+    let dump = carry::DumpState::from_snapshot(snapshot)?;
     let pairs = carry::completions_only(snapshot);
     if dump.is_some() || pairs {
         // What was made must stay within the limits the importer reads a file with.

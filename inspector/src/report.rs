@@ -308,7 +308,7 @@ pub fn build_report_view(view: &ModelView<'_>, options: &ReportOptions) -> Repor
     let totals = view.totals();
     let segments = view.segments();
     let dump_time_state = !snapshot.segments.is_empty();
-    let activity = RecordedActivity::of(snapshot.source);
+    let activity = RecordedActivity::for_source(snapshot.source);
     let copies = |v: u64| activity.copies_and_syncs.then_some(v);
     let device = |v: u64| activity.device_calls.then_some(v);
     let stats = ReportStats {
@@ -381,7 +381,7 @@ struct RecordedActivity {
 }
 
 impl RecordedActivity {
-    fn of(source: SnapshotSource) -> RecordedActivity {
+    fn for_source(source: SnapshotSource) -> RecordedActivity {
         match source {
             SnapshotSource::Vramscope => RecordedActivity {
                 copies_and_syncs: true,

@@ -408,7 +408,7 @@ proptest::proptest! {
         // consistent trace and across the frees a trace lost (an allocation over a live block
         // takes it as freed), but not where a trace frees a block that its dump-time state
         // still holds; the summary table takes the all-pools figures from the engine anyway.
-        if vramscope_engine::Reconstruction::of(&back).disagreements.is_empty() {
+        if vramscope_engine::Reconstruction::from_snapshot(&back).disagreements.is_empty() {
             assert_statistics_agree(&back);
         }
         // The Perfetto export's counter is the engine's usage, whichever the trace.
@@ -428,7 +428,7 @@ fn a_free_completed_with_another_size_than_requested_round_trips() {
     let original = vramscope_testkit::generated::trace_of_ops(&ops, &[false; 5]);
     let (back, _) = round_trip(&original);
     assert_eq!(figures(&back), figures(&original));
-    if vramscope_engine::Reconstruction::of(&back)
+    if vramscope_engine::Reconstruction::from_snapshot(&back)
         .disagreements
         .is_empty()
     {

@@ -134,7 +134,7 @@ impl SettingNames {
     };
 
     /// The names of the program a snapshot from `source` came from.
-    pub fn of(source: SnapshotSource) -> SettingNames {
+    pub fn for_source(source: SnapshotSource) -> SettingNames {
         match source {
             SnapshotSource::Vramscope => SettingNames::VRAMSCOPE,
             SnapshotSource::Pytorch | SnapshotSource::ChromeTrace => SettingNames::PYTORCH,
@@ -708,11 +708,11 @@ mod tests {
     #[test]
     fn names_follow_the_source() {
         assert_eq!(
-            SettingNames::of(SnapshotSource::Pytorch).env_var,
+            SettingNames::for_source(SnapshotSource::Pytorch).env_var,
             "PYTORCH_CUDA_ALLOC_CONF"
         );
         assert_eq!(
-            SettingNames::of(SnapshotSource::Vramscope).env_var,
+            SettingNames::for_source(SnapshotSource::Vramscope).env_var,
             "VRAMSCOPE_ALLOC_CONF"
         );
         assert_eq!(OomCause::Cap { known: false }.as_str(), "memory_cap");

@@ -288,7 +288,10 @@ fn device_of(snapshot: &Snapshot) -> u32 {
 /// engine's start state (`vramscope_engine::Reconstruction`), which undoes the trace's events,
 /// last first, from the segments at the end. An expandable segment shows as its mapped runs.
 pub fn initial_state(snapshot: &Snapshot) -> Vec<StartSegment> {
-    start_segments(&Reconstruction::of(snapshot).start, device_of(snapshot))
+    start_segments(
+        &Reconstruction::from_snapshot(snapshot).start,
+        device_of(snapshot),
+    )
 }
 
 /// The segments of `state` on `device`, each with the live blocks that lie inside it.
@@ -789,7 +792,7 @@ fn start_and_events(
         // start-only walk keeps no usage per event.
         let start = match keep {
             Keep::TraceFigures { estimated } => {
-                let walk = Reconstruction::of(snapshot);
+                let walk = Reconstruction::from_snapshot(snapshot);
                 let mut original = original_figures(snapshot, &walk, device);
                 original.peak_allocated_estimated = *estimated;
                 (options.reconstruct_start.then_some(walk.start), original)

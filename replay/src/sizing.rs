@@ -96,7 +96,7 @@ pub fn size_blocks_visiting(
     let divisions = snapshot.config.roundup_power2_divisions;
     // The pairs (found here, or by the caller) are also the walk's to the trace's start (they
     // do not depend on sizes): it takes them rather than pairing the trace again.
-    let paired = paired.unwrap_or_else(|| PairedEvents::of(&snapshot.events));
+    let paired = paired.unwrap_or_else(|| PairedEvents::pair(&snapshot.events));
     assert_eq!(
         paired.len(),
         snapshot.events.len(),
@@ -148,7 +148,7 @@ pub fn size_blocks_visiting(
         }
     }
     drop(paired);
-    let before_trace = BeforeTraceSizes::of(snapshot);
+    let before_trace = BeforeTraceSizes::from_dump(snapshot);
     // Pairing again finds what each free releases, which by then has its block size (rather
     // than a list of it kept from the first pass, four bytes an event).
     let mut pairing = Pairing::new();
@@ -195,7 +195,7 @@ pub(crate) struct BeforeTraceSizes {
 
 impl BeforeTraceSizes {
     /// The inactive blocks of `snapshot`'s dump and where it allocates last.
-    fn of(snapshot: &Snapshot) -> BeforeTraceSizes {
+    fn from_dump(snapshot: &Snapshot) -> BeforeTraceSizes {
         let free_at_end: AddrMap<u64> = snapshot
             .segments
             .iter()
@@ -256,7 +256,7 @@ pub fn estimated_before_trace_blocks(snapshot: &Snapshot) -> u64 {
         return 0;
     }
     let divisions = snapshot.config.roundup_power2_divisions;
-    let known = BeforeTraceSizes::of(snapshot);
+    let known = BeforeTraceSizes::from_dump(snapshot);
     let mut pairing = Pairing::new();
     let mut estimated = 0;
     for (i, e) in snapshot.events.iter().enumerate() {

@@ -151,7 +151,7 @@ pub fn sweep_with(
     // The trace's own figures and start, the same under every setting: walked once, and the
     // rest of the walk (its usage per event) dropped before the replays.
     let (start, original) = {
-        let walk = Reconstruction::of(snapshot);
+        let walk = Reconstruction::from_snapshot(snapshot);
         let mut original = original_figures(snapshot, &walk, device_of(snapshot));
         original.peak_allocated_estimated = estimated;
         (walk.start, original)

@@ -58,7 +58,7 @@ fn totals_only_trace() -> Snapshot {
 #[test]
 fn memory_recorded_only_as_totals_is_held_from_the_start() {
     let snapshot = totals_only_trace();
-    let start = Reconstruction::of(&snapshot).start;
+    let start = Reconstruction::from_snapshot(&snapshot).start;
     assert_eq!(
         start.unattributed.allocated,
         100 * MIB,

@@ -411,7 +411,7 @@ impl Dataset {
         self.start_usage = self.usage.get(count - 1).unwrap_or_default();
         self.usage.drop_front(count);
         self.pyramid = Pyramid::new(&self.usage);
-        self.peak = Peak::of(self.start_usage, &self.usage);
+        self.peak = Peak::from_usage(self.start_usage, &self.usage);
         self.link.drain(..count);
         for l in &mut self.link {
             *l = shift(*l);
@@ -787,7 +787,7 @@ struct Peak {
 
 impl Peak {
     /// The peak of `start` (position 0) followed by `usage` (positions 1 on).
-    fn of(start: Usage, usage: &UsageSeries) -> Peak {
+    fn from_usage(start: Usage, usage: &UsageSeries) -> Peak {
         let mut peak = Peak {
             bytes: start,
             allocated_pos: 0,
@@ -800,7 +800,7 @@ impl Peak {
     }
 
     /// The peak the engine's walk found: the same rule (the start's figures, then the first
-    /// event whose figure passes every one before it), so it equals [`Peak::of`] its usage.
+    /// event whose figure passes every one before it), so it equals [`Peak::from_usage`] of its usage.
     fn of_walk(walk: &vramscope_engine::Reconstruction) -> Peak {
         let pos = |peak: &vramscope_engine::Peak| peak.event.map_or(0, |e| e as usize + 1);
         Peak {

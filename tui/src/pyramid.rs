@@ -37,7 +37,7 @@ pub struct Extremes {
 
 impl Extremes {
     /// The extremes of one event's usage.
-    pub fn of(u: Usage) -> Extremes {
+    pub fn from_usage(u: Usage) -> Extremes {
         Extremes { min: u, max: u }
     }
 
@@ -56,7 +56,9 @@ impl Extremes {
     pub fn scan(usage: impl IntoIterator<Item = Usage>) -> Option<Extremes> {
         let mut usage = usage.into_iter();
         let first = usage.next()?;
-        Some(usage.fold(Extremes::of(first), |e, u| e.merge(Extremes::of(u))))
+        Some(usage.fold(Extremes::from_usage(first), |e, u| {
+            e.merge(Extremes::from_usage(u))
+        }))
     }
 }
 
@@ -109,7 +111,7 @@ impl Pyramid {
     pub fn push(&mut self, u: Usage) {
         let index = self.len;
         self.len += 1;
-        let e = Extremes::of(u);
+        let e = Extremes::from_usage(u);
         for (k, level) in self.levels.iter_mut().enumerate() {
             let bucket = index >> (BASE as usize + k);
             if bucket == level.len() {

@@ -296,7 +296,7 @@ pub struct SegmentFigures {
 
 impl SegmentFigures {
     /// Computes the figures of `state` in one pass over its segments and blocks.
-    pub fn of(state: &MemoryState) -> SegmentFigures {
+    pub fn from_state(state: &MemoryState) -> SegmentFigures {
         let mut f = SegmentFigures {
             count: state.segments.len() as u64,
             ..SegmentFigures::default()

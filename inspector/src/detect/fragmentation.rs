@@ -246,7 +246,7 @@ fn report_oom(
         evidence = evidence.text("setting", setting);
     }
     f.evidence = evidence;
-    f.fix = d.fix(SettingNames::of(view.snapshot().source));
+    f.fix = d.fix(SettingNames::for_source(view.snapshot().source));
     sink.report(f);
 }
 

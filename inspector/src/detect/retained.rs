@@ -321,8 +321,8 @@ fn report_group(
     let total_bytes = sat_sum(members.iter().map(|&k| leaks[k].bytes));
     let total_blocks = sat_sum(members.iter().map(|&k| leaks[k].blocks));
     let sites = cluster_sites(units, leaks, members);
-    let naming = GroupNaming::of(units, leaks, members, lead);
-    let rate = RetentionRate::of(view, options, total_bytes, total_blocks, first);
+    let naming = GroupNaming::choose(units, leaks, members, lead);
+    let rate = RetentionRate::measure(view, options, total_bytes, total_blocks, first);
     let period = period_of(steps);
     let first_step = view.step_number(loop_steps.start + first);
     let last_step = view.step_number(loop_steps.start + last_retaining);
@@ -446,7 +446,7 @@ struct GroupNaming {
 
 impl GroupNaming {
     /// The naming of the group `members` of `leaks`, whose largest member is `lead`.
-    fn of(units: &[Unit], leaks: &[Leak], members: &[usize], lead: &Leak) -> GroupNaming {
+    fn choose(units: &[Unit], leaks: &[Leak], members: &[usize], lead: &Leak) -> GroupNaming {
         let label = |f: &Frame| format!("{}:{}", f.file, f.line);
         let lead_unit = &units[lead.unit];
         let Some(kept) = &lead.kept else {
@@ -576,7 +576,7 @@ struct RetentionRate {
 impl RetentionRate {
     /// The rate of `total_bytes` in `total_blocks` retained from relative loop step `first`
     /// to the end of the loop.
-    fn of(
+    fn measure(
         view: &ModelView<'_>,
         options: &DetectOptions,
         total_bytes: u64,

@@ -18,7 +18,7 @@ use crate::model_view::ModelView;
 
 /// Reports transfer-heavy loops and same-size uploads repeated every step.
 pub fn transfer_heavy(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn FindingSink) {
-    let Some(whole) = LoopTransfers::of(view, options) else {
+    let Some(whole) = LoopTransfers::find(view, options) else {
         return;
     };
     let mut reported = vec![false; view.groups().len()];
@@ -46,7 +46,7 @@ struct LoopTransfers {
 
 impl LoopTransfers {
     /// The loop's copies, or `None` when the loop has fewer than `min_steps` steps.
-    fn of(view: &ModelView<'_>, options: &DetectOptions) -> Option<LoopTransfers> {
+    fn find(view: &ModelView<'_>, options: &DetectOptions) -> Option<LoopTransfers> {
         let loop_steps = view.loop_steps();
         let n_steps = loop_steps.len() as u64;
         if n_steps < options.min_steps.max(1) {

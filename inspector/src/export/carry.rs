@@ -7,7 +7,7 @@
 //! shape so that the pickle imports again to the same start state, usage, peaks, end state and
 //! step labels; this module holds what that needs beyond a plain copy:
 //!
-//! - [`DumpState::of`]: the dump-time state of a snapshot that has none (a profiler trace, a
+//! - [`DumpState::from_snapshot`]: the dump-time state of a snapshot that has none (a profiler trace, a
 //!   device's part of a vramscope snapshot), from the engine's end state
 //!   (`vramscope_engine::Reconstruction`): its segments and blocks as they are, each live
 //!   block outside any segment in a segment of its own, and the memory from before the trace
@@ -75,11 +75,11 @@ impl DumpState {
     /// The dump-time state of `snapshot` when it has none and there is something to carry;
     /// `None` when its own segments are the dump-time state or its end state is empty. An
     /// error when the segments would not fit the limits the importer reads files within.
-    pub(crate) fn of(snapshot: &Snapshot) -> Result<Option<DumpState>, ExportError> {
+    pub(crate) fn from_snapshot(snapshot: &Snapshot) -> Result<Option<DumpState>, ExportError> {
         if !snapshot.segments.is_empty() {
             return Ok(None);
         }
-        let walk = Reconstruction::of(snapshot);
+        let walk = Reconstruction::from_snapshot(snapshot);
         let end: &MemoryState = &walk.end;
         if end.blocks.is_empty() && end.segments.is_empty() && end.unattributed == Usage::default()
         {

@@ -296,7 +296,7 @@ impl<'s, W: Write> TraceWriter<'s, W> {
         let snapshot = self.snapshot;
         let pid = self.pid;
         check_sizes(snapshot)?;
-        let walk = Reconstruction::of(snapshot);
+        let walk = Reconstruction::from_snapshot(snapshot);
         let mut intervals: Vec<Interval> = Vec::new();
         // The interval of each allocation event, by the event's index.
         let mut interval_of: FxHashMap<u32, usize> = FxHashMap::default();

@@ -202,7 +202,7 @@ impl ExplorerData {
         let moments = take_moments(snapshot, &walk, groups, &planned, &mut indexer);
         let deltas = group_deltas(snapshot, &walk, groups);
         let bands = Bands::choose(&start_bytes, &deltas, groups, &mut indexer);
-        let clock = Clock::of(events);
+        let clock = Clock::over(events);
         let columns = Columns::gather(&walk, &bands, &start_bytes, &deltas, &clock);
 
         ExplorerData {
@@ -433,7 +433,7 @@ impl Bands {
     }
 
     /// The band group `g` is drawn in.
-    fn of(&self, g: GroupId) -> Option<usize> {
+    fn band_of(&self, g: GroupId) -> Option<usize> {
         self.series_of.get(&g).copied().or(self.other)
     }
 }
@@ -465,7 +465,7 @@ struct Clock<'e> {
 }
 
 impl<'e> Clock<'e> {
-    fn of(events: &'e [Event]) -> Clock<'e> {
+    fn over(events: &'e [Event]) -> Clock<'e> {
         let t0 = events.first().map_or(0, |e| e.time_ns);
         let has_time = events.iter().any(|e| e.time_ns != t0);
         Clock {
@@ -548,7 +548,7 @@ impl Columns {
         };
         let mut now = vec![0u64; bands.series.len()];
         for (&g, &b) in start_bytes {
-            if let Some(s) = bands.of(g) {
+            if let Some(s) = bands.band_of(g) {
                 now[s] = now[s].saturating_add(b);
             }
         }
@@ -564,7 +564,7 @@ impl Columns {
         for p in 1..positions {
             while next_delta < deltas.len() && deltas[next_delta].pos as usize == p {
                 let d = deltas[next_delta];
-                if let Some(s) = bands.of(d.group) {
+                if let Some(s) = bands.band_of(d.group) {
                     now[s] = now[s].saturating_add_signed(d.bytes);
                 }
                 next_delta += 1;
@@ -846,7 +846,7 @@ mod tests {
         let held: u64 = view.live_at_peak().iter().map(|h| h.bytes).sum();
         assert_eq!(held, view.peak_allocated());
         // A walk forwards from the start, as a viewer stepping through the trace would take.
-        let mut forwards = Reconstruction::of(&snapshot).start;
+        let mut forwards = Reconstruction::from_snapshot(&snapshot).start;
         for (i, e) in snapshot.events.iter().enumerate().take(peak.pos as usize) {
             forwards.apply(e, i as u32);
         }
@@ -877,7 +877,7 @@ mod tests {
             let snapshot = vramscope_testkit::generated::trace_of_ops(&ops, &live_at_dump);
             let view = ModelView::new(&snapshot);
             let data = ExplorerData::build(&view, None);
-            let walk = Reconstruction::of(&snapshot);
+            let walk = Reconstruction::from_snapshot(&snapshot);
             proptest::prop_assert_eq!(data.bucket_start.len(), snapshot.events.len() + 1);
             for k in 0..data.bucket_start.len() {
                 let sum: u64 = data.values.iter().map(|v| v[k]).sum();

@@ -620,7 +620,7 @@ enum Name<'a> {
 }
 
 impl<'a> Name<'a> {
-    fn of(name: &str, keep: impl FnOnce() -> Cow<'a, str>) -> Name<'a> {
+    fn classify(name: &str, keep: impl FnOnce() -> Cow<'a, str>) -> Name<'a> {
         if name == MEMORY_EVENT {
             Name::Memory
         } else if name.starts_with("ProfilerStep#") {
@@ -641,11 +641,11 @@ impl<'de: 'a, 'a> Visitor<'de> for NameVisitor<'a> {
     }
 
     fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-        Ok(Name::of(v, || Cow::Borrowed(v)))
+        Ok(Name::classify(v, || Cow::Borrowed(v)))
     }
 
     fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(Name::of(v, || Cow::Owned(v.to_string())))
+        Ok(Name::classify(v, || Cow::Owned(v.to_string())))
     }
 
     fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {

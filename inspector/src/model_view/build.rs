@@ -62,7 +62,7 @@ impl<'a> ModelViewBuilder<'a> {
     /// numbers its steps.
     pub(super) fn new(snapshot: &'a Snapshot) -> ModelViewBuilder<'a> {
         let groups = SiteGroups::from_sites(&snapshot.sites);
-        let plan = StepPlan::of(snapshot);
+        let plan = StepPlan::from_snapshot(snapshot);
         let (step_numbers, steps) = collect_steps(snapshot, &plan);
         ModelViewBuilder {
             snapshot,
@@ -96,7 +96,7 @@ impl<'a> ModelViewBuilder<'a> {
         if first_event.is_none() {
             *first_event = Some(event_index);
         }
-        let group = self.groups.of(event.site());
+        let group = self.groups.group_of(event.site());
         match (event.kind, self.pairing.push(event_index, event)) {
             (EventKind::Alloc, Pair::Alloc { replaced, .. }) => {
                 self.record_alloc(event_index, event, group, step, replaced);

@@ -81,7 +81,7 @@ pub(super) struct StepPlan {
 impl StepPlan {
     /// The plan for `snapshot`: its own marks when it has any, else the loop found in its
     /// allocations' stacks, else one step for everything.
-    pub(super) fn of(snapshot: &Snapshot) -> StepPlan {
+    pub(super) fn from_snapshot(snapshot: &Snapshot) -> StepPlan {
         let marked = !snapshot.steps.is_empty() || snapshot.events.iter().any(|e| e.step > 0);
         if marked {
             let label = snapshot

@@ -82,7 +82,7 @@ impl<'a> Filter<'a> {
                 || kind.name().contains(&self.key.filter)
                 || self
                     .site_match
-                    .get(self.data.groups().of(self.data.events()[i].site()) as usize)
+                    .get(self.data.groups().group_of(self.data.events()[i].site()) as usize)
                     .copied()
                     .unwrap_or(false))
     }

@@ -137,7 +137,7 @@ impl App {
             }),
             SiteSort::Name => sites.sort_by_key(label),
         }
-        let segments = SegmentFigures::of(state);
+        let segments = SegmentFigures::from_state(state);
         let tree = if self.sites.tree {
             self.build_tree(&by_site, &filter)
         } else {

@@ -210,7 +210,7 @@ fn the_state_at_any_position_is_the_walks_own_on_a_trace_that_contradicts_itself
                 .build(),
         );
     }
-    let walk = vramscope_engine::Reconstruction::of(&snapshot);
+    let walk = vramscope_engine::Reconstruction::from_snapshot(&snapshot);
     assert!(!walk.disagreements.is_empty());
     let events: &[Event] = &snapshot.events;
     let n = events.len();
@@ -252,7 +252,7 @@ proptest::proptest! {
         cursor in proptest::collection::vec(0usize..100, 1..40),
     ) {
         let snapshot = vramscope_testkit::generated::trace_of_ops(&ops, &live_at_dump);
-        let walk = vramscope_engine::Reconstruction::of(&snapshot);
+        let walk = vramscope_engine::Reconstruction::from_snapshot(&snapshot);
         let events: &[Event] = &snapshot.events;
         let n = events.len();
         let mut data = Dataset::new(snapshot.clone(), Origin::File("f".into()));

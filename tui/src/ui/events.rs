@@ -103,7 +103,7 @@ impl Widget for EventsPanel<'_> {
             let y = inner.y + 1 + (row - first) as u16;
             let site = snapshot
                 .site(e.site())
-                .map(|_| groups.get(groups.of(e.site())).label().to_string())
+                .map(|_| groups.get(groups.group_of(e.site())).label().to_string())
                 .unwrap_or_default();
             let text = if wide {
                 let tag = snapshot.tag(e.tag()).unwrap_or("");

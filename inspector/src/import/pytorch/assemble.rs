@@ -194,8 +194,8 @@ fn size_and_count(
     // pass of their own.
     let all_on_snapshot_device =
         devices_with_events == 0 || (devices_with_events == 1 && first_device == Some(index));
-    let mut pass =
-        all_on_snapshot_device.then(|| StatsPass::new(SegmentPools::of(&snapshot.segments)));
+    let mut pass = all_on_snapshot_device
+        .then(|| StatsPass::new(SegmentPools::from_segments(&snapshot.segments)));
     let mut visit = |e: &Event, pair: vramscope_engine::Pair, replaced: Option<&Event>| {
         if let Some(pass) = &mut pass {
             pass.push(e, pair, replaced);

@@ -270,7 +270,7 @@ mod tests {
         assert_eq!(collected.earliest_us, earliest);
         assert!(earliest > Some(1));
         let one = collected.one_device.expect("all events are on one device");
-        let expected = PairedEvents::of(&events);
+        let expected = PairedEvents::pair(&events);
         assert_eq!(one.paired.len(), expected.len());
         let mut open: Vec<_> = one.paired.pairing().open_allocations().collect();
         let mut expected_open: Vec<_> = expected.pairing().open_allocations().collect();

@@ -24,7 +24,7 @@ pub(crate) struct SegmentPools(Vec<(u32, u64, u64, Pool)>);
 
 impl SegmentPools {
     /// The pools of `segments` (sorted by device and address, as a snapshot keeps them).
-    pub(crate) fn of(segments: &[Segment]) -> SegmentPools {
+    pub(crate) fn from_segments(segments: &[Segment]) -> SegmentPools {
         SegmentPools(
             segments
                 .iter()
@@ -85,7 +85,7 @@ pub(crate) fn compute_stats(
     device: u32,
     config: &AllocatorConfig,
 ) -> MemoryStats {
-    let mut pass = StatsPass::new(SegmentPools::of(segments));
+    let mut pass = StatsPass::new(SegmentPools::from_segments(segments));
     let mut pairing = Pairing::new();
     for (i, e) in events
         .iter()

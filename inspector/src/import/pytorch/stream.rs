@@ -643,7 +643,7 @@ mod tests {
         let one = ready.collected.one_device.as_mut().expect("one device");
         let mut elsewhere = ready.collected.events.clone();
         elsewhere[0].addr += 1 << 20;
-        one.paired = vramscope_engine::PairedEvents::of(&elsewhere);
+        one.paired = vramscope_engine::PairedEvents::pair(&elsewhere);
         one.last_alloc.clear();
         let misled = ready.convert("t", &options).unwrap();
         assert_eq!((misled.events[0].size, misled.events[0].step), (512, 1));
