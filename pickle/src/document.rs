@@ -87,6 +87,16 @@ impl Ref {
             .then(|| Ref::new(kind::SMALL_INT, v as u32))
     }
 
+    /// The four bytes of the reference, kind and payload.
+    pub(super) fn raw(self) -> u32 {
+        self.0
+    }
+
+    /// The reference whose four bytes [`Ref::raw`] gave.
+    pub(super) fn from_raw(raw: u32) -> Ref {
+        Ref(raw)
+    }
+
     pub(super) fn kind(self) -> u32 {
         self.0 >> PAYLOAD_BITS
     }

@@ -66,6 +66,7 @@ pub use opcodes::opcode_name;
 pub use value::Value;
 pub use writer::{MemoRef, PickleWriter};
 
+pub use machine::fast::{FastEntry, FastList, FastValue};
 pub use machine::stream::{
     parse_streaming, parse_streaming_chunks, parse_streaming_read, EntrySink, Standin, Streamed,
     StreamedList,

@@ -22,6 +22,7 @@ use super::error::{PickleError, PickleErrorKind};
 use super::limits::Limits;
 use super::opcodes::*;
 
+pub(super) mod fast;
 pub(super) mod stream;
 
 use stream::Stream;
@@ -413,15 +414,20 @@ impl<'a, 's> Machine<'a, 's> {
     }
 
     fn push_str(&mut self, text: &str) -> Step<()> {
+        let r = self.add_str(text)?;
+        self.stack.push(r);
+        Ok(())
+    }
+
+    /// Adds a string to the document and returns its reference.
+    fn add_str(&mut self, text: &str) -> Step<Ref> {
         self.table_room(
             self.doc.text_ends.len(),
             "strings (the most a document can address)",
         )?;
         self.doc.text.push_str(text);
         self.doc.text_ends.push(self.doc.text.len());
-        let r = Ref::new(kind::STR, (self.doc.text_ends.len() - 1) as u32);
-        self.stack.push(r);
-        Ok(())
+        Ok(Ref::new(kind::STR, (self.doc.text_ends.len() - 1) as u32))
     }
 
     /// Pushes text whose invalid UTF-8 (for example a lone surrogate) is replaced by U+FFFD.
@@ -735,6 +741,9 @@ impl<'a, 's> Machine<'a, 's> {
                 | BINSTRING | STRING | SHORT_BINBYTES | BINBYTES | BINBYTES8 | BYTEARRAY8 => {
                     self.string(op)?
                 }
+                // A trace entry of the shape Python writes, decoded without the generic
+                // machine when a streaming read is in a run of entries (`fast`).
+                EMPTY_DICT if self.stream.is_some() && self.fast_entry()? => {}
                 EMPTY_LIST | EMPTY_DICT | EMPTY_TUPLE | EMPTY_SET | LIST | TUPLE | FROZENSET
                 | DICT | TUPLE1 | TUPLE2 | TUPLE3 => self.make_container(op)?,
                 APPEND | APPENDS | SETITEM | SETITEMS | ADDITEMS => self.fill_container(op)?,

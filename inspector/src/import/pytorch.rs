@@ -44,7 +44,7 @@ use vramscope_model::{
 
 use super::timeline;
 use super::{ImportError, ImportErrorKind, ImportOptions, Stage};
-use vramscope_pickle::{Document, Limits, Seq, Value, ValueRef};
+use vramscope_pickle::{Document, FastEntry, FastValue, Limits, Seq, Value, ValueRef};
 
 mod assemble;
 mod collect;
@@ -78,6 +78,22 @@ pub fn from_pickle_bytes(
     from_document(&doc, origin, options)
 }
 
+/// [`from_pickle_bytes`] with every trace entry read by the pickle reader's generic machine,
+/// without the fast path that decodes the entries of the shape Python writes
+/// (`vramscope_pickle::FastEntry`): the reference the fast path is checked against, which
+/// gives the same snapshot or the same error.
+pub fn from_pickle_bytes_generic(
+    bytes: &[u8],
+    origin: &str,
+    options: &ImportOptions,
+) -> Result<Snapshot, ImportError> {
+    if let Some(ready) = stream::read_bytes(bytes, options, false) {
+        return ready.convert(origin, options);
+    }
+    let doc = parse(bytes, origin, options)?;
+    from_document(&doc, origin, options)
+}
+
 /// Like [`from_pickle_bytes`], but frees the bytes once they are read and before the
 /// conversion, so that the two never occupy memory together.
 pub(crate) fn from_pickle_vec(
@@ -104,8 +120,28 @@ pub(crate) fn from_pickle_file(
     origin: &str,
     options: &ImportOptions,
 ) -> Option<Result<Snapshot, ImportError>> {
-    Some(stream::read_file(file, size, options)?.convert(origin, options))
+    let started = std::time::Instant::now();
+    let ready = stream::read_file(file, size, options)?;
+    let parsed = started.elapsed();
+    let (entries, fast_entries) = (ready.entries, ready.fast_entries);
+    let snapshot = ready.convert(origin, options);
+    if std::env::var_os(IMPORT_TIMES_ENV).is_some() {
+        let assembled = started.elapsed() - parsed;
+        eprintln!(
+            "{origin}: parse and entry conversion {:.3} s ({:.0} MB/s of {size} bytes; {fast_entries} of {entries} trace entries by the fast path), assembly {:.3} s",
+            parsed.as_secs_f64(),
+            size as f64 / 1e6 / parsed.as_secs_f64(),
+            assembled.as_secs_f64()
+        );
+    }
+    Some(snapshot)
 }
+
+/// The environment variable that, set, makes the import of a PyTorch snapshot file print on
+/// standard error how long its phases took: the parse with the trace entries' conversion
+/// (the parser's core; a second thread reads the file and a third collects the events), and
+/// the assembly of the snapshot after it (block sizes, statistics, steps). For benchmarks.
+pub const IMPORT_TIMES_ENV: &str = "VRAMSCOPE_IMPORT_TIMES";
 
 /// Imports the snapshot pickle that `open` reads, whose length is not known until it ends
 /// (what gzip data unpacks to), never holding it whole: its trace entries are streamed as it
@@ -281,7 +317,7 @@ impl Loc {
         }
     }
 
-    fn wrong(self, key: &str, expected: &str, found: ValueRef<'_>) -> Fault {
+    fn wrong<'d>(self, key: &str, expected: &str, found: impl EntryValue<'d>) -> Fault {
         self.fault(
             key,
             format!("expected {expected}, found {}", found.type_name()),
@@ -346,36 +382,67 @@ impl EntryKeys {
 
     /// [`fields`] of `entry` with [`ENTRY_KEYS`].
     fn fields<'d>(&mut self, entry: ValueRef<'d>) -> [Option<ValueRef<'d>>; 7] {
+        let mut found = [None; 7];
+        if let Some(pairs) = entry.dict_items() {
+            for (place, (k, v)) in pairs.enumerate() {
+                if let Some(slot) = self.position(place, k).and_then(|at| found.get_mut(at)) {
+                    *slot = Some(v);
+                }
+            }
+        }
+        found.map(|v| v.filter(|v| !v.is_none()))
+    }
+
+    /// [`EntryKeys::fields`] of an entry that the pickle reader's fast path decoded: the same
+    /// values, found the same way, for the same entry read whole.
+    fn fast_fields<'d>(&mut self, entry: &FastEntry<'d>) -> [Option<FastValue<'d>>; 7] {
+        // The place of each key's last pair; only those values are looked at.
+        let mut found = [usize::MAX; 7];
+        for place in 0..entry.len() {
+            if let Some(slot) = self
+                .position(place, entry.key(place))
+                .and_then(|at| found.get_mut(at))
+            {
+                *slot = place;
+            }
+        }
+        found.map(|place| {
+            (place != usize::MAX)
+                .then(|| entry.value(place))
+                .filter(|v| !v.is_none())
+        })
+    }
+
+    /// The position among [`ENTRY_KEYS`] of `key`, the key at `place` of an entry's dict:
+    /// `None` when it is not a string, past the keys' number when it is none of them.
+    #[inline]
+    fn position(&mut self, place: usize, key: ValueRef<'_>) -> Option<usize> {
+        let identity = key.identity();
+        // A place's key is remembered only when it is a string (its identity says its kind).
+        // An unset place holds identity 0, which is never taken from it.
+        if let (Some(id), Some(last)) = (identity, self.last.get(place)) {
+            if last.0 == id && id != 0 {
+                return Some(last.1 as usize);
+            }
+        }
+        let text = key.as_str()?;
         let position = |text: &str| {
             ENTRY_KEYS
                 .iter()
                 .position(|&key| key == text)
                 .map_or(u8::MAX, |i| i as u8)
         };
-        let mut found = [None; 7];
-        if let Some(pairs) = entry.dict_items() {
-            for (place, (k, v)) in pairs.enumerate() {
-                let Some(text) = k.as_str() else {
-                    continue;
-                };
-                let at = match (k.identity(), self.last.get_mut(place)) {
-                    // An unset place holds identity 0, which is never taken from it.
-                    (Some(id), Some(last)) if last.0 == id && id != 0 => last.1,
-                    (Some(id), last) => {
-                        let at = *self.by_string.entry(id).or_insert_with(|| position(text));
-                        if let Some(last) = last {
-                            *last = (id, at);
-                        }
-                        at
-                    }
-                    (None, _) => position(text),
-                };
-                if let Some(slot) = found.get_mut(at as usize) {
-                    *slot = Some(v);
+        let at = match (identity, self.last.get_mut(place)) {
+            (Some(id), last) => {
+                let at = *self.by_string.entry(id).or_insert_with(|| position(text));
+                if let Some(last) = last {
+                    *last = (id, at);
                 }
+                at
             }
-        }
-        found.map(|v| v.filter(|v| !v.is_none()))
+            (None, _) => position(text),
+        };
+        Some(at as usize)
     }
 
     /// The bytes of memory the table takes, roughly.
@@ -384,25 +451,71 @@ impl EntryKeys {
     }
 }
 
-fn need<'d>(v: Option<ValueRef<'d>>, key: &str, loc: Loc) -> Result<ValueRef<'d>, Fault> {
+/// A value as the conversion of a trace entry reads it: from a document, or decoded by the
+/// pickle reader's fast path, which must convert as the same value read whole.
+trait EntryValue<'d>: Copy {
+    fn type_name(self) -> &'static str;
+    fn as_i64(self) -> Option<i64>;
+    fn as_u64(self) -> Option<u64>;
+    fn as_float(self) -> Option<f64>;
+    fn as_str(self) -> Option<&'d str>;
+}
+
+impl<'d> EntryValue<'d> for ValueRef<'d> {
+    fn type_name(self) -> &'static str {
+        ValueRef::type_name(self)
+    }
+    fn as_i64(self) -> Option<i64> {
+        ValueRef::as_i64(self)
+    }
+    fn as_u64(self) -> Option<u64> {
+        ValueRef::as_u64(self)
+    }
+    fn as_float(self) -> Option<f64> {
+        ValueRef::as_float(self)
+    }
+    fn as_str(self) -> Option<&'d str> {
+        ValueRef::as_str(self)
+    }
+}
+
+impl<'d> EntryValue<'d> for FastValue<'d> {
+    fn type_name(self) -> &'static str {
+        FastValue::type_name(self)
+    }
+    fn as_i64(self) -> Option<i64> {
+        FastValue::as_i64(self)
+    }
+    fn as_u64(self) -> Option<u64> {
+        FastValue::as_u64(self)
+    }
+    fn as_float(self) -> Option<f64> {
+        FastValue::as_float(self)
+    }
+    fn as_str(self) -> Option<&'d str> {
+        FastValue::as_str(self)
+    }
+}
+
+fn need<'d, V: EntryValue<'d>>(v: Option<V>, key: &str, loc: Loc) -> Result<V, Fault> {
     v.ok_or_else(|| loc.fault(key, "missing"))
 }
 
-fn to_u64(v: ValueRef<'_>, key: &str, loc: Loc) -> Result<u64, Fault> {
+fn to_u64<'d>(v: impl EntryValue<'d>, key: &str, loc: Loc) -> Result<u64, Fault> {
     v.as_u64()
         .ok_or_else(|| loc.wrong(key, "a non-negative integer", v))
 }
 
-fn need_u64(v: Option<ValueRef<'_>>, key: &str, loc: Loc) -> Result<u64, Fault> {
+fn need_u64<'d>(v: Option<impl EntryValue<'d>>, key: &str, loc: Loc) -> Result<u64, Fault> {
     to_u64(need(v, key, loc)?, key, loc)
 }
 
-fn opt_u64(v: Option<ValueRef<'_>>, key: &str, loc: Loc) -> Result<Option<u64>, Fault> {
+fn opt_u64<'d>(v: Option<impl EntryValue<'d>>, key: &str, loc: Loc) -> Result<Option<u64>, Fault> {
     v.map(|v| to_u64(v, key, loc)).transpose()
 }
 
 /// A stream handle: any integer, negative ones kept as their two's-complement bits.
-fn opt_stream(v: Option<ValueRef<'_>>, key: &str, loc: Loc) -> Result<u64, Fault> {
+fn opt_stream<'d>(v: Option<impl EntryValue<'d>>, key: &str, loc: Loc) -> Result<u64, Fault> {
     match v {
         None => Ok(0),
         Some(v) => match v.as_i64() {
@@ -412,7 +525,7 @@ fn opt_stream(v: Option<ValueRef<'_>>, key: &str, loc: Loc) -> Result<u64, Fault
     }
 }
 
-fn need_str<'d>(v: Option<ValueRef<'d>>, key: &str, loc: Loc) -> Result<&'d str, Fault> {
+fn need_str<'d>(v: Option<impl EntryValue<'d>>, key: &str, loc: Loc) -> Result<&'d str, Fault> {
     let v = need(v, key, loc)?;
     v.as_str().ok_or_else(|| loc.wrong(key, "a string", v))
 }
@@ -433,7 +546,11 @@ fn elements<'d>(seq: Option<Seq<'d>>) -> impl Iterator<Item = ValueRef<'d>> {
 }
 
 /// A time in microseconds: an integer or a float; negative times count as 0.
-fn opt_time_us(v: Option<ValueRef<'_>>, key: &str, loc: Loc) -> Result<Option<u64>, Fault> {
+fn opt_time_us<'d>(
+    v: Option<impl EntryValue<'d>>,
+    key: &str,
+    loc: Loc,
+) -> Result<Option<u64>, Fault> {
     let Some(v) = v else {
         return Ok(None);
     };
@@ -539,7 +656,38 @@ fn read_entry(
     figures: &mut Figures,
 ) -> Result<Option<Event>, Fault> {
     let entry = dict(entry, loc)?;
-    let [action, addr, size, stream, time_us, frames, device_free] = keys.fields(entry);
+    let fields = keys.fields(entry);
+    entry_event(fields, device, loc, figures, |frames| {
+        stacks.site(frames, loc)
+    })
+}
+
+/// [`read_entry`] of an entry that the pickle reader's fast path decoded: the same event, or
+/// the same fault, as for the same entry read whole.
+fn read_fast_entry(
+    entry: &FastEntry<'_>,
+    device: u16,
+    loc: Loc,
+    keys: &mut EntryKeys,
+    stacks: &mut Stacks,
+    figures: &mut Figures,
+) -> Result<Option<Event>, Fault> {
+    let fields = keys.fast_fields(entry);
+    entry_event(fields, device, loc, figures, |frames| {
+        stacks.fast_site(frames, loc)
+    })
+}
+
+/// The event of the trace entry whose [`ENTRY_KEYS`] hold `fields`, with `site` to find the
+/// call site of its `frames` (see [`read_entry`]).
+fn entry_event<'d, V: EntryValue<'d>>(
+    fields: [Option<V>; 7],
+    device: u16,
+    loc: Loc,
+    figures: &mut Figures,
+    site: impl FnOnce(Option<V>) -> Result<Option<SiteId>, Fault>,
+) -> Result<Option<Event>, Fault> {
+    let [action, addr, size, stream, time_us, frames, device_free] = fields;
     let Some(kind) = event_kind(need_str(action, "action", loc)?) else {
         return Ok(None);
     };
@@ -570,7 +718,7 @@ fn read_entry(
         (addr, 0)
     };
     let stream = opt_stream(stream, "stream", loc)?;
-    let site = stacks.site(frames, loc)?;
+    let site = site(frames)?;
     let time_us = opt_time_us(time_us, "time_us", loc)?;
     Ok(Some(Event {
         seq: u64::from(time_us.is_some()),

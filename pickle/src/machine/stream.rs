@@ -32,6 +32,7 @@
 
 use std::io::Read;
 
+use super::fast::{FastEntry, Scratch};
 use super::{Machine, Step};
 use crate::document::{kind, Document, Ref, PAYLOAD_MASK};
 use crate::error::{PickleError, PickleErrorKind};
@@ -53,7 +54,7 @@ impl Standin {
     /// The largest number a stand-in holds.
     pub const MAX: u32 = PAYLOAD_MASK;
 
-    fn to_ref(self) -> Option<Ref> {
+    pub(super) fn to_ref(self) -> Option<Ref> {
         let (kind, n) = match self {
             Standin::Site(n) => (kind::SITE, n),
             Standin::Frame(n) => (kind::FRAME, n),
@@ -92,6 +93,27 @@ pub trait EntrySink {
     fn standins(&mut self) -> &mut Vec<(usize, Standin)>;
     /// The bytes of memory the sink holds, counted against the reader's budget.
     fn memory(&self) -> usize;
+    /// Whether the sink takes entries that the fast path decoded ([`EntrySink::fast_entry`]);
+    /// when not (the default), the generic machine reads every entry.
+    fn takes_fast_entries(&self) -> bool {
+        false
+    }
+    /// Converts `entry`, decoded by the fast path without a document of it, exactly as
+    /// [`EntrySink::entry`] converts the same entry read by the generic machine, with the
+    /// same `list`, `index` and `transient_from` (the entry's own lists are numbered from
+    /// `transient_from + 1`, as the generic machine numbers them, and stand-ins and reads are
+    /// reported the same way). Returns `false` to stop streaming. Called only when
+    /// [`EntrySink::takes_fast_entries`] is `true`.
+    fn fast_entry(
+        &mut self,
+        entry: &FastEntry<'_>,
+        list: usize,
+        index: usize,
+        transient_from: usize,
+    ) -> bool {
+        let _ = (entry, list, index, transient_from);
+        false
+    }
 }
 
 /// A list whose entries were streamed.
@@ -115,6 +137,9 @@ pub struct Streamed {
     pub doc: Document,
     /// The lists whose entries went to the sink, in the order they were read.
     pub lists: Vec<StreamedList>,
+    /// How many of the entries the fast path decoded ([`EntrySink::fast_entry`]); the
+    /// generic machine read the others.
+    pub fast_entries: usize,
 }
 
 /// Reads `bytes` within `limits`, streaming the entries of the lists of `root[key]` into
@@ -289,50 +314,61 @@ fn streamed(mut machine: Machine<'_, '_>, root: Ref, limits: &Limits) -> Option<
     if Stream::is_standin(root) {
         return None;
     }
-    let lists = machine.stream.take()?.lists;
+    let stream = machine.stream.take()?;
+    let (lists, fast_entries) = (stream.lists, stream.fast_entries);
     let mut doc = machine.doc;
     doc.root = root;
     doc.check(limits).ok()?;
-    Some(Streamed { doc, lists })
+    Some(Streamed {
+        doc,
+        lists,
+        fast_entries,
+    })
 }
 
 /// The machine's streaming state.
 pub(crate) struct Stream<'a> {
-    sink: &'a mut dyn EntrySink,
+    pub(super) sink: &'a mut dyn EntrySink,
     /// The key of the root dict whose lists are streamed.
     key: &'static str,
     /// The run of entries being read for a list, between its `MARK` (or first entry) and
     /// its `APPENDS` (or `APPEND`).
-    batch: Option<Batch>,
+    pub(super) batch: Option<Batch>,
     /// The entry being read.
-    entry: Option<Checkpoint>,
+    pub(super) entry: Option<Checkpoint>,
     lists: Vec<StreamedList>,
     /// Keys the machine's table of equal lists gained while the entry was read.
     sequence_keys: Vec<(u32, u64)>,
+    /// Whether the sink takes entries from the fast path ([`EntrySink::takes_fast_entries`]).
+    pub(super) fast: bool,
+    /// The fast path's buffers, kept from one entry to the next.
+    pub(super) scratch: Scratch,
+    /// Entries the fast path decoded.
+    pub(super) fast_entries: usize,
 }
 
 /// A run of entries being read for one list.
 #[derive(Clone, Copy)]
-struct Batch {
+pub(super) struct Batch {
     /// The list.
-    list: Ref,
+    pub(super) list: Ref,
     /// Its position in the outer list.
-    position: usize,
+    pub(super) position: usize,
     /// Stack position of the run's first entry.
-    start: usize,
+    pub(super) start: usize,
     /// How many marks are open while the run is read (its own included, when it has one).
-    marks: usize,
+    pub(super) marks: usize,
     /// Whether the run began with a `MARK` (`APPENDS`) or is one entry (`APPEND`).
-    has_mark: bool,
+    pub(super) has_mark: bool,
     /// Entries of the run consumed so far.
-    consumed: u32,
+    pub(super) consumed: u32,
     /// Entries of the list streamed in earlier runs.
-    base: usize,
+    pub(super) base: usize,
 }
 
 /// The document's size when an entry began, to drop what was made for it.
 #[derive(Clone, Copy)]
-struct Checkpoint {
+pub(super) struct Checkpoint {
     /// The entry.
     dict: Ref,
     containers: usize,
@@ -350,6 +386,7 @@ impl<'s> Stream<'s> {
     const ROOT_KEYS: usize = 16;
 
     fn new(sink: &'s mut dyn EntrySink, key: &'static str) -> Stream<'s> {
+        let fast = sink.takes_fast_entries();
         Stream {
             sink,
             key,
@@ -357,13 +394,16 @@ impl<'s> Stream<'s> {
             entry: None,
             lists: Vec::new(),
             sequence_keys: Vec::new(),
+            fast,
+            scratch: Scratch::default(),
+            fast_entries: 0,
         }
     }
 
     /// What the memo keeps of a value made for a consumed entry that the sink did not
     /// convert: like a consumed entry, it converts to nothing and may go nowhere that is
     /// kept.
-    const DROPPED: Ref = Ref::new(kind::ENTRY, PAYLOAD_MASK);
+    pub(super) const DROPPED: Ref = Ref::new(kind::ENTRY, PAYLOAD_MASK);
 
     /// Whether `r` is a stand-in or a consumed entry, which only streaming makes.
     pub(super) fn is_standin(r: Ref) -> bool {
@@ -387,7 +427,7 @@ impl<'s> Stream<'s> {
 
 impl Machine<'_, '_> {
     /// The error that stops streaming; [`parse_streaming`] never shows it.
-    fn not_streamable(&self, why: &str) -> PickleError {
+    pub(super) fn not_streamable(&self, why: &str) -> PickleError {
         self.error(PickleErrorKind::BadArgument {
             opcode: self.name(),
             reason: format!("not streamable: {why}"),

@@ -14,7 +14,7 @@ use vramscope_model::{Frame, SiteId};
 
 use super::{fields, Fault, Loc};
 use crate::import::sites::SiteTable;
-use vramscope_pickle::{Seq, Standin, ValueRef};
+use vramscope_pickle::{FastList, FastValue, Standin, ValueRef};
 
 /// Converts stacks into call sites. The pickle shares frame lists, frame dicts and strings
 /// through its memo, and the reader stores equal frame lists once, so all are remembered by
@@ -257,7 +257,7 @@ impl Stacks {
             .as_seq()
             .ok_or_else(|| loc.wrong("frames", "a list", frames))?;
         self.note_read(frames);
-        let numbers = self.numbers(list, loc)?;
+        let numbers = self.numbers(list.iter(), loc)?;
         let site = self.site_of(numbers, loc)?;
         if let Some(id) = identity {
             self.by_list.insert(id, site);
@@ -273,25 +273,66 @@ impl Stacks {
             .ok_or_else(|| loc.wrong("frames", "a list", frames))?;
         let mut elements = std::mem::take(&mut self.elements);
         let stable = list.stable_elements(self.transient_from.unwrap_or(0), &mut elements);
-        let cached = stable
-            .then(|| self.by_elements.get(elements.as_slice()).copied())
-            .flatten();
+        let site = self.site_by_elements(
+            stable.then_some(elements.as_slice()),
+            list.iter(),
+            frames.container_index(),
+            loc,
+        );
+        self.elements = elements;
+        site
+    }
+
+    /// The call site of `frames`, the frames of an entry that the pickle reader's fast path
+    /// decoded: the site, the stand-in and the reads that [`Stacks::site`] gives for the same
+    /// entry read whole.
+    pub(super) fn fast_site(
+        &mut self,
+        frames: Option<FastValue<'_>>,
+        loc: Loc,
+    ) -> Result<Option<SiteId>, Fault> {
+        match frames {
+            None => Ok(None),
+            Some(FastValue::Doc(v)) => self.site(Some(v), loc),
+            Some(FastValue::List(list)) => self.fast_transient_site(list, loc),
+            Some(other) => Err(loc.wrong("frames", "a list", other)),
+        }
+    }
+
+    /// [`Stacks::transient_site`] of a frames list the fast path decoded.
+    fn fast_transient_site(
+        &mut self,
+        list: FastList<'_>,
+        loc: Loc,
+    ) -> Result<Option<SiteId>, Fault> {
+        let stable = list.stable_elements(self.transient_from.unwrap_or(0));
+        self.site_by_elements(stable, list.iter(), Some(list.container_index()), loc)
+    }
+
+    /// The call site of the frames `frames` of a list made for the streamed entry (numbered
+    /// `container`), whose elements' key is `stable` when it stays valid.
+    fn site_by_elements<'d>(
+        &mut self,
+        stable: Option<&[u32]>,
+        frames: impl ExactSizeIterator<Item = ValueRef<'d>>,
+        container: Option<usize>,
+        loc: Loc,
+    ) -> Result<Option<SiteId>, Fault> {
+        let cached = stable.and_then(|elements| self.by_elements.get(elements).copied());
         // On a hit, the list's frame dicts were read (and noted) when it was first converted.
         let site = match cached {
             Some(site) => site,
             None => {
-                let numbers = self.numbers(list, loc)?;
+                let numbers = self.numbers(frames, loc)?;
                 let site = self.site_of(numbers, loc)?;
-                if stable {
+                if let Some(elements) = stable {
                     self.element_bytes += elements.len() * 4;
-                    self.by_elements
-                        .insert(elements.clone().into_boxed_slice(), site);
+                    self.by_elements.insert(elements.into(), site);
                 }
                 site
             }
         };
-        self.elements = elements;
-        if let Some(c) = frames.container_index() {
+        if let Some(c) = container {
             let n = site
                 .map_or(Some(0), |s| s.checked_add(1))
                 .unwrap_or(u32::MAX);
@@ -300,10 +341,14 @@ impl Stacks {
         Ok(site)
     }
 
-    /// The frame numbers of the frames list `list` at `loc`.
-    fn numbers(&mut self, list: Seq<'_>, loc: Loc) -> Result<Vec<u32>, Fault> {
+    /// The frame numbers of the frames `list` at `loc`.
+    fn numbers<'d>(
+        &mut self,
+        list: impl ExactSizeIterator<Item = ValueRef<'d>>,
+        loc: Loc,
+    ) -> Result<Vec<u32>, Fault> {
         let mut numbers = Vec::with_capacity(list.len());
-        for (k, frame) in list.iter().enumerate() {
+        for (k, frame) in list.enumerate() {
             numbers.push(self.frame_number(frame).ok_or_else(|| {
                 loc.fault(
                     &format!("frames[{k}]"),
