@@ -7,10 +7,10 @@
 
 use vramscope_model::EventKind;
 
-/// One event as the ring stores it: 64 bytes, provenance as an interned id.
+/// One event as the ring stores it: 56 bytes, provenance as an interned id. Its sequence
+/// number is not stored: it is the slot's, which [`EventRing::since`] hands out beside it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct RawEvent {
-    pub seq: u64,
     pub time_ns: u64,
     pub addr: u64,
     pub size: u64,
@@ -53,19 +53,17 @@ impl EventRing {
         }
     }
 
-    /// Appends an event, assigning its sequence number; overwrites the oldest when full.
+    /// Appends an event, returning its sequence number; overwrites the oldest when full.
     #[cfg(test)]
     pub fn push(&mut self, event: RawEvent) -> u64 {
-        self.push_with(|seq| RawEvent { seq, ..event })
+        self.push_with(|| event)
     }
 
-    /// Appends the event `make` builds from its sequence number, which it returns; overwrites
-    /// the oldest when full. The event is built where it is stored: on the hot path its fields
-    /// go from registers straight into the ring's slot. (Built first and then moved in, it
-    /// went through a copy on the stack, whose wide loads waited on the narrow stores that
-    /// built it, the time stamp's among them.)
+    /// Appends the event `make` builds, returning its sequence number; overwrites the oldest
+    /// when full. The event is built where it is stored, so on the hot path its fields go from
+    /// registers straight into the ring's slot.
     #[inline(always)]
-    pub fn push_with(&mut self, make: impl FnOnce(u64) -> RawEvent) -> u64 {
+    pub fn push_with(&mut self, make: impl FnOnce() -> RawEvent) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
         let slot = self.next_slot;
@@ -82,14 +80,14 @@ impl EventRing {
             match self.chunks.last_mut() {
                 Some(chunk) if chunk.len() < CHUNK && chunk.len() < chunk.capacity() => {
                     let len = chunk.len();
-                    chunk.spare_capacity_mut()[0].write(make(seq));
+                    chunk.spare_capacity_mut()[0].write(make());
                     // SAFETY: the element at `len`, within the capacity, was just written.
                     unsafe { chunk.set_len(len + 1) };
                 }
-                _ => self.append_slow(make(seq)),
+                _ => self.append_slow(make()),
             }
         } else {
-            self.chunks[slot >> CHUNK_BITS][slot & (CHUNK - 1)] = make(seq);
+            self.chunks[slot >> CHUNK_BITS][slot & (CHUNK - 1)] = make();
             self.overwritten += 1;
         }
         seq
@@ -107,6 +105,7 @@ impl EventRing {
             _ => {
                 let room = (self.capacity - self.chunks.len() * CHUNK).min(CHUNK);
                 let mut chunk = Vec::with_capacity(room);
+                prefault::populate(chunk.spare_capacity_mut());
                 chunk.push(event);
                 self.chunks.push(chunk);
             }
@@ -128,13 +127,14 @@ impl EventRing {
         self.next_seq - self.len as u64
     }
 
-    /// Events with sequence number ≥ `from` still held, oldest first, at most `limit` of them.
-    pub fn since(&self, from: u64, limit: usize) -> impl Iterator<Item = &RawEvent> + '_ {
+    /// Events with sequence number ≥ `from` still held, oldest first, at most `limit` of them,
+    /// each with its sequence number.
+    pub fn since(&self, from: u64, limit: usize) -> impl Iterator<Item = (u64, &RawEvent)> + '_ {
         let start = from.max(self.oldest_seq());
         let cap = self.capacity as u64;
         (start..self.next_seq).take(limit).map(move |seq| {
             let slot = (seq % cap) as usize;
-            &self.chunks[slot >> CHUNK_BITS][slot & (CHUNK - 1)]
+            (seq, &self.chunks[slot >> CHUNK_BITS][slot & (CHUNK - 1)])
         })
     }
 
@@ -144,13 +144,57 @@ impl EventRing {
     }
 }
 
+/// Faulting in a new chunk's pages before the hot path writes them. A chunk of 256 KiB is fresh
+/// memory from the system (64 pages): written one event at a time, each page's first write
+/// traps into the kernel, which on a virtual machine costs microseconds, more than the events
+/// that fill the page. Asking the kernel to populate the whole range in one call does the same
+/// work without the traps. Where the kernel cannot (before Linux 5.14, or elsewhere), nothing
+/// happens and the pages fault in as they are written, as before.
+mod prefault {
+    use std::mem::MaybeUninit;
+
+    /// Populates, writable, the whole pages inside `memory`.
+    #[cfg(target_os = "linux")]
+    pub(super) fn populate<T>(memory: &mut [MaybeUninit<T>]) {
+        // SAFETY: sysconf reads a constant of the system and touches no memory of ours.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        let Ok(page) = usize::try_from(page) else {
+            return;
+        };
+        if page == 0 {
+            return;
+        }
+        let start = memory.as_mut_ptr() as usize;
+        let end = start + std::mem::size_of_val(memory);
+        let first = start.div_ceil(page) * page;
+        let last = end / page * page;
+        if last <= first {
+            return;
+        }
+        // SAFETY: [first, last) lies inside `memory`, which we borrow mutably and which is
+        // mapped and writable (it is the spare capacity of a vector). MADV_POPULATE_WRITE only
+        // faults those pages in, as a write to each would, without changing a byte; an error
+        // (an old kernel that does not know it) leaves the memory as it was.
+        unsafe {
+            libc::madvise(
+                first as *mut libc::c_void,
+                last - first,
+                libc::MADV_POPULATE_WRITE,
+            );
+        }
+    }
+
+    /// Elsewhere the pages fault in as they are written.
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn populate<T>(_memory: &mut [MaybeUninit<T>]) {}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn event(size: u64) -> RawEvent {
         RawEvent {
-            seq: 0,
             time_ns: 0,
             addr: 0,
             size,
@@ -163,8 +207,8 @@ mod tests {
     }
 
     #[test]
-    fn raw_event_is_64_bytes() {
-        assert!(std::mem::size_of::<RawEvent>() <= 64);
+    fn raw_event_is_56_bytes() {
+        assert_eq!(std::mem::size_of::<RawEvent>(), 56);
     }
 
     #[test]
@@ -175,9 +219,9 @@ mod tests {
         }
         assert_eq!(ring.overwritten(), 2);
         assert_eq!(ring.oldest_seq(), 2);
-        let sizes: Vec<u64> = ring.since(0, usize::MAX).map(|e| e.size).collect();
+        let sizes: Vec<u64> = ring.since(0, usize::MAX).map(|(_, e)| e.size).collect();
         assert_eq!(sizes, vec![2, 3, 4]);
-        let seqs: Vec<u64> = ring.since(3, 1).map(|e| e.seq).collect();
+        let seqs: Vec<u64> = ring.since(3, 1).map(|(seq, _)| seq).collect();
         assert_eq!(seqs, vec![3]);
         assert_eq!(ring.since(5, 10).count(), 0);
     }
@@ -190,7 +234,10 @@ mod tests {
         for i in 0..total {
             assert_eq!(ring.push(event(i)), i);
             if i == (CHUNK + 5) as u64 {
-                let sizes: Vec<u64> = ring.since(CHUNK as u64 - 2, 4).map(|e| e.size).collect();
+                let sizes: Vec<u64> = ring
+                    .since(CHUNK as u64 - 2, 4)
+                    .map(|(_, e)| e.size)
+                    .collect();
                 let first = CHUNK as u64 - 2;
                 assert_eq!(sizes, vec![first, first + 1, first + 2, first + 3]);
             }
@@ -202,7 +249,7 @@ mod tests {
         );
         assert_eq!(ring.overwritten(), total - capacity as u64);
         assert_eq!(ring.oldest_seq(), total - capacity as u64);
-        let held: Vec<u64> = ring.since(0, usize::MAX).map(|e| e.size).collect();
+        let held: Vec<u64> = ring.since(0, usize::MAX).map(|(_, e)| e.size).collect();
         assert_eq!(held.len(), capacity);
         assert!(held.iter().copied().eq(total - capacity as u64..total));
     }

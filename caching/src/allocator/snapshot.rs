@@ -44,8 +44,10 @@ pub struct SiteTables {
     pub scopes: Vec<String>,
 }
 
-/// The model's event for ring entry `raw`, its provenance read in `provenances` (by id).
+/// The model's event for ring entry `raw`, number `seq`, its provenance read in
+/// `provenances` (by id).
 fn event_of(
+    seq: u64,
     raw: &RawEvent,
     provenances: &[Provenance],
     ns_per_tick: f64,
@@ -66,7 +68,7 @@ fn event_of(
     // event has no block); the model gives it a field of its own.
     let oom = raw.kind == crate::model::EventKind::Oom;
     crate::model::Event {
-        seq: raw.seq,
+        seq,
         time_ns: (raw.time_ns as f64 * ns_per_tick) as u64,
         kind: raw.kind,
         // A device ordinal is far below 2^16 (CUDA numbers its devices from 0, and a snapshot
@@ -160,11 +162,16 @@ impl<B: Backend> CachingAllocator<B> {
             })
             .collect();
         state.push_segments(&mut snapshot, shared.device);
-        // Under the lock only copies: the raw events (64 bytes each), the provenance tuples and
+        // Under the lock only copies: the raw events (56 bytes each), the provenance tuples and
         // the unsymbolized sites. Converting and symbolizing them waits for the lock's release,
         // so that a dashboard attaching to a program holds it up for a copy, not a conversion.
         let first = state.ring.next_seq().saturating_sub(max_events as u64);
-        let raw: Vec<RawEvent> = state.ring.since(first, usize::MAX).copied().collect();
+        let first_seq = first.max(state.ring.oldest_seq());
+        let raw: Vec<RawEvent> = state
+            .ring
+            .since(first, usize::MAX)
+            .map(|(_, e)| *e)
+            .collect();
         let provenances = state.provenance.provenances().to_vec();
         let unresolved = state.provenance.sites_since(0);
         snapshot.tags = state.provenance.tags.strings.clone();
@@ -174,7 +181,8 @@ impl<B: Backend> CachingAllocator<B> {
         let device = shared.device;
         snapshot.events = raw
             .iter()
-            .map(|e| event_of(e, &provenances, ns_per_tick, device))
+            .zip(first_seq..)
+            .map(|(e, seq)| event_of(seq, e, &provenances, ns_per_tick, device))
             .collect();
         snapshot.sites = unresolved.into_iter().map(|s| s.resolve()).collect();
         shared.lock().provenance.keep_resolved(0, &snapshot.sites);
@@ -192,8 +200,9 @@ impl<B: Backend> CachingAllocator<B> {
         let events: Vec<crate::model::Event> = state
             .ring
             .since(from_seq, limit)
-            .map(|e| {
+            .map(|(seq, e)| {
                 event_of(
+                    seq,
                     e,
                     state.provenance.provenances(),
                     ns_per_tick,

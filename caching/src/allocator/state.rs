@@ -488,8 +488,7 @@ impl State {
     #[inline(always)]
     pub(super) fn record_at(&mut self, time_ns: u64, kind: EventKind, event: RawEventParts) {
         let step = self.step.min(u32::MAX as u64) as u32;
-        self.ring.push_with(|seq| RawEvent {
-            seq,
+        self.ring.push_with(|| RawEvent {
             time_ns,
             addr: event.addr,
             size: event.size,
