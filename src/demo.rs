@@ -9,6 +9,7 @@
 
 use std::str::FromStr;
 
+use vramscope::allocator::metrics::MetricsServer;
 use vramscope::allocator::Telemetry;
 use vramscope::kernels::{train, train_with, Device, TensorError, TrainConfig, TrainHooks};
 use vramscope::model::{AllocatorConfig, Snapshot};
@@ -92,11 +93,30 @@ pub fn device() -> (Device, String) {
     Device::detect(4 << 30, AllocatorConfig::default())
 }
 
+/// Starts the Prometheus `/metrics` server for `device`'s allocator when `VRAMSCOPE_METRICS`
+/// asks for one, and says where on standard error; the server stops when the value is
+/// dropped. An address that cannot be served is an error naming it.
+pub fn serve_metrics(device: &Device) -> Result<Option<MetricsServer>, String> {
+    let server = MetricsServer::serve_from_env(std::slice::from_ref(device.allocator()))
+        .map_err(|e| format!("VRAMSCOPE_METRICS: {e}"))?;
+    if let Some(server) = &server {
+        eprintln!(
+            "vramscope demo: serving /metrics on http://{}/metrics",
+            server.addr()
+        );
+    }
+    Ok(server)
+}
+
 /// Runs `steps` training steps with `bugs` planted on the simulated device and returns the
-/// allocator's snapshot, taken while the kept tensors are alive.
-pub fn run(steps: u64, bugs: Bugs) -> Result<Snapshot, TensorError> {
+/// allocator's snapshot, taken while the kept tensors are alive. `/metrics` is served while
+/// it trains when `VRAMSCOPE_METRICS` asks.
+pub fn run(steps: u64, bugs: Bugs) -> Result<Snapshot, String> {
     let device = Device::sim(2 << 30);
-    Ok(train(&device, &config(steps, bugs, false))?.snapshot)
+    let _metrics = serve_metrics(&device)?;
+    train(&device, &config(steps, bugs, false))
+        .map(|run| run.snapshot)
+        .map_err(|e| e.to_string())
 }
 
 /// Runs the training loop beside the dashboard: `before_step` paces it (and stops it when the
@@ -125,6 +145,7 @@ pub fn run_paced(
 pub fn run_listening(addr: &TelemetryAddr, steps: u64, bugs: Bugs) -> Result<(), String> {
     let (device, why) = device();
     eprintln!("vramscope demo: {why}");
+    let _metrics = serve_metrics(&device)?;
     let telemetry = Telemetry::serve(device.allocator(), addr).map_err(|e| e.to_string())?;
     eprintln!(
         "vramscope demo: publishing on {0}; watch it with `vramscope top {0}`",

@@ -721,6 +721,7 @@ fn run_demo(args: DemoArgs) -> Result<u8, Failure> {
         let steps = steps.unwrap_or(300);
         let (device, why) = demo::device();
         say(format_args!("vramscope demo: {why}"));
+        let _metrics = demo::serve_metrics(&device).map_err(Failure::input)?;
         let alloc = device.allocator().clone();
         let pace = std::time::Duration::from_millis(150);
         let intro = demo::intro(steps, bug);

@@ -395,6 +395,16 @@ impl MetricsServer {
         })
     }
 
+    /// Serves the metrics of `allocators` where `VRAMSCOPE_METRICS` asks (the one line a Rust
+    /// program adds: `let _metrics = MetricsServer::serve_from_env(&[alloc.clone()])?;`);
+    /// `Ok(None)` when it is unset, empty, `0` or `off`. `VRAMSCOPE_METRICS_ALLOW_REMOTE=1`
+    /// allows a non-loopback address. The server stops when the value returned is dropped.
+    pub fn serve_from_env<B: Backend>(
+        allocators: &[CachingAllocator<B>],
+    ) -> Result<Option<MetricsServer>, MetricsError> {
+        MetricsServer::from_env(source_of(allocators))
+    }
+
     /// Serves from `VRAMSCOPE_METRICS` when it is set (and not `0`/`off`); `Ok(None)` when it
     /// is not. `VRAMSCOPE_METRICS_ALLOW_REMOTE=1` allows a non-loopback address.
     pub fn from_env(source: StatsSource) -> Result<Option<MetricsServer>, MetricsError> {

@@ -7,12 +7,11 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
 
 use vramscope_allocator::metrics::{MetricsServer, CONTENT_TYPE};
 use vramscope_allocator::{CachingAllocator, SimDevice};
 use vramscope_model::AllocatorConfig;
-use vramscope_testkit::skip_notice;
+use vramscope_testkit::check_with_promtool;
 
 /// `GET path` on `server`; returns the status line, the headers and the body.
 fn get(server: &MetricsServer, path: &str) -> (String, String, String) {
@@ -92,30 +91,7 @@ fn metrics_serve_memory_stats_and_pass_promtool() {
     let (status, _, _) = get(&server, "/other");
     assert!(status.contains("404"), "{status}");
 
-    match Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    {
-        Ok(mut child) => {
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(later.as_bytes())
-                .unwrap();
-            let output = child.wait_with_output().unwrap();
-            assert!(
-                output.status.success(),
-                "promtool check metrics failed:\n{}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        Err(_) => skip_notice("promtool not found: the metrics were not checked by Prometheus's linter (apt-get install prometheus)"),
-    }
+    check_with_promtool(&later);
     server.shutdown();
 }
 

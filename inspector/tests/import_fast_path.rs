@@ -341,7 +341,7 @@ impl Gen {
             1 => self.e.op(NEWTRUE),
             2 => self.e.float(12.5),
             3 => self.e.shared("x"),
-            4 => self.e.int(-5),
+            4 => self.e.int(-5 << (self.rng.below(50) as u32)),
             5 => self.e.uint(u64::MAX),
             6 => {
                 self.e.op(EMPTY_DICT);

@@ -75,11 +75,13 @@ impl Ref {
     /// Fills element slots reserved for a container to grow into.
     pub(super) const VACANT: Ref = Ref(u32::MAX);
 
+    #[inline]
     pub(super) const fn new(kind: u32, payload: u32) -> Ref {
         Ref((kind << PAYLOAD_BITS) | (payload & PAYLOAD_MASK))
     }
 
     /// The integer in place, when it fits in 28 bits.
+    #[inline]
     pub(super) fn small(v: i64) -> Option<Ref> {
         const HALF: i64 = 1 << (PAYLOAD_BITS - 1);
         (-HALF..HALF)
@@ -88,32 +90,39 @@ impl Ref {
     }
 
     /// The four bytes of the reference, kind and payload.
+    #[inline]
     pub(super) fn raw(self) -> u32 {
         self.0
     }
 
     /// The reference whose four bytes [`Ref::raw`] gave.
+    #[inline]
     pub(super) fn from_raw(raw: u32) -> Ref {
         Ref(raw)
     }
 
+    #[inline]
     pub(super) fn kind(self) -> u32 {
         self.0 >> PAYLOAD_BITS
     }
 
+    #[inline]
     pub(super) fn index(self) -> usize {
         (self.0 & PAYLOAD_MASK) as usize
     }
 
     /// The integer of a `SMALL_INT`, sign-extended from 28 bits.
+    #[inline]
     pub(super) fn small_value(self) -> i64 {
         (((self.0 << (32 - PAYLOAD_BITS)) as i32) >> (32 - PAYLOAD_BITS)) as i64
     }
 
+    #[inline]
     pub(super) fn is_container(self) -> bool {
         (kind::LIST..=kind::FROZEN_SET).contains(&self.kind())
     }
 
+    #[inline]
     pub(super) fn type_name(self) -> &'static str {
         match self.kind() {
             kind::SMALL_INT | kind::INT | kind::BIG_INT => "int",
@@ -318,10 +327,12 @@ impl Document {
         self.at(self.root)
     }
 
+    #[inline]
     pub(super) fn at(&self, r: Ref) -> ValueRef<'_> {
         ValueRef { doc: self, r }
     }
 
+    #[inline]
     pub(super) fn text_of(&self, i: usize) -> &str {
         let start = if i == 0 { 0 } else { self.text_ends[i - 1] };
         &self.text[start..self.text_ends[i]]
@@ -333,6 +344,7 @@ impl Document {
     }
 
     /// The elements of the container `r`.
+    #[inline]
     pub(super) fn elements(&self, r: Ref) -> &[Ref] {
         &self.items[self.containers[r.index()].range()]
     }
@@ -446,16 +458,19 @@ impl fmt::Debug for ValueRef<'_> {
 
 impl<'d> ValueRef<'d> {
     /// The Python type name of the value (`"dict"`, `"int"`, ...), for error messages.
+    #[inline]
     pub fn type_name(self) -> &'static str {
         self.r.type_name()
     }
 
     /// Whether the value is `None`.
+    #[inline]
     pub fn is_none(self) -> bool {
         self.r == Ref::NONE
     }
 
     /// The boolean, when the value is a `bool`.
+    #[inline]
     pub fn as_bool(self) -> Option<bool> {
         match self.r {
             Ref::TRUE => Some(true),
@@ -465,6 +480,7 @@ impl<'d> ValueRef<'d> {
     }
 
     /// The integer, when the value is an `int` that fits in an `i64`.
+    #[inline]
     pub fn as_i64(self) -> Option<i64> {
         match self.r.kind() {
             kind::SMALL_INT => Some(self.r.small_value()),
@@ -474,6 +490,7 @@ impl<'d> ValueRef<'d> {
     }
 
     /// The integer, when the value is a non-negative `int` that fits in a `u64`.
+    #[inline]
     pub fn as_u64(self) -> Option<u64> {
         match self.r.kind() {
             kind::BIG_INT => big_u64(self.doc.blob_of(self.r.index())),
@@ -482,16 +499,19 @@ impl<'d> ValueRef<'d> {
     }
 
     /// The float, when the value is a `float`.
+    #[inline]
     pub fn as_float(self) -> Option<f64> {
         (self.r.kind() == kind::FLOAT).then(|| self.doc.floats[self.r.index()])
     }
 
     /// The number as a float, when the value is a `float` or an `int` that fits in an `i64`.
+    #[inline]
     pub fn as_f64(self) -> Option<f64> {
         self.as_float().or_else(|| self.as_i64().map(|i| i as f64))
     }
 
     /// The text, when the value is a `str`.
+    #[inline]
     pub fn as_str(self) -> Option<&'d str> {
         (self.r.kind() == kind::STR).then(|| self.doc.text_of(self.r.index()))
     }
@@ -502,6 +522,7 @@ impl<'d> ValueRef<'d> {
     }
 
     /// The elements, when the value is a list or a tuple.
+    #[inline]
     pub fn as_seq(self) -> Option<Seq<'d>> {
         matches!(self.r.kind(), kind::LIST | kind::TUPLE).then(|| Seq {
             doc: self.doc,
@@ -510,6 +531,7 @@ impl<'d> ValueRef<'d> {
     }
 
     /// The elements, when the value is a list, a tuple, a set or a frozenset.
+    #[inline]
     pub fn elements(self) -> Option<Seq<'d>> {
         (self.r.is_container() && self.r.kind() != kind::DICT).then(|| Seq {
             doc: self.doc,
@@ -590,6 +612,7 @@ impl<'d> ValueRef<'d> {
     /// and empty containers. Two values with the same identity are equal: they are one
     /// memoized object, or lists (or tuples) of the very same elements, which a document
     /// stores once. Importers use it to convert each shared object once.
+    #[inline]
     pub fn identity(self) -> Option<usize> {
         // The kind in the low four bits, above it the position of the value in the table of
         // its kind or, for a container, of its first element in the pool: containers share
@@ -610,12 +633,14 @@ impl<'d> ValueRef<'d> {
 
     /// The number of the container in the document's table, when the value is a container:
     /// how a streaming read tells the containers made for an entry from older ones.
+    #[inline]
     pub fn container_index(self) -> Option<usize> {
         self.r.is_container().then(|| self.r.index())
     }
 
     /// What the value stands in for, when a streaming read made it of a consumed entry's
     /// frames list or frame dict.
+    #[inline]
     pub fn standin(self) -> Option<Standin> {
         Standin::of(self.r)
     }

@@ -39,6 +39,35 @@ pub fn skip_notice(reason: &str) {
     let _ = writeln!(stderr, "skipped: {reason}");
 }
 
+/// Checks `text` with Prometheus's own linter, `promtool check metrics` (Debian's `prometheus`
+/// package), and fails the test with promtool's words when it finds a fault. Where promtool is
+/// not installed the check says, in one line, that it was skipped.
+pub fn check_with_promtool(text: &str) {
+    use std::process::{Command, Stdio};
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let Ok(mut child) = child else {
+        skip_notice("promtool not found: the metrics were not checked by Prometheus's linter (apt-get install prometheus)");
+        return;
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(text.as_bytes())
+            .expect("the metrics written to promtool");
+    }
+    let output = child.wait_with_output().expect("promtool's answer");
+    assert!(
+        output.status.success(),
+        "promtool check metrics failed:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 /// The shared traces folder: `$VRAMSCOPE_TRACES`, else `shared/traces` beside the workspace
 /// root (`workspace_root/../shared/traces`). `None` when it does not exist.
 pub fn shared_traces_dir(workspace_root: &Path) -> Option<PathBuf> {

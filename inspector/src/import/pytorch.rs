@@ -374,6 +374,10 @@ struct EntryKeys {
     /// PyTorch writes every entry's keys in the same order, so the next entry's key at the
     /// same place is usually the same string, found without a look-up.
     last: [(usize, u8); EntryKeys::REMEMBERED],
+    /// The kinds of the last few action strings, by their identity (0: unset), and where the
+    /// next one goes: PyTorch shares each action's string among all entries.
+    actions: [(usize, Option<EventKind>); 4],
+    next_action: usize,
 }
 
 impl EntryKeys {
@@ -406,16 +410,42 @@ impl EntryKeys {
                 *slot = place;
             }
         }
-        found.map(|place| {
-            (place != usize::MAX)
-                .then(|| entry.value(place))
-                .filter(|v| !v.is_none())
-        })
+        let mut fields = [None; 7];
+        for (field, &place) in fields.iter_mut().zip(&found) {
+            if place != usize::MAX {
+                let value = entry.value(place);
+                if !value.is_none() {
+                    *field = Some(value);
+                }
+            }
+        }
+        fields
+    }
+
+    /// The kind of the event whose `action` is `action` at `loc`: `None` for an action that
+    /// is not read, a fault when it is missing or not a string.
+    #[inline]
+    fn action<'d>(
+        &mut self,
+        action: Option<impl EntryValue<'d>>,
+        loc: Loc,
+    ) -> Result<Option<EventKind>, Fault> {
+        // Only strings are remembered, and an identity says its value's type.
+        let id = action.and_then(EntryValue::identity).filter(|&id| id != 0);
+        if let Some(&(_, kind)) = id.and_then(|id| self.actions.iter().find(|a| a.0 == id)) {
+            return Ok(kind);
+        }
+        let kind = event_kind(need_str(action, "action", loc)?);
+        if let Some(id) = id {
+            self.actions[self.next_action] = (id, kind);
+            self.next_action = (self.next_action + 1) % self.actions.len();
+        }
+        Ok(kind)
     }
 
     /// The position among [`ENTRY_KEYS`] of `key`, the key at `place` of an entry's dict:
     /// `None` when it is not a string, past the keys' number when it is none of them.
-    #[inline]
+    #[inline(always)]
     fn position(&mut self, place: usize, key: ValueRef<'_>) -> Option<usize> {
         let identity = key.identity();
         // A place's key is remembered only when it is a string (its identity says its kind).
@@ -425,6 +455,17 @@ impl EntryKeys {
                 return Some(last.1 as usize);
             }
         }
+        self.find_position(place, key, identity)
+    }
+
+    /// [`EntryKeys::position`] of a key not remembered at its place.
+    #[cold]
+    fn find_position(
+        &mut self,
+        place: usize,
+        key: ValueRef<'_>,
+        identity: Option<usize>,
+    ) -> Option<usize> {
         let text = key.as_str()?;
         let position = |text: &str| {
             ENTRY_KEYS
@@ -454,6 +495,7 @@ impl EntryKeys {
 /// A value as the conversion of a trace entry reads it: from a document, or decoded by the
 /// pickle reader's fast path, which must convert as the same value read whole.
 trait EntryValue<'d>: Copy {
+    fn identity(self) -> Option<usize>;
     fn type_name(self) -> &'static str;
     fn as_i64(self) -> Option<i64>;
     fn as_u64(self) -> Option<u64>;
@@ -462,6 +504,9 @@ trait EntryValue<'d>: Copy {
 }
 
 impl<'d> EntryValue<'d> for ValueRef<'d> {
+    fn identity(self) -> Option<usize> {
+        ValueRef::identity(self)
+    }
     fn type_name(self) -> &'static str {
         ValueRef::type_name(self)
     }
@@ -480,6 +525,12 @@ impl<'d> EntryValue<'d> for ValueRef<'d> {
 }
 
 impl<'d> EntryValue<'d> for FastValue<'d> {
+    fn identity(self) -> Option<usize> {
+        match self {
+            FastValue::Doc(v) => v.identity(),
+            _ => None,
+        }
+    }
     fn type_name(self) -> &'static str {
         FastValue::type_name(self)
     }
@@ -657,7 +708,7 @@ fn read_entry(
 ) -> Result<Option<Event>, Fault> {
     let entry = dict(entry, loc)?;
     let fields = keys.fields(entry);
-    entry_event(fields, device, loc, figures, |frames| {
+    entry_event(fields, device, loc, keys, figures, |frames| {
         stacks.site(frames, loc)
     })
 }
@@ -673,7 +724,7 @@ fn read_fast_entry(
     figures: &mut Figures,
 ) -> Result<Option<Event>, Fault> {
     let fields = keys.fast_fields(entry);
-    entry_event(fields, device, loc, figures, |frames| {
+    entry_event(fields, device, loc, keys, figures, |frames| {
         stacks.fast_site(frames, loc)
     })
 }
@@ -684,11 +735,12 @@ fn entry_event<'d, V: EntryValue<'d>>(
     fields: [Option<V>; 7],
     device: u16,
     loc: Loc,
+    keys: &mut EntryKeys,
     figures: &mut Figures,
     site: impl FnOnce(Option<V>) -> Result<Option<SiteId>, Fault>,
 ) -> Result<Option<Event>, Fault> {
     let [action, addr, size, stream, time_us, frames, device_free] = fields;
-    let Some(kind) = event_kind(need_str(action, "action", loc)?) else {
+    let Some(kind) = keys.action(action, loc)? else {
         return Ok(None);
     };
     let located = !matches!(kind, EventKind::Snapshot | EventKind::Oom);

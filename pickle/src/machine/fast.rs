@@ -49,6 +49,7 @@ pub enum FastValue<'d> {
 
 impl<'d> FastValue<'d> {
     /// The Python type name of the value, as [`ValueRef::type_name`] gives it.
+    #[inline]
     pub fn type_name(self) -> &'static str {
         match self {
             FastValue::Doc(v) => v.type_name(),
@@ -59,11 +60,13 @@ impl<'d> FastValue<'d> {
     }
 
     /// Whether the value is `None`.
+    #[inline]
     pub fn is_none(self) -> bool {
         matches!(self, FastValue::Doc(v) if v.is_none())
     }
 
     /// The integer, when the value is an `int` that fits in an `i64`.
+    #[inline]
     pub fn as_i64(self) -> Option<i64> {
         match self {
             FastValue::Doc(v) => v.as_i64(),
@@ -73,6 +76,7 @@ impl<'d> FastValue<'d> {
     }
 
     /// The integer, when the value is a non-negative `int` that fits in a `u64`.
+    #[inline]
     pub fn as_u64(self) -> Option<u64> {
         match self {
             FastValue::Doc(v) => v.as_u64(),
@@ -82,6 +86,7 @@ impl<'d> FastValue<'d> {
     }
 
     /// The float, when the value is a `float`.
+    #[inline]
     pub fn as_float(self) -> Option<f64> {
         match self {
             FastValue::Doc(v) => v.as_float(),
@@ -91,6 +96,7 @@ impl<'d> FastValue<'d> {
     }
 
     /// The text, when the value is a `str`.
+    #[inline]
     pub fn as_str(self) -> Option<&'d str> {
         match self {
             FastValue::Doc(v) => v.as_str(),
@@ -118,16 +124,19 @@ impl std::fmt::Debug for FastList<'_> {
 
 impl<'d> FastList<'d> {
     /// The number of elements.
+    #[inline]
     pub fn len(self) -> usize {
         self.refs.len()
     }
 
     /// Whether there are no elements.
+    #[inline]
     pub fn is_empty(self) -> bool {
         self.refs.is_empty()
     }
 
     /// The elements in order.
+    #[inline]
     pub fn iter(self) -> impl DoubleEndedIterator<Item = ValueRef<'d>> + ExactSizeIterator {
         let doc = self.doc;
         self.refs.iter().map(move |&r| doc.at(Ref::from_raw(r)))
@@ -136,6 +145,7 @@ impl<'d> FastList<'d> {
     /// The container number the generic machine gives the list, as
     /// [`ValueRef::container_index`] gives it for the same list read by it: numbered from the
     /// entry's own (`transient_from`) on.
+    #[inline]
     pub fn container_index(self) -> usize {
         self.container
     }
@@ -143,12 +153,14 @@ impl<'d> FastList<'d> {
     /// The key of the elements that [`crate::Seq::stable_elements`] gives for the same list
     /// read by the generic machine, when it stays valid (it always does: the elements are
     /// values from before the entry).
+    #[inline]
     pub fn stable_elements(self, transient_from: usize) -> Option<&'d [u32]> {
-        let transient = |&r: &u32| {
+        // Branch-free, so that the check of a long list runs in a few instructions.
+        let transient = self.refs.iter().fold(false, |any, &r| {
             let r = Ref::from_raw(r);
-            r.is_container() && r.index() >= transient_from
-        };
-        (!self.refs.iter().any(transient)).then_some(self.refs)
+            any | (r.is_container() & (r.index() >= transient_from))
+        });
+        (!transient).then_some(self.refs)
     }
 }
 
@@ -163,11 +175,13 @@ pub struct FastEntry<'d> {
 
 impl<'d> FastEntry<'d> {
     /// The number of key/value pairs, a key set twice counted twice.
+    #[inline]
     pub fn len(&self) -> usize {
         self.pairs.len()
     }
 
     /// Whether the entry has no pairs.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.pairs.is_empty()
     }
@@ -356,11 +370,20 @@ fn decode(data: &[u8], mut p: usize, memo: &Memo, s: &mut Scratch) -> Option<(us
             LONG1 => {
                 let n = *data.get(p + 1)? as usize;
                 let digits = data.get(p + 2..p + 2 + n)?;
+                let value = match bytes::<8>(data, p + 2) {
+                    // Eight bytes at hand from the first digit: the value is the first `n`
+                    // of them, sign-extended, as `int_from_le` reads them.
+                    Some(le) if (1..=8).contains(&n) => {
+                        let shift = 64 - 8 * n as u32;
+                        ((u64::from_le_bytes(le) << shift) as i64) >> shift
+                    }
+                    _ => match int_from_le(digits) {
+                        PyInt::Fits(i) => i,
+                        PyInt::Big(_) => return None,
+                    },
+                };
                 p += 2 + n;
-                match int_from_le(digits) {
-                    PyInt::Fits(i) => Val::Int(i),
-                    PyInt::Big(_) => return None,
-                }
+                Val::Int(value)
             }
             BINFLOAT => {
                 p += 9;
@@ -434,17 +457,27 @@ fn list_elements(d: &mut Decoder<'_>, mut p: usize, out: &mut Vec<u32>) -> Optio
         match *d.data.get(p)? {
             MARK => {
                 p += 1;
-                d.ops += 1;
+                let first = out.len();
+                // The run of memo references, one- and four-byte, most of a snapshot's bytes.
                 loop {
-                    if *d.data.get(p)? == APPENDS {
-                        p += 1;
-                        d.ops += 1;
-                        break;
+                    match *d.data.get(p)? {
+                        BINGET => {
+                            let index = *d.data.get(p + 1)? as usize;
+                            out.push(d.memo.get(index)?.raw());
+                            p += 2;
+                        }
+                        LONG_BINGET => {
+                            let index = u32::from_le_bytes(bytes(d.data, p + 1)?) as usize;
+                            out.push(d.memo.get(index)?.raw());
+                            p += 5;
+                        }
+                        APPENDS => break,
+                        _ => return None,
                     }
-                    let (r, next) = d.get(p)?;
-                    out.push(r.raw());
-                    p = next;
                 }
+                p += 1;
+                // The MARK, the references and the APPENDS.
+                d.ops += 2 + (out.len() - first) as u32;
             }
             BINGET | LONG_BINGET => {
                 // One element and `APPEND`, or the next key.
@@ -487,7 +520,9 @@ impl Machine<'_, '_> {
         {
             return Ok(false);
         }
-        let mut s = std::mem::take(&mut stream.scratch);
+        let Some(mut s) = stream.scratch.take() else {
+            return Ok(false);
+        };
         let decoded = decode(self.data, self.pos, &self.memo, &mut s);
         let result = match decoded {
             Some((end, ops))
@@ -499,7 +534,7 @@ impl Machine<'_, '_> {
             _ => Ok(false),
         };
         if let Some(stream) = &mut self.stream {
-            stream.scratch = s;
+            stream.scratch = Some(s);
         }
         result
     }

@@ -341,8 +341,9 @@ pub(crate) struct Stream<'a> {
     sequence_keys: Vec<(u32, u64)>,
     /// Whether the sink takes entries from the fast path ([`EntrySink::takes_fast_entries`]).
     pub(super) fast: bool,
-    /// The fast path's buffers, kept from one entry to the next.
-    pub(super) scratch: Scratch,
+    /// The fast path's buffers, kept from one entry to the next (boxed, so that taking them
+    /// for an entry moves a pointer).
+    pub(super) scratch: Option<Box<Scratch>>,
     /// Entries the fast path decoded.
     pub(super) fast_entries: usize,
 }
@@ -395,7 +396,7 @@ impl<'s> Stream<'s> {
             lists: Vec::new(),
             sequence_keys: Vec::new(),
             fast,
-            scratch: Scratch::default(),
+            scratch: Some(Box::default()),
             fast_entries: 0,
         }
     }
