@@ -6,13 +6,15 @@
 //! `crate::report` builds the [`Report`]; its timeline carries the explorer's data
 //! ([`explorer::ExplorerData`], bands and moments precomputed from the engine). This module
 //! writes the page around it: the data as JSON in a `<script type="application/json">`
-//! element, and a hand-written script (`html/explorer.js`, about 600 lines, no library) that
-//! draws on canvas. The page loads nothing from the network. Every string that came from a
+//! element (each moment's segment map as the base64 string of [`segmap`], which the script
+//! decodes when the cursor first shows the moment), and a hand-written script
+//! (`html/explorer.js`, about 700 lines, no library) that draws on canvas. The page loads nothing from the network. Every string that came from a
 //! file (paths, function names, device names, labels) is escaped with [`escape`] in HTML, and
 //! `<` is escaped in the embedded JSON; the script sets text, never markup. A report without
 //! explorer data (built by hand) gets the static inline SVG timeline instead.
 
 pub mod explorer;
+pub mod segmap;
 
 use std::fmt::Write as _;
 

@@ -403,19 +403,73 @@
     const seg = document.getElementById("segmap");
     const sctx = seg.getContext("2d");
     let segRows = [];
+    // A moment's segment map, decoded from its compact form (html/segmap.rs) when the cursor
+    // first shows it: the number of rows, then per row its address less the previous row's,
+    // size, flags (1 small pool, 2 expandable) and block count, then per block its offset less
+    // the previous block's, size and group times two plus 1 when waiting to be freed; all
+    // LEB128 varints, in base64. Addresses are BigInts until written as hex, so that any
+    // 64-bit address comes out exact; other numbers are exact below 2^53, as JSON's are.
+    const maps = new Map();
+    function mapOf(m) {
+      if (maps.has(m)) return maps.get(m);
+      const text = atob(m.map);
+      const bytes = new Uint8Array(text.length);
+      for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
+      let at = 0;
+      const byte = () => {
+        if (at >= bytes.length) throw new Error("the segment map of " + m.name + " is cut short");
+        return bytes[at++];
+      };
+      const big = () => {
+        let v = 0n, shift = 0n;
+        for (;;) {
+          const b = byte();
+          v |= BigInt(b & 127) << shift;
+          if (!(b & 128)) return v;
+          shift += 7n;
+        }
+      };
+      const num = () => {
+        const start = at;
+        let v = 0, mul = 1;
+        for (;;) {
+          const b = byte();
+          v += (b & 127) * mul;
+          if (!(b & 128)) return v;
+          mul *= 128;
+          if (mul >= 2 ** 49) { at = start; return Number(big()); }
+        }
+      };
+      const rows = [];
+      let addr = 0n;
+      for (let r = num(); r > 0; r--) {
+        addr = (addr + big()) & 0xffffffffffffffffn;
+        const size = num(), flags = num(), count = num();
+        const blocks = [];
+        let off = 0;
+        for (let b = 0; b < count; b++) {
+          off += num();
+          const bsize = num(), tagged = num();
+          blocks.push(off, bsize, tagged % 2, Math.floor(tagged / 2));
+        }
+        rows.push({ addr: "0x" + addr.toString(16), size, pool: flags & 1 ? "s" : "L", expandable: (flags & 2) !== 0, blocks });
+      }
+      maps.set(m, rows);
+      return rows;
+    }
     function drawSegments(m) {
       const title = document.getElementById("segmap-title");
       const note = document.getElementById("segmap-note");
       title.textContent = "Segments at the " + (m.name.startsWith("event") ? "moment nearest the cursor" : m.name) +
         " (after " + m.pos + " events)";
       note.textContent = "";
-      if (!m.segments.length) {
+      if (!m.segment_count) {
         note.textContent = "The trace records no segments" + (m.orphan_bytes ? " (" + fmt(m.orphan_bytes) + " live outside any known segment)." : ".");
         seg.height = 0; seg.style.height = "0px";
         segRows = [];
         return;
       }
-      const rows = m.segments.slice(0, 2000);
+      const rows = mapOf(m);
       const dpr = window.devicePixelRatio || 1;
       const w = seg.clientWidth || 600, rowH = 16, gap = 3, labelW = 200;
       const h = rows.length * (rowH + gap) + 4;
@@ -446,9 +500,9 @@
         segRows.push({ y, x0, width, r });
         if (live) split += 1;
       });
-      if (m.segments.length > rows.length) note.textContent += (m.segments.length - rows.length) + " more segments not drawn. ";
+      if (m.segment_count > rows.length) note.textContent += (m.segment_count - rows.length) + " more segments not drawn. ";
       if (m.blocks_left_out) note.textContent += m.blocks_left_out + " blocks left out of the map to bound the file's size. ";
-      note.textContent += m.segments.length + " segments, " + split + " holding live blocks; reserved " + fmt(m.reserved) + ".";
+      note.textContent += m.segment_count + " segments, " + split + " holding live blocks; reserved " + fmt(m.reserved) + ".";
     }
     seg.addEventListener("mousemove", (ev) => {
       const rect = seg.getBoundingClientRect();
@@ -673,6 +727,22 @@
       key("Escape");
       if (D.has_time) { key("T"); key("T"); }
       out.dataset.draws = String(drawn);
+      // Each moment's segment map as drawn: the FNV-1a hash of its decoded rows as JSON, the
+      // rows drawn and all segments, and the note under the map.
+      const fnv = (text) => {
+        let h = 0x811c9dc5;
+        for (let i = 0; i < text.length; i++) h = Math.imul(h ^ text.charCodeAt(i), 0x01000193) >>> 0;
+        return h;
+      };
+      const maps = [], notes = [];
+      for (const m of D.moments) {
+        drawSegments(m);
+        maps.push(m.pos + ":" + fnv(JSON.stringify(mapOf(m))) + ":" + mapOf(m).length + ":" + m.segment_count);
+        notes.push(document.getElementById("segmap-note").textContent);
+      }
+      out.dataset.segmaps = maps.join(" ");
+      out.dataset.segnotes = notes.join("|");
+      fillTable();
       out.textContent = "done";
     }
   }

@@ -11,7 +11,9 @@
 //! the result is bounded whatever the trace's length: at most [`MAX_BUCKETS`] columns of at
 //! most [`MAX_SERIES`] sites plus "other" and "before the trace", and a few [`Moment`]s (the
 //! peak, the peak of reserved bytes, the end and evenly spaced ones between) whose block lists
-//! are capped.
+//! are capped and whose segment maps keep the [`MAX_SEGMENT_ROWS`] rows the page draws, in
+//! the compact form of [`super::segmap`], so that the page does not grow with the number of
+//! segments.
 
 use rustc_hash::FxHashMap;
 use serde::Serialize;
@@ -36,6 +38,10 @@ const MAX_KEY_BLOCKS: usize = 50_000;
 
 /// The most live blocks kept for the segment map of a moment between them.
 const MAX_OTHER_BLOCKS: usize = 8_000;
+
+/// The most segments of a moment's map: the rows the page draws. Blocks in the segments past
+/// them still count against the moment's block limit, as when the page drew this many of all.
+pub const MAX_SEGMENT_ROWS: usize = 2_000;
 
 /// Evenly spaced moments between the start and the end, besides the peaks and the end.
 const SPACED_MOMENTS: usize = 8;
@@ -81,11 +87,14 @@ pub struct StepPos {
     pub label: String,
 }
 
-/// One segment (or mapped run) of a moment's segment map.
+/// One segment (or mapped run) of a moment's segment map. The page carries rows in the
+/// compact form of [`super::segmap`]; as JSON (the form the browser test compares the
+/// page's decoded rows with) the address is `0x…`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SegmentRow {
-    /// Address, as `0x…`.
-    pub addr: String,
+    /// Address.
+    #[serde(serialize_with = "hex")]
+    pub addr: u64,
     /// Size in bytes.
     pub size: u64,
     /// `s` (small pool) or `L` (large pool).
@@ -113,8 +122,12 @@ pub struct Moment {
     pub sites: Vec<[u64; 3]>,
     /// The groups left out of `sites`: `[groups, bytes, blocks]`.
     pub rest: [u64; 3],
-    /// The segments, in address order.
+    /// The segments the map draws: the first [`MAX_SEGMENT_ROWS`] in address order. In the
+    /// page, the string [`super::segmap::encode`] makes of them, named `map`.
+    #[serde(rename = "map", serialize_with = "super::segmap::serialize")]
     pub segments: Vec<SegmentRow>,
+    /// Segments at the moment, drawn or not.
+    pub segment_count: u64,
     /// Live blocks left out of the segment map to bound its size.
     pub blocks_left_out: u64,
     /// Live bytes in no segment the state knows (traces without segment data).
@@ -315,7 +328,10 @@ fn take_moments(
                 &state,
                 groups,
                 walk.reserved_known,
-                plan.max_blocks,
+                Limits {
+                    blocks: plan.max_blocks,
+                    rows: MAX_SEGMENT_ROWS,
+                },
                 indexer,
             ));
         }
@@ -615,6 +631,11 @@ fn step_positions(view: &ModelView<'_>) -> Vec<StepPos> {
         .collect()
 }
 
+/// Writes `value` as `0x…`, as the page shows addresses.
+fn hex<S: serde::Serializer>(value: &u64, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(&format_args!("{value:#x}"))
+}
+
 /// `bytes` as a delta (sizes past `i64::MAX`, which no importer lets through, saturate).
 fn signed(bytes: u64) -> i64 {
     i64::try_from(bytes).unwrap_or(i64::MAX)
@@ -686,14 +707,24 @@ impl<'a> GroupIndexer<'a> {
     }
 }
 
-/// The site table and segment map of `state`.
+/// How much of a moment's segment map is kept.
+#[derive(Clone, Copy)]
+struct Limits {
+    /// The most live blocks, counted in address order over all segments.
+    blocks: usize,
+    /// The most segments (rows).
+    rows: usize,
+}
+
+/// The site table and segment map of `state`: the first `limits.rows` segments with their
+/// live blocks, of the first `limits.blocks` in address order.
 fn moment(
     name: String,
     pos: u64,
     state: &MemoryState,
     groups: &SiteGroups,
     reserved_known: bool,
-    max_blocks: usize,
+    limits: Limits,
     indexer: &mut GroupIndexer,
 ) -> Moment {
     let mut by_group: FxHashMap<GroupId, (u64, u64)> = FxHashMap::default();
@@ -720,13 +751,21 @@ fn moment(
             rest[2] += blocks;
         }
     }
-    let mut segments = Vec::with_capacity(state.segments.len());
+    let mut segments = Vec::with_capacity(state.segments.len().min(limits.rows));
     let mut kept = 0usize;
     let mut left_out = 0u64;
-    for (&addr, s) in &state.segments {
+    for (row, (&addr, s)) in state.segments.iter().enumerate() {
+        if row >= limits.rows {
+            // Not drawn, but its blocks count against the limit all the same.
+            let n = state.blocks_in(addr, s.size).count();
+            let taken = n.min(limits.blocks.saturating_sub(kept));
+            kept += taken;
+            left_out += (n - taken) as u64;
+            continue;
+        }
         let mut blocks = Vec::new();
         for (&a, b) in state.blocks_in(addr, s.size) {
-            if kept >= max_blocks {
+            if kept >= limits.blocks {
                 left_out += 1;
                 continue;
             }
@@ -739,7 +778,7 @@ fn moment(
             ]);
         }
         segments.push(SegmentRow {
-            addr: format!("{addr:#x}"),
+            addr,
             size: s.size,
             pool: match s.pool {
                 Pool::Small => "s",
@@ -757,6 +796,7 @@ fn moment(
         sites,
         rest,
         segments,
+        segment_count: state.segments.len() as u64,
         blocks_left_out: left_out,
         orphan_bytes: state.orphan_bytes(),
     }
@@ -896,6 +936,62 @@ mod tests {
             let peak = data.peak_moment().expect("a moment at the peak");
             let total = peak.sites.iter().map(|r| r[1]).sum::<u64>() + peak.rest[1];
             proptest::prop_assert_eq!(total, view.peak_allocated());
+        }
+    }
+
+    /// A moment keeps the segments the page draws, and they are the first rows of the map
+    /// it kept before it was cut to them: the same rows, blocks and groups, and the same
+    /// count of blocks left out, wherever the block limit falls.
+    #[test]
+    fn the_map_keeps_the_rows_the_page_draws() {
+        let mut t = Trace::new();
+        let s = t.site("model.py", 1, "forward");
+        let u = t.site("model.py", 2, "backward");
+        for i in 0..2_500u64 {
+            let segment = t.segment_alloc(Some(s), 2 * MIB);
+            for k in 0..3 {
+                t.alloc_at(
+                    if (i + k) % 4 == 0 { u } else { s },
+                    segment + k * 4096,
+                    4096,
+                );
+            }
+        }
+        let snapshot = t.finish();
+        let view = ModelView::new(&snapshot);
+        let data = ExplorerData::build(&view, None);
+        let end = data.moments.iter().find(|m| m.pos == data.events).unwrap();
+        assert_eq!(end.segment_count, 2_500);
+        assert_eq!(end.segments.len(), MAX_SEGMENT_ROWS);
+        assert!(data
+            .moments
+            .iter()
+            .all(|m| m.segments.len() <= MAX_SEGMENT_ROWS));
+
+        let walk = Reconstruction::with_states(&snapshot);
+        let state = walk.state_walked(&snapshot.events, snapshot.events.len());
+        for blocks in [1_000, 6_000, 6_500, 7_500, usize::MAX] {
+            let mut indexer = GroupIndexer::new(&snapshot, view.site_groups());
+            let mut take = |rows: usize| {
+                let limits = Limits { blocks, rows };
+                let groups = view.site_groups();
+                moment("end".into(), 0, &state, groups, true, limits, &mut indexer)
+            };
+            let drawn = take(MAX_SEGMENT_ROWS);
+            let all = take(usize::MAX);
+            assert_eq!(
+                drawn.segments[..],
+                all.segments[..MAX_SEGMENT_ROWS],
+                "{blocks}"
+            );
+            assert_eq!(drawn.segment_count, all.segments.len() as u64);
+            assert_eq!(drawn.blocks_left_out, all.blocks_left_out, "{blocks}");
+            assert_eq!(
+                drawn.blocks_left_out,
+                7_500u64.saturating_sub(blocks as u64),
+                "{blocks}"
+            );
+            assert_eq!((drawn.sites, drawn.rest), (all.sites, all.rest));
         }
     }
 
