@@ -81,6 +81,14 @@ fn file_convert(path: &str, out: &str, log: Option<Bound<'_, HostLog>>) -> PyRes
         .map_err(|e| PyRuntimeError::new_err(e.to_string()))
 }
 
+/// Bytes from a size such as `"24GB"` or `"1.5 GiB"`: the one parser the command line's
+/// `--capacity` uses too (`vramscope_model::parse_bytes`), with binary units throughout, as GPU
+/// memory is sold (`"24GB"` is 24 GiB).
+#[pyfunction]
+fn parse_bytes(text: &str) -> PyResult<u64> {
+    vramscope_model::parse_bytes(text).map_err(pyo3::exceptions::PyValueError::new_err)
+}
+
 /// `bytes` as a human figure (`"1.50 GiB"`).
 #[pyfunction]
 fn format_bytes(bytes: u64) -> String {
@@ -166,6 +174,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(file_report_text, m)?)?;
     m.add_function(wrap_pyfunction!(file_check, m)?)?;
     m.add_function(wrap_pyfunction!(file_convert, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(format_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(stack_depth, m)?)?;
     m.add_function(wrap_pyfunction!(set_stack_depth, m)?)?;

@@ -235,11 +235,14 @@ def test_deep_stacks_are_cut_at_the_depth_limit():
 
 def test_parse_size():
     assert vramscope.parse_size("2 GiB") == 2 << 30
-    assert vramscope.parse_size("512MB") == 512_000_000
+    # Binary units throughout, as GPU memory is sold and as the command line reads them.
+    assert vramscope.parse_size("512MB") == 512 << 20
+    assert vramscope.parse_size("24GB") == 24 << 30
     assert vramscope.parse_size("1.5G") == 3 << 29
     assert vramscope.parse_size(4096) == 4096
-    with pytest.raises(ValueError):
-        vramscope.parse_size("lots")
+    for bad in ("lots", "12 parsecs", "-1", "", -1, True):
+        with pytest.raises(ValueError):
+            vramscope.parse_size(bad)
 
 
 PLUGGABLE = textwrap.dedent('''

@@ -62,34 +62,19 @@ def native_library_path() -> str:
     return os.path.abspath(_native.__file__)
 
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1 << 10,
-    "kb": 1000,
-    "kib": 1 << 10,
-    "m": 1 << 20,
-    "mb": 1000**2,
-    "mib": 1 << 20,
-    "g": 1 << 30,
-    "gb": 1000**3,
-    "gib": 1 << 30,
-    "t": 1 << 40,
-    "tb": 1000**4,
-    "tib": 1 << 40,
-}
-
-
 def parse_size(size: Union[int, str]) -> int:
-    """Bytes from ``4096``, ``"2 GiB"``, ``"512MB"``, ``"1.5G"`` (binary for k/m/g/t)."""
+    """Bytes from ``4096``, ``"24GB"``, ``"512 MiB"``, ``"1.5G"``.
+
+    Units are binary throughout, as GPU memory is sold: ``"24GB"`` is 24 GiB, as in the
+    command line's ``--capacity``; the parsing is the Rust core's own.
+    """
+    if isinstance(size, bool):
+        raise ValueError(f"not a size: {size!r}")
     if isinstance(size, int):
+        if size < 0:
+            raise ValueError(f"not a size: {size!r} (a size is not negative)")
         return size
-    text = str(size).strip().lower().replace(" ", "")
-    number = text.rstrip("kmgtib")
-    unit = text[len(number):]
-    if unit not in _UNITS or not number:
-        raise ValueError(f"not a size: {size!r} (expected e.g. 4096, '512 MiB', '2 GiB')")
-    return int(float(number) * _UNITS[unit])
+    return _native.parse_bytes(str(size))
 
 
 @dataclass
