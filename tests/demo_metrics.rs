@@ -3,12 +3,11 @@
 //! metrics` and reads the state the demo is in (memory allocated and reserved, and the same
 //! figures twice while the demo rests with its kept tensors alive).
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use vramscope_testkit::check_with_promtool;
+use vramscope_testkit::{check_with_promtool, http_get};
 
 /// Kills the demo when the test ends, passed or failed.
 struct Running(Child);
@@ -22,19 +21,9 @@ impl Drop for Running {
 
 /// The body of `GET /metrics` at `addr`.
 fn scrape(addr: &str) -> String {
-    let mut conn = TcpStream::connect(addr).expect("the demo's metrics server");
-    write!(
-        conn,
-        "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    conn.read_to_string(&mut response).unwrap();
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .expect("a complete response");
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    body.to_string()
+    let (status, _, body) = http_get(addr, "/metrics");
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    body
 }
 
 /// The value of the series whose line starts with `series`.

@@ -5,29 +5,14 @@
 
 #![cfg(feature = "metrics")]
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-
 use vramscope_allocator::metrics::{MetricsServer, CONTENT_TYPE};
 use vramscope_allocator::{CachingAllocator, SimDevice};
 use vramscope_model::AllocatorConfig;
-use vramscope_testkit::check_with_promtool;
+use vramscope_testkit::{check_with_promtool, http_get};
 
 /// `GET path` on `server`; returns the status line, the headers and the body.
 fn get(server: &MetricsServer, path: &str) -> (String, String, String) {
-    let mut conn = TcpStream::connect(server.addr()).unwrap();
-    write!(
-        conn,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    conn.read_to_string(&mut response).unwrap();
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .expect("a complete response");
-    let (status, headers) = head.split_once("\r\n").unwrap_or((head, ""));
-    (status.to_string(), headers.to_string(), body.to_string())
+    http_get(&server.addr().to_string(), path)
 }
 
 /// The value of the series whose line starts with `series`.

@@ -39,6 +39,28 @@ pub fn skip_notice(reason: &str) {
     let _ = writeln!(stderr, "skipped: {reason}");
 }
 
+/// `GET path` over HTTP/1.1 at `addr` (`HOST:PORT`), the way a Prometheus scrape asks;
+/// returns the status line, the header lines and the body. A connection that fails or a
+/// response that does not end its head fails the test.
+pub fn http_get(addr: &str, path: &str) -> (String, String, String) {
+    use std::io::Read;
+    let mut conn =
+        std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .expect("the request written");
+    let mut response = String::new();
+    conn.read_to_string(&mut response)
+        .unwrap_or_else(|e| panic!("reading the answer of {addr}{path}: {e}"));
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("an incomplete response from {addr}{path}: {response:?}"));
+    let (status, headers) = head.split_once("\r\n").unwrap_or((head, ""));
+    (status.to_string(), headers.to_string(), body.to_string())
+}
+
 /// Checks `text` with Prometheus's own linter, `promtool check metrics` (Debian's `prometheus`
 /// package), and fails the test with promtool's words when it finds a fault. Where promtool is
 /// not installed the check says, in one line, that it was skipped.
