@@ -5,19 +5,30 @@
 //! peak allocated figure from the bands at the peak, list live blocks by site at the peak that
 //! sum to that figure, and record no script error; driven by its self-test (keys, the wheel,
 //! hover, click, a finding), it must show the end and the peak with tables that sum to the
-//! report's figures, zoom, name the band under the mouse and pin it, still without errors. A 1400×900 screenshot of each page is kept
-//! under `target/html-browser/` beside the pages themselves. Where Chromium is not installed
-//! (`.ci/run` installs it where it can) or the traces are absent, the test says so in one
-//! `skipped:` line and passes.
+//! report's figures, zoom, name the band under the mouse and pin it, still without errors.
+//! The self-test also draws every moment's segment map, which the page decodes from its
+//! compact form (`html::segmap`): the rows it decoded must be the report's own, as JSON, and
+//! the note under each map must count its segments, blocks and rows left out as the report
+//! does. A 1400×900 screenshot of each page is kept under `target/html-browser/` beside the
+//! pages themselves. Where Chromium is not installed (`.ci/run` installs it where it can) or
+//! the traces are absent, the test says so in one `skipped:` line and passes.
+//!
+//! Besides the shared traces and a planted run, the pages checked include one of a trace with
+//! many segments ([`many_segments`]); without a browser, the page of 50,000 segments must
+//! still stay within [`PAGE_LIMIT`] (issue 36: it was 43 MB, the segment maps of 12 moments).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use vramscope_caching::{CachingAllocator, SimDevice};
+use vramscope_inspector::html::explorer::{ExplorerData, MAX_SEGMENT_ROWS};
 use vramscope_inspector::{html, import, report};
 use vramscope_model::{AllocatorConfig, Snapshot};
-use vramscope_testkit::{shared_trace, skip_notice};
+use vramscope_testkit::{shared_trace, skip_notice, Trace, MIB};
+
+/// The most bytes a page may take, whatever the trace (issue 36).
+const PAGE_LIMIT: usize = 10_000_000;
 
 /// The browsers tried, in order.
 const BROWSERS: [&str; 3] = [
@@ -163,6 +174,162 @@ fn the_explorer_draws_each_shared_trace_in_chromium() {
     }
     // A run made here, so that the page is checked on every machine with a browser.
     check_page(&browser, &out, "planted_leak.json", &planted_run());
+    // Segment maps past the rows the page draws, with blocks left out of them.
+    check_page(&browser, &out, "many_segments.json", &many_segments(12_000));
+}
+
+/// Blocks as `(address, size)`.
+type Blocks = Vec<(u64, u64)>;
+
+/// A trace with `segments` segments, as PyTorch records one with expandable segments off and
+/// many large allocations: each `cudaMalloc`'d (2 MiB, every third 20 MiB) and given one to
+/// four blocks, the first 2,000 thirty blocks each (past the block limit of the moments
+/// between the peaks), from 40 sites; then, in six rounds, about a third of the blocks are
+/// freed, a fifth of the empty segments get a block again and half of the others are
+/// released, so that each moment's map differs.
+fn many_segments(segments: u64) -> Snapshot {
+    let mut t = Trace::new();
+    let sites: Vec<_> = (0..40u32)
+        .map(|i| {
+            t.site(
+                &format!("model/block{}.py", i % 7),
+                10 + i,
+                &format!("layer{i}"),
+            )
+        })
+        .collect();
+    // A small linear congruential generator: the same trace on every machine.
+    let mut seed = 36u64;
+    let mut next = |n: u64| {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) % n
+    };
+    // Each segment's address, size and blocks (address and size).
+    let mut live: Vec<(u64, u64, Blocks)> = Vec::new();
+    for i in 0..segments {
+        if i % 1_000 == 0 {
+            t.step();
+        }
+        let size = if i % 3 == 0 { 20 * MIB } else { 2 * MIB };
+        let addr = t.segment_alloc(None, size);
+        let (count, block) = if i < 2_000 {
+            (30, 16 << 10)
+        } else {
+            (1 + next(4), [512, 4096, 65_536, 262_144][next(4) as usize])
+        };
+        let blocks: Vec<(u64, u64)> = (0..count).map(|k| (addr + k * block, block)).collect();
+        for &(a, b) in &blocks {
+            t.alloc_at(sites[(a / 512 % 40) as usize], a, b);
+        }
+        live.push((addr, size, blocks));
+    }
+    for _ in 0..6 {
+        t.step();
+        for (_, _, blocks) in &mut live {
+            if next(3) == 0 {
+                if let Some((a, b)) = blocks.pop() {
+                    t.free(a, b);
+                }
+            }
+        }
+        for (addr, _, blocks) in &mut live {
+            if blocks.is_empty() && next(5) == 0 {
+                t.alloc_at(sites[0], *addr, 512);
+                blocks.push((*addr, 512));
+            }
+        }
+        live.retain(|(addr, size, blocks)| {
+            let release = blocks.is_empty() && next(2) == 0;
+            if release {
+                t.segment_free(*addr, *size);
+            }
+            !release
+        });
+    }
+    t.finish()
+}
+
+/// The page of a trace with 50,000 segments stays within [`PAGE_LIMIT`], with every moment's
+/// map cut to the rows the page draws and the maps a small part of the page.
+#[test]
+fn the_page_of_fifty_thousand_segments_stays_small() {
+    let snapshot = many_segments(50_000);
+    let built = report::build_report(&snapshot, &report::ReportOptions::default());
+    let data = built.timeline.explorer.clone().expect("explorer data");
+    let page = html::render_html(&built);
+    assert!(
+        page.len() <= PAGE_LIMIT,
+        "the page takes {} bytes",
+        page.len()
+    );
+    assert!(data.moments.iter().any(|m| m.segment_count > 40_000));
+    assert!(data
+        .moments
+        .iter()
+        .all(|m| m.segments.len() <= MAX_SEGMENT_ROWS));
+    let maps: usize = data
+        .moments
+        .iter()
+        .map(|m| html::segmap::encode(&m.segments).len())
+        .sum();
+    assert!(maps < 3_000_000, "the maps take {maps} bytes");
+    eprintln!(
+        "50,000 segments: a page of {} bytes, of which {maps} the maps of {} moments",
+        page.len(),
+        data.moments.len()
+    );
+}
+
+/// The FNV-1a hash of `text`, as the page's self-test takes it.
+fn fnv(text: &str) -> u32 {
+    text.bytes().fold(0x811c_9dc5, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// Checks each moment's segment map as the self-test recorded it (`data-segmaps` and
+/// `data-segnotes`) against `data`: the rows the page decoded are the report's, as JSON, and
+/// the note counts segments, rows not drawn, segments holding blocks and blocks left out.
+fn check_segment_maps(name: &str, data: &ExplorerData, maps: &str, notes: &str) {
+    let maps: Vec<&str> = maps.split(' ').collect();
+    let notes: Vec<&str> = notes.split('|').collect();
+    assert_eq!(maps.len(), data.moments.len(), "{name}: a map per moment");
+    assert_eq!(notes.len(), data.moments.len(), "{name}: a note per moment");
+    for ((m, got), note) in data.moments.iter().zip(maps).zip(notes) {
+        let json = serde_json::to_string(&m.segments).expect("rows as JSON");
+        let want = format!(
+            "{}:{}:{}:{}",
+            m.pos,
+            fnv(&json),
+            m.segments.len(),
+            m.segment_count
+        );
+        assert_eq!(got, want, "{name}: the segment map of {}", m.name);
+        if m.segment_count == 0 {
+            assert!(
+                note.starts_with("The trace records no segments"),
+                "{name}: {note}"
+            );
+            continue;
+        }
+        let not_drawn = m.segment_count - m.segments.len() as u64;
+        if not_drawn > 0 {
+            let text = format!("{not_drawn} more segments not drawn. ");
+            assert!(note.starts_with(&text), "{name}: {note}");
+        }
+        if m.blocks_left_out > 0 {
+            let text = format!("{} blocks left out of the map", m.blocks_left_out);
+            assert!(note.contains(&text), "{name}: {note}");
+        }
+        let holding = m.segments.iter().filter(|r| !r.blocks.is_empty()).count();
+        let text = format!(
+            "{} segments, {holding} holding live blocks",
+            m.segment_count
+        );
+        assert!(note.contains(&text), "{name}: {note}");
+    }
 }
 
 /// A small training loop on the simulated device that keeps one block a step.
@@ -269,6 +436,7 @@ fn check_page(browser: &Path, out: &Path, name: &str, snapshot: &Snapshot) {
     if !built.findings.is_empty() {
         assert_eq!(got("data-finding"), "0", "{name}: a finding is selected");
     }
+    check_segment_maps(name, &data, &got("data-segmaps"), &got("data-segnotes"));
 
     let shot = out.join(format!("{stem}.png"));
     let _ = std::fs::remove_file(&shot);

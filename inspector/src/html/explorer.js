@@ -734,13 +734,13 @@
         for (let i = 0; i < text.length; i++) h = Math.imul(h ^ text.charCodeAt(i), 0x01000193) >>> 0;
         return h;
       };
-      const maps = [], notes = [];
+      const seen = [], notes = [];
       for (const m of D.moments) {
         drawSegments(m);
-        maps.push(m.pos + ":" + fnv(JSON.stringify(mapOf(m))) + ":" + mapOf(m).length + ":" + m.segment_count);
+        seen.push(m.pos + ":" + fnv(JSON.stringify(mapOf(m))) + ":" + mapOf(m).length + ":" + m.segment_count);
         notes.push(document.getElementById("segmap-note").textContent);
       }
-      out.dataset.segmaps = maps.join(" ");
+      out.dataset.segmaps = seen.join(" ");
       out.dataset.segnotes = notes.join("|");
       fillTable();
       out.textContent = "done";
