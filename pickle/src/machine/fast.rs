@@ -632,3 +632,270 @@ impl Machine<'_, '_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::machine::stream::{parse_streaming, EntrySink, Standin};
+    use crate::{FastEntry, FastValue, Limits, ValueRef};
+
+    /// A sink that writes each entry down as text, from the generic machine's document or
+    /// from the fast path, and takes fast entries when `fast`.
+    struct Recorder {
+        fast: bool,
+        entries: Vec<String>,
+        fast_entries: usize,
+        /// Whether the fast path read each entry.
+        paths: Vec<bool>,
+        read: Vec<usize>,
+        standins: Vec<(usize, Standin)>,
+    }
+
+    impl Recorder {
+        fn new(fast: bool) -> Recorder {
+            Recorder {
+                fast,
+                entries: Vec::new(),
+                fast_entries: 0,
+                paths: Vec::new(),
+                read: Vec::new(),
+                standins: Vec::new(),
+            }
+        }
+    }
+
+    /// A value as text: scalars as they are, containers from before the entry by number,
+    /// lists made for it by their elements.
+    fn text(v: ValueRef<'_>, transient_from: usize) -> String {
+        if let Some(i) = v.as_i64() {
+            return format!("{i}");
+        }
+        if let Some(f) = v.as_float() {
+            return format!("{f:?}");
+        }
+        if let Some(s) = v.as_str() {
+            return format!("{s:?}");
+        }
+        if let Some(s) = v.standin() {
+            return format!("{s:?}");
+        }
+        match (v.container_index(), v.as_seq()) {
+            (Some(c), Some(seq)) if c >= transient_from => {
+                let elements: Vec<String> = seq.iter().map(|e| text(e, transient_from)).collect();
+                format!("[{}]#{c}", elements.join(", "))
+            }
+            (Some(c), _) => format!("{}#{c}", v.type_name()),
+            _ => v.type_name().to_string(),
+        }
+    }
+
+    fn fast_text(v: FastValue<'_>, transient_from: usize) -> String {
+        match v {
+            FastValue::Doc(v) => text(v, transient_from),
+            FastValue::Int(i) => format!("{i}"),
+            FastValue::Float(f) => format!("{f:?}"),
+            FastValue::List(list) => {
+                let elements: Vec<String> = list.iter().map(|e| text(e, transient_from)).collect();
+                format!("[{}]#{}", elements.join(", "), list.container_index())
+            }
+        }
+    }
+
+    impl EntrySink for Recorder {
+        fn entry(&mut self, entry: ValueRef<'_>, list: usize, index: usize, from: usize) -> bool {
+            let pairs: Vec<String> = entry
+                .dict_items()
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| format!("{}: {}", text(k, from), text(v, from)))
+                .collect();
+            self.entries.push(format!(
+                "{list}.{index} from {from} {{{}}}",
+                pairs.join(", ")
+            ));
+            self.paths.push(false);
+            true
+        }
+
+        fn fast_entry(
+            &mut self,
+            entry: &FastEntry<'_>,
+            list: usize,
+            index: usize,
+            from: usize,
+        ) -> bool {
+            self.fast_entries += 1;
+            let pairs: Vec<String> = entry
+                .pairs()
+                .map(|(k, v)| format!("{}: {}", text(k, from), fast_text(v, from)))
+                .collect();
+            self.entries.push(format!(
+                "{list}.{index} from {from} {{{}}}",
+                pairs.join(", ")
+            ));
+            self.paths.push(true);
+            true
+        }
+
+        fn takes_fast_entries(&self) -> bool {
+            self.fast
+        }
+
+        fn read(&mut self) -> &mut Vec<usize> {
+            &mut self.read
+        }
+
+        fn standins(&mut self) -> &mut Vec<(usize, Standin)> {
+            &mut self.standins
+        }
+
+        fn memory(&self) -> usize {
+            0
+        }
+    }
+
+    /// `{"device_traces": [[entries]]}` in protocol 4, memoizing as Python does; `entries`
+    /// writes the entries' opcodes given the memo indices of the keys `action`, `addr` and
+    /// `frames`, of the string `alloc` and of two frame dicts.
+    fn snapshot(entries: impl Fn(&mut Vec<u8>)) -> Vec<u8> {
+        let mut out = vec![0x80, 4, b'}', 0x94, b'('];
+        // Memo 1: the key; 2 and 3: the outer and the trace list.
+        out.extend([0x8c, 13]);
+        out.extend(b"device_traces");
+        out.extend([0x94, b']', 0x94, b']', 0x94, b'(']);
+        entries(&mut out);
+        out.extend([b'e', b'a', b'u', b'.']);
+        out
+    }
+
+    /// The first entry, which brings the keys `action`, `addr` and `frames` (memo 5, 7 and
+    /// 8), `alloc` (6) and two frame dicts (10 and 11) into the memo; the generic machine
+    /// reads it.
+    fn first(out: &mut Vec<u8>) {
+        out.extend([b'}', 0x94, b'(']);
+        let (key, value) = ("action", "alloc");
+        out.extend([0x8c, key.len() as u8]);
+        out.extend(key.as_bytes());
+        out.push(0x94);
+        out.extend([0x8c, value.len() as u8]);
+        out.extend(value.as_bytes());
+        out.push(0x94);
+        out.extend([0x8c, 4]);
+        out.extend(b"addr");
+        out.extend([0x94, b'K', 1]);
+        out.extend([0x8c, 6]);
+        out.extend(b"frames");
+        out.extend([0x94, b']', 0x94, b'(']);
+        for _ in 0..2 {
+            out.extend([b'}', 0x94, b'(', b'h', 5, b'K', 7, b'u']);
+        }
+        out.extend([b'e', b'u']);
+    }
+
+    /// An entry of the shape the fast path reads, with `extra` before `SETITEMS`.
+    fn usual(out: &mut Vec<u8>, addr: u64, extra: &[u8]) {
+        out.extend([b'}', 0x94, b'(', b'h', 5, b'h', 6, b'h', 7, 0x8a, 8]);
+        out.extend(addr.to_le_bytes());
+        out.extend([
+            b'h', 8, b']', 0x94, b'(', b'h', 10, b'h', 11, b'h', 10, b'e',
+        ]);
+        out.extend(extra);
+        out.push(b'u');
+    }
+
+    /// Reads `bytes` with and without the fast path, which must agree on the entries written
+    /// down and the documents' roots: the entries, and which of them the fast path read.
+    fn both(bytes: &[u8]) -> (Vec<String>, Vec<bool>) {
+        let limits = Limits::default();
+        let mut fast = Recorder::new(true);
+        let mut generic = Recorder::new(false);
+        let a = parse_streaming(bytes, &limits, "device_traces", &mut fast).map(|s| {
+            assert_eq!(s.fast_entries, fast.fast_entries);
+            format!("{:?} {:?}", s.doc.root(), s.lists)
+        });
+        let b = parse_streaming(bytes, &limits, "device_traces", &mut generic)
+            .map(|s| format!("{:?} {:?}", s.doc.root(), s.lists));
+        assert_eq!(a, b);
+        assert_eq!(fast.entries, generic.entries);
+        assert_eq!(generic.fast_entries, 0);
+        assert_eq!(fast.paths.iter().filter(|&&f| f).count(), fast.fast_entries);
+        (fast.entries, fast.paths)
+    }
+
+    #[test]
+    fn entries_of_pythons_shape_take_the_fast_path_and_read_as_the_generic_machine_reads_them() {
+        let bytes = snapshot(|out| {
+            first(out);
+            for i in 0..5 {
+                usual(out, (1 << 40) + i, &[]);
+            }
+        });
+        let (entries, paths) = both(&bytes);
+        assert_eq!(paths, [false, true, true, true, true, true]);
+        assert!(entries[1].contains("\"alloc\""), "{}", entries[1]);
+        assert!(entries[1].contains("1099511627776"), "{}", entries[1]);
+    }
+
+    #[test]
+    fn other_shapes_are_left_to_the_generic_machine() {
+        let strays: [&[u8]; 9] = [
+            // A key that is a new string, not memoized.
+            &[0x8c, 1, b'x', b'K', 1],
+            // A value that is a new dict.
+            &[b'h', 5, b'}', 0x94],
+            // An integer of nine bytes.
+            &[b'h', 5, 0x8a, 9, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+            // A memo store out of order.
+            &[b'h', 5, b'K', 1, b'q', 3],
+            // A FRAME between two opcodes.
+            &[0x95, 0, 0, 0, 0, 0, 0, 0, 0, b'h', 5, b'K', 1],
+            // A memo reference to a slot the entry made.
+            &[b'h', 5, b'h', 200],
+            // A string that is not UTF-8.
+            &[b'h', 5, 0x8c, 1, 0xff],
+            // A bytes value.
+            &[b'h', 5, b'C', 1, b'x'],
+            // An odd number of values.
+            &[b'h', 5],
+        ];
+        for (k, stray) in strays.iter().enumerate() {
+            let bytes = snapshot(|out| {
+                first(out);
+                usual(out, 1, &[]);
+                usual(out, 2, stray);
+                usual(out, 3, &[]);
+            });
+            let (entries, paths) = both(&bytes);
+            // Read up to the stray, which the generic machine reads (or fails on).
+            let expected = [false, true, false, true];
+            assert_eq!(paths, expected[..paths.len()], "stray {k}: {entries:?}");
+            assert!(paths.len() >= 2, "stray {k}: {entries:?}");
+        }
+    }
+
+    #[test]
+    fn values_of_every_kind_read_as_the_generic_machine_reads_them() {
+        let values: [&[u8]; 10] = [
+            b"N",
+            &[0x88],
+            &[0x89],
+            &[b'M', 1, 2],
+            &[b'J', 0xff, 0xff, 0xff, 0xff],
+            &[0x8a, 0],
+            &[0x8a, 3, 0, 0, 0x80],
+            &[b'G', 0x3f, 0xf8, 0, 0, 0, 0, 0, 0],
+            &[b'X', 2, 0, 0, 0, b'o', b'k', 0x94],
+            &[b']', b'h', 11, b'a', 0x94],
+        ];
+        for (k, value) in values.iter().enumerate() {
+            let mut extra = vec![b'h', 5];
+            extra.extend(*value);
+            let bytes = snapshot(|out| {
+                first(out);
+                usual(out, 1, &extra);
+                usual(out, 2, &[]);
+            });
+            let (entries, paths) = both(&bytes);
+            assert_eq!(paths, [false, true, true], "value {k}: {entries:?}");
+        }
+    }
+}
