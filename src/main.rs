@@ -24,6 +24,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use vramscope::inspector::detect::Severity;
+use vramscope::inspector::export;
 use vramscope::inspector::import::{self, ImportOptions};
 use vramscope::inspector::ranks;
 use vramscope::inspector::report::{self, Format, ReportOptions};
@@ -84,6 +85,10 @@ enum Command {
         /// The file to write; `-` is standard output.
         #[arg(short, long)]
         output: PathBuf,
+        /// Convert only these steps, numbered as `report` numbers them, both ends included:
+        /// A..B, A.., ..B or N (a Perfetto trace past about 1 GB does not open in its UI).
+        #[arg(long, value_name = "A..B")]
+        steps: Option<export::StepRange>,
         #[command(flatten)]
         limit: InputLimit,
     },
@@ -508,8 +513,12 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Report(args) => run_report(args),
         Command::Replay(args) => run_replay(args),
         Command::Convert {
-            file, to, output, ..
-        } => run_convert(file, to, output),
+            file,
+            to,
+            output,
+            steps,
+            ..
+        } => run_convert(file, to, output, steps),
         Command::Doctor => {
             emit(
                 &format!("{}\n", vramscope::allocator::doctor()),
@@ -558,9 +567,53 @@ fn run_top(addrs: Vec<String>) -> Result<u8, Failure> {
     Ok(dashboard_status())
 }
 
+/// The size past which ui.perfetto.dev does not open a JSON trace (about 1 GB).
+const PERFETTO_UI_BYTES: u64 = 1_000_000_000;
+
+/// An export error as an I/O error: a failed write as the system's own (so that a closed pipe
+/// is still one), anything else as its sentence.
+fn export_io(e: export::ExportError) -> std::io::Error {
+    match e {
+        export::ExportError::Io(e) => e,
+        other => std::io::Error::other(other),
+    }
+}
+
+/// Says, before a Perfetto trace of about `estimate` bytes is written, that it passes what
+/// ui.perfetto.dev opens, with the range of steps from the loop's first (step 1, or the
+/// trace's first) that stays within about 90% of it.
+fn warn_perfetto_size(snapshot: &Snapshot, estimate: u64) {
+    use vramscope::model::format_bytes;
+    let first = snapshot.events.iter().map(|e| u64::from(e.step)).min();
+    let first = match snapshot.events.iter().any(|e| e.step >= 1) {
+        true => Some(first.unwrap_or(1).max(1)),
+        false => first,
+    };
+    let fits = first.and_then(|first| {
+        export::perfetto_steps_within(snapshot, first, PERFETTO_UI_BYTES / 10 * 9)
+            .map(|(last, bytes)| (first, last, bytes))
+    });
+    let suggestion = match fits {
+        Some((first, last, bytes)) => format!(
+            "; convert a range of steps, such as `--steps {first}..{last}` (about {}; steps are numbered as `report` numbers them)",
+            format_bytes(bytes)
+        ),
+        None => "; one step alone passes it, so no range of steps opens either".to_string(),
+    };
+    say(format_args!(
+        "the Perfetto trace will be about {}, past the {} that ui.perfetto.dev opens as JSON{suggestion}",
+        format_bytes(estimate),
+        format_bytes(PERFETTO_UI_BYTES),
+    ));
+}
+
 /// `vramscope convert`.
-fn run_convert(file: PathBuf, to: ConvertTarget, output: PathBuf) -> Result<u8, Failure> {
-    use vramscope::inspector::export;
+fn run_convert(
+    file: PathBuf,
+    to: ConvertTarget,
+    output: PathBuf,
+    steps: Option<export::StepRange>,
+) -> Result<u8, Failure> {
     let to_stdout = is_stdout(&output);
     // A pickle is binary: like `gzip -c`, it is not written to a terminal.
     if to_stdout && to == ConvertTarget::Pytorch && std::io::stdout().is_terminal() {
@@ -569,41 +622,99 @@ fn run_convert(file: PathBuf, to: ConvertTarget, output: PathBuf) -> Result<u8, 
              (`-o - > FILE`) or give -o FILE",
         ));
     }
-    let snapshot = loading::load(&file).map_err(Failure::input)?;
+    let mut snapshot = loading::load(&file).map_err(Failure::input)?;
+    // The events of the steps asked for, numbered as `report` numbers them: a trace without
+    // marks of its own takes the steps the report infers.
+    let window = match steps {
+        Some(range) => {
+            vramscope::inspector::model_view::record_inferred_steps(&mut snapshot);
+            let window = range
+                .window(&snapshot)
+                .map_err(|e| Failure::input(format!("{}: {e}", file.display())))?;
+            Some(window)
+        }
+        None => None,
+    };
+    let all = 0..snapshot.events.len();
+    if to == ConvertTarget::Perfetto {
+        let estimate =
+            export::perfetto_size_estimate(&snapshot, window.clone().unwrap_or(all.clone()));
+        if estimate > PERFETTO_UI_BYTES {
+            // The range suggested is numbered as `report` numbers steps: a trace without marks
+            // takes the inferred ones for the suggestion, and has none again for the output.
+            let inferred = window.is_none()
+                && vramscope::inspector::model_view::record_inferred_steps(&mut snapshot) > 0;
+            warn_perfetto_size(&snapshot, estimate);
+            if inferred {
+                snapshot.events.iter_mut().for_each(|e| e.step = 0);
+                snapshot.steps.clear();
+            }
+        }
+    }
+    // Every format but Perfetto's (which draws a window of the whole trace) writes the part of
+    // the snapshot at the steps asked for as a snapshot of its own.
+    let sliced = match (&window, to) {
+        (Some(window), to) if to != ConvertTarget::Perfetto => Some(
+            export::slice(&snapshot, window.clone())
+                .map_err(|e| Failure::input(format!("{}: {e}", file.display())))?,
+        ),
+        _ => None,
+    };
+    let part = sliced.as_ref().unwrap_or(&snapshot);
     let mut sink = ConvertSink::open(&output)
         .map_err(|e| Failure::input(format!("{}: {e}", output_name(&output))))?;
     let written = match to {
-        ConvertTarget::Pytorch => export::to_pytorch_pickle_from_file(&snapshot, &file)
-            .map_err(std::io::Error::other)
-            .and_then(|export| {
+        ConvertTarget::Pytorch => {
+            // What the model does not keep is read again from the source file, which matches
+            // only the whole trace.
+            let doc = match sliced {
+                Some(_) => Ok(None),
+                None => export::read_source(&file, &ImportOptions::default())
+                    .map_err(std::io::Error::other),
+            };
+            doc.and_then(|doc| {
+                let plan = export::PytorchPlan::new(part).map_err(export_io)?;
                 // What the format cannot carry, said before the file is written.
-                for line in &export.not_carried {
+                for line in plan.not_carried() {
                     say(format_args!("not carried into the PyTorch format: {line}"));
                 }
-                sink.write_all(&export.bytes)
-            }),
+                if sliced.is_some() && part.source == vramscope::model::SnapshotSource::Pytorch {
+                    say(format_args!(
+                        "not carried into the PyTorch format: what the model does not keep of the source pickle (segment frames, compile_context, user_metadata, entries of other kinds): a range of steps is written from the model alone"
+                    ));
+                }
+                let extras = doc.as_ref().and_then(export::PytorchExtras::from_document);
+                plan.write(extras.as_ref(), &mut sink).map_err(export_io)?;
+                Ok(())
+            })
+        }
         ConvertTarget::Perfetto => {
-            export::write_perfetto(&snapshot, &mut sink).map_err(std::io::Error::other)
+            export::write_perfetto_window(&snapshot, window.unwrap_or(all), &mut sink)
+                .map_err(export_io)
         }
         // Written here rather than by `Snapshot::save`, so that a failed write says
         // the system's words, not that the snapshot is not valid.
-        ConvertTarget::Json => {
-            serde_json::to_writer(&mut sink, &snapshot).map_err(std::io::Error::from)
-        }
+        ConvertTarget::Json => serde_json::to_writer(&mut sink, part).map_err(std::io::Error::from),
         ConvertTarget::Html => {
             let mut options = ReportOptions::default();
             options.input = Some(file.display().to_string());
-            let built = report::build_report(&snapshot, &options);
+            let built = report::build_report(part, &options);
             sink.write_all(report::render(&built, Format::Html, false).as_bytes())
         }
-        ConvertTarget::Events => snapshot.write_event_log(&mut sink),
+        ConvertTarget::Events => part.write_event_log(&mut sink),
     }
     .and_then(|()| sink.finish());
     match written {
         Ok(()) => {}
         // A closed pipe (`| head`) ends quietly, as `emit` does.
         Err(e) if to_stdout && e.kind() == std::io::ErrorKind::BrokenPipe => {}
-        Err(e) => return Err(Failure::input(format!("{}: {e}", output_name(&output)))),
+        Err(e) => {
+            // A file cut short by the error is not left behind as if it were whole.
+            if !to_stdout && std::fs::metadata(&output).is_ok_and(|m| m.is_file()) {
+                let _ = std::fs::remove_file(&output);
+            }
+            return Err(Failure::input(format!("{}: {e}", output_name(&output))));
+        }
     }
     if !to_stdout {
         say(format_args!("wrote {}", output.display()));

@@ -61,6 +61,11 @@ pub enum ExportError {
         /// What does not fit.
         what: String,
     },
+    /// A range of steps to convert that the trace does not have, said as a sentence.
+    Steps {
+        /// What is wrong, with the steps the trace has.
+        what: String,
+    },
 }
 
 impl fmt::Display for ExportError {
@@ -75,6 +80,7 @@ impl fmt::Display for ExportError {
             ExportError::Limit { what } => {
                 write!(f, "cannot be written as a PyTorch snapshot: {what}")
             }
+            ExportError::Steps { what } => write!(f, "{what}"),
         }
     }
 }
@@ -84,7 +90,9 @@ impl std::error::Error for ExportError {
         match self {
             ExportError::Io(e) => Some(e),
             ExportError::Source(e) => Some(e),
-            ExportError::Overflow { .. } | ExportError::Limit { .. } => None,
+            ExportError::Overflow { .. }
+            | ExportError::Limit { .. }
+            | ExportError::Steps { .. } => None,
         }
     }
 }
@@ -179,6 +187,9 @@ impl Frames<'_> {
 #[derive(Default)]
 struct Values {
     containers: FxHashMap<usize, MemoRef>,
+    /// The memo slot of each source string written, by its identity: the slot `shared_str`
+    /// finds by its text, found without hashing the text.
+    strings: FxHashMap<usize, MemoRef>,
 }
 
 impl Values {
@@ -204,7 +215,16 @@ impl Values {
                 (None, None) => w.uint(v.as_u64().unwrap_or(0)),
             },
             "float" => w.float(v.as_float().unwrap_or(0.0)),
-            "str" => w.shared_str(v.as_str().unwrap_or(""), strings),
+            "str" => match v.identity() {
+                Some(id) => match self.strings.get(&id) {
+                    Some(&slot) => w.get(slot),
+                    None => {
+                        let slot = w.shared_str_slot(v.as_str().unwrap_or(""), strings);
+                        self.strings.insert(id, slot);
+                    }
+                },
+                None => w.shared_str(v.as_str().unwrap_or(""), strings),
+            },
             "bytes" => w.bytes(v.as_bytes().unwrap_or(&[])),
             "dict" => {
                 w.begin_dict();
@@ -445,6 +465,21 @@ struct Out<'a> {
     w: &'a mut PickleWriter,
     values: &'a mut Values,
     strings: &'a mut FxHashMap<String, MemoRef>,
+    /// Where a streaming export passes the bytes on, every [`PickleWriter::CHUNK`] or so.
+    sink: Option<&'a mut dyn std::io::Write>,
+}
+
+impl Out<'_> {
+    /// Passes the bytes written so far on to the sink once there are a chunk of them.
+    #[inline]
+    fn spill(&mut self) -> Result<(), ExportError> {
+        if let Some(sink) = self.sink.as_mut() {
+            if self.w.pending() >= PickleWriter::CHUNK {
+                self.w.drain_into(&mut **sink)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Writes the model's value of a key.
@@ -515,44 +550,106 @@ pub fn export_pytorch(
     snapshot: &Snapshot,
     extras: Option<&PytorchExtras<'_>>,
 ) -> Result<PytorchExport, ExportError> {
-    let dump = carry::DumpState::from_snapshot(snapshot)?;
-    let pairs = carry::completions_only(snapshot);
-    if dump.is_some() || pairs {
-        // What was made must stay within the limits the importer reads a file with.
-        let events = snapshot
-            .events
-            .iter()
-            .filter(|e| action(e.kind).is_some())
-            .flat_map(|e| {
-                let twice = pairs && e.kind == EventKind::FreeCompleted;
-                std::iter::repeat_n(recorded_size(e), if twice { 2 } else { 1 })
-            });
-        let segments = dump
-            .as_ref()
-            .map_or(&snapshot.segments[..], |d| &d.segments);
-        carry::check_total(events, segments)?;
-    }
-    let bytes = write_pytorch(snapshot, extras, dump.as_ref(), pairs)?;
-    // After writing, so that a sum past 2^64 is named by its field first.
-    carry::check_layout(
-        dump.as_ref()
-            .map_or(&snapshot.segments[..], |d| &d.segments),
-    )?;
+    let plan = PytorchPlan::new(snapshot)?;
+    let mut w = PickleWriter::new();
+    plan.write_with(extras, &mut w, None)?;
     Ok(PytorchExport {
-        bytes,
-        not_carried: carry::not_carried(snapshot, dump.as_ref()),
+        bytes: w.finish(),
+        not_carried: plan.not_carried,
     })
 }
 
-/// Writes the pickle: `dump` is the dump-time state made for a snapshot without one, `pairs`
-/// whether each completed free is written after a request of its own.
+/// A PyTorch snapshot pickle about to be streamed: what the writer makes for a snapshot
+/// without a dump-time state of its own, checked against the limits the importer reads a file
+/// within, and what the pickle cannot carry, known before a byte is written
+/// ([`PytorchPlan::not_carried`]), so that `vramscope convert` says it first and then streams
+/// the pickle into its output ([`PytorchPlan::write`]) without holding it whole.
+pub struct PytorchPlan<'s> {
+    snapshot: &'s Snapshot,
+    dump: Option<carry::DumpState>,
+    pairs: bool,
+    not_carried: Vec<String>,
+}
+
+impl<'s> PytorchPlan<'s> {
+    /// The plan for `snapshot`, or an error when what the pickle would hold passes the limits
+    /// within which a PyTorch snapshot pickle is read back.
+    pub fn new(snapshot: &'s Snapshot) -> Result<PytorchPlan<'s>, ExportError> {
+        let dump = carry::DumpState::from_snapshot(snapshot)?;
+        let pairs = carry::completions_only(snapshot);
+        if dump.is_some() || pairs {
+            // What was made must stay within the limits the importer reads a file with.
+            let events = snapshot
+                .events
+                .iter()
+                .filter(|e| action(e.kind).is_some())
+                .flat_map(|e| {
+                    let twice = pairs && e.kind == EventKind::FreeCompleted;
+                    std::iter::repeat_n(recorded_size(e), if twice { 2 } else { 1 })
+                });
+            let segments = dump
+                .as_ref()
+                .map_or(&snapshot.segments[..], |d| &d.segments);
+            carry::check_total(events, segments)?;
+        }
+        let not_carried = carry::not_carried(snapshot, dump.as_ref());
+        Ok(PytorchPlan {
+            snapshot,
+            dump,
+            pairs,
+            not_carried,
+        })
+    }
+
+    /// What the pickle cannot carry, one sentence each (see [`PytorchExport::not_carried`]).
+    pub fn not_carried(&self) -> &[String] {
+        &self.not_carried
+    }
+
+    /// Streams the pickle into `out` in chunks of about [`PickleWriter::CHUNK`] bytes
+    /// with what the model does not keep taken from `extras`, and flushes it; returns the
+    /// number of bytes written. On an error, what was written before it stays in `out`.
+    pub fn write(
+        &self,
+        extras: Option<&PytorchExtras<'_>>,
+        out: &mut dyn std::io::Write,
+    ) -> Result<u64, ExportError> {
+        let mut w = PickleWriter::new();
+        self.write_with(extras, &mut w, Some(&mut *out))?;
+        Ok(w.finish_into(out)?)
+    }
+
+    /// Writes the pickle with `w` (not finished), passing the bytes on to `sink` as they
+    /// come when there is one, then checks the layout of its segments.
+    fn write_with(
+        &self,
+        extras: Option<&PytorchExtras<'_>>,
+        w: &mut PickleWriter,
+        sink: Option<&mut dyn std::io::Write>,
+    ) -> Result<(), ExportError> {
+        let dump = self.dump.as_ref();
+        write_pytorch(self.snapshot, extras, dump, self.pairs, w, sink)?;
+        // After writing, so that a sum past 2^64 is named by its field first.
+        carry::check_layout(dump.map_or(&self.snapshot.segments[..], |d| &d.segments))
+    }
+}
+
+/// `sink` with the lifetime of what it writes to shortened to the borrow's, so that it fits
+/// in an [`Out`] beside shorter-lived locals.
+fn shorten<'a>(sink: &'a mut (dyn std::io::Write + '_)) -> &'a mut dyn std::io::Write {
+    sink
+}
+
+/// Writes the pickle with `w`: `dump` is the dump-time state made for a snapshot without one,
+/// `pairs` whether each completed free is written after a request of its own.
 fn write_pytorch(
     snapshot: &Snapshot,
     extras: Option<&PytorchExtras<'_>>,
     dump: Option<&carry::DumpState>,
     pairs: bool,
-) -> Result<Vec<u8>, ExportError> {
-    let mut w = PickleWriter::new();
+    w: &mut PickleWriter,
+    sink: Option<&mut dyn std::io::Write>,
+) -> Result<(), ExportError> {
     let mut frames = Frames {
         sites: &snapshot.sites,
         written: FxHashMap::default(),
@@ -562,9 +659,10 @@ fn write_pytorch(
     let mut values = Values::default();
     let mut strings: FxHashMap<String, MemoRef> = FxHashMap::default();
     let mut out = Out {
-        w: &mut w,
+        w,
         values: &mut values,
         strings: &mut strings,
+        sink: sink.map(shorten),
     };
     // Times as the file has them: microseconds since its epoch, or since the snapshot's.
     let epoch_us = match extras {
@@ -616,7 +714,7 @@ fn write_pytorch(
         }
     }
     out.w.end_dict();
-    Ok(w.finish())
+    Ok(())
 }
 
 fn write_segments(
@@ -709,6 +807,7 @@ fn write_segments(
                                 Ok(())
                             };
                         write_fields(out, block_source, block_keys, &mut write_block)?;
+                        out.spill()?;
                     }
                     out.w.end_list();
                 }
@@ -757,81 +856,215 @@ fn write_traces(
         .chain(extras.map(|x| x.traces.len()))
         .max()
         .unwrap_or(1);
-    // The events of each device, in order, with their positions in the model.
-    let mut by_device: Vec<Vec<(usize, &Event)>> = vec![Vec::new(); devices];
-    for (i, e) in snapshot.events.iter().enumerate() {
-        if action(e.kind).is_some() {
-            by_device[e.device as usize].push((i, e));
-        }
-    }
-    let mut write_entry = |out: &mut Out<'_>,
-                           (i, event): (usize, &Event),
-                           kind: EventKind,
-                           source: Option<ValueRef<'_>>|
-     -> Result<(), ExportError> {
-        // PyTorch writes an OOM's free device memory in place of its address.
-        let mut keys = vec!["action"];
-        keys.push(if event.kind == EventKind::Oom {
-            "device_free"
-        } else {
-            "addr"
-        });
-        keys.extend(["size", "stream", "time_us", "frames"]);
-        let negative_stream = source
-            .and_then(|s| s.get("stream"))
-            .and_then(ValueRef::as_i64)
-            .is_some_and(|v| v < 0);
-        let mut write = |out: &mut Out<'_>, key: &str| -> Result<(), ExportError> {
-            match key {
-                "action" => out.w.str(action(kind).unwrap_or("alloc")),
-                "addr" => out.w.uint(event.addr),
-                "device_free" => out.w.uint(event.device_free),
-                "size" => out.w.uint(recorded_size(event)),
-                // A negative stream handle is kept as its two's complement bits.
-                "stream" if negative_stream => out.w.int(event.stream as i64),
-                "stream" => out.w.uint(event.stream),
-                "time_us" => out
-                    .w
-                    .uint(time_us(event.time_ns, &|| format!("events[{i}].time_ns"))?),
-                _ => frames.write(out.w, event.site()),
+    // The events of each device, in order, by their positions in the model: one pass over
+    // all of them for a trace of one device, lists of positions (four bytes an event) for
+    // more.
+    let recorded = |e: &&Event| action(e.kind).is_some();
+    let single = snapshot
+        .events
+        .iter()
+        .filter(recorded)
+        .all(|e| e.device == 0);
+    let by_device: Vec<Vec<u32>> = if single {
+        Vec::new()
+    } else {
+        let mut by_device = vec![Vec::new(); devices];
+        for (i, e) in snapshot.events.iter().enumerate() {
+            if action(e.kind).is_some() {
+                by_device[e.device as usize].push(i as u32);
             }
-            Ok(())
-        };
-        write_fields(out, source, &keys, &mut write)
-    };
-    // An event, after a request of its own for a completed free with `pairs`.
-    let mut write_event = |out: &mut Out<'_>,
-                           (i, event): (usize, &Event),
-                           source: Option<ValueRef<'_>>|
-     -> Result<(), ExportError> {
-        if pairs && event.kind == EventKind::FreeCompleted {
-            write_entry(out, (i, event), EventKind::FreeRequested, None)?;
         }
-        write_entry(out, (i, event), event.kind, source)
+        by_device
     };
+    let mut entries = EntryWriter::default();
+    // An event, after a request of its own for a completed free with `pairs`.
+    let mut write_event =
+        |out: &mut Out<'_>, i: usize, source: Option<ValueRef<'_>>| -> Result<(), ExportError> {
+            let event = &snapshot.events[i];
+            let mut write = |out: &mut Out<'_>, kind, source| {
+                entries.write(out, frames, time_us, (i, event), kind, source)
+            };
+            if pairs && event.kind == EventKind::FreeCompleted {
+                write(out, EventKind::FreeRequested, None)?;
+            }
+            write(out, event.kind, source)
+        };
     out.w.begin_list();
-    for (device, events) in by_device.iter().enumerate() {
-        let mut events = events.iter();
+    for device in 0..devices {
+        let mut events: Box<dyn Iterator<Item = usize>> = if single {
+            let all = snapshot.events.iter().enumerate();
+            match device {
+                0 => Box::new(all.filter(|(_, e)| recorded(e)).map(|(i, _)| i)),
+                _ => Box::new(std::iter::empty()),
+            }
+        } else {
+            Box::new(
+                by_device
+                    .get(device)
+                    .into_iter()
+                    .flatten()
+                    .map(|&i| i as usize),
+            )
+        };
         out.w.begin_list();
         if let Some(entries) = extras.and_then(|x| x.traces.get(device)) {
             for entry in entries {
                 if !entry.event {
                     out.values.write(out.w, out.strings, entry.value);
+                    out.spill()?;
                     continue;
                 }
                 match events.next() {
-                    Some(&e) => write_event(out, e, Some(entry.value))?,
+                    Some(i) => write_event(out, i, Some(entry.value))?,
                     None => break,
                 }
+                out.spill()?;
             }
         }
-        for &e in events {
-            write_event(out, e, None)?;
+        for i in events {
+            write_event(out, i, None)?;
+            out.spill()?;
         }
         out.w.end_list();
     }
     out.w.end_list();
     Ok(())
+}
+
+/// The keys of a trace entry the model writes, in the order PyTorch writes them (an OOM has
+/// `device_free` where the others have `addr`).
+const ENTRY_KEYS: [&str; 7] = [
+    "action",
+    "addr",
+    "device_free",
+    "size",
+    "stream",
+    "time_us",
+    "frames",
+];
+
+/// Writes trace entries, one dict each, with what repeats from one entry to the next known
+/// once: the memo slots of the keys, and the shape of the source's entries (the identities of
+/// their keys, which PyTorch memoizes), so that an entry of the same shape as the one before
+/// is written from its items as they come, without the check for repeated keys.
+#[derive(Default)]
+struct EntryWriter {
+    /// The memo slot of each of [`ENTRY_KEYS`], once written.
+    slots: [Option<MemoRef>; ENTRY_KEYS.len()],
+    /// The identities of the keys of the last source entry found to repeat no key.
+    shape: Vec<usize>,
+}
+
+impl EntryWriter {
+    /// Writes the key at `ENTRY_KEYS[k]`.
+    #[inline]
+    fn key(&mut self, out: &mut Out<'_>, k: usize) {
+        match self.slots[k] {
+            Some(slot) => out.w.get(slot),
+            None => self.slots[k] = Some(out.w.shared_str_slot(ENTRY_KEYS[k], out.strings)),
+        }
+    }
+
+    /// Whether `source`'s keys are those of the last entry that repeated none: all strings,
+    /// with the same identities.
+    fn same_shape(&self, source: ValueRef<'_>) -> bool {
+        let Some(items) = source.dict_items() else {
+            return false;
+        };
+        items.len() == self.shape.len()
+            && items
+                .zip(&self.shape)
+                .all(|((key, _), &id)| key.as_str().is_some() && key.identity() == Some(id))
+    }
+
+    /// Writes the entry of the event at `i` as an entry of `kind`, with `source`'s keys and
+    /// the values the model has no place for when there is one (see [`write_fields`]).
+    fn write(
+        &mut self,
+        out: &mut Out<'_>,
+        frames: &mut Frames<'_>,
+        time_us: &TimeUs<'_>,
+        (i, event): (usize, &Event),
+        kind: EventKind,
+        source: Option<ValueRef<'_>>,
+    ) -> Result<(), ExportError> {
+        // PyTorch writes an OOM's free device memory in place of its address.
+        let oom = event.kind == EventKind::Oom;
+        let model_key = |key: &str| {
+            let k = ENTRY_KEYS.iter().position(|&k| k == key)?;
+            let other = if oom { "addr" } else { "device_free" };
+            (key != other).then_some(k)
+        };
+        let mut write_value =
+            |this: &mut Self, out: &mut Out<'_>, k: usize, negative_stream: bool| {
+                this.key(out, k);
+                match ENTRY_KEYS[k] {
+                    "action" => out.w.str(action(kind).unwrap_or("alloc")),
+                    "addr" => out.w.uint(event.addr),
+                    "device_free" => out.w.uint(event.device_free),
+                    "size" => out.w.uint(recorded_size(event)),
+                    // A negative stream handle is kept as its two's complement bits.
+                    "stream" if negative_stream => out.w.int(event.stream as i64),
+                    "stream" => out.w.uint(event.stream),
+                    "time_us" => out
+                        .w
+                        .uint(time_us(event.time_ns, &|| format!("events[{i}].time_ns"))?),
+                    _ => frames.write(out.w, event.site()),
+                }
+                Ok::<(), ExportError>(())
+            };
+        let negative = |value: ValueRef<'_>| value.as_i64().is_some_and(|v| v < 0);
+        out.w.begin_dict();
+        match source {
+            // The same keys as the entry before, which repeated none: as they come.
+            Some(source) if self.same_shape(source) => {
+                for (key, value) in source.dict_items().into_iter().flatten() {
+                    match key.as_str().and_then(model_key) {
+                        Some(k) => write_value(self, out, k, negative(value))?,
+                        None => {
+                            out.values.write(out.w, out.strings, key);
+                            out.values.write(out.w, out.strings, value);
+                        }
+                    }
+                }
+            }
+            // Each key once, as Python holds the dict: a key the model writes is written
+            // once even when a hostile file repeats it thousands of times.
+            Some(source) => {
+                let items = source.python_dict_items().unwrap_or_default();
+                for &(key, value) in &items {
+                    match key.as_str().and_then(model_key) {
+                        Some(k) => write_value(self, out, k, negative(value))?,
+                        None => {
+                            out.values.write(out.w, out.strings, key);
+                            out.values.write(out.w, out.strings, value);
+                        }
+                    }
+                }
+                let all = source.dict_items().map_or(0, |items| items.len());
+                if items.len() == all {
+                    self.shape.clear();
+                    for (key, _) in &items {
+                        match key.identity() {
+                            Some(id) if key.as_str().is_some() => self.shape.push(id),
+                            _ => {
+                                self.shape.clear();
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            None => {
+                let place = if oom { 2 } else { 1 };
+                for k in [0, place, 3, 4, 5, 6] {
+                    write_value(self, out, k, false)?;
+                }
+            }
+        }
+        out.w.end_dict();
+        Ok(())
+    }
 }
 
 fn write_annotations(
@@ -860,6 +1093,7 @@ fn write_annotations(
             &["device", "name", "stage", "time_us"],
             &mut write,
         )?;
+        out.spill()?;
     }
     if snapshot.annotations.is_empty() {
         let (names, _) = carry::step_names(&snapshot.steps);
@@ -885,8 +1119,13 @@ fn write_annotations(
 
 mod carry;
 mod perfetto;
+mod steps;
 
-pub use perfetto::{to_perfetto, write_perfetto};
+pub use perfetto::{
+    perfetto_size_estimate, perfetto_steps_within, to_perfetto, write_perfetto,
+    write_perfetto_window, COUNTER_BYTES, SLICE_BYTES,
+};
+pub use steps::{slice, StepRange};
 
 #[cfg(test)]
 mod tests {

@@ -6,6 +6,13 @@
 //! files, the output shares repeated objects (a stack's frame list, a file name) through the
 //! memo, so a trace whose 20,000 events share a few hundred stacks stays small. It writes no
 //! opcode that imports or calls anything, so any unpickler can read it safely.
+//!
+//! The bytes collect in a vector ([`PickleWriter::finish`] returns them); a caller that
+//! streams passes them to an [`std::io::Write`] every [`PickleWriter::CHUNK`] bytes or so
+//! ([`PickleWriter::drain_into`], [`PickleWriter::finish_into`]), so that a pickle of a
+//! 10M-event trace is never whole in memory. The writing methods themselves do not fail.
+
+use std::io::Write;
 
 /// Opcodes of the pickle protocol used here.
 mod op {
@@ -47,10 +54,16 @@ pub struct MemoRef(u32);
 /// Writes one pickled object into a byte vector, piece by piece.
 ///
 /// Containers are opened and closed explicitly (`begin_dict` … `end_dict`); a dict's items are
-/// written as key, value, key, value. [`PickleWriter::finish`] ends the stream.
+/// written as key, value, key, value. [`PickleWriter::finish`] ends the stream. A caller that
+/// streams passes the bytes collected so far to its output now and then
+/// ([`PickleWriter::drain_into`], once [`PickleWriter::pending`] reaches [`PickleWriter::CHUNK`]) and ends
+/// with [`PickleWriter::finish_into`].
 pub struct PickleWriter {
+    /// The bytes not yet passed on.
     out: Vec<u8>,
     memo_len: u32,
+    /// How many bytes were passed on.
+    passed: u64,
 }
 
 impl Default for PickleWriter {
@@ -60,18 +73,47 @@ impl Default for PickleWriter {
 }
 
 impl PickleWriter {
+    /// How many bytes a streaming caller lets collect before it passes them on
+    /// ([`PickleWriter::drain_into`]).
+    pub const CHUNK: usize = 1 << 16;
+
     /// A writer positioned after the protocol header.
     pub fn new() -> PickleWriter {
         PickleWriter {
             out: vec![op::PROTO, 4],
             memo_len: 0,
+            passed: 0,
         }
     }
 
-    /// Ends the stream and returns the bytes.
+    /// Ends the stream and returns the bytes (those not passed on: all of them when none
+    /// were).
     pub fn finish(mut self) -> Vec<u8> {
         self.out.push(op::STOP);
         self.out
+    }
+
+    /// How many bytes collected since the last [`PickleWriter::drain_into`].
+    pub fn pending(&self) -> usize {
+        self.out.len()
+    }
+
+    /// Passes the bytes collected so far to `sink` and forgets them; the memo and the
+    /// stream's state stay.
+    pub fn drain_into(&mut self, sink: &mut dyn Write) -> std::io::Result<()> {
+        sink.write_all(&self.out)?;
+        self.passed += self.out.len() as u64;
+        self.out.clear();
+        Ok(())
+    }
+
+    /// Ends the stream, passes what is left to `sink` and flushes it; returns how many bytes
+    /// the pickle has.
+    pub fn finish_into(mut self, sink: &mut dyn Write) -> std::io::Result<u64> {
+        self.out.push(op::STOP);
+        self.drain_into(sink)?;
+        sink.flush()?;
+        Ok(self.passed)
     }
 
     /// Writes `None`.
@@ -173,14 +215,14 @@ impl PickleWriter {
         self.out.push(op::FROZENSET);
     }
 
-    /// The number of bytes written so far.
+    /// The number of bytes written so far (those passed to an output included).
     pub fn len(&self) -> usize {
-        self.out.len()
+        self.passed as usize + self.out.len()
     }
 
     /// Whether nothing but the protocol header was written.
     pub fn is_empty(&self) -> bool {
-        self.out.len() <= 2
+        self.len() <= 2
     }
 
     /// Writes a float.
@@ -254,12 +296,26 @@ impl PickleWriter {
 
     /// Writes a string, sharing it through the memo after its first occurrence.
     pub fn shared_str(&mut self, value: &str, memo: &mut rustc_hash::FxHashMap<String, MemoRef>) {
+        self.shared_str_slot(value, memo);
+    }
+
+    /// [`PickleWriter::shared_str`], returning the memo slot that holds the string, so that a
+    /// caller that writes it again can [`PickleWriter::get`] it without looking it up.
+    pub fn shared_str_slot(
+        &mut self,
+        value: &str,
+        memo: &mut rustc_hash::FxHashMap<String, MemoRef>,
+    ) -> MemoRef {
         match memo.get(value) {
-            Some(&slot) => self.get(slot),
+            Some(&slot) => {
+                self.get(slot);
+                slot
+            }
             None => {
                 self.str(value);
                 let slot = self.memoize();
                 memo.insert(value.to_string(), slot);
+                slot
             }
         }
     }
@@ -308,5 +364,53 @@ mod tests {
         let text = format!("{value:?}");
         assert!(text.contains("255") && text.contains("65536"), "{text}");
         assert!(matches!(value, Value::Dict(_)));
+    }
+
+    /// Writes a list of `n` dicts, passing the bytes to `sink` every chunk when there is one.
+    fn entries(n: u64, mut sink: Option<&mut Vec<u8>>) -> (PickleWriter, usize) {
+        let mut w = PickleWriter::new();
+        let mut memo = rustc_hash::FxHashMap::default();
+        let mut drains = 0;
+        w.begin_list();
+        for i in 0..n {
+            w.begin_dict();
+            w.shared_str("addr", &mut memo);
+            w.uint(i << 20);
+            w.shared_str("action", &mut memo);
+            w.str("alloc");
+            w.end_dict();
+            if let Some(sink) = sink.as_mut() {
+                if w.pending() >= PickleWriter::CHUNK {
+                    w.drain_into(*sink).unwrap();
+                    drains += 1;
+                }
+            }
+        }
+        w.end_list();
+        (w, drains)
+    }
+
+    #[test]
+    fn a_drained_stream_is_the_same_bytes() {
+        let (whole, _) = entries(20_000, None);
+        let whole = whole.finish();
+        let mut streamed = Vec::new();
+        let (w, drains) = entries(20_000, Some(&mut streamed));
+        assert!(drains > 2, "the stream passed its bytes on {drains} times");
+        let len = w.finish_into(&mut streamed).unwrap();
+        assert_eq!(len as usize, streamed.len());
+        assert!(
+            streamed == whole,
+            "the streamed pickle differs from the whole one"
+        );
+        assert!(parse(&streamed).is_ok());
+    }
+
+    #[test]
+    fn a_failed_drain_is_the_outputs_error() {
+        let (mut w, _) = entries(10, None);
+        let mut full = std::io::Cursor::new([0u8; 8]);
+        let e = w.drain_into(&mut full).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::WriteZero);
     }
 }

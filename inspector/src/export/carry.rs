@@ -80,7 +80,18 @@ impl DumpState {
             return Ok(None);
         }
         let walk = Reconstruction::from_snapshot(snapshot);
-        let end: &MemoryState = &walk.end;
+        DumpState::from_state(snapshot, &walk.end, walk.reserved_known)
+    }
+
+    /// The dump-time state that holds `end`, a state of `snapshot`'s trace (its end state, or
+    /// the state after the last event of a range of steps), with `reserved_known` whether the
+    /// source records reserved memory; `None` when `end` holds nothing. An error when the
+    /// segments would not fit the limits the importer reads files within.
+    pub(crate) fn from_state(
+        snapshot: &Snapshot,
+        end: &MemoryState,
+        reserved_known: bool,
+    ) -> Result<Option<DumpState>, ExportError> {
         if end.blocks.is_empty() && end.segments.is_empty() && end.unattributed == Usage::default()
         {
             return Ok(None);
@@ -216,7 +227,7 @@ impl DumpState {
             unattributed_segment,
             end_reserved: end.reserved,
             extra_reserved: written.saturating_sub(end.reserved),
-            reserved_known: walk.reserved_known,
+            reserved_known,
         }))
     }
 }

@@ -23,9 +23,9 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
 use std::io::{BufWriter, Write};
+use std::ops::Range;
 
-use rustc_hash::FxHashMap;
-use serde_json::json;
+use serde_json::ser::{CompactFormatter, Formatter};
 use vramscope_engine::{FreeLink, Reconstruction, Usage};
 use vramscope_model::{EventKind, SiteId, Snapshot};
 
@@ -163,13 +163,60 @@ fn assign_tracks(intervals: &mut [Interval], next_tid: &mut u64) -> Vec<(u64, u6
     tracks
 }
 
-/// Nanoseconds as the microseconds Chrome's trace format counts, exactly (three decimals).
-fn micros(ns: u64) -> serde_json::Value {
-    let text = format!("{}.{:03}", ns / 1000, ns % 1000);
-    serde_json::Value::Number(
-        text.parse::<serde_json::Number>()
-            .unwrap_or_else(|_| serde_json::Number::from(ns / 1000)),
-    )
+/// The bytes of JSON text the Chrome trace format is written with: a buffered output and
+/// typed pieces (numbers, escaped strings, times), written as `serde_json` writes the same
+/// values, so that the output is byte for byte what a document of `serde_json::Value`s gave,
+/// without building one per event.
+struct JsonOut<W: Write> {
+    out: BufWriter<W>,
+}
+
+impl<W: Write> JsonOut<W> {
+    /// Writes bytes as they are (keys, punctuation).
+    #[inline]
+    fn raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.out.write_all(bytes)
+    }
+
+    /// Writes an unsigned integer as `serde_json` does.
+    #[inline]
+    fn uint(&mut self, value: u64) -> std::io::Result<()> {
+        CompactFormatter.write_u64(&mut self.out, value)
+    }
+
+    /// Writes a string, quoted and escaped as `serde_json` escapes it (quotes, backslashes and
+    /// control characters; everything else as it is).
+    fn str(&mut self, value: &str) -> std::io::Result<()> {
+        let plain = value.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\');
+        if plain {
+            self.out.write_all(b"\"")?;
+            self.out.write_all(value.as_bytes())?;
+            self.out.write_all(b"\"")
+        } else {
+            serde::Serializer::serialize_str(&mut serde_json::Serializer::new(&mut self.out), value)
+                .map_err(std::io::Error::from)
+        }
+    }
+
+    /// Writes nanoseconds as the microseconds Chrome's trace format counts: the number
+    /// `serde_json` reads from their exact decimal text (`ns / 1000` with three decimals),
+    /// which is `ns as f64 / 1000.0` (its reader divides the digits, read as an integer, by
+    /// 1000) while the digits fit the integer it reads them into; past that, the text itself
+    /// is read.
+    #[inline]
+    fn micros(&mut self, ns: u64) -> std::io::Result<()> {
+        const EXACT_DIGITS_BELOW: u64 = 10_000_000_000_000_000_000;
+        let value = if ns < EXACT_DIGITS_BELOW {
+            ns as f64 / 1000.0
+        } else {
+            format!("{}.{:03}", ns / 1000, ns % 1000)
+                .parse::<serde_json::Number>()
+                .ok()
+                .and_then(|n| n.as_f64())
+                .unwrap_or((ns / 1000) as f64)
+        };
+        CompactFormatter.write_f64(&mut self.out, value)
+    }
 }
 
 /// The snapshot as Chrome trace JSON for ui.perfetto.dev, as one string (see
@@ -188,22 +235,127 @@ pub fn to_perfetto(snapshot: &Snapshot) -> Result<String, ExportError> {
 /// track. Slices are written in start order, a longer one first when two start together, as
 /// trace viewers expect of nested slices.
 pub fn write_perfetto(snapshot: &Snapshot, out: impl Write) -> Result<(), ExportError> {
+    write_perfetto_window(snapshot, 0..snapshot.events.len(), out)
+}
+
+/// [`write_perfetto`] for the events at `window` (indices into the snapshot's events, as
+/// [`super::StepRange::window`] finds those of a range of steps): the counter starts at the
+/// engine's usage before the window's first event (memory allocated before it included) and
+/// changes with the window's events; the allocations made in the window are slices, those
+/// still live at its last event ending there (`live_at_end`); OOMs and steps are those in the
+/// window. The whole trace is `0..events.len()`.
+pub fn write_perfetto_window(
+    snapshot: &Snapshot,
+    window: Range<usize>,
+    out: impl Write,
+) -> Result<(), ExportError> {
+    let n = snapshot.events.len();
+    let window = window.start.min(n)..window.end.min(n);
     let mut writer = TraceWriter::new(snapshot, out);
     writer.open()?;
-    let (mut intervals, last) = writer.write_counters()?;
+    let (mut intervals, last) = writer.write_counters(window.clone())?;
     writer.write_allocations(&mut intervals)?;
     drop(intervals);
-    writer.write_steps(last)?;
+    writer.write_steps(last, window)?;
     writer.close()
 }
+
+/// About how many bytes [`write_perfetto_window`] writes for the events at `window`, from
+/// the events alone (one pass over their kinds and call sites, no engine walk), so that a
+/// caller can say before writing that the file passes what a viewer opens: about
+/// [`COUNTER_BYTES`] for the counter sample after each event that changes the memory in use,
+/// and [`SLICE_BYTES`] and the length of its call site's label for each allocation's slice.
+pub fn perfetto_size_estimate(snapshot: &Snapshot, window: Range<usize>) -> u64 {
+    let mut sizes = EventSizes::new(snapshot);
+    let n = snapshot.events.len();
+    let window = window.start.min(n)..window.end.min(n).max(window.start.min(n));
+    snapshot.events[window]
+        .iter()
+        .fold(0u64, |total, e| total.saturating_add(sizes.of(e)))
+}
+
+/// The last step `last` such that steps `first..=last` of `snapshot` make a Perfetto trace of
+/// at most about `limit` bytes ([`perfetto_size_estimate`]), with its size; `None` when step
+/// `first` alone passes it or the trace has no events from step `first` on. Events are taken
+/// in order, as steps come in runs.
+pub fn perfetto_steps_within(snapshot: &Snapshot, first: u64, limit: u64) -> Option<(u64, u64)> {
+    let mut sizes = EventSizes::new(snapshot);
+    let mut total = 0u64;
+    let mut within = None;
+    let mut current: Option<u64> = None;
+    for e in snapshot
+        .events
+        .iter()
+        .skip_while(|e| u64::from(e.step) < first)
+    {
+        let step = u64::from(e.step);
+        if current != Some(step) {
+            // Every event of the step before is counted: it fits.
+            if let Some(done) = current {
+                within = Some((done, total));
+            }
+            current = Some(step);
+        }
+        total = total.saturating_add(sizes.of(e));
+        if total > limit {
+            return within;
+        }
+    }
+    current.map(|last| (last, total))
+}
+
+/// The bytes each event adds to a Perfetto trace, about ([`perfetto_size_estimate`]), with
+/// the length of each call site's label made once.
+struct EventSizes<'s> {
+    snapshot: &'s Snapshot,
+    label_len: Vec<Option<u64>>,
+}
+
+impl<'s> EventSizes<'s> {
+    fn new(snapshot: &'s Snapshot) -> EventSizes<'s> {
+        EventSizes {
+            snapshot,
+            label_len: vec![None; snapshot.sites.len()],
+        }
+    }
+
+    /// About the bytes `e` adds.
+    fn of(&mut self, e: &vramscope_model::Event) -> u64 {
+        match e.kind {
+            EventKind::Alloc => {
+                let sites = &self.snapshot.sites;
+                let label = match e.site().map(|id| id as usize) {
+                    Some(id) if id < sites.len() => *self.label_len[id].get_or_insert_with(|| {
+                        let chars = |text: &str| text.len().min(vramscope_model::LABEL_CHARS);
+                        (chars(&sites[id].file) + chars(&sites[id].function) + 12) as u64
+                    }),
+                    _ => 14,
+                };
+                COUNTER_BYTES + SLICE_BYTES + label
+            }
+            EventKind::FreeCompleted
+            | EventKind::SegmentAlloc
+            | EventKind::SegmentFree
+            | EventKind::SegmentMap
+            | EventKind::SegmentUnmap => COUNTER_BYTES,
+            _ => 0,
+        }
+    }
+}
+
+/// About the bytes of the counter sample after an event that changes the memory in use
+/// (`{"args":{"allocated":…,"reserved":…},"name":"memory",…}`).
+pub const COUNTER_BYTES: u64 = 100;
+/// About the bytes of an allocation's slice beside its call site's label.
+pub const SLICE_BYTES: u64 = 150;
 
 /// Track 0 holds the steps; allocation tracks follow, per stream.
 const STEPS_TID: u64 = 0;
 
 /// What every step of [`write_perfetto`] shares: the output and whether an event was written
-/// yet, the snapshot, its process id and its clock.
+/// yet, the snapshot, its process id, its clock and the call sites' labels made so far.
 struct TraceWriter<'s, W: Write> {
-    out: BufWriter<W>,
+    out: JsonOut<W>,
     /// Whether no event has been written yet (the first has no separator before it).
     first: bool,
     snapshot: &'s Snapshot,
@@ -211,16 +363,22 @@ struct TraceWriter<'s, W: Write> {
     pid: u64,
     /// Whether any event has a time stamp.
     timed: bool,
+    /// The label of each call site once made (a few hundred sites serve millions of slices),
+    /// and the label of an event without a site.
+    labels: Vec<Option<String>>,
 }
 
 impl<'s, W: Write> TraceWriter<'s, W> {
     fn new(snapshot: &'s Snapshot, out: W) -> TraceWriter<'s, W> {
         TraceWriter {
-            out: BufWriter::new(out),
+            out: JsonOut {
+                out: BufWriter::with_capacity(1 << 16, out),
+            },
             first: true,
             snapshot,
             pid: snapshot.device.index as u64,
             timed: snapshot.events.iter().any(|e| e.time_ns > 0),
+            labels: Vec::new(),
         }
     }
 
@@ -234,43 +392,55 @@ impl<'s, W: Write> TraceWriter<'s, W> {
         }
     }
 
-    /// Writes one trace event, after a separator when it is not the first.
-    fn emit(&mut self, event: serde_json::Value) -> Result<(), ExportError> {
-        self.out
-            .write_all(if self.first { b"\n" } else { b",\n" })?;
+    /// Starts one trace event: a separator when it is not the first, then `{`.
+    #[inline]
+    fn begin(&mut self) -> std::io::Result<()> {
+        self.out.raw(if self.first { b"\n{" } else { b",\n{" })?;
         self.first = false;
-        serde_json::to_writer(&mut self.out, &event).map_err(std::io::Error::from)?;
         Ok(())
     }
 
-    /// How a slice or an instant names its call site: its file, line and function, names cut
-    /// to [`vramscope_model::LABEL_CHARS`] characters, as the label is written once per event
-    /// (one 200 KB function name made a 6 GB trace of a 1 MB file).
-    fn site_label(&self, site: Option<SiteId>) -> String {
+    /// Writes how a slice or an instant names its call site, quoted: its file, line and
+    /// function, names cut to [`vramscope_model::LABEL_CHARS`] characters, as the label is
+    /// written once per event (one 200 KB function name made a 6 GB trace of a 1 MB file).
+    /// Each site's label is made once.
+    fn site_label(&mut self, site: Option<SiteId>) -> std::io::Result<()> {
         use vramscope_model::{elide_end, elide_start, LABEL_CHARS};
-        self.snapshot
-            .site(site)
-            .map(|s| {
-                let file_line = format!("{}:{}", elide_start(&s.file, LABEL_CHARS), s.line);
-                if s.function.is_empty() {
-                    file_line
-                } else {
-                    format!("{file_line} ({})", elide_end(&s.function, LABEL_CHARS))
-                }
-            })
-            .unwrap_or_else(|| "(unknown site)".to_string())
+        let Some((id, s)) = site.and_then(|id| Some((id as usize, self.snapshot.site(Some(id))?)))
+        else {
+            return self.out.str("(unknown site)");
+        };
+        if self.labels.len() <= id {
+            self.labels.resize(id + 1, None);
+        }
+        let label = self.labels[id].get_or_insert_with(|| {
+            let file_line = format!("{}:{}", elide_start(&s.file, LABEL_CHARS), s.line);
+            if s.function.is_empty() {
+                file_line
+            } else {
+                format!("{file_line} ({})", elide_end(&s.function, LABEL_CHARS))
+            }
+        });
+        let label: &str = label;
+        // The label is borrowed from `labels` while `out` writes it: two fields of `self`.
+        let out = &mut self.out;
+        out.str(label)
     }
 
     /// Opens the document and names the process.
     fn open(&mut self) -> Result<(), ExportError> {
         self.out
-            .write_all(b"{\"displayTimeUnit\":\"ms\",\"traceEvents\":[")?;
+            .raw(b"{\"displayTimeUnit\":\"ms\",\"traceEvents\":[")?;
         let device = &self.snapshot.device;
         let name = format!("{} ({})", device.name, self.snapshot.source);
-        self.emit(json!({
-            "ph": "M", "name": "process_name", "pid": self.pid,
-            "args": {"name": name}
-        }))
+        self.begin()?;
+        self.out.raw(b"\"args\":{\"name\":")?;
+        self.out.str(&name)?;
+        self.out
+            .raw(b"},\"name\":\"process_name\",\"ph\":\"M\",\"pid\":")?;
+        self.out.uint(self.pid)?;
+        self.out.raw(b"}")?;
+        Ok(())
     }
 
     /// Writes one `memory` counter sample at time `t`.
@@ -280,36 +450,76 @@ impl<'s, W: Write> TraceWriter<'s, W> {
         usage: Usage,
         reserved_known: bool,
     ) -> Result<(), ExportError> {
-        let mut args = json!({"allocated": usage.allocated});
+        self.begin()?;
+        self.out.raw(b"\"args\":{\"allocated\":")?;
+        self.out.uint(usage.allocated)?;
         if reserved_known {
-            args["reserved"] = json!(usage.reserved);
+            self.out.raw(b",\"reserved\":")?;
+            self.out.uint(usage.reserved)?;
         }
-        self.emit(
-            json!({"ph": "C", "pid": self.pid, "ts": micros(t), "name": "memory", "args": args}),
-        )
+        self.out
+            .raw(b"},\"name\":\"memory\",\"ph\":\"C\",\"pid\":")?;
+        self.out.uint(self.pid)?;
+        self.out.raw(b",\"ts\":")?;
+        self.out.micros(t)?;
+        self.out.raw(b"}")?;
+        Ok(())
     }
 
-    /// Writes the `memory` counter at the start and at every change, and the OOMs, in event
-    /// order, and collects the allocations as intervals. Returns them with the time of the last
-    /// event.
-    fn write_counters(&mut self) -> Result<(Vec<Interval>, u64), ExportError> {
+    /// Writes an OOM as an instant at time `t`.
+    fn write_oom(&mut self, t: u64, event: &vramscope_model::Event) -> Result<(), ExportError> {
+        self.begin()?;
+        self.out.raw(b"\"args\":{\"device_free\":")?;
+        self.out.uint(event.device_free)?;
+        self.out.raw(b",\"requested\":")?;
+        self.out.uint(event.size)?;
+        self.out.raw(b",\"site\":")?;
+        self.site_label(event.site())?;
+        self.out.raw(b"},\"name\":\"OOM\",\"ph\":\"i\",\"pid\":")?;
+        self.out.uint(self.pid)?;
+        self.out.raw(b",\"s\":\"p\",\"ts\":")?;
+        self.out.micros(t)?;
+        self.out.raw(b"}")?;
+        Ok(())
+    }
+
+    /// Writes the `memory` counter at the start of `window` and at every change, and the
+    /// OOMs, in event order, and collects the window's allocations as intervals. Returns them
+    /// with the time of the window's last event.
+    fn write_counters(
+        &mut self,
+        window: Range<usize>,
+    ) -> Result<(Vec<Interval>, u64), ExportError> {
         let snapshot = self.snapshot;
-        let pid = self.pid;
         check_sizes(snapshot)?;
         let walk = Reconstruction::from_snapshot(snapshot);
         let mut intervals: Vec<Interval> = Vec::new();
-        // The interval of each allocation event, by the event's index.
-        let mut interval_of: FxHashMap<u32, usize> = FxHashMap::default();
+        // The interval of each allocation event of the window, by the event's index less the
+        // window's start (`NO_INTERVAL` for other events).
+        const NO_INTERVAL: u32 = u32::MAX;
+        let mut interval_of: Vec<u32> = Vec::new();
+        let interval_at = |interval_of: &[u32], event: Option<u32>| {
+            event
+                .and_then(|a| (a as usize).checked_sub(window.start))
+                .and_then(|k| interval_of.get(k).copied())
+                .filter(|&i| i != NO_INTERVAL)
+                .map(|i| i as usize)
+        };
         let mut last = 0u64;
-        // The state before the first event, at the time of the first event (at 0 without
+        // The state before the window's first event, at the time of that event (at 0 without
         // events: the dump-time state alone).
-        let mut shown = walk.start.usage();
+        let mut shown = match window.start.checked_sub(1) {
+            Some(before) => walk.usage.get(before).unwrap_or_else(|| walk.start.usage()),
+            None => walk.start.usage(),
+        };
         let t0 = snapshot
             .events
-            .first()
+            .get(window.start)
             .map_or(0, |first| self.ts(first.seq, first.time_ns));
         self.write_counter(t0, shown, walk.reserved_known)?;
-        for ((k, event), usage) in snapshot.events.iter().enumerate().zip(walk.usage.iter()) {
+        let events = snapshot.events[window.clone()].iter();
+        let usages = walk.usage.iter().skip(window.start);
+        for ((k, event), usage) in (window.start..).zip(events).zip(usages) {
             let t = self.ts(event.seq, event.time_ns);
             last = last.max(t);
             match event.kind {
@@ -317,11 +527,12 @@ impl<'s, W: Write> TraceWriter<'s, W> {
                     // An allocation over a block the trace had not freed (a lost free) ends
                     // that block's slice here, where the engine's walk replaces it.
                     let replaced = FreeLink::unpack(walk.links[k]).alloc;
-                    if let Some(&i) = replaced.and_then(|a| interval_of.get(&a)) {
+                    if let Some(i) = interval_at(&interval_of, replaced) {
                         intervals[i].end = t.max(intervals[i].start);
                         intervals[i].live_at_end = false;
                     }
-                    interval_of.insert(k as u32, intervals.len());
+                    interval_of.resize(k - window.start, NO_INTERVAL);
+                    interval_of.push(intervals.len() as u32);
                     intervals.push(Interval {
                         start: t,
                         end: t,
@@ -338,19 +549,13 @@ impl<'s, W: Write> TraceWriter<'s, W> {
                 EventKind::FreeCompleted => {
                     // The engine's pairing names the allocation this free releases.
                     let link = FreeLink::unpack(walk.links[k]);
-                    if let Some(&i) = link.alloc.and_then(|a| interval_of.get(&a)) {
+                    if let Some(i) = interval_at(&interval_of, link.alloc) {
                         // A clock that went backwards gives an empty slice, not a negative one.
                         intervals[i].end = t.max(intervals[i].start);
                         intervals[i].live_at_end = false;
                     }
                 }
-                EventKind::Oom => {
-                    let site = self.site_label(event.site());
-                    self.emit(json!({
-                        "ph": "i", "s": "p", "pid": pid, "ts": micros(t), "name": "OOM",
-                        "args": {"requested": event.size, "device_free": event.device_free, "site": site}
-                    }))?;
-                }
+                EventKind::Oom => self.write_oom(t, event)?,
                 _ => {}
             }
             if usage != shown {
@@ -366,63 +571,128 @@ impl<'s, W: Write> TraceWriter<'s, W> {
         Ok((intervals, last))
     }
 
+    /// Names a track: a `thread_name` metadata event.
+    fn write_track_name(&mut self, tid: u64, name: &str) -> Result<(), ExportError> {
+        self.begin()?;
+        self.out.raw(b"\"args\":{\"name\":")?;
+        self.out.str(name)?;
+        self.out
+            .raw(b"},\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":")?;
+        self.out.uint(self.pid)?;
+        self.out.raw(b",\"tid\":")?;
+        self.out.uint(tid)?;
+        self.out.raw(b"}")?;
+        Ok(())
+    }
+
     /// Names the steps' track and the allocation tracks, then writes every allocation as a
     /// slice on its track, in start order (a longer one first when two start together).
     fn write_allocations(&mut self, intervals: &mut [Interval]) -> Result<(), ExportError> {
         let pid = self.pid;
         let mut next_tid = STEPS_TID + 1;
         let tracks = assign_tracks(intervals, &mut next_tid);
-        self.emit(
-            json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": STEPS_TID, "args": {"name": "steps"}}),
-        )?;
+        self.write_track_name(STEPS_TID, "steps")?;
         for (tid, stream, lane) in tracks {
-            self.emit(
-                json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                       "args": {"name": format!("stream {stream:#x} · allocations {}", lane + 1)}}),
+            self.write_track_name(
+                tid,
+                &format!("stream {stream:#x} · allocations {}", lane + 1),
             )?;
-            self.emit(
-                json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}}),
-            )?;
+            self.begin()?;
+            self.out.raw(b"\"args\":{\"sort_index\":")?;
+            self.out.uint(tid)?;
+            self.out
+                .raw(b"},\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":")?;
+            self.out.uint(pid)?;
+            self.out.raw(b",\"tid\":")?;
+            self.out.uint(tid)?;
+            self.out.raw(b"}")?;
         }
-        intervals.sort_by_key(|v| (v.start, Reverse(v.end), v.index));
+        intervals.sort_unstable_by_key(|v| (v.start, Reverse(v.end), v.index));
+        let mut name = String::new();
+        let mut named_size = None;
         for v in intervals.iter() {
-            let mut args = json!({"site": self.site_label(v.site), "size": v.size, "addr": format!("{:#x}", v.addr), "step": v.step, "stream": v.stream});
+            self.begin()?;
+            self.out.raw(b"\"args\":{\"addr\":\"")?;
+            write!(self.out.out, "{:#x}", v.addr)?;
+            self.out.raw(b"\",")?;
             if v.live_at_end {
-                args["live_at_end"] = json!(true);
+                self.out.raw(b"\"live_at_end\":true,")?;
             }
-            self.emit(json!({
-                "ph": "X", "pid": pid, "tid": v.tid, "ts": micros(v.start), "dur": micros(v.end - v.start),
-                "name": vramscope_model::format_bytes(v.size), "args": args
-            }))?;
+            self.out.raw(b"\"site\":")?;
+            self.site_label(v.site)?;
+            self.out.raw(b",\"size\":")?;
+            self.out.uint(v.size)?;
+            self.out.raw(b",\"step\":")?;
+            self.out.uint(v.step)?;
+            self.out.raw(b",\"stream\":")?;
+            self.out.uint(v.stream)?;
+            self.out.raw(b"},\"dur\":")?;
+            self.out.micros(v.end - v.start)?;
+            self.out.raw(b",\"name\":")?;
+            // Sizes repeat from one slice to the next: the last one's name is kept.
+            if named_size != Some(v.size) {
+                name = vramscope_model::format_bytes(v.size);
+                named_size = Some(v.size);
+            }
+            self.out.str(&name)?;
+            self.out.raw(b",\"ph\":\"X\",\"pid\":")?;
+            self.out.uint(pid)?;
+            self.out.raw(b",\"tid\":")?;
+            self.out.uint(v.tid)?;
+            self.out.raw(b",\"ts\":")?;
+            self.out.micros(v.start)?;
+            self.out.raw(b"}")?;
         }
         Ok(())
     }
 
-    /// Writes the steps on their track, in time order, each until the next begins (the last
-    /// until `last`, the time of the last event).
-    fn write_steps(&mut self, last: u64) -> Result<(), ExportError> {
+    /// Writes the steps of `window` on their track, in time order, each until the next begins
+    /// (the last until `last`, the time of the window's last event). A step is in the window
+    /// when its number is one of the window's events' steps (all of them for the whole
+    /// trace).
+    fn write_steps(&mut self, last: u64, window: Range<usize>) -> Result<(), ExportError> {
         let pid = self.pid;
         let snapshot = self.snapshot;
+        let whole = window == (0..snapshot.events.len());
+        let in_window = |step: u64| {
+            whole || {
+                let events = &snapshot.events[window.clone()];
+                let first = events.first().map_or(0, |e| u64::from(e.step));
+                let last = events.last().map_or(0, |e| u64::from(e.step));
+                (first..=last).contains(&step)
+            }
+        };
         let mut marks: Vec<(u64, u64, &str)> = snapshot
             .steps
             .iter()
+            .filter(|m| in_window(m.step))
             .map(|m| (self.ts(m.seq, m.time_ns), m.step, m.label.as_str()))
             .collect();
         marks.sort_by_key(|&(t, step, _)| (t, step));
         for (i, &(start, step, label)) in marks.iter().enumerate() {
             let end = marks.get(i + 1).map_or(last, |next| next.0).max(start);
-            self.emit(json!({
-                "ph": "X", "pid": pid, "tid": STEPS_TID, "ts": micros(start), "dur": micros(end - start),
-                "name": format!("step {step}"), "args": {"label": label}
-            }))?;
+            self.begin()?;
+            self.out.raw(b"\"args\":{\"label\":")?;
+            self.out.str(label)?;
+            self.out.raw(b"},\"dur\":")?;
+            self.out.micros(end - start)?;
+            self.out.raw(b",\"name\":\"step ")?;
+            self.out.uint(step)?;
+            self.out.raw(b"\",\"ph\":\"X\",\"pid\":")?;
+            self.out.uint(pid)?;
+            self.out.raw(b",\"tid\":")?;
+            self.out.uint(STEPS_TID)?;
+            self.out.raw(b",\"ts\":")?;
+            self.out.micros(start)?;
+            self.out.raw(b"}")?;
         }
         Ok(())
     }
 
     /// Closes the document and flushes the output.
     fn close(mut self) -> Result<(), ExportError> {
-        self.out.write_all(b"\n]}\n")?;
-        self.out.flush()?;
+        self.out.raw(b"\n]}\n")?;
+        self.out.out.flush()?;
         Ok(())
     }
 }
