@@ -6,15 +6,15 @@
 //! `crate::report` builds the [`Report`]; its timeline carries the explorer's data
 //! ([`explorer::ExplorerData`], bands and moments precomputed from the engine). This module
 //! writes the page around it: the data as JSON in a `<script type="application/json">`
-//! element (each moment's segment map as the base64 string of [`segmap`], which the script
+//! element (each moment's segment map as the base64 string of [`compact`], which the script
 //! decodes when the cursor first shows the moment), and a hand-written script
 //! (`html/explorer.js`, about 700 lines, no library) that draws on canvas. The page loads nothing from the network. Every string that came from a
 //! file (paths, function names, device names, labels) is escaped with [`escape`] in HTML, and
 //! `<` is escaped in the embedded JSON; the script sets text, never markup. A report without
 //! explorer data (built by hand) gets the static inline SVG timeline instead.
 
+pub mod compact;
 pub mod explorer;
-pub mod segmap;
 
 use std::fmt::Write as _;
 
@@ -273,8 +273,9 @@ fn explorer_section(data: &explorer::ExplorerData) -> String {
 #[derive(Serialize)]
 struct FindingLink<'a> {
     site: Option<&'a str>,
-    first_step: Option<u64>,
-    last_step: Option<u64>,
+    /// The positions of its steps, from the whole list of steps
+    /// ([`explorer::ExplorerData::step_range`]), which the page may carry thinned.
+    range: Option<[u64; 2]>,
 }
 
 /// JSON for a `<script>` element: `<` escaped, so that no `</script>` can end it.
@@ -291,8 +292,7 @@ fn explorer_scripts(report: &Report, data: &explorer::ExplorerData) -> String {
         .iter()
         .map(|f| FindingLink {
             site: f.site.as_deref(),
-            first_step: f.first_step,
-            last_step: f.last_step,
+            range: data.step_range(f.first_step, f.last_step),
         })
         .collect();
     format!(

@@ -7,9 +7,9 @@
 //! hover, click, a finding), it must show the end and the peak with tables that sum to the
 //! report's figures, zoom, name the band under the mouse and pin it, still without errors.
 //! The self-test also draws every moment's segment map, which the page decodes from its
-//! compact form (`html::segmap`): the rows it decoded must be the report's own, as JSON, and
+//! compact form (`html::compact`): the rows it decoded must be the report's own, as JSON, and
 //! the note under each map must count its segments, blocks and rows left out as the report
-//! does. A 1400×900 screenshot of each page is kept under `target/html-browser/` beside the
+//! does; the step marks it decoded must be the report's. A 1400×900 screenshot of each page is kept under `target/html-browser/` beside the
 //! pages themselves. Where Chromium is not installed (`.ci/run` installs it where it can) or
 //! the traces are absent, the test says so in one `skipped:` line and passes.
 //!
@@ -22,7 +22,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use vramscope_caching::{CachingAllocator, SimDevice};
-use vramscope_inspector::html::explorer::{ExplorerData, MAX_SEGMENT_ROWS};
+use vramscope_inspector::html::explorer::{ExplorerData, MAX_SEGMENT_ROWS, MAX_STEPS};
 use vramscope_inspector::{html, import, report};
 use vramscope_model::{AllocatorConfig, Snapshot};
 use vramscope_testkit::{shared_trace, skip_notice, Trace, MIB};
@@ -272,7 +272,7 @@ fn the_page_of_fifty_thousand_segments_stays_small() {
     let maps: usize = data
         .moments
         .iter()
-        .map(|m| html::segmap::encode(&m.segments).len())
+        .map(|m| html::compact::encode(&m.segments).len())
         .sum();
     assert!(maps < 3_000_000, "the maps take {maps} bytes");
     eprintln!(
@@ -437,6 +437,20 @@ fn check_page(browser: &Path, out: &Path, name: &str, snapshot: &Snapshot) {
         assert_eq!(got("data-finding"), "0", "{name}: a finding is selected");
     }
     check_segment_maps(name, &data, &got("data-segmaps"), &got("data-segnotes"));
+    // The step marks the page decoded: all of them, as the report lists them (too few here to
+    // be thinned).
+    assert!(data.steps.len() <= MAX_STEPS, "{name}");
+    let steps: Vec<String> = data
+        .steps
+        .iter()
+        .map(|s| format!("{{\"step\":{},\"pos\":{}}}", s.step, s.pos))
+        .collect();
+    let steps = format!("[{}]", steps.join(","));
+    assert_eq!(
+        got("data-steps"),
+        format!("{}:{}", data.steps.len(), fnv(&steps)),
+        "{name}: the step marks"
+    );
 
     let shot = out.join(format!("{stem}.png"));
     let _ = std::fs::remove_file(&shot);

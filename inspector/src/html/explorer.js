@@ -26,6 +26,53 @@
   function main() {
     const D = JSON.parse(document.getElementById("vs-data").textContent);
     const F = JSON.parse(document.getElementById("vs-findings").textContent);
+    // A reader of the page's compact strings (html/compact.rs): LEB128 varints in base64.
+    // num() reads a number, exact below 2^53 as JSON's are; big() a BigInt, exact for any u64.
+    function varints(b64, what) {
+      const text = atob(b64);
+      const bytes = new Uint8Array(text.length);
+      for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
+      let at = 0;
+      const byte = () => {
+        if (at >= bytes.length) throw new Error(what + " is cut short");
+        return bytes[at++];
+      };
+      const big = () => {
+        let v = 0n, shift = 0n;
+        for (;;) {
+          const b = byte();
+          v |= BigInt(b & 127) << shift;
+          if (!(b & 128)) return v;
+          shift += 7n;
+        }
+      };
+      const num = () => {
+        const start = at;
+        let v = 0, mul = 1;
+        for (;;) {
+          const b = byte();
+          v += (b & 127) * mul;
+          if (!(b & 128)) return v;
+          mul *= 128;
+          if (mul >= 2 ** 49) { at = start; return Number(big()); }
+        }
+      };
+      return { num, big };
+    }
+    // The step marks: their count, then per step its number and position less the previous
+    // step's, zigzag-coded (0, -1, 1, -2… as 0, 1, 2, 3…).
+    D.steps = (() => {
+      const { num } = varints(D.steps, "the step marks");
+      const unzigzag = (v) => (v % 2 ? -(v + 1) / 2 : v / 2);
+      const steps = [];
+      let step = 0, pos = 0;
+      for (let n = num(); n > 0; n--) {
+        step += unzigzag(num());
+        pos += unzigzag(num());
+        steps.push({ step, pos });
+      }
+      return steps;
+    })();
     const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948",
       "#b07aa1", "#ff9da7", "#9c755f", "#2f8f9d", "#8cd17d", "#d37295"];
     const nb = D.bucket_start.length;
@@ -307,11 +354,10 @@
       document.getElementById("draw-ms").textContent = (performance.now() - t0).toFixed(1);
     }
 
+    // The positions of a finding's steps, which the report worked out from all the steps
+    // (the page may carry them thinned).
     function findingRange(f) {
-      if (f.first_step === null) return null;
-      const first = D.steps.find((s) => s.step >= f.first_step);
-      const after = D.steps.find((s) => s.step > (f.last_step === null ? f.first_step : f.last_step));
-      return [first ? first.pos : 0, after ? after.pos : D.events];
+      return f.range;
     }
 
     // The legend.
@@ -403,43 +449,15 @@
     const seg = document.getElementById("segmap");
     const sctx = seg.getContext("2d");
     let segRows = [];
-    // A moment's segment map, decoded from its compact form (html/segmap.rs) when the cursor
+    // A moment's segment map, decoded from its compact form (html/compact.rs) when the cursor
     // first shows it: the number of rows, then per row its address less the previous row's,
     // size, flags (1 small pool, 2 expandable) and block count, then per block its offset less
-    // the previous block's, size and group times two plus 1 when waiting to be freed; all
-    // LEB128 varints, in base64. Addresses are BigInts until written as hex, so that any
-    // 64-bit address comes out exact; other numbers are exact below 2^53, as JSON's are.
+    // the previous block's, size and group times two plus 1 when waiting to be freed.
+    // Addresses are BigInts until written as hex, so that any 64-bit address comes out exact.
     const maps = new Map();
     function mapOf(m) {
       if (maps.has(m)) return maps.get(m);
-      const text = atob(m.map);
-      const bytes = new Uint8Array(text.length);
-      for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
-      let at = 0;
-      const byte = () => {
-        if (at >= bytes.length) throw new Error("the segment map of " + m.name + " is cut short");
-        return bytes[at++];
-      };
-      const big = () => {
-        let v = 0n, shift = 0n;
-        for (;;) {
-          const b = byte();
-          v |= BigInt(b & 127) << shift;
-          if (!(b & 128)) return v;
-          shift += 7n;
-        }
-      };
-      const num = () => {
-        const start = at;
-        let v = 0, mul = 1;
-        for (;;) {
-          const b = byte();
-          v += (b & 127) * mul;
-          if (!(b & 128)) return v;
-          mul *= 128;
-          if (mul >= 2 ** 49) { at = start; return Number(big()); }
-        }
-      };
+      const { num, big } = varints(m.map, "the segment map of " + m.name);
       const rows = [];
       let addr = 0n;
       for (let r = num(); r > 0; r--) {
@@ -741,6 +759,7 @@
         notes.push(document.getElementById("segmap-note").textContent);
       }
       out.dataset.segmaps = seen.join(" ");
+      out.dataset.steps = D.steps.length + ":" + fnv(JSON.stringify(D.steps));
       out.dataset.segnotes = notes.join("|");
       fillTable();
       out.textContent = "done";

@@ -12,7 +12,7 @@
 //! most [`MAX_SERIES`] sites plus "other" and "before the trace", and a few [`Moment`]s (the
 //! peak, the peak of reserved bytes, the end and evenly spaced ones between) whose block lists
 //! are capped and whose segment maps keep the [`MAX_SEGMENT_ROWS`] rows the page draws, in
-//! the compact form of [`super::segmap`], so that the page does not grow with the number of
+//! the compact form of [`super::compact`], so that the page does not grow with the number of
 //! segments.
 
 use rustc_hash::FxHashMap;
@@ -42,6 +42,11 @@ const MAX_OTHER_BLOCKS: usize = 8_000;
 /// The most segments of a moment's map: the rows the page draws. Blocks in the segments past
 /// them still count against the moment's block limit, as when the page drew this many of all.
 pub const MAX_SEGMENT_ROWS: usize = 2_000;
+
+/// The most step marks the page carries: past it, only the steps whose number is a multiple
+/// of the smallest of 2, 5, 10, 20, 50… that brings them under it (the marks the chart draws
+/// zoomed out; zoomed in, the others are missing).
+pub const MAX_STEPS: usize = 100_000;
 
 /// Evenly spaced moments between the start and the end, besides the peaks and the end.
 const SPACED_MOMENTS: usize = 8;
@@ -88,7 +93,7 @@ pub struct StepPos {
 }
 
 /// One segment (or mapped run) of a moment's segment map. The page carries rows in the
-/// compact form of [`super::segmap`]; as JSON (the form the browser test compares the
+/// compact form of [`super::compact`]; as JSON (the form the browser test compares the
 /// page's decoded rows with) the address is `0x…`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SegmentRow {
@@ -123,8 +128,8 @@ pub struct Moment {
     /// The groups left out of `sites`: `[groups, bytes, blocks]`.
     pub rest: [u64; 3],
     /// The segments the map draws: the first [`MAX_SEGMENT_ROWS`] in address order. In the
-    /// page, the string [`super::segmap::encode`] makes of them, named `map`.
-    #[serde(rename = "map", serialize_with = "super::segmap::serialize")]
+    /// page, the string [`super::compact::encode`] makes of them, named `map`.
+    #[serde(rename = "map", serialize_with = "super::compact::serialize")]
     pub segments: Vec<SegmentRow>,
     /// Segments at the moment, drawn or not.
     pub segment_count: u64,
@@ -171,7 +176,10 @@ pub struct ExplorerData {
     pub reserved: Vec<u64>,
     /// Band values: `values[series][bucket]`.
     pub values: Vec<Vec<u64>>,
-    /// Steps numbered 1 or more, with their first position.
+    /// Steps numbered 1 or more, with their first position. The page carries them as the
+    /// string [`super::compact::encode_steps`] makes (their labels, which it does not show,
+    /// left out), thinned to [`MAX_STEPS`] marks.
+    #[serde(serialize_with = "super::compact::serialize_steps")]
     pub steps: Vec<StepPos>,
     /// Positions of OOM events.
     pub ooms: Vec<u64>,
@@ -240,6 +248,25 @@ impl ExplorerData {
             ooms: view.ooms().iter().map(|&e| u64::from(e) + 1).collect(),
             moments,
         }
+    }
+
+    /// The positions a finding from step `first` to step `last` spans, as the page shades
+    /// them: from the first step numbered `first` or more (the start when none) to the first
+    /// numbered past `last` (the end when none); `None` without a first step.
+    pub fn step_range(&self, first: Option<u64>, last: Option<u64>) -> Option<[u64; 2]> {
+        let first = first?;
+        let last = last.unwrap_or(first);
+        let start = self
+            .steps
+            .iter()
+            .find(|s| s.step >= first)
+            .map_or(0, |s| s.pos);
+        let end = self
+            .steps
+            .iter()
+            .find(|s| s.step > last)
+            .map_or(self.events, |s| s.pos);
+        Some([start, end])
     }
 
     /// The moment at the peak of allocated bytes.

@@ -1,6 +1,6 @@
-//! The compact form of a moment's segment map in the HTML page: one base64 string of
-//! LEB128 varints per moment, which the page's script decodes when the cursor first shows
-//! that moment (`mapOf` in `explorer.js`).
+//! The compact forms of the HTML page's bulkiest data, base64 strings of LEB128 varints: a
+//! moment's segment map, which the page's script decodes when the cursor first shows that
+//! moment (`mapOf` in `explorer.js`), and the step marks, which it decodes at load.
 //!
 //! As JSON, a segment row cost about 70 bytes and a block about 30, so a trace with 51k
 //! segments made a 51.5 MB page, nearly all of it segment maps (issue 36). The page draws at
@@ -12,10 +12,14 @@
 //! previous block's in the row (blocks are in address order; the first block's offset as
 //! it is), its size and its group index times two plus 1 when it waits to be freed.
 //! [`decode`] reads it back, as the script does, for the tests.
+//!
+//! Step marks, about 55 bytes each as JSON, grow with the trace: a generated trace of 374k
+//! events has 5,146 inferred steps. [`encode_steps`] writes them in about 4 bytes each and
+//! thins them past [`MAX_STEPS`].
 
 use serde::Serializer;
 
-use super::explorer::SegmentRow;
+use super::explorer::{SegmentRow, StepPos, MAX_STEPS};
 
 /// Flag of a small-pool row.
 const SMALL: u64 = 1;
@@ -53,23 +57,107 @@ pub fn serialize<S: Serializer>(rows: &[SegmentRow], serializer: S) -> Result<S:
     serializer.serialize_str(&encode(rows))
 }
 
-/// The rows of `text`, as the page's script reads them; `None` when it is not what
-/// [`encode`] writes.
-pub fn decode(text: &str) -> Option<Vec<SegmentRow>> {
+/// The step marks as the page carries them: thinned to at most [`MAX_STEPS`] (the steps whose
+/// number is a multiple of the smallest of 1, 2, 5, 10, 20… that is enough), then their count
+/// and, per step, its number and position less the previous step's, zigzag-coded (so that a
+/// list out of order comes through too), as varints in base64. Labels are left out: the page
+/// does not show them.
+pub fn encode_steps(steps: &[StepPos]) -> String {
+    let every = step_stride(steps);
+    let kept: Vec<&StepPos> = steps.iter().filter(|s| s.step % every == 0).collect();
+    let mut bytes = Vec::with_capacity(kept.len() * 4 + 8);
+    put(&mut bytes, kept.len() as u64);
+    let (mut step, mut pos) = (0u64, 0u64);
+    for s in kept {
+        put(&mut bytes, zigzag(s.step.wrapping_sub(step)));
+        put(&mut bytes, zigzag(s.pos.wrapping_sub(pos)));
+        (step, pos) = (s.step, s.pos);
+    }
+    base64(&bytes)
+}
+
+/// The smallest of 1, 2, 5, 10, 20… whose multiples among the step numbers are at most
+/// [`MAX_STEPS`].
+fn step_stride(steps: &[StepPos]) -> u64 {
+    let mut base = 1u64;
+    loop {
+        for m in [1, 2, 5] {
+            let every = base.saturating_mul(m);
+            let kept = steps.iter().filter(|s| s.step % every == 0).count();
+            if kept <= MAX_STEPS || every == u64::MAX {
+                return every;
+            }
+        }
+        base = base.saturating_mul(10);
+    }
+}
+
+/// A difference as an unsigned number: 0, -1, 1, -2, 2… as 0, 1, 2, 3, 4…
+fn zigzag(delta: u64) -> u64 {
+    let signed = delta as i64;
+    ((signed << 1) ^ (signed >> 63)) as u64
+}
+
+/// Serializes the step marks as [`encode_steps`] writes them (for `#[serde(serialize_with)]`).
+pub fn serialize_steps<S: Serializer>(steps: &[StepPos], serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&encode_steps(steps))
+}
+
+/// The step marks of `text` as `(step, position)`, as the page's script reads them; `None`
+/// when it is not what [`encode_steps`] writes.
+pub fn decode_steps(text: &str) -> Option<Vec<(u64, u64)>> {
     let bytes = unbase64(text)?;
-    let mut at = 0usize;
-    let mut next = || -> Option<u64> {
+    let mut reader = Varints {
+        bytes: &bytes,
+        at: 0,
+    };
+    let count = reader.next()?;
+    let (mut step, mut pos) = (0u64, 0u64);
+    let mut out = Vec::new();
+    for _ in 0..count {
+        step = step.wrapping_add(unzigzag(reader.next()?));
+        pos = pos.wrapping_add(unzigzag(reader.next()?));
+        out.push((step, pos));
+    }
+    Some(out)
+}
+
+/// The difference [`zigzag`] coded.
+fn unzigzag(v: u64) -> u64 {
+    (v >> 1) ^ (v & 1).wrapping_neg()
+}
+
+/// A reader of LEB128 varints.
+struct Varints<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Varints<'_> {
+    /// The next varint; `None` past the end or past ten bytes.
+    fn next(&mut self) -> Option<u64> {
         let mut value = 0u64;
         for shift in (0..70).step_by(7) {
-            let b = *bytes.get(at)?;
-            at += 1;
+            let b = *self.bytes.get(self.at)?;
+            self.at += 1;
             value |= u64::from(b & 0x7f).checked_shl(shift).unwrap_or(0);
             if b & 0x80 == 0 {
                 return Some(value);
             }
         }
         None
+    }
+}
+
+/// The rows of `text`, as the page's script reads them; `None` when it is not what
+/// [`encode`] writes.
+pub fn decode(text: &str) -> Option<Vec<SegmentRow>> {
+    let bytes = unbase64(text)?;
+    let mut reader = Varints {
+        bytes: &bytes,
+        at: 0,
     };
+    let mut next = || reader.next();
     let count = next()?;
     let mut rows = Vec::new();
     let mut previous = 0u64;
@@ -206,6 +294,30 @@ mod tests {
             let bytes: Vec<u8> = (0..n).map(|i| i.wrapping_mul(37) ^ 0xa5).collect();
             assert_eq!(unbase64(&base64(&bytes)), Some(bytes));
         }
+    }
+
+    #[test]
+    fn steps_come_back_and_are_thinned_past_the_limit() {
+        let step = |step: u64, pos: u64| StepPos {
+            step,
+            pos,
+            label: "mark_step".to_string(),
+        };
+        let few = vec![
+            step(1, 5),
+            step(2, 46),
+            step(7, 40),
+            step(u64::MAX, 1 << 40),
+        ];
+        let text = encode_steps(&few);
+        let want: Vec<(u64, u64)> = few.iter().map(|s| (s.step, s.pos)).collect();
+        assert_eq!(decode_steps(&text), Some(want));
+        // 250,000 steps: every fifth is kept (every second would leave 125,000).
+        let many: Vec<StepPos> = (1..=250_000).map(|i| step(i, i * 40)).collect();
+        let kept = decode_steps(&encode_steps(&many)).unwrap();
+        assert_eq!(kept.len(), 50_000);
+        assert!(kept.iter().all(|&(s, p)| s % 5 == 0 && p == s * 40));
+        assert!(encode_steps(&many).len() < 50_000 * 6);
     }
 
     #[test]
