@@ -42,7 +42,9 @@
 //! can also stream the entries of the lists under one key of the root dict into a consumer
 //! while it reads, from all the bytes or from pieces of them, dropping each entry once
 //! converted (`machine::stream`); it falls back to a whole document whenever that could
-//! change the result.
+//! change the result. An entry of the shape Python's pickler writes is decoded there without
+//! the generic machine and handed over as a [`FastEntry`] (`machine::fast`), to a sink that
+//! takes them ([`EntrySink::takes_fast_entries`]); anything else is read opcode by opcode.
 
 #![warn(missing_docs)]
 

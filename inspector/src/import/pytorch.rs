@@ -2,7 +2,9 @@
 //!
 //! The pickle is read by the safe reader of `crate::pickle`. Its `device_traces` entries, by
 //! far the most of a big file, are streamed (`stream`): each becomes an event as soon as it is
-//! read and is then dropped, and a file is read by a second thread in pieces, so that neither
+//! read and is then dropped (those of the shape Python writes decoded by the reader's fast
+//! path, `vramscope_pickle::FastEntry`, and converted by `read_fast_entry` through the same
+//! code as `read_entry`), and a file is read by a second thread in pieces, so that neither
 //! the file nor a document of its entries is ever held. The rest of the pickle is read into a
 //! [`Document`], whose values are converted here, without building a tree of them. A pickle
 //! that cannot be streamed faithfully is read whole into a document and converted the same way

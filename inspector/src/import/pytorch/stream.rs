@@ -3,7 +3,10 @@
 //!
 //! [`read`] runs `vramscope_pickle::parse_streaming` with an [`EntryStream`] that converts each
 //! entry with `super::read_entry`, as the whole-document import does, into events and call
-//! sites (`super::stacks`). It then checks that the lists it streamed are where the snapshot's
+//! sites (`super::stacks`); the entries of the shape Python writes reach it decoded by the
+//! reader's fast path instead (`vramscope_pickle::FastEntry`), which `super::read_fast_entry`
+//! converts through the same code, so that both give the same events, sites and faults
+//! ([`read_bytes`] turns the fast path off, for the tests that compare the two). It then checks that the lists it streamed are where the snapshot's
 //! `device_traces` has them, once each, and that no other trace list has entries. [`Ready`]
 //! converts the rest of the document (`super::finish`) into the snapshot. When the pickle
 //! cannot be streamed faithfully, or anything fails while it is read, [`read`] returns `None`
