@@ -622,6 +622,16 @@ fn run_convert(
              (`-o - > FILE`) or give -o FILE",
         ));
     }
+    // The source pickle read again for what the model does not keep, before the import, so
+    // that the file's bytes, held while the document is parsed, are gone before the snapshot
+    // is built (the two peaks do not add up). A file it cannot read is read again after the
+    // import, which names what is wrong first.
+    let early_source = match (to, steps) {
+        (ConvertTarget::Pytorch, None) => {
+            export::read_source(&file, &ImportOptions::default()).ok()
+        }
+        _ => None,
+    };
     let mut snapshot = loading::load(&file).map_err(Failure::input)?;
     // The events of the steps asked for, numbered as `report` numbers them: a trace without
     // marks of its own takes the steps the report infers.
@@ -667,9 +677,10 @@ fn run_convert(
         ConvertTarget::Pytorch => {
             // What the model does not keep is read again from the source file, which matches
             // only the whole trace.
-            let doc = match sliced {
-                Some(_) => Ok(None),
-                None => export::read_source(&file, &ImportOptions::default())
+            let doc = match (&sliced, early_source) {
+                (Some(_), _) => Ok(None),
+                (None, Some(doc)) => Ok(doc),
+                (None, None) => export::read_source(&file, &ImportOptions::default())
                     .map_err(std::io::Error::other),
             };
             doc.and_then(|doc| {
