@@ -54,6 +54,11 @@ const SPACED_MOMENTS: usize = 8;
 /// The most frames of a stack kept for hover.
 const MAX_FRAMES: usize = 24;
 
+/// The most groups named before the blocks of segment maps name one group for all the
+/// sites past them: each named group costs the page its label and function, and a trace
+/// with a distinct site for each of 50,000 live blocks would otherwise add megabytes.
+const MAX_BLOCK_GROUPS: usize = 10_000;
+
 /// The most groups whose stacks are kept.
 const MAX_STACKS: usize = 400;
 
@@ -218,10 +223,18 @@ impl ExplorerData {
         let planned = plan_moments(n, peak_pos, peak_reserved_pos);
 
         // The order matters: groups get their index as the moments, then the bands, name them.
+        // The bands' groups are known first, so that their blocks keep their own group (and
+        // colour) past the blocks' limit of groups.
         let mut indexer = GroupIndexer::new(snapshot, groups);
         let start_bytes = bytes_by_group(&walk.start, groups);
-        let moments = take_moments(snapshot, &walk, groups, &planned, &mut indexer);
         let deltas = group_deltas(snapshot, &walk, groups);
+        indexer.banded = Bands::ranked(&start_bytes, &deltas)
+            .into_iter()
+            .take(MAX_SERIES)
+            .map(|(g, _)| g)
+            .chain([SiteGroups::BEFORE_TRACE])
+            .collect();
+        let moments = take_moments(snapshot, &walk, groups, &planned, &mut indexer);
         let bands = Bands::choose(&start_bytes, &deltas, groups, &mut indexer);
         let clock = Clock::over(events);
         let columns = Columns::gather(&walk, &bands, &start_bytes, &deltas, &clock);
@@ -425,12 +438,7 @@ impl Bands {
         indexer: &mut GroupIndexer,
     ) -> Bands {
         let max = highest_bytes(start_bytes, deltas);
-        let mut ranked: Vec<(GroupId, u64)> = max
-            .iter()
-            .filter(|(&g, &m)| m > 0 && g != SiteGroups::BEFORE_TRACE)
-            .map(|(&g, &m)| (g, m))
-            .collect();
-        ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let ranked = Bands::ranked(start_bytes, deltas);
         let has_other = ranked.len() > MAX_SERIES;
         let other_max = ranked.iter().skip(MAX_SERIES).map(|r| r.1).max();
         let before_max = max.get(&SiteGroups::BEFORE_TRACE).copied().unwrap_or(0);
@@ -473,6 +481,17 @@ impl Bands {
             series_of,
             other,
         }
+    }
+
+    /// The groups other than "before the trace" with bytes of their own at some position, by
+    /// their highest bytes, largest first: the first [`MAX_SERIES`] get a band.
+    fn ranked(start_bytes: &FxHashMap<GroupId, u64>, deltas: &[Delta]) -> Vec<(GroupId, u64)> {
+        let mut ranked: Vec<(GroupId, u64)> = highest_bytes(start_bytes, deltas)
+            .into_iter()
+            .filter(|&(g, m)| m > 0 && g != SiteGroups::BEFORE_TRACE)
+            .collect();
+        ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        ranked
     }
 
     /// The band group `g` is drawn in.
@@ -674,6 +693,10 @@ struct GroupIndexer<'a> {
     groups: &'a SiteGroups,
     index: FxHashMap<GroupId, u32>,
     infos: Vec<GroupInfo>,
+    /// The groups drawn as bands, which blocks name whatever the count.
+    banded: rustc_hash::FxHashSet<GroupId>,
+    /// The index of the group that stands for the sites of blocks past [`MAX_BLOCK_GROUPS`].
+    past_limit: Option<u32>,
 }
 
 impl<'a> GroupIndexer<'a> {
@@ -683,7 +706,32 @@ impl<'a> GroupIndexer<'a> {
             groups,
             index: FxHashMap::default(),
             infos: Vec::new(),
+            banded: Default::default(),
+            past_limit: None,
         }
+    }
+
+    /// The index of the group of a block in a segment map: `g`'s own while fewer than
+    /// [`MAX_BLOCK_GROUPS`] groups are named (and always for a band's group), else that of
+    /// one group standing for the sites past the limit, drawn in the "other" colour.
+    fn index_of_block(&mut self, g: GroupId) -> u32 {
+        if let Some(&i) = self.index.get(&g) {
+            return i;
+        }
+        if self.infos.len() < MAX_BLOCK_GROUPS || self.banded.contains(&g) {
+            return self.index(g);
+        }
+        if let Some(i) = self.past_limit {
+            return i;
+        }
+        let i = self.infos.len() as u32;
+        self.infos.push(GroupInfo {
+            label: format!("(a site past the first {MAX_BLOCK_GROUPS} named)"),
+            function: String::new(),
+            stack: Vec::new(),
+        });
+        self.past_limit = Some(i);
+        i
     }
 
     /// The index of `g`; the first [`MAX_STACKS`] groups named carry their stack.
@@ -801,7 +849,7 @@ fn moment(
                 a - addr,
                 b.size,
                 u64::from(b.pending),
-                u64::from(indexer.index(groups.of_block(b))),
+                u64::from(indexer.index_of_block(groups.of_block(b))),
             ]);
         }
         segments.push(SegmentRow {
@@ -1020,6 +1068,58 @@ mod tests {
             );
             assert_eq!((drawn.sites, drawn.rest), (all.sites, all.rest));
         }
+    }
+
+    /// Blocks of more sites than [`MAX_BLOCK_GROUPS`] name one group for those past it, but
+    /// a band's blocks keep their own group, even when the band is too small at the moment
+    /// for its site table and its blocks come after the limit.
+    #[test]
+    fn blocks_name_a_bounded_number_of_groups() {
+        let mut t = Trace::new();
+        // The weights' one big block, allocated and freed before any moment but the start:
+        // it makes their band.
+        let weights = t.site("model.py", 1, "weights");
+        let big = t.segment_alloc(None, 1 << 30);
+        t.alloc_at(weights, big, 1 << 30);
+        t.free(big, 1 << 30);
+        for row in 0..1_996u32 {
+            let segment = t.segment_alloc(None, 20 * MIB);
+            for k in 0..6 {
+                let site = t.site("many.py", row * 6 + k + 1, "f");
+                t.alloc_at(site, segment + u64::from(k) * 2 * MIB, MIB);
+            }
+        }
+        // Three small blocks of the weights, last in the map.
+        for _ in 0..3 {
+            let segment = t.segment_alloc(None, 2 * MIB);
+            t.alloc_at(weights, segment, 512);
+        }
+        let snapshot = t.finish();
+        let view = ModelView::new(&snapshot);
+        let data = ExplorerData::build(&view, None);
+        let limit = MAX_BLOCK_GROUPS + data.moments.len() * MAX_SITE_ROWS + MAX_SERIES + 2;
+        assert!(data.groups.len() <= limit, "{} groups", data.groups.len());
+        let past = data
+            .groups
+            .iter()
+            .position(|g| g.label.starts_with("(a site past"))
+            .expect("a group for the sites past the limit") as u64;
+        let band = data
+            .series
+            .iter()
+            .find(|s| s.label == "model.py:1")
+            .expect("the weights are a band");
+        let band = u64::from(band.group.expect("a band of a site"));
+        let end = data.moments.iter().find(|m| m.pos == data.events).unwrap();
+        assert!(end.name.contains("peak allocated"), "{}", end.name);
+        let named: Vec<u64> = end
+            .segments
+            .iter()
+            .flat_map(|r| r.blocks.chunks(4).map(|b| b[3]))
+            .collect();
+        assert_eq!(named.len(), 1_996 * 6 + 3);
+        assert!(named.contains(&past));
+        assert_eq!(named.iter().filter(|&&g| g == band).count(), 3);
     }
 
     #[test]
