@@ -13,7 +13,8 @@
 //! peak, the peak of reserved bytes, the end and evenly spaced ones between) whose block lists
 //! are capped and whose segment maps keep the [`MAX_SEGMENT_ROWS`] rows the page draws, in
 //! the compact form of [`super::compact`], so that the page does not grow with the number of
-//! segments.
+//! segments; the blocks name at most [`MAX_BLOCK_GROUPS`] groups, and the page carries at
+//! most [`MAX_STEPS`] step marks.
 
 use rustc_hash::FxHashMap;
 use serde::Serialize;
@@ -57,7 +58,7 @@ const MAX_FRAMES: usize = 24;
 /// The most groups named before the blocks of segment maps name one group for all the
 /// sites past them: each named group costs the page its label and function, and a trace
 /// with a distinct site for each of 50,000 live blocks would otherwise add megabytes.
-const MAX_BLOCK_GROUPS: usize = 10_000;
+pub const MAX_BLOCK_GROUPS: usize = 10_000;
 
 /// The most groups whose stacks are kept.
 const MAX_STACKS: usize = 400;
