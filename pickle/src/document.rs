@@ -642,7 +642,7 @@ impl<'d> ValueRef<'d> {
     /// frames list or frame dict.
     #[inline]
     pub fn standin(self) -> Option<Standin> {
-        Standin::of(self.r)
+        Standin::from_ref(self.r)
     }
 
     /// The value as a [`Value`] tree, in which every memo-shared object and every list of

@@ -63,7 +63,7 @@ impl Standin {
     }
 
     /// The stand-in a reference holds, if it is one.
-    pub(crate) fn of(r: Ref) -> Option<Standin> {
+    pub(crate) fn from_ref(r: Ref) -> Option<Standin> {
         match r.kind() {
             kind::SITE => Some(Standin::Site(r.index() as u32)),
             kind::FRAME => Some(Standin::Frame(r.index() as u32)),
