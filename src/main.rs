@@ -600,6 +600,19 @@ fn warn_perfetto_size(snapshot: &Snapshot, estimate: u64) {
         ),
         None => "; one step alone passes it, so no range of steps opens either".to_string(),
     };
+    // What comes before the first step (step 0) may be most of the trace.
+    let before = export::StepRange { first: 0, last: 0 }
+        .window(snapshot)
+        .ok()
+        .map(|window| export::perfetto_size_estimate(snapshot, window))
+        .filter(|&bytes| bytes > PERFETTO_UI_BYTES / 10 * 9 && fits.is_some_and(|f| f.0 > 0));
+    let suggestion = match before {
+        Some(bytes) => format!(
+            "{suggestion}; step 0, before the first step, is about {} alone",
+            format_bytes(bytes)
+        ),
+        None => suggestion,
+    };
     say(format_args!(
         "the Perfetto trace will be about {}, past the {} that ui.perfetto.dev opens as JSON{suggestion}",
         format_bytes(estimate),
