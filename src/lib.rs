@@ -6,7 +6,8 @@
 //! telemetry), [`inspector`] (importers, detectors, reports,
 //! diff, replay, export), [`kernels`] (kernels and the tensor layer) and [`tui`] (the terminal
 //! dashboard).
-//! The `vramscope` binary in `src/main.rs` is command-line glue over these libraries.
+//! The command line ([`cli`], run by the `vramscope` binary in `src/main.rs` and by the Python
+//! package's `vramscope` command) is glue over these libraries.
 //!
 //! The README's quickstart, kept compiling here:
 //!
@@ -35,6 +36,8 @@
 //! # Ok(())
 //! # }
 //! ```
+
+pub mod cli;
 
 pub use vramscope_allocator as allocator;
 pub use vramscope_engine as engine;

@@ -147,6 +147,21 @@ fn current_site(py: Python<'_>) -> Option<(String, u32, String, Vec<PyFrame>)> {
     ))
 }
 
+/// Runs the `vramscope` command line on `argv` (the program's name first) and returns its exit
+/// status: the Python package's `vramscope` command. The command line is the library's own
+/// (`vramscope::cli`), built into this module, so the wheel carries no second executable; the
+/// GIL is released while it runs, so a dashboard (`top`, `view`) never holds up other threads.
+#[pyfunction]
+fn cli(py: Python<'_>, argv: Vec<String>) -> u8 {
+    py.detach(|| vramscope::cli::main_with_args(argv))
+}
+
+/// The package's version, from the workspace's Cargo.toml.
+#[pyfunction]
+fn version() -> &'static str {
+    env!("CARGO_PKG_VERSION")
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     if let Some(depth) = std::env::var("VRAMSCOPE_PY_STACK_DEPTH")
@@ -174,6 +189,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(file_report_text, m)?)?;
     m.add_function(wrap_pyfunction!(file_check, m)?)?;
     m.add_function(wrap_pyfunction!(file_convert, m)?)?;
+    m.add_function(wrap_pyfunction!(cli, m)?)?;
+    m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(parse_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(format_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(stack_depth, m)?)?;
@@ -202,4 +219,109 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pluggable::devices_served, m)?)?;
     m.add_function(wrap_pyfunction!(pluggable::errors, m)?)?;
     Ok(())
+}
+
+/// The binding's own tests, run by `cargo test --workspace`: the module is registered with an
+/// embedded interpreter and driven through Python, as the package drives it.
+#[cfg(test)]
+mod tests {
+    use pyo3::prelude::*;
+    use pyo3::types::PyList;
+
+    use super::_native;
+
+    /// Runs `body` with the module importable as `_native` in an embedded interpreter.
+    fn with_module<T>(body: impl FnOnce(&Bound<'_, PyModule>) -> T) -> T {
+        static REGISTER: std::sync::Once = std::sync::Once::new();
+        REGISTER.call_once(|| {
+            pyo3::append_to_inittab!(_native);
+            Python::initialize();
+        });
+        Python::attach(|py| {
+            let module = py.import("_native").expect("the module registers");
+            body(&module)
+        })
+    }
+
+    #[test]
+    fn sizes_parse_with_binary_units_as_on_the_command_line() {
+        with_module(|m| {
+            let bytes: u64 = m
+                .call_method1("parse_bytes", ("24GB",))
+                .and_then(|v| v.extract())
+                .expect("24GB parses");
+            assert_eq!(bytes, 24 << 30);
+            assert_eq!(
+                vramscope_model::parse_bytes("24GB").expect("the core parses it"),
+                bytes
+            );
+            let error = m.call_method1("parse_bytes", ("24 parsecs",)).unwrap_err();
+            assert!(error.to_string().contains("parsecs"), "{error}");
+        });
+    }
+
+    #[test]
+    fn the_version_is_the_workspace_version() {
+        with_module(|m| {
+            let version: String = m
+                .call_method0("version")
+                .and_then(|v| v.extract())
+                .expect("version");
+            assert_eq!(version, env!("CARGO_PKG_VERSION"));
+        });
+    }
+
+    #[test]
+    fn the_command_line_runs_inside_the_module() {
+        use vramscope::{AllocatorConfig, CachingAllocator, SimDevice};
+
+        let dir = std::env::temp_dir().join(format!("vramscope-py-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let input = dir.join("run.json");
+        let alloc = CachingAllocator::new(SimDevice::phantom(1 << 30), AllocatorConfig::default());
+        let mut kept = Vec::new();
+        for _ in 0..6 {
+            alloc.mark_step();
+            kept.push(alloc.alloc(4 << 20).expect("fits"));
+        }
+        alloc.snapshot().save(&input).expect("save");
+        let output = dir.join("report.json");
+        let run = |args: &[&str]| -> u8 {
+            with_module(|m| {
+                let argv = PyList::new(m.py(), args).expect("argv");
+                m.call_method1("cli", (argv,))
+                    .and_then(|v| v.extract())
+                    .expect("cli runs")
+            })
+        };
+        let input_arg = input.to_str().expect("utf-8 path");
+        let output_arg = output.to_str().expect("utf-8 path");
+        let status = run(&[
+            "vramscope",
+            "report",
+            input_arg,
+            "--format",
+            "json",
+            "-o",
+            output_arg,
+        ]);
+        assert_eq!(status, 0);
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&output).expect("the report was written"))
+                .expect("JSON");
+        assert!(report.is_object() || report.is_array(), "{report}");
+        // The kept blocks are a leak: `--fail-on` turns it into exit status 1, as in a shell.
+        let failing = run(&[
+            "vramscope",
+            "report",
+            input_arg,
+            "--fail-on",
+            "info",
+            "-o",
+            output_arg,
+        ]);
+        assert_eq!(failing, 1);
+        drop(kept);
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

@@ -9,10 +9,10 @@
 
 use std::str::FromStr;
 
-use vramscope::allocator::metrics::MetricsServer;
-use vramscope::allocator::Telemetry;
-use vramscope::kernels::{train, train_with, Device, TensorError, TrainConfig, TrainHooks};
-use vramscope::model::{AllocatorConfig, Snapshot};
+use crate::allocator::metrics::MetricsServer;
+use crate::allocator::Telemetry;
+use crate::kernels::{train, train_with, Device, TensorError, TrainConfig, TrainHooks};
+use crate::model::{AllocatorConfig, Snapshot};
 use vramscope_telemetry::TelemetryAddr;
 
 /// The bugs the demo can plant.

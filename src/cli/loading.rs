@@ -12,8 +12,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use vramscope::inspector::import::{self, ImportError, ImportOptions, Progress};
-use vramscope::Snapshot;
+use crate::inspector::import::{self, ImportError, ImportOptions, Progress};
+use crate::Snapshot;
 
 /// Files smaller than this load in well under a second: no progress line.
 const SHOW_PROGRESS_FROM_BYTES: u64 = 32 << 20;
