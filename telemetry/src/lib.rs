@@ -1,14 +1,16 @@
-//! vramscope-telemetry: the wire format of vramscope's live telemetry, and the client that
-//! dashboards read it with.
+//! vramscope-telemetry: the wire format of vramscope's live telemetry, the one publisher loop
+//! that writes it, and the client that dashboards read it with.
 //!
-//! A program that uses vramscope's caching allocator publishes its events with the publisher in
-//! `vramscope_allocator::telemetry` (one background thread; the program never waits for a
-//! dashboard). This crate is what both ends share: the frames and their checked encoding
-//! ([`wire`]), the addresses publishers listen on ([`TelemetryAddr`]), and, with the `client`
-//! feature, [`TelemetryClient`], the reading side that `vramscope top` and `vramscope view`
-//! use. It depends on the data model alone: a program links the publisher and the wire format,
-//! never the client; a dashboard links the client and the wire format, never the allocator's
-//! publisher.
+//! A program that uses vramscope's caching allocator publishes its events with
+//! `vramscope_allocator::Telemetry`, and the Python package publishes PyTorch's own allocator
+//! with its `LivePublisher`; both are a [`publish::Source`] served by the same loop
+//! ([`publish::Publisher`]: one background thread; the program never waits for a dashboard).
+//! This crate is what all ends share: the frames and their checked encoding ([`wire`]), the
+//! addresses publishers listen on ([`TelemetryAddr`]), the listener and bounded per-client
+//! queue ([`serve`]), the publisher loop ([`publish`]), and, with the `client` feature,
+//! [`TelemetryClient`], the reading side that `vramscope top` and `vramscope view` use. It
+//! depends on the data model alone: a program links the publisher and the wire format, never
+//! the client; a dashboard links the client and the wire format, never a publisher's source.
 //!
 
 //! # Wire format (protocol version 1)
@@ -57,6 +59,7 @@
 mod addr;
 #[cfg(feature = "client")]
 mod client;
+pub mod publish;
 pub mod serve;
 pub mod wire;
 

@@ -3,7 +3,8 @@
 //! (a Unix socket created with mode 0600 in a folder closed to others, or a loopback TCP port)
 //! and accepting dashboards as non-blocking streams ([`Listener`]), and the bounded queue of
 //! frames each dashboard is sent through without the publisher ever waiting for it
-//! ([`Outbox`]). What to send, and when a client is too slow, stays each publisher's own.
+//! ([`Outbox`]). What to send, and when a client is too slow, is the publisher loop's
+//! ([`publish`](crate::publish)), which serves every publisher's source over these two.
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
