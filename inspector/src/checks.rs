@@ -7,6 +7,11 @@
 //! test with that report. Leaks are what `crate::detect::retained_per_step` finds; the peak comes
 //! from the timeline of `crate::model_view` (or the snapshot's statistics, whichever is higher),
 //! and the report names the call sites that held the most at the peak.
+//!
+//! Two checks serve unit tests, which run no training loop: [`check_nothing_kept_since`]
+//! (nothing a test allocated is still live when it returns, memray's `limit_leaks` meaning) and
+//! [`check_syncs_per_step`] (the host waits for the device at most so often in any one step, by
+//! the `sync_in_loop` detector's own rule of what a wait is: `crate::detect::sync::wait_of`).
 
 use std::fmt;
 use std::fmt::Write as _;
@@ -122,6 +127,126 @@ pub fn check_peak_below(snapshot: &Snapshot, budget: u64) -> Result<(), CheckErr
     }
     Err(CheckError {
         check: format!("peak below {}", format_bytes(budget)),
+        findings: Vec::new(),
+        report,
+    })
+}
+
+/// Checks that nothing allocated at event sequence number `since` or later is still live at the
+/// end of `snapshot`: what a unit test that marks no steps means by "no leaks". The report
+/// names, per call site (the user's line, as findings name it), the bytes and blocks kept.
+pub fn check_nothing_kept_since(snapshot: &Snapshot, since: u64) -> Result<(), CheckError> {
+    let view = ModelView::new(snapshot);
+    let events = &snapshot.events;
+    // Per group: (bytes, blocks).
+    let mut kept: Vec<(u32, u64, u64)> = Vec::new();
+    for interval in view.intervals() {
+        let alloc = interval.alloc(events);
+        if interval.free_event().is_some() || alloc.seq < since {
+            continue;
+        }
+        match kept.iter_mut().find(|k| k.0 == interval.group) {
+            Some(k) => {
+                k.1 = k.1.saturating_add(alloc.size);
+                k.2 += 1;
+            }
+            None => kept.push((interval.group, alloc.size, 1)),
+        }
+    }
+    if kept.is_empty() {
+        return Ok(());
+    }
+    kept.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let bytes: u64 = kept.iter().map(|k| k.1).fold(0, u64::saturating_add);
+    let blocks: u64 = kept.iter().map(|k| k.2).sum();
+    let mut report = String::new();
+    for &(group, group_bytes, group_blocks) in &kept {
+        let group = view.group(group);
+        let function = if group.function.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", group.function)
+        };
+        let _ = writeln!(
+            report,
+            "  {} in {} still live, made at {}{}",
+            format_bytes(group_bytes),
+            vramscope_model::plural(group_blocks, "block"),
+            group.label(),
+            function
+        );
+    }
+    let _ = writeln!(
+        report,
+        "    fix: drop the references the test keeps (a global list, a cache, a closure) or \
+         free them before it returns"
+    );
+    Err(CheckError {
+        check: format!(
+            "nothing kept ({} in {} allocated by the test still live after it returned)",
+            format_bytes(bytes),
+            vramscope_model::plural(blocks, "block")
+        ),
+        findings: Vec::new(),
+        report,
+    })
+}
+
+/// Checks that in no step does the host wait for the device more than `limit` times, counting
+/// waits as the `sync_in_loop` detector does (explicit syncs, and device-to-host copies of at
+/// most `options.sync_max_bytes`), in every step, setup included. The report names the step
+/// with the most waits and the call site that waited most in it.
+pub fn check_syncs_per_step(
+    snapshot: &Snapshot,
+    limit: u64,
+    options: &DetectOptions,
+) -> Result<(), CheckError> {
+    let view = ModelView::new(snapshot);
+    let events = &snapshot.events;
+    // Per step index: per group, waits.
+    let mut per_step: std::collections::BTreeMap<u32, Vec<(u32, u64)>> = Default::default();
+    for group in 0..view.groups().len() as u32 {
+        for &i in view.group_events(group) {
+            if detect::sync::wait_of(&events[i as usize], options).is_none() {
+                continue;
+            }
+            let groups = per_step.entry(view.event_step(i)).or_default();
+            match groups.iter_mut().find(|g| g.0 == group) {
+                Some(g) => g.1 += 1,
+                None => groups.push((group, 1)),
+            }
+        }
+    }
+    let Some((step, groups)) = per_step.iter().max_by_key(|(step, groups)| {
+        (
+            groups.iter().map(|g| g.1).sum::<u64>(),
+            std::cmp::Reverse(**step),
+        )
+    }) else {
+        return Ok(());
+    };
+    let total: u64 = groups.iter().map(|g| g.1).sum();
+    if total <= limit {
+        return Ok(());
+    }
+    let &(group, count) = groups
+        .iter()
+        .max_by_key(|g| (g.1, std::cmp::Reverse(g.0)))
+        .expect("a step with waits has a group");
+    let group = view.group(group);
+    let place = if group.function.is_empty() {
+        group.label().to_string()
+    } else {
+        format!("{} in {}", group.label(), group.function)
+    };
+    let report = format!(
+        "  step {} waited for the device {total} times (limit {limit}), {count} of them at {place}\n    \
+         fix: keep values on the device inside the loop and read them once per step \
+         (accumulate, then one .item())\n",
+        view.step_number(*step)
+    );
+    Err(CheckError {
+        check: format!("at most {limit} syncs per step"),
         findings: Vec::new(),
         report,
     })

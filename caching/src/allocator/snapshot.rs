@@ -189,6 +189,12 @@ impl<B: Backend> CachingAllocator<B> {
         snapshot
     }
 
+    /// The sequence number the next event will get: a mark to ask later what happened since
+    /// (the pytest plugin's "what did this test allocate and keep").
+    pub fn next_event_seq(&self) -> u64 {
+        self.shared.lock().ring.next_seq()
+    }
+
     /// Events with sequence number `from_seq` or later that the ring still holds, at most
     /// `limit` of them, with the current statistics: what a live consumer (the telemetry
     /// publisher, the in-process dashboard) pulls. `missed` counts events from `from_seq` on

@@ -16,7 +16,7 @@ mod churn;
 mod fragmentation;
 mod holders;
 mod retained;
-mod sync;
+pub mod sync;
 mod transfer;
 
 use std::cmp::Ordering;

@@ -17,6 +17,29 @@ use vramscope_model::{EventKind, TransferDirection};
 use super::{sat_sum, DetectOptions, Finding, FindingKind, FindingSink, PerStep, Severity};
 use crate::model_view::ModelView;
 
+/// What kind of wait for the device an event is, by this detector's rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// A device-to-host copy of at most `DetectOptions::sync_max_bytes`: a guess at a sync.
+    TinyCopy,
+    /// A sync reported as such (PyTorch's sync debug mode, `CachingAllocator::synchronize`).
+    Explicit,
+}
+
+/// The wait `event` is, if any: the one rule the detector and the test checks
+/// (`crate::checks::check_syncs_per_step`) share.
+pub fn wait_of(event: &vramscope_model::Event, options: &DetectOptions) -> Option<Wait> {
+    match event.kind {
+        EventKind::Transfer(TransferDirection::DeviceToHost)
+            if event.size <= options.sync_max_bytes =>
+        {
+            Some(Wait::TinyCopy)
+        }
+        EventKind::Sync => Some(Wait::Explicit),
+        _ => None,
+    }
+}
+
 /// Reports call sites that synchronize with the device many times per step.
 pub fn sync_in_loop(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn FindingSink) {
     let loop_steps = view.loop_steps();
@@ -33,16 +56,14 @@ pub fn sync_in_loop(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dy
             if !loop_steps.contains(&step) {
                 continue;
             }
-            match e.kind {
-                EventKind::Transfer(TransferDirection::DeviceToHost)
-                    if e.size <= options.sync_max_bytes =>
-                {
+            match wait_of(e, options) {
+                Some(Wait::TinyCopy) => {
                     let c = per_step.entry(step).or_default();
                     c.0 += 1;
                     c.1 += e.size;
                 }
-                EventKind::Sync => per_step.entry(step).or_default().2 += 1,
-                _ => {}
+                Some(Wait::Explicit) => per_step.entry(step).or_default().2 += 1,
+                None => {}
             }
         }
         let active = per_step.len() as u64;
