@@ -1,6 +1,7 @@
-//! What the Python face asks of a snapshot: the inspector's findings as JSON, its text report,
-//! and the checks of the pytest marker (peak, leaks, syncs per step), each failure a sentence
-//! that names the call site.
+//! What the Python face asks of a snapshot: the inspector's findings (as the inspector's values,
+//! which `crate::report` turns into Python objects, or as JSON), its text report, and the
+//! checks of the pytest marker (peak, leaks, syncs per step), each failure a sentence that
+//! names the call site.
 //!
 //! The findings are the inspector's, with its default settings: `sync_in_loop` reports
 //! explicit syncs (those PyTorch's sync debug mode reported, recorded by `crate::host`) from one
@@ -9,20 +10,27 @@
 use std::collections::BTreeMap;
 
 use vramscope_inspector::checks;
-use vramscope_inspector::detect::{detect, DetectOptions};
+use vramscope_inspector::detect::{detect, DetectOptions, Finding};
 use vramscope_inspector::report::{build_report, render, Format, ReportOptions};
 use vramscope_model::{format_bytes, EventKind, Snapshot, TransferDirection};
 
-/// The inspector's findings on `snapshot`, as the JSON array of its `Finding`s.
-pub fn findings_json(snapshot: &Snapshot) -> String {
-    let findings = detect(snapshot, &DetectOptions::default());
-    serde_json::to_string(&findings).unwrap_or_else(|_| "[]".to_string())
+/// The inspector's findings on `snapshot` with its default settings, most severe first.
+pub fn findings(snapshot: &Snapshot) -> Vec<Finding> {
+    detect(snapshot, &DetectOptions::default())
 }
 
-/// The inspector's text report on `snapshot`, as `vramscope report` prints it.
+/// The inspector's findings on `snapshot`, as the JSON array of its `Finding`s: what the
+/// callers that have not moved to the typed findings of `crate::report` still read.
+pub fn findings_json(snapshot: &Snapshot) -> String {
+    serde_json::to_string(&findings(snapshot)).unwrap_or_else(|_| "[]".to_string())
+}
+
+/// The inspector's text report on `snapshot`, as `vramscope report` prints it (built, as the
+/// command line builds it for text, without the HTML explorer's data).
 pub fn report_text(snapshot: &Snapshot) -> String {
-    let report = build_report(snapshot, &ReportOptions::default());
-    render(&report, Format::Text, false)
+    let mut options = ReportOptions::default();
+    options.explorer = false;
+    render(&build_report(snapshot, &options), Format::Text, false)
 }
 
 /// What the pytest marker checks.

@@ -5,16 +5,17 @@
 //! ([`pluggable`], with sampled native stacks on threads without Python: [`native`]), while
 //! Python imports it for [`sim::SimAllocator`] (the caching allocator on a simulated device),
 //! the functions that steer the pluggable allocator, the inspector's reports on any file
-//! PyTorch or vramscope wrote ([`analysis`]), the synchronizing calls PyTorch reports, merged
-//! into those reports ([`host`]), live telemetry of PyTorch's own allocator for `attach()`
-//! ([`live`]), and the Python stack capture settings ([`stack`]). The Python package
-//! (`python/vramscope/`) wraps all of it.
+//! PyTorch or vramscope wrote ([`analysis`], as typed findings and reports: `report`), the
+//! synchronizing calls PyTorch reports, merged into those reports ([`host`]), live telemetry
+//! of PyTorch's own allocator for `attach()` ([`live`]), and the Python stack capture settings
+//! ([`stack`]). The Python package (`python/vramscope/`) wraps all of it.
 
 mod analysis;
 mod host;
 mod live;
 mod native;
 mod pluggable;
+mod report;
 mod sim;
 mod stack;
 
@@ -35,12 +36,36 @@ fn load_with(path: &str, log: Option<&HostLog>) -> PyResult<vramscope_model::Sna
     Ok(host::with_log(load(path)?, log, Numbering::ByTime))
 }
 
-/// The inspector's findings on the file at `path`, as JSON, with the syncs of `log`.
+/// The inspector's findings on the file at `path`, with the syncs of `log`, most severe
+/// first.
+#[pyfunction]
+#[pyo3(signature = (path, log = None))]
+fn file_findings(path: &str, log: Option<Bound<'_, HostLog>>) -> PyResult<Vec<report::Finding>> {
+    let log = log.as_ref().map(Bound::get);
+    Ok(report::findings_of(&load_with(path, log)?))
+}
+
+/// The inspector's findings on the file at `path`, as JSON, with the syncs of `log`: kept
+/// while `vramscope/_torch.py` reads it; [`file_findings`] gives them typed.
 #[pyfunction]
 #[pyo3(signature = (path, log = None))]
 fn file_findings_json(path: &str, log: Option<Bound<'_, HostLog>>) -> PyResult<String> {
     let log = log.as_ref().map(Bound::get);
     Ok(analysis::findings_json(&load_with(path, log)?))
+}
+
+/// `vramscope report` on the file at `path` (a PyTorch snapshot pickle, a vramscope snapshot,
+/// a profiler trace), with the syncs of `log`: `device`'s part, or the one device with data.
+#[pyfunction]
+#[pyo3(name = "load", signature = (path, device = None, log = None))]
+fn file_report(
+    path: &str,
+    device: Option<u32>,
+    log: Option<Bound<'_, HostLog>>,
+) -> PyResult<report::Report> {
+    let snapshot = load_with(path, log.as_ref().map(Bound::get))?;
+    let part = report::device_part(snapshot, device)?;
+    Ok(report::Report::from_snapshot(&part, Some(path.to_string())))
 }
 
 /// The inspector's text report on the file at `path`, with the syncs of `log`.
@@ -183,9 +208,15 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sim::Block>()?;
     m.add_class::<sim::ScopeToken>()?;
     m.add_class::<HostLog>()?;
+    m.add_class::<report::Finding>()?;
+    m.add_class::<report::FindingSite>()?;
+    m.add_class::<report::Report>()?;
+    m.add_class::<report::TopSite>()?;
     m.add_class::<live::LivePublisher>()?;
     m.add_function(wrap_pyfunction!(live::read_telemetry, m)?)?;
+    m.add_function(wrap_pyfunction!(file_findings, m)?)?;
     m.add_function(wrap_pyfunction!(file_findings_json, m)?)?;
+    m.add_function(wrap_pyfunction!(file_report, m)?)?;
     m.add_function(wrap_pyfunction!(file_report_text, m)?)?;
     m.add_function(wrap_pyfunction!(file_check, m)?)?;
     m.add_function(wrap_pyfunction!(file_convert, m)?)?;

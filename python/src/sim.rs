@@ -21,6 +21,7 @@ use vramscope_allocator::{
 use vramscope_model::{AllocatorConfig, Snapshot};
 
 use crate::analysis;
+use crate::report::{self, Finding, Report};
 use crate::stack;
 
 /// Turns an allocator error into the Python exception a user expects (`MemoryError` for an
@@ -155,9 +156,15 @@ impl SimAllocator {
         serde_json::to_string(&self.alloc.snapshot()).unwrap_or_default()
     }
 
-    /// The inspector's findings, as JSON (the Python `report()` turns them into objects).
-    fn findings_json(&self) -> String {
-        analysis::findings_json(&self.alloc.snapshot())
+    /// The inspector's findings on what has been recorded so far, most severe first.
+    fn report(&self) -> Vec<Finding> {
+        report::findings_of(&self.alloc.snapshot())
+    }
+
+    /// The whole report on the current snapshot, as `vramscope.load()` gives it for a file:
+    /// figures, findings, the text report, the top sites, and the explorer in a notebook.
+    fn inspect(&self) -> Report {
+        Report::from_snapshot(&self.alloc.snapshot(), None)
     }
 
     /// The inspector's text report.
@@ -194,9 +201,10 @@ impl SimAllocator {
         self.alloc.memory_summary()
     }
 
-    /// PyTorch's `memory_stats()` figures, as JSON.
-    fn stats_json(&self) -> String {
-        serde_json::to_string(&self.alloc.stats()).unwrap_or_default()
+    /// PyTorch's `memory_stats()` figures, as a dictionary nested as PyTorch's names are
+    /// (`stats()["allocated_bytes"]["all"]["current"]`).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        report::stats_to_py(py, &self.alloc.stats())
     }
 
     /// Bytes allocated now.

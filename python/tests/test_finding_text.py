@@ -38,3 +38,45 @@ def test_a_plain_leak_says_one_line():
         }
     )
     assert "made at" not in finding.text
+
+
+def test_a_finding_is_the_native_type_and_reads_like_the_dataclass_it_replaces():
+    finding = Finding(
+        kind="sync_in_loop",
+        severity="warning",
+        site="train.py:80",
+        function="train",
+        bytes=0,
+        count=24,
+        summary="waits for the device 24 times in 12 steps",
+        fix="accumulate on the device and read once per step",
+        bytes_per_step=0.0,
+        first_step=1,
+        last_step=12,
+        evidence={"syncs": 24, "per_step": 2.0, "what": "item"},
+    )
+    assert type(finding).__module__ == "vramscope._native"
+    assert finding.evidence == {"syncs": 24, "per_step": 2.0, "what": "item"}
+    assert list(finding.evidence) == ["syncs", "per_step", "what"]
+    assert finding.made_at is None and finding.frames == []
+    assert str(finding) == finding.text == (
+        "warning sync_in_loop at train.py:80 in train: waits for the device 24 times in 12 "
+        "steps Fix: accumulate on the device and read once per step")
+    assert repr(finding).startswith("Finding(kind='sync_in_loop', severity='warning', ")
+    assert "evidence={'syncs': 24, 'per_step': 2.0, 'what': 'item'}" in repr(finding)
+    same = Finding.from_json({
+        "kind": "sync_in_loop", "severity": "warning", "site": "train.py:80",
+        "function": "train", "bytes": 0, "count": 24,
+        "summary": "waits for the device 24 times in 12 steps",
+        "fix": "accumulate on the device and read once per step",
+        "per_step": {"bytes": 0.0, "count": 2.0}, "first_step": 1, "last_step": 12,
+        "evidence": {"syncs": 24, "per_step": 2.0, "what": "item"},
+    })
+    assert same.count_per_step == 2.0
+    assert same.text == finding.text
+
+
+def test_findings_without_a_site_say_so():
+    finding = Finding("oom", "error", None, "", 1 << 30, 1, "an allocation failed", "free memory")
+    assert finding.site is None
+    assert finding.text.startswith("error oom at (no site): an allocation failed")

@@ -147,6 +147,25 @@ def test_blocks_free_on_drop_and_on_free_and_only_once():
     assert alloc.empty_cache() > 0 and alloc.reserved == 0
 
 
+def test_stats_and_findings_are_python_objects_made_by_the_core():
+    alloc = vramscope.SimAllocator("1 GiB")
+    kept = []
+    for _ in range(6):
+        alloc.mark_step()
+        kept.append(alloc.alloc(1 << 20))
+    stats = alloc.stats()
+    assert isinstance(stats, dict)
+    assert stats["allocated_bytes"]["all"]["current"] == alloc.allocated == 6 << 20
+    assert stats["allocated_bytes"]["all"]["peak"] == alloc.peak_allocated
+    findings = alloc.report()
+    assert findings and all(isinstance(f, vramscope.Finding) for f in findings)
+    assert findings == alloc.report()  # the same findings compare equal
+    report = alloc.inspect()
+    assert isinstance(report, vramscope.Report)
+    assert report.peak_allocated == alloc.peak_allocated
+    assert [f.text for f in report.findings] == [f.text for f in findings]
+
+
 def test_scopes_nest_and_name_their_allocations():
     alloc = vramscope.SimAllocator("1 GiB")
     with alloc.scope("forward"):

@@ -15,6 +15,11 @@ Three ways in, all reporting through the same inspector:
 Module-level ``scope()``, ``mark_step()``, ``snapshot()``, ``report()`` and
 ``memory_summary()`` act on whichever of these is active (``activate()`` makes a
 ``SimAllocator`` the active one).
+
+``vramscope.load(path)`` reads any file PyTorch or vramscope wrote (a snapshot pickle, a
+vramscope snapshot, a profiler trace) into a :class:`Report`: the figures, findings and text
+of ``vramscope report``, the top call sites, and, in Jupyter or VS Code, the interactive
+explorer inline. Findings, reports and their rows are typed objects made by the Rust core.
 """
 
 from __future__ import annotations
@@ -22,8 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Union
+from typing import Any, Iterator, List, Optional, Union
 
 from . import _native
 
@@ -31,6 +35,11 @@ __all__ = [
     "SimAllocator",
     "Block",
     "Finding",
+    "FindingSite",
+    "Report",
+    "TopSite",
+    "load",
+    "report_file",
     "activate",
     "active",
     "attach",
@@ -50,6 +59,14 @@ __all__ = [
 __version__ = "0.1.0"
 
 Block = _native.Block
+#: One diagnosis of the inspector: what, where, how much, and the fix (``text`` says it all).
+Finding = _native.Finding
+#: One of the sites a finding gathers.
+FindingSite = _native.FindingSite
+#: ``vramscope report`` on one snapshot; shows the explorer in a notebook.
+Report = _native.Report
+#: A row of :meth:`Report.top_sites`: a call site's bytes and blocks at the end or the peak.
+TopSite = _native.TopSite
 format_bytes = _native.format_bytes
 set_stack_depth = _native.set_stack_depth
 
@@ -77,62 +94,9 @@ def parse_size(size: Union[int, str]) -> int:
     return _native.parse_bytes(str(size))
 
 
-@dataclass
-class Finding:
-    """One diagnosis of the inspector: what, where, how much, and the fix."""
-
-    kind: str
-    severity: str
-    site: Optional[str]
-    function: str
-    bytes: int
-    count: int
-    summary: str
-    fix: str
-    bytes_per_step: Optional[float] = None
-    first_step: Optional[int] = None
-    last_step: Optional[int] = None
-    evidence: Dict[str, Any] = field(default_factory=dict)
-    #: For kept memory: the line that allocated it (``site`` is the line that keeps it).
-    made_at: Optional[str] = None
-    #: The user's frames from ``site`` in to ``made_at``, as ``file:line (function)``.
-    frames: List[str] = field(default_factory=list)
-
-    @classmethod
-    def from_json(cls, value: Dict[str, Any]) -> "Finding":
-        per_step = value.get("per_step") or {}
-        return cls(
-            kind=value["kind"],
-            severity=value["severity"],
-            site=value.get("site"),
-            function=value.get("function", ""),
-            bytes=value.get("bytes", 0),
-            count=value.get("count", 0),
-            summary=value.get("summary", ""),
-            fix=value.get("fix", ""),
-            bytes_per_step=per_step.get("bytes"),
-            first_step=value.get("first_step"),
-            last_step=value.get("last_step"),
-            evidence=value.get("evidence") or {},
-            made_at=value.get("made_at"),
-            frames=list(value.get("frames") or []),
-        )
-
-    @property
-    def text(self) -> str:
-        """The finding as one paragraph: severity, kind, site, what was seen, the fix."""
-        where = self.site or "(no site)"
-        if self.function:
-            where += f" in {self.function}"
-        if self.made_at and self.made_at != self.site:
-            where += f" (made at {self.made_at})"
-        return f"{self.severity} {self.kind} at {where}: {self.summary} Fix: {self.fix}"
-
-    def __str__(self) -> str:
-        return self.text
-
-
 def _findings(text: str) -> List[Finding]:
+    """Findings from the JSON array of the inspector's findings, for the callers that still
+    receive JSON from the native module."""
     return [Finding.from_json(v) for v in json.loads(text)]
 
 
@@ -141,7 +105,9 @@ class SimAllocator(_native.SimAllocator):
 
     ``alloc(nbytes)`` returns a :class:`Block`, freed when dropped or on ``.free()``; the
     allocation's call site is the Python stack that made it. ``config`` takes
-    ``PYTORCH_CUDA_ALLOC_CONF`` syntax.
+    ``PYTORCH_CUDA_ALLOC_CONF`` syntax. ``report()`` lists the inspector's findings,
+    ``inspect()`` gives the whole :class:`Report` of what was recorded so far (as
+    :func:`load` gives it for a file) and ``stats()`` PyTorch's ``memory_stats()`` figures.
     """
 
     def __new__(cls, capacity: Union[int, str] = "80 GiB", config: str = "", backed: bool = False,
@@ -156,14 +122,6 @@ class SimAllocator(_native.SimAllocator):
             yield
         finally:
             token.close()
-
-    def report(self) -> List[Finding]:
-        """The inspector's findings, most severe first."""
-        return _findings(self.findings_json())
-
-    def stats(self) -> Dict[str, Any]:
-        """PyTorch's ``memory_stats()`` figures."""
-        return json.loads(self.stats_json())
 
     def check(self, max_peak: Union[int, str, None] = None, no_leaks: bool = False,
               max_syncs_per_step: Optional[int] = None) -> List[str]:
@@ -232,7 +190,19 @@ def memory_summary() -> str:
 
 def report_file(path: str) -> List[Finding]:
     """The findings on a file: a vramscope snapshot, a PyTorch snapshot pickle, or a trace."""
-    return _findings(_native.file_findings_json(path))
+    return _native.file_findings(path)
+
+
+def load(path: Union[str, "os.PathLike[str]"], device: Optional[int] = None) -> Report:
+    """``vramscope report`` on the file at ``path`` as a :class:`Report`.
+
+    ``path`` is a PyTorch snapshot pickle (``torch.cuda.memory._dump_snapshot``), a vramscope
+    snapshot or a torch.profiler trace. A file with data for several devices needs
+    ``device=N``. The report has the figures (``peak_allocated``, ``allocated``,
+    ``reserved``, ``steps``, ``stats``), ``findings``, ``summary()`` (the text report) and
+    ``top_sites(at="end"|"peak", n=10)``; in Jupyter or VS Code it shows the explorer.
+    """
+    return _native.load(os.fspath(path), device)
 
 
 def use_allocator(**kwargs: Any) -> Any:
