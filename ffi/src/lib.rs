@@ -10,12 +10,21 @@
 //! [`vramscope_memory_summary`], [`vramscope_snapshot`] and, with `VRAMSCOPE_SNAPSHOT_ON_EXIT`,
 //! a snapshot written when the process exits, with `VRAMSCOPE_LISTEN` the live telemetry
 //! that `vramscope top` attaches to, and with `VRAMSCOPE_METRICS=127.0.0.1:9400` a Prometheus
-//! `/metrics` endpoint for every device in use.
+//! `/metrics` endpoint for every device in use ([`vramscope_metrics_addr`] says where, when the
+//! port was 0).
 //!
-//! Through this ABI vramscope sees no caller's stack (PyTorch calls in from C++), so every
-//! allocation has the same call site; [`vramscope_push_scope`] and [`vramscope_pop_scope`] let
+//! Through this ABI alone vramscope sees no caller's stack (PyTorch calls in from C++), so
+//! every allocation has the same call site unless a host that links this crate names one
+//! ([`CallSiteProvider`]); [`vramscope_push_scope`] and [`vramscope_pop_scope`] let
 //! the program name what it is doing instead, and the snapshot and the dashboard show those
 //! scopes.
+//!
+//! The table of allocators and the services behind these entry points live in [`pluggable`],
+//! whose Rust API ([`set_call_site_provider`], [`allocator`], [`push_scope`],
+//! [`serve_metrics`] and the rest) lets a host that links this crate steer the same table:
+//! the Python extension `vramscope._native` links it, names each allocation by its Python
+//! stack through a [`CallSiteProvider`], and exports these C symbols as its own, so PyTorch
+//! can load the Python module's file as the pluggable allocator library.
 //!
 //! Misuse never aborts the host process: a free of an unknown or already-freed pointer, a
 //! negative size or a bad device is counted ([`vramscope_error_count`]) and logged to standard
@@ -23,112 +32,23 @@
 //! `catch_unwind` (`guarded`), so a panic becomes a logged, counted error and the entry
 //! point's failure value (null, -1, 0), never an unwind across the C boundary (which aborts).
 
-use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
 
-use vramscope_allocator::metrics::{MetricsServer, StatsSource};
-use vramscope_allocator::provenance::MAX_SCOPE_DEPTH;
-use vramscope_allocator::DeviceBackend;
-use vramscope_allocator::Telemetry;
-use vramscope_allocator::{AllocError, CachingAllocator, ScopeGuard, StreamId};
-use vramscope_model::AllocatorConfig;
+pub mod pluggable;
 
-/// Devices this library serves (ordinals `0..MAX_DEVICES`).
-pub const MAX_DEVICES: usize = 64;
+pub use pluggable::{
+    allocator, arm, devices_served, empty_cache, error_count, last_error, live_allocators,
+    mark_step, metrics_addr, opened, pop_scope, push_scope, scopes_refused, serve_metrics,
+    set_call_site_provider, set_listen, step_snapshot, CallSiteProvider, ScopeError, MAX_DEVICES,
+    SNAPSHOT_ON_EXIT_ENV,
+};
 
-/// The environment variable naming a file to write a snapshot to at process exit.
-pub const SNAPSHOT_ON_EXIT_ENV: &str = "VRAMSCOPE_SNAPSHOT_ON_EXIT";
-
-/// Capacity of the simulated device (`VRAMSCOPE_BACKEND=sim`): addresses only, no memory.
-const SIM_CAPACITY: u64 = 1 << 40;
-
-static ALLOCATORS: [OnceLock<Option<CachingAllocator<DeviceBackend>>>; MAX_DEVICES] =
-    [const { OnceLock::new() }; MAX_DEVICES];
-static ERRORS: AtomicU64 = AtomicU64::new(0);
-/// Scopes refused for nesting too deep ([`vramscope_scopes_refused`]).
-static SCOPES_REFUSED: AtomicU64 = AtomicU64::new(0);
-static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
-static EXIT_HOOK: AtomicBool = AtomicBool::new(false);
-/// The live-telemetry publisher (`VRAMSCOPE_LISTEN`), serving the first device opened.
-static TELEMETRY: Mutex<Option<Telemetry>> = Mutex::new(None);
-/// The Prometheus `/metrics` server (`VRAMSCOPE_METRICS`), serving every device in use.
-static METRICS: Mutex<Option<MetricsServer>> = Mutex::new(None);
-
-thread_local! {
-    /// The scopes this thread opened with [`vramscope_push_scope`], innermost last.
-    static OPEN_SCOPES: RefCell<Vec<ScopeGuard>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Counts a misuse or failure and logs it to standard error (never panics).
-fn report_error(message: String) {
-    ERRORS.fetch_add(1, Ordering::Relaxed);
-    eprintln!("vramscope: {message}");
-    if let Ok(mut last) = LAST_ERROR.lock() {
-        *last = message;
-    }
-}
-
-/// The backend for `device`: CUDA device `device` unless `VRAMSCOPE_BACKEND=sim`.
-fn open_backend(device: u32) -> Result<DeviceBackend, String> {
-    let forced_sim = std::env::var(vramscope_allocator::BACKEND_ENV)
-        .is_ok_and(|v| v.eq_ignore_ascii_case("sim"));
-    if forced_sim {
-        return Ok(DeviceBackend::Sim(
-            vramscope_allocator::SimDevice::with_index(SIM_CAPACITY, false, device),
-        ));
-    }
-    DeviceBackend::cuda(device)
-}
-
-/// The allocator of `device`, created on first use; `None` when the device cannot be opened.
-fn allocator(device: c_int) -> Option<&'static CachingAllocator<DeviceBackend>> {
-    let Ok(index) = usize::try_from(device) else {
-        report_error(format!("device {device} is not a valid device ordinal"));
-        return None;
-    };
-    let Some(slot) = ALLOCATORS.get(index) else {
-        report_error(format!(
-            "device {device} is beyond the {MAX_DEVICES} devices served"
-        ));
-        return None;
-    };
-    let created = slot.get_or_init(|| {
-        let config = match AllocatorConfig::from_env() {
-            Ok(config) => config,
-            Err(e) => {
-                report_error(format!("{e}; using the default settings"));
-                AllocatorConfig::default()
-            }
-        };
-        match open_backend(index as u32) {
-            Ok(backend) => {
-                install_exit_hook();
-                let alloc = CachingAllocator::new(backend, config);
-                start_telemetry(&alloc);
-                start_metrics();
-                Some(alloc)
-            }
-            Err(reason) => {
-                report_error(format!("cannot open device {device}: {reason}"));
-                None
-            }
-        }
-    });
-    created.as_ref()
-}
-
-fn live_allocators() -> impl Iterator<Item = &'static CachingAllocator<DeviceBackend>> {
-    ALLOCATORS
-        .iter()
-        .filter_map(|slot| slot.get().and_then(Option::as_ref))
-}
+use pluggable::{count_error, report_error, set_last_error};
 
 /// Runs the body of the entry point `entry`, turning a panic into `failure` (counted and
 /// logged like a misuse): unwinding out of an `extern "C"` function aborts the host process.
-fn guarded<T>(entry: &str, failure: T, body: impl FnOnce() -> T) -> T {
+pub(crate) fn guarded<T>(entry: &str, failure: T, body: impl FnOnce() -> T) -> T {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(value) => value,
         Err(panic) => {
@@ -146,28 +66,12 @@ fn guarded<T>(entry: &str, failure: T, body: impl FnOnce() -> T) -> T {
 }
 
 /// Allocates `size` bytes on `device` for `stream` (PyTorch's `alloc_fn`). Returns null when
-/// the device is out of memory (the report goes to standard error) or on misuse.
+/// the device is out of memory (the report goes to standard error) or on misuse. The
+/// allocation's call site is the [`CallSiteProvider`]'s when a host set one.
 #[no_mangle]
 pub extern "C" fn vramscope_malloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
     guarded("vramscope_malloc", std::ptr::null_mut(), || {
-        let Ok(size) = u64::try_from(size) else {
-            report_error(format!("vramscope_malloc: negative size {size}"));
-            return std::ptr::null_mut();
-        };
-        let Some(alloc) = allocator(device) else {
-            return std::ptr::null_mut();
-        };
-        match alloc.alloc_ptr(size, StreamId(stream as u64)) {
-            Ok(addr) => addr as *mut c_void,
-            Err(e @ AllocError::OutOfMemory(_)) => {
-                eprintln!("vramscope: {e}");
-                std::ptr::null_mut()
-            }
-            Err(e) => {
-                report_error(format!("vramscope_malloc: {e}"));
-                std::ptr::null_mut()
-            }
-        }
+        pluggable::allocate(size, device, stream)
     })
 }
 
@@ -198,29 +102,21 @@ pub unsafe extern "C" fn vramscope_push_scope(device: c_int, name: *const c_char
             report_error("vramscope_push_scope: the name is not UTF-8".to_string());
             return -1;
         };
-        let Some(alloc) = allocator(device) else {
-            return -1;
-        };
-        let Some(guard) = alloc.try_scope(name) else {
-            let refused = SCOPES_REFUSED.fetch_add(1, Ordering::Relaxed) + 1;
-            ERRORS.fetch_add(1, Ordering::Relaxed);
-            let message = format!(
-                "vramscope_push_scope: scope `{}` refused: scopes nest at most {MAX_SCOPE_DEPTH} \
-                 levels ({refused} refused so far)",
-                name.chars().take(64).collect::<String>()
-            );
-            if refused.is_power_of_two() {
-                eprintln!("vramscope: {message}");
-            }
-            if let Ok(mut last) = LAST_ERROR.lock() {
-                *last = message;
-            }
-            return -1;
-        };
-        match OPEN_SCOPES.try_with(|scopes| scopes.borrow_mut().push(guard)) {
+        match push_scope(device, name) {
             Ok(()) => 0,
-            Err(_) => {
-                report_error("vramscope_push_scope: the thread is exiting".to_string());
+            // The table counted and logged why the device cannot be served.
+            Err(ScopeError::Device(_)) => -1,
+            Err(e @ ScopeError::TooDeep { refused, .. }) => {
+                count_error();
+                let message = format!("vramscope_push_scope: {e}");
+                if refused.is_power_of_two() {
+                    eprintln!("vramscope: {message}");
+                }
+                set_last_error(message);
+                -1
+            }
+            Err(e) => {
+                report_error(format!("vramscope_push_scope: {e}"));
                 -1
             }
         }
@@ -231,7 +127,7 @@ pub unsafe extern "C" fn vramscope_push_scope(device: c_int, name: *const c_char
 /// `MAX_SCOPE_DEPTH` (1024) levels, since the library was loaded.
 #[no_mangle]
 pub extern "C" fn vramscope_scopes_refused() -> u64 {
-    SCOPES_REFUSED.load(Ordering::Relaxed)
+    scopes_refused()
 }
 
 /// Closes the innermost scope the calling thread opened with [`vramscope_push_scope`]. Returns
@@ -239,26 +135,18 @@ pub extern "C" fn vramscope_scopes_refused() -> u64 {
 /// logged).
 #[no_mangle]
 pub extern "C" fn vramscope_pop_scope() -> c_int {
-    guarded("vramscope_pop_scope", -1, || {
-        match OPEN_SCOPES
-            .try_with(|scopes| scopes.borrow_mut().pop())
-            .ok()
-            .flatten()
-        {
-            Some(guard) => {
-                drop(guard);
-                0
-            }
-            None => {
-                report_error("vramscope_pop_scope: no scope is open on this thread".to_string());
-                -1
-            }
+    guarded("vramscope_pop_scope", -1, || match pop_scope() {
+        Ok(()) => 0,
+        Err(e) => {
+            report_error(format!("vramscope_pop_scope: {e}"));
+            -1
         }
     })
 }
 
 /// Frees a pointer from [`vramscope_malloc`] (PyTorch's `free_fn`). A pointer that is unknown,
-/// already freed or on another device is counted and logged; the call still returns.
+/// already freed, or on a device that never allocated is counted and logged; the call still
+/// returns.
 #[no_mangle]
 pub extern "C" fn vramscope_free(
     ptr: *mut c_void,
@@ -266,42 +154,26 @@ pub extern "C" fn vramscope_free(
     device: c_int,
     _stream: *mut c_void,
 ) {
-    guarded("vramscope_free", (), || {
-        if ptr.is_null() {
-            return;
-        }
-        let Some(alloc) = allocator(device) else {
-            return;
-        };
-        if let Err(e) = alloc.free_ptr_on(ptr as u64, alloc.device()) {
-            report_error(format!("vramscope_free: {e}"));
-        }
-    })
+    guarded("vramscope_free", (), || pluggable::release(ptr, device))
 }
 
 /// Releases every cached segment without live blocks on every device
 /// (`torch.cuda.empty_cache()`). Returns the bytes released.
 #[no_mangle]
 pub extern "C" fn vramscope_empty_cache() -> u64 {
-    guarded("vramscope_empty_cache", 0, || {
-        live_allocators().map(|a| a.empty_cache()).sum()
-    })
+    guarded("vramscope_empty_cache", 0, empty_cache)
 }
 
 /// Marks the start of a training step on every device.
 #[no_mangle]
 pub extern "C" fn vramscope_mark_step() {
-    guarded("vramscope_mark_step", (), || {
-        for alloc in live_allocators() {
-            alloc.mark_step();
-        }
-    })
+    guarded("vramscope_mark_step", (), mark_step)
 }
 
 /// Misuses and failures counted so far.
 #[no_mangle]
 pub extern "C" fn vramscope_error_count() -> u64 {
-    ERRORS.load(Ordering::Relaxed)
+    error_count()
 }
 
 /// Copies `text` and a terminating NUL into `buf` of `len` bytes when it fits; returns the
@@ -337,16 +209,21 @@ pub extern "C" fn vramscope_stats_json(buf: *mut c_char, len: usize) -> isize {
 /// -1 when the device was never used.
 #[no_mangle]
 pub extern "C" fn vramscope_memory_summary(device: c_int, buf: *mut c_char, len: usize) -> isize {
-    guarded("vramscope_memory_summary", -1, || {
-        let found = usize::try_from(device)
-            .ok()
-            .and_then(|i| ALLOCATORS.get(i))
-            .and_then(|slot| slot.get())
-            .and_then(Option::as_ref);
-        match found {
-            Some(alloc) => copy_out(&alloc.memory_summary(), buf, len),
-            None => -1,
-        }
+    guarded("vramscope_memory_summary", -1, || match opened(device) {
+        Some(alloc) => copy_out(&alloc.memory_summary(), buf, len),
+        None => -1,
+    })
+}
+
+/// Writes the address the Prometheus `/metrics` server listens on (`HOST:PORT`, the port
+/// chosen when `VRAMSCOPE_METRICS` asked for port 0) into `buf`. Returns its length (when that
+/// is `len` or more, nothing was written), or -1 when no server runs: the variable is unset,
+/// or no device has been used yet (the first one starts the server).
+#[no_mangle]
+pub extern "C" fn vramscope_metrics_addr(buf: *mut c_char, len: usize) -> isize {
+    guarded("vramscope_metrics_addr", -1, || match metrics_addr() {
+        Some(addr) => copy_out(&addr.to_string(), buf, len),
+        None => -1,
     })
 }
 
@@ -368,100 +245,12 @@ pub unsafe extern "C" fn vramscope_snapshot(path: *const c_char) -> c_int {
         let path = unsafe { CStr::from_ptr(path) }
             .to_string_lossy()
             .into_owned();
-        write_snapshots(&path)
-    })
-}
-
-fn write_snapshots(path: &str) -> c_int {
-    let mut status = 0;
-    for (i, alloc) in live_allocators().enumerate() {
-        let target = if i == 0 {
-            path.to_string()
+        if pluggable::write_snapshots(&path) {
+            0
         } else {
-            format!("{path}.device{}.json", alloc.device())
-        };
-        if let Err(e) = alloc.snapshot().save(&target) {
-            report_error(format!("vramscope_snapshot: {e}"));
-            status = -1;
-        }
-    }
-    status
-}
-
-extern "C" fn snapshot_at_exit() {
-    guarded("snapshot_at_exit", (), || {
-        if let Ok(path) = std::env::var(SNAPSHOT_ON_EXIT_ENV) {
-            if !path.is_empty() && write_snapshots(&path) == 0 {
-                eprintln!("vramscope: snapshot written to {path}");
-            }
+            -1
         }
     })
-}
-
-extern "C" {
-    fn atexit(callback: extern "C" fn()) -> c_int;
-}
-
-/// Starts the live-telemetry publisher for the first device opened, when `VRAMSCOPE_LISTEN`
-/// asks for one; a failure is logged, never fatal.
-fn start_telemetry(alloc: &CachingAllocator<DeviceBackend>) {
-    let Ok(mut slot) = TELEMETRY.lock() else {
-        return;
-    };
-    if slot.is_some() {
-        return;
-    }
-    match Telemetry::from_env(alloc) {
-        Ok(Some(telemetry)) => {
-            eprintln!(
-                "vramscope: publishing device {} on {}",
-                alloc.device(),
-                telemetry.addr()
-            );
-            *slot = Some(telemetry);
-        }
-        Ok(None) => {}
-        Err(e) => report_error(format!("live telemetry not started: {e}")),
-    }
-}
-
-/// Starts the Prometheus `/metrics` server once, when `VRAMSCOPE_METRICS` asks for one: it
-/// reads every device in use at each scrape; a failure is logged, never fatal.
-fn start_metrics() {
-    let Ok(mut slot) = METRICS.lock() else {
-        return;
-    };
-    if slot.is_some() {
-        return;
-    }
-    let source: StatsSource = Box::new(|| {
-        live_allocators()
-            .map(|alloc| (alloc.device(), alloc.stats()))
-            .collect()
-    });
-    match MetricsServer::from_env(source) {
-        Ok(Some(server)) => {
-            eprintln!(
-                "vramscope: serving metrics on http://{}/metrics",
-                server.addr()
-            );
-            *slot = Some(server);
-        }
-        Ok(None) => {}
-        Err(e) => report_error(format!("metrics not served: {e}")),
-    }
-}
-
-/// Registers the exit snapshot once, when `VRAMSCOPE_SNAPSHOT_ON_EXIT` is set.
-fn install_exit_hook() {
-    if std::env::var_os(SNAPSHOT_ON_EXIT_ENV).is_none() || EXIT_HOOK.swap(true, Ordering::SeqCst) {
-        return;
-    }
-    // SAFETY: `atexit` is the C library's; the callback is a plain `extern "C" fn` with no
-    // arguments that lives as long as the program (this library is never unloaded by PyTorch).
-    if unsafe { atexit(snapshot_at_exit) } != 0 {
-        report_error("could not register the exit snapshot".to_string());
-    }
 }
 
 #[cfg(test)]
@@ -474,7 +263,7 @@ mod tests {
         let value = guarded("vramscope_test", -1, || -> c_int { panic!("planted") });
         assert_eq!(value, -1);
         assert_eq!(vramscope_error_count(), before + 1);
-        let last = LAST_ERROR.lock().unwrap().clone();
+        let last = last_error();
         assert!(
             last.contains("vramscope_test") && last.contains("planted"),
             "{last}"
