@@ -22,6 +22,7 @@
 
 mod demo;
 mod loading;
+mod run;
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -99,6 +100,9 @@ enum Command {
     /// Say what this machine offers: CUDA driver, devices and memory, NVRTC, and which backend
     /// a program would get.
     Doctor,
+    /// Run a training script watched, with no change to it (`vramscope run -- python
+    /// train.py ARGS`): snapshot at exit and at OOM, the verdict, the script's exit status.
+    Run(run::RunArgs),
     /// Print the memory summary table of any snapshot.
     Summary {
         /// The file to read.
@@ -152,7 +156,9 @@ impl Command {
             | Command::Diff { limit, .. } => *limit,
             Command::Report(args) => args.limit,
             Command::Replay(args) => args.limit,
-            Command::Demo(_) | Command::Top { .. } | Command::Doctor => InputLimit::default(),
+            Command::Demo(_) | Command::Top { .. } | Command::Doctor | Command::Run(_) => {
+                InputLimit::default()
+            }
         }
     }
 }
@@ -515,6 +521,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         } => run_view(file, step_marker),
         Command::Top { addrs } => run_top(addrs),
         Command::Report(args) => run_report(args),
+        Command::Run(args) => run::run(args),
         Command::Replay(args) => run_replay(args),
         Command::Convert {
             file,

@@ -13,6 +13,7 @@ global step hooks.
 """
 
 import contextlib
+import os
 import pickle
 import sys
 import threading
@@ -34,6 +35,12 @@ _sync_mode = {"mode": 0}
 _step_hooks = []
 _oom_observers = []
 _next_address = [0x7F0000000000]
+# The device's size, for out-of-memory errors (``STAND_IN_CAPACITY`` bytes; none by default).
+_capacity = int(os.environ.get("STAND_IN_CAPACITY", "0")) or None
+
+
+class OutOfMemoryError(RuntimeError):
+    """As ``torch.cuda.OutOfMemoryError``."""
 
 
 def _now_us():
@@ -68,25 +75,40 @@ class Tensor:
             size = -(-max(nbytes, 1) // 512) * 512
             address = next((a for a, s in _segments.items()
                             if s["block"] is None and s["size"] >= size), None)
+            oom = None
             if address is None:
                 seg_size = -(-size // _GRANULE) * _GRANULE
-                address = _next_address[0]
-                _next_address[0] += seg_size
-                _segments[address] = {"size": seg_size, "block": None}
-                _stats["reserved"] += seg_size
-                _stats["reserved_peak"] = max(_stats["reserved_peak"], _stats["reserved"])
-                _stats["segments"] += 1
-                _record("segment_alloc", address, seg_size, frames)
-            _segments[address]["block"] = (size, nbytes, frames)
-            _stats["allocated"] += size
-            _stats["allocated_peak"] = max(_stats["allocated_peak"], _stats["allocated"])
-            _stats["allocations"] += 1
-            _stats["num_alloc"] += 1
-            _record("alloc", address, size, frames)
+                if _capacity is not None and _stats["reserved"] + seg_size > _capacity:
+                    _stats["num_ooms"] = _stats.get("num_ooms", 0) + 1
+                    # PyTorch's trace entry of an OOM carries the device's free bytes in addr.
+                    _record("oom", _capacity - _stats["reserved"], size, frames)
+                    oom = (_stats["reserved"], _capacity - _stats["reserved"])
+                else:
+                    address = _next_address[0]
+                    _next_address[0] += seg_size
+                    _segments[address] = {"size": seg_size, "block": None}
+                    _stats["reserved"] += seg_size
+                    _stats["reserved_peak"] = max(_stats["reserved_peak"], _stats["reserved"])
+                    _stats["segments"] += 1
+                    _record("segment_alloc", address, seg_size, frames)
+            if oom is None:
+                _segments[address]["block"] = (size, nbytes, frames)
+                _stats["allocated"] += size
+                _stats["allocated_peak"] = max(_stats["allocated_peak"], _stats["allocated"])
+                _stats["allocations"] += 1
+                _stats["num_alloc"] += 1
+                _record("alloc", address, size, frames)
+        if oom is not None:
+            # As PyTorch: the observers run (outside the allocator's lock), then the error.
+            for observer in list(_oom_observers):
+                observer(0, size, oom[0], oom[1])
+            raise OutOfMemoryError(f"CUDA out of memory. Tried to allocate {size} bytes")
         self.address = address
         self.size = size
 
     def __del__(self):
+        if not hasattr(self, "address"):  # its allocation failed
+            return
         with _lock:
             segment = _segments.get(self.address)
             if segment is None or segment["block"] is None:
@@ -164,7 +186,7 @@ def memory_stats(device=None):
                 out[f"{name}.{pool}.allocated"] = 0
                 out[f"{name}.{pool}.freed"] = 0
         out["num_alloc_retries"] = 0
-        out["num_ooms"] = 0
+        out["num_ooms"] = _stats.get("num_ooms", 0)
         out["num_device_alloc"] = _stats["segments"]
         out["num_device_free"] = 0
         return out
@@ -189,7 +211,7 @@ def _set_sync_debug_mode(mode):
 memory = _module("torch.cuda.memory", _record_memory_history=_record_memory_history,
                  _snapshot=_snapshot, _dump_snapshot=_dump_snapshot)
 cuda = _module(
-    "torch.cuda", memory=memory, memory_stats=memory_stats,
+    "torch.cuda", memory=memory, memory_stats=memory_stats, OutOfMemoryError=OutOfMemoryError,
     memory_summary=lambda device=None: "stand-in memory summary",
     set_sync_debug_mode=_set_sync_debug_mode, is_available=lambda: True,
     current_device=lambda: 0, device_count=lambda: 1,

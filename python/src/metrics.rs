@@ -1,0 +1,151 @@
+//! Prometheus `/metrics` for the Python faces that are not the pluggable allocator:
+//! [`crate::sim::SimAllocator`] (its caching allocator's statistics) and `attach()`
+//! (PyTorch's own allocator: `torch.cuda.memory_stats()` read at each scrape, under the same
+//! metric names). Both are served by the allocator crate's one HTTP server
+//! (`vramscope_allocator::metrics::MetricsServer`, with its bounds on what a client may cost
+//! the program); the pluggable allocator's server is `vramscope-ffi`'s.
+//!
+//! An explicit address (`metrics=` in Python) is served or raises. `VRAMSCOPE_METRICS` is the
+//! process's one address: the first face that reads it serves there, and later faces in the
+//! same process (the pytest plugin's allocator per test, say) leave it to that one instead of
+//! failing to bind the port again.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use vramscope_allocator::metrics::{
+    MetricsServer as Server, StatsSource, ENV_METRICS, ENV_METRICS_ALLOW_REMOTE,
+};
+use vramscope_model::MemoryStats;
+
+/// Whether a face of this process has already taken `VRAMSCOPE_METRICS`.
+static ENV_TAKEN: AtomicBool = AtomicBool::new(false);
+
+/// A running `/metrics` server; it stops on `close()` or when dropped.
+#[pyclass(module = "vramscope._native")]
+pub struct MetricsServer {
+    server: Mutex<Option<Server>>,
+    addr: String,
+}
+
+#[pymethods]
+impl MetricsServer {
+    /// The address served, `HOST:PORT`.
+    #[getter]
+    fn addr(&self) -> String {
+        self.addr.clone()
+    }
+
+    /// The URL a Prometheus scrapes, `http://HOST:PORT/metrics`.
+    #[getter]
+    fn url(&self) -> String {
+        format!("http://{}/metrics", self.addr)
+    }
+
+    /// Stops serving (the port is released); closing twice does nothing.
+    fn close(&self, py: Python<'_>) {
+        let server = self.server.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(server) = server {
+            // The server's thread may be waiting for the GIL in a scrape of `attach()`.
+            py.detach(move || server.shutdown());
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<vramscope MetricsServer {}>", self.url())
+    }
+}
+
+/// The address `VRAMSCOPE_METRICS` asks for, with whether a non-loopback one is allowed, when
+/// it is set (not empty, `0` or `off`) and no face of this process has taken it yet.
+pub fn take_env_addr() -> Option<(String, bool)> {
+    let value = std::env::var(ENV_METRICS).ok()?;
+    let value = value.trim();
+    if value.is_empty() || value == "0" || value.eq_ignore_ascii_case("off") {
+        return None;
+    }
+    if ENV_TAKEN.swap(true, Ordering::SeqCst) {
+        return None;
+    }
+    let allow_remote = std::env::var(ENV_METRICS_ALLOW_REMOTE).is_ok_and(|v| v.trim() == "1");
+    Some((value.to_string(), allow_remote))
+}
+
+/// Serves `source` on `addr`, as a Python object.
+pub fn serve(source: StatsSource, addr: &str, allow_remote: bool) -> PyResult<MetricsServer> {
+    wrap(Server::serve_source(source, addr, allow_remote), addr)
+}
+
+/// Serves the statistics of `alloc` on `addr`, as a Python object.
+pub fn serve_allocator<B: vramscope_allocator::Backend>(
+    alloc: &vramscope_allocator::CachingAllocator<B>,
+    addr: &str,
+    allow_remote: bool,
+) -> PyResult<MetricsServer> {
+    wrap(Server::serve(&[alloc.clone()], addr, allow_remote), addr)
+}
+
+/// A started server as a Python object, or the reason it could not start as an exception.
+fn wrap(
+    started: Result<Server, vramscope_allocator::metrics::MetricsError>,
+    addr: &str,
+) -> PyResult<MetricsServer> {
+    use vramscope_allocator::metrics::MetricsError;
+    let server = started.map_err(|e| {
+        let message = format!("cannot serve /metrics on {addr}: {e}");
+        match e {
+            MetricsError::BadAddress(_) | MetricsError::NotLoopback(_) => {
+                pyo3::exceptions::PyValueError::new_err(message)
+            }
+            _ => PyRuntimeError::new_err(message),
+        }
+    })?;
+    Ok(MetricsServer {
+        addr: server.addr().to_string(),
+        server: Mutex::new(Some(server)),
+    })
+}
+
+/// Serves `/metrics` on `addr` from `stats`, a Python callable that returns
+/// `torch.cuda.memory_stats()`'s flat dictionary for one device, called (with the GIL) at each
+/// scrape; `device` labels the series. A scrape whose call fails serves no series for it.
+#[pyfunction]
+#[pyo3(signature = (addr, stats, device = 0, allow_remote = false))]
+pub fn serve_stats_metrics(
+    addr: &str,
+    stats: Py<PyAny>,
+    device: u32,
+    allow_remote: bool,
+) -> PyResult<MetricsServer> {
+    let source: StatsSource = Box::new(move || {
+        Python::attach(|py| match read_flat_stats(py, &stats) {
+            Some(figures) => vec![(device, figures)],
+            None => Vec::new(),
+        })
+    });
+    serve(source, addr, allow_remote)
+}
+
+/// `VRAMSCOPE_METRICS`'s address, once per process (see the module's documentation), as
+/// Python sees it: `(addr, allow_remote)` or `None`.
+#[pyfunction]
+pub fn metrics_env_addr() -> Option<(String, bool)> {
+    take_env_addr()
+}
+
+/// Calls `stats` and reads its flat figures; `None` when the call or the reading fails.
+fn read_flat_stats(py: Python<'_>, stats: &Py<PyAny>) -> Option<MemoryStats> {
+    let value = stats.bind(py).call0().ok()?;
+    let dict = value.cast::<PyDict>().ok()?;
+    let mut figures = Vec::with_capacity(dict.len());
+    for (key, value) in dict.iter() {
+        let (Ok(key), Ok(value)) = (key.extract::<String>(), value.extract::<u64>()) else {
+            continue;
+        };
+        figures.push((key, value));
+    }
+    Some(crate::live::stats_from_flat(figures))
+}
