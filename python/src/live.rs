@@ -13,73 +13,56 @@
 //!
 //! The publisher keeps the latest picture (segments, statistics, settings, step marks, the call
 //! sites published so far) and a bounded history of events ([`HISTORY_EVENTS`]) numbered by
-//! its own sequence. One thread serves dashboards on a Unix socket (mode 0600, a stale socket of
-//! a dead process replaced) or a loopback TCP port as the allocator's publisher does: `Hello`, a
-//! snapshot with its history on attach (once the next history call has come, or after a
-//! second), `Tables` before the events that need them, `Events`, `Stats` ten times a second,
-//! `Bye` at the end, `Refused` past [`MAX_CLIENTS`]. Each client has a bounded queue
+//! its own sequence. That is a [`Source`] of `vramscope_telemetry::publish`, whose one
+//! publisher loop (the allocator's publisher's too) serves dashboards on a Unix socket (mode
+//! 0600, a stale socket of a dead process replaced) or a loopback TCP port: `Hello`, a
+//! snapshot with its history on attach (once the next history call has come, or after
+//! [`ATTACH_WAIT`]: `ServeOptions::attach_wait`, this publisher's one setting of its own),
+//! `Tables` before the events that need them, `Events`, `Stats` ten times a second, `Bye` at
+//! the end, `Refused` past [`MAX_CLIENTS`]. Each client has a bounded queue
 //! ([`CLIENT_QUEUE_BYTES`], every frame counted) and a non-blocking socket: a client that falls
 //! behind loses events, which are counted in its statistics, and is sent a fresh snapshot once
 //! its queue has drained (at most once a second); one that takes nothing for a second with a
 //! full queue is treated the same; one that reads nothing for [`IDLE_TIMEOUT`] is closed, and
 //! one that has read nothing for a second gives up its place to a dashboard that connects while
-//! all are taken. The program's threads never wait for a dashboard: feeding
-//! takes the publisher's lock only to copy data in.
+//! all are taken. The program's threads never wait for a dashboard: feeding, and the serving
+//! thread's reads, take the publisher's lock only to copy data in or out.
 
 use std::collections::VecDeque;
-use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use rustc_hash::FxHashMap;
-use vramscope_allocator::IdleWatch;
 use vramscope_inspector::import::{pytorch, ImportOptions};
 use vramscope_model::{
     event_step, AllocatorConfig, CallSite, DeviceInfo, Event, Id, MemoryStats, Snapshot,
     SnapshotSource, Stat, StatArray, StepMark,
 };
-use vramscope_telemetry::serve::{Listener, Outbox};
-use vramscope_telemetry::wire::{
-    encode_events, encode_frame, json_frame, refused_frame, serialized_len, snapshot_frames,
-    PROTOCOL_VERSION,
+use vramscope_telemetry::publish::{
+    hello, Attach, Batch, Publisher, Reading, ServeOptions, Source,
 };
+use vramscope_telemetry::serve::Listener;
 use vramscope_telemetry::{
-    Frame as TelemetryFrame, FrameKind, Hello, StatsFrame, TablesFrame, TelemetryAddr,
-    TelemetryClient, TelemetryError,
+    Frame as TelemetryFrame, Hello, KnownTables, TablesFrame, TelemetryAddr, TelemetryClient,
+    TelemetryError,
 };
 
 /// Events the publisher keeps for attaching dashboards and for clients that lag.
 pub const HISTORY_EVENTS: usize = 1 << 18;
-/// The most bytes of frames waiting for one client.
+/// The most bytes of frames waiting for one client (`ServeOptions::client_queue_bytes`).
 pub const CLIENT_QUEUE_BYTES: usize = 32 << 20;
-/// The most dashboards attached at once.
+/// The most dashboards attached at once (`ServeOptions::max_clients`).
 pub const MAX_CLIENTS: usize = 16;
-/// Events per `Events` frame.
-const EVENTS_PER_FRAME: usize = 4096;
-/// How often statistics go out.
-const STATS_INTERVAL: Duration = Duration::from_millis(100);
-/// The least time between two snapshots for attaching clients.
-const ATTACH_INTERVAL: Duration = Duration::from_millis(250);
-/// The least time between two snapshots for clients that lost events.
-const RESYNC_INTERVAL: Duration = Duration::from_secs(1);
-/// How long an attaching client waits for fresh history before it gets what there is.
-const ATTACH_WAIT: Duration = Duration::from_secs(1);
-/// How long a client may take nothing while its queue is half full before it loses its stream.
-const STALLED_AFTER: Duration = Duration::from_secs(1);
+/// How long an attaching client waits for fresh history before it gets what there is
+/// (`ServeOptions::attach_wait`).
+pub const ATTACH_WAIT: Duration = Duration::from_secs(1);
 /// How long a client may read nothing while bytes wait for it before it is closed, so that
 /// connections that never read cannot hold every place a dashboard could take (as the
 /// allocator's publisher does, `ServeOptions::idle_timeout`).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a client must have read nothing to give up its place to a dashboard that connects
-/// while every place is taken.
-const ROOM_AFTER: Duration = Duration::from_secs(1);
-/// How often the server looks at what each client has read.
-const IDLE_CHECK: Duration = Duration::from_millis(50);
 
 fn now_unix_ns() -> u64 {
     SystemTime::now()
@@ -104,36 +87,21 @@ struct State {
     version: u64,
 }
 
-/// The counters a running publisher keeps.
-#[derive(Default)]
-struct Counters {
-    clients: AtomicU64,
-    clients_total: AtomicU64,
-    events_sent: AtomicU64,
-    events_dropped: AtomicU64,
-    snapshots: AtomicU64,
-    refused: AtomicU64,
-    idle: AtomicU64,
-}
+/// What the feeding side has published, shared by the Python methods that feed it and the
+/// serving thread that reads it.
+type Fed = Arc<Mutex<State>>;
 
-struct Shared {
-    stop: AtomicBool,
-    state: Mutex<State>,
-    counters: Counters,
-}
-
-impl Shared {
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
+/// The fed state, locked (a panic while it was held leaves it as it was).
+fn lock(fed: &Fed) -> MutexGuard<'_, State> {
+    fed.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Live telemetry of PyTorch's allocator on one device, fed from Python; see the module
 /// documentation. Closing it (or dropping it) says goodbye to the dashboards.
 #[pyclass(module = "vramscope._native", frozen)]
 pub struct LivePublisher {
-    shared: Arc<Shared>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    fed: Fed,
+    publisher: Publisher,
     addr: String,
     device: u32,
 }
@@ -306,22 +274,6 @@ impl State {
     }
 }
 
-impl LivePublisher {
-    fn close_now(&self) {
-        self.shared.stop.store(true, Ordering::Relaxed);
-        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(thread) = thread {
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for LivePublisher {
-    fn drop(&mut self) {
-        self.close_now();
-    }
-}
-
 #[pymethods]
 impl LivePublisher {
     /// Starts publishing on `listen` (`unix:PATH` or `tcp:127.0.0.1:PORT`) for device `device`
@@ -351,50 +303,31 @@ impl LivePublisher {
         let epoch_unix_ns = now_unix_ns();
         let mut picture = Snapshot::empty(SnapshotSource::Pytorch, info.clone());
         picture.epoch_unix_ns = epoch_unix_ns;
-        let hello = Hello {
-            protocol: PROTOCOL_VERSION,
-            pid: std::process::id(),
-            program: std::env::current_exe()
-                .ok()
-                .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-                .unwrap_or_default(),
-            device: info,
-            epoch_unix_ns,
-            config: AllocatorConfig::default(),
+        let fed: Fed = Arc::new(Mutex::new(State {
+            picture,
+            site_ids: FxHashMap::default(),
+            history: VecDeque::new(),
+            next_seq: 0,
+            step: 0,
+            cursor: None,
+            stats_fed: false,
+            version: 0,
+        }));
+        let source = FedSource {
+            fed: Arc::clone(&fed),
+            hello: hello(info, epoch_unix_ns, AllocatorConfig::default()),
         };
-        let shared = Arc::new(Shared {
-            stop: AtomicBool::new(false),
-            state: Mutex::new(State {
-                picture,
-                site_ids: FxHashMap::default(),
-                history: VecDeque::new(),
-                next_seq: 0,
-                step: 0,
-                cursor: None,
-                stats_fed: false,
-                version: 0,
-            }),
-            counters: Counters::default(),
-        });
-        let mut server = Server {
-            shared: Arc::clone(&shared),
-            listener,
-            hello: json_frame(FrameKind::Hello, &hello),
-            clients: Vec::new(),
-            last_stats: None,
-            last_snapshot: None,
-            unix: matches!(bound, TelemetryAddr::Unix(_)),
-            last_idle_check: Instant::now(),
-        };
-        let thread = std::thread::Builder::new()
-            .name("vramscope-live".to_string())
-            .spawn(move || server.run())
-            // A thread that cannot start drops the server, and with it the listener, which
-            // removes its socket.
+        let mut options = ServeOptions::default();
+        options.client_queue_bytes = CLIENT_QUEUE_BYTES;
+        options.max_clients = MAX_CLIENTS;
+        options.idle_timeout = IDLE_TIMEOUT;
+        options.attach_wait = ATTACH_WAIT;
+        // A thread that cannot start drops the listener, which removes its socket.
+        let publisher = Publisher::start(source, listener, options)
             .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
         Ok(LivePublisher {
-            shared,
-            thread: Mutex::new(Some(thread)),
+            fed,
+            publisher,
             addr: bound.to_string(),
             device,
         })
@@ -409,22 +342,22 @@ impl LivePublisher {
     /// Dashboards attached now.
     #[getter]
     fn clients(&self) -> u64 {
-        self.shared.counters.clients.load(Ordering::Relaxed)
+        self.publisher.stats().clients
     }
 
     /// Counters: clients attached now and in all, events sent and dropped, snapshots sent,
     /// clients refused, clients closed for reading nothing (`idle`), events published.
     fn counters(&self) -> std::collections::HashMap<&'static str, u64> {
-        let c = &self.shared.counters;
-        let published = self.shared.state().next_seq;
+        let c = self.publisher.stats();
+        let published = lock(&self.fed).next_seq;
         [
-            ("clients", c.clients.load(Ordering::Relaxed)),
-            ("clients_total", c.clients_total.load(Ordering::Relaxed)),
-            ("events_sent", c.events_sent.load(Ordering::Relaxed)),
-            ("events_dropped", c.events_dropped.load(Ordering::Relaxed)),
-            ("snapshots", c.snapshots.load(Ordering::Relaxed)),
-            ("refused", c.refused.load(Ordering::Relaxed)),
-            ("idle", c.idle.load(Ordering::Relaxed)),
+            ("clients", c.clients),
+            ("clients_total", c.clients_total),
+            ("events_sent", c.events_sent),
+            ("events_dropped", c.events_dropped),
+            ("snapshots", c.snapshots),
+            ("refused", c.clients_refused),
+            ("idle", c.clients_idle),
             ("events_published", published),
         ]
         .into_iter()
@@ -447,7 +380,7 @@ impl LivePublisher {
             .collect();
         let parsed = stats_from_flat(figures);
         py.detach(|| {
-            let mut state = self.shared.state();
+            let mut state = lock(&self.fed);
             state.picture.stats = parsed;
             state.stats_fed = true;
             state.step = state.step.max(step);
@@ -463,13 +396,13 @@ impl LivePublisher {
             let snapshot =
                 pytorch::from_pickle_bytes(pickle, "_snapshot()", &ImportOptions::default())
                     .map_err(|e| PyValueError::new_err(e.to_string()))?;
-            Ok(self.shared.state().absorb(snapshot, device))
+            Ok(lock(&self.fed).absorb(snapshot, device))
         })
     }
 
     /// Marks the start of Python's step `step` (events after it belong to it).
     fn mark_step(&self, step: u64) {
-        let mut state = self.shared.state();
+        let mut state = lock(&self.fed);
         let time_ns = now_unix_ns().saturating_sub(state.picture.epoch_unix_ns);
         let seq = state.next_seq;
         state.picture.steps.push(StepMark {
@@ -483,367 +416,53 @@ impl LivePublisher {
 
     /// Says goodbye to the dashboards, stops serving and removes the socket.
     fn close(&self, py: Python<'_>) {
-        py.detach(|| self.close_now());
+        py.detach(|| self.publisher.close());
     }
 }
 
-/// One attached dashboard.
-struct Client {
-    /// Its connection and the frames waiting for it.
-    out: Outbox,
-    /// Every event before this sequence number is in the client's snapshot, queued, or dropped.
-    upto: u64,
-    /// Call sites the client knows.
-    known_sites: usize,
-    dropped: u64,
-    /// Set when the client lost events: it gets a snapshot once its queue has drained.
-    resync: bool,
-    /// Set until the first snapshot is queued, with the history version seen at connection.
-    fresh: Option<(u64, Instant)>,
-    /// Whether it reads what it is sent.
-    idle: IdleWatch,
+/// The fed state as the publisher loop reads it: each call copies what it needs under the lock.
+struct FedSource {
+    fed: Fed,
+    hello: Hello,
 }
 
-impl Client {
-    fn push(&mut self, frame: Arc<Vec<u8>>) {
-        self.out.push(frame);
-    }
-}
-
-/// The serving thread.
-struct Server {
-    shared: Arc<Shared>,
-    listener: Listener,
-    hello: Vec<u8>,
-    clients: Vec<Client>,
-    last_stats: Option<Instant>,
-    last_snapshot: Option<Instant>,
-    /// Whether dashboards connect over a Unix socket, whose unread bytes the system reports.
-    unix: bool,
-    /// When the server last looked at what each client has read.
-    last_idle_check: Instant,
-}
-
-impl Server {
-    fn run(&mut self) {
-        let shortest = Duration::from_millis(1);
-        let mut idle = shortest;
-        while !self.shared.stop.load(Ordering::Relaxed) {
-            self.accept();
-            let mut busy = false;
-            if !self.clients.is_empty() {
-                busy |= self.attach_and_resync();
-                busy |= self.stream();
-                self.send_stats();
-                for client in &mut self.clients {
-                    client.out.flush();
-                    busy |= !client.out.queue.is_empty();
-                    if client.fresh.is_none()
-                        && client.out.queued_bytes >= CLIENT_QUEUE_BYTES / 2
-                        && client.out.last_progress.elapsed() >= STALLED_AFTER
-                        && !client.resync
-                    {
-                        client.resync = true;
-                    }
-                }
-                if self.last_idle_check.elapsed() >= IDLE_CHECK {
-                    self.close_idle();
-                }
-                self.reap();
-            }
-            idle = if busy {
-                shortest
-            } else {
-                (idle * 2).min(Duration::from_millis(10))
-            };
-            std::thread::sleep(idle);
-        }
-        self.say_goodbye();
+impl Source for FedSource {
+    fn hello(&mut self) -> Hello {
+        self.hello.clone()
     }
 
-    fn accept(&mut self) {
-        loop {
-            match self.listener.accept() {
-                Ok(Some(mut conn)) => {
-                    if self.clients.len() >= MAX_CLIENTS && !self.make_room() {
-                        let reason = format!(
-                            "{MAX_CLIENTS} dashboards are attached already, the most this program allows"
-                        );
-                        let mut bytes = self.hello.clone();
-                        bytes.extend(refused_frame(reason));
-                        let _ = conn.write(&bytes);
-                        self.shared.counters.refused.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                    let version = self.shared.state().version;
-                    let mut client = Client {
-                        out: Outbox::new(conn),
-                        upto: 0,
-                        known_sites: 0,
-                        dropped: 0,
-                        resync: false,
-                        fresh: Some((version, Instant::now())),
-                        idle: IdleWatch::default(),
-                    };
-                    client.push(Arc::new(self.hello.clone()));
-                    self.clients.push(client);
-                    let c = &self.shared.counters;
-                    c.clients_total.fetch_add(1, Ordering::Relaxed);
-                    c.clients
-                        .store(self.clients.len() as u64, Ordering::Relaxed);
-                }
-                Ok(None) | Err(_) => return,
-            }
+    fn snapshot(&mut self, history: usize) -> Attach {
+        let state = lock(&self.fed);
+        let picture = state.picture.clone();
+        Attach::from_ring(picture, &state.history, state.next_seq, history)
+    }
+
+    fn events_since(&mut self, seq: u64, max: usize) -> Batch {
+        let state = lock(&self.fed);
+        Batch::from_ring(&state.history, state.next_seq, seq, max)
+    }
+
+    fn tables_since(&mut self, mut known: KnownTables) -> TablesFrame {
+        // PyTorch's allocator has call sites; its events carry no tags or scopes.
+        let sites = lock(&self.fed)
+            .picture
+            .sites
+            .get(known.sites..)
+            .unwrap_or_default()
+            .to_vec();
+        known.advance(sites, Vec::new(), Vec::new())
+    }
+
+    fn stats(&mut self) -> Reading {
+        let state = lock(&self.fed);
+        Reading {
+            stats: state.picture.stats,
+            step: state.step,
         }
     }
 
-    /// Queues a snapshot for attaching clients whose history has come (or waited long
-    /// enough) and for clients that lost events and have drained; returns whether it did.
-    fn attach_and_resync(&mut self) -> bool {
-        let since = self.last_snapshot.map(|t| t.elapsed());
-        let version = self.shared.state().version;
-        let ready = |c: &Client| {
-            c.fresh
-                .is_some_and(|(seen, at)| version > seen || at.elapsed() >= ATTACH_WAIT)
-        };
-        let fresh = self.clients.iter().any(ready) && since.is_none_or(|t| t >= ATTACH_INTERVAL);
-        let resync = since.is_none_or(|t| t >= RESYNC_INTERVAL)
-            && self
-                .clients
-                .iter()
-                .any(|c| c.fresh.is_none() && c.resync && c.out.queue.is_empty());
-        if !fresh && !resync {
-            return false;
-        }
-        let (picture, history, next_seq) = {
-            let state = self.shared.state();
-            (state.picture.clone(), state.history.clone(), state.next_seq)
-        };
-        self.last_snapshot = Some(Instant::now());
-        self.shared
-            .counters
-            .snapshots
-            .fetch_add(1, Ordering::Relaxed);
-        // Every byte counts against a client's bound: the history is cut to fit beside the
-        // snapshot document.
-        let doc_len = serialized_len(&picture);
-        let room = CLIENT_QUEUE_BYTES.saturating_sub(doc_len + (64 << 10)) / 80;
-        let skip = history.len().saturating_sub(room);
-        let history: Vec<Event> = history.into_iter().skip(skip).collect();
-        let frames = snapshot_frames(&picture, next_seq, &history);
-        for client in &mut self.clients {
-            let wants = ready(client) || (client.resync && client.out.queue.is_empty());
-            if !wants {
-                continue;
-            }
-            if client.fresh.is_none() {
-                let lost = next_seq.saturating_sub(client.upto);
-                client.dropped += lost;
-                self.shared
-                    .counters
-                    .events_dropped
-                    .fetch_add(lost, Ordering::Relaxed);
-            }
-            for f in &frames {
-                client.push(Arc::clone(f));
-            }
-            client.fresh = None;
-            client.resync = false;
-            client.upto = next_seq;
-            client.known_sites = picture.sites.len();
-        }
-        true
-    }
-
-    /// Queues the events published since each streaming client's last ones; returns whether
-    /// there were any.
-    fn stream(&mut self) -> bool {
-        let state = self.shared.state();
-        let first = state.history.front().map_or(state.next_seq, |e| e.seq);
-        let mut any = false;
-        for client in &mut self.clients {
-            if client.fresh.is_some() || client.upto >= state.next_seq {
-                continue;
-            }
-            any = true;
-            if client.upto < first {
-                // The history moved on before the client took these.
-                let lost = first - client.upto;
-                client.dropped += lost;
-                self.shared
-                    .counters
-                    .events_dropped
-                    .fetch_add(lost, Ordering::Relaxed);
-                client.upto = first;
-                client.resync = true;
-            }
-            let from = (client.upto - first) as usize;
-            let n = state.history.len() - from;
-            if client.resync {
-                client.dropped += n as u64;
-                self.shared
-                    .counters
-                    .events_dropped
-                    .fetch_add(n as u64, Ordering::Relaxed);
-                client.upto = state.next_seq;
-                continue;
-            }
-            let events: Vec<Event> = state.history.range(from..).copied().collect();
-            let needs_sites = events
-                .iter()
-                .filter_map(|e| e.site())
-                .max()
-                .is_some_and(|max| max as usize >= client.known_sites);
-            let mut frames = Vec::new();
-            if needs_sites {
-                let tables = TablesFrame {
-                    sites_from: client.known_sites as u32,
-                    sites: state.picture.sites[client.known_sites..].to_vec(),
-                    ..TablesFrame::default()
-                };
-                frames.push(json_frame(FrameKind::Tables, &tables));
-            }
-            for chunk in events.chunks(EVENTS_PER_FRAME) {
-                frames.push(encode_events(chunk));
-            }
-            let bytes: usize = frames.iter().map(Vec::len).sum();
-            client.upto = state.next_seq;
-            if client.out.queued_bytes + bytes > CLIENT_QUEUE_BYTES {
-                client.dropped += n as u64;
-                self.shared
-                    .counters
-                    .events_dropped
-                    .fetch_add(n as u64, Ordering::Relaxed);
-                client.resync = true;
-                continue;
-            }
-            if needs_sites {
-                client.known_sites = state.picture.sites.len();
-            }
-            for f in frames {
-                client.push(Arc::new(f));
-            }
-            self.shared
-                .counters
-                .events_sent
-                .fetch_add(n as u64, Ordering::Relaxed);
-        }
-        any
-    }
-
-    fn send_stats(&mut self) {
-        if self
-            .last_stats
-            .is_some_and(|t| t.elapsed() < STATS_INTERVAL)
-        {
-            return;
-        }
-        self.last_stats = Some(Instant::now());
-        let (stats, step, next_seq, epoch) = {
-            let state = self.shared.state();
-            (
-                state.picture.stats,
-                state.step,
-                state.next_seq,
-                state.picture.epoch_unix_ns,
-            )
-        };
-        let time_ns = now_unix_ns().saturating_sub(epoch);
-        for client in &mut self.clients {
-            if client.fresh.is_some() || client.out.queued_bytes >= CLIENT_QUEUE_BYTES {
-                continue;
-            }
-            let frame = StatsFrame {
-                stats,
-                step,
-                next_seq,
-                dropped_events: client.dropped,
-                time_ns,
-            };
-            client.push(Arc::new(json_frame(FrameKind::Stats, &frame)));
-        }
-    }
-
-    /// Closes the clients that have read nothing for [`IDLE_TIMEOUT`] while bytes waited for
-    /// them.
-    fn close_idle(&mut self) {
-        let now = Instant::now();
-        let checked = std::mem::replace(&mut self.last_idle_check, now);
-        let mut at = 0;
-        while at < self.clients.len() {
-            let client = &mut self.clients[at];
-            if client.idle.look(&client.out, self.unix, checked, now) >= IDLE_TIMEOUT {
-                self.close_for_idling(at);
-            } else {
-                at += 1;
-            }
-        }
-    }
-
-    /// Makes room for a dashboard while every place is taken: closes the client that has read
-    /// nothing for longest, if that is [`ROOM_AFTER`] or more; whether there is room now.
-    fn make_room(&mut self) -> bool {
-        self.close_idle();
-        if self.clients.iter().filter(|c| !c.out.dead).count() < MAX_CLIENTS {
-            return true;
-        }
-        let longest = self
-            .clients
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| !c.out.dead)
-            .map(|(at, c)| (at, c.idle.idle_for()))
-            .max_by_key(|(_, idle)| *idle);
-        match longest {
-            Some((at, idle)) if idle >= ROOM_AFTER => {
-                self.close_for_idling(at);
-                true
-            }
-            Some(_) => false,
-            None => true,
-        }
-    }
-
-    /// Closes client `at` for reading nothing, and counts it.
-    fn close_for_idling(&mut self, at: usize) {
-        let client = self.clients.remove(at);
-        let _ = client.out.conn.shutdown(std::net::Shutdown::Both);
-        let c = &self.shared.counters;
-        c.idle.fetch_add(1, Ordering::Relaxed);
-        c.clients
-            .store(self.clients.len() as u64, Ordering::Relaxed);
-    }
-
-    fn reap(&mut self) {
-        let before = self.clients.len();
-        self.clients.retain(|c| !c.out.dead);
-        if self.clients.len() != before {
-            self.shared
-                .counters
-                .clients
-                .store(self.clients.len() as u64, Ordering::Relaxed);
-        }
-    }
-
-    /// Sends `Bye` and gives each client up to 200 ms to take what is queued.
-    fn say_goodbye(&mut self) {
-        let bye = Arc::new(encode_frame(FrameKind::Bye, &[]));
-        for client in &mut self.clients {
-            client.push(Arc::clone(&bye));
-        }
-        let deadline = Instant::now() + Duration::from_millis(200);
-        while Instant::now() < deadline && self.clients.iter().any(|c| !c.out.queue.is_empty()) {
-            for client in &mut self.clients {
-                client.out.flush();
-            }
-            self.clients.retain(|c| !c.out.dead);
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        for client in &self.clients {
-            let _ = client.out.conn.shutdown(std::net::Shutdown::Both);
-        }
-        self.clients.clear();
-        self.shared.counters.clients.store(0, Ordering::Relaxed);
+    fn generation(&self) -> u64 {
+        lock(&self.fed).version
     }
 }
 
