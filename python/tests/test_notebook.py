@@ -30,11 +30,21 @@ BROWSERS = ["/usr/bin/chromium", "/usr/bin/chromium-headless-shell", "/usr/bin/c
 REQUIRED = os.environ.get("VRAMSCOPE_REQUIRE_NOTEBOOK") == "1"
 
 
-def not_here(why):
+def say(request, line):
+    """Prints ``line`` on the terminal, past pytest's capture of the test's output."""
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if capture is None:
+        print(line)
+        return
+    with capture.global_and_fixture_disabled():
+        print(f"\n{line}")
+
+
+def not_here(request, why):
     """Skips the test with one printed line, or fails it where CI requires it to run."""
     if REQUIRED:
         pytest.fail(f"VRAMSCOPE_REQUIRE_NOTEBOOK=1, but {why}")
-    print(f"skipped: {why}", file=sys.__stderr__)
+    say(request, f"skipped: {why}")
     pytest.skip(why)
 
 
@@ -62,7 +72,7 @@ def command_line():
     return None
 
 
-def test_load_has_the_figures_of_the_command_line(tmp_path):
+def test_load_has_the_figures_of_the_command_line(tmp_path, request):
     path = tmp_path / "run.json"
     leaky_run(path)
     r = vramscope.load(path)
@@ -95,8 +105,8 @@ def test_load_has_the_figures_of_the_command_line(tmp_path):
         out = subprocess.run([cli, "report", str(path), "--format", "json"],
                              capture_output=True, text=True)
     if out is None or out.returncode != 0:
-        print("skipped: no vramscope command line: load() was checked against the text "
-              "report only", file=sys.__stderr__)
+        say(request, "skipped: no vramscope command line: load() was checked against the "
+            "text report only")
         return
     theirs = json.loads(out.stdout)
     ours = r.to_dict()
@@ -239,14 +249,14 @@ def browser():
     return next((b for b in BROWSERS if os.path.isfile(b)), None)
 
 
-def run_notebook(cells, cwd):
+def run_notebook(request, cells, cwd):
     """Runs a notebook of ``cells`` (code) on an ipykernel kernel; returns its cells."""
     try:
         import nbformat
         from nbclient import NotebookClient
         import ipykernel  # noqa: F401  (the kernel the notebook runs on)
     except ImportError as e:
-        not_here(f"{e.name} is not installed: the notebook test did not run "
+        not_here(request, f"{e.name} is not installed: the notebook test did not run "
                  "(pip install nbclient nbformat ipykernel)")
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_code_cell(source) for source in cells]
@@ -256,14 +266,14 @@ def run_notebook(cells, cwd):
     return notebook.cells
 
 
-def test_a_notebook_shows_the_explorer_drawn(tmp_path):
+def test_a_notebook_shows_the_explorer_drawn(tmp_path, request):
     path = tmp_path / "run.json"
     leaky_run(path)
     second = TORCH_PICKLE if TORCH_PICKLE.is_file() else path
     chrome = browser()
     if chrome is None:
-        not_here("chromium is not installed: the notebook test did not run")
-    cells = run_notebook([
+        not_here(request, "chromium is not installed: the notebook test did not run")
+    cells = run_notebook(request, [
         f"import vramscope\nr = vramscope.load({str(path)!r})\nr",
         f"vramscope.load({str(second)!r})",
     ], tmp_path)
