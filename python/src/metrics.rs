@@ -85,7 +85,10 @@ pub fn serve_allocator<B: vramscope_allocator::Backend>(
     addr: &str,
     allow_remote: bool,
 ) -> PyResult<MetricsServer> {
-    wrap(Server::serve(&[alloc.clone()], addr, allow_remote), addr)
+    wrap(
+        Server::serve(std::slice::from_ref(alloc), addr, allow_remote),
+        addr,
+    )
 }
 
 /// A started server as a Python object, or the reason it could not start as an exception.
