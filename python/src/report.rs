@@ -612,8 +612,16 @@ impl Report {
     }
 
     /// The page inside a frame of `height` pixels, for a notebook's output.
+    ///
+    /// A `srcdoc` page resolves links against its parent's address, so the page's links to its
+    /// own findings (`#finding-0`) would load the notebook into the frame; a `<base>` of
+    /// `about:srcdoc` keeps them in the page.
     fn frame(&self, height: u32) -> String {
-        let page = html::render_html(&self.inner);
+        let page = html::render_html(&self.inner).replacen(
+            "<head>\n",
+            "<head>\n<base href=\"about:srcdoc\">\n",
+            1,
+        );
         format!(
             "<div class=\"vramscope-report\"><iframe srcdoc=\"{}\" title=\"{}\" \
              style=\"width:100%;height:{height}px;border:1px solid #ddd;border-radius:4px;\

@@ -181,7 +181,10 @@ def test_the_html_output_is_the_page_in_a_frame(tmp_path):
     assert frame.startswith('<div class="vramscope-report"><iframe srcdoc="')
     # The page is inside the attribute, escaped: no element of it reaches the notebook.
     srcdoc = frame.split('srcdoc="', 1)[1].split('"', 1)[0]
-    assert "<" not in srcdoc and html.unescape(srcdoc) == page
+    # The page's links to its findings stay in the frame's page (a srcdoc page resolves them
+    # against the notebook's address otherwise).
+    framed = page.replace("<head>\n", '<head>\n<base href="about:srcdoc">\n', 1)
+    assert "<" not in srcdoc and html.unescape(srcdoc) == framed
     assert "http://" not in page and "https://" not in page
     assert 'height:500px' in r.html_frame(height=500)
 
@@ -218,7 +221,13 @@ function probe(frame) {
       colours.add((r << 16) | (g << 8) | b);
     }
   }
+  // A problem's "details" link moves within the frame's own page, which stays the frame's.
+  const link = doc.querySelector('#problems a[href^="#finding-"]');
+  const before = frame.contentWindow.scrollY;
+  if (link) link.click();
   return {
+    link: link ? frame.contentWindow.location.href : null,
+    scrolled: frame.contentWindow.scrollY - before,
     ready: doc.body.dataset.ready || "",
     errors: Array.from(doc.getElementById("errors").children).map((li) => li.textContent),
     bands: Number(doc.getElementById("band-count").dataset.count),
@@ -315,8 +324,11 @@ def test_a_notebook_shows_the_explorer_drawn(tmp_path, request):
         assert frame["inked"] > frame["width"] * frame["height"] // 20, frame
         assert frame["colours"] >= frame["bands"], frame
         assert frame["frameHeight"] >= 400, frame
-    # The run on the simulated device has its weights, activations and kept blocks apart.
-    assert seen["frames"][0]["bands"] >= 3, seen["frames"][0]
+    # The run on the simulated device has its weights, activations and kept blocks apart,
+    # and an error whose link scrolls its frame to the finding.
+    first = seen["frames"][0]
+    assert first["bands"] >= 3, first
+    assert first["link"] == "about:srcdoc#finding-0" and first["scrolled"] > 0, first
     shot = out_dir / "notebook.png"
     subprocess.run([*args, f"--screenshot={shot}", page.as_uri()], capture_output=True,
                    timeout=180)
