@@ -45,9 +45,8 @@ bundle() {
     cp target/release/examples/train_mlp target/release/vramscope target/release/libvramscope_ffi.so \
         "$BUNDLE/" || return 1
     # The Python package as a wheel (maturin comes from PyPI here; the GPU machine may have no
-    # network), with the command line just built inside it.
-    if VRAMSCOPE_CLI_BIN="$PWD/target/release/vramscope" \
-        python3 -m pip wheel --no-deps -q -w "$BUNDLE" ./python; then
+    # network), with the command line inside its native module.
+    if python3 -m pip wheel --no-deps -q -w "$BUNDLE" ./python; then
         echo "built $(ls "$BUNDLE"/vramscope-*.whl)"
     else
         echo "could not build the Python wheel here; the Python steps will not run"
@@ -202,6 +201,14 @@ EOF
         step "report names the Python lines of the use_allocator() snapshot" 60 bash -c '
             "$PYVENV/bin/vramscope" report "$OUT_DIR/pytorch_leak_pluggable.json" |
                 grep -E "retained_per_step|examples/pytorch_leak.py"'
+        # No code change: the plain example (no vramscope in it) run under `vramscope run`.
+        step "vramscope run: an unmodified script, its snapshot and verdict" 180 bash -c '
+            "$PYVENV/bin/vramscope" run --snapshot "$OUT_DIR/run.pickle" -- \
+                "$PYVENV/bin/python" examples/pytorch_leak.py --mode plain --steps 40 \
+                2>"$OUT_DIR/run.log"; status=$?
+            cat "$OUT_DIR/run.log"
+            [ "$status" -eq 0 ] && [ -s "$OUT_DIR/run.pickle" ] &&
+                grep -E "retained_per_step at [^ ]*examples/pytorch_leak.py" "$OUT_DIR/run.log"'
         step "step time: plain torch, attach() without and with stacks, use_allocator()" 300 bash -c '
             for mode in plain attach-nostacks attach use_allocator; do
                 "$PYVENV/bin/python" examples/pytorch_leak.py --mode $mode --bugs off --steps 200 --time |
