@@ -159,6 +159,40 @@ def test_a_sim_allocator_inspects_itself_as_load_reads_its_snapshot(tmp_path):
     assert mine.input is None and "<vramscope.Report" in repr(mine)
 
 
+def test_a_file_of_two_devices_is_read_one_device_at_a_time(tmp_path):
+    # The run's snapshot, with a copy of its events and segments on device 1 (far away).
+    path = tmp_path / "run.json"
+    leaky_run(path)
+    snap = json.loads(path.read_text())
+    far = 1 << 40
+    copied = []
+    for event in snap["events"]:
+        event = dict(event, device=1, seq=event["seq"] + len(snap["events"]))
+        if event.get("addr"):
+            event["addr"] += far
+        copied.append(event)
+    snap["events"] += copied
+    for segment in list(snap["segments"]):
+        segment = json.loads(json.dumps(segment))
+        segment["device"] = 1
+        segment["address"] += far
+        for block in segment["blocks"]:
+            block["address"] += far
+        snap["segments"].append(segment)
+    two = tmp_path / "two.json"
+    two.write_text(json.dumps(snap))
+    with pytest.raises(ValueError, match="devices 0, 1: choose one with device=N"):
+        vramscope.load(two)
+    with pytest.raises(ValueError, match="no data for device 3"):
+        vramscope.load(two, device=3)
+    one = vramscope.load(path)
+    for device in (0, 1):
+        r = vramscope.load(two, device=device)
+        assert (r.peak_allocated, r.allocated, r.steps) == (
+            one.peak_allocated, one.allocated, one.steps)
+        assert [f.site for f in r.findings] == [f.site for f in one.findings]
+
+
 def test_a_pytorch_snapshot_has_pytorchs_own_peaks():
     if not TORCH_PICKLE.is_file():
         pytest.skip(f"{TORCH_PICKLE} is absent")
