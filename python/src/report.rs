@@ -37,7 +37,7 @@ use crate::analysis;
 pub const FRAME_HEIGHT: u32 = 820;
 
 /// The value `value` as a Python object: `None`, a bool, an int, a float, a str, a list or a
-/// dict (keys in the value's order).
+/// dict (its keys in the map's own order).
 pub fn value_to_py<'py>(py: Python<'py>, value: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
     use serde_json::Value;
     Ok(match value {
@@ -173,7 +173,7 @@ impl Finding {
         if let Some(made_at) = self
             .made_at
             .as_ref()
-            .filter(|m| Some(*m) != self.site.as_ref())
+            .filter(|m| !m.is_empty() && Some(*m) != self.site.as_ref())
         {
             let _ = write!(place, " (made at {made_at})");
         }
