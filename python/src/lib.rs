@@ -1,8 +1,10 @@
 //! `vramscope._native`: the one native module of the `vramscope` Python package.
 //!
 //! It is at once the Python extension and the `CUDAPluggableAllocator` library: PyTorch loads
-//! this file by path and calls its `vramscope_malloc`/`vramscope_free` C symbols
-//! ([`pluggable`], with sampled native stacks on threads without Python: [`native`]), while
+//! this file by path and calls its `vramscope_malloc`/`vramscope_free` C symbols, which are
+//! `vramscope-ffi`'s, linked in, with the Python stack of each allocation as its call site
+//! ([`pluggable`], which also registers the functions that steer that allocator; sampled
+//! native stacks on threads without Python: [`native`]), while
 //! Python imports it for [`sim::SimAllocator`] (the caching allocator on a simulated device),
 //! the functions that steer the pluggable allocator, the inspector's reports on any file
 //! PyTorch or vramscope wrote ([`analysis`], as typed findings and reports: `report`), the
@@ -234,21 +236,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(native::native_stacks, m)?)?;
     m.add_function(wrap_pyfunction!(native::alloc_on_native_thread, m)?)?;
     m.add_function(wrap_pyfunction!(native::time_native_thread_pairs, m)?)?;
-    m.add_function(wrap_pyfunction!(pluggable::set_stack_mode, m)?)?;
-    m.add_function(wrap_pyfunction!(pluggable::stack_mode, m)?)?;
-    m.add_function(wrap_pyfunction!(pluggable::set_listen, m)?)?;
-    m.add_function(wrap_pyfunction!(pluggable::device_mark_step, m)?)?;
-    m.add_function(wrap_pyfunction!(pluggable::device_arm, m)?)?;
-    m.add_function(wrap_pyfunction!(pluggable::device_push_scope, m)?)?;
-    m.add_function(wrap_pyfunction!(pluggable::device_pop_scope, m)?)?;
-    m.add_function(wrap_pyfunction!(pluggable::device_snapshot, m)?)?;
-    m.add_function(wrap_pyfunction!(pluggable::device_memory_summary, m)?)?;
-    m.add_function(wrap_pyfunction!(pluggable::device_stats_json, m)?)?;
-    m.add_function(wrap_pyfunction!(pluggable::device_findings_json, m)?)?;
-    m.add_function(wrap_pyfunction!(pluggable::device_report_text, m)?)?;
-    m.add_function(wrap_pyfunction!(pluggable::device_check, m)?)?;
-    m.add_function(wrap_pyfunction!(pluggable::devices_served, m)?)?;
-    m.add_function(wrap_pyfunction!(pluggable::errors, m)?)?;
+    pluggable::register(m)?;
     Ok(())
 }
 

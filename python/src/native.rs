@@ -174,6 +174,7 @@ fn caller_frames(mut frames: Vec<Frame>) -> Vec<Frame> {
                 [
                     "backtrace::",
                     "_native::",
+                    "vramscope_ffi::",
                     "std::",
                     "core::",
                     "alloc::",
@@ -261,7 +262,7 @@ pub fn time_native_thread_pairs(
             let start = std::time::Instant::now();
             for _ in 0..count {
                 let addr = MmBackward0::apply(device, nbytes);
-                let free: Free = std::hint::black_box(crate::pluggable::vramscope_free);
+                let free: Free = std::hint::black_box(vramscope_ffi::vramscope_free);
                 free(addr as *mut c_void, nbytes, device, std::ptr::null_mut());
             }
             let ns = start.elapsed().as_nanos() as f64 / f64::from(count.max(1));
@@ -284,7 +285,7 @@ impl MmBackward0 {
     fn apply(device: i32, nbytes: isize) -> u64 {
         // Called through a pointer that the optimizer cannot see through, so that the
         // allocator's entry point stays a frame of its own, as when PyTorch calls it.
-        let malloc: Malloc = std::hint::black_box(crate::pluggable::vramscope_malloc);
+        let malloc: Malloc = std::hint::black_box(vramscope_ffi::vramscope_malloc);
         malloc(nbytes, device, std::ptr::null_mut()) as u64
     }
 }

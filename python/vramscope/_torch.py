@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -152,8 +153,8 @@ class PluggableSession:
 
 def use_allocator(listen: Optional[str] = None, snapshot_on_exit: Optional[str] = None,
                   stacks: str = "python", device: Optional[int] = None,
-                  catch_syncs: bool = True, native_stacks: Optional[int] = None
-                  ) -> PluggableSession:
+                  catch_syncs: bool = True, native_stacks: Optional[int] = None,
+                  metrics: Optional[str] = None) -> PluggableSession:
     """Makes vramscope's caching allocator PyTorch's CUDA allocator (before any CUDA
     allocation), with the Python stack of each allocation as its call site.
 
@@ -165,8 +166,12 @@ def use_allocator(listen: Optional[str] = None, snapshot_on_exit: Optional[str] 
     its native stack, which reports name by its autograd node (``MmBackward0 (backward)``).
     ``listen`` publishes live telemetry (``unix:PATH`` or ``tcp:127.0.0.1:PORT``) for
     ``vramscope top``; ``snapshot_on_exit`` writes a snapshot when Python exits.
+    ``metrics`` (``127.0.0.1:PORT``; port 0 picks one), or else ``VRAMSCOPE_METRICS``, serves
+    the allocator's statistics of every device as Prometheus ``/metrics``, from now on; the
+    session's ``metrics`` says where (``.addr``, ``.url``; None without a server).
     """
     torch = _torch()
+    metrics_addr = _native.serve_metrics(metrics or None)
     _native.set_stack_mode(stacks)
     if native_stacks is not None:
         _native.set_native_stacks(native_stacks)
@@ -182,6 +187,10 @@ def use_allocator(listen: Optional[str] = None, snapshot_on_exit: Optional[str] 
         torch.cuda.set_sync_debug_mode("warn")
     session = PluggableSession(device, syncs)
     session.torch_allocator = allocator
+    # The C library's own server, over the allocator PyTorch allocates through (not
+    # `torch.cuda.memory_stats()`, which PyTorch does not keep for a pluggable allocator).
+    session.metrics = None if metrics_addr is None else types.SimpleNamespace(
+        addr=metrics_addr, url=f"http://{metrics_addr}/metrics")
     session.hook = _step_hook(session.mark_step)
     if snapshot_on_exit:
         atexit.register(_quiet, session.snapshot, snapshot_on_exit)
