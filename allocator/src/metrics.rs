@@ -137,6 +137,27 @@ const FAMILIES: [(&str, &str, StatOf); 9] = [
     ),
 ];
 
+/// Whether a server of this process has claimed `VRAMSCOPE_METRICS`.
+static ENV_CLAIMED: AtomicBool = AtomicBool::new(false);
+
+/// The address `VRAMSCOPE_METRICS` asks for, with whether a non-loopback one is allowed
+/// (`VRAMSCOPE_METRICS_ALLOW_REMOTE=1`), for the first caller in this process; `None` when it is
+/// unset, empty, `0` or `off`, or already claimed. A process has one such address whatever
+/// faces it runs (the C library, a Python `SimAllocator`, `attach()`, a Rust program): the
+/// first to start serves there, and the others do not fail binding the port again.
+pub fn claim_env_addr() -> Option<(String, bool)> {
+    let value = std::env::var(ENV_METRICS).ok()?;
+    let value = value.trim();
+    if value.is_empty() || value == "0" || value.eq_ignore_ascii_case("off") {
+        return None;
+    }
+    if ENV_CLAIMED.swap(true, Ordering::SeqCst) {
+        return None;
+    }
+    let allow_remote = std::env::var(ENV_METRICS_ALLOW_REMOTE).is_ok_and(|v| v.trim() == "1");
+    Some((value.to_string(), allow_remote))
+}
+
 /// What a scrape reads: the statistics of every device served, as `(device, stats)`.
 pub type StatsSource = Box<dyn Fn() -> Vec<(u32, MemoryStats)> + Send + Sync>;
 
@@ -405,18 +426,14 @@ impl MetricsServer {
         MetricsServer::from_env(source_of(allocators))
     }
 
-    /// Serves from `VRAMSCOPE_METRICS` when it is set (and not `0`/`off`); `Ok(None)` when it
-    /// is not. `VRAMSCOPE_METRICS_ALLOW_REMOTE=1` allows a non-loopback address.
+    /// Serves from `VRAMSCOPE_METRICS` when it is set (and not `0`/`off`) and no other server
+    /// of this process has claimed it ([`claim_env_addr`]); `Ok(None)` otherwise.
+    /// `VRAMSCOPE_METRICS_ALLOW_REMOTE=1` allows a non-loopback address.
     pub fn from_env(source: StatsSource) -> Result<Option<MetricsServer>, MetricsError> {
-        let Ok(value) = std::env::var(ENV_METRICS) else {
+        let Some((addr, allow_remote)) = claim_env_addr() else {
             return Ok(None);
         };
-        let value = value.trim();
-        if value.is_empty() || value == "0" || value.eq_ignore_ascii_case("off") {
-            return Ok(None);
-        }
-        let allow_remote = std::env::var(ENV_METRICS_ALLOW_REMOTE).is_ok_and(|v| v.trim() == "1");
-        MetricsServer::serve_source(source, value, allow_remote).map(Some)
+        MetricsServer::serve_source(source, &addr, allow_remote).map(Some)
     }
 
     /// The address the server listens on.

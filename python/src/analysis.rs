@@ -7,22 +7,14 @@
 //! explicit syncs (those PyTorch's sync debug mode reported, recorded by `crate::host`) from one
 //! per step, `info` at one and a warning above, by the same rule as `vramscope report`.
 
-use std::collections::BTreeMap;
-
 use vramscope_inspector::checks;
 use vramscope_inspector::detect::{detect, DetectOptions, Finding};
 use vramscope_inspector::report::{build_report, render, Format, ReportOptions};
-use vramscope_model::{format_bytes, EventKind, Snapshot, TransferDirection};
+use vramscope_model::{format_bytes, Snapshot};
 
 /// The inspector's findings on `snapshot` with its default settings, most severe first.
 pub fn findings(snapshot: &Snapshot) -> Vec<Finding> {
     detect(snapshot, &DetectOptions::default())
-}
-
-/// The inspector's findings on `snapshot`, as the JSON array of its `Finding`s: what the
-/// callers that have not moved to the typed findings of `crate::report` still read.
-pub fn findings_json(snapshot: &Snapshot) -> String {
-    serde_json::to_string(&findings(snapshot)).unwrap_or_else(|_| "[]".to_string())
 }
 
 /// The inspector's text report on `snapshot`, as `vramscope report` prints it (built, as the
@@ -38,10 +30,46 @@ pub fn report_text(snapshot: &Snapshot) -> String {
 pub struct Limits {
     /// Peak allocated bytes allowed.
     pub max_peak: Option<u64>,
-    /// Fail on any `retained_per_step` finding.
+    /// Fail on memory the test keeps: with `since`, and when the test marked no steps, any
+    /// block allocated from `since` on and still live (a unit test's meaning); otherwise any
+    /// `retained_per_step` finding (a training loop's).
     pub no_leaks: bool,
-    /// Device waits (syncs and device-to-host copies) allowed in any one step.
+    /// Device waits (explicit syncs and tiny device-to-host copies, by the `sync_in_loop`
+    /// detector's rule) allowed in any one step.
     pub max_syncs_per_step: Option<u64>,
+    /// The allocator's next event sequence number when the test began.
+    pub since: Option<u64>,
+}
+
+impl Limits {
+    /// The limits of the pytest marker's arguments, as the faces receive them.
+    pub fn new(
+        max_peak: Option<u64>,
+        no_leaks: bool,
+        max_syncs_per_step: Option<u64>,
+        since: Option<u64>,
+    ) -> Limits {
+        Limits {
+            max_peak,
+            no_leaks,
+            max_syncs_per_step,
+            since,
+        }
+    }
+}
+
+/// Whether the events from sequence number `since` on span more than one step: the test
+/// marked steps, so the per-step leak rule applies to it.
+fn marked_steps_since(snapshot: &Snapshot, since: u64) -> bool {
+    let mut steps = snapshot
+        .events
+        .iter()
+        .filter(|e| e.seq >= since)
+        .map(|e| e.step);
+    match steps.next() {
+        Some(first) => steps.any(|step| step != first),
+        None => false,
+    }
 }
 
 /// The checks of `limits` that `snapshot` fails, one message each (empty when all pass).
@@ -53,28 +81,38 @@ pub fn check(snapshot: &Snapshot, limits: Limits) -> Vec<String> {
         }
     }
     if limits.no_leaks {
-        if let Err(e) = checks::check_no_leaks(snapshot) {
+        let kept = match limits.since {
+            Some(since) if !marked_steps_since(snapshot, since) => {
+                checks::check_nothing_kept_since(snapshot, since)
+            }
+            _ => checks::check_no_leaks(snapshot),
+        };
+        if let Err(e) = kept {
             failures.push(format!("no_leaks: {e}"));
         }
     }
     if let Some(limit) = limits.max_syncs_per_step {
-        if let Some(message) = check_syncs(snapshot, limit) {
-            failures.push(message);
+        if let Err(e) = checks::check_syncs_per_step(snapshot, limit, &DetectOptions::default()) {
+            failures.push(format!("max_syncs_per_step: {e}"));
         }
     }
     failures
 }
 
-/// [`check`], with the leak check also run on `at_step`, a snapshot taken at the latest step
-/// mark (what earlier steps left alive before a test's locals went away); the first leak
-/// found is reported.
+/// [`check`], with the per-step leak check also run on `at_step`, a snapshot taken at the
+/// latest step mark (what earlier steps left alive before a test's locals went away); the
+/// first leak found is reported.
 pub fn check_with_step(
     snapshot: &Snapshot,
     at_step: Option<&Snapshot>,
     limits: Limits,
 ) -> Vec<String> {
     let mut failures = check(snapshot, limits);
-    if limits.no_leaks && !failures.iter().any(|f| f.starts_with("no_leaks:")) {
+    let per_step_rule = match limits.since {
+        Some(since) => marked_steps_since(snapshot, since),
+        None => true,
+    };
+    if limits.no_leaks && per_step_rule && !failures.iter().any(|f| f.starts_with("no_leaks:")) {
         if let Some(at_step) = at_step {
             if let Err(e) = checks::check_no_leaks(at_step) {
                 failures.push(format!("no_leaks (at the last step mark): {e}"));
@@ -82,48 +120,6 @@ pub fn check_with_step(
         }
     }
     failures
-}
-
-/// The step with the most device waits, when it has more than `limit`, as a sentence naming
-/// the site that waited most in it.
-fn check_syncs(snapshot: &Snapshot, limit: u64) -> Option<String> {
-    let mut by_step: BTreeMap<u64, BTreeMap<Option<u32>, u64>> = BTreeMap::new();
-    for event in &snapshot.events {
-        let waits = matches!(
-            event.kind,
-            EventKind::Sync | EventKind::Transfer(TransferDirection::DeviceToHost)
-        );
-        if waits {
-            *by_step
-                .entry(u64::from(event.step))
-                .or_default()
-                .entry(event.site())
-                .or_default() += 1;
-        }
-    }
-    let (step, sites) = by_step
-        .iter()
-        .max_by_key(|(step, sites)| (sites.values().sum::<u64>(), std::cmp::Reverse(**step)))?;
-    let total: u64 = sites.values().sum();
-    if total <= limit {
-        return None;
-    }
-    let (site, count) = sites.iter().max_by_key(|(_, count)| **count)?;
-    let place = site
-        .and_then(|id| snapshot.sites.get(id as usize))
-        .map(|s| {
-            if s.function.is_empty() {
-                s.file_line()
-            } else {
-                format!("{} in {}", s.file_line(), s.function)
-            }
-        })
-        .unwrap_or_else(|| "an unknown site".to_string());
-    Some(format!(
-        "max_syncs_per_step: step {step} waited for the device {total} times (limit {limit}), \
-         {count} of them at {place}; fix: keep values on the device inside the loop and read \
-         them once per step (accumulate, then one .item())"
-    ))
 }
 
 /// `bytes` as a human figure (`"1.50 GiB"`).

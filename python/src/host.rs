@@ -376,10 +376,10 @@ impl HostLog {
         self.data.lock().unwrap_or_else(|e| e.into_inner()).dropped
     }
 
-    /// The inspector's findings on the log's syncs and steps alone, as JSON.
-    fn findings_json(&self) -> String {
+    /// The inspector's findings on the log's syncs and steps alone.
+    fn findings(&self) -> Vec<crate::report::Finding> {
         let data = self.data();
-        analysis::findings_json(&data.alone())
+        crate::report::findings_of(&data.alone())
     }
 
     /// The sync check of the pytest marker on the log alone: the failure, if any.

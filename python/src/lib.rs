@@ -12,9 +12,14 @@
 //! of PyTorch's own allocator for `attach()` ([`live`]), and the Python stack capture settings
 //! ([`stack`]). The Python package (`python/vramscope/`) wraps all of it.
 
+// A Python extension has no Rust API: its modules are private, and the documentation links
+// them for readers of the source.
+#![allow(rustdoc::private_intra_doc_links)]
+
 mod analysis;
 mod host;
 mod live;
+mod metrics;
 mod native;
 mod pluggable;
 mod report;
@@ -45,15 +50,6 @@ fn load_with(path: &str, log: Option<&HostLog>) -> PyResult<vramscope_model::Sna
 fn file_findings(path: &str, log: Option<Bound<'_, HostLog>>) -> PyResult<Vec<report::Finding>> {
     let log = log.as_ref().map(Bound::get);
     Ok(report::findings_of(&load_with(path, log)?))
-}
-
-/// The inspector's findings on the file at `path`, as JSON, with the syncs of `log`: kept
-/// while `vramscope/_torch.py` reads it; [`file_findings`] gives them typed.
-#[pyfunction]
-#[pyo3(signature = (path, log = None))]
-fn file_findings_json(path: &str, log: Option<Bound<'_, HostLog>>) -> PyResult<String> {
-    let log = log.as_ref().map(Bound::get);
-    Ok(analysis::findings_json(&load_with(path, log)?))
 }
 
 /// `vramscope report` on the file at `path` (a PyTorch snapshot pickle, a vramscope snapshot,
@@ -90,11 +86,7 @@ fn file_check(
 ) -> PyResult<Vec<String>> {
     Ok(analysis::check(
         &load_with(path, log.as_ref().map(Bound::get))?,
-        analysis::Limits {
-            max_peak,
-            no_leaks,
-            max_syncs_per_step,
-        },
+        analysis::Limits::new(max_peak, no_leaks, max_syncs_per_step, None),
     ))
 }
 
@@ -210,6 +202,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sim::Block>()?;
     m.add_class::<sim::ScopeToken>()?;
     m.add_class::<HostLog>()?;
+    m.add_class::<metrics::MetricsServer>()?;
+    m.add_function(wrap_pyfunction!(metrics::serve_stats_metrics, m)?)?;
+    m.add_function(wrap_pyfunction!(metrics::metrics_env_addr, m)?)?;
     m.add_class::<report::Finding>()?;
     m.add_class::<report::FindingSite>()?;
     m.add_class::<report::Report>()?;
@@ -217,7 +212,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<live::LivePublisher>()?;
     m.add_function(wrap_pyfunction!(live::read_telemetry, m)?)?;
     m.add_function(wrap_pyfunction!(file_findings, m)?)?;
-    m.add_function(wrap_pyfunction!(file_findings_json, m)?)?;
     m.add_function(wrap_pyfunction!(file_report, m)?)?;
     m.add_function(wrap_pyfunction!(file_report_text, m)?)?;
     m.add_function(wrap_pyfunction!(file_check, m)?)?;

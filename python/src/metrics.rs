@@ -6,23 +6,18 @@
 //! the program); the pluggable allocator's server is `vramscope-ffi`'s.
 //!
 //! An explicit address (`metrics=` in Python) is served or raises. `VRAMSCOPE_METRICS` is the
-//! process's one address: the first face that reads it serves there, and later faces in the
-//! same process (the pytest plugin's allocator per test, say) leave it to that one instead of
-//! failing to bind the port again.
+//! process's one address (`vramscope_allocator::metrics::claim_env_addr`): the first face that
+//! starts serves there, the C library's included, and later faces in the same process (the
+//! pytest plugin's allocator per test, say) leave it to that one instead of failing to bind
+//! the port again.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use vramscope_allocator::metrics::{
-    MetricsServer as Server, StatsSource, ENV_METRICS, ENV_METRICS_ALLOW_REMOTE,
-};
+use vramscope_allocator::metrics::{MetricsServer as Server, StatsSource};
 use vramscope_model::MemoryStats;
-
-/// Whether a face of this process has already taken `VRAMSCOPE_METRICS`.
-static ENV_TAKEN: AtomicBool = AtomicBool::new(false);
 
 /// A running `/metrics` server; it stops on `close()` or when dropped.
 #[pyclass(module = "vramscope._native")]
@@ -60,18 +55,10 @@ impl MetricsServer {
 }
 
 /// The address `VRAMSCOPE_METRICS` asks for, with whether a non-loopback one is allowed, when
-/// it is set (not empty, `0` or `off`) and no face of this process has taken it yet.
+/// it is set and no server of this process has claimed it yet (the allocator crate's one claim,
+/// shared with the C library's server).
 pub fn take_env_addr() -> Option<(String, bool)> {
-    let value = std::env::var(ENV_METRICS).ok()?;
-    let value = value.trim();
-    if value.is_empty() || value == "0" || value.eq_ignore_ascii_case("off") {
-        return None;
-    }
-    if ENV_TAKEN.swap(true, Ordering::SeqCst) {
-        return None;
-    }
-    let allow_remote = std::env::var(ENV_METRICS_ALLOW_REMOTE).is_ok_and(|v| v.trim() == "1");
-    Some((value.to_string(), allow_remote))
+    vramscope_allocator::metrics::claim_env_addr()
 }
 
 /// Serves `source` on `addr`, as a Python object.

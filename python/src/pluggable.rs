@@ -123,10 +123,11 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device_pop_scope, m)?)?;
     m.add_function(wrap_pyfunction!(device_snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(device_memory_summary, m)?)?;
-    m.add_function(wrap_pyfunction!(device_stats_json, m)?)?;
-    m.add_function(wrap_pyfunction!(device_findings_json, m)?)?;
+    m.add_function(wrap_pyfunction!(device_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(device_findings, m)?)?;
     m.add_function(wrap_pyfunction!(device_report_text, m)?)?;
     m.add_function(wrap_pyfunction!(device_check, m)?)?;
+    m.add_function(wrap_pyfunction!(device_next_event_seq, m)?)?;
     m.add_function(wrap_pyfunction!(devices_served, m)?)?;
     m.add_function(wrap_pyfunction!(errors, m)?)?;
     Ok(())
@@ -237,18 +238,22 @@ pub fn device_memory_summary(device: i32) -> PyResult<String> {
     Ok(device_or_err(device)?.memory_summary())
 }
 
-/// `device`'s statistics as JSON.
+/// `device`'s statistics, PyTorch's `memory_stats()` figures as nested dictionaries.
 #[pyfunction]
-pub fn device_stats_json(device: i32) -> PyResult<String> {
-    Ok(serde_json::to_string(&device_or_err(device)?.stats()).unwrap_or_default())
+pub fn device_stats(py: Python<'_>, device: i32) -> PyResult<Bound<'_, PyAny>> {
+    crate::report::stats_to_py(py, &device_or_err(device)?.stats())
 }
 
-/// The inspector's findings on `device`'s snapshot, with the syncs of `log`, as JSON.
+/// The inspector's findings on `device`'s snapshot, with the syncs of `log`, most severe
+/// first.
 #[pyfunction]
 #[pyo3(signature = (device, log = None))]
-pub fn device_findings_json(device: i32, log: Option<Bound<'_, HostLog>>) -> PyResult<String> {
+pub fn device_findings(
+    device: i32,
+    log: Option<Bound<'_, HostLog>>,
+) -> PyResult<Vec<crate::report::Finding>> {
     let log = log.as_ref().map(Bound::get);
-    Ok(analysis::findings_json(&snapshot_with(device, log)?))
+    Ok(crate::report::findings_of(&snapshot_with(device, log)?))
 }
 
 /// The inspector's text report on `device`'s snapshot, with the syncs of `log`.
@@ -260,14 +265,16 @@ pub fn device_report_text(device: i32, log: Option<Bound<'_, HostLog>>) -> PyRes
 }
 
 /// The checks of the pytest marker that `device`'s snapshot, with the syncs of `log`, fails.
+/// `since` is [`device_next_event_seq`] when the test began (see `SimAllocator.check`).
 #[pyfunction]
-#[pyo3(signature = (device, max_peak = None, no_leaks = false, max_syncs_per_step = None, log = None))]
+#[pyo3(signature = (device, max_peak = None, no_leaks = false, max_syncs_per_step = None, log = None, since = None))]
 pub fn device_check(
     device: i32,
     max_peak: Option<u64>,
     no_leaks: bool,
     max_syncs_per_step: Option<u64>,
     log: Option<Bound<'_, HostLog>>,
+    since: Option<u64>,
 ) -> PyResult<Vec<String>> {
     let at_step = u32::try_from(device)
         .ok()
@@ -275,12 +282,15 @@ pub fn device_check(
     Ok(analysis::check_with_step(
         &snapshot_with(device, log.as_ref().map(Bound::get))?,
         at_step.as_ref(),
-        analysis::Limits {
-            max_peak,
-            no_leaks,
-            max_syncs_per_step,
-        },
+        analysis::Limits::new(max_peak, no_leaks, max_syncs_per_step, since),
     ))
+}
+
+/// The sequence number `device`'s allocator gives its next event: the mark a check's `since`
+/// takes.
+#[pyfunction]
+pub fn device_next_event_seq(device: i32) -> PyResult<u64> {
+    Ok(device_or_err(device)?.next_event_seq())
 }
 
 /// The devices this library has served.

@@ -173,12 +173,15 @@ impl SimAllocator {
     }
 
     /// The checks of the pytest marker that fail, one message each.
-    #[pyo3(signature = (max_peak = None, no_leaks = false, max_syncs_per_step = None))]
+    /// `since` is [`SimAllocator::next_event_seq`] when the test began: with it, a test that
+    /// marks no steps fails `no_leaks` on any block it allocated that is still live.
+    #[pyo3(signature = (max_peak = None, no_leaks = false, max_syncs_per_step = None, since = None))]
     fn check(
         &self,
         max_peak: Option<u64>,
         no_leaks: bool,
         max_syncs_per_step: Option<u64>,
+        since: Option<u64>,
     ) -> Vec<String> {
         let at_step = self
             .step_snapshot
@@ -188,12 +191,33 @@ impl SimAllocator {
         analysis::check_with_step(
             &self.alloc.snapshot(),
             at_step.as_ref(),
-            analysis::Limits {
-                max_peak,
-                no_leaks,
-                max_syncs_per_step,
-            },
+            analysis::Limits::new(max_peak, no_leaks, max_syncs_per_step, since),
         )
+    }
+
+    /// Serves this allocator's statistics on `/metrics` at `addr` (`HOST:PORT`, port 0 picks
+    /// one; a non-loopback address needs `allow_remote`), or, without `addr`, where
+    /// `VRAMSCOPE_METRICS` asks when no other face of this process serves it yet (`None`
+    /// otherwise). The server stops when the object returned is closed or dropped.
+    #[pyo3(signature = (addr = None, allow_remote = false))]
+    fn serve_metrics(
+        &self,
+        addr: Option<&str>,
+        allow_remote: bool,
+    ) -> PyResult<Option<crate::metrics::MetricsServer>> {
+        let (addr, allow_remote) = match addr {
+            Some(addr) => (addr.to_string(), allow_remote),
+            None => match crate::metrics::take_env_addr() {
+                Some(found) => found,
+                None => return Ok(None),
+            },
+        };
+        crate::metrics::serve_allocator(&self.alloc, &addr, allow_remote).map(Some)
+    }
+
+    /// The sequence number the allocator's next event gets: the mark a check's `since` takes.
+    fn next_event_seq(&self) -> u64 {
+        self.alloc.next_event_seq()
     }
 
     /// PyTorch's `memory_summary()` table.

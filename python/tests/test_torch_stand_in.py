@@ -139,7 +139,7 @@ def test_attach_merges_the_sync_warnings_into_the_snapshot_at_their_line(tmp_pat
 PLUGGABLE_SYNCS = '''
     import ctypes, json, sys, warnings
     import vramscope
-    from vramscope import _findings, _native
+    from vramscope import _native
     from vramscope._torch import SyncRecorder
 
     lib = ctypes.CDLL(vramscope.native_library_path())
@@ -161,7 +161,7 @@ PLUGGABLE_SYNCS = '''
     _native.device_snapshot(0, sys.argv[1], recorder.log)
     print(json.dumps({
         "findings": [[f.kind, f.site, f.severity, f.count]
-                     for f in _findings(_native.device_findings_json(0, recorder.log))],
+                     for f in _native.device_findings(0, recorder.log)],
         "check": _native.device_check(0, None, False, 3, recorder.log),
         "without_log": _native.device_check(0, None, False, 3),
     }))

@@ -25,7 +25,6 @@ explorer inline. Findings, reports and their rows are typed objects made by the 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from typing import Any, Iterator, List, Optional, Union
 
@@ -56,7 +55,7 @@ __all__ = [
     "set_stack_depth",
 ]
 
-__version__ = "0.1.0"
+__version__ = _native.version()
 
 Block = _native.Block
 #: One diagnosis of the inspector: what, where, how much, and the fix (``text`` says it all).
@@ -94,25 +93,24 @@ def parse_size(size: Union[int, str]) -> int:
     return _native.parse_bytes(str(size))
 
 
-def _findings(text: str) -> List[Finding]:
-    """Findings from the JSON array of the inspector's findings, for the callers that still
-    receive JSON from the native module."""
-    return [Finding.from_json(v) for v in json.loads(text)]
-
-
 class SimAllocator(_native.SimAllocator):
     """PyTorch's caching allocator on a simulated device of ``capacity`` bytes.
 
     ``alloc(nbytes)`` returns a :class:`Block`, freed when dropped or on ``.free()``; the
     allocation's call site is the Python stack that made it. ``config`` takes
-    ``PYTORCH_CUDA_ALLOC_CONF`` syntax. ``report()`` lists the inspector's findings,
+    ``PYTORCH_CUDA_ALLOC_CONF`` syntax. ``metrics="HOST:PORT"`` (or ``VRAMSCOPE_METRICS``)
+    serves its statistics on ``/metrics`` for Prometheus (``.metrics.url``). ``report()`` lists the inspector's findings,
     ``inspect()`` gives the whole :class:`Report` of what was recorded so far (as
     :func:`load` gives it for a file) and ``stats()`` PyTorch's ``memory_stats()`` figures.
     """
 
     def __new__(cls, capacity: Union[int, str] = "80 GiB", config: str = "", backed: bool = False,
-                capture_stacks: bool = True):
-        return super().__new__(cls, parse_size(capacity), config, backed, capture_stacks)
+                capture_stacks: bool = True, metrics: Optional[str] = None):
+        self = super().__new__(cls, parse_size(capacity), config, backed, capture_stacks)
+        # ``metrics="127.0.0.1:9400"`` serves /metrics for this allocator; without it,
+        # VRAMSCOPE_METRICS does, for the first face of the process that reads it.
+        self.metrics = self.serve_metrics(metrics)
+        return self
 
     @contextlib.contextmanager
     def scope(self, name: str) -> Iterator[None]:
@@ -124,10 +122,14 @@ class SimAllocator(_native.SimAllocator):
             token.close()
 
     def check(self, max_peak: Union[int, str, None] = None, no_leaks: bool = False,
-              max_syncs_per_step: Optional[int] = None) -> List[str]:
-        """The failures of these limits, one message each (empty when all hold)."""
+              max_syncs_per_step: Optional[int] = None,
+              since: Optional[int] = None) -> List[str]:
+        """The failures of these limits, one message each (empty when all hold).
+
+        ``since`` (``next_event_seq()`` when a test began) gives ``no_leaks`` a unit test's
+        meaning when no step was marked after it: nothing allocated since is still live."""
         peak = None if max_peak is None else parse_size(max_peak)
-        return super().check(peak, no_leaks, max_syncs_per_step)
+        return super().check(peak, no_leaks, max_syncs_per_step, since)
 
 
 _active: Any = None

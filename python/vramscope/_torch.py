@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import os
 import pickle
 import sys
@@ -21,7 +20,7 @@ import types
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from . import Finding, _findings, _native, activate, parse_size
+from . import Finding, _native, activate, parse_size
 
 
 _FRAMEWORK = ("/torch/", "site-packages/", "dist-packages/")
@@ -78,7 +77,7 @@ class SyncRecorder:
         """The inspector's findings on the syncs alone: ``sync_in_loop`` at each site that
         synchronized once per step or more over three steps or more (``info`` at one per
         step, a warning above)."""
-        return _findings(self.log.findings_json())
+        return self.log.findings()
 
     def check(self, limit: int) -> Optional[str]:
         """The ``max_syncs_per_step`` failure of the syncs alone, or None."""
@@ -135,7 +134,7 @@ class PluggableSession:
         _native.device_snapshot(self.device, path, self.log)
 
     def report(self) -> List[Finding]:
-        return _findings(_native.device_findings_json(self.device, self.log))
+        return _native.device_findings(self.device, self.log)
 
     def report_text(self) -> str:
         return _native.device_report_text(self.device, self.log)
@@ -144,11 +143,17 @@ class PluggableSession:
         return _native.device_memory_summary(self.device)
 
     def stats(self) -> Dict[str, Any]:
-        return json.loads(_native.device_stats_json(self.device))
+        return _native.device_stats(self.device)
 
-    def check(self, max_peak=None, no_leaks=False, max_syncs_per_step=None) -> List[str]:
+    def next_event_seq(self) -> int:
+        """The sequence number of the allocator's next event: a check's ``since`` mark."""
+        return _native.device_next_event_seq(self.device)
+
+    def check(self, max_peak=None, no_leaks=False, max_syncs_per_step=None,
+              since: Optional[int] = None) -> List[str]:
         peak = None if max_peak is None else parse_size(max_peak)
-        return _native.device_check(self.device, peak, no_leaks, max_syncs_per_step, self.log)
+        return _native.device_check(self.device, peak, no_leaks, max_syncs_per_step, self.log,
+                                    since)
 
 
 def use_allocator(listen: Optional[str] = None, snapshot_on_exit: Optional[str] = None,
@@ -350,7 +355,7 @@ class AttachSession:
             os.unlink(path)
 
     def report(self) -> List[Finding]:
-        return self._with_file(lambda p: _findings(_native.file_findings_json(p, self.log)))
+        return self._with_file(lambda p: _native.file_findings(p, self.log))
 
     def report_text(self) -> str:
         return self._with_file(lambda p: _native.file_report_text(p, self.log))
@@ -367,9 +372,26 @@ class AttachSession:
             lambda p: _native.file_check(p, peak, no_leaks, max_syncs_per_step, self.log))
 
 
+def _serve_torch_metrics(torch: Any, addr: Optional[str]) -> Any:
+    """A ``/metrics`` server of ``torch.cuda.memory_stats()`` for the current device, at
+    ``addr`` or where ``VRAMSCOPE_METRICS`` asks; None when neither does."""
+    allow_remote = False
+    if addr is None:
+        found = _native.metrics_env_addr()
+        if found is None:
+            return None
+        addr, allow_remote = found
+    device = torch.cuda.current_device()
+    server = _native.serve_stats_metrics(addr, lambda: torch.cuda.memory_stats(device), device,
+                                         allow_remote)
+    atexit.register(server.close)
+    print(f"vramscope: serving PyTorch's allocator statistics on {server.url}", file=sys.stderr)
+    return server
+
+
 def attach(listen: Optional[str] = None, snapshot_on_exit: Optional[str] = None,
            stacks: bool = True, max_entries: int = 200_000, catch_syncs: bool = True,
-           oom_snapshot: Optional[str] = None) -> AttachSession:
+           oom_snapshot: Optional[str] = None, metrics: Optional[str] = None) -> AttachSession:
     """Keeps PyTorch's allocator and records it: the allocation history with Python stacks
     (``_record_memory_history``), a step at each optimizer step, the synchronizing calls at
     their Python line (``set_sync_debug_mode("warn")``, warnings captured, not shown), a
@@ -378,7 +400,9 @@ def attach(listen: Optional[str] = None, snapshot_on_exit: Optional[str] = None,
     publishes live telemetry for ``vramscope top``: while a dashboard is attached, a
     background thread sends ``memory_stats()`` ten times a second and the new part of the
     recorded history about once a second (less often when taking it costs more than 2% of the
-    time).
+    time). ``metrics`` (``HOST:PORT``, or ``VRAMSCOPE_METRICS``) serves
+    ``torch.cuda.memory_stats()`` on ``/metrics`` under vramscope's metric names, read at each
+    scrape.
     """
     torch = _torch()
     syncs = None
@@ -391,6 +415,7 @@ def attach(listen: Optional[str] = None, snapshot_on_exit: Optional[str] = None,
         addr = session.publish(listen)
         print(f"vramscope: publishing PyTorch's allocator on {addr}; watch it with "
               f"`vramscope top {addr}`", file=sys.stderr)
+    session.metrics = _serve_torch_metrics(torch, metrics)
     session.hook = _step_hook(session.mark_step)
     if snapshot_on_exit:
         atexit.register(_quiet, session.snapshot, snapshot_on_exit)
