@@ -529,10 +529,7 @@ fn idle_connections_time_out_and_a_dashboard_attaches_past_sixteen_of_them() {
             stats_frames += 1;
         }
     }
-    assert!(
-        stats_frames >= 5,
-        "{stats_frames} statistics frames in 3 s"
-    );
+    assert!(stats_frames >= 5, "{stats_frames} statistics frames in 3 s");
     let stats = telemetry.stats();
     assert_eq!(stats.clients, 1, "{stats:?}");
     assert_eq!(stats.clients_idle, 16, "{stats:?}");
