@@ -56,11 +56,7 @@ pub fn check_no_leaks_with(snapshot: &Snapshot, options: &DetectOptions) -> Resu
     detect::sort_findings(&mut findings);
     let mut report = String::new();
     for f in &findings {
-        let function = if f.function.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", f.function)
-        };
+        let function = in_function(&f.function);
         let _ = writeln!(
             report,
             "  {} at {}{}: {}",
@@ -103,11 +99,7 @@ pub fn check_peak_below(snapshot: &Snapshot, budget: u64) -> Result<(), CheckErr
         let _ = writeln!(report, "  held at the peak:");
         for h in holders.iter().take(5) {
             let group = view.group(h.group);
-            let function = if group.function.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", group.function)
-            };
+            let function = in_function(&group.function);
             let _ = writeln!(
                 report,
                 "    {:>10} in {:>5} blocks  {}{}",
@@ -162,11 +154,7 @@ pub fn check_nothing_kept_since(snapshot: &Snapshot, since: u64) -> Result<(), C
     let mut report = String::new();
     for &(group, group_bytes, group_blocks) in &kept {
         let group = view.group(group);
-        let function = if group.function.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", group.function)
-        };
+        let function = in_function(&group.function);
         let _ = writeln!(
             report,
             "  {} in {} still live, made at {}{}",
@@ -250,6 +238,15 @@ pub fn check_syncs_per_step(
         findings: Vec::new(),
         report,
     })
+}
+
+/// ` (function)` after a site in a report line, or nothing for a site without a function name.
+fn in_function(function: &str) -> String {
+    if function.is_empty() {
+        String::new()
+    } else {
+        format!(" ({function})")
+    }
 }
 
 /// Panics with a report if any call site keeps memory alive step after step.
