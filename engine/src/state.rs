@@ -126,9 +126,10 @@ impl LiveBlock {
 #[derive(Clone, Default)]
 pub struct LiveBlocks {
     map: AddrMap<LiveBlock>,
-    /// The addresses of `map`, sorted, once asked for; emptied whenever one is added or
-    /// removed.
-    order: OnceLock<Vec<u64>>,
+    /// The addresses of `map` with each block's size, sorted by address, once asked for;
+    /// emptied whenever a block is added, replaced or removed (a block's size never changes
+    /// in place).
+    order: OnceLock<Vec<(u64, u64)>>,
 }
 
 impl PartialEq for LiveBlocks {
@@ -182,43 +183,55 @@ impl LiveBlocks {
 
     /// Every block with its address, in address order.
     pub fn by_address(&self) -> impl Iterator<Item = (&u64, &LiveBlock)> {
-        self.with_addresses(self.addresses())
+        self.with_addresses(self.order())
     }
 
     /// The blocks at addresses in `[start, end)`, in address order: a search of the sorted
     /// addresses, then the blocks in the range.
     pub fn in_range(&self, start: u64, end: u64) -> impl Iterator<Item = (&u64, &LiveBlock)> {
-        let addresses = self.addresses();
-        let from = addresses.partition_point(|&a| a < start);
-        let to = addresses.partition_point(|&a| a < end).max(from);
-        self.with_addresses(&addresses[from..to])
+        self.with_addresses(self.order_in(start, end))
     }
 
-    /// The addresses, sorted (once after they last changed).
-    fn addresses(&self) -> &[u64] {
+    /// The `(address, size)` of the blocks at addresses in `[start, end)`, in address order,
+    /// read from the sorted addresses alone: no block is looked up, so a pass over every
+    /// block of a large state (the segments' figures, a segment map) costs a scan of one array
+    /// instead of a hash lookup per block.
+    pub fn extents_in(&self, start: u64, end: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.order_in(start, end).iter().copied()
+    }
+
+    /// The part of the sorted `(address, size)` list with addresses in `[start, end)`.
+    fn order_in(&self, start: u64, end: u64) -> &[(u64, u64)] {
+        let order = self.order();
+        let from = order.partition_point(|&(a, _)| a < start);
+        let to = order.partition_point(|&(a, _)| a < end).max(from);
+        &order[from..to]
+    }
+
+    /// The addresses with their blocks' sizes, sorted (once after they last changed).
+    fn order(&self) -> &[(u64, u64)] {
         self.order.get_or_init(|| {
-            let mut addresses: Vec<u64> = self.map.keys().copied().collect();
-            addresses.sort_unstable();
-            addresses
+            let mut order: Vec<(u64, u64)> =
+                self.map.iter().map(|(&addr, b)| (addr, b.size)).collect();
+            order.sort_unstable_by_key(|&(addr, _)| addr);
+            order
         })
     }
 
-    /// The blocks at `addresses` (all of them in the map).
+    /// The blocks at the addresses of `order` (all of them in the map).
     fn with_addresses<'a>(
         &'a self,
-        addresses: &'a [u64],
+        order: &'a [(u64, u64)],
     ) -> impl Iterator<Item = (&'a u64, &'a LiveBlock)> {
-        addresses
+        order
             .iter()
-            .filter_map(move |addr| self.map.get(addr).map(|b| (addr, b)))
+            .filter_map(move |(addr, _)| self.map.get_key_value(addr))
     }
 
     fn insert(&mut self, addr: u64, block: LiveBlock) -> Option<LiveBlock> {
-        let replaced = self.map.insert(addr, block);
-        if replaced.is_none() {
-            self.order.take();
-        }
-        replaced
+        // Always: a block replaced at its address may have another size.
+        self.order.take();
+        self.map.insert(addr, block)
     }
 
     fn remove(&mut self, addr: u64) -> Option<LiveBlock> {
@@ -596,14 +609,20 @@ impl MemoryState {
         self.blocks.in_range(addr, addr.saturating_add(size))
     }
 
+    /// The `(address, size)` of the live blocks inside the segment at `addr` of `size` bytes,
+    /// in address order, without looking any block up ([`LiveBlocks::extents_in`]).
+    pub fn block_extents_in(&self, addr: u64, size: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.blocks.extents_in(addr, addr.saturating_add(size))
+    }
+
     /// Live blocks that lie in no known segment (traces without segment data), the
     /// unattributed bytes included.
     pub fn orphan_bytes(&self) -> u64 {
         let mut in_segments = 0u64;
         for (&a, s) in &self.segments {
             let inside = self
-                .blocks_in(a, s.size)
-                .fold(0u64, |sum, (_, b)| sum.saturating_add(b.size));
+                .block_extents_in(a, s.size)
+                .fold(0u64, |sum, (_, size)| sum.saturating_add(size));
             in_segments = in_segments.saturating_add(inside);
         }
         self.active.saturating_sub(in_segments)
@@ -684,9 +703,9 @@ pub(crate) mod tests {
         }
     }
 
-    /// The blocks in address order and in a range, asked for between changes of every kind
-    /// (a new address, a block replaced at its address, one removed, one made pending), are
-    /// those of an ordered map that went through the same changes.
+    /// The blocks in address order and in a range, and their extents, asked for between
+    /// changes of every kind (a new address, a block replaced at its address, one removed, one
+    /// made pending), are those of an ordered map that went through the same changes.
     #[test]
     fn blocks_by_address_follow_every_change() {
         let mut blocks = LiveBlocks::default();
@@ -723,6 +742,14 @@ pub(crate) mod tests {
                 let ours: Vec<u64> = blocks.in_range(from, to).map(|(&a, _)| a).collect();
                 let theirs: Vec<u64> = model.range(from..to.max(from)).map(|(&a, _)| a).collect();
                 assert_eq!(ours, theirs, "step {step}: [{from:#x}, {to:#x})");
+                // The sizes read from the sorted list alone follow a block replaced at its
+                // address by one of another size.
+                let ours: Vec<(u64, u64)> = blocks.extents_in(from, to).collect();
+                let theirs: Vec<(u64, u64)> = model
+                    .range(from..to.max(from))
+                    .map(|(&a, b)| (a, b.size))
+                    .collect();
+                assert_eq!(ours, theirs, "step {step}: extents in [{from:#x}, {to:#x})");
             }
             assert_eq!(blocks.len(), model.len());
         }

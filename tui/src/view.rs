@@ -304,10 +304,10 @@ impl SegmentFigures {
         for (&addr, seg) in &state.segments {
             let mut live = 0;
             let mut cursor = addr;
-            for (&a, b) in state.blocks_in(addr, seg.size) {
-                live += b.size;
+            for (a, size) in state.block_extents_in(addr, seg.size) {
+                live += size;
                 f.largest_free = f.largest_free.max(a.saturating_sub(cursor));
-                cursor = cursor.max(a + b.size);
+                cursor = cursor.max(a + size);
             }
             f.largest_free = f.largest_free.max((addr + seg.size).saturating_sub(cursor));
             if live > 0 {
