@@ -121,7 +121,9 @@ impl LiveBlock {
 /// each of those a search of a tree. Order is asked for where it matters:
 /// [`LiveBlocks::by_address`] and [`LiveBlocks::in_range`] go through the addresses sorted,
 /// which are sorted once after the set of addresses last changed and kept until it changes
-/// again (a walk never asks for them; a state that is drawn or summarized asks for them once);
+/// again (a walk never asks for them; a state that is drawn or summarized asks for them once).
+/// A state drawn, then moved by a few events and drawn again (the dashboard's cursor) keeps
+/// the old list and the addresses changed since, and merges them instead of sorting again.
 /// [`LiveBlocks::unordered`] is for sums and tallies that do not depend on order.
 #[derive(Clone, Default)]
 pub struct LiveBlocks {
@@ -130,6 +132,16 @@ pub struct LiveBlocks {
     /// emptied whenever a block is added, replaced or removed (a block's size never changes
     /// in place).
     order: OnceLock<Vec<(u64, u64)>>,
+    /// The last order computed and the addresses added, replaced or removed since, while they
+    /// are few: what the next order is merged from.
+    since_order: Option<Box<SinceOrder>>,
+}
+
+/// An earlier order of [`LiveBlocks`] and the addresses changed after it.
+#[derive(Clone, Default)]
+struct SinceOrder {
+    base: Vec<(u64, u64)>,
+    touched: Vec<u64>,
 }
 
 impl PartialEq for LiveBlocks {
@@ -208,14 +220,66 @@ impl LiveBlocks {
         &order[from..to]
     }
 
-    /// The addresses with their blocks' sizes, sorted (once after they last changed).
+    /// The addresses with their blocks' sizes, sorted (once after they last changed): merged
+    /// from the last order and the addresses changed since when there is one, else sorted.
     fn order(&self) -> &[(u64, u64)] {
-        self.order.get_or_init(|| {
-            let mut order: Vec<(u64, u64)> =
-                self.map.iter().map(|(&addr, b)| (addr, b.size)).collect();
-            order.sort_unstable_by_key(|&(addr, _)| addr);
-            order
+        self.order.get_or_init(|| match &self.since_order {
+            Some(since) => self.merged(since),
+            None => {
+                let mut order: Vec<(u64, u64)> =
+                    self.map.iter().map(|(&addr, b)| (addr, b.size)).collect();
+                order.sort_unstable_by_key(|&(addr, _)| addr);
+                order
+            }
         })
+    }
+
+    /// The order now, from `since`: the earlier order without the changed addresses, merged
+    /// with the changed addresses that hold a block now.
+    fn merged(&self, since: &SinceOrder) -> Vec<(u64, u64)> {
+        let mut touched = since.touched.clone();
+        touched.sort_unstable();
+        touched.dedup();
+        let current: Vec<(u64, u64)> = touched
+            .iter()
+            .filter_map(|addr| self.map.get(addr).map(|b| (*addr, b.size)))
+            .collect();
+        let mut out = Vec::with_capacity(self.map.len());
+        let mut changed = touched.iter().peekable();
+        let mut fresh = current.iter().peekable();
+        for &(addr, size) in &since.base {
+            while let Some(&&(a, _)) = fresh.peek() {
+                if a >= addr {
+                    break;
+                }
+                out.extend(fresh.next());
+            }
+            while changed.next_if(|&&a| a < addr).is_some() {}
+            if changed.peek() == Some(&&addr) {
+                continue;
+            }
+            out.push((addr, size));
+        }
+        out.extend(fresh);
+        out
+    }
+
+    /// Notes that the block at `addr` is added, replaced or removed: the order is kept as the
+    /// base of the next one, with `addr` among the changes, while the changes stay few.
+    fn touch(&mut self, addr: u64) {
+        if let Some(order) = self.order.take() {
+            let since = self.since_order.get_or_insert_with(Box::default);
+            since.base = order;
+            since.touched.clear();
+        }
+        if let Some(since) = &mut self.since_order {
+            since.touched.push(addr);
+            // Past a quarter of the blocks a sort is as cheap as the merge, and the list of
+            // changes stops growing.
+            if since.touched.len() > since.base.len() / 4 + 64 {
+                self.since_order = None;
+            }
+        }
     }
 
     /// The blocks at the addresses of `order` (all of them in the map).
@@ -230,13 +294,13 @@ impl LiveBlocks {
 
     fn insert(&mut self, addr: u64, block: LiveBlock) -> Option<LiveBlock> {
         // Always: a block replaced at its address may have another size.
-        self.order.take();
+        self.touch(addr);
         self.map.insert(addr, block)
     }
 
     fn remove(&mut self, addr: u64) -> Option<LiveBlock> {
         let removed = self.map.remove(&addr)?;
-        self.order.take();
+        self.touch(addr);
         Some(removed)
     }
 }
@@ -732,8 +796,11 @@ pub(crate) mod tests {
                     }
                 }
             }
-            // Asked for now and then, so that the sorted addresses are kept across changes.
-            if step % 3 == 0 {
+            // Asked for now and then, so that the sorted addresses are kept across changes and
+            // merged with them: often at first (few changes between asks), then rarely (more
+            // changes than the merge keeps, so the order is sorted afresh).
+            let every = if step < 2000 { 3 } else { 150 };
+            if step % every == 0 {
                 let ours: Vec<(u64, LiveBlock)> =
                     blocks.by_address().map(|(&a, &b)| (a, b)).collect();
                 let theirs: Vec<(u64, LiveBlock)> = model.iter().map(|(&a, &b)| (a, b)).collect();
