@@ -158,6 +158,12 @@ pub fn claim_env_addr() -> Option<(String, bool)> {
     Some((value.to_string(), allow_remote))
 }
 
+/// Gives `VRAMSCOPE_METRICS` back after the server that claimed it stopped or could not start,
+/// so that the next face of the process may serve there.
+pub fn release_env_claim() {
+    ENV_CLAIMED.store(false, Ordering::SeqCst);
+}
+
 /// What a scrape reads: the statistics of every device served, as `(device, stats)`.
 pub type StatsSource = Box<dyn Fn() -> Vec<(u32, MemoryStats)> + Send + Sync>;
 

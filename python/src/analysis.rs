@@ -58,18 +58,22 @@ impl Limits {
     }
 }
 
-/// Whether the events from sequence number `since` on span more than one step: the test
-/// marked steps, so the per-step leak rule applies to it.
+/// Whether the events from sequence number `since` on span as many steps as the per-step
+/// leak rule needs (`DetectOptions::min_steps`): the test is a training loop. A test with
+/// fewer (one `optimizer.step()`, marked by `attach()` or `use_allocator()`) is a unit test,
+/// judged by what it keeps.
 fn marked_steps_since(snapshot: &Snapshot, since: u64) -> bool {
-    let mut steps = snapshot
-        .events
-        .iter()
-        .filter(|e| e.seq >= since)
-        .map(|e| e.step);
-    match steps.next() {
-        Some(first) => steps.any(|step| step != first),
-        None => false,
+    let wanted = DetectOptions::default().min_steps.max(2);
+    let mut steps: Vec<u32> = Vec::new();
+    for event in snapshot.events.iter().filter(|e| e.seq >= since) {
+        if !steps.contains(&event.step) {
+            steps.push(event.step);
+            if steps.len() as u64 >= wanted {
+                return true;
+            }
+        }
     }
+    false
 }
 
 /// The checks of `limits` that `snapshot` fails, one message each (empty when all pass).

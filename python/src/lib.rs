@@ -204,7 +204,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<HostLog>()?;
     m.add_class::<metrics::MetricsServer>()?;
     m.add_function(wrap_pyfunction!(metrics::serve_stats_metrics, m)?)?;
-    m.add_function(wrap_pyfunction!(metrics::metrics_env_addr, m)?)?;
     m.add_class::<report::Finding>()?;
     m.add_class::<report::FindingSite>()?;
     m.add_class::<report::Report>()?;
@@ -323,6 +322,9 @@ mod tests {
             serde_json::from_slice(&std::fs::read(&output).expect("the report was written"))
                 .expect("JSON");
         assert!(report.is_object() || report.is_array(), "{report}");
+        // A bad argument is status 2 and a message, not the end of the embedding process.
+        assert_eq!(run(&["vramscope", "report", "--no-such-flag"]), 2);
+        assert_eq!(run(&["vramscope", "--version"]), 0);
         // The kept blocks are a leak: `--fail-on` turns it into exit status 1, as in a shell.
         let failing = run(&[
             "vramscope",

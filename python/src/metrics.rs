@@ -24,6 +24,16 @@ use vramscope_model::MemoryStats;
 pub struct MetricsServer {
     server: Mutex<Option<Server>>,
     addr: String,
+    /// Whether it serves `VRAMSCOPE_METRICS`'s address, given back when it stops.
+    env_claim: bool,
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        if self.env_claim {
+            vramscope_allocator::metrics::release_env_claim();
+        }
+    }
 }
 
 #[pymethods]
@@ -46,6 +56,9 @@ impl MetricsServer {
         if let Some(server) = server {
             // The server's thread may be waiting for the GIL in a scrape of `attach()`.
             py.detach(move || server.shutdown());
+            if self.env_claim {
+                vramscope_allocator::metrics::release_env_claim();
+            }
         }
     }
 
@@ -96,34 +109,51 @@ fn wrap(
     Ok(MetricsServer {
         addr: server.addr().to_string(),
         server: Mutex::new(Some(server)),
+        env_claim: false,
     })
 }
 
 /// Serves `/metrics` on `addr` from `stats`, a Python callable that returns
 /// `torch.cuda.memory_stats()`'s flat dictionary for one device, called (with the GIL) at each
 /// scrape; `device` labels the series. A scrape whose call fails serves no series for it.
+/// Without `addr`, serves where `VRAMSCOPE_METRICS` asks ([`serve_from_env`]), or not at all.
 #[pyfunction]
 #[pyo3(signature = (addr, stats, device = 0, allow_remote = false))]
 pub fn serve_stats_metrics(
-    addr: &str,
+    addr: Option<&str>,
     stats: Py<PyAny>,
     device: u32,
     allow_remote: bool,
-) -> PyResult<MetricsServer> {
+) -> PyResult<Option<MetricsServer>> {
     let source: StatsSource = Box::new(move || {
         Python::attach(|py| match read_flat_stats(py, &stats) {
             Some(figures) => vec![(device, figures)],
             None => Vec::new(),
         })
     });
-    serve(source, addr, allow_remote)
+    match addr {
+        Some(addr) => serve(source, addr, allow_remote).map(Some),
+        None => Ok(serve_from_env(source)),
+    }
 }
 
-/// `VRAMSCOPE_METRICS`'s address, once per process (see the module's documentation), as
-/// Python sees it: `(addr, allow_remote)` or `None`.
-#[pyfunction]
-pub fn metrics_env_addr() -> Option<(String, bool)> {
-    take_env_addr()
+/// Serves `source` where `VRAMSCOPE_METRICS` asks, when no other server of the process does:
+/// `None` when unset or taken. An address it cannot serve is said on standard error, once, and
+/// given back, rather than raised: the variable is the environment's, not the caller's code.
+pub fn serve_from_env(source: StatsSource) -> Option<MetricsServer> {
+    let (addr, allow_remote) = take_env_addr()?;
+    match Server::serve_source(source, &addr, allow_remote) {
+        Ok(server) => Some(MetricsServer {
+            addr: server.addr().to_string(),
+            server: Mutex::new(Some(server)),
+            env_claim: true,
+        }),
+        Err(e) => {
+            eprintln!("vramscope: VRAMSCOPE_METRICS={addr}: /metrics not served: {e}");
+            vramscope_allocator::metrics::release_env_claim();
+            None
+        }
+    }
 }
 
 /// Calls `stats` and reads its flat figures; `None` when the call or the reading fails.

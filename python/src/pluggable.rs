@@ -287,10 +287,10 @@ pub fn device_check(
 }
 
 /// The sequence number `device`'s allocator gives its next event: the mark a check's `since`
-/// takes.
+/// takes; 0 for a device not opened yet (it has no events).
 #[pyfunction]
-pub fn device_next_event_seq(device: i32) -> PyResult<u64> {
-    Ok(device_or_err(device)?.next_event_seq())
+pub fn device_next_event_seq(device: i32) -> u64 {
+    vramscope_ffi::opened(device).map_or(0, |alloc| alloc.next_event_seq())
 }
 
 /// The devices this library has served.

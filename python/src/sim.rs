@@ -205,14 +205,17 @@ impl SimAllocator {
         addr: Option<&str>,
         allow_remote: bool,
     ) -> PyResult<Option<crate::metrics::MetricsServer>> {
-        let (addr, allow_remote) = match addr {
-            Some(addr) => (addr.to_string(), allow_remote),
-            None => match crate::metrics::take_env_addr() {
-                Some(found) => found,
-                None => return Ok(None),
-            },
-        };
-        crate::metrics::serve_allocator(&self.alloc, &addr, allow_remote).map(Some)
+        match addr {
+            Some(addr) => {
+                crate::metrics::serve_allocator(&self.alloc, addr, allow_remote).map(Some)
+            }
+            None => {
+                let alloc = self.alloc.clone();
+                Ok(crate::metrics::serve_from_env(Box::new(move || {
+                    vec![(alloc.device(), alloc.stats())]
+                })))
+            }
+        }
     }
 
     /// The sequence number the allocator's next event gets: the mark a check's `since` takes.

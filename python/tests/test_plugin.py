@@ -165,6 +165,11 @@ def test_frees_by_returning(vramscope_allocator):
 @pytest.mark.vramscope(no_leaks=True)
 def test_leaves_it_to_the_fixture(vramscope_allocator, scratch):
     scratch.append(vramscope_allocator.alloc(10 << 20))
+
+@pytest.mark.vramscope(no_leaks=True)
+def test_one_step_is_still_a_unit_test(vramscope_allocator):
+    vramscope.mark_step()  # one optimizer step, as attach() marks it
+    KEPT.append(vramscope_allocator.alloc(3 << 20))  # ONE-STEP
 '''
 
 
@@ -172,12 +177,16 @@ def test_no_leaks_in_a_unit_test_means_nothing_kept_after_it_returns(pytester):
     path = pytester.makepyfile(test_unit=UNIT)
     result = pytester.runpytest("-p", "no:cacheprovider")
     # The kept block is judged after the fixtures' teardown: an error at teardown.
-    result.assert_outcomes(passed=3, errors=1)
+    result.assert_outcomes(passed=4, errors=2)
     line = line_of(path, "# GLOBAL")
     result.stdout.fnmatch_lines([
         "*ERROR at teardown of test_keeps_in_a_global*",
         "*no_leaks*nothing kept (10.0 MiB in 1 block allocated by the test still live*",
         f"*10.0 MiB in 1 block still live, made at {path}:{line}*",
+    ])
+    result.stdout.fnmatch_lines([
+        "*ERROR at teardown of test_one_step_is_still_a_unit_test*",
+        f"*3.00 MiB in 1 block still live, made at {path}:{line_of(path, '# ONE-STEP')}*",
     ])
     text = result.stdout.str().split("short test summary")[-1]
     for clean in ("test_frees_by_returning", "test_leaves_it_to_the_fixture"):

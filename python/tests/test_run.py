@@ -81,6 +81,11 @@ def test_python_dash_m_runs_the_script_with_this_python(tmp_path):
                                  str(snapshot), "SCRIPT", "0"])
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"retained_per_step at {script}:{line_of(script, '# LEAK')}" in out.stderr
+    # After `--` the command is given whole, interpreter included.
+    script, out = run(tmp_path, [sys.executable, "-m", "vramscope", "run", "--snapshot",
+                                 str(snapshot), "--", sys.executable, "SCRIPT", "4"])
+    assert out.returncode == 4, out.stdout + out.stderr
+    assert f"retained_per_step at {script}:{line_of(script, '# LEAK')}" in out.stderr
 
 
 def test_a_script_that_cannot_start_is_said_and_its_status_passed_through(tmp_path):

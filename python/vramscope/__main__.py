@@ -18,14 +18,15 @@ _VALUED = {"--snapshot", "--oom-snapshot", "--listen", "--metrics", "--allocator
 
 def run_args(args: List[str]) -> List[str]:
     """``run`` arguments with this interpreter put before the script: ``[OPTIONS] script
-    ARGS`` becomes ``[OPTIONS] -- sys.executable script ARGS``."""
+    ARGS`` becomes ``[OPTIONS] -- sys.executable script ARGS``; ``[OPTIONS] -- COMMAND`` is
+    left as it is."""
     options: List[str] = []
     i = 0
     while i < len(args):
         arg = args[i]
         if arg == "--":
-            i += 1
-            break
+            # What follows is a whole command (`python -m vramscope run -- python x.py`).
+            return [*options, *args[i:]]
         if not arg.startswith("-") or arg == "-":
             break
         options.append(arg)

@@ -375,15 +375,10 @@ class AttachSession:
 def _serve_torch_metrics(torch: Any, addr: Optional[str]) -> Any:
     """A ``/metrics`` server of ``torch.cuda.memory_stats()`` for the current device, at
     ``addr`` or where ``VRAMSCOPE_METRICS`` asks; None when neither does."""
-    allow_remote = False
-    if addr is None:
-        found = _native.metrics_env_addr()
-        if found is None:
-            return None
-        addr, allow_remote = found
     device = torch.cuda.current_device()
-    server = _native.serve_stats_metrics(addr, lambda: torch.cuda.memory_stats(device), device,
-                                         allow_remote)
+    server = _native.serve_stats_metrics(addr, lambda: torch.cuda.memory_stats(device), device)
+    if server is None:
+        return None
     atexit.register(server.close)
     print(f"vramscope: serving PyTorch's allocator statistics on {server.url}", file=sys.stderr)
     return server

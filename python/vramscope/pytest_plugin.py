@@ -100,18 +100,20 @@ def pytest_runtest_call(item: Any) -> Any:
         own = _new_sim(item.config)
         vramscope.activate(own)
     target = vramscope.active()
-    next_seq = getattr(target, "next_event_seq", None)
-    since = next_seq() if next_seq is not None else None
     arm = getattr(target, "arm", None)
-    if arm is not None:
-        # Keep the state at each step mark: a test's list of kept tensors dies with its
-        # locals before the check runs.
-        arm(True)
     deferred = False
     try:
+        # What the allocator recorded before the test is not the test's (a face without a
+        # sequence number, attach(), keeps the per-step rule alone).
+        next_seq = getattr(target, "next_event_seq", None)
+        since = next_seq() if next_seq is not None else None
+        if arm is not None:
+            # Keep the state at each step mark: a test's list of kept tensors dies with its
+            # locals before the check runs.
+            arm(True)
         result = yield
         gc.collect()
-        failures = target.check(**limits, since=since)
+        failures = target.check(**limits, **({} if since is None else {"since": since}))
         # A unit test's leak is judged after its fixtures are torn down (below).
         kept = [f for f in failures if _NOTHING_KEPT in f]
         if kept:
@@ -130,7 +132,18 @@ def pytest_runtest_call(item: Any) -> Any:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: Any, nextitem: Any) -> Any:
-    result = yield
+    try:
+        result = yield
+    except BaseException:
+        # A fixture's teardown failed: that is the test's error; the plugin's own allocator
+        # still goes, so that the next test does not inherit it.
+        pending = item.stash.get(_DEFERRED, None)
+        if pending is not None:
+            del item.stash[_DEFERRED]
+            own = pending[2]
+            if own is not None and vramscope.active() is own:
+                vramscope.activate(None)
+        raise
     pending = item.stash.get(_DEFERRED, None)
     if pending is None:
         return result

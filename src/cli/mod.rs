@@ -1077,15 +1077,23 @@ fn run_replay(args: ReplayArgs) -> Result<u8, Failure> {
 /// Runs the command line on `args` (the program's name first, as `std::env::args_os` gives
 /// it) and returns the exit status: 0 on success, 1 when a finding reaches `--fail-on` or a
 /// comparison differs, 2 for unusable input. `--help`, `--version` and argument errors print
-/// and end the process, as clap does.
+/// and return their status (0 for help and version, 2 for a bad argument) without ending the
+/// process, which may be a Python interpreter or a notebook's kernel.
 pub fn main_with_args<I, T>(args: I) -> u8
 where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let cli = Cli::parse_from(args);
-    if let Some(bytes) = cli.command.input_limit().max_input {
-        import::set_default_max_input(bytes);
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(error) => {
+            let _ = error.print();
+            return u8::try_from(error.exit_code()).unwrap_or(2);
+        }
+    };
+    match cli.command.input_limit().max_input {
+        Some(bytes) => import::set_default_max_input(bytes),
+        None => import::clear_default_max_input(),
     }
     match run(cli) {
         Ok(status) => status,

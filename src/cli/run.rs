@@ -82,7 +82,8 @@ pub struct RunArgs {
     /// The allocator the script runs on: pytorch (its own, recorded) or vramscope.
     #[arg(long, value_enum, default_value = "pytorch")]
     allocator: RunAllocator,
-    /// The command to run, after `--`: `python train.py ARGS`, `torchrun ...`.
+    /// The command to run, after `--`: `python train.py ARGS` (one Python process: a
+    /// launcher such as torchrun would be watched itself, not its workers).
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<OsString>,
 }
@@ -126,11 +127,12 @@ pub fn run(args: RunArgs) -> Result<u8, Failure> {
         "listen": args.listen,
         "metrics": args.metrics,
     });
-    let mut python_path = OsString::from(site.path());
+    let mut paths = vec![site.path().to_path_buf()];
     if let Some(existing) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
-        python_path.push(":");
-        python_path.push(existing);
+        paths.extend(std::env::split_paths(&existing));
     }
+    let python_path = std::env::join_paths(paths)
+        .map_err(|e| Failure::input(format!("cannot set PYTHONPATH: {e}")))?;
     let (program, rest) = args.command.split_first().expect("clap requires a command");
     let status = Process::new(program)
         .args(rest)

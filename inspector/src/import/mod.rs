@@ -62,6 +62,13 @@ pub fn set_default_max_input(bytes: u64) {
     MAX_INPUT_OVERRIDE.store(bytes.max(1), std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Forgets the value [`set_default_max_input`] set: the defaults go back to [`MAX_INPUT_ENV`]
+/// or [`MAX_FILE_BYTES`] (a command line run again in the same process, as the Python
+/// package's `vramscope` command is, without `--max-input`).
+pub fn clear_default_max_input() {
+    MAX_INPUT_OVERRIDE.store(0, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The largest input the defaults of [`ImportOptions`] accept: the value given to
 /// [`set_default_max_input`], else [`MAX_INPUT_ENV`], else [`MAX_FILE_BYTES`]. A value of the
 /// variable that is not a size is reported once on standard error and the default is used.
