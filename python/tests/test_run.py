@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from conftest import line_of
 from test_torch_stand_in import STAND_IN
 
@@ -86,6 +88,36 @@ def test_python_dash_m_runs_the_script_with_this_python(tmp_path):
                                  str(snapshot), "--", sys.executable, "SCRIPT", "4"])
     assert out.returncode == 4, out.stdout + out.stderr
     assert f"retained_per_step at {script}:{line_of(script, '# LEAK')}" in out.stderr
+
+
+def test_ctrl_c_to_the_command_leaves_the_script_to_finish_and_the_verdict_said(tmp_path):
+    import signal
+    import time
+
+    script = tmp_path / "slow.py"
+    script.write_text("import time\ntime.sleep(3)\nprint('finished')\n")
+    runner = subprocess.Popen([command(), "run", "--snapshot", str(tmp_path / "slow.pickle"),
+                               "--", sys.executable, str(script)], cwd=tmp_path,
+                              env=dict(os.environ, PYTHONPATH=STAND_IN),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Wait until the command ignores SIGINT (its script is running), as the kernel says.
+    status = f"/proc/{runner.pid}/status"
+    if not os.path.exists(status):
+        runner.communicate(timeout=120)
+        pytest.skip("no /proc here to see when the command ignores SIGINT")
+    deadline = time.monotonic() + 60
+    while True:
+        with open(status) as f:
+            ignored = next(int(line.split()[1], 16) for line in f if line.startswith("SigIgn:"))
+        if ignored & (1 << (signal.SIGINT - 1)):
+            break
+        assert time.monotonic() < deadline, "the command never ignored SIGINT"
+        time.sleep(0.02)
+    runner.send_signal(signal.SIGINT)  # to the command alone, not the script
+    out, err = runner.communicate(timeout=120)
+    assert runner.returncode == 0, out + err
+    assert "finished" in out
+    assert "exited with status 0" in err
 
 
 def test_a_script_that_cannot_start_is_said_and_its_status_passed_through(tmp_path):

@@ -134,12 +134,21 @@ pub fn run(args: RunArgs) -> Result<u8, Failure> {
     let python_path = std::env::join_paths(paths)
         .map_err(|e| Failure::input(format!("cannot set PYTHONPATH: {e}")))?;
     let (program, rest) = args.command.split_first().expect("clap requires a command");
-    let status = Process::new(program)
+    let name = Path::new(program).display();
+    let mut child = Process::new(program)
         .args(rest)
         .env("PYTHONPATH", python_path)
         .env(ENV_CONFIG, config.to_string())
-        .status()
-        .map_err(|e| Failure::input(format!("cannot run {}: {e}", Path::new(program).display())))?;
+        .spawn()
+        .map_err(|e| Failure::input(format!("cannot run {name}: {e}")))?;
+    // Ctrl-C reaches the script, which writes its snapshot and exits; this command outlives it
+    // to print the verdict and pass its status on. Ignored after the spawn, so that the script
+    // keeps the default handling.
+    let status = {
+        let _interrupts = IgnoredInterrupts::now();
+        child.wait()
+    }
+    .map_err(|e| Failure::input(format!("cannot wait for {name}: {e}")))?;
     drop(site);
     let code = exit_code(&status);
     say(format_args!(
@@ -176,6 +185,40 @@ pub fn run(args: RunArgs) -> Result<u8, Failure> {
         ));
     }
     Ok(code)
+}
+
+/// SIGINT and SIGQUIT ignored by this process until dropped, as `system()` ignores them while
+/// its command runs (a no-op where there are no such signals).
+struct IgnoredInterrupts {
+    #[cfg(unix)]
+    previous: [(libc::c_int, libc::sighandler_t); 2],
+}
+
+impl IgnoredInterrupts {
+    fn now() -> IgnoredInterrupts {
+        #[cfg(unix)]
+        {
+            // SAFETY: `signal` with `SIG_IGN` installs no code of ours; the previous handlers
+            // it returns are put back unchanged on drop.
+            let previous = [libc::SIGINT, libc::SIGQUIT]
+                .map(|signal| (signal, unsafe { libc::signal(signal, libc::SIG_IGN) }));
+            IgnoredInterrupts { previous }
+        }
+        #[cfg(not(unix))]
+        IgnoredInterrupts {}
+    }
+}
+
+impl Drop for IgnoredInterrupts {
+    fn drop(&mut self) {
+        #[cfg(unix)]
+        for (signal, handler) in self.previous {
+            if handler != libc::SIG_ERR {
+                // SAFETY: puts back the handler `signal` returned for this signal.
+                unsafe { libc::signal(signal, handler) };
+            }
+        }
+    }
 }
 
 /// The report's verdict on the snapshot at `path`.
