@@ -125,7 +125,7 @@ impl LiveBlock {
 /// A state drawn, then moved by a few events and drawn again (the dashboard's cursor) keeps
 /// the old list and the addresses changed since, and merges them instead of sorting again.
 /// [`LiveBlocks::unordered`] is for sums and tallies that do not depend on order.
-#[derive(Clone, Default)]
+#[derive(Default)]
 pub struct LiveBlocks {
     map: AddrMap<LiveBlock>,
     /// The addresses of `map` with each block's size, sorted by address, once asked for;
@@ -142,6 +142,19 @@ pub struct LiveBlocks {
 struct SinceOrder {
     base: Vec<(u64, u64)>,
     touched: Vec<u64>,
+}
+
+impl Clone for LiveBlocks {
+    /// The blocks and their current order; not the earlier order kept for a merge, which a
+    /// copy (a checkpoint taken, a state cached to draw) would only carry as dead weight: a
+    /// copy changed before it is drawn sorts once.
+    fn clone(&self) -> LiveBlocks {
+        LiveBlocks {
+            map: self.map.clone(),
+            order: self.order.clone(),
+            since_order: None,
+        }
+    }
 }
 
 impl PartialEq for LiveBlocks {
