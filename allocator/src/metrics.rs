@@ -283,7 +283,8 @@ pub fn render<B: Backend>(allocators: &[CachingAllocator<B>]) -> String {
 }
 
 /// The statistics of a fixed set of allocators.
-fn source_of<B: Backend>(allocators: &[CachingAllocator<B>]) -> StatsSource {
+/// What a scrape of `allocators` reads: each one's device and statistics.
+pub fn source_of<B: Backend>(allocators: &[CachingAllocator<B>]) -> StatsSource {
     let allocators = allocators.to_vec();
     Box::new(move || allocators.iter().map(|a| (a.device(), a.stats())).collect())
 }

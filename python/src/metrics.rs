@@ -28,6 +28,16 @@ pub struct MetricsServer {
     env_claim: bool,
 }
 
+impl MetricsServer {
+    fn new(server: Server, env_claim: bool) -> MetricsServer {
+        MetricsServer {
+            addr: server.addr().to_string(),
+            server: Mutex::new(Some(server)),
+            env_claim,
+        }
+    }
+}
+
 impl Drop for MetricsServer {
     fn drop(&mut self) {
         if self.env_claim {
@@ -67,37 +77,18 @@ impl MetricsServer {
     }
 }
 
-/// The address `VRAMSCOPE_METRICS` asks for, with whether a non-loopback one is allowed, when
-/// it is set and no server of this process has claimed it yet (the allocator crate's one claim,
-/// shared with the C library's server).
-pub fn take_env_addr() -> Option<(String, bool)> {
-    vramscope_allocator::metrics::claim_env_addr()
-}
-
-/// Serves `source` on `addr`, as a Python object.
-pub fn serve(source: StatsSource, addr: &str, allow_remote: bool) -> PyResult<MetricsServer> {
-    wrap(Server::serve_source(source, addr, allow_remote), addr)
-}
-
-/// Serves the statistics of `alloc` on `addr`, as a Python object.
-pub fn serve_allocator<B: vramscope_allocator::Backend>(
-    alloc: &vramscope_allocator::CachingAllocator<B>,
-    addr: &str,
+/// Serves `source` on `addr` (raising when it cannot), or without `addr` where
+/// `VRAMSCOPE_METRICS` asks ([`serve_from_env`]): what every face of this module calls.
+pub fn serve_at(
+    source: StatsSource,
+    addr: Option<&str>,
     allow_remote: bool,
-) -> PyResult<MetricsServer> {
-    wrap(
-        Server::serve(std::slice::from_ref(alloc), addr, allow_remote),
-        addr,
-    )
-}
-
-/// A started server as a Python object, or the reason it could not start as an exception.
-fn wrap(
-    started: Result<Server, vramscope_allocator::metrics::MetricsError>,
-    addr: &str,
-) -> PyResult<MetricsServer> {
+) -> PyResult<Option<MetricsServer>> {
     use vramscope_allocator::metrics::MetricsError;
-    let server = started.map_err(|e| {
+    let Some(addr) = addr else {
+        return Ok(serve_from_env(source));
+    };
+    let server = Server::serve_source(source, addr, allow_remote).map_err(|e| {
         let message = format!("cannot serve /metrics on {addr}: {e}");
         match e {
             MetricsError::BadAddress(_) | MetricsError::NotLoopback(_) => {
@@ -106,11 +97,7 @@ fn wrap(
             _ => PyRuntimeError::new_err(message),
         }
     })?;
-    Ok(MetricsServer {
-        addr: server.addr().to_string(),
-        server: Mutex::new(Some(server)),
-        env_claim: false,
-    })
+    Ok(Some(MetricsServer::new(server, false)))
 }
 
 /// Serves `/metrics` on `addr` from `stats`, a Python callable that returns
@@ -131,23 +118,16 @@ pub fn serve_stats_metrics(
             None => Vec::new(),
         })
     });
-    match addr {
-        Some(addr) => serve(source, addr, allow_remote).map(Some),
-        None => Ok(serve_from_env(source)),
-    }
+    serve_at(source, addr, allow_remote)
 }
 
 /// Serves `source` where `VRAMSCOPE_METRICS` asks, when no other server of the process does:
 /// `None` when unset or taken. An address it cannot serve is said on standard error, once, and
 /// given back, rather than raised: the variable is the environment's, not the caller's code.
 pub fn serve_from_env(source: StatsSource) -> Option<MetricsServer> {
-    let (addr, allow_remote) = take_env_addr()?;
+    let (addr, allow_remote) = vramscope_allocator::metrics::claim_env_addr()?;
     match Server::serve_source(source, &addr, allow_remote) {
-        Ok(server) => Some(MetricsServer {
-            addr: server.addr().to_string(),
-            server: Mutex::new(Some(server)),
-            env_claim: true,
-        }),
+        Ok(server) => Some(MetricsServer::new(server, true)),
         Err(e) => {
             eprintln!("vramscope: VRAMSCOPE_METRICS={addr}: /metrics not served: {e}");
             vramscope_allocator::metrics::release_env_claim();

@@ -205,17 +205,8 @@ impl SimAllocator {
         addr: Option<&str>,
         allow_remote: bool,
     ) -> PyResult<Option<crate::metrics::MetricsServer>> {
-        match addr {
-            Some(addr) => {
-                crate::metrics::serve_allocator(&self.alloc, addr, allow_remote).map(Some)
-            }
-            None => {
-                let alloc = self.alloc.clone();
-                Ok(crate::metrics::serve_from_env(Box::new(move || {
-                    vec![(alloc.device(), alloc.stats())]
-                })))
-            }
-        }
+        let source = vramscope_allocator::metrics::source_of(std::slice::from_ref(&self.alloc));
+        crate::metrics::serve_at(source, addr, allow_remote)
     }
 
     /// The sequence number the allocator's next event gets: the mark a check's `since` takes.
