@@ -130,21 +130,22 @@ pub fn check_peak_below(snapshot: &Snapshot, budget: u64) -> Result<(), CheckErr
 pub fn check_nothing_kept_since(snapshot: &Snapshot, since: u64) -> Result<(), CheckError> {
     let view = ModelView::new(snapshot);
     let events = &snapshot.events;
-    // Per group: (bytes, blocks).
-    let mut kept: Vec<(u32, u64, u64)> = Vec::new();
+    // Per group id: (bytes, blocks).
+    let mut by_group = vec![(0u64, 0u64); view.groups().len()];
     for interval in view.intervals() {
         let alloc = interval.alloc(events);
         if interval.free_event().is_some() || alloc.seq < since {
             continue;
         }
-        match kept.iter_mut().find(|k| k.0 == interval.group) {
-            Some(k) => {
-                k.1 = k.1.saturating_add(alloc.size);
-                k.2 += 1;
-            }
-            None => kept.push((interval.group, alloc.size, 1)),
-        }
+        let kept = &mut by_group[interval.group as usize];
+        kept.0 = kept.0.saturating_add(alloc.size);
+        kept.1 += 1;
     }
+    let mut kept: Vec<(u32, u64, u64)> = (0u32..)
+        .zip(by_group)
+        .filter(|(_, (_, blocks))| *blocks > 0)
+        .map(|(group, (bytes, blocks))| (group, bytes, blocks))
+        .collect();
     if kept.is_empty() {
         return Ok(());
     }
@@ -191,35 +192,34 @@ pub fn check_syncs_per_step(
 ) -> Result<(), CheckError> {
     let view = ModelView::new(snapshot);
     let events = &snapshot.events;
-    // Per step index: per group, waits.
-    let mut per_step: std::collections::BTreeMap<u32, Vec<(u32, u64)>> = Default::default();
+    // Waits per (step index, group), and per step index.
+    let mut by_step_group: rustc_hash::FxHashMap<(u32, u32), u64> = Default::default();
+    let mut by_step: std::collections::BTreeMap<u32, u64> = Default::default();
     for group in 0..view.groups().len() as u32 {
         for &i in view.group_events(group) {
             if detect::sync::wait_of(&events[i as usize], options).is_none() {
                 continue;
             }
-            let groups = per_step.entry(view.event_step(i)).or_default();
-            match groups.iter_mut().find(|g| g.0 == group) {
-                Some(g) => g.1 += 1,
-                None => groups.push((group, 1)),
-            }
+            let step = view.event_step(i);
+            *by_step_group.entry((step, group)).or_default() += 1;
+            *by_step.entry(step).or_default() += 1;
         }
     }
-    let Some((step, groups)) = per_step.iter().max_by_key(|(step, groups)| {
-        (
-            groups.iter().map(|g| g.1).sum::<u64>(),
-            std::cmp::Reverse(**step),
-        )
-    }) else {
+    // The step with the most waits, the earliest of equals.
+    let Some((&step, &total)) = by_step
+        .iter()
+        .max_by_key(|(step, total)| (**total, std::cmp::Reverse(**step)))
+    else {
         return Ok(());
     };
-    let total: u64 = groups.iter().map(|g| g.1).sum();
     if total <= limit {
         return Ok(());
     }
-    let &(group, count) = groups
+    let (group, count) = by_step_group
         .iter()
-        .max_by_key(|g| (g.1, std::cmp::Reverse(g.0)))
+        .filter(|((s, _), _)| *s == step)
+        .map(|(&(_, group), &count)| (group, count))
+        .max_by_key(|&(group, count)| (count, std::cmp::Reverse(group)))
         .expect("a step with waits has a group");
     let group = view.group(group);
     let place = if group.function.is_empty() {
@@ -231,7 +231,7 @@ pub fn check_syncs_per_step(
         "  step {} waited for the device {total} times (limit {limit}), {count} of them at {place}\n    \
          fix: keep values on the device inside the loop and read them once per step \
          (accumulate, then one .item())\n",
-        view.step_number(*step)
+        view.step_number(step)
     );
     Err(CheckError {
         check: format!("at most {limit} syncs per step"),

@@ -76,8 +76,21 @@ fn marked_steps_since(snapshot: &Snapshot, since: u64) -> bool {
     false
 }
 
+/// Whether `no_leaks` takes the per-step rule: without `since` (a whole run), or when the test
+/// marked enough steps to be a training loop ([`marked_steps_since`]).
+fn per_step_rule(snapshot: &Snapshot, limits: Limits) -> bool {
+    limits
+        .since
+        .is_none_or(|since| marked_steps_since(snapshot, since))
+}
+
 /// The checks of `limits` that `snapshot` fails, one message each (empty when all pass).
 pub fn check(snapshot: &Snapshot, limits: Limits) -> Vec<String> {
+    check_by(snapshot, limits, per_step_rule(snapshot, limits))
+}
+
+/// [`check`], with the leak rule decided by the caller (`per_step`).
+fn check_by(snapshot: &Snapshot, limits: Limits, per_step: bool) -> Vec<String> {
     let mut failures = Vec::new();
     if let Some(budget) = limits.max_peak {
         if let Err(e) = checks::check_peak_below(snapshot, budget) {
@@ -86,9 +99,7 @@ pub fn check(snapshot: &Snapshot, limits: Limits) -> Vec<String> {
     }
     if limits.no_leaks {
         let kept = match limits.since {
-            Some(since) if !marked_steps_since(snapshot, since) => {
-                checks::check_nothing_kept_since(snapshot, since)
-            }
+            Some(since) if !per_step => checks::check_nothing_kept_since(snapshot, since),
             _ => checks::check_no_leaks(snapshot),
         };
         if let Err(e) = kept {
@@ -111,12 +122,9 @@ pub fn check_with_step(
     at_step: Option<&Snapshot>,
     limits: Limits,
 ) -> Vec<String> {
-    let mut failures = check(snapshot, limits);
-    let per_step_rule = match limits.since {
-        Some(since) => marked_steps_since(snapshot, since),
-        None => true,
-    };
-    if limits.no_leaks && per_step_rule && !failures.iter().any(|f| f.starts_with("no_leaks:")) {
+    let per_step = per_step_rule(snapshot, limits);
+    let mut failures = check_by(snapshot, limits, per_step);
+    if limits.no_leaks && per_step && !failures.iter().any(|f| f.starts_with("no_leaks:")) {
         if let Some(at_step) = at_step {
             if let Err(e) = checks::check_no_leaks(at_step) {
                 failures.push(format!("no_leaks (at the last step mark): {e}"));
