@@ -37,9 +37,7 @@ def start(config: Dict[str, Any]) -> Any:
                                        metrics=config.get("metrics"))
     if allocator != "pytorch":
         raise ValueError(f"unknown allocator {allocator!r}: expected pytorch or vramscope")
-    kwargs: Dict[str, Any] = {}
-    if config.get("metrics"):
-        kwargs["metrics"] = config["metrics"]
     return vramscope.attach(listen=config.get("listen"),
                             snapshot_on_exit=config.get("snapshot"),
-                            oom_snapshot=config.get("oom_snapshot"), **kwargs)
+                            oom_snapshot=config.get("oom_snapshot"),
+                            metrics=config.get("metrics"))

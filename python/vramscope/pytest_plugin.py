@@ -132,24 +132,16 @@ def pytest_runtest_call(item: Any) -> Any:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: Any, nextitem: Any) -> Any:
-    try:
-        result = yield
-    except BaseException:
-        # A fixture's teardown failed: that is the test's error; the plugin's own allocator
-        # still goes, so that the next test does not inherit it.
-        pending = item.stash.get(_DEFERRED, None)
-        if pending is not None:
-            del item.stash[_DEFERRED]
-            own = pending[2]
-            if own is not None and vramscope.active() is own:
-                vramscope.activate(None)
-        raise
+    # Taken now: the call phase, which left it, is over.
     pending = item.stash.get(_DEFERRED, None)
     if pending is None:
-        return result
+        return (yield)
     del item.stash[_DEFERRED]
     target, since, own = pending
     try:
+        # A fixture's teardown that fails is the test's error, and nothing is judged; the
+        # plugin's own allocator goes either way, so that the next test does not inherit it.
+        result = yield
         gc.collect()
         failures = [f for f in target.check(no_leaks=True, since=since) if _NOTHING_KEPT in f]
     finally:
@@ -158,7 +150,6 @@ def pytest_runtest_teardown(item: Any, nextitem: Any) -> Any:
     if failures:
         _fail(item, failures)
     return result
-
 
 # --vramscope-sarif: the failures of the session as SARIF results.
 _SARIF_RESULTS = pytest.StashKey[List[Dict[str, Any]]]()
