@@ -13,13 +13,17 @@
 #   - `vramscope report FILE` (every detector) and `vramscope summary FILE`;
 #   - `python3 -c 'pickle.load(...)'`, the floor for anything written in Python;
 #   - `ptmem -s FILE` where `ptmem` is on PATH (`pip install ptmem==0.1.2`);
+#   - PyTorch's `memory_viz stats FILE` where MEMORY_VIZ names its script: torch's
+#     `torch/cuda/_memory_viz.py`, which needs nothing but Python's standard library, so it
+#     runs from an installed torch or from the file taken out of a torch wheel
+#     (`pip download torch --no-deps`, then unzip `torch/cuda/_memory_viz.py`);
 #   - `vramscope view FILE` in a 200×60 tmux pane, timed until the findings panel shows its
 #     counts (the first full screen), with the process's peak memory then (VmHWM), where tmux
 #     is installed.
 # Set VRAMSCOPE to choose the binary (default: target/release/vramscope).
 set -u
 if [ $# -lt 3 ]; then
-    sed -n '2,19p' "$0"
+    sed -n '2,23p' "$0"
     exit 2
 fi
 source_trace=$1
@@ -52,9 +56,9 @@ first_screen() {
         if tmux capture-pane -p -t "$session" | grep -q "Findings.* errors"; then
             end=$(date +%s.%N)
             # The dashboard's peak memory so far: the high-water mark of the newest process
-            # named vramscope (the one in the pane).
+            # named as the binary is (the one in the pane; names are cut at 15 characters).
             local pid peak
-            pid=$(pgrep -n -x vramscope)
+            pid=$(pgrep -n -x "$(basename "$vramscope" | cut -c1-15)")
             peak=$(awk '/VmHWM/ {print int($2 / 1024)}' "/proc/$pid/status" 2> /dev/null)
             tmux kill-session -t "$session"
             printf 'view, first full screen: %.2f s, %s MB\n' "$(echo "$end - $start" | bc)" "${peak:-?}"
@@ -80,6 +84,9 @@ for events in "$@"; do
     measure "pickle.load" python3 -c 'import pickle, sys; pickle.load(open(sys.argv[1], "rb"))' "$file"
     if command -v ptmem > /dev/null; then
         measure "ptmem -s" ptmem -s "$file"
+    fi
+    if [ -n "${MEMORY_VIZ:-}" ]; then
+        measure "memory_viz stats" python3 "$MEMORY_VIZ" stats "$file"
     fi
     if command -v tmux > /dev/null && command -v bc > /dev/null; then
         first_screen "$file"

@@ -913,7 +913,9 @@ fn run_report(args: ReportArgs) -> Result<u8, Failure> {
         device,
         limit: _,
     } = args;
+    let mut phases = PhaseTimes::from_env();
     let mut snapshot = loading::load(&file).map_err(Failure::input)?;
+    phases.done("load");
     if let Some(marker) = step_marker {
         // A marker may be a step-mark label, an annotation name
         // (`Optimizer.step#AdamW.step`) or a function of the stacks; one that matches
@@ -922,6 +924,7 @@ fn run_report(args: ReportArgs) -> Result<u8, Failure> {
     }
     require_data(&snapshot, &file)?;
     let parts = device_parts(snapshot, device)?;
+    phases.done("devices");
     if parts.len() > 1 && format == Format::Html {
         return Err(Failure::input(format!(
             "{} has data for devices {}: choose one page with --device N",
@@ -937,6 +940,7 @@ fn run_report(args: ReportArgs) -> Result<u8, Failure> {
         .iter()
         .map(|part| report::build_report(part, &options))
         .collect();
+    phases.done("analysis (model view, detectors)");
     let text = match (format, reports.as_slice()) {
         // SARIF and GitHub's commands: one log, or one list of commands, for every device.
         (Format::Sarif | Format::Github, all) => {
@@ -973,10 +977,35 @@ fn run_report(args: ReportArgs) -> Result<u8, Failure> {
             .join("\n"),
     };
     emit(&text, output.as_ref(), Output::for_format(format, color))?;
+    phases.done("output");
     Ok(match fail_on {
         Some(level) if reports.iter().any(|r| r.fails_on(level)) => 1,
         _ => 0,
     })
+}
+
+/// The wall time of each phase of `report`, printed on standard error when
+/// `VRAMSCOPE_IMPORT_TIMES` is set (for benchmarks: the import prints its own phases, the
+/// parse and the assembly, under the same variable).
+struct PhaseTimes {
+    last: Option<std::time::Instant>,
+}
+
+impl PhaseTimes {
+    fn from_env() -> PhaseTimes {
+        let on = std::env::var_os(crate::inspector::import::pytorch::IMPORT_TIMES_ENV).is_some();
+        PhaseTimes {
+            last: on.then(std::time::Instant::now),
+        }
+    }
+
+    /// Prints how long the phase `what`, which ends now, took.
+    fn done(&mut self, what: &str) {
+        if let Some(last) = &mut self.last {
+            eprintln!("{what}: {:.3} s", last.elapsed().as_secs_f64());
+            *last = std::time::Instant::now();
+        }
+    }
 }
 
 /// `vramscope replay`.

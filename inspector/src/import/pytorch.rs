@@ -144,7 +144,8 @@ pub(crate) fn from_pickle_file(
 /// The environment variable that, set, makes the import of a PyTorch snapshot file print on
 /// standard error how long its phases took: the parse with the trace entries' conversion
 /// (the parser's core; a second thread reads the file and a third collects the events), and
-/// the assembly of the snapshot after it (block sizes, statistics, steps). For benchmarks.
+/// the assembly of the snapshot after it (block sizes, statistics, steps). `vramscope report`
+/// then prints its own phases after the import (the analysis, the output). For benchmarks.
 pub const IMPORT_TIMES_ENV: &str = "VRAMSCOPE_IMPORT_TIMES";
 
 /// Imports the snapshot pickle that `open` reads, whose length is not known until it ends
