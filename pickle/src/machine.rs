@@ -29,7 +29,7 @@ use stream::Stream;
 
 /// How many opcodes run between two checks of the memory budget; a container that moves to
 /// grow is checked at once.
-const BUDGET_CHECK_EVERY: u32 = 256;
+const BUDGET_CHECK_EVERY: u32 = 1024;
 
 /// The memo: dense for the sequential indices every Python pickler writes, sparse otherwise,
 /// so that a huge `LONG_BINPUT` index cannot force a huge allocation.

@@ -155,12 +155,13 @@ impl<'d> FastList<'d> {
     /// values from before the entry).
     #[inline]
     pub fn stable_elements(self, transient_from: usize) -> Option<&'d [u32]> {
-        // Branch-free, so that the check of a long list runs in a few instructions.
-        let transient = self.refs.iter().fold(false, |any, &r| {
+        // The decoder takes every element from the memo as the entry began, so none is a
+        // container numbered from `transient_from` on: the key is always valid.
+        debug_assert!(self.refs.iter().all(|&r| {
             let r = Ref::from_raw(r);
-            any | (r.is_container() & (r.index() >= transient_from))
-        });
-        (!transient).then_some(self.refs)
+            !(r.is_container() && r.index() >= transient_from)
+        }));
+        Some(self.refs)
     }
 }
 
@@ -190,6 +191,21 @@ impl<'d> FastEntry<'d> {
     /// [`ValueRef::dict_items`] gives them for the same entry read by the generic machine.
     pub fn pairs(&self) -> impl ExactSizeIterator<Item = (ValueRef<'d>, FastValue<'d>)> + '_ {
         (0..self.pairs.len()).map(|i| (self.key(i), self.value(i)))
+    }
+
+    /// Whether the keys of the entry's pairs are, in order, those of another entry of the
+    /// same document that [`FastEntry::key_ids`] gave `ids`: the very same values (PyTorch
+    /// memoizes each key string once and every entry refers to it), so that whatever was
+    /// found of that entry's keys holds for this one's.
+    #[inline]
+    pub fn keys_are(&self, ids: &[u32]) -> bool {
+        self.pairs.len() == ids.len() && self.pairs.iter().zip(ids).all(|(p, &id)| p.0.raw() == id)
+    }
+
+    /// The keys of the entry's pairs in order, as numbers that name each value of the
+    /// document (for [`FastEntry::keys_are`]).
+    pub fn key_ids(&self) -> impl ExactSizeIterator<Item = u32> + '_ {
+        self.pairs.iter().map(|p| p.0.raw())
     }
 
     /// The key of the `i`-th pair (see [`FastEntry::pairs`]).
@@ -504,17 +520,21 @@ impl Machine<'_, '_> {
         let Some(stream) = &mut self.stream else {
             return Ok(false);
         };
-        let Some(b) = stream.batch else {
+        // The run's fields are read one by one: a copy of the whole run would load, in wide
+        // pieces, what the last entry's commit has just stored in narrow ones (its count of
+        // consumed entries), which stalls the load until the store completes.
+        let Some(b) = &stream.batch else {
             return Ok(false);
         };
+        let (marks, start, consumed) = (b.marks, b.start, b.consumed);
         // What the generic machine checks when it consumes the entry, or could fail on
         // while it reads one: left to it.
         if !stream.fast
             || stream.entry.is_some()
             || self.record_origins
-            || self.marks.len() != b.marks
-            || self.stack.len() != b.start + b.consumed as usize
-            || b.consumed >= Standin::MAX
+            || self.marks.len() != marks
+            || self.stack.len() != start + consumed as usize
+            || consumed >= Standin::MAX
             || self.marks.len() + 2 > self.max_marks
             || !self.memo.sparse.is_empty()
         {
@@ -529,7 +549,7 @@ impl Machine<'_, '_> {
                 if self.doc.containers.len() + 1 + s.lists.len() < MAX_TABLE
                     && s.strings.len() + self.doc.text_ends.len() < MAX_TABLE =>
             {
-                self.commit(&mut s, b, end, ops).map(|()| true)
+                self.commit(&mut s, end, ops).map(|()| true)
             }
             _ => Ok(false),
         };
@@ -539,19 +559,21 @@ impl Machine<'_, '_> {
         result
     }
 
-    /// Commits the entry `s` decoded, of run `b`, which ends at `end` after `ops` opcodes:
-    /// what the generic machine leaves after reading and consuming it.
-    fn commit(
-        &mut self,
-        s: &mut Scratch,
-        b: super::stream::Batch,
-        end: usize,
-        ops: u32,
-    ) -> Step<()> {
+    /// Commits the entry `s` decoded, of the run being read, which ends at `end` after `ops`
+    /// opcodes: what the generic machine leaves after reading and consuming it.
+    fn commit(&mut self, s: &mut Scratch, end: usize, ops: u32) -> Step<()> {
+        let Some(b) = self
+            .stream
+            .as_ref()
+            .and_then(|stream| stream.batch.as_ref())
+        else {
+            return Ok(());
+        };
+        let (consumed, base, position) = (b.consumed, b.base, b.position);
         let data = self.data;
         let transient_from = self.doc.containers.len();
         let memo_start = self.memo.dense.len();
-        let entry = Ref::new(kind::ENTRY, b.consumed);
+        let entry = Ref::new(kind::ENTRY, consumed);
         self.op_pos = self.base + end - 1;
         self.op = SETITEMS;
         for &(start, end) in &s.strings {
@@ -584,10 +606,10 @@ impl Machine<'_, '_> {
             lists: &s.lists,
             transient_from,
         };
-        let index = b.base + b.consumed as usize;
+        let index = base + consumed as usize;
         if !stream
             .sink
-            .fast_entry(&fast, b.position, index, transient_from)
+            .fast_entry(&fast, position, index, transient_from)
         {
             return Err(self.not_streamable("the sink stopped"));
         }

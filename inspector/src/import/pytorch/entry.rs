@@ -30,6 +30,12 @@ pub(super) struct EntryKeys {
     /// next one goes: PyTorch shares each action's string among all entries.
     actions: [(usize, Option<EventKind>); 4],
     next_action: usize,
+    /// The keys of the last entry the fast path decoded whose keys were looked at
+    /// ([`FastEntry::key_ids`]), and the place of each field's last pair in it
+    /// (`usize::MAX`: none): PyTorch writes every entry with the same key strings in the same
+    /// order, so the next entry's fields are usually at the same places.
+    shape: Vec<u32>,
+    shape_places: [usize; 7],
 }
 
 impl EntryKeys {
@@ -53,15 +59,23 @@ impl EntryKeys {
     /// values, found the same way, for the same entry read whole.
     fn fast_fields<'d>(&mut self, entry: &FastEntry<'d>) -> [Option<FastValue<'d>>; 7] {
         // The place of each key's last pair; only those values are looked at.
-        let mut found = [usize::MAX; 7];
-        for place in 0..entry.len() {
-            if let Some(slot) = self
-                .position(place, entry.key(place))
-                .and_then(|at| found.get_mut(at))
-            {
-                *slot = place;
+        let found = if !self.shape.is_empty() && entry.keys_are(&self.shape) {
+            self.shape_places
+        } else {
+            let mut found = [usize::MAX; 7];
+            for place in 0..entry.len() {
+                if let Some(slot) = self
+                    .position(place, entry.key(place))
+                    .and_then(|at| found.get_mut(at))
+                {
+                    *slot = place;
+                }
             }
-        }
+            self.shape.clear();
+            self.shape.extend(entry.key_ids());
+            self.shape_places = found;
+            found
+        };
         let mut fields = [None; 7];
         for (field, &place) in fields.iter_mut().zip(&found) {
             if place != usize::MAX {
@@ -200,15 +214,18 @@ impl<'d> EntryValue<'d> for FastValue<'d> {
     }
 }
 
+#[inline]
 pub(super) fn need<'d, V: EntryValue<'d>>(v: Option<V>, key: &str, loc: Loc) -> Result<V, Fault> {
     v.ok_or_else(|| loc.fault(key, "missing"))
 }
 
+#[inline]
 pub(super) fn to_u64<'d>(v: impl EntryValue<'d>, key: &str, loc: Loc) -> Result<u64, Fault> {
     v.as_u64()
         .ok_or_else(|| loc.wrong(key, "a non-negative integer", v))
 }
 
+#[inline]
 pub(super) fn need_u64<'d>(
     v: Option<impl EntryValue<'d>>,
     key: &str,
@@ -217,6 +234,7 @@ pub(super) fn need_u64<'d>(
     to_u64(need(v, key, loc)?, key, loc)
 }
 
+#[inline]
 pub(super) fn opt_u64<'d>(
     v: Option<impl EntryValue<'d>>,
     key: &str,
@@ -226,6 +244,7 @@ pub(super) fn opt_u64<'d>(
 }
 
 /// A stream handle: any integer, negative ones kept as their two's-complement bits.
+#[inline]
 pub(super) fn opt_stream<'d>(
     v: Option<impl EntryValue<'d>>,
     key: &str,
@@ -273,6 +292,7 @@ pub(super) fn elements<'d>(seq: Option<Seq<'d>>) -> impl Iterator<Item = ValueRe
 }
 
 /// A time in microseconds: an integer or a float; negative times count as 0.
+#[inline]
 pub(super) fn opt_time_us<'d>(
     v: Option<impl EntryValue<'d>>,
     key: &str,
@@ -317,6 +337,7 @@ impl Figures {
     const ADDRESS_END: u64 = 1 << 63;
 
     /// Counts `size`, the value of `key` at `loc`.
+    #[inline]
     fn size(&mut self, size: u64, loc: Loc, key: &str) -> Result<(), Fault> {
         match self.total.checked_add(size) {
             Some(total) if total <= Self::MAX_TOTAL => {
@@ -333,6 +354,7 @@ impl Figures {
     }
 
     /// Counts the range of `size` bytes at `addr` (`addr_key` and `size_key` at `loc`).
+    #[inline]
     pub(super) fn range(
         &mut self,
         addr: u64,
