@@ -17,6 +17,15 @@ pub(super) const ENTRY_KEYS: [&str; 7] = [
     "device_free",
 ];
 
+/// The places of the keys in [`ENTRY_KEYS`].
+const ACTION: usize = 0;
+const ADDR: usize = 1;
+const SIZE: usize = 2;
+const STREAM: usize = 3;
+const TIME_US: usize = 4;
+const FRAMES: usize = 5;
+const DEVICE_FREE: usize = 6;
+
 /// Where the key strings met so far are among [`ENTRY_KEYS`], by their identity: the pickle
 /// shares each key string among all entries, so each is compared with the key names once.
 #[derive(Default)]
@@ -56,10 +65,11 @@ impl EntryKeys {
     }
 
     /// [`EntryKeys::fields`] of an entry that the pickle reader's fast path decoded: the same
-    /// values, found the same way, for the same entry read whole.
-    fn fast_fields<'d>(&mut self, entry: &FastEntry<'d>) -> [Option<FastValue<'d>>; 7] {
+    /// values, found the same way, for the same entry read whole, each looked at only when
+    /// the conversion asks for it.
+    fn fast_fields<'e, 'd>(&mut self, entry: &'e FastEntry<'d>) -> FastFields<'e, 'd> {
         // The place of each key's last pair; only those values are looked at.
-        let found = if !self.shape.is_empty() && entry.keys_are(&self.shape) {
+        let places = if !self.shape.is_empty() && entry.keys_are(&self.shape) {
             self.shape_places
         } else {
             let mut found = [usize::MAX; 7];
@@ -76,16 +86,7 @@ impl EntryKeys {
             self.shape_places = found;
             found
         };
-        let mut fields = [None; 7];
-        for (field, &place) in fields.iter_mut().zip(&found) {
-            if place != usize::MAX {
-                let value = entry.value(place);
-                if !value.is_none() {
-                    *field = Some(value);
-                }
-            }
-        }
-        fields
+        FastFields { entry, places }
     }
 
     /// The kind of the event whose `action` is `action` at `loc`: `None` for an action that
@@ -155,6 +156,43 @@ impl EntryKeys {
     /// The bytes of memory the table takes, roughly.
     pub(super) fn memory(&self) -> usize {
         self.by_string.len() * 24
+    }
+}
+
+/// The values of an entry's [`ENTRY_KEYS`] as the conversion reads them: each is the value of
+/// the key's last pair, `None` when the key is absent or its value is `None`.
+pub(super) trait EntryFields<'d> {
+    /// The values' type.
+    type Value: EntryValue<'d>;
+    /// The value of the key at `ENTRY_KEYS[k]`.
+    fn field(&self, k: usize) -> Option<Self::Value>;
+}
+
+impl<'d> EntryFields<'d> for [Option<ValueRef<'d>>; 7] {
+    type Value = ValueRef<'d>;
+    #[inline]
+    fn field(&self, k: usize) -> Option<ValueRef<'d>> {
+        self[k]
+    }
+}
+
+/// The fields of an entry that the pickle reader's fast path decoded: the place of each key's
+/// last pair in it (`usize::MAX`: none), so that a value is looked at only when asked for.
+pub(super) struct FastFields<'e, 'd> {
+    entry: &'e FastEntry<'d>,
+    places: [usize; 7],
+}
+
+impl<'d> EntryFields<'d> for FastFields<'_, 'd> {
+    type Value = FastValue<'d>;
+    #[inline]
+    fn field(&self, k: usize) -> Option<FastValue<'d>> {
+        let place = self.places[k];
+        if place == usize::MAX {
+            return None;
+        }
+        let value = self.entry.value(place);
+        (!value.is_none()).then_some(value)
     }
 }
 
@@ -429,25 +467,27 @@ pub(super) fn read_fast_entry(
 
 /// The event of the trace entry whose [`ENTRY_KEYS`] hold `fields`, with `site` to find the
 /// call site of its `frames` (see [`read_entry`]).
-pub(super) fn entry_event<'d, V: EntryValue<'d>>(
-    fields: [Option<V>; 7],
+pub(super) fn entry_event<'d, F: EntryFields<'d>>(
+    fields: F,
     device: u16,
     loc: Loc,
     keys: &mut EntryKeys,
     figures: &mut Figures,
-    site: impl FnOnce(Option<V>) -> Result<Option<SiteId>, Fault>,
+    site: impl FnOnce(Option<F::Value>) -> Result<Option<SiteId>, Fault>,
 ) -> Result<Option<Event>, Fault> {
-    let [action, addr, size, stream, time_us, frames, device_free] = fields;
-    let Some(kind) = keys.action(action, loc)? else {
+    let Some(kind) = keys.action(fields.field(ACTION), loc)? else {
         return Ok(None);
     };
     let located = !matches!(kind, EventKind::Snapshot | EventKind::Oom);
     let (addr, size) = if located {
-        (need_u64(addr, "addr", loc)?, need_u64(size, "size", loc)?)
+        (
+            need_u64(fields.field(ADDR), "addr", loc)?,
+            need_u64(fields.field(SIZE), "size", loc)?,
+        )
     } else {
         (
-            opt_u64(addr, "addr", loc)?.unwrap_or(0),
-            opt_u64(size, "size", loc)?.unwrap_or(0),
+            opt_u64(fields.field(ADDR), "addr", loc)?.unwrap_or(0),
+            opt_u64(fields.field(SIZE), "size", loc)?.unwrap_or(0),
         )
     };
     if located {
@@ -462,14 +502,14 @@ pub(super) fn entry_event<'d, V: EntryValue<'d>>(
     // PyTorch writes an OOM's free device memory as `device_free` (in place of `addr`, which
     // an OOM does not have); a file that wrote it as `addr` is read the same.
     let (addr, device_free) = if kind == EventKind::Oom {
-        let free = opt_u64(device_free, "device_free", loc)?;
+        let free = opt_u64(fields.field(DEVICE_FREE), "device_free", loc)?;
         (0, free.unwrap_or(addr))
     } else {
         (addr, 0)
     };
-    let stream = opt_stream(stream, "stream", loc)?;
-    let site = site(frames)?;
-    let time_us = opt_time_us(time_us, "time_us", loc)?;
+    let stream = opt_stream(fields.field(STREAM), "stream", loc)?;
+    let site = site(fields.field(FRAMES))?;
+    let time_us = opt_time_us(fields.field(TIME_US), "time_us", loc)?;
     Ok(Some(Event {
         seq: u64::from(time_us.is_some()),
         time_ns: time_us.unwrap_or(0),
