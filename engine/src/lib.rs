@@ -49,7 +49,7 @@ pub use usage::UsageSeries;
 
 use std::borrow::Cow;
 
-use vramscope_model::{Event, Snapshot};
+use vramscope_model::{Event, EventKind, Snapshot};
 
 /// The highest value of one figure and the event after which it was first reached.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -502,7 +502,7 @@ impl EndOfTrace {
     /// Pairs the frees of `snapshot` and takes its end state from its segments (or, for a
     /// format without them, from its events and its statistics' current figures).
     fn from_snapshot(snapshot: &Snapshot) -> EndOfTrace {
-        let PairedEvents { pairing, links } = PairedEvents::pair(&snapshot.events);
+        let PairedEvents { pairing, links, .. } = PairedEvents::pair(&snapshot.events);
         let (end, reserved_known) = end_state(snapshot, &pairing);
         EndOfTrace {
             links,
@@ -566,6 +566,10 @@ fn end_state(snapshot: &Snapshot, pairing: &Pairing) -> (MemoryState, bool) {
 pub struct PairedEvents {
     pairing: Pairing,
     links: Vec<u32>,
+    /// The free requests that repeated one already made for the same block (they end no
+    /// allocation), in increasing order: the one thing about a pair that its packed link does
+    /// not say ([`PairedEvents::pair_at`]). A consistent trace has none.
+    repeated_requests: Vec<u32>,
 }
 
 impl PairedEvents {
@@ -574,6 +578,7 @@ impl PairedEvents {
         PairedEvents {
             pairing: Pairing::new(),
             links: Vec::with_capacity(events),
+            repeated_requests: Vec::new(),
         }
     }
 
@@ -587,6 +592,7 @@ impl PairedEvents {
     }
 
     /// Pairs `e`, the event at `index`, which must be the next one of the trace.
+    #[inline]
     pub fn push(&mut self, index: u32, e: &Event) -> Pair {
         debug_assert_eq!(
             index as usize,
@@ -594,8 +600,50 @@ impl PairedEvents {
             "events are paired in order"
         );
         let pair = self.pairing.push(index, e);
-        self.links.push(pair.link().pack());
+        let link = pair.link();
+        self.links.push(link.pack());
+        if !link.ends_allocation && e.kind == EventKind::FreeRequested {
+            self.repeated_requests.push(index);
+        }
         pair
+    }
+
+    /// What pairing found for event `index` (of kind `kind`), as [`PairedEvents::push`]
+    /// returned it, without pairing again: a caller that walks the paired events once more
+    /// (the block sizing's last pass) reads each pair here. `kind_of(j)` is the kind of event
+    /// `j`, which tells the allocation a lost free replaced from the free request that
+    /// described a block from before the trace.
+    #[inline]
+    pub fn pair_at(
+        &self,
+        index: u32,
+        kind: EventKind,
+        kind_of: impl FnOnce(u32) -> EventKind,
+    ) -> Pair {
+        let link = FreeLink::unpack(self.links[index as usize]);
+        match kind {
+            EventKind::Alloc => {
+                let (replaced, replaced_request) = match link.alloc {
+                    Some(event) if kind_of(event) == EventKind::Alloc => (Some(event), None),
+                    Some(event) => (None, Some(event)),
+                    None => (None, None),
+                };
+                Pair::Alloc {
+                    replaced,
+                    replaced_requested: link.requested_before,
+                    replaced_request,
+                }
+            }
+            EventKind::FreeRequested => Pair::Free(FreeLink {
+                ends_allocation: self.repeated_requests.binary_search(&index).is_err(),
+                ..link
+            }),
+            EventKind::FreeCompleted => Pair::Free(FreeLink {
+                ends_allocation: !link.requested_before,
+                ..link
+            }),
+            _ => Pair::Other,
+        }
     }
 
     /// How many events were paired.
@@ -919,6 +967,65 @@ mod tests {
             let mut short = PairedEvents::with_capacity(1);
             short.push(0, &snapshot.events[0]);
             assert_eq!(Reconstruction::start_of_paired(&snapshot, &short), own);
+        }
+    }
+
+    /// The pair read back for every event ([`PairedEvents::pair_at`]) is the one pairing found
+    /// for it, on traces with every kind of pair: allocations over blocks not freed (pending
+    /// or not, from the trace or from before it), frees of blocks from before the trace, and
+    /// free requests repeated for one block.
+    #[test]
+    fn every_pair_read_back_is_the_one_pairing_found() {
+        let mut repeated = Snapshot::empty(Default::default(), Default::default());
+        for kind in [
+            EventKind::FreeRequested,
+            EventKind::FreeRequested,
+            EventKind::Alloc,
+            EventKind::FreeRequested,
+            EventKind::FreeRequested,
+            EventKind::FreeCompleted,
+            EventKind::FreeCompleted,
+            EventKind::Alloc,
+            EventKind::Alloc,
+            EventKind::SegmentAlloc,
+        ] {
+            repeated.events.push(event(kind, 0x1000, 512));
+        }
+        let traces = [
+            repeated,
+            trace(),
+            cycling_trace(13, &[0, 1, 1, 2, 2], |_| 512),
+            cycling_trace(5, &[0, 0, 1, 2], |k| 512 * (1 + k % 3)),
+            cycling_trace(7, &[1, 0, 1, 0, 2, 1, 2], |_| 512),
+        ];
+        for (n, snapshot) in traces.iter().enumerate() {
+            let events: &[Event] = &snapshot.events;
+            let mut paired = PairedEvents::with_capacity(events.len());
+            let found: Vec<Pair> = events
+                .iter()
+                .enumerate()
+                .map(|(i, e)| paired.push(i as u32, e))
+                .collect();
+            for (i, e) in events.iter().enumerate() {
+                let read = paired.pair_at(i as u32, e.kind, |j| events[j as usize].kind);
+                assert_eq!(read, found[i], "trace {n}, event {i}");
+            }
+            let kinds = |pair: &Pair| match pair {
+                Pair::Alloc {
+                    replaced,
+                    replaced_request,
+                    ..
+                } => (replaced.is_some(), replaced_request.is_some(), false),
+                Pair::Free(link) => (false, false, !link.ends_allocation),
+                Pair::Other => (false, false, false),
+            };
+            if n == 0 {
+                // The first trace holds a lost free of each kind and repeated requests.
+                let seen = found.iter().map(kinds).fold((false, false, false), |a, b| {
+                    (a.0 || b.0, a.1 || b.1, a.2 || b.2)
+                });
+                assert_eq!(seen, (true, true, true));
+            }
         }
     }
 

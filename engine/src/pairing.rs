@@ -151,6 +151,7 @@ impl Pairing {
     }
 
     /// Pairs event `e` at index `index`.
+    #[inline]
     pub fn push(&mut self, index: u32, e: &Event) -> Pair {
         match e.kind {
             EventKind::Alloc => {

@@ -80,8 +80,8 @@ pub fn size_blocks_with_progress(
 /// size, to `visit` with what the engine's pairing (`vramscope_engine::Pairing`, over all
 /// the snapshot's events) found for it and, for an allocation that replaced a block the trace
 /// did not free, the sized event that describes that block ([`Pair::link`]): the sizing's last
-/// pass pairs the whole trace, and a caller that needs the sized events paired (the
-/// importer's statistics) need not pair it again. `paired` is the snapshot's events paired
+/// pass reads every event's pair ([`PairedEvents::pair_at`]), and a caller that needs the
+/// sized events paired (the importer's statistics) need not pair them again. `paired` is the snapshot's events paired
 /// already, in their order (the importer pairs them on a second core while it reads them), or
 /// `None` to pair them here. They must be the pairs of these events in this order: only pairs
 /// of another number of events are refused (with a panic).
@@ -89,7 +89,7 @@ pub fn size_blocks_visiting(
     snapshot: &mut Snapshot,
     paired: Option<PairedEvents>,
     progress: &mut dyn FnMut(usize, usize),
-    visit: &mut dyn FnMut(&Event, Pair, Option<&Event>),
+    visit: &mut (dyn FnMut(&Event, Pair, Option<&Event>) + Send),
 ) -> BlockSizing {
     // Until the replay says better, every block is its request rounded (which is also what
     // the replay's starting state needs of blocks from before the trace).
@@ -147,15 +147,9 @@ pub fn size_blocks_visiting(
             served.insert(alloc, size);
         }
     }
-    drop(paired);
     let before_trace = BeforeTraceSizes::from_dump(snapshot);
-    // Pairing again finds what each free releases, which by then has its block size (rather
-    // than a list of it kept from the first pass, four bytes an event).
-    let mut pairing = Pairing::new();
-    for i in 0..snapshot.events.len() {
-        let e = &snapshot.events[i];
-        let pair = pairing.push(i as u32, e);
-        let size = match (e.kind, pair) {
+    let block_size =
+        |i: usize, e: &Event, pair: Pair, alloc_size: &dyn Fn(u32) -> u64| match (e.kind, pair) {
             (EventKind::Alloc, _) => Some(
                 served
                     .get(&(i as u32))
@@ -163,21 +157,132 @@ pub fn size_blocks_visiting(
                     .unwrap_or_else(|| round_size(e.requested, divisions)),
             ),
             (_, Pair::Free(link)) => Some(match link.alloc {
-                Some(alloc) => snapshot.events[alloc as usize].size,
+                Some(alloc) => alloc_size(alloc),
                 None => before_trace.size(i as u32, e, divisions),
             }),
             _ => None,
         };
-        // An allocation over a block the trace did not free replaces it: the event that
-        // describes that block (sized already, as it comes earlier) goes with it.
-        let replaced = pair.replaced().map(|r| snapshot.events[r as usize]);
-        let e = &mut snapshot.events[i];
-        if let Some(size) = size {
-            e.size = size;
-        }
-        visit(e, pair, replaced.as_ref());
-    }
+    size_then_visit(&mut snapshot.events, &paired, &block_size, visit);
+    drop(paired);
     sizing_of(result.device_calls.as_ref())
+}
+
+/// Events sized at a time before they are handed to the visitor ([`size_then_visit`]): 5 MiB
+/// of events, which the visitor reads while the next ones are sized.
+const SIZED_CHUNK: usize = 1 << 16;
+
+/// Chunks handed to the visitor and not yet visited, at most, before the sizing waits.
+const SIZED_QUEUE: usize = 4;
+
+/// The events sized so far, as the chunks they were sized in (each [`SIZED_CHUNK`] long but
+/// the last): read by index while later events are being sized.
+#[derive(Default)]
+struct SizedEvents<'a> {
+    chunks: Vec<&'a [Event]>,
+}
+
+impl<'a> SizedEvents<'a> {
+    fn get(&self, index: usize) -> &'a Event {
+        &self.chunks[index / SIZED_CHUNK][index % SIZED_CHUNK]
+    }
+}
+
+/// The block size of the event at an index, with its pair and the sizes of earlier
+/// allocations by index, or `None` when it keeps its size ([`size_then_visit`]).
+type BlockSizeOf<'a> = dyn Fn(usize, &Event, Pair, &dyn Fn(u32) -> u64) -> Option<u64> + 'a;
+
+/// The sizing's last pass: gives every event its block size (`block_size(index, event, pair,
+/// size of an earlier allocation)`, or `None` to keep it) in order, each free taking the size
+/// its allocation has by then, and hands every sized event to `visit` with its pair and the
+/// sized event that describes the block it replaced. The sizes are given on this thread and
+/// the events visited on a second one, a chunk behind (on this one, once all are sized, when
+/// no second thread can be started): the visitor (the importer's statistics) costs as much as
+/// the sizing and needs nothing of it but the sized events.
+fn size_then_visit(
+    events: &mut [Event],
+    paired: &PairedEvents,
+    block_size: &BlockSizeOf<'_>,
+    visit: &mut (dyn FnMut(&Event, Pair, Option<&Event>) + Send),
+) {
+    let visit_chunk =
+        |sized: &SizedEvents<'_>,
+         first: usize,
+         chunk: &[Event],
+         visit: &mut (dyn FnMut(&Event, Pair, Option<&Event>) + Send)| {
+            for (k, e) in chunk.iter().enumerate() {
+                let pair =
+                    paired.pair_at((first + k) as u32, e.kind, |j| sized.get(j as usize).kind);
+                // An allocation over a block the trace did not free replaces it: the event that
+                // describes that block (sized already, as it comes earlier) goes with it.
+                let replaced = pair.replaced().map(|r| sized.get(r as usize));
+                visit(e, pair, replaced);
+            }
+        };
+    // Lent to the visitor thread for as long as it runs, and back here if none started.
+    let visit = std::sync::Mutex::new(visit);
+    let visited_here = std::thread::scope(|scope| {
+        let (to_visitor, received) = std::sync::mpsc::sync_channel::<&[Event]>(SIZED_QUEUE);
+        let visitor = std::thread::Builder::new()
+            .name("vramscope-visit".to_string())
+            .spawn_scoped(scope, || {
+                let mut visit = visit
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                let mut sized = SizedEvents::default();
+                for chunk in received {
+                    let first = sized.chunks.len() * SIZED_CHUNK;
+                    sized.chunks.push(chunk);
+                    visit_chunk(&sized, first, chunk, &mut **visit);
+                }
+            });
+        let mut sized = SizedEvents::default();
+        let mut rest = events;
+        while !rest.is_empty() {
+            let first = sized.chunks.len() * SIZED_CHUNK;
+            let (chunk, tail) = rest.split_at_mut(SIZED_CHUNK.min(rest.len()));
+            for k in 0..chunk.len() {
+                let size_of = |j: u32| match (j as usize).checked_sub(first) {
+                    Some(at) => chunk[at].size,
+                    None => sized.get(j as usize).size,
+                };
+                let kind_of = |j: u32| match (j as usize).checked_sub(first) {
+                    Some(at) => chunk[at].kind,
+                    None => sized.get(j as usize).kind,
+                };
+                let e = &chunk[k];
+                let pair = paired.pair_at((first + k) as u32, e.kind, kind_of);
+                if let Some(size) = block_size(first + k, e, pair, &size_of) {
+                    chunk[k].size = size;
+                }
+            }
+            let chunk: &[Event] = chunk;
+            sized.chunks.push(chunk);
+            if visitor.is_ok() {
+                // The visitor ends only after the sender is dropped, or by panicking, which
+                // joining it reports.
+                let _ = to_visitor.send(chunk);
+            }
+            rest = tail;
+        }
+        drop(to_visitor);
+        match visitor {
+            Ok(handle) => {
+                handle
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                None
+            }
+            Err(_) => Some(sized),
+        }
+    });
+    if let Some(sized) = visited_here {
+        let visit = visit
+            .into_inner()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for (n, chunk) in sized.chunks.iter().enumerate() {
+            visit_chunk(&sized, n * SIZED_CHUNK, chunk, visit);
+        }
+    }
 }
 
 /// The sizes of blocks from before the trace that the trace frees. Their events carry the
