@@ -88,6 +88,11 @@ pub struct Reconstruction {
     /// end; empty except from [`Reconstruction::without_links`] and
     /// [`Reconstruction::with_states`] (see [`Checkpoints`]).
     checkpoints: Vec<(usize, MemoryState)>,
+    /// The pairing after the first `k` events, `(k, pairing)` in increasing `k`, kept by a walk
+    /// that lets go of its links ([`Reconstruction::without_links`]), so that finding links
+    /// again ([`Reconstruction::state_walked`]) pairs from the nearest of them rather than
+    /// from the first event (see [`Pairings`]).
+    pairings: Vec<(usize, Pairing)>,
     /// The events where a walk forwards from the walk's own states would part from it
     /// ([`MemoryState::undo_checked`]).
     pub disagreements: Disagreements,
@@ -256,7 +261,8 @@ impl Reconstruction {
             pairing,
             end,
             reserved_known,
-        } = EndOfTrace::from_snapshot(snapshot);
+            pairings,
+        } = EndOfTrace::from_snapshot(snapshot, release_links_every.is_some());
         let mut state = end.clone();
         let mut disagreements = Disagreements::default();
         let usage = UsageSeries::from_last(n, |i| {
@@ -303,6 +309,7 @@ impl Reconstruction {
             peak_reserved,
             reserved_known,
             checkpoints: Vec::new(),
+            pairings,
             disagreements,
         }
     }
@@ -365,12 +372,19 @@ impl Reconstruction {
     }
 
     /// The packed links of events `from..to` of `events`: the walk's own when it kept them,
-    /// else found again by pairing the events up to `to`.
+    /// else found again by pairing the events up to `to`, from the nearest pairing the walk
+    /// kept.
     fn links_between(&self, events: &[Event], from: usize, to: usize) -> Cow<'_, [u32]> {
         if self.links.len() == events.len() {
             Cow::Borrowed(&self.links[from..to])
         } else {
-            Cow::Owned(pair_links(&mut Pairing::new(), events, from, to))
+            // The nearest pairing kept at or before `from`, else none (the first event).
+            let kept = self.pairings.partition_point(|(k, _)| *k <= from);
+            let (start, mut pairing) = match kept.checked_sub(1) {
+                Some(at) => (self.pairings[at].0, self.pairings[at].1.clone()),
+                None => (0, Pairing::new()),
+            };
+            Cow::Owned(pair_links(&mut pairing, events, start, from, to))
         }
     }
 
@@ -397,7 +411,7 @@ impl Reconstruction {
         let Some(&first) = wanted.first() else {
             return;
         };
-        let EndOfTrace { mut links, end, .. } = EndOfTrace::from_snapshot(snapshot);
+        let EndOfTrace { mut links, end, .. } = EndOfTrace::from_snapshot(snapshot, false);
         let mut state = end;
         let mut next = wanted.iter().rev().peekable();
         for i in (first as usize..events.len()).rev() {
@@ -475,11 +489,17 @@ fn undo_linked(state: &mut MemoryState, events: &[Event], link: u32, i: usize) -
     state.undo_checked(&events[i], i as u32, alloc, link.requested_before)
 }
 
-/// Pairs `events[..upto]` on `pairing`, returning the packed links ([`Pair::link`]) of those
-/// from `keep_from` on.
-fn pair_links(pairing: &mut Pairing, events: &[Event], keep_from: usize, upto: usize) -> Vec<u32> {
+/// Pairs `events[start..upto]` on `pairing` (the pairing after the first `start` events),
+/// returning the packed links ([`Pair::link`]) of those from `keep_from` on.
+fn pair_links(
+    pairing: &mut Pairing,
+    events: &[Event],
+    start: usize,
+    keep_from: usize,
+    upto: usize,
+) -> Vec<u32> {
     let mut links = Vec::with_capacity(upto.saturating_sub(keep_from));
-    for (i, e) in events.iter().enumerate().take(upto) {
+    for (i, e) in events.iter().enumerate().take(upto).skip(start) {
         let link = pairing.push(i as u32, e).link();
         if i >= keep_from {
             links.push(link.pack());
@@ -496,19 +516,74 @@ struct EndOfTrace {
     pairing: Pairing,
     end: MemoryState,
     reserved_known: bool,
+    /// The pairings kept on the way, when asked for ([`Pairings`]).
+    pairings: Vec<(usize, Pairing)>,
 }
 
 impl EndOfTrace {
-    /// Pairs the frees of `snapshot` and takes its end state from its segments (or, for a
+    /// Pairs the frees of `snapshot` (keeping pairings on the way as [`Pairings`] chooses
+    /// them when `keep_pairings`) and takes its end state from its segments (or, for a
     /// format without them, from its events and its statistics' current figures).
-    fn from_snapshot(snapshot: &Snapshot) -> EndOfTrace {
-        let PairedEvents { pairing, links, .. } = PairedEvents::pair(&snapshot.events);
+    fn from_snapshot(snapshot: &Snapshot, keep_pairings: bool) -> EndOfTrace {
+        let events: &[Event] = &snapshot.events;
+        let mut paired = PairedEvents::with_capacity(events.len());
+        let mut pairings = Pairings::new(events.len());
+        // Paired in stretches, a pairing offered between two of them.
+        let stretch = if keep_pairings {
+            pairings.gap
+        } else {
+            events.len().max(1)
+        };
+        for (n, part) in events.chunks(stretch).enumerate() {
+            let first = n * stretch;
+            if keep_pairings && first > 0 {
+                pairings.offer(first, &paired.pairing);
+            }
+            for (k, e) in part.iter().enumerate() {
+                paired.push((first + k) as u32, e);
+            }
+        }
+        let PairedEvents { pairing, links, .. } = paired;
         let (end, reserved_known) = end_state(snapshot, &pairing);
         EndOfTrace {
             links,
             pairing,
             end,
             reserved_known,
+            pairings: pairings.kept,
+        }
+    }
+}
+
+/// The pairings a walk that lets go of its links keeps on its way forwards, so that links
+/// found again for a stretch of events (the walk's state at the peak, which the model view
+/// asks for) pair from the nearest of them rather than from the first event. One is offered
+/// every sixteenth of the trace (and at least every [`Checkpoints::MIN_GAP`] events) and kept
+/// when its open allocations are at most one per [`Checkpoints::EVENTS_PER_ITEM`] events of
+/// that gap: at most sixteen pairings, together no larger than the states [`Checkpoints`]
+/// keeps.
+struct Pairings {
+    kept: Vec<(usize, Pairing)>,
+    /// The events between two offers.
+    gap: usize,
+}
+
+impl Pairings {
+    fn new(events: usize) -> Pairings {
+        Pairings {
+            kept: Vec::new(),
+            gap: (events / 16).max(Checkpoints::MIN_GAP),
+        }
+    }
+
+    /// Keeps `pairing`, the pairing after `pos` events, when it is small enough.
+    fn offer(&mut self, pos: usize, pairing: &Pairing) {
+        if pairing
+            .open_len()
+            .saturating_mul(Checkpoints::EVENTS_PER_ITEM)
+            <= self.gap
+        {
+            self.kept.push((pos, pairing.clone()));
         }
     }
 }
@@ -838,6 +913,12 @@ mod tests {
             lean.checkpoints.len()
         );
         assert!(full.checkpoints.is_empty());
+        // The links found again start from the pairings the lean walk kept.
+        assert_eq!(
+            lean.pairings.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+            [16_384, 32_768, 49_152]
+        );
+        assert!(full.pairings.is_empty());
         for (pos, state) in &backwards {
             assert_eq!(&lean.state_walked(&snapshot.events, *pos), state, "{pos}");
             assert_eq!(&full.state_walked(&snapshot.events, *pos), state, "{pos}");
@@ -845,6 +926,9 @@ mod tests {
         let n = snapshot.events.len();
         let mut positions = vec![0, 1, n - 1, n];
         for (k, _) in &lean.checkpoints {
+            positions.extend([k - 1, *k, k + 1]);
+        }
+        for (k, _) in &lean.pairings {
             positions.extend([k - 1, *k, k + 1]);
         }
         for pos in positions {

@@ -204,6 +204,11 @@ impl Pairing {
         self.lost_frees
     }
 
+    /// How many blocks are open: allocated (or known from a free request) and not freed yet.
+    pub(crate) fn open_len(&self) -> usize {
+        self.open.len()
+    }
+
     /// The open allocations: address and allocation event, for blocks allocated in the trace
     /// and not yet freed.
     pub fn open_allocations(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
