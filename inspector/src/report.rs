@@ -303,6 +303,29 @@ pub fn build_report(snapshot: &Snapshot, options: &ReportOptions) -> Report {
 /// Builds a report from a view built earlier.
 pub fn build_report_view(view: &ModelView<'_>, options: &ReportOptions) -> Report {
     let snapshot = view.snapshot();
+    // How many blocks from before the trace have estimated sizes takes a pass of its own over
+    // the events that needs nothing of the view: a second thread counts them while this one
+    // builds the rest (here, when no thread can be started).
+    std::thread::scope(|scope| {
+        let counting = std::thread::Builder::new()
+            .name("vramscope-estimated".to_string())
+            .spawn_scoped(scope, || {
+                vramscope_replay::estimated_before_trace_blocks(snapshot)
+            });
+        let mut report = build_report_parts(view, options);
+        report.stats.baseline_estimated_blocks = match counting {
+            Ok(handle) => handle
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            Err(_) => vramscope_replay::estimated_before_trace_blocks(snapshot),
+        };
+        report
+    })
+}
+
+/// [`build_report_view`] but for `stats.baseline_estimated_blocks`, which it leaves 0.
+fn build_report_parts(view: &ModelView<'_>, options: &ReportOptions) -> Report {
+    let snapshot = view.snapshot();
     let mut findings = Vec::new();
     detect::run_all_view(view, &options.detect, &mut findings);
     let totals = view.totals();
@@ -332,7 +355,7 @@ pub fn build_report_view(view: &ModelView<'_>, options: &ReportOptions) -> Repor
         empty_cache_calls: device(view.empty_cache_calls().len() as u64),
         ooms: device(totals.ooms.max(snapshot.stats.num_ooms)),
         baseline_allocated_bytes: view.baseline_allocated(),
-        baseline_estimated_blocks: vramscope_replay::estimated_before_trace_blocks(snapshot),
+        baseline_estimated_blocks: 0,
         peak_allocated_bytes: view.peak_allocated(),
         peak_allocated_event: view.peak_allocated_event(),
         peak_reserved_bytes: view.reserved_known().then(|| view.peak_reserved()),
