@@ -37,6 +37,21 @@ pub fn devices_with_data(snapshot: &Snapshot) -> Vec<u32> {
     devices
 }
 
+/// [`devices_with_data`] of `snapshot`, and whether the snapshot holds only the device when
+/// there is one ([`holds_only`]), with one pass over the events instead of two: events of one
+/// device are all on it.
+pub fn devices_with_data_and_sole(snapshot: &Snapshot) -> (Vec<u32>, bool) {
+    let devices = devices_with_data(snapshot);
+    let sole = match devices.as_slice() {
+        // With events, they name this device alone; without, there are none to look at.
+        &[device] => {
+            snapshot.device.index == device && snapshot.segments.iter().all(|s| s.device == device)
+        }
+        _ => false,
+    };
+    (devices, sole)
+}
+
 /// Whether `snapshot` holds data of more than one device.
 pub fn is_multi_device(snapshot: &Snapshot) -> bool {
     devices_with_data(snapshot).len() > 1
@@ -303,6 +318,40 @@ mod tests {
                 "device {device}: only the sites its events and blocks name"
             );
         }
+    }
+
+    #[test]
+    fn one_pass_says_what_the_device_list_and_holds_only_say() {
+        let (both, a, b) = merged();
+        let mut elsewhere = device_run(0, 64 << 20);
+        // Its events on device 0, but it says it is device 3's snapshot.
+        elsewhere.device.index = 3;
+        let mut segments_apart = device_run(0, 64 << 20);
+        // One segment on another device than the events'.
+        if let Some(segment) = segments_apart.segments.first_mut() {
+            segment.device = 2;
+        }
+        let mut no_events = device_run(1, 64 << 20);
+        no_events.events.clear();
+        let mut nothing = no_events.clone();
+        nothing.segments.clear();
+        nothing.device.index = 5;
+        for snapshot in [
+            &both,
+            &a,
+            &b,
+            &elsewhere,
+            &segments_apart,
+            &no_events,
+            &nothing,
+        ] {
+            let devices = devices_with_data(snapshot);
+            let sole = devices.len() == 1 && holds_only(snapshot, devices[0]);
+            assert_eq!(devices_with_data_and_sole(snapshot), (devices, sole));
+        }
+        assert!(devices_with_data_and_sole(&a).1);
+        assert!(!devices_with_data_and_sole(&elsewhere).1);
+        assert!(!devices_with_data_and_sole(&segments_apart).1);
     }
 
     #[test]

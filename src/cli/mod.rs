@@ -326,7 +326,7 @@ fn require_data(snapshot: &Snapshot, file: &std::path::Path) -> Result<(), Failu
 /// The parts of `snapshot` to report on: the device asked for, else every device with data
 /// (one part for a single-device snapshot).
 fn device_parts(snapshot: Snapshot, device: Option<u32>) -> Result<Vec<Snapshot>, Failure> {
-    let available = devices::devices_with_data(&snapshot);
+    let (available, sole) = devices::devices_with_data_and_sole(&snapshot);
     match device {
         Some(d) if !available.contains(&d) => Err(Failure::input(format!(
             "the snapshot has no data for device {d} (it has device{} {})",
@@ -344,9 +344,7 @@ fn device_parts(snapshot: Snapshot, device: Option<u32>) -> Result<Vec<Snapshot>
             .collect()),
         // One device with events: its part, without the segments of devices that have none.
         None => match available.first() {
-            Some(&d) if !devices::holds_only(&snapshot, d) => {
-                Ok(vec![devices::only_device(&snapshot, d)])
-            }
+            Some(&d) if !sole => Ok(vec![devices::only_device(&snapshot, d)]),
             _ => Ok(vec![snapshot]),
         },
     }
