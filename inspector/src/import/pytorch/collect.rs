@@ -19,11 +19,13 @@ use vramscope_model::{Event, EventKind};
 
 use super::note_time;
 
-/// Events in a batch: 640 KiB, which stays in the parser's cache until it is handed over.
-const BATCH: usize = 8192;
+/// Events in a batch: 320 KiB, which stays in the parser's cache until it is handed over.
+const BATCH: usize = 4096;
 /// Batches waiting in the channel, at most, before the parser waits (besides the one being
-/// collected).
-const QUEUE: usize = 8;
+/// collected). The batches in flight (one being filled, these, one being collected) are
+/// memory the import holds beside the events: at most 1.25 MiB, where eight waiting batches
+/// of 640 KiB could make 6.25 MiB.
+const QUEUE: usize = 2;
 
 /// What the collector made of the events, in the order they were converted.
 pub(super) struct Collected {
