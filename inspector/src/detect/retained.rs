@@ -35,7 +35,7 @@ use super::{
     sat_sum, DetectOptions, Finding, FindingKind, FindingSink, FindingSite, PerStep, Severity,
 };
 use crate::model_view::{kept_line, KeptLine, ModelView};
-use vramscope_engine::GroupKind;
+use vramscope_engine::{GroupId, GroupKind};
 
 /// One site as the detector sees it: every interval index it owns.
 struct Unit {
@@ -43,7 +43,21 @@ struct Unit {
     function: String,
     /// Whether the unit is named by its autograd node or C++ function (no source line).
     native: bool,
-    intervals: Vec<u32>,
+    /// The groups all of whose intervals are the unit's: their indices are read from the view
+    /// (`ModelView::group_intervals`), not copied, as a big trace has millions.
+    groups: Vec<GroupId>,
+    /// The unit's intervals of groups that are told apart by site (no source line), in order.
+    own: Vec<u32>,
+}
+
+impl Unit {
+    /// The indices of the unit's intervals: its groups', then its own.
+    fn intervals<'v>(&'v self, view: &'v ModelView<'_>) -> impl Iterator<Item = u32> + 'v {
+        self.groups
+            .iter()
+            .flat_map(|&g| view.group_intervals(g).iter().copied())
+            .chain(self.own.iter().copied())
+    }
 }
 
 /// What one leaking site retained.
@@ -78,7 +92,7 @@ pub fn retained_per_step(
     for (u, unit) in units.iter().enumerate() {
         // Retained blocks per loop step (relative index), and the live staircase.
         let mut retained: FxHashMap<u32, (u64, u64)> = FxHashMap::default();
-        for &i in &unit.intervals {
+        for i in unit.intervals(view) {
             let iv = &intervals[i as usize];
             if iv.is_live_at_end() && loop_steps.contains(&iv.alloc_step) {
                 let r = retained
@@ -95,11 +109,11 @@ pub fn retained_per_step(
         steps.sort_unstable();
         let bytes = sat_sum(retained.values().map(|r| r.1));
         let blocks = sat_sum(retained.values().map(|r| r.0));
-        let live = staircase(view, &unit.intervals, loop_steps.clone());
+        let live = staircase(view, unit.intervals(view), loop_steps.clone());
         if !is_leak(&steps, &live, bytes, n as u32) {
             continue;
         }
-        let kept = kept_line_of(view, &unit.intervals, &loop_steps, &framework);
+        let kept = kept_line_of(view, unit.intervals(view), &loop_steps, &framework);
         leaks.push(Leak {
             unit: u,
             steps,
@@ -186,7 +200,9 @@ fn units_of(view: &ModelView<'_>) -> Vec<Unit> {
     let mut units = Units::default();
     // A unit's name depends only on the group, or for a group without a source line on the
     // allocation's call site: each is named once, not once per allocation (millions in a big
-    // trace, each a copy of its name).
+    // trace, each a copy of its name). A group named by its source line is its unit's whole,
+    // which reads the group's intervals from the view; only the intervals of groups told apart
+    // by site are listed here.
     let mut by_group: Vec<Option<usize>> = vec![None; view.groups().len()];
     let mut by_site: FxHashMap<SiteId, usize> = FxHashMap::default();
     let events = &view.snapshot().events;
@@ -194,14 +210,18 @@ fn units_of(view: &ModelView<'_>) -> Vec<Unit> {
         let group = view.group(iv.group);
         let cached_by_group = &mut by_group[iv.group as usize];
         let u = match (&group.file_line, group.kind) {
-            (Some(file_line), GroupKind::Site) if !file_line.starts_with("??:") => *cached_by_group
-                .get_or_insert_with(|| {
+            (Some(file_line), GroupKind::Site) if !file_line.starts_with("??:") => {
+                if cached_by_group.is_none() {
                     let native = group
                         .sites
                         .first()
                         .is_some_and(|&s| view.site_name(s).native);
-                    units.named(file_line.clone(), group.function.clone(), native)
-                }),
+                    let u = units.named(file_line.clone(), group.function.clone(), native);
+                    units.list[u].groups.push(iv.group);
+                    *cached_by_group = Some(u);
+                }
+                continue;
+            }
             _ => match iv.alloc(events).site() {
                 Some(site) => *by_site.entry(site).or_insert_with(|| {
                     let name = view.site_name(site);
@@ -212,7 +232,7 @@ fn units_of(view: &ModelView<'_>) -> Vec<Unit> {
                 }),
             },
         };
-        units.list[u].intervals.push(i as u32);
+        units.list[u].own.push(i as u32);
     }
     units.list
 }
@@ -235,7 +255,8 @@ impl Units {
             label: label.clone(),
             function,
             native,
-            intervals: Vec::new(),
+            groups: Vec::new(),
+            own: Vec::new(),
         });
         self.by_label.insert(label, self.list.len() - 1);
         self.list.len() - 1
@@ -245,7 +266,7 @@ impl Units {
 /// Live bytes of the intervals at the end of each loop step, and (first) just before the loop.
 fn staircase(
     view: &ModelView<'_>,
-    intervals: &[u32],
+    intervals: impl Iterator<Item = u32>,
     loop_steps: std::ops::Range<u32>,
 ) -> Vec<u64> {
     let n = loop_steps.len();
@@ -258,7 +279,7 @@ fn staircase(
             (step - loop_steps.start) as usize + 1
         }
     };
-    for &i in intervals {
+    for i in intervals {
         let iv = &view.intervals()[i as usize];
         let size = i128::from(view.interval_size(iv));
         delta[slot(iv.alloc_step)] += size;
@@ -400,13 +421,13 @@ fn report_group(
 /// bytes among them; `None` when that stack has no frame of the user's.
 fn kept_line_of(
     view: &ModelView<'_>,
-    intervals: &[u32],
+    intervals: impl Iterator<Item = u32>,
     loop_steps: &std::ops::Range<u32>,
     framework: &[String],
 ) -> Option<KeptLine> {
     let events = &view.snapshot().events;
     let mut by_site: FxHashMap<SiteId, u64> = FxHashMap::default();
-    for &i in intervals {
+    for i in intervals {
         let iv = &view.intervals()[i as usize];
         if !(iv.is_live_at_end() && loop_steps.contains(&iv.alloc_step)) {
             continue;
