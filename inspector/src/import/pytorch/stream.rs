@@ -204,20 +204,26 @@ const PIECE: usize = 1 << 20;
 pub(super) fn read_file(file: &File, size: u64, options: &ImportOptions) -> Option<Ready> {
     let total = usize::try_from(size).ok()?;
     std::thread::scope(|scope| {
-        let (pieces, received) = mpsc::sync_channel::<Vec<u8>>(4);
+        // One piece waits for the parser while the next is read: reading a piece from the
+        // page cache takes a fraction of parsing it, so more in flight would only hold memory
+        // (two more 1 MiB pieces each).
+        let (pieces, received) = mpsc::sync_channel::<Vec<u8>>(1);
         let (give_back, returned) = mpsc::channel::<Vec<u8>>();
         let progress = options.progress.clone();
         scope.spawn(move || {
             let mut file = file;
             loop {
-                let mut piece = returned.try_recv().unwrap_or_default();
+                // Made at its full size, so that reading it never doubles it past a piece.
+                let mut piece = returned
+                    .try_recv()
+                    .unwrap_or_else(|_| Vec::with_capacity(PIECE));
                 piece.clear();
                 match (&mut file).take(PIECE as u64).read_to_end(&mut piece) {
                     // An error ends the pieces early: the sizes disagree and the caller reads
                     // the file again, which reports it.
                     Ok(0) | Err(_) => break,
                     Ok(read) => {
-                        // The parser is at most the channel's four pieces behind.
+                        // The parser is at most the channel's one piece behind.
                         if let Some(progress) = &progress {
                             progress.add(read as u64);
                         }
