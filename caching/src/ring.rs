@@ -5,6 +5,8 @@
 //! configured `max_entries` and never waits for a reader. Snapshots and the telemetry publisher
 //! read the ring by sequence number and convert entries into the model's `Event`.
 
+use std::mem::MaybeUninit;
+
 use vramscope_model::EventKind;
 
 /// One event as the ring stores it: 56 bytes, provenance as an interned id. Its sequence
@@ -29,16 +31,31 @@ const CHUNK: usize = 1 << CHUNK_BITS;
 /// allocated as the ring fills and never moved: growing costs no copy of what is already
 /// recorded, and chunks of one size are what the system allocator recycles best when a
 /// program makes allocators one after another.
+///
+/// A push writes at a cursor into the current chunk and moves it on, with one comparison
+/// against the end of the run of slots it may write without looking further (the end of the
+/// chunk, or of the ring). Only when the cursor reaches that end does a push work out where
+/// the next slot is: in the next chunk, made then if the ring is still filling, or back at
+/// the first slot once it is full. How many events the ring holds and how many it overwrote
+/// follow from the sequence number alone.
 pub(crate) struct EventRing {
-    chunks: Vec<Vec<RawEvent>>,
+    /// The chunks, each of [`CHUNK`] slots but the last, which has the rest of `capacity`.
+    /// A slot is written before it is read: [`EventRing::since`] reads only the slots of the
+    /// sequence numbers still held, each written by its push.
+    chunks: Vec<Box<[MaybeUninit<RawEvent>]>>,
     capacity: usize,
-    /// Events held (at most `capacity`).
-    len: usize,
-    /// The slot the next event goes to.
-    next_slot: usize,
     next_seq: u64,
-    overwritten: u64,
+    /// The slot the next event goes to, while it lies before `end`: a pointer into the
+    /// current chunk (dangling, and equal to `end`, before the first push).
+    cursor: *mut MaybeUninit<RawEvent>,
+    /// One past the last slot of the current chunk.
+    end: *mut MaybeUninit<RawEvent>,
 }
+
+// SAFETY: `cursor` and `end` point into the ring's own chunks (heap memory it owns and never
+// shares), so moving the ring to another thread moves what they point to with it; they are
+// only used through `&mut self`.
+unsafe impl Send for EventRing {}
 
 impl EventRing {
     /// An empty ring that holds up to `capacity` events (at least one).
@@ -46,10 +63,9 @@ impl EventRing {
         EventRing {
             chunks: Vec::new(),
             capacity: capacity.max(1),
-            len: 0,
-            next_slot: 0,
             next_seq: 0,
-            overwritten: 0,
+            cursor: std::ptr::null_mut(),
+            end: std::ptr::null_mut(),
         }
     }
 
@@ -65,56 +81,50 @@ impl EventRing {
     #[inline(always)]
     pub fn push_with(&mut self, make: impl FnOnce() -> RawEvent) -> u64 {
         let seq = self.next_seq;
-        self.next_seq += 1;
-        let slot = self.next_slot;
-        self.next_slot = if slot + 1 == self.capacity {
-            0
-        } else {
-            slot + 1
-        };
-        if self.len < self.capacity {
-            self.len += 1;
-            // Only the last chunk can have room, and the ring is not full, so a chunk shorter
-            // than `CHUNK` takes the event. A chunk is made with room for every event it will
-            // hold, so the room is there without growing the vector.
-            match self.chunks.last_mut() {
-                Some(chunk) if chunk.len() < CHUNK && chunk.len() < chunk.capacity() => {
-                    let len = chunk.len();
-                    chunk.spare_capacity_mut()[0].write(make());
-                    // SAFETY: the element at `len`, within the capacity, was just written.
-                    unsafe { chunk.set_len(len + 1) };
-                }
-                _ => self.append_slow(make()),
-            }
-        } else {
-            self.chunks[slot >> CHUNK_BITS][slot & (CHUNK - 1)] = make();
-            self.overwritten += 1;
+        self.next_seq = seq + 1;
+        if self.cursor == self.end {
+            self.next_run();
+        }
+        let slot = self.cursor;
+        // SAFETY: `cursor` lies before `end` (`next_run` made it so if it did not), inside the
+        // current chunk, which the ring owns and `&mut self` borrows exclusively.
+        unsafe {
+            (*slot).write(make());
+            self.cursor = slot.add(1);
         }
         seq
     }
 
-    /// Stores an event while the ring fills when the last chunk has no room: in a new chunk.
+    /// Moves the cursor to the slot of sequence number `next_seq - 1` (the event being pushed)
+    /// when the current run of slots is used up: the start of the next chunk, made now while
+    /// the ring fills, or the first slot once the ring wraps.
     #[cold]
     #[inline(never)]
-    fn append_slow(&mut self, event: RawEvent) {
-        match self.chunks.last_mut() {
-            // A chunk shorter than `CHUNK` at its capacity cannot occur while the ring is not
-            // full (every chunk is made with the room it will hold); should it, the vector
-            // grows, and the slot arithmetic stays right.
-            Some(chunk) if chunk.len() < CHUNK => chunk.push(event),
-            _ => {
-                let room = (self.capacity - self.chunks.len() * CHUNK).min(CHUNK);
-                let mut chunk = Vec::with_capacity(room);
-                prefault::populate(chunk.spare_capacity_mut());
-                chunk.push(event);
-                self.chunks.push(chunk);
-            }
+    fn next_run(&mut self) {
+        let slot = ((self.next_seq - 1) % self.capacity as u64) as usize;
+        let chunk = slot >> CHUNK_BITS;
+        if chunk == self.chunks.len() {
+            let room = (self.capacity - chunk * CHUNK).min(CHUNK);
+            let mut memory = Box::new_uninit_slice(room);
+            prefault::populate(&mut memory);
+            self.chunks.push(memory);
         }
+        let memory = &mut self.chunks[chunk];
+        let range = memory.as_mut_ptr_range();
+        // SAFETY: `slot & (CHUNK - 1)` is below the chunk's length: every chunk but the last
+        // holds `CHUNK` slots, and the last holds the slots up to `capacity`, above `slot`.
+        self.cursor = unsafe { range.start.add(slot & (CHUNK - 1)) };
+        self.end = range.end;
+    }
+
+    /// Events held (at most `capacity`).
+    fn len(&self) -> usize {
+        self.next_seq.min(self.capacity as u64) as usize
     }
 
     /// Events overwritten before anyone read them from the ring.
     pub fn overwritten(&self) -> u64 {
-        self.overwritten
+        self.next_seq - self.len() as u64
     }
 
     /// The sequence number the next event will get.
@@ -124,7 +134,7 @@ impl EventRing {
 
     /// The oldest sequence number still held.
     pub fn oldest_seq(&self) -> u64 {
-        self.next_seq - self.len as u64
+        self.next_seq - self.len() as u64
     }
 
     /// Events with sequence number ≥ `from` still held, oldest first, at most `limit` of them,
@@ -134,7 +144,10 @@ impl EventRing {
         let cap = self.capacity as u64;
         (start..self.next_seq).take(limit).map(move |seq| {
             let slot = (seq % cap) as usize;
-            (seq, &self.chunks[slot >> CHUNK_BITS][slot & (CHUNK - 1)])
+            let memory = &self.chunks[slot >> CHUNK_BITS][slot & (CHUNK - 1)];
+            // SAFETY: `seq` is held (from the oldest held to the last pushed), so its push
+            // wrote this slot, and no later push has reused it yet.
+            (seq, unsafe { memory.assume_init_ref() })
         })
     }
 
@@ -227,6 +240,41 @@ mod tests {
     }
 
     #[test]
+    fn a_ring_of_one_keeps_the_newest_event() {
+        let mut ring = EventRing::new(0);
+        assert_eq!(ring.since(0, usize::MAX).count(), 0);
+        for i in 0..4 {
+            assert_eq!(ring.push(event(i)), i);
+            let held: Vec<(u64, u64)> = ring
+                .since(0, usize::MAX)
+                .map(|(s, e)| (s, e.size))
+                .collect();
+            assert_eq!(held, vec![(i, i)]);
+            assert_eq!(ring.overwritten(), i);
+        }
+        assert_eq!(ring.chunks.len(), 1);
+        assert_eq!(ring.max_bytes(), 56);
+    }
+
+    #[test]
+    fn a_ring_of_whole_chunks_wraps_at_their_ends() {
+        let mut ring = EventRing::new(CHUNK * 2);
+        let total = (CHUNK * 5 + 3) as u64;
+        for i in 0..total {
+            assert_eq!(ring.push(event(i)), i);
+        }
+        assert_eq!(ring.chunks.len(), 2);
+        assert_eq!(ring.oldest_seq(), total - (CHUNK * 2) as u64);
+        let held: Vec<(u64, u64)> = ring
+            .since(0, usize::MAX)
+            .map(|(s, e)| (s, e.size))
+            .collect();
+        assert_eq!(held.len(), CHUNK * 2);
+        assert!(held.iter().all(|&(seq, size)| seq == size));
+        assert!(held.windows(2).all(|w| w[1].0 == w[0].0 + 1));
+    }
+
+    #[test]
     fn ring_spanning_several_chunks_wraps_in_order() {
         let capacity = CHUNK * 2 + 100;
         let mut ring = EventRing::new(capacity);
@@ -243,10 +291,7 @@ mod tests {
             }
         }
         assert_eq!(ring.chunks.len(), 3, "storage never exceeds the capacity");
-        assert_eq!(
-            ring.chunks.iter().map(Vec::capacity).sum::<usize>(),
-            capacity
-        );
+        assert_eq!(ring.chunks.iter().map(|c| c.len()).sum::<usize>(), capacity);
         assert_eq!(ring.overwritten(), total - capacity as u64);
         assert_eq!(ring.oldest_seq(), total - capacity as u64);
         let held: Vec<u64> = ring.since(0, usize::MAX).map(|(_, e)| e.size).collect();
