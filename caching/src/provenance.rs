@@ -36,6 +36,10 @@ static NEXT_THREAD: AtomicU32 = AtomicU32::new(1);
 thread_local! {
     static THREAD_NUMBER: Cell<u32> = const { Cell::new(0) };
     static SCOPES: RefCell<Vec<(u64, u32)>> = const { RefCell::new(Vec::new()) };
+    /// Entries in `SCOPES`: read first by [`current_scope`], so that a thread without open
+    /// scopes (the common case) reads one plain thread-local instead of the vector behind its
+    /// `RefCell`, whose thread-local has a destructor and so a state to check on every access.
+    static OPEN_SCOPES: Cell<usize> = const { Cell::new(0) };
     static SAMPLE_COUNTER: Cell<u32> = const { Cell::new(0) };
     static EXTERNAL_SITE: Cell<Option<&'static CallSite>> = const { Cell::new(None) };
 }
@@ -94,20 +98,36 @@ fn external_site() -> Option<&'static CallSite> {
 }
 
 /// vramscope's small number for the calling thread (1, 2, ... in order of first use).
+#[inline]
 pub fn thread_number() -> u32 {
-    THREAD_NUMBER.with(|n| {
-        let current = n.get();
-        if current != 0 {
-            return current;
-        }
-        let fresh = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
-        n.set(fresh);
-        fresh
-    })
+    let current = THREAD_NUMBER.with(Cell::get);
+    if current != 0 {
+        return current;
+    }
+    first_thread_number()
+}
+
+/// Gives the calling thread its number, on its first call to [`thread_number`].
+#[cold]
+#[inline(never)]
+fn first_thread_number() -> u32 {
+    let fresh = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+    THREAD_NUMBER.with(|n| n.set(fresh));
+    fresh
 }
 
 /// The innermost scope id the calling thread has open on allocator `owner`, or [`NIL`].
+#[inline]
 pub(crate) fn current_scope(owner: u64) -> u32 {
+    if OPEN_SCOPES.with(Cell::get) == 0 {
+        return NIL;
+    }
+    scope_in_stack(owner)
+}
+
+/// [`current_scope`] of a thread with scopes open: the innermost on `owner` in its stack.
+#[inline(never)]
+fn scope_in_stack(owner: u64) -> u32 {
     SCOPES.with(|stack| {
         stack
             .borrow()
@@ -120,7 +140,11 @@ pub(crate) fn current_scope(owner: u64) -> u32 {
 }
 
 pub(crate) fn push_scope(owner: u64, id: u32) {
-    SCOPES.with(|stack| stack.borrow_mut().push((owner, id)));
+    SCOPES.with(|stack| {
+        let mut stack = stack.borrow_mut();
+        stack.push((owner, id));
+        OPEN_SCOPES.with(|open| open.set(stack.len()));
+    });
 }
 
 pub(crate) fn pop_scope(owner: u64, id: u32) {
@@ -130,6 +154,7 @@ pub(crate) fn pop_scope(owner: u64, id: u32) {
         if let Some(pos) = stack.iter().rposition(|entry| *entry == (owner, id)) {
             stack.remove(pos);
         }
+        OPEN_SCOPES.with(|open| open.set(stack.len()));
     });
 }
 

@@ -76,6 +76,9 @@ struct Shared<B: Backend> {
     /// Allocations and frees are recorded as events (`config.record_events`, unless the
     /// allocator records device calls only: [`CachingAllocator::recording_device_calls`]).
     record_blocks: bool,
+    /// Allocations may take a backtrace: call sites are recorded and `config.backtraces` is
+    /// not off, so that with backtraces off an allocation does not look at the setting.
+    takes_backtraces: bool,
     /// Handed-out blocks are checked (`config.debug || config.guard_bytes > 0`).
     checks: bool,
     /// `config.max_split_size`, or `u64::MAX` when unset (no block is oversize).
@@ -146,6 +149,8 @@ impl<B: Backend> CachingAllocator<B> {
                 exclusive_thread: AtomicU64::new(0),
                 tracking: config.record_sites || record_blocks,
                 record_blocks,
+                takes_backtraces: config.record_sites
+                    && config.backtraces != crate::config::BacktraceMode::Off,
                 checks: config.debug || config.guard_bytes > 0,
                 max_split: config.max_split_size.unwrap_or(u64::MAX),
                 expandable_segments: config.uses_expandable_segments(),
@@ -405,6 +410,7 @@ impl<B: Backend> CachingAllocator<B> {
         let mut guard = shared.lock();
         let state = &mut *guard;
         state.step += 1;
+        state.event_step = state.step.min(u32::MAX as u64) as u32;
         let step = state.step;
         let seq = state.ring.next_seq();
         let time_ns = shared.clock.ticks();

@@ -62,7 +62,7 @@ impl<B: Backend> Shared<B> {
         if !self.tracking {
             return Caller::NOBODY;
         }
-        let backtrace = if self.config.record_sites && self.wants_backtrace() {
+        let backtrace = if self.takes_backtraces && self.wants_backtrace() {
             Some(provenance::capture_backtrace())
         } else {
             None
@@ -153,6 +153,14 @@ impl<'a, B: Backend> Books<'a, B> {
         if !config.record_sites && !config.record_events {
             return NIL;
         }
+        self.provenance_of(origin, caller)
+    }
+
+    /// [`Books::provenance_for`] when call sites or events are known to be recorded (with
+    /// tracking on, `Shared::tracking`).
+    #[inline]
+    fn provenance_of(&mut self, origin: &Origin<'_>, caller: Caller) -> u32 {
+        let config = &self.shared.config;
         let Caller {
             scope,
             thread,
@@ -215,7 +223,8 @@ impl<'a, B: Backend> Books<'a, B> {
             },
         };
         let provenance = if shared.tracking {
-            self.provenance_for(&origin, caller)
+            // Tracking is on: call sites or events are recorded.
+            self.provenance_of(&origin, caller)
         } else {
             NIL
         };
@@ -516,7 +525,7 @@ impl<'a, B: Backend> Books<'a, B> {
                 .inactive_split_bytes
                 .apply(pool, split_bytes);
         }
-        let step = self.state.step.min(u32::MAX as u64) as u32;
+        let step = self.state.event_step;
         self.mark_allocated(id, pool, requested, provenance, step, for_buffer)
     }
 
@@ -590,34 +599,52 @@ impl<'a, B: Backend> Books<'a, B> {
         let state = &mut *self.state;
         // The block's flags change once it is deferred or back in the cache.
         let b = *state.blocks.get(id);
-        let (addr, pool) = (b.addr, b.pool);
+        let pool = b.pool;
         let stats = &mut state.stats;
         stats.count_free(pool, b.size);
         if b.size >= shared.max_split {
             stats.oversize_allocations.decrease(1);
         }
         if shared.record_blocks {
-            state.record(
-                &shared.clock,
-                EventKind::FreeRequested,
-                RawEventParts {
-                    addr,
-                    size: b.size,
-                    requested: b.requested,
-                    stream: state.stream_of(id).0,
-                    provenance: b.provenance,
-                },
-            );
+            // The free is stamped as it is requested; its completion shares the time stamp
+            // when it completes in this same operation.
+            state.last_ticks = shared.clock.ticks();
         }
         if !state.stream_uses.is_empty() {
             if let Some(streams) = state.stream_uses.remove(&id) {
-                if self.reborrow().defer_free(id, &streams) {
-                    return Ok(());
-                }
+                self.reborrow().free_used_on_streams(id, b, &streams);
+                return Ok(());
             }
         }
-        self.return_to_cache(id, b, true);
+        self.release_to_cache(id, b);
+        if shared.record_blocks {
+            // Nothing records an event between the request and its completion here, so both
+            // are written together: the completion's fields are the request's (the block as
+            // it was freed, on the same stream, at the same time stamp), only the kind differs.
+            let state = &mut *self.state;
+            let parts = state.free_parts(&b);
+            let ticks = state.last_ticks;
+            state.record_at(ticks, EventKind::FreeRequested, parts);
+            state.record_at(ticks, EventKind::FreeCompleted, parts);
+        }
         Ok(())
+    }
+
+    /// The rest of a free of block `id` (`original` as the program freed it) that other
+    /// streams used too (`record_stream`): the request's event, then deferral on those
+    /// streams' events, or the return to the cache if none could be recorded. Out of line: the
+    /// plain free path stays short.
+    #[cold]
+    #[inline(never)]
+    fn free_used_on_streams(mut self, id: u32, original: BlockMeta, streams: &[StreamId]) {
+        if self.shared.record_blocks {
+            let state = &mut *self.state;
+            let parts = state.free_parts(&original);
+            state.record_at(state.last_ticks, EventKind::FreeRequested, parts);
+        }
+        if !self.reborrow().defer_free(id, streams) {
+            self.return_to_cache(id, original, true);
+        }
     }
 
     /// PyTorch's `free_block`: merge with free neighbours in the segment, return to the pool.
@@ -627,6 +654,24 @@ impl<'a, B: Backend> Books<'a, B> {
     /// stamp.
     #[inline]
     pub(super) fn return_to_cache(&mut self, id: u32, original: BlockMeta, immediate: bool) {
+        let shared = self.shared;
+        self.release_to_cache(id, original);
+        let state = &mut *self.state;
+        if shared.record_blocks {
+            let parts = state.free_parts(&original);
+            if immediate {
+                // The free was requested in this same operation, which just read the clock.
+                state.record_at(state.last_ticks, EventKind::FreeCompleted, parts);
+            } else {
+                state.record(&shared.clock, EventKind::FreeCompleted, parts);
+            }
+        }
+    }
+
+    /// [`Books::return_to_cache`] without its event: the merge, the statistics and the debug
+    /// poison.
+    #[inline]
+    fn release_to_cache(&mut self, id: u32, original: BlockMeta) {
         let shared = self.shared;
         let pool = original.pool;
         let state = &mut *self.state;
@@ -679,21 +724,6 @@ impl<'a, B: Backend> Books<'a, B> {
                     step: original.step,
                 },
             );
-        }
-        if shared.record_blocks {
-            let parts = RawEventParts {
-                addr: original.addr,
-                size: original.size,
-                requested: original.requested,
-                stream: state.stream_of(id).0,
-                provenance: original.provenance,
-            };
-            if immediate {
-                // The free was requested in this same operation, which just read the clock.
-                state.record_at(state.last_ticks, EventKind::FreeCompleted, parts);
-            } else {
-                state.record(&shared.clock, EventKind::FreeCompleted, parts);
-            }
         }
     }
 

@@ -187,6 +187,8 @@ pub(super) struct State {
     pub(super) provenance: ProvenanceTables,
     /// The current step number.
     pub(super) step: u64,
+    /// The step number as events and blocks keep it: `step`, saturated to `u32::MAX`.
+    pub(super) event_step: u32,
     /// Where each step began.
     pub(super) steps: Vec<StepMark>,
     /// Free-block lookups in the large pool so far: PyTorch's `get_free_blocks_call_count`, the
@@ -237,6 +239,7 @@ impl State {
             last_ticks: 0,
             provenance: ProvenanceTables::default(),
             step: 0,
+            event_step: 0,
             steps: Vec::new(),
             large_lookups: 0,
             memory_limit: None,
@@ -475,6 +478,20 @@ impl State {
         }
     }
 
+    /// The parts of the events of a free (the request and its completion alike): `original` is
+    /// the block as the program freed it, before any merge.
+    #[inline(always)]
+    pub(super) fn free_parts(&self, original: &BlockMeta) -> RawEventParts {
+        RawEventParts {
+            addr: original.addr,
+            size: original.size,
+            requested: original.requested,
+            // The block's free list, and so its stream, is its segment's: a merge keeps it.
+            stream: self.free_lists[self.list_of(original)].stream.0,
+            provenance: original.provenance,
+        }
+    }
+
     /// Records an event stamped now.
     #[inline(always)]
     pub(super) fn record(&mut self, clock: &Clock, kind: EventKind, event: RawEventParts) {
@@ -487,7 +504,7 @@ impl State {
     /// about as much as the rest of an event: one read per operation is enough).
     #[inline(always)]
     pub(super) fn record_at(&mut self, time_ns: u64, kind: EventKind, event: RawEventParts) {
-        let step = self.step.min(u32::MAX as u64) as u32;
+        let step = self.event_step;
         self.ring.push_with(|| RawEvent {
             time_ns,
             addr: event.addr,
