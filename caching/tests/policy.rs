@@ -1241,3 +1241,81 @@ fn a_refused_address_range_is_reported_as_the_address_space() {
         alloc.free_ptr(ptr).unwrap();
     }
 }
+
+#[test]
+fn a_free_records_its_request_and_completion_alike_or_apart_when_deferred() {
+    let (device, alloc) = phantom(1 << 30, "");
+    device.set_manual_events(true);
+    let side = vramscope_caching::Backend::create_stream(&device).unwrap();
+    alloc.mark_step();
+    let a = alloc.tagged("a").alloc(3000).unwrap();
+    let b = alloc.alloc(5000).unwrap();
+    let (a_addr, b_addr) = (a.addr(), b.addr());
+    b.record_stream(side).unwrap();
+    let from = alloc.next_event_seq();
+    drop(a);
+    drop(b);
+    let freed = alloc.events_since(from, usize::MAX).events;
+    let kinds: Vec<(EventKind, u64)> = freed.iter().map(|e| (e.kind, e.addr)).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (EventKind::FreeRequested, a_addr),
+            (EventKind::FreeCompleted, a_addr),
+            (EventKind::FreeRequested, b_addr),
+        ],
+        "a's free completes at once, b's waits for the side stream"
+    );
+    let (request, completion) = (&freed[0], &freed[1]);
+    assert_eq!(completion.seq, request.seq + 1);
+    assert_eq!(
+        (
+            completion.time_ns,
+            completion.size,
+            completion.requested,
+            completion.stream
+        ),
+        (request.time_ns, 3072, 3000, 0),
+        "the completion has the request's time stamp and block"
+    );
+    assert_eq!(
+        (
+            request.size,
+            request.requested,
+            request.stream,
+            request.step
+        ),
+        (3072, 3000, 0, 1)
+    );
+    assert_eq!(
+        (
+            completion.site,
+            completion.tag,
+            completion.scope,
+            completion.step
+        ),
+        (request.site, request.tag, request.scope, request.step)
+    );
+    assert!(
+        request.tag.is_some(),
+        "the tagged block's events carry its tag"
+    );
+    assert_eq!((freed[2].size, freed[2].requested), (5120, 5000));
+
+    // Once the side stream's work completes, the next allocation completes b's free first.
+    device.complete_stream(side);
+    let from = alloc.next_event_seq();
+    let c = alloc.alloc(512).unwrap();
+    let later = alloc.events_since(from, usize::MAX).events;
+    let kinds: Vec<(EventKind, u64)> = later.iter().map(|e| (e.kind, e.addr)).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (EventKind::FreeCompleted, b_addr),
+            (EventKind::Alloc, c.addr())
+        ]
+    );
+    assert_eq!((later[0].size, later[0].requested), (5120, 5000));
+    assert!(later[0].time_ns >= freed[2].time_ns);
+    assert!(later[1].time_ns >= later[0].time_ns);
+}
