@@ -183,8 +183,14 @@ impl Checkpoints {
         Checkpoints {
             kept: Vec::new(),
             above: events,
-            gap: (events / 16).max(Self::MIN_GAP),
+            gap: Self::gap_for(events),
         }
+    }
+
+    /// The fewest events between two kept states of a trace of `events` events: a sixteenth
+    /// of it, and at least [`Checkpoints::MIN_GAP`] (the walk's [`Pairings`] are spaced alike).
+    fn gap_for(events: usize) -> usize {
+        (events / 16).max(Self::MIN_GAP)
     }
 
     /// Keeps `state`, the state after `pos` events, when it is far enough from the last.
@@ -572,7 +578,7 @@ impl Pairings {
     fn new(events: usize) -> Pairings {
         Pairings {
             kept: Vec::new(),
-            gap: (events / 16).max(Checkpoints::MIN_GAP),
+            gap: Checkpoints::gap_for(events),
         }
     }
 

@@ -241,17 +241,17 @@ fn size_then_visit(
             let first = sized.chunks.len() * SIZED_CHUNK;
             let (chunk, tail) = rest.split_at_mut(SIZED_CHUNK.min(rest.len()));
             for k in 0..chunk.len() {
-                let size_of = |j: u32| match (j as usize).checked_sub(first) {
-                    Some(at) => chunk[at].size,
-                    None => sized.get(j as usize).size,
-                };
-                let kind_of = |j: u32| match (j as usize).checked_sub(first) {
-                    Some(at) => chunk[at].kind,
-                    None => sized.get(j as usize).kind,
+                // The kind and size of an earlier event: in this chunk, or sized before it.
+                let earlier = |j: u32| {
+                    let e = match (j as usize).checked_sub(first) {
+                        Some(at) => &chunk[at],
+                        None => sized.get(j as usize),
+                    };
+                    (e.kind, e.size)
                 };
                 let e = &chunk[k];
-                let pair = paired.pair_at((first + k) as u32, e.kind, kind_of);
-                if let Some(size) = block_size(first + k, e, pair, &size_of) {
+                let pair = paired.pair_at((first + k) as u32, e.kind, |j| earlier(j).0);
+                if let Some(size) = block_size(first + k, e, pair, &|j| earlier(j).1) {
                     chunk[k].size = size;
                 }
             }
