@@ -898,3 +898,49 @@ fn labels_repeated_per_step_or_per_event_cut_a_long_name() {
     assert!(json.len() < 4_000_000, "{} bytes", json.len());
     assert!(json.contains("ggg…"), "the function is cut, and says so");
 }
+
+/// Issue 44, item 1: the 15-byte pickle. Protocol 5, then `BINBYTES8`, `BINUNICODE8` or
+/// `BYTEARRAY8` (or a `FRAME`) with an eight-byte length near 2^64 or 2^63, and a few bytes:
+/// every length once wrapped the count of bytes a streaming read waits for, and the import
+/// spun forever. Each is an error naming the opcode and its offset, plain and gzipped, from a
+/// file and from bytes; a test that hangs is the failure.
+#[test]
+fn eight_byte_lengths_near_2_pow_64_and_2_pow_63_are_errors_at_once() {
+    let dir = std::env::temp_dir().join(format!("vramscope-lengths-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (op, name) in [
+        (0x8e, "BINBYTES8"),
+        (0x8d, "BINUNICODE8"),
+        (0x96, "BYTEARRAY8"),
+        (0x95, "FRAME"),
+    ] {
+        let lengths = (1..=12u64).map(|k| u64::MAX - k + 1).chain([
+            1 << 63,
+            (1 << 63) - 1,
+            (1 << 63) + 9,
+            (1 << 62) + 1,
+        ]);
+        for n in lengths {
+            let mut bytes = vec![0x80, 5, op];
+            bytes.extend_from_slice(&n.to_le_bytes());
+            bytes.extend_from_slice(b"N.N.");
+            assert_eq!(bytes.len(), 15);
+            for (what, data) in [("plain", bytes.clone()), ("gzip", gzip(&bytes))] {
+                let e = load(&data, "h.pickle").unwrap_err();
+                let text = e.to_string();
+                assert!(
+                    text.contains(name) && text.contains("offset 2"),
+                    "{name} {n} {what}: {text}"
+                );
+                let path = dir.join(format!("{name}-{n}-{what}.pickle"));
+                std::fs::write(&path, &data).unwrap();
+                let e = import::load(&path).unwrap_err();
+                assert!(
+                    e.to_string().contains(name),
+                    "{name} {n} {what} (file): {e}"
+                );
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

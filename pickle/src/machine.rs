@@ -90,6 +90,8 @@ pub(super) struct Machine<'a, 's> {
     /// The memory budget's floor ([`Limits::min_memory_bytes`]), to recompute it as an input
     /// of unknown length arrives.
     min_memory: usize,
+    /// The largest input read ([`Limits::max_input_bytes`]): no length may reach past it.
+    max_input: usize,
     /// For an input of unknown length, the first `FRAME` that announced more bytes than had
     /// arrived: its offset, the offset its bytes start at, and their length. Checked once the
     /// input's length is known, as a sized read checks it at once.
@@ -148,6 +150,7 @@ impl<'a, 's> Machine<'a, 's> {
             total,
             sized: true,
             min_memory: limits.min_memory_bytes,
+            max_input: limits.max_input_bytes,
             frame_due: None,
             complete: data.len() == total,
             more: None,
@@ -205,6 +208,7 @@ impl<'a, 's> Machine<'a, 's> {
             total,
             sized: self.sized,
             min_memory: self.min_memory,
+            max_input: self.max_input,
             frame_due: self.frame_due,
             complete,
             more: None,
@@ -260,17 +264,37 @@ impl<'a, 's> Machine<'a, 's> {
     }
 
     /// Takes `n` argument bytes of the current opcode.
+    ///
+    /// `n` is a length read from the input, up to 2^64 − 1: every sum with it is checked, so
+    /// that no length can wrap into a small count of bytes to wait for (a `BINBYTES8` of
+    /// 2^64 − 9 bytes once asked for 0 more bytes, forever). A length past the end of an input
+    /// of known size is refused at once; one past the largest input read, for an input whose
+    /// size is not known yet, too.
     fn take(&mut self, n: u64) -> Step<&'a [u8]> {
         let available = (self.data.len() - self.pos) as u64;
         if n > available {
-            if !self.complete {
-                let wanted = (self.base + self.pos - self.op_pos) as u64 + n;
+            let here = self.base + self.pos;
+            // The bytes the input holds from here, as far as is known.
+            let left = if self.sized || self.complete {
+                self.total.saturating_sub(here) as u64
+            } else {
+                self.max_input.saturating_sub(here) as u64
+            };
+            if !self.complete && n <= left {
+                // The opcode's bytes from its start, at most the input's size: no overflow.
+                let wanted = (here - self.op_pos) as u64 + n;
                 return Err(self.wait_for(usize::try_from(wanted).unwrap_or(usize::MAX)));
+            }
+            if !self.sized && !self.complete {
+                return Err(self.bad(format!(
+                    "a length of {n} bytes, past the largest input read ({} bytes)",
+                    self.max_input
+                )));
             }
             return Err(self.error(PickleErrorKind::Truncated {
                 opcode: self.name(),
                 needed: n,
-                available,
+                available: left,
             }));
         }
         let start = self.pos;

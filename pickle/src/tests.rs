@@ -902,3 +902,146 @@ mod fuzz {
         }
     }
 }
+
+/// A sink that takes nothing, for streaming reads of inputs with no entries.
+struct NoEntries(Vec<usize>, Vec<(usize, Standin)>);
+
+impl EntrySink for NoEntries {
+    fn entry(&mut self, _: ValueRef<'_>, _: usize, _: usize, _: usize) -> bool {
+        false
+    }
+    fn read(&mut self) -> &mut Vec<usize> {
+        &mut self.0
+    }
+    fn standins(&mut self) -> &mut Vec<(usize, Standin)> {
+        &mut self.1
+    }
+    fn memory(&self) -> usize {
+        0
+    }
+}
+
+/// Every opcode that reads a length or an index from the input, with lengths near the top of
+/// its field: 2^64 and 2^63 for the eight-byte ones, 2^32 and 2^31 for the four-byte ones.
+/// Each input is protocol 5, the opcode, its field and a few bytes (15 bytes for the
+/// eight-byte ones, as in issue 44).
+fn sized_length_cases() -> Vec<(&'static str, Vec<u8>)> {
+    use crate::opcodes::*;
+    let mut cases = Vec::new();
+    let near = |top: u128| -> Vec<u128> {
+        let mut v: Vec<u128> = (1..=16).map(|k| top - k).collect();
+        v.extend([top / 2 - 1, top / 2, top / 2 + 1, top / 2 + 9]);
+        v
+    };
+    for op in [BINBYTES8, BINUNICODE8, BYTEARRAY8, FRAME] {
+        for n in near(1 << 64) {
+            let mut b = vec![0x80, 5, op];
+            b.extend_from_slice(&(n as u64).to_le_bytes());
+            b.extend_from_slice(b"N.N.");
+            cases.push((opcode_name(op), b));
+        }
+    }
+    for op in [BINUNICODE, BINBYTES, BINSTRING, LONG4, LONG_BINGET] {
+        for n in near(1 << 32) {
+            let mut b = vec![0x80, 5, b'N', op];
+            b.extend_from_slice(&(n as u32).to_le_bytes());
+            b.extend_from_slice(b"N.N.");
+            cases.push((opcode_name(op), b));
+        }
+    }
+    cases
+}
+
+/// Issue 44: a `BINBYTES8` (or `BINUNICODE8`, `BYTEARRAY8`) of 2^64 − 9 bytes or more made the
+/// count of bytes a streaming read waits for wrap to a few bytes, and every reader spun
+/// forever. Each sized opcode with lengths near the top of its field is an error in every way
+/// of reading: whole, streamed in pieces of a known total, and of unknown length (as gzip data
+/// is read), and the last two read no more than the input (they would read it again and again,
+/// or all of an endless input, otherwise).
+#[test]
+fn lengths_near_the_top_of_their_field_are_errors_in_every_reader() {
+    let limits = Limits::default();
+    for (name, bytes) in sized_length_cases() {
+        let whole = Document::parse_with_limits(&bytes, &limits);
+        assert!(whole.is_err(), "{name} {bytes:02x?}: whole read succeeded");
+        let (read, given) = read_unsized(&bytes, &limits);
+        assert!(read.is_err(), "{name} {bytes:02x?}: unsized read succeeded");
+        assert!(given <= 2 * bytes.len(), "{name}: {given} bytes read");
+        for piece in [1, 3, 7, 64] {
+            let mut at = 0;
+            let mut calls = 0;
+            let mut next = |window: &mut Vec<u8>| {
+                calls += 1;
+                assert!(calls < 1000, "{name}: asked for pieces past the input");
+                let end = (at + piece).min(bytes.len());
+                window.extend_from_slice(&bytes[at..end]);
+                let gave = end > at;
+                at = end;
+                gave
+            };
+            let mut sink = NoEntries(Vec::new(), Vec::new());
+            let streamed =
+                parse_streaming_chunks(bytes.len(), &mut next, &limits, "device_traces", &mut sink);
+            assert!(
+                streamed.is_none(),
+                "{name} {bytes:02x?}: streamed read succeeded"
+            );
+        }
+        let mut sink = NoEntries(Vec::new(), Vec::new());
+        let streamed = parse_streaming_read(
+            &mut Counted {
+                data: &bytes,
+                chunk: 5,
+                given: 0,
+            },
+            &limits,
+            "device_traces",
+            &mut sink,
+        );
+        assert!(
+            streamed.is_none(),
+            "{name} {bytes:02x?}: streamed unsized read succeeded"
+        );
+    }
+}
+
+/// A length past the end of an input of known size is the whole read's error, at once; one
+/// past the largest input read, in an input of unknown size, is refused before any more of it
+/// is read, naming the opcode and the length.
+#[test]
+fn a_length_past_the_input_is_refused_without_waiting_for_it() {
+    let mut bytes = vec![0x80, 5, crate::opcodes::BINBYTES8];
+    bytes.extend_from_slice(&(u64::MAX - 8).to_le_bytes());
+    bytes.extend_from_slice(b"N.N.");
+    let e = Document::parse_with_limits(&bytes, &Limits::default()).unwrap_err();
+    assert_eq!(e.offset, 2);
+    assert_eq!(
+        e.kind,
+        PickleErrorKind::Truncated {
+            opcode: "BINBYTES8",
+            needed: u64::MAX - 8,
+            available: 4
+        }
+    );
+    // Followed by an endless stream of zeros: refused after the first piece.
+    struct Zeros<'c>(&'c std::cell::Cell<usize>);
+    impl std::io::Read for Zeros<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            buf.fill(0);
+            self.0.set(self.0.get() + buf.len());
+            Ok(buf.len())
+        }
+    }
+    let zeros = std::cell::Cell::new(0);
+    let head = &bytes[..11];
+    let mut open =
+        || -> Box<dyn std::io::Read + '_> { Box::new(std::io::Read::chain(head, Zeros(&zeros))) };
+    let e = Document::parse_read(&mut open, &Limits::default()).unwrap_err();
+    assert_eq!(e.offset, 2);
+    assert!(e.to_string().contains("past the largest input read"), "{e}");
+    assert!(
+        zeros.get() <= 4 << 20,
+        "{} bytes of zeros read",
+        zeros.get()
+    );
+}
