@@ -316,6 +316,98 @@ fn torch_h200(case: &str) -> String {
     )
 }
 
+/// A run on a 250 MiB device that ran out of memory (its OOM entry carries the device's free
+/// bytes), and one on a 200 MiB device that freed its cache to retry three times, each
+/// written as a PyTorch pickle.
+fn pressured_traces() -> [(PathBuf, &'static str); 2] {
+    use vramscope::{AllocatorConfig, CachingAllocator, SimDevice};
+    const MIB: u64 = 1 << 20;
+    let written = |name: &str, snapshot: vramscope::Snapshot| {
+        let json = temp(&format!("{name}.json"));
+        snapshot.save(&json).unwrap();
+        let pickle = temp(&format!("{name}.pickle"));
+        let converted = vramscope(&[
+            "convert",
+            json.to_str().unwrap(),
+            "--to",
+            "pytorch",
+            "-o",
+            pickle.to_str().unwrap(),
+        ]);
+        assert!(converted.status.success(), "{converted:?}");
+        std::fs::remove_file(json).ok();
+        pickle
+    };
+    let alloc = CachingAllocator::new(SimDevice::phantom(250 * MIB), AllocatorConfig::default());
+    let weights = alloc.alloc(64 * MIB).unwrap();
+    drop(alloc.alloc(20 * MIB).unwrap());
+    let mut held = Vec::new();
+    while let Ok(block) = alloc.alloc(40 * MIB) {
+        held.push(block);
+    }
+    drop(held);
+    drop(alloc.alloc(30 * MIB).unwrap());
+    drop(weights);
+    let oom = written("oom", alloc.snapshot());
+    let alloc = CachingAllocator::new(SimDevice::phantom(200 * MIB), AllocatorConfig::default());
+    for size in [100, 150, 160, 170, 120, 180] {
+        drop(alloc.alloc(size * MIB).unwrap());
+    }
+    assert!(alloc.stats().num_alloc_retries >= 3);
+    let retried = written("retried", alloc.snapshot());
+    [(oom, "oom"), (retried, "retried")]
+}
+
+#[test]
+fn replay_verify_matches_a_pressured_trace_on_the_capacity_it_implies() {
+    for (trace, case) in pressured_traces() {
+        let path = trace.to_str().unwrap();
+        let output = vramscope(&["replay", path, "--verify"]);
+        let text = stdout(&output);
+        assert_eq!(output.status.code(), Some(0), "{case}: {text}");
+        assert!(text.contains("alike, in order"), "{case}: {text}");
+        match case {
+            "oom" => {
+                let seq = text
+                    .split("from the OOM at event ")
+                    .nth(1)
+                    .unwrap_or_else(|| panic!("{text}"));
+                assert!(
+                    text.contains("capacity 250 MiB, from the OOM at event"),
+                    "{text}"
+                );
+                assert!(seq.starts_with(char::is_numeric), "{text}");
+                assert!(text.contains("first OOM: event"), "{text}");
+            }
+            _ => {
+                assert!(
+                    text.contains("free-and-retry bursts (the first at event"),
+                    "{text}"
+                );
+                assert!(text.contains("capacity between"), "{text}");
+            }
+        }
+        // The JSON says where the capacity came from, and a capacity given wins.
+        let json = vramscope(&["replay", path, "--verify", "--format", "json"]);
+        let value: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+        let inferred = &value["inferred_capacity"];
+        assert_eq!(value["capacity"], inferred["bytes"], "{value:#}");
+        assert_eq!(inferred["exact"], case == "oom", "{value:#}");
+        let given = vramscope(&["replay", path, "--capacity", "1TiB", "--format", "json"]);
+        let value: serde_json::Value = serde_json::from_str(&stdout(&given)).unwrap();
+        assert!(value.get("inferred_capacity").is_none(), "{value:#}");
+        assert_eq!(value["capacity"], 1u64 << 40);
+        let unlimited = vramscope(&["replay", path, "--verify", "--capacity", "1TiB"]);
+        assert_eq!(
+            unlimited.status.code(),
+            Some(1),
+            "{case}: {}",
+            stdout(&unlimited)
+        );
+        std::fs::remove_file(trace).ok();
+    }
+}
+
 #[test]
 fn replay_uses_the_settings_the_trace_recorded_unless_conf_is_given() {
     let path = torch_h200("expandable");

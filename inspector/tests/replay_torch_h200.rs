@@ -235,3 +235,41 @@ fn the_trace_column_marks_an_estimated_peak() {
     let capped = import::load(data().join("default_capped.pickle.gz")).unwrap();
     assert_eq!(block_sizing(&capped), Some(BlockSizing::Rounded));
 }
+
+#[test]
+fn a_capped_run_implies_its_cap_and_replays_on_it() {
+    // Without --capacity, the runs under a cap that freed their cache to retry (or ran out)
+    // say what they had: the cap lies within the bounds they imply, and a replay there makes
+    // PyTorch's device calls, call for call. The runs without pressure imply nothing.
+    for (case, expected) in expected() {
+        let snapshot = import::load(data().join(format!("{case}.pickle.gz"))).unwrap();
+        let mut options = ReplayOptions::default();
+        options.trace_settings = true;
+        options.verify = true;
+        options.infer_capacity = true;
+        let result = replay(&snapshot, &options, &mut |_, _| {});
+        let pressured = expected["num_alloc_retries"].as_u64() > Some(0);
+        let Some(inferred) = &result.inferred_capacity else {
+            assert!(!pressured, "{case}: {result:?}");
+            continue;
+        };
+        assert!(pressured, "{case}: {inferred:?}");
+        let cap = expected["cap"].as_u64().expect("a capped run");
+        assert!(
+            inferred.lower <= cap && cap <= inferred.upper,
+            "{case}: {inferred:?}"
+        );
+        assert!(
+            !inferred.exact,
+            "{case}: a cap, not the device, refused the memory"
+        );
+        assert_eq!(result.capacity, inferred.bytes);
+        let check = result.device_calls.unwrap();
+        assert!(!check.differs(), "{case}: {check:?}");
+        assert_eq!(
+            result.figures.num_ooms,
+            expected["num_ooms"].as_u64(),
+            "{case}"
+        );
+    }
+}

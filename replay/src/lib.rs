@@ -37,12 +37,14 @@ use vramscope_model::{
 };
 
 mod calls;
+mod capacity;
 mod render;
 mod sizing;
 mod sweep;
 
 use calls::*;
 pub use calls::{CallDifference, DeviceCall, DeviceCallCheck};
+pub use capacity::{infer_capacity, InferredCapacity};
 pub use render::{render_sweep_text, render_text};
 pub use sizing::{
     block_sizing, estimated_before_trace_blocks, size_blocks, size_blocks_visiting,
@@ -78,6 +80,10 @@ pub struct ReplayOptions {
     /// Record the replay's events and compare its device calls with the trace's, call by call
     /// ([`ReplayResult::device_calls`]); slower.
     pub verify: bool,
+    /// Without a `capacity`, replay under the capacity the trace implies, where it implies one
+    /// ([`infer_capacity`]: an OOM's free bytes, free-and-retry bursts), and say so
+    /// ([`ReplayResult::inferred_capacity`]).
+    pub infer_capacity: bool,
 }
 
 impl Default for ReplayOptions {
@@ -89,6 +95,7 @@ impl Default for ReplayOptions {
             policy: None,
             reconstruct_start: true,
             verify: false,
+            infer_capacity: false,
         }
     }
 }
@@ -171,6 +178,10 @@ pub struct ReplayResult {
     pub trace_settings: Option<String>,
     /// The capacity replayed against.
     pub capacity: u64,
+    /// Where no capacity was given, the one the trace implies, which the replay ran under
+    /// ([`ReplayOptions::infer_capacity`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inferred_capacity: Option<InferredCapacity>,
     /// The first failed allocation, if any.
     pub first_oom: Option<FirstOom>,
     /// Peak reserved minus peak allocated: memory the policy held without using it at worst.
@@ -517,7 +528,6 @@ fn replay_with_ring(
     ring: usize,
 ) -> (ReplayResult, bool) {
     let device = device_of(snapshot);
-    let capacity = options.capacity.unwrap_or(UNLIMITED_CAPACITY);
     let settings = settings_of(snapshot, options);
     let config = replay_config(&settings, options.verify, ring);
     // A capped PyTorch run has a whole device behind its cap (`set_per_process_memory_fraction`),
@@ -526,8 +536,14 @@ fn replay_with_ring(
     let sim = SimDevice::phantom(UNLIMITED_CAPACITY);
     // Its ring is read for device calls only: allocations and frees are not recorded.
     let alloc = CachingAllocator::recording_device_calls(sim.clone(), config);
-    alloc.set_memory_limit(options.capacity);
-    let ((start, original), chosen) = start_and_events(snapshot, options, keep, device);
+    let ((start, original, inferred_capacity), chosen) =
+        start_and_events(snapshot, options, keep, device);
+    // A capacity given wins over the one the trace implies.
+    let limit = options
+        .capacity
+        .or(inferred_capacity.as_ref().map(|c| c.bytes));
+    let capacity = limit.unwrap_or(UNLIMITED_CAPACITY);
+    alloc.set_memory_limit(limit);
 
     // The trace's addresses to the replay's, keyed by addresses a file chooses: `AddrMap` is
     // seeded against collisions.
@@ -537,7 +553,7 @@ fn replay_with_ring(
         &alloc,
         start.as_ref(),
         device,
-        options.capacity,
+        limit,
         &mut addresses,
         &mut first_oom,
     );
@@ -640,6 +656,7 @@ fn replay_with_ring(
             .trace_settings
             .then(|| trace_settings(snapshot).to_string()),
         capacity,
+        inferred_capacity,
         first_oom,
         fragmentation: peak_reserved.saturating_sub(peak_allocated),
         inactive_split_bytes: stats.inactive_split_bytes.all.current,
@@ -782,7 +799,10 @@ fn start_and_events(
     options: &ReplayOptions,
     keep: &Keep<'_>,
     device: u32,
-) -> ((Option<MemoryState>, Figures), ChosenEvents) {
+) -> (
+    (Option<MemoryState>, Figures, Option<InferredCapacity>),
+    ChosenEvents,
+) {
     std::thread::scope(|scope| {
         // The other thread also lists what the walk does not need either: the trace's
         // segment allocations (for the addresses of new segments) and, to check the replay
@@ -795,23 +815,33 @@ fn start_and_events(
                 let walk = Reconstruction::from_snapshot(snapshot);
                 let mut original = original_figures(snapshot, &walk, device);
                 original.peak_allocated_estimated = *estimated;
-                (options.reconstruct_start.then_some(walk.start), original)
+                let inferred = (options.infer_capacity && options.capacity.is_none())
+                    .then(|| infer_capacity(snapshot, &walk))
+                    .flatten();
+                (
+                    options.reconstruct_start.then_some(walk.start),
+                    original,
+                    inferred,
+                )
             }
             Keep::BlockSizes(_, paired) => (
                 options
                     .reconstruct_start
                     .then(|| Reconstruction::start_of_paired(snapshot, paired)),
                 Figures::default(),
+                None,
             ),
             Keep::Nothing => (
                 options
                     .reconstruct_start
                     .then(|| Reconstruction::start_of(snapshot)),
                 Figures::default(),
+                None,
             ),
             Keep::Walked { start, original } => (
                 options.reconstruct_start.then(|| (*start).clone()),
                 (*original).clone(),
+                None,
             ),
         };
         let chosen = chosen

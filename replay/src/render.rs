@@ -120,6 +120,9 @@ pub fn render_text(source: &str, result: &ReplayResult) -> String {
         settings_text(result),
         vramscope_model::format_bytes(result.capacity)
     );
+    if let Some(inferred) = &result.inferred_capacity {
+        out.push_str(&format!("  {}\n", inferred.describe()));
+    }
     if result.restored_segments > 0 {
         out.push_str(&format!(
             "  started from the state at the beginning of the trace: {} segments, {} live blocks\n",

@@ -215,7 +215,9 @@ struct ReportArgs {
 struct ReplayArgs {
     /// The trace to replay.
     file: PathBuf,
-    /// Device capacity (24GiB, 80G, ...); unlimited when not given.
+    /// Device capacity (24GiB, 80G, ...). When not given, the capacity the trace implies
+    /// (an OOM's free bytes, free-and-retry bursts), said in the output; unlimited where it
+    /// implies none.
     #[arg(long, value_parser = parse_size)]
     capacity: Option<u64>,
     /// Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax; the settings the trace recorded
@@ -1076,6 +1078,9 @@ fn run_replay(args: ReplayArgs) -> Result<u8, Failure> {
             options.policy = policy;
             options.reconstruct_start = true;
             options.verify = verify;
+            // A trace that ran under pressure says what it had: replay on that, not on an
+            // unlimited device.
+            options.infer_capacity = true;
             let result = replay::replay(snapshot, &options, &mut progress_line("replaying"));
             calls_differ |= result
                 .device_calls
