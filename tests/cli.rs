@@ -40,7 +40,7 @@ fn headless_demo_reports_the_planted_bugs_at_their_lines() {
         String::from_utf8_lossy(&output.stderr)
     );
     let report: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
-    let findings = report["findings"].as_array().unwrap();
+    let findings = report["devices"][0]["findings"].as_array().unwrap();
     let sites_of = |kind: &str| -> Vec<String> {
         findings
             .iter()
@@ -83,7 +83,7 @@ fn headless_demo_reports_the_planted_bugs_at_their_lines() {
         sites_of("sync_in_loop"),
         vec![demo_line("shown.push(logits.element(i)?.item()?)")]
     );
-    assert_eq!(report["steps"], 8);
+    assert_eq!(report["devices"][0]["steps"], 8);
 }
 
 #[test]
@@ -100,7 +100,7 @@ fn headless_demo_without_bugs_reports_no_warning_or_error() {
     ]);
     assert!(output.status.success());
     let report: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
-    let serious = report["findings"]
+    let serious = report["devices"][0]["findings"]
         .as_array()
         .unwrap()
         .iter()
@@ -148,16 +148,20 @@ fn report_formats_fail_on_summary_and_diff() {
     );
 
     let json = vramscope(&["report", leaky_s, "--format", "json"]);
-    let value: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    let file: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    for key in ["format_version", "source", "input", "verdict", "devices"] {
+        assert!(file.get(key).is_some(), "report JSON has `{key}`");
+    }
+    let value = &file["devices"][0];
     for key in [
-        "format_version",
-        "source",
+        "verdict",
+        "device",
         "steps",
         "stats",
         "findings",
         "top_sites",
     ] {
-        assert!(value.get(key).is_some(), "report JSON has `{key}`");
+        assert!(value.get(key).is_some(), "a device's entry has `{key}`");
     }
     let finding = &value["findings"][0];
     for key in [
@@ -632,7 +636,7 @@ fn convert_carries_a_late_traces_figures_and_says_what_it_cannot() {
             String::from_utf8_lossy(&output.stderr)
         );
         let json: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
-        let s = &json["stats"];
+        let s = &json["devices"][0]["stats"];
         [
             "baseline_allocated_bytes",
             "peak_allocated_bytes",
@@ -1014,6 +1018,7 @@ fn the_demo_header_counts_the_waits_the_finding_counts() {
         .unwrap();
     assert!(output.status.success());
     let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let json = &json["devices"][0];
     let waits = json["stats"]["host_waits"].as_u64().unwrap();
     let finding = json["findings"]
         .as_array()

@@ -67,7 +67,10 @@ fn every_format_converts_a_range_of_steps() {
             "pytorch" | "json" => {
                 let report = vramscope(&["report", path, "--format", "json"]);
                 let value: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
-                assert_eq!(value["steps"], 2, "{target}: steps 2 and 3 read back");
+                assert_eq!(
+                    value["devices"][0]["steps"], 2,
+                    "{target}: steps 2 and 3 read back"
+                );
             }
             _ => assert!(std::fs::metadata(&out).unwrap().len() > 0),
         }

@@ -1,5 +1,5 @@
 //! Multi-device snapshots through the CLI: `report`, `summary` and `replay` report every device
-//! with data in turn (JSON lists them), `--device N` picks one, and a device without data is
+//! with data in turn (JSON lists them, as it lists the one device of a single-device file), `--device N` picks one, and a device without data is
 //! an error that lists those with data. Each device's part gives the figures of that device's
 //! trace alone, whatever the traces.
 
@@ -54,7 +54,11 @@ fn every_device_is_reported_and_one_can_be_chosen() {
     let one = vramscope(&["report", file, "--format", "json", "--device", "1"]);
     assert!(one.status.success());
     let json: Value = serde_json::from_slice(&one.stdout).unwrap();
-    assert_eq!(json["stats"]["peak_allocated_bytes"], peaks[1]);
+    assert_eq!(json["devices"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        json["devices"][0]["stats"]["peak_allocated_bytes"],
+        peaks[1]
+    );
 
     let missing = vramscope(&["report", file, "--device", "7"]);
     assert_eq!(missing.status.code(), Some(2));
@@ -192,7 +196,8 @@ fn an_idle_devices_memory_stays_out_of_the_busy_devices_report() {
         String::from_utf8_lossy(&out.stderr)
     );
     let json: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(json.get("devices").is_none(), "one device has events");
-    assert_eq!(json["stats"]["peak_allocated_bytes"], peak);
-    assert_eq!(json["stats"]["reserved_bytes"], reserved);
+    let devices = json["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 1, "one device has events");
+    assert_eq!(devices[0]["stats"]["peak_allocated_bytes"], peak);
+    assert_eq!(devices[0]["stats"]["reserved_bytes"], reserved);
 }

@@ -199,7 +199,7 @@ fn ci_formats_keep_the_files_text_inside_its_own_annotation() {
     let file = save(&snapshot_named(&name, false), &dir.join("run.json"));
     let json = vramscope(&["report", &file, "--format", "json"]);
     let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
-    let findings = report["findings"].as_array().unwrap().len();
+    let findings = report["devices"][0]["findings"].as_array().unwrap().len();
     assert!(findings > 0, "{report}");
 
     let github = vramscope(&["report", &file, "--format", "github"]);

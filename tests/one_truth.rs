@@ -78,7 +78,8 @@ fn check(name: &str, snapshot: &Snapshot) {
 fn check_views(name: &str, snapshot: &Snapshot, consistent: bool) {
     let view = ModelView::new(snapshot);
     let built = report::build_report_view(&view, &report::ReportOptions::default());
-    let json: Value = serde_json::from_str(&report::render_json(&built)).expect("report JSON");
+    let file: Value = serde_json::from_str(&report::render_json(&built)).expect("report JSON");
+    let json = &file["devices"][0];
     let stats = &json["stats"];
     let events = snapshot.events.len() as u64;
     let peak = view.peak_allocated();

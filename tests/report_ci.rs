@@ -102,7 +102,7 @@ fn json_findings(dir: &Path, file: &str) -> Vec<Value> {
         vramscope_in(dir, &["report", file, "--format", "json"]),
     );
     let json: Value = serde_json::from_str(&text).unwrap();
-    json["findings"].as_array().unwrap().clone()
+    json["devices"][0]["findings"].as_array().unwrap().clone()
 }
 
 /// Whether `uri` is a URI reference SARIF allows here: an absolute `file:` URI, or a relative
@@ -417,7 +417,7 @@ fn the_demo_annotates_the_lines_of_its_planted_bugs() {
         )
     };
     let report: Value = serde_json::from_str(&demo("json")).unwrap();
-    let findings = report["findings"].as_array().unwrap();
+    let findings = report["devices"][0]["findings"].as_array().unwrap();
     assert!(
         findings.iter().any(|f| f["severity"] == "error"),
         "{report}"

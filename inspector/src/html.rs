@@ -181,6 +181,117 @@ pub fn render_html(report: &Report) -> String {
     out
 }
 
+/// Renders the reports of a file of several devices as one self-contained page: the whole
+/// file's verdict (`report::file_verdict`), a device picker with each device's verdict,
+/// the worst device first (`report::worst_first`), and each device's own page
+/// ([`render_html`]) in an `<iframe srcdoc>`, the worst device's shown. The frames keep each
+/// explorer's element ids, styles and keys apart; the picker's script only shows one frame and
+/// hides the others, and copies the shown frame's `data-ready` and `data-errors` onto the
+/// page's body for the browser test. One report is its own page.
+pub fn render_html_file(reports: &[Report]) -> String {
+    if let [one] = reports {
+        return render_html(one);
+    }
+    let order = crate::report::worst_first(reports);
+    let file_verdict = crate::report::file_verdict(reports);
+    let worst = reports
+        .iter()
+        .flat_map(|r| r.findings.iter())
+        .filter(|f| f.severity >= Severity::Warning)
+        .map(|f| f.severity)
+        .max()
+        .map_or("ok", severity_class);
+    let mut out = String::new();
+    out.push_str("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n");
+    let title = reports
+        .first()
+        .map(|r| {
+            format!(
+                "vramscope report: {} ({} devices)",
+                r.input.as_deref().unwrap_or(r.source.as_str()),
+                reports.len()
+            )
+        })
+        .unwrap_or_default();
+    let _ = writeln!(out, "<title>{}</title>", escape(&title));
+    let _ = writeln!(
+        out,
+        "<style>{STYLE}#devices{{display:flex;flex-wrap:wrap;gap:6px;margin:8px 0}}\
+#devices button{{font:inherit;padding:4px 10px;border:1px solid #bbb;border-radius:4px;background:#fafafa;cursor:pointer;text-align:left}}\
+#devices button[aria-pressed=true]{{border-color:#222;background:#fff;font-weight:600}}\
+iframe.device{{width:100%;height:1400px;border:1px solid #ddd;border-radius:4px;display:block}}</style>\n</head>\n<body>"
+    );
+    let _ = writeln!(out, "<h1>vramscope report</h1>");
+    let _ = writeln!(out, "<div class=\"muted\">{}</div>", escape(&title));
+    let _ = writeln!(
+        out,
+        "<div id=\"verdict\" class=\"verdict-{worst}\">{}</div>",
+        escape(&file_verdict)
+    );
+    out.push_str("<div id=\"devices\" role=\"tablist\">\n");
+    for (place, &i) in order.iter().enumerate() {
+        let r = &reports[i];
+        let _ = writeln!(
+            out,
+            "<button role=\"tab\" data-device=\"{index}\" aria-pressed=\"{pressed}\"><b>{name}</b> <span class=\"muted\">{verdict}</span></button>",
+            index = r.device.index,
+            pressed = place == 0,
+            name = escape(&crate::report::device_label(r)),
+            verdict = escape(&crate::report::verdict(r)),
+        );
+    }
+    out.push_str("</div>\n");
+    for (place, &i) in order.iter().enumerate() {
+        let r = &reports[i];
+        // A `srcdoc` page resolves links against its parent's address: a `<base>` of
+        // `about:srcdoc` keeps the page's links to its own findings in the frame.
+        let page = render_html(r).replacen("<head>\n", "<head>\n<base href=\"about:srcdoc\">\n", 1);
+        let _ = writeln!(
+            out,
+            "<iframe class=\"device\" data-device=\"{index}\" title=\"{title}\"{hidden} srcdoc=\"{page}\"></iframe>",
+            index = r.device.index,
+            title = escape(&format!("{}: {}", crate::report::device_label(r), crate::report::verdict(r))),
+            hidden = if place == 0 { "" } else { " hidden" },
+            page = escape(&page),
+        );
+    }
+    out.push_str("<script>\n");
+    out.push_str(DEVICE_PICKER_SCRIPT);
+    out.push_str("</script>\n</body>\n</html>\n");
+    out
+}
+
+/// The device picker of [`render_html_file`]: shows the frame of the button pressed, and
+/// reports the shown frame's state on the page's body.
+const DEVICE_PICKER_SCRIPT: &str = r##""use strict";
+(function () {
+  const buttons = Array.from(document.querySelectorAll("#devices button"));
+  const frames = Array.from(document.querySelectorAll("iframe.device"));
+  function mirror(frame) {
+    try {
+      const body = frame.contentDocument && frame.contentDocument.body;
+      if (!body) return;
+      document.body.dataset.device = frame.dataset.device;
+      document.body.dataset.ready = body.dataset.ready || "";
+      document.body.dataset.errors = body.dataset.errors || "0";
+      document.body.dataset.paintMs = body.dataset.paintMs || "";
+    } catch (e) {
+      document.body.dataset.errors = String(e);
+    }
+  }
+  function show(device) {
+    for (const b of buttons) b.setAttribute("aria-pressed", String(b.dataset.device === device));
+    for (const f of frames) {
+      f.hidden = f.dataset.device !== device;
+      if (!f.hidden) mirror(f);
+    }
+  }
+  for (const b of buttons) b.addEventListener("click", () => show(b.dataset.device));
+  for (const f of frames) f.addEventListener("load", () => { if (!f.hidden) mirror(f); });
+  if (buttons.length) show(buttons[0].dataset.device);
+})();
+"##;
+
 /// The verdict and the errors and warnings, for the top of the page: the report's one-line
 /// verdict, coloured by the worst severity, then each error and warning with its site, what
 /// it is and its fix (at most [`PROBLEMS_SHOWN`], the rest counted).

@@ -28,19 +28,24 @@ pub use location::{path_ref, source_line, AnnotationOptions, PathRef, SourceLine
 pub use sarif::{render_sarif, sarif_level, SARIF_SCHEMA_URI, SOURCE_ROOT_BASE_ID};
 pub(crate) use text::activity_sentence;
 pub use text::{
-    activity_line, bytes_or_na, evidence_sentence, gap_sentences, headline, render_markdown,
-    render_summary, render_text, verdict,
+    activity_line, bytes_or_na, device_label, evidence_sentence, gap_sentences, headline,
+    render_markdown, render_summary, render_text, verdict,
 };
 
 /// Version of the JSON report schema. Keys are only ever added within a version.
 ///
-/// Top level: `format_version`, `source`, `input`, `device` {`name`, `backend`,
-/// `capacity_bytes`}, `steps`, `stats` (see [`ReportStats`]), `findings[]` (each with `kind`,
-/// `severity`, `site` as `"file:line"` or null, `function`, `bytes`, `count`, `per_step`
-/// {`bytes`, `count`} or null, `first_step`, `last_step`, `summary`, `evidence` {key: number or
-/// string, in detector order}, `fix`; a finding about kept memory also has `made_at` and
-/// `frames`, see [`Finding`]), `top_sites[]` (see [`TopSite`]) and, when that table is cut,
-/// `other_sites` (see [`OtherSites`]).
+/// One shape for a file of one device or of many (version 3). Top level: `format_version`,
+/// `source`, `input`, `verdict` (the whole file's one-line verdict, as the text report opens
+/// with it), `worst_device` (the index of the device with the most severe finding, or of the
+/// first device when none has a problem) and `devices[]`, one entry per device with data in
+/// device order (one entry for a single-device file). Each entry: `verdict` (that device's),
+/// `device` {`name`, `index`, `backend`, `capacity_bytes`}, `steps`, `step_source`, `stats`
+/// (see [`ReportStats`]), `findings[]` (each with `kind`, `severity`, `site` as
+/// `"file:line"` or null, `function`, `bytes`, `count`, `per_step` {`bytes`, `count`} or
+/// null, `first_step`, `last_step`, `summary`, `evidence` {key: number or string, in detector
+/// order}, `fix`; a finding about kept memory also has `made_at` and `frames`, see
+/// [`Finding`]), `top_sites[]` (see [`TopSite`]) and, when that table is cut, `other_sites`
+/// (see [`OtherSites`]).
 ///
 /// A figure the input's format does not record is `null`, never 0 (ARCHITECTURE.md, "The
 /// figures, defined"). Version 2 made these keys null where version 1 wrote 0:
@@ -48,15 +53,18 @@ pub use text::{
 /// `stats.transfers`, `stats.h2d_bytes`, `stats.d2h_bytes`, `stats.syncs` and
 /// `stats.host_waits` (recorded by vramscope's own allocator only), and
 /// `stats.device_allocs`, `stats.device_frees`, `stats.empty_cache_calls` and `stats.ooms`
-/// (not recorded by a profiler trace). The keys themselves are those of version 1, and
-/// version 2 has since added `stats.lost_frees`.
-pub const REPORT_FORMAT_VERSION: u32 = 2;
+/// (not recorded by a profiler trace), and added `stats.lost_frees`. Version 3 moved one
+/// device's keys into `devices[]` (version 2 had them at the top level for one device and a
+/// list of whole reports for several).
+pub const REPORT_FORMAT_VERSION: u32 = 3;
 
 /// The device a report describes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ReportDevice {
     /// Device name.
     pub name: String,
+    /// Device index (the `N` of `cuda:N` and of `--device N`).
+    pub index: u32,
     /// Backend kind (`sim`, `cuda`, `unknown`).
     pub backend: String,
     /// Total device memory in bytes (null when unknown).
@@ -221,11 +229,15 @@ pub struct Timeline {
 /// A report on one snapshot.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Report {
-    /// [`REPORT_FORMAT_VERSION`].
+    /// [`REPORT_FORMAT_VERSION`] (in JSON, at the file's level: [`render_file_json`]).
+    #[serde(skip)]
     pub format_version: u32,
-    /// Where the data came from (`vramscope`, `pytorch`, `chrome-trace`).
+    /// Where the data came from (`vramscope`, `pytorch`, `chrome-trace`; in JSON, at the
+    /// file's level).
+    #[serde(skip)]
     pub source: String,
-    /// The input file, when the caller named it.
+    /// The input file, when the caller named it (in JSON, at the file's level).
+    #[serde(skip)]
     pub input: Option<String>,
     /// The device.
     pub device: ReportDevice,
@@ -292,6 +304,32 @@ impl Default for ReportOptions {
             explorer: true,
         }
     }
+}
+
+/// Why `snapshot`, read from `file`, has nothing to analyse (no events and no segments), with
+/// the call that records one, or `None` when it has data. Every face says these words for an
+/// empty dump (the CLI's `report`, `summary`, `view` and `replay`, `vramscope.load()`,
+/// `ranks`): a report on nothing would say "no problems found" and be believed.
+pub fn nothing_to_analyse(snapshot: &Snapshot, file: &str) -> Option<String> {
+    if !snapshot.events.is_empty() || !snapshot.segments.is_empty() {
+        return None;
+    }
+    let hint = match snapshot.source {
+        SnapshotSource::ChromeTrace => {
+            "the profiler trace has no CUDA memory events: record it with \
+             torch.profiler.profile(profile_memory=True) (with_stack=True to see the lines)"
+        }
+        SnapshotSource::Pytorch => {
+            "the snapshot has no trace entries and no segments: call \
+             torch.cuda.memory._record_memory_history() before the code to look at, then \
+             torch.cuda.memory._dump_snapshot(path)"
+        }
+        SnapshotSource::Vramscope => {
+            "the snapshot holds no events and no segments: record events (record_events:True) \
+             and take the snapshot after the work"
+        }
+    };
+    Some(format!("{file}: nothing to analyse: {hint}"))
 }
 
 /// Builds the report of `snapshot`: runs every detector and gathers statistics and top sites.
@@ -376,6 +414,7 @@ fn build_report_parts(view: &ModelView<'_>, options: &ReportOptions) -> Report {
         input: options.input.clone(),
         device: ReportDevice {
             name: snapshot.device.name.clone(),
+            index: snapshot.device.index,
             backend: snapshot.device.backend.clone(),
             capacity_bytes: (snapshot.device.capacity > 0).then_some(snapshot.device.capacity),
         },
@@ -715,22 +754,113 @@ impl FromStr for Format {
 /// Renders `report` in `format`; `color` adds ANSI colours to text. SARIF and GitHub's
 /// commands are rendered with the default [`AnnotationOptions`] (paths as the trace names
 /// them); [`render_sarif`] and [`render_github`] take others, and several devices' reports.
+/// The report is a file of one device: [`render_file`] renders the reports of several.
 pub fn render(report: &Report, format: Format, color: bool) -> String {
-    match format {
-        Format::Text => render_text(report, color),
-        Format::Markdown => render_markdown(report),
-        Format::Json => render_json(report),
-        Format::Html => crate::html::render_html(report),
-        Format::Sarif => render_sarif(std::slice::from_ref(report), &AnnotationOptions::default()),
-        Format::Github => {
-            render_github(std::slice::from_ref(report), &AnnotationOptions::default())
-        }
+    render_file(std::slice::from_ref(report), format, color)
+}
+
+/// Renders the reports of one file, one per device with data in device order, in `format`:
+/// one report opening with the whole file's verdict ([`file_verdict`]), the devices' parts
+/// after it. One report renders as the report of that device alone; JSON has one shape for
+/// one device or many ([`REPORT_FORMAT_VERSION`]); HTML is one page with a device picker,
+/// the worst device first ([`crate::html::render_html_file`]). Nothing at all is an empty
+/// string.
+pub fn render_file(reports: &[Report], format: Format, color: bool) -> String {
+    match (format, reports) {
+        (_, []) => String::new(),
+        (Format::Text, [one]) => render_text(one, color),
+        (Format::Markdown, [one]) => render_markdown(one),
+        (Format::Html, [one]) => crate::html::render_html(one),
+        (Format::Json, all) => render_file_json(all),
+        (Format::Sarif, all) => render_sarif(all, &AnnotationOptions::default()),
+        (Format::Github, all) => render_github(all, &AnnotationOptions::default()),
+        (Format::Text, many) => text::render_text_devices(many, color),
+        (Format::Markdown, many) => text::render_markdown_devices(many),
+        (Format::Html, many) => crate::html::render_html_file(many),
     }
 }
 
-/// The report as pretty-printed JSON.
+/// The one-line verdict of a whole file: [`verdict`] for one device; for several, every
+/// device's problems, each with its device (`1 problem found: oom on cuda:1 at
+/// models.py:181 (error)`), or that none of the devices has one.
+pub fn file_verdict(reports: &[Report]) -> String {
+    match reports {
+        [one] => verdict(one),
+        many => text::verdict_devices(many),
+    }
+}
+
+/// Whether a finding of any of `reports` is at least as severe as `level`: the exit status
+/// of `--fail-on` counts every device.
+pub fn file_fails_on(reports: &[Report], level: Severity) -> bool {
+    reports.iter().any(|r| r.fails_on(level))
+}
+
+/// The order in which a reader should see the devices of a file: the device with the most
+/// severe finding first (then the one with more errors and warnings), ties in device order.
+/// Infos do not count: a device whose findings are all infos has no problem.
+pub fn worst_first(reports: &[Report]) -> Vec<usize> {
+    let key = |r: &Report| {
+        let worst = r
+            .findings
+            .iter()
+            .map(|f| f.severity)
+            .filter(|s| *s >= Severity::Warning)
+            .max();
+        let (errors, warnings, _) = r.counts();
+        (worst, errors, warnings)
+    };
+    let mut order: Vec<usize> = (0..reports.len()).collect();
+    order.sort_by(|&a, &b| key(&reports[b]).cmp(&key(&reports[a])).then(a.cmp(&b)));
+    order
+}
+
+/// One device's entry of the JSON report: its own verdict, then its report's keys.
+#[derive(Serialize)]
+struct DeviceJson<'a> {
+    verdict: String,
+    #[serde(flatten)]
+    report: &'a Report,
+}
+
+/// The JSON report of a file ([`REPORT_FORMAT_VERSION`]).
+#[derive(Serialize)]
+struct FileJson<'a> {
+    format_version: u32,
+    source: &'a str,
+    input: Option<&'a str>,
+    verdict: String,
+    worst_device: Option<u32>,
+    devices: Vec<DeviceJson<'a>>,
+}
+
+/// The report as pretty-printed JSON: the file shape of [`REPORT_FORMAT_VERSION`], with one
+/// device.
 pub fn render_json(report: &Report) -> String {
-    let mut text = serde_json::to_string_pretty(report).unwrap_or_else(|e| {
+    render_file_json(std::slice::from_ref(report))
+}
+
+/// The reports of one file's devices as one pretty-printed JSON document, the one shape of
+/// [`REPORT_FORMAT_VERSION`] for one device or many.
+pub fn render_file_json(reports: &[Report]) -> String {
+    let first = reports.first();
+    let document = FileJson {
+        format_version: REPORT_FORMAT_VERSION,
+        source: first.map_or("", |r| r.source.as_str()),
+        input: first.and_then(|r| r.input.as_deref()),
+        verdict: file_verdict(reports),
+        worst_device: worst_first(reports)
+            .first()
+            .map(|&i| reports[i].device.index),
+        devices: reports
+            .iter()
+            .map(|report| DeviceJson {
+                verdict: verdict(report),
+                report,
+            })
+            .collect(),
+    };
+    let mut text = serde_json::to_string_pretty(&document).unwrap_or_else(|e| {
         // Serializing plain data into a string cannot fail; say so if it ever does.
         format!("{{\"error\": \"could not serialize the report: {e}\"}}")
     });

@@ -7,7 +7,7 @@ use vramscope_inspector::checks::{
 };
 use vramscope_inspector::detect::Severity;
 use vramscope_inspector::diff::{self, diff};
-use vramscope_inspector::report::{build_report, render, Format, Report, ReportOptions};
+use vramscope_inspector::report::{build_report, render, verdict, Format, Report, ReportOptions};
 use vramscope_model::{Id, Snapshot, TransferDirection};
 use vramscope_testkit::{clean_loop, Trace, MIB};
 
@@ -35,21 +35,39 @@ fn report_of(snapshot: &Snapshot) -> Report {
 fn json_report_has_the_stable_schema() {
     let report = report_of(&leaky(10));
     let text = render(&report, Format::Json, false);
-    let json: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let file: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
     for key in [
         "format_version",
         "source",
         "input",
+        "verdict",
+        "worst_device",
+        "devices",
+    ] {
+        assert!(file.get(key).is_some(), "missing top-level key {key}");
+    }
+    assert_eq!(file["format_version"], 3);
+    assert_eq!(file["source"], "vramscope");
+    assert_eq!(file["input"], "run.json");
+    assert_eq!(file["verdict"], verdict(&report));
+    // One device's file has one entry, with the keys of every device's.
+    assert_eq!(file["devices"].as_array().map(Vec::len), Some(1));
+    let json = &file["devices"][0];
+    for key in [
+        "verdict",
         "device",
         "steps",
+        "step_source",
         "stats",
         "findings",
         "top_sites",
     ] {
-        assert!(json.get(key).is_some(), "missing top-level key {key}");
+        assert!(json.get(key).is_some(), "missing device key {key}");
     }
-    assert_eq!(json["format_version"], 2);
-    assert_eq!(json["source"], "vramscope");
+    for key in ["name", "index", "backend", "capacity_bytes"] {
+        assert!(json["device"].get(key).is_some(), "missing device.{key}");
+    }
+    assert_eq!(file["worst_device"], json["device"]["index"]);
     assert_eq!(json["steps"], 10);
     for key in [
         "peak_allocated_bytes",
@@ -310,7 +328,7 @@ fn a_report_names_the_frees_a_trace_lost() {
     );
     let json: serde_json::Value =
         serde_json::from_str(&render(&report, Format::Json, false)).expect("valid JSON");
-    assert_eq!(json["stats"]["lost_frees"], 2);
+    assert_eq!(json["devices"][0]["stats"]["lost_frees"], 2);
     let html = render(&report, Format::Html, false);
     assert!(
         html.contains("<li>2 allocations were made at an address"),
@@ -355,8 +373,11 @@ fn a_cut_top_sites_table_ends_with_the_rest_and_sums_to_the_figures() {
     assert!(html.contains("5 other sites"));
     let json: serde_json::Value =
         serde_json::from_str(&render(&report, Format::Json, false)).unwrap();
-    assert_eq!(json["other_sites"]["sites"], 5);
-    assert_eq!(json["other_sites"]["live_bytes"], other.live_bytes);
+    assert_eq!(json["devices"][0]["other_sites"]["sites"], 5);
+    assert_eq!(
+        json["devices"][0]["other_sites"]["live_bytes"],
+        other.live_bytes
+    );
     let summary = vramscope_inspector::report::render_summary(&report);
     assert!(summary.contains("10 other sites"), "{summary}");
     // A table that lists every site has no remainder.

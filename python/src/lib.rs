@@ -53,7 +53,9 @@ fn file_findings(path: &str, log: Option<Bound<'_, HostLog>>) -> PyResult<Vec<re
 }
 
 /// `vramscope report` on the file at `path` (a PyTorch snapshot pickle, a vramscope snapshot,
-/// a profiler trace), with the syncs of `log`: `device`'s part, or the one device with data.
+/// a profiler trace), with the syncs of `log`: `device`'s part, or every device with data (a
+/// report of each, the worst first). An empty dump is a `ValueError` in the command line's
+/// words.
 #[pyfunction]
 #[pyo3(name = "load", signature = (path, device = None, log = None))]
 fn file_report(
@@ -62,8 +64,8 @@ fn file_report(
     log: Option<Bound<'_, HostLog>>,
 ) -> PyResult<report::Report> {
     let snapshot = load_with(path, log.as_ref().map(Bound::get))?;
-    let part = report::device_part(snapshot, device)?;
-    Ok(report::Report::from_snapshot(&part, Some(path.to_string())))
+    let parts = report::device_parts(snapshot, device, path)?;
+    Ok(report::Report::from_parts(&parts, Some(path.to_string())))
 }
 
 /// The inspector's text report on the file at `path`, with the syncs of `log`.
@@ -321,7 +323,11 @@ mod tests {
         let report: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&output).expect("the report was written"))
                 .expect("JSON");
-        assert!(report.is_object() || report.is_array(), "{report}");
+        assert_eq!(
+            report["devices"].as_array().map(Vec::len),
+            Some(1),
+            "{report}"
+        );
         // A bad argument is status 2 and a message, not the end of the embedding process.
         assert_eq!(run(&["vramscope", "report", "--no-such-flag"]), 2);
         assert_eq!(run(&["vramscope", "--version"]), 0);
@@ -337,6 +343,114 @@ mod tests {
         ]);
         assert_eq!(failing, 1);
         drop(kept);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// Runs Python `code` with the module as `_native` and `path` as `path`, and returns what
+    /// it leaves in `result` as JSON text.
+    fn run_python(path: &str, code: &str) -> String {
+        with_module(|m| {
+            let py = m.py();
+            let locals = pyo3::types::PyDict::new(py);
+            locals.set_item("_native", m).expect("module");
+            locals.set_item("path", path).expect("path");
+            let code = std::ffi::CString::new(code).expect("no NUL");
+            py.run(&code, None, Some(&locals)).expect("the code runs");
+            let result = locals
+                .get_item("result")
+                .expect("result")
+                .expect("the code sets result");
+            let json = py.import("json").expect("json");
+            json.call_method1("dumps", (result,))
+                .and_then(|v| v.extract())
+                .expect("JSON")
+        })
+    }
+
+    /// `load()` on a 3-GPU dump whose cuda:1 ran out of memory opens the file (issue 42, item
+    /// 4): its verdict is the whole file's and names the OOM on cuda:1, its devices are the
+    /// worst first, its figures the worst device's, and `to_dict()` is the command line's
+    /// JSON.
+    #[test]
+    fn load_opens_a_multi_device_file_device_by_device() {
+        let dir = std::env::temp_dir().join(format!("vramscope-py-3gpu-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("three.json");
+        vramscope_testkit::three_devices_oom_on_1()
+            .save(&path)
+            .expect("save");
+        let path = path.to_str().expect("utf-8 path");
+        let seen: serde_json::Value = serde_json::from_str(&run_python(
+            path,
+            "r = _native.load(path)\n\
+             d = r.to_dict()\n\
+             result = {'verdict': r.verdict, 'device': r.device, \
+               'devices': [x.device for x in r.devices], \
+               'peaks': [x.peak_allocated for x in r.devices], 'peak': r.peak_allocated, \
+               'errors': [(f.device, f.kind) for f in r.findings if f.severity == 'error'], \
+               'json_devices': len(d['devices']), 'json_verdict': d['verdict'], \
+               'summary': r.summary().splitlines()[0], 'html': '<iframe' in r.html(), \
+               'repr': repr(r)}\n",
+        ))
+        .expect("JSON");
+        let verdict = seen["verdict"].as_str().expect("verdict");
+        assert!(
+            verdict.starts_with("1 problem found: oom on cuda:1 at "),
+            "{seen:#}"
+        );
+        assert_eq!(seen["device"], "cuda:1", "the worst device's figures");
+        assert_eq!(
+            seen["devices"],
+            serde_json::json!(["cuda:1", "cuda:0", "cuda:2"])
+        );
+        assert_eq!(seen["peak"], seen["peaks"][0]);
+        assert_eq!(seen["errors"], serde_json::json!([["cuda:1", "oom"]]));
+        assert_eq!(seen["json_devices"], 3);
+        assert_eq!(seen["json_verdict"], verdict);
+        assert_eq!(
+            seen["summary"], verdict,
+            "the text opens with the file's verdict"
+        );
+        assert_eq!(seen["html"], true);
+        assert!(
+            seen["repr"].as_str().unwrap().contains("3 devices"),
+            "{seen:#}"
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// `load()` on an empty dump raises what `vramscope report` says of it (issue 42, item 11),
+    /// not a report that finds no leaks in 0 events.
+    #[test]
+    fn load_of_an_empty_dump_says_what_the_command_line_says() {
+        use vramscope_model::{DeviceInfo, Snapshot, SnapshotSource};
+        let dir = std::env::temp_dir().join(format!("vramscope-py-empty-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("empty.json");
+        Snapshot::empty(SnapshotSource::Vramscope, DeviceInfo::default())
+            .save(&path)
+            .expect("save");
+        let path = path.to_str().expect("utf-8 path");
+        let seen: serde_json::Value = serde_json::from_str(&run_python(
+            path,
+            "try:\n    _native.load(path)\n    result = ['loaded']\n\
+             except ValueError as e:\n    result = ['ValueError', str(e)]\n",
+        ))
+        .expect("JSON");
+        let words = vramscope_inspector::report::nothing_to_analyse(
+            &Snapshot::empty(SnapshotSource::Vramscope, DeviceInfo::default()),
+            path,
+        )
+        .expect("an empty dump has nothing to analyse");
+        assert_eq!(seen, serde_json::json!(["ValueError", words]));
+        // The command line, run inside the module, says the same words with status 2.
+        let status: u8 = with_module(|m| {
+            let argv = PyList::new(m.py(), ["vramscope", "report", path]).expect("argv");
+            m.call_method1("cli", (argv,))
+                .and_then(|v| v.extract())
+                .expect("cli runs")
+        });
+        assert_eq!(status, 2);
         std::fs::remove_dir_all(&dir).ok();
     }
 }

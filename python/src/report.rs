@@ -25,7 +25,8 @@ use vramscope_inspector::detect::{self, EvidenceValue};
 use vramscope_inspector::html;
 use vramscope_inspector::model_view::ModelView;
 use vramscope_inspector::report::{
-    self as inspector_report, build_report_view, headline, render, verdict, Format, ReportOptions,
+    self as inspector_report, build_report_view, file_verdict, headline, render_file,
+    render_file_json, Format, ReportOptions,
 };
 use vramscope_inspector::{devices, report::top_sites_and_rest};
 use vramscope_model::{format_bytes, MemoryStats, Snapshot};
@@ -130,9 +131,18 @@ pub struct Finding {
     made_at: Option<String>,
     frames: Vec<String>,
     sites: Vec<FindingSite>,
+    /// The device the finding is on (`cuda:1`), for a finding of a report of a file; `None`
+    /// for one made by hand or from a JSON entry.
+    device: Option<String>,
 }
 
 impl Finding {
+    /// The finding with the device it is on.
+    fn on_device(mut self, device: &str) -> Finding {
+        self.device = Some(device.to_string());
+        self
+    }
+
     /// The Python finding of the inspector's `finding`.
     pub fn from_inspector(finding: &detect::Finding) -> Finding {
         Finding {
@@ -161,6 +171,7 @@ impl Finding {
                     blocks: s.blocks,
                 })
                 .collect(),
+            device: None,
         }
     }
 
@@ -264,6 +275,7 @@ impl Finding {
             made_at,
             frames: frames.unwrap_or_default(),
             sites: Vec::new(),
+            device: None,
         })
     }
 
@@ -314,6 +326,7 @@ impl Finding {
             made_at: item(value, "made_at")?,
             frames: item(value, "frames")?.unwrap_or_default(),
             sites,
+            device: None,
         })
     }
 
@@ -415,6 +428,13 @@ impl Finding {
         self.frames.clone()
     }
 
+    /// The device the finding is on (`"cuda:1"`), when it comes from a report of a file;
+    /// `None` for a finding made by hand.
+    #[getter]
+    fn device(&self) -> Option<&str> {
+        self.device.as_deref()
+    }
+
     /// The sites inside the finding, largest first, when it gathers several.
     #[getter]
     fn sites(&self) -> Vec<FindingSite> {
@@ -466,35 +486,40 @@ pub fn findings_of(snapshot: &Snapshot) -> Vec<Finding> {
     findings_to_py(&analysis::findings(snapshot))
 }
 
-/// The part of `snapshot` a report describes, as `vramscope report` chooses it: `device`'s
-/// when given; else the one device with data (without the segments of devices that have
-/// none). A snapshot with data for several devices and no `device` is an error that lists
-/// them.
-pub fn device_part(snapshot: Snapshot, device: Option<u32>) -> PyResult<Snapshot> {
+/// The parts of `snapshot` a report describes, as `vramscope report` chooses them: `device`'s
+/// when given; else every device with data, in device order (one part for a single-device
+/// snapshot, without the segments of devices that have none). A device without data is an
+/// error that lists those with data; so is a snapshot with nothing to analyse, in the words
+/// of the command line (`report::nothing_to_analyse`).
+pub fn device_parts(
+    snapshot: Snapshot,
+    device: Option<u32>,
+    file: &str,
+) -> PyResult<Vec<Snapshot>> {
+    if let Some(message) = inspector_report::nothing_to_analyse(&snapshot, file) {
+        return Err(PyValueError::new_err(message));
+    }
     let available = devices::devices_with_data(&snapshot);
-    let listed = || {
-        available
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
     match device {
         Some(d) if !available.contains(&d) => Err(PyValueError::new_err(format!(
             "the snapshot has no data for device {d} (it has device{} {})",
             if available.len() == 1 { "" } else { "s" },
-            listed()
+            available
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
         ))),
-        Some(d) => Ok(devices::only_device(&snapshot, d)),
-        None if available.len() > 1 => Err(PyValueError::new_err(format!(
-            "the snapshot has data for devices {}: choose one with device=N",
-            listed()
-        ))),
+        Some(d) => Ok(vec![devices::only_device(&snapshot, d)]),
+        None if available.len() > 1 => Ok(available
+            .iter()
+            .map(|&d| devices::only_device(&snapshot, d))
+            .collect()),
         None => match available.first() {
             Some(&d) if !devices::holds_only(&snapshot, d) => {
-                Ok(devices::only_device(&snapshot, d))
+                Ok(vec![devices::only_device(&snapshot, d)])
             }
-            _ => Ok(snapshot),
+            _ => Ok(vec![snapshot]),
         },
     }
 }
@@ -583,10 +608,22 @@ impl At {
     }
 }
 
-/// `vramscope report` on one snapshot: its figures, findings, text, top call sites and the
-/// HTML explorer, which a notebook shows inline.
+/// `vramscope report` on a file: its figures, findings, text, top call sites and the HTML
+/// explorer, which a notebook shows inline. A file of several devices is a report of each
+/// device ([`Report::devices`], the worst first): its verdict, findings, text, page and
+/// dictionary are the whole file's, and its figures those of the worst device, which
+/// `device` names.
 #[pyclass(module = "vramscope._native", name = "Report", frozen)]
 pub struct Report {
+    /// Each device's report, in device order.
+    parts: Vec<Part>,
+    /// The devices' places in `parts`, the worst first (`report::worst_first`).
+    order: Vec<usize>,
+}
+
+/// One device's report and the call sites behind its `top_sites`.
+#[derive(Clone)]
+struct Part {
     /// The inspector's report, as the command line builds it (with the explorer's data).
     inner: inspector_report::Report,
     /// Every call site holding memory at the end or at the peak.
@@ -594,21 +631,44 @@ pub struct Report {
 }
 
 impl Report {
-    /// The report on `snapshot`, as `vramscope report --format html` builds it, with `input`
-    /// as the file named in its headline.
+    /// The report on `snapshot` (one device's), as `vramscope report --format html` builds
+    /// it, with `input` as the file named in its headline.
     pub fn from_snapshot(snapshot: &Snapshot, input: Option<String>) -> Report {
-        let view = ModelView::new(snapshot);
-        let mut options = ReportOptions::default();
-        options.input = input;
-        options.explorer = true;
-        let inner = build_report_view(&view, &options);
-        let (sites, _) = top_sites_and_rest(&view, usize::MAX);
-        Report { inner, sites }
+        Report::from_parts(std::slice::from_ref(snapshot), input)
     }
 
-    /// The inspector's report.
+    /// The report on a file whose devices' parts are `parts`, in device order.
+    pub fn from_parts(parts: &[Snapshot], input: Option<String>) -> Report {
+        let parts: Vec<Part> = parts
+            .iter()
+            .map(|snapshot| {
+                let view = ModelView::new(snapshot);
+                let mut options = ReportOptions::default();
+                options.input = input.clone();
+                options.explorer = true;
+                let inner = build_report_view(&view, &options);
+                let (sites, _) = top_sites_and_rest(&view, usize::MAX);
+                Part { inner, sites }
+            })
+            .collect();
+        let inners: Vec<inspector_report::Report> = parts.iter().map(|p| p.inner.clone()).collect();
+        let order = inspector_report::worst_first(&inners);
+        Report { parts, order }
+    }
+
+    /// The worst device's report: the one whose figures the report gives.
+    fn primary(&self) -> &Part {
+        &self.parts[self.order.first().copied().unwrap_or(0)]
+    }
+
+    /// The inspector's report of the worst device.
     pub fn inner(&self) -> &inspector_report::Report {
-        &self.inner
+        &self.primary().inner
+    }
+
+    /// Every device's inspector report, in device order.
+    fn inners(&self) -> Vec<inspector_report::Report> {
+        self.parts.iter().map(|p| p.inner.clone()).collect()
     }
 
     /// The page inside a frame of `height` pixels, for a notebook's output.
@@ -617,18 +677,24 @@ impl Report {
     /// own findings (`#finding-0`) would load the notebook into the frame; a `<base>` of
     /// `about:srcdoc` keeps them in the page.
     fn frame(&self, height: u32) -> String {
-        let page = html::render_html(&self.inner).replacen(
-            "<head>\n",
-            "<head>\n<base href=\"about:srcdoc\">\n",
-            1,
-        );
+        let page = self
+            .page()
+            .replacen("<head>\n", "<head>\n<base href=\"about:srcdoc\">\n", 1);
         format!(
             "<div class=\"vramscope-report\"><iframe srcdoc=\"{}\" title=\"{}\" \
              style=\"width:100%;height:{height}px;border:1px solid #ddd;border-radius:4px;\
              background:#fff;display:block\"></iframe></div>",
             html::escape(&page),
-            html::escape(&format!("vramscope report: {}", headline(&self.inner)))
+            html::escape(&format!("vramscope report: {}", self.verdict()))
         )
+    }
+
+    /// The HTML page of the file: one device's explorer, or a device picker.
+    fn page(&self) -> String {
+        match self.parts.as_slice() {
+            [one] => html::render_html(&one.inner),
+            _ => html::render_html_file(&self.inners()),
+        }
     }
 }
 
@@ -637,102 +703,125 @@ impl Report {
     /// Where the data came from: `vramscope`, `pytorch` or `chrome-trace`.
     #[getter]
     fn source(&self) -> &str {
-        &self.inner.source
+        &self.inner().source
     }
 
     /// The file the report was made from, when it was made from one.
     #[getter]
     fn input(&self) -> Option<&str> {
-        self.inner.input.as_deref()
+        self.inner().input.as_deref()
     }
 
-    /// The device's name.
+    /// The device's name (`cuda:0`): for a file of several devices, the worst device's,
+    /// whose figures the report gives (see `devices`).
     #[getter]
     fn device(&self) -> &str {
-        &self.inner.device.name
+        &self.inner().device.name
     }
 
     /// The device's memory in bytes, or `None` when the file does not record it.
     #[getter]
     fn capacity(&self) -> Option<u64> {
-        self.inner.device.capacity_bytes
+        self.inner().device.capacity_bytes
     }
 
     /// Loop steps (steps numbered 1 or more).
     #[getter]
     fn steps(&self) -> u64 {
-        self.inner.steps
+        self.inner().steps
     }
 
     /// Where the steps came from (the trace's marks, a repeating sequence, or none).
     #[getter]
     fn step_source(&self) -> &str {
-        &self.inner.step_source
+        &self.inner().step_source
     }
 
     /// Events in the trace.
     #[getter]
     fn events(&self) -> u64 {
-        self.inner.stats.events
+        self.inner().stats.events
     }
 
     /// The highest allocated bytes (block sizes, as PyTorch counts them).
     #[getter]
     fn peak_allocated(&self) -> u64 {
-        self.inner.stats.peak_allocated_bytes
+        self.inner().stats.peak_allocated_bytes
     }
 
     /// The highest reserved bytes, or `None` when the file does not record reserved memory.
     #[getter]
     fn peak_reserved(&self) -> Option<u64> {
-        self.inner.stats.peak_reserved_bytes
+        self.inner().stats.peak_reserved_bytes
     }
 
     /// Bytes allocated at the end (live at the end).
     #[getter]
     fn allocated(&self) -> u64 {
-        self.inner.stats.allocated_bytes
+        self.inner().stats.allocated_bytes
     }
 
     /// Bytes reserved at the end, or `None` when not recorded.
     #[getter]
     fn reserved(&self) -> Option<u64> {
-        self.inner.stats.reserved_bytes
+        self.inner().stats.reserved_bytes
     }
 
     /// Blocks live at the end.
     #[getter]
     fn live_blocks(&self) -> u64 {
-        self.inner.stats.live_blocks
+        self.inner().stats.live_blocks
     }
 
     /// Every figure of the report, as the `stats` of `vramscope report --format json`
     /// (`None` for what the file does not record).
     #[getter]
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        data_to_py(py, &self.inner.stats)
+        data_to_py(py, &self.inner().stats)
     }
 
-    /// The findings, most severe first.
+    /// The findings of every device, each device's most severe first, the worst device
+    /// first; each says its `device`.
     #[getter]
     fn findings(&self) -> Vec<Finding> {
-        findings_to_py(&self.inner.findings)
+        self.order
+            .iter()
+            .flat_map(|&i| {
+                let part = &self.parts[i].inner;
+                part.findings.iter().map(|f| {
+                    Finding::from_inspector(f).on_device(&inspector_report::device_label(part))
+                })
+            })
+            .collect()
     }
 
-    /// The report's one-line verdict.
+    /// One report per device with data, the worst device first (one for a single-device
+    /// file): each with that device's figures, findings, text and page.
+    #[getter]
+    fn devices(&self) -> Vec<Report> {
+        self.order
+            .iter()
+            .map(|&i| Report {
+                parts: vec![self.parts[i].clone()],
+                order: vec![0],
+            })
+            .collect()
+    }
+
+    /// The report's one-line verdict: the whole file's, every device counted.
     #[getter]
     fn verdict(&self) -> String {
-        verdict(&self.inner)
+        file_verdict(&self.inners())
     }
 
-    /// The text report, as `vramscope report` prints it.
+    /// The text report, as `vramscope report` prints it (every device of the file).
     fn summary(&self) -> String {
-        render(&self.inner, Format::Text, false)
+        render_file(&self.inners(), Format::Text, false)
     }
 
     /// PyTorch's `memory_summary()` table of the snapshot, or `None` when it has no data.
     fn memory_summary(&self) -> Option<String> {
-        self.inner.memory_summary.clone()
+        self.inner().memory_summary.clone()
     }
 
     /// The `n` call sites holding the most bytes at the end (`at="end"`) or at the peak of
@@ -744,8 +833,12 @@ impl Report {
             At::End => (t.live_bytes, t.live_blocks),
             At::Peak => (t.peak_bytes, t.peak_blocks),
         };
-        let mut rows: Vec<&inspector_report::TopSite> =
-            self.sites.iter().filter(|t| held(t).0 > 0).collect();
+        let mut rows: Vec<&inspector_report::TopSite> = self
+            .primary()
+            .sites
+            .iter()
+            .filter(|t| held(t).0 > 0)
+            .collect();
         rows.sort_by(|a, b| {
             held(b)
                 .0
@@ -775,12 +868,15 @@ impl Report {
 
     /// The report as `vramscope report --format json` writes it, as a dictionary.
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        data_to_py(py, &self.inner)
+        let json = render_file_json(&self.inners());
+        let value: serde_json::Value = serde_json::from_str(&json)
+            .map_err(|e| PyValueError::new_err(format!("could not convert the report: {e}")))?;
+        value_to_py(py, &value)
     }
 
     /// The HTML page `vramscope report --format html` writes: the explorer.
     fn html(&self) -> String {
-        html::render_html(&self.inner)
+        self.page()
     }
 
     /// The explorer inside an `<iframe srcdoc>` of `height` pixels, for a notebook's output:
@@ -800,14 +896,22 @@ impl Report {
     }
 
     fn __repr__(&self) -> String {
-        let (errors, warnings, infos) = self.inner.counts();
+        let (errors, warnings, infos) = self.inner().counts();
+        let one = format!(
+            "{}: peak allocated {}, {} at the end, {} steps; \
+             {errors} error(s), {warnings} warning(s), {infos} info",
+            headline(self.inner()),
+            format_bytes(self.inner().stats.peak_allocated_bytes),
+            format_bytes(self.inner().stats.allocated_bytes),
+            self.inner().steps,
+        );
+        if self.parts.len() == 1 {
+            return format!("<vramscope.Report {one}>");
+        }
         format!(
-            "<vramscope.Report {}: peak allocated {}, {} at the end, {} steps; \
-             {errors} error(s), {warnings} warning(s), {infos} info>",
-            headline(&self.inner),
-            format_bytes(self.inner.stats.peak_allocated_bytes),
-            format_bytes(self.inner.stats.allocated_bytes),
-            self.inner.steps,
+            "<vramscope.Report of {} devices: {}; the worst, {one}>",
+            self.parts.len(),
+            self.verdict()
         )
     }
 }

@@ -110,9 +110,13 @@ def test_load_has_the_figures_of_the_command_line(tmp_path, request):
         return
     theirs = json.loads(out.stdout)
     ours = r.to_dict()
-    for key in ("format_version", "source", "input", "device", "steps", "step_source",
-                "stats", "top_sites"):
+    for key in ("format_version", "source", "input", "verdict", "worst_device"):
         assert ours[key] == theirs[key], key
+    assert theirs["verdict"] == r.verdict
+    assert len(theirs["devices"]) == len(ours["devices"]) == 1
+    for key in ("verdict", "device", "steps", "step_source", "stats", "top_sites"):
+        assert ours["devices"][0][key] == theirs["devices"][0][key], key
+    theirs = theirs["devices"][0]
     assert [(f["kind"], f["site"], f["bytes"]) for f in theirs["findings"]] == [
         (f.kind, f.site, f.bytes) for f in r.findings]
     assert theirs["stats"]["peak_allocated_bytes"] == r.peak_allocated
@@ -159,7 +163,7 @@ def test_a_sim_allocator_inspects_itself_as_load_reads_its_snapshot(tmp_path):
     assert mine.input is None and "<vramscope.Report" in repr(mine)
 
 
-def test_a_file_of_two_devices_is_read_one_device_at_a_time(tmp_path):
+def test_a_file_of_two_devices_is_read_device_by_device(tmp_path):
     # The run's snapshot, with a copy of its events and segments on device 1 (far away).
     path = tmp_path / "run.json"
     leaky_run(path)
@@ -181,8 +185,12 @@ def test_a_file_of_two_devices_is_read_one_device_at_a_time(tmp_path):
         snap["segments"].append(segment)
     two = tmp_path / "two.json"
     two.write_text(json.dumps(snap))
-    with pytest.raises(ValueError, match="devices 0, 1: choose one with device=N"):
-        vramscope.load(two)
+    both = vramscope.load(two)
+    assert len(both.devices) == 2
+    assert both.to_dict()["verdict"] == both.verdict
+    assert len(both.to_dict()["devices"]) == 2
+    assert len({f.device for f in both.findings}) == 2
+    assert "<iframe" in both.html() and both.verdict in both.summary()
     with pytest.raises(ValueError, match="no data for device 3"):
         vramscope.load(two, device=3)
     one = vramscope.load(path)

@@ -199,10 +199,15 @@ def load(path: Union[str, "os.PathLike[str]"], device: Optional[int] = None) -> 
     """``vramscope report`` on the file at ``path`` as a :class:`Report`.
 
     ``path`` is a PyTorch snapshot pickle (``torch.cuda.memory._dump_snapshot``), a vramscope
-    snapshot or a torch.profiler trace. A file with data for several devices needs
-    ``device=N``. The report has the figures (``peak_allocated``, ``allocated``,
-    ``reserved``, ``steps``, ``stats``), ``findings``, ``summary()`` (the text report) and
-    ``top_sites(at="end"|"peak", n=10)``; in Jupyter or VS Code it shows the explorer.
+    snapshot or a torch.profiler trace. The report has the figures (``peak_allocated``,
+    ``allocated``, ``reserved``, ``steps``, ``stats``), ``findings``, ``verdict``,
+    ``summary()`` (the text report) and ``top_sites(at="end"|"peak", n=10)``; in Jupyter or
+    VS Code it shows the explorer. A file with data for several devices is reported device by
+    device: ``devices`` holds a report of each, the worst first; ``verdict``, ``findings``
+    (each with its ``device``), ``summary()``, ``to_dict()`` and the page are the whole
+    file's, and the figures are the worst device's, which ``device`` names. ``device=N``
+    reports one device. A file with nothing in it raises ``ValueError`` with the words of
+    ``vramscope report``.
     """
     return _native.load(os.fspath(path), device)
 

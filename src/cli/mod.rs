@@ -298,31 +298,14 @@ fn progress_line(label: &'static str) -> impl FnMut(usize, usize) {
     }
 }
 
-/// Refuses a snapshot with nothing to analyse (no events and no segments), with the hint
-/// that records one: a report on nothing would say "no problems found" and be believed.
+/// Refuses a snapshot with nothing to analyse (no events and no segments), in the words every
+/// face says (`report::nothing_to_analyse`): a report on nothing would say "no problems
+/// found" and be believed.
 fn require_data(snapshot: &Snapshot, file: &std::path::Path) -> Result<(), Failure> {
-    if !snapshot.events.is_empty() || !snapshot.segments.is_empty() {
-        return Ok(());
+    match report::nothing_to_analyse(snapshot, &file.display().to_string()) {
+        Some(message) => Err(Failure::input(message)),
+        None => Ok(()),
     }
-    let hint = match snapshot.source {
-        crate::model::SnapshotSource::ChromeTrace => {
-            "the profiler trace has no CUDA memory events: record it with \
-             torch.profiler.profile(profile_memory=True) (with_stack=True to see the lines)"
-        }
-        crate::model::SnapshotSource::Pytorch => {
-            "the snapshot has no trace entries and no segments: call \
-             torch.cuda.memory._record_memory_history() before the code to look at, then \
-             torch.cuda.memory._dump_snapshot(path)"
-        }
-        _ => {
-            "the snapshot holds no events and no segments: record events (record_events:True) \
-              and take the snapshot after the work"
-        }
-    };
-    Err(Failure::input(format!(
-        "{}: nothing to analyse: {hint}",
-        file.display()
-    )))
 }
 
 /// The parts of `snapshot` to report on: the device asked for, else every device with data
@@ -352,15 +335,6 @@ fn device_parts(snapshot: Snapshot, device: Option<u32>) -> Result<Vec<Snapshot>
     }
 }
 
-/// The devices of `parts`, for messages.
-fn device_list(parts: &[Snapshot]) -> String {
-    parts
-        .iter()
-        .map(|p| p.device.index.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 fn use_color() -> bool {
     std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
 }
@@ -378,7 +352,8 @@ fn tui_failure(e: vramscope_tui::TuiError) -> Failure {
     let status = match e {
         vramscope_tui::TuiError::Import(_)
         | vramscope_tui::TuiError::NoPublisher(_)
-        | vramscope_tui::TuiError::NoTerminal(_) => 2,
+        | vramscope_tui::TuiError::NoTerminal(_)
+        | vramscope_tui::TuiError::Empty(_) => 2,
         vramscope_tui::TuiError::Io(_) => 1,
     };
     Failure {
@@ -733,8 +708,17 @@ fn run_convert(
         ConvertTarget::Html => {
             let mut options = ReportOptions::default();
             options.input = Some(file.display().to_string());
-            let built = report::build_report(part, &options);
-            sink.write_all(report::render(&built, Format::Html, false).as_bytes())
+            // The page `report --format html` writes: a device picker for several devices.
+            let devices = devices::devices_with_data(part);
+            let built: Vec<report::Report> = if devices.len() > 1 {
+                devices
+                    .iter()
+                    .map(|&d| report::build_report(&devices::only_device(part, d), &options))
+                    .collect()
+            } else {
+                vec![report::build_report(part, &options)]
+            };
+            sink.write_all(report::render_file(&built, Format::Html, false).as_bytes())
         }
         ConvertTarget::Events => part.write_event_log(&mut sink),
     }
@@ -925,13 +909,6 @@ fn run_report(args: ReportArgs) -> Result<u8, Failure> {
     require_data(&snapshot, &file)?;
     let parts = device_parts(snapshot, device)?;
     phases.done("devices");
-    if parts.len() > 1 && format == Format::Html {
-        return Err(Failure::input(format!(
-            "{} has data for devices {}: choose one page with --device N",
-            file.display(),
-            device_list(&parts)
-        )));
-    }
     let mut options = ReportOptions::default();
     options.input = Some(file.display().to_string());
     options.explorer = format == Format::Html;
@@ -956,30 +933,14 @@ fn run_report(args: ReportArgs) -> Result<u8, Failure> {
                 report::render_github(all, &annotation)
             }
         }
-        (_, [one]) => report::render(one, format, color),
-        // Several devices in JSON: one document listing them.
-        (Format::Json, many) => {
-            let devices: Vec<serde_json::Value> = many
-                .iter()
-                .map(|r| serde_json::from_str(&report::render_json(r)).unwrap_or_default())
-                .collect();
-            serde_json::to_string_pretty(&serde_json::json!({
-                "format_version": report::REPORT_FORMAT_VERSION,
-                "devices": devices,
-            }))
-            .unwrap_or_default()
-                + "\n"
-        }
-        (_, many) => many
-            .iter()
-            .map(|r| report::render(r, format, color))
-            .collect::<Vec<_>>()
-            .join("\n"),
+        // Every other format: one document for the file, opening with its verdict.
+        (_, all) => report::render_file(all, format, color),
     };
     emit(&text, output.as_ref(), Output::for_format(format, color))?;
     phases.done("output");
+    // The exit status counts every device's findings.
     Ok(match fail_on {
-        Some(level) if reports.iter().any(|r| r.fails_on(level)) => 1,
+        Some(level) if report::file_fails_on(&reports, level) => 1,
         _ => 0,
     })
 }
@@ -1036,6 +997,8 @@ fn run_replay(args: ReplayArgs) -> Result<u8, Failure> {
     }
     let policy = policy.map(|_| config.policy);
     let snapshot = loading::load(&file).map_err(Failure::input)?;
+    // An empty dump is said as every face says it, not replayed into a match of nothing.
+    require_data(&snapshot, &file)?;
     let parts = device_parts(snapshot, device)?;
     let mut calls_differ = false;
     let mut texts = Vec::with_capacity(parts.len());

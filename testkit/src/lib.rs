@@ -151,6 +151,42 @@ pub fn device_run(index: u32, bytes: u64) -> vramscope_model::Snapshot {
     alloc.snapshot()
 }
 
+/// A run on device `index` of a simulated device of 1 GiB that runs out of memory: it keeps
+/// 256 MiB, frees what each of three steps allocates, then asks for 2 GiB, which fails (an
+/// OOM event at this function's line).
+pub fn device_run_with_oom(index: u32) -> vramscope_model::Snapshot {
+    let alloc = CachingAllocator::new(
+        SimDevice::with_index(1 << 30, false, index),
+        vramscope_model::AllocatorConfig::default(),
+    );
+    let _kept = alloc
+        .alloc(256 << 20)
+        .expect("the simulated device has room");
+    for _ in 0..3 {
+        alloc.mark_step();
+        drop(
+            alloc
+                .alloc(64 << 20)
+                .expect("the simulated device has room"),
+        );
+    }
+    assert!(alloc.alloc(2 << 30).is_err(), "2 GiB does not fit in 1 GiB");
+    alloc.snapshot()
+}
+
+/// Three devices in one snapshot, as a 3-GPU dump holds them, of which device 1 ran out of
+/// memory ([`device_run_with_oom`]) and devices 0 and 2 ran cleanly ([`device_run`]).
+pub fn three_devices_oom_on_1() -> vramscope_model::Snapshot {
+    let mut merged = merge_devices(&[
+        device_run(0, 64 << 20),
+        device_run_with_oom(1),
+        device_run(2, 96 << 20),
+    ]);
+    // Named as PyTorch names a GPU, so that each device's part is named after its index.
+    merged.device.name = "cuda:0".to_string();
+    merged
+}
+
 /// The runs of several devices in one snapshot, as a multi-GPU snapshot holds them: the first
 /// run's header, every run's segments, and their events interleaved by time and numbered
 /// again (without step marks, whose numbers belonged to one run each).

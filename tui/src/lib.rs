@@ -57,6 +57,9 @@ pub enum TuiError {
     /// The dashboard cannot take the terminal: there is none, or this process runs in the
     /// background (`timeout 5 vramscope view FILE`), where using it would stop the process.
     NoTerminal(String),
+    /// The file has nothing to show: no events and no segments (the sentence every face says,
+    /// `vramscope_inspector::report::nothing_to_analyse`).
+    Empty(String),
 }
 
 impl fmt::Display for TuiError {
@@ -68,6 +71,7 @@ impl fmt::Display for TuiError {
                 f,
                 "the dashboard needs a terminal in the foreground: {why}; use `vramscope report` (or `summary`) for text"
             ),
+            TuiError::Empty(message) => write!(f, "{message}"),
             TuiError::NoPublisher(dir) => write!(
                 f,
                 "no vramscope publisher found in {dir}: start the program with \
@@ -82,7 +86,7 @@ impl std::error::Error for TuiError {
         match self {
             TuiError::Import(e) => Some(e),
             TuiError::Io(e) => Some(e),
-            TuiError::NoPublisher(_) | TuiError::NoTerminal(_) => None,
+            TuiError::NoPublisher(_) | TuiError::NoTerminal(_) | TuiError::Empty(_) => None,
         }
     }
 }
@@ -93,6 +97,9 @@ impl From<std::io::Error> for TuiError {
     }
 }
 
+/// The largest file [`run_view`] reads without a terminal, to say that it is empty.
+const EMPTY_CHECK_BYTES: u64 = 16 << 20;
+
 /// How long the first screen waits for the findings of a file.
 const FIRST_ANALYSIS_WAIT: Duration = Duration::from_millis(400);
 
@@ -100,6 +107,12 @@ const FIRST_ANALYSIS_WAIT: Duration = Duration::from_millis(400);
 /// Chrome trace), ready to run; [`run_view`] runs it.
 pub fn view_app(path: &Path, options: &ImportOptions) -> Result<App, TuiError> {
     let snapshot = import::load_with(path, options).map_err(TuiError::Import)?;
+    // An empty dump is said, as `report` says it, not opened as an empty dashboard.
+    if let Some(message) =
+        vramscope_inspector::report::nothing_to_analyse(&snapshot, &path.display().to_string())
+    {
+        return Err(TuiError::Empty(message));
+    }
     let stage = |stage| {
         if let Some(progress) = &options.progress {
             progress.begin(stage, 0);
@@ -137,7 +150,22 @@ pub fn view_app(path: &Path, options: &ImportOptions) -> Result<App, TuiError> {
 /// Opens a file in the dashboard with a time cursor at the peak of allocated bytes, until the
 /// user quits.
 pub fn run_view(path: &Path, options: &ImportOptions) -> Result<(), TuiError> {
-    term::check_foreground().map_err(TuiError::NoTerminal)?;
+    if let Err(why) = term::check_foreground() {
+        // Without a terminal the dashboard cannot open; a small file is read first all the
+        // same, so that an empty dump gets the answer every other face gives.
+        let small = std::fs::metadata(path).is_ok_and(|m| m.len() <= EMPTY_CHECK_BYTES);
+        if small {
+            if let Ok(snapshot) = import::load_with(path, options) {
+                let file = path.display().to_string();
+                if let Some(message) =
+                    vramscope_inspector::report::nothing_to_analyse(&snapshot, &file)
+                {
+                    return Err(TuiError::Empty(message));
+                }
+            }
+        }
+        return Err(TuiError::NoTerminal(why));
+    }
     // A large file takes a while: the terminal says how far it has got meanwhile, and `q`
     // gives up.
     let progress = Progress::new();

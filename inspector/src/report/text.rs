@@ -253,17 +253,53 @@ fn percent_text(fraction: f64) -> String {
 /// The one-line verdict a report opens with: how many problems (warnings and errors) and
 /// where, or that none was found.
 pub fn verdict(report: &Report) -> String {
-    let problems: Vec<&Finding> = report
-        .findings
+    problems_verdict(
+        report
+            .findings
+            .iter()
+            .filter(|f| f.severity >= Severity::Warning)
+            .map(|f| (f, None))
+            .collect(),
+        "",
+    )
+}
+
+/// The verdict of a file of several devices: every device's problems, each with the device
+/// it is on, or that none of them has one.
+pub(super) fn verdict_devices(reports: &[Report]) -> String {
+    let problems: Vec<(&Finding, Option<String>)> = reports
         .iter()
-        .filter(|f| f.severity >= Severity::Warning)
+        .flat_map(|r| {
+            r.findings
+                .iter()
+                .filter(|f| f.severity >= Severity::Warning)
+                .map(|f| (f, Some(device_label(r))))
+        })
         .collect();
+    let on = format!(
+        " on {}",
+        vramscope_model::plural(reports.len() as u64, "device")
+    );
+    problems_verdict(problems, &on)
+}
+
+/// `N problems found: kind [on device] at site (severity); ...`, or that none was found
+/// (followed by `none_suffix`).
+fn problems_verdict(problems: Vec<(&Finding, Option<String>)>, none_suffix: &str) -> String {
     if problems.is_empty() {
-        return "no leaks, sync or churn problems found".to_string();
+        return format!("no leaks, sync or churn problems found{none_suffix}");
     }
     let list = problems
         .iter()
-        .map(|f| format!("{} at {} ({})", f.kind, f.site_label(), f.severity))
+        .map(|(f, device)| match device {
+            Some(device) => format!(
+                "{} on {device} at {} ({})",
+                f.kind,
+                f.site_label(),
+                f.severity
+            ),
+            None => format!("{} at {} ({})", f.kind, f.site_label(), f.severity),
+        })
         .collect::<Vec<_>>()
         .join("; ");
     let noun = if problems.len() == 1 {
@@ -274,8 +310,56 @@ pub fn verdict(report: &Report) -> String {
     format!("{} {noun} found: {list}", problems.len())
 }
 
+/// The name of a report's device among a file's several: its name when that names the device
+/// (`cuda:1`), else `device N` (a simulated device's name is the same for every index).
+pub fn device_label(report: &Report) -> String {
+    let name = &report.device.name;
+    if name.starts_with("cuda:") || name.ends_with(&format!(":{}", report.device.index)) {
+        name.clone()
+    } else {
+        format!("device {}", report.device.index)
+    }
+}
+
+/// The report of a file of several devices as text: the file's verdict, then each device's
+/// report, in device order, opening with that device's verdict.
+pub(super) fn render_text_devices(reports: &[Report], color: bool) -> String {
+    let mut out = String::new();
+    let verdict = verdict_devices(reports);
+    let verdict = crate::terminal::sanitize(&verdict);
+    if color {
+        let _ = writeln!(out, "{BOLD}{verdict}{RESET}");
+    } else {
+        let _ = writeln!(out, "{verdict}");
+    }
+    for report in reports {
+        let first = format!("{}: {}", device_label(report), super::verdict(report));
+        out.push('\n');
+        out.push_str(&render_text_opening(report, color, &first));
+    }
+    out
+}
+
+/// The report of a file of several devices as markdown: the file's verdict, then a section
+/// per device, in device order, opening with that device's verdict.
+pub(super) fn render_markdown_devices(reports: &[Report]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# vramscope report\n");
+    let _ = writeln!(out, "**{}**\n", md_escape(&verdict_devices(reports)));
+    for report in reports {
+        let _ = writeln!(out, "## {}\n", md_escape(&device_label(report)));
+        out.push_str(&markdown_body(report, "##"));
+    }
+    out
+}
+
 /// The report as text for a terminal; `color` adds ANSI colours.
 pub fn render_text(report: &Report, color: bool) -> String {
+    render_text_opening(report, color, &verdict(report))
+}
+
+/// The text report opening with `first_line` (its verdict).
+fn render_text_opening(report: &Report, color: bool, first_line: &str) -> String {
     let paint = |code: &str, text: &str| {
         if color {
             format!("{code}{text}{RESET}")
@@ -287,7 +371,7 @@ pub fn render_text(report: &Report, color: bool) -> String {
     // escaped on its way to the terminal: `crate::terminal`.
     let clean = |text: &str| crate::terminal::sanitize(text).into_owned();
     let mut out = String::new();
-    let _ = writeln!(out, "{}", paint(BOLD, &clean(&verdict(report))));
+    let _ = writeln!(out, "{}", paint(BOLD, &clean(first_line)));
     let _ = writeln!(
         out,
         "{}",
@@ -373,6 +457,16 @@ pub fn render_markdown(report: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "# vramscope report\n");
     let _ = writeln!(out, "**{}**\n", md_escape(&verdict(report)));
+    out.push_str(&markdown_body(report, "#"));
+    out
+}
+
+/// The markdown report after its verdict, with headings one level below `level`.
+fn markdown_body(report: &Report, level: &str) -> String {
+    let mut out = String::new();
+    if level != "#" {
+        let _ = writeln!(out, "**{}**\n", md_escape(&verdict(report)));
+    }
     let _ = writeln!(out, "{}\n", md_escape(&headline(report)));
     for line in stat_lines(report) {
         let _ = writeln!(out, "- {}", md_escape(&line));
@@ -380,7 +474,7 @@ pub fn render_markdown(report: &Report) -> String {
     let (errors, warnings, infos) = report.counts();
     let _ = writeln!(
         out,
-        "\n## Findings ({errors} error(s), {warnings} warning(s), {infos} info)\n"
+        "\n{level}# Findings ({errors} error(s), {warnings} warning(s), {infos} info)\n"
     );
     if report.findings.is_empty() {
         let _ = writeln!(out, "None.");
@@ -405,7 +499,7 @@ pub fn render_markdown(report: &Report) -> String {
             .filter(|(_, d)| !d.is_empty())
             .collect();
         if !detailed.is_empty() {
-            let _ = writeln!(out, "\n### Details\n");
+            let _ = writeln!(out, "\n{level}## Details\n");
         }
         for (i, (f, details)) in detailed.iter().enumerate() {
             let _ = writeln!(
@@ -419,7 +513,7 @@ pub fn render_markdown(report: &Report) -> String {
         }
     }
     if !report.top_sites.is_empty() {
-        let _ = writeln!(out, "\n## Top sites\n");
+        let _ = writeln!(out, "\n{level}# Top sites\n");
         let _ = writeln!(
             out,
             "| live | blocks | at peak | blocks | allocations | site |"
