@@ -114,7 +114,8 @@ pub struct ReportStats {
     /// Bytes allocated before the trace began (the engine's start state).
     pub baseline_allocated_bytes: u64,
     /// Blocks from before the trace, freed in it, whose size is an estimate (their requests
-    /// rounded: the trace records requests and the dump no longer shows the blocks), so that
+    /// rounded: the trace records requests, and neither the dump nor the segments around the
+    /// blocks at the start leave one size), so that
     /// `baseline_allocated_bytes` may be low; 0 when every such block's size is known.
     pub baseline_estimated_blocks: u64,
     /// Highest allocated bytes (block sizes, as PyTorch's `allocated_bytes` counts them).

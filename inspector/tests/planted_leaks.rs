@@ -737,11 +737,79 @@ fn a_late_recording_starts_from_the_blocks_it_finds() {
     let (late, _) = recorded_from_line_55(&t.finish());
     let report =
         vramscope_inspector::report::build_report(&through_pickle(&late), &Default::default());
-    // The six kept blocks and their six neighbours: none is shown by the dump.
-    assert_eq!(report.stats.baseline_estimated_blocks, 12);
+    // The six kept blocks and their six neighbours: none is shown by the dump, but the
+    // segment at the start leaves each one size (a kept block's 1 MiB remainder is too
+    // small to be a block of its own; each neighbour is followed by the next kept block)
+    // except the last neighbour, followed by free memory that it may have been handed whole.
+    assert_eq!(report.stats.baseline_estimated_blocks, 1);
     let text = vramscope_inspector::report::render_text(&report, false);
     assert!(
-        text.contains("is an estimate: 12 blocks from before it"),
+        text.contains("is an estimate: 1 block from before it"),
         "{text}"
     );
+}
+
+/// A recording that began at step 6 of a run whose early blocks PyTorch made larger than
+/// their requests: a 3 MiB request that took a freed 4 MiB block whole (the 1 MiB left is
+/// too little to split off), and a 31.25 MiB request in its own 32 MiB segment, unsplit (the
+/// 0.75 MiB left is too little). The recorded part frees both and then the cache, so the
+/// dump shows neither: only the segments around them at the start say their sizes.
+fn began_at_step_6() -> (Snapshot, u64) {
+    let mut t = Torch::new();
+    let mut weights_stack = alloc_frames("empty_strided");
+    weights_stack.extend(at(TRAIN, 20, "train"));
+    let _weights = t.alloc(&weights_stack, 8 * MIB);
+    let four = t.alloc(&op_at("empty", TRAIN, 30), 4 * MIB);
+    let pinned = t.alloc(&op_at("empty", TRAIN, 31), 4 * MIB);
+    t.free(four);
+    let three = t.alloc(&op_at("empty", TRAIN, 32), 3 * MIB);
+    // The rest of the segment, kept to the end: the neighbour's room is its request.
+    let _tail = t.alloc(&op_at("empty", TRAIN, 34), 4 * MIB);
+    let big = t.alloc(&op_at("empty", TRAIN, 33), 31 * MIB + MIB / 4);
+    for step in 0..10 {
+        t.annotate("Optimizer.step#AdamW.step", "START");
+        let line = if step == 6 { 56 } else { 55 };
+        let x = t.alloc(&op_at("_to_copy", TRAIN, line), 2 * MIB);
+        t.free(x);
+        if step == 7 {
+            for b in [three, pinned, big] {
+                t.free(b);
+            }
+        }
+        if step == 8 {
+            t.empty_cache(&at(TRAIN, 70, "train"));
+        }
+        t.annotate("Optimizer.step#AdamW.step", "END");
+    }
+    let full = t.finish();
+    let cut = full
+        .events
+        .iter()
+        .position(|e| {
+            e.kind == vramscope_model::EventKind::Alloc
+                && full.sites[e.site().unwrap() as usize].line == 56
+        })
+        .unwrap();
+    let truth = ModelView::new(&full).usage_at(cut as u32 - 1).0;
+    let mut late = full.clone();
+    late.events = full.events.iter().skip(cut).cloned().collect();
+    (late, truth)
+}
+
+#[test]
+fn a_late_recordings_blocks_are_sized_by_pytorchs_rule() {
+    let (late, truth) = began_at_step_6();
+    // 8 MiB of weights, the 4 MiB neighbour, the 3 MiB request's 4 MiB block, the 4 MiB
+    // tail and the 31.25 MiB request's 32 MiB segment.
+    assert_eq!(truth, (8 + 4 + 4 + 4 + 32) * MIB);
+    let back = through_pickle(&late);
+    assert_eq!(ModelView::new(&back).baseline_allocated(), truth);
+    let report = vramscope_inspector::report::build_report(&back, &Default::default());
+    assert_eq!(report.stats.baseline_allocated_bytes, truth);
+    assert_eq!(
+        report.stats.baseline_estimated_blocks, 0,
+        "the segments around them leave one size each"
+    );
+    let text = vramscope_inspector::report::render_text(&report, false);
+    assert!(!text.contains("is an estimate"), "{text}");
 }

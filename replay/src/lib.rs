@@ -487,9 +487,9 @@ enum Keep<'a> {
     },
     /// The size of the block each replayed allocation got, by its index in the snapshot's
     /// events, where that is not the event's own (rounded) size ([`size_blocks`]); the trace's
-    /// own figures stay empty. The events are paired already (the walk to the start takes
-    /// the pairs).
-    BlockSizes(&'a mut FxHashMap<u32, u64>, &'a PairedEvents),
+    /// own figures stay empty. The trace's start state is walked already (the sizing needs it
+    /// first).
+    BlockSizes(&'a mut FxHashMap<u32, u64>, &'a MemoryState),
     /// Nothing more: the replay's device calls are all that is wanted ([`block_sizing`]).
     Nothing,
     /// The trace's own figures and its start, walked once for all the replays of a sweep
@@ -824,10 +824,8 @@ fn start_and_events(
                     inferred,
                 )
             }
-            Keep::BlockSizes(_, paired) => (
-                options
-                    .reconstruct_start
-                    .then(|| Reconstruction::start_of_paired(snapshot, paired)),
+            Keep::BlockSizes(_, start) => (
+                options.reconstruct_start.then(|| (*start).clone()),
                 Figures::default(),
                 None,
             ),

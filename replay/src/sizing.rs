@@ -120,6 +120,23 @@ pub fn size_blocks_visiting(
         verify: true,
         ..ReplayOptions::default()
     };
+    // Blocks from before the trace that it frees take the size PyTorch's rule leaves them
+    // in the segments around them at the start ([`BeforeTraceSizes`]); where that is not the
+    // request rounded, their frees are sized before the replay, whose start state then holds
+    // them as PyTorch did, and the start is walked again.
+    let mut start = Reconstruction::start_of_paired(snapshot, &paired);
+    let before_trace = BeforeTraceSizes::new(snapshot, Some(&start));
+    if before_trace.resizes(&start, divisions) {
+        let mut pairing = Pairing::new();
+        for (i, e) in snapshot.events.iter_mut().enumerate() {
+            if let Pair::Free(link) = pairing.push(i as u32, e) {
+                if link.alloc.is_none() {
+                    e.size = before_trace.size(i as u32, e, divisions);
+                }
+            }
+        }
+        start = Reconstruction::start_of_paired(snapshot, &paired);
+    }
     // The replay notes the block size of each allocation it served where that is not the
     // rounded request; that becomes the block size of the allocation below. Only those are
     // kept: a list of every event's block size sat beside the events, eight bytes each.
@@ -128,7 +145,7 @@ pub fn size_blocks_visiting(
         snapshot,
         &options,
         progress,
-        &mut Keep::BlockSizes(&mut served, &paired),
+        &mut Keep::BlockSizes(&mut served, &start),
     );
     if sizing_of(result.device_calls.as_ref()) == BlockSizing::Rounded {
         served.clear();
@@ -147,7 +164,6 @@ pub fn size_blocks_visiting(
             served.insert(alloc, size);
         }
     }
-    let before_trace = BeforeTraceSizes::from_dump(snapshot);
     let block_size =
         |i: usize, e: &Event, pair: Pair, alloc_size: &dyn Fn(u32) -> u64| match (e.kind, pair) {
             (EventKind::Alloc, _) => Some(
@@ -287,18 +303,99 @@ fn size_then_visit(
 
 /// The sizes of blocks from before the trace that the trace frees. Their events carry the
 /// request only; the block may be larger (a 3 MiB request takes a whole 4 MiB free block when
-/// the 1 MiB left is too small to split off). Where the dump-time state still shows the freed
-/// block, an inactive block at its address that nothing allocated at after the free, and its
-/// size is one PyTorch could have handed that request unsplit, that size is the block's; else
-/// the request rounded is the estimate.
+/// the 1 MiB left is too small to split off; a 31.25 MiB request gets a 32 MiB segment it does
+/// not split). Where the dump-time state still shows the freed block, an inactive block at its
+/// address that nothing allocated at after the free, and its size is one PyTorch could have
+/// handed that request unsplit, that size is the block's. Else the segments at the trace's
+/// start say it where PyTorch's rule leaves one size ([`size_in_room`]): the room from the
+/// block to the next live block or its segment's end, with the pools' split rules and
+/// `max_split_size_mb`. Where two sizes remain possible, the request rounded is the estimate.
 pub(crate) struct BeforeTraceSizes {
     /// Size of each inactive block at the dump, by address.
     free_at_end: AddrMap<u64>,
     /// Index of the last allocation at each address.
     last_alloc: AddrMap<u32>,
+    /// The room each block from before the trace had at its start ([`Room`]), by address.
+    room: AddrMap<Room>,
+    /// `max_split_size_mb` of the trace's settings.
+    max_split_size: Option<u64>,
+}
+
+/// Where a block from before the trace lay at the trace's start: the bytes from its address
+/// to the next live block or its segment's end, and its segment's kind.
+#[derive(Clone, Copy, Debug)]
+struct Room {
+    bytes: u64,
+    pool: Pool,
+    expandable: bool,
+}
+
+/// The one size PyTorch's rule leaves a block whose request rounds to `rounded` and which
+/// had `room` at the trace's start, or `None` where two remain possible. Every block of a
+/// large pool's plain segment is over 1 MiB (smaller requests use the small pool, and a split
+/// leaves more than 1 MiB), so a gap of 1 MiB or less after the request is part of its block;
+/// a larger gap may be a free block of its own or the block handed whole, an estimate. The
+/// small pool and expandable segments split off any 512 bytes, so their blocks are the request
+/// rounded. A request of `max_split_size` or more is never split, and takes a block less than
+/// 20 MiB larger.
+fn size_in_room(rounded: u64, room: Room, max_split_size: Option<u64>) -> Option<u64> {
+    use vramscope_model::pytorch::{LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_SIZE};
+    let gap = room.bytes.checked_sub(rounded)?;
+    if room.pool == Pool::Small || room.expandable {
+        return (gap < MIN_BLOCK_SIZE || gap.is_multiple_of(MIN_BLOCK_SIZE)).then(|| {
+            if gap < MIN_BLOCK_SIZE {
+                rounded + gap
+            } else {
+                rounded
+            }
+        });
+    }
+    if gap == 0 {
+        return Some(rounded);
+    }
+    if gap > SMALL_SIZE {
+        return None;
+    }
+    let size = rounded + gap;
+    let oversize = |bytes: u64| max_split_size.is_some_and(|limit| bytes >= limit);
+    // A request under the split limit never takes a block at or over it; one at or over it
+    // takes a block less than 20 MiB larger.
+    let possible = if oversize(rounded) {
+        gap < LARGE_BUFFER
+    } else {
+        !oversize(size)
+    };
+    possible.then_some(size)
 }
 
 impl BeforeTraceSizes {
+    /// The inactive blocks of `snapshot`'s dump and where it allocates last, and the room
+    /// each block from before the trace had in `start`, the trace's start state, if given.
+    pub(crate) fn new(snapshot: &Snapshot, start: Option<&MemoryState>) -> BeforeTraceSizes {
+        let mut sizes = BeforeTraceSizes::from_dump(snapshot);
+        sizes.max_split_size = snapshot.config.max_split_size;
+        if let Some(start) = start {
+            sizes.room = rooms(start);
+        }
+        sizes
+    }
+
+    /// Whether any block from before the trace in `start` takes a size here other than the
+    /// one it has there (its request rounded, before the sizing).
+    fn resizes(&self, start: &MemoryState, divisions: u32) -> bool {
+        start.blocks.unordered().any(|(&addr, block)| {
+            block.predates_trace()
+                && self.room.get(&addr).is_some_and(|&room| {
+                    size_in_room(
+                        round_size(block.requested, divisions),
+                        room,
+                        self.max_split_size,
+                    )
+                    .is_some_and(|size| size != block.size)
+                })
+        })
+    }
+
     /// The inactive blocks of `snapshot`'s dump and where it allocates last.
     fn from_dump(snapshot: &Snapshot) -> BeforeTraceSizes {
         let free_at_end: AddrMap<u64> = snapshot
@@ -319,23 +416,40 @@ impl BeforeTraceSizes {
         BeforeTraceSizes {
             free_at_end,
             last_alloc,
+            room: AddrMap::default(),
+            max_split_size: None,
         }
     }
 
     /// The block size of free `e` (at index `index`) of a block from before the trace.
     fn size(&self, index: u32, e: &Event, divisions: u32) -> u64 {
-        let rounded = round_size(e.requested, divisions);
-        self.dump_size(index, e, rounded).unwrap_or(rounded)
+        let requested = if e.requested == 0 {
+            e.size
+        } else {
+            e.requested
+        };
+        let rounded = round_size(requested, divisions);
+        self.known_size(index, e, rounded).unwrap_or(rounded)
     }
 
-    /// Whether the dump-time state shows the block free `e` (at index `index`) releases.
+    /// The size of the block free `e` (at index `index`) releases where the dump shows it or
+    /// the room it had at the start leaves one size; `None` where it is an estimate.
+    fn known_size(&self, index: u32, e: &Event, rounded: u64) -> Option<u64> {
+        self.dump_size(index, e, rounded).or_else(|| {
+            let room = *self.room.get(&e.addr)?;
+            size_in_room(rounded, room, self.max_split_size)
+        })
+    }
+
+    /// Whether the size of the block free `e` (at index `index`) releases is known, not an
+    /// estimate.
     fn shown(&self, index: u32, e: &Event, divisions: u32) -> bool {
         let requested = if e.requested == 0 {
             e.size
         } else {
             e.requested
         };
-        self.dump_size(index, e, round_size(requested, divisions))
+        self.known_size(index, e, round_size(requested, divisions))
             .is_some()
     }
 
@@ -351,28 +465,62 @@ impl BeforeTraceSizes {
     }
 }
 
+/// The room of every block from before the trace in `start` ([`Room`]), by address.
+fn rooms(start: &MemoryState) -> AddrMap<Room> {
+    let mut rooms = AddrMap::default();
+    for (&address, segment) in &start.segments {
+        let end = address.saturating_add(segment.size);
+        let mut blocks = start.blocks.in_range(address, end).peekable();
+        while let Some((&addr, block)) = blocks.next() {
+            let next = blocks.peek().map_or(end, |&(&next, _)| next);
+            if block.predates_trace() {
+                rooms.insert(
+                    addr,
+                    Room {
+                        bytes: next.saturating_sub(addr),
+                        pool: segment.pool,
+                        expandable: segment.expandable,
+                    },
+                );
+            }
+        }
+    }
+    rooms
+}
+
 /// How many blocks from before the trace that the trace frees have an estimated size: a
-/// PyTorch trace records their requests only, and the dump-time state no longer shows them
-/// (see `BeforeTraceSizes`), so each counts as its request rounded, where PyTorch may have
-/// handed the request a larger block whole. 0 for a trace that is not PyTorch's, whose events
-/// carry block sizes.
+/// PyTorch trace records their requests only, and neither the dump-time state nor the room
+/// each had at the trace's start leaves one size (see `BeforeTraceSizes`), so each counts as
+/// its request rounded, where PyTorch may have handed the request a larger block whole. 0 for
+/// a trace that is not PyTorch's, whose events carry block sizes.
 pub fn estimated_before_trace_blocks(snapshot: &Snapshot) -> u64 {
     if snapshot.source != SnapshotSource::Pytorch {
         return 0;
     }
     let divisions = snapshot.config.roundup_power2_divisions;
-    let known = BeforeTraceSizes::from_dump(snapshot);
-    let mut pairing = Pairing::new();
-    let mut estimated = 0;
-    for (i, e) in snapshot.events.iter().enumerate() {
-        if let Pair::Free(link) = pairing.push(i as u32, e) {
-            if link.alloc.is_none() && link.ends_allocation && !known.shown(i as u32, e, divisions)
-            {
-                estimated += 1;
+    let count = |known: &BeforeTraceSizes| {
+        let mut pairing = Pairing::new();
+        let mut estimated = 0;
+        for (i, e) in snapshot.events.iter().enumerate() {
+            if let Pair::Free(link) = pairing.push(i as u32, e) {
+                if link.alloc.is_none()
+                    && link.ends_allocation
+                    && !known.shown(i as u32, e, divisions)
+                {
+                    estimated += 1;
+                }
             }
         }
+        estimated
+    };
+    // The walk to the start is taken only where the dump leaves some unknown.
+    match count(&BeforeTraceSizes::new(snapshot, None)) {
+        0 => 0,
+        _ => count(&BeforeTraceSizes::new(
+            snapshot,
+            Some(&Reconstruction::start_of(snapshot)),
+        )),
     }
-    estimated
 }
 
 /// Whether PyTorch's allocator could hand a request rounded to `rounded` bytes a free block of

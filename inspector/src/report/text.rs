@@ -156,7 +156,8 @@ pub fn gap_sentences(s: &ReportStats) -> Vec<String> {
     if s.baseline_estimated_blocks > 0 {
         lines.push(format!(
             "the memory from before the trace ({}) is an estimate: {} from before it, freed in \
-             it, {} only by {} request and the dump no longer shows {}, so each counts as its \
+             it, {} only by {} request and neither the dump nor the segments around {} leave one \
+             size, so each counts as its \
              request rounded, and PyTorch may have handed each up to 1 MiB more",
             format_bytes(s.baseline_allocated_bytes),
             vramscope_model::plural(s.baseline_estimated_blocks, "block"),
