@@ -206,3 +206,104 @@ fn a_shared_trace_replicated_over_ranks_names_the_planted_rank() {
     assert_eq!(excess, 512 << 20);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A folder with a single-device rank, a 3-GPU dump, an empty dump and a file that is not a
+/// snapshot (issue 42, item 11): the 3-GPU dump is its three devices, each a row with its own
+/// peak (not one rank whose peak sums them), and the other two are skipped, each said on one
+/// line of standard error with the reason, in the words `report` says.
+#[test]
+fn a_multi_device_file_is_its_devices_and_skipped_files_are_said() {
+    use vramscope::inspector::model_view::ModelView;
+    use vramscope::model::{DeviceInfo, SnapshotSource};
+    let dir = scratch("faces");
+    let (single, _) = rank_snapshot(false);
+    single.save(dir.join("a_rank0.json")).unwrap();
+    let three = vramscope_testkit::three_devices_oom_on_1();
+    three.save(dir.join("b_rank1.json")).unwrap();
+    Snapshot::empty(SnapshotSource::Vramscope, DeviceInfo::default())
+        .save(dir.join("c_rank2.json"))
+        .unwrap();
+    std::fs::write(
+        dir.join("d_rank3.json"),
+        "{\"format_version\": 1, \"events\": 7}",
+    )
+    .unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args(["ranks", "--format", "json"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "some files were skipped: {stderr}"
+    );
+    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let rows = json["ranks"].as_array().unwrap();
+    let single_peak = ModelView::new(&single).peak_allocated();
+    let peaks: Vec<(Option<u64>, u64)> = rows
+        .iter()
+        .map(|r| (r["device"].as_u64(), r["peak_allocated"].as_u64().unwrap()))
+        .collect();
+    let device_peaks: Vec<u64> = vramscope::inspector::devices::devices_with_data(&three)
+        .iter()
+        .map(|&d| {
+            ModelView::new(&vramscope::inspector::devices::only_device(&three, d)).peak_allocated()
+        })
+        .collect();
+    assert_eq!(
+        peaks,
+        [
+            (None, single_peak),
+            (Some(0), device_peaks[0]),
+            (Some(1), device_peaks[1]),
+            (Some(2), device_peaks[2]),
+        ],
+        "{json:#}"
+    );
+    assert!(json["numbering"]
+        .as_str()
+        .unwrap()
+        .contains("holds devices 0, 1, 2, each a row of its own"));
+    let skipped: Vec<(&str, &str)> = json["failed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["skipped"].as_str().unwrap(), f["file"].as_str().unwrap()))
+        .collect();
+    let empty = dir.join("c_rank2.json").display().to_string();
+    let broken = dir.join("d_rank3.json").display().to_string();
+    assert_eq!(
+        skipped,
+        [("empty", empty.as_str()), ("unreadable", broken.as_str())]
+    );
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("vramscope ranks: skipped"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{stderr}");
+    assert!(
+        lines[0].contains(&format!(
+            "{empty}: nothing to analyse: the snapshot holds no events"
+        )),
+        "{stderr}"
+    );
+    assert!(lines[1].contains(&broken), "{stderr}");
+    // The text says what each skipped row is.
+    let text = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .arg("ranks")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("6 ranks (1 could not be read, 1 empty)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("skipped: ") && text.contains("could not be read: "),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -12,8 +12,10 @@
 //! optimizer shard, the uneven batch). [`render_text`], [`render_markdown`], [`render_json`]
 //! and [`render_html`] print it for `vramscope ranks`.
 //!
-//! A file that cannot be read does not stop the others: [`compare_results`] gives it a row of
-//! its own with the error ([`RankComparison::failed`]), and the command exits with 1. Text
+//! A file that cannot be read, or an empty dump, does not stop the others: [`compare_results`]
+//! skips it with a row of its own that says why ([`RankComparison::failed`]), and the command
+//! exits with 1. A file of several devices is its devices, a row each ([`RankRow::device`]),
+//! never one rank whose peak sums theirs. Text
 //! from the files (site names, file names, errors) is escaped for the terminal by
 //! `crate::terminal` and for markdown by `crate::markdown`.
 
@@ -47,6 +49,10 @@ pub struct RankRow {
     pub rank: u32,
     /// The file.
     pub file: String,
+    /// The device of a file that holds several, each device a row of its own (absent from
+    /// the JSON for a file of one device).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<u32>,
     /// Events in the trace.
     pub events: u64,
     /// Peak allocated bytes.
@@ -118,16 +124,36 @@ pub struct RankComparison {
     pub failed: Vec<FailedRank>,
 }
 
-/// A rank whose file could not be read.
+/// A rank whose file was skipped: it could not be read, or it holds nothing to analyse.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct FailedRank {
     /// The rank, numbered as the others are.
     pub rank: u32,
     /// The file.
     pub file: String,
-    /// Why it could not be read (the importer's error, which names the file).
+    /// Why it was skipped: the importer's error, or the sentence every face says of an empty
+    /// dump (`report::nothing_to_analyse`); each names the file.
     pub error: String,
+    /// `unreadable` or `empty`.
+    pub skipped: &'static str,
 }
+
+impl FailedRank {
+    /// What happened to the file, in a few words: `could not be read`, `nothing to analyse`.
+    pub fn what(&self) -> &'static str {
+        if self.skipped == SKIPPED_EMPTY {
+            "skipped"
+        } else {
+            "could not be read"
+        }
+    }
+}
+
+/// [`FailedRank::skipped`] of a file that could not be read.
+pub const SKIPPED_UNREADABLE: &str = "unreadable";
+
+/// [`FailedRank::skipped`] of a file with nothing to analyse (no events, no segments).
+pub const SKIPPED_EMPTY: &str = "empty";
 
 /// The rank a file name gives (`rank3.pickle`, `snapshot_rank_3.json`, `mem-3.pickle`): the
 /// digits after `rank` if the name has them, else the digits that end the name before its
@@ -264,8 +290,8 @@ pub fn load_all(
         .collect()
 }
 
-/// One rank's row, from its snapshot.
-fn row(rank: u32, file: &str, snapshot: &Snapshot) -> RankRow {
+/// One rank's row, from its snapshot (`device`: which device of a file of several it is).
+fn row(rank: u32, file: &str, device: Option<u32>, snapshot: &Snapshot) -> RankRow {
     let view = ModelView::new(snapshot);
     let options = ReportOptions {
         explorer: false,
@@ -296,6 +322,7 @@ fn row(rank: u32, file: &str, snapshot: &Snapshot) -> RankRow {
     RankRow {
         rank,
         file: file.to_string(),
+        device,
         events: snapshot.events.len() as u64,
         peak_allocated: view.peak_allocated(),
         peak_reserved: view.reserved_known().then(|| view.peak_reserved()),
@@ -328,19 +355,98 @@ pub fn compare_results(results: &[(PathBuf, Result<Snapshot, ImportError>)]) -> 
     compare_entries(&entries)
 }
 
+/// What one file gives the comparison: a row per device with data, or why it was skipped.
+enum Entry<'a> {
+    /// Each device's part: its index (`None` for a file of one device) and snapshot (the
+    /// file's own, not a copy, for a file of one device).
+    Devices(Vec<(Option<u32>, std::borrow::Cow<'a, Snapshot>)>),
+    /// The file was skipped: the reason ([`FailedRank::skipped`]) and the sentence.
+    Skipped(&'static str, String),
+}
+
 fn compare_entries(entries: &[(&Path, Result<&Snapshot, String>)]) -> RankComparison {
+    // A file of several devices is its devices, a row each (not one rank whose peak sums
+    // them); a file with nothing in it is skipped in the words every face says.
+    let expanded: Vec<Entry> = entries
+        .iter()
+        .map(|(path, result)| match result {
+            Err(error) => Entry::Skipped(SKIPPED_UNREADABLE, error.clone()),
+            Ok(snapshot) => {
+                let file = path.display().to_string();
+                if let Some(message) = report::nothing_to_analyse(snapshot, &file) {
+                    return Entry::Skipped(SKIPPED_EMPTY, message);
+                }
+                let devices = crate::devices::devices_with_data(snapshot);
+                if devices.len() > 1 {
+                    Entry::Devices(
+                        devices
+                            .iter()
+                            .map(|&d| {
+                                let part = crate::devices::only_device(snapshot, d);
+                                (Some(d), std::borrow::Cow::Owned(part))
+                            })
+                            .collect(),
+                    )
+                } else {
+                    Entry::Devices(vec![(None, std::borrow::Cow::Borrowed(*snapshot))])
+                }
+            }
+        })
+        .collect();
     let paths: Vec<&Path> = entries.iter().map(|(p, _)| *p).collect();
-    let (numbers, numbering) = number_ranks(&paths);
+    let multi = entries
+        .iter()
+        .zip(&expanded)
+        .find(|(_, e)| matches!(e, Entry::Devices(parts) if parts.len() > 1));
+    // Ranks come from the file names unless a file holds several devices: then every row is
+    // numbered by its place, the devices of a file in device order.
+    let (numbers, numbering): (Vec<Vec<u32>>, String) = match multi {
+        None => {
+            let (numbers, numbering) = number_ranks(&paths);
+            (numbers.into_iter().map(|n| vec![n]).collect(), numbering)
+        }
+        Some(((path, _), Entry::Devices(parts))) => {
+            let mut next = 0u32;
+            let numbers = expanded
+                .iter()
+                .map(|e| {
+                    let n = match e {
+                        Entry::Devices(parts) => parts.len().max(1),
+                        Entry::Skipped(..) => 1,
+                    } as u32;
+                    let these = (next..next + n).collect();
+                    next += n;
+                    these
+                })
+                .collect();
+            let listed = parts
+                .iter()
+                .filter_map(|(d, _)| d.map(|d| d.to_string()))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let why = format!(
+                "by place in the list: {} holds devices {listed}, each a row of its own",
+                path.display()
+            );
+            (numbers, why)
+        }
+        Some(_) => unreachable!("only a file of several devices is found"),
+    };
     let mut ranks = Vec::new();
     let mut failed = Vec::new();
-    for ((path, result), rank) in entries.iter().zip(numbers) {
+    for (((path, _), entry), numbers) in entries.iter().zip(expanded).zip(numbers) {
         let file = path.display().to_string();
-        match result {
-            Ok(snapshot) => ranks.push(row(rank, &file, snapshot)),
-            Err(error) => failed.push(FailedRank {
-                rank,
+        match entry {
+            Entry::Devices(parts) => {
+                for ((device, snapshot), rank) in parts.iter().zip(numbers) {
+                    ranks.push(row(rank, &file, *device, snapshot));
+                }
+            }
+            Entry::Skipped(skipped, error) => failed.push(FailedRank {
+                rank: numbers[0],
                 file,
-                error: error.clone(),
+                error,
+                skipped,
             }),
         }
     }
@@ -371,12 +477,28 @@ fn rows_in_order(comparison: &RankComparison) -> Vec<Result<&RankRow, &FailedRan
     rows
 }
 
-/// The count of ranks said in a heading: `8 ranks`, or `8 ranks (1 could not be read)`.
+/// The count of ranks said in a heading: `8 ranks`, or `8 ranks (1 could not be read, 1
+/// empty)`.
 fn rank_count(comparison: &RankComparison) -> String {
     let all = comparison.ranks.len() + comparison.failed.len();
-    match comparison.failed.len() {
-        0 => format!("{all} ranks"),
-        n => format!("{all} ranks ({n} could not be read)"),
+    let count = |kind: &str| {
+        comparison
+            .failed
+            .iter()
+            .filter(|f| f.skipped == kind)
+            .count()
+    };
+    let skipped: Vec<String> = [
+        (count(SKIPPED_UNREADABLE), "could not be read"),
+        (count(SKIPPED_EMPTY), "empty"),
+    ]
+    .iter()
+    .filter(|(n, _)| *n > 0)
+    .map(|(n, what)| format!("{n} {what}"))
+    .collect();
+    match skipped.as_slice() {
+        [] => format!("{all} ranks"),
+        parts => format!("{all} ranks ({})", parts.join(", ")),
     }
 }
 
@@ -492,7 +614,7 @@ pub fn render_text(comparison: &RankComparison) -> String {
             Ok(r) => r,
             Err(f) => {
                 let error = crate::terminal::sanitize(&f.error);
-                let _ = writeln!(out, "{:>5}  could not be read: {error}", f.rank);
+                let _ = writeln!(out, "{:>5}  {}: {error}", f.rank, f.what());
                 continue;
             }
         };
@@ -548,7 +670,7 @@ pub fn render_markdown(comparison: &RankComparison) -> String {
             Ok(r) => r,
             Err(f) => {
                 let error = markdown::escape(&f.error);
-                let _ = writeln!(out, "| {} | could not be read: {error} | | | | | |", f.rank);
+                let _ = writeln!(out, "| {} | {}: {error} | | | | | |", f.rank, f.what());
                 continue;
             }
         };
@@ -620,8 +742,9 @@ pub fn render_html(comparison: &RankComparison) -> String {
             Err(f) => {
                 let _ = write!(
                     out,
-                    "<tr><td>{}</td><td colspan=\"7\" class=\"site\">could not be read: {}</td></tr>",
+                    "<tr><td>{}</td><td colspan=\"7\" class=\"site\">{}: {}</td></tr>",
                     f.rank,
+                    f.what(),
                     escape(&f.error)
                 );
                 continue;

@@ -796,8 +796,13 @@ fn run_ranks(inputs: Vec<PathBuf>, format: Format, output: Option<PathBuf>) -> R
     let comparison = ranks::compare_results(&results);
     for failed in &comparison.failed {
         say(format_args!(
-            "vramscope ranks: rank {}: {}",
+            "vramscope ranks: skipped rank {}: {}",
             failed.rank, failed.error
+        ));
+    }
+    if comparison.ranks.is_empty() {
+        return Err(Failure::input(
+            "none of the snapshot files could be read with anything to analyse",
         ));
     }
     let text = match format {
