@@ -8,7 +8,10 @@
 //! writes the page around it: the data as JSON in a `<script type="application/json">`
 //! element (each moment's segment map as the base64 string of [`compact`], which the script
 //! decodes when the cursor first shows the moment), and a hand-written script
-//! (`html/explorer.js`, about 770 lines, no library) that draws on canvas. The page loads nothing from the network. Every string that came from a
+//! (`html/explorer.js`, about 800 lines, no library) that draws on canvas. The data keeps each
+//! column's highest position, and the script draws the columns that share a device pixel as
+//! one, with the bands of the highest (`poolColumns`), so that every spike and the peak are
+//! drawn at their height, where they are. The page loads nothing from the network. Every string that came from a
 //! file (paths, function names, device names, labels) is escaped with [`escape`] in HTML, and
 //! `<` is escaped in the embedded JSON; the script sets text, never markup. A report without
 //! explorer data (built by hand) gets the static inline SVG timeline instead.

@@ -176,6 +176,29 @@ fn the_explorer_draws_each_shared_trace_in_chromium() {
     check_page(&browser, &out, "planted_leak.json", &planted_run());
     // Segment maps past the rows the page draws, with blocks left out of them.
     check_page(&browser, &out, "many_segments.json", &many_segments(12_000));
+    // Four one-event spikes to almost four times the rest, among 60,000 events.
+    check_page(&browser, &out, "spikes.json", &spikes());
+}
+
+/// A run that holds 36 MiB and works 1 MiB at a time for 60,000 events, spiking to 134 MiB
+/// for one event four times: each spike is far narrower than a pixel of the chart.
+fn spikes() -> Snapshot {
+    let mut t = Trace::new();
+    let (base, work, spike) = (
+        t.site("train.py", 1, "setup"),
+        t.site("train.py", 2, "step"),
+        t.site("train.py", 3, "spike"),
+    );
+    t.alloc(base, 36 * MIB);
+    for i in 0..20_000u64 {
+        let a = t.alloc(work, MIB);
+        t.free(a, MIB);
+        if [5_000, 10_000, 15_000, 17_500].contains(&i) {
+            let s = t.alloc(spike, 98 * MIB);
+            t.free(s, 98 * MIB);
+        }
+    }
+    t.finish()
 }
 
 /// Blocks as `(address, size)`.
@@ -427,6 +450,13 @@ fn check_page(browser: &Path, out: &Path, name: &str, snapshot: &Snapshot) {
     );
     assert_eq!(got("data-peak-total"), peak.to_string(), "{name}: P");
     assert_eq!(got("data-zoomed"), "true", "{name}: the wheel zooms");
+    // Zoomed out, the bands reach the peak under its dot: a spike narrower than a pixel is
+    // drawn at its height (issue 42: drawn as a sliver, the peak's dot floated over a band).
+    let peak_pixel: u32 = got("data-peak-pixel").parse().expect("an alpha");
+    assert!(
+        peak_pixel >= 128,
+        "{name}: the pixel under the peak's dot is {peak_pixel}/255 opaque"
+    );
     let tip = got("data-tip");
     assert!(
         data.series.iter().any(|s| tip.starts_with(&s.label)),

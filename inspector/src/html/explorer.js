@@ -23,6 +23,32 @@
     fail((e && e.stack) || e);
   }
 
+  // pool:begin
+  // The columns k0..k1 as drawn: consecutive columns whose left edges fall in one device
+  // pixel (`scale` device pixels to a CSS pixel) are one drawn column spanning them, with the
+  // bands of the one whose `height` is highest (the first of equals) and the highest
+  // `reserved` among them; a column wider than a pixel is drawn as it is. So a spike
+  // narrower than a pixel keeps its height and its place. Returns {k, x0, x1, r} in order.
+  function poolColumns(k0, k1, left, right, height, reserved, scale) {
+    const cols = [];
+    let cur = null;
+    for (let k = k0; k <= k1; k++) {
+      const x0 = left(k), x1 = right(k);
+      const px = Math.floor(x0 * scale);
+      const r = reserved ? reserved(k) : 0;
+      if (cur && px === cur.px) {
+        if (height(k) > height(cur.k)) cur.k = k;
+        cur.x1 = Math.max(cur.x1, x1);
+        cur.r = Math.max(cur.r, r);
+      } else {
+        cur = { px, k, x0, x1, r };
+        cols.push(cur);
+      }
+    }
+    return cols.map((c) => ({ k: c.k, x0: c.x0, x1: c.x1, r: c.r }));
+  }
+  // pool:end
+
   function main() {
     const D = JSON.parse(document.getElementById("vs-data").textContent);
     const F = JSON.parse(document.getElementById("vs-findings").textContent);
@@ -200,6 +226,8 @@
       return s.toFixed(digits) + " s";
     }
     let drawn = 0;
+    const selfTesting = location.hash === "#selftest";
+    let peakPixel = -1;
     function draw() {
       const t0 = performance.now();
       ctx.clearRect(0, 0, W, H);
@@ -237,38 +265,52 @@
       }
       ctx.save();
       ctx.beginPath(); ctx.rect(M.left, M.top, plotW(), plotH()); ctx.clip();
+      // Several columns in one pixel are drawn as one, with the bands of its highest column:
+      // a spike narrower than a pixel is drawn at its height, where it is (issue 42).
+      const cols = poolColumns(k0, k1, (k) => xOf(bucketLeft(k)), (k) => xOf(bucketRight(k)),
+        (k) => D.allocated[k], D.reserved.length ? (k) => D.reserved[k] : null,
+        window.devicePixelRatio || 1);
       // The bands, bottom first, each between the one below and its own top, as steps.
-      for (let s = 0; s < S; s++) {
+      for (let s = 0; s < S && cols.length; s++) {
         const upper = cum[s];
         const lower = s > 0 ? cum[s - 1] : null;
         ctx.globalAlpha = pinned < 0 || pinned === s ? 0.92 : 0.22;
         ctx.fillStyle = colors[s];
         ctx.beginPath();
-        ctx.moveTo(xOf(bucketLeft(k0)), yOf(lower ? lower[k0] : 0));
-        for (let k = k0; k <= k1; k++) {
-          const y = yOf(upper[k]);
-          ctx.lineTo(xOf(bucketLeft(k)), y);
-          ctx.lineTo(xOf(bucketRight(k)), y);
+        ctx.moveTo(cols[0].x0, yOf(lower ? lower[cols[0].k] : 0));
+        for (const c of cols) {
+          const y = yOf(upper[c.k]);
+          ctx.lineTo(c.x0, y);
+          ctx.lineTo(c.x1, y);
         }
-        for (let k = k1; k >= k0; k--) {
-          const y = yOf(lower ? lower[k] : 0);
-          ctx.lineTo(xOf(bucketRight(k)), y);
-          ctx.lineTo(xOf(bucketLeft(k)), y);
+        for (let i = cols.length - 1; i >= 0; i--) {
+          const c = cols[i];
+          const y = yOf(lower ? lower[c.k] : 0);
+          ctx.lineTo(c.x1, y);
+          ctx.lineTo(c.x0, y);
         }
         ctx.closePath();
         ctx.fill();
       }
       ctx.globalAlpha = 1;
-      // Reserved bytes.
+      if (selfTesting) {
+        // Whether the bands reach the peak where the peak's dot is: the most opaque of the
+        // three pixels just below it.
+        const dpr = window.devicePixelRatio || 1;
+        const px = xOf(bucketLeft(peakBucket) + (bucketRight(peakBucket) - bucketLeft(peakBucket)) / 2);
+        const below = ctx.getImageData(Math.floor(px * dpr) - 1, Math.floor((yOf(D.peak_allocated) + 2) * dpr), 3, 1).data;
+        peakPixel = Math.max(below[3], below[7], below[11]);
+      }
+      // Reserved bytes: each drawn column's highest.
       if (D.reserved.length) {
         ctx.strokeStyle = "#222";
         ctx.lineWidth = 1.2;
         ctx.beginPath();
-        for (let k = k0; k <= k1; k++) {
-          const y = yOf(D.reserved[k]);
-          if (k === k0) ctx.moveTo(xOf(bucketLeft(k)), y); else ctx.lineTo(xOf(bucketLeft(k)), y);
-          ctx.lineTo(xOf(bucketRight(k)), y);
-        }
+        cols.forEach((c, i) => {
+          const y = yOf(c.r);
+          if (i === 0) ctx.moveTo(c.x0, y); else ctx.lineTo(c.x0, y);
+          ctx.lineTo(c.x1, y);
+        });
         ctx.stroke();
         ctx.lineWidth = 1;
       }
@@ -729,6 +771,8 @@
       canvas.dispatchEvent(new WheelEvent("wheel", { deltaY: -100, clientX: rect.left + W / 2, clientY: rect.top + H / 2, bubbles: true, cancelable: true }));
       out.dataset.zoomed = String(view[1] - view[0] < span);
       key("0");
+      // Zoomed out, the bands reach the peak under its dot (alpha of the pixel below it).
+      out.dataset.peakPixel = String(peakPixel);
       // Hover and click just above the axis at the peak: the bottom band there.
       const px = xOf(bucketLeft(peakBucket) + (bucketRight(peakBucket) - bucketLeft(peakBucket)) / 2);
       const py = M.top + plotH() - 2;

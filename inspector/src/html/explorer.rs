@@ -906,6 +906,158 @@ mod tests {
         t.finish()
     }
 
+    /// A run that sits at 37 MiB for 40,000 events and spikes to 134 MiB for one event four
+    /// times (issue 42: a dump spiking four times to 13.4 GiB was drawn as a flat band at
+    /// 3.7 GiB); returns the trace and the positions of the spikes.
+    fn spiky() -> (Snapshot, Vec<u64>) {
+        let mut t = Trace::new();
+        let (base, work, spike) = (
+            t.site("train.py", 1, "setup"),
+            t.site("train.py", 2, "step"),
+            t.site("train.py", 3, "spike"),
+        );
+        t.alloc(base, 36 * MIB);
+        let mut spikes = Vec::new();
+        for i in 0..20_000u64 {
+            let a = t.alloc(work, MIB);
+            t.free(a, MIB);
+            if [5_000, 10_000, 15_000, 17_500].contains(&i) {
+                let s = t.alloc(spike, 98 * MIB);
+                // The position after the spike's allocation: its events so far.
+                spikes.push(t.next_seq());
+                t.free(s, 98 * MIB);
+            }
+        }
+        (t.finish(), spikes)
+    }
+
+    /// Downsampling keeps each column's highest position: every spike of a trace with more
+    /// positions than columns is a column at the spike's height, at the spike's place, and the
+    /// peak's column is the peak.
+    #[test]
+    fn every_spike_keeps_its_height_and_place_in_the_columns() {
+        let (snapshot, spikes) = spiky();
+        let view = ModelView::new(&snapshot);
+        let data = ExplorerData::build(&view, None);
+        assert!(
+            data.events as usize + 1 > MAX_BUCKETS,
+            "more positions than columns"
+        );
+        assert_eq!(view.peak_allocated(), 134 * MIB);
+        for &p in &spikes {
+            assert_eq!(
+                view.usage_at(p as u32 - 1).0,
+                134 * MIB,
+                "the spike is at {p}"
+            );
+            let k = data.bucket_start.partition_point(|&start| start <= p) - 1;
+            assert_eq!(data.allocated[k], 134 * MIB, "the spike's column {k}");
+            assert_eq!(
+                data.bucket_pos[k], p,
+                "the column shows the spike's position"
+            );
+            let sum: u64 = data.values.iter().map(|v| v[k]).sum();
+            assert_eq!(sum, 134 * MIB, "the bands reach the spike");
+        }
+        // Between the spikes, the columns stay at the base and its one block of work.
+        let flat = data.allocated.iter().filter(|&&a| a <= 37 * MIB).count();
+        assert_eq!(flat, data.allocated.len() - spikes.len());
+        let k = data.bucket_pos.iter().position(|&p| p == data.peak_pos);
+        assert_eq!(
+            data.allocated[k.expect("a column shows the peak")],
+            134 * MIB
+        );
+    }
+
+    /// The page's own pooling of columns into pixels (`poolColumns` in `explorer.js`), run in
+    /// Node on columns a tenth of a pixel wide with four one-column spikes: each pixel is drawn
+    /// with its highest column, so every spike keeps its height and its pixel; the drawn
+    /// columns tile the plot, and each carries its highest reserved bytes. Skipped, with a
+    /// notice, where Node is not installed.
+    #[test]
+    fn the_page_draws_each_pixel_with_its_highest_column() {
+        let script = include_str!("explorer.js");
+        let begin = script
+            .find("// pool:begin")
+            .expect("the pool function's start");
+        let end = script.find("// pool:end").expect("the pool function's end");
+        let program = format!(
+            "{}\n{}",
+            &script[begin..end],
+            r#"
+const n = 1000, spikes = [5, 250, 251, 777];
+const height = (k) => (spikes.includes(k) ? 134 : 37 + (k % 3));
+const reserved = (k) => (k === 600 ? 500 : 64);
+const out = {};
+for (const scale of [1, 2]) {
+  out[scale] = poolColumns(0, n - 1, (k) => k / 10, (k) => (k + 1) / 10, height, reserved, scale);
+}
+console.log(JSON.stringify(out));
+"#
+        );
+        let run = std::process::Command::new("node")
+            .args(["-e", &program])
+            .output();
+        let run = match run {
+            Ok(run) => run,
+            Err(e) => {
+                eprintln!("skipped: node is not installed ({e}): the pooling test did not run");
+                return;
+            }
+        };
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        let out: serde_json::Value = serde_json::from_slice(&run.stdout).expect("JSON");
+        let height = |k: u64| {
+            if [5, 250, 251, 777].contains(&k) {
+                134
+            } else {
+                37 + k % 3
+            }
+        };
+        for (scale, pixels) in [("1", 100u64), ("2", 200)] {
+            let cols = out[scale].as_array().expect("columns");
+            assert_eq!(
+                cols.len() as u64,
+                pixels,
+                "one drawn column per device pixel"
+            );
+            let per = 1000 / pixels;
+            for (i, c) in cols.iter().enumerate() {
+                let i = i as u64;
+                let k = c["k"].as_u64().unwrap();
+                assert!(
+                    (i * per..(i + 1) * per).contains(&k),
+                    "column {i} draws {k}"
+                );
+                let highest = (i * per..(i + 1) * per).map(height).max().unwrap();
+                assert_eq!(height(k), highest, "column {i} is drawn at its highest");
+                let x0 = c["x0"].as_f64().unwrap();
+                assert!(
+                    (x0 - (i * per) as f64 / 10.0).abs() < 1e-9,
+                    "columns tile the plot"
+                );
+                let r = if (i * per..(i + 1) * per).contains(&600) {
+                    500
+                } else {
+                    64
+                };
+                assert_eq!(c["r"], r);
+            }
+            for spike in [5u64, 250, 251, 777] {
+                let i = spike / per;
+                assert_eq!(
+                    height(cols[i as usize]["k"].as_u64().unwrap()),
+                    134,
+                    "spike {spike}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn bands_and_tables_sum_to_the_figures() {
         let snapshot = busy();
