@@ -9,16 +9,26 @@
 //! allocator's [`MemoryStats`] once, so the figures are those `memory_stats()` gives at that
 //! moment; nothing is kept between scrapes and the allocators never wait for the server.
 //!
-//! The names are PyTorch's statistics, one family per statistic with `device`, `pool`
-//! (`all`, `large`, `small`) and `stat` (`current`, `peak`, `allocated`, `freed`) labels:
-//! `vramscope_allocated_bytes`, `vramscope_reserved_bytes`, `vramscope_active_bytes`,
-//! `vramscope_inactive_split_bytes`, `vramscope_requested_bytes`, `vramscope_allocations`,
-//! `vramscope_active_allocations`, `vramscope_segments`, `vramscope_inactive_split_blocks`;
-//! the counters `vramscope_alloc_retries_total`, `vramscope_ooms_total`,
-//! `vramscope_device_allocs_total`, `vramscope_device_frees_total`; and
-//! `vramscope_fragmentation_ratio`, the share of reserved memory not allocated. A `rank` label
-//! (from `RANK`, else `LOCAL_RANK`) is on every series when the variable is set. Like the
-//! telemetry socket (`crate::telemetry`), the server listens on loopback unless told otherwise.
+//! The series follow the exporters' conventions (node_exporter, DCGM exporter): a unit suffix
+//! on every gauge (`_bytes`, `_blocks`, `_segments`), `_total` only on counters, and families
+//! that can be summed over any label without counting a byte twice. Each of PyTorch's
+//! statistics becomes three kinds of series ([`STATISTICS`]): the current value as a gauge per
+//! `pool` (`large`, `small`: there is no `all` beside them, `sum by (device)` is it), the peak
+//! of both pools together as a gauge without a `pool` label (a peak is not the sum of the
+//! pools' peaks), and PyTorch's running totals as two counters per pool, `…_added_…_total`
+//! (PyTorch's `allocated`) and `…_removed_…_total` (`freed`). Beside them: the counters
+//! `vramscope_alloc_retries_total`, `vramscope_ooms_total`, `vramscope_device_allocs_total`,
+//! `vramscope_device_frees_total`; the device's capacity and free bytes as the driver (or the
+//! simulated device) says them, the largest free block in the allocator's cache, the training
+//! step, `vramscope_fragmentation_ratio`, and `vramscope_build_info`. README's metrics table
+//! names every series with its type, unit and `memory_stats()` key. A `rank` label (from
+//! `RANK`, else `LOCAL_RANK`) is on every series when the variable is set. Like the telemetry
+//! socket (`crate::telemetry`), the server listens on loopback unless told otherwise.
+//!
+//! A short job's last values are kept: `VRAMSCOPE_METRICS_LINGER=30s` makes the server, when
+//! it is dropped at the run's end, go on serving the figures of that moment for that long, and
+//! `VRAMSCOPE_METRICS_PUSH=http://HOST:9091` pushes them to a Prometheus Pushgateway then, with
+//! a deadline ([`PUSH_TIMEOUT`]) so that an unreachable gateway never holds the exit for long.
 //!
 //! The server runs inside the program being debugged, so nothing a client sends may cost that
 //! program more than a few kilobytes or a thread for a few seconds: it reads only a request's
@@ -32,7 +42,7 @@ use std::fmt;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -53,6 +63,18 @@ pub const ENV_METRICS: &str = "VRAMSCOPE_METRICS";
 /// The environment variable that allows a non-loopback metrics address.
 pub const ENV_METRICS_ALLOW_REMOTE: &str = "VRAMSCOPE_METRICS_ALLOW_REMOTE";
 
+/// The environment variable giving how long a server goes on serving the last figures after
+/// the run ends (`30s`, `500ms`, `2m`, or plain seconds); unset or `0`, it stops at once.
+pub const ENV_METRICS_LINGER: &str = "VRAMSCOPE_METRICS_LINGER";
+
+/// The environment variable naming a Prometheus Pushgateway (`http://HOST:PORT`, optionally
+/// with its own `/metrics/job/…` grouping path) to push the last figures to at the run's end.
+pub const ENV_METRICS_PUSH: &str = "VRAMSCOPE_METRICS_PUSH";
+
+/// The longest a push at the run's end may take, connecting, sending and reading the answer
+/// together: an unreachable or slow gateway costs the exit at most this.
+pub const PUSH_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// The content type of the Prometheus text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -66,6 +88,8 @@ pub enum MetricsError {
     NotLoopback(SocketAddr),
     /// The server could not listen.
     Listen(String),
+    /// `VRAMSCOPE_METRICS_LINGER` or `VRAMSCOPE_METRICS_PUSH` is not a value it takes.
+    BadSetting(String),
 }
 
 impl fmt::Display for MetricsError {
@@ -79,6 +103,7 @@ impl fmt::Display for MetricsError {
                 "metrics address {a} is not on the loopback interface (set {ENV_METRICS_ALLOW_REMOTE}=1 to allow it)"
             ),
             MetricsError::Listen(e) => write!(f, "cannot serve metrics: {e}"),
+            MetricsError::BadSetting(e) => f.write_str(e),
         }
     }
 }
@@ -88,53 +113,115 @@ impl std::error::Error for MetricsError {}
 /// Reads one statistic of a [`MemoryStats`].
 type StatOf = fn(&MemoryStats) -> &StatArray;
 
-/// The statistic families: metric name, help, and the statistic.
-const FAMILIES: [(&str, &str, StatOf); 9] = [
-    (
-        "vramscope_allocated_bytes",
-        "Bytes in allocated blocks (PyTorch's allocated_bytes).",
-        |s| &s.allocated_bytes,
-    ),
-    (
-        "vramscope_reserved_bytes",
-        "Bytes reserved from the device in segments (reserved_bytes).",
-        |s| &s.reserved_bytes,
-    ),
-    (
-        "vramscope_active_bytes",
-        "Bytes in allocated blocks and blocks waiting on other streams (active_bytes).",
-        |s| &s.active_bytes,
-    ),
-    (
-        "vramscope_inactive_split_bytes",
-        "Free bytes in segments that also hold active blocks (inactive_split_bytes).",
-        |s| &s.inactive_split_bytes,
-    ),
-    (
-        "vramscope_requested_bytes",
-        "Bytes the program asked for in allocated blocks (requested_bytes).",
-        |s| &s.requested_bytes,
-    ),
-    (
-        "vramscope_allocations",
-        "Allocated blocks (allocation).",
-        |s| &s.allocation,
-    ),
-    (
-        "vramscope_active_allocations",
-        "Allocated blocks and blocks waiting on other streams (active).",
-        |s| &s.active,
-    ),
-    (
-        "vramscope_segments",
-        "Segments reserved from the device (segment).",
-        |s| &s.segment,
-    ),
-    (
-        "vramscope_inactive_split_blocks",
-        "Free blocks in segments that also hold active blocks (inactive_split).",
-        |s| &s.inactive_split,
-    ),
+/// One of PyTorch's statistics as it is served: `base` and `unit` make the names of its
+/// series (`vramscope_{base}_{unit}` for the current value per pool, `vramscope_{base}_peak_{unit}`
+/// for the peak, `vramscope_{base}_added_{unit}_total` and `vramscope_{base}_removed_{unit}_total`
+/// for the running totals per pool), `key` is its name in `memory_stats()`.
+#[derive(Clone, Copy, Debug)]
+pub struct Statistic {
+    /// The first part of the series' names, after `vramscope_`.
+    pub base: &'static str,
+    /// The unit: `bytes`, `blocks` or `segments`.
+    pub unit: &'static str,
+    /// The statistic's key in PyTorch's `memory_stats()` (`allocated_bytes`, `segment`, …).
+    pub key: &'static str,
+    /// What it counts, for the help text.
+    pub what: &'static str,
+    stat_of: StatOf,
+}
+
+impl Statistic {
+    /// The gauge of the current value, per pool.
+    pub fn current_name(&self) -> String {
+        format!("vramscope_{}_{}", self.base, self.unit)
+    }
+
+    /// The gauge of the peak, both pools together.
+    pub fn peak_name(&self) -> String {
+        format!("vramscope_{}_peak_{}", self.base, self.unit)
+    }
+
+    /// The counter of PyTorch's `allocated` running total, per pool, with its `_total`.
+    pub fn added_name(&self) -> String {
+        format!("vramscope_{}_added_{}_total", self.base, self.unit)
+    }
+
+    /// The counter of PyTorch's `freed` running total, per pool, with its `_total`.
+    pub fn removed_name(&self) -> String {
+        format!("vramscope_{}_removed_{}_total", self.base, self.unit)
+    }
+
+    /// The statistic in `stats`.
+    pub fn of<'a>(&self, stats: &'a MemoryStats) -> &'a StatArray {
+        (self.stat_of)(stats)
+    }
+}
+
+/// PyTorch's nine statistics, in `memory_stats()`'s order.
+pub const STATISTICS: [Statistic; 9] = [
+    Statistic {
+        base: "allocated",
+        unit: "bytes",
+        key: "allocated_bytes",
+        what: "Bytes in allocated blocks",
+        stat_of: |s| &s.allocated_bytes,
+    },
+    Statistic {
+        base: "reserved",
+        unit: "bytes",
+        key: "reserved_bytes",
+        what: "Bytes reserved from the device in segments",
+        stat_of: |s| &s.reserved_bytes,
+    },
+    Statistic {
+        base: "active",
+        unit: "bytes",
+        key: "active_bytes",
+        what: "Bytes in allocated blocks and blocks waiting on other streams",
+        stat_of: |s| &s.active_bytes,
+    },
+    Statistic {
+        base: "inactive_split",
+        unit: "bytes",
+        key: "inactive_split_bytes",
+        what: "Free bytes in segments that also hold active blocks",
+        stat_of: |s| &s.inactive_split_bytes,
+    },
+    Statistic {
+        base: "requested",
+        unit: "bytes",
+        key: "requested_bytes",
+        what: "Bytes the program asked for in allocated blocks",
+        stat_of: |s| &s.requested_bytes,
+    },
+    Statistic {
+        base: "allocated",
+        unit: "blocks",
+        key: "allocation",
+        what: "Allocated blocks",
+        stat_of: |s| &s.allocation,
+    },
+    Statistic {
+        base: "active",
+        unit: "blocks",
+        key: "active",
+        what: "Allocated blocks and blocks waiting on other streams",
+        stat_of: |s| &s.active,
+    },
+    Statistic {
+        base: "reserved",
+        unit: "segments",
+        key: "segment",
+        what: "Segments reserved from the device",
+        stat_of: |s| &s.segment,
+    },
+    Statistic {
+        base: "inactive_split",
+        unit: "blocks",
+        key: "inactive_split",
+        what: "Free blocks in segments that also hold active blocks",
+        stat_of: |s| &s.inactive_split,
+    },
 ];
 
 /// Whether a server of this process has claimed `VRAMSCOPE_METRICS`.
@@ -164,12 +251,83 @@ pub fn release_env_claim() {
     ENV_CLAIMED.store(false, Ordering::SeqCst);
 }
 
-/// What a scrape reads: the statistics of every device served, as `(device, stats)`.
-pub type StatsSource = Box<dyn Fn() -> Vec<(u32, MemoryStats)> + Send + Sync>;
+/// What a scrape reads of one device: its allocator's statistics, and what else is known of
+/// it (`None` where the face serving it cannot say: PyTorch's own allocator under `attach()`
+/// knows no capacity, for one).
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct DeviceFigures {
+    /// The device index, the `device` label.
+    pub device: u32,
+    /// PyTorch's `memory_stats()`.
+    pub stats: MemoryStats,
+    /// The device's total memory, as its driver (or the simulated device) says.
+    pub capacity_bytes: Option<u64>,
+    /// The device's free memory, as its driver (or the simulated device) says.
+    pub free_bytes: Option<u64>,
+    /// The largest free block in the allocator's cache.
+    pub largest_free_block_bytes: Option<u64>,
+    /// The training step (`mark_step`'s count).
+    pub step: Option<u64>,
+}
 
-/// Reads the statistics of every allocator at each scrape.
-struct StatsCollector {
+impl DeviceFigures {
+    /// The figures of `device` where only its statistics are known.
+    pub fn new(device: u32, stats: MemoryStats) -> DeviceFigures {
+        DeviceFigures {
+            device,
+            stats,
+            ..DeviceFigures::default()
+        }
+    }
+
+    /// Everything `alloc` knows now: statistics, the device's capacity and free memory, the
+    /// largest cached free block and the step. Each is read under its own short lock.
+    pub fn of<B: Backend>(alloc: &CachingAllocator<B>) -> DeviceFigures {
+        let info = alloc.backend().mem_info();
+        DeviceFigures {
+            device: alloc.device(),
+            stats: alloc.stats(),
+            capacity_bytes: (info.total > 0).then_some(info.total),
+            free_bytes: (info.total > 0).then_some(info.free),
+            largest_free_block_bytes: Some(alloc.largest_free_block()),
+            step: Some(alloc.step()),
+        }
+    }
+}
+
+/// What a scrape reads: the figures of every device served.
+pub type StatsSource = Box<dyn Fn() -> Vec<DeviceFigures> + Send + Sync>;
+
+/// Where a scrape's figures come from: the source, or the figures frozen at the run's end.
+struct Figures {
     source: StatsSource,
+    frozen: Mutex<Option<Vec<DeviceFigures>>>,
+}
+
+impl Figures {
+    fn read(&self) -> Vec<DeviceFigures> {
+        let frozen = self.frozen.lock().unwrap_or_else(|e| e.into_inner());
+        match frozen.as_ref() {
+            Some(figures) => figures.clone(),
+            None => {
+                drop(frozen);
+                (self.source)()
+            }
+        }
+    }
+
+    /// Reads the source one last time and serves that from now on.
+    fn freeze(&self) -> Vec<DeviceFigures> {
+        let last = (self.source)();
+        *self.frozen.lock().unwrap_or_else(|e| e.into_inner()) = Some(last.clone());
+        last
+    }
+}
+
+/// Writes the series of the figures at each scrape.
+struct StatsCollector {
+    figures: Arc<Figures>,
 }
 
 impl fmt::Debug for StatsCollector {
@@ -180,81 +338,159 @@ impl fmt::Debug for StatsCollector {
 
 type Labels = Vec<(&'static str, String)>;
 
+/// The pools of the per-pool series.
+fn pools(array: &StatArray) -> [(&'static str, &Stat); 2] {
+    [("large", &array.large_pool), ("small", &array.small_pool)]
+}
+
+/// A single-device figure: metric name, help, type, and its value where known.
+type Single = (
+    &'static str,
+    &'static str,
+    MetricType,
+    fn(&DeviceFigures) -> Option<f64>,
+);
+
+/// The counters and gauges of one value per device.
+const SINGLES: [Single; 9] = [
+    (
+        "vramscope_alloc_retries",
+        "Allocations that failed, freed the cache and were tried again (num_alloc_retries).",
+        MetricType::Counter,
+        |f| Some(f.stats.num_alloc_retries as f64),
+    ),
+    (
+        "vramscope_ooms",
+        "Allocations that failed for good (num_ooms).",
+        MetricType::Counter,
+        |f| Some(f.stats.num_ooms as f64),
+    ),
+    (
+        "vramscope_device_allocs",
+        "Raw device allocations: segments and mapped pages (num_device_alloc).",
+        MetricType::Counter,
+        |f| Some(f.stats.num_device_alloc as f64),
+    ),
+    (
+        "vramscope_device_frees",
+        "Raw device frees: segments and unmapped pages (num_device_free).",
+        MetricType::Counter,
+        |f| Some(f.stats.num_device_free as f64),
+    ),
+    (
+        "vramscope_device_capacity_bytes",
+        "Total memory of the device, as its driver says (torch.cuda.mem_get_info()[1]).",
+        MetricType::Gauge,
+        |f| f.capacity_bytes.map(|v| v as f64),
+    ),
+    (
+        "vramscope_device_free_bytes",
+        "Free memory of the device, as its driver says (torch.cuda.mem_get_info()[0]).",
+        MetricType::Gauge,
+        |f| f.free_bytes.map(|v| v as f64),
+    ),
+    (
+        "vramscope_largest_free_block_bytes",
+        "The largest free block cached by the allocator: the largest request it serves without reserving more.",
+        MetricType::Gauge,
+        |f| f.largest_free_block_bytes.map(|v| v as f64),
+    ),
+    (
+        "vramscope_step",
+        "The training step: how many steps the program has marked.",
+        MetricType::Gauge,
+        |f| f.step.map(|v| v as f64),
+    ),
+    (
+        "vramscope_fragmentation_ratio",
+        "Share of reserved memory that is not allocated (0 without reserved memory).",
+        MetricType::Gauge,
+        |f| Some(fragmentation_ratio(&f.stats)),
+    ),
+];
+
 impl Collector for StatsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
-        let all = (self.source)();
+        let all = self.figures.read();
         let device_label = |device: u32| -> Labels { vec![("device", device.to_string())] };
-        // One family per statistic, every device, pool and stat in it.
-        for (name, help, stat_of) in FAMILIES {
-            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            for (device, stats) in &all {
-                let array = stat_of(stats);
-                for (pool, stat) in [
-                    ("all", &array.all),
-                    ("large", &array.large_pool),
-                    ("small", &array.small_pool),
-                ] {
-                    for (which, value) in stat_values(stat) {
-                        let mut labels = device_label(*device);
-                        labels.push(("pool", pool.to_string()));
-                        labels.push(("stat", which.to_string()));
-                        ConstGauge::new(value as i64).encode(family.encode_family(&labels)?)?;
+        let pool_labels = |device: u32, pool: &str| -> Labels {
+            vec![("device", device.to_string()), ("pool", pool.to_string())]
+        };
+        for statistic in &STATISTICS {
+            let help = format!(
+                "{} now, per pool ({}.large_pool/small_pool.current).",
+                statistic.what, statistic.key
+            );
+            let name = statistic.current_name();
+            let mut family = encoder.encode_descriptor(&name, &help, None, MetricType::Gauge)?;
+            for figures in &all {
+                for (pool, stat) in pools(statistic.of(&figures.stats)) {
+                    ConstGauge::new(stat.current as i64)
+                        .encode(family.encode_family(&pool_labels(figures.device, pool))?)?;
+                }
+            }
+            let help = format!(
+                "{}: the most at once, both pools together ({}.all.peak).",
+                statistic.what, statistic.key
+            );
+            let name = statistic.peak_name();
+            let mut family = encoder.encode_descriptor(&name, &help, None, MetricType::Gauge)?;
+            for figures in &all {
+                ConstGauge::new(statistic.of(&figures.stats).all.peak as i64)
+                    .encode(family.encode_family(&device_label(figures.device))?)?;
+            }
+            for (name, which, read) in [
+                (
+                    statistic.added_name(),
+                    "allocated",
+                    (|s| s.allocated) as fn(&Stat) -> u64,
+                ),
+                (statistic.removed_name(), "freed", |s| s.freed),
+            ] {
+                let help = format!(
+                    "{}: running total added (allocated) or removed (freed), per pool ({}.large_pool/small_pool.{which}).",
+                    statistic.what, statistic.key
+                );
+                // The encoder adds the counter's `_total`.
+                let name = name.strip_suffix("_total").unwrap_or(&name);
+                let mut family =
+                    encoder.encode_descriptor(name, &help, None, MetricType::Counter)?;
+                for figures in &all {
+                    for (pool, stat) in pools(statistic.of(&figures.stats)) {
+                        ConstCounter::new(read(stat))
+                            .encode(family.encode_family(&pool_labels(figures.device, pool))?)?;
                     }
                 }
             }
         }
-        type Count = fn(&MemoryStats) -> u64;
-        let counters: [(&str, &str, Count); 4] = [
-            (
-                "vramscope_alloc_retries",
-                "Allocations that failed, freed the cache and were tried again (num_alloc_retries).",
-                |s| s.num_alloc_retries,
-            ),
-            (
-                "vramscope_ooms",
-                "Allocations that failed for good (num_ooms).",
-                |s| s.num_ooms,
-            ),
-            (
-                "vramscope_device_allocs",
-                "Raw device allocations: segments and mapped pages (num_device_alloc).",
-                |s| s.num_device_alloc,
-            ),
-            (
-                "vramscope_device_frees",
-                "Raw device frees: segments and unmapped pages (num_device_free).",
-                |s| s.num_device_free,
-            ),
-        ];
-        for (name, help, read) in counters {
-            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-            for (device, stats) in &all {
-                ConstCounter::new(read(stats))
-                    .encode(family.encode_family(&device_label(*device))?)?;
+        for (name, help, kind, read) in SINGLES {
+            let known: Vec<(u32, f64)> = all
+                .iter()
+                .filter_map(|f| read(f).map(|v| (f.device, v)))
+                .collect();
+            if known.is_empty() {
+                continue;
+            }
+            let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+            for (device, value) in known {
+                let labels = device_label(device);
+                if matches!(kind, MetricType::Counter) {
+                    ConstCounter::new(value as u64).encode(family.encode_family(&labels)?)?;
+                } else {
+                    ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
+                }
             }
         }
         let mut family = encoder.encode_descriptor(
-            "vramscope_fragmentation_ratio",
-            "Share of reserved memory that is not allocated (0 without reserved memory).",
+            "vramscope_build_info",
+            "The vramscope that serves these metrics: 1, with its version as a label.",
             None,
             MetricType::Gauge,
         )?;
-        for (device, stats) in &all {
-            ConstGauge::new(fragmentation_ratio(stats))
-                .encode(family.encode_family(&device_label(*device))?)?;
-        }
+        let labels: Labels = vec![("version", env!("CARGO_PKG_VERSION").to_string())];
+        ConstGauge::new(1i64).encode(family.encode_family(&labels)?)?;
         Ok(())
     }
-}
-
-/// `(stat label, value)` of one statistic.
-fn stat_values(stat: &Stat) -> [(&'static str, u64); 4] {
-    [
-        ("current", stat.current),
-        ("peak", stat.peak),
-        ("allocated", stat.allocated),
-        ("freed", stat.freed),
-    ]
 }
 
 /// The share of reserved memory that is not allocated.
@@ -279,23 +515,30 @@ fn rank_label() -> Option<String> {
 /// The metrics of `allocators`, in the Prometheus text exposition format: what `/metrics`
 /// answers.
 pub fn render<B: Backend>(allocators: &[CachingAllocator<B>]) -> String {
-    render_registry(&registry(source_of(allocators)))
+    render_source(source_of(allocators))
 }
 
-/// The statistics of a fixed set of allocators.
-/// What a scrape of `allocators` reads: each one's device and statistics.
+/// The metrics `source` reads now, in the Prometheus text exposition format.
+pub fn render_source(source: StatsSource) -> String {
+    render_registry(&registry(Arc::new(Figures {
+        source,
+        frozen: Mutex::new(None),
+    })))
+}
+
+/// What a scrape of `allocators` reads: each one's [`DeviceFigures::of`].
 pub fn source_of<B: Backend>(allocators: &[CachingAllocator<B>]) -> StatsSource {
     let allocators = allocators.to_vec();
-    Box::new(move || allocators.iter().map(|a| (a.device(), a.stats())).collect())
+    Box::new(move || allocators.iter().map(DeviceFigures::of).collect())
 }
 
-fn registry(source: StatsSource) -> Registry {
+fn registry(figures: Arc<Figures>) -> Registry {
     let labels: Vec<(Cow<'static, str>, Cow<'static, str>)> = rank_label()
         .map(|rank| (Cow::Borrowed("rank"), Cow::Owned(rank)))
         .into_iter()
         .collect();
     let mut registry = Registry::with_labels(labels.into_iter());
-    registry.register_collector(Box::new(StatsCollector { source }));
+    registry.register_collector(Box::new(StatsCollector { figures }));
     registry
 }
 
@@ -357,6 +600,181 @@ pub struct MetricsServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    figures: Arc<Figures>,
+    registry: Arc<Registry>,
+    at_end: AtEnd,
+}
+
+/// What a server does at the run's end, before it stops: from `VRAMSCOPE_METRICS_LINGER` and
+/// `VRAMSCOPE_METRICS_PUSH`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AtEnd {
+    /// How long to go on serving the last figures.
+    pub linger: Option<Duration>,
+    /// The Pushgateway to push the last figures to.
+    pub push: Option<PushTarget>,
+}
+
+impl AtEnd {
+    /// What `VRAMSCOPE_METRICS_LINGER` and `VRAMSCOPE_METRICS_PUSH` ask for; an error names the
+    /// variable whose value is not one they take.
+    pub fn from_env() -> Result<AtEnd, MetricsError> {
+        let set = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("off"))
+        };
+        let linger = set(ENV_METRICS_LINGER)
+            .map(|v| {
+                parse_duration(&v).ok_or_else(|| {
+                    MetricsError::BadSetting(format!(
+                        "{ENV_METRICS_LINGER}={v}: expected a duration such as 30s, 500ms or 2m"
+                    ))
+                })
+            })
+            .transpose()?;
+        let push = set(ENV_METRICS_PUSH)
+            .map(|v| PushTarget::parse(&v, rank_label().as_deref()))
+            .transpose()?;
+        Ok(AtEnd { linger, push })
+    }
+}
+
+/// A duration as `VRAMSCOPE_METRICS_LINGER` takes it: a number with `ms`, `s`, `m` or `h`, or
+/// plain seconds; at most a day.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let seconds = match unit.trim() {
+        "ms" => number / 1000.0,
+        "" | "s" => number,
+        "m" => number * 60.0,
+        "h" => number * 3600.0,
+        _ => return None,
+    };
+    (seconds.is_finite() && (0.0..=86_400.0).contains(&seconds))
+        .then(|| Duration::from_secs_f64(seconds))
+}
+
+/// A Prometheus Pushgateway to push to: `http://HOST[:PORT]` (port 9091 when left out), with
+/// the grouping path `/metrics/job/vramscope` (and `/rank/N` when the process has a rank), or
+/// the URL's own `/metrics/job/…` path as it is. Only plain HTTP, to the host the URL names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PushTarget {
+    /// `HOST:PORT`.
+    pub authority: String,
+    /// The path the metrics are put to, `/metrics/job/…`.
+    pub path: String,
+}
+
+impl PushTarget {
+    /// Reads `url`, adding the `rank` to the default grouping path when one is given.
+    pub fn parse(url: &str, rank: Option<&str>) -> Result<PushTarget, MetricsError> {
+        let bad = |why: &str| {
+            MetricsError::BadSetting(format!(
+                "{ENV_METRICS_PUSH}={url}: {why} (expected http://HOST:PORT, optionally with /metrics/job/NAME…)"
+            ))
+        };
+        let rest = url
+            .trim()
+            .strip_prefix("http://")
+            .ok_or_else(|| bad("not an http:// URL"))?;
+        let (authority, path) = match rest.find('/') {
+            Some(at) => rest.split_at(at),
+            None => (rest, ""),
+        };
+        if authority.is_empty() || authority.contains('@') {
+            return Err(bad("no host"));
+        }
+        let authority = if authority
+            .rsplit_once(':')
+            .is_some_and(|(_, p)| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+        {
+            authority.to_string()
+        } else {
+            format!("{authority}:9091")
+        };
+        let path = path.trim_end_matches('/');
+        let path = if path.is_empty() {
+            let mut path = "/metrics/job/vramscope".to_string();
+            if let Some(rank) = rank.filter(|r| r.chars().all(|c| c.is_ascii_alphanumeric())) {
+                path.push_str("/rank/");
+                path.push_str(rank);
+            }
+            path
+        } else if path.starts_with("/metrics/job/") && !path.contains(char::is_whitespace) {
+            path.to_string()
+        } else {
+            return Err(bad("a path other than /metrics/job/…"));
+        };
+        Ok(PushTarget { authority, path })
+    }
+
+    /// The URL pushed to.
+    pub fn url(&self) -> String {
+        format!("http://{}{}", self.authority, self.path)
+    }
+
+    /// Puts `body` (the text exposition format) to the gateway, replacing the group's metrics,
+    /// within `timeout` for the whole exchange; the status code of its answer.
+    pub fn push(&self, body: &str, timeout: Duration) -> Result<u16, String> {
+        let deadline = Instant::now() + timeout;
+        let left = || {
+            deadline
+                .checked_duration_since(Instant::now())
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| format!("no answer within {} ms", timeout.as_millis()))
+        };
+        let addrs = self
+            .authority
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve {}: {e}", self.authority))?;
+        let mut conn = None;
+        let mut last_error = format!("{} resolves to no address", self.authority);
+        for addr in addrs {
+            match TcpStream::connect_timeout(&addr, left()?) {
+                Ok(c) => {
+                    conn = Some(c);
+                    break;
+                }
+                Err(e) => last_error = format!("cannot connect to {addr}: {e}"),
+            }
+        }
+        let mut conn = conn.ok_or(last_error)?;
+        let head = format!(
+            "PUT {} HTTP/1.1\r\nHost: {}\r\nContent-Type: {CONTENT_TYPE}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            self.path,
+            self.authority,
+            body.len()
+        );
+        let io = |e: std::io::Error| format!("pushing to {}: {e}", self.url());
+        conn.set_write_timeout(Some(left()?)).map_err(io)?;
+        conn.write_all(head.as_bytes()).map_err(io)?;
+        conn.write_all(body.as_bytes()).map_err(io)?;
+        // Only the status line is read, into a fixed buffer.
+        let mut answer = [0u8; 256];
+        let mut len = 0;
+        while len < answer.len() && !answer[..len].contains(&b'\n') {
+            conn.set_read_timeout(Some(left()?)).map_err(io)?;
+            match conn.read(&mut answer[len..]) {
+                Ok(0) => break,
+                Ok(n) => len += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(io(e)),
+            }
+        }
+        let line = String::from_utf8_lossy(&answer[..len]);
+        line.split(' ')
+            .nth(1)
+            .and_then(|code| code.trim().parse().ok())
+            .filter(|_| line.starts_with("HTTP/"))
+            .ok_or_else(|| format!("{} answered no HTTP status: {line:?}", self.url()))
+    }
 }
 
 impl MetricsServer {
@@ -399,7 +817,13 @@ impl MetricsServer {
         let listener = TcpListener::bind(wanted).map_err(listen)?;
         let bound = listener.local_addr().map_err(listen)?;
         listener.set_nonblocking(true).map_err(listen)?;
-        let registry = Arc::new(registry(source));
+        let at_end = AtEnd::from_env()?;
+        let figures = Arc::new(Figures {
+            source,
+            frozen: Mutex::new(None),
+        });
+        let registry = Arc::new(registry(Arc::clone(&figures)));
+        let serving = Arc::clone(&registry);
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
@@ -408,7 +832,7 @@ impl MetricsServer {
                 let active = Arc::new(AtomicUsize::new(0));
                 while !stopping.load(Ordering::Relaxed) {
                     match listener.accept() {
-                        Ok((conn, _)) => dispatch(conn, &registry, &limits, &active),
+                        Ok((conn, _)) => dispatch(conn, &serving, &limits, &active),
                         // Nothing pending, or a failed accept (a client gone at once, or no
                         // descriptor left): look again a little later.
                         Err(_) => std::thread::sleep(ACCEPT_POLL),
@@ -420,6 +844,9 @@ impl MetricsServer {
             addr: bound,
             stop,
             thread: Some(thread),
+            figures,
+            registry,
+            at_end,
         })
     }
 
@@ -448,13 +875,60 @@ impl MetricsServer {
         self.addr
     }
 
-    /// Stops accepting and waits for the accepting thread (a connection being served finishes
-    /// on its own thread, within the limits' timeouts).
+    /// What the server does at the run's end ([`AtEnd::from_env`] when it started).
+    pub fn at_end(&self) -> &AtEnd {
+        &self.at_end
+    }
+
+    /// Sets what the server does at the run's end, in place of what the environment said.
+    pub fn set_at_end(&mut self, at_end: AtEnd) {
+        self.at_end = at_end;
+    }
+
+    /// Ends the run: does what [`MetricsServer::at_end`] asks (push the last figures, then go
+    /// on serving them for the linger time, each said on standard error), stops accepting and
+    /// waits for the accepting thread (a connection being served finishes on its own thread,
+    /// within the limits' timeouts). Dropping the server does the same.
     pub fn shutdown(mut self) {
         self.stop_thread();
     }
 
+    /// The run's end: the figures are frozen, pushed, and served for the linger time.
+    fn finish(&mut self) {
+        let at_end = std::mem::take(&mut self.at_end);
+        if at_end.linger.is_none() && at_end.push.is_none() {
+            return;
+        }
+        self.figures.freeze();
+        if let Some(target) = &at_end.push {
+            let body = render_registry(&self.registry);
+            match target.push(&body, PUSH_TIMEOUT) {
+                Ok(code) if (200..300).contains(&code) => {
+                    eprintln!("vramscope: pushed the last metrics to {}", target.url())
+                }
+                Ok(code) => eprintln!(
+                    "vramscope: {ENV_METRICS_PUSH}: {} answered {code}: the last metrics were not pushed",
+                    target.url()
+                ),
+                Err(e) => eprintln!(
+                    "vramscope: {ENV_METRICS_PUSH}: {e}: the last metrics were not pushed"
+                ),
+            }
+        }
+        if let Some(linger) = at_end.linger {
+            eprintln!(
+                "vramscope: serving the last metrics on http://{}/metrics for {} ms more ({ENV_METRICS_LINGER})",
+                self.addr,
+                linger.as_millis()
+            );
+            std::thread::sleep(linger);
+        }
+    }
+
     fn stop_thread(&mut self) {
+        if self.thread.is_some() {
+            self.finish();
+        }
         self.stop.store(true, Ordering::Relaxed);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
@@ -779,23 +1253,120 @@ mod tests {
     fn the_text_holds_every_family_with_the_allocators_figures() {
         let alloc = CachingAllocator::new(SimDevice::phantom(1 << 30), AllocatorConfig::default());
         let _kept = alloc.alloc(3 << 20).unwrap();
+        drop(alloc.alloc(1 << 20).unwrap());
+        alloc.mark_step();
         let text = render(std::slice::from_ref(&alloc));
-        let allocated = alloc.stats().allocated_bytes.all.current;
-        assert!(
-            text.contains(&format!(
-                "vramscope_allocated_bytes{{device=\"0\",pool=\"all\",stat=\"current\"}} {allocated}"
-            )),
-            "{text}"
-        );
-        for name in [
-            "# TYPE vramscope_reserved_bytes gauge",
-            "# TYPE vramscope_alloc_retries_total counter",
-            "vramscope_alloc_retries_total{device=\"0\"} 0",
-            "vramscope_segments{device=\"0\",pool=\"large\",stat=\"current\"} 1",
-            "vramscope_fragmentation_ratio{device=\"0\"}",
+        let stats = alloc.stats();
+        let large = stats.allocated_bytes.large_pool.current;
+        for line in [
+            format!("vramscope_allocated_bytes{{device=\"0\",pool=\"large\"}} {large}"),
+            "# TYPE vramscope_allocated_bytes gauge".to_string(),
+            "# TYPE vramscope_allocated_peak_bytes gauge".to_string(),
+            "# TYPE vramscope_allocated_added_bytes_total counter".to_string(),
+            format!(
+                "vramscope_allocated_added_bytes_total{{device=\"0\",pool=\"large\"}} {}",
+                stats.allocated_bytes.large_pool.allocated
+            ),
+            format!(
+                "vramscope_allocated_removed_blocks_total{{device=\"0\",pool=\"large\"}} {}",
+                stats.allocation.large_pool.freed
+            ),
+            "# TYPE vramscope_reserved_bytes gauge".to_string(),
+            "# TYPE vramscope_alloc_retries_total counter".to_string(),
+            "vramscope_alloc_retries_total{device=\"0\"} 0".to_string(),
+            "vramscope_reserved_segments{device=\"0\",pool=\"large\"} 1".to_string(),
+            "vramscope_device_capacity_bytes{device=\"0\"} 1073741824".to_string(),
+            format!(
+                "vramscope_largest_free_block_bytes{{device=\"0\"}} {}",
+                alloc.largest_free_block()
+            ),
+            "vramscope_step{device=\"0\"} 1".to_string(),
+            format!(
+                "vramscope_build_info{{version=\"{}\"}} 1",
+                env!("CARGO_PKG_VERSION")
+            ),
         ] {
-            assert!(text.contains(name), "{name} missing from\n{text}");
+            assert!(text.contains(&line), "{line} missing from\n{text}");
         }
+        // No pool `all` beside the pools, and no running total under a gauge's type.
+        assert!(!text.contains("pool=\"all\""), "{text}");
+        assert!(!text.contains("stat="), "{text}");
+        for line in text.lines().filter(|l| l.starts_with("# TYPE")) {
+            let (name, kind) = line[7..].split_once(' ').unwrap();
+            assert_eq!(
+                name.ends_with("_total"),
+                kind == "counter",
+                "{line}: counters and only counters end in _total"
+            );
+        }
+        // The largest free block is the snapshot's.
+        let snapshot = alloc.snapshot();
+        let largest = snapshot
+            .segments
+            .iter()
+            .map(|s| s.largest_free_block())
+            .max()
+            .unwrap_or(0);
+        assert!(largest > 0);
+        assert_eq!(alloc.largest_free_block(), largest);
+    }
+
+    #[test]
+    fn linger_and_push_settings_are_read_or_refused() {
+        assert_eq!(parse_duration("30s"), Some(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5"), Some(Duration::from_millis(1500)));
+        for bad in ["", "s", "30 parsecs", "-1s", "2d", "100000h"] {
+            assert_eq!(parse_duration(bad), None, "{bad}");
+        }
+        let target = PushTarget::parse("http://127.0.0.1:9091", None).unwrap();
+        assert_eq!(target.url(), "http://127.0.0.1:9091/metrics/job/vramscope");
+        let target = PushTarget::parse("http://gateway/", Some("3")).unwrap();
+        assert_eq!(
+            target.url(),
+            "http://gateway:9091/metrics/job/vramscope/rank/3"
+        );
+        let target = PushTarget::parse("http://[::1]:9/metrics/job/train/instance/a", Some("3"));
+        assert_eq!(
+            target.unwrap().url(),
+            "http://[::1]:9/metrics/job/train/instance/a"
+        );
+        for bad in [
+            "https://gw:9091",
+            "gw:9091",
+            "http://",
+            "http://gw:9091/push",
+            "http://u@gw",
+        ] {
+            assert!(PushTarget::parse(bad, None).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_push_to_no_gateway_fails_within_its_timeout() {
+        // A port just freed: nothing listens there, so the push fails, and fast.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let target = PushTarget::parse(&format!("http://127.0.0.1:{port}"), None).unwrap();
+        let started = Instant::now();
+        assert!(target.push("x 1\n", Duration::from_secs(2)).is_err());
+        assert!(started.elapsed() < Duration::from_secs(3));
+        // A listener that never answers: the push gives up at its deadline.
+        let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+        let target =
+            PushTarget::parse(&format!("http://{}", silent.local_addr().unwrap()), None).unwrap();
+        let started = Instant::now();
+        let answer = target.push("x 1\n", Duration::from_millis(300));
+        assert!(answer.is_err(), "{answer:?}");
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(250) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
     }
 
     /// A reader that hands out `chunk` bytes of `data` per read and counts what it gave.

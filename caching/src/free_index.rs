@@ -452,6 +452,22 @@ impl FreeIndex {
         all
     }
 
+    /// The largest key, without a search: the highest non-empty bin's first vector entry
+    /// (vectors are sorted largest first), or the largest key of its overflow tree, whose keys
+    /// are all larger than its vector's.
+    pub fn last_key(&self) -> Option<u128> {
+        if self.level_mask == 0 {
+            return None;
+        }
+        let level = 63 - self.level_mask.leading_zeros() as usize;
+        let subs = self.bin_masks[level & (LEVEL_SLOTS - 1)];
+        let at = slot(level, 31 - subs.leading_zeros() as usize);
+        if let Some((&key, _)) = self.overflow_of(at).and_then(|t| t.iter().next_back()) {
+            return Some(key);
+        }
+        self.bins[at - self.base].first().map(Entry::key)
+    }
+
     /// Number of entries.
     pub fn len(&self) -> usize {
         self.len
@@ -474,6 +490,27 @@ impl FreeIndex {
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn the_last_key_is_the_largest_entry() {
+        let mut index = FreeIndex::new();
+        assert_eq!(index.last_key(), None);
+        let mut keys: Vec<u128> = Vec::new();
+        // Sizes over many bins and a long bin that spills into its overflow tree.
+        for i in 0..200u64 {
+            let size = if i % 2 == 0 { 512 * (1 + i) } else { 1 << 20 };
+            let key = ((size as u128) << 64) | (i as u128 * 4096);
+            index.insert(key, i as u32);
+            keys.push(key);
+            assert_eq!(index.last_key(), keys.iter().max().copied());
+        }
+        keys.sort();
+        while let Some(key) = keys.pop() {
+            assert_eq!(index.last_key(), Some(key));
+            assert!(index.remove(key).is_some());
+        }
+        assert_eq!(index.last_key(), None);
+    }
 
     #[test]
     fn an_entry_is_24_bytes() {

@@ -19,7 +19,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use vramscope_allocator::metrics::ENV_METRICS_ALLOW_REMOTE;
-use vramscope_allocator::metrics::{MetricsError, MetricsServer, StatsSource};
+use vramscope_allocator::metrics::{
+    AtEnd, DeviceFigures, MetricsError, MetricsServer, StatsSource,
+};
 use vramscope_allocator::provenance::{with_call_site, MAX_SCOPE_DEPTH};
 use vramscope_allocator::{AllocError, CachingAllocator, DeviceBackend, ScopeGuard, StreamId};
 use vramscope_allocator::{SimDevice, Telemetry};
@@ -378,11 +380,7 @@ pub fn serve_metrics(addr: Option<&str>) -> Result<Option<SocketAddr>, MetricsEr
     if let Some(server) = slot.as_ref() {
         return Ok(Some(server.addr()));
     }
-    let source: StatsSource = Box::new(|| {
-        live_allocators()
-            .map(|alloc| (alloc.device(), alloc.stats()))
-            .collect()
-    });
+    let source: StatsSource = Box::new(|| live_allocators().map(DeviceFigures::of).collect());
     let server = match addr {
         Some(addr) => {
             let allow_remote =
@@ -396,6 +394,13 @@ pub fn serve_metrics(addr: Option<&str>) -> Result<Option<SocketAddr>, MetricsEr
     };
     let bound = server.addr();
     eprintln!("vramscope: serving metrics on http://{bound}/metrics");
+    if server.at_end() != &AtEnd::default() {
+        // The server lives in a static, never dropped: its linger and push run at exit.
+        // SAFETY: as in `install_exit_hook`.
+        if unsafe { atexit(metrics_at_exit) } != 0 {
+            report_error("could not register the metrics' linger and push at exit".to_string());
+        }
+    }
     *slot = Some(server);
     Ok(Some(bound))
 }
@@ -432,6 +437,16 @@ extern "C" fn snapshot_at_exit() {
             if !path.is_empty() && write_snapshots(&path) {
                 eprintln!("vramscope: snapshot written to {path}");
             }
+        }
+    })
+}
+
+/// Ends the `/metrics` server at exit: `VRAMSCOPE_METRICS_LINGER` and `VRAMSCOPE_METRICS_PUSH`.
+extern "C" fn metrics_at_exit() {
+    crate::guarded("metrics_at_exit", (), || {
+        let server = METRICS.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(server) = server {
+            server.shutdown();
         }
     })
 }

@@ -50,17 +50,18 @@ fn text_of(write: &Symbol<WriteText>) -> Option<String> {
     )
 }
 
-/// The gauge families of `/metrics` and the statistics of `vramscope_stats_json` they carry.
-const FAMILIES: [(&str, &str); 9] = [
-    ("vramscope_allocated_bytes", "allocated_bytes"),
-    ("vramscope_reserved_bytes", "reserved_bytes"),
-    ("vramscope_active_bytes", "active_bytes"),
-    ("vramscope_inactive_split_bytes", "inactive_split_bytes"),
-    ("vramscope_requested_bytes", "requested_bytes"),
-    ("vramscope_allocations", "allocation"),
-    ("vramscope_active_allocations", "active"),
-    ("vramscope_segments", "segment"),
-    ("vramscope_inactive_split_blocks", "inactive_split"),
+/// The statistics of `/metrics` (the first part of their names, their unit) and the
+/// statistics of `vramscope_stats_json` they carry.
+const FAMILIES: [(&str, &str, &str); 9] = [
+    ("allocated", "bytes", "allocated_bytes"),
+    ("reserved", "bytes", "reserved_bytes"),
+    ("active", "bytes", "active_bytes"),
+    ("inactive_split", "bytes", "inactive_split_bytes"),
+    ("requested", "bytes", "requested_bytes"),
+    ("allocated", "blocks", "allocation"),
+    ("active", "blocks", "active"),
+    ("reserved", "segments", "segment"),
+    ("inactive_split", "blocks", "inactive_split"),
 ];
 
 /// The counters of `/metrics` and the statistics they carry.
@@ -71,8 +72,17 @@ const COUNTERS: [(&str, &str); 4] = [
     ("vramscope_device_frees_total", "num_device_free"),
 ];
 
-/// The series of the bytes allocated on device 0 now.
-const ALLOCATED: &str = "vramscope_allocated_bytes{device=\"0\",pool=\"all\",stat=\"current\"}";
+/// The series of the bytes allocated on device 0 now, in the large and the small pool.
+const ALLOCATED: [&str; 2] = [
+    "vramscope_allocated_bytes{device=\"0\",pool=\"large\"}",
+    "vramscope_allocated_bytes{device=\"0\",pool=\"small\"}",
+];
+
+/// The bytes allocated on device 0 in `text`: the pools' sum.
+fn allocated(text: &str) -> Option<u64> {
+    let served = samples(text);
+    Some(served.get(ALLOCATED[0])? + served.get(ALLOCATED[1])?)
+}
 
 /// The samples of a Prometheus text page, by series (`name{labels}`), as whole numbers.
 fn samples(text: &str) -> HashMap<&str, u64> {
@@ -124,15 +134,14 @@ fn the_c_library_serves_its_statistics_on_metrics() {
         let served = samples(&body);
         let own: serde_json::Value = serde_json::from_str(&text_of(&stats).unwrap()).unwrap();
         let own = &own["0"];
-        for (family, figure) in FAMILIES {
-            for (pool, field) in [
-                ("all", "all"),
-                ("large", "large_pool"),
-                ("small", "small_pool"),
-            ] {
-                for stat in ["current", "peak", "allocated", "freed"] {
-                    let series =
-                        format!("{family}{{device=\"0\",pool=\"{pool}\",stat=\"{stat}\"}}");
+        for (base, unit, figure) in FAMILIES {
+            for (pool, field) in [("large", "large_pool"), ("small", "small_pool")] {
+                for (name, stat) in [
+                    (format!("vramscope_{base}_{unit}"), "current"),
+                    (format!("vramscope_{base}_added_{unit}_total"), "allocated"),
+                    (format!("vramscope_{base}_removed_{unit}_total"), "freed"),
+                ] {
+                    let series = format!("{name}{{device=\"0\",pool=\"{pool}\"}}");
                     assert_eq!(
                         served.get(series.as_str()).copied(),
                         own[figure][field][stat].as_u64(),
@@ -140,6 +149,12 @@ fn the_c_library_serves_its_statistics_on_metrics() {
                     );
                 }
             }
+            let series = format!("vramscope_{base}_peak_{unit}{{device=\"0\"}}");
+            assert_eq!(
+                served.get(series.as_str()).copied(),
+                own[figure]["all"]["peak"].as_u64(),
+                "{series}\n{body}"
+            );
         }
         for (counter, figure) in COUNTERS {
             let series = format!("{counter}{{device=\"0\"}}");
@@ -149,7 +164,7 @@ fn the_c_library_serves_its_statistics_on_metrics() {
                 "{series}\n{body}"
             );
         }
-        assert_eq!(served.get(ALLOCATED).copied(), Some((100 << 20) + 4096));
+        assert_eq!(allocated(&body), Some((100 << 20) + 4096));
         check_with_promtool(&body);
 
         for (ptr, size) in kept.into_iter().zip([100 << 20, 4096]) {
@@ -157,7 +172,7 @@ fn the_c_library_serves_its_statistics_on_metrics() {
         }
         let (_, _, after) = http_get(&addr, "/metrics");
         assert_eq!(
-            samples(&after).get(ALLOCATED).copied(),
+            allocated(&after),
             Some(0),
             "each scrape reads the figures then"
         );

@@ -11,18 +11,21 @@
 //! pytest plugin's allocator per test, say) leave it to that one instead of failing to bind
 //! the port again.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
-use vramscope_allocator::metrics::{MetricsServer as Server, StatsSource};
+use pyo3::types::{PyCFunction, PyDict};
+use vramscope_allocator::metrics::{AtEnd, DeviceFigures, MetricsServer as Server, StatsSource};
 use vramscope_model::MemoryStats;
 
-/// A running `/metrics` server; it stops on `close()` or when dropped.
+/// A running `/metrics` server; it stops on `close()` or when dropped. With
+/// `VRAMSCOPE_METRICS_LINGER` or `VRAMSCOPE_METRICS_PUSH` set, the interpreter's exit closes it
+/// (an `atexit` hook: Python does not promise to drop objects at exit), so the last figures
+/// are served for the linger and pushed.
 #[pyclass(module = "vramscope._native")]
 pub struct MetricsServer {
-    server: Mutex<Option<Server>>,
+    server: Arc<Mutex<Option<Server>>>,
     addr: String,
     /// Whether it serves `VRAMSCOPE_METRICS`'s address, given back when it stops.
     env_claim: bool,
@@ -30,11 +33,29 @@ pub struct MetricsServer {
 
 impl MetricsServer {
     fn new(server: Server, env_claim: bool) -> MetricsServer {
-        MetricsServer {
+        let at_exit = server.at_end() != &AtEnd::default();
+        let made = MetricsServer {
             addr: server.addr().to_string(),
-            server: Mutex::new(Some(server)),
+            server: Arc::new(Mutex::new(Some(server))),
             env_claim,
+        };
+        if at_exit {
+            let slot = Arc::clone(&made.server);
+            let registered = Python::attach(|py| -> PyResult<()> {
+                let close = PyCFunction::new_closure(py, None, None, move |args, _| {
+                    let server = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+                    if let Some(server) = server {
+                        args.py().detach(move || server.shutdown());
+                    }
+                })?;
+                py.import("atexit")?.call_method1("register", (close,))?;
+                Ok(())
+            });
+            if let Err(e) = registered {
+                eprintln!("vramscope: the metrics' linger and push at exit not registered: {e}");
+            }
         }
+        made
     }
 }
 
@@ -114,7 +135,7 @@ pub fn serve_stats_metrics(
 ) -> PyResult<Option<MetricsServer>> {
     let source: StatsSource = Box::new(move || {
         Python::attach(|py| match read_flat_stats(py, &stats) {
-            Some(figures) => vec![(device, figures)],
+            Some(figures) => vec![DeviceFigures::new(device, figures)],
             None => Vec::new(),
         })
     });

@@ -67,19 +67,21 @@ USE_ALLOCATOR_METRICS = '''
                       "devices": _native.devices_served(), "errors": _native.errors()[0]}))
 '''
 
-# The gauge families of ``/metrics`` and the statistics of ``memory_stats()`` they carry.
+# The statistics of ``memory_stats()`` and the names of their series on ``/metrics``: the
+# first part and the unit (``vramscope_{base}_{unit}`` now per pool, ``…_peak_{unit}`` for the
+# peak of both pools, ``…_added_{unit}_total`` and ``…_removed_{unit}_total`` per pool).
 FAMILIES = {
-    "vramscope_allocated_bytes": "allocated_bytes",
-    "vramscope_reserved_bytes": "reserved_bytes",
-    "vramscope_active_bytes": "active_bytes",
-    "vramscope_inactive_split_bytes": "inactive_split_bytes",
-    "vramscope_requested_bytes": "requested_bytes",
-    "vramscope_allocations": "allocation",
-    "vramscope_active_allocations": "active",
-    "vramscope_segments": "segment",
-    "vramscope_inactive_split_blocks": "inactive_split",
+    "allocated_bytes": ("allocated", "bytes"),
+    "reserved_bytes": ("reserved", "bytes"),
+    "active_bytes": ("active", "bytes"),
+    "inactive_split_bytes": ("inactive_split", "bytes"),
+    "requested_bytes": ("requested", "bytes"),
+    "allocation": ("allocated", "blocks"),
+    "active": ("active", "blocks"),
+    "segment": ("reserved", "segments"),
+    "inactive_split": ("inactive_split", "blocks"),
 }
-POOLS = {"all": "all", "large": "large_pool", "small": "small_pool"}
+POOLS = {"large_pool": "large", "small_pool": "small"}
 COUNTERS = {
     "vramscope_alloc_retries_total": "num_alloc_retries",
     "vramscope_ooms_total": "num_ooms",
@@ -117,16 +119,24 @@ def check_figures(result):
     """Every figure of device 0 on the page equals the allocator's own ``memory_stats()``."""
     samples, stats = series(result["body"]), result["stats"]
     assert result["content_type"].startswith("text/plain; version=0.0.4")
-    for family, figure in FAMILIES.items():
-        for pool, field in POOLS.items():
-            for stat in ("current", "peak", "allocated", "freed"):
-                name = f'{family}{{device="0",pool="{pool}",stat="{stat}"}}'
-                assert samples.get(name) == stats[figure][field][stat], name
+    for figure, (base, unit) in FAMILIES.items():
+        for field, pool in POOLS.items():
+            for name, stat in ((f"vramscope_{base}_{unit}", "current"),
+                               (f"vramscope_{base}_added_{unit}_total", "allocated"),
+                               (f"vramscope_{base}_removed_{unit}_total", "freed")):
+                series_name = f'{name}{{device="0",pool="{pool}"}}'
+                assert samples.get(series_name) == stats[figure][field][stat], series_name
+        peak = f'vramscope_{base}_peak_{unit}{{device="0"}}'
+        assert samples.get(peak) == stats[figure]["all"]["peak"], peak
     for counter, figure in COUNTERS.items():
         assert samples.get(f'{counter}{{device="0"}}') == stats[figure], counter
-    assert samples['vramscope_allocated_bytes{device="0",pool="all",stat="current"}'] == \
-        (100 << 20) + 4096
-    assert samples['vramscope_allocations{device="0",pool="all",stat="allocated"}'] == 3
+    assert pools_sum(samples, "vramscope_allocated_bytes") == (100 << 20) + 4096
+    assert pools_sum(samples, "vramscope_allocated_added_blocks_total") == 3
+
+
+def pools_sum(samples, name):
+    """The sum of ``name`` on device 0 over its pools: PyTorch's ``all``."""
+    return sum(samples[f'{name}{{device="0",pool="{pool}"}}'] for pool in POOLS.values())
 
 
 def test_use_allocator_serves_metrics_where_asked(tmp_path, capsys):
@@ -139,7 +149,7 @@ def test_use_allocator_serves_metrics_where_asked(tmp_path, capsys):
     # Served from use_allocator() on, before the first allocation opens a device: the
     # families are there, with no device's samples yet.
     assert "# TYPE vramscope_allocated_bytes gauge" in result["before"]
-    assert not series(result["before"])
+    assert not [name for name in series(result["before"]) if 'device="' in name]
     assert result["devices"] == [0]
     check_figures(result)
     check_with_promtool(result["body"], capsys)

@@ -87,10 +87,15 @@ pub fn config(steps: u64, bugs: Bugs, large: bool) -> TrainConfig {
     }
 }
 
+/// The capacity of the demo's simulated device, whichever way the demo runs (`--headless`,
+/// `--listen`, the dashboard): one demo device, so that its report and its `/metrics`
+/// (`vramscope_device_capacity_bytes`) say the same size.
+pub const SIM_CAPACITY: u64 = 4 << 30;
+
 /// The device the dashboard demo trains on: CUDA when usable, else the backed simulated
-/// device; the string says which and why.
+/// device of [`SIM_CAPACITY`]; the string says which and why.
 pub fn device() -> (Device, String) {
-    Device::detect(4 << 30, AllocatorConfig::default())
+    Device::detect(SIM_CAPACITY, AllocatorConfig::default())
 }
 
 /// Starts the Prometheus `/metrics` server for `device`'s allocator when `VRAMSCOPE_METRICS`
@@ -108,11 +113,12 @@ pub fn serve_metrics(device: &Device) -> Result<Option<MetricsServer>, String> {
     Ok(server)
 }
 
-/// Runs `steps` training steps with `bugs` planted on the simulated device and returns the
-/// allocator's snapshot, taken while the kept tensors are alive. `/metrics` is served while
-/// it trains when `VRAMSCOPE_METRICS` asks.
+/// Runs `steps` training steps with `bugs` planted on the simulated device ([`SIM_CAPACITY`],
+/// the `--listen` demo's size without a GPU) and returns the allocator's snapshot, taken
+/// while the kept tensors are alive. `/metrics` is served while it trains when
+/// `VRAMSCOPE_METRICS` asks.
 pub fn run(steps: u64, bugs: Bugs) -> Result<Snapshot, String> {
-    let device = Device::sim(2 << 30);
+    let device = Device::sim(SIM_CAPACITY);
     let _metrics = serve_metrics(&device)?;
     train(&device, &config(steps, bugs, false))
         .map(|run| run.snapshot)

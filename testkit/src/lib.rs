@@ -8,7 +8,8 @@
 //! - [`props::config`] is the one configuration of every property test (a fixed seed; a deep
 //!   run on request);
 //! - [`skip_notice`], [`shared_traces_dir`] and [`shared_trace`] are for tests that need
-//!   something this machine may lack.
+//!   something this machine may lack;
+//! - [`prometheus`] runs a real Prometheus and Pushgateway for the tests of `/metrics`.
 //!
 //! Tests that need something this machine may lack (the shared traces, a CUDA driver, python3)
 //! check for it at run time and, when it is absent, say so in one visible line and pass:
@@ -24,6 +25,7 @@ use vramscope_caching::{CachingAllocator, SimDevice};
 
 pub mod fixture;
 pub mod generated;
+pub mod prometheus;
 pub mod props;
 mod trace;
 

@@ -114,6 +114,19 @@ impl<B: Backend> CachingAllocator<B> {
         self.shared.lock().ring.max_bytes()
     }
 
+    /// The largest free block in the allocator's free lists, in bytes (0 when none is free):
+    /// what the largest request served without a new segment can be. One look per free list.
+    pub fn largest_free_block(&self) -> u64 {
+        let state = self.shared.lock();
+        state
+            .free_lists
+            .iter()
+            .filter_map(|list| list.blocks.last_key())
+            .map(|key| (key >> 64) as u64)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Number of live (allocated or pending) blocks.
     pub fn live_blocks(&self) -> usize {
         let state = self.shared.lock();
