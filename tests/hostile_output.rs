@@ -421,7 +421,7 @@ fn a_file_of_zeros_is_refused_by_its_first_bytes() {
     assert!(
         err.contains(
             "not a format vramscope reads (a PyTorch snapshot pickle, a Chrome trace, or a \
-             vramscope JSON snapshot): it starts with bytes 00 00 00 00 00 00 00 00"
+             vramscope JSON snapshot): it starts with zero bytes"
         ),
         "{err}"
     );
@@ -472,5 +472,315 @@ fn on_a_terminal_only_the_reports_own_colours_pass() {
         raw_hostile(&text.replace(['\u{1b}', '\r'], "")).is_none(),
         "{text:?}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Text from a file that a CI runner would obey, after a line break of the file's own: GitHub
+/// Actions' workflow commands (`::add-mask::`, `::stop-commands::`, `::error` after spaces),
+/// its older `##[command]` anywhere in a line, a carriage return, a tab and the controls of
+/// [`HOSTILE`]. `BEFORE` and `AFTER` stand on either side of the first line break.
+const COMMANDS: &str = "BEFORE\n::add-mask::AFTER\r\n  ::stop-commands::t\r##[set-output name=x;]y\t##[add-mask]z\u{85}::error::w";
+
+/// Asserts that `output` is safe to print in a CI log: [`assert_safe`], no line that starts
+/// (after spaces and tabs) with `::` but vramscope's own annotations in `--format github`
+/// (`own_commands`), no `##[` anywhere, and no line break of the file's: every line holding
+/// `AFTER` holds `BEFORE` too.
+fn assert_inert(what: &str, output: &Output, own_commands: bool) {
+    assert_safe(what, output);
+    for (stream, bytes) in [("stdout", &output.stdout), ("stderr", &output.stderr)] {
+        let text = String::from_utf8_lossy(bytes);
+        assert!(!text.contains("##["), "{what}: ##[ on {stream}: {text}");
+        for line in text.lines() {
+            let body = line.trim_start_matches([' ', '\t']);
+            let own = own_commands
+                && stream == "stdout"
+                && ["::error ", "::warning ", "::notice "]
+                    .iter()
+                    .any(|c| line.starts_with(c));
+            assert!(
+                !body.starts_with("::") || own,
+                "{what}: a workflow command on {stream}: {line:?}"
+            );
+            assert!(
+                !line.contains("AFTER") || line.contains("BEFORE"),
+                "{what}: the file's line break reached {stream}: {line:?}"
+            );
+        }
+    }
+}
+
+/// Issue 44, items 3 and 4: no text from a file reaches any output or error with a raw line
+/// break, carriage return or other control, or as a workflow command, whatever the command,
+/// the format or the door: call sites, functions and the device name through every report
+/// format, `summary`, `diff`, `replay` (the first OOM's site, `--verify`, `--policy compact`,
+/// `--sweep`), `convert`, `ranks` over a folder whose file names carry the commands, and the
+/// errors that quote a file (an unknown block state in JSON and in a pickle, an unknown
+/// snapshot source, a file of no format, a file that does not exist).
+#[test]
+fn workflow_commands_and_line_breaks_from_a_file_reach_no_output() {
+    let dir = scratch("commands-ci");
+    let name = format!("{COMMANDS}{HOSTILE}");
+    let hostile = snapshot_named(&name, false);
+    let file = save(&hostile, &dir.join("run.json"));
+    let before = save(&snapshot_named("before", false), &dir.join("before.json"));
+    let mut runs: Vec<(String, Output, bool)> = Vec::new();
+    let mut run = |args: &[&str]| {
+        let github = args.contains(&"github");
+        runs.push((args.join(" "), vramscope(args), github));
+    };
+    for format in ["text", "markdown", "json", "html", "sarif", "github"] {
+        run(&["report", &file, "--format", format]);
+    }
+    run(&["summary", &file]);
+    for format in ["text", "json"] {
+        run(&["diff", &before, &file, "--format", format]);
+        run(&["diff", &file, &before, "--format", format]);
+        run(&["replay", &file, "--capacity", "30MiB", "--format", format]);
+        run(&[
+            "replay",
+            &file,
+            "--capacity",
+            "30MiB",
+            "--verify",
+            "--format",
+            format,
+        ]);
+        let compact = [
+            "replay",
+            &file,
+            "--capacity",
+            "30MiB",
+            "--policy",
+            "compact",
+        ];
+        run(&[&compact[..], &["--format", format]].concat());
+        run(&[
+            "replay",
+            &file,
+            "--capacity",
+            "30MiB",
+            "--sweep",
+            "--format",
+            format,
+        ]);
+    }
+    for (to, out) in [
+        ("json", "-"),
+        ("perfetto", "-"),
+        ("events", "-"),
+        ("html", "-"),
+    ] {
+        run(&["convert", &file, "--to", to, "-o", out]);
+    }
+    let pickle_out = dir.join("out.pickle");
+    run(&[
+        "convert",
+        &file,
+        "--to",
+        "pytorch",
+        "-o",
+        pickle_out.to_str().unwrap(),
+    ]);
+
+    // Errors that quote the file.
+    let json = serde_json::to_string(&hostile).unwrap();
+    let word = serde_json::to_string(&format!("active{name}")).unwrap();
+    let bad_state = dir.join("bad-state.json");
+    std::fs::write(&bad_state, json.replacen("\"active_allocated\"", &word, 1)).unwrap();
+    let source = serde_json::to_string(&hostile.source).unwrap();
+    let bad_source = dir.join("bad-source.json");
+    let quoted = serde_json::to_string(&name).unwrap();
+    std::fs::write(&bad_source, json.replacen(&source, &quoted, 1)).unwrap();
+    let mut pickle = vramscope::inspector::export::to_pytorch_pickle(&hostile).unwrap();
+    let state = b"active_allocated";
+    let evil = "\n::add-mask::##[";
+    assert_eq!(evil.len(), state.len());
+    let at = pickle
+        .windows(state.len())
+        .position(|w| w == state)
+        .unwrap();
+    pickle[at..at + state.len()].copy_from_slice(evil.as_bytes());
+    let bad_pickle = dir.join("bad-state.pickle");
+    std::fs::write(&bad_pickle, pickle).unwrap();
+    let odd_name = dir.join(format!("{COMMANDS}.json"));
+    std::fs::write(&odd_name, b"SECRET=1").unwrap();
+    let missing = dir.join(format!("missing{COMMANDS}.json"));
+    for path in [&bad_state, &bad_source, &bad_pickle, &odd_name, &missing] {
+        for command in ["report", "summary"] {
+            let output = vramscope(&[command, path.to_str().unwrap()]);
+            assert_eq!(output.status.code(), Some(2), "{command} {path:?}");
+            runs.push((format!("{command} {path:?}"), output, false));
+        }
+    }
+
+    // A folder of ranks whose file names carry the commands, one of them no snapshot.
+    let ranks = dir.join("ranks");
+    std::fs::create_dir_all(&ranks).unwrap();
+    save(&snapshot_named(&name, false), &ranks.join("rank0.json"));
+    save(
+        &snapshot_named(&name, true),
+        &ranks.join(format!("{COMMANDS}rank1.json")),
+    );
+    std::fs::write(ranks.join(format!("{COMMANDS}rank2.json")), b"SECRET=1").unwrap();
+    std::fs::write(ranks.join(format!("notes{COMMANDS}.txt")), b"hi").unwrap();
+    for format in ["text", "markdown", "json", "html"] {
+        let output = vramscope(&["ranks", ranks.to_str().unwrap(), "--format", format]);
+        runs.push((format!("ranks --format {format}"), output, false));
+    }
+
+    for (what, output, github) in &runs {
+        assert_inert(what, output, *github);
+    }
+    // The names are shown, escaped, where they were.
+    let text = String::from_utf8_lossy(&runs[0].1.stdout).into_owned();
+    assert!(
+        text.contains("BEFORE\\u{a}\\u{3a}:add-mask::AFTER")
+            || text.contains("BEFORE\\u{a}::add-mask::AFTER"),
+        "{text}"
+    );
+    let replay = runs
+        .iter()
+        .find(|r| r.0.contains("replay") && r.0.ends_with("text"))
+        .unwrap();
+    let replay = String::from_utf8_lossy(&replay.1.stdout);
+    assert!(
+        replay.contains("first OOM") && replay.contains(" at BEFORE\\u{a}"),
+        "{replay}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 44: a `ranks` folder holding a link to `/proc/self/environ` (the process's own
+/// environment, secrets included) gets a row saying the file is no format vramscope reads, and
+/// no byte of it, in hex or as text, in any format or on standard error.
+#[test]
+fn a_link_to_the_environment_in_a_ranks_folder_prints_none_of_it() {
+    if !Path::new("/proc/self/environ").exists() {
+        vramscope_testkit::skip_notice("/proc/self/environ does not exist here");
+        return;
+    }
+    let dir = scratch("environ");
+    save(&snapshot_named("train", false), &dir.join("rank0.json"));
+    save(&snapshot_named("train", true), &dir.join("rank1.json"));
+    std::os::unix::fs::symlink("/proc/self/environ", dir.join("rank2.json")).unwrap();
+    for format in ["text", "markdown", "json", "html"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+            .args(["ranks", dir.to_str().unwrap(), "--format", format])
+            .env_clear()
+            .env("AAAA_SECRET", "s3cr3tvalue")
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(1), "{format}");
+        let all = [output.stdout, output.stderr].concat();
+        let text = String::from_utf8_lossy(&all);
+        assert!(
+            text.contains("not a format vramscope reads"),
+            "{format}: {text}"
+        );
+        for leak in ["SECRET", "s3cr3t", "41 41 41 41", "41414141"] {
+            assert!(!text.contains(leak), "{format}: {leak} in {text}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 44: `report -o` and `convert -o` write a new file and rename it onto the path, so a
+/// link standing there is replaced and its target never written; `--help` and `--version` on
+/// a full device exit 2 with the system's words, as every other output does.
+#[test]
+fn outputs_never_go_through_a_link_and_help_on_a_full_device_is_exit_2() {
+    let dir = scratch("links");
+    let file = save(&snapshot_named("train", false), &dir.join("run.json"));
+    let precious = dir.join("precious");
+    for (i, args) in [
+        vec!["report", file.as_str(), "--format", "markdown", "-o"],
+        vec!["report", file.as_str(), "--format", "html", "-o"],
+        vec!["convert", file.as_str(), "--to", "json", "-o"],
+        vec!["convert", file.as_str(), "--to", "pytorch", "-o"],
+        vec!["convert", file.as_str(), "--to", "perfetto", "-o"],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        std::fs::write(&precious, b"keep me").unwrap();
+        let link = dir.join(format!("out{i}"));
+        std::os::unix::fs::symlink(&precious, &link).unwrap();
+        let output = vramscope(&[&args[..], &[link.to_str().unwrap()]].concat());
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_eq!(std::fs::read(&precious).unwrap(), b"keep me", "{args:?}");
+        let kind = std::fs::symlink_metadata(&link).unwrap().file_type();
+        assert!(
+            kind.is_file(),
+            "{args:?}: the link is replaced by the output"
+        );
+        assert!(std::fs::metadata(&link).unwrap().len() > 100, "{args:?}");
+    }
+    // Nothing but the outputs is left in the folder.
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| !n.ends_with(".tmp")), "{names:?}");
+
+    if Path::new("/dev/full").exists() {
+        for args in [vec!["--help"], vec!["--version"], vec!["report", "--help"]] {
+            let full = std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap();
+            let output = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+                .args(&args)
+                .stdout(full)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(output.status.code(), Some(2), "{args:?}: {err}");
+            assert!(err.contains("No space left on device"), "{args:?}: {err}");
+        }
+        // Help that is written is exit 0.
+        assert_eq!(vramscope(&["--help"]).status.code(), Some(0));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 44, item 1: the 15-byte pickle (protocol 5, a `BINBYTES8`, `BINUNICODE8` or
+/// `BYTEARRAY8` of 2^64 − 9 bytes or more, or near 2^63) hung `report` and `summary` at 100 %
+/// CPU, plain and gzipped. Each is exit 2 naming the opcode; a hang is this test's failure.
+#[test]
+fn a_length_near_2_pow_64_is_an_error_in_every_command() {
+    use std::io::Write as _;
+    let dir = scratch("lengths");
+    for (op, name) in [
+        (0x8eu8, "BINBYTES8"),
+        (0x8d, "BINUNICODE8"),
+        (0x96, "BYTEARRAY8"),
+    ] {
+        for n in [u64::MAX - 8, u64::MAX, 1 << 63, (1 << 63) - 1] {
+            let mut bytes = vec![0x80, 5, op];
+            bytes.extend_from_slice(&n.to_le_bytes());
+            bytes.extend_from_slice(b"N.N.");
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            gz.write_all(&bytes).unwrap();
+            for (what, data) in [("plain", bytes.clone()), ("gzip", gz.finish().unwrap())] {
+                let path = dir.join(format!("{name}-{n}.pickle"));
+                std::fs::write(&path, data).unwrap();
+                for command in ["report", "summary"] {
+                    let output = vramscope(&[command, path.to_str().unwrap()]);
+                    let err = String::from_utf8_lossy(&output.stderr);
+                    assert_eq!(
+                        output.status.code(),
+                        Some(2),
+                        "{command} {name} {n} {what}: {err}"
+                    );
+                    assert!(err.contains(name), "{command} {name} {n} {what}: {err}");
+                }
+            }
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

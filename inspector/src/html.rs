@@ -28,11 +28,17 @@ use vramscope_model::format_bytes;
 use crate::detect::Severity;
 use crate::report::{bytes_or_na, headline, Report, Timeline};
 
-/// Escapes `&`, `<`, `>`, `"` and `'` for HTML text and attribute values.
+/// Escapes `&`, `<`, `>`, `"` and `'` for HTML text and attribute values, and writes line
+/// breaks and `[` as character references (which a browser shows as they were), so that text
+/// from a file is one line of the page's source and holds no `##[`: printed to a CI log, no
+/// line of it is a workflow command (`crate::terminal`).
 pub fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
+            '\n' => out.push_str("&#10;"),
+            '\r' => out.push_str("&#13;"),
+            '[' => out.push_str("&#91;"),
             '&' => out.push_str("&amp;"),
             '<' => out.push_str("&lt;"),
             '>' => out.push_str("&gt;"),

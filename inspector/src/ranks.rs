@@ -222,7 +222,7 @@ pub fn expand_inputs(inputs: &[PathBuf]) -> std::io::Result<(Vec<PathBuf>, Vec<S
         if seen.insert(identity) {
             files.push(path);
         } else {
-            left_out.push(format!("{}: named more than once", path.display()));
+            left_out.push(format!("{}: named more than once", shown(&path)));
         }
     };
     for input in inputs {
@@ -242,7 +242,7 @@ pub fn expand_inputs(inputs: &[PathBuf]) -> std::io::Result<(Vec<PathBuf>, Vec<S
                 } else {
                     left_out.push(format!(
                         "{}: not a snapshot's file name ({})",
-                        path.display(),
+                        shown(&path),
                         SNAPSHOT_ENDINGS.join(", ")
                     ));
                 }
@@ -252,6 +252,12 @@ pub fn expand_inputs(inputs: &[PathBuf]) -> std::io::Result<(Vec<PathBuf>, Vec<S
         }
     }
     Ok((files, left_out))
+}
+
+/// A path as a message shows it: one line, escaped as text from a file is
+/// ([`crate::terminal::sanitize`]), since a folder's file names are the folder's.
+fn shown(path: &Path) -> String {
+    crate::terminal::sanitize(&path.display().to_string()).into_owned()
 }
 
 /// Loads every file, on as many threads as the machine has cores; `progress` is called with

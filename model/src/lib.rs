@@ -10,13 +10,15 @@
 //! - the one rule for why an out-of-memory error happened (the process's memory cap,
 //!   fragmentation, memory in use, ...) and what helps ([`oom`]);
 //! - PyTorch's caching-allocator constants and rounding, which the allocator runs on and every
-//!   reader of a trace sizes blocks and picks pools with ([`pytorch`]).
+//!   reader of a trace sizes blocks and picks pools with ([`pytorch`]);
+//! - the one sanitizer of text from a file on its way to a terminal or a CI log ([`terminal`]),
+//!   and output files written new and renamed into place, never through a link ([`files`]).
 //!
 //! The caching allocator (`vramscope-allocator`) fills these types; the inspector's importers
 //! build them from PyTorch pickles and Chrome traces; the engine, detectors, replay, telemetry
 //! and the dashboard read them. This crate depends on serde alone, so that reading a snapshot
-//! never links a GPU driver. Every item has one path: the root re-exports below (`oom` and
-//! `pytorch`, whose items read best with their module's name, are the public modules).
+//! never links a GPU driver. Every item has one path: the root re-exports below (`oom`,
+//! `pytorch`, `terminal` and `files`, whose items read best with their module's name, are the public modules).
 //!
 //! ```
 //! use vramscope_model::{format_bytes, parse_bytes, AllocatorConfig};
@@ -29,10 +31,12 @@
 
 mod config;
 mod events;
+pub mod files;
 pub mod oom;
 pub mod pytorch;
 mod snapshot;
 mod stats;
+pub mod terminal;
 
 pub use config::{AllocatorConfig, BacktraceMode, ConfigError, Policy, CONFIG_ENV_VAR, MIB};
 pub use events::Events;

@@ -774,20 +774,22 @@ impl Snapshot {
         }
     }
 
-    /// Writes the snapshot as JSON to `path`.
+    /// Writes the snapshot as JSON to `path`, as a new file renamed onto it
+    /// ([`crate::files::NewFile`]): a link standing at the path is replaced, never written
+    /// through.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<(), SnapshotError> {
         let path = path.as_ref();
         let io = |source| SnapshotError::Io {
             path: path.display().to_string(),
             source,
         };
-        let file = std::fs::File::create(path).map_err(io)?;
-        let mut writer = std::io::BufWriter::new(file);
+        // A new file renamed onto the path: never written through a link standing there.
+        let mut writer = crate::files::NewFile::create(path).map_err(io)?;
         serde_json::to_writer(&mut writer, self).map_err(|e| SnapshotError::Format {
             path: path.display().to_string(),
             message: e.to_string(),
         })?;
-        std::io::Write::flush(&mut writer).map_err(io)
+        writer.commit().map_err(io)
     }
 
     /// Reads a JSON snapshot written by [`Snapshot::save`].

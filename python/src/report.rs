@@ -675,13 +675,15 @@ impl Report {
     ///
     /// A `srcdoc` page resolves links against its parent's address, so the page's links to its
     /// own findings (`#finding-0`) would load the notebook into the frame; a `<base>` of
-    /// `about:srcdoc` keeps them in the page.
+    /// `about:srcdoc` keeps them in the page. The frame is sandboxed with scripts allowed and
+    /// no same origin: the explorer runs, but nothing in the page (whose text comes from the
+    /// file) can reach the notebook's document, cookies or kernel.
     fn frame(&self, height: u32) -> String {
         let page = self
             .page()
             .replacen("<head>\n", "<head>\n<base href=\"about:srcdoc\">\n", 1);
         format!(
-            "<div class=\"vramscope-report\"><iframe srcdoc=\"{}\" title=\"{}\" \
+            "<div class=\"vramscope-report\"><iframe sandbox=\"allow-scripts\" srcdoc=\"{}\" title=\"{}\" \
              style=\"width:100%;height:{height}px;border:1px solid #ddd;border-radius:4px;\
              background:#fff;display:block\"></iframe></div>",
             html::escape(&page),

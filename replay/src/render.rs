@@ -115,6 +115,7 @@ pub(crate) fn start_over_text(over: &StartOverCapacity, capacity: u64) -> String
 /// state alone exceeds the capacity, that comes first with what fits, and the figures are the
 /// replay's without a limit.
 pub fn render_text(source: &str, result: &ReplayResult) -> String {
+    let source = vramscope_model::terminal::sanitize(source);
     let mut out = format!(
         "replay of {source}\n  settings {} on {} capacity\n",
         settings_text(result),
@@ -205,7 +206,7 @@ pub fn render_text(source: &str, result: &ReplayResult) -> String {
             oom.step,
             oom.site
                 .as_ref()
-                .map(|s| format!(" at {s}"))
+                .map(|s| format!(" at {}", vramscope_model::terminal::sanitize(s)))
                 .unwrap_or_default(),
             vramscope_model::format_bytes(oom.requested),
             vramscope_model::format_bytes(oom.allocated),
@@ -275,6 +276,7 @@ pub(crate) fn percent(saving: u64, of: u64) -> u64 {
 /// only where it changes the outcome, else that the baseline fits. When the start state alone
 /// exceeds the capacity, that comes first, and the table says what each setting needs.
 pub fn render_sweep_text(source: &str, capacity: u64, rows: &[SweepRow]) -> String {
+    let source = vramscope_model::terminal::sanitize(source);
     let bytes = vramscope_model::format_bytes;
     let mut out = format!(
         "settings sweep of {source} on {} capacity\n\n",

@@ -369,6 +369,9 @@ enum Output {
     Text { color: bool },
     /// JSON, or an HTML page (whose data is JSON): escaped as JSON escapes.
     Json,
+    /// `--format github`: vramscope's own workflow commands, one a line, escaped for the
+    /// runner by the renderer; checked as text on the way out, keeping their `::`.
+    Annotations,
 }
 
 impl Output {
@@ -378,8 +381,7 @@ impl Output {
             Format::Text => Output::Text { color },
             Format::Markdown => Output::Text { color: false },
             Format::Json | Format::Html | Format::Sarif => Output::Json,
-            // Escaped for the runner by the renderer, and checked as text on the way out.
-            Format::Github => Output::Text { color: false },
+            Format::Github => Output::Annotations,
         }
     }
 }
@@ -399,9 +401,10 @@ fn emit(text: &str, output: Option<&PathBuf>, kind: Output) -> Result<(), Failur
     let text = match kind {
         Output::Text { color } => terminal::sanitize_output(text, color),
         Output::Json => terminal::sanitize_json(text),
+        Output::Annotations => terminal::sanitize_annotations(text),
     };
     match output.filter(|path| !is_stdout(path)) {
-        Some(path) => std::fs::write(path, text.as_bytes())
+        Some(path) => crate::model::files::write_new(path, text.as_bytes())
             .map_err(|e| Failure::input(format!("cannot write {}: {e}", path.display()))),
         None => {
             let mut stdout = std::io::stdout().lock();
@@ -433,35 +436,54 @@ fn output_name(path: &std::path::Path) -> String {
     }
 }
 
-/// Where `convert` writes: a file, standard output streamed as the file would be (a pipe or
-/// a redirection), or, when standard output is a terminal, a buffer that `finish` passes
-/// through `sanitize_json` (every text format convert writes is JSON or a page whose data is
-/// JSON; the binary pickle is refused before).
+/// Where `convert` writes: a file, written new and renamed onto the path once whole (never
+/// through a link standing there: `model::files`), standard output streamed as the file would
+/// be (a pipe or a redirection), or, when standard output is a terminal, a buffer that
+/// `finish` passes through `sanitize_json` (every text format convert writes is JSON or a page
+/// whose data is JSON; the binary pickle is refused before). A text format streamed to a
+/// pipe is escaped as it goes ([`JsonEscaping`]): a CI log reads pipes too.
 enum ConvertSink {
-    /// A file, or standard output that is not a terminal.
-    Stream(std::io::BufWriter<Box<dyn Write>>),
+    /// A file, until `finish` renames it into place.
+    File(Option<crate::model::files::NewFile>),
+    /// Standard output that is not a terminal, as the bytes are (the pickle).
+    Stream(std::io::BufWriter<std::io::Stdout>),
+    /// Standard output that is not a terminal, for a text format: escaped as it streams.
+    Escaped(std::io::BufWriter<JsonEscaping<std::io::Stdout>>),
     /// Standard output that is a terminal: escaped once whole.
     Terminal(Vec<u8>),
 }
 
 impl ConvertSink {
-    /// Opens `path` for writing, or standard output for `-`.
-    fn open(path: &std::path::Path) -> std::io::Result<ConvertSink> {
+    /// Opens `path` for writing, or standard output for `-`; `text` when what is written is
+    /// text (JSON, or a page whose data is JSON).
+    fn open(path: &std::path::Path, text: bool) -> std::io::Result<ConvertSink> {
         if !is_stdout(path) {
-            let file: Box<dyn Write> = Box::new(std::fs::File::create(path)?);
-            return Ok(ConvertSink::Stream(std::io::BufWriter::new(file)));
+            return Ok(ConvertSink::File(Some(
+                crate::model::files::NewFile::create(path)?,
+            )));
         }
         if std::io::stdout().is_terminal() {
             return Ok(ConvertSink::Terminal(Vec::new()));
         }
-        let stdout: Box<dyn Write> = Box::new(std::io::stdout());
-        Ok(ConvertSink::Stream(std::io::BufWriter::new(stdout)))
+        if text {
+            let escaping = JsonEscaping::new(std::io::stdout());
+            return Ok(ConvertSink::Escaped(std::io::BufWriter::new(escaping)));
+        }
+        Ok(ConvertSink::Stream(std::io::BufWriter::new(
+            std::io::stdout(),
+        )))
     }
 
-    /// Writes what is buffered: flushes the stream, or prints the escaped text.
+    /// Writes what is buffered: renames the file into place, flushes the stream, or prints the
+    /// escaped text.
     fn finish(&mut self) -> std::io::Result<()> {
         match self {
+            ConvertSink::File(file) => file.take().map_or(Ok(()), |file| file.commit()),
             ConvertSink::Stream(writer) => writer.flush(),
+            ConvertSink::Escaped(writer) => {
+                writer.flush()?;
+                writer.get_mut().finish()
+            }
             ConvertSink::Terminal(buffer) => {
                 let text = String::from_utf8_lossy(buffer);
                 let mut stdout = std::io::stdout().lock();
@@ -475,16 +497,80 @@ impl ConvertSink {
 impl Write for ConvertSink {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
         match self {
+            ConvertSink::File(Some(file)) => file.write(bytes),
+            ConvertSink::File(None) => Err(std::io::Error::other("written after its end")),
             ConvertSink::Stream(writer) => writer.write(bytes),
+            ConvertSink::Escaped(writer) => writer.write(bytes),
             ConvertSink::Terminal(buffer) => buffer.write(bytes),
         }
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
         match self {
+            ConvertSink::File(Some(file)) => file.flush(),
             ConvertSink::Stream(writer) => writer.flush(),
-            ConvertSink::Terminal(_) => Ok(()),
+            ConvertSink::Escaped(writer) => writer.flush(),
+            ConvertSink::File(None) | ConvertSink::Terminal(_) => Ok(()),
         }
+    }
+}
+
+/// A writer of JSON text (or a page whose data is JSON) that passes it through
+/// `terminal::sanitize_json` as it streams: what it is handed is escaped up to the last
+/// whole character that cannot begin a `##[` with what follows; the rest waits for the next
+/// write, or `finish`.
+struct JsonEscaping<W: Write> {
+    inner: W,
+    pending: Vec<u8>,
+}
+
+impl<W: Write> JsonEscaping<W> {
+    fn new(inner: W) -> Self {
+        JsonEscaping {
+            inner,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Escapes and writes `pending` up to `end`.
+    fn pass(&mut self, end: usize) -> std::io::Result<()> {
+        let text = String::from_utf8_lossy(&self.pending[..end]);
+        self.inner
+            .write_all(terminal::sanitize_json(&text).as_bytes())?;
+        self.pending.drain(..end);
+        Ok(())
+    }
+
+    /// Writes everything still pending.
+    fn finish(&mut self) -> std::io::Result<()> {
+        self.pass(self.pending.len())?;
+        self.inner.flush()
+    }
+}
+
+impl<W: Write> Write for JsonEscaping<W> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.pending.extend_from_slice(bytes);
+        // Whole characters only, and trailing `#`s wait: they may begin a `##[`.
+        let whole = match std::str::from_utf8(&self.pending) {
+            Ok(_) => self.pending.len(),
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => self.pending.len(),
+        };
+        let hashes = self.pending[..whole]
+            .iter()
+            .rev()
+            .take_while(|&&b| b == b'#')
+            .count();
+        let end = whole - hashes.min(2);
+        if end > 0 {
+            self.pass(end)?;
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
     }
 }
 
@@ -670,7 +756,7 @@ fn run_convert(
         _ => None,
     };
     let part = sliced.as_ref().unwrap_or(&snapshot);
-    let mut sink = ConvertSink::open(&output)
+    let mut sink = ConvertSink::open(&output, to != ConvertTarget::Pytorch)
         .map_err(|e| Failure::input(format!("{}: {e}", output_name(&output))))?;
     let written = match to {
         ConvertTarget::Pytorch => {
@@ -686,7 +772,10 @@ fn run_convert(
                 let plan = export::PytorchPlan::new(part).map_err(export_io)?;
                 // What the format cannot carry, said before the file is written.
                 for line in plan.not_carried() {
-                    say(format_args!("not carried into the PyTorch format: {line}"));
+                    say(format_args!(
+                        "not carried into the PyTorch format: {}",
+                        terminal::sanitize(&line.to_string())
+                    ));
                 }
                 if sliced.is_some() && part.source == crate::model::SnapshotSource::Pytorch {
                     say(format_args!(
@@ -727,13 +816,9 @@ fn run_convert(
         Ok(()) => {}
         // A closed pipe (`| head`) ends quietly, as `emit` does.
         Err(e) if to_stdout && e.kind() == std::io::ErrorKind::BrokenPipe => {}
-        Err(e) => {
-            // A file cut short by the error is not left behind as if it were whole.
-            if !to_stdout && std::fs::metadata(&output).is_ok_and(|m| m.is_file()) {
-                let _ = std::fs::remove_file(&output);
-            }
-            return Err(Failure::input(format!("{}: {e}", output_name(&output))));
-        }
+        // A file cut short by the error is never renamed into place: the path keeps what it
+        // held (`model::files`).
+        Err(e) => return Err(Failure::input(format!("{}: {e}", output_name(&output)))),
     }
     if !to_stdout {
         say(format_args!("wrote {}", output.display()));
@@ -1086,6 +1171,24 @@ where
 {
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
+        Err(error) if !error.use_stderr() => {
+            // Help and the version, on standard output: a failed write is exit 2 with the
+            // system's words, as for every other output; a closed pipe ends quietly.
+            let text = error.render().to_string();
+            let mut stdout = std::io::stdout().lock();
+            return match stdout
+                .write_all(text.as_bytes())
+                .and_then(|()| stdout.flush())
+            {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    say(format_args!(
+                        "vramscope: cannot write to standard output: {e}"
+                    ));
+                    2
+                }
+                _ => u8::try_from(error.exit_code()).unwrap_or(2),
+            };
+        }
         Err(error) => {
             let _ = error.print();
             return u8::try_from(error.exit_code()).unwrap_or(2);
@@ -1098,7 +1201,11 @@ where
     match run(cli) {
         Ok(status) => status,
         Err(failure) => {
-            say(format_args!("vramscope: {}", failure.message));
+            // One line, whatever a path or a file's text in it holds.
+            say(format_args!(
+                "vramscope: {}",
+                terminal::sanitize(&failure.message)
+            ));
             failure.status
         }
     }

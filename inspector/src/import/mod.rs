@@ -218,10 +218,25 @@ impl ImportError {
     }
 }
 
+/// An import error is one line, whatever the file holds: its name and every text it quotes
+/// from the file (an unknown block state, serde's unknown variant) go through
+/// [`crate::terminal::sanitize`], so that no line break, control or workflow command of the
+/// file's reaches a terminal or a CI log, through the command line or a library caller.
 impl fmt::Display for ImportError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: ", self.origin)?;
-        match &self.kind {
+        let text = Unescaped(self).to_string();
+        f.write_str(&crate::terminal::sanitize(&text))
+    }
+}
+
+/// An [`ImportError`] as written, before it is escaped.
+struct Unescaped<'e>(&'e ImportError);
+
+impl fmt::Display for Unescaped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Unescaped(error) = self;
+        write!(f, "{}: ", error.origin)?;
+        match &error.kind {
             ImportErrorKind::Io(e) => write!(f, "cannot read: {e}"),
             ImportErrorKind::TooLarge { what, limit, size } => {
                 let human = |b: u64| vramscope_pickle::human_bytes(b as usize);
@@ -815,13 +830,28 @@ fn starts_with_key(bytes: &[u8], key: &str) -> bool {
         && rest[key.len() + 1] == b'"'
 }
 
-/// A short description of unrecognised content, for error messages.
+/// A short description of unrecognised content, for error messages: what kind of content it
+/// is, never the content itself. A file named in error (a link in a `ranks` folder to
+/// `/proc/self/environ`, to a key) must not have its first bytes printed to a terminal or a
+/// CI log, which its bytes, in hex or as text, would be.
 fn describe_start(bytes: &[u8]) -> String {
-    if bytes.is_empty() {
-        return "the file is empty".to_string();
+    let head = &bytes[..bytes.len().min(SNIFF_BYTES as usize)];
+    if head.is_empty() {
+        "the file is empty"
+    } else if head.iter().all(|&b| b == 0) {
+        "it starts with zero bytes"
+    } else if head.iter().all(u8::is_ascii_whitespace) {
+        "it starts with whitespace and no JSON document"
+    } else if head.starts_with(b"PK\x03\x04") {
+        "it is a ZIP archive (as torch.save writes), not a memory snapshot"
+    } else if !head.contains(&0)
+        && std::str::from_utf8(head).map_or_else(|e| e.error_len().is_none(), |_| true)
+    {
+        "it starts with text that is no JSON document"
+    } else {
+        "it starts with binary data"
     }
-    let head: Vec<String> = bytes.iter().take(8).map(|b| format!("{b:02x}")).collect();
-    format!("it starts with bytes {}", head.join(" "))
+    .to_string()
 }
 
 #[cfg(test)]
