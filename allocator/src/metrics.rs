@@ -285,11 +285,14 @@ impl DeviceFigures {
     /// largest cached free block and the step. Each is read under its own short lock.
     pub fn of<B: Backend>(alloc: &CachingAllocator<B>) -> DeviceFigures {
         let info = alloc.backend().mem_info();
+        // The CUDA backend answers 0 free bytes when the driver's call fails: that is the
+        // driver saying nothing, not a full device, and a near-OOM alert must not fire on it.
+        let driver_silent = info.free == 0 && alloc.backend().kind() == "cuda";
         DeviceFigures {
             device: alloc.device(),
             stats: alloc.stats(),
             capacity_bytes: (info.total > 0).then_some(info.total),
-            free_bytes: (info.total > 0).then_some(info.free),
+            free_bytes: (info.total > 0 && !driver_silent).then_some(info.free),
             largest_free_block_bytes: Some(alloc.largest_free_block()),
             step: Some(alloc.step()),
         }

@@ -220,3 +220,30 @@ def test_the_last_values_of_a_sim_allocator_reach_a_real_pushgateway(tmp_path, c
         assert len(line) == 1 and float(line[0].split()[-1]) == 10 << 20, pushed
     finally:
         gateway.close()
+
+
+def test_use_allocator_pushes_its_last_values_at_exit(tmp_path, capsys):
+    """The C library's server lives in a static that is never dropped: its push runs in an
+    ``atexit`` hook of the C library, after the interpreter has finished."""
+    if not needs("prometheus-pushgateway", "prometheus-pushgateway", capsys):
+        return
+    from test_metrics_faces import USE_ALLOCATOR_METRICS
+    from test_torch_stand_in import run_with_stand_in
+    addr = f"127.0.0.1:{free_port()}"
+    gateway = Server(["prometheus-pushgateway", f"--web.listen-address={addr}",
+                      "--log.level=warn"], addr, str(tmp_path))
+    try:
+        _, out = run_with_stand_in(tmp_path, USE_ALLOCATOR_METRICS, "127.0.0.1:0",
+                                   env={"VRAMSCOPE_METRICS_PUSH": f"http://{addr}"})
+        stats = json.loads(out.stdout.strip().splitlines()[-1])["stats"]
+        assert f"pushed the last metrics to http://{addr}/metrics/job/vramscope" in out.stderr
+        pushed = get(f"http://{addr}/metrics")
+        for pool in ("large", "small"):
+            line = [l for l in pushed.splitlines() if l.startswith(
+                f'vramscope_allocated_bytes{{device="0",instance="",job="vramscope",'
+                f'pool="{pool}"}}')]
+            assert len(line) == 1, pushed
+            assert float(line[0].split()[-1]) == \
+                stats["allocated_bytes"][f"{pool}_pool"]["current"], pushed
+    finally:
+        gateway.close()
