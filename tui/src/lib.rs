@@ -100,11 +100,89 @@ impl From<std::io::Error> for TuiError {
 /// The largest file [`run_view`] reads without a terminal, to say that it is empty.
 const EMPTY_CHECK_BYTES: u64 = 16 << 20;
 
-/// How long the first screen waits for the findings of a file.
-const FIRST_ANALYSIS_WAIT: Duration = Duration::from_millis(400);
+/// How bad a trace's findings are, to open a multi-device file at its worst device: the most
+/// severe error or warning, then the number of errors and of warnings.
+type WorstKey = (Option<vramscope_inspector::detect::Severity>, usize, usize);
+
+fn worst_key(findings: &[vramscope_inspector::detect::Finding]) -> WorstKey {
+    use vramscope_inspector::detect::Severity;
+    let n = |s| findings.iter().filter(|f| f.severity == s).count();
+    let worst = findings
+        .iter()
+        .map(|f| f.severity)
+        .filter(|&s| s >= Severity::Warning)
+        .max();
+    (worst, n(Severity::Error), n(Severity::Warning))
+}
+
+/// A device's part with the steps the report infers written into it (one step numbering for
+/// every view: the header, the timeline's ticks and the findings at any cursor, analysed on
+/// the trace cut there, number steps as `report` does), and the analysis of its whole trace.
+pub(crate) fn analysed_part(mut part: Snapshot) -> (Snapshot, analysis::Analysis) {
+    vramscope_inspector::model_view::record_inferred_steps(&mut part);
+    let job = analysis::Job {
+        snapshot: std::sync::Arc::new(part),
+        cut: None,
+        version: 0,
+    };
+    let whole = analysis::analyze(&job);
+    let part = std::sync::Arc::try_unwrap(job.snapshot).unwrap_or_else(|shared| (*shared).clone());
+    (part, whole)
+}
+
+/// Puts the cursor of a file's dashboard where the question is, and says why when it is not
+/// the peak: at the peak of allocated bytes when every error and warning of the whole trace
+/// (`whole`) is found there too; else at the first OOM when the worst of them is an OOM; else
+/// at the end, where they all are. The whole trace's findings stay beside the cursor's.
+fn open_at_the_question(app: &mut App, whole: analysis::Analysis) {
+    use vramscope_inspector::detect::{FindingKind, Severity};
+    let peak = app.data.peak_allocated_pos();
+    app.cursor = Some(peak);
+    let serious: Vec<(FindingKind, Option<String>)> = whole
+        .findings
+        .iter()
+        .filter(|f| f.severity >= Severity::Warning)
+        .map(|f| (f.kind, f.site.clone()))
+        .collect();
+    app.file_findings = Some(whole.findings.clone());
+    if serious.is_empty() {
+        app.analyze_now();
+        return;
+    }
+    if serious[0].0 == FindingKind::Oom {
+        if let Some(&oom) = app.data.ooms().first() {
+            let pos = (oom + 1).min(app.data.len());
+            app.cursor = Some(pos);
+            app.analyze_now();
+            app.set_status(format!(
+                "at the first OOM (event {pos}), the file's worst finding; P: the peak"
+            ));
+            return;
+        }
+    }
+    app.analyze_now();
+    let found = |(kind, site): &(FindingKind, Option<String>)| {
+        app.analysis.as_ref().is_some_and(|a| {
+            a.findings
+                .iter()
+                .any(|f| f.severity >= Severity::Warning && f.kind == *kind && f.site == *site)
+        })
+    };
+    if serious.iter().all(found) {
+        return;
+    }
+    app.cursor = Some(app.data.len());
+    app.analysis = Some(analysis::Analysis {
+        version: app.data.version(),
+        ..whole
+    });
+    app.set_status("at the end: the file's errors and warnings are not all at its peak (P)");
+}
 
 /// The dashboard of a file (a vramscope snapshot, a PyTorch snapshot pickle or a torch.profiler
-/// Chrome trace), ready to run; [`run_view`] runs it.
+/// Chrome trace), ready to run; [`run_view`] runs it. It opens at the peak of allocated bytes,
+/// unless the whole trace's errors and warnings are not found there: then at the first OOM, or
+/// at the end (the findings panel shows the whole file's counts beside the cursor's).
 pub fn view_app(path: &Path, options: &ImportOptions) -> Result<App, TuiError> {
     let snapshot = import::load_with(path, options).map_err(TuiError::Import)?;
     // An empty dump is said, as `report` says it, not opened as an empty dashboard.
@@ -118,32 +196,39 @@ pub fn view_app(path: &Path, options: &ImportOptions) -> Result<App, TuiError> {
             progress.begin(stage, 0);
         }
     };
-    // A snapshot of several devices opens at its first device with data; `D` shows the next.
+    // A snapshot of several devices opens at its worst device (the most severe finding of a
+    // device's whole trace, the first device of equals); `D` shows the next.
     let devices = vramscope_inspector::devices::devices_with_data(&snapshot);
-    let (shown, switch) = if devices.len() > 1 {
-        let first = vramscope_inspector::devices::only_device(&snapshot, devices[0]);
+    stage(Stage::Analysing);
+    let (shown, switch, whole) = if devices.len() > 1 {
+        let mut worst: Option<(WorstKey, usize)> = None;
+        for (i, &d) in devices.iter().enumerate() {
+            let (_, whole) = analysed_part(vramscope_inspector::devices::only_device(&snapshot, d));
+            let key = worst_key(&whole.findings);
+            if worst.as_ref().is_none_or(|(k, _)| key > *k) {
+                worst = Some((key, i));
+            }
+        }
+        let current = worst.map_or(0, |(_, i)| i);
+        let (part, whole) = analysed_part(vramscope_inspector::devices::only_device(
+            &snapshot,
+            devices[current],
+        ));
         let switch = app::DeviceSwitch {
             full: snapshot,
             devices,
-            current: 0,
+            current,
         };
-        (first, Some(switch))
+        (part, Some(switch), whole)
     } else {
-        (snapshot, None)
+        let (part, whole) = analysed_part(snapshot);
+        (part, None, whole)
     };
-    // One step numbering for every view: the steps the report infers for a trace without
-    // marks are written into it, so that the header, the timeline's ticks and the findings at
-    // any cursor (analysed on the trace cut there) number steps as `report` does.
-    let mut shown = shown;
-    vramscope_inspector::model_view::record_inferred_steps(&mut shown);
     stage(Stage::BuildingTimeline);
     let data = Dataset::new(shown, Origin::File(path.display().to_string()));
     let mut app = App::new(data).with_analyzer();
     app.devices = switch;
-    // A file opens where the question usually is: the peak of allocated bytes.
-    app.cursor = Some(app.data.peak_allocated_pos());
-    stage(Stage::Analysing);
-    app.wait_for_analysis(FIRST_ANALYSIS_WAIT);
+    open_at_the_question(&mut app, whole);
     Ok(app)
 }
 

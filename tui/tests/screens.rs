@@ -504,3 +504,179 @@ fn the_header_counts_the_frees_a_trace_lost() {
     );
     assert!(!screen(&mut self::app(), 160, 48).contains("lost frees"));
 }
+
+/// The help overlay fits 80×24 and 120×40 with every description whole: no word is cut at
+/// the popup's edge (issue 42, item 12).
+#[test]
+fn the_help_overlay_fits_without_cut_words() {
+    let mut app = app();
+    app.help = true;
+    for (w, h) in [(80, 24), (120, 40)] {
+        let s = screen(&mut app, w, h);
+        for (key, what) in ui::help::ALL_KEYS {
+            assert!(
+                s.lines().any(|l| l.contains(what)),
+                "{w}x{h}: {key}'s description is whole on one line: {what}\n{s}"
+            );
+        }
+        assert!(
+            s.contains("Memory states:"),
+            "{w}x{h}: the legend fits\n{s}"
+        );
+        if (w, h) == (120, 40) {
+            insta::assert_snapshot!("help_overlay_120x40", s);
+        }
+    }
+}
+
+/// Enter on a sync finding opens the event log on its waits (the copies and syncs at its
+/// site), not the call-site detail of a site that holds no memory (issue 42, item 12).
+#[test]
+fn enter_on_a_sync_finding_shows_its_waits() {
+    use vramscope_inspector::detect::FindingKind;
+    use vramscope_model::EventKind;
+    let mut app = app();
+    app.panel = Panel::Findings;
+    app.prepare();
+    let analysis = app.analysis.clone().unwrap();
+    let row = app
+        .view()
+        .findings
+        .iter()
+        .position(|&i| analysis.findings[i].kind == FindingKind::SyncInLoop)
+        .expect("the fixture has a sync finding");
+    let site = analysis.findings[app.view().findings[row]]
+        .site
+        .clone()
+        .expect("a site");
+    app.findings.selected = row;
+    app.handle_key(KeyEvent::from(KeyCode::Enter));
+    app.prepare();
+    assert_eq!(app.panel, Panel::Events);
+    assert_eq!(app.events.filter, site);
+    let rows = app.view().events.clone();
+    assert!(!rows.is_empty(), "the waits at {site} are listed");
+    for i in rows {
+        let e = app.data.snapshot().events[i];
+        assert!(
+            matches!(e.kind, EventKind::Sync | EventKind::Transfer(_)),
+            "event {i} is a wait or a copy: {:?}",
+            e.kind
+        );
+    }
+    let s = screen(&mut app, 80, 24);
+    assert!(s.contains(&site), "{s}");
+}
+
+/// A file that runs out of memory after its peak, through `view_app` as `vramscope view` opens
+/// it.
+fn oom_after_peak_file() -> std::path::PathBuf {
+    use vramscope_testkit::{Trace, MIB};
+    let mut t = Trace::new().capacity(256 * MIB);
+    let weights = t.site("train.py", 10, "setup");
+    let batch = t.site("train.py", 20, "step");
+    let big = t.site("models.py", 181, "forward");
+    t.alloc(weights, 64 * MIB);
+    // The peak: a large batch, freed.
+    let a = t.alloc(batch, 128 * MIB);
+    t.free(a, 128 * MIB);
+    for _ in 0..20 {
+        let b = t.alloc(batch, 8 * MIB);
+        t.free(b, 8 * MIB);
+    }
+    // Later, below the peak, an allocation that cannot fit fails.
+    t.oom(big, 512 * MIB, 192 * MIB);
+    // A name of its own in a folder of this process's, so that the header shows the same name
+    // on every run.
+    let dir = std::env::temp_dir().join(format!("vramscope-tui-oom-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("oom.json");
+    t.finish().save(&path).unwrap();
+    path
+}
+
+/// A file whose OOM happens after its peak opens at the OOM, so that its first screen shows
+/// the OOM and its error, not "OOMs 0" and no errors; a clean file still opens at its peak
+/// (issue 42, item 12).
+#[test]
+fn a_file_opens_where_its_worst_finding_is() {
+    let path = oom_after_peak_file();
+    let mut app = vramscope_tui::view_app(
+        &path,
+        &vramscope_inspector::import::ImportOptions::default(),
+    )
+    .unwrap();
+    std::fs::remove_dir_all(path.parent().unwrap()).ok();
+    app.theme = Theme::plain();
+    app.now_unix_ns = fixture::EPOCH_UNIX_NS;
+    let oom = app.data.ooms()[0];
+    assert!(
+        oom + 1 > app.data.peak_allocated_pos(),
+        "the OOM comes after the peak"
+    );
+    assert_eq!(
+        app.cursor,
+        Some(oom + 1),
+        "the dashboard opens just after the OOM"
+    );
+    let s = screen(&mut app, 80, 24);
+    assert!(s.contains("OOMs 1"), "{s}");
+    assert!(
+        s.contains("ERROR"),
+        "the OOM's error is on the first screen: {s}"
+    );
+    assert!(
+        s.contains("at the first OOM"),
+        "it says why it opened there: {s}"
+    );
+    insta::assert_snapshot!("file_with_a_late_oom_80x24", s);
+    // Moved to the peak, the header still counts the file's OOM beside the cursor's, and the
+    // findings panel the file's error.
+    app.handle_key(KeyEvent::from(KeyCode::Char('P')));
+    app.analyze_now();
+    let s = screen(&mut app, 80, 24);
+    assert!(s.contains("OOMs 0 of 1"), "{s}");
+    assert!(s.contains("file: 1 errors"), "{s}");
+}
+
+/// A 3-GPU dump whose cuda:1 ran out of memory opens at cuda:1, at its OOM.
+#[test]
+fn a_multi_device_file_opens_at_its_worst_device() {
+    let path = std::env::temp_dir().join(format!("vramscope-tui-3gpu-{}.json", std::process::id()));
+    vramscope_testkit::three_devices_oom_on_1()
+        .save(&path)
+        .unwrap();
+    let app = vramscope_tui::view_app(
+        &path,
+        &vramscope_inspector::import::ImportOptions::default(),
+    )
+    .unwrap();
+    std::fs::remove_file(&path).ok();
+    let switch = app.devices.as_ref().expect("several devices");
+    assert_eq!(switch.devices[switch.current], 1, "the device with the OOM");
+    assert_eq!(app.data.ooms().len(), 1);
+    assert_eq!(app.cursor, Some(app.data.ooms()[0] + 1));
+}
+
+/// An empty dump is refused in the words `report` says, not opened as an empty dashboard.
+#[test]
+fn an_empty_dump_is_said_not_shown() {
+    use vramscope_model::{DeviceInfo, Snapshot, SnapshotSource};
+    let path =
+        std::env::temp_dir().join(format!("vramscope-tui-empty-{}.json", std::process::id()));
+    let empty = Snapshot::empty(SnapshotSource::Vramscope, DeviceInfo::default());
+    empty.save(&path).unwrap();
+    let result = vramscope_tui::view_app(
+        &path,
+        &vramscope_inspector::import::ImportOptions::default(),
+    );
+    std::fs::remove_file(&path).ok();
+    let error = result
+        .err()
+        .expect("an empty dump does not open")
+        .to_string();
+    let words =
+        vramscope_inspector::report::nothing_to_analyse(&empty, &path.display().to_string())
+            .unwrap();
+    assert_eq!(error, words);
+}

@@ -90,11 +90,13 @@ impl App {
         switch.current = (switch.current + 1) % switch.devices.len();
         let device = switch.devices[switch.current];
         let (current, count) = (switch.current, switch.devices.len());
-        let mut part = vramscope_inspector::devices::only_device(&switch.full, device);
-        // The device's own steps, numbered as the report on it numbers them.
-        vramscope_inspector::model_view::record_inferred_steps(&mut part);
+        let part = vramscope_inspector::devices::only_device(&switch.full, device);
+        // The device's own steps, numbered as the report on it numbers them, and the findings
+        // of its whole trace, shown beside the cursor's.
+        let (part, whole) = crate::analysed_part(part);
         self.data.reset(part);
         self.analysis = None;
+        self.file_findings = Some(whole.findings);
         self.cursor = Some(self.data.peak_allocated_pos());
         self.set_status(format!(
             "cuda:{device} (device {} of {count}), at its peak",

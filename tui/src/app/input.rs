@@ -13,7 +13,7 @@ use ratatui::layout::Position;
 
 use super::App;
 use crate::ui;
-use crate::view::{Input, Panel};
+use crate::view::{Input, KindFilter, Panel};
 
 impl App {
     /// Reacts to one key press.
@@ -247,13 +247,39 @@ impl App {
                 }
             }
             Panel::Findings => {
-                // Jump to the finding's site in the call-site panel.
+                use vramscope_inspector::detect::FindingKind;
                 let finding = self
                     .view
                     .findings
                     .get(self.findings.selected)
                     .and_then(|&i| self.analysis.as_ref()?.findings.get(i));
-                if let Some(site) = finding.and_then(|f| f.site.clone()) {
+                let Some(finding) = finding else {
+                    return;
+                };
+                // Waits, copies and OOMs are events, not blocks: the event log shows them (a
+                // sync's site holds no memory, and its call-site detail would be empty).
+                let events = match finding.kind {
+                    FindingKind::SyncInLoop | FindingKind::TransferHeavy => {
+                        Some((KindFilter::Transfers, "copies and waits"))
+                    }
+                    FindingKind::Oom => Some((KindFilter::Ooms, "failed allocations")),
+                    _ => None,
+                };
+                if let Some((kind, what)) = events {
+                    let site = finding.site.clone().unwrap_or_default();
+                    self.panel = Panel::Events;
+                    self.events.kind = kind;
+                    self.events.filter = site.clone();
+                    self.events.selected = None;
+                    self.set_status(if site.is_empty() {
+                        format!("the {what}")
+                    } else {
+                        format!("the {what} at {site}")
+                    });
+                    return;
+                }
+                // Anything else: the finding's site in the call-site panel.
+                if let Some(site) = finding.site.clone() {
                     self.panel = Panel::Sites;
                     self.sites.tree = false;
                     self.sites.filter = site;

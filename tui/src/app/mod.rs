@@ -50,6 +50,9 @@ pub struct App {
     analyzer: Option<Analyzer>,
     /// The latest analysis.
     pub analysis: Option<Analysis>,
+    /// The findings of the whole file (the device shown), which the findings panel shows
+    /// beside the cursor's; `None` for live data.
+    pub file_findings: Option<Vec<vramscope_inspector::detect::Finding>>,
     /// The panel shown.
     pub panel: Panel,
     /// Time cursor position; `None` follows the newest data.
@@ -126,6 +129,7 @@ impl App {
             source: None,
             analyzer: None,
             analysis: None,
+            file_findings: None,
             panel: Panel::Overview,
             cursor: None,
             paused: false,
@@ -473,6 +477,7 @@ impl App {
             state: self.state_for_draw(),
             view: &self.view,
             analysis: self.analysis.as_ref(),
+            file_findings: self.file_findings.as_deref(),
             pos: self.pos(),
             following: self.following(),
             live: self.is_live(),

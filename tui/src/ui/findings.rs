@@ -51,6 +51,13 @@ pub fn wrap(text: &str, width: usize) -> Vec<String> {
     lines
 }
 
+/// The whole file's errors and warnings, when the dashboard shows a file.
+fn file_problems(model: &ViewModel<'_>) -> Option<(usize, usize)> {
+    let findings = model.file_findings?;
+    let n = |s| findings.iter().filter(|f| f.severity == s).count();
+    Some((n(Severity::Error), n(Severity::Warning)))
+}
+
 impl Widget for FindingsPanel<'_> {
     fn render(self, area: Rect, buf: &mut Buffer) {
         let model = self.model;
@@ -80,6 +87,17 @@ impl Widget for FindingsPanel<'_> {
             }
             None => " Findings ".to_string(),
         };
+        // The whole file's errors and warnings, beside the cursor's when they differ: a file
+        // whose OOM or churn happens elsewhere does not read as clean at the cursor.
+        let file_note = file_problems(model).filter(|&(e, w)| {
+            let here =
+                |s| analysis.map_or(0, |a| a.findings.iter().filter(|f| f.severity == s).count());
+            analysis.is_some_and(|a| a.cut.is_some())
+                && (e, w) != (here(Severity::Error), here(Severity::Warning))
+        });
+        if let Some((e, w)) = file_note {
+            title.push_str(&format!("· file: {e} errors · {w} warnings "));
+        }
         if !model.findings.filter.is_empty() {
             title.push_str(&format!("· /{} ", model.findings.filter));
         }
@@ -99,12 +117,17 @@ impl Widget for FindingsPanel<'_> {
             return;
         };
         if view.findings.is_empty() {
-            let text = if analysis.findings.is_empty() {
-                "no findings: nothing retained per step, no syncs in loops, no churn"
-            } else {
-                "no finding matches the filter (Esc clears it)"
+            let text = match file_note {
+                _ if !analysis.findings.is_empty() => {
+                    "no finding matches the filter (Esc clears it)".to_string()
+                }
+                Some((e, w)) if e + w > 0 => format!(
+                    "none up to the cursor; the file has {e} errors and {w} warnings (End: the whole file)"
+                ),
+                _ => "no findings: nothing retained per step, no syncs in loops, no churn"
+                    .to_string(),
             };
-            put(buf, inner, inner.x, inner.y, text, theme.dim());
+            put(buf, inner, inner.x, inner.y, &text, theme.dim());
             return;
         }
         let selected = (!self.compact || focused).then_some(model.findings.selected);

@@ -270,8 +270,12 @@ impl Header<'_> {
             area,
             x,
             y + 2,
-            &format!("OOMs {ooms}"),
-            if ooms > 0 {
+            // The file's OOMs beside those up to the cursor, when some come later.
+            &match data.ooms().len() as u64 {
+                total if total > ooms => format!("OOMs {ooms} of {total}"),
+                _ => format!("OOMs {ooms}"),
+            },
+            if ooms > 0 || data.ooms().len() as u64 > ooms {
                 theme.alert()
             } else {
                 Style::new()

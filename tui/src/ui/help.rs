@@ -122,13 +122,10 @@ pub const ALL_KEYS: &[(&str, &str)] = &[
     ("Tab  1-6", "next panel; go to panel 1 to 6"),
     (
         "← → h l",
-        "move the time cursor (by a column in the timeline, a step elsewhere)",
+        "time cursor: a column in the timeline, a step elsewhere",
     ),
     ("H L", "move the time cursor ten columns"),
-    (
-        "P  R",
-        "go to the peak of allocated / reserved bytes (a file opens at the first)",
-    ),
+    ("P  R", "go to the peak of allocated / reserved bytes"),
     ("D", "next device of a multi-device file"),
     ("[ ]", "previous / next step start"),
     (", .", "one event back / forward"),
@@ -141,7 +138,7 @@ pub const ALL_KEYS: &[(&str, &str)] = &[
     ("↑ ↓ j k PgUp PgDn", "select a row; scroll"),
     (
         "Enter",
-        "call site: stacks, blocks; tree: fold; event: go there",
+        "site: stack; tree: fold; finding: its events; event: go to",
     ),
     (
         "o t f",
@@ -156,6 +153,9 @@ pub const ALL_KEYS: &[(&str, &str)] = &[
     ("s", "save a snapshot of the state at the cursor (JSON)"),
     ("mouse", "click a tab, a row or the timeline; wheel scrolls"),
 ];
+
+/// The width of the overlay's key column.
+const KEY_COLUMN: u16 = 18;
 
 /// The help overlay.
 pub struct HelpPopup {
@@ -181,12 +181,17 @@ impl Widget for HelpPopup {
             popup.width.saturating_sub(4),
             popup.height.saturating_sub(2),
         );
-        for (i, (key, what)) in ALL_KEYS.iter().enumerate() {
-            let y = inner.y + i as u16;
-            if y >= inner.bottom() {
+        // A description wider than the popup goes on over the next lines, whole words only;
+        // what does not fit below is left out whole, never cut inside a word.
+        let width = usize::from(inner.width.saturating_sub(KEY_COLUMN)).max(1);
+        let mut y = inner.y;
+        let mut lines = 0usize;
+        for (key, what) in ALL_KEYS {
+            let wrapped = super::findings::wrap(what, width);
+            if y + wrapped.len() as u16 > inner.bottom() {
                 break;
             }
-            let x = put(
+            put(
                 buf,
                 inner,
                 inner.x,
@@ -194,10 +199,14 @@ impl Widget for HelpPopup {
                 &format!("{key:<18}"),
                 self.theme.key(),
             );
-            put(buf, inner, x, y, what, Style::new());
+            for line in wrapped {
+                put(buf, inner, inner.x + KEY_COLUMN, y, &line, Style::new());
+                y += 1;
+                lines += 1;
+            }
         }
         let y = inner.bottom().saturating_sub(1);
-        if usize::from(inner.height) > ALL_KEYS.len() + 1 {
+        if usize::from(inner.height) > lines + 1 {
             put(
                 buf,
                 inner,
