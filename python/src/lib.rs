@@ -30,76 +30,153 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use vramscope_inspector::import;
 
-use crate::host::{HostLog, Numbering};
+use crate::host::{HostLog, LogData, Numbering};
 
-/// Loads `path` (a vramscope snapshot, a PyTorch snapshot pickle, a profiler trace).
+/// Loads `path` (a vramscope snapshot, a PyTorch snapshot pickle, a profiler trace). What is
+/// not a regular file (a FIFO, a socket, a device) is a `ValueError` saying so, before it is
+/// opened, as for the command line.
 fn load(path: &str) -> PyResult<vramscope_model::Snapshot> {
     import::load(path).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
-/// Loads `path` with `log`'s syncs and steps merged in by time (the file numbers its own
+/// Loads `path` with the syncs and steps of `log` merged in by time (the file numbers its own
 /// steps: a PyTorch snapshot of `attach()`).
-fn load_with(path: &str, log: Option<&HostLog>) -> PyResult<vramscope_model::Snapshot> {
-    Ok(host::with_log(load(path)?, log, Numbering::ByTime))
+fn load_with(path: &str, log: Option<&LogData>) -> PyResult<vramscope_model::Snapshot> {
+    let mut snapshot = load(path)?;
+    if let Some(log) = log {
+        host::merge(&mut snapshot, log, Numbering::ByTime);
+    }
+    Ok(snapshot)
+}
+
+/// How often a caller waiting for [`off_the_interpreter`] checks for signals.
+const SIGNAL_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Runs `work` (reading a file and analysing it) on a thread of its own while the calling
+/// thread waits without the GIL, so that the interpreter's other threads run meanwhile, and
+/// checks for signals every [`SIGNAL_CHECK_EVERY`], so that Ctrl-C raises `KeyboardInterrupt`
+/// at once however large the file. Interrupted, the work goes on to its end on its thread and
+/// what it made is dropped there; nothing of it reaches Python.
+fn off_the_interpreter<T: Send + 'static>(
+    py: Python<'_>,
+    work: impl FnOnce() -> PyResult<T> + Send + 'static,
+) -> PyResult<T> {
+    use std::sync::mpsc::{channel, RecvTimeoutError};
+    let (done, result) = channel();
+    std::thread::Builder::new()
+        .name("vramscope-load".into())
+        .spawn(move || {
+            let _ = done.send(work());
+        })
+        .map_err(|e| PyRuntimeError::new_err(format!("cannot start a thread: {e}")))?;
+    let mut result = result;
+    loop {
+        // The receiver goes to the wait without the GIL and comes back with what it got.
+        let got;
+        (got, result) = py.detach(move || (result.recv_timeout(SIGNAL_CHECK_EVERY), result));
+        match got {
+            Ok(value) => return value,
+            Err(RecvTimeoutError::Timeout) => py.check_signals()?,
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(PyRuntimeError::new_err(
+                    "vramscope: reading the file failed unexpectedly (a panic)",
+                ))
+            }
+        }
+    }
+}
+
+/// What `log` holds, copied for a thread of its own.
+fn log_data(log: Option<Bound<'_, HostLog>>) -> Option<LogData> {
+    log.as_ref().map(|log| log.get().data())
 }
 
 /// The inspector's findings on the file at `path`, with the syncs of `log`, most severe
 /// first.
 #[pyfunction]
 #[pyo3(signature = (path, log = None))]
-fn file_findings(path: &str, log: Option<Bound<'_, HostLog>>) -> PyResult<Vec<report::Finding>> {
-    let log = log.as_ref().map(Bound::get);
-    Ok(report::findings_of(&load_with(path, log)?))
+fn file_findings(
+    py: Python<'_>,
+    path: String,
+    log: Option<Bound<'_, HostLog>>,
+) -> PyResult<Vec<report::Finding>> {
+    let log = log_data(log);
+    off_the_interpreter(py, move || {
+        Ok(report::findings_of(&load_with(&path, log.as_ref())?))
+    })
 }
 
 /// `vramscope report` on the file at `path` (a PyTorch snapshot pickle, a vramscope snapshot,
 /// a profiler trace), with the syncs of `log`: `device`'s part, or every device with data (a
 /// report of each, the worst first). An empty dump is a `ValueError` in the command line's
-/// words.
+/// words. The file is read and analysed without the GIL, and Ctrl-C stops the wait at once
+/// ([`off_the_interpreter`]).
 #[pyfunction]
 #[pyo3(name = "load", signature = (path, device = None, log = None))]
 fn file_report(
-    path: &str,
+    py: Python<'_>,
+    path: String,
     device: Option<u32>,
     log: Option<Bound<'_, HostLog>>,
 ) -> PyResult<report::Report> {
-    let snapshot = load_with(path, log.as_ref().map(Bound::get))?;
-    let parts = report::device_parts(snapshot, device, path)?;
-    Ok(report::Report::from_parts(&parts, Some(path.to_string())))
+    let log = log_data(log);
+    off_the_interpreter(py, move || {
+        let snapshot = load_with(&path, log.as_ref())?;
+        let parts = report::device_parts(snapshot, device, &path)?;
+        Ok(report::Report::from_parts(&parts, Some(path)))
+    })
 }
 
 /// The inspector's text report on the file at `path`, with the syncs of `log`.
 #[pyfunction]
 #[pyo3(signature = (path, log = None))]
-fn file_report_text(path: &str, log: Option<Bound<'_, HostLog>>) -> PyResult<String> {
-    let log = log.as_ref().map(Bound::get);
-    Ok(analysis::report_text(&load_with(path, log)?))
+fn file_report_text(
+    py: Python<'_>,
+    path: String,
+    log: Option<Bound<'_, HostLog>>,
+) -> PyResult<String> {
+    let log = log_data(log);
+    off_the_interpreter(py, move || {
+        Ok(analysis::report_text(&load_with(&path, log.as_ref())?))
+    })
 }
 
 /// The checks of the pytest marker that the file at `path`, with the syncs of `log`, fails.
 #[pyfunction]
 #[pyo3(signature = (path, max_peak = None, no_leaks = false, max_syncs_per_step = None, log = None))]
 fn file_check(
-    path: &str,
+    py: Python<'_>,
+    path: String,
     max_peak: Option<u64>,
     no_leaks: bool,
     max_syncs_per_step: Option<u64>,
     log: Option<Bound<'_, HostLog>>,
 ) -> PyResult<Vec<String>> {
-    Ok(analysis::check(
-        &load_with(path, log.as_ref().map(Bound::get))?,
-        analysis::Limits::new(max_peak, no_leaks, max_syncs_per_step, None),
-    ))
+    let log = log_data(log);
+    off_the_interpreter(py, move || {
+        Ok(analysis::check(
+            &load_with(&path, log.as_ref())?,
+            analysis::Limits::new(max_peak, no_leaks, max_syncs_per_step, None),
+        ))
+    })
 }
 
 /// Writes the file at `path` (a PyTorch snapshot pickle, say) as a vramscope snapshot to
 /// `out`, with the syncs and steps of `log`.
 #[pyfunction]
 #[pyo3(signature = (path, out, log = None))]
-fn file_convert(path: &str, out: &str, log: Option<Bound<'_, HostLog>>) -> PyResult<()> {
-    load_with(path, log.as_ref().map(Bound::get))?
-        .save(out)
-        .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+fn file_convert(
+    py: Python<'_>,
+    path: String,
+    out: String,
+    log: Option<Bound<'_, HostLog>>,
+) -> PyResult<()> {
+    let log = log_data(log);
+    off_the_interpreter(py, move || {
+        load_with(&path, log.as_ref())?
+            .save(&out)
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    })
 }
 
 /// Bytes from a size such as `"24GB"` or `"1.5 GiB"`: the one parser the command line's
@@ -255,6 +332,66 @@ mod tests {
             let module = py.import("_native").expect("the module registers");
             body(&module)
         })
+    }
+
+    /// Issue 44: `load()` of a FIFO with no writer blocked the interpreter for ten minutes; it
+    /// is a `ValueError` saying what the path is, before it is opened.
+    #[test]
+    #[cfg(unix)]
+    fn load_refuses_what_is_not_a_regular_file_with_a_value_error() {
+        let dir = std::env::temp_dir().join(format!("vramscope-py-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("trace.pickle");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        let mut cases = vec![("/dev/zero".to_string(), "a device")];
+        if made.is_ok_and(|s| s.success()) {
+            cases.push((fifo.to_str().unwrap().to_string(), "a FIFO"));
+        }
+        with_module(|m| {
+            for (path, kind) in &cases {
+                let e = m.call_method1("load", (path.as_str(),)).unwrap_err();
+                assert!(
+                    e.is_instance_of::<pyo3::exceptions::PyValueError>(m.py()),
+                    "{e}"
+                );
+                assert!(e.to_string().contains(kind), "{e}");
+            }
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Issue 44: reading and analysing a file holds no GIL, so another thread that needs the
+    /// interpreter runs meanwhile: here the work waits for a thread that must take the GIL
+    /// first, which it could not while the caller held it (the work then gives up after 20 s
+    /// and the test fails).
+    #[test]
+    fn a_file_is_read_without_the_gil() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        with_module(|m| {
+            let py = m.py();
+            let ran = Arc::new(AtomicBool::new(false));
+            let flag = ran.clone();
+            let other = std::thread::spawn(move || {
+                Python::attach(|_| flag.store(true, Ordering::SeqCst));
+            });
+            let seen = super::off_the_interpreter(py, move || {
+                let start = std::time::Instant::now();
+                while !ran.load(Ordering::SeqCst) {
+                    if start.elapsed() > std::time::Duration::from_secs(20) {
+                        return Ok(false);
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Ok(true)
+            });
+            assert!(
+                seen.unwrap(),
+                "another thread took the GIL while the file was read"
+            );
+            py.detach(|| other.join().unwrap());
+        });
     }
 
     #[test]

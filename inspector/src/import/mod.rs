@@ -331,8 +331,12 @@ fn in_range(snapshot: Snapshot, origin: &str) -> Result<Snapshot, ImportError> {
 
 fn load_file(path: &Path, origin: &str, options: &ImportOptions) -> Result<Snapshot, ImportError> {
     let io = |e| ImportError::new(origin, ImportErrorKind::Io(e));
+    // Checked before the file is opened: opening a FIFO with no writer blocks for ever.
+    not_a_file(&std::fs::metadata(path).map_err(io)?).map_err(io)?;
     let file = std::fs::File::open(path).map_err(io)?;
-    let size = file.metadata().map_err(io)?.len();
+    let meta = file.metadata().map_err(io)?;
+    not_a_file(&meta).map_err(io)?;
+    let size = meta.len();
     let too_large = |size: u64| {
         ImportError::new(
             origin,
@@ -377,6 +381,41 @@ fn load_file(path: &Path, origin: &str, options: &ImportOptions) -> Result<Snaps
         progress.set(bytes.len() as u64, bytes.len() as u64);
     }
     load_vec(bytes, origin, options)
+}
+
+/// An error unless `meta` is a regular file's: a FIFO, a socket or a device is refused, saying
+/// which, before it is read (a FIFO with no writer would block the reader for ever, a device
+/// such as `/dev/zero` never ends); a directory too.
+fn not_a_file(meta: &std::fs::Metadata) -> std::io::Result<()> {
+    if meta.is_file() {
+        return Ok(());
+    }
+    #[cfg(unix)]
+    let kind = {
+        use std::os::unix::fs::FileTypeExt;
+        let t = meta.file_type();
+        if t.is_fifo() {
+            "a FIFO (named pipe)"
+        } else if t.is_socket() {
+            "a socket"
+        } else if t.is_char_device() || t.is_block_device() {
+            "a device"
+        } else if t.is_dir() {
+            "a directory"
+        } else {
+            "something other than a file"
+        }
+    };
+    #[cfg(not(unix))]
+    let kind = if meta.is_dir() {
+        "a directory"
+    } else {
+        "something other than a file"
+    };
+    Err(std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        format!("not a regular file but {kind}: vramscope reads snapshot files; save the data to a file first"),
+    ))
 }
 
 /// The first byte of a pickle of protocol 2 or later (the `PROTO` opcode), which

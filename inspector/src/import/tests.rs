@@ -412,3 +412,31 @@ fn an_unknown_format_is_described_without_its_content() {
         }
     }
 }
+
+/// Issue 44: a FIFO with no writer (which blocked `vramscope report` and `vramscope.load()` for
+/// ever), a device and a directory are refused before they are opened, saying what they are.
+#[test]
+#[cfg(unix)]
+fn what_is_not_a_regular_file_is_refused_saying_what_it_is() {
+    let dir = std::env::temp_dir().join(format!("vramscope-not-a-file-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("trace.pickle");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    let mut cases = vec![
+        ("/dev/zero".into(), "a device"),
+        (dir.clone(), "a directory"),
+    ];
+    if made.is_ok_and(|s| s.success()) {
+        cases.push((fifo, "a FIFO (named pipe)"));
+    }
+    for (path, kind) in cases {
+        let e = load(&path).expect_err("refused");
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("not a regular file but {kind}")),
+            "{text}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

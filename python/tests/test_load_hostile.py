@@ -1,0 +1,69 @@
+"""`vramscope.load()` on hostile inputs (issue 44, item 5): it reads and analyses a file without
+the GIL, so the interpreter's other threads run meanwhile and Ctrl-C raises KeyboardInterrupt
+at once, and it refuses what is not a regular file (a FIFO with no writer once blocked the
+interpreter for ten minutes) with a ValueError saying so."""
+
+import _thread
+import gzip
+import os
+import threading
+import time
+
+import pytest
+
+import vramscope
+
+
+def slow_file(tmp_path):
+    """Gzip members of zeros, concatenated: 8 GiB unpacked from a few MB, which the importer
+    unpacks up to its 4 GiB limit before it refuses them, seconds of work."""
+    member = gzip.compress(b"\0" * (64 << 20), compresslevel=1)
+    path = tmp_path / "zeros.json.gz"
+    with open(path, "wb") as out:
+        for _ in range(128):
+            out.write(member)
+    return path
+
+
+def test_ctrl_c_stops_a_long_load_at_once_and_other_threads_run(tmp_path):
+    path = slow_file(tmp_path)
+    ticks = []
+    stop = threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=ticker)
+    thread.start()
+    timer = threading.Timer(0.3, _thread.interrupt_main)
+    started = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            vramscope.load(str(path))
+        elapsed = time.monotonic() - started
+    finally:
+        stop.set()
+        timer.cancel()
+        thread.join()
+    # The interrupt came at 0.3 s; without the fix it waited for the whole unpacking.
+    assert elapsed < 1.5, f"KeyboardInterrupt after {elapsed:.2f} s"
+    during = [t for t in ticks if started <= t <= started + 0.3]
+    assert len(during) >= 10, f"the other thread ran {len(during)} times in 0.3 s"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_fifo_is_a_value_error_saying_so(tmp_path):
+    fifo = tmp_path / "trace.pickle"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="FIFO"):
+        vramscope.load(str(fifo))
+
+
+def test_a_device_is_a_value_error_saying_so():
+    if not os.path.exists("/dev/zero"):
+        pytest.skip("no /dev/zero here")
+    with pytest.raises(ValueError, match="a device"):
+        vramscope.load("/dev/zero")
