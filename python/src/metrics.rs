@@ -124,18 +124,31 @@ pub fn serve_at(
 /// Serves `/metrics` on `addr` from `stats`, a Python callable that returns
 /// `torch.cuda.memory_stats()`'s flat dictionary for one device, called (with the GIL) at each
 /// scrape; `device` labels the series. A scrape whose call fails serves no series for it.
+/// `mem_info`, when given, returns `torch.cuda.mem_get_info()`'s `(free, total)`: the device's
+/// free and capacity series (left out of a scrape where it fails).
 /// Without `addr`, serves where `VRAMSCOPE_METRICS` asks ([`serve_from_env`]), or not at all.
 #[pyfunction]
-#[pyo3(signature = (addr, stats, device = 0, allow_remote = false))]
+#[pyo3(signature = (addr, stats, device = 0, allow_remote = false, mem_info = None))]
 pub fn serve_stats_metrics(
     addr: Option<&str>,
     stats: Py<PyAny>,
     device: u32,
     allow_remote: bool,
+    mem_info: Option<Py<PyAny>>,
 ) -> PyResult<Option<MetricsServer>> {
     let source: StatsSource = Box::new(move || {
         Python::attach(|py| match read_flat_stats(py, &stats) {
-            Some(figures) => vec![DeviceFigures::new(device, figures)],
+            Some(figures) => {
+                let mut figures = DeviceFigures::new(device, figures);
+                let info = mem_info
+                    .as_ref()
+                    .and_then(|f| f.bind(py).call0().ok()?.extract::<(u64, u64)>().ok());
+                if let Some((free, total)) = info.filter(|(_, total)| *total > 0) {
+                    figures.free_bytes = Some(free);
+                    figures.capacity_bytes = Some(total);
+                }
+                vec![figures]
+            }
             None => Vec::new(),
         })
     });

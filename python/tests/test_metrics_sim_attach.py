@@ -117,4 +117,8 @@ def test_attach_serves_pytorchs_own_statistics(tmp_path, capsys, how):
     assert sum(samples[f'vramscope_allocated_bytes{{device="0",pool="{pool}"}}']
                for pool in POOLS.values()) >= (100 << 20) + 4096
     assert samples['vramscope_ooms_total{device="0"}'] == stats["num_ooms"]
+    # The capacity and free bytes are torch.cuda.mem_get_info()'s (the stand-in's 80 GiB).
+    assert samples['vramscope_device_capacity_bytes{device="0"}'] == 80 << 30
+    assert samples['vramscope_device_free_bytes{device="0"}'] == \
+        (80 << 30) - stats["reserved_bytes.all.current"]
     check_with_promtool(result["body"], capsys)

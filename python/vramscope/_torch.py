@@ -376,7 +376,8 @@ def _serve_torch_metrics(torch: Any, addr: Optional[str]) -> Any:
     """A ``/metrics`` server of ``torch.cuda.memory_stats()`` for the current device, at
     ``addr`` or where ``VRAMSCOPE_METRICS`` asks; None when neither does."""
     device = torch.cuda.current_device()
-    server = _native.serve_stats_metrics(addr, lambda: torch.cuda.memory_stats(device), device)
+    server = _native.serve_stats_metrics(addr, lambda: torch.cuda.memory_stats(device), device,
+                                         mem_info=lambda: torch.cuda.mem_get_info(device))
     if server is None:
         return None
     atexit.register(server.close)

@@ -216,7 +216,9 @@ cuda = _module(
     set_sync_debug_mode=_set_sync_debug_mode, is_available=lambda: True,
     current_device=lambda: 0, device_count=lambda: 1,
     get_device_name=lambda device=None: _Properties.name,
-    get_device_properties=lambda device=None: _Properties())
+    get_device_properties=lambda device=None: _Properties(),
+    mem_get_info=lambda device=None: (_Properties.total_memory - _stats["reserved"],
+                                      _Properties.total_memory))
 
 
 class _Handle:
