@@ -115,14 +115,16 @@ pub fn serve_metrics(device: &Device) -> Result<Option<MetricsServer>, String> {
 
 /// Runs `steps` training steps with `bugs` planted on the simulated device ([`SIM_CAPACITY`],
 /// the `--listen` demo's size without a GPU) and returns the allocator's snapshot, taken
-/// while the kept tensors are alive. `/metrics` is served while it trains when
-/// `VRAMSCOPE_METRICS` asks.
-pub fn run(steps: u64, bugs: Bugs) -> Result<Snapshot, String> {
+/// while the kept tensors are alive, with the `/metrics` server that served the run when
+/// `VRAMSCOPE_METRICS` asked: the caller drops it once the report is out, so that a
+/// `VRAMSCOPE_METRICS_LINGER` comes after the report rather than before it.
+pub fn run(steps: u64, bugs: Bugs) -> Result<(Snapshot, Option<MetricsServer>), String> {
     let device = Device::sim(SIM_CAPACITY);
-    let _metrics = serve_metrics(&device)?;
-    train(&device, &config(steps, bugs, false))
+    let metrics = serve_metrics(&device)?;
+    let snapshot = train(&device, &config(steps, bugs, false))
         .map(|run| run.snapshot)
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+    Ok((snapshot, metrics))
 }
 
 /// Runs the training loop beside the dashboard: `before_step` paces it (and stops it when the

@@ -959,7 +959,8 @@ fn run_demo(args: DemoArgs) -> Result<u8, Failure> {
         return Ok(dashboard_status());
     }
     let steps = steps.unwrap_or(20);
-    let snapshot = demo::run(steps, bug).map_err(|e| Failure {
+    // The metrics server (with its linger, if asked) ends after the report is out.
+    let (snapshot, _metrics) = demo::run(steps, bug).map_err(|e| Failure {
         message: format!("demo failed: {e}"),
         status: 1,
     })?;
