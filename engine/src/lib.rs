@@ -39,8 +39,8 @@ pub use addr::{AddrHasher, AddrMap, AddrSet, AddrState};
 pub use empty_cache::{empty_cache_calls, stack_calls_empty_cache, EmptyCacheCall};
 pub use groups::{GroupId, GroupKind, SiteGroup, SiteGroups};
 pub use naming::{
-    autograd_node, is_compiled_frame, is_native_frame, is_system_source, name_call_site,
-    short_function, SiteName,
+    autograd_node, frame_label, is_compiled_frame, is_generated_frame, is_native_frame,
+    is_system_source, name_call_site, notebook_cell, short_function, SiteName,
 };
 pub use pairing::{FreeLink, Pair, Pairing};
 pub use runs::Runs;

@@ -54,7 +54,7 @@ const COMPILED_PATHS: &[&str] = &[
 /// symbolized down to `thread.cc:82 (execute_native_thread_routine)` is named by its
 /// autograd node instead.
 pub fn is_compiled_frame(frame: &Frame) -> bool {
-    if is_native_frame(frame) || is_system_source(frame) {
+    if is_native_frame(frame) || is_system_source(frame) || is_generated_frame(frame) {
         return true;
     }
     let path = frame.file.replace('\\', "/").to_ascii_lowercase();
@@ -63,6 +63,47 @@ pub fn is_compiled_frame(frame: &Frame) -> bool {
     }
     COMPILED_ENDINGS.iter().any(|e| path.ends_with(e))
         || COMPILED_PATHS.iter().any(|p| path.contains(p))
+}
+
+/// Whether `frame` is code a program generated at run time rather than a line anyone wrote:
+/// TorchInductor's compiled kernels and wrappers (`/tmp/torchinductor_<user>/.../c7x...py`),
+/// an FX graph's code (`<eval_with_key>.12`), `exec` of a string (`<string>`), a frozen
+/// module (`<frozen runpy>`) and the wrappers of decorators (`<decorator-gen-12>`). An IPython
+/// cell (`<ipython-input-3-...>`) is the user's. Such a frame never names a call site: the
+/// user's frame that calls it does.
+pub fn is_generated_frame(frame: &Frame) -> bool {
+    /// How the pseudo-files of generated code begin.
+    const GENERATED_FILES: &[&str] = &[
+        "<string>",
+        "<eval_with_key>",
+        "<frozen ",
+        "<decorator-gen-",
+        "<torch_package_",
+    ];
+    let file = frame.file.as_str();
+    GENERATED_FILES.iter().any(|g| file.starts_with(g))
+        || file.replace('\\', "/").contains("/torchinductor_")
+}
+
+/// The cell of a Jupyter notebook that `file` names (IPython's kernel runs each cell from
+/// a file `/tmp/ipykernel_<pid>/<cell hash>.py`), as its hash, or `None` for another file.
+pub fn notebook_cell(file: &str) -> Option<&str> {
+    let file = file.strip_suffix(".py")?;
+    let (dir, cell) = file.rsplit_once(['/', '\\'])?;
+    let kernel = dir.rsplit(['/', '\\']).next()?;
+    let pid = kernel.strip_prefix("ipykernel_")?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(pid) && digits(cell)).then_some(cell)
+}
+
+/// How a reader is shown line `line` of `file`: `file:line`, or for a notebook's cell
+/// ([`notebook_cell`]) `notebook cell 3983704831, line 5`, since the kernel's temporary file
+/// names nothing a reader can open.
+pub fn frame_label(file: &str, line: u32) -> String {
+    match notebook_cell(file) {
+        Some(cell) => format!("notebook cell {cell}, line {line}"),
+        None => format!("{file}:{line}"),
+    }
 }
 
 /// Whether `frame`'s source line belongs to the system's libraries rather than to code a
@@ -109,7 +150,7 @@ pub fn name_call_site(site: &CallSite) -> SiteName {
     };
     if !is_compiled_frame(&own) {
         return SiteName {
-            label: site.file_line(),
+            label: frame_label(&site.file, site.line),
             function: site.function.clone(),
             native: false,
         };
@@ -125,7 +166,7 @@ pub fn name_call_site(site: &CallSite) -> SiteName {
     }
     if let Some(f) = site.frames.iter().find(|f| !is_compiled_frame(f)) {
         return SiteName {
-            label: format!("{}:{}", f.file, f.line),
+            label: frame_label(&f.file, f.line),
             function: f.function.clone(),
             native: false,
         };
@@ -170,6 +211,43 @@ pub fn short_function(function: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn generated_code_is_never_a_site_and_a_notebook_cell_is_a_cell() {
+        let generated = [
+            "/tmp/torchinductor_alice/7q/c7qwhx5lfkqv2.py",
+            "<eval_with_key>.12",
+            "<string>",
+            "<frozen runpy>",
+        ];
+        for file in generated {
+            assert!(is_generated_frame(&frame(file, 53, "call")), "{file}");
+            assert!(is_compiled_frame(&frame(file, 53, "call")), "{file}");
+        }
+        let user = frame("/home/alice/train.py", 53, "train");
+        assert!(!is_generated_frame(&user));
+        let cell = frame("<ipython-input-3-6a1b2c>", 4, "<module>");
+        assert!(!is_compiled_frame(&cell));
+        assert_eq!(
+            frame_label("/tmp/ipykernel_22383/3983704831.py", 5),
+            "notebook cell 3983704831, line 5"
+        );
+        assert_eq!(notebook_cell("/tmp/ipykernel_x/3983704831.py"), None);
+        assert_eq!(notebook_cell("/tmp/kernel_22383/3983704831.py"), None);
+        assert_eq!(frame_label("/home/a/train.py", 5), "/home/a/train.py:5");
+        // A site whose own frame is a notebook cell is named by its cell.
+        let site = CallSite {
+            file: "/tmp/ipykernel_22383/3983704831.py".to_string(),
+            line: 5,
+            column: 0,
+            function: "<module>".to_string(),
+            frames: Vec::new(),
+        };
+        assert_eq!(
+            name_call_site(&site).label,
+            "notebook cell 3983704831, line 5"
+        );
+    }
 
     fn frame(file: &str, line: u32, function: &str) -> Frame {
         Frame {

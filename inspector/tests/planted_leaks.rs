@@ -9,7 +9,7 @@
 mod common;
 
 use common::pytorch_like::{
-    alloc_frames, backward_stack, module_call, py, torch_py, Model, Torch, MIB,
+    alloc_frames, backward_stack, module_call, py, stack, torch_py, Model, Torch, MIB,
 };
 use vramscope_inspector::detect::{detect, DetectOptions, Finding, FindingKind, Severity};
 use vramscope_inspector::model_view::{restep, ModelView, StepSource};
@@ -812,4 +812,102 @@ fn a_late_recordings_blocks_are_sized_by_pytorchs_rule() {
     );
     let text = vramscope_inspector::report::render_text(&report, false);
     assert!(!text.contains("is an estimate"), "{text}");
+}
+
+/// The project of the compiled model: every user site lies under this long directory.
+const PROJECT: &str = "/mnt/data3/alice/CurProject/src";
+
+/// A `torch.compile`d model called from a loop in `PROJECT`: each step's activations are
+/// made in TorchInductor's generated wrapper (`/tmp/torchinductor_alice/...py`), called
+/// from an FX graph's code (`<eval_with_key>.12`) under `model.py`'s `forward`; the loop
+/// keeps a small tensor of each step at `train.py:163`. Weights come from a notebook cell.
+fn compiled_from_a_project() -> Snapshot {
+    let mut t = Torch::new();
+    let train = format!("{PROJECT}/train.py");
+    let model = format!("{PROJECT}/model.py");
+    let mut cell = alloc_frames("empty_strided");
+    cell.push(py("/tmp/ipykernel_22383/3983704831.py", 5, "<module>"));
+    cell.push(torch_py(
+        "../IPython/core/interactiveshell.py",
+        3577,
+        "run_code",
+    ));
+    let _weights = t.alloc(&cell, 16 * MIB);
+    let mut generated = alloc_frames("empty_strided");
+    generated.push(py(
+        "/tmp/torchinductor_alice/7q/c7qwhx5lfkqv2nbgx3zjnm.py",
+        53,
+        "call",
+    ));
+    generated.push(torch_py("_inductor/output_code.py", 460, "__call__"));
+    generated.push(py("<eval_with_key>.12", 5, "forward"));
+    generated.push(torch_py("fx/graph_module.py", 784, "__call__"));
+    generated.push(py("<string>", 1, "<lambda>"));
+    generated.push(py(&model, 88, "forward"));
+    generated.extend(module_call());
+    generated.push(py(&train, 57, "train"));
+    generated.push(py(&train, 300, "<module>"));
+    let kept_stack = stack(
+        &alloc_frames("mean"),
+        &[py(&train, 163, "train"), py(&train, 300, "<module>")],
+    );
+    let mut kept = Vec::new();
+    for _ in 0..8 {
+        t.annotate("Optimizer.step#AdamW.step", "START");
+        let acts: Vec<u64> = (0..3).map(|_| t.alloc(&generated, 8 * MIB)).collect();
+        kept.push(t.alloc(&kept_stack, 2 * MIB));
+        for a in acts {
+            t.free(a);
+        }
+        t.annotate("Optimizer.step#AdamW.step", "END");
+    }
+    t.finish()
+}
+
+#[test]
+fn generated_code_and_notebook_cells_are_named_as_users_read_them() {
+    let snapshot = compiled_from_a_project();
+    let report = vramscope_inspector::report::build_report(&snapshot, &Default::default());
+    let labels: Vec<&str> = report
+        .findings
+        .iter()
+        .filter_map(|f| f.site.as_deref())
+        .chain(report.top_sites.iter().map(|t| t.label.as_str()))
+        .collect();
+    assert!(!labels.is_empty());
+    for label in &labels {
+        assert!(
+            !label.contains("torchinductor")
+                && !label.contains('<')
+                && !label.contains("ipykernel"),
+            "{labels:?}"
+        );
+    }
+    // The generated wrapper's memory is named at the user's frame that calls it.
+    let peak = &report.top_sites;
+    assert!(
+        peak.iter()
+            .any(|t| t.label == format!("{PROJECT}/model.py:88")),
+        "{labels:?}"
+    );
+    assert!(
+        labels.contains(&"notebook cell 3983704831, line 5"),
+        "{labels:?}"
+    );
+    // The text says the long directory once and the sites relative to it; the JSON keeps
+    // the full paths.
+    let text = vramscope_inspector::report::render_text(&report, false);
+    assert!(
+        text.contains(&format!(
+            "sites are under {PROJECT}/ and shown relative to it"
+        )),
+        "{text}"
+    );
+    assert_eq!(text.matches(PROJECT).count(), 1, "{text}");
+    assert!(text.contains(" model.py:88"), "{text}");
+    let markdown = vramscope_inspector::report::render_markdown(&report);
+    assert!(markdown.contains("model.py:88"), "{markdown}");
+    assert_eq!(markdown.matches("CurProject").count(), 1, "{markdown}");
+    let json = vramscope_inspector::report::render_json(&report);
+    assert!(json.contains(&format!("{PROJECT}/model.py:88")), "{json}");
 }

@@ -164,6 +164,9 @@ mod tests {
             ("/usr/lib/python3.12/threading.py", 1010),
             ("C:\\Python311\\Lib\\runpy.py", 88),
             ("<frozen runpy>", 198),
+            ("<string>", 1),
+            ("<eval_with_key>.12", 5),
+            ("/tmp/torchinductor_alice/7q/c7qwhx5lfkqv2.py", 53),
             ("torch/nn/modules/module.py", 5),
             ("/opt/conda/lib/python3.10/dist-packages/x.py", 1),
             ("/home/u/train.py", 0),
@@ -175,7 +178,8 @@ mod tests {
             "C:\\research\\DeComFL\\decomfl_main.py",
             "/home/u/mytorch/model.py",
             "/home/lin/cs336/cs336_basics/optimizer.py",
-            "<string>",
+            "/tmp/ipykernel_22383/3983704831.py",
+            "<ipython-input-3-6a1b2c>",
         ] {
             assert!(!is_framework_frame(&frame(file, 7, "f"), &fw), "{file}");
         }

@@ -354,6 +354,57 @@ pub(super) fn render_markdown_devices(reports: &[Report]) -> String {
     out
 }
 
+/// Directories a prefix shared by every site must have before the text says it once
+/// ([`shared_site_prefix`]): `/mnt/data3/alice/` is long enough, `/home/` is not.
+const SHARED_PREFIX_DIRECTORIES: usize = 3;
+
+/// The directory every site of `report` that names a file lies under, when that is a long
+/// absolute path (at least [`SHARED_PREFIX_DIRECTORIES`] directories, a separator at its end) and
+/// there are two sites or more: the text and markdown say it once beside the figures and show
+/// the sites relative to it. JSON, SARIF and GitHub annotations keep the full paths, which
+/// resolve.
+pub fn shared_site_prefix(report: &Report) -> Option<String> {
+    let labels = report
+        .findings
+        .iter()
+        .filter_map(|f| f.site.as_deref())
+        .chain(report.top_sites.iter().map(|t| t.label.as_str()));
+    let mut files = labels.filter_map(|label| super::location::source_line(label).map(|s| s.file));
+    // Unix paths and Windows ones (`C:\\research\\...`) alike.
+    const SEPARATORS: [char; 2] = ['/', '\\'];
+    let first = files.next()?;
+    let mut prefix = &first[..=first.rfind(SEPARATORS)?];
+    let mut count = 1;
+    for file in files {
+        count += 1;
+        while !file.starts_with(prefix) {
+            let shorter = prefix[..prefix.len() - 1].rfind(SEPARATORS)?;
+            prefix = &prefix[..=shorter];
+        }
+    }
+    let b = prefix.as_bytes();
+    let absolute = prefix.starts_with(SEPARATORS)
+        || (b.len() >= 3
+            && b[0].is_ascii_alphabetic()
+            && b[1] == b':'
+            && SEPARATORS.contains(&(b[2] as char)));
+    let directories = prefix.matches(SEPARATORS).count().saturating_sub(1);
+    (count >= 2 && absolute && directories >= SHARED_PREFIX_DIRECTORIES).then(|| prefix.to_string())
+}
+
+/// The stat line that says the sites' shared directory ([`shared_site_prefix`]).
+fn prefix_line(prefix: &str) -> String {
+    format!("sites are under {prefix} and shown relative to it")
+}
+
+/// `text` (sites and sentences that quote them) with the shared directory left out.
+fn relative_to(text: String, prefix: Option<&str>) -> String {
+    match prefix {
+        Some(prefix) => text.replace(prefix, ""),
+        None => text,
+    }
+}
+
 /// The report as text for a terminal; `color` adds ANSI colours.
 pub fn render_text(report: &Report, color: bool) -> String {
     render_text_opening(report, color, &verdict(report))
@@ -371,8 +422,16 @@ fn render_text_opening(report: &Report, color: bool, first_line: &str) -> String
     // Text from the file (sites, functions, summaries that quote them, the device name) is
     // escaped on its way to the terminal: `crate::terminal`.
     let clean = |text: &str| crate::terminal::sanitize(text).into_owned();
+    let prefix = shared_site_prefix(report);
     let mut out = String::new();
-    let _ = writeln!(out, "{}", paint(BOLD, &clean(first_line)));
+    let _ = writeln!(
+        out,
+        "{}",
+        paint(
+            BOLD,
+            &clean(&relative_to(first_line.to_string(), prefix.as_deref()))
+        )
+    );
     let _ = writeln!(
         out,
         "{}",
@@ -384,6 +443,11 @@ fn render_text_opening(report: &Report, color: bool, first_line: &str) -> String
     for line in stat_lines(report) {
         let _ = writeln!(out, "  {line}");
     }
+    if let Some(prefix) = &prefix {
+        let _ = writeln!(out, "  {}", clean(&prefix_line(prefix)));
+    }
+    let header = out;
+    let mut out = String::new();
     let (errors, warnings, infos) = report.counts();
     let _ = writeln!(
         out,
@@ -445,7 +509,7 @@ fn render_text_opening(report: &Report, color: bool, first_line: &str) -> String
             );
         }
     }
-    out
+    header + &relative_to(out, prefix.as_deref())
 }
 
 /// Escapes text for a markdown table cell or paragraph: the shared `crate::markdown::escape`.
@@ -457,7 +521,12 @@ fn md_escape(text: &str) -> String {
 pub fn render_markdown(report: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "# vramscope report\n");
-    let _ = writeln!(out, "**{}**\n", md_escape(&verdict(report)));
+    let prefix = shared_site_prefix(report);
+    let _ = writeln!(
+        out,
+        "**{}**\n",
+        md_escape(&relative_to(verdict(report), prefix.as_deref()))
+    );
     out.push_str(&markdown_body(report, "#"));
     out
 }
@@ -465,13 +534,25 @@ pub fn render_markdown(report: &Report) -> String {
 /// The markdown report after its verdict, with headings one level below `level`.
 fn markdown_body(report: &Report, level: &str) -> String {
     let mut out = String::new();
+    let prefix = shared_site_prefix(report);
     if level != "#" {
-        let _ = writeln!(out, "**{}**\n", md_escape(&verdict(report)));
+        let _ = writeln!(
+            out,
+            "**{}**\n",
+            md_escape(&relative_to(verdict(report), prefix.as_deref()))
+        );
     }
     let _ = writeln!(out, "{}\n", md_escape(&headline(report)));
     for line in stat_lines(report) {
         let _ = writeln!(out, "- {}", md_escape(&line));
     }
+    if let Some(prefix) = &prefix {
+        let _ = writeln!(out, "- {}", md_escape(&prefix_line(prefix)));
+    }
+    let header = out;
+    // Sites are escaped in the cells: the prefix is left out as the cells spell it.
+    let escaped_prefix = prefix.as_deref().map(md_escape);
+    let mut out = String::new();
     let (errors, warnings, infos) = report.counts();
     let _ = writeln!(
         out,
@@ -545,7 +626,7 @@ fn markdown_body(report: &Report, level: &str) -> String {
             );
         }
     }
-    out
+    header + &relative_to(out, escaped_prefix.as_deref())
 }
 
 /// A short summary for `vramscope summary`: the headline, the finding counts, the five largest
