@@ -197,7 +197,7 @@ pub fn check_syncs_per_step(
     let mut by_step: std::collections::BTreeMap<u32, u64> = Default::default();
     for group in 0..view.groups().len() as u32 {
         for &i in view.group_events(group) {
-            if detect::sync::wait_of(&events[i as usize], options).is_none() {
+            if detect::sync::wait_of(&events[i as usize], snapshot.source, options).is_none() {
                 continue;
             }
             let step = view.event_step(i);

@@ -101,6 +101,10 @@ pub struct ReportStats {
     /// waits for its stream; `.item()` is one), what `sync_in_loop` counts (null when syncs
     /// and copies are not recorded).
     pub host_waits: Option<u64>,
+    /// How long the host waited in all, in nanoseconds, where the recording measured its
+    /// waits (a profiler trace's runtime calls); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_wait_ns: Option<u64>,
     /// Raw device allocations (null when the format does not record them, as a profiler
     /// trace does not).
     pub device_allocs: Option<u64>,
@@ -317,8 +321,10 @@ pub fn nothing_to_analyse(snapshot: &Snapshot, file: &str) -> Option<String> {
     }
     let hint = match snapshot.source {
         SnapshotSource::ChromeTrace => {
-            "the profiler trace has no CUDA memory events: record it with \
-             torch.profiler.profile(profile_memory=True) (with_stack=True to see the lines)"
+            "the profiler trace has no CUDA memory events and no CUDA runtime calls or copies: \
+             record it with torch.profiler.profile(activities=[ProfilerActivity.CPU, \
+             ProfilerActivity.CUDA], with_stack=True, profile_memory=True) (CUDA activity for \
+             the waits, profile_memory=True for the memory, with_stack=True for the lines)"
         }
         SnapshotSource::Pytorch => {
             "the snapshot has no trace entries and no segments: call \
@@ -370,7 +376,7 @@ fn build_report_parts(view: &ModelView<'_>, options: &ReportOptions) -> Report {
     let totals = view.totals();
     let segments = view.segments();
     let dump_time_state = !snapshot.segments.is_empty();
-    let activity = RecordedActivity::for_source(snapshot.source);
+    let activity = RecordedActivity::for_snapshot(snapshot);
     let copies = |v: u64| activity.copies_and_syncs.then_some(v);
     let device = |v: u64| activity.device_calls.then_some(v);
     let stats = ReportStats {
@@ -384,11 +390,23 @@ fn build_report_parts(view: &ModelView<'_>, options: &ReportOptions) -> Report {
         h2d_bytes: copies(totals.h2d_bytes),
         d2h_bytes: copies(totals.d2h_bytes),
         syncs: copies(totals.syncs),
-        host_waits: copies(
+        // A profiler trace records each wait as a sync; elsewhere each copy to the host is
+        // one too (`detect::sync::wait_of`).
+        host_waits: copies(if snapshot.source == SnapshotSource::ChromeTrace {
+            totals.syncs
+        } else {
             totals
                 .syncs
-                .saturating_add(detect::sat_sum(view.step_totals().iter().map(|t| t.d2h))),
-        ),
+                .saturating_add(detect::sat_sum(view.step_totals().iter().map(|t| t.d2h)))
+        }),
+        host_wait_ns: {
+            let mut measured = snapshot
+                .events
+                .iter()
+                .filter_map(|e| e.waited_ns())
+                .peekable();
+            measured.peek().is_some().then(|| detect::sat_sum(measured))
+        },
         device_allocs: device(totals.segment_allocs),
         device_frees: device(totals.segment_frees),
         empty_cache_calls: device(view.empty_cache_calls().len() as u64),
@@ -444,8 +462,10 @@ struct RecordedActivity {
 }
 
 impl RecordedActivity {
-    fn for_source(source: SnapshotSource) -> RecordedActivity {
-        match source {
+    /// What `snapshot` records: by its format, and for a profiler trace by whether it holds
+    /// the device's activity (runtime calls and copies, which a trace of memory alone lacks).
+    fn for_snapshot(snapshot: &Snapshot) -> RecordedActivity {
+        match snapshot.source {
             SnapshotSource::Vramscope => RecordedActivity {
                 copies_and_syncs: true,
                 device_calls: true,
@@ -455,7 +475,12 @@ impl RecordedActivity {
                 device_calls: true,
             },
             SnapshotSource::ChromeTrace => RecordedActivity {
-                copies_and_syncs: false,
+                copies_and_syncs: snapshot.events.iter().any(|e| {
+                    matches!(
+                        e.kind,
+                        vramscope_model::EventKind::Sync | vramscope_model::EventKind::Transfer(_)
+                    )
+                }),
                 device_calls: false,
             },
         }

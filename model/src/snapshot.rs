@@ -415,7 +415,9 @@ pub struct Event {
     #[serde(default)]
     pub thread: u32,
     /// For an `oom`: the device's free memory when the request failed, as PyTorch records it
-    /// (`device_free` in its snapshots); 0 for every other kind.
+    /// (`device_free` in its snapshots). For a `sync`: the nanoseconds the host waited, where
+    /// the recording measured it (a profiler trace's runtime calls; [`Event::waited_ns`]), else
+    /// 0. 0 for every other kind.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub device_free: u64,
 }
@@ -441,6 +443,12 @@ impl Event {
     #[inline]
     pub fn scope(&self) -> Option<ScopeId> {
         self.scope.map(Id::get)
+    }
+
+    /// For a `sync`, the nanoseconds the host waited, where the recording measured it (a
+    /// profiler trace does; `None` otherwise and for every other kind).
+    pub fn waited_ns(&self) -> Option<u64> {
+        (self.kind == EventKind::Sync && self.device_free > 0).then_some(self.device_free)
     }
 
     /// Reads an event written in snapshot format `version` as this build's: an `oom` of

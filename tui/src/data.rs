@@ -163,6 +163,8 @@ pub struct Dataset {
     pairing: Pairing,
     step_starts: Vec<(u64, usize)>,
     ooms: Vec<usize>,
+    /// Indices of the host's waits for the device (`Sync` events), in order.
+    waits: Vec<usize>,
     /// The kind of every event, apart from the events (see [`Dataset::kinds`]).
     kinds: Vec<EventKind>,
     groups: SiteGroups,
@@ -210,6 +212,7 @@ impl Dataset {
             pairing: Pairing::new(),
             step_starts: Vec::new(),
             ooms: Vec::new(),
+            waits: Vec::new(),
             kinds: Vec::new(),
             groups: SiteGroups::new(),
             cache: None,
@@ -295,6 +298,13 @@ impl Dataset {
             .filter(|(_, &k)| k == EventKind::Oom)
             .map(|(i, _)| i)
             .collect();
+        self.waits = self
+            .kinds
+            .iter()
+            .enumerate()
+            .filter(|(_, &k)| k == EventKind::Sync)
+            .map(|(i, _)| i)
+            .collect();
         self.groups = SiteGroups::from_sites(&snapshot.sites);
         self.cache = None;
         self.segments_current = true;
@@ -338,6 +348,7 @@ impl Dataset {
                     self.step_starts.push((u64::from(e.step), i));
                 }
                 EventKind::Oom => self.ooms.push(i),
+                EventKind::Sync => self.waits.push(i),
                 _ => {}
             }
             self.kinds.push(e.kind);
@@ -440,6 +451,10 @@ impl Dataset {
         self.kinds.drain(..count);
         self.ooms.retain(|&i| i >= count);
         for i in &mut self.ooms {
+            *i -= count;
+        }
+        self.waits.retain(|&i| i >= count);
+        for i in &mut self.waits {
             *i -= count;
         }
         self.cache = None;
@@ -619,6 +634,12 @@ impl Dataset {
     /// Indices of OOM events.
     pub fn ooms(&self) -> &[usize] {
         &self.ooms
+    }
+
+    /// Indices of the host's waits for the device (`Sync` events: a profiler trace's runtime
+    /// syncs, PyTorch's sync debug mode), in order.
+    pub fn waits(&self) -> &[usize] {
+        &self.waits
     }
 
     /// The frees the trace lost: allocations at an address whose block was not freed yet, as

@@ -357,6 +357,13 @@
         }
       }
       ctx.setLineDash([]);
+      // The host's waits for the device: short ticks along the top.
+      ctx.strokeStyle = "#ef6c00";
+      for (const p of (D.waits || [])) {
+        const x = xOf(domainOfPos(p));
+        if (x < M.left || x > W - M.right) continue;
+        ctx.beginPath(); ctx.moveTo(x, M.top); ctx.lineTo(x, M.top + 8); ctx.stroke();
+      }
       for (const p of D.ooms) {
         const x = xOf(domainOfPos(p));
         ctx.strokeStyle = "#c62828"; ctx.lineWidth = 2;

@@ -189,6 +189,10 @@ pub struct ExplorerData {
     pub steps: Vec<StepPos>,
     /// Positions of OOM events.
     pub ooms: Vec<u64>,
+    /// Positions of the host's waits for the device (`Sync` events: a profiler trace's runtime
+    /// syncs), thinned to [`MAX_WAIT_MARKS`] evenly spread; absent from the page when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub waits: Vec<u64>,
     /// Moments with a site table and a segment map, in position order.
     pub moments: Vec<Moment>,
 }
@@ -260,6 +264,7 @@ impl ExplorerData {
             values: columns.values,
             steps: step_positions(view),
             ooms: view.ooms().iter().map(|&e| u64::from(e) + 1).collect(),
+            waits: wait_positions(view.snapshot()),
             moments,
         }
     }
@@ -878,6 +883,28 @@ fn moment(
     }
 }
 
+/// The most host waits the page marks: beyond it, the marks are thinned evenly (a mark is a
+/// pixel wide, and the page stays small).
+pub const MAX_WAIT_MARKS: usize = 4096;
+
+/// The positions of the snapshot's `Sync` events, as the page counts positions (one past the
+/// event's index), thinned to [`MAX_WAIT_MARKS`].
+fn wait_positions(snapshot: &vramscope_model::Snapshot) -> Vec<u64> {
+    let all: Vec<u64> = snapshot
+        .events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.kind == vramscope_model::EventKind::Sync)
+        .map(|(i, _)| i as u64 + 1)
+        .collect();
+    if all.len() <= MAX_WAIT_MARKS {
+        return all;
+    }
+    (0..MAX_WAIT_MARKS)
+        .map(|k| all[k * all.len() / MAX_WAIT_MARKS])
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1056,6 +1083,38 @@ console.log(JSON.stringify(out));
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_page_marks_the_host_waits_thinned_evenly() {
+        let mut t = Trace::new();
+        let site = t.site("train.py", 44, "train");
+        let a = t.alloc(site, MIB);
+        t.sync(site);
+        t.free(a, MIB);
+        t.sync(site);
+        let snapshot = t.finish();
+        // Positions count one past the event's index.
+        assert_eq!(wait_positions(&snapshot), vec![2, 5]);
+        let view = ModelView::new(&snapshot);
+        let json = serde_json::to_string(&ExplorerData::build(&view, None)).unwrap();
+        assert!(json.contains("\"waits\":[2,5]"), "{json}");
+
+        let mut t = Trace::new();
+        let site = t.site("train.py", 44, "train");
+        for _ in 0..3 * MAX_WAIT_MARKS {
+            t.sync(site);
+        }
+        let marks = wait_positions(&t.finish());
+        assert_eq!(marks.len(), MAX_WAIT_MARKS);
+        assert_eq!(
+            (marks[0], marks[1], marks[MAX_WAIT_MARKS - 1]),
+            (1, 4, 3 * MAX_WAIT_MARKS as u64 - 2)
+        );
+        // A trace without waits leaves the key out, so such pages are unchanged.
+        let json =
+            serde_json::to_string(&ExplorerData::build(&ModelView::new(&busy()), None)).unwrap();
+        assert!(!json.contains("\"waits\""));
     }
 
     #[test]

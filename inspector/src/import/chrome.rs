@@ -35,8 +35,11 @@ use vramscope_model::{
     DeviceInfo, Event, EventKind, MemoryStats, Snapshot, SnapshotSource, Stat, FORMAT_VERSION,
 };
 
+use super::sites::SiteTable;
 use super::timeline::{self, TrackArray};
 use super::{ImportError, ImportErrorKind, ImportOptions};
+
+mod activity;
 
 /// The `Device Type` of CUDA devices in profiler memory events.
 const CUDA_DEVICE_TYPE: i128 = 1;
@@ -172,12 +175,12 @@ fn check_figures(memory: &[Memory], origin: &str) -> Result<(), ImportError> {
                 vramscope_model::device_refusal(u64::from(m.device)),
             ));
         }
-        if m.addr as u128 + size > ADDRESS_END {
+        if m.addr.unwrap_or(0) as u128 + size > ADDRESS_END {
             return Err(fault(
                 "Addr",
                 format!(
                     "{:#x} + {size} bytes ends past 2^63, outside any device's address space; the file is inconsistent",
-                    m.addr
+                    m.addr.unwrap_or(0)
                 ),
             ));
         }
@@ -237,17 +240,23 @@ struct Collected<'a> {
     memory: Vec<Memory>,
     /// Start time and name of each `ProfilerStep#N` slice.
     step_slices: Vec<(f64, Cow<'a, str>)>,
+    /// Host slices, runtime calls, device copies and flows, for the waits and the stacks.
+    activity: activity::Gathered,
 }
 
 impl<'a> Collected<'a> {
     fn add(&mut self, e: RawEvent<'a>) {
         match e.name {
-            Name::Memory => self.memory.extend(memory_event(e.ts, &e.args)),
-            Name::Step(name) if e.complete && !e.gpu_annotation => {
+            Name::Memory => {
+                let thread = self.activity.thread(e.pid, e.tid);
+                self.memory.extend(memory_event(e.ts, &e.args, thread));
+            }
+            Name::Step(name) if e.ph == b'X' && e.cat != Some(CAT_GPU_ANNOTATION) => {
                 if let Some(ts) = e.ts.float() {
                     self.step_slices.push((ts, name));
                 }
             }
+            Name::Other(ref name) => self.activity.add(name, &e),
             _ => {}
         }
     }
@@ -303,11 +312,11 @@ struct DeviceProps<'a> {
 
 /// A string, or nothing when the JSON value is of another type.
 #[derive(Default)]
-struct Text<'a>(Option<Cow<'a, str>>);
+pub(crate) struct Text<'a>(pub(crate) Option<Cow<'a, str>>);
 
 /// A number, or nothing when the JSON value is of another type. Integers are kept exactly.
 #[derive(Default, Clone, Copy)]
-enum Num {
+pub(crate) enum Num {
     #[default]
     Absent,
     Int(i128),
@@ -315,7 +324,7 @@ enum Num {
 }
 
 impl Num {
-    fn int(self) -> Option<i128> {
+    pub(crate) fn int(self) -> Option<i128> {
         match self {
             Num::Int(i) => Some(i),
             Num::Float(f) if f.is_finite() && f.fract() == 0.0 && f.abs() < 1e30 => Some(f as i128),
@@ -323,7 +332,7 @@ impl Num {
         }
     }
 
-    fn float(self) -> Option<f64> {
+    pub(crate) fn float(self) -> Option<f64> {
         match self {
             Num::Int(i) => Some(i as f64),
             Num::Float(f) if f.is_finite() => Some(f),
@@ -336,15 +345,20 @@ impl Num {
     }
 }
 
-/// The args of a `[memory]` event; other events' args are skipped.
+/// The args the importer reads: those of a `[memory]` event, a runtime call's or device copy's
+/// `correlation`, a device copy's `bytes` and the 2021 format's `Call stack`; others are
+/// skipped.
 #[derive(Default)]
-struct MemArgs {
+pub(crate) struct Args<'a> {
     addr: Num,
     bytes: Num,
     total_allocated: Num,
     total_reserved: Num,
     device_type: Num,
     device_id: Num,
+    pub(crate) correlation: Num,
+    pub(crate) copy_bytes: Num,
+    pub(crate) call_stack: Text<'a>,
 }
 
 /// Consumes and discards the rest of a sequence where a value was expected, within
@@ -529,17 +543,17 @@ impl<'de> Deserialize<'de> for Num {
     }
 }
 
-struct MemArgsVisitor;
+struct ArgsVisitor<'a>(std::marker::PhantomData<&'a ()>);
 
-impl<'de> Visitor<'de> for MemArgsVisitor {
-    type Value = MemArgs;
+impl<'de: 'a, 'a> Visitor<'de> for ArgsVisitor<'a> {
+    type Value = Args<'a>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("any JSON value")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<MemArgs, A::Error> {
-        let mut args = MemArgs::default();
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Args<'a>, A::Error> {
+        let mut args = Args::default();
         const KEYS: &[&str] = &[
             "Addr",
             "Bytes",
@@ -547,6 +561,9 @@ impl<'de> Visitor<'de> for MemArgsVisitor {
             "Total Reserved",
             "Device Type",
             "Device Id",
+            "correlation",
+            "bytes",
+            "Call stack",
         ];
         while let Some(key) = map.next_key_seed(KeyIn(KEYS))? {
             let slot = match key {
@@ -556,6 +573,12 @@ impl<'de> Visitor<'de> for MemArgsVisitor {
                 Some(3) => &mut args.total_reserved,
                 Some(4) => &mut args.device_type,
                 Some(5) => &mut args.device_id,
+                Some(6) => &mut args.correlation,
+                Some(7) => &mut args.copy_bytes,
+                Some(8) => {
+                    args.call_stack = map.next_value()?;
+                    continue;
+                }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                     continue;
@@ -566,42 +589,63 @@ impl<'de> Visitor<'de> for MemArgsVisitor {
         Ok(args)
     }
 
-    fn visit_i64<E>(self, _: i64) -> Result<MemArgs, E> {
-        Ok(MemArgs::default())
+    fn visit_i64<E>(self, _: i64) -> Result<Args<'a>, E> {
+        Ok(Args::default())
     }
 
-    fn visit_u64<E>(self, _: u64) -> Result<MemArgs, E> {
-        Ok(MemArgs::default())
+    fn visit_u64<E>(self, _: u64) -> Result<Args<'a>, E> {
+        Ok(Args::default())
     }
 
-    fn visit_f64<E>(self, _: f64) -> Result<MemArgs, E> {
-        Ok(MemArgs::default())
+    fn visit_f64<E>(self, _: f64) -> Result<Args<'a>, E> {
+        Ok(Args::default())
     }
 
-    fn visit_str<E>(self, _: &str) -> Result<MemArgs, E> {
-        Ok(MemArgs::default())
+    fn visit_str<E>(self, _: &str) -> Result<Args<'a>, E> {
+        Ok(Args::default())
     }
 
     absent_otherwise!();
 }
 
-impl<'de> Deserialize<'de> for MemArgs {
+impl<'de: 'a, 'a> Deserialize<'de> for Args<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(MemArgsVisitor)
+        d.deserialize_any(ArgsVisitor(std::marker::PhantomData))
     }
 }
+
+/// The categories the importer tells apart, by their place in [`CATEGORIES`].
+const CATEGORIES: &[&str] = &[
+    "cpu_op",
+    "Operator",
+    "python_function",
+    "cuda_runtime",
+    "Runtime",
+    "cuda_driver",
+    "gpu_memcpy",
+    "Memcpy",
+    "ac2g",
+    "gpu_user_annotation",
+];
+/// `gpu_user_annotation`, the GPU copy of an annotation.
+const CAT_GPU_ANNOTATION: usize = 9;
 
 /// One trace event, reduced to what the importer needs. An event that is not a JSON object
 /// is read as an empty event and ignored.
 #[derive(Default)]
-struct RawEvent<'a> {
+pub(crate) struct RawEvent<'a> {
     name: Name<'a>,
-    /// Whether `ph` is `X`, a complete slice.
-    complete: bool,
-    /// Whether `cat` is `gpu_user_annotation`, the GPU copy of an annotation.
-    gpu_annotation: bool,
-    ts: Num,
-    args: MemArgs,
+    /// The first byte of `ph` (`X` a complete slice, `s` and `f` a flow's ends).
+    pub(crate) ph: u8,
+    /// The place of `cat` in [`CATEGORIES`].
+    pub(crate) cat: Option<usize>,
+    pub(crate) ts: Num,
+    pub(crate) dur: Num,
+    pub(crate) pid: Num,
+    pub(crate) tid: Num,
+    /// A flow's id.
+    pub(crate) id: Num,
+    pub(crate) args: Args<'a>,
 }
 
 /// The `name` of a trace event, as far as the importer cares: only the names of steps are
@@ -616,7 +660,7 @@ enum Name<'a> {
     /// A name starting with `ProfilerStep#`.
     Step(Cow<'a, str>),
     /// Any other string.
-    Other,
+    Other(Cow<'a, str>),
 }
 
 impl<'a> Name<'a> {
@@ -626,7 +670,7 @@ impl<'a> Name<'a> {
         } else if name.starts_with("ProfilerStep#") {
             Name::Step(keep())
         } else {
-            Name::Other
+            Name::Other(keep())
         }
     }
 }
@@ -699,45 +743,101 @@ impl<'de> DeserializeSeed<'de> for KeyIn {
     }
 }
 
-/// Whether a value is the string given, read without copying it; any other value is skipped.
-#[derive(Clone, Copy)]
-struct Equals(&'static str);
+/// Whether the importer reads the args of `event`, as far as it is known when they come:
+/// those of memory events and of the categories the waits and stacks need (and of an event
+/// whose name or category is still unknown).
+fn wants_args(event: &RawEvent<'_>) -> bool {
+    match event.name {
+        Name::Absent | Name::Memory => true,
+        Name::Step(_) => false,
+        Name::Other(_) => event.cat != Some(CAT_GPU_ANNOTATION),
+    }
+}
 
-impl<'de> Visitor<'de> for Equals {
-    type Value = bool;
+/// The place of a string value among the strings given, read without copying it; any other
+/// value is skipped.
+#[derive(Clone, Copy)]
+struct OneOf(&'static [&'static str]);
+
+impl<'de> Visitor<'de> for OneOf {
+    type Value = Option<usize>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("any JSON value")
     }
 
-    fn visit_str<E>(self, v: &str) -> Result<bool, E> {
-        Ok(v == self.0)
+    fn visit_str<E>(self, v: &str) -> Result<Option<usize>, E> {
+        Ok(self.0.iter().position(|&k| k == v))
     }
 
-    fn visit_i64<E>(self, _: i64) -> Result<bool, E> {
-        Ok(false)
+    fn visit_i64<E>(self, _: i64) -> Result<Option<usize>, E> {
+        Ok(None)
     }
 
-    fn visit_u64<E>(self, _: u64) -> Result<bool, E> {
-        Ok(false)
+    fn visit_u64<E>(self, _: u64) -> Result<Option<usize>, E> {
+        Ok(None)
     }
 
-    fn visit_f64<E>(self, _: f64) -> Result<bool, E> {
-        Ok(false)
+    fn visit_f64<E>(self, _: f64) -> Result<Option<usize>, E> {
+        Ok(None)
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<bool, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Option<usize>, A::Error> {
         skip_map(map)?;
-        Ok(false)
+        Ok(None)
     }
 
     absent_otherwise!();
 }
 
-impl<'de> DeserializeSeed<'de> for Equals {
-    type Value = bool;
+impl<'de> DeserializeSeed<'de> for OneOf {
+    type Value = Option<usize>;
 
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Option<usize>, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+/// The first byte of a string value (0 for an empty string or any other value, which is
+/// skipped).
+#[derive(Clone, Copy)]
+struct FirstByte;
+
+impl<'de> Visitor<'de> for FirstByte {
+    type Value = u8;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<u8, E> {
+        Ok(v.bytes().next().unwrap_or(0))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<u8, E> {
+        Ok(0)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<u8, E> {
+        Ok(0)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<u8, E> {
+        Ok(0)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<u8, A::Error> {
+        skip_map(map)?;
+        Ok(0)
+    }
+
+    absent_otherwise!();
+}
+
+impl<'de> DeserializeSeed<'de> for FirstByte {
+    type Value = u8;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<u8, D::Error> {
         d.deserialize_any(self)
     }
 }
@@ -753,20 +853,20 @@ impl<'de: 'a, 'a> Visitor<'de> for RawEventVisitor<'a> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawEvent<'a>, A::Error> {
         let mut event = RawEvent::default();
-        const KEYS: &[&str] = &["name", "ph", "cat", "ts", "args"];
+        const KEYS: &[&str] = &["name", "ph", "cat", "ts", "args", "dur", "pid", "tid", "id"];
         while let Some(key) = map.next_key_seed(KeyIn(KEYS))? {
             match key {
                 Some(0) => event.name = map.next_value()?,
-                Some(1) => event.complete = map.next_value_seed(Equals("X"))?,
-                Some(2) => {
-                    event.gpu_annotation = map.next_value_seed(Equals("gpu_user_annotation"))?
-                }
+                Some(1) => event.ph = map.next_value_seed(FirstByte)?,
+                Some(2) => event.cat = map.next_value_seed(OneOf(CATEGORIES))?,
                 Some(3) => event.ts = map.next_value()?,
-                // The profiler writes `name` before `args`: the args of the many events that
-                // are not memory events are skipped without being looked at.
-                Some(4) if matches!(event.name, Name::Absent | Name::Memory) => {
-                    event.args = map.next_value()?
-                }
+                // The profiler writes `name` and `cat` before `args`: the args of the many
+                // events the importer does not read are skipped without being looked at.
+                Some(4) if wants_args(&event) => event.args = map.next_value()?,
+                Some(5) => event.dur = map.next_value()?,
+                Some(6) => event.pid = map.next_value()?,
+                Some(7) => event.tid = map.next_value()?,
+                Some(8) => event.id = map.next_value()?,
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -804,50 +904,104 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawEvent<'a> {
 struct Memory {
     ts: f64,
     device: u32,
-    addr: u64,
+    /// The block's address; `None` in the 2021 format, which records only `Bytes`.
+    addr: Option<u64>,
     bytes: i128,
     total_allocated: Option<u64>,
     total_reserved: Option<u64>,
+    /// The thread that recorded it (`Gathered::thread`).
+    thread: u32,
 }
 
-fn memory_event(ts: Num, args: &MemArgs) -> Option<Memory> {
+fn memory_event(ts: Num, args: &Args<'_>, thread: u32) -> Option<Memory> {
     if args.device_type.int()? != CUDA_DEVICE_TYPE {
         return None;
     }
     let bytes = args.bytes.int().filter(|&b| b != 0)?;
+    let addr = match args.addr {
+        Num::Absent => None,
+        addr => Some(addr.u64()?),
+    };
     Some(Memory {
         ts: ts.float()?,
         device: u32::try_from(args.device_id.int().unwrap_or(0)).ok()?,
-        addr: args.addr.u64()?,
+        addr,
         bytes,
         total_allocated: args.total_allocated.u64(),
         total_reserved: args.total_reserved.u64(),
+        thread,
     })
+}
+
+/// Where the importer places the blocks of memory events that carry no address (the 2021
+/// format's `Bytes`-only events): far above any device's real addresses, below 2^63.
+const SYNTHETIC_ADDRESS_BASE: u64 = 1 << 62;
+
+/// Gives every memory event without an address (the 2021 format) one that pairs it: an
+/// allocation a fresh block, a free the latest live block of its size on its device, or, when
+/// there is none (a block from before the trace), a fresh one. The allocated bytes after every
+/// event are then exact, as the deltas give them; which allocation a free releases is a guess
+/// by size, which the trace cannot settle.
+fn place_unaddressed(memory: &mut [Memory]) {
+    let mut next = SYNTHETIC_ADDRESS_BASE;
+    let mut live: rustc_hash::FxHashMap<(u32, u64), Vec<u64>> = Default::default();
+    for m in memory.iter_mut().filter(|m| m.addr.is_none()) {
+        let size = u64::try_from(m.bytes.unsigned_abs()).unwrap_or(u64::MAX);
+        let mut fresh = || {
+            let at = next;
+            next = next.saturating_add(size.div_ceil(512).max(1) * 512);
+            at
+        };
+        let addr = if m.bytes > 0 {
+            let at = fresh();
+            live.entry((m.device, size)).or_default().push(at);
+            at
+        } else {
+            live.get_mut(&(m.device, size))
+                .and_then(Vec::pop)
+                .unwrap_or_else(fresh)
+        };
+        m.addr = Some(addr);
+    }
 }
 
 fn convert(
     collected: Collected<'_>,
     devices: &[DeviceProps<'_>],
     base_ns: Option<i128>,
-    _options: &ImportOptions,
+    options: &ImportOptions,
 ) -> Snapshot {
     let Collected {
         mut memory,
         mut step_slices,
+        activity,
     } = collected;
     // The file lists events per thread, not in time order; a stable sort keeps the file's order
     // for events at the same microsecond.
     memory.sort_by(|a, b| a.ts.total_cmp(&b.ts));
+    place_unaddressed(&mut memory);
     step_slices.sort_by(|a, b| a.0.total_cmp(&b.0));
     // A step's slice can appear more than once (several threads): keep the first.
     let mut seen = std::collections::HashSet::new();
     step_slices.retain(|(_, name)| seen.insert(name.clone()));
+
+    let index = memory.iter().map(|m| m.device).min().unwrap_or(0);
+    let mut sites = SiteTable::new(&options.framework_paths);
+    let queries: Vec<activity::Query> = memory
+        .iter()
+        .map(|m| activity::Query {
+            thread: m.thread,
+            ts: m.ts,
+        })
+        .collect();
+    let resolved = activity.resolve(&queries, &mut sites, u16::try_from(index).unwrap_or(0));
 
     let epoch_ts = memory
         .first()
         .map(|m| m.ts)
         .into_iter()
         .chain(step_slices.first().map(|s| s.0))
+        .chain(resolved.events.iter().map(|(ts, _)| *ts))
         .reduce(f64::min)
         .unwrap_or(0.0);
     let relative = |ts: f64| ((ts - epoch_ts) * 1000.0).round().max(0.0) as u64;
@@ -859,14 +1013,14 @@ fn convert(
         None => timeline::unix_epoch_ns(epoch_ts),
     };
 
-    let mut events: Vec<Event> = memory
+    let mut timed: Vec<(f64, Event)> = memory
         .iter()
-        .enumerate()
-        .map(|(seq, m)| {
+        .zip(&resolved.memory_sites)
+        .map(|(m, &site)| {
             let size = u64::try_from(m.bytes.unsigned_abs()).unwrap_or(u64::MAX);
-            Event {
-                seq: seq as u64,
-                time_ns: relative(m.ts),
+            let event = Event {
+                seq: 0,
+                time_ns: 0,
                 kind: if m.bytes > 0 {
                     EventKind::Alloc
                 } else {
@@ -875,25 +1029,44 @@ fn convert(
                 // `check_figures` refused devices past `MAX_DEVICES`.
                 device: u16::try_from(m.device).unwrap_or(u16::MAX),
                 stream: 0,
-                addr: m.addr,
+                addr: m.addr.unwrap_or(0),
                 size,
                 requested: 0,
-                site: None,
+                site: site.and_then(vramscope_model::Id::new),
                 tag: None,
                 scope: None,
                 step: 0,
                 thread: 0,
                 device_free: 0,
-            }
+            };
+            (m.ts, event)
         })
         .collect();
-    let starts = step_slices
-        .iter()
-        .map(|(ts, name)| (relative(*ts), name.to_string()))
+    timed.extend(resolved.events);
+    // Stable: memory events keep their order, and a wait follows the memory events of its
+    // microsecond.
+    timed.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut events: Vec<Event> = timed
+        .into_iter()
+        .enumerate()
+        .map(|(seq, (ts, mut e))| {
+            e.seq = seq as u64;
+            e.time_ns = relative(ts);
+            e
+        })
         .collect();
+    let starts = if step_slices.is_empty() && !events.is_empty() {
+        // Without `ProfilerStep#` slices the trace is one step: a loop over a model's layers
+        // inside one forward is not a loop over steps.
+        vec![(0, WHOLE_TRACE_STEP.to_string())]
+    } else {
+        step_slices
+            .iter()
+            .map(|(ts, name)| (relative(*ts), name.to_string()))
+            .collect()
+    };
     let steps = timeline::assign_steps_by_time(&mut events, starts);
 
-    let index = memory.iter().map(|m| m.device).min().unwrap_or(0);
     let stats = compute_stats(&memory, &events, index);
     let props = devices.iter().find(|d| d.id.int() == Some(index as i128));
     let device = DeviceInfo {
@@ -911,8 +1084,12 @@ fn convert(
     snapshot.epoch_unix_ns = epoch_unix_ns;
     snapshot.events = events.into();
     snapshot.steps = steps;
+    snapshot.sites = sites.into_sites();
     snapshot
 }
+
+/// The label of the one step of a trace without `ProfilerStep#` slices.
+pub const WHOLE_TRACE_STEP: &str = "the whole trace (no ProfilerStep# slices)";
 
 /// A statistic known only from a series of totals: the last as current, the largest as peak.
 fn from_totals(values: impl Iterator<Item = u64>) -> Option<Stat> {
@@ -928,7 +1105,10 @@ fn from_totals(values: impl Iterator<Item = u64>) -> Option<Stat> {
 fn compute_stats(memory: &[Memory], events: &[Event], device: u32) -> MemoryStats {
     let mut allocated = TrackArray::default();
     let mut allocation = TrackArray::default();
-    for e in events.iter().filter(|e| u32::from(e.device) == device) {
+    for e in events.iter().filter(|e| {
+        u32::from(e.device) == device
+            && matches!(e.kind, EventKind::Alloc | EventKind::FreeCompleted)
+    }) {
         let pool = pool_for(e.size);
         if e.kind == EventKind::Alloc {
             allocated.add(pool, e.size);

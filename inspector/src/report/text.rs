@@ -75,7 +75,14 @@ pub(crate) fn activity_sentence(s: &ReportStats) -> String {
             counted(s.transfers, "transfer", "transfers"),
             bytes_or_na(s.h2d_bytes),
             bytes_or_na(s.d2h_bytes),
-            counted(s.host_waits, "host wait", "host waits"),
+            match s.host_wait_ns {
+                Some(ns) => format!(
+                    "{} ({} in all)",
+                    counted(s.host_waits, "host wait", "host waits"),
+                    crate::detect::sync::duration_text(ns)
+                ),
+                None => counted(s.host_waits, "host wait", "host waits"),
+            },
             counted(s.syncs, "sync", "syncs"),
             counted(
                 s.host_waits.zip(s.syncs).map(|(w, n)| w.saturating_sub(n)),

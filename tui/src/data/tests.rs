@@ -416,3 +416,25 @@ fn checkpoints_of_a_trace_never_freed_hold_memory_linear_in_it() {
         }
     }
 }
+
+#[test]
+fn the_host_waits_are_listed_for_the_timeline_as_loaded_and_as_grown() {
+    let mut t = vramscope_testkit::Trace::new();
+    let site = t.site("train.py", 44, "train");
+    let a = t.alloc(site, 1 << 20);
+    t.sync(site);
+    t.sync(site);
+    t.free(a, 1 << 20);
+    t.sync(site);
+    let snapshot = t.finish();
+    let mut whole = Dataset::new(snapshot.clone(), Origin::File("f".into()));
+    // A free is two events (requested, completed).
+    assert_eq!(whole.waits(), &[1, 2, 5]);
+    let mut first = snapshot.clone();
+    let rest = first.events.split_off(2).into_vec();
+    first.segments = whole.state_at(2).to_segments();
+    let mut grown = Dataset::new(first, Origin::Live("l".into()));
+    assert_eq!(grown.waits(), &[1]);
+    grown.append(&rest);
+    assert_eq!(grown.waits(), whole.waits());
+}

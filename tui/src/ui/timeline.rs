@@ -1,5 +1,5 @@
 //! The timeline: allocated and reserved bytes over the events, with the device capacity, step
-//! marks, OOMs and the time cursor.
+//! marks, the host's waits for the device, OOMs and the time cursor.
 //!
 //! Each column of the plot covers a range of events of the zoom window that
 //! `crate::view::window` chooses; it shows the highest allocated bytes in the range as solid
@@ -120,6 +120,16 @@ impl Widget for TimelinePanel<'_> {
         for (text, style) in legend {
             lx = put(buf, area, lx, area.bottom() - 1, text, style);
         }
+        if !data.waits().is_empty() {
+            put(
+                buf,
+                area,
+                lx,
+                area.bottom() - 1,
+                "╷ host wait ",
+                theme.alert(),
+            );
+        }
         if n == 0 {
             put(buf, plot, plot.x, plot.y, "no events yet", theme.dim());
             return;
@@ -198,6 +208,13 @@ impl Widget for TimelinePanel<'_> {
             let note = format!(" capacity {} is off the scale (c) ", format_bytes(capacity));
             let x = plot.right().saturating_sub(note.chars().count() as u16);
             put(buf, plot, x.max(plot.x), plot.y, &note, theme.capacity());
+        }
+        // Host waits on the top row, under the OOMs.
+        for &i in in_window(data.waits(), |&i| i, a, b) {
+            let j = (i - a) * w / (b - a);
+            buf[(plot.x + j as u16, plot.y)]
+                .set_symbol("╷")
+                .set_style(theme.alert());
         }
         // OOMs on the top row.
         for &i in in_window(data.ooms(), |&i| i, a, b) {
