@@ -16,9 +16,10 @@
 //! colours pass as escape sequences), JSON and HTML through `sanitize_json`, so that no
 //! string from a file acts on the terminal. A write that fails is exit 2 with the system's
 //! words ("No space left on device"), except a closed pipe (`| head`), which ends quietly.
-//! An output path of `-` is standard output: `convert -o -` streams the file's own bytes to a
-//! pipe or a redirection, escapes its JSON as `sanitize_json` does on a terminal, and refuses
-//! to write the binary pickle to one.
+//! An output path of `-` is standard output: `convert -o -` streams to a pipe or a
+//! redirection, its JSON escaped as `sanitize_json` escapes it (a CI log reads pipes), buffers
+//! it on a terminal, and refuses to write the binary pickle to one. An output file is written
+//! new and renamed onto its path (`model::files`), never through a link standing there.
 
 mod demo;
 mod loading;
