@@ -4,7 +4,9 @@
 //! line that calls it, counting the calls, with a fix that says to remove it; the same loop
 //! without the call is silent. The replay performs each call where the trace made it, so the
 //! trace replays call for call under `verify`. A replay against a small capacity names the
-//! call site of its first OOM.
+//! call site of its first OOM. An offloading loader whose ten shards each run on their own
+//! stream churns because one stream's cached blocks cannot serve another: the warning says
+//! so and gives the per-stream fix, while churn on one stream near capacity keeps its advice.
 
 mod common;
 
@@ -122,4 +124,102 @@ fn a_replay_that_runs_out_names_the_call_site_of_its_first_oom() {
             || site == format!("{}:33", "/home/user/project/model.py"),
         "{site}"
     );
+}
+
+/// An offloading loader: each step runs ten model shards, each loaded (96 MiB) and run (a
+/// 32 MiB activation) on CUDA stream `1 + shard % streams`, on a 1 GiB device that holds a
+/// few shards' caches but not ten.
+fn offloading(steps: usize, streams: u64) -> Snapshot {
+    let mut t = Torch::on_device("", 1 << 30);
+    let mut weights = alloc_frames("empty_strided");
+    weights.extend(at(20));
+    let _w = t.alloc(&weights, 64 * MIB);
+    let mut load = alloc_frames("_to_copy");
+    load.extend(at(40));
+    let mut act = alloc_frames("addmm");
+    act.extend(at(42));
+    for _ in 0..steps {
+        t.annotate("Optimizer.step#AdamW.step", "START");
+        for shard in 0..10u64 {
+            let stream = 1 + shard % streams;
+            let w = t.alloc_on(&load, 96 * MIB, stream);
+            let a = t.alloc_on(&act, 32 * MIB, stream);
+            t.free(a);
+            t.free(w);
+        }
+        t.annotate("Optimizer.step#AdamW.step", "END");
+    }
+    t.finish()
+}
+
+/// A loop on one stream that churns near capacity: a 180 MiB block and then forty 512 KiB
+/// tensors (the small pool's 2 MiB segments) each step, on a 256 MiB device that holds
+/// either cache but not both.
+fn one_stream_near_capacity(steps: usize) -> Snapshot {
+    let mut t = Torch::on_device("", 256 * MIB);
+    let mut weights = alloc_frames("empty_strided");
+    weights.extend(at(20));
+    let _w = t.alloc(&weights, 64 * MIB);
+    let mut big = alloc_frames("addmm");
+    big.extend(at(57));
+    let mut small = alloc_frames("mul");
+    small.extend(at(58));
+    for _ in 0..steps {
+        t.annotate("Optimizer.step#AdamW.step", "START");
+        let b = t.alloc(&big, 180 * MIB);
+        t.free(b);
+        let held: Vec<u64> = (0..40).map(|_| t.alloc(&small, MIB / 2)).collect();
+        for h in held {
+            t.free(h);
+        }
+        t.annotate("Optimizer.step#AdamW.step", "END");
+    }
+    t.finish()
+}
+
+fn churn_of(snapshot: &Snapshot) -> Vec<vramscope_inspector::detect::Finding> {
+    detect(snapshot, &DetectOptions::default())
+        .into_iter()
+        .filter(|f| f.kind == FindingKind::CacheChurn)
+        .collect()
+}
+
+#[test]
+fn churn_on_ten_streams_names_the_per_stream_caches() {
+    let churn = churn_of(&offloading(6, 10));
+    assert_eq!(churn.len(), 1, "{churn:#?}");
+    let f = &churn[0];
+    assert_eq!(f.severity, Severity::Warning);
+    assert_eq!(
+        f.evidence.get("streams").map(|v| v.to_string()).as_deref(),
+        Some("10"),
+        "{f:#?}"
+    );
+    assert!(
+        f.summary.contains("spread over 10 streams"),
+        "{}",
+        f.summary
+    );
+    assert!(
+        f.summary
+            .contains("released from each stream's cache per step"),
+        "{}",
+        f.summary
+    );
+    assert!(f.fix.contains("fewer streams"), "{}", f.fix);
+    assert!(f.fix.contains("record_stream"), "{}", f.fix);
+    assert!(!f.fix.contains("expandable_segments"), "{}", f.fix);
+    assert!(!f.fix.contains("lower the peak"), "{}", f.fix);
+    // The same loader on one stream reuses its one cache: nothing churns.
+    assert!(churn_of(&offloading(6, 1)).is_empty());
+}
+
+#[test]
+fn churn_on_one_stream_keeps_the_single_stream_advice() {
+    let churn = churn_of(&one_stream_near_capacity(6));
+    assert_eq!(churn.len(), 1, "{churn:#?}");
+    let f = &churn[0];
+    assert!(f.evidence.get("streams").is_none(), "{f:#?}");
+    assert!(f.fix.contains("expandable_segments:True"), "{}", f.fix);
+    assert!(!f.fix.contains("record_stream"), "{}", f.fix);
 }

@@ -11,6 +11,15 @@
 //! from `vramscope_engine::empty_cache_calls` (PyTorch records each as a burst of segment
 //! frees whose stack shows `emptyCache`): the finding names the Python line that made them,
 //! counts them, and says to remove the call.
+//!
+//! A cached block serves only the stream it was allocated on. A program that runs its work on
+//! many streams (an offloading loader with a stream per model shard) keeps a cache per stream,
+//! and near capacity the allocator frees one stream's cached segments to allocate on another:
+//! churn that no setting and no lower peak removes. When the loop's segments are spread over
+//! several streams and most of its releases free one stream's cache to allocate on another
+//! (`StreamCaches`), the finding says so (how many streams, the bytes released from each) and
+//! gives the fix that follows: fewer streams, one copy stream shared by the shards, or
+//! `record_stream` so that freed blocks return to one stream's cache.
 
 use vramscope_model::{format_bytes, EventKind};
 
@@ -120,6 +129,21 @@ pub fn cache_churn(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
                 options.assumed_us_per_device_call,
             )
             .float("est_us_per_step", cost_us);
+        let streams = stream_caches(view);
+        if let Some(s) = &streams {
+            let per_stream = per_step(s.released_bytes) / s.streams as f64;
+            f.summary.push_str(&format!(
+                "; the segments are spread over {} streams, and {} of the {} segment releases free one stream's cached memory to allocate on another (a cached block serves only its own stream): about {} released from each stream's cache per step",
+                s.streams,
+                s.cross_releases,
+                s.releases,
+                format_bytes(per_stream.round() as u64)
+            ));
+            f.evidence = std::mem::take(&mut f.evidence)
+                .int("streams", s.streams)
+                .int("cross_stream_releases", s.cross_releases)
+                .float("released_bytes_per_stream_per_step", per_stream);
+        }
         f.fix = if empty_calls > 0 {
             format!(
                 "remove the torch.cuda.empty_cache() call{} from the loop (call it once after training, if at all): each call hands the cache back to the device and the next step pays cudaMalloc for it again",
@@ -127,6 +151,11 @@ pub fn cache_churn(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
                     .as_ref()
                     .map(|(l, _)| format!(" at {l}"))
                     .unwrap_or_default()
+            )
+        } else if let Some(s) = &streams {
+            format!(
+                "each of the {} streams keeps its own cache, and the device cannot hold them all: use fewer streams (one copy stream shared by every shard rather than one per shard), or allocate on one stream and call tensor.record_stream(stream) where another stream uses the tensor, so that freed blocks return to one cache",
+                s.streams
             )
         } else {
             "the cache is flushed and refilled every step: lower the peak (smaller batch, activation checkpointing) or set expandable_segments:True".to_string()
@@ -156,6 +185,52 @@ pub fn cache_churn(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
         f.fix = "remove the torch.cuda.empty_cache() call from the loop".to_string();
         sink.report(f);
     }
+}
+
+/// What the loop's segment calls say of per-stream caches ([`stream_caches`]).
+struct StreamCaches {
+    /// Streams that allocate segments in the loop.
+    streams: u64,
+    /// The loop's segment releases, and those followed by a segment allocation on another
+    /// stream (one stream's cache freed to make room on another).
+    releases: u64,
+    cross_releases: u64,
+    /// Bytes the loop's releases freed.
+    released_bytes: u64,
+}
+
+/// Whether the loop's churn comes from per-stream caches: its segments are allocated on two
+/// streams or more, and at least half of its segment releases are followed by a segment
+/// allocation on a stream other than the released segment's. `None` otherwise.
+fn stream_caches(view: &ModelView<'_>) -> Option<StreamCaches> {
+    let loop_steps = view.loop_steps();
+    let events = &view.snapshot().events;
+    let mut streams: Vec<u64> = Vec::new();
+    let mut released_since: Vec<u64> = Vec::new();
+    let (mut releases, mut cross_releases, mut released_bytes) = (0u64, 0u64, 0u64);
+    for (i, e) in events.iter().enumerate() {
+        let releasing = matches!(e.kind, EventKind::SegmentFree | EventKind::SegmentUnmap);
+        let allocating = matches!(e.kind, EventKind::SegmentAlloc | EventKind::SegmentMap);
+        if !(releasing || allocating) || !loop_steps.contains(&view.event_step(i as u32)) {
+            continue;
+        }
+        if releasing {
+            releases += 1;
+            released_bytes = released_bytes.saturating_add(e.size);
+            released_since.push(e.stream);
+        } else {
+            if let Err(at) = streams.binary_search(&e.stream) {
+                streams.insert(at, e.stream);
+            }
+            cross_releases += released_since.drain(..).filter(|&s| s != e.stream).count() as u64;
+        }
+    }
+    (streams.len() >= 2 && releases > 0 && cross_releases * 2 >= releases).then_some(StreamCaches {
+        streams: streams.len() as u64,
+        releases,
+        cross_releases,
+        released_bytes,
+    })
 }
 
 /// The group with the most loop-step events of the kinds `wanted` selects (lowest id on ties).

@@ -177,16 +177,22 @@ impl Torch {
 
     /// An empty trace with allocator settings in `PYTORCH_CUDA_ALLOC_CONF` syntax.
     pub fn with_config(conf: &str) -> Torch {
+        Torch::on_device(conf, 80 << 30)
+    }
+
+    /// An empty trace with allocator settings `conf` on a device of `capacity` bytes, where
+    /// the allocator frees its cache to retry as PyTorch's does.
+    pub fn on_device(conf: &str, capacity: u64) -> Torch {
         let config = AllocatorConfig::parse(conf).expect("settings parse");
         let mut recording = config.clone();
         recording.record_events = true;
         recording.max_entries = usize::MAX;
-        let alloc = CachingAllocator::new(SimDevice::phantom(80 << 30), recording);
+        let alloc = CachingAllocator::new(SimDevice::phantom(capacity), recording);
         let device = DeviceInfo {
             index: 0,
             name: "NVIDIA H100 80GB HBM3 (planted)".to_string(),
             backend: "cuda".to_string(),
-            capacity: 80 << 30,
+            capacity,
         };
         let mut snap = Snapshot::empty(SnapshotSource::Pytorch, device);
         snap.config = config;
@@ -254,10 +260,15 @@ impl Torch {
 
     /// Allocates `bytes` with the stack `frames` (innermost first); returns the address.
     pub fn alloc(&mut self, frames: &[Frame], bytes: u64) -> u64 {
+        self.alloc_on(frames, bytes, 0)
+    }
+
+    /// [`Torch::alloc`] on CUDA stream `stream` (0 is the default stream).
+    pub fn alloc_on(&mut self, frames: &[Frame], bytes: u64, stream: u64) -> u64 {
         let site = self.site(frames);
         let addr = self
             .alloc
-            .alloc_ptr(bytes, StreamId(0))
+            .alloc_ptr(bytes, StreamId(stream))
             .expect("the planted device has room");
         self.pull(site, Some(bytes));
         addr
