@@ -251,6 +251,10 @@ pub struct Report {
     /// Where the steps came from (the trace's marks, the repeating call-site sequence, or
     /// none), as a phrase.
     pub step_source: String,
+    /// What the input cannot tell, as sentences (a profiler trace of the 2021 format records
+    /// no addresses); absent in JSON when there is nothing to say.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub caveats: Vec<String>,
     /// Headline statistics.
     pub stats: ReportStats,
     /// Findings, most severe first.
@@ -439,6 +443,7 @@ fn build_report_parts(view: &ModelView<'_>, options: &ReportOptions) -> Report {
         },
         steps: view.loop_steps().len() as u64,
         step_source: view.step_source().describe(),
+        caveats: caveats(snapshot),
         stats,
         findings,
         top_sites,
@@ -446,6 +451,25 @@ fn build_report_parts(view: &ModelView<'_>, options: &ReportOptions) -> Report {
         timeline: timeline(view, options),
         memory_summary,
     }
+}
+
+/// What `snapshot`'s format leaves unknown, for [`Report::caveats`].
+fn caveats(snapshot: &Snapshot) -> Vec<String> {
+    let mut caveats = Vec::new();
+    let unaddressed = snapshot.source == SnapshotSource::ChromeTrace
+        && snapshot.events.iter().any(|e| {
+            e.kind == vramscope_model::EventKind::Alloc
+                && e.addr >= crate::import::chrome::SYNTHETIC_ADDRESS_BASE
+        });
+    if unaddressed {
+        caveats.push(
+            "the trace's memory events carry no addresses (the 2021 profiler format): the \
+             allocated curve is exact, from the deltas, but which allocation each free released \
+             is matched by size, so what each line holds at a moment is an estimate"
+                .to_string(),
+        );
+    }
+    caveats
 }
 
 /// Which kinds of activity a format records, so that a figure it cannot know is `null` in

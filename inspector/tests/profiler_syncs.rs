@@ -205,6 +205,7 @@ fn an_item_per_element_warns_at_its_line() {
     assert_eq!(waited.len(), 96);
     assert!(waited.iter().all(|&ns| ns == 5_000), "{waited:?}");
     let (found, report) = syncs_found(&snapshot);
+    assert!(report.caveats.is_empty());
     assert_eq!(found.len(), 1, "{:?}", report.findings);
     let f = &found[0];
     assert_eq!(f.site.as_deref(), Some("/home/u/train.py:44"));
@@ -379,6 +380,12 @@ fn the_2021_format_with_call_stacks_and_bytes_only_memory() {
     assert_eq!(found.len(), 1);
     assert_eq!(found[0].site.as_deref(), Some("/home/u/old.py:17"));
     assert_eq!(found[0].count, 27);
+    assert_eq!(report.caveats.len(), 1);
+    assert!(
+        report.caveats[0].contains("no addresses"),
+        "{:?}",
+        report.caveats
+    );
     // The curve from the deltas: one block live at the end, two at the peak.
     assert_eq!(report.stats.allocated_bytes, total as u64);
     assert_eq!(report.stats.peak_allocated_bytes, 2 << 20);

@@ -935,7 +935,7 @@ fn memory_event(ts: Num, args: &Args<'_>, thread: u32) -> Option<Memory> {
 
 /// Where the importer places the blocks of memory events that carry no address (the 2021
 /// format's `Bytes`-only events): far above any device's real addresses, below 2^63.
-const SYNTHETIC_ADDRESS_BASE: u64 = 1 << 62;
+pub const SYNTHETIC_ADDRESS_BASE: u64 = 1 << 62;
 
 /// Gives every memory event without an address (the 2021 format) one that pairs it: an
 /// allocation a fresh block, a free the latest live block of its size on its device, or, when

@@ -125,6 +125,7 @@ fn stat_lines(report: &Report) -> Vec<String> {
     if !report.step_source.is_empty() {
         lines.push(report.step_source.clone());
     }
+    lines.extend(report.caveats.iter().map(|c| format!("note: {c}")));
     let mut peak = format!("peak allocated {}", format_bytes(s.peak_allocated_bytes));
     if let Some(event) = s.peak_allocated_event {
         let _ = write!(peak, " (after event {event})");
