@@ -6,8 +6,8 @@
 //! own wait (a few `pause`s, then `sched_yield` calls, then a futex sleep) gave the core away,
 //! at the cost of context switches and wake-up calls, for waits shorter than a switch; and a
 //! waiter that looks often takes the lock in the holder's gap between two operations, so the
-//! books' cache lines move between cores every few operations. BENCHMARKS.md ("Threads on
-//! separate streams") has the measurements. Built with `RUSTFLAGS="--cfg loom"` it is loom's,
+//! books' cache lines move between cores every few operations. docs/history/benchmarks.md
+//! ("Threads on separate streams") has the measurements. Built with `RUSTFLAGS="--cfg loom"` it is loom's,
 //! so that `tests/loom.rs` can explore every interleaving of allocations, frees and a consumer
 //! pulling events from the ring by sequence number (`events_since`), as the telemetry publisher
 //! does.

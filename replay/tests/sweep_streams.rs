@@ -2,14 +2,14 @@
 //! (issue 33). The sweep replays the trace under every setting of `sweep_configs`, so work
 //! per event that grew with the number of streams would be paid once per stream per setting,
 //! and work that does not depend on the setting (the walk through the trace for its own
-//! figures and start) is done once. The test checks the answers; BENCHMARKS.md has the time.
+//! figures and start) is done once. The test checks the answers; docs/history/benchmarks.md has the time.
 
 use vramscope_caching::{CachingAllocator, SimDevice, StreamId};
 use vramscope_model::{AllocatorConfig, EventKind, Snapshot};
 use vramscope_replay::{replay, sweep, sweep_configs, ReplayOptions};
 
 /// The streams of the trace: enough that work per event growing with the streams would show
-/// in the benchmark (BENCHMARKS.md runs 100,000), few enough that a debug build of the suite
+/// in the benchmark (docs/history/benchmarks.md runs 100,000), few enough that a debug build of the suite
 /// runs it in seconds.
 const STREAMS: u64 = 4_000;
 
