@@ -52,6 +52,21 @@ pub fn devices_with_data_and_sole(snapshot: &Snapshot) -> (Vec<u32>, bool) {
     (devices, sole)
 }
 
+/// The parts of `snapshot` a report of the whole file describes: every device with data, in
+/// device order, for a snapshot of several; else the one device with events, without the
+/// segments of devices that have none; else the snapshot itself.
+pub fn parts(snapshot: Snapshot) -> Vec<Snapshot> {
+    let (available, sole) = devices_with_data_and_sole(&snapshot);
+    match available.as_slice() {
+        [_, _, ..] => available
+            .iter()
+            .map(|&d| only_device(&snapshot, d))
+            .collect(),
+        &[d] if !sole => vec![only_device(&snapshot, d)],
+        _ => vec![snapshot],
+    }
+}
+
 /// Whether `snapshot` holds data of more than one device.
 pub fn is_multi_device(snapshot: &Snapshot) -> bool {
     devices_with_data(snapshot).len() > 1

@@ -28,8 +28,8 @@ pub use location::{path_ref, source_line, AnnotationOptions, PathRef, SourceLine
 pub use sarif::{render_sarif, sarif_level, SARIF_SCHEMA_URI, SOURCE_ROOT_BASE_ID};
 pub(crate) use text::activity_sentence;
 pub use text::{
-    activity_line, bytes_or_na, device_label, evidence_sentence, gap_sentences, headline,
-    render_markdown, render_summary, render_text, verdict,
+    activity_line, bytes_or_na, device_label, device_label_of, evidence_sentence, gap_sentences,
+    headline, render_markdown, render_summary, render_text, verdict,
 };
 
 /// Version of the JSON report schema. Keys are only ever added within a version.

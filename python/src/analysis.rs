@@ -25,6 +25,15 @@ pub fn report_text(snapshot: &Snapshot) -> String {
     render(&build_report(snapshot, &options), Format::Text, false)
 }
 
+/// The inspector's text report on a file whose devices' parts are `parts`, as `vramscope
+/// report` prints it: opening with the whole file's verdict.
+pub fn report_text_of_parts(parts: &[Snapshot]) -> String {
+    let mut options = ReportOptions::default();
+    options.explorer = false;
+    let reports: Vec<_> = parts.iter().map(|p| build_report(p, &options)).collect();
+    vramscope_inspector::report::render_file(&reports, Format::Text, false)
+}
+
 /// What the pytest marker checks.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Limits {

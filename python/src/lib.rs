@@ -102,7 +102,25 @@ fn file_findings(
 ) -> PyResult<Vec<report::Finding>> {
     let log = log_data(log);
     off_the_interpreter(py, move || {
-        Ok(report::findings_of(&load_with(&path, log.as_ref())?))
+        // A file of several devices is its devices, each finding saying its own.
+        let parts = vramscope_inspector::devices::parts(load_with(&path, log.as_ref())?);
+        let many = parts.len() > 1;
+        Ok(parts
+            .iter()
+            .flat_map(|part| {
+                let label = vramscope_inspector::report::device_label_of(
+                    &part.device.name,
+                    part.device.index,
+                );
+                report::findings_of(part).into_iter().map(move |f| {
+                    if many {
+                        f.on_device(&label)
+                    } else {
+                        f
+                    }
+                })
+            })
+            .collect())
     })
 }
 
@@ -137,7 +155,8 @@ fn file_report_text(
 ) -> PyResult<String> {
     let log = log_data(log);
     off_the_interpreter(py, move || {
-        Ok(analysis::report_text(&load_with(&path, log.as_ref())?))
+        let parts = vramscope_inspector::devices::parts(load_with(&path, log.as_ref())?);
+        Ok(analysis::report_text_of_parts(&parts))
     })
 }
 

@@ -138,7 +138,7 @@ pub struct Finding {
 
 impl Finding {
     /// The finding with the device it is on.
-    fn on_device(mut self, device: &str) -> Finding {
+    pub fn on_device(mut self, device: &str) -> Finding {
         self.device = Some(device.to_string());
         self
     }
@@ -511,16 +511,7 @@ pub fn device_parts(
                 .join(", ")
         ))),
         Some(d) => Ok(vec![devices::only_device(&snapshot, d)]),
-        None if available.len() > 1 => Ok(available
-            .iter()
-            .map(|&d| devices::only_device(&snapshot, d))
-            .collect()),
-        None => match available.first() {
-            Some(&d) if !devices::holds_only(&snapshot, d) => {
-                Ok(vec![devices::only_device(&snapshot, d)])
-            }
-            _ => Ok(vec![snapshot]),
-        },
+        None => Ok(devices::parts(snapshot)),
     }
 }
 

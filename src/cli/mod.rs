@@ -312,7 +312,7 @@ fn require_data(snapshot: &Snapshot, file: &std::path::Path) -> Result<(), Failu
 /// The parts of `snapshot` to report on: the device asked for, else every device with data
 /// (one part for a single-device snapshot).
 fn device_parts(snapshot: Snapshot, device: Option<u32>) -> Result<Vec<Snapshot>, Failure> {
-    let (available, sole) = devices::devices_with_data_and_sole(&snapshot);
+    let available = devices::devices_with_data(&snapshot);
     match device {
         Some(d) if !available.contains(&d) => Err(Failure::input(format!(
             "the snapshot has no data for device {d} (it has device{} {})",
@@ -324,15 +324,9 @@ fn device_parts(snapshot: Snapshot, device: Option<u32>) -> Result<Vec<Snapshot>
                 .join(", ")
         ))),
         Some(d) => Ok(vec![devices::only_device(&snapshot, d)]),
-        None if available.len() > 1 => Ok(available
-            .iter()
-            .map(|&d| devices::only_device(&snapshot, d))
-            .collect()),
-        // One device with events: its part, without the segments of devices that have none.
-        None => match available.first() {
-            Some(&d) if !sole => Ok(vec![devices::only_device(&snapshot, d)]),
-            _ => Ok(vec![snapshot]),
-        },
+        // Every device with data; one device with events is its part, without the segments
+        // of devices that have none.
+        None => Ok(devices::parts(snapshot)),
     }
 }
 

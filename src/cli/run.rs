@@ -221,13 +221,20 @@ impl Drop for IgnoredInterrupts {
     }
 }
 
-/// The report's verdict on the snapshot at `path`.
+/// The report's verdict on the snapshot at `path`: the whole file's, every device counted, or
+/// the sentence every face says of an empty dump.
 fn verdict_of(path: &Path) -> Result<String, String> {
     let snapshot = import::load_with(path, &ImportOptions::default()).map_err(|e| e.to_string())?;
+    if let Some(message) = report::nothing_to_analyse(&snapshot, &path.display().to_string()) {
+        return Ok(message);
+    }
     let mut options = ReportOptions::default();
     options.explorer = false;
-    let built = report::build_report(&snapshot, &options);
-    Ok(report::verdict(&built))
+    let built: Vec<report::Report> = crate::inspector::devices::parts(snapshot)
+        .iter()
+        .map(|part| report::build_report(part, &options))
+        .collect();
+    Ok(report::file_verdict(&built))
 }
 
 /// `path` with `suffix` added before its extension: `run.pickle` → `run-oom.pickle`.
@@ -329,5 +336,31 @@ mod tests {
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(exit_code(&std::process::ExitStatus::from_raw(9)), 137);
         assert_eq!(exit_code(&std::process::ExitStatus::from_raw(3 << 8)), 3);
+    }
+
+    /// The verdict `run` prints after the script is the whole file's: on a 3-GPU snapshot
+    /// whose cuda:1 ran out of memory it names that OOM, and an empty snapshot is said to be
+    /// empty, not clean (issue 42, items 4 and 11).
+    #[test]
+    fn the_verdict_is_the_whole_files() {
+        let dir =
+            std::env::temp_dir().join(format!("vramscope-run-verdict-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let three = dir.join("three.json");
+        vramscope_testkit::three_devices_oom_on_1()
+            .save(&three)
+            .unwrap();
+        let verdict = verdict_of(&three).unwrap();
+        assert!(
+            verdict.starts_with("1 problem found: oom on cuda:1 at "),
+            "{verdict}"
+        );
+        let empty = dir.join("empty.json");
+        crate::Snapshot::empty(crate::model::SnapshotSource::Vramscope, Default::default())
+            .save(&empty)
+            .unwrap();
+        let verdict = verdict_of(&empty).unwrap();
+        assert!(verdict.contains("nothing to analyse"), "{verdict}");
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -322,11 +322,15 @@ fn problems_verdict(problems: Vec<(&Finding, Option<String>)>, none_suffix: &str
 /// The name of a report's device among a file's several: its name when that names the device
 /// (`cuda:1`), else `device N` (a simulated device's name is the same for every index).
 pub fn device_label(report: &Report) -> String {
-    let name = &report.device.name;
-    if name.starts_with("cuda:") || name.ends_with(&format!(":{}", report.device.index)) {
-        name.clone()
+    device_label_of(&report.device.name, report.device.index)
+}
+
+/// [`device_label`] of a device named `name` with index `index`.
+pub fn device_label_of(name: &str, index: u32) -> String {
+    if name.starts_with("cuda:") || name.ends_with(&format!(":{index}")) {
+        name.to_string()
     } else {
-        format!("device {}", report.device.index)
+        format!("device {index}")
     }
 }
 
