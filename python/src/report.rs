@@ -131,8 +131,8 @@ pub struct Finding {
     made_at: Option<String>,
     frames: Vec<String>,
     sites: Vec<FindingSite>,
-    /// The device the finding is on (`cuda:1`), for a finding of a report of a file; `None`
-    /// for one made by hand or from a JSON entry.
+    /// The device the finding is on (`cuda:1`), for a finding of a report of a file of several
+    /// devices; `None` otherwise.
     device: Option<String>,
 }
 
@@ -428,8 +428,8 @@ impl Finding {
         self.frames.clone()
     }
 
-    /// The device the finding is on (`"cuda:1"`), when it comes from a report of a file;
-    /// `None` for a finding made by hand.
+    /// The device the finding is on (`"cuda:1"`), when it comes from a report of a file of
+    /// several devices; `None` otherwise.
     #[getter]
     fn device(&self) -> Option<&str> {
         self.device.as_deref()
@@ -774,15 +774,21 @@ impl Report {
     }
 
     /// The findings of every device, each device's most severe first, the worst device
-    /// first; each says its `device`.
+    /// first; for a file of several devices each says its `device`.
     #[getter]
     fn findings(&self) -> Vec<Finding> {
+        let many = self.parts.len() > 1;
         self.order
             .iter()
             .flat_map(|&i| {
                 let part = &self.parts[i].inner;
-                part.findings.iter().map(|f| {
-                    Finding::from_inspector(f).on_device(&inspector_report::device_label(part))
+                part.findings.iter().map(move |f| {
+                    let finding = Finding::from_inspector(f);
+                    if many {
+                        finding.on_device(&inspector_report::device_label(part))
+                    } else {
+                        finding
+                    }
                 })
             })
             .collect()
