@@ -67,3 +67,18 @@ def test_a_device_is_a_value_error_saying_so():
         pytest.skip("no /dev/zero here")
     with pytest.raises(ValueError, match="a device"):
         vramscope.load("/dev/zero")
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="no symbolic links here")
+def test_a_snapshot_is_never_written_through_a_link(tmp_path):
+    precious = tmp_path / "precious"
+    precious.write_text("keep me")
+    link = tmp_path / "run.json"
+    os.symlink(precious, link)
+    alloc = vramscope.SimAllocator("1 GiB")
+    kept = alloc.alloc(1 << 20)
+    alloc.snapshot(str(link))
+    assert precious.read_text() == "keep me"
+    assert not link.is_symlink() and link.stat().st_size > 100
+    assert vramscope.load(link).peak_allocated >= 1 << 20
+    del kept
