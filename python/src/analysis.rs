@@ -22,7 +22,10 @@ pub fn findings(snapshot: &Snapshot) -> Vec<Finding> {
 pub fn report_text(snapshot: &Snapshot) -> String {
     let mut options = ReportOptions::default();
     options.explorer = false;
-    render(&build_report(snapshot, &options), Format::Text, false)
+    let text = render(&build_report(snapshot, &options), Format::Text, false);
+    // Escaped as the command line's door escapes it: printed in a CI log, no line of it is a
+    // workflow command.
+    vramscope_inspector::terminal::sanitize_output(&text, false).into_owned()
 }
 
 /// The inspector's text report on a file whose devices' parts are `parts`, as `vramscope
@@ -31,7 +34,8 @@ pub fn report_text_of_parts(parts: &[Snapshot]) -> String {
     let mut options = ReportOptions::default();
     options.explorer = false;
     let reports: Vec<_> = parts.iter().map(|p| build_report(p, &options)).collect();
-    vramscope_inspector::report::render_file(&reports, Format::Text, false)
+    let text = vramscope_inspector::report::render_file(&reports, Format::Text, false);
+    vramscope_inspector::terminal::sanitize_output(&text, false).into_owned()
 }
 
 /// What the pytest marker checks.

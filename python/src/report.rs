@@ -188,10 +188,13 @@ impl Finding {
         {
             let _ = write!(place, " (made at {made_at})");
         }
-        format!(
+        // One line, printed as it is: the file's text in it escaped as the command line
+        // escapes it (no control, line break or CI workflow command).
+        let line = format!(
             "{} {} at {place}: {} Fix: {}",
             self.severity, self.kind, self.summary, self.fix
-        )
+        );
+        vramscope_inspector::terminal::sanitize(&line).into_owned()
     }
 }
 
@@ -815,7 +818,8 @@ impl Report {
 
     /// The text report, as `vramscope report` prints it (every device of the file).
     fn summary(&self) -> String {
-        render_file(&self.inners(), Format::Text, false)
+        let text = render_file(&self.inners(), Format::Text, false);
+        vramscope_inspector::terminal::sanitize_output(&text, false).into_owned()
     }
 
     /// PyTorch's `memory_summary()` table of the snapshot, or `None` when it has no data.

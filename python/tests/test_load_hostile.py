@@ -82,3 +82,35 @@ def test_a_snapshot_is_never_written_through_a_link(tmp_path):
     assert not link.is_symlink() and link.stat().st_size > 100
     assert vramscope.load(link).peak_allocated >= 1 << 20
     del kept
+
+
+def test_text_from_a_file_reaches_no_ci_runner_through_python(tmp_path):
+    """A site named with a line break and GitHub workflow commands: the summary and each
+    finding's text, printed in a CI job, hold no line break of the file's, no line that starts
+    with `::` and no `##[` (issue 44, items 3 and 4)."""
+    import json
+
+    alloc = vramscope.SimAllocator("2 GiB")
+    kept = []
+    for _ in range(6):
+        alloc.mark_step()
+        kept.append(alloc.alloc(4 << 20))
+    path = tmp_path / "run.json"
+    alloc.snapshot(str(path))
+    snap = json.loads(path.read_text())
+    hostile = "BEFORE\n::add-mask::AFTER\r\n  ::stop-commands::t\n##[set-output name=x;]y"
+    for site in snap["sites"]:
+        site["file"] = hostile + ".py"
+        site["frames"] = []
+    path.write_text(json.dumps(snap))
+    report = vramscope.load(path)
+    assert report.findings, "the leak is found"
+    texts = [report.summary()] + [f.text for f in report.findings] + [str(f) for f in report.findings]
+    for text in texts:
+        assert "##[" not in text and "\r" not in text, text
+        for line in text.splitlines():
+            assert not line.lstrip(" \t").startswith("::"), line
+            assert "AFTER" not in line or "BEFORE" in line, line
+    # The values themselves stay the file's own text.
+    assert any(f.site and f.site.startswith(hostile) for f in report.findings)
+    del kept
