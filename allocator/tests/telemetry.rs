@@ -350,20 +350,6 @@ fn a_stale_socket_is_replaced_but_another_file_is_never_touched() {
 }
 
 #[test]
-fn vramscope_listen_starts_a_publisher() {
-    let alloc = allocator();
-    let path = socket_path("env");
-    std::env::set_var("VRAMSCOPE_LISTEN", format!("unix:{}", path.display()));
-    let telemetry = Telemetry::from_env(&alloc).unwrap().expect("a publisher");
-    std::env::set_var("VRAMSCOPE_LISTEN", "off");
-    assert!(Telemetry::from_env(&alloc).unwrap().is_none());
-    std::env::remove_var("VRAMSCOPE_LISTEN");
-    assert_eq!(telemetry.addr(), &TelemetryAddr::Unix(path));
-    let mut client = TelemetryClient::connect(telemetry.addr()).unwrap();
-    attach(&mut client);
-}
-
-#[test]
 fn a_dashboard_turned_away_is_told_why() {
     let alloc = allocator();
     let mut options = ServeOptions::default();

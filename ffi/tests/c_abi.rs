@@ -3,7 +3,6 @@
 
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use libloading::{Library, Symbol};
 
@@ -32,28 +31,17 @@ fn library_path() -> PathBuf {
         .unwrap_or_else(|| panic!("{name} not built under {}", dir.display()))
 }
 
-/// The library's allocators are process-wide, so tests that use them in this process take
-/// turns.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// The Unix socket the library publishes live telemetry on in these tests.
 fn telemetry_socket() -> PathBuf {
     std::env::temp_dir().join(format!("vramscope-ffi-{}.sock", std::process::id()))
 }
 
 fn load() -> Library {
-    std::env::set_var("VRAMSCOPE_BACKEND", "sim");
-    std::env::set_var(
-        "VRAMSCOPE_LISTEN",
-        format!("unix:{}", telemetry_socket().display()),
-    );
     // SAFETY: the library is this workspace's own cdylib.
     unsafe { Library::new(library_path()) }.expect("the C library loads")
 }
 
-#[test]
 fn allocates_frees_and_reports_misuse_without_aborting() {
-    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let lib = load();
     // SAFETY: each symbol is looked up with the signature it is defined with in src/lib.rs, and
     // called with valid arguments or with the misuse the test is about.
@@ -94,9 +82,7 @@ fn allocates_frees_and_reports_misuse_without_aborting() {
     }
 }
 
-#[test]
 fn writes_a_snapshot_on_request() {
-    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let lib = load();
     let path = std::env::temp_dir().join(format!("vramscope-ffi-snap-{}.json", std::process::id()));
     let c_path = CString::new(path.to_str().unwrap()).unwrap();
@@ -116,11 +102,9 @@ fn writes_a_snapshot_on_request() {
     std::fs::remove_file(path).ok();
 }
 
-#[test]
 fn scopes_opened_through_the_abi_name_the_allocations() {
     type PushScope = unsafe extern "C" fn(c_int, *const c_char) -> c_int;
     type PopScope = unsafe extern "C" fn() -> c_int;
-    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let lib = load();
     let path =
         std::env::temp_dir().join(format!("vramscope-ffi-scopes-{}.json", std::process::id()));
@@ -181,11 +165,9 @@ fn resident_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
-#[test]
 fn thirty_thousand_scopes_never_closed_are_refused_past_the_cap_and_the_host_lives_on() {
     type PushScope = unsafe extern "C" fn(c_int, *const c_char) -> c_int;
     type PopScope = unsafe extern "C" fn() -> c_int;
-    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let lib = load();
     let pushes = 30_000;
     let cap = 1024;
@@ -237,35 +219,8 @@ fn thirty_thousand_scopes_never_closed_are_refused_past_the_cap_and_the_host_liv
     }
 }
 
-fn vramscope_allocator_snapshot(path: &Path) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
-}
-
-#[test]
-fn writes_a_snapshot_when_the_host_process_exits() {
-    let path = std::env::temp_dir().join(format!("vramscope-ffi-exit-{}.json", std::process::id()));
-    std::fs::remove_file(&path).ok();
-    let host = target_dir().join("examples").join("exit_snapshot");
-    let output = Command::new(&host)
-        .arg(library_path())
-        .env("VRAMSCOPE_BACKEND", "sim")
-        .env("VRAMSCOPE_SNAPSHOT_ON_EXIT", &path)
-        .output()
-        .unwrap_or_else(|e| panic!("{}: {e}", host.display()));
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let snap = vramscope_allocator_snapshot(&path);
-    assert_eq!(snap["stats"]["allocation"]["all"]["current"], 1);
-    std::fs::remove_file(path).ok();
-}
-
-#[test]
 fn publishes_live_telemetry_when_asked() {
     use vramscope_telemetry::{Frame, TelemetryAddr, TelemetryClient};
-    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let lib = load();
     // SAFETY: as above.
     let block = unsafe {
@@ -286,5 +241,47 @@ fn publishes_live_telemetry_when_asked() {
     unsafe {
         let free: Symbol<Free> = lib.get(b"vramscope_free").unwrap();
         free(block, 2048, 0, std::ptr::null_mut());
+    }
+}
+
+/// The snapshot the library wrote at `path`, as JSON.
+fn vramscope_allocator_snapshot(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// The cases above, in turn, in one test: the library's allocators are process-wide and read
+/// their settings from the environment when the library loads, and setting a variable while
+/// another test thread reads the environment is undefined behaviour, so this binary holds one
+/// test, which sets the environment once before anything reads it. (The snapshot written at a
+/// host's exit runs in a child process, in `c_abi_exit.rs`.)
+#[test]
+fn the_c_abi_in_one_process() {
+    std::env::set_var("VRAMSCOPE_BACKEND", "sim");
+    std::env::set_var(
+        "VRAMSCOPE_LISTEN",
+        format!("unix:{}", telemetry_socket().display()),
+    );
+    let cases: [(&str, fn()); 5] = [
+        (
+            "allocates_frees_and_reports_misuse_without_aborting",
+            allocates_frees_and_reports_misuse_without_aborting,
+        ),
+        ("writes_a_snapshot_on_request", writes_a_snapshot_on_request),
+        (
+            "scopes_opened_through_the_abi_name_the_allocations",
+            scopes_opened_through_the_abi_name_the_allocations,
+        ),
+        (
+            "thirty_thousand_scopes_never_closed_are_refused_past_the_cap_and_the_host_lives_on",
+            thirty_thousand_scopes_never_closed_are_refused_past_the_cap_and_the_host_lives_on,
+        ),
+        (
+            "publishes_live_telemetry_when_asked",
+            publishes_live_telemetry_when_asked,
+        ),
+    ];
+    for (name, case) in cases {
+        println!("case {name}");
+        case();
     }
 }

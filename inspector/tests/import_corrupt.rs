@@ -83,15 +83,12 @@ fn truncated_pickles_are_errors() {
         assert!(e.to_string().starts_with("cut.pickle: "), "{e}");
     }
     // A truncated real snapshot, when the shared traces are present.
-    let dir = std::env::var_os("VRAMSCOPE_TRACES")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces")
-        });
-    let Ok(bytes) = std::fs::read(dir.join("decomfl_opt125m_zo_fedlearn.pickle")) else {
-        println!("skipped: shared traces not found at {}", dir.display());
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let Some(path) = vramscope_testkit::shared_trace(&root, "decomfl_opt125m_zo_fedlearn.pickle")
+    else {
         return;
     };
+    let bytes = std::fs::read(path).expect("a shared trace reads");
     for k in 1..8 {
         let end = bytes.len() * k / 8;
         let e = load(&bytes[..end], "decomfl-cut.pickle").unwrap_err();

@@ -12,7 +12,7 @@
 //! after they are filled, new frame dicts inside an entry, `FRAME` opcodes between an entry's
 //! opcodes, and the bytes of all of these cut or changed at random.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use vramscope_inspector::import::pytorch::{
     from_document, from_pickle_bytes, from_pickle_bytes_generic,
@@ -53,17 +53,11 @@ fn agree(bytes: &[u8], what: &str) -> Result<vramscope_model::Snapshot, String> 
 
 #[test]
 fn the_shared_traces_import_the_same_through_either_path() {
-    let dir = match std::env::var_os("VRAMSCOPE_TRACES") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces"),
-    };
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        println!(
-            "no shared traces at {}: the fast path is checked on generated traces only",
-            dir.display()
-        );
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let Some(dir) = vramscope_testkit::shared_traces_folder(&root) else {
         return;
     };
+    let entries = std::fs::read_dir(&dir).expect("the shared traces folder lists");
     let mut pickles: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "pickle"))

@@ -6,7 +6,7 @@
 //! only (run with `--release --nocapture` for meaningful figures).
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use vramscope_inspector::import::{self, sites, ImportOptions};
@@ -14,23 +14,16 @@ use vramscope_model::{BlockState, Event, EventKind, Pool, Snapshot, SnapshotSour
 
 const MIB: u64 = 1 << 20;
 
-/// The traces folder, or `None` (after printing one line) when it is absent.
-fn traces_dir() -> Option<PathBuf> {
-    let dir = match std::env::var_os("VRAMSCOPE_TRACES") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces"),
-    };
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        println!("skipped: shared traces not found at {}", dir.display());
-        None
-    }
+/// A shared trace, or `None` (after printing one line) when it is absent; with
+/// `VRAMSCOPE_REQUIRE_TRACES=1`, an absent trace fails the test instead.
+fn trace(name: &str) -> Option<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    vramscope_testkit::shared_trace(&root, name)
 }
 
 /// Imports one trace, printing the time it took.
 fn load(name: &str) -> Option<Snapshot> {
-    let path = traces_dir()?.join(name);
+    let path = trace(name)?;
     let start = Instant::now();
     let snapshot = match import::load(&path) {
         Ok(s) => s,
@@ -193,14 +186,13 @@ fn decomfl_pickle() {
 
 #[test]
 fn decomfl_pickle_matches_flattened_csv() {
-    let Some(dir) = traces_dir() else {
+    let Some(csv) = trace("decomfl_opt125m_zo_fedlearn.events.csv") else {
         return;
     };
     let Some(s) = load("decomfl_opt125m_zo_fedlearn.pickle") else {
         return;
     };
-    let csv = std::fs::read_to_string(dir.join("decomfl_opt125m_zo_fedlearn.events.csv"))
-        .expect("the CSV sits next to the pickle");
+    let csv = std::fs::read_to_string(csv).expect("the CSV sits next to the pickle");
     let rows: Vec<&str> = csv.lines().skip(1).filter(|l| !l.is_empty()).collect();
     assert_eq!(rows.len(), s.events.len());
     let t0: u64 = rows[0].split(',').nth(5).unwrap().parse().unwrap();
@@ -296,12 +288,11 @@ fn cs336_pickle() {
 
 #[test]
 fn cs336_step_marker() {
-    let Some(dir) = traces_dir() else {
+    let Some(path) = trace("cs336_medium_ctx512_train_step.pickle") else {
         return;
     };
     let mut options = ImportOptions::default();
     options.step_marker = Some("step".to_string());
-    let path = dir.join("cs336_medium_ctx512_train_step.pickle");
     let s = import::load_with(&path, &options).unwrap();
     assert!(!s.steps.is_empty());
     assert!(s.steps.iter().all(|m| m.label == "step"));

@@ -134,6 +134,25 @@ pub fn shared_trace(workspace_root: &Path, name: &str) -> Option<PathBuf> {
     None
 }
 
+/// The shared traces folder for a test that reads every trace in it, or `None` after a
+/// [`skip_notice`] naming where it looked. With [`REQUIRE_TRACES_ENV`] set, an absent folder
+/// panics instead, as [`shared_trace`] does for one file.
+pub fn shared_traces_folder(workspace_root: &Path) -> Option<PathBuf> {
+    let dir = traces_dir_path(workspace_root);
+    if dir.is_dir() {
+        return Some(dir);
+    }
+    let reason = format!(
+        "shared traces not found at {} (set {TRACES_ENV} to the traces folder)",
+        dir.display()
+    );
+    if traces_required() {
+        panic!("{reason}; {REQUIRE_TRACES_ENV} is set, so a missing folder fails");
+    }
+    skip_notice(&reason);
+    None
+}
+
 /// A short run on simulated device `index`: a block of `bytes` kept throughout, and three
 /// steps that each allocate and free half that. Its snapshot, with history.
 pub fn device_run(index: u32, bytes: u64) -> vramscope_model::Snapshot {
