@@ -4,8 +4,8 @@
 //! names the call site.
 //!
 //! The findings are the inspector's, with its default settings: `sync_in_loop` reports
-//! explicit syncs (those PyTorch's sync debug mode reported, recorded by `crate::host`) from one
-//! per step, `info` at one and a warning above, by the same rule as `vramscope report`.
+//! explicit syncs (those PyTorch's sync debug mode reported, recorded by `crate::host`) from two
+//! per step, as a warning (one per step is no finding), by the same rule as `vramscope report`.
 
 use vramscope_inspector::checks;
 use vramscope_inspector::detect::{detect, DetectOptions, Finding};

@@ -58,7 +58,7 @@ def test_use_allocator_without_torch_says_it_needs_torch():
     assert vramscope.active() is None
 
 
-def test_one_sync_per_step_is_info_and_more_is_a_warning():
+def test_one_sync_per_step_is_no_finding_but_is_counted():
     recorder = SyncRecorder()
     saved = warnings.showwarning
     with warnings.catch_warnings():
@@ -69,10 +69,12 @@ def test_one_sync_per_step_is_info_and_more_is_a_warning():
                 fake_item()  # ONCE-PER-STEP
         finally:
             warnings.showwarning = saved
+    # Reading a value once per step is the advice itself (issue 43): no finding, but the waits
+    # are counted and a limit below them fails.
     findings = recorder.findings()
-    assert [(f.site, f.severity, f.count) for f in findings] == [
-        (f"{HERE}:{line_of(HERE, '# ONCE-PER-STEP')}", "info", 5)]
+    assert [f for f in findings if f.kind == "sync_in_loop"] == []
     assert recorder.check(1) is None
+    assert recorder.check(0) is not None
     assert recorder.log.syncs == 5
 
 
