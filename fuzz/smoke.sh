@@ -19,6 +19,7 @@ seeds_of() {
       echo seeds/snapshots ;;
     config) echo seeds/config ;;
     metrics_request) echo seeds/metrics_request ;;
+    pickle_lengths) echo seeds/pickle_lengths ;;
     *) echo "" ;;
   esac
 }

@@ -63,3 +63,17 @@ write("config/roundup.txt", b"roundup_power2_divisions:[256:1,512:2,>:8],backend
 # metrics_request: two bytes of limits (head bytes, header lines), then a request's head.
 write("metrics_request/get.bin", b"\xff\x10GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
 write("metrics_request/head.bin", b"\x40\x02HEAD / HTTP/1.0\r\n\r\n")
+# pickle_lengths (issue 44): seven bytes choose an opcode with a length or an index, the top of
+# its field, how far below it, the protocol, the values before it and the piece size; then the
+# bytes after it. One seed per opcode at each top its field has (2^64 and 2^63 for the
+# eight-byte ones, 2^32 and 2^31 for the four-byte ones, 2^8 for the one-byte ones), 9 below,
+# protocol 5, no value before the opcode but for LONG_BINPUT's: the first is the issue's
+# 15-byte pickle.
+SIZED = ["BINBYTES8", "BINUNICODE8", "BYTEARRAY8", "FRAME", "BINUNICODE", "BINBYTES",
+         "BINSTRING", "LONG4", "LONG_BINGET", "LONG_BINPUT", "LONG1", "SHORT_BINBYTES"]
+for choice, name in enumerate(SIZED):
+    tops = (0, 1) if choice < 4 else (2, 3) if choice < 10 else (4,)
+    for top in tops:
+        before = 1 if name == "LONG_BINPUT" else 0
+        write(f"pickle_lengths/{name}-top{top}.bin",
+              bytes([choice, top, 9, 0, 3, before, 7]) + b"N.N.")
