@@ -88,8 +88,19 @@ pub fn render_html(report: &Report) -> String {
     out.push_str("<ul class=\"stats\">\n");
     let _ = writeln!(
         out,
-        "<li>{} events, {} steps, {} allocations, {} frees ({} of blocks allocated before the trace)</li>",
-        s.events, report.steps, s.allocations, s.frees, s.unmatched_frees
+        "<li>{} events, {}, {} allocations, {} frees{}</li>",
+        s.events,
+        vramscope_model::plural(report.steps, "step"),
+        s.allocations,
+        s.frees,
+        if s.unmatched_frees > 0 {
+            format!(
+                " (and {} of blocks allocated before the trace)",
+                vramscope_model::plural(s.unmatched_frees, "free")
+            )
+        } else {
+            String::new()
+        }
     );
     let _ = writeln!(
         out,
@@ -118,11 +129,7 @@ pub fn render_html(report: &Report) -> String {
         }
     }
 
-    let (errors, warnings, infos) = report.counts();
-    let _ = writeln!(
-        out,
-        "<h2>Findings ({errors} error(s), {warnings} warning(s), {infos} info)</h2>"
-    );
+    let _ = writeln!(out, "<h2>Findings ({})</h2>", report.counts_phrase());
     if report.findings.is_empty() {
         out.push_str("<p>None.</p>\n");
     } else {

@@ -682,15 +682,13 @@ pub fn render_markdown(comparison: &RankComparison) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} errors, {} warnings, {} infos | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} |",
             r.rank,
             format_bytes(r.peak_allocated),
             report::bytes_or_na(r.peak_reserved),
             percent(r.fragmentation_at_peak),
             r.ooms,
-            r.findings.0,
-            r.findings.1,
-            r.findings.2,
+            report::severity_counts(r.findings.0, r.findings.1, r.findings.2),
             markdown::code_span(&top_site(r), true),
         );
     }

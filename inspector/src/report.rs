@@ -284,6 +284,22 @@ impl Report {
         let n = |s| self.findings.iter().filter(|f| f.severity == s).count();
         (n(Severity::Error), n(Severity::Warning), n(Severity::Info))
     }
+
+    /// The number of findings of each severity in words: `1 error, 2 warnings, 3 info`.
+    pub fn counts_phrase(&self) -> String {
+        let (errors, warnings, infos) = self.counts();
+        severity_counts(errors, warnings, infos)
+    }
+}
+
+/// Counts of findings by severity in words, with correct plurals: `1 error, 2 warnings,
+/// 1 info` ("info" is the same for one or many).
+pub fn severity_counts(errors: usize, warnings: usize, infos: usize) -> String {
+    format!(
+        "{}, {}, {infos} info",
+        vramscope_model::plural(errors as u64, "error"),
+        vramscope_model::plural(warnings as u64, "warning"),
+    )
 }
 
 /// What to put in a report.

@@ -277,11 +277,14 @@ fn summary_and_empty_snapshot_render() {
     for format in [Format::Text, Format::Markdown, Format::Json, Format::Html] {
         assert!(!render(&report, format, false).is_empty());
     }
-    let summary = vramscope_inspector::report::render_summary(&report_of(&leaky(4)));
+    // Six steps: the leak's blocks of steps 1 to 4 outlived a completed step.
+    let summary = vramscope_inspector::report::render_summary(&report_of(&leaky(6)));
     assert!(
-        summary.contains("findings: 0 error(s), 2 warning(s)"),
+        summary.contains("findings: 0 errors, 2 warnings, "),
         "{summary}"
     );
+    let one = vramscope_inspector::report::severity_counts(1, 1, 1);
+    assert_eq!(one, "1 error, 1 warning, 1 info");
 }
 
 #[test]

@@ -899,14 +899,13 @@ impl Report {
     }
 
     fn __repr__(&self) -> String {
-        let (errors, warnings, infos) = self.inner().counts();
         let one = format!(
-            "{}: peak allocated {}, {} at the end, {} steps; \
-             {errors} error(s), {warnings} warning(s), {infos} info",
+            "{}: peak allocated {}, {} at the end, {} steps; {}",
             headline(self.inner()),
             format_bytes(self.inner().stats.peak_allocated_bytes),
             format_bytes(self.inner().stats.allocated_bytes),
             self.inner().steps,
+            self.inner().counts_phrase(),
         );
         if self.parts.len() == 1 {
             return format!("<vramscope.Report {one}>");

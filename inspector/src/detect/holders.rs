@@ -3,8 +3,10 @@
 //! Weights, optimizer state and caches allocated once are not leaks, but they are usually most
 //! of the memory, so they are reported as information. The holders of `crate::model_view` (the
 //! call-site groups live at the end, memory from before the recording included) are sorted
-//! into three kinds: memory from before the trace, memory allocated in one step, and memory
-//! allocated across steps. What the memory is (optimizer state, gradients, weights) is said
+//! into four kinds: memory from before the trace, memory allocated in one step, memory
+//! allocated across steps, and memory allocated under a module call in the step in progress
+//! at the dump (the forward in progress: a dump before `backward()` or at an OOM shows its
+//! activations, which is said as such and never as a leak). What the memory is (optimizer state, gradients, weights) is said
 //! only where the stacks show it (an optimizer's frames, an autograd node, `Module.to`), and
 //! memory of those kinds made across steps (AdamW state created as layers unfreeze) is called
 //! expected rather than a reference to drop. Each kind present is one finding that lists its largest sites (up to
@@ -25,6 +27,7 @@ enum Kind {
     Once,
     Spread,
     Before,
+    InProgress,
 }
 
 impl Kind {
@@ -33,8 +36,21 @@ impl Kind {
             Kind::Once => "weights_and_state",
             Kind::Spread => "across_steps",
             Kind::Before => "before_trace",
+            Kind::InProgress => "step_in_progress",
         }
     }
+}
+
+/// The caller of the outermost module call (`nn.Module.__call__`) in the stacks of `group`'s
+/// sites, when one of them passes through one: the line that runs the model.
+fn model_caller(view: &ModelView<'_>, group: GroupId) -> Option<String> {
+    let framework = crate::model_view::default_framework_paths();
+    let sites = &view.snapshot().sites;
+    view.group(group).sites.iter().find_map(|&s| {
+        let site = sites.get(s as usize)?;
+        let kept = crate::model_view::kept_line(&site.frames, &framework)?;
+        (kept.keeper != kept.made_at).then(|| format!("{}:{}", kept.keeper.file, kept.keeper.line))
+    })
 }
 
 /// Reports the largest holders of memory by kind, as information.
@@ -49,16 +65,24 @@ pub fn top_holders(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
         return;
     }
     let loop_started = !view.loop_steps().is_empty();
+    // The step in progress at the dump: the last one (the whole trace when it has no steps).
+    let last_step = view.steps().last().map(|s| s.step).unwrap_or(0);
     let kind_of = |h: &Holding| {
         if h.group == SiteGroups::BEFORE_TRACE {
             Kind::Before
+        } else if when == "end"
+            && h.first_step == last_step
+            && h.last_step == last_step
+            && model_caller(view, h.group).is_some()
+        {
+            Kind::InProgress
         } else if loop_started && h.first_step != h.last_step {
             Kind::Spread
         } else {
             Kind::Once
         }
     };
-    for kind in [Kind::Once, Kind::Spread, Kind::Before] {
+    for kind in [Kind::Once, Kind::Spread, Kind::Before, Kind::InProgress] {
         let members: Vec<&Holding> = holdings
             .iter()
             .filter(|h| h.bytes > 0 && kind_of(h) == kind)
@@ -103,15 +127,40 @@ pub fn top_holders(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
         // What the stacks say the memory is (optimizer state, gradients, weights); nothing is
         // claimed where they say nothing.
         let roles = roles_of(view, &members);
+        let expected = !roles.is_empty() && roles.len() == members_with_roles(view, &members);
+        // A role is said of the bytes whose stacks show it, never of the whole kind.
         let said = if roles.is_empty() {
             String::new()
-        } else {
+        } else if expected {
             format!(" ({})", roles.join(", "))
+        } else {
+            let parts: Vec<String> = roles
+                .iter()
+                .map(|&role| {
+                    let bytes = super::sat_sum(
+                        members
+                            .iter()
+                            .filter(|h| role_of(view, h.group) == Some(role))
+                            .map(|h| h.bytes),
+                    );
+                    format!("{role} {}", format_bytes(bytes))
+                })
+                .collect();
+            format!(" (of which, by their stacks, {})", parts.join(", "))
+        };
+        let caller = match kind {
+            Kind::InProgress => members.iter().find_map(|h| model_caller(view, h.group)),
+            _ => None,
         };
         let what = match kind {
-            Kind::Once => format!("allocated in one step{said}"),
+            Kind::Once if loop_started => format!("allocated in one step{said}"),
+            Kind::Once => format!("allocated in the trace (it has no steps){said}"),
             Kind::Spread => format!("allocated across steps {first_step}..{last_step}{said}"),
             Kind::Before => "allocated before the trace began".to_string(),
+            Kind::InProgress => format!(
+                "allocated under the model call at {} in the step in progress at the dump",
+                caller.as_deref().unwrap_or("?")
+            ),
         };
         // Memory a trace knows only as a total (a profiler trace's statistics) is in no block.
         let held_in = if blocks == 0 {
@@ -126,6 +175,13 @@ pub fn top_holders(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
             sites[0].site,
             format_bytes(sites[0].bytes),
         );
+        if kind == Kind::InProgress {
+            f.summary = format!(
+                "the forward in progress holds {}: {}",
+                format_bytes(bytes),
+                f.summary
+            );
+        }
         let mut evidence = f.evidence.text("when", when).text("kind", kind.name());
         if let Some(tag) = tag_of(view, members[0].group) {
             evidence = evidence.text("tag", tag);
@@ -142,9 +198,10 @@ pub fn top_holders(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
             .int("sites_not_listed", more as u64)
             .int("first_step", first_step)
             .int("last_step", last_step);
-        let expected = !roles.is_empty() && roles.len() == members_with_roles(view, &members);
         f.fix = match kind {
-            Kind::Once => "expected for weights, optimizer state and caches made once; to shrink it, use lower precision, sharding or offloading".to_string(),
+            Kind::Once if loop_started => "expected for weights, optimizer state and caches made once; to shrink it, use lower precision, sharding or offloading".to_string(),
+            Kind::Once => "memory held to the end of the trace; to shrink it, use lower precision, sharding or offloading".to_string(),
+            Kind::InProgress => "not a leak: a forward's activations are kept for backward() and freed by it or at the end of the step, so a dump taken before backward() (or at an OOM in the forward) shows them; to see what outlives a step, dump after the optimizer step".to_string(),
             Kind::Spread if expected => "expected: optimizer state and gradients are made as parameters start training (the first steps, or progressive unfreezing); to shrink them, use lower precision, sharding or offloading".to_string(),
             Kind::Spread => "blocks from several steps are still live: if they keep growing with the step count it is a leak (see retained_per_step); otherwise something keeps a reference to them between steps".to_string(),
             Kind::Before => before_trace_fix(view.snapshot().source).to_string(),
@@ -164,10 +221,7 @@ fn role_of(view: &ModelView<'_>, group: GroupId) -> Option<&'static str> {
         let Some(site) = sites.get(s as usize) else {
             continue;
         };
-        let optimizer = site.frames.iter().any(|f| {
-            let file = f.file.replace('\\', "/");
-            file.contains("torch/optim/") || f.function.contains("Optimizer.step")
-        });
+        let optimizer = made_by_optimizer(&site.frames);
         let this = if optimizer {
             "optimizer state"
         } else if vramscope_engine::autograd_node(&site.frames).is_some() {
@@ -189,6 +243,30 @@ fn role_of(view: &ModelView<'_>, group: GroupId) -> Option<&'static str> {
         }
     }
     role
+}
+
+/// Whether the optimizer's own code made the memory of a stack (innermost first): a frame of
+/// `torch/optim/` (or an `Optimizer.step`) with only the optimizer's code inside it (a
+/// subclass's `step` included), never a forward or a loss that `optimizer.step(closure)` runs
+/// (Lightning): no module call, no closure and no other framework's frame inside it.
+fn made_by_optimizer(frames: &[vramscope_model::Frame]) -> bool {
+    let is_optim = |f: &vramscope_model::Frame| {
+        f.file.replace('\\', "/").contains("torch/optim/") || f.function.contains("Optimizer.step")
+    };
+    let framework = crate::model_view::default_framework_paths();
+    let python = || {
+        frames
+            .iter()
+            .filter(|f| !vramscope_engine::is_compiled_frame(f))
+    };
+    let Some(k) = python().position(is_optim) else {
+        return false;
+    };
+    !frames.iter().any(crate::model_view::is_module_call)
+        && python().take(k).all(|f| {
+            !f.function.contains("closure")
+                && !crate::import::sites::is_framework_frame(f, &framework)
+        })
 }
 
 /// The roles the stacks of `members` show, in a fixed order, each once.

@@ -371,8 +371,14 @@ impl Finding {
                     )
                 })
                 .collect();
-            if self.sites.len() > LISTED {
-                listed.push(format!("{} more", self.sites.len() - LISTED));
+            // A detector keeps only the largest sites of a long list; its evidence says how
+            // many there were.
+            let total = match self.evidence.get("sites") {
+                Some(EvidenceValue::Int(n)) => (*n as usize).max(self.sites.len()),
+                _ => self.sites.len(),
+            };
+            if total > LISTED {
+                listed.push(format!("{} more", total - LISTED.min(self.sites.len())));
             }
             if !listed.is_empty() {
                 out.push(format!("From: {}.", listed.join(", ")));

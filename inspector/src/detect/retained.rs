@@ -70,6 +70,11 @@ struct Leak {
     /// The line that keeps the site's retained blocks (of the stack that retained the most
     /// bytes), when their stacks have a frame of the user's.
     kept: Option<KeptLine>,
+    /// That stack's call site.
+    site: Option<SiteId>,
+    /// `(loop step, first, last)`: the first and last allocation events of the retained
+    /// blocks in each retaining step, by step.
+    positions: Vec<(u32, u32, u32)>,
 }
 
 /// Reports memory that grows with the step count, one finding per group of sites retained
@@ -91,15 +96,19 @@ pub fn retained_per_step(
     let mut leaks: Vec<Leak> = Vec::new();
     for (u, unit) in units.iter().enumerate() {
         // Retained blocks per loop step (relative index), and the live staircase.
-        let mut retained: FxHashMap<u32, (u64, u64)> = FxHashMap::default();
+        // Per step: blocks, bytes, first and last allocation event.
+        let mut retained: FxHashMap<u32, (u64, u64, u32, u32)> = FxHashMap::default();
         for i in unit.intervals(view) {
             let iv = &intervals[i as usize];
-            if iv.is_live_at_end() && loop_steps.contains(&iv.alloc_step) {
-                let r = retained
-                    .entry(iv.alloc_step - loop_steps.start)
-                    .or_default();
+            if outlives_a_completed_step(iv, &loop_steps) {
+                let r =
+                    retained
+                        .entry(iv.alloc_step - loop_steps.start)
+                        .or_insert((0, 0, u32::MAX, 0));
                 r.0 += 1;
                 r.1 = r.1.saturating_add(view.interval_size(iv));
+                r.2 = r.2.min(iv.alloc_event);
+                r.3 = r.3.max(iv.alloc_event);
             }
         }
         if (retained.len() as u64) < min_steps {
@@ -113,84 +122,327 @@ pub fn retained_per_step(
         if !is_leak(&steps, &live, bytes, n as u32) {
             continue;
         }
-        let kept = kept_line_of(view, unit.intervals(view), &loop_steps, &framework);
+        let (site, kept) = match kept_line_of(view, unit.intervals(view), &loop_steps, &framework) {
+            Some((site, kept)) => (Some(site), kept),
+            None => (None, None),
+        };
+        let positions = steps
+            .iter()
+            .map(|s| (*s, retained[s].2, retained[s].3))
+            .collect();
         leaks.push(Leak {
             unit: u,
             steps,
             bytes,
             blocks,
             kept,
+            site,
+            positions,
         });
     }
 
     // Sites kept through one line are one bug; a site without a line of the user's is its own.
     let mut groups: Vec<(Option<Frame>, Vec<usize>)> = Vec::new();
+    let mut by_keeper: FxHashMap<Frame, usize> = FxHashMap::default();
     for (k, leak) in leaks.iter().enumerate() {
         let key = leak.kept.as_ref().map(|kept| kept.keeper.clone());
-        match groups
-            .iter_mut()
-            .find(|(keeper, _)| key.is_some() && *keeper == key)
-        {
-            Some((_, members)) => members.push(k),
-            None => groups.push((key, vec![k])),
+        match key.as_ref().and_then(|key| by_keeper.get(key)) {
+            Some(&g) => groups[g].1.push(k),
+            None => {
+                if let Some(key) = &key {
+                    by_keeper.insert(key.clone(), groups.len());
+                }
+                groups.push((key, vec![k]));
+            }
         }
     }
-    let mut findings: Vec<Finding> = groups
+    let graphs = kept_graphs(view, &units, &leaks, &groups);
+    let mut merged: Vec<(Option<Frame>, Vec<usize>)> = Vec::new();
+    let mut roots: Vec<Option<GraphRoot>> = Vec::new();
+    for (g, group) in groups.iter().enumerate() {
+        match &graphs[g] {
+            Membership::Absorbed => {}
+            Membership::Alone => {
+                merged.push(group.clone());
+                roots.push(None);
+            }
+            Membership::Root(absorbed) => {
+                let mut members = group.1.clone();
+                let graph: Vec<usize> = absorbed
+                    .iter()
+                    .flat_map(|&a| groups[a].1.iter().copied())
+                    .collect();
+                members.extend(&graph);
+                merged.push((group.0.clone(), members));
+                roots.push(Some(GraphRoot {
+                    root: group.1.clone(),
+                    graph,
+                }));
+            }
+        }
+    }
+    let mut findings: Vec<Finding> = merged
         .iter()
-        .map(|(_, members)| report_group(view, options, &units, &leaks, members))
+        .zip(&roots)
+        .map(|((_, members), root)| {
+            report_group(view, options, &units, &leaks, members, root.as_ref())
+        })
         .collect();
-    note_same_steps(&mut findings, &groups, &leaks, n as u32);
+    note_same_steps(&mut findings, &merged, &leaks);
     for f in findings {
         sink.report(f);
     }
 }
 
+/// Per-step bytes at or under which a kept tensor counts as small: a loss, a metric from
+/// `v.mean()`, a sum, not a batch of activations.
+const SMALL_TENSOR_BYTES: u64 = 64 << 10;
+
+/// How a group of leaking sites (those kept through one line) takes part in a kept graph.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Membership {
+    /// On its own: a finding of its own.
+    Alone,
+    /// The small tensor that keeps the graph of the groups listed (by group index).
+    Root(Vec<usize>),
+    /// Part of another group's graph: no finding of its own.
+    Absorbed,
+}
+
+/// The parts of a finding about a kept graph: the groups' leak indices of the small tensor
+/// that keeps it, and of the graph it keeps.
+struct GraphRoot {
+    root: Vec<usize>,
+    graph: Vec<usize>,
+}
+
+/// Finds the small tensors kept with their autograd graph (`losses.append(loss)`, a metric
+/// `v.mean()` kept every step): groups retained in exactly the same steps, where one small
+/// tensor is made after the others in every one of them, by the frame that drives the model.
+/// The graph's tensors come from the forward under that same driving frame: at least one of
+/// them is made under a module call (`nn.Module.__call__`) whose caller is in the function
+/// whose frames hold the small tensor. Two lists filled outside the model (no group made
+/// under a module call) stay two findings. In a trace with no module call at all (the demo's
+/// stacks, or a trace without Python stacks) the order and sizes decide alone.
+fn kept_graphs(
+    view: &ModelView<'_>,
+    units: &[Unit],
+    leaks: &[Leak],
+    groups: &[(Option<Frame>, Vec<usize>)],
+) -> Vec<Membership> {
+    let mut out = vec![Membership::Alone; groups.len()];
+    let sites = &view.snapshot().sites;
+    let any_module_call = sites
+        .iter()
+        .any(|s| s.frames.iter().any(crate::model_view::is_module_call));
+    // Groups by the steps they retain in (those of their largest member).
+    let mut buckets: FxHashMap<&[u32], Vec<usize>> = FxHashMap::default();
+    for (g, (_, members)) in groups.iter().enumerate() {
+        let lead = cluster_lead(leaks, members);
+        buckets.entry(lead.steps.as_slice()).or_default().push(g);
+    }
+    let mut keys: Vec<&[u32]> = buckets.keys().copied().collect();
+    keys.sort_unstable();
+    for key in keys {
+        let bucket = &buckets[key];
+        if bucket.len() < 2 || key.is_empty() {
+            continue;
+        }
+        let info: Vec<GroupShape> = bucket
+            .iter()
+            .map(|&g| GroupShape::of(view, units, leaks, &groups[g].1, key))
+            .collect();
+        // The driving functions: the callers of the model among the graph's candidates.
+        let drivers: Vec<(&str, &str)> = info
+            .iter()
+            .filter_map(|i| i.model_caller.as_ref())
+            .map(|f| (f.file.as_str(), f.function.as_str()))
+            .collect();
+        if any_module_call && drivers.is_empty() {
+            continue;
+        }
+        let driven = |i: &GroupShape| {
+            !any_module_call
+                || i.stack_functions
+                    .iter()
+                    .any(|(file, function)| drivers.contains(&(file.as_str(), function.as_str())))
+        };
+        let biggest = info.iter().map(|i| i.bytes_per_step).max().unwrap_or(0);
+        // The root: the small tensor made last in the step, by the driving frame.
+        let Some(root) = (0..info.len())
+            .filter(|&k| {
+                let i = &info[k];
+                !i.native
+                    && i.model_caller.is_none()
+                    && i.bytes_per_step <= SMALL_TENSOR_BYTES
+                    && i.bytes_per_step.saturating_mul(8) <= biggest
+                    && driven(i)
+            })
+            .max_by_key(|&k| (info[k].first_in_first_step, std::cmp::Reverse(bucket[k])))
+        else {
+            continue;
+        };
+        let made_before_root = |i: &GroupShape| {
+            i.last_by_step
+                .iter()
+                .zip(&info[root].first_by_step)
+                .all(|(last, first)| last < first)
+        };
+        let absorbed: Vec<usize> = (0..info.len())
+            .filter(|&k| k != root && !info[k].native && driven(&info[k]))
+            .filter(|&k| made_before_root(&info[k]))
+            .collect();
+        if !any_module_call || absorbed.iter().any(|&k| info[k].model_caller.is_some()) {
+            if absorbed.is_empty() {
+                continue;
+            }
+            for &k in &absorbed {
+                out[bucket[k]] = Membership::Absorbed;
+            }
+            out[bucket[root]] = Membership::Root(absorbed.iter().map(|&k| bucket[k]).collect());
+        }
+    }
+    out
+}
+
+/// What [`kept_graphs`] needs to know of one group.
+struct GroupShape {
+    /// Bytes retained per retaining step.
+    bytes_per_step: u64,
+    /// Whether the group has no line of the user's (named by autograd node).
+    native: bool,
+    /// The caller of the outermost module call, when the group's memory is made under one.
+    model_caller: Option<Frame>,
+    /// `(file, function)` of every frame of the group's stack.
+    stack_functions: Vec<(String, String)>,
+    /// The first allocation event of the group in each of the bucket's steps.
+    first_by_step: Vec<u32>,
+    /// The last allocation event of the group in each of the bucket's steps.
+    last_by_step: Vec<u32>,
+    /// The first allocation event in the first step.
+    first_in_first_step: u32,
+}
+
+impl GroupShape {
+    /// The shape of the group whose leaks are `members`, over the retaining steps `steps`.
+    fn of(
+        view: &ModelView<'_>,
+        units: &[Unit],
+        leaks: &[Leak],
+        members: &[usize],
+        steps: &[u32],
+    ) -> GroupShape {
+        let mut first_by_step = vec![u32::MAX; steps.len()];
+        let mut last_by_step = vec![0u32; steps.len()];
+        let mut bytes = 0u64;
+        for &m in members {
+            let leak = &leaks[m];
+            bytes = bytes.saturating_add(leak.bytes);
+            for &(step, first, last) in &leak.positions {
+                if let Ok(k) = steps.binary_search(&step) {
+                    first_by_step[k] = first_by_step[k].min(first);
+                    last_by_step[k] = last_by_step[k].max(last);
+                }
+            }
+        }
+        let lead = cluster_lead(leaks, members);
+        let model_caller = lead
+            .kept
+            .as_ref()
+            .filter(|k| k.keeper != k.made_at)
+            .map(|k| k.keeper.clone());
+        let stack_functions = lead
+            .site
+            .and_then(|s| view.snapshot().sites.get(s as usize))
+            .map(|site| {
+                site.frames
+                    .iter()
+                    .map(|f| (f.file.clone(), f.function.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        GroupShape {
+            bytes_per_step: bytes / steps.len().max(1) as u64,
+            native: units[lead.unit].native,
+            model_caller,
+            stack_functions,
+            first_in_first_step: first_by_step.first().copied().unwrap_or(0),
+            first_by_step,
+            last_by_step,
+        }
+    }
+}
+
 /// Says in each finding which other findings retained in exactly the same steps: nothing in a
 /// memory dump says whether one reference keeps them all (a kept tensor's autograd graph keeps
-/// the tensors it was made from) or two lists keep two things, so they stay separate findings,
-/// each with its own line and bytes, and the reader is told they may share a cause. The last
-/// loop step, which the snapshot may have cut short, takes no part in the comparison.
+/// the tensors it was made from) or two lists keep two things, so where [`kept_graphs`] found
+/// no small tensor keeping the others they stay separate findings, each with its own line and
+/// bytes, and the reader is told they may share a cause. The list names at most
+/// [`LISTED_SITES`] others, then says how many more: findings retained together can be
+/// thousands, and each naming all the others would make the report quadratic in the sites.
 fn note_same_steps(
     findings: &mut [Finding],
     groups: &[(Option<Frame>, Vec<usize>)],
     leaks: &[Leak],
-    loop_len: u32,
 ) {
-    let last = loop_len.saturating_sub(1);
-    let steps_of = |members: &[usize]| -> Vec<u32> {
-        cluster_lead(leaks, members)
-            .steps
-            .iter()
-            .copied()
-            .filter(|&s| s != last)
-            .collect()
-    };
-    let keys: Vec<Vec<u32>> = groups.iter().map(|(_, m)| steps_of(m)).collect();
+    let mut by_steps: FxHashMap<&[u32], Vec<usize>> = FxHashMap::default();
+    for (i, (_, members)) in groups.iter().enumerate() {
+        by_steps
+            .entry(cluster_lead(leaks, members).steps.as_slice())
+            .or_default()
+            .push(i);
+    }
     let sites: Vec<String> = findings
         .iter()
         .map(|f| f.site_label().to_string())
         .collect();
-    for (i, f) in findings.iter_mut().enumerate() {
-        let others: Vec<&str> = (0..keys.len())
-            .filter(|&j| j != i && keys[j] == keys[i])
-            .map(|j| sites[j].as_str())
-            .collect();
-        if others.is_empty() {
-            continue;
+    for same in by_steps.values().filter(|same| same.len() > 1) {
+        for &i in same {
+            let others: Vec<&str> = same
+                .iter()
+                .filter(|&&j| j != i)
+                .take(LISTED_SITES)
+                .map(|&j| sites[j].as_str())
+                .collect();
+            let more = same.len() - 1 - others.len();
+            let mut list = others.join(", ");
+            if more > 0 {
+                list.push_str(&format!(" and {more} more"));
+            }
+            let f = &mut findings[i];
+            f.summary.push_str(&format!(
+                "; retained in the same steps as {list}: if one tensor keeps them all (through its autograd graph), fixing its line fixes them all, else each is a leak of its own"
+            ));
+            f.evidence = std::mem::take(&mut f.evidence).text("same_steps_as", list);
         }
-        let list = others.join(", ");
-        f.summary.push_str(&format!(
-            "; retained in the same steps as {list}: if one tensor keeps them all (through its autograd graph), fixing its line fixes them all, else each is a leak of its own"
-        ));
-        f.evidence = std::mem::take(&mut f.evidence).text("same_steps_as", list);
     }
 }
 
-/// The steps a leak may retain in: every step, the one before the first mark included (with
+/// How many sites a list in a finding's text names before it says how many more there are.
+const LISTED_SITES: usize = 5;
+
+/// How many sites a finding carries (largest first); its evidence counts them all.
+const KEPT_SITES: usize = 10;
+
+/// The completed steps: every step but the last, the one before the first mark included (with
 /// marks at the optimizer step, as PyTorch's annotations put them, it holds the first
-/// iteration; setup allocations there retain in one step only, which is never a leak).
+/// iteration; setup allocations there retain in one step only, which is never a leak). The
+/// last step is the one in progress at the dump: a snapshot taken mid-forward, before
+/// `backward()` or at an OOM holds that step's activations by design, and nothing says the
+/// step would not have freed them.
 fn retaining_range(view: &ModelView<'_>) -> std::ops::Range<u32> {
-    0..view.steps().len() as u32
+    0..(view.steps().len() as u32).saturating_sub(1)
+}
+
+/// Whether `iv` counts as retained: live at the end, allocated in a completed step (of
+/// `completed`), and alive through a later step that also completed (it began and ended while
+/// the block stayed live). Memory of the last completed step is live only into the step in
+/// progress, which proves nothing.
+fn outlives_a_completed_step(
+    iv: &crate::model_view::Interval,
+    completed: &std::ops::Range<u32>,
+) -> bool {
+    iv.is_live_at_end() && iv.alloc_step >= completed.start && iv.alloc_step + 1 < completed.end
 }
 
 /// The sites of the trace under the names a reader sees: a group per `file:line`, except that
@@ -281,9 +533,13 @@ fn staircase(
     };
     for i in intervals {
         let iv = &view.intervals()[i as usize];
+        // Steps past the range (the one in progress) take no part.
+        if iv.alloc_step >= loop_steps.end {
+            continue;
+        }
         let size = i128::from(view.interval_size(iv));
         delta[slot(iv.alloc_step)] += size;
-        if let Some(f) = iv.free_step() {
+        if let Some(f) = iv.free_step().filter(|&f| f < loop_steps.end) {
             delta[slot(f)] -= size;
         }
     }
@@ -332,6 +588,7 @@ fn report_group(
     units: &[Unit],
     leaks: &[Leak],
     members: &[usize],
+    root: Option<&GraphRoot>,
 ) -> Finding {
     let loop_steps = retaining_range(view);
     // The steps of the group: those of its largest member.
@@ -341,8 +598,12 @@ fn report_group(
     let last_retaining = steps[steps.len() - 1];
     let total_bytes = sat_sum(members.iter().map(|&k| leaks[k].bytes));
     let total_blocks = sat_sum(members.iter().map(|&k| leaks[k].blocks));
-    let sites = cluster_sites(units, leaks, members);
-    let naming = GroupNaming::choose(units, leaks, members, lead);
+    let mut sites = cluster_sites(units, leaks, members);
+    let site_count = sites.len();
+    let naming = match root {
+        Some(root) => GroupNaming::graph_root(view, units, leaks, root),
+        None => GroupNaming::choose(units, leaks, members, lead),
+    };
     let rate = RetentionRate::measure(view, options, total_bytes, total_blocks, first);
     let period = period_of(steps);
     let first_step = view.step_number(loop_steps.start + first);
@@ -362,24 +623,41 @@ fn report_group(
     f.per_step = Some(PerStep::new(rate.bytes_per_step, rate.blocks_per_step));
     f.first_step = Some(first_step);
     f.last_step = Some(last_step);
-    let from_sites = if sites.len() == 1 {
+    let from_sites = if site_count == 1 {
         String::new()
     } else {
-        format!(" from {} lines", sites.len())
+        format!(" from {} lines", site_count)
     };
     let origin = naming.origin_phrase();
-    f.summary = format!(
-        "keeps memory alive {every}: {} in {}{from_sites} allocated in {} between steps {first_step} and {last_step} are still live at the end ({} per step){origin}",
+    let retained = format!(
+        "{} in {}{from_sites} allocated in {} between steps {first_step} and {last_step} are still live at the end ({} per step)",
         format_bytes(total_bytes),
         plural(total_blocks, "block"),
         plural(steps.len() as u64, "step"),
         format_bytes(rate.bytes_per_step.round() as u64),
     );
-    let site_list = sites
+    f.summary = match root {
+        Some(root) => {
+            let root_bytes = sat_sum(root.root.iter().map(|&k| leaks[k].bytes));
+            format!(
+                "keeps a small tensor with its autograd graph {every}: the tensor made at {} ({} per step, a loss or a metric) keeps its graph: {}; {retained}",
+                naming.made_at,
+                format_bytes(root_bytes / steps.len().max(1) as u64),
+                graph_list(units, leaks, &root.graph),
+            )
+        }
+        None => format!("keeps memory alive {every}: {retained}{origin}"),
+    };
+    // Lists in a finding are bounded: the largest sites, then how many more.
+    sites.truncate(KEPT_SITES);
+    let mut site_list = sites
         .iter()
         .map(|s| format!("{} {}", s.site, format_bytes(s.bytes)))
         .collect::<Vec<_>>()
         .join("; ");
+    if site_count > sites.len() {
+        site_list.push_str(&format!("; and {} more", site_count - sites.len()));
+    }
     let mut evidence = f
         .evidence
         .float("retained_bytes_per_step", rate.bytes_per_step)
@@ -390,7 +668,7 @@ fn report_group(
         .int("last_step", last_step)
         .int("retained_blocks", total_blocks)
         .int("retained_bytes", total_bytes)
-        .int("sites", sites.len() as u64)
+        .int("sites", site_count as u64)
         .text("site_bytes", site_list)
         .text("named_because", naming.why);
     if let (Some(c), Some(s)) = (rate.capacity, rate.steps_until_oom) {
@@ -401,7 +679,11 @@ fn report_group(
     }
     f.evidence = evidence;
     f.sites = sites;
-    f.fix = if naming.through_model {
+    f.fix = if root.is_some() {
+        format!(
+            "at {site}, keep the value, not the tensor: store loss.item() (or .detach()) instead; the kept tensor keeps its whole autograd graph, the forward's tensors listed above"
+        )
+    } else if naming.through_model {
         format!(
             "at {site}, do not keep the model's output with its graph: run the loop under torch.no_grad() (or torch.inference_mode()) when it does not train, or keep out.detach() (.cpu() to move it off the device) instead of the output"
         )
@@ -417,19 +699,20 @@ fn report_group(
     f
 }
 
-/// The line that keeps a leaking site's retained blocks, from the stack that retained the most
-/// bytes among them; `None` when that stack has no frame of the user's.
+/// The stack that retained the most bytes among a leaking site's retained blocks, and the line
+/// that keeps them by that stack (`None` when it has no frame of the user's); `None` when no
+/// retained block has a site.
 fn kept_line_of(
     view: &ModelView<'_>,
     intervals: impl Iterator<Item = u32>,
     loop_steps: &std::ops::Range<u32>,
     framework: &[String],
-) -> Option<KeptLine> {
+) -> Option<(SiteId, Option<KeptLine>)> {
     let events = &view.snapshot().events;
     let mut by_site: FxHashMap<SiteId, u64> = FxHashMap::default();
     for i in intervals {
         let iv = &view.intervals()[i as usize];
-        if !(iv.is_live_at_end() && loop_steps.contains(&iv.alloc_step)) {
+        if !outlives_a_completed_step(iv, loop_steps) {
             continue;
         }
         if let Some(site) = iv.alloc(events).site() {
@@ -441,7 +724,43 @@ fn kept_line_of(
         .iter()
         .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))?;
     let call_site = view.snapshot().sites.get(site as usize)?;
-    kept_line(&call_site.frames, framework)
+    Some((site, kept_line(&call_site.frames, framework)))
+}
+
+/// The tensors of a kept graph for a reader, largest first: each allocating line with its
+/// bytes, or for memory made inside the model the line that called it; at most
+/// [`LISTED_SITES`], then how many more.
+fn graph_list(units: &[Unit], leaks: &[Leak], graph: &[usize]) -> String {
+    let mut parts: Vec<(String, u64)> = Vec::new();
+    let mut index: FxHashMap<String, usize> = FxHashMap::default();
+    for &k in graph {
+        let leak = &leaks[k];
+        let label = match &leak.kept {
+            Some(kept) if kept.keeper != kept.made_at => format!(
+                "the model's tensors under {}:{}",
+                kept.keeper.file, kept.keeper.line
+            ),
+            _ => units[leak.unit].label.clone(),
+        };
+        match index.get(&label) {
+            Some(&i) => parts[i].1 = parts[i].1.saturating_add(leak.bytes),
+            None => {
+                index.insert(label.clone(), parts.len());
+                parts.push((label, leak.bytes));
+            }
+        }
+    }
+    parts.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let more = parts.len().saturating_sub(LISTED_SITES);
+    let mut list: Vec<String> = parts
+        .iter()
+        .take(LISTED_SITES)
+        .map(|(label, bytes)| format!("{label} ({})", format_bytes(*bytes)))
+        .collect();
+    if more > 0 {
+        list.push(format!("and {more} more"));
+    }
+    list.join(", ")
 }
 
 /// How a group's finding is named: the line to change, where the memory was made, and why.
@@ -533,6 +852,68 @@ impl GroupNaming {
         }
     }
 
+    /// The naming of a small tensor kept with its graph ([`kept_graphs`]): the line of the
+    /// frame that drives the model where the tensor's stack passes through it (the caller of a
+    /// metric helper), else the line that made it.
+    fn graph_root(
+        view: &ModelView<'_>,
+        units: &[Unit],
+        leaks: &[Leak],
+        root: &GraphRoot,
+    ) -> GroupNaming {
+        let label = |f: &Frame| format!("{}:{}", f.file, f.line);
+        let lead = cluster_lead(leaks, &root.root);
+        let unit = &units[lead.unit];
+        let driver = root.graph.iter().find_map(|&k| {
+            leaks[k]
+                .kept
+                .as_ref()
+                .filter(|kept| kept.keeper != kept.made_at)
+                .map(|kept| kept.keeper.clone())
+        });
+        let stack = lead
+            .site
+            .and_then(|s| view.snapshot().sites.get(s as usize))
+            .map(|s| s.frames.as_slice())
+            .unwrap_or(&[]);
+        let keeper = driver.as_ref().and_then(|d| {
+            stack
+                .iter()
+                .find(|f| f.file == d.file && f.function == d.function)
+                .cloned()
+        });
+        let (made_at, made_in) = match &lead.kept {
+            Some(kept) => (label(&kept.made_at), kept.made_at.function.clone()),
+            None => (unit.label.clone(), unit.function.clone()),
+        };
+        let (site, function) = match &keeper {
+            Some(k) => (label(k), k.function.clone()),
+            None => (made_at.clone(), made_in.clone()),
+        };
+        let path = match (&keeper, &lead.kept) {
+            (Some(k), Some(kept)) if label(k) != made_at => {
+                let mut path = vec![format!("{} ({})", label(k), k.function)];
+                path.extend(
+                    kept.path
+                        .iter()
+                        .map(|f| format!("{} ({})", label(f), f.function)),
+                );
+                path
+            }
+            _ => Vec::new(),
+        };
+        GroupNaming {
+            site,
+            function,
+            made_at,
+            made_in,
+            path,
+            through_model: false,
+            native: false,
+            why: "a small tensor made after the others in every retaining step, by the frame that drives the model, keeps the forward's tensors through its autograd graph: the line that makes and keeps it",
+        }
+    }
+
     /// `, made in forward at model.py:201, kept through evaluate.py:57` when the two differ.
     fn origin_phrase(&self) -> String {
         if self.made_at == self.site || self.native {
@@ -581,8 +962,8 @@ fn cluster_sites(units: &[Unit], leaks: &[Leak], members: &[usize]) -> Vec<Findi
 
 /// How fast a cluster retains memory, and how bad that is.
 struct RetentionRate {
-    /// Bytes retained per step, over the steps from the first retaining one to the end of
-    /// the loop.
+    /// Bytes retained per step, over the steps from the first retaining one to the last step
+    /// whose retention counts.
     bytes_per_step: f64,
     /// Blocks retained per step, over the same steps.
     blocks_per_step: f64,
@@ -604,8 +985,10 @@ impl RetentionRate {
         total_blocks: u64,
         first: u32,
     ) -> RetentionRate {
+        // Retention counts in the completed steps but the last (see
+        // `outlives_a_completed_step`): the rate is over those from the first retaining one.
         let n = retaining_range(view).len() as u32;
-        let span = f64::from(n - first);
+        let span = f64::from(n.saturating_sub(1).saturating_sub(first).max(1));
         let bytes_per_step = total_bytes as f64 / span;
         let blocks_per_step = total_blocks as f64 / span;
         let capacity = view.capacity(options.capacity);

@@ -1,9 +1,17 @@
 //! How the events of a snapshot are numbered into steps.
 //!
 //! A trace's steps come from its own marks (`mark_step`, an optimizer annotation, a profiler
-//! slice) when it has any; otherwise [`StepPlan`] infers them from the repeating call-site
-//! sequence of the allocations (the line that opens each iteration of the loop); failing both,
-//! the whole trace is one step. `build` asks the plan for each event's step number while it
+//! slice) when they cover the trace; otherwise [`StepPlan`] infers them from the repeating
+//! call-site sequence of the allocations (the line that opens each iteration of the loop);
+//! failing both, the whole trace is one step.
+//!
+//! A step is one call of the frame that drives the model: the user's code outside
+//! `nn.Module.__call__` (`_call_impl`), never a loop under it. The inference therefore reads
+//! only the user frames outside the outermost module call of each stack, so the 24 layers of
+//! one forward, the shards of an offloading loader or an iteration loop inside `forward` are
+//! not steps, and a trace with one call of the driving frame has no steps. Marks seen only in
+//! a prefix of the trace (a warm-up before a CUDA-graph replay, which runs no Python) are not
+//! the steps of the rest: such a trace has no steps ([`StepSource::PrefixMarks`]). `build` asks the plan for each event's step number while it
 //! feeds the events through, and [`collect_steps`] lists the steps the view will index.
 //!
 //! The public half re-steps a snapshot that is already loaded, for the CLI's `--step-marker`:
@@ -14,7 +22,7 @@
 use rustc_hash::FxHashMap;
 use vramscope_model::{step_after, Event, EventKind, Snapshot};
 
-use super::stacks::default_framework_paths;
+use super::stacks::{default_framework_paths, is_module_call};
 use super::StepInfo;
 
 /// Where the steps of a view came from.
@@ -34,6 +42,19 @@ pub enum StepSource {
     },
     /// Neither marks nor a repeating sequence: the whole trace is one step.
     None,
+    /// Step marks cover only a prefix of the trace (a warm-up before a loop that runs without
+    /// Python, such as a CUDA-graph replay): they are not the steps of the rest, so the view
+    /// has no steps.
+    PrefixMarks {
+        /// The label of the first mark.
+        label: String,
+        /// How many marked steps the prefix holds.
+        marked_steps: u64,
+        /// Events up to the last mark.
+        covered_events: u64,
+        /// Events in the trace.
+        events: u64,
+    },
 }
 
 impl StepSource {
@@ -50,6 +71,15 @@ impl StepSource {
                 format!("steps inferred from the repeating allocations (each begins at {opener})")
             }
             StepSource::None => "no steps (no marks and no repeating loop found)".to_string(),
+            StepSource::PrefixMarks {
+                label,
+                marked_steps,
+                covered_events,
+                events,
+            } => format!(
+                "no steps: the trace's {} (`{label}`) cover only its first {covered_events} of {events} events (a warm-up), not the rest",
+                vramscope_model::plural(*marked_steps, "step mark"),
+            ),
         }
     }
 }
@@ -76,6 +106,8 @@ pub(super) struct StepPlan {
     pub(super) source: StepSource,
     /// The inferred steps, when the trace has no marks of its own.
     inferred: Option<InferredSteps>,
+    /// Whether every event is step 0 (marks that cover only a prefix).
+    flat: bool,
 }
 
 impl StepPlan {
@@ -89,9 +121,22 @@ impl StepPlan {
                 .first()
                 .map(|m| m.label.clone())
                 .unwrap_or_default();
+            if let Some((marked_steps, covered_events)) = prefix_marks(snapshot) {
+                return StepPlan {
+                    source: StepSource::PrefixMarks {
+                        label,
+                        marked_steps,
+                        covered_events,
+                        events: snapshot.events.len() as u64,
+                    },
+                    inferred: None,
+                    flat: true,
+                };
+            }
             return StepPlan {
                 source: StepSource::Recorded { label },
                 inferred: None,
+                flat: false,
             };
         }
         match infer_steps(snapshot) {
@@ -100,10 +145,12 @@ impl StepPlan {
                     opener: inferred.opener.clone(),
                 },
                 inferred: Some(inferred),
+                flat: false,
             },
             None => StepPlan {
                 source: StepSource::None,
                 inferred: None,
+                flat: false,
             },
         }
     }
@@ -112,14 +159,51 @@ impl StepPlan {
     pub(super) fn step_of(&self, index: usize, event: &Event) -> u64 {
         match &self.inferred {
             Some(inferred) => inferred.step_of(index) as u64,
+            None if self.flat => 0,
             None => u64::from(event.step),
         }
     }
 }
 
+/// Whether the step marks of `snapshot` cover only a prefix of it: `(marked steps, events up
+/// to the last step's start)` when the events after the last mark outnumber three times the
+/// longest complete marked step and a quarter of the trace (a warm-up, then a loop that runs
+/// without Python). Marks that begin fewer than two complete steps say nothing of a step's
+/// length and always count as covering.
+fn prefix_marks(snapshot: &Snapshot) -> Option<(u64, u64)> {
+    // The index of the first event of each step number, in event order.
+    let mut starts: Vec<(u32, usize)> = Vec::new();
+    for (i, e) in snapshot.events.iter().enumerate() {
+        if starts.last().is_none_or(|&(step, _)| e.step > step) {
+            starts.push((e.step, i));
+        }
+    }
+    let marked: Vec<usize> = starts
+        .iter()
+        .filter(|(step, _)| *step > 0)
+        .map(|&(_, i)| i)
+        .collect();
+    if marked.len() < 3 {
+        return None;
+    }
+    let longest = marked.windows(2).map(|w| w[1] - w[0]).max()?;
+    let last = *marked.last()?;
+    let events = snapshot.events.len();
+    let tail = events - last;
+    (tail > 3 * longest.max(1) && tail * 4 > events).then_some((marked.len() as u64, last as u64))
+}
+
 /// Every step number seen in events or marks (or inferred), in order, with the label of its
 /// mark.
 pub(super) fn collect_steps(snapshot: &Snapshot, plan: &StepPlan) -> (Vec<u64>, Vec<StepInfo>) {
+    if plan.flat {
+        let steps = vec![StepInfo {
+            step: 0,
+            first_event: None,
+            label: String::new(),
+        }];
+        return (vec![0], steps);
+    }
     if let Some(inferred) = &plan.inferred {
         let n = inferred.starts.len() as u64;
         let numbers: Vec<u64> = (0..=n).collect();
@@ -211,8 +295,9 @@ const MIN_INFERRED_STEPS: usize = 3;
 
 /// Finds the loop of a trace without step marks from its allocations' stacks.
 ///
-/// Each allocation's Python frames that are the user's own (outermost first) say which line
-/// of each function it came from. Starting at the outermost frame, the walk descends while one
+/// Each allocation's Python frames that are the user's own (outermost first) down to the
+/// outermost module call (`nn.Module.__call__`: what runs under it is one call of the model,
+/// whatever loops it holds) say which line of each function it came from. Starting at the outermost frame, the walk descends while one
 /// line holds most allocations in one unbroken run (`main()` calling `train()` once); at the
 /// first level where no line does, that level is the loop body: the number of runs of a line
 /// there is the number of times the line ran, the most common such number (at least
@@ -230,6 +315,7 @@ fn infer_steps(snapshot: &Snapshot) -> Option<InferredSteps> {
             site.frames
                 .iter()
                 .rev()
+                .take_while(|f| !is_module_call(f))
                 .filter(|f| !crate::import::sites::is_framework_frame(f, &framework))
                 .map(|f| (f.file.clone(), f.line))
                 .collect()

@@ -115,8 +115,8 @@ fn stat_lines(report: &Report) -> Vec<String> {
         s.frees,
         if s.unmatched_frees > 0 {
             format!(
-                " (+{} of blocks allocated before the trace)",
-                s.unmatched_frees
+                " (and {} of blocks allocated before the trace)",
+                vramscope_model::plural(s.unmatched_frees, "free")
             )
         } else {
             String::new()
@@ -163,9 +163,9 @@ pub fn gap_sentences(s: &ReportStats) -> Vec<String> {
     }
     if s.baseline_estimated_blocks > 0 {
         lines.push(format!(
-            "the memory from before the trace ({}) is an estimate: {} from before it, freed in \
-             it, {} only by {} request and neither the dump nor the segments around {} leave one \
-             size, so each counts as its \
+            "the memory allocated before the trace ({} at its start) is an estimate: {} from \
+             before it, freed in it, {} only by {} request and neither the dump nor the segments \
+             around {} leave one size, so each counts as its \
              request rounded, and PyTorch may have handed each up to 1 MiB more",
             format_bytes(s.baseline_allocated_bytes),
             vramscope_model::plural(s.baseline_estimated_blocks, "block"),
@@ -460,14 +460,10 @@ fn render_text_opening(report: &Report, color: bool, first_line: &str) -> String
     }
     let header = out;
     let mut out = String::new();
-    let (errors, warnings, infos) = report.counts();
     let _ = writeln!(
         out,
         "\n{}",
-        paint(
-            BOLD,
-            &format!("Findings: {errors} error(s), {warnings} warning(s), {infos} info")
-        )
+        paint(BOLD, &format!("Findings: {}", report.counts_phrase()))
     );
     if report.findings.is_empty() {
         let _ = writeln!(out, "  none");
@@ -565,11 +561,7 @@ fn markdown_body(report: &Report, level: &str) -> String {
     // Sites are escaped in the cells: the prefix is left out as the cells spell it.
     let escaped_prefix = prefix.as_deref().map(md_escape);
     let mut out = String::new();
-    let (errors, warnings, infos) = report.counts();
-    let _ = writeln!(
-        out,
-        "\n{level}# Findings ({errors} error(s), {warnings} warning(s), {infos} info)\n"
-    );
+    let _ = writeln!(out, "\n{level}# Findings ({})\n", report.counts_phrase());
     if report.findings.is_empty() {
         let _ = writeln!(out, "None.");
     } else {
@@ -649,10 +641,10 @@ pub fn render_summary(report: &Report) -> String {
     for line in stat_lines(report) {
         let _ = writeln!(out, "  {line}");
     }
-    let (errors, warnings, infos) = report.counts();
     let _ = writeln!(
         out,
-        "  findings: {errors} error(s), {warnings} warning(s), {infos} info (run `vramscope report` for details)"
+        "  findings: {} (run `vramscope report` for details)",
+        report.counts_phrase()
     );
     // The leak that runs out of memory first, said as a sentence.
     let soonest = report

@@ -79,9 +79,9 @@ impl Widget for FindingsPanel<'_> {
                     .collect();
                 let n = |s| shown.iter().filter(|f| f.severity == s).count();
                 format!(
-                    " Findings{at} · {} errors · {} warnings · {} info ",
-                    n(Severity::Error),
-                    n(Severity::Warning),
+                    " Findings{at} · {} · {} · {} info ",
+                    vramscope_model::plural(n(Severity::Error) as u64, "error"),
+                    vramscope_model::plural(n(Severity::Warning) as u64, "warning"),
                     n(Severity::Info)
                 )
             }
