@@ -45,7 +45,13 @@
         cols.push(cur);
       }
     }
-    return cols.map((c) => ({ k: c.k, x0: c.x0, x1: c.x1, r: c.r }));
+    // Each drawn column covers whole device pixels, so the highest column of a pixel is drawn
+    // opaque there, not blended half into its neighbours: it starts at its pixel and ends where
+    // the next one starts (the last one at the pixel edge past its end).
+    return cols.map((c, i) => {
+      const end = i === cols.length - 1 ? Math.ceil(c.x1 * scale) : Math.floor(c.x1 * scale);
+      return { k: c.k, x0: c.px / scale, x1: Math.max(c.px + 1, end) / scale, r: c.r };
+    });
   }
   // pool:end
 
