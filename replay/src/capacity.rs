@@ -76,7 +76,7 @@ impl InferredCapacity {
     }
 }
 
-/// The capacity `snapshot` implies (see the [module documentation](self)), from the walk
+/// The capacity `snapshot` implies (the module documentation says how), from the walk
 /// `walk` of its events; `None` where nothing limited it or its bounds contradict each other.
 pub fn infer_capacity(snapshot: &Snapshot, walk: &Reconstruction) -> Option<InferredCapacity> {
     if !walk.reserved_known {
