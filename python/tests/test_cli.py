@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import vramscope
-from conftest import line_of
+from conftest import line_of, names_site
 
 HERE = os.path.abspath(__file__)
 
@@ -36,7 +36,7 @@ def test_report_on_a_python_snapshot_names_the_python_line(tmp_path):
     out = subprocess.run([command(), "report", str(path), "--fail-on", "error"],
                          capture_output=True, text=True)
     assert out.returncode == 1, out.stdout + out.stderr
-    assert f"{HERE}:{line_of(HERE, '# CLI-LEAK')}" in out.stdout
+    assert names_site(out.stdout, HERE, line_of(HERE, "# CLI-LEAK")), out.stdout
     assert "retained_per_step" in out.stdout
 
 

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from conftest import line_of
+from conftest import line_of, names_site
 from test_torch_stand_in import STAND_IN
 
 SCRIPT = '''
@@ -61,7 +61,7 @@ def test_an_unmodified_script_gets_a_snapshot_a_verdict_and_its_exit_status(tmp_
     # The snapshot is the script's: the command line reads it and names the same line.
     report = subprocess.run([command(), "report", str(snapshot)], capture_output=True,
                             text=True, timeout=120)
-    assert leak in report.stdout, report.stdout + report.stderr
+    assert names_site(report.stdout, script, line_of(script, "# LEAK")), report.stdout + report.stderr
 
 
 def test_an_out_of_memory_death_leaves_both_snapshots_and_its_status(tmp_path):

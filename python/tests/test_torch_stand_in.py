@@ -16,7 +16,7 @@ import pytest
 
 import vramscope
 from vramscope._torch import SyncRecorder
-from conftest import line_of
+from conftest import line_of, names_site
 
 HERE = os.path.abspath(__file__)
 
@@ -128,7 +128,8 @@ def test_attach_merges_the_sync_warnings_into_the_snapshot_at_their_line(tmp_pat
     assert syncs == [["sync_in_loop", site, "warning", 15, "<module>"]], result["findings"]
     assert len(result["check"]) == 1
     assert "waited for the device 3 times (limit 2), 3 of them at " + site in result["check"][0]
-    assert "sync_in_loop" in result["report"] and site in result["report"]
+    assert "sync_in_loop" in result["report"]
+    assert names_site(result["report"], script, line_of(script, "# ATTACH-SYNC")), result["report"]
     # A .json snapshot is vramscope's, converted from PyTorch's with the syncs in it, each in
     # the step PyTorch's annotations number.
     snap = json.loads(snap_path.read_text())
