@@ -11,12 +11,13 @@ if ! cargo deny --version >/dev/null 2>&1; then
   exit 1
 fi
 cargo deny --locked check licenses bans sources
+dbs="${CARGO_HOME:-$HOME/.cargo}/advisory-dbs"
 if cargo deny fetch db >/dev/null 2>&1; then
-  cargo deny --locked check --disable-fetch advisories
-elif [ -d "${CARGO_HOME:-$HOME/.cargo}/advisory-dbs" ]; then
+  cargo deny --offline check advisories
+elif compgen -G "$dbs/advisory-db-*/.git" >/dev/null; then
   echo "== cargo deny: the advisory database could not be fetched; checking the cached copy"
-  cargo deny --locked check --disable-fetch advisories
+  cargo deny --offline check advisories
 else
   echo "== cargo deny advisories: skipped: the RustSec database could not be fetched (no network" \
-       "to github.com) and none is cached in ${CARGO_HOME:-$HOME/.cargo}/advisory-dbs"
+       "to github.com) and none is cached in $dbs"
 fi
