@@ -17,6 +17,7 @@ use vramscope_model::{Frame, Snapshot};
 
 const TRAIN: &str = "/home/user/project/train.py";
 const EVAL: &str = "/home/user/project/evaluate.py";
+const CELL: &str = "/tmp/ipykernel_22383/3983704831.py";
 
 /// The outer frames of the training script (outermost last).
 fn outer(file: &str) -> Vec<Frame> {
@@ -53,11 +54,14 @@ struct Bugs {
     two_lists: bool,
     /// The dump's C++ frames carry files and lines (a conda build's symbolized stacks).
     symbolized: bool,
+    /// The loop runs in a Jupyter notebook cell (`/tmp/ipykernel_<pid>/<cell>.py`).
+    in_notebook: bool,
 }
 
 /// Weights and the optimizer's state, and a training loop of `steps` steps annotated with
 /// `Optimizer.step#AdamW.step`.
 fn training(steps: usize, bugs: Bugs) -> Snapshot {
+    let file = if bugs.in_notebook { CELL } else { TRAIN };
     let mut t = if bugs.symbolized {
         Torch::new().symbolized()
     } else {
@@ -67,7 +71,7 @@ fn training(steps: usize, bugs: Bugs) -> Snapshot {
     let mut weights_stack = alloc_frames("empty_strided");
     weights_stack.push(torch_py("nn/modules/module.py", 1355, "convert"));
     weights_stack.push(torch_py("nn/modules/module.py", 1340, "to"));
-    weights_stack.extend(at(TRAIN, 20, "train"));
+    weights_stack.extend(at(file, 20, "train"));
     let weights: Vec<u64> = (0..4).map(|_| t.alloc(&weights_stack, 8 * MIB)).collect();
     let mut state = Vec::new();
     let mut grads: Vec<u64> = Vec::new();
@@ -75,9 +79,9 @@ fn training(steps: usize, bugs: Bugs) -> Snapshot {
     let micro = bugs.accumulate.max(1);
     for step in 0..steps {
         for m in 0..micro {
-            let x = t.alloc(&op_at("_to_copy", TRAIN, 55), 3 * MIB);
-            let acts = model.forward(&mut t, &at(TRAIN, 57, "train"));
-            let loss = t.alloc(&op_at("mse_loss", TRAIN, 58), 4);
+            let x = t.alloc(&op_at("_to_copy", file, 55), 3 * MIB);
+            let acts = model.forward(&mut t, &at(file, 57, "train"));
+            let loss = t.alloc(&op_at("mse_loss", file, 58), 4);
             // The backward pass: gradients of the weights, then of the activations.
             if grads.is_empty() {
                 grads = (0..4)
@@ -95,7 +99,7 @@ fn training(steps: usize, bugs: Bugs) -> Snapshot {
                 t.free(g);
             }
             if bugs.keep_graph {
-                let sum = t.alloc(&op_at("add", TRAIN, 59), 4);
+                let sum = t.alloc(&op_at("add", file, 59), 4);
                 kept.push(x);
                 kept.extend(acts);
                 kept.push(loss);
@@ -106,14 +110,14 @@ fn training(steps: usize, bugs: Bugs) -> Snapshot {
                 t.free(loss);
             }
             if bugs.two_lists {
-                kept.push(t.alloc(&op_at("mse_loss", TRAIN, 163), 2 * MIB));
-                let scratch = t.alloc(&op_at("softmax", TRAIN, 165), 4 * MIB);
-                kept.push(t.alloc(&op_at("argmax", TRAIN, 168), MIB));
+                kept.push(t.alloc(&op_at("mse_loss", file, 163), 2 * MIB));
+                let scratch = t.alloc(&op_at("softmax", file, 165), 4 * MIB);
+                kept.push(t.alloc(&op_at("argmax", file, 168), MIB));
                 t.free(scratch);
             }
             if let Some(n) = bugs.sparse_every {
                 if step % n == 0 && m == 0 {
-                    kept.push(t.alloc(&op_at("clone", TRAIN, 66), 2 * MIB));
+                    kept.push(t.alloc(&op_at("clone", file, 66), 2 * MIB));
                 }
             }
         }
@@ -122,7 +126,7 @@ fn training(steps: usize, bugs: Bugs) -> Snapshot {
         step_stack.push(torch_py("optim/adamw.py", 180, "_init_group"));
         step_stack.push(torch_py("optim/adamw.py", 230, "step"));
         step_stack.push(torch_py("optim/optimizer.py", 485, "wrapper"));
-        step_stack.extend(at(TRAIN, 62, "train"));
+        step_stack.extend(at(file, 62, "train"));
         if state.is_empty() {
             state = (0..8).map(|_| t.alloc(&step_stack, 8 * MIB)).collect();
         }
@@ -213,6 +217,27 @@ fn a_kept_loss_with_its_graph_is_one_finding_at_its_line() {
     assert!(leak.fix.contains("item()"), "{}", leak.fix);
     assert!(!leak.fix.contains("no_grad"), "{}", leak.fix);
     assert_eq!(problems(&findings).len(), 1, "{findings:#?}");
+}
+
+/// The same kept loss, run in a notebook cell: every line the finding names is a cell and a
+/// line, never the kernel's temporary file (issue 42, item 7).
+#[test]
+fn a_kept_loss_in_a_notebook_cell_is_named_by_cell_and_line() {
+    let snapshot = training(
+        12,
+        Bugs {
+            keep_graph: true,
+            in_notebook: true,
+            ..Bugs::default()
+        },
+    );
+    let findings = detect(&snapshot, &DetectOptions::default());
+    let leaks = retained(&findings);
+    assert_eq!(leaks.len(), 1, "{leaks:#?}");
+    let leak = leaks[0];
+    let text = format!("{} {}", leak.summary, leak.fix);
+    assert!(text.contains("notebook cell 3983704831, line 57"), "{text}");
+    assert!(!text.contains("ipykernel_"), "{text}");
 }
 
 /// An evaluation loop keeps a metric from a helper (`metrics.append(mse(out, y))`, where `mse`

@@ -49,7 +49,8 @@ fn model_caller(view: &ModelView<'_>, group: GroupId) -> Option<String> {
     view.group(group).sites.iter().find_map(|&s| {
         let site = sites.get(s as usize)?;
         let kept = crate::model_view::kept_line(&site.frames, &framework)?;
-        (kept.keeper != kept.made_at).then(|| format!("{}:{}", kept.keeper.file, kept.keeper.line))
+        (kept.keeper != kept.made_at)
+            .then(|| vramscope_engine::frame_label(&kept.keeper.file, kept.keeper.line))
     })
 }
 

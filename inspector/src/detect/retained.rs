@@ -737,8 +737,8 @@ fn graph_list(units: &[Unit], leaks: &[Leak], graph: &[usize]) -> String {
         let leak = &leaks[k];
         let label = match &leak.kept {
             Some(kept) if kept.keeper != kept.made_at => format!(
-                "the model's tensors under {}:{}",
-                kept.keeper.file, kept.keeper.line
+                "the model's tensors under {}",
+                vramscope_engine::frame_label(&kept.keeper.file, kept.keeper.line)
             ),
             _ => units[leak.unit].label.clone(),
         };
@@ -787,7 +787,7 @@ struct GroupNaming {
 impl GroupNaming {
     /// The naming of the group `members` of `leaks`, whose largest member is `lead`.
     fn choose(units: &[Unit], leaks: &[Leak], members: &[usize], lead: &Leak) -> GroupNaming {
-        let label = |f: &Frame| format!("{}:{}", f.file, f.line);
+        let label = |f: &Frame| vramscope_engine::frame_label(&f.file, f.line);
         let lead_unit = &units[lead.unit];
         let Some(kept) = &lead.kept else {
             return GroupNaming {
@@ -861,7 +861,7 @@ impl GroupNaming {
         leaks: &[Leak],
         root: &GraphRoot,
     ) -> GroupNaming {
-        let label = |f: &Frame| format!("{}:{}", f.file, f.line);
+        let label = |f: &Frame| vramscope_engine::frame_label(&f.file, f.line);
         let lead = cluster_lead(leaks, &root.root);
         let unit = &units[lead.unit];
         let driver = root.graph.iter().find_map(|&k| {

@@ -150,7 +150,7 @@ fn library_line(site: &CallSite) -> Option<String> {
             && !path.contains("packages/torch/")
     })?;
     (frame.file != site.file || frame.line != site.line)
-        .then(|| format!("{}:{}", frame.file, frame.line))
+        .then(|| vramscope_engine::frame_label(&frame.file, frame.line))
 }
 
 /// A duration for a reader: `1.25 s`, `12.3 ms` or `840 µs`.
