@@ -378,7 +378,7 @@ impl Finding {
                 _ => self.sites.len(),
             };
             if total > LISTED {
-                listed.push(format!("{} more", total - LISTED.min(self.sites.len())));
+                listed.push(format!("and {} more", total - LISTED.min(self.sites.len())));
             }
             if !listed.is_empty() {
                 out.push(format!("From: {}.", listed.join(", ")));
