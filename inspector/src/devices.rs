@@ -95,6 +95,27 @@ pub(crate) fn event_indices(snapshot: &Snapshot, device: u32) -> Vec<usize> {
         .collect()
 }
 
+/// The parts of `snapshot` a reader asked for: device `device` alone, or, with no device
+/// named, every device with data (one part for a single-device snapshot, without the segments
+/// of devices that have none). A device without data is an error whose message lists the
+/// devices that have some; the CLI and the Python face print it as it is.
+pub fn select(snapshot: Snapshot, device: Option<u32>) -> Result<Vec<Snapshot>, String> {
+    let available = devices_with_data(&snapshot);
+    match device {
+        Some(d) if !available.contains(&d) => Err(format!(
+            "the snapshot has no data for device {d} (it has device{} {})",
+            if available.len() == 1 { "" } else { "s" },
+            available
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        Some(d) => Ok(vec![only_device(&snapshot, d)]),
+        None => Ok(parts(snapshot)),
+    }
+}
+
 /// `device`'s part of `snapshot`: its events (renumbered from 0, step marks moved with them),
 /// segments and annotations, with the statistics of that device (recomputed for a PyTorch
 /// snapshot; kept for the snapshot's own device; unknown, that is zero, otherwise), and the
@@ -273,6 +294,28 @@ mod tests {
     fn merged() -> (Snapshot, Snapshot, Snapshot) {
         let (a, b) = (device_run(0, 64 << 20), device_run(1, 200 << 20));
         (merge_devices(&[a.clone(), b.clone()]), a, b)
+    }
+
+    #[test]
+    fn select_gives_the_device_asked_for_or_every_one_and_names_those_with_data() {
+        let (both, a, b) = merged();
+        let one = select(both.clone(), Some(1)).unwrap();
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].device.index, 1);
+        assert_eq!(one[0].events.len(), b.events.len());
+        let every = select(both.clone(), None).unwrap();
+        assert_eq!(
+            every.iter().map(|p| p.device.index).collect::<Vec<_>>(),
+            [0, 1]
+        );
+        assert_eq!(every[0].events.len(), a.events.len());
+        let error = select(both, Some(3)).unwrap_err();
+        assert_eq!(
+            error,
+            "the snapshot has no data for device 3 (it has devices 0, 1)"
+        );
+        let error = select(a, Some(1)).unwrap_err();
+        assert!(error.ends_with("(it has device 0)"), "{error}");
     }
 
     #[test]

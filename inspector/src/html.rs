@@ -86,22 +86,7 @@ pub fn render_html(report: &Report) -> String {
 
     let s = &report.stats;
     out.push_str("<ul class=\"stats\">\n");
-    let _ = writeln!(
-        out,
-        "<li>{} events, {}, {} allocations, {} frees{}</li>",
-        s.events,
-        vramscope_model::plural(report.steps, "step"),
-        s.allocations,
-        s.frees,
-        if s.unmatched_frees > 0 {
-            format!(
-                " (and {} of blocks allocated before the trace)",
-                vramscope_model::plural(s.unmatched_frees, "free")
-            )
-        } else {
-            String::new()
-        }
-    );
+    let _ = writeln!(out, "<li>{}</li>", crate::report::text::counts_line(report));
     let _ = writeln!(
         out,
         "<li>peak allocated {}, peak reserved {}; at the end {} live blocks, {} allocated, {} reserved</li>",

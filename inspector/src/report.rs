@@ -21,7 +21,7 @@ use vramscope_engine::GroupId;
 mod github;
 mod location;
 mod sarif;
-mod text;
+pub(crate) mod text;
 
 pub use github::{escape_data, escape_property, render_github};
 pub use location::{path_ref, source_line, AnnotationOptions, PathRef, SourceLine};

@@ -502,20 +502,7 @@ pub fn device_parts(
     if let Some(message) = inspector_report::nothing_to_analyse(&snapshot, file) {
         return Err(PyValueError::new_err(message));
     }
-    let available = devices::devices_with_data(&snapshot);
-    match device {
-        Some(d) if !available.contains(&d) => Err(PyValueError::new_err(format!(
-            "the snapshot has no data for device {d} (it has device{} {})",
-            if available.len() == 1 { "" } else { "s" },
-            available
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))),
-        Some(d) => Ok(vec![devices::only_device(&snapshot, d)]),
-        None => Ok(devices::parts(snapshot)),
-    }
+    devices::select(snapshot, device).map_err(PyValueError::new_err)
 }
 
 /// One call site's holdings, a row of [`Report::top_sites`].

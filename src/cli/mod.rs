@@ -312,22 +312,7 @@ fn require_data(snapshot: &Snapshot, file: &std::path::Path) -> Result<(), Failu
 /// The parts of `snapshot` to report on: the device asked for, else every device with data
 /// (one part for a single-device snapshot).
 fn device_parts(snapshot: Snapshot, device: Option<u32>) -> Result<Vec<Snapshot>, Failure> {
-    let available = devices::devices_with_data(&snapshot);
-    match device {
-        Some(d) if !available.contains(&d) => Err(Failure::input(format!(
-            "the snapshot has no data for device {d} (it has device{} {})",
-            if available.len() == 1 { "" } else { "s" },
-            available
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))),
-        Some(d) => Ok(vec![devices::only_device(&snapshot, d)]),
-        // Every device with data; one device with events is its part, without the segments
-        // of devices that have none.
-        None => Ok(devices::parts(snapshot)),
-    }
+    devices::select(snapshot, device).map_err(Failure::input)
 }
 
 fn use_color() -> bool {

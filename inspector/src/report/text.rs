@@ -104,10 +104,11 @@ pub(crate) fn activity_sentence(s: &ReportStats) -> String {
     format!("{copies}, {device}")
 }
 
-/// Lines of headline statistics, shared by the text and markdown renderers.
-fn stat_lines(report: &Report) -> Vec<String> {
+/// The first line of headline statistics, the same in every format: events, steps,
+/// allocations and frees, with the frees of blocks from before the trace said apart.
+pub(crate) fn counts_line(report: &Report) -> String {
     let s = &report.stats;
-    let mut lines = vec![format!(
+    format!(
         "{} events, {}, {} allocations, {} frees{}",
         s.events,
         vramscope_model::plural(report.steps, "step"),
@@ -121,7 +122,13 @@ fn stat_lines(report: &Report) -> Vec<String> {
         } else {
             String::new()
         }
-    )];
+    )
+}
+
+/// Lines of headline statistics, shared by the text and markdown renderers.
+fn stat_lines(report: &Report) -> Vec<String> {
+    let s = &report.stats;
+    let mut lines = vec![counts_line(report)];
     if !report.step_source.is_empty() {
         lines.push(report.step_source.clone());
     }
