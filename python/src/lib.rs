@@ -102,8 +102,14 @@ fn file_findings(
 ) -> PyResult<Vec<report::Finding>> {
     let log = log_data(log);
     off_the_interpreter(py, move || {
+        let snapshot = load_with(&path, log.as_ref())?;
+        // An empty dump is said to be one, in the words of `vramscope report` and `load()`,
+        // never answered with no findings (issue 42, item 11).
+        if let Some(words) = vramscope_inspector::report::nothing_to_analyse(&snapshot, &path) {
+            return Err(PyValueError::new_err(words));
+        }
         // A file of several devices is its devices, each finding saying its own.
-        let parts = vramscope_inspector::devices::parts(load_with(&path, log.as_ref())?);
+        let parts = vramscope_inspector::devices::parts(snapshot);
         let many = parts.len() > 1;
         Ok(parts
             .iter()
@@ -593,12 +599,20 @@ mod tests {
              except ValueError as e:\n    result = ['ValueError', str(e)]\n",
         ))
         .expect("JSON");
+        // `report_file()` (the findings of a file) says the same, not an empty list.
+        let findings: serde_json::Value = serde_json::from_str(&run_python(
+            path,
+            "try:\n    result = ['findings', len(_native.file_findings(path))]\n\
+             except ValueError as e:\n    result = ['ValueError', str(e)]\n",
+        ))
+        .expect("JSON");
         let words = vramscope_inspector::report::nothing_to_analyse(
             &Snapshot::empty(SnapshotSource::Vramscope, DeviceInfo::default()),
             path,
         )
         .expect("an empty dump has nothing to analyse");
         assert_eq!(seen, serde_json::json!(["ValueError", words]));
+        assert_eq!(findings, serde_json::json!(["ValueError", words]));
         // The command line, run inside the module, says the same words with status 2.
         let status: u8 = with_module(|m| {
             let argv = PyList::new(m.py(), ["vramscope", "report", path]).expect("argv");

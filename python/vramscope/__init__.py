@@ -191,7 +191,8 @@ def memory_summary() -> str:
 
 
 def report_file(path: str) -> List[Finding]:
-    """The findings on a file: a vramscope snapshot, a PyTorch snapshot pickle, or a trace."""
+    """The findings on a file: a vramscope snapshot, a PyTorch snapshot pickle, or a trace. A
+    file with nothing in it raises ``ValueError`` with the words of ``vramscope report``."""
     return _native.file_findings(path)
 
 
