@@ -1,6 +1,9 @@
 //! The C ABI, loaded as PyTorch loads it: the built shared library opened with `dlopen` and its
 //! symbols called, on the simulated backend (`VRAMSCOPE_BACKEND=sim`).
 
+mod common;
+
+use common::library_path;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::path::{Path, PathBuf};
 
@@ -11,25 +14,6 @@ type Free = unsafe extern "C" fn(*mut c_void, isize, c_int, *mut c_void);
 type Counter = unsafe extern "C" fn() -> u64;
 type WriteJson = unsafe extern "C" fn(*mut c_char, usize) -> isize;
 type Snapshot = unsafe extern "C" fn(*const c_char) -> c_int;
-
-/// The target directory of this test build.
-fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
-}
-
-fn library_path() -> PathBuf {
-    let name = format!(
-        "{}vramscope_ffi{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    let dir = target_dir();
-    [dir.join(&name), dir.join("deps").join(&name)]
-        .into_iter()
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("{name} not built under {}", dir.display()))
-}
 
 /// The Unix socket the library publishes live telemetry on in these tests.
 fn telemetry_socket() -> PathBuf {

@@ -3,27 +3,11 @@
 //! allocates, and exits; the snapshot file must be written. A binary of its own, so that the
 //! child's environment is built while no other test of this process sets variables.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::{library_path, target_dir};
+use std::path::Path;
 use std::process::Command;
-
-/// The target directory of this test build.
-fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
-}
-
-fn library_path() -> PathBuf {
-    let name = format!(
-        "{}vramscope_ffi{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    let dir = target_dir();
-    [dir.join(&name), dir.join("deps").join(&name)]
-        .into_iter()
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("{name} not built under {}", dir.display()))
-}
 
 fn vramscope_allocator_snapshot(path: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()

@@ -7,9 +7,11 @@
 //! A test binary of its own: the variable is read when the library opens its first device,
 //! once per process.
 
+mod common;
+
+use common::library_path;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::path::{Path, PathBuf};
 
 use libloading::{Library, Symbol};
 use vramscope_testkit::{check_with_promtool, http_get};
@@ -17,20 +19,6 @@ use vramscope_testkit::{check_with_promtool, http_get};
 type Malloc = unsafe extern "C" fn(isize, c_int, *mut c_void) -> *mut c_void;
 type Free = unsafe extern "C" fn(*mut c_void, isize, c_int, *mut c_void);
 type WriteText = unsafe extern "C" fn(*mut c_char, usize) -> isize;
-
-fn library_path() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    let name = format!(
-        "{}vramscope_ffi{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    [dir.join(&name), dir.join("deps").join(&name)]
-        .into_iter()
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("{name} not built under {}", dir.display()))
-}
 
 /// What `write` puts in a buffer, or `None` when it returns -1.
 fn text_of(write: &Symbol<WriteText>) -> Option<String> {
