@@ -7,7 +7,6 @@
 //! figures are still scraped after the run ends (`VRAMSCOPE_METRICS_LINGER`). `--headless`
 //! reports the same simulated device.
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
@@ -91,15 +90,6 @@ fn value(text: &str, name: &str) -> f64 {
         .collect();
     assert!(!samples.is_empty(), "no {name} in\n{text}");
     samples.iter().sum()
-}
-
-/// The `# TYPE` of every family in `text`.
-fn types(text: &str) -> BTreeMap<String, String> {
-    text.lines()
-        .filter_map(|l| l.strip_prefix("# TYPE "))
-        .filter_map(|l| l.split_once(' '))
-        .map(|(name, kind)| (name.to_string(), kind.to_string()))
-        .collect()
 }
 
 #[test]
@@ -190,21 +180,7 @@ fn a_real_prometheus_scrapes_the_demo_and_every_dashboard_query_has_series() {
     assert_eq!(capacity.len(), 1);
     assert_eq!(capacity[0].1, DEMO_CAPACITY);
     // Every series the demo serves is in Prometheus with the type it was served with.
-    let served = types(&scrape(&target));
-    let seen: BTreeMap<String, String> = prometheus
-        .metric_types("demo")
-        .into_iter()
-        .filter(|(name, _)| name.starts_with("vramscope_"))
-        .collect();
-    assert_eq!(seen, served, "Prometheus's metadata and the served types");
-    for name in served.keys() {
-        assert!(
-            !prometheus
-                .query(&format!("{name}{{job=\"demo\"}}"))
-                .is_empty(),
-            "no {name} in Prometheus"
-        );
-    }
+    prometheus.assert_has_every_family("demo", &scrape(&target));
 
     // The dashboard: its variables resolve (the rank has no values without RANK, so Grafana
     // offers only All, `.*`), and every panel's one query returns series.

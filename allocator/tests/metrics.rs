@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use vramscope_allocator::metrics::{AtEnd, MetricsServer, PushTarget, CONTENT_TYPE};
 use vramscope_allocator::{Backend, CachingAllocator, SimDevice};
 use vramscope_model::AllocatorConfig;
-use vramscope_testkit::prometheus::{Prometheus, Pushgateway};
+use vramscope_testkit::prometheus::{served_types, Prometheus, Pushgateway};
 use vramscope_testkit::{check_with_promtool, http_get};
 
 /// `GET path` on `server`; returns the status line, the headers and the body.
@@ -28,15 +28,6 @@ fn value(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(series))
         .and_then(|rest| rest.trim().parse().ok())
-}
-
-/// The `# TYPE` of every family in `text`: name (with a counter's `_total`) to type.
-fn types(text: &str) -> BTreeMap<String, String> {
-    text.lines()
-        .filter_map(|l| l.strip_prefix("# TYPE "))
-        .filter_map(|l| l.split_once(' '))
-        .map(|(name, kind)| (name.to_string(), kind.to_string()))
-        .collect()
 }
 
 #[test]
@@ -133,7 +124,7 @@ fn readme_table() -> BTreeMap<String, (String, String, String)> {
 #[test]
 fn readme_lists_every_series_with_its_type_and_unit() {
     let alloc = CachingAllocator::new(SimDevice::phantom(1 << 30), AllocatorConfig::default());
-    let served = types(&vramscope_allocator::metrics::render(&[alloc]));
+    let served = served_types(&vramscope_allocator::metrics::render(&[alloc]));
     let table = readme_table();
     let listed: BTreeMap<String, String> = table
         .iter()
@@ -221,17 +212,7 @@ fn a_real_prometheus_scrapes_the_counters_the_capacity_and_the_last_values() {
     let up = prometheus.query("up{job=\"alloc\"}");
     assert_eq!(up.len(), 1);
     assert_eq!(up[0].1, 1.0);
-    let served = types(&get(&server, "/metrics").2);
-    let seen: BTreeMap<String, String> = prometheus
-        .metric_types("alloc")
-        .into_iter()
-        .filter(|(name, _)| name.starts_with("vramscope_"))
-        .collect();
-    assert_eq!(seen, served, "Prometheus's metadata and the served types");
-    for name in served.keys() {
-        let found = prometheus.query(&format!("{name}{{job=\"alloc\"}}"));
-        assert!(!found.is_empty(), "no {name} in Prometheus");
-    }
+    prometheus.assert_has_every_family("alloc", &get(&server, "/metrics").2);
     let found = prometheus.query("vramscope_device_capacity_bytes{job=\"alloc\",device=\"0\"}");
     assert_eq!(found.len(), 1);
     assert_eq!(found[0].1, capacity as f64);

@@ -6,6 +6,7 @@
 //! `skipped:` line and return `None`, unless [`REQUIRE_PROMETHEUS_ENV`]`=1` (which CI sets
 //! where it installed the packages): then the test fails. Every wait polls with a deadline.
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -124,6 +125,24 @@ impl Drop for Running {
     }
 }
 
+impl Running {
+    /// Starts `program` with `args` in the scratch folder `dir` (its standard error to
+    /// `dir/log`) and waits until it answers on `addr`.
+    fn launch(program: &str, args: &[String], dir: PathBuf, addr: &str) -> Running {
+        let log = std::fs::File::create(dir.join("log")).expect("a log file");
+        let child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{program} starts: {e}"));
+        let mut running = Running { child, dir };
+        wait_ready(addr, &mut running, program);
+        running
+    }
+}
+
 /// A folder of its own for one server.
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(
@@ -175,25 +194,13 @@ impl Prometheus {
         }
         std::fs::write(dir.join("prometheus.yml"), config).expect("the config written");
         let addr = format!("127.0.0.1:{}", free_port());
-        let log = std::fs::File::create(dir.join("log")).expect("a log file");
-        let child = Command::new("prometheus")
-            .arg(format!(
-                "--config.file={}",
-                dir.join("prometheus.yml").display()
-            ))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("data").display()
-            ))
-            .arg(format!("--web.listen-address={addr}"))
-            .arg("--log.level=warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("prometheus starts");
-        let mut running = Running { child, dir };
-        wait_ready(&addr, &mut running, "prometheus");
+        let args = [
+            format!("--config.file={}", dir.join("prometheus.yml").display()),
+            format!("--storage.tsdb.path={}", dir.join("data").display()),
+            format!("--web.listen-address={addr}"),
+            "--log.level=warn".to_string(),
+        ];
+        let running = Running::launch("prometheus", &args, dir, &addr);
         Some(Prometheus {
             addr,
             _running: running,
@@ -279,6 +286,33 @@ impl Prometheus {
     }
 }
 
+/// The `# TYPE` of every metric family in a `/metrics` text, by name.
+pub fn served_types(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(name, kind)| (name.to_string(), kind.to_string()))
+        .collect()
+}
+
+impl Prometheus {
+    /// Asserts that Prometheus has every `vramscope_` family of the `/metrics` text `served`
+    /// from the targets of `job`, with the type it was served with, and a series of each.
+    pub fn assert_has_every_family(&self, job: &str, served: &str) {
+        let served = served_types(served);
+        let seen: BTreeMap<String, String> = self
+            .metric_types(job)
+            .into_iter()
+            .filter(|(name, _)| name.starts_with("vramscope_"))
+            .collect();
+        assert_eq!(seen, served, "Prometheus's metadata and the served types");
+        for name in served.keys() {
+            let found = self.query(&format!("{name}{{job=\"{job}\"}}"));
+            assert!(!found.is_empty(), "no {name} in Prometheus");
+        }
+    }
+}
+
 /// A Prometheus Pushgateway.
 pub struct Pushgateway {
     addr: String,
@@ -294,17 +328,11 @@ impl Pushgateway {
         }
         let dir = scratch("pushgateway");
         let addr = format!("127.0.0.1:{}", free_port());
-        let log = std::fs::File::create(dir.join("log")).expect("a log file");
-        let child = Command::new("prometheus-pushgateway")
-            .arg(format!("--web.listen-address={addr}"))
-            .arg("--log.level=warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("prometheus-pushgateway starts");
-        let mut running = Running { child, dir };
-        wait_ready(&addr, &mut running, "prometheus-pushgateway");
+        let args = [
+            format!("--web.listen-address={addr}"),
+            "--log.level=warn".to_string(),
+        ];
+        let running = Running::launch("prometheus-pushgateway", &args, dir, &addr);
         Some(Pushgateway {
             addr,
             _running: running,
