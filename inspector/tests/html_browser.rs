@@ -177,28 +177,12 @@ fn the_explorer_draws_each_shared_trace_in_chromium() {
     // Segment maps past the rows the page draws, with blocks left out of them.
     check_page(&browser, &out, "many_segments.json", &many_segments(12_000));
     // Four one-event spikes to almost four times the rest, among 60,000 events.
-    check_page(&browser, &out, "spikes.json", &spikes());
-}
-
-/// A run that holds 36 MiB and works 1 MiB at a time for 60,000 events, spiking to 134 MiB
-/// for one event four times: each spike is far narrower than a pixel of the chart.
-fn spikes() -> Snapshot {
-    let mut t = Trace::new();
-    let (base, work, spike) = (
-        t.site("train.py", 1, "setup"),
-        t.site("train.py", 2, "step"),
-        t.site("train.py", 3, "spike"),
+    check_page(
+        &browser,
+        &out,
+        "spikes.json",
+        &vramscope_testkit::spiky_run().0,
     );
-    t.alloc(base, 36 * MIB);
-    for i in 0..20_000u64 {
-        let a = t.alloc(work, MIB);
-        t.free(a, MIB);
-        if [5_000, 10_000, 15_000, 17_500].contains(&i) {
-            let s = t.alloc(spike, 98 * MIB);
-            t.free(s, 98 * MIB);
-        }
-    }
-    t.finish()
 }
 
 /// Blocks as `(address, size)`.

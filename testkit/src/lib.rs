@@ -208,6 +208,32 @@ pub fn three_devices_oom_on_1() -> vramscope_model::Snapshot {
     merged
 }
 
+/// A run that holds 36 MiB and works 1 MiB at a time for 40,000 events, spiking to 134 MiB
+/// for one event four times, each spike far narrower than a pixel of a chart (issue 42: a
+/// dump spiking four times to 13.4 GiB was drawn as a flat band at 3.7 GiB); returns the
+/// trace and the position after each spike's allocation.
+pub fn spiky_run() -> (vramscope_model::Snapshot, Vec<u64>) {
+    let mut t = Trace::new();
+    let (base, work, spike) = (
+        t.site("train.py", 1, "setup"),
+        t.site("train.py", 2, "step"),
+        t.site("train.py", 3, "spike"),
+    );
+    t.alloc(base, 36 * MIB);
+    let mut spikes = Vec::new();
+    for i in 0..20_000u64 {
+        let a = t.alloc(work, MIB);
+        t.free(a, MIB);
+        if [5_000, 10_000, 15_000, 17_500].contains(&i) {
+            let s = t.alloc(spike, 98 * MIB);
+            // The position after the spike's allocation: its events so far.
+            spikes.push(t.next_seq());
+            t.free(s, 98 * MIB);
+        }
+    }
+    (t.finish(), spikes)
+}
+
 /// The runs of several devices in one snapshot, as a multi-GPU snapshot holds them: the first
 /// run's header, every run's segments, and their events interleaved by time and numbered
 /// again (without step marks, whose numbers belonged to one run each).

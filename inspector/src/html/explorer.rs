@@ -933,37 +933,12 @@ mod tests {
         t.finish()
     }
 
-    /// A run that sits at 37 MiB for 40,000 events and spikes to 134 MiB for one event four
-    /// times (issue 42: a dump spiking four times to 13.4 GiB was drawn as a flat band at
-    /// 3.7 GiB); returns the trace and the positions of the spikes.
-    fn spiky() -> (Snapshot, Vec<u64>) {
-        let mut t = Trace::new();
-        let (base, work, spike) = (
-            t.site("train.py", 1, "setup"),
-            t.site("train.py", 2, "step"),
-            t.site("train.py", 3, "spike"),
-        );
-        t.alloc(base, 36 * MIB);
-        let mut spikes = Vec::new();
-        for i in 0..20_000u64 {
-            let a = t.alloc(work, MIB);
-            t.free(a, MIB);
-            if [5_000, 10_000, 15_000, 17_500].contains(&i) {
-                let s = t.alloc(spike, 98 * MIB);
-                // The position after the spike's allocation: its events so far.
-                spikes.push(t.next_seq());
-                t.free(s, 98 * MIB);
-            }
-        }
-        (t.finish(), spikes)
-    }
-
     /// Downsampling keeps each column's highest position: every spike of a trace with more
     /// positions than columns is a column at the spike's height, at the spike's place, and the
     /// peak's column is the peak.
     #[test]
     fn every_spike_keeps_its_height_and_place_in_the_columns() {
-        let (snapshot, spikes) = spiky();
+        let (snapshot, spikes) = vramscope_testkit::spiky_run();
         let view = ModelView::new(&snapshot);
         let data = ExplorerData::build(&view, None);
         assert!(
