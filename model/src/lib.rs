@@ -7,6 +7,9 @@
 //! - PyTorch's statistics under PyTorch's names ([`MemoryStats`]) and its `memory_summary()`
 //!   table, with byte sizes formatted and parsed the way every view prints them;
 //! - allocator settings in `PYTORCH_CUDA_ALLOC_CONF` syntax ([`AllocatorConfig`]);
+//! - what memory is made of: the [`Category`] of a block (parameters, gradients, optimizer
+//!   state, activations, ...), [`CategoryBytes`] per moment and its one text line, and the
+//!   categories a program's tags name;
 //! - the one rule for why an out-of-memory error happened (the process's memory cap,
 //!   fragmentation, memory in use, ...) and what helps ([`oom`]);
 //! - PyTorch's caching-allocator constants and rounding, which the allocator runs on and every
@@ -29,6 +32,7 @@
 //! assert!(config.expandable_segments);
 //! ```
 
+mod category;
 mod config;
 mod events;
 pub mod files;
@@ -38,6 +42,7 @@ mod snapshot;
 mod stats;
 pub mod terminal;
 
+pub use category::{Category, CategoryBytes};
 pub use config::{AllocatorConfig, BacktraceMode, ConfigError, Policy, CONFIG_ENV_VAR, MIB};
 pub use events::Events;
 pub use snapshot::{
