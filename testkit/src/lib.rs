@@ -3,6 +3,8 @@
 //!
 //! - [`Trace`] and [`event`] (the `trace` module) build synthetic snapshots and single events;
 //! - [`generated::trace_of_ops`] builds the traces, consistent or not, of property tests;
+//! - [`planted`] records PyTorch-shaped training and inference programs whose generator knows
+//!   what every block is (its category), for the tests of what memory is made of;
 //! - [`device_run`] and [`merge_devices`] build the multi-device snapshots that tests of
 //!   per-device views need, by running the caching allocator on simulated devices;
 //! - [`props::config`] is the one configuration of every property test (a fixed seed; a deep
@@ -25,6 +27,7 @@ use vramscope_caching::{CachingAllocator, SimDevice};
 
 pub mod fixture;
 pub mod generated;
+pub mod planted;
 pub mod prometheus;
 pub mod props;
 mod trace;

@@ -1,0 +1,338 @@
+//! Tests of the planted cases themselves: every block has its truth, the truth adds up to the
+//! engine's allocated bytes at every moment, and each case holds what it says it holds, with
+//! stacks shaped as PyTorch records them.
+
+use proptest::prelude::*;
+use vramscope_engine::Reconstruction;
+use vramscope_model::{BlockState, Category, CategoryBytes, EventKind, Snapshot};
+
+use super::cases::{self, Shape, STEP_ANNOTATION};
+use super::frames::{MODEL, TRAIN};
+use super::{BlockKey, Planted, StackMode};
+
+use crate::MIB;
+
+/// Checks what every planted case must hold; returns the truth after each event.
+fn check_consistent(case: &Planted) -> Vec<CategoryBytes> {
+    let snap = &case.snapshot;
+    let name = &case.name;
+    // Every allocation has a truth, and the truth names nothing else.
+    let allocs: Vec<usize> = snap
+        .events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.kind == EventKind::Alloc)
+        .map(|(i, _)| i)
+        .collect();
+    let known: Vec<usize> = case.truth.allocs.keys().copied().collect();
+    assert_eq!(known, allocs, "{name}: a truth for every allocation");
+    for &i in case.truth.allocs.keys() {
+        assert!(case.truth.category(BlockKey::Alloc(i)).is_some());
+    }
+    assert!(
+        case.truth
+            .allocs
+            .values()
+            .all(|&c| c != Category::BeforeTrace && c != Category::Unknown),
+        "{name}: an allocation in the trace is never before-trace or unknown"
+    );
+    // The truth adds up to the engine's allocated bytes at the start and after every event.
+    let walk = Reconstruction::from_snapshot(snap);
+    assert!(walk.disagreements.is_empty(), "{name}: a consistent trace");
+    assert_eq!(
+        case.truth.at_start().total(),
+        walk.start.allocated,
+        "{name}: at the start"
+    );
+    let series = case.truth.after_each(snap);
+    assert_eq!(series.len(), snap.events.len());
+    for (i, bytes) in series.iter().enumerate() {
+        assert_eq!(
+            bytes.total(),
+            walk.usage_at(i + 1).allocated,
+            "{name}: after event {i} ({:?})",
+            snap.events[i].kind
+        );
+    }
+    // The blocks live at the end are the segments' allocated blocks.
+    let mut at_end: Vec<(u64, u64)> = snap
+        .segments
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .filter(|b| b.state == BlockState::ActiveAllocated)
+        .map(|b| (b.address, b.size))
+        .collect();
+    at_end.sort_unstable();
+    let live: Vec<(u64, u64)> = case
+        .truth
+        .live_at_end(snap)
+        .iter()
+        .map(|&(_, addr, size, _)| (addr, size))
+        .collect();
+    assert_eq!(live, at_end, "{name}: the live blocks at the end");
+    // Steps and times as the importer gives them.
+    assert!(snap
+        .events
+        .iter()
+        .enumerate()
+        .all(|(i, e)| e.seq == i as u64));
+    assert!(snap.events.windows(2).all(|w| w[0].time_ns < w[1].time_ns));
+    assert!(snap.steps.windows(2).all(|w| w[0].seq <= w[1].seq));
+    series
+}
+
+/// Bytes per category at the end of a case.
+fn at_end(case: &Planted) -> CategoryBytes {
+    case.truth
+        .live_at_end(&case.snapshot)
+        .into_iter()
+        .map(|(_, _, size, category)| (category, size))
+        .collect()
+}
+
+/// The bytes of the default model's parameters (each a block of its own size: both sizes
+/// are multiples of 512).
+fn param_bytes() -> u64 {
+    let shape = Shape::default();
+    shape.layers as u64 * (shape.weight + shape.bias)
+}
+
+#[test]
+fn every_case_is_consistent_in_both_stack_modes() {
+    for mode in [StackMode::All, StackMode::Python] {
+        for case in cases::all_cases(mode) {
+            check_consistent(&case);
+        }
+    }
+}
+
+#[test]
+fn a_training_run_ends_with_parameters_gradients_and_optimizer_state() {
+    let case = cases::adamw_training(StackMode::All, 3);
+    let series = check_consistent(&case);
+    let end = at_end(&case);
+    let params = param_bytes();
+    assert_eq!(end[Category::Parameters], params);
+    assert_eq!(end[Category::Gradients], params);
+    assert_eq!(end[Category::OptimizerState], 2 * params);
+    assert_eq!(end.total(), 4 * params, "nothing else outlives the step");
+    assert_eq!(series.last(), Some(&end));
+    // Three steps, numbered from the optimizer's annotations.
+    assert_eq!(case.snapshot.steps.len(), 3);
+    assert!(case
+        .snapshot
+        .steps
+        .iter()
+        .all(|s| s.label == STEP_ANNOTATION));
+    // At the peak of activations every layer's two are live.
+    let most = series.iter().map(|b| b[Category::Activations]).max();
+    assert_eq!(most, Some(2 * 4 * 8 * MIB));
+    // Every category the program makes is there at some moment.
+    for category in [
+        Category::Activations,
+        Category::Temporaries,
+        Category::Inputs,
+    ] {
+        assert!(series.iter().any(|b| b[category] > 0), "{category}");
+    }
+}
+
+#[test]
+fn gradient_accumulation_makes_gradients_once_per_step() {
+    let case = cases::gradient_accumulation(StackMode::All, 2, 3);
+    check_consistent(&case);
+    let grads = case
+        .truth
+        .allocs
+        .values()
+        .filter(|&&c| c == Category::Gradients)
+        .count();
+    // Two steps, each making every parameter's gradient once (8 parameters).
+    assert_eq!(grads, 2 * 8);
+    assert_eq!(at_end(&case)[Category::Gradients], param_bytes());
+}
+
+/// Whether the event at `i` lies inside an `Optimizer.step` annotation's window.
+fn in_step_window(snap: &Snapshot, i: usize) -> bool {
+    let t = snap.events[i].time_ns;
+    let starts = snap
+        .annotations
+        .iter()
+        .filter(|a| a.name == STEP_ANNOTATION && a.stage == "START");
+    let ends = snap
+        .annotations
+        .iter()
+        .filter(|a| a.name == STEP_ANNOTATION && a.stage == "END");
+    starts
+        .zip(ends)
+        .any(|(s, e)| s.time_ns <= t && t <= e.time_ns)
+}
+
+#[test]
+fn a_closure_makes_activations_and_gradients_inside_the_optimizer_step() {
+    let case = cases::step_with_closure(StackMode::All, 2);
+    check_consistent(&case);
+    let snap = &case.snapshot;
+    let inside: Vec<Category> = case
+        .truth
+        .allocs
+        .iter()
+        .filter(|(&i, _)| in_step_window(snap, i))
+        .map(|(_, &c)| c)
+        .collect();
+    for category in [
+        Category::Activations,
+        Category::Gradients,
+        Category::Temporaries,
+        Category::OptimizerState,
+    ] {
+        assert!(inside.contains(&category), "{category} inside the step");
+    }
+    // The closure's forward stacks hold the optimizer's frames and the user's closure.
+    let act = case
+        .truth
+        .allocs
+        .iter()
+        .find(|(_, &c)| c == Category::Activations)
+        .map(|(&i, _)| i)
+        .unwrap();
+    let site = snap.site(snap.events[act].site()).unwrap();
+    let functions: Vec<&str> = site.frames.iter().map(|f| f.function.as_str()).collect();
+    assert!(functions.contains(&"closure"));
+    assert!(site
+        .frames
+        .iter()
+        .any(|f| f.file.ends_with("torch/optim/adamw.py") && f.function == "step"));
+    assert_eq!((site.file.as_str(), site.line), (MODEL, 31));
+    assert_eq!(at_end(&case)[Category::OptimizerState], 2 * param_bytes());
+}
+
+#[test]
+fn a_dump_mid_forward_holds_the_forward_activations() {
+    let case = cases::mid_forward(StackMode::All, 2);
+    check_consistent(&case);
+    let end = at_end(&case);
+    // Two of four layers ran: two activations each.
+    assert_eq!(end[Category::Activations], 2 * 2 * 8 * MIB);
+    assert_eq!(end[Category::Inputs], 2 * MIB);
+    assert_eq!(end[Category::Gradients], 0, "zero_grad freed them");
+    assert_eq!(end[Category::OptimizerState], 2 * param_bytes());
+    assert_eq!(end[Category::Temporaries], 0);
+}
+
+#[test]
+fn inference_under_no_grad_keeps_nothing_but_parameters() {
+    let case = cases::inference_no_grad(StackMode::All, 3);
+    let series = check_consistent(&case);
+    assert!(series.iter().all(|b| b[Category::Activations] == 0
+        && b[Category::Gradients] == 0
+        && b[Category::OptimizerState] == 0));
+    assert!(series.iter().any(|b| b[Category::Temporaries] > 0));
+    assert_eq!(at_end(&case).total(), param_bytes());
+    assert!(
+        case.snapshot.steps.is_empty(),
+        "no optimizer, no step marks"
+    );
+}
+
+#[test]
+fn a_late_recording_starts_with_blocks_from_before_the_trace() {
+    let case = cases::late_recording(StackMode::All, 2, 2);
+    let series = check_consistent(&case);
+    let params = param_bytes();
+    // Parameters, gradients and optimizer state were live when recording began.
+    assert_eq!(case.truth.at_start()[Category::BeforeTrace], 4 * params);
+    assert_eq!(case.truth.before_trace.len(), 4 * 8);
+    // The first recorded zero_grad frees the old gradients: frees with no allocation before.
+    let snap = &case.snapshot;
+    let freed_before: Vec<u64> = snap
+        .events
+        .iter()
+        .enumerate()
+        .filter(|(i, e)| {
+            e.kind == EventKind::FreeRequested
+                && !snap.events[..*i]
+                    .iter()
+                    .any(|a| a.kind == EventKind::Alloc && a.addr == e.addr)
+        })
+        .map(|(_, e)| e.addr)
+        .collect();
+    assert_eq!(freed_before.len(), 8);
+    assert!(freed_before
+        .iter()
+        .all(|a| case.truth.category(BlockKey::BeforeTrace(*a)) == Some(Category::BeforeTrace)));
+    let end = at_end(&case);
+    assert_eq!(end[Category::BeforeTrace], 3 * params);
+    assert_eq!(end[Category::Gradients], params);
+    // The trace opens with that zero_grad freeing an old gradient.
+    let first = &snap.events[0];
+    assert_eq!(first.kind, EventKind::FreeRequested);
+    assert_eq!(series[0][Category::BeforeTrace], 4 * params - first.size);
+    // The recorded part begins at time 0 with two steps.
+    assert_eq!(snap.steps.len(), 2);
+    assert_eq!(snap.events[0].time_ns.min(snap.annotations[0].time_ns), 0);
+}
+
+#[test]
+fn stacks_look_as_pytorch_records_them() {
+    let all = cases::adamw_training(StackMode::All, 1);
+    let python = cases::adamw_training(StackMode::Python, 1);
+    let name_of = |case: &Planted, category: Category| {
+        let snap = &case.snapshot;
+        let i = case
+            .truth
+            .allocs
+            .iter()
+            .find(|(_, &c)| c == category)
+            .map(|(&i, _)| i)
+            .unwrap();
+        snap.site(snap.events[i].site()).cloned()
+    };
+    // The parameters come from `Module.to`, named at the user's line that called it.
+    let params = name_of(&all, Category::Parameters).unwrap();
+    assert_eq!((params.file.as_str(), params.line), (TRAIN, 20));
+    assert!(params.frames.iter().any(|f| f.function == "_apply"));
+    assert!(params.frames[0].function.starts_with("torch::unwind"));
+    // Python frames are followed by the interpreter's, and the script's frame comes last.
+    let last = params.frames.last().unwrap();
+    assert_eq!((last.function.as_str(), last.line), ("<module>", 118));
+    // The gradients' stacks are the autograd thread's, C++ only.
+    let grads = name_of(&all, Category::Gradients).unwrap();
+    assert!(grads.frames.iter().all(|f| f.line == 0));
+    assert!(grads
+        .frames
+        .iter()
+        .any(|f| f.function.contains("Engine::thread_main")));
+    // Some gradients are a backward node's output that AccumulateGrad keeps, others its copy.
+    let grad_sites: Vec<&str> = all
+        .truth
+        .allocs
+        .iter()
+        .filter(|(_, &c)| c == Category::Gradients)
+        .filter_map(|(&i, _)| all.snapshot.site(all.snapshot.events[i].site()))
+        .flat_map(|s| s.frames.iter().map(|f| f.function.as_str()))
+        .collect();
+    for node in ["MmBackward0::apply", "AccumulateGrad::apply"] {
+        assert!(grad_sites.iter().any(|f| f.contains(node)), "{node}");
+    }
+    // With Python stacks only, the backward has none, and the rest only Python frames.
+    assert!(name_of(&python, Category::Gradients).is_none());
+    let py_params = name_of(&python, Category::Parameters).unwrap();
+    assert!(py_params.frames.iter().all(|f| f.line > 0));
+    assert_eq!(py_params.frames[0].function, "convert");
+    let state = name_of(&python, Category::OptimizerState).unwrap();
+    assert_eq!(state.frames[0].function, "_init_group");
+    assert!(state.frames[0].file.ends_with("torch/optim/adamw.py"));
+}
+
+proptest! {
+    #![proptest_config(crate::props::config(24))]
+
+    /// On random programs every allocation has its truth and the truth adds up to the
+    /// engine's allocated bytes at every moment.
+    #[test]
+    fn random_programs_are_consistent(spec in cases::programs(6)) {
+        let case = spec.run();
+        check_consistent(&case);
+    }
+}
