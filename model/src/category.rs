@@ -116,13 +116,15 @@ impl Category {
     /// - `param`, `params`, `parameter`, `parameters`, `weight`, `weights`: parameters;
     /// - `grad`, `grads`, `gradient`, `gradients`: gradients;
     /// - `optim`, `optimizer`, `optimizer_state`, `optimizer state`, `optim_state`,
-    ///   `opt_state`: optimizer state;
+    ///   `opt_state`, `adam`, `adamw`: optimizer state;
     /// - `activation`, `activations`: activations;
     /// - `temp`, `temporary`, `temporaries`, `scratch`, `workspace`: temporaries;
     /// - `input`, `inputs`, `batch`: inputs.
     ///
     /// Any other tag names no category (`None`): a tag says what a block is only where it
-    /// says so, and `before_trace` and `unknown` are never a program's to give.
+    /// says so, and `before_trace` and `unknown` are never a program's to give. The name of
+    /// every other category ([`Category::as_str`]) is among the tags above, so a program can
+    /// tag with `alloc.tagged(Category::Gradients.as_str())`.
     ///
     /// ```
     /// use vramscope_model::Category;
@@ -140,7 +142,7 @@ impl Category {
             }
             "grad" | "grads" | "gradient" | "gradients" => Category::Gradients,
             "optim" | "optimizer" | "optimizer_state" | "optimizer state" | "optim_state"
-            | "opt_state" => Category::OptimizerState,
+            | "opt_state" | "adam" | "adamw" => Category::OptimizerState,
             "activation" | "activations" => Category::Activations,
             "temp" | "temporary" | "temporaries" | "scratch" | "workspace" => Category::Temporaries,
             "input" | "inputs" | "batch" => Category::Inputs,
@@ -501,6 +503,7 @@ mod tests {
             ("workspace", Category::Temporaries),
             ("input", Category::Inputs),
             ("batch", Category::Inputs),
+            ("adam", Category::OptimizerState),
         ] {
             assert_eq!(Category::from_tag(tag), Some(category), "{tag:?}");
         }

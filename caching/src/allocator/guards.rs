@@ -44,7 +44,11 @@ impl BlockHandle {
 }
 
 impl<B: Backend> CachingAllocator<B> {
-    /// A handle whose allocations carry `tag` (`alloc.tagged("loss").alloc(n)`).
+    /// A handle whose allocations carry `tag` (`alloc.tagged("loss").alloc(n)`). A tag that
+    /// names what the memory is made of (`weights`, `grad`, `optimizer`, `activation`,
+    /// `input`, ..., or a category's own name, `alloc.tagged(Category::Gradients.as_str())`)
+    /// puts its blocks in that category in every report
+    /// ([`vramscope_model::Category::from_tag`]); any other tag says nothing about it.
     pub fn tagged<'a>(&'a self, tag: &'a str) -> Tagged<'a, B> {
         Tagged {
             allocator: self,
@@ -94,6 +98,8 @@ impl<B: Backend> CachingAllocator<B> {
     /// that would nest deeper than [`provenance::MAX_SCOPE_DEPTH`] (1024) levels is refused
     /// and counted ([`ScopeStats::refused`]), never fatal: the guard then opens nothing, and
     /// allocations keep the scope they had. [`CachingAllocator::try_scope`] says so instead.
+    /// An untagged allocation inside a scope whose path names a category (`train/optimizer`)
+    /// is in that category ([`vramscope_model::Category::from_scope`]).
     pub fn scope(&self, name: &str) -> ScopeGuard {
         self.try_scope(name).unwrap_or(ScopeGuard {
             owner: self.shared.id,
