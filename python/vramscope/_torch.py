@@ -18,6 +18,7 @@ import threading
 import time
 import types
 import warnings
+import weakref
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import Finding, _native, activate, parse_size
@@ -276,6 +277,7 @@ class AttachSession:
         self.scopes: List[Any] = []
         self.live: Any = None
         self.feeder: Optional[LiveFeeder] = None
+        self.marks: Optional[ModuleMarks] = None
         torch.cuda.memory._record_memory_history(
             enabled="all", context="all" if stacks else None,
             stacks="python" if stacks else "all", max_entries=max_entries)
@@ -385,9 +387,179 @@ def _serve_torch_metrics(torch: Any, addr: Optional[str]) -> Any:
     return server
 
 
+def _child_path(parent: Any, module: Any, depth: int = 4) -> Optional[str]:
+    """The attribute path from ``parent`` down to ``module`` among its submodules
+    (``layers.3`` for a block a forward calls out of a ``ModuleList``), searched ``depth``
+    levels deep, nearest first; None when it is not among them."""
+    level = [("", parent)]
+    for _ in range(depth):
+        below = []
+        for prefix, m in level:
+            for name, child in getattr(m, "_modules", {}).items():
+                if child is None:
+                    continue
+                path = f"{prefix}{name}"
+                if child is module:
+                    return path
+                below.append((f"{path}.", child))
+        level = below
+    return None
+
+
+class ModuleMarks:
+    """Marks where a PyTorch program is in the history ``attach()`` records, so that a dump
+    can say which module's forward made each block and in which phase (issue 46).
+
+    - Each ``nn.Module`` call is a ``record_function`` annotation ``vramscope.module#PATH``
+      (``START`` at a global forward pre-hook, ``END`` at the forward hook), where ``PATH`` is
+      the module's place in its model: the outermost module's class name, then the attribute
+      names down to it (``GPT.h.3.attn``).
+    - The outermost module call is also ``vramscope.phase#forward`` (or
+      ``vramscope.phase#forward_no_grad`` where gradients are off, whose outputs the
+      backward never reads), and ``torch.autograd.backward`` (which ``Tensor.backward`` calls)
+      and ``torch.autograd.grad`` are ``vramscope.phase#backward``. Optimizer steps and
+      ``zero_grad`` carry PyTorch's own annotations (``Optimizer.step#AdamW.step``).
+    - Where this torch keeps custom allocation metadata
+      (``torch.cuda.memory._set_memory_metadata``, ``user_metadata`` in a dump), each
+      allocation also carries ``vramscope:phase=forward;module=GPT.h.3.attn`` (the innermost
+      module and the phase) while it is made, and the metadata the program had set is put
+      back when the call returns.
+
+    Annotations are PyTorch's ``external_annotations``, recorded with their time: every
+    reader of a dump already has them. ``remove()`` takes the hooks and the wrappers away.
+    """
+
+    PREFIX = "vramscope"
+
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+        self._local = threading.local()
+        self._names: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+        self._handles: List[Any] = []
+        self._wrapped: List[Tuple[Any, str, Any]] = []
+        memory = torch.cuda.memory
+        self._set_metadata = getattr(memory, "_set_memory_metadata", None)
+        self._get_metadata = getattr(memory, "_get_memory_metadata", None)
+
+    # The open calls of this thread: (module, path, record_function, metadata before).
+    def _stack(self) -> List[Tuple[Any, str, Any, Any, Any]]:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    def install(self) -> "ModuleMarks":
+        """Registers the hooks and wraps the backward entry points; a torch without global
+        module hooks gets the phases of the backward only."""
+        module = getattr(getattr(getattr(self.torch, "nn", None), "modules", None), "module",
+                         None)
+        pre = getattr(module, "register_module_forward_pre_hook", None)
+        post = getattr(module, "register_module_forward_hook", None)
+        if pre is not None and post is not None:
+            self._handles.append(pre(self._pre))
+            self._handles.append(post(self._post))
+        autograd = self.torch.autograd
+        for name in ("backward", "grad"):
+            original = getattr(autograd, name, None)
+            if original is not None:
+                setattr(autograd, name, self._phase_wrapper(original, "backward"))
+                self._wrapped.append((autograd, name, original))
+        return self
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for owner, name, original in self._wrapped:
+            setattr(owner, name, original)
+        self._wrapped.clear()
+
+    def path(self, module: Any, parent: Optional[Tuple[Any, str]]) -> str:
+        """The module's place in its model: ``GPT.h.3.attn``."""
+        name = self._names.get(module)
+        if name is not None:
+            return name
+        if parent is None:
+            name = type(module).__name__
+        else:
+            parent_module, parent_path = parent
+            child = _child_path(parent_module, module)
+            name = f"{parent_path}.{child if child is not None else type(module).__name__}"
+        try:
+            self._names[module] = name
+        except TypeError:  # not weakly referable: named again next time
+            pass
+        return name
+
+    def _annotation(self, name: str) -> Any:
+        rf = self.torch.autograd.profiler.record_function(name)
+        rf.__enter__()
+        return rf
+
+    def _metadata(self, text: str) -> Any:
+        """Sets the allocation metadata to ``text``; returns what it was (None: no metadata
+        in this torch)."""
+        if self._set_metadata is None:
+            return None
+        before = self._get_metadata() if self._get_metadata is not None else ""
+        self._set_metadata(text)
+        return before
+
+    def _pre(self, module: Any, args: Any) -> None:
+        try:
+            stack = self._stack()
+            parent = (stack[-1][0], stack[-1][1]) if stack else None
+            path = self.path(module, parent)
+            if stack:
+                outer_phase, phase = stack[0][3], None
+            else:
+                grad = self.torch.is_grad_enabled()
+                outer_phase = "forward" if grad else "forward_no_grad"
+                phase = self._annotation(f"{self.PREFIX}.phase#{outer_phase}")
+            rf = self._annotation(f"{self.PREFIX}.module#{path}")
+            before = self._metadata(f"{self.PREFIX}:phase={outer_phase};module={path}")
+            stack.append((module, path, (rf, phase), outer_phase, before))
+        except Exception:  # noqa: BLE001 - marking must never break the program
+            pass
+
+    def _post(self, module: Any, args: Any, output: Any) -> None:
+        try:
+            stack = self._stack()
+            # Calls whose forward raised never reached their hook: closed with this one.
+            while stack:
+                entry = stack.pop()
+                (rf, phase), before = entry[2], entry[4]
+                rf.__exit__(None, None, None)
+                if phase is not None:
+                    phase.__exit__(None, None, None)
+                if before is not None:
+                    self._set_metadata(before)
+                if entry[0] is module:
+                    break
+        except Exception:  # noqa: BLE001 - marking must never break the program
+            pass
+
+    def _phase_wrapper(self, original: Any, phase: str) -> Any:
+        marks = self
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with marks.torch.autograd.profiler.record_function(f"{marks.PREFIX}.phase#{phase}"):
+                before = marks._metadata(f"{marks.PREFIX}:phase={phase}")
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    if before is not None:
+                        marks._set_metadata(before)
+
+        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+        wrapper.__doc__ = getattr(original, "__doc__", None)
+        return wrapper
+
+
 def attach(listen: Optional[str] = None, snapshot_on_exit: Optional[str] = None,
            stacks: bool = True, max_entries: int = 200_000, catch_syncs: bool = True,
-           oom_snapshot: Optional[str] = None, metrics: Optional[str] = None) -> AttachSession:
+           oom_snapshot: Optional[str] = None, metrics: Optional[str] = None,
+           modules: bool = True) -> AttachSession:
     """Keeps PyTorch's allocator and records it: the allocation history with Python stacks
     (``_record_memory_history``), a step at each optimizer step, the synchronizing calls at
     their Python line (``set_sync_debug_mode("warn")``, warnings captured, not shown), a
@@ -398,7 +570,9 @@ def attach(listen: Optional[str] = None, snapshot_on_exit: Optional[str] = None,
     recorded history about once a second (less often when taking it costs more than 2% of the
     time). ``metrics`` (``HOST:PORT``, or ``VRAMSCOPE_METRICS``) serves
     ``torch.cuda.memory_stats()`` on ``/metrics`` under vramscope's metric names, read at each
-    scrape.
+    scrape. ``modules`` marks each module call and the forward and backward phases in the
+    history (:class:`ModuleMarks`), so that a dump says which module and phase made what;
+    ``session.marks.remove()`` stops it.
     """
     torch = _torch()
     syncs = None
@@ -413,6 +587,7 @@ def attach(listen: Optional[str] = None, snapshot_on_exit: Optional[str] = None,
               f"`vramscope top {addr}`", file=sys.stderr)
     session.metrics = _serve_torch_metrics(torch, metrics)
     session.hook = _step_hook(session.mark_step)
+    session.marks = ModuleMarks(torch).install() if modules else None
     if snapshot_on_exit:
         atexit.register(_quiet, session.snapshot, snapshot_on_exit)
     activate(session)

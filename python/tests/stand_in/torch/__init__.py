@@ -9,7 +9,9 @@ the Python frames of each allocation (innermost first) and ``time_us``, the
 ``cuda.memory._snapshot()`` in PyTorch's format. ``empty(nbytes)`` allocates (one segment per
 block, cached after the free, as PyTorch's large pool does); ``Tensor.item()`` warns as
 ``set_sync_debug_mode("warn")`` makes PyTorch warn; ``optim.Optimizer().step()`` runs the
-global step hooks.
+global step hooks; ``nn.Module`` calls run the global forward hooks, ``Tensor.backward()`` goes
+through ``torch.autograd.backward``, and ``cuda.memory._set_memory_metadata`` puts its text
+on the trace entries after it as ``user_metadata``.
 """
 
 import contextlib
@@ -32,6 +34,11 @@ _segments = {}  # address -> {"size": int, "block": None or (requested, frames)}
 _stats = {"allocated": 0, "allocated_peak": 0, "reserved": 0, "reserved_peak": 0,
           "allocations": 0, "segments": 0, "num_alloc": 0, "num_free": 0}
 _sync_mode = {"mode": 0}
+# The custom allocation metadata (``_set_memory_metadata``) each new trace entry carries.
+_metadata = {"text": ""}
+_grad = {"enabled": True}
+_module_pre_hooks = []
+_module_hooks = []
 _step_hooks = []
 _oom_observers = []
 _next_address = [0x7F0000000000]
@@ -62,7 +69,8 @@ def _record(action, addr, size, frames):
     if not _recording["on"]:
         return
     _trace.append({"action": action, "addr": addr, "size": size, "stream": 0,
-                   "time_us": _now_us(), "frames": frames})
+                   "time_us": _now_us(), "frames": frames,
+                   "user_metadata": _metadata["text"]})
     del _trace[:-_recording["max_entries"]]
 
 
@@ -119,6 +127,10 @@ class Tensor:
             _stats["num_free"] += 1
             _record("free_requested", self.address, self.size, [])
             _record("free_completed", self.address, self.size, [])
+
+    def backward(self):
+        """As torch: ``torch.autograd.backward(self)``, looked up when called."""
+        sys.modules["torch.autograd"].backward(self)
 
     def item(self):
         """A synchronizing read: warns as PyTorch does under ``set_sync_debug_mode("warn")``
@@ -208,8 +220,18 @@ def _set_sync_debug_mode(mode):
     _sync_mode["mode"] = {"default": 0, "warn": 1, "error": 2}.get(mode, mode)
 
 
+def _set_memory_metadata(text):
+    _metadata["text"] = text
+
+
+def _get_memory_metadata():
+    return _metadata["text"]
+
+
 memory = _module("torch.cuda.memory", _record_memory_history=_record_memory_history,
-                 _snapshot=_snapshot, _dump_snapshot=_dump_snapshot)
+                 _snapshot=_snapshot, _dump_snapshot=_dump_snapshot,
+                 _set_memory_metadata=_set_memory_metadata,
+                 _get_memory_metadata=_get_memory_metadata)
 cuda = _module(
     "torch.cuda", memory=memory, memory_stats=memory_stats, OutOfMemoryError=OutOfMemoryError,
     memory_summary=lambda device=None: "stand-in memory summary",
@@ -263,5 +285,78 @@ def record_function(name):
 
 
 profiler = _module("torch.autograd.profiler", record_function=record_function)
-autograd = _module("torch.autograd", profiler=profiler)
+
+
+def _backward(tensors, *args, **kwargs):
+    """Runs the backward of ``tensors``: each one's ``grad_fn`` (a plain callable here)."""
+    for t in tensors if isinstance(tensors, (list, tuple)) else [tensors]:
+        if getattr(t, "grad_fn", None) is not None:
+            t.grad_fn()
+
+
+autograd = _module("torch.autograd", profiler=profiler, backward=_backward,
+                   grad=lambda outputs, inputs, **kwargs: _backward(outputs))
+
+
+def is_grad_enabled():
+    return _grad["enabled"]
+
+
+@contextlib.contextmanager
+def no_grad():
+    before = _grad["enabled"]
+    _grad["enabled"] = False
+    try:
+        yield
+    finally:
+        _grad["enabled"] = before
+
+
+def register_module_forward_pre_hook(hook):
+    _module_pre_hooks.append(hook)
+    return _Handle(_module_pre_hooks, hook)
+
+
+def register_module_forward_hook(hook):
+    _module_hooks.append(hook)
+    return _Handle(_module_hooks, hook)
+
+
+class Module:
+    """``__call__`` runs the global forward pre-hooks, ``forward`` and the global forward
+    hooks, as ``nn.Module`` does; attributes that are modules are its children."""
+
+    def __init__(self):
+        object.__setattr__(self, "_modules", {})
+
+    def __setattr__(self, name, value):
+        if isinstance(value, Module):
+            self._modules[name] = value
+        object.__setattr__(self, name, value)
+
+    def __call__(self, *args):
+        for hook in list(_module_pre_hooks):
+            hook(self, args)
+        out = self.forward(*args)
+        for hook in list(_module_hooks):
+            hook(self, args, out)
+        return out
+
+
+class ModuleList(Module):
+    """Children named ``0``, ``1``, ... as ``nn.ModuleList`` names them."""
+
+    def __init__(self, modules):
+        super().__init__()
+        for i, m in enumerate(modules):
+            self._modules[str(i)] = m
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+
+_module("torch.nn.modules.module", register_module_forward_pre_hook=register_module_forward_pre_hook,
+        register_module_forward_hook=register_module_forward_hook, Module=Module)
+nn = _module("torch.nn", Module=Module, ModuleList=ModuleList,
+             modules=_module("torch.nn.modules", module=sys.modules["torch.nn.modules.module"]))
 _C = _module("torch._C", _cuda_attach_out_of_memory_observer=_oom_observers.append)
