@@ -9,7 +9,8 @@
 //! - allocator settings in `PYTORCH_CUDA_ALLOC_CONF` syntax ([`AllocatorConfig`]);
 //! - what memory is made of: the [`Category`] of a block (parameters, gradients, optimizer
 //!   state, activations, ...), [`CategoryBytes`] per moment and its one text line, and the
-//!   categories a program's tags name;
+//!   categories a program's tags name; and what the Python face's `attach()` marks in a
+//!   recorded history, the module and phase of each allocation ([`marks`]);
 //! - the one rule for why an out-of-memory error happened (the process's memory cap,
 //!   fragmentation, memory in use, ...) and what helps ([`oom`]);
 //! - PyTorch's caching-allocator constants and rounding, which the allocator runs on and every
@@ -21,7 +22,7 @@
 //! build them from PyTorch pickles and Chrome traces; the engine, detectors, replay, telemetry
 //! and the dashboard read them. This crate depends on serde alone, so that reading a snapshot
 //! never links a GPU driver. Every item has one path: the root re-exports below (`oom`,
-//! `pytorch`, `terminal` and `files`, whose items read best with their module's name, are the public modules).
+//! `pytorch`, `terminal`, `files` and `marks`, whose items read best with their module's name, are the public modules).
 //!
 //! ```
 //! use vramscope_model::{format_bytes, parse_bytes, AllocatorConfig};
@@ -36,6 +37,7 @@ mod category;
 mod config;
 mod events;
 pub mod files;
+pub mod marks;
 pub mod oom;
 pub mod pytorch;
 mod snapshot;

@@ -426,7 +426,9 @@ class ModuleMarks:
       back when the call returns.
 
     Annotations are PyTorch's ``external_annotations``, recorded with their time: every
-    reader of a dump already has them. ``remove()`` takes the hooks and the wrappers away.
+    reader of a dump already has them. The names and the metadata's text are read back in one
+    place, the Rust ``vramscope_model::marks``; change both together. ``remove()`` takes the
+    hooks and the wrappers away.
     """
 
     PREFIX = "vramscope"
