@@ -21,12 +21,16 @@
 //!   state, kept) and `torch._foreach_*` scratch on every call (temporaries freed within the
 //!   step). With a closure, the closure's `zero_grad`, forward and backward run inside the
 //!   step, and what they make is what they make outside it.
+//!   The user's own AdamW ([`Optimizer::OutOfPlace`]) instead makes new state tensors on
+//!   every step and frees the old ones there: optimizer state too, since each outlives the
+//!   step that made it.
 //! - `zero_grad()` (`set_to_none=True`) frees the gradients.
 
 use proptest::prelude::*;
+use vramscope_model::marks::{MODULE_ANNOTATION, PHASE_ANNOTATION};
 use vramscope_model::{Category, Frame};
 
-use super::frames::{self, cpp, py, torch_py, Stack, MODEL, TRAIN};
+use super::frames::{self, cpp, py, torch_py, Stack, MODEL, OPTIMIZER, TRAIN};
 use super::{Planted, Recorder, StackMode};
 
 /// The annotation AdamW's `step` records.
@@ -61,6 +65,19 @@ impl Default for Shape {
     }
 }
 
+/// The optimizer a planted program steps with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Optimizer {
+    /// `torch.optim.AdamW`: its state made once by `_init_group`, updated in place by
+    /// `torch._foreach_*` calls whose scratch is freed within the step.
+    AdamW,
+    /// The user's own AdamW (the shared `cs336` trace's, `optimizer.py` in the project, called
+    /// through torch's profiling `wrapper`), which replaces each state tensor every step
+    /// (`m = beta1 * m + (1 - beta1) * grad`): the new state is made inside the step and
+    /// outlives it, the old is freed there.
+    OutOfPlace,
+}
+
 /// A parameter on the device: its block and its gradient's, if any.
 #[derive(Clone, Copy, Debug)]
 struct Param {
@@ -77,6 +94,11 @@ pub struct Program {
     pub shape: Shape,
     params: Vec<(u64, Param)>,
     state_made: bool,
+    optimizer: Optimizer,
+    /// The optimizer's state tensors, two per parameter.
+    state: Vec<u64>,
+    /// Whether module calls and phases are annotated as `attach()` marks them.
+    marked: bool,
 }
 
 impl Program {
@@ -87,7 +109,25 @@ impl Program {
             shape,
             params: Vec::new(),
             state_made: false,
+            optimizer: Optimizer::AdamW,
+            state: Vec::new(),
+            marked: false,
         }
+    }
+
+    /// This program with its module calls and phases annotated as the Python face's
+    /// `attach()` marks them (`vramscope_model::marks`): the model is `Model`, its layers
+    /// `Model.layers.0`, ...; forwards are `forward` or `forward_no_grad`, backwards
+    /// `backward`.
+    pub fn with_marks(mut self) -> Program {
+        self.marked = true;
+        self
+    }
+
+    /// This program stepping with `optimizer`.
+    pub fn with_optimizer(mut self, optimizer: Optimizer) -> Program {
+        self.optimizer = optimizer;
+        self
     }
 
     /// The frames of the loop at `line` of `train` in the training script, outermost the
@@ -143,7 +183,16 @@ impl Program {
         } else {
             Category::Temporaries
         };
-        for _ in 0..layers {
+        let phase = format!(
+            "{PHASE_ANNOTATION}{}",
+            if grad { "forward" } else { "forward_no_grad" }
+        );
+        let model = format!("{MODULE_ANNOTATION}Model");
+        self.mark(&phase, "START");
+        self.mark(&model, "START");
+        for layer in 0..layers {
+            let module = format!("{MODULE_ANNOTATION}Model.layers.{layer}");
+            self.mark(&module, "START");
             let linear = Program::forward_stack("addmm", 31, caller);
             let out = self
                 .rec
@@ -169,11 +218,24 @@ impl Program {
                 self.rec.free(out);
                 previous = Some(act);
             }
+            self.mark(&module, "END");
+        }
+        // A forward the dump interrupts never ends.
+        if layers == self.shape.layers {
+            self.mark(&model, "END");
+            self.mark(&phase, "END");
         }
         if let Some(p) = previous {
             kept.push(p);
         }
         kept
+    }
+
+    /// The annotation `name` at `stage`, where the program is marked as `attach()` marks it.
+    fn mark(&mut self, name: &str, stage: &str) {
+        if self.marked {
+            self.rec.annotate(name, stage);
+        }
     }
 
     /// `loss = model(x)` at the loop's line 44, with gradients: the activations kept.
@@ -200,6 +262,8 @@ impl Program {
     /// gradient, the parameter gradients (made, kept or added in place, see the module
     /// documentation) and the layer's activations freed.
     pub fn backward(&mut self, activations: Vec<u64>) {
+        let phase = format!("{PHASE_ANNOTATION}backward");
+        self.mark(&phase, "START");
         let mut incoming: Option<u64> = None;
         let mut acts = activations;
         for layer in (0..self.shape.layers).rev() {
@@ -262,6 +326,7 @@ impl Program {
         for a in acts {
             self.rec.free(a);
         }
+        self.mark(&phase, "END");
     }
 
     /// `optimizer.zero_grad()` (`set_to_none=True`): the gradients freed, inside its
@@ -276,9 +341,14 @@ impl Program {
         self.rec.annotate(ZERO_GRAD_ANNOTATION, "END");
     }
 
-    /// AdamW's update inside its step, called from `caller`: the state on the first call,
-    /// the foreach scratch every call.
+    /// The optimizer's update inside its step, called from `caller`: for `torch.optim.AdamW`
+    /// the state on the first call and the foreach scratch every call; for the user's own,
+    /// the state replaced and a scratch per parameter.
     fn adamw_update(&mut self, caller: &[Frame]) {
+        if self.optimizer == Optimizer::OutOfPlace {
+            self.out_of_place_update(caller);
+            return;
+        }
         if !self.state_made {
             let stack = frames::python_op("zeros_like", &frames::adamw_init_group(caller));
             let bytes: Vec<u64> = self.params.iter().map(|(_, p)| p.bytes).collect();
@@ -302,6 +372,35 @@ impl Program {
         for s in scratch {
             self.rec.free(s);
         }
+    }
+
+    /// The user's own AdamW's update (`optimizer.py`, called through torch's `wrapper` from
+    /// `caller`): per parameter, new `m` and `v` made (the old freed) and a scratch
+    /// `v.sqrt()` made and freed.
+    fn out_of_place_update(&mut self, caller: &[Frame]) {
+        let mut outer = vec![
+            py(OPTIMIZER, 76, "step"),
+            torch_py("optim/optimizer.py", 533, "wrapper"),
+        ];
+        outer.extend_from_slice(caller);
+        let update = frames::python_op("mul", &outer);
+        outer[0].line = 80;
+        let sqrt = frames::python_op("sqrt", &outer);
+        let bytes: Vec<u64> = self.params.iter().map(|(_, p)| p.bytes).collect();
+        let mut state = Vec::with_capacity(2 * bytes.len());
+        for (k, b) in bytes.into_iter().enumerate() {
+            for j in 0..2 {
+                let new = self.rec.alloc(update.frames(), b, Category::OptimizerState);
+                if let Some(&old) = self.state.get(2 * k + j) {
+                    self.rec.free(old);
+                }
+                state.push(new);
+            }
+            let scratch = self.rec.alloc(sqrt.frames(), b, Category::Temporaries);
+            self.rec.free(scratch);
+        }
+        self.state = state;
+        self.state_made = true;
     }
 
     /// `optimizer.step()` at the loop's line 47, inside its annotation.
@@ -417,6 +516,17 @@ pub fn mid_forward(mode: StackMode, steps: usize) -> Planted {
     p.finish("mid_forward")
 }
 
+/// Training with the user's own AdamW, which replaces its state every step (as in the shared
+/// `cs336` trace): the state made inside each step outlives it, optimizer state all the same.
+pub fn custom_optimizer(mode: StackMode, steps: usize) -> Planted {
+    let mut p = Program::new(mode, Shape::default()).with_optimizer(Optimizer::OutOfPlace);
+    p.load_model();
+    for _ in 0..steps {
+        p.train_step(1);
+    }
+    p.finish("custom_optimizer")
+}
+
 /// Inference under `torch.no_grad()`: the model loaded, then `steps` batches through it;
 /// nothing but parameters outlives a step.
 pub fn inference_no_grad(mode: StackMode, steps: usize) -> Planted {
@@ -444,8 +554,8 @@ pub fn late_recording(mode: StackMode, before: usize, after: usize) -> Planted {
     p.finish("late_recording")
 }
 
-/// Every case the issue names, with stacks as `stacks="all"` records them (and `mode` for
-/// the closure and accumulation cases, whose backward stacks differ by mode).
+/// Every case the issue names, and training with the user's own optimizer, with stacks as
+/// `mode` records them.
 pub fn all_cases(mode: StackMode) -> Vec<Planted> {
     vec![
         adamw_training(mode, 3),
@@ -454,6 +564,7 @@ pub fn all_cases(mode: StackMode) -> Vec<Planted> {
         mid_forward(mode, 2),
         inference_no_grad(mode, 3),
         late_recording(mode, 2, 2),
+        custom_optimizer(mode, 3),
     ]
 }
 
@@ -470,14 +581,18 @@ pub enum Part {
     StartRecording,
 }
 
-/// A random program: the stack mode, the model's shape, and its parts after the model is
-/// loaded; ending, when `interrupted`, in a forward cut after `interrupted` layers.
+/// A random program: the stack mode, the model's shape, the optimizer, whether it is marked
+/// as `attach()` marks programs, and its parts after the model is loaded; ending, when `interrupted`, in a forward cut after `interrupted` layers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProgramSpec {
     /// The stack mode.
     pub mode: StackMode,
     /// The model's shape.
     pub shape: Shape,
+    /// The optimizer.
+    pub optimizer: Optimizer,
+    /// Whether module calls and phases are marked as `attach()` marks them.
+    pub marked: bool,
     /// The parts, in order.
     pub parts: Vec<Part>,
     /// Layers of a forward the dump interrupts at the end, if any.
@@ -487,7 +602,10 @@ pub struct ProgramSpec {
 impl ProgramSpec {
     /// Runs the program and returns its case.
     pub fn run(&self) -> Planted {
-        let mut p = Program::new(self.mode, self.shape);
+        let mut p = Program::new(self.mode, self.shape).with_optimizer(self.optimizer);
+        if self.marked {
+            p = p.with_marks();
+        }
         p.load_model();
         let mut started = false;
         for part in &self.parts {
@@ -533,13 +651,19 @@ pub fn programs(max_parts: usize) -> impl Strategy<Value = ProgramSpec> {
     (
         prop_oneof![Just(StackMode::All), Just(StackMode::Python)],
         shape,
+        prop_oneof![Just(Optimizer::AdamW), Just(Optimizer::OutOfPlace)],
+        proptest::bool::ANY,
         proptest::collection::vec(part, 0..=max_parts),
         proptest::option::of(1usize..5),
     )
-        .prop_map(|(mode, shape, parts, interrupted)| ProgramSpec {
-            mode,
-            shape,
-            parts,
-            interrupted: interrupted.map(|l| l.min(shape.layers)),
-        })
+        .prop_map(
+            |(mode, shape, optimizer, marked, parts, interrupted)| ProgramSpec {
+                mode,
+                shape,
+                optimizer,
+                marked,
+                parts,
+                interrupted: interrupted.map(|l| l.min(shape.layers)),
+            },
+        )
 }

@@ -17,6 +17,8 @@ pub const TORCH: &str = "/opt/conda/lib/python3.11/site-packages/torch";
 pub const TRAIN: &str = "/home/user/project/train.py";
 /// The planted program's model file.
 pub const MODEL: &str = "/home/user/project/model.py";
+/// The planted program's own optimizer.
+pub const OPTIMIZER: &str = "/home/user/project/optimizer.py";
 
 /// A C++ frame as the unwinder names it: no line, and `file` `??`, empty or a bare source
 /// name.

@@ -13,6 +13,12 @@
 //! autograd thread's allocations have no stack at all (`stacks="python"`, what `attach()`
 //! records).
 //!
+//! A program can also be marked as the Python face's `attach()` marks it
+//! ([`cases::Program::with_marks`]: `vramscope.module#…` and `vramscope.phase#…` annotations,
+//! `vramscope_model::marks`), and step with torch's AdamW or with an optimizer of the user's
+//! own that replaces its state every step, as the shared `cs336` trace's does
+//! ([`cases::Optimizer`]).
+//!
 //! Each allocation is made with the category the program means it as, and [`Truth`] keeps it
 //! by the allocation's event index; blocks live when recording began are
 //! [`Category::BeforeTrace`], by address. [`cases`] holds the cases the issue names and
@@ -24,6 +30,7 @@ pub mod frames;
 use std::collections::{BTreeMap, HashMap};
 
 use vramscope_caching::{CachingAllocator, SimDevice, StreamId};
+use vramscope_model::marks;
 use vramscope_model::{
     AllocatorConfig, Annotation, BlockState, CallSite, Category, CategoryBytes, DeviceInfo,
     EventKind, Frame, Id, SiteId, Snapshot, SnapshotSource, StepMark,
@@ -409,18 +416,33 @@ fn primary_frame(frames: &[Frame]) -> Option<usize> {
 }
 
 /// Numbers the snapshot's steps from its annotations as the importer does without a step
-/// marker: the `START`s of the first family of [`STEP_FAMILIES`] present begin the steps, and
-/// an event belongs to the last step begun at or before its time.
+/// marker: the `START`s of the first family of [`STEP_FAMILIES`] present begin the steps
+/// (else those named as the first `START`, `attach()`'s marks left out: they say where the
+/// program is, never where a step begins), and an event belongs to the last step begun at or
+/// before its time.
 fn number_steps(snap: &mut Snapshot) -> Vec<StepMark> {
-    let starts: Vec<&Annotation> = match STEP_FAMILIES.iter().find(|family| {
-        snap.annotations
-            .iter()
-            .any(|a| a.stage == "START" && a.name.starts_with(**family))
-    }) {
+    let is_start = |a: &&Annotation| a.stage == "START" && !marks::is_mark(&a.name);
+    let family: Option<String> = STEP_FAMILIES
+        .iter()
+        .find(|family| {
+            snap.annotations
+                .iter()
+                .filter(is_start)
+                .any(|a| a.name.starts_with(**family))
+        })
+        .map(|family| family.to_string())
+        .or_else(|| {
+            snap.annotations
+                .iter()
+                .find(is_start)
+                .map(|a| a.name.clone())
+        });
+    let starts: Vec<&Annotation> = match &family {
         Some(family) => snap
             .annotations
             .iter()
-            .filter(|a| a.stage == "START" && a.name.starts_with(*family))
+            .filter(is_start)
+            .filter(|a| a.name.starts_with(family.as_str()))
             .collect(),
         None => Vec::new(),
     };

@@ -336,3 +336,113 @@ proptest! {
         check_consistent(&case);
     }
 }
+
+#[test]
+fn an_optimizer_that_replaces_its_state_makes_state_in_every_step() {
+    let case = cases::custom_optimizer(StackMode::All, 3);
+    check_consistent(&case);
+    let snap = &case.snapshot;
+    let made_in_step: Vec<usize> = case
+        .truth
+        .allocs
+        .iter()
+        .filter(|(&i, &c)| c == Category::OptimizerState && in_step_window(snap, i))
+        .map(|(&i, _)| i)
+        .collect();
+    // Two states per parameter, in each of three steps, all inside the step annotation.
+    assert_eq!(made_in_step.len(), 3 * 2 * 8);
+    let states = case
+        .truth
+        .allocs
+        .values()
+        .filter(|&&c| c == Category::OptimizerState)
+        .count();
+    assert_eq!(states, made_in_step.len());
+    assert_eq!(at_end(&case)[Category::OptimizerState], 2 * param_bytes());
+    // The user's optimizer names the line; torch's wrapper is outside it, and no torch/optim
+    // file of AdamW's own is on the stack.
+    let site = snap.site(snap.events[made_in_step[0]].site()).unwrap();
+    assert_eq!(site.function, "step");
+    assert!(site.file.ends_with("/project/optimizer.py"));
+    assert!(site
+        .frames
+        .iter()
+        .any(|f| f.file.ends_with("torch/optim/optimizer.py") && f.function == "wrapper"));
+    assert!(!site.frames.iter().any(|f| f.file.ends_with("adamw.py")));
+}
+
+#[test]
+fn a_marked_program_annotates_its_modules_and_phases_as_attach_does() {
+    let mut p = cases::Program::new(StackMode::Python, Shape::default()).with_marks();
+    p.load_model();
+    p.train_step(1);
+    p.inference_step();
+    let marked = p.finish("marked");
+    let unmarked = cases::adamw_training(StackMode::Python, 1);
+    check_consistent(&marked);
+    let snap = &marked.snapshot;
+    let names: Vec<(&str, &str)> = snap
+        .annotations
+        .iter()
+        .map(|a| (a.name.as_str(), a.stage.as_str()))
+        .filter(|(n, _)| vramscope_model::marks::is_mark(n))
+        .collect();
+    let mut expected = Vec::new();
+    for phase in ["forward", "forward_no_grad"] {
+        let phase = format!("vramscope.phase#{phase}");
+        let mut one = vec![
+            (phase.clone(), "START"),
+            ("vramscope.module#Model".into(), "START"),
+        ];
+        for layer in 0..4 {
+            let module = format!("vramscope.module#Model.layers.{layer}");
+            one.push((module.clone(), "START"));
+            one.push((module, "END"));
+        }
+        one.push(("vramscope.module#Model".into(), "END"));
+        one.push((phase, "END"));
+        expected.push(one);
+    }
+    let backward = [
+        ("vramscope.phase#backward".to_string(), "START"),
+        ("vramscope.phase#backward".to_string(), "END"),
+    ];
+    let want: Vec<(String, &str)> = expected[0]
+        .iter()
+        .cloned()
+        .chain(backward)
+        .chain(expected[1].iter().cloned())
+        .collect();
+    let got: Vec<(String, &str)> = names.iter().map(|&(n, s)| (n.to_string(), s)).collect();
+    assert_eq!(got, want);
+    // Each layer's allocations lie inside its module's window.
+    let window = |name: &str| {
+        let at = |stage: &str| {
+            snap.annotations
+                .iter()
+                .find(|a| a.name == name && a.stage == stage)
+                .unwrap()
+                .time_ns
+        };
+        (at("START"), at("END"))
+    };
+    let (start, end) = window("vramscope.module#Model.layers.2");
+    let inside: Vec<Category> = marked
+        .truth
+        .allocs
+        .iter()
+        .filter(|(&i, _)| (start..=end).contains(&snap.events[i].time_ns))
+        .map(|(_, &c)| c)
+        .collect();
+    assert_eq!(
+        inside,
+        [
+            Category::Activations,
+            Category::Temporaries,
+            Category::Activations
+        ]
+    );
+    // The marks change no step: the optimizer's annotations number them.
+    assert_eq!(snap.steps.len(), unmarked.snapshot.steps.len());
+    assert_eq!(snap.steps[0].label, STEP_ANNOTATION);
+}
