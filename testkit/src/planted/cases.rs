@@ -145,7 +145,7 @@ impl Program {
             .into_iter()
             .chain(frames::process_start(118))
             .collect();
-        let stack = frames::python_op("_to_copy", &outer);
+        let stack = frames::tensor_to(&outer);
         for _ in 0..self.shape.layers {
             for bytes in [self.shape.weight, self.shape.bias] {
                 let addr = self.rec.alloc(stack.frames(), bytes, Category::Parameters);
@@ -156,9 +156,15 @@ impl Program {
 
     /// `x = batch.to(device)` at the loop's line 41: the batch, an input.
     pub fn load_batch(&mut self) -> u64 {
-        let stack = frames::python_op("_to_copy", &Program::at_line(41));
-        self.rec
-            .alloc(stack.frames(), self.shape.batch, Category::Inputs)
+        let stack = frames::tensor_to(&Program::at_line(41));
+        let x = self
+            .rec
+            .alloc(stack.frames(), self.shape.batch, Category::Inputs);
+        if self.rec.mode() == StackMode::Python {
+            // Python frames show the user's line, not that it copies to the device.
+            self.rec.hide(x);
+        }
+        x
     }
 
     /// The stack of `op` at `line` of the model's `forward`, called from `caller`.
@@ -255,7 +261,13 @@ impl Program {
     /// 44): the activations kept so far stay live.
     pub fn forward_interrupted(&mut self, layers: usize) -> Vec<u64> {
         let caller = Program::at_line(44);
-        self.forward_from(&caller, layers.min(self.shape.layers), true)
+        let kept = self.forward_from(&caller, layers.min(self.shape.layers), true);
+        for &a in &kept {
+            if !self.rec.site_freed_by_backward(a) {
+                self.rec.hide(a);
+            }
+        }
+        kept
     }
 
     /// `loss.backward()`: on the autograd thread, layer by layer from the last, the incoming
@@ -315,7 +327,7 @@ impl Program {
             }
             for _ in 0..2 {
                 if let Some(a) = acts.pop() {
-                    self.rec.free(a);
+                    self.rec.free_in_backward(a);
                 }
             }
         }
@@ -324,7 +336,7 @@ impl Program {
         }
         // Activations of layers the pass did not reach (none in a whole forward).
         for a in acts {
-            self.rec.free(a);
+            self.rec.free_in_backward(a);
         }
         self.mark(&phase, "END");
     }

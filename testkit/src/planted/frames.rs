@@ -120,6 +120,14 @@ pub fn python_op(op: &str, outer: &[Frame]) -> Stack {
     alloc_frames(op).then_cpp(&[binding(op)]).then(outer)
 }
 
+/// The stack of `tensor.to(device)` (a copy to the device: `Tensor.to` in Python, `_to_copy`
+/// in ATen) called from Python code `outer`.
+pub fn tensor_to(outer: &[Frame]) -> Stack {
+    alloc_frames("_to_copy")
+        .then_cpp(&[binding("to")])
+        .then(outer)
+}
+
 /// The frames the process's start puts outside every stack of the main thread; the script's
 /// `<module>` frame, which the unwinder could not place among the interpreter's frames, comes
 /// last, as in the shared `cs336` trace.

@@ -27,7 +27,7 @@
 pub mod cases;
 pub mod frames;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use vramscope_caching::{CachingAllocator, SimDevice, StreamId};
 use vramscope_model::marks;
@@ -64,6 +64,14 @@ pub struct Truth {
     /// The blocks live when recording began: address and block size. Their category is
     /// [`Category::BeforeTrace`].
     pub before_trace: BTreeMap<u64, u64>,
+    /// The allocations (event indices) whose category the trace cannot show, because the
+    /// evidence lies outside the recording: a batch's copy to the device under Python-only
+    /// stacks (no C++ frame shows the copy, and the user's line alone does not say it is
+    /// one), and the blocks of a forward that the dump interrupts at call sites whose blocks
+    /// the trace never shows freed by a backward (nothing in the trace says the backward will
+    /// read them). A classifier that answers from evidence alone says `unknown` for them;
+    /// [`Truth::allocs`] still says what the program meant them as.
+    pub hidden: BTreeSet<usize>,
 }
 
 impl Truth {
@@ -178,6 +186,10 @@ pub struct Recorder {
     /// Site, category and allocation index of each live block, by address.
     live: HashMap<u64, (Option<SiteId>, Category, usize)>,
     allocs: BTreeMap<usize, Category>,
+    /// The allocations whose evidence the trace lacks ([`Truth::hidden`]).
+    hidden: BTreeSet<usize>,
+    /// The call sites of blocks freed by a backward in the recorded part.
+    freed_by_backward: HashSet<Option<SiteId>>,
     /// The index of the first recorded event, for a late recording.
     recording_from: usize,
     /// The blocks live when recording began (address, size), for a late recording.
@@ -210,6 +222,8 @@ impl Recorder {
             time_ns: 0,
             live: HashMap::new(),
             allocs: BTreeMap::new(),
+            hidden: BTreeSet::new(),
+            freed_by_backward: HashSet::new(),
             recording_from: 0,
             before_trace: BTreeMap::new(),
             annotations_from: 0,
@@ -297,6 +311,30 @@ impl Recorder {
         addr
     }
 
+    /// Notes that the allocation that made the block at `addr` leaves no evidence of what it
+    /// is in the trace ([`Truth::hidden`]).
+    pub fn hide(&mut self, addr: u64) {
+        if let Some(&(_, _, index)) = self.live.get(&addr) {
+            self.hidden.insert(index);
+        }
+    }
+
+    /// Whether the trace so far shows a block of `addr`'s call site freed by a backward.
+    pub fn site_freed_by_backward(&self, addr: u64) -> bool {
+        self.live
+            .get(&addr)
+            .is_some_and(|(site, _, _)| self.freed_by_backward.contains(site))
+    }
+
+    /// Frees the block at `addr` in a backward pass, which the trace then shows of its call
+    /// site.
+    pub fn free_in_backward(&mut self, addr: u64) {
+        if let Some(&(site, _, _)) = self.live.get(&addr) {
+            self.freed_by_backward.insert(site);
+        }
+        self.free(addr);
+    }
+
     /// Frees the block at `addr`; PyTorch records the free with the stack of the allocation.
     pub fn free(&mut self, addr: u64) {
         let (site, _, _) = self.live.remove(&addr).expect("a live planted block");
@@ -323,6 +361,8 @@ impl Recorder {
     /// Begins the recording here: what happened before is left out of the trace, and the
     /// blocks live now are [`Category::BeforeTrace`].
     pub fn start_recording(&mut self) {
+        self.freed_by_backward.clear();
+        self.hidden.clear();
         self.recording_from = self.snap.events.len();
         self.annotations_from = self.snap.annotations.len();
         self.before_trace = self
@@ -364,6 +404,7 @@ impl Recorder {
                 .map(|(&i, &c)| (i - from, c))
                 .collect(),
             before_trace: std::mem::take(&mut self.before_trace),
+            hidden: self.hidden.range(from..).map(|&i| i - from).collect(),
         };
         // Each live block keeps the site and step of its allocation.
         let mut of_block: HashMap<u64, (Option<SiteId>, u64)> = HashMap::new();

@@ -31,6 +31,13 @@ fn check_consistent(case: &Planted) -> Vec<CategoryBytes> {
     }
     assert!(
         case.truth
+            .hidden
+            .iter()
+            .all(|i| case.truth.allocs.contains_key(i)),
+        "{name}: a hidden block is an allocation"
+    );
+    assert!(
+        case.truth
             .allocs
             .values()
             .all(|&c| c != Category::BeforeTrace && c != Category::Unknown),
@@ -445,4 +452,34 @@ fn a_marked_program_annotates_its_modules_and_phases_as_attach_does() {
     // The marks change no step: the optimizer's annotations number them.
     assert_eq!(snap.steps.len(), unmarked.snapshot.steps.len());
     assert_eq!(snap.steps[0].label, STEP_ANNOTATION);
+}
+
+#[test]
+fn the_truth_says_which_blocks_the_trace_cannot_show() {
+    // With C++ frames every block shows what it is; with Python frames only, a batch's copy to
+    // the device does not (the user's line alone).
+    let all = cases::adamw_training(StackMode::All, 3);
+    assert!(all.truth.hidden.is_empty());
+    let python = cases::adamw_training(StackMode::Python, 3);
+    let hidden: Vec<Category> = python
+        .truth
+        .hidden
+        .iter()
+        .map(|i| python.truth.allocs[i])
+        .collect();
+    assert_eq!(hidden, [Category::Inputs; 3]);
+    // A forward interrupted at call sites that completed steps before is shown by them; one
+    // with no step before is not.
+    assert!(cases::mid_forward(StackMode::All, 2)
+        .truth
+        .hidden
+        .is_empty());
+    let first = cases::mid_forward(StackMode::All, 0);
+    let hidden: Vec<Category> = first
+        .truth
+        .hidden
+        .iter()
+        .map(|i| first.truth.allocs[i])
+        .collect();
+    assert_eq!(hidden, [Category::Activations; 4], "two layers of two");
 }
