@@ -10,12 +10,16 @@
 //! to take, is popped off the end without moving the others), of at most [`LONG_BIN`]
 //! entries, which is all of a bin on real traces; past that (thousands of free blocks of one
 //! size that cannot merge) the bin keeps its smallest keys in the vector and the rest in an
-//! overflow B-tree, so that no operation is ever worse than logarithmic. A lookup searches
+//! overflow split by exact size (`sizes`), where each size's addresses lie in a radix tree
+//! that finds the lowest address, PyTorch's pick among equal sizes, in a few steps however
+//! many blocks there are, so that no operation is ever worse than logarithmic. A lookup searches
 //! only the bin the request falls in and, when nothing there fits, takes the smallest entry
 //! of the next non-empty bin, which is the best fit because every bin holds larger sizes than
 //! the bins before it.
 
-use std::collections::BTreeMap;
+mod sizes;
+
+use sizes::Overflow;
 
 /// Bytes per unit of the bin function: the allocator's rounding granule.
 const UNIT_SHIFT: u32 = 9;
@@ -84,12 +88,12 @@ pub(crate) struct FreeIndex {
     bins: Vec<Vec<Entry>>,
     /// The slot of `bins[0]`.
     base: usize,
-    /// The overflow trees of long bins, by slot: the larger keys of a bin that has held more
-    /// than [`LONG_BIN`] free blocks. Every key in a bin's tree is larger than every key in its
+    /// The overflows of long bins, by slot: the larger keys of a bin that has held more
+    /// than [`LONG_BIN`] free blocks. Every key in a bin's overflow is larger than every key in its
     /// vector, and a bin with a tree has a non-empty vector, so the vectors' fast paths
     /// (push the smallest, pop the best fit, look at the last entry) stay what they are
     /// without a tree; only the paths that search or shift a vector look here.
-    overflow: Vec<(usize, BTreeMap<u128, u32>)>,
+    overflow: Vec<(usize, Overflow)>,
     /// Bit `l` set when level `l` has a non-empty bin.
     level_mask: u64,
     /// Per level, bit `s` set when bin `s` of the level is non-empty.
@@ -185,11 +189,13 @@ impl FreeIndex {
         let tree = match self.overflow_position(at) {
             Some(i) => &mut self.overflow[i].1,
             None => {
-                self.overflow.push((at, BTreeMap::new()));
+                self.overflow.push((at, Overflow::default()));
                 &mut self.overflow.last_mut().expect("just pushed").1
             }
         };
-        tree.extend(moved.into_iter().map(|e| (e.key(), e.id)));
+        for e in moved {
+            tree.insert(e.key(), e.id);
+        }
     }
 
     /// Where the overflow tree of slot `at` is in `overflow`, if the bin has one.
@@ -198,7 +204,7 @@ impl FreeIndex {
     }
 
     /// The overflow tree of slot `at`, if the bin has one.
-    fn overflow_of(&self, at: usize) -> Option<&BTreeMap<u128, u32>> {
+    fn overflow_of(&self, at: usize) -> Option<&Overflow> {
         self.overflow_position(at).map(|i| &self.overflow[i].1)
     }
 
@@ -290,7 +296,7 @@ impl FreeIndex {
     #[inline(never)]
     fn remove_overflow(&mut self, at: usize, key: u128) -> Option<u32> {
         let i = self.overflow_position(at)?;
-        let id = self.overflow[i].1.remove(&key)?;
+        let id = self.overflow[i].1.remove(key)?;
         if self.overflow[i].1.is_empty() {
             self.overflow.swap_remove(i);
         }
@@ -334,7 +340,7 @@ impl FreeIndex {
         let bin = self.bins.get(at.wrapping_sub(self.base))?;
         match bin.binary_search_by(|e| key.cmp(&e.key())) {
             Ok(index) => Some(bin[index].id),
-            Err(_) => self.overflow_of(at)?.get(&key).copied(),
+            Err(_) => self.overflow_of(at)?.get(key),
         }
     }
 
@@ -374,9 +380,9 @@ impl FreeIndex {
                 return Some((at, entry.key(), entry.id));
             }
             if !self.overflow.is_empty() {
-                if let Some((&found, &id)) = self
+                if let Some((found, id)) = self
                     .overflow_of(slot(level, sub))
-                    .and_then(|tree| tree.range(key..).next())
+                    .and_then(|tree| tree.first_from(key))
                 {
                     let at = Found {
                         level,
@@ -445,7 +451,7 @@ impl FreeIndex {
                         .map(|e| (e.key(), e.id)),
                 );
                 if let Some(tree) = self.overflow_of(at) {
-                    all.extend(tree.range(key..).map(|(&k, &id)| (k, id)));
+                    tree.collect_from(key, &mut all);
                 }
             }
         }
@@ -462,7 +468,7 @@ impl FreeIndex {
         let level = 63 - self.level_mask.leading_zeros() as usize;
         let subs = self.bin_masks[level & (LEVEL_SLOTS - 1)];
         let at = slot(level, 31 - subs.leading_zeros() as usize);
-        if let Some((&key, _)) = self.overflow_of(at).and_then(|t| t.iter().next_back()) {
+        if let Some(key) = self.overflow_of(at).and_then(Overflow::last) {
             return Some(key);
         }
         self.bins[at - self.base].first().map(Entry::key)
@@ -703,5 +709,126 @@ mod tests {
 
     fn free_key_of(size: u64, addr: u64) -> u128 {
         ((size as u128) << 64) | addr as u128
+    }
+
+    /// One step of a program on a free index, as the allocator makes them.
+    #[derive(Clone, Debug)]
+    enum Step {
+        /// A block freed (or a merged block listed): `size` of the sizes below, at a unit
+        /// of 64 KiB in one of two regions.
+        Free { size: usize, unit: u64, high: bool },
+        /// A listed block taken out by key (a neighbour merged into a freed block), the
+        /// `pick`-th listed key modulo their number.
+        Merge { pick: usize },
+        /// An allocation: the best fit for `size`, taken out through its position.
+        Alloc { size: usize },
+        /// The expandable segments' look past a block: the first key after the `pick`-th.
+        After { pick: usize },
+    }
+
+    /// Sizes that fall in one bin in twos and threes (one exact bin, then bins of 32 and
+    /// 2,048 sizes), so that a bin's overflow holds several sizes, one of them most often.
+    const SIZES: [u64; 7] = [
+        512 * 20,
+        64 << 10,
+        (64 << 10) + 512,
+        (66 << 10) - 512,
+        1 << 20,
+        (1 << 20) + 4096,
+        20 << 20,
+    ];
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        let size = prop_oneof![6 => Just(1usize), 1 => 0usize..SIZES.len()];
+        prop_oneof![
+            8 => (size.clone(), 0u64..4096, any::<bool>())
+                .prop_map(|(size, unit, high)| Step::Free { size, unit, high }),
+            3 => any::<usize>().prop_map(|pick| Step::Merge { pick }),
+            4 => size.prop_map(|size| Step::Alloc { size }),
+            1 => any::<usize>().prop_map(|pick| Step::After { pick }),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config {
+            failure_persistence: None,
+            ..vramscope_testkit::props::config(48)
+        })]
+
+        /// On random programs of frees, merges and allocations, with bins long enough to
+        /// spill into their per-size overflow and sizes long enough to become radix trees,
+        /// the index picks exactly the block PyTorch's rule picks: the first key at or after
+        /// the request in (size, address) order, the lowest address among the best-fitting
+        /// size, as the ordered map of `std::set` would.
+        #[test]
+        fn picks_what_the_size_then_address_order_picks(
+            fill in 0u64..400,
+            steps in proptest::collection::vec(step(), 1..2_000)
+        ) {
+            use proptest::prelude::*;
+            let mut index = FreeIndex::new();
+            let mut model: BTreeMap<u128, u32> = BTreeMap::new();
+            // First `fill` blocks of the most common size freed in a scrambled address
+            // order (7,919 is prime to the 4,096 units), as the `scattered` trace does.
+            for k in 0..fill {
+                let key = free_key_of(SIZES[1], 0x7f00_0000_0000 + (k * 7_919) % 4_096 * 65536);
+                index.insert(key, u32::MAX - k as u32);
+                model.insert(key, u32::MAX - k as u32);
+            }
+            let mut longest = model.len();
+            for (i, step) in steps.iter().enumerate() {
+                let nth = |pick: usize| model.keys().nth(pick % model.len().max(1)).copied();
+                match *step {
+                    Step::Free { size, unit, high } => {
+                        let base = if high { 0x7f00_0000_0000 } else { 0x2_0000_0000 };
+                        let key = free_key_of(SIZES[size], base + unit * 65536);
+                        if let std::collections::btree_map::Entry::Vacant(e) = model.entry(key) {
+                            e.insert(i as u32);
+                            index.insert(key, i as u32);
+                        }
+                    }
+                    Step::Merge { pick } => {
+                        if let Some(key) = nth(pick) {
+                            prop_assert_eq!(index.remove(key), model.remove(&key), "step {}", i);
+                        }
+                    }
+                    Step::Alloc { size } => {
+                        let probe = free_key_of(SIZES[size], 0);
+                        let expected = model.range(probe..).next().map(|(&k, &v)| (k, v));
+                        let taken = index
+                            .find_from(probe)
+                            .map(|(at, key, _)| index.take(at, key));
+                        prop_assert_eq!(taken, expected, "step {}", i);
+                        if let Some((key, _)) = taken {
+                            model.remove(&key);
+                        }
+                    }
+                    Step::After { pick } => {
+                        if let Some(key) = nth(pick) {
+                            prop_assert_eq!(
+                                index.find_from(key + 1).map(|(_, k, id)| (k, id)),
+                                model.range(key + 1..).next().map(|(&k, &v)| (k, v)),
+                                "step {}", i
+                            );
+                        }
+                    }
+                }
+                prop_assert_eq!(index.len(), model.len(), "step {}", i);
+                prop_assert_eq!(index.last_key(), model.keys().next_back().copied());
+                longest = longest.max(model.len());
+            }
+            prop_assert_eq!(
+                index.all_from(0),
+                model.iter().map(|(&k, &v)| (k, v)).collect::<Vec<_>>()
+            );
+            let probe = free_key_of(64 << 10, 0x7f00_0000_0000);
+            prop_assert_eq!(
+                index.all_from(probe),
+                model.range(probe..).map(|(&k, &v)| (k, v)).collect::<Vec<_>>()
+            );
+            // The programs reach the overflow and its radix trees.
+            prop_assert!(fill <= 2 * LONG_BIN as u64 || longest > LONG_BIN, "{} at most", longest);
+        }
     }
 }
