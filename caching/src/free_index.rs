@@ -243,6 +243,14 @@ impl FreeIndex {
     /// vector, or [`IN_OVERFLOW`] when it can only be in the bin's overflow tree.
     #[inline(never)]
     fn position_within(&mut self, at: usize, key: u128) -> Option<usize> {
+        // A key larger than the vector's largest can only be in the overflow: no search.
+        if !self.overflow.is_empty()
+            && self.bins[at - self.base]
+                .first()
+                .is_some_and(|e| e.key() < key)
+        {
+            return Some(IN_OVERFLOW);
+        }
         if self.bins[at - self.base].len() >= LONG_BIN {
             self.spill(at);
         }
