@@ -204,7 +204,7 @@ impl Program {
                 .rec
                 .alloc(linear.frames(), self.shape.activation, kept_as);
             if let Some(p) = previous.take() {
-                self.rec.free(p);
+                self.rec.free(p, Program::forward_free(31, caller).frames());
             }
             let scratch = Program::forward_stack("mul", 32, caller);
             let s = self.rec.alloc(
@@ -212,7 +212,7 @@ impl Program {
                 self.shape.activation / 2,
                 Category::Temporaries,
             );
-            self.rec.free(s);
+            self.rec.free(s, Program::forward_free(32, caller).frames());
             let gelu = Program::forward_stack("gelu", 33, caller);
             let act = self
                 .rec
@@ -221,7 +221,8 @@ impl Program {
                 kept.push(out);
                 kept.push(act);
             } else {
-                self.rec.free(out);
+                self.rec
+                    .free(out, Program::forward_free(33, caller).frames());
                 previous = Some(act);
             }
             self.mark(&module, "END");
@@ -285,7 +286,7 @@ impl Program {
                 Category::Temporaries,
             );
             if let Some(i) = incoming.replace(g) {
-                self.rec.free(i);
+                self.rec.free(i, frames::inputs_released().frames());
             }
             for k in 0..2 {
                 let index = 2 * layer + k;
@@ -303,7 +304,7 @@ impl Program {
                         let t = self
                             .rec
                             .alloc(stack.frames(), param.bytes, Category::Temporaries);
-                        self.rec.free(t);
+                        self.rec.free(t, frames::accumulate_released().frames());
                     }
                     None if layer % 2 == 0 => {
                         let grad = self
@@ -320,37 +321,53 @@ impl Program {
                             param.bytes,
                             Category::Gradients,
                         );
-                        self.rec.free(t);
+                        self.rec.free(t, frames::accumulate_released().frames());
                         self.params[index].1.grad = Some(grad);
                     }
                 }
             }
-            for _ in 0..2 {
+            for node in ["GeluBackward0", "AddmmBackward0"] {
                 if let Some(a) = acts.pop() {
-                    self.rec.free_in_backward(a);
+                    self.rec
+                        .free_in_backward(a, frames::saved_released(node).frames());
                 }
             }
         }
         if let Some(i) = incoming {
-            self.rec.free(i);
+            self.rec.free(i, frames::inputs_released().frames());
         }
         // Activations of layers the pass did not reach (none in a whole forward).
         for a in acts {
-            self.rec.free_in_backward(a);
+            self.rec
+                .free_in_backward(a, frames::saved_released("AddmmBackward0").frames());
         }
         self.mark(&phase, "END");
     }
 
-    /// `optimizer.zero_grad()` (`set_to_none=True`): the gradients freed, inside its
-    /// annotation.
+    /// `optimizer.zero_grad()` (`set_to_none=True`) at the loop's line 43: the gradients
+    /// freed, inside its annotation.
     pub fn zero_grad(&mut self) {
+        self.zero_grad_from(&Program::at_line(43));
+    }
+
+    /// `optimizer.zero_grad()` called from `caller`.
+    fn zero_grad_from(&mut self, caller: &[Frame]) {
         self.rec.annotate(ZERO_GRAD_ANNOTATION, "START");
+        let stack = frames::python_free(&frames::zero_grad(caller));
         for index in 0..self.params.len() {
             if let Some(grad) = self.params[index].1.grad.take() {
-                self.rec.free(grad);
+                self.rec.free(grad, stack.frames());
             }
         }
         self.rec.annotate(ZERO_GRAD_ANNOTATION, "END");
+    }
+
+    /// The stack of a tensor dropped at `line` of the model's `forward`, called from `caller`.
+    fn forward_free(line: u32, caller: &[Frame]) -> Stack {
+        let mut outer = vec![py(MODEL, line, "forward")];
+        outer.extend(frames::module_call());
+        outer.extend_from_slice(caller);
+        frames::python_free(&outer)
     }
 
     /// The optimizer's update inside its step, called from `caller`: for `torch.optim.AdamW`
@@ -381,8 +398,9 @@ impl Program {
             .into_iter()
             .map(|b| self.rec.alloc(foreach.frames(), b, Category::Temporaries))
             .collect();
+        let dropped = frames::python_free(&frames::adamw_update(caller));
         for s in scratch {
-            self.rec.free(s);
+            self.rec.free(s, dropped.frames());
         }
     }
 
@@ -396,20 +414,22 @@ impl Program {
         ];
         outer.extend_from_slice(caller);
         let update = frames::python_op("mul", &outer);
+        let replaced = frames::python_free(&outer);
         outer[0].line = 80;
         let sqrt = frames::python_op("sqrt", &outer);
+        let dropped = frames::python_free(&outer);
         let bytes: Vec<u64> = self.params.iter().map(|(_, p)| p.bytes).collect();
         let mut state = Vec::with_capacity(2 * bytes.len());
         for (k, b) in bytes.into_iter().enumerate() {
             for j in 0..2 {
                 let new = self.rec.alloc(update.frames(), b, Category::OptimizerState);
                 if let Some(&old) = self.state.get(2 * k + j) {
-                    self.rec.free(old);
+                    self.rec.free(old, replaced.frames());
                 }
                 state.push(new);
             }
             let scratch = self.rec.alloc(sqrt.frames(), b, Category::Temporaries);
-            self.rec.free(scratch);
+            self.rec.free(scratch, dropped.frames());
         }
         self.state = state;
         self.state_made = true;
@@ -429,7 +449,7 @@ impl Program {
     pub fn step_with_closure(&mut self) {
         self.rec.annotate(STEP_ANNOTATION, "START");
         let caller = Program::at_line(47);
-        self.zero_grad();
+        self.zero_grad_from(&frames::in_closure(58, &caller));
         let in_closure = frames::in_closure(60, &caller);
         let acts = self.forward_from(&in_closure, self.shape.layers, true);
         self.backward(acts);
@@ -446,14 +466,16 @@ impl Program {
         for _ in 0..micro.max(1) {
             let x = self.load_batch();
             if let Some(b) = batch.replace(x) {
-                self.rec.free(b);
+                self.rec
+                    .free(b, frames::python_free(&Program::at_line(41)).frames());
             }
             let acts = self.forward();
             self.backward(acts);
         }
         self.step();
         if let Some(b) = batch {
-            self.rec.free(b);
+            self.rec
+                .free(b, frames::python_free(&Program::at_line(48)).frames());
         }
     }
 
@@ -461,16 +483,19 @@ impl Program {
     pub fn train_step_with_closure(&mut self) {
         let x = self.load_batch();
         self.step_with_closure();
-        self.rec.free(x);
+        self.rec
+            .free(x, frames::python_free(&Program::at_line(48)).frames());
     }
 
     /// One inference step under `torch.no_grad()`: batch, forward, output read and freed.
     pub fn inference_step(&mut self) {
         let x = self.load_batch();
         if let Some(out) = self.forward_no_grad() {
-            self.rec.free(out);
+            self.rec
+                .free(out, frames::python_free(&Program::at_line(53)).frames());
         }
-        self.rec.free(x);
+        self.rec
+            .free(x, frames::python_free(&Program::at_line(54)).frames());
     }
 
     /// The case named `name`.

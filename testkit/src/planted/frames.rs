@@ -165,6 +165,80 @@ pub fn autograd_thread() -> Vec<Frame> {
     ]
 }
 
+/// The frames at the innermost end of every free's stack: the unwinder, the caching
+/// allocator's `free` and the tensor's storage released. PyTorch records a free with the
+/// stack of the free, not of the allocation.
+pub fn free_frames() -> Stack {
+    Stack(vec![
+        cpp("torch::unwind::unwind()"),
+        cpp("torch::CapturedTraceback::gather(bool, bool, bool)"),
+        cpp_in("memory_snapshot.cpp", "torch::cuda::(anonymous namespace)::gather_with_cpp()"),
+        cpp_in("CUDACachingAllocator.cpp", "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::free(c10::cuda::CUDACachingAllocator::Native::Block*)"),
+        cpp_in("", "c10::intrusive_ptr<c10::StorageImpl, c10::detail::intrusive_target_default_null_type<c10::StorageImpl> >::reset_()"),
+        cpp_in("TensorImpl.cpp", "c10::TensorImpl::~TensorImpl() [clone .localalias]"),
+    ])
+}
+
+/// The stack of a tensor freed as Python drops it (a name rebound, a local at a function's
+/// end) in Python code `outer`.
+pub fn python_free(outer: &[Frame]) -> Stack {
+    free_frames()
+        .then_cpp(&[
+            cpp_in("python_variable.cpp", "THPVariable_clear(THPVariable*)"),
+            cpp_in("python_variable.cpp", "THPVariable_dealloc(_object*)"),
+        ])
+        .then(outer)
+}
+
+/// The autograd engine's frames outside a node's work on its own thread, from
+/// `evaluate_function` out.
+fn engine_tail() -> Vec<Frame> {
+    autograd_thread().split_off(1)
+}
+
+/// The stack of a tensor the forward saved for the backward node `node`, freed by the
+/// backward once the node has run (`SavedVariable::reset_data`, `release_variables`).
+pub fn saved_released(node: &str) -> Stack {
+    free_frames()
+        .then_cpp(&[
+            cpp("torch::autograd::SavedVariable::reset_data()"),
+            cpp_in(
+                "",
+                &format!("torch::autograd::generated::{node}::release_variables()"),
+            ),
+        ])
+        .then_cpp(&engine_tail())
+}
+
+/// The stack of a backward node's incoming gradients, freed by the engine once the node has
+/// run.
+pub fn inputs_released() -> Stack {
+    free_frames()
+        .then_cpp(&[cpp(
+            "std::vector<at::Tensor, std::allocator<at::Tensor> >::~vector()",
+        )])
+        .then_cpp(&engine_tail())
+}
+
+/// The stack of a gradient that `AccumulateGrad` has copied or added into a parameter's
+/// `.grad`, freed by it.
+pub fn accumulate_released() -> Stack {
+    free_frames()
+        .then_cpp(&[
+            cpp_in("accumulate_grad.cpp", "torch::autograd::(anonymous namespace)::AccumulateGrad_apply_impl(std::vector<at::Tensor, std::allocator<at::Tensor> >&&, std::shared_ptr<torch::autograd::Node> const&)"),
+            cpp("torch::autograd::AccumulateGrad::apply(std::vector<at::Tensor, std::allocator<at::Tensor> >&&)"),
+        ])
+        .then_cpp(&autograd_thread())
+}
+
+/// The frames of `optimizer.zero_grad()` (with `set_to_none=True` it drops each `.grad`)
+/// called from `caller`.
+pub fn zero_grad(caller: &[Frame]) -> Vec<Frame> {
+    let mut frames = vec![torch_py("optim/optimizer.py", 993, "zero_grad")];
+    frames.extend_from_slice(caller);
+    frames
+}
+
 /// The stack of an allocation by `op` inside the backward node `node` (`AddmmBackward0`) on
 /// the autograd thread: C++ frames only.
 pub fn backward_node(node: &str, op: &str) -> Stack {

@@ -5,7 +5,8 @@
 //! (PyTorch's policy rule for rule) on a phantom device and records what an imported
 //! `torch.cuda.memory._dump_snapshot()` pickle holds: block-sized events with their requested
 //! sizes, segment allocations, PyTorch-shaped stacks ([`frames`]) interned as the importer
-//! interns them (the frees carry the stack of their allocation, as PyTorch records them),
+//! interns them (a free carries the stack of the free: where Python dropped the tensor, or the
+//! autograd engine released a saved tensor or a node's inputs, as PyTorch records it),
 //! `external_annotations` (`Optimizer.step#AdamW.step`, `Optimizer.zero_grad#AdamW.zero_grad`,
 //! `START` and `END`) and steps numbered from them as the importer numbers them, and the segments
 //! at the end. A late recording drops what happened before recording began, as a trace that
@@ -326,18 +327,21 @@ impl Recorder {
             .is_some_and(|(site, _, _)| self.freed_by_backward.contains(site))
     }
 
-    /// Frees the block at `addr` in a backward pass, which the trace then shows of its call
-    /// site.
-    pub fn free_in_backward(&mut self, addr: u64) {
+    /// Frees the block at `addr` in a backward pass with the stack `frames`, which the trace
+    /// then shows of the block's call site.
+    pub fn free_in_backward(&mut self, addr: u64, frames: &[Frame]) {
         if let Some(&(site, _, _)) = self.live.get(&addr) {
             self.freed_by_backward.insert(site);
         }
-        self.free(addr);
+        self.free(addr, frames);
     }
 
-    /// Frees the block at `addr`; PyTorch records the free with the stack of the allocation.
-    pub fn free(&mut self, addr: u64) {
-        let (site, _, _) = self.live.remove(&addr).expect("a live planted block");
+    /// Frees the block at `addr` with the stack `frames` (innermost first): PyTorch records a
+    /// free with the stack of the free (`THPVariable_dealloc` at a Python line,
+    /// `release_variables` in the backward), not of the allocation.
+    pub fn free(&mut self, addr: u64, frames: &[Frame]) {
+        self.live.remove(&addr).expect("a live planted block");
+        let site = self.site(frames);
         self.alloc.free_ptr(addr).expect("a live block");
         self.pull(site, None);
     }

@@ -282,7 +282,7 @@ fn a_late_recording_starts_with_blocks_from_before_the_trace() {
 
 #[test]
 fn stacks_look_as_pytorch_records_them() {
-    let all = cases::adamw_training(StackMode::All, 1);
+    let all = cases::adamw_training(StackMode::All, 2);
     let python = cases::adamw_training(StackMode::Python, 1);
     let name_of = |case: &Planted, category: Category| {
         let snap = &case.snapshot;
@@ -322,6 +322,38 @@ fn stacks_look_as_pytorch_records_them() {
     for node in ["MmBackward0::apply", "AccumulateGrad::apply"] {
         assert!(grad_sites.iter().any(|f| f.contains(node)), "{node}");
     }
+    // A free carries the stack of the free: the backward releasing what the forward saved,
+    // zero_grad dropping the gradients.
+    let snap = &all.snapshot;
+    let free_of = |category: Category| {
+        let (&i, _) = all
+            .truth
+            .allocs
+            .iter()
+            .find(|(_, &c)| c == category)
+            .unwrap();
+        let addr = snap.events[i].addr;
+        let free = snap.events[i + 1..]
+            .iter()
+            .find(|e| e.kind == EventKind::FreeRequested && e.addr == addr)
+            .unwrap();
+        snap.site(free.site()).unwrap()
+    };
+    let released = free_of(Category::Activations);
+    assert!(released
+        .frames
+        .iter()
+        .any(|f| f.function.contains("release_variables")));
+    assert!(
+        released.frames.iter().all(|f| f.line == 0),
+        "the autograd thread"
+    );
+    let dropped = free_of(Category::Gradients);
+    assert!(dropped
+        .frames
+        .iter()
+        .any(|f| f.function == "zero_grad" && f.file.ends_with("torch/optim/optimizer.py")));
+    assert!(dropped.frames[0].function.starts_with("torch::unwind"));
     // With Python stacks only, the backward has none, and the rest only Python frames.
     assert!(name_of(&python, Category::Gradients).is_none());
     let py_params = name_of(&python, Category::Parameters).unwrap();
