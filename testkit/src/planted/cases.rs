@@ -10,6 +10,9 @@
 //!   (activations, freed as the backward passes their layer) and makes a `mul` scratch freed
 //!   within the layer (a temporary). Under `no_grad` nothing is kept: every output is freed
 //!   once the next layer has read it, the last after the step (all temporaries).
+//! - The loss (`F.cross_entropy` at the user's line, outside any module) makes `log_softmax`'s
+//!   output, which its backward saves: an activation, released by the backward. The backward
+//!   begins on the calling thread with the loss's gradient (`_make_grads`), a temporary.
 //! - The backward (the autograd thread) makes each layer's incoming gradient (a temporary,
 //!   freed within the backward) and the layer's parameter gradients. Where a parameter has no
 //!   `.grad`, even layers keep the node's output as the gradient (allocated under
@@ -99,6 +102,9 @@ pub struct Program {
     state: Vec<u64>,
     /// Whether module calls and phases are annotated as `attach()` marks them.
     marked: bool,
+    /// The loss's saved intermediate of the last forward, and the caller frames of the
+    /// `loss.backward()` that will consume it.
+    pending_loss: Option<(u64, Vec<Frame>)>,
 }
 
 impl Program {
@@ -112,6 +118,7 @@ impl Program {
             optimizer: Optimizer::AdamW,
             state: Vec::new(),
             marked: false,
+            pending_loss: None,
         }
     }
 
@@ -248,7 +255,24 @@ impl Program {
     /// `loss = model(x)` at the loop's line 44, with gradients: the activations kept.
     pub fn forward(&mut self) -> Vec<u64> {
         let caller = Program::at_line(44);
-        self.forward_from(&caller, self.shape.layers, true)
+        let acts = self.forward_from(&caller, self.shape.layers, true);
+        self.loss(&Program::at_line(45), Program::at_line(46));
+        acts
+    }
+
+    /// `loss = F.cross_entropy(out, y)` at the user's line `caller` (outside any module):
+    /// `log_softmax`'s output, which the loss's backward saves, released by the backward
+    /// that `backward_caller` (the line of `loss.backward()`) runs.
+    fn loss(&mut self, caller: &[Frame], backward_caller: Vec<Frame>) {
+        let mut outer = vec![torch_py("nn/functional.py", 3104, "cross_entropy")];
+        outer.extend_from_slice(caller);
+        let stack = frames::python_op("_log_softmax", &outer);
+        let saved = self.rec.alloc(
+            stack.frames(),
+            self.shape.activation / 4,
+            Category::Activations,
+        );
+        self.pending_loss = Some((saved, backward_caller));
     }
 
     /// `out = model(x)` under `torch.no_grad()` at the loop's line 52: the output, a
@@ -277,6 +301,26 @@ impl Program {
     pub fn backward(&mut self, activations: Vec<u64>) {
         let phase = format!("{PHASE_ANNOTATION}backward");
         self.mark(&phase, "START");
+        if let Some((saved, caller)) = self.pending_loss.take() {
+            // `loss.backward()` makes the loss's gradient (`_make_grads`, on this thread),
+            // then the engine runs the loss's nodes, which release it and their saved tensor.
+            let mut outer = vec![
+                torch_py("autograd/__init__.py", 231, "_make_grads"),
+                torch_py("autograd/__init__.py", 374, "backward"),
+                torch_py("_tensor.py", 631, "backward"),
+            ];
+            outer.extend(caller);
+            let ones = self.rec.alloc(
+                frames::python_op("ones_like", &outer).frames(),
+                512,
+                Category::Temporaries,
+            );
+            self.rec.free(ones, frames::inputs_released().frames());
+            self.rec.free_in_backward(
+                saved,
+                frames::saved_released("LogSoftmaxBackward0").frames(),
+            );
+        }
         let mut incoming: Option<u64> = None;
         let mut acts = activations;
         for layer in (0..self.shape.layers).rev() {
@@ -452,6 +496,10 @@ impl Program {
         self.zero_grad_from(&frames::in_closure(58, &caller));
         let in_closure = frames::in_closure(60, &caller);
         let acts = self.forward_from(&in_closure, self.shape.layers, true);
+        self.loss(
+            &frames::in_closure(61, &caller),
+            frames::in_closure(62, &caller),
+        );
         self.backward(acts);
         self.adamw_update(&caller);
         self.rec.annotate(STEP_ANNOTATION, "END");
