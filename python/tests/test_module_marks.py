@@ -48,6 +48,14 @@ MARKED = '''
         optimizer.step()
     with torch.no_grad():
         model(None)
+    class Failing(torch.nn.Module):
+        def forward(self, x):
+            raise ValueError("a forward that raises")
+
+    try:
+        Failing()(None)
+    except ValueError:
+        pass
     session.marks.remove()
     model(None)
     after = torch.empty(1 << 18)
@@ -98,9 +106,12 @@ def test_attach_marks_each_allocations_module_and_phase(tmp_path):
                    ["vramscope.module#Model", "END"], ["vramscope.phase#forward", "END"]]
     backward = [["vramscope.phase#backward", "START"], ["vramscope.phase#backward", "END"]]
     marked = [a for a in annotations if a[0].startswith("vramscope.")]
+    # A forward that raises ends its marks all the same.
+    failing = [["vramscope.phase#forward", "START"], ["vramscope.module#Failing", "START"],
+               ["vramscope.module#Failing", "END"], ["vramscope.phase#forward", "END"]]
     assert marked == (one_forward + backward) * 2 + [
         [name.replace("phase#forward", "phase#forward_no_grad"), stage]
-        for name, stage in one_forward]
+        for name, stage in one_forward] + failing
     # The optimizer's steps still number the steps of the dump.
     snap = json.loads(snap_path.read_text())
     assert [m["label"] for m in snap["steps"]] == ["ProfilerStep#1", "ProfilerStep#2"]

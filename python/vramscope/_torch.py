@@ -459,7 +459,12 @@ class ModuleMarks:
         post = getattr(module, "register_module_forward_hook", None)
         if pre is not None and post is not None:
             self._handles.append(pre(self._pre))
-            self._handles.append(post(self._post))
+            try:
+                # Called even when a forward raises (torch 2.0 and later), so that its marks
+                # end with it.
+                self._handles.append(post(self._post, always_call=True))
+            except TypeError:
+                self._handles.append(post(self._post))
         autograd = self.torch.autograd
         for name in ("backward", "grad"):
             original = getattr(autograd, name, None)

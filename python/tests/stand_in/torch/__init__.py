@@ -317,9 +317,9 @@ def register_module_forward_pre_hook(hook):
     return _Handle(_module_pre_hooks, hook)
 
 
-def register_module_forward_hook(hook):
-    _module_hooks.append(hook)
-    return _Handle(_module_hooks, hook)
+def register_module_forward_hook(hook, always_call=False):
+    _module_hooks.append((hook, always_call))
+    return _Handle(_module_hooks, (hook, always_call))
 
 
 class Module:
@@ -337,8 +337,15 @@ class Module:
     def __call__(self, *args):
         for hook in list(_module_pre_hooks):
             hook(self, args)
-        out = self.forward(*args)
-        for hook in list(_module_hooks):
+        try:
+            out = self.forward(*args)
+        except BaseException:
+            # As torch: hooks registered with ``always_call`` run when the forward raises.
+            for hook, always in list(_module_hooks):
+                if always:
+                    hook(self, args, None)
+            raise
+        for hook, _ in list(_module_hooks):
             hook(self, args, out)
         return out
 
