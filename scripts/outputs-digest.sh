@@ -19,11 +19,11 @@ traces="${VRAMSCOPE_TRACES:-../shared/traces}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 files=()
-for f in "$traces"/*.pickle "$traces"/*.json.gz inspector/tests/data/torch_h200/*.pickle.gz; do
+for f in "$traces"/*.pickle "$traces"/*.json.gz testkit/data/torch_h200/*.pickle.gz; do
   [ -e "$f" ] && files+=("$f")
 done
 if [ ${#files[@]} -eq 0 ]; then
-  echo "no traces found (looked in $traces and inspector/tests/data/torch_h200)" >&2
+  echo "no traces found (looked in $traces and testkit/data/torch_h200)" >&2
   exit 1
 fi
 digest() { # name, then the command

@@ -26,7 +26,7 @@
 //! println!("{}", alloc.memory_summary());
 //! let path = std::env::temp_dir().join("vramscope-quickstart.json");
 //! alloc.snapshot().save(&path)?; // then: vramscope report run.json
-//! vramscope::inspector::checks::assert_no_leaks(&vramscope::Snapshot::load(&path)?);
+//! vramscope::analysis::checks::assert_no_leaks(&vramscope::Snapshot::load(&path)?);
 //! # std::fs::remove_file(path).ok();
 //!
 //! use vramscope::StreamId;
@@ -40,10 +40,13 @@
 pub mod cli;
 
 pub use vramscope_allocator as allocator;
+pub use vramscope_analysis as analysis;
 pub use vramscope_engine as engine;
-pub use vramscope_inspector as inspector;
+pub use vramscope_export as export;
+pub use vramscope_import as import;
 pub use vramscope_kernels as kernels;
 pub use vramscope_model as model;
+pub use vramscope_render as render;
 pub use vramscope_replay as replay;
 pub use vramscope_tui as tui;
 

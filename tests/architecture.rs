@@ -110,14 +110,14 @@ fn workspace_packages() -> BTreeSet<String> {
 
 #[test]
 fn the_extractors_find_what_they_should() {
-    let sample = "See `model/src/lib.rs:12`, `Cargo.toml`, `inspector/src/detect/` and\n\
+    let sample = "See `model/src/lib.rs:12`, `Cargo.toml`, `analysis/src/detect/` and\n\
                   `vramscope_model::Snapshot`, `/metrics`, `cargo test -p x`, `file:line`,\n\
                   `../shared/traces`.\n\
                   ```\nvramscope-engine  `not/a/path/in/a/block`\n```\nvramscope-tui.";
     let paths: Vec<_> = repo_paths(sample).into_iter().collect();
     assert_eq!(
         paths,
-        ["Cargo.toml", "inspector/src/detect/", "model/src/lib.rs"]
+        ["Cargo.toml", "analysis/src/detect/", "model/src/lib.rs"]
     );
     let names: Vec<_> = crate_names(sample).into_iter().collect();
     assert_eq!(names, ["vramscope-engine", "vramscope-tui"]);

@@ -312,10 +312,10 @@ fn replay_prints_the_figures_external_checks_read() {
     std::fs::remove_file(trace).ok();
 }
 
-/// A recording of PyTorch's own allocator on an H200 (`inspector/tests/data/torch_h200`).
+/// A recording of PyTorch's own allocator on an H200 (`testkit/data/torch_h200`).
 fn torch_h200(case: &str) -> String {
     format!(
-        "{}/inspector/tests/data/torch_h200/{case}.pickle.gz",
+        "{}/testkit/data/torch_h200/{case}.pickle.gz",
         env!("CARGO_MANIFEST_DIR")
     )
 }

@@ -1,6 +1,7 @@
 //! The dependency direction ARCHITECTURE.md promises, checked with `cargo tree`: the inspector
-//! (and the dashboard on top of it) reads snapshots without linking the CUDA bindings or the
-//! backtrace machinery; only the programs that drive a device (the CLI, the kernels, the C
+//! crates (import, analysis, render, export) and the dashboard on top of them read snapshots
+//! without linking the CUDA bindings or the backtrace machinery; the four inspector crates
+//! keep one direction (import, then analysis, then render; export beside analysis on import); only the programs that drive a device (the CLI, the kernels, the C
 //! ABI) enable the allocator's `cuda` and `backtrace` features.
 
 use std::process::Command;
@@ -25,7 +26,13 @@ fn tree(package: &str) -> String {
 
 #[test]
 fn the_inspector_and_the_dashboard_link_no_cuda_and_no_backtrace() {
-    for package in ["vramscope-inspector", "vramscope-tui"] {
+    for package in [
+        "vramscope-import",
+        "vramscope-analysis",
+        "vramscope-render",
+        "vramscope-export",
+        "vramscope-tui",
+    ] {
         let tree = tree(package);
         for forbidden in ["cudarc", "backtrace"] {
             assert!(
@@ -33,6 +40,22 @@ fn the_inspector_and_the_dashboard_link_no_cuda_and_no_backtrace() {
                 "{package} depends on {forbidden}:\n{tree}"
             );
         }
+    }
+}
+
+/// The dashboard reads files and analyses them; it never links a printer or a writer, so a
+/// change to the HTML page or to the pickle writer does not rebuild it.
+#[test]
+fn the_dashboard_depends_on_import_and_analysis_only() {
+    let tree = tree("vramscope-tui");
+    for name in ["vramscope-import", "vramscope-analysis"] {
+        assert!(tree.contains(name), "vramscope-tui lost {name}:\n{tree}");
+    }
+    for name in ["vramscope-render", "vramscope-export"] {
+        assert!(
+            !tree.contains(name),
+            "vramscope-tui depends on {name}:\n{tree}"
+        );
     }
 }
 
@@ -49,10 +72,11 @@ fn the_cli_keeps_the_cuda_backend() {
 /// and the telemetry wire format on the model alone, never on the allocator; the caching
 /// policy on the model alone, with no driver, no network and no telemetry; the replay drives
 /// the caching policy, never the link-in allocator; and the inspector, which reaches the
-/// policy only through the replay, links neither the allocator nor its CUDA bindings.
+/// policy only through the replay, links neither the allocator nor its CUDA bindings: the
+/// importers below the analysis, the printers above it, the writers beside it on the importers.
 #[test]
 fn the_crates_keep_their_layers() {
-    let layers: [(&str, &[&str], &[&str]); 6] = [
+    let layers: [(&str, &[&str], &[&str]); 9] = [
         (
             "vramscope-model",
             &["serde"],
@@ -70,7 +94,10 @@ fn the_crates_keep_their_layers() {
                 "vramscope-allocator",
                 "vramscope-caching",
                 "vramscope-telemetry",
-                "vramscope-inspector",
+                "vramscope-import",
+                "vramscope-analysis",
+                "vramscope-render",
+                "vramscope-export",
             ],
         ),
         (
@@ -80,7 +107,10 @@ fn the_crates_keep_their_layers() {
                 "vramscope-allocator",
                 "vramscope-caching",
                 "vramscope-engine",
-                "vramscope-inspector",
+                "vramscope-import",
+                "vramscope-analysis",
+                "vramscope-render",
+                "vramscope-export",
             ],
         ),
         (
@@ -97,16 +127,56 @@ fn the_crates_keep_their_layers() {
         (
             "vramscope-replay",
             &["vramscope-caching", "vramscope-engine"],
-            &["vramscope-allocator", "vramscope-inspector", "cudarc"],
+            &[
+                "vramscope-allocator",
+                "vramscope-import",
+                "vramscope-analysis",
+                "cudarc",
+            ],
         ),
         (
-            "vramscope-inspector",
-            &["vramscope-replay", "vramscope-pickle"],
+            "vramscope-import",
+            &["vramscope-replay", "vramscope-pickle", "vramscope-engine"],
             &[
+                "vramscope-analysis",
+                "vramscope-render",
+                "vramscope-export",
                 "vramscope-allocator",
                 "vramscope-telemetry",
                 "cudarc",
                 "prometheus-client",
+            ],
+        ),
+        (
+            "vramscope-analysis",
+            &["vramscope-import", "vramscope-engine"],
+            &[
+                "vramscope-render",
+                "vramscope-export",
+                "vramscope-allocator",
+                "vramscope-telemetry",
+                "cudarc",
+            ],
+        ),
+        (
+            "vramscope-render",
+            &["vramscope-analysis"],
+            &[
+                "vramscope-export",
+                "vramscope-allocator",
+                "vramscope-telemetry",
+                "cudarc",
+            ],
+        ),
+        (
+            "vramscope-export",
+            &["vramscope-import", "vramscope-pickle"],
+            &[
+                "vramscope-analysis",
+                "vramscope-render",
+                "vramscope-allocator",
+                "vramscope-telemetry",
+                "cudarc",
             ],
         ),
     ];
@@ -121,7 +191,8 @@ fn the_crates_keep_their_layers() {
     }
 }
 
-/// The pickle codec depends on no crate of ours (nor they on it but the inspector), so it
+/// The pickle codec depends on no crate of ours (nor they on it but the importer and the
+/// exporter), so it
 /// builds and is fuzzed alone.
 #[test]
 fn the_pickle_codec_stands_alone() {

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use serde_json::Value;
+use vramscope::analysis::model_view::ModelView;
 use vramscope::engine::Reconstruction;
-use vramscope::inspector::model_view::ModelView;
 use vramscope::model::EventKind;
 use vramscope_testkit::{device_run, merge_devices};
 
@@ -145,20 +145,20 @@ proptest::proptest! {
         runs[1].device.index = 1;
         let both = merge_devices(&runs);
         // The same file written as a PyTorch pickle (a trace list per device) and read again.
-        let pickle = vramscope::inspector::export::export_pytorch(&both, None).unwrap().bytes;
-        let back = vramscope::inspector::import::load_bytes(&pickle, "both.pickle", &Default::default()).unwrap();
+        let pickle = vramscope::export::export_pytorch(&both, None).unwrap().bytes;
+        let back = vramscope::import::load_bytes(&pickle, "both.pickle", &Default::default()).unwrap();
         // The whole file's statistics are those of its own device, as its part has them.
-        let own = vramscope::inspector::devices::only_device(&back, back.device.index);
+        let own = vramscope::engine::devices::only_device(&back, back.device.index);
         proptest::prop_assert_eq!(back.stats, own.stats);
         for (d, run) in runs.iter().enumerate() {
-            let part = vramscope::inspector::devices::only_device(&both, d as u32);
+            let part = vramscope::engine::devices::only_device(&both, d as u32);
             proptest::prop_assert_eq!(part.events.len(), run.events.len());
             proptest::prop_assert_eq!(figures(&part), figures(run), "device {}", d);
             // Through the pickle, the start, peak and end are the trace's; where the trace
             // contradicts itself, a dump-time block without a site takes the site of the last
             // allocation at its address, as the PyTorch import names blocks, so the holdings
             // are compared on consistent traces only.
-            let part = vramscope::inspector::devices::only_device(&back, d as u32);
+            let part = vramscope::engine::devices::only_device(&back, d as u32);
             let (through, own) = (figures(&part), figures(run));
             if Reconstruction::from_snapshot(run).disagreements.is_empty() {
                 proptest::prop_assert_eq!(through, own, "device {} through a pickle", d);

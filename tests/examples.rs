@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use vramscope::inspector::detect::{detect, DetectOptions, Severity};
+use vramscope::analysis::detect::{detect, DetectOptions, Severity};
 use vramscope::Snapshot;
 
 /// The directory cargo builds examples into, next to this test's own executable.

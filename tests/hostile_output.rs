@@ -164,7 +164,7 @@ fn text_from_a_file_reaches_no_terminal_raw_in_any_command() {
     assert!(err.contains("unknown variant"), "{err}");
     assert!(err.contains("\\u{1b}]52"), "{err}");
 
-    let mut pickle = vramscope::inspector::export::to_pytorch_pickle(&hostile).unwrap();
+    let mut pickle = vramscope::export::to_pytorch_pickle(&hostile).unwrap();
     let state = b"active_allocated";
     // The same length, so that the pickle's string lengths still hold.
     let evil = "\u{1b}]0;x\u{7}\u{202e}\u{1b}c!!!!!";
@@ -591,7 +591,7 @@ fn workflow_commands_and_line_breaks_from_a_file_reach_no_output() {
     let bad_source = dir.join("bad-source.json");
     let quoted = serde_json::to_string(&name).unwrap();
     std::fs::write(&bad_source, json.replacen(&source, &quoted, 1)).unwrap();
-    let mut pickle = vramscope::inspector::export::to_pytorch_pickle(&hostile).unwrap();
+    let mut pickle = vramscope::export::to_pytorch_pickle(&hostile).unwrap();
     let state = b"active_allocated";
     let evil = "\n::add-mask::##[";
     assert_eq!(evil.len(), state.len());

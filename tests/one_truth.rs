@@ -12,9 +12,11 @@
 use std::collections::BTreeMap;
 
 use serde_json::Value;
-use vramscope::inspector::model_view::ModelView;
-use vramscope::inspector::{diff, html, import, report};
+use vramscope::analysis::model_view::ModelView;
+use vramscope::analysis::{diff, report};
+use vramscope::import;
 use vramscope::model::{format_bytes, Snapshot};
+use vramscope::render::{self, html};
 use vramscope::replay;
 use vramscope::tui::data::{Dataset, Origin};
 use vramscope::tui::App;
@@ -78,7 +80,7 @@ fn check(name: &str, snapshot: &Snapshot) {
 fn check_views(name: &str, snapshot: &Snapshot, consistent: bool) {
     let view = ModelView::new(snapshot);
     let built = report::build_report_view(&view, &report::ReportOptions::default());
-    let file: Value = serde_json::from_str(&report::render_json(&built)).expect("report JSON");
+    let file: Value = serde_json::from_str(&render::render_json(&built)).expect("report JSON");
     let json = &file["devices"][0];
     let stats = &json["stats"];
     let events = snapshot.events.len() as u64;
@@ -191,7 +193,7 @@ fn check_views(name: &str, snapshot: &Snapshot, consistent: bool) {
     }
 
     // `summary`: the allocated row of the table is the same figures.
-    let summary = report::render_summary(&built);
+    let summary = render::render_summary(&built);
     let row = summary
         .lines()
         .find(|l| l.starts_with("| Allocated memory"))

@@ -7,7 +7,7 @@ use std::process::Command;
 
 use serde_json::Value;
 use vramscope::allocator::{CachingAllocator, SimDevice};
-use vramscope::inspector::import;
+use vramscope::import;
 use vramscope::model::{
     AllocatorConfig, Block, BlockState, CallSite, EventKind, Pool, Segment, Snapshot,
 };
@@ -213,7 +213,7 @@ fn a_shared_trace_replicated_over_ranks_names_the_planted_rank() {
 /// line of standard error with the reason, in the words `report` says.
 #[test]
 fn a_multi_device_file_is_its_devices_and_skipped_files_are_said() {
-    use vramscope::inspector::model_view::ModelView;
+    use vramscope::analysis::model_view::ModelView;
     use vramscope::model::{DeviceInfo, SnapshotSource};
     let dir = scratch("faces");
     let (single, _) = rank_snapshot(false);
@@ -246,10 +246,10 @@ fn a_multi_device_file_is_its_devices_and_skipped_files_are_said() {
         .iter()
         .map(|r| (r["device"].as_u64(), r["peak_allocated"].as_u64().unwrap()))
         .collect();
-    let device_peaks: Vec<u64> = vramscope::inspector::devices::devices_with_data(&three)
+    let device_peaks: Vec<u64> = vramscope::engine::devices::devices_with_data(&three)
         .iter()
         .map(|&d| {
-            ModelView::new(&vramscope::inspector::devices::only_device(&three, d)).peak_allocated()
+            ModelView::new(&vramscope::engine::devices::only_device(&three, d)).peak_allocated()
         })
         .collect();
     assert_eq!(

@@ -15,9 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use vramscope::inspector::detect::FindingKind;
-use vramscope::inspector::report::SARIF_SCHEMA_URI;
+use vramscope::analysis::detect::FindingKind;
 use vramscope::model::TransferDirection;
+use vramscope::render::SARIF_SCHEMA_URI;
 use vramscope_testkit::{fixture, Trace, MIB};
 
 /// The environment variable naming the Python that validates SARIF.

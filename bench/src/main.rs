@@ -317,7 +317,7 @@ fn traces_dir(explicit: Option<PathBuf>) -> Option<PathBuf> {
 /// Imports one of the real traces, or says why it was skipped.
 fn load_real(dir: &Path, file: &str) -> Option<Snapshot> {
     let path = dir.join(file);
-    match vramscope_inspector::import::load(&path) {
+    match vramscope_import::load(&path) {
         Ok(snapshot) => Some(snapshot),
         Err(e) => {
             println!("skipped {}: {e}", path.display());

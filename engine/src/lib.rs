@@ -16,23 +16,27 @@
 //! - `runs`: [`Runs`], a figure per event kept as runs of equal values;
 //! - `usage`: [`UsageSeries`], the allocated and reserved bytes after every event, compactly;
 //! - [`Reconstruction`] (this file): the state at the start of the trace, rebuilt once from
-//!   the dump-time state by undoing every event, the usage after every event, and the peaks.
+//!   the dump-time state by undoing every event, the usage after every event, and the peaks;
+//! - [`stats`]: PyTorch's `memory_stats()` figures replayed from a trace ([`stats::compute_stats`]);
+//! - [`devices`]: the devices of a snapshot, and one device's part with its own statistics.
 //!
-//! The inspector's `ModelView` (and through it the detectors, reports, diff and the HTML
-//! page), the replay (`vramscope-replay`: its starting state and the trace's own figures) and
+//! The analysis crate's `ModelView` (and through it the detectors, reports, diff and the HTML
+//! page), the importers' statistics, the replay (`vramscope-replay`: its starting state and the trace's own figures) and
 //! the dashboard's dataset (`vramscope_tui::data`) are built on this crate and on nothing else
 //! that derives state from events. It reads the data model (`vramscope-model`) and nothing
-//! else of vramscope. Every item has one path, the crate root's. The figures follow ARCHITECTURE.md's definitions: allocated bytes are
+//! else of vramscope. Every item has one path: the crate root's, or its module's for `stats` and `devices`. The figures follow ARCHITECTURE.md's definitions: allocated bytes are
 //! block sizes, as PyTorch's `allocated_bytes` counts them; memory from before the trace is
 //! part of every figure, under its site when the dump-time state names one.
 
 mod addr;
+pub mod devices;
 mod empty_cache;
 mod groups;
 mod naming;
 mod pairing;
 mod runs;
 mod state;
+pub mod stats;
 mod usage;
 
 pub use addr::{AddrHasher, AddrMap, AddrSet, AddrState};

@@ -5,10 +5,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vramscope_inspector::export::{
+use vramscope_export::{
     to_perfetto, to_pytorch_pickle, to_pytorch_pickle_with, PytorchExtras,
 };
-use vramscope_inspector::import::{load_bytes, ImportOptions};
+use vramscope_import::{load_bytes, ImportOptions};
 use vramscope_pickle::Document;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,11 +3,11 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vramscope_inspector::import::{load_bytes, ImportOptions};
+use vramscope_import::{load_bytes, ImportOptions};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(snapshot) = load_bytes(data, "fuzz", &ImportOptions::default()) {
         // Whatever imports must also analyse without panicking.
-        let _ = vramscope_inspector::detect::detect(&snapshot, &Default::default());
+        let _ = vramscope_analysis::detect::detect(&snapshot, &Default::default());
     }
 });

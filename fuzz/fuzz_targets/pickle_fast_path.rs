@@ -11,8 +11,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vramscope_inspector::import::pytorch::{from_pickle_bytes, from_pickle_bytes_generic};
-use vramscope_inspector::import::ImportOptions;
+use vramscope_import::pytorch::{from_pickle_bytes, from_pickle_bytes_generic};
+use vramscope_import::ImportOptions;
 
 /// Imports `bytes` both ways and asserts that they agree.
 fn agree(bytes: &[u8]) {

@@ -5,7 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use vramscope_model::AllocatorConfig;
-use vramscope_inspector::import::{load_bytes, ImportOptions};
+use vramscope_import::{load_bytes, ImportOptions};
 use vramscope_replay::{render_text, replay, ReplayOptions};
 
 fuzz_target!(|data: &[u8]| {

@@ -3,8 +3,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vramscope_inspector::import::{load_bytes, ImportOptions};
-use vramscope_inspector::report::{build_report, render, Format, ReportOptions};
+use vramscope_import::{load_bytes, ImportOptions};
+use vramscope_analysis::report::{build_report, ReportOptions};
+use vramscope_render::{render, Format};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(snapshot) = load_bytes(data, "fuzz", &ImportOptions::default()) else {

@@ -7,7 +7,10 @@
 //! The caching allocator (`vramscope-allocator`) runs on these, and re-exports them at its
 //! root; the engine, the importers, the exporter and the replay read traces with them; the OOM
 //! rule ([`crate::oom`]) sizes a failed request's segment with them. Nothing else defines them
-//! (`tests/one_home.rs` greps the workspace for copies).
+//! (`tests/one_home.rs` greps the workspace for copies). The names PyTorch writes in a snapshot
+//! live here too: the trace entries' actions ([`TRACE_ACTIONS`]), which the importer reads and
+//! the exporter writes, and the annotation families that mark training steps
+//! ([`STEP_ANNOTATIONS`]).
 //!
 //! ```
 //! use vramscope_model::pytorch::{pool_for, round_size, segment_size_for, SMALL_BUFFER};
@@ -18,7 +21,7 @@
 //! assert_eq!(segment_size_for(1024), SMALL_BUFFER);
 //! ```
 
-use crate::{Pool, MIB};
+use crate::{EventKind, Pool, MIB};
 
 /// Every request is rounded up to a multiple of this, and never below it (`kMinBlockSize`).
 pub const MIN_BLOCK_SIZE: u64 = 512;
@@ -128,6 +131,49 @@ pub fn mapping_pool(size: u64) -> Pool {
     }
 }
 
+/// PyTorch's trace-entry actions that are allocator events, as `_dump_snapshot()` writes them
+/// (`TraceEntry::Action` of `CUDACachingAllocator.h`), with the event kind each one is. The
+/// importer reads these and no other action; the exporter writes these names.
+pub const TRACE_ACTIONS: [(&str, EventKind); 9] = [
+    ("alloc", EventKind::Alloc),
+    ("free_requested", EventKind::FreeRequested),
+    ("free_completed", EventKind::FreeCompleted),
+    ("segment_alloc", EventKind::SegmentAlloc),
+    ("segment_free", EventKind::SegmentFree),
+    ("segment_map", EventKind::SegmentMap),
+    ("segment_unmap", EventKind::SegmentUnmap),
+    ("snapshot", EventKind::Snapshot),
+    ("oom", EventKind::Oom),
+];
+
+/// The event kind of a trace entry's `action`, or `None` for an action that is no allocator
+/// event (`user_defined` annotations, ...).
+pub fn action_kind(action: &str) -> Option<EventKind> {
+    TRACE_ACTIONS
+        .iter()
+        .find(|(name, _)| *name == action)
+        .map(|&(_, kind)| kind)
+}
+
+/// PyTorch's action name for an event kind, or `None` for a kind PyTorch does not record
+/// (copies, waits, steps, `empty_cache()` calls).
+pub fn action_name(kind: EventKind) -> Option<&'static str> {
+    TRACE_ACTIONS
+        .iter()
+        .find(|&&(_, k)| k == kind)
+        .map(|&(name, _)| name)
+}
+
+/// The annotation families (`record_function` names numbered `#N`) that mark training steps,
+/// in order of preference: the profiler's step, the optimizer's step and `zero_grad`, and the
+/// data loader's iteration.
+pub const STEP_ANNOTATIONS: &[&str] = &[
+    "ProfilerStep#",
+    "Optimizer.step#",
+    "Optimizer.zero_grad#",
+    "enumerate(DataLoader)#",
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,5 +208,16 @@ mod tests {
         assert_eq!(segment_pool(10 * MIB), Pool::Large);
         assert_eq!(mapping_pool(40 * MIB), Pool::Large);
         assert_eq!(mapping_pool(4 * MIB), Pool::Small);
+    }
+
+    #[test]
+    fn every_action_names_one_kind_and_back() {
+        for (name, kind) in TRACE_ACTIONS {
+            assert_eq!(action_kind(name), Some(kind));
+            assert_eq!(action_name(kind), Some(name));
+            assert_eq!(kind.name(), name);
+        }
+        assert_eq!(action_kind("user_defined"), None);
+        assert_eq!(action_name(EventKind::Sync), None);
     }
 }

@@ -355,22 +355,18 @@ pub enum EventKind {
 impl EventKind {
     /// A short stable name for the kind (PyTorch's action names where they exist).
     pub fn name(self) -> &'static str {
+        if let Some(action) = crate::pytorch::action_name(self) {
+            return action;
+        }
         match self {
-            EventKind::Alloc => "alloc",
-            EventKind::FreeRequested => "free_requested",
-            EventKind::FreeCompleted => "free_completed",
-            EventKind::SegmentAlloc => "segment_alloc",
-            EventKind::SegmentFree => "segment_free",
-            EventKind::SegmentMap => "segment_map",
-            EventKind::SegmentUnmap => "segment_unmap",
             EventKind::EmptyCache => "empty_cache",
-            EventKind::Oom => "oom",
             EventKind::Transfer(TransferDirection::HostToDevice) => "transfer_h2d",
             EventKind::Transfer(TransferDirection::DeviceToHost) => "transfer_d2h",
             EventKind::Transfer(TransferDirection::DeviceToDevice) => "transfer_d2d",
             EventKind::Sync => "sync",
             EventKind::Step => "step",
-            EventKind::Snapshot => "snapshot",
+            // PyTorch's actions, named above.
+            _ => "",
         }
     }
 }

@@ -29,7 +29,7 @@
 //! `[` of `##[` as `\u005b`), so that JSON or an HTML page printed to a terminal or a CI log is
 //! as safe and still parses to the same values. The dashboard has its own equivalent in
 //! `vramscope-tui`. It lives in the model crate so that every crate that prints a name (the
-//! replay's text included) reaches the same function; `vramscope_inspector::terminal`
+//! replay's text included) reaches the same function; `vramscope_model::terminal`
 //! re-exports it.
 
 use std::borrow::Cow;

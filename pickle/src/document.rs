@@ -3,7 +3,7 @@
 //!
 //! `super::machine` fills a document opcode by opcode; once it is read, [`Document`] checks
 //! that it has no cycle and nests within [`Limits::max_depth`].
-//! `vramscope_inspector::import::pytorch` and `vramscope_inspector::export` walk it through
+//! `vramscope_import::pytorch` and `vramscope_export` walk it through
 //! [`ValueRef`]s, and `super::tree` turns it into
 //! [`super::Value`]s. A value is referenced by a four-byte [`Ref`]: small integers, `None` and
 //! booleans in place, everything else as an index into the table of its kind (the text of all

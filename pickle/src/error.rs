@@ -2,7 +2,7 @@
 //!
 //! `super::machine` raises every kind as it runs (naming the opcode through
 //! `super::opcodes::opcode_name`), `super::Document`'s check raises cycles and nesting, and
-//! `vramscope_inspector::import` wraps the error with the name of the file. Every limit's
+//! `vramscope_import` wraps the error with the name of the file. Every limit's
 //! message names the limit and, where one exists, the option that raises it.
 
 use std::fmt;

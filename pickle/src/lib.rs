@@ -15,7 +15,7 @@
 //! [`PickleWriter`] (`writer`) writes the same subset as protocol 4, sharing repeated objects
 //! through the memo. The crate depends on no other crate of vramscope.
 //!
-//! The inspector (`vramscope_inspector`) uses it both ways: `import::pytorch` walks a
+//! The importer and the exporter use it both ways: `vramscope_import::pytorch` walks a
 //! [`Document`] through [`ValueRef`]s to build the one data model of `vramscope_model`, or
 //! streams the trace entries into an [`EntrySink`] while the pickle is read
 //! ([`parse_streaming`], [`parse_streaming_chunks`], and [`parse_streaming_read`] with

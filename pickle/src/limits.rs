@@ -3,7 +3,7 @@
 //!
 //! `super::machine` checks the memory budget and the open `MARK`s as it runs,
 //! `super::Document`'s check after reading bounds nesting, and
-//! `vramscope_inspector::import::pytorch` sets [`Limits::max_input_bytes`] from the importer's
+//! `vramscope_import::pytorch` sets [`Limits::max_input_bytes`] from the importer's
 //! options. SECURITY.md lists every bound.
 
 /// The largest input read by default, in bytes (4 GiB): more than the largest PyTorch snapshots

@@ -2,7 +2,7 @@
 //! for the data subset: dicts, lists, tuples, strings, integers of any size, floats, booleans
 //! and None, with the memo for shared objects.
 //!
-//! `vramscope_inspector::export` writes PyTorch snapshot pickles with it. Like PyTorch's own
+//! `vramscope_export` writes PyTorch snapshot pickles with it. Like PyTorch's own
 //! files, the output shares repeated objects (a stack's frame list, a file name) through the
 //! memo, so a trace whose 20,000 events share a few hundred stacks stays small. It writes no
 //! opcode that imports or calls anything, so any unpickler can read it safely.

@@ -7,10 +7,11 @@
 //! explicit syncs (those PyTorch's sync debug mode reported, recorded by `crate::host`) from two
 //! per step, as a warning (one per step is no finding), by the same rule as `vramscope report`.
 
-use vramscope_inspector::checks;
-use vramscope_inspector::detect::{detect, DetectOptions, Finding};
-use vramscope_inspector::report::{build_report, render, Format, ReportOptions};
+use vramscope_analysis::checks;
+use vramscope_analysis::detect::{detect, DetectOptions, Finding};
+use vramscope_analysis::report::{build_report, ReportOptions};
 use vramscope_model::{format_bytes, Snapshot};
+use vramscope_render::{render, Format};
 
 /// The inspector's findings on `snapshot` with its default settings, most severe first.
 pub fn findings(snapshot: &Snapshot) -> Vec<Finding> {
@@ -25,7 +26,7 @@ pub fn report_text(snapshot: &Snapshot) -> String {
     let text = render(&build_report(snapshot, &options), Format::Text, false);
     // Escaped as the command line's door escapes it: printed in a CI log, no line of it is a
     // workflow command.
-    vramscope_inspector::terminal::sanitize_output(&text, false).into_owned()
+    vramscope_model::terminal::sanitize_output(&text, false).into_owned()
 }
 
 /// The inspector's text report on a file whose devices' parts are `parts`, as `vramscope
@@ -34,8 +35,8 @@ pub fn report_text_of_parts(parts: &[Snapshot]) -> String {
     let mut options = ReportOptions::default();
     options.explorer = false;
     let reports: Vec<_> = parts.iter().map(|p| build_report(p, &options)).collect();
-    let text = vramscope_inspector::report::render_file(&reports, Format::Text, false);
-    vramscope_inspector::terminal::sanitize_output(&text, false).into_owned()
+    let text = vramscope_render::render_file(&reports, Format::Text, false);
+    vramscope_model::terminal::sanitize_output(&text, false).into_owned()
 }
 
 /// What the pytest marker checks.

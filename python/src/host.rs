@@ -19,7 +19,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use pyo3::prelude::*;
 use rustc_hash::FxHashMap;
-use vramscope_inspector::import::sites::{is_framework_frame, primary_frame};
+use vramscope_import::sites::{is_framework_frame, primary_frame};
 use vramscope_model::{
     event_step, CallSite, DeviceInfo, Event, EventKind, Frame, Id, Snapshot, SnapshotSource,
     StepMark,

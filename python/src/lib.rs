@@ -28,7 +28,7 @@ mod stack;
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use vramscope_inspector::import;
+use vramscope_import as import;
 
 use crate::host::{HostLog, LogData, Numbering};
 
@@ -105,19 +105,16 @@ fn file_findings(
         let snapshot = load_with(&path, log.as_ref())?;
         // An empty dump is said to be one, in the words of `vramscope report` and `load()`,
         // never answered with no findings (issue 42, item 11).
-        if let Some(words) = vramscope_inspector::report::nothing_to_analyse(&snapshot, &path) {
+        if let Some(words) = vramscope_analysis::report::nothing_to_analyse(&snapshot, &path) {
             return Err(PyValueError::new_err(words));
         }
         // A file of several devices is its devices, each finding saying its own.
-        let parts = vramscope_inspector::devices::parts(snapshot);
+        let parts = vramscope_engine::devices::parts(snapshot);
         let many = parts.len() > 1;
         Ok(parts
             .iter()
             .flat_map(|part| {
-                let label = vramscope_inspector::report::device_label_of(
-                    &part.device.name,
-                    part.device.index,
-                );
+                let label = vramscope_render::device_label_of(&part.device.name, part.device.index);
                 report::findings_of(part).into_iter().map(move |f| {
                     if many {
                         f.on_device(&label)
@@ -161,7 +158,7 @@ fn file_report_text(
 ) -> PyResult<String> {
     let log = log_data(log);
     off_the_interpreter(py, move || {
-        let parts = vramscope_inspector::devices::parts(load_with(&path, log.as_ref())?);
+        let parts = vramscope_engine::devices::parts(load_with(&path, log.as_ref())?);
         Ok(analysis::report_text_of_parts(&parts))
     })
 }
@@ -606,7 +603,7 @@ mod tests {
              except ValueError as e:\n    result = ['ValueError', str(e)]\n",
         ))
         .expect("JSON");
-        let words = vramscope_inspector::report::nothing_to_analyse(
+        let words = vramscope_analysis::report::nothing_to_analyse(
             &Snapshot::empty(SnapshotSource::Vramscope, DeviceInfo::default()),
             path,
         )

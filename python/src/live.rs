@@ -36,7 +36,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use rustc_hash::FxHashMap;
-use vramscope_inspector::import::{pytorch, ImportOptions};
+use vramscope_import::{pytorch, ImportOptions};
 use vramscope_model::{
     event_step, AllocatorConfig, CallSite, DeviceInfo, Event, Id, MemoryStats, Snapshot,
     SnapshotSource, Stat, StatArray, StepMark,

@@ -21,15 +21,15 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use serde::Serialize;
-use vramscope_inspector::detect::{self, EvidenceValue};
-use vramscope_inspector::html;
-use vramscope_inspector::model_view::ModelView;
-use vramscope_inspector::report::{
-    self as inspector_report, build_report_view, file_verdict, headline, render_file,
-    render_file_json, Format, ReportOptions,
-};
-use vramscope_inspector::{devices, report::top_sites_and_rest};
+use vramscope_analysis::detect::{self, EvidenceValue};
+use vramscope_analysis::model_view::ModelView;
+use vramscope_analysis::report as inspector_report;
+use vramscope_analysis::report::top_sites_and_rest;
+use vramscope_analysis::report::{build_report_view, ReportOptions};
+use vramscope_engine::devices;
 use vramscope_model::{format_bytes, MemoryStats, Snapshot};
+use vramscope_render::html;
+use vramscope_render::{file_verdict, headline, render_file, render_file_json, Format};
 
 use crate::analysis;
 
@@ -194,7 +194,7 @@ impl Finding {
             "{} {} at {place}: {} Fix: {}",
             self.severity, self.kind, self.summary, self.fix
         );
-        vramscope_inspector::terminal::sanitize(&line).into_owned()
+        vramscope_model::terminal::sanitize(&line).into_owned()
     }
 }
 
@@ -775,7 +775,7 @@ impl Report {
                 part.findings.iter().map(move |f| {
                     let finding = Finding::from_inspector(f);
                     if many {
-                        finding.on_device(&inspector_report::device_label(part))
+                        finding.on_device(&vramscope_render::device_label(part))
                     } else {
                         finding
                     }
@@ -806,7 +806,7 @@ impl Report {
     /// The text report, as `vramscope report` prints it (every device of the file).
     fn summary(&self) -> String {
         let text = render_file(&self.inners(), Format::Text, false);
-        vramscope_inspector::terminal::sanitize_output(&text, false).into_owned()
+        vramscope_model::terminal::sanitize_output(&text, false).into_owned()
     }
 
     /// PyTorch's `memory_summary()` table of the snapshot, or `None` when it has no data.

@@ -28,7 +28,7 @@ use std::sync::{Mutex, OnceLock};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use rustc_hash::FxHashMap;
-use vramscope_inspector::import::sites::{primary_frame, DEFAULT_FRAMEWORK_PATHS};
+use vramscope_import::sites::{primary_frame, DEFAULT_FRAMEWORK_PATHS};
 use vramscope_model::{CallSite, Frame};
 
 // The frame accessors are in the stable ABI from 3.10 and exported by every CPython from 3.9,

@@ -24,7 +24,7 @@ from conftest import line_of, names_site
 HERE = os.path.abspath(__file__)
 ROOT = pathlib.Path(HERE).resolve().parents[2]
 #: A PyTorch snapshot pickle recorded on an H200, with PyTorch's own figures beside it.
-TORCH_PICKLE = ROOT / "inspector" / "tests" / "data" / "torch_h200" / "default.pickle.gz"
+TORCH_PICKLE = ROOT / "testkit" / "data" / "torch_h200" / "default.pickle.gz"
 TORCH_EXPECTED = TORCH_PICKLE.parent / "expected.json"
 BROWSERS = ["/usr/bin/chromium", "/usr/bin/chromium-headless-shell", "/usr/bin/chromium-browser"]
 REQUIRED = os.environ.get("VRAMSCOPE_REQUIRE_NOTEBOOK") == "1"

@@ -2,7 +2,7 @@
 //! with a progress line on standard error while a big file loads.
 //!
 //! The importer reports its stage and how much of it is done into an
-//! `inspector::import::Progress`; when standard error is a terminal and the file is big
+//! `vramscope_import::Progress`; when standard error is a terminal and the file is big
 //! enough to take a while, a thread here rewrites one line of standard error with that state
 //! a few times a second, and erases it once the file is loaded, so that the report itself (on
 //! standard output) is never interleaved with it. Otherwise the file is loaded as it is.
@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::inspector::import::{self, ImportError, ImportOptions, Progress};
+use crate::import::{self, ImportError, ImportOptions, Progress};
 use crate::Snapshot;
 
 /// Files smaller than this load in well under a second: no progress line.

@@ -12,7 +12,7 @@
 //! `--fail-on`, 2 for unusable input.
 //!
 //! Everything printed passes one door, `emit` for the output and `say` for standard error:
-//! text and markdown through `inspector::terminal::sanitize_output` (only a text report's own
+//! text and markdown through `vramscope_model::terminal::sanitize_output` (only a text report's own
 //! colours pass as escape sequences), JSON and HTML through `sanitize_json`, so that no
 //! string from a file acts on the terminal. A write that fails is exit 2 with the system's
 //! words ("No space left on device"), except a closed pipe (`| head`), which ends quietly.
@@ -28,12 +28,15 @@ mod run;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
-use crate::inspector::detect::Severity;
-use crate::inspector::export;
-use crate::inspector::import::{self, ImportOptions};
-use crate::inspector::ranks;
-use crate::inspector::report::{self, Format, ReportOptions};
-use crate::inspector::{devices, diff, terminal};
+use crate::analysis::detect::Severity;
+use crate::analysis::diff;
+use crate::analysis::ranks;
+use crate::analysis::report::{self, ReportOptions};
+use crate::engine::devices;
+use crate::export;
+use crate::import::{self, ImportOptions};
+use crate::model::terminal;
+use crate::render::{self, Format};
 use crate::Snapshot;
 use clap::{Args, Parser, Subcommand};
 
@@ -366,7 +369,7 @@ impl Output {
     }
 }
 
-/// A line on standard error, escaped as text from a file is (`inspector::terminal`); a
+/// A line on standard error, escaped as text from a file is (`vramscope_model::terminal`); a
 /// failure to write it has nowhere to be told.
 fn say(line: impl std::fmt::Display) {
     let line = line.to_string();
@@ -702,7 +705,7 @@ fn run_convert(
     // marks of its own takes the steps the report infers.
     let window = match steps {
         Some(range) => {
-            crate::inspector::model_view::record_inferred_steps(&mut snapshot);
+            crate::analysis::model_view::record_inferred_steps(&mut snapshot);
             let window = range
                 .window(&snapshot)
                 .map_err(|e| Failure::input(format!("{}: {e}", file.display())))?;
@@ -718,7 +721,7 @@ fn run_convert(
             // The range suggested is numbered as `report` numbers steps: a trace without marks
             // takes the inferred ones for the suggestion, and has none again for the output.
             let inferred = window.is_none()
-                && crate::inspector::model_view::record_inferred_steps(&mut snapshot) > 0;
+                && crate::analysis::model_view::record_inferred_steps(&mut snapshot) > 0;
             warn_perfetto_size(&snapshot, estimate);
             if inferred {
                 snapshot.events.iter_mut().for_each(|e| e.step = 0);
@@ -787,7 +790,7 @@ fn run_convert(
             } else {
                 vec![report::build_report(part, &options)]
             };
-            sink.write_all(report::render_file(&built, Format::Html, false).as_bytes())
+            sink.write_all(render::render_file(&built, Format::Html, false).as_bytes())
         }
         ConvertTarget::Events => part.write_event_log(&mut sink),
     }
@@ -815,7 +818,7 @@ fn run_summary(file: PathBuf, device: Option<u32>) -> Result<u8, Failure> {
         .map(|part| {
             let mut options = ReportOptions::default();
             options.explorer = false;
-            report::render_summary(&report::build_report(part, &options))
+            render::render_summary(&report::build_report(part, &options))
         })
         .collect::<Vec<_>>()
         .join("\n");
@@ -871,10 +874,10 @@ fn run_ranks(inputs: Vec<PathBuf>, format: Format, output: Option<PathBuf>) -> R
         ));
     }
     let text = match format {
-        Format::Text => ranks::render_text(&comparison),
-        Format::Markdown => ranks::render_markdown(&comparison),
-        Format::Json => ranks::render_json(&comparison),
-        Format::Html => ranks::render_html(&comparison),
+        Format::Text => render::ranks::render_text(&comparison),
+        Format::Markdown => render::ranks::render_markdown(&comparison),
+        Format::Json => render::ranks::render_json(&comparison),
+        Format::Html => render::ranks::render_html(&comparison),
         Format::Sarif | Format::Github => unreachable!("refused above"),
     };
     emit(&text, output.as_ref(), Output::for_format(format, false))?;
@@ -950,7 +953,7 @@ fn run_demo(args: DemoArgs) -> Result<u8, Failure> {
     let built = report::build_report(&snapshot, &options);
     let color = use_color() && format == Format::Text;
     emit(
-        &report::render(&built, format, color),
+        &render::render(&built, format, color),
         None,
         Output::for_format(format, color),
     )?;
@@ -975,7 +978,7 @@ fn run_report(args: ReportArgs) -> Result<u8, Failure> {
         // A marker may be a step-mark label, an annotation name
         // (`Optimizer.step#AdamW.step`) or a function of the stacks; one that matches
         // nothing is an error that lists what the trace offers.
-        crate::inspector::model_view::restep(&mut snapshot, &marker).map_err(Failure::input)?;
+        crate::analysis::model_view::restep(&mut snapshot, &marker).map_err(Failure::input)?;
     }
     require_data(&snapshot, &file)?;
     let parts = device_parts(snapshot, device)?;
@@ -992,20 +995,20 @@ fn run_report(args: ReportArgs) -> Result<u8, Failure> {
     let text = match (format, reports.as_slice()) {
         // SARIF and GitHub's commands: one log, or one list of commands, for every device.
         (Format::Sarif | Format::Github, all) => {
-            let mut annotation = report::AnnotationOptions::default();
+            let mut annotation = render::AnnotationOptions::default();
             annotation.source_root = std::env::current_dir()
                 .ok()
                 .and_then(|dir| dir.to_str().map(str::to_owned));
             annotation.trace_file = Some(file.display().to_string());
             annotation.device_indices = parts.iter().map(|p| p.device.index).collect();
             if format == Format::Sarif {
-                report::render_sarif(all, &annotation)
+                render::render_sarif(all, &annotation)
             } else {
-                report::render_github(all, &annotation)
+                render::render_github(all, &annotation)
             }
         }
         // Every other format: one document for the file, opening with its verdict.
-        (_, all) => report::render_file(all, format, color),
+        (_, all) => render::render_file(all, format, color),
     };
     emit(&text, output.as_ref(), Output::for_format(format, color))?;
     phases.done("output");
@@ -1025,7 +1028,7 @@ struct PhaseTimes {
 
 impl PhaseTimes {
     fn from_env() -> PhaseTimes {
-        let on = std::env::var_os(crate::inspector::import::pytorch::IMPORT_TIMES_ENV).is_some();
+        let on = std::env::var_os(crate::import::pytorch::IMPORT_TIMES_ENV).is_some();
         PhaseTimes {
             last: on.then(std::time::Instant::now),
         }

@@ -21,8 +21,9 @@ use std::process::Command as Process;
 use clap::{Args, ValueEnum};
 
 use super::{say, Failure};
-use crate::inspector::import::{self, ImportOptions};
-use crate::inspector::report::{self, ReportOptions};
+use crate::analysis::report::{self, ReportOptions};
+use crate::import::{self, ImportOptions};
+use crate::render;
 
 /// The environment variable that carries the settings to `vramscope._run` (JSON).
 pub const ENV_CONFIG: &str = "VRAMSCOPE_RUN_CONFIG";
@@ -230,11 +231,11 @@ fn verdict_of(path: &Path) -> Result<String, String> {
     }
     let mut options = ReportOptions::default();
     options.explorer = false;
-    let built: Vec<report::Report> = crate::inspector::devices::parts(snapshot)
+    let built: Vec<report::Report> = crate::engine::devices::parts(snapshot)
         .iter()
         .map(|part| report::build_report(part, &options))
         .collect();
-    Ok(report::file_verdict(&built))
+    Ok(render::file_verdict(&built))
 }
 
 /// `path` with `suffix` added before its extension: `run.pickle` → `run-oom.pickle`.

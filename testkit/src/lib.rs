@@ -11,7 +11,8 @@
 //!   run on request);
 //! - [`skip_notice`], [`shared_traces_dir`] and [`shared_trace`] are for tests that need
 //!   something this machine may lack;
-//! - [`prometheus`] runs a real Prometheus and Pushgateway for the tests of `/metrics`.
+//! - [`prometheus`] runs a real Prometheus and Pushgateway for the tests of `/metrics`;
+//! - [`torch_h200`] finds the recordings of PyTorch's own allocator on an H200 and what PyTorch counted.
 //!
 //! Tests that need something this machine may lack (the shared traces, a CUDA driver, python3)
 //! check for it at run time and, when it is absent, say so in one visible line and pass:
@@ -30,6 +31,7 @@ pub mod generated;
 pub mod planted;
 pub mod prometheus;
 pub mod props;
+pub mod torch_h200;
 mod trace;
 
 pub use trace::{clean_loop, event, EventBuilder, Trace, MIB};

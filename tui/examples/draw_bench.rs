@@ -32,7 +32,7 @@ use ratatui::backend::TestBackend;
 use ratatui::crossterm::event::{KeyCode, KeyEvent};
 use ratatui::layout::Rect;
 use ratatui::Terminal;
-use vramscope_inspector::import::{self, ImportOptions};
+use vramscope_import::{self as import, ImportOptions};
 use vramscope_model::Snapshot;
 use vramscope_testkit::fixture;
 use vramscope_tui::app::{App, Panel};

@@ -12,10 +12,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use vramscope_inspector::html::explorer::ExplorerData;
-use vramscope_inspector::model_view::ModelView;
-use vramscope_inspector::{html, report};
+use vramscope_analysis::explorer::ExplorerData;
+use vramscope_analysis::model_view::ModelView;
+use vramscope_analysis::report;
 use vramscope_model::{CallSite, DeviceInfo, EventKind, Frame, Snapshot, SnapshotSource, StepMark};
+use vramscope_render::html;
 
 const MIB: u64 = 1 << 20;
 

@@ -1,7 +1,7 @@
 //! The findings and per-site growth behind the dashboard's panels, computed off the UI thread.
 //!
 //! An [`Analysis`] is what the inspector says about a snapshot: the findings of every detector
-//! (`vramscope_inspector::detect`) and, for each call-site group, how many bytes it added per
+//! (`vramscope_analysis::detect`) and, for each call-site group, how many bytes it added per
 //! step lately. [`analyze`] computes one from a snapshot, a pure function that tests call
 //! directly; [`Analyzer`] runs it on a background thread so that the dashboard (`crate::app`)
 //! keeps drawing while a large trace is analysed, and hands back the latest result. The
@@ -15,9 +15,9 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
+use vramscope_analysis::detect::{self, DetectOptions, Finding};
+use vramscope_analysis::model_view::ModelView;
 use vramscope_engine::GroupId;
-use vramscope_inspector::detect::{self, DetectOptions, Finding};
-use vramscope_inspector::model_view::ModelView;
 use vramscope_model::Segment;
 use vramscope_model::Snapshot;
 

@@ -5,7 +5,7 @@
 //! bytes; a timeline; a map of the segments; live memory by call site with stacks; the
 //! inspector's findings; and the event log. It reads three kinds of source: a live program
 //! through the allocator's telemetry ([`run_top`]; several at once behind a table with
-//! [`run_top_many`]), a file that `vramscope_inspector::import` reads ([`run_view`]), and an
+//! [`run_top_many`]), a file that `vramscope_import` reads ([`run_view`]), and an
 //! allocator in this very process ([`run_in_process`], used by `vramscope demo`). The command
 //! line only calls these entry points.
 //!
@@ -35,7 +35,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use vramscope_allocator::{Backend, CachingAllocator};
-use vramscope_inspector::import::{self, ImportError, ImportOptions, Progress, Stage};
+use vramscope_import::{self as import, ImportError, ImportOptions, Progress, Stage};
 use vramscope_model::{DeviceInfo, Snapshot, SnapshotSource};
 use vramscope_telemetry::TelemetryAddr;
 
@@ -58,7 +58,7 @@ pub enum TuiError {
     /// background (`timeout 5 vramscope view FILE`), where using it would stop the process.
     NoTerminal(String),
     /// The file has nothing to show: no events and no segments (the sentence every face says,
-    /// `vramscope_inspector::report::nothing_to_analyse`).
+    /// `vramscope_analysis::report::nothing_to_analyse`).
     Empty(String),
 }
 
@@ -102,10 +102,10 @@ const EMPTY_CHECK_BYTES: u64 = 16 << 20;
 
 /// How bad a trace's findings are, to open a multi-device file at its worst device: the most
 /// severe error or warning, then the number of errors and of warnings.
-type WorstKey = (Option<vramscope_inspector::detect::Severity>, usize, usize);
+type WorstKey = (Option<vramscope_analysis::detect::Severity>, usize, usize);
 
-fn worst_key(findings: &[vramscope_inspector::detect::Finding]) -> WorstKey {
-    use vramscope_inspector::detect::Severity;
+fn worst_key(findings: &[vramscope_analysis::detect::Finding]) -> WorstKey {
+    use vramscope_analysis::detect::Severity;
     let n = |s| findings.iter().filter(|f| f.severity == s).count();
     let worst = findings
         .iter()
@@ -119,7 +119,7 @@ fn worst_key(findings: &[vramscope_inspector::detect::Finding]) -> WorstKey {
 /// every view: the header, the timeline's ticks and the findings at any cursor, analysed on
 /// the trace cut there, number steps as `report` does), and the analysis of its whole trace.
 pub(crate) fn analysed_part(mut part: Snapshot) -> (Snapshot, analysis::Analysis) {
-    vramscope_inspector::model_view::record_inferred_steps(&mut part);
+    vramscope_analysis::model_view::record_inferred_steps(&mut part);
     let job = analysis::Job {
         snapshot: std::sync::Arc::new(part),
         cut: None,
@@ -135,7 +135,7 @@ pub(crate) fn analysed_part(mut part: Snapshot) -> (Snapshot, analysis::Analysis
 /// (`whole`) is found there too; else at the first OOM when the worst of them is an OOM; else
 /// at the end, where they all are. The whole trace's findings stay beside the cursor's.
 fn open_at_the_question(app: &mut App, whole: analysis::Analysis) {
-    use vramscope_inspector::detect::{FindingKind, Severity};
+    use vramscope_analysis::detect::{FindingKind, Severity};
     let peak = app.data.peak_allocated_pos();
     app.cursor = Some(peak);
     let serious: Vec<(FindingKind, Option<String>)> = whole
@@ -187,7 +187,7 @@ pub fn view_app(path: &Path, options: &ImportOptions) -> Result<App, TuiError> {
     let snapshot = import::load_with(path, options).map_err(TuiError::Import)?;
     // An empty dump is said, as `report` says it, not opened as an empty dashboard.
     if let Some(message) =
-        vramscope_inspector::report::nothing_to_analyse(&snapshot, &path.display().to_string())
+        vramscope_analysis::report::nothing_to_analyse(&snapshot, &path.display().to_string())
     {
         return Err(TuiError::Empty(message));
     }
@@ -198,19 +198,19 @@ pub fn view_app(path: &Path, options: &ImportOptions) -> Result<App, TuiError> {
     };
     // A snapshot of several devices opens at its worst device (the most severe finding of a
     // device's whole trace, the first device of equals); `D` shows the next.
-    let devices = vramscope_inspector::devices::devices_with_data(&snapshot);
+    let devices = vramscope_engine::devices::devices_with_data(&snapshot);
     stage(Stage::Analysing);
     let (shown, switch, whole) = if devices.len() > 1 {
         let mut worst: Option<(WorstKey, usize)> = None;
         for (i, &d) in devices.iter().enumerate() {
-            let (_, whole) = analysed_part(vramscope_inspector::devices::only_device(&snapshot, d));
+            let (_, whole) = analysed_part(vramscope_engine::devices::only_device(&snapshot, d));
             let key = worst_key(&whole.findings);
             if worst.as_ref().is_none_or(|(k, _)| key > *k) {
                 worst = Some((key, i));
             }
         }
         let current = worst.map_or(0, |(_, i)| i);
-        let (part, whole) = analysed_part(vramscope_inspector::devices::only_device(
+        let (part, whole) = analysed_part(vramscope_engine::devices::only_device(
             &snapshot,
             devices[current],
         ));
@@ -243,7 +243,7 @@ pub fn run_view(path: &Path, options: &ImportOptions) -> Result<(), TuiError> {
             if let Ok(snapshot) = import::load_with(path, options) {
                 let file = path.display().to_string();
                 if let Some(message) =
-                    vramscope_inspector::report::nothing_to_analyse(&snapshot, &file)
+                    vramscope_analysis::report::nothing_to_analyse(&snapshot, &file)
                 {
                     return Err(TuiError::Empty(message));
                 }

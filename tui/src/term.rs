@@ -31,7 +31,7 @@ use ratatui::crossterm::terminal::{
 };
 use ratatui::layout::Rect;
 use ratatui::Terminal;
-use vramscope_inspector::import::{Progress, ProgressState};
+use vramscope_import::{Progress, ProgressState};
 
 use crate::app::App;
 use crate::fleet::Fleet;
@@ -333,7 +333,7 @@ pub fn wait_with_cancel<T: Send + 'static>(
 fn loading_lines(what: &str, elapsed: Duration, state: Option<ProgressState>) -> Vec<String> {
     let mut lines = vec![format!(
         " Loading {} ... {:.0} s",
-        vramscope_inspector::terminal::sanitize(what),
+        vramscope_model::terminal::sanitize(what),
         elapsed.as_secs_f64()
     )];
     if let Some(state) = state {
@@ -452,7 +452,7 @@ fn event_loop(
 mod tests {
     use super::*;
     use ratatui::backend::TestBackend;
-    use vramscope_inspector::import::Stage;
+    use vramscope_import::Stage;
 
     #[test]
     fn the_loading_screen_says_where_a_big_load_is() {

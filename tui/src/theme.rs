@@ -8,7 +8,7 @@
 //! `crate::ui` re-exports it as `ui::Theme`.
 
 use ratatui::style::{Color, Modifier, Style};
-use vramscope_inspector::detect::Severity;
+use vramscope_analysis::detect::Severity;
 
 /// Every style the dashboard uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

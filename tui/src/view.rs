@@ -351,7 +351,7 @@ pub struct ViewModel<'a> {
     /// The latest analysis, once there is one.
     pub analysis: Option<&'a Analysis>,
     /// The findings of the whole file, for a file (shown beside the cursor's).
-    pub file_findings: Option<&'a [vramscope_inspector::detect::Finding]>,
+    pub file_findings: Option<&'a [vramscope_analysis::detect::Finding]>,
     /// The cursor position: events applied.
     pub pos: usize,
     /// Whether the view follows new data.

@@ -377,11 +377,8 @@ fn d_switches_between_the_devices_of_a_file() {
     ));
     both.save(&path).unwrap();
 
-    let mut app = vramscope_tui::view_app(
-        &path,
-        &vramscope_inspector::import::ImportOptions::default(),
-    )
-    .unwrap();
+    let mut app =
+        vramscope_tui::view_app(&path, &vramscope_import::ImportOptions::default()).unwrap();
     let _ = std::fs::remove_file(&path);
     let peak = |app: &App| app.data.usage_at(app.data.peak_allocated_pos()).allocated;
     // It opens at the first device, at its peak.

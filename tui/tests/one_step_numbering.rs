@@ -14,8 +14,8 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use vramscope_inspector::detect::{detect, DetectOptions, Severity};
-use vramscope_inspector::model_view::{record_inferred_steps, ModelView, StepSource};
+use vramscope_analysis::detect::{detect, DetectOptions, Severity};
+use vramscope_analysis::model_view::{record_inferred_steps, ModelView, StepSource};
 use vramscope_model::Snapshot;
 use vramscope_testkit::{Trace, MIB};
 use vramscope_tui::data::cut_snapshot;
@@ -81,7 +81,7 @@ fn dashboard_at(snapshot: &Snapshot, pos: usize) -> App {
     app
 }
 
-fn problems(findings: &[vramscope_inspector::detect::Finding]) -> usize {
+fn problems(findings: &[vramscope_analysis::detect::Finding]) -> usize {
     findings
         .iter()
         .filter(|f| f.severity >= Severity::Warning)

@@ -325,7 +325,7 @@ fn a_file_opens_at_the_peak_and_says_so() {
     assert!(peak < app.data.len(), "the fixture peaks before its end");
     // The report's peak event: the cursor stands just after it.
     let snapshot = fixture::training_snapshot();
-    let view = vramscope_inspector::model_view::ModelView::new(&snapshot);
+    let view = vramscope_analysis::model_view::ModelView::new(&snapshot);
     assert_eq!(
         Some(peak),
         view.peak_allocated_event().map(|e| e as usize + 1)
@@ -421,7 +421,7 @@ fn the_findings_detail_puts_the_fix_first() {
             .unwrap()
             .findings
             .iter()
-            .filter(|f| f.severity != vramscope_inspector::detect::Severity::Info)
+            .filter(|f| f.severity != vramscope_analysis::detect::Severity::Info)
             .count();
         let list = &s[..s.find("│───").expect("the list ends")];
         let listed = list
@@ -492,7 +492,7 @@ fn step_labels_never_garble_at_any_width() {
 fn the_header_counts_the_frees_a_trace_lost() {
     let mut snapshot = fixture::training_snapshot();
     assert!(fixture::lose_frees(&mut snapshot, 2) > 0);
-    let report = vramscope_inspector::report::build_report(&snapshot, &Default::default());
+    let report = vramscope_analysis::report::build_report(&snapshot, &Default::default());
     assert!(report.stats.lost_frees > 0);
     let mut app = App::new(Dataset::new(snapshot, Origin::File("run.json".into())));
     app.theme = Theme::plain();
@@ -533,7 +533,7 @@ fn the_help_overlay_fits_without_cut_words() {
 /// site), not the call-site detail of a site that holds no memory (issue 42, item 12).
 #[test]
 fn enter_on_a_sync_finding_shows_its_waits() {
-    use vramscope_inspector::detect::FindingKind;
+    use vramscope_analysis::detect::FindingKind;
     use vramscope_model::EventKind;
     let mut app = app();
     app.panel = Panel::Findings;
@@ -601,11 +601,8 @@ fn oom_after_peak_file() -> std::path::PathBuf {
 #[test]
 fn a_file_opens_where_its_worst_finding_is() {
     let path = oom_after_peak_file();
-    let mut app = vramscope_tui::view_app(
-        &path,
-        &vramscope_inspector::import::ImportOptions::default(),
-    )
-    .unwrap();
+    let mut app =
+        vramscope_tui::view_app(&path, &vramscope_import::ImportOptions::default()).unwrap();
     std::fs::remove_dir_all(path.parent().unwrap()).ok();
     app.theme = Theme::plain();
     app.now_unix_ns = fixture::EPOCH_UNIX_NS;
@@ -646,11 +643,7 @@ fn a_multi_device_file_opens_at_its_worst_device() {
     vramscope_testkit::three_devices_oom_on_1()
         .save(&path)
         .unwrap();
-    let app = vramscope_tui::view_app(
-        &path,
-        &vramscope_inspector::import::ImportOptions::default(),
-    )
-    .unwrap();
+    let app = vramscope_tui::view_app(&path, &vramscope_import::ImportOptions::default()).unwrap();
     std::fs::remove_file(&path).ok();
     let switch = app.devices.as_ref().expect("several devices");
     assert_eq!(switch.devices[switch.current], 1, "the device with the OOM");
@@ -666,17 +659,13 @@ fn an_empty_dump_is_said_not_shown() {
         std::env::temp_dir().join(format!("vramscope-tui-empty-{}.json", std::process::id()));
     let empty = Snapshot::empty(SnapshotSource::Vramscope, DeviceInfo::default());
     empty.save(&path).unwrap();
-    let result = vramscope_tui::view_app(
-        &path,
-        &vramscope_inspector::import::ImportOptions::default(),
-    );
+    let result = vramscope_tui::view_app(&path, &vramscope_import::ImportOptions::default());
     std::fs::remove_file(&path).ok();
     let error = result
         .err()
         .expect("an empty dump does not open")
         .to_string();
-    let words =
-        vramscope_inspector::report::nothing_to_analyse(&empty, &path.display().to_string())
-            .unwrap();
+    let words = vramscope_analysis::report::nothing_to_analyse(&empty, &path.display().to_string())
+        .unwrap();
     assert_eq!(error, words);
 }

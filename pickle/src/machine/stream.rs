@@ -1,5 +1,5 @@
 //! Streaming the entries of one list of a pickle into a consumer as they are read, so that
-//! the document never holds them: how `vramscope_inspector::import::pytorch` turns the millions of
+//! the document never holds them: how `vramscope_import::pytorch` turns the millions of
 //! `device_traces` entries of a big snapshot into events without a document of them.
 //!
 //! [`parse_streaming`] runs the machine of `super` with hooks at `MARK`, `EMPTY_DICT`,

@@ -90,7 +90,7 @@ impl App {
         switch.current = (switch.current + 1) % switch.devices.len();
         let device = switch.devices[switch.current];
         let (current, count) = (switch.current, switch.devices.len());
-        let part = vramscope_inspector::devices::only_device(&switch.full, device);
+        let part = vramscope_engine::devices::only_device(&switch.full, device);
         // The device's own steps, numbered as the report on it numbers them, and the findings
         // of its whole trace, shown beside the cursor's.
         let (part, whole) = crate::analysed_part(part);

@@ -247,7 +247,7 @@ impl App {
                 }
             }
             Panel::Findings => {
-                use vramscope_inspector::detect::FindingKind;
+                use vramscope_analysis::detect::FindingKind;
                 let finding = self
                     .view
                     .findings

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use ratatui::layout::Rect;
 use vramscope_engine::MemoryState;
-use vramscope_inspector::import::sites::DEFAULT_FRAMEWORK_PATHS;
+use vramscope_import::sites::DEFAULT_FRAMEWORK_PATHS;
 use vramscope_model::Snapshot;
 
 use crate::analysis::{self, Analysis, Analyzer, Job};
@@ -52,7 +52,7 @@ pub struct App {
     pub analysis: Option<Analysis>,
     /// The findings of the whole file (the device shown), which the findings panel shows
     /// beside the cursor's; `None` for live data.
-    pub file_findings: Option<Vec<vramscope_inspector::detect::Finding>>,
+    pub file_findings: Option<Vec<vramscope_analysis::detect::Finding>>,
     /// The panel shown.
     pub panel: Panel,
     /// Time cursor position; `None` follows the newest data.

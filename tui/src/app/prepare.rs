@@ -13,9 +13,9 @@ use std::collections::{BTreeSet, HashMap};
 
 use ratatui::layout::Rect;
 use rustc_hash::FxHashMap;
+use vramscope_analysis::model_view::holdings_of;
 use vramscope_engine::{GroupId, LiveBlock, SiteGroups};
-use vramscope_inspector::import::sites::is_framework_frame;
-use vramscope_inspector::model_view::holdings_of;
+use vramscope_import::sites::is_framework_frame;
 use vramscope_model::SiteId;
 
 use super::event_rows::{self, RowsKey};

@@ -1,7 +1,7 @@
 //! The findings panel: what the inspector's detectors say about the data up to the time cursor.
 //!
 //! The list shows each finding's severity, kind, call site and summary, most severe first (the
-//! order of `vramscope_inspector::detect::sort_findings`); below it, the selected finding's
+//! order of `vramscope_analysis::detect::sort_findings`); below it, the selected finding's
 //! evidence and its one-line fix. The findings come from `crate::analysis`, recomputed as live
 //! data arrives and when the cursor rests somewhere new.
 
@@ -9,7 +9,7 @@ use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
 use ratatui::style::Style;
 use ratatui::widgets::Widget;
-use vramscope_inspector::detect::{Finding, Severity};
+use vramscope_analysis::detect::{Finding, Severity};
 
 use super::{clip, clip_left, panel_block, put, Theme};
 use crate::ui::sites::scroll_for;

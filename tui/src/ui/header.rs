@@ -56,7 +56,7 @@ impl Header<'_> {
                 reason,
             } => {
                 let ago = model.now_unix_ns.saturating_sub(*since_unix_ns) / 1_000_000_000;
-                let reason = vramscope_inspector::terminal::sanitize(reason).into_owned();
+                let reason = vramscope_model::terminal::sanitize(reason).into_owned();
                 return (
                     format!(
                         "disconnected since {} ({ago}s ago), retrying",

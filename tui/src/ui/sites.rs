@@ -19,7 +19,7 @@ use ratatui::layout::Rect;
 use ratatui::style::Style;
 use ratatui::widgets::Widget;
 use vramscope_engine::LiveBlock;
-use vramscope_inspector::import::sites::DEFAULT_FRAMEWORK_PATHS;
+use vramscope_import::sites::DEFAULT_FRAMEWORK_PATHS;
 use vramscope_model::format_bytes;
 
 use super::stack::{folded_text, stack_lines, StackLine};

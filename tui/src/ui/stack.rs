@@ -6,7 +6,7 @@
 //! `all_frames`).
 //!
 //! Framework frames are what the inspector's importer never names a site by
-//! (`vramscope_inspector::import::sites::is_framework_frame`): compiled code (`??`, C, C++ and
+//! (`vramscope_import::sites::is_framework_frame`): compiled code (`??`, C, C++ and
 //! CUDA sources, libstdc++, `c10/`, `aten/`: `vramscope_engine::is_compiled_frame`), the Python
 //! standard library, and the framework paths (`DEFAULT_FRAMEWORK_PATHS`: `torch/`,
 //! `site-packages/`, `dist-packages/`). A frame that names the autograd node the stack runs in
@@ -14,7 +14,7 @@
 //! code: it is how a backward allocation is named everywhere else (`MmBackward0 (backward)`).
 
 use vramscope_engine::autograd_node;
-use vramscope_inspector::import::sites::is_framework_frame;
+use vramscope_import::sites::is_framework_frame;
 use vramscope_model::Frame;
 
 /// One line of a stack in the detail view.
@@ -107,7 +107,7 @@ pub fn folded_text(n: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vramscope_inspector::import::sites::DEFAULT_FRAMEWORK_PATHS;
+    use vramscope_import::sites::DEFAULT_FRAMEWORK_PATHS;
     use vramscope_testkit::fixture;
 
     fn paths() -> Vec<String> {
