@@ -7,13 +7,15 @@
 //! report findings into a sink; [`checks`] turns them into test assertions; [`report`] gathers
 //! findings, statistics, top sites and the HTML explorer's data ([`explorer`]) into a
 //! [`report::Report`]; [`diff`] compares two snapshots by call site and [`ranks`] the
-//! snapshots of a distributed job's ranks.
+//! snapshots of a distributed job's ranks. [`categories`] says what every block is made of
+//! (parameters, gradients, optimizer state, activations, ...).
 //!
 //! Nothing here prints: the render crate (`vramscope_render`) formats what this crate returns,
 //! and the dashboard (`vramscope-tui`) draws it. Architecture invariant: this crate depends on
 //! the model, the engine, the replay (for block sizes) and the importers, never on a printer or
 //! a writer.
 
+pub mod categories;
 pub mod checks;
 pub mod detect;
 pub mod diff;

@@ -1,0 +1,317 @@
+//! What the memory is made of (issue 46): one pass over a snapshot's events puts every block
+//! in exactly one [`Category`], from what the trace shows and from nothing else.
+//!
+//! The evidence, strongest first:
+//!
+//! 1. A tag or a scope that names a category (the allocator's live face:
+//!    [`Category::from_tag`], [`Category::from_scope`]).
+//! 2. The phase that made the block, from its stack. The backward: the autograd thread (a
+//!    `*Backward` node, `AccumulateGrad`, the engine's `thread_main`; in a trace of Python
+//!    stacks only, an allocation with no stack at all, which only a thread without Python
+//!    makes) and `torch.autograd.backward` on the calling thread. The optimizer step: an
+//!    optimizer's own code (a `torch/optim/` frame with only the optimizer's code inside it,
+//!    never a module call or a closure that `optimizer.step(closure)` runs). The forward: a
+//!    module call (`nn.Module.__call__`). Consecutive allocations of one phase make one *run*;
+//!    allocations of no phase (the user's own lines) leave the run as it is.
+//! 3. The block's lifetime against the runs, and who freed it (PyTorch records a free with
+//!    the stack of the free): a block freed in the run that made it is a temporary; a block
+//!    the backward released (`SavedVariable::reset_data`, `release_variables`, the engine's
+//!    thread; a free with no stack in a Python-only trace) that the backward did not make is
+//!    an activation, as is a forward's block freed while a backward runs; a backward's block
+//!    that outlives its run is a gradient; an optimizer's block that outlives its step is
+//!    optimizer state.
+//! 4. Outside the phases: `Module.to`/`_apply`/`load_state_dict` make parameters (temporaries
+//!    when freed in the run that made them), and `Tensor.to`/`.cuda()`/`pin_memory` copies and
+//!    `torch/utils/data` make inputs.
+//! 5. A forward's block still live at the dump, in a forward that no backward followed: an
+//!    activation where its call site's blocks were activations (and never temporaries) in the
+//!    forwards before, else unknown.
+//!
+//! Blocks live when the recording began are [`Category::BeforeTrace`]; the rest is
+//! [`Category::Unknown`], never a guess. The planted cases of `vramscope_testkit::planted`,
+//! whose generator knows every block, are classified exactly (`analysis/tests/categories.rs`).
+
+use vramscope_engine::{autograd_node, is_compiled_frame, AddrMap, MemoryState};
+use vramscope_model::{Category, CategoryBytes, EventKind, Frame, SiteId, Snapshot};
+
+use crate::model_view::{default_framework_paths, is_module_call};
+
+/// The phase an allocation's stack says made it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Forward,
+    Backward,
+    Optimizer,
+    /// The user's own code, or code no phase is known for.
+    Other,
+}
+
+/// What one call site's stack shows.
+#[derive(Clone, Copy, Debug, Default)]
+struct Traits {
+    /// Made by the backward: the autograd thread, or `torch.autograd.backward`.
+    autograd: bool,
+    /// As a free's stack: the autograd engine released the tensor.
+    released_by_backward: bool,
+    /// Inside a module call.
+    module: bool,
+    /// The optimizer's own code.
+    optimizer: bool,
+    /// `Module.to`, `_apply`, `load_state_dict`.
+    params: bool,
+    /// A copy to the device (`Tensor.to`, `.cuda()`, `pin_memory`) or a data loader.
+    copy_in: bool,
+}
+
+fn path_of(frame: &Frame) -> String {
+    frame.file.replace('\\', "/")
+}
+
+impl Traits {
+    fn of(frames: &[Frame], framework: &[String]) -> Traits {
+        let engine_thread = |f: &Frame| {
+            f.function.contains("autograd::Engine::thread_main")
+                || f.function.contains("autograd::Engine::evaluate_function")
+        };
+        let autograd = autograd_node(frames).is_some()
+            || frames.iter().any(|f| {
+                let path = path_of(f);
+                engine_thread(f)
+                    || (path.ends_with("torch/autograd/__init__.py")
+                        && matches!(f.function.as_str(), "backward" | "grad" | "_make_grads"))
+                    || (path.ends_with("torch/_tensor.py") && f.function == "backward")
+            });
+        let released_by_backward = frames.iter().any(|f| {
+            f.function.contains("SavedVariable::reset_data")
+                || f.function.contains("::release_variables()")
+                || engine_thread(f)
+        });
+        let module = frames.iter().any(is_module_call);
+        let python = || frames.iter().filter(|f| !is_compiled_frame(f));
+        let is_optim = |f: &Frame| path_of(f).contains("torch/optim/");
+        let optimizer = !module
+            && python().position(is_optim).is_some_and(|k| {
+                python().take(k).all(|f| {
+                    !f.function.contains("closure")
+                        && !vramscope_import::sites::is_framework_frame(f, framework)
+                })
+            });
+        let params = frames.iter().any(|f| {
+            let in_module = path_of(f).ends_with("nn/modules/module.py");
+            (in_module
+                && matches!(
+                    f.function.as_str(),
+                    "_apply" | "to" | "cuda" | "convert" | "to_empty"
+                ))
+                || f.function == "load_state_dict"
+                || f.function == "_load_from_state_dict"
+        });
+        let copy_in = frames.iter().any(|f| {
+            let name = f.function.split('(').next().unwrap_or("");
+            name.ends_with("THPVariable_to")
+                || name.ends_with("THPVariable_cuda")
+                || name.ends_with("THPVariable_pin_memory")
+                || path_of(f).contains("torch/utils/data/")
+        });
+        Traits {
+            autograd,
+            released_by_backward,
+            module,
+            optimizer,
+            params,
+            copy_in,
+        }
+    }
+}
+
+/// The category of every allocation of one snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Categories {
+    /// For each event, the category of the block an allocation made (`Unknown` for every
+    /// other event): one byte per event.
+    of_event: Vec<Category>,
+}
+
+/// What the first pass learns of one allocation.
+#[derive(Clone, Copy, Debug)]
+struct Made {
+    phase: Phase,
+    run: u32,
+    /// The run in progress and its phase when the block was freed.
+    freed: Option<(u32, Phase)>,
+    /// Whether the backward released it.
+    released: bool,
+}
+
+impl Categories {
+    /// Classifies every allocation of `snapshot`.
+    pub fn classify(snapshot: &Snapshot) -> Categories {
+        let framework = default_framework_paths();
+        let sites = &snapshot.sites;
+        let site_traits: Vec<Traits> = sites
+            .iter()
+            .map(|s| Traits::of(&s.frames, &framework))
+            .collect();
+        let traits_of = |site: Option<SiteId>| site.and_then(|s| site_traits.get(s as usize));
+        // Python stacks only: every frame of every stack has a line. Then an event with no
+        // stack at all came from a thread without Python: the autograd engine's.
+        let python_only =
+            !sites.is_empty() && sites.iter().all(|s| s.frames.iter().all(|f| f.line > 0));
+        let events = &snapshot.events;
+        let mut made: Vec<Option<Made>> = vec![None; events.len()];
+        let mut live: AddrMap<usize> = AddrMap::default();
+        let mut run = 0u32;
+        let mut current = Phase::Other;
+        let mut last_backward_run = None;
+        for (i, e) in events.iter().enumerate() {
+            match e.kind {
+                EventKind::Alloc => {
+                    let phase = match traits_of(e.site()) {
+                        Some(t) if t.autograd => Phase::Backward,
+                        Some(t) if t.optimizer => Phase::Optimizer,
+                        Some(t) if t.module => Phase::Forward,
+                        None if python_only && e.site().is_none() => Phase::Backward,
+                        _ => Phase::Other,
+                    };
+                    if phase != Phase::Other && phase != current {
+                        run += 1;
+                        current = phase;
+                    }
+                    if phase == Phase::Backward {
+                        last_backward_run = Some(run);
+                    }
+                    made[i] = Some(Made {
+                        phase,
+                        run,
+                        freed: None,
+                        released: false,
+                    });
+                    live.insert(e.addr, i);
+                }
+                // A completion ends a block only where the trace has no request for it.
+                EventKind::FreeRequested | EventKind::FreeCompleted => {
+                    if let Some(m) = live.remove(&e.addr).and_then(|a| made[a].as_mut()) {
+                        m.freed = Some((run, current));
+                        m.released = match e.site() {
+                            Some(_) => traits_of(e.site()).is_some_and(|t| t.released_by_backward),
+                            None => python_only,
+                        };
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut of_event = vec![Category::Unknown; events.len()];
+        // Per call site: whether its blocks were activations, and temporaries.
+        let mut site_was: rustc_hash::FxHashMap<SiteId, (bool, bool)> = Default::default();
+        let mut live_in_last_forward = Vec::new();
+        for (i, e) in events.iter().enumerate() {
+            let Some(m) = made[i] else {
+                continue;
+            };
+            let named = snapshot
+                .tag(e.tag())
+                .and_then(Category::from_tag)
+                .or_else(|| snapshot.scope(e.scope()).and_then(Category::from_scope));
+            let t = traits_of(e.site()).copied().unwrap_or_default();
+            let same_run = m.freed.is_some_and(|(r, _)| r == m.run);
+            let category = match m.phase {
+                _ if named.is_some() => named.unwrap_or(Category::Unknown),
+                // Released by the backward: what a forward (or a loss outside the model)
+                // saved for it.
+                phase if m.released && phase != Phase::Backward => Category::Activations,
+                Phase::Backward if same_run => Category::Temporaries,
+                Phase::Backward => Category::Gradients,
+                Phase::Optimizer if same_run => Category::Temporaries,
+                Phase::Optimizer => Category::OptimizerState,
+                Phase::Forward if same_run => Category::Temporaries,
+                Phase::Forward => match m.freed {
+                    Some((_, Phase::Backward)) => Category::Activations,
+                    Some(_) => Category::Unknown,
+                    None => {
+                        if last_backward_run.is_none_or(|b| b < m.run) {
+                            live_in_last_forward.push(i);
+                        }
+                        Category::Unknown
+                    }
+                },
+                Phase::Other if t.params && same_run => Category::Temporaries,
+                Phase::Other if t.params => Category::Parameters,
+                Phase::Other if t.copy_in => Category::Inputs,
+                Phase::Other => Category::Unknown,
+            };
+            if let Some(s) = e.site() {
+                let was = site_was.entry(s).or_default();
+                was.0 |= category == Category::Activations;
+                was.1 |= category == Category::Temporaries;
+            }
+            of_event[i] = category;
+        }
+        // A forward's block live at the dump is an activation where its call site's blocks
+        // were activations (and never temporaries) in the forwards a backward completed.
+        for i in live_in_last_forward {
+            let was = events[i].site().and_then(|s| site_was.get(&s)).copied();
+            if was == Some((true, false)) {
+                of_event[i] = Category::Activations;
+            }
+        }
+        Categories { of_event }
+    }
+
+    /// The category of the block the allocation at event `event` made; `Unknown` for an
+    /// event that is not an allocation.
+    pub fn of_alloc(&self, event: usize) -> Category {
+        self.of_event
+            .get(event)
+            .copied()
+            .unwrap_or(Category::Unknown)
+    }
+
+    /// Bytes per category of `start`'s allocated blocks (the state before the first event):
+    /// all of them from before the trace.
+    pub fn at_start(start: &MemoryState) -> CategoryBytes {
+        let mut bytes = CategoryBytes::new();
+        for (_, block) in start.blocks.unordered() {
+            if !block.pending {
+                bytes.add(Category::BeforeTrace, block.size);
+            }
+        }
+        bytes
+    }
+
+    /// Walks `snapshot`'s events from `start` (the engine's state before the first event) and
+    /// hands `visit` the bytes per category after each event, with its index: a block counts
+    /// from its allocation until its free is requested, as allocated bytes do.
+    pub fn walk(
+        &self,
+        snapshot: &Snapshot,
+        start: &MemoryState,
+        mut visit: impl FnMut(usize, &CategoryBytes),
+    ) {
+        let mut bytes = Categories::at_start(start);
+        let mut live: AddrMap<(Category, u64)> = AddrMap::default();
+        for (&addr, block) in start.blocks.unordered() {
+            if !block.pending {
+                live.insert(addr, (Category::BeforeTrace, block.size));
+            }
+        }
+        for (i, e) in snapshot.events.iter().enumerate() {
+            match e.kind {
+                EventKind::Alloc => {
+                    let category = self.of_alloc(i);
+                    if let Some((old, size)) = live.insert(e.addr, (category, e.size)) {
+                        bytes.sub(old, size);
+                    }
+                    bytes.add(category, e.size);
+                }
+                EventKind::FreeRequested | EventKind::FreeCompleted => {
+                    if let Some((category, size)) = live.remove(&e.addr) {
+                        bytes.sub(category, size);
+                    }
+                }
+                _ => {}
+            }
+            visit(i, &bytes);
+        }
+    }
+}
