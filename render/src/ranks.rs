@@ -2,11 +2,17 @@
 //! terminal, markdown, JSON or one HTML page. Text from the files (site names, file names,
 //! errors) is escaped for the terminal by `vramscope_model::terminal`, for markdown by
 //! [`crate::markdown`] and for HTML by [`crate::html::escape`].
+//!
+//! Up to [`ROWS_UP_TO`] ranks, every face prints a row per rank. Past that, a row per rank
+//! says the same thing hundreds of times: the faces print which ranks are alike and which
+//! stand out ("ranks 0–199 alike but 17 and 143"), the distribution of each figure (min,
+//! median, p95, max of the peak and of the top sites) and the findings; `--all` prints
+//! every row anyway, and the JSON always holds every rank.
 
 use std::fmt::Write as _;
 
 use vramscope_analysis::ranks::{
-    FailedRank, RankComparison, RankRow, SKIPPED_EMPTY, SKIPPED_UNREADABLE,
+    FailedRank, RankComparison, RankRow, Spread, SKIPPED_EMPTY, SKIPPED_UNREADABLE,
 };
 use vramscope_model::format_bytes;
 
@@ -63,8 +69,111 @@ fn top_site(row: &RankRow) -> String {
     )
 }
 
-/// The comparison as text for a terminal.
+/// The most ranks printed a row each unless every row is asked for.
+pub const ROWS_UP_TO: usize = 8;
+
+/// Whether the faces print a row per rank: up to [`ROWS_UP_TO`] ranks, or when `all`.
+fn every_row(comparison: &RankComparison, all: bool) -> bool {
+    all || comparison.ranks.len() + comparison.failed.len() <= ROWS_UP_TO
+}
+
+/// Rank numbers as ranges: `0–16, 18–142, 144–199`.
+fn ranges(ranks: &[u32]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ranks.len() {
+        let mut j = i;
+        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
+            j += 1;
+        }
+        parts.push(if j == i {
+            ranks[i].to_string()
+        } else {
+            format!("{}–{}", ranks[i], ranks[j])
+        });
+        i = j + 1;
+    }
+    parts.join(", ")
+}
+
+/// Rank numbers as a list said in words: `17`, `17 and 143`, `3, 17 and 143`.
+fn listed(ranks: &[u32]) -> String {
+    let words: Vec<String> = ranks.iter().map(u32::to_string).collect();
+    match words.as_slice() {
+        [] => String::new(),
+        [one] => one.clone(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    }
+}
+
+/// Which ranks are alike, in one line: `ranks 0–199 alike but 17 and 143` (the ones that
+/// stand out), with the skipped ones after (`; 50 skipped`).
+pub fn alike_phrase(comparison: &RankComparison) -> String {
+    let mut every: Vec<u32> = comparison
+        .ranks
+        .iter()
+        .map(|r| r.rank)
+        .chain(comparison.failed.iter().map(|f| f.rank))
+        .collect();
+    every.sort_unstable();
+    every.dedup();
+    let out = comparison.stand_out();
+    let skipped: Vec<u32> = comparison.failed.iter().map(|f| f.rank).collect();
+    let mut phrase = if comparison.alike().is_empty() {
+        format!("ranks {}: none alike", ranges(&every))
+    } else if out.is_empty() {
+        format!("ranks {} alike", ranges(&every))
+    } else {
+        format!("ranks {} alike but {}", ranges(&every), listed(&out))
+    };
+    if !skipped.is_empty() {
+        let _ = write!(phrase, "; {} skipped", listed(&skipped));
+    }
+    phrase
+}
+
+/// The distribution's lines: `(figure, spread)`, the figures first, then the top sites at
+/// the peak and at the end (labels as they are: each face escapes them).
+fn spread_lines(comparison: &RankComparison) -> Vec<(String, Spread)> {
+    let Some(d) = &comparison.distribution else {
+        return Vec::new();
+    };
+    let mut lines = vec![("peak allocated".to_string(), d.peak_allocated)];
+    if let Some(reserved) = d.peak_reserved {
+        lines.push(("peak reserved".to_string(), reserved));
+    }
+    lines.push(("allocated at the end".to_string(), d.allocated_at_end));
+    for s in &d.sites_at_peak {
+        lines.push((format!("at the peak: {}", s.site), s.spread));
+    }
+    for s in &d.sites_at_end {
+        lines.push((format!("at the end: {}", s.site), s.spread));
+    }
+    lines
+}
+
+/// The OOMs' spread, said in words when any rank had one.
+fn oom_line(comparison: &RankComparison) -> Option<String> {
+    let d = comparison.distribution.as_ref()?;
+    (d.ooms.max > 0).then(|| {
+        let with = comparison.ranks.iter().filter(|r| r.ooms > 0).count();
+        format!(
+            "OOMs: {with} of {} ranks ran out of memory (median {}, max {})",
+            comparison.ranks.len(),
+            d.ooms.median,
+            d.ooms.max
+        )
+    })
+}
+
+/// The comparison as text for a terminal: a row per rank up to [`ROWS_UP_TO`] ranks, else
+/// the ranks alike and the distribution.
 pub fn render_text(comparison: &RankComparison) -> String {
+    render_text_rows(comparison, false)
+}
+
+/// The comparison as text for a terminal, with every rank's row when `all`.
+pub fn render_text_rows(comparison: &RankComparison, all: bool) -> String {
     let mut out = String::new();
     let flagged = comparison.findings.len();
     let _ = writeln!(
@@ -84,12 +193,47 @@ pub fn render_text(comparison: &RankComparison) -> String {
             vramscope_model::terminal::sanitize(&comparison.numbering)
         );
     }
-    let _ = writeln!(
-        out,
-        "{:>5}  {:>11}  {:>11}  {:>6}  {:>5}  {:>10}  top site at the peak",
-        "rank", "peak alloc", "peak resv", "frag", "OOMs", "findings"
-    );
-    for r in rows_in_order(comparison) {
+    if !every_row(comparison, all) {
+        let sanitize = vramscope_model::terminal::sanitize;
+        let _ = writeln!(out, "{}", alike_phrase(comparison));
+        let _ = writeln!(
+            out,
+            "\n{:<40}  {:>11}  {:>11}  {:>11}  {:>11}",
+            "over the ranks", "min", "median", "p95", "max"
+        );
+        for (figure, s) in spread_lines(comparison) {
+            let _ = writeln!(
+                out,
+                "{:<40}  {:>11}  {:>11}  {:>11}  {:>11}",
+                sanitize(&figure),
+                format_bytes(s.min),
+                format_bytes(s.median),
+                format_bytes(s.p95),
+                format_bytes(s.max)
+            );
+        }
+        if let Some(line) = oom_line(comparison) {
+            let _ = writeln!(out, "{line}");
+        }
+        for f in &comparison.failed {
+            let error = sanitize(&f.error);
+            let _ = writeln!(out, "rank {} {}: {error}", f.rank, f.what());
+        }
+        let _ = writeln!(out, "(every rank's row: --all or --format json)");
+    }
+    let rows: Vec<_> = if every_row(comparison, all) {
+        rows_in_order(comparison)
+    } else {
+        Vec::new()
+    };
+    if !rows.is_empty() {
+        let _ = writeln!(
+            out,
+            "{:>5}  {:>11}  {:>11}  {:>6}  {:>5}  {:>10}  top site at the peak",
+            "rank", "peak alloc", "peak resv", "frag", "OOMs", "findings"
+        );
+    }
+    for r in rows {
         let r = match r {
             Ok(r) => r,
             Err(f) => {
@@ -113,27 +257,39 @@ pub fn render_text(comparison: &RankComparison) -> String {
     for f in &comparison.findings {
         let _ = writeln!(
             out,
-            "\n[WARNING] rank_imbalance: {}",
+            "\n[WARNING] {}: {}",
+            f.kind,
             vramscope_model::terminal::sanitize(&f.summary)
         );
-        for s in &f.sites {
-            let _ = writeln!(
-                out,
-                "    +{:>10}  {} ({} here, {} on rank {})",
-                format_bytes(s.bytes - s.median_bytes),
-                vramscope_model::terminal::sanitize(&s.site),
-                format_bytes(s.bytes),
-                format_bytes(s.median_bytes),
-                f.median_rank
-            );
+        for (when, sites) in [("at the peak", &f.sites), ("at the end", &f.sites_at_end)] {
+            if sites.is_empty() {
+                continue;
+            }
+            let _ = writeln!(out, "  {when}:");
+            for s in sites {
+                let _ = writeln!(
+                    out,
+                    "    +{:>10}  {} ({} here, median {})",
+                    format_bytes(s.bytes - s.median_bytes),
+                    vramscope_model::terminal::sanitize(&s.site),
+                    format_bytes(s.bytes),
+                    format_bytes(s.median_bytes),
+                );
+            }
         }
         let _ = writeln!(out, "    fix: {}", f.fix);
     }
     out
 }
 
-/// The comparison as a markdown table and findings.
+/// The comparison as a markdown table and findings: a row per rank up to [`ROWS_UP_TO`]
+/// ranks, else the ranks alike and the distribution.
 pub fn render_markdown(comparison: &RankComparison) -> String {
+    render_markdown_rows(comparison, false)
+}
+
+/// The comparison as markdown, with every rank's row when `all`.
+pub fn render_markdown_rows(comparison: &RankComparison, all: bool) -> String {
     let mut out = String::new();
     if comparison.numbering != "file names" {
         let _ = writeln!(
@@ -142,6 +298,44 @@ pub fn render_markdown(comparison: &RankComparison) -> String {
             markdown::escape(&comparison.numbering)
         );
     }
+    if !every_row(comparison, all) {
+        let _ = writeln!(out, "{}.\n", markdown::escape(&alike_phrase(comparison)));
+        out.push_str("| over the ranks | min | median | p95 | max |\n|---|---:|---:|---:|---:|\n");
+        for (figure, s) in spread_lines(comparison) {
+            let figure = match figure.split_once(": ") {
+                Some((when, site)) => format!("{when}: {}", markdown::code_span(site, true)),
+                None => figure,
+            };
+            let _ = writeln!(
+                out,
+                "| {figure} | {} | {} | {} | {} |",
+                format_bytes(s.min),
+                format_bytes(s.median),
+                format_bytes(s.p95),
+                format_bytes(s.max)
+            );
+        }
+        if let Some(line) = oom_line(comparison) {
+            let _ = writeln!(out, "\n{line}");
+        }
+        for f in &comparison.failed {
+            let _ = writeln!(
+                out,
+                "\n- rank {} {}: {}",
+                f.rank,
+                f.what(),
+                markdown::escape(&f.error)
+            );
+        }
+    } else {
+        markdown_rows(comparison, &mut out);
+    }
+    markdown_findings(comparison, &mut out);
+    out
+}
+
+/// The markdown table of every rank.
+fn markdown_rows(comparison: &RankComparison, out: &mut String) {
     out.push_str(
         "| rank | peak allocated | peak reserved | fragmentation at peak | OOMs | findings | top site at the peak |\n|---:|---:|---:|---:|---:|---|---|\n",
     );
@@ -166,26 +360,26 @@ pub fn render_markdown(comparison: &RankComparison) -> String {
             markdown::code_span(&top_site(r), true),
         );
     }
+}
+
+/// The findings in markdown.
+fn markdown_findings(comparison: &RankComparison, out: &mut String) {
     for f in &comparison.findings {
-        let _ = writeln!(
-            out,
-            "\n**rank_imbalance**: {}\n",
-            markdown::escape(&f.summary)
-        );
-        for s in &f.sites {
-            let _ = writeln!(
-                out,
-                "- {}: {} more ({} here, {} on rank {})",
-                markdown::code_span(&s.site, false),
-                format_bytes(s.bytes - s.median_bytes),
-                format_bytes(s.bytes),
-                format_bytes(s.median_bytes),
-                f.median_rank
-            );
+        let _ = writeln!(out, "\n**{}**: {}\n", f.kind, markdown::escape(&f.summary));
+        for (when, sites) in [("at the peak", &f.sites), ("at the end", &f.sites_at_end)] {
+            for s in sites {
+                let _ = writeln!(
+                    out,
+                    "- {when}, {}: {} more ({} here, median {})",
+                    markdown::code_span(&s.site, false),
+                    format_bytes(s.bytes - s.median_bytes),
+                    format_bytes(s.bytes),
+                    format_bytes(s.median_bytes),
+                );
+            }
         }
         let _ = writeln!(out, "\nFix: {}", f.fix);
     }
-    out
 }
 
 /// The comparison as JSON (schema [`RANKS_FORMAT_VERSION`]).
@@ -193,8 +387,14 @@ pub fn render_json(comparison: &RankComparison) -> String {
     serde_json::to_string_pretty(comparison).unwrap_or_default()
 }
 
-/// The comparison as one self-contained HTML page.
+/// The comparison as one self-contained HTML page: a row per rank up to [`ROWS_UP_TO`]
+/// ranks, else the ranks alike and the distribution.
 pub fn render_html(comparison: &RankComparison) -> String {
+    render_html_rows(comparison, false)
+}
+
+/// The comparison as one HTML page, with every rank's row when `all`.
+pub fn render_html_rows(comparison: &RankComparison, all: bool) -> String {
     let escape = crate::html::escape;
     let mut out = String::from(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>vramscope ranks</title><style>body{font:14px system-ui,sans-serif;margin:2em}table{border-collapse:collapse}td,th{padding:.3em .8em;border-bottom:1px solid #ddd;text-align:right}td.site{text-align:left;font-family:monospace}.bar{background:#4a7;height:.8em;display:inline-block}.hot{background:#d54}</style></head><body><h1>vramscope ranks</h1>",
@@ -206,6 +406,29 @@ pub fn render_html(comparison: &RankComparison) -> String {
             escape(&comparison.numbering)
         );
     }
+    let every = every_row(comparison, all);
+    if !every {
+        let _ = write!(
+            out,
+            "<p>{}.</p><table><tr><th>over the ranks</th><th>min</th><th>median</th><th>p95</th><th>max</th></tr>",
+            escape(&alike_phrase(comparison))
+        );
+        for (figure, s) in spread_lines(comparison) {
+            let _ = write!(
+                out,
+                "<tr><td class=\"site\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                escape(&figure),
+                format_bytes(s.min),
+                format_bytes(s.median),
+                format_bytes(s.p95),
+                format_bytes(s.max)
+            );
+        }
+        out.push_str("</table>");
+        if let Some(line) = oom_line(comparison) {
+            let _ = write!(out, "<p>{}</p>", escape(&line));
+        }
+    }
     out.push_str("<table><tr><th>rank</th><th>peak allocated</th><th></th><th>peak reserved</th><th>fragmentation at peak</th><th>OOMs</th><th>findings</th><th>top site at the peak</th></tr>");
     let most = comparison
         .ranks
@@ -216,6 +439,7 @@ pub fn render_html(comparison: &RankComparison) -> String {
         .max(1);
     for r in rows_in_order(comparison) {
         let r = match r {
+            Ok(_) if !every => continue,
             Ok(r) => r,
             Err(f) => {
                 let _ = write!(
@@ -247,24 +471,35 @@ pub fn render_html(comparison: &RankComparison) -> String {
     }
     out.push_str("</table>");
     for f in &comparison.findings {
-        let _ = write!(
-            out,
-            "<h2>rank_imbalance</h2><p>{}</p><ul>",
-            escape(&f.summary)
-        );
-        for s in &f.sites {
-            let _ = write!(
-                out,
-                "<li><code>{}</code>: {} more ({} here, {} on rank {})</li>",
-                escape(&s.site),
-                format_bytes(s.bytes - s.median_bytes),
-                format_bytes(s.bytes),
-                format_bytes(s.median_bytes),
-                f.median_rank
-            );
+        let _ = write!(out, "<h2>{}</h2><p>{}</p><ul>", f.kind, escape(&f.summary));
+        for (when, sites) in [("at the peak", &f.sites), ("at the end", &f.sites_at_end)] {
+            for s in sites {
+                let _ = write!(
+                    out,
+                    "<li>{when}, <code>{}</code>: {} more ({} here, median {})</li>",
+                    escape(&s.site),
+                    format_bytes(s.bytes - s.median_bytes),
+                    format_bytes(s.bytes),
+                    format_bytes(s.median_bytes),
+                );
+            }
         }
         let _ = write!(out, "</ul><p>Fix: {}</p>", escape(&f.fix));
     }
     out.push_str("</body></html>\n");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_numbers_are_said_as_ranges_and_lists() {
+        assert_eq!(ranges(&[0, 1, 2, 3, 5, 7, 8]), "0–3, 5, 7–8");
+        assert_eq!(ranges(&[]), "");
+        assert_eq!(listed(&[17]), "17");
+        assert_eq!(listed(&[17, 143]), "17 and 143");
+        assert_eq!(listed(&[3, 17, 143]), "3, 17 and 143");
+    }
 }

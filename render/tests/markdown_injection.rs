@@ -166,10 +166,15 @@ fn ranks_in_markdown_show_markup_from_a_file_as_text() {
     };
     let clean_names = clean_names();
     let clean_refs: Vec<&str> = clean_names.iter().map(String::as_str).collect();
-    let hostile =
-        vramscope_render::ranks::render_markdown(&ranks::compare_results(&entries(&HOSTILE)));
-    let clean =
-        vramscope_render::ranks::render_markdown(&ranks::compare_results(&entries(&clean_refs)));
+    // Every row (`--all`): eleven ranks are past the few that print a row each by default.
+    let hostile = vramscope_render::ranks::render_markdown_rows(
+        &ranks::compare_results(&entries(&HOSTILE)),
+        true,
+    );
+    let clean = vramscope_render::ranks::render_markdown_rows(
+        &ranks::compare_results(&entries(&clean_refs)),
+        true,
+    );
     let (hostile_md, clean_md) = (rendered(&hostile), rendered(&clean));
     assert!(clean.contains("rank_imbalance"), "{clean}");
     assert!(clean.contains("could not be read"), "{clean}");
