@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 use vramscope_analysis::detect::{self, DetectOptions, Finding};
-use vramscope_analysis::model_view::ModelView;
+use vramscope_analysis::model_view::{step_source_of, ModelView, StepSource};
 use vramscope_engine::GroupId;
 use vramscope_model::Segment;
 use vramscope_model::Snapshot;
@@ -55,15 +55,43 @@ pub struct Job {
 /// Runs every detector on `job.snapshot` (cut where the job says) and measures growth per call
 /// site.
 pub fn analyze(job: &Job) -> Analysis {
+    analyze_with(job, &mut None)
+}
+
+/// Where the steps of a whole trace come from, kept for the analyses of its parts while the
+/// trace stays the same (the same shared snapshot, number of events and dataset version).
+pub struct WholeSteps {
+    /// The shared snapshot's address, its number of events and the dataset version.
+    key: (usize, usize, u64),
+    /// The whole trace's step source.
+    source: StepSource,
+}
+
+/// [`analyze`], with the whole trace's step source kept in `whole` between calls: a cut is
+/// analysed with the steps of the whole trace (`ModelView::new_part`), so the findings at a
+/// cursor number steps as the report on the whole file does, whatever the part alone shows.
+pub fn analyze_with(job: &Job, whole: &mut Option<WholeSteps>) -> Analysis {
     let cut;
-    let snapshot = match &job.cut {
+    let view = match &job.cut {
         Some((pos, segments)) => {
+            let key = (
+                Arc::as_ptr(&job.snapshot) as usize,
+                job.snapshot.events.len(),
+                job.version,
+            );
+            let kept = match whole.take() {
+                Some(w) if w.key == key => w,
+                _ => WholeSteps {
+                    key,
+                    source: step_source_of(&job.snapshot),
+                },
+            };
+            let kept = whole.insert(kept);
             cut = cut_snapshot(&job.snapshot, *pos, segments.clone());
-            &cut
+            ModelView::new_part(&cut, &kept.source)
         }
-        None => &*job.snapshot,
+        None => ModelView::new(&job.snapshot),
     };
-    let view = ModelView::new(snapshot);
     let mut findings = Vec::new();
     detect::run_all_view(&view, &DetectOptions::default(), &mut findings);
     Analysis {
@@ -113,6 +141,7 @@ impl Analyzer {
         let spawned = std::thread::Builder::new()
             .name("vramscope-analysis".to_string())
             .spawn(move || {
+                let mut whole = None;
                 while let Ok(mut job) = inbox.recv() {
                     // Only the newest request matters; the result answers all of them.
                     let mut answered = 1;
@@ -120,7 +149,10 @@ impl Analyzer {
                         job = newer;
                         answered += 1;
                     }
-                    if outbox.send((analyze(&job), answered)).is_err() {
+                    if outbox
+                        .send((analyze_with(&job, &mut whole), answered))
+                        .is_err()
+                    {
                         return;
                     }
                 }

@@ -143,3 +143,54 @@ fn a_cursor_inside_a_step_does_not_take_layers_for_steps() {
     let shown = app.analysis.expect("analysed").findings;
     assert_eq!(problems(&shown), 0, "{shown:#?}");
 }
+
+/// Step marks in a warm-up only (six marked steps, each keeping a block), then a long run
+/// without Python: the report says the trace has no steps (the marks cover only a warm-up).
+/// A cursor at the end of the warm-up cuts a part that the marks do cover; analysed alone it
+/// would count steps that each kept memory. The dashboard numbers the part as the whole
+/// trace is numbered: no steps, and no finding the report does not make.
+#[test]
+fn a_cursor_inside_a_marked_warm_up_keeps_the_whole_traces_no_steps() {
+    let mut t = Trace::new();
+    let warm = t.site("train.py", 40, "warmup");
+    let replay = t.site("train.py", 52, "run");
+    for _ in 0..6 {
+        t.step();
+        let _kept = t.alloc(warm, 8 * MIB);
+        let a = t.alloc(warm, MIB);
+        t.free(a, MIB);
+    }
+    let warm_up_end = 18;
+    for _ in 0..800 {
+        let a = t.alloc(replay, 4096);
+        t.free(a, 4096);
+    }
+    let original = t.finish();
+    let whole = ModelView::new(&original);
+    assert!(
+        matches!(whole.step_source(), StepSource::PrefixMarks { .. }),
+        "{:?}",
+        whole.step_source()
+    );
+    assert!(whole.loop_steps().is_empty());
+
+    let mut app = dashboard_at(&original, warm_up_end);
+    let shown = app.analysis.clone().expect("analysed").findings;
+    let (snapshot, segments) = app.data.cut_at(warm_up_end);
+    let cut = cut_snapshot(&Arc::clone(&snapshot), warm_up_end, segments);
+    // Alone, the part has marked steps, each keeping 8 MiB: the dashboard would show that
+    // site growing per step, which the report on the whole file does not say.
+    let alone = ModelView::new(&cut);
+    assert!(matches!(alone.step_source(), StepSource::Recorded { .. }));
+    assert!(alone.loop_steps().len() >= 2);
+    // As a part of the whole trace, it has none, and the dashboard's findings are those.
+    let part = ModelView::new_part(&cut, whole.step_source());
+    assert_eq!(part.step_source(), whole.step_source());
+    assert!(part.loop_steps().is_empty());
+    let mut expected = Vec::new();
+    vramscope_analysis::detect::run_all_view(&part, &DetectOptions::default(), &mut expected);
+    assert_eq!(shown, expected);
+    assert_eq!(problems(&shown), 0, "{shown:#?}");
+    // No growth per step either: the whole trace has no steps to grow over.
+    assert!(app.analysis.expect("analysed").growth.is_empty());
+}

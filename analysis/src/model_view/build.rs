@@ -59,10 +59,9 @@ pub(super) struct ModelViewBuilder<'a> {
 
 impl<'a> ModelViewBuilder<'a> {
     /// A builder for the view of `snapshot`, before any event: groups its call sites and
-    /// numbers its steps.
-    pub(super) fn new(snapshot: &'a Snapshot) -> ModelViewBuilder<'a> {
+    /// numbers its steps by `plan`.
+    pub(super) fn new(snapshot: &'a Snapshot, plan: StepPlan) -> ModelViewBuilder<'a> {
         let groups = SiteGroups::from_sites(&snapshot.sites);
-        let plan = StepPlan::from_snapshot(snapshot);
         let (step_numbers, steps) = collect_steps(snapshot, &plan);
         ModelViewBuilder {
             snapshot,

@@ -29,8 +29,8 @@ mod steps;
 pub(crate) use stacks::default_framework_paths;
 pub use stacks::{common_caller, is_module_call, kept_line, KeptLine};
 pub use steps::{
-    apply_step_marker, record_inferred_steps, restep, step_marker_candidates, StepMarkerError,
-    StepSource,
+    apply_step_marker, record_inferred_steps, restep, step_marker_candidates, step_source_of,
+    StepMarkerError, StepSource,
 };
 
 use vramscope_engine::{
@@ -300,9 +300,23 @@ impl<'a> ModelView<'a> {
     /// every event and one pass over the events for pairing, groups and tallies. The two do not
     /// depend on each other, so the walk runs on a second thread while this one makes the pass.
     pub fn new(snapshot: &'a Snapshot) -> ModelView<'a> {
+        Self::with_plan(snapshot, steps::StepPlan::from_snapshot(snapshot))
+    }
+
+    /// The view of a part of a trace (the events before a dashboard's cursor) that numbers
+    /// steps as the whole trace does: `whole` is the whole trace's [`step_source_of`]. The part
+    /// alone could show a loop the whole does not have (a prefix that ends inside a step shows
+    /// the model's layers repeating) or marks that cover it where the whole's cover only a
+    /// warm-up; with the whole's decision every view of any prefix agrees with the report.
+    pub fn new_part(snapshot: &'a Snapshot, whole: &StepSource) -> ModelView<'a> {
+        Self::with_plan(snapshot, steps::StepPlan::for_part(snapshot, whole))
+    }
+
+    /// The view of `snapshot` with its steps numbered by `plan`.
+    fn with_plan(snapshot: &'a Snapshot, plan: steps::StepPlan) -> ModelView<'a> {
         std::thread::scope(|scope| {
             let walk = scope.spawn(|| Reconstruction::without_links(snapshot));
-            let mut builder = ModelViewBuilder::new(snapshot);
+            let mut builder = ModelViewBuilder::new(snapshot, plan);
             for (index, event) in snapshot.events.iter().enumerate() {
                 builder.push(index, event);
             }

@@ -155,6 +155,35 @@ impl StepPlan {
         }
     }
 
+    /// The plan of a part of a trace (the prefix a dashboard's cursor cuts) whose steps were
+    /// decided on the whole trace (`whole`, [`step_source_of`] the whole): the part numbers
+    /// steps as the whole does and decides nothing of its own. A whole without steps (no loop,
+    /// or marks that cover only a warm-up) leaves the part without steps, where the part alone
+    /// could show a loop or marks that cover it; a whole with steps (its marks, or the inferred
+    /// ones that [`record_inferred_steps`] wrote) gives the part its events' own step numbers,
+    /// never a loop inferred from the part, even before the first mark.
+    pub(super) fn for_part(snapshot: &Snapshot, whole: &StepSource) -> StepPlan {
+        match whole {
+            StepSource::PrefixMarks { .. } | StepSource::None => StepPlan {
+                source: whole.clone(),
+                inferred: None,
+                flat: true,
+            },
+            StepSource::Recorded { .. } | StepSource::Inferred { .. } => {
+                let label = snapshot
+                    .steps
+                    .first()
+                    .map(|m| m.label.clone())
+                    .unwrap_or_default();
+                StepPlan {
+                    source: StepSource::Recorded { label },
+                    inferred: None,
+                    flat: false,
+                }
+            }
+        }
+    }
+
     /// The step number of event `index`.
     pub(super) fn step_of(&self, index: usize, event: &Event) -> u64 {
         match &self.inferred {
@@ -163,6 +192,13 @@ impl StepPlan {
             None => u64::from(event.step),
         }
     }
+}
+
+/// Where the steps of `snapshot` come from, as a view of it says ([`super::ModelView::step_source`])
+/// without building the view: what a part of the trace is then numbered by
+/// ([`super::ModelView::new_part`]).
+pub fn step_source_of(snapshot: &Snapshot) -> StepSource {
+    StepPlan::from_snapshot(snapshot).source
 }
 
 /// Whether the step marks of `snapshot` cover only a prefix of it: `(marked steps, events up
