@@ -3,9 +3,10 @@
 //! This facade re-exports the workspace's library crates so that a program can depend on one
 //! crate: [`model`] (the one data model: snapshots, events, call sites, statistics, settings),
 //! [`allocator`] (the link-in caching allocator, simulated and CUDA backends, provenance and
-//! telemetry), [`inspector`] (importers, detectors, reports,
-//! diff, replay, export), [`kernels`] (kernels and the tensor layer) and [`tui`] (the terminal
-//! dashboard).
+//! telemetry), the inspector's four crates: [`import`] (the readers), [`analysis`] (the model
+//! view, detectors, report data, diff), [`render`] (every printer) and [`export`] (writers to
+//! other tools' formats), and [`engine`], [`replay`], [`kernels`] (kernels and the tensor
+//! layer) and [`tui`] (the terminal dashboard).
 //! The command line ([`cli`], run by the `vramscope` binary in `src/main.rs` and by the Python
 //! package's `vramscope` command) is glue over these libraries.
 //!

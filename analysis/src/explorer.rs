@@ -136,7 +136,7 @@ pub struct Moment {
     /// The groups left out of `sites`: `[groups, bytes, blocks]`.
     pub rest: [u64; 3],
     /// The segments the map draws: the first [`MAX_SEGMENT_ROWS`] in address order. In the
-    /// page, the string [`super::compact::encode`] makes of them, named `map`.
+    /// page, the string [`compact::encode`] makes of them, named `map`.
     #[serde(rename = "map", serialize_with = "compact::serialize")]
     pub segments: Vec<SegmentRow>,
     /// Segments at the moment, drawn or not.
@@ -185,7 +185,7 @@ pub struct ExplorerData {
     /// Band values: `values[series][bucket]`.
     pub values: Vec<Vec<u64>>,
     /// Steps numbered 1 or more, with their first position. The page carries them as the
-    /// string [`super::compact::encode_steps`] makes (their labels, which it does not show,
+    /// string [`compact::encode_steps`] makes (their labels, which it does not show,
     /// left out), thinned to [`MAX_STEPS`] marks.
     #[serde(serialize_with = "compact::serialize_steps")]
     pub steps: Vec<StepPos>,

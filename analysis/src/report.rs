@@ -218,7 +218,7 @@ pub struct Timeline {
 /// A report on one snapshot.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Report {
-    /// [`REPORT_FORMAT_VERSION`] (in JSON, at the file's level: [`render_file_json`]).
+    /// [`REPORT_FORMAT_VERSION`] (in JSON, at the file's level: `vramscope_render::render_file_json`).
     #[serde(skip)]
     pub format_version: u32,
     /// Where the data came from (`vramscope`, `pytorch`, `chrome-trace`; in JSON, at the

@@ -102,9 +102,9 @@ impl TrackArray {
 }
 
 /// Where the final segments lie, by device and address, with their pools: what
-/// [`segment_pool`] looks a mapped range up in. A copy of four fields per segment, so that the
+/// a [`StatsPass`] looks a mapped range up in. A copy of four fields per segment, so that the
 /// statistics can be worked out while the events they read are still being sized
-/// ([`StatsPass`]).
+/// (by the importer, as it sizes them).
 pub struct SegmentPools(Vec<(u32, u64, u64, Pool)>);
 
 impl SegmentPools {

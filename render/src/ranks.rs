@@ -382,7 +382,7 @@ fn markdown_findings(comparison: &RankComparison, out: &mut String) {
     }
 }
 
-/// The comparison as JSON (schema [`RANKS_FORMAT_VERSION`]).
+/// The comparison as JSON (schema [`vramscope_analysis::ranks::RANKS_FORMAT_VERSION`]).
 pub fn render_json(comparison: &RankComparison) -> String {
     serde_json::to_string_pretty(comparison).unwrap_or_default()
 }
