@@ -625,7 +625,10 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(props::config(64))]
+        #![proptest_config(proptest::test_runner::Config {
+            failure_persistence: None,
+            ..props::config(64)
+        })]
 
         /// An address set answers every question as an ordered map of the same addresses.
         #[test]
