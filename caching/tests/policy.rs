@@ -1098,10 +1098,10 @@ fn expandable_segments_stay_out_of_inactive_split_like_pytorch() {
 fn thousands_of_equal_free_blocks_keep_best_fit_order() {
     // Every other block of 4,000 equal 64 KiB blocks is freed in a scrambled order: 2,000
     // free blocks of one size that cannot merge fill one bin of the free index, far past the
-    // point where it moves most of them into a B-tree. Best fit among equal sizes is the
-    // lowest address (PyTorch's (size, address) order), so the reallocations must come back
-    // in address order whatever order the frees came in; then everything is freed in another
-    // scrambled order and the books must balance.
+    // point where it moves most of them into its overflow's radix tree. Best fit among equal
+    // sizes is the lowest address (PyTorch's (size, address) order), so the reallocations must
+    // come back in address order whatever order the frees came in; then everything is freed in
+    // another scrambled order and the books must balance.
     let (_, alloc) = phantom(1 << 34, "");
     let size = 64 * 1024;
     let mut buffers: Vec<Option<_>> = (0..4_000)
