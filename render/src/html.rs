@@ -5,19 +5,25 @@
 //!
 //! The analysis crate (`vramscope_analysis::report`) builds the [`Report`]; it carries the
 //! explorer's data ([`explorer::ExplorerData`], bands and moments precomputed from the engine).
-//! This module writes the page around it: the data as JSON in a `<script type="application/json">`
-//! element (each moment's segment map as the base64 string of [`explorer::compact`], which the script
-//! decodes when the cursor first shows the moment), and a hand-written script
-//! (`html/explorer.js`, about 800 lines, no library) that draws on canvas. The data keeps each
-//! column's highest position, and the script draws the columns that share a device pixel as
-//! one, with the bands of the highest (`poolColumns`), so that every spike and the peak are
-//! drawn at their height, where they are. The page loads nothing from the network. Every string that came from a
-//! file (paths, function names, device names, labels) is escaped with [`escape`] in HTML, and
-//! `<` is escaped in the embedded JSON; the script sets text, never markup. A report without
-//! explorer data (built by hand) gets the static inline SVG timeline instead.
+//! This module writes the page around it with `maud`'s `html!` templates: the data as JSON in a
+//! `<script type="application/json">` element (each moment's segment map as the base64 string of
+//! [`explorer::compact`], which the script decodes when the cursor first shows the moment), and
+//! a hand-written script (`html/explorer.js`, about 800 lines, no library) that draws on canvas.
+//! The data keeps each column's highest position, and the script draws the columns that share a
+//! device pixel as one, with the bands of the highest (`poolColumns`), so that every spike and
+//! the peak are drawn at their height, where they are. The page loads nothing from the network.
+//!
+//! Escaping is by construction: a template escapes every string it is given, and a string
+//! that came from a file (paths, function names, device names, labels, the sentences that
+//! quote them) is given as a [`Line`], which also writes line breaks and `[` as character
+//! references so that it stays one line of the page's source with no `##[` in it. The only
+//! text written unescaped is the page's own constant style and scripts, and the embedded JSON,
+//! whose `<` is escaped by [`script_json`]; the script sets text, never markup. A report
+//! without explorer data (built by hand) gets the static inline SVG timeline instead.
 
 use std::fmt::Write as _;
 
+use maud::{html, Markup, PreEscaped, Render, DOCTYPE};
 use vramscope_analysis::explorer;
 
 use serde::Serialize;
@@ -31,9 +37,16 @@ use vramscope_analysis::report::{Report, Timeline};
 /// Escapes `&`, `<`, `>`, `"` and `'` for HTML text and attribute values, and writes line
 /// breaks and `[` as character references (which a browser shows as they were), so that text
 /// from a file is one line of the page's source and holds no `##[`: printed to a CI log, no
-/// line of it is a workflow command (`vramscope_model::terminal`).
+/// line of it is a workflow command (`vramscope_model::terminal`). The templates reach it
+/// through [`Line`].
 pub fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
+    escape_to(text, &mut out);
+    out
+}
+
+/// [`escape`], appending to `out`.
+fn escape_to(text: &str, out: &mut String) {
     for c in text.chars() {
         match c {
             '\n' => out.push_str("&#10;"),
@@ -47,6 +60,23 @@ pub fn escape(text: &str) -> String {
             _ => out.push(c),
         }
     }
+}
+
+/// A text for a template, escaped by [`escape`]'s rule: markup in it stays text, and it is one
+/// line of the page's source with no `##[`. Every string that came from a file reaches a page
+/// as one (a plain `&str` is escaped by the template too, but keeps its line breaks).
+pub struct Line<'a>(pub &'a str);
+
+impl Render for Line<'_> {
+    fn render_to(&self, buffer: &mut String) {
+        escape_to(self.0, buffer);
+    }
+}
+
+/// A page's markup as the string written out, with the line break that ends a file.
+fn finish(page: Markup) -> String {
+    let mut out = page.into_string();
+    out.push('\n');
     out
 }
 
@@ -63,123 +93,137 @@ svg{background:#fcfcfc;border:1px solid #e3e3e3}.legend span{margin-right:16px}\
 #verdict.verdict-error{border-color:#c62828;background:#fdf0f0}#verdict.verdict-warning{border-color:#e08e00;background:#fff7e8}\
 #problems{list-style:none;margin:0 0 10px;padding:0}#problems li{margin:6px 0;padding-left:12px}#problems .fix{color:#333}";
 
+/// The styles [`render_html_file`] adds for its device picker and frames.
+const DEVICES_STYLE: &str = "#devices{display:flex;flex-wrap:wrap;gap:6px;margin:8px 0}\
+#devices button{font:inherit;padding:4px 10px;border:1px solid #bbb;border-radius:4px;background:#fafafa;cursor:pointer;text-align:left}\
+#devices button[aria-pressed=true]{border-color:#222;background:#fff;font-weight:600}\
+iframe.device{width:100%;height:1400px;border:1px solid #ddd;border-radius:4px;display:block}";
+
 /// The most errors and warnings listed above the chart; the rest are in the findings table.
 const PROBLEMS_SHOWN: usize = 10;
 
 /// Renders the report as one self-contained HTML page.
 pub fn render_html(report: &Report) -> String {
-    let mut out = String::new();
-    out.push_str("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n");
-    let _ = writeln!(
-        out,
-        "<title>vramscope report: {}</title>",
-        escape(&headline(report))
-    );
-    let _ = writeln!(out, "<style>{STYLE}</style>\n</head>\n<body>");
-    let _ = writeln!(out, "<h1>vramscope report</h1>");
-    let _ = writeln!(
-        out,
-        "<div class=\"muted\">{}</div>",
-        escape(&headline(report))
-    );
-    out.push_str(&verdict_section(report));
+    finish(page(report, false))
+}
 
+/// The page of [`render_html`]; `in_frame` adds the `<base>` of a page shown in an
+/// `<iframe srcdoc>`.
+fn page(report: &Report, in_frame: bool) -> Markup {
+    let headline = headline(report);
     let s = &report.stats;
-    out.push_str("<ul class=\"stats\">\n");
-    let _ = writeln!(out, "<li>{}</li>", crate::text::counts_line(report));
-    let _ = writeln!(
-        out,
-        "<li>peak allocated {}, peak reserved {}; at the end {} live blocks, {} allocated, {} reserved</li>",
-        format_bytes(s.peak_allocated_bytes),
-        bytes_or_na(s.peak_reserved_bytes),
-        s.live_blocks,
-        format_bytes(s.allocated_bytes),
-        bytes_or_na(s.reserved_bytes)
-    );
-    let _ = writeln!(
-        out,
-        "<li>{}</li>",
-        escape(&crate::text::activity_sentence(s))
-    );
-    for gap in crate::text::gap_sentences(s) {
-        let _ = writeln!(out, "<li>{}</li>", escape(&gap));
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                // A `srcdoc` page resolves links against its parent's address: a `<base>` of
+                // `about:srcdoc` keeps the page's links to its own findings in the frame.
+                @if in_frame { base href="about:srcdoc"; }
+                meta charset="utf-8";
+                title { "vramscope report: " (Line(&headline)) }
+                style { (PreEscaped(STYLE)) }
+            }
+            body {
+                h1 { "vramscope report" }
+                div class="muted" { (Line(&headline)) }
+                (verdict_section(report))
+                ul class="stats" {
+                    li { (crate::text::counts_line(report)) }
+                    li {
+                        "peak allocated " (format_bytes(s.peak_allocated_bytes))
+                        ", peak reserved " (bytes_or_na(s.peak_reserved_bytes))
+                        "; at the end " (s.live_blocks) " live blocks, "
+                        (format_bytes(s.allocated_bytes)) " allocated, "
+                        (bytes_or_na(s.reserved_bytes)) " reserved"
+                    }
+                    li { (Line(&crate::text::activity_sentence(s))) }
+                    @for gap in crate::text::gap_sentences(s) {
+                        li { (Line(&gap)) }
+                    }
+                }
+                @match &report.timeline.explorer {
+                    Some(data) => (explorer_section(data)),
+                    None => {
+                        h2 { "Timeline" }
+                        (timeline_svg(&report.timeline))
+                    }
+                }
+                h2 { "Findings (" (report.counts_phrase()) ")" }
+                @if report.findings.is_empty() {
+                    p { "None." }
+                } @else {
+                    table id="findings" {
+                        tr { th { "severity" } th { "kind" } th { "site" } th { "what" } }
+                        @for (i, f) in report.findings.iter().enumerate() {
+                            tr id=(format!("finding-{i}")) data-finding=(i) {
+                                td { (severity_badge(f.severity)) }
+                                td { code { (Line(f.kind.as_str())) } }
+                                td {
+                                    code { (Line(f.site_label())) }
+                                    br;
+                                    span class="muted" { (Line(&f.function)) }
+                                }
+                                td {
+                                    (Line(&f.summary))
+                                    div class="ev" {
+                                        @for (n, (k, v)) in f.evidence.entries().iter().enumerate() {
+                                            @if n > 0 { ", " }
+                                            (Line(k)) "=" (Line(&v.to_string()))
+                                        }
+                                    }
+                                    div { b { "fix:" } " " (Line(&f.fix)) }
+                                }
+                            }
+                        }
+                    }
+                }
+                h2 { "Top sites" }
+                @if report.top_sites.is_empty() {
+                    p { "Nothing is live." }
+                } @else {
+                    table {
+                        tr {
+                            th { "live" } th { "blocks" } th { "at peak" } th { "blocks" }
+                            th { "allocations" } th { "site" }
+                        }
+                        @for t in &report.top_sites {
+                            tr {
+                                td class="num" { (format_bytes(t.live_bytes)) }
+                                td class="num" { (t.live_blocks) }
+                                td class="num" { (format_bytes(t.peak_bytes)) }
+                                td class="num" { (t.peak_blocks) }
+                                td class="num" { (t.allocations) }
+                                td {
+                                    code { (Line(&t.label)) }
+                                    " "
+                                    span class="muted" { (Line(&t.function)) }
+                                }
+                            }
+                        }
+                        @if let Some(o) = &report.other_sites {
+                            tr {
+                                td class="num" { (format_bytes(o.live_bytes)) }
+                                td class="num" { (o.live_blocks) }
+                                td class="num" { (format_bytes(o.peak_bytes)) }
+                                td class="num" { (o.peak_blocks) }
+                                td class="num" { (o.allocations) }
+                                td class="muted" { (Line(&o.label())) }
+                            }
+                        }
+                    }
+                }
+                @if let Some(data) = &report.timeline.explorer {
+                    (explorer_scripts(report, data))
+                }
+            }
+        }
     }
-    out.push_str("</ul>\n");
+}
 
-    match &report.timeline.explorer {
-        Some(data) => out.push_str(&explorer_section(data)),
-        None => {
-            out.push_str("<h2>Timeline</h2>\n");
-            out.push_str(&timeline_svg(&report.timeline));
-        }
-    }
-
-    let _ = writeln!(out, "<h2>Findings ({})</h2>", report.counts_phrase());
-    if report.findings.is_empty() {
-        out.push_str("<p>None.</p>\n");
-    } else {
-        out.push_str(
-            "<table id=\"findings\">\n<tr><th>severity</th><th>kind</th><th>site</th><th>what</th></tr>\n",
-        );
-        for (i, f) in report.findings.iter().enumerate() {
-            let evidence = f
-                .evidence
-                .entries()
-                .iter()
-                .map(|(k, v)| format!("{}={}", escape(k), escape(&v.to_string())))
-                .collect::<Vec<_>>()
-                .join(", ");
-            let _ = writeln!(
-                out,
-                "<tr id=\"finding-{i}\" data-finding=\"{i}\"><td><span class=\"sev sev-{sev}\">{sev}</span></td><td><code>{kind}</code></td><td><code>{site}</code><br><span class=\"muted\">{function}</span></td><td>{summary}<div class=\"ev\">{evidence}</div><div><b>fix:</b> {fix}</div></td></tr>",
-                sev = severity_class(f.severity),
-                kind = escape(f.kind.as_str()),
-                site = escape(f.site_label()),
-                function = escape(&f.function),
-                summary = escape(&f.summary),
-                fix = escape(&f.fix),
-            );
-        }
-        out.push_str("</table>\n");
-    }
-
-    out.push_str("<h2>Top sites</h2>\n");
-    if report.top_sites.is_empty() {
-        out.push_str("<p>Nothing is live.</p>\n");
-    } else {
-        out.push_str("<table>\n<tr><th>live</th><th>blocks</th><th>at peak</th><th>blocks</th><th>allocations</th><th>site</th></tr>\n");
-        for t in &report.top_sites {
-            let _ = writeln!(
-                out,
-                "<tr><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td><code>{}</code> <span class=\"muted\">{}</span></td></tr>",
-                format_bytes(t.live_bytes),
-                t.live_blocks,
-                format_bytes(t.peak_bytes),
-                t.peak_blocks,
-                t.allocations,
-                escape(&t.label),
-                escape(&t.function)
-            );
-        }
-        if let Some(o) = &report.other_sites {
-            let _ = writeln!(
-                out,
-                "<tr><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"muted\">{}</td></tr>",
-                format_bytes(o.live_bytes),
-                o.live_blocks,
-                format_bytes(o.peak_bytes),
-                o.peak_blocks,
-                o.allocations,
-                escape(&o.label())
-            );
-        }
-        out.push_str("</table>\n");
-    }
-    if let Some(data) = &report.timeline.explorer {
-        out.push_str(&explorer_scripts(report, data));
-    }
-    out.push_str("</body>\n</html>\n");
-    out
+/// A severity as the coloured badge the page shows it as.
+fn severity_badge(severity: Severity) -> Markup {
+    let sev = severity_class(severity);
+    html! { span class=(format!("sev sev-{sev}")) { (sev) } }
 }
 
 /// Renders the reports of a file of several devices as one self-contained page: the whole
@@ -202,8 +246,6 @@ pub fn render_html_file(reports: &[Report]) -> String {
         .map(|f| f.severity)
         .max()
         .map_or("ok", severity_class);
-    let mut out = String::new();
-    out.push_str("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n");
     let title = reports
         .first()
         .map(|r| {
@@ -214,52 +256,40 @@ pub fn render_html_file(reports: &[Report]) -> String {
             )
         })
         .unwrap_or_default();
-    let _ = writeln!(out, "<title>{}</title>", escape(&title));
-    let _ = writeln!(
-        out,
-        "<style>{STYLE}#devices{{display:flex;flex-wrap:wrap;gap:6px;margin:8px 0}}\
-#devices button{{font:inherit;padding:4px 10px;border:1px solid #bbb;border-radius:4px;background:#fafafa;cursor:pointer;text-align:left}}\
-#devices button[aria-pressed=true]{{border-color:#222;background:#fff;font-weight:600}}\
-iframe.device{{width:100%;height:1400px;border:1px solid #ddd;border-radius:4px;display:block}}</style>\n</head>\n<body>"
-    );
-    let _ = writeln!(out, "<h1>vramscope report</h1>");
-    let _ = writeln!(out, "<div class=\"muted\">{}</div>", escape(&title));
-    let _ = writeln!(
-        out,
-        "<div id=\"verdict\" class=\"verdict-{worst}\">{}</div>",
-        escape(&file_verdict)
-    );
-    out.push_str("<div id=\"devices\" role=\"tablist\">\n");
-    for (place, &i) in order.iter().enumerate() {
-        let r = &reports[i];
-        let _ = writeln!(
-            out,
-            "<button role=\"tab\" data-device=\"{index}\" aria-pressed=\"{pressed}\"><b>{name}</b> <span class=\"muted\">{verdict}</span></button>",
-            index = r.device.index,
-            pressed = place == 0,
-            name = escape(&crate::text::device_label(r)),
-            verdict = escape(&crate::text::verdict(r)),
-        );
-    }
-    out.push_str("</div>\n");
-    for (place, &i) in order.iter().enumerate() {
-        let r = &reports[i];
-        // A `srcdoc` page resolves links against its parent's address: a `<base>` of
-        // `about:srcdoc` keeps the page's links to its own findings in the frame.
-        let page = render_html(r).replacen("<head>\n", "<head>\n<base href=\"about:srcdoc\">\n", 1);
-        let _ = writeln!(
-            out,
-            "<iframe class=\"device\" data-device=\"{index}\" title=\"{title}\"{hidden} srcdoc=\"{page}\"></iframe>",
-            index = r.device.index,
-            title = escape(&format!("{}: {}", crate::text::device_label(r), crate::text::verdict(r))),
-            hidden = if place == 0 { "" } else { " hidden" },
-            page = escape(&page),
-        );
-    }
-    out.push_str("<script>\n");
-    out.push_str(DEVICE_PICKER_SCRIPT);
-    out.push_str("</script>\n</body>\n</html>\n");
-    out
+    finish(html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                title { (Line(&title)) }
+                style { (PreEscaped(STYLE)) (PreEscaped(DEVICES_STYLE)) }
+            }
+            body {
+                h1 { "vramscope report" }
+                div class="muted" { (Line(&title)) }
+                div id="verdict" class=(format!("verdict-{worst}")) { (Line(&file_verdict)) }
+                div id="devices" role="tablist" {
+                    @for (place, &i) in order.iter().enumerate() {
+                        @let r = &reports[i];
+                        button role="tab" data-device=(r.device.index) aria-pressed=(place == 0) {
+                            b { (Line(&crate::text::device_label(r))) }
+                            " "
+                            span class="muted" { (Line(&crate::text::verdict(r))) }
+                        }
+                    }
+                }
+                @for (place, &i) in order.iter().enumerate() {
+                    @let r = &reports[i];
+                    @let frame_title = format!("{}: {}", crate::text::device_label(r), crate::text::verdict(r));
+                    // The frame's page is markup of this module's own, escaped here as the
+                    // value of `srcdoc` (one line, as text from a file is).
+                    iframe class="device" data-device=(r.device.index) title=(Line(&frame_title))
+                        hidden[place != 0] srcdoc=(Line(&finish(page(r, true)))) {}
+                }
+                script { "\n" (PreEscaped(DEVICE_PICKER_SCRIPT)) }
+            }
+        }
+    })
 }
 
 /// The device picker of [`render_html_file`]: shows the frame of the button pressed, and
@@ -296,8 +326,7 @@ const DEVICE_PICKER_SCRIPT: &str = r##""use strict";
 /// The verdict and the errors and warnings, for the top of the page: the report's one-line
 /// verdict, coloured by the worst severity, then each error and warning with its site, what
 /// it is and its fix (at most [`PROBLEMS_SHOWN`], the rest counted).
-fn verdict_section(report: &Report) -> String {
-    let mut out = String::new();
+fn verdict_section(report: &Report) -> Markup {
     let problems: Vec<(usize, &vramscope_analysis::detect::Finding)> = report
         .findings
         .iter()
@@ -309,34 +338,30 @@ fn verdict_section(report: &Report) -> String {
         .map(|(_, f)| f.severity)
         .max()
         .map_or("ok", severity_class);
-    let _ = writeln!(
-        out,
-        "<div id=\"verdict\" class=\"verdict-{worst}\">{}</div>",
-        escape(&crate::text::verdict(report))
-    );
-    if problems.is_empty() {
-        return out;
+    html! {
+        div id="verdict" class=(format!("verdict-{worst}")) { (Line(&crate::text::verdict(report))) }
+        @if !problems.is_empty() {
+            ul id="problems" {
+                @for (i, f) in problems.iter().take(PROBLEMS_SHOWN) {
+                    li {
+                        (severity_badge(f.severity))
+                        " "
+                        code { (Line(f.site_label())) }
+                        " "
+                        (Line(&f.summary))
+                        " "
+                        a href=(format!("#finding-{i}")) { "details" }
+                        div class="fix" { b { "fix:" } " " (Line(&f.fix)) }
+                    }
+                }
+                @if problems.len() > PROBLEMS_SHOWN {
+                    li class="muted" {
+                        "and " (problems.len() - PROBLEMS_SHOWN) " more in the findings below"
+                    }
+                }
+            }
+        }
     }
-    out.push_str("<ul id=\"problems\">\n");
-    for (i, f) in problems.iter().take(PROBLEMS_SHOWN) {
-        let _ = writeln!(
-            out,
-            "<li><span class=\"sev sev-{sev}\">{sev}</span> <code>{site}</code> {summary} <a href=\"#finding-{i}\">details</a><div class=\"fix\"><b>fix:</b> {fix}</div></li>",
-            sev = severity_class(f.severity),
-            site = escape(f.site_label()),
-            summary = escape(&f.summary),
-            fix = escape(&f.fix),
-        );
-    }
-    if problems.len() > PROBLEMS_SHOWN {
-        let _ = writeln!(
-            out,
-            "<li class=\"muted\">and {} more in the findings below</li>",
-            problems.len() - PROBLEMS_SHOWN
-        );
-    }
-    out.push_str("</ul>\n");
-    out
 }
 
 /// Styles of the explorer.
@@ -346,39 +371,56 @@ const EXPLORER_STYLE: &str = include_str!("html/explorer.css");
 const EXPLORER_SCRIPT: &str = include_str!("html/explorer.js");
 
 /// The explorer's markup: toolbar, chart, legend, site table and segment map.
-fn explorer_section(data: &explorer::ExplorerData) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "<style>{EXPLORER_STYLE}</style>");
-    out.push_str("<h2>Active memory over time, by call site</h2>\n");
-    let _ = writeln!(
-        out,
-        "<div class=\"toolbar\"><button id=\"go-peak\" title=\"P\">Peak (P)</button>\
-<button id=\"go-end\" title=\"E\">End (E)</button><button id=\"reset-zoom\" title=\"0\">Whole trace (0)</button>\
-<button id=\"toggle-axis\" title=\"T\">x axis: <span id=\"axis-mode\">events</span> (T)</button>\
-<span class=\"muted\">hover: site and stack · click: pin a site and move the cursor · wheel or +/-: zoom · drag or [ ]: pan · ←/→: cursor · R: peak reserved · Esc: unpin</span></div>"
-    );
-    let _ = writeln!(
-        out,
-        "<div class=\"stats-line\">peak allocated <b id=\"peak-figure\" data-bytes=\"\">{}</b> after {} events \
-· <span id=\"band-count\" data-count=\"\">{}</span> bands · {} columns for {} events · drawn in <span id=\"draw-ms\"></span> ms</div>",
-        format_bytes(data.peak_allocated),
-        data.peak_pos,
-        data.series.len(),
-        data.bucket_start.len(),
-        data.events
-    );
-    out.push_str("<div id=\"chart-wrap\"><canvas id=\"chart\" aria-label=\"allocated bytes over the trace, stacked by call site\"></canvas></div>\n");
-    out.push_str("<div id=\"legend\"></div>\n");
-    out.push_str("<div class=\"panes\"><div class=\"pane\"><h3 id=\"table-title\">Live at the peak</h3>\
-<table id=\"site-table\"><thead><tr><th>site</th><th>bytes</th><th>blocks</th></tr></thead><tbody></tbody><tfoot></tfoot></table></div>\
-<div class=\"pane\"><h3 id=\"segmap-title\">Segments</h3><div class=\"seg-legend\"><span><i class=\"swatch\" style=\"background:#4e79a7\"></i>allocated (site colour)</span>\
-<span><i class=\"swatch\" style=\"background:#6d4c41\"></i>waiting to be freed</span><span><i class=\"swatch\" style=\"background:#f3b3b3\"></i>inactive split (free in a segment in use)</span>\
-<span><i class=\"swatch\" style=\"background:#e4e4e4\"></i>free segment</span><span>s/L: small/large pool, e: expandable (a mapped run)</span></div>\
-<div id=\"segmap-wrap\"><canvas id=\"segmap\"></canvas></div><div id=\"segmap-note\" class=\"muted\"></div></div></div>\n");
-    out.push_str(
-        "<pre id=\"tip\" hidden></pre>\n<ul id=\"errors\" hidden></ul>\n<div id=\"selftest\" hidden></div>\n",
-    );
-    out
+fn explorer_section(data: &explorer::ExplorerData) -> Markup {
+    html! {
+        style { (PreEscaped(EXPLORER_STYLE)) }
+        h2 { "Active memory over time, by call site" }
+        div class="toolbar" {
+            button id="go-peak" title="P" { "Peak (P)" }
+            button id="go-end" title="E" { "End (E)" }
+            button id="reset-zoom" title="0" { "Whole trace (0)" }
+            button id="toggle-axis" title="T" { "x axis: " span id="axis-mode" { "events" } " (T)" }
+            span class="muted" {
+                "hover: site and stack · click: pin a site and move the cursor · wheel or +/-: zoom · drag or [ ]: pan · ←/→: cursor · R: peak reserved · Esc: unpin"
+            }
+        }
+        div class="stats-line" {
+            "peak allocated " b id="peak-figure" data-bytes="" { (format_bytes(data.peak_allocated)) }
+            " after " (data.peak_pos) " events · "
+            span id="band-count" data-count="" { (data.series.len()) }
+            " bands · " (data.bucket_start.len()) " columns for " (data.events)
+            " events · drawn in " span id="draw-ms" {} " ms"
+        }
+        div id="chart-wrap" {
+            canvas id="chart" aria-label="allocated bytes over the trace, stacked by call site" {}
+        }
+        div id="legend" {}
+        div class="panes" {
+            div class="pane" {
+                h3 id="table-title" { "Live at the peak" }
+                table id="site-table" {
+                    thead { tr { th { "site" } th { "bytes" } th { "blocks" } } }
+                    tbody {}
+                    tfoot {}
+                }
+            }
+            div class="pane" {
+                h3 id="segmap-title" { "Segments" }
+                div class="seg-legend" {
+                    span { i class="swatch" style="background:#4e79a7" {} "allocated (site colour)" }
+                    span { i class="swatch" style="background:#6d4c41" {} "waiting to be freed" }
+                    span { i class="swatch" style="background:#f3b3b3" {} "inactive split (free in a segment in use)" }
+                    span { i class="swatch" style="background:#e4e4e4" {} "free segment" }
+                    span { "s/L: small/large pool, e: expandable (a mapped run)" }
+                }
+                div id="segmap-wrap" { canvas id="segmap" {} }
+                div id="segmap-note" class="muted" {}
+            }
+        }
+        pre id="tip" hidden {}
+        ul id="errors" hidden {}
+        div id="selftest" hidden {}
+    }
 }
 
 /// What the script needs of a finding.
@@ -390,15 +432,19 @@ struct FindingLink<'a> {
     range: Option<[u64; 2]>,
 }
 
-/// JSON for a `<script>` element: `<` escaped, so that no `</script>` can end it.
-fn script_json(value: &impl Serialize) -> String {
-    serde_json::to_string(value)
-        .unwrap_or_else(|_| "null".to_string())
-        .replace('<', "\\u003c")
+/// JSON for a `<script>` element: `<` escaped, so that no `</script>` can end it (and no
+/// `<!--` can open a comment); the templates write it as it is ([`PreEscaped`]), as a
+/// script's text is not read for character references.
+fn script_json(value: &impl Serialize) -> PreEscaped<String> {
+    PreEscaped(
+        serde_json::to_string(value)
+            .unwrap_or_else(|_| "null".to_string())
+            .replace('<', "\\u003c"),
+    )
 }
 
 /// The data and the script, placed last so the page's elements exist when it runs.
-fn explorer_scripts(report: &Report, data: &explorer::ExplorerData) -> String {
+fn explorer_scripts(report: &Report, data: &explorer::ExplorerData) -> Markup {
     let findings: Vec<FindingLink<'_>> = report
         .findings
         .iter()
@@ -407,13 +453,12 @@ fn explorer_scripts(report: &Report, data: &explorer::ExplorerData) -> String {
             range: data.step_range(f.first_step, f.last_step),
         })
         .collect();
-    format!(
-        "<script type=\"application/json\" id=\"vs-data\">{}</script>\n\
-<script type=\"application/json\" id=\"vs-findings\">{}</script>\n<script>{}</script>\n",
-        script_json(data),
-        script_json(&findings),
-        EXPLORER_SCRIPT
-    )
+    html! {
+        // The JSON is safe inside the element as `script_json` writes it: no `<` in it.
+        script type="application/json" id="vs-data" { (script_json(data)) }
+        script type="application/json" id="vs-findings" { (script_json(&findings)) }
+        script { (PreEscaped(EXPLORER_SCRIPT)) }
+    }
 }
 
 fn severity_class(severity: Severity) -> &'static str {
@@ -437,12 +482,17 @@ fn tick_step(top: u64) -> u64 {
     step
 }
 
+/// A coordinate of the SVG, to a tenth.
+fn at(v: f64) -> String {
+    format!("{v:.1}")
+}
+
 /// The timeline of allocated and reserved bytes as inline SVG, with step marks and OOMs.
-fn timeline_svg(t: &Timeline) -> String {
-    let mut out = String::new();
+/// SVG's elements are closed by their end tags (`<line …></line>`), which is the same element
+/// as `<line …/>`.
+fn timeline_svg(t: &Timeline) -> Markup {
     if t.points.is_empty() {
-        out.push_str("<p class=\"muted\">No allocation events to draw.</p>\n");
-        return out;
+        return html! { p class="muted" { "No allocation events to draw." } };
     }
     let plot_w = WIDTH - LEFT - RIGHT;
     let plot_h = HEIGHT - TOP - BOTTOM;
@@ -460,56 +510,6 @@ fn timeline_svg(t: &Timeline) -> String {
     let last = t.events.saturating_sub(1).max(1) as f64;
     let x = |event: u32| LEFT + f64::from(event) / last * plot_w;
     let y = |bytes: u64| TOP + plot_h - bytes as f64 / top * plot_h;
-
-    let _ = writeln!(
-        out,
-        "<svg viewBox=\"0 0 {WIDTH} {HEIGHT}\" width=\"100%\" role=\"img\" aria-label=\"allocated and reserved bytes over the trace\">"
-    );
-    // Grid and y labels.
-    for i in 0..=ticks {
-        let bytes = i.saturating_mul(step);
-        let yy = y(bytes);
-        let _ = writeln!(
-            out,
-            "<line x1=\"{LEFT}\" x2=\"{:.1}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\" stroke=\"#e6e6e6\"/><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\" fill=\"#555\">{}</text>",
-            WIDTH - RIGHT,
-            LEFT - 6.0,
-            yy + 4.0,
-            escape(&format_bytes(bytes))
-        );
-    }
-    // Step marks, labelled sparsely when there are many.
-    let every = t.steps.len().div_ceil(30).max(1);
-    for (i, tick) in t.steps.iter().enumerate() {
-        let xx = x(tick.event);
-        let _ = write!(
-            out,
-            "<line x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{TOP}\" y2=\"{:.1}\" stroke=\"#9e9e9e\" stroke-dasharray=\"3,3\"><title>step {} {}</title></line>",
-            TOP + plot_h,
-            tick.step,
-            escape(&tick.label)
-        );
-        if i % every == 0 {
-            let _ = write!(
-                out,
-                "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" fill=\"#777\">{}</text>",
-                xx + 2.0,
-                TOP + 10.0,
-                tick.step
-            );
-        }
-        out.push('\n');
-    }
-    if let Some(c) = capacity {
-        let yy = y(c);
-        let _ = writeln!(
-            out,
-            "<line x1=\"{LEFT}\" x2=\"{:.1}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\" stroke=\"#c62828\" stroke-dasharray=\"6,3\"/><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\" fill=\"#c62828\">capacity</text>",
-            WIDTH - RIGHT,
-            WIDTH - RIGHT - 4.0,
-            yy - 4.0
-        );
-    }
     // The two curves, drawn as steps.
     let path = |value: &dyn Fn(&vramscope_analysis::model_view::TimelinePoint) -> u64,
                 start: u64| {
@@ -527,61 +527,63 @@ fn timeline_svg(t: &Timeline) -> String {
         let _ = write!(d, " H{:.1}", LEFT + plot_w);
         d
     };
-    if t.reserved_known {
-        let _ = writeln!(
-            out,
-            "<path d=\"{}\" fill=\"none\" stroke=\"#ef8a17\" stroke-width=\"1.5\"/>",
-            path(&|p| p.reserved, t.start.1)
-        );
-    }
-    let _ = writeln!(
-        out,
-        "<path d=\"{}\" fill=\"none\" stroke=\"#1e6fb8\" stroke-width=\"1.5\"/>",
-        path(&|p| p.allocated, t.start.0)
-    );
-    for &oom in &t.ooms {
-        let xx = x(oom);
-        let _ = writeln!(
-            out,
-            "<line x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{TOP}\" y2=\"{:.1}\" stroke=\"#c62828\" stroke-width=\"2\"><title>OOM</title></line><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" fill=\"#c62828\">OOM</text>",
-            TOP + plot_h,
-            xx + 3.0,
-            TOP + 24.0
-        );
-    }
-    // Axes.
-    let _ = writeln!(
-        out,
-        "<line x1=\"{LEFT}\" x2=\"{LEFT}\" y1=\"{TOP}\" y2=\"{:.1}\" stroke=\"#888\"/><line x1=\"{LEFT}\" x2=\"{:.1}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#888\"/>",
-        TOP + plot_h,
-        WIDTH - RIGHT,
-        TOP + plot_h,
-        TOP + plot_h
-    );
-    let _ = writeln!(
-        out,
-        "<text x=\"{LEFT}\" y=\"{:.1}\" font-size=\"11\" fill=\"#555\">event 0</text><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\" fill=\"#555\">event {}</text>",
-        TOP + plot_h + 16.0,
-        WIDTH - RIGHT,
-        TOP + plot_h + 16.0,
-        t.events.saturating_sub(1)
-    );
-    out.push_str("</svg>\n");
-    let _ = writeln!(
-        out,
-        "<div class=\"legend muted\"><span style=\"color:#1e6fb8\">&#9632; allocated</span>{}<span style=\"color:#9e9e9e\">&#9482; step start</span>{}</div>",
-        if t.reserved_known {
-            "<span style=\"color:#ef8a17\">&#9632; reserved</span>"
-        } else {
-            ""
-        },
-        if t.ooms.is_empty() {
-            ""
-        } else {
-            "<span style=\"color:#c62828\">&#9474; OOM</span>"
+    // Step marks, labelled sparsely when there are many.
+    let every = t.steps.len().div_ceil(30).max(1);
+    let bottom = at(TOP + plot_h);
+    html! {
+        svg viewBox=(format!("0 0 {WIDTH} {HEIGHT}")) width="100%" role="img"
+            aria-label="allocated and reserved bytes over the trace" {
+            // Grid and y labels.
+            @for i in 0..=ticks {
+                @let bytes = i.saturating_mul(step);
+                @let yy = at(y(bytes));
+                line x1=(LEFT) x2=(at(WIDTH - RIGHT)) y1=(yy) y2=(yy) stroke="#e6e6e6" {}
+                text x=(at(LEFT - 6.0)) y=(at(y(bytes) + 4.0)) font-size="11" text-anchor="end" fill="#555" {
+                    (format_bytes(bytes))
+                }
+            }
+            @for (i, tick) in t.steps.iter().enumerate() {
+                @let xx = at(x(tick.event));
+                line x1=(xx) x2=(xx) y1=(TOP) y2=(bottom) stroke="#9e9e9e" stroke-dasharray="3,3" {
+                    title { "step " (tick.step) " " (Line(&tick.label)) }
+                }
+                @if i % every == 0 {
+                    text x=(at(x(tick.event) + 2.0)) y=(at(TOP + 10.0)) font-size="10" fill="#777" { (tick.step) }
+                }
+            }
+            @if let Some(c) = capacity {
+                @let yy = at(y(c));
+                line x1=(LEFT) x2=(at(WIDTH - RIGHT)) y1=(yy) y2=(yy) stroke="#c62828" stroke-dasharray="6,3" {}
+                text x=(at(WIDTH - RIGHT - 4.0)) y=(at(y(c) - 4.0)) font-size="11" text-anchor="end" fill="#c62828" { "capacity" }
+            }
+            @if t.reserved_known {
+                path d=(path(&|p| p.reserved, t.start.1)) fill="none" stroke="#ef8a17" stroke-width="1.5" {}
+            }
+            path d=(path(&|p| p.allocated, t.start.0)) fill="none" stroke="#1e6fb8" stroke-width="1.5" {}
+            @for &oom in &t.ooms {
+                @let xx = at(x(oom));
+                line x1=(xx) x2=(xx) y1=(TOP) y2=(bottom) stroke="#c62828" stroke-width="2" { title { "OOM" } }
+                text x=(at(x(oom) + 3.0)) y=(at(TOP + 24.0)) font-size="11" fill="#c62828" { "OOM" }
+            }
+            // Axes.
+            line x1=(LEFT) x2=(LEFT) y1=(TOP) y2=(bottom) stroke="#888" {}
+            line x1=(LEFT) x2=(at(WIDTH - RIGHT)) y1=(bottom) y2=(bottom) stroke="#888" {}
+            text x=(LEFT) y=(at(TOP + plot_h + 16.0)) font-size="11" fill="#555" { "event 0" }
+            text x=(at(WIDTH - RIGHT)) y=(at(TOP + plot_h + 16.0)) font-size="11" text-anchor="end" fill="#555" {
+                "event " (t.events.saturating_sub(1))
+            }
         }
-    );
-    out
+        div class="legend muted" {
+            span style="color:#1e6fb8" { "\u{25a0} allocated" }
+            @if t.reserved_known {
+                span style="color:#ef8a17" { "\u{25a0} reserved" }
+            }
+            span style="color:#9e9e9e" { "\u{250a} step start" }
+            @if !t.ooms.is_empty() {
+                span style="color:#c62828" { "\u{2502} OOM" }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //! commands ([`render_github`]); [`ranks`] prints a comparison of ranks. The words every format
 //! shares (the verdict, the headline, the evidence sentences) are written once, in `text`.
 //! Every text that comes from a file goes through `vramscope_model::terminal` (text) or
-//! [`markdown`] (markdown) or [`html::escape`] (HTML) on its way out.
+//! [`markdown`] (markdown) or the page templates' [`html::Line`] (HTML) on its way out.
 //!
 //! Architecture invariant: no printer computes a figure. What a page or a table shows is a
 //! field of what the analysis returned, so every format says the same thing.

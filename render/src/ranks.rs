@@ -1,7 +1,7 @@
 //! `vramscope ranks` printed: a comparison of ranks (`vramscope_analysis::ranks`) as text for a
 //! terminal, markdown, JSON or one HTML page. Text from the files (site names, file names,
 //! errors) is escaped for the terminal by `vramscope_model::terminal`, for markdown by
-//! [`crate::markdown`] and for HTML by [`crate::html::escape`].
+//! [`crate::markdown`] and for HTML by the page's template ([`crate::html::Line`]).
 //!
 //! Up to [`ROWS_UP_TO`] ranks, every face prints a row per rank. Past that, a row per rank
 //! says the same thing hundreds of times: the faces print which ranks are alike and which
@@ -16,6 +16,9 @@ use vramscope_analysis::ranks::{
 };
 use vramscope_model::format_bytes;
 
+use maud::{html, PreEscaped, DOCTYPE};
+
+use crate::html::Line;
 use crate::markdown;
 
 /// The rows of `comparison` in rank order: each read rank's figures, or a failed file.
@@ -395,41 +398,7 @@ pub fn render_html(comparison: &RankComparison) -> String {
 
 /// The comparison as one HTML page, with every rank's row when `all`.
 pub fn render_html_rows(comparison: &RankComparison, all: bool) -> String {
-    let escape = crate::html::escape;
-    let mut out = String::from(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>vramscope ranks</title><style>body{font:14px system-ui,sans-serif;margin:2em}table{border-collapse:collapse}td,th{padding:.3em .8em;border-bottom:1px solid #ddd;text-align:right}td.site{text-align:left;font-family:monospace}.bar{background:#4a7;height:.8em;display:inline-block}.hot{background:#d54}</style></head><body><h1>vramscope ranks</h1>",
-    );
-    if comparison.numbering != "file names" {
-        let _ = write!(
-            out,
-            "<p>Ranks numbered {}.</p>",
-            escape(&comparison.numbering)
-        );
-    }
     let every = every_row(comparison, all);
-    if !every {
-        let _ = write!(
-            out,
-            "<p>{}.</p><table><tr><th>over the ranks</th><th>min</th><th>median</th><th>p95</th><th>max</th></tr>",
-            escape(&alike_phrase(comparison))
-        );
-        for (figure, s) in spread_lines(comparison) {
-            let _ = write!(
-                out,
-                "<tr><td class=\"site\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                escape(&figure),
-                format_bytes(s.min),
-                format_bytes(s.median),
-                format_bytes(s.p95),
-                format_bytes(s.max)
-            );
-        }
-        out.push_str("</table>");
-        if let Some(line) = oom_line(comparison) {
-            let _ = write!(out, "<p>{}</p>", escape(&line));
-        }
-    }
-    out.push_str("<table><tr><th>rank</th><th>peak allocated</th><th></th><th>peak reserved</th><th>fragmentation at peak</th><th>OOMs</th><th>findings</th><th>top site at the peak</th></tr>");
     let most = comparison
         .ranks
         .iter()
@@ -437,58 +406,100 @@ pub fn render_html_rows(comparison: &RankComparison, all: bool) -> String {
         .max()
         .unwrap_or(1)
         .max(1);
-    for r in rows_in_order(comparison) {
-        let r = match r {
-            Ok(_) if !every => continue,
-            Ok(r) => r,
-            Err(f) => {
-                let _ = write!(
-                    out,
-                    "<tr><td>{}</td><td colspan=\"7\" class=\"site\">{}: {}</td></tr>",
-                    f.rank,
-                    f.what(),
-                    escape(&f.error)
-                );
-                continue;
+    // A `maud` template: text from the files is given as `Line`, escaped by construction.
+    let page = html! {
+        (DOCTYPE)
+        html {
+            head {
+                meta charset="utf-8";
+                title { "vramscope ranks" }
+                style { (PreEscaped(STYLE)) }
             }
-        };
-        let hot = comparison.findings.iter().any(|f| f.rank == r.rank);
-        let _ = write!(
-            out,
-            "<tr><td>{}</td><td>{}</td><td><span class=\"bar{}\" style=\"width:{}px\"></span></td><td>{}</td><td>{}</td><td>{}</td><td>{} / {} / {}</td><td class=\"site\">{}</td></tr>",
-            r.rank,
-            format_bytes(r.peak_allocated),
-            if hot { " hot" } else { "" },
-            (r.peak_allocated as f64 / most as f64 * 200.0).round() as u64,
-            crate::bytes_or_na(r.peak_reserved),
-            percent(r.fragmentation_at_peak),
-            r.ooms,
-            r.findings.0,
-            r.findings.1,
-            r.findings.2,
-            escape(&top_site(r)),
-        );
-    }
-    out.push_str("</table>");
-    for f in &comparison.findings {
-        let _ = write!(out, "<h2>{}</h2><p>{}</p><ul>", f.kind, escape(&f.summary));
-        for (when, sites) in [("at the peak", &f.sites), ("at the end", &f.sites_at_end)] {
-            for s in sites {
-                let _ = write!(
-                    out,
-                    "<li>{when}, <code>{}</code>: {} more ({} here, median {})</li>",
-                    escape(&s.site),
-                    format_bytes(s.bytes - s.median_bytes),
-                    format_bytes(s.bytes),
-                    format_bytes(s.median_bytes),
-                );
+            body {
+                h1 { "vramscope ranks" }
+                @if comparison.numbering != "file names" {
+                    p { "Ranks numbered " (Line(&comparison.numbering)) "." }
+                }
+                @if !every {
+                    p { (Line(&alike_phrase(comparison))) "." }
+                    table {
+                        tr { th { "over the ranks" } th { "min" } th { "median" } th { "p95" } th { "max" } }
+                        @for (figure, s) in spread_lines(comparison) {
+                            tr {
+                                td class="site" { (Line(&figure)) }
+                                td { (format_bytes(s.min)) }
+                                td { (format_bytes(s.median)) }
+                                td { (format_bytes(s.p95)) }
+                                td { (format_bytes(s.max)) }
+                            }
+                        }
+                    }
+                    @if let Some(line) = oom_line(comparison) {
+                        p { (Line(&line)) }
+                    }
+                }
+                table {
+                    tr {
+                        th { "rank" } th { "peak allocated" } th {} th { "peak reserved" }
+                        th { "fragmentation at peak" } th { "OOMs" } th { "findings" }
+                        th { "top site at the peak" }
+                    }
+                    @for row in rows_in_order(comparison) {
+                        @match row {
+                            Ok(_) if !every => {}
+                            Err(f) => {
+                                tr {
+                                    td { (f.rank) }
+                                    td colspan="7" class="site" { (f.what()) ": " (Line(&f.error)) }
+                                }
+                            }
+                            Ok(r) => {
+                                @let hot = comparison.findings.iter().any(|f| f.rank == r.rank);
+                                @let width = (r.peak_allocated as f64 / most as f64 * 200.0).round() as u64;
+                                tr {
+                                    td { (r.rank) }
+                                    td { (format_bytes(r.peak_allocated)) }
+                                    td {
+                                        span class=(if hot { "bar hot" } else { "bar" })
+                                            style=(format!("width:{width}px")) {}
+                                    }
+                                    td { (crate::bytes_or_na(r.peak_reserved)) }
+                                    td { (percent(r.fragmentation_at_peak)) }
+                                    td { (r.ooms) }
+                                    td { (r.findings.0) " / " (r.findings.1) " / " (r.findings.2) }
+                                    td class="site" { (Line(&top_site(r))) }
+                                }
+                            }
+                        }
+                    }
+                }
+                @for f in &comparison.findings {
+                    h2 { (f.kind) }
+                    p { (Line(&f.summary)) }
+                    ul {
+                        @for (when, sites) in [("at the peak", &f.sites), ("at the end", &f.sites_at_end)] {
+                            @for s in sites {
+                                li {
+                                    (when) ", " code { (Line(&s.site)) } ": "
+                                    (format_bytes(s.bytes - s.median_bytes)) " more ("
+                                    (format_bytes(s.bytes)) " here, median "
+                                    (format_bytes(s.median_bytes)) ")"
+                                }
+                            }
+                        }
+                    }
+                    p { "Fix: " (Line(&f.fix)) }
+                }
             }
         }
-        let _ = write!(out, "</ul><p>Fix: {}</p>", escape(&f.fix));
-    }
-    out.push_str("</body></html>\n");
+    };
+    let mut out = page.into_string();
+    out.push('\n');
     out
 }
+
+/// The styles of the ranks page.
+const STYLE: &str = "body{font:14px system-ui,sans-serif;margin:2em}table{border-collapse:collapse}td,th{padding:.3em .8em;border-bottom:1px solid #ddd;text-align:right}td.site{text-align:left;font-family:monospace}.bar{background:#4a7;height:.8em;display:inline-block}.hot{background:#d54}";
 
 #[cfg(test)]
 mod tests {
