@@ -343,6 +343,22 @@ pub fn nothing_to_analyse(snapshot: &Snapshot, file: &str) -> Option<String> {
     Some(format!("{file}: nothing to analyse: {hint}"))
 }
 
+/// The reports of a file's page (`vramscope report --format html`, `convert --to html`): one
+/// per device with data for a snapshot of several devices, so that the page offers a device
+/// picker, else one for the whole snapshot.
+pub fn build_device_reports(snapshot: &Snapshot, options: &ReportOptions) -> Vec<Report> {
+    use vramscope_engine::devices;
+    let with_data = devices::devices_with_data(snapshot);
+    if with_data.len() > 1 {
+        with_data
+            .iter()
+            .map(|&d| build_report(&devices::only_device(snapshot, d), options))
+            .collect()
+    } else {
+        vec![build_report(snapshot, options)]
+    }
+}
+
 /// Builds the report of `snapshot`: runs every detector and gathers statistics and top sites.
 pub fn build_report(snapshot: &Snapshot, options: &ReportOptions) -> Report {
     let view = ModelView::new(snapshot);
@@ -794,6 +810,19 @@ pub fn worst_first(reports: &[Report]) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_page_has_a_report_per_device_with_data() {
+        let three = vramscope_testkit::three_devices_oom_on_1();
+        let options = ReportOptions::default();
+        let reports = build_device_reports(&three, &options);
+        let indices: Vec<u32> = reports.iter().map(|r| r.device.index).collect();
+        assert_eq!(indices, [0, 1, 2]);
+        let one = vramscope_testkit::device_run(2, 64 << 20);
+        let reports = build_device_reports(&one, &options);
+        assert_eq!(reports.len(), 1);
+        assert_eq!(reports[0].device.index, 2);
+    }
 
     fn point(event: u32, allocated: u64) -> TimelinePoint {
         TimelinePoint {

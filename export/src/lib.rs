@@ -37,6 +37,7 @@ use rustc_hash::FxHashMap;
 use vramscope_model::pytorch::action_name;
 use vramscope_model::{
     AllocatorConfig, BlockState, CallSite, Event, EventKind, Pool, Segment, SiteId, Snapshot,
+    SnapshotSource,
 };
 
 use vramscope_pickle::{Document, MemoRef, PickleWriter, ValueRef};
@@ -574,6 +575,21 @@ impl<'s> PytorchPlan<'s> {
         })
     }
 
+    /// The plan for a range of steps of a snapshot ([`slice()`]), which is written from the model
+    /// alone: for a PyTorch source, what the model does not keep of the source pickle (read
+    /// again only for the whole trace, [`PytorchExtras`]) is one more line of
+    /// [`PytorchPlan::not_carried`].
+    pub fn for_range(part: &'s Snapshot) -> Result<PytorchPlan<'s>, ExportError> {
+        let mut plan = PytorchPlan::new(part)?;
+        if part.source == SnapshotSource::Pytorch {
+            plan.not_carried.push(
+                "what the model does not keep of the source pickle (segment frames, compile_context, user_metadata, entries of other kinds): a range of steps is written from the model alone"
+                    .to_string(),
+            );
+        }
+        Ok(plan)
+    }
+
     /// What the pickle cannot carry, one sentence each (see [`PytorchExport::not_carried`]).
     pub fn not_carried(&self) -> &[String] {
         &self.not_carried
@@ -1092,11 +1108,15 @@ fn write_annotations(
 
 mod carry;
 mod perfetto;
+mod perfetto_size;
 mod steps;
 
 pub use perfetto::{
     perfetto_size_estimate, perfetto_steps_within, to_perfetto, write_perfetto,
     write_perfetto_window, COUNTER_BYTES, SLICE_BYTES,
+};
+pub use perfetto_size::{
+    perfetto_size_warning, PerfettoSizeWarning, StepsWithin, PERFETTO_UI_BYTES,
 };
 pub use steps::{slice, StepRange};
 
@@ -1113,6 +1133,23 @@ mod tests {
             drop(alloc.alloc(4096).unwrap());
         }
         alloc.snapshot()
+    }
+
+    #[test]
+    fn a_range_of_a_pytorch_source_says_what_the_model_alone_leaves_out() {
+        let ours = sample();
+        let whole = PytorchPlan::new(&ours).unwrap().not_carried().to_vec();
+        assert_eq!(PytorchPlan::for_range(&ours).unwrap().not_carried(), whole);
+        let mut theirs = sample();
+        theirs.source = SnapshotSource::Pytorch;
+        let whole = PytorchPlan::new(&theirs).unwrap().not_carried().to_vec();
+        let range = PytorchPlan::for_range(&theirs)
+            .unwrap()
+            .not_carried()
+            .to_vec();
+        assert_eq!(range.len(), whole.len() + 1);
+        assert_eq!(range[..whole.len()], whole[..]);
+        assert!(range[whole.len()].contains("a range of steps is written from the model alone"));
     }
 
     #[test]

@@ -38,6 +38,7 @@ use vramscope_model::{
 
 mod calls;
 mod capacity;
+mod plan;
 mod render;
 mod sizing;
 mod sweep;
@@ -45,6 +46,7 @@ mod sweep;
 use calls::*;
 pub use calls::{CallDifference, DeviceCall, DeviceCallCheck};
 pub use capacity::{infer_capacity, InferredCapacity};
+pub use plan::{ReplayOutcome, ReplayPlan, ReplayRequest};
 pub use render::{render_sweep_text, render_text};
 pub use sizing::{
     block_sizing, estimated_before_trace_blocks, size_blocks, size_blocks_visiting,
