@@ -6,8 +6,16 @@
 //! is usable (else the simulated device), step by step beside the dashboard of `vramscope-tui`,
 //! which pulls the allocator's events in the same process and paces the loop. The planted bugs
 //! are the trainer's own (`kernels/src/train.rs`), so the report and the dashboard point there.
+//! The subcommand's arguments ([`DemoArgs`]) and glue ([`run_command`]) are here too.
 
+use std::io::IsTerminal;
 use std::str::FromStr;
+
+use clap::Args;
+
+use super::common::{dashboard_status, emit, say, use_color, Failure, Output};
+use crate::analysis::report::{self, ReportOptions};
+use crate::render::{self, Format};
 
 use crate::allocator::metrics::MetricsServer;
 use crate::allocator::Telemetry;
@@ -168,6 +176,86 @@ pub fn run_listening(addr: &TelemetryAddr, steps: u64, bugs: Bugs) -> Result<(),
     run_paced(&device, steps, bugs, &mut before_step, &mut at_end).map_err(|e| e.to_string())?;
     drop(telemetry);
     Ok(())
+}
+
+/// The arguments of `vramscope demo`.
+#[derive(Args)]
+pub(super) struct DemoArgs {
+    /// Bugs to plant: retained-loss, item-in-loop, or none (comma-separated).
+    #[arg(long, default_value = "retained-loss,item-in-loop")]
+    bug: Bugs,
+    /// Training steps to run (20 headless, 300 in the dashboard).
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Run without the terminal dashboard and print the report (the default when standard
+    /// output is not a terminal).
+    #[arg(long)]
+    headless: bool,
+    /// Report format: text, markdown, json, html, sarif or github.
+    #[arg(long, default_value = "text")]
+    format: Format,
+    /// Publish the demo's live telemetry on unix:PATH or tcp:127.0.0.1:PORT instead of
+    /// opening the dashboard here: watch it with `vramscope top ADDR` in another terminal.
+    #[arg(long)]
+    listen: Option<String>,
+}
+
+/// `vramscope demo`.
+pub(super) fn run_command(args: DemoArgs) -> Result<u8, Failure> {
+    let DemoArgs {
+        bug,
+        steps,
+        headless,
+        format,
+        listen,
+    } = args;
+    if let Some(listen) = listen {
+        let addr = listen
+            .parse::<vramscope_telemetry::TelemetryAddr>()
+            .map_err(Failure::input)?;
+        run_listening(&addr, steps.unwrap_or(300), bug)
+            .map_err(|message| Failure { message, status: 1 })?;
+        return Ok(0);
+    }
+    let terminal = std::io::stdout().is_terminal() && std::io::stdin().is_terminal();
+    if !headless && terminal {
+        let steps = steps.unwrap_or(300);
+        let (device, why) = device();
+        say(format_args!("vramscope demo: {why}"));
+        let _metrics = serve_metrics(&device).map_err(Failure::input)?;
+        let alloc = device.allocator().clone();
+        let pace = std::time::Duration::from_millis(150);
+        let intro = intro(steps, bug);
+        vramscope_tui::run_in_process_with_intro(alloc, "demo", Some(intro), move |control| {
+            let mut before_step = |_| control.proceed() && control.pace(pace);
+            // Until the user quits, the dashboard shows the end state with the kept
+            // tensors alive.
+            let mut at_end = || while control.proceed() && control.pace(pace) {};
+            let _ = run_paced(&device, steps, bug, &mut before_step, &mut at_end);
+        })
+        .map_err(|e| Failure {
+            message: e.to_string(),
+            status: 1,
+        })?;
+        return Ok(dashboard_status());
+    }
+    let steps = steps.unwrap_or(20);
+    // The metrics server (with its linger, if asked) ends after the report is out.
+    let (snapshot, _metrics) = run(steps, bug).map_err(|e| Failure {
+        message: format!("demo failed: {e}"),
+        status: 1,
+    })?;
+    let mut options = ReportOptions::default();
+    options.input = Some("vramscope demo".to_string());
+    options.explorer = format == Format::Html;
+    let built = report::build_report(&snapshot, &options);
+    let color = use_color() && format == Format::Text;
+    emit(
+        &render::render(&built, format, color),
+        None,
+        Output::for_format(format, color),
+    )?;
+    Ok(0)
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use std::process::Command as Process;
 
 use clap::{Args, ValueEnum};
 
-use super::{say, Failure};
+use super::common::{say, Failure};
 use crate::analysis::report::{self, ReportOptions};
 use crate::import::{self, ImportOptions};
 use crate::render;
