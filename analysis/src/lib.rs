@@ -8,13 +8,15 @@
 //! findings, statistics, top sites and the HTML explorer's data ([`explorer`]) into a
 //! [`report::Report`]; [`diff`] compares two snapshots by call site and [`ranks`] the
 //! snapshots of a distributed job's ranks. [`categories`] says what every block is made of
-//! (parameters, gradients, optimizer state, activations, ...).
+//! (parameters, gradients, optimizer state, activations, ...), and [`call_tree`] by the
+//! user's call tree at one moment.
 //!
 //! Nothing here prints: the render crate (`vramscope_render`) formats what this crate returns,
 //! and the dashboard (`vramscope-tui`) draws it. Architecture invariant: this crate depends on
 //! the model, the engine, the replay (for block sizes) and the importers, never on a printer or
 //! a writer.
 
+pub mod call_tree;
 pub mod categories;
 pub mod checks;
 pub mod detect;
