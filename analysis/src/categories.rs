@@ -31,7 +31,7 @@
 //! [`Category::Unknown`], never a guess. The planted cases of `vramscope_testkit::planted`,
 //! whose generator knows every block, are classified exactly (`analysis/tests/categories.rs`).
 
-use vramscope_engine::{autograd_node, is_compiled_frame, AddrMap, MemoryState};
+use vramscope_engine::{autograd_node, is_compiled_frame, AddrMap, MemoryState, NO_EVENT};
 use vramscope_model::{Category, CategoryBytes, EventKind, Frame, SiteId, Snapshot};
 
 use crate::model_view::{default_framework_paths, is_module_call};
@@ -267,8 +267,8 @@ impl Categories {
             .unwrap_or(Category::Unknown)
     }
 
-    /// Bytes per category of `start`'s allocated blocks (the state before the first event):
-    /// all of them from before the trace.
+    /// Bytes per category of `start`'s allocated bytes (the state before the first event):
+    /// all of them from before the trace, its blocks and the bytes no block describes.
     pub fn at_start(start: &MemoryState) -> CategoryBytes {
         let mut bytes = CategoryBytes::new();
         for (_, block) in start.blocks.unordered() {
@@ -276,7 +276,56 @@ impl Categories {
                 bytes.add(Category::BeforeTrace, block.size);
             }
         }
+        bytes.add(Category::BeforeTrace, start.unattributed.allocated);
         bytes
+    }
+
+    /// Bytes per category of the engine's `state` (its allocated blocks, each by the category
+    /// of the allocation that made it, and the bytes from before the trace that no block
+    /// describes): they add up to `state.allocated`, the figure a report prints.
+    pub fn in_state(&self, state: &MemoryState) -> CategoryBytes {
+        let mut bytes = CategoryBytes::new();
+        for (_, block) in state.blocks.unordered() {
+            if block.pending {
+                continue;
+            }
+            let category = if block.alloc_event == NO_EVENT {
+                Category::BeforeTrace
+            } else {
+                self.of_alloc(block.alloc_event as usize)
+            };
+            bytes.add(category, block.size);
+        }
+        bytes.add(Category::BeforeTrace, state.unattributed.allocated);
+        bytes
+    }
+
+    /// The bytes per category just after each event of `events` (indices in increasing
+    /// order), from one walk that stops after the last of them (see [`Categories::walk`]).
+    pub fn after_events(
+        &self,
+        snapshot: &Snapshot,
+        start: &MemoryState,
+        events: &[u32],
+    ) -> Vec<CategoryBytes> {
+        let mut out = Vec::with_capacity(events.len());
+        let Some(&last) = events.last() else {
+            return out;
+        };
+        let end = (last as usize + 1).min(snapshot.events.len());
+        let mut wanted = events.iter().peekable();
+        self.walk_to(snapshot, start, end, |i, bytes| {
+            while wanted.next_if(|&&e| e as usize <= i).is_some() {
+                out.push(*bytes);
+            }
+        });
+        // Indices past the last event read the end.
+        let fill = out
+            .last()
+            .copied()
+            .unwrap_or_else(|| Categories::at_start(start));
+        out.resize(events.len(), fill);
+        out
     }
 
     /// Walks `snapshot`'s events from `start` (the engine's state before the first event) and
@@ -286,6 +335,17 @@ impl Categories {
         &self,
         snapshot: &Snapshot,
         start: &MemoryState,
+        visit: impl FnMut(usize, &CategoryBytes),
+    ) {
+        self.walk_to(snapshot, start, snapshot.events.len(), visit);
+    }
+
+    /// [`Categories::walk`] over the first `end` events.
+    fn walk_to(
+        &self,
+        snapshot: &Snapshot,
+        start: &MemoryState,
+        end: usize,
         mut visit: impl FnMut(usize, &CategoryBytes),
     ) {
         let mut bytes = Categories::at_start(start);
@@ -295,7 +355,7 @@ impl Categories {
                 live.insert(addr, (Category::BeforeTrace, block.size));
             }
         }
-        for (i, e) in snapshot.events.iter().enumerate() {
+        for (i, e) in snapshot.events[..end].iter().enumerate() {
             match e.kind {
                 EventKind::Alloc => {
                     let category = self.of_alloc(i);

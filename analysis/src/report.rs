@@ -10,7 +10,7 @@
 //! [`REPORT_FORMAT_VERSION`].
 
 use serde::Serialize;
-use vramscope_model::{Recorded, Snapshot, SnapshotSource};
+use vramscope_model::{Category, CategoryBytes, Recorded, Snapshot, SnapshotSource};
 
 use crate::detect::{self, DetectOptions, Finding, Severity};
 use crate::model_view::{ModelView, TimelinePoint};
@@ -39,7 +39,13 @@ use vramscope_engine::GroupId;
 /// `stats.device_allocs`, `stats.device_frees`, `stats.empty_cache_calls` and `stats.ooms`
 /// (not recorded by a profiler trace), and added `stats.lost_frees`. Version 3 moved one
 /// device's keys into `devices[]` (version 2 had them at the top level for one device and a
-/// list of whole reports for several).
+/// list of whole reports for several). Added within version 3: `memory_by_category` in each
+/// device entry, what the memory is made of (see [`MemoryByCategory`]): `peak` and `end`,
+/// each an object of bytes per category (`activations`, `parameters`, `optimizer_state`,
+/// `gradients`, `temporaries`, `inputs`, `before_trace`, `unknown`, every one present) that
+/// adds up to `stats.peak_allocated_bytes` and `stats.allocated_bytes`, and `series`, the
+/// same on the positions of the report's downsampled timeline, by column: `event` (the
+/// event after which each position is taken) and a list of bytes per category.
 pub const REPORT_FORMAT_VERSION: u32 = 3;
 
 /// The device a report describes.
@@ -182,6 +188,49 @@ impl OtherSites {
     }
 }
 
+/// What the memory is made of (issue 46): bytes per [`vramscope_model::Category`] at the peak
+/// of allocated bytes and at the end, from the engine's own states there (so each adds up to
+/// `stats.peak_allocated_bytes` and `stats.allocated_bytes`), and a series on the timeline's
+/// positions.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct MemoryByCategory {
+    /// Bytes per category at the peak of allocated bytes.
+    pub peak: CategoryBytes,
+    /// Bytes per category at the end.
+    pub end: CategoryBytes,
+    /// The same over time, on the downsampled timeline's positions.
+    pub series: CategorySeries,
+}
+
+/// Bytes per category on the positions of a report's downsampled timeline, by column: the
+/// event after which each position is taken, then one list of bytes per category, every
+/// category named (`activations`, ..., `unknown`) whether or not it holds bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CategorySeries {
+    /// The event index of each position (`Snapshot::events`).
+    pub events: Vec<u32>,
+    /// Bytes per category at each position, in the order of `events`.
+    pub bytes: Vec<CategoryBytes>,
+}
+
+impl Serialize for CategorySeries {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        struct Column<'a>(&'a [CategoryBytes], Category);
+        impl Serialize for Column<'_> {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_seq(self.0.iter().map(|b| b[self.1]))
+            }
+        }
+        let mut map = serializer.serialize_map(Some(1 + Category::COUNT))?;
+        map.serialize_entry("event", &self.events)?;
+        for category in Category::ALL {
+            map.serialize_entry(category.as_str(), &Column(&self.bytes, category))?;
+        }
+        map.end()
+    }
+}
+
 /// A step boundary on the timeline.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StepTick {
@@ -211,6 +260,11 @@ pub struct Timeline {
     pub reserved_known: bool,
     /// Device capacity, when known.
     pub capacity: Option<u64>,
+    /// Bytes per category after the event of each of `points`, one for each point in the
+    /// same order (`crate::categories`): each adds up to its point's allocated bytes.
+    pub categories: Vec<CategoryBytes>,
+    /// Bytes per category before the first event (they add up to `start.0`).
+    pub start_categories: CategoryBytes,
     /// The HTML explorer's bands and moments, from the engine (`crate::explorer`).
     pub explorer: Option<std::sync::Arc<crate::explorer::ExplorerData>>,
 }
@@ -249,6 +303,9 @@ pub struct Report {
     /// The sites `top_sites` leaves out, summed; `None` when it lists them all.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub other_sites: Option<OtherSites>,
+    /// What the memory is made of at the peak and at the end, and over time
+    /// (`crate::categories`).
+    pub memory_by_category: MemoryByCategory,
     /// The timeline for HTML.
     #[serde(skip)]
     pub timeline: Timeline,
@@ -447,6 +504,15 @@ fn build_report_parts(view: &ModelView<'_>, options: &ReportOptions) -> Report {
     let memory_summary =
         (has_data || snapshot.stats != Default::default()).then(|| summary_table(view));
     let (top_sites, other_sites) = top_sites_and_rest(view, options.top_sites);
+    let timeline = timeline(view, options);
+    let memory_by_category = MemoryByCategory {
+        peak: *view.categories_at_peak(),
+        end: *view.categories_at_end(),
+        series: CategorySeries {
+            events: timeline.points.iter().map(|p| p.event).collect(),
+            bytes: timeline.categories.clone(),
+        },
+    };
     Report {
         format_version: REPORT_FORMAT_VERSION,
         source: snapshot.source.to_string(),
@@ -464,7 +530,8 @@ fn build_report_parts(view: &ModelView<'_>, options: &ReportOptions) -> Report {
         findings,
         top_sites,
         other_sites,
-        timeline: timeline(view, options),
+        memory_by_category,
+        timeline,
         memory_summary,
     }
 }
@@ -683,9 +750,13 @@ fn timeline(view: &ModelView<'_>, options: &ReportOptions) -> Timeline {
             })
         })
         .collect();
+    let points = downsample(view.timeline(), events, options.timeline_buckets.max(1));
+    let at: Vec<u32> = points.iter().map(|p| p.event).collect();
     Timeline {
         events,
-        points: downsample(view.timeline(), events, options.timeline_buckets.max(1)),
+        categories: view.categories_after(&at),
+        start_categories: view.categories_at_start(),
+        points,
         start: (
             view.baseline_allocated(),
             if view.reserved_known() {

@@ -200,3 +200,81 @@ fn the_gpt_steps_gradients_and_optimizer_state_are_what_its_configuration_implie
     let (_, unknown) = made(Category::Unknown);
     assert!(unknown * 100 < all, "{unknown} of {all} bytes unknown");
 }
+
+/// The report's categories come from the one engine: at the peak and at the end they add up
+/// to the allocated bytes the report prints there, before the first event to the baseline,
+/// and at each position of its timeline to that position's allocated bytes.
+fn report_adds_up(snap: &vramscope_model::Snapshot, name: &str) {
+    let report = vramscope_analysis::report::build_report(snap, &Default::default());
+    let by = &report.memory_by_category;
+    assert_eq!(
+        by.peak.total(),
+        report.stats.peak_allocated_bytes,
+        "{name}: at the peak"
+    );
+    assert_eq!(
+        by.end.total(),
+        report.stats.allocated_bytes,
+        "{name}: at the end"
+    );
+    let timeline = &report.timeline;
+    assert_eq!(
+        timeline.start_categories.total(),
+        timeline.start.0,
+        "{name}: at the start"
+    );
+    assert_eq!(timeline.categories.len(), timeline.points.len(), "{name}");
+    assert_eq!(by.series.bytes, timeline.categories, "{name}");
+    for (point, bytes) in timeline.points.iter().zip(&timeline.categories) {
+        assert_eq!(
+            bytes.total(),
+            point.allocated,
+            "{name}: after event {}",
+            point.event
+        );
+    }
+    if let Some(last) = timeline.points.last() {
+        if last.event as usize + 1 == snap.events.len() {
+            assert_eq!(timeline.categories.last(), Some(&by.end), "{name}");
+        }
+    }
+}
+
+#[test]
+fn the_reports_categories_add_up_on_every_shared_trace() {
+    for name in [
+        "cs336_medium_ctx512_train_step.pickle",
+        "decomfl_opt125m_zo_fedlearn.pickle",
+        "hta_ddp_rank1_v100_profile_memory.trace.json.gz",
+    ] {
+        let Some(path) = shared(name) else {
+            return;
+        };
+        let snap = vramscope_import::load(&path).unwrap();
+        for part in vramscope_engine::devices::parts(snap) {
+            report_adds_up(&part, name);
+        }
+    }
+}
+
+#[test]
+fn the_reports_categories_add_up_on_planted_cases() {
+    for case in cases::all_cases(StackMode::Python) {
+        report_adds_up(&case.snapshot, &case.name);
+    }
+}
+
+proptest! {
+    #![proptest_config(vramscope_testkit::props::config(64))]
+
+    /// Generated traces of any shape, consistent or not (blocks freed twice or never
+    /// allocated, allocations over live blocks, frees requested and never completed).
+    #[test]
+    fn the_reports_categories_add_up_on_generated_traces(
+        ops in vramscope_testkit::generated::ops(1..5, 1..120),
+        live_at_dump in vramscope_testkit::generated::live_at_dump(),
+    ) {
+        let snap = vramscope_testkit::generated::trace_of_ops(&ops, &live_at_dump);
+        report_adds_up(&snap, "generated");
+    }
+}

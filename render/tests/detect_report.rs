@@ -441,3 +441,51 @@ fn the_sync_check_counts_waits_by_the_detectors_rule_in_every_step() {
         "{text}"
     );
 }
+
+/// What the memory is made of (issue 46): the text and markdown reports say it at the peak
+/// and at the end in one line each, and the JSON has `memory_by_category` with `peak`,
+/// `end` and the series, every category named, each moment adding up to its allocated bytes.
+#[test]
+fn every_format_says_what_the_memory_is_made_of() {
+    let mut t = Trace::new();
+    let site = t.site("train.py", 3, "main");
+    let weights = t.alloc(site, 4 * MIB);
+    let _ = weights;
+    let scratch = t.alloc(site, 2 * MIB);
+    t.free(scratch, 2 * MIB);
+    let mut snap = t.finish();
+    snap.tags = vec!["weights".to_string(), "activations".to_string()];
+    snap.events.to_mut()[0].tag = Id::new(0);
+    snap.events.to_mut()[1].tag = Id::new(1);
+    let report = report_of(&snap);
+    let text = render(&report, Format::Text, false);
+    assert!(
+        text.contains("at the peak 6.00 MiB: activations 2.0, parameters 4.0\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("at the end 4.00 MiB: parameters 4.0\n"),
+        "{text}"
+    );
+    let markdown = render(&report, Format::Markdown, false);
+    assert!(
+        markdown.contains("at the peak 6.00 MiB: activations 2.0, parameters 4.0"),
+        "{markdown}"
+    );
+    let file: serde_json::Value =
+        serde_json::from_str(&render(&report, Format::Json, false)).expect("valid JSON");
+    let by = &file["devices"][0]["memory_by_category"];
+    assert_eq!(by["peak"]["activations"], 2 * MIB);
+    assert_eq!(by["peak"]["parameters"], 4 * MIB);
+    assert_eq!(by["end"]["activations"], 0);
+    assert_eq!(by["end"]["parameters"], 4 * MIB);
+    assert_eq!(by["end"].as_object().map(|o| o.len()), Some(8));
+    let series = &by["series"];
+    assert_eq!(series["event"], serde_json::json!([0, 1, 2]));
+    assert_eq!(
+        series["parameters"],
+        serde_json::json!([4 * MIB, 4 * MIB, 4 * MIB])
+    );
+    assert_eq!(series["activations"], serde_json::json!([0, 2 * MIB, 0]));
+    assert_eq!(series["unknown"], serde_json::json!([0, 0, 0]));
+}

@@ -23,6 +23,8 @@ use vramscope_model::{BlockState, Event, EventKind, Id, Snapshot, TransferDirect
 
 use super::steps::{collect_steps, StepPlan};
 use super::{Interval, ModelView, SegmentSummary, StepInfo, StepTally, TraceTotals};
+use crate::categories::Categories;
+use vramscope_engine::MemoryState;
 
 /// Builds a [`ModelView`] from the events of its snapshot, fed in order with
 /// [`ModelViewBuilder::push`]. See the module documentation.
@@ -231,7 +233,12 @@ impl<'a> ModelViewBuilder<'a> {
 
     /// The view of every event fed so far, from `summaries` ([`ModelViewBuilder::summarize`])
     /// and `walk`, the engine's walk of the same snapshot.
-    pub(super) fn finish(self, summaries: Summaries, walk: Reconstruction) -> ModelView<'a> {
+    pub(super) fn finish(
+        self,
+        summaries: Summaries,
+        walk: Reconstruction,
+        categories: Categories,
+    ) -> ModelView<'a> {
         let Summaries {
             group_intervals,
             group_events,
@@ -272,9 +279,16 @@ impl<'a> ModelViewBuilder<'a> {
             segments,
             step_source: self.plan.source,
             empty_cache_calls,
+            categories_at_peak: categories.in_state(at_peak.as_ref().unwrap_or(&walk.start)),
+            categories_at_end: categories.in_state(&walk.end),
+            categories,
+            start: MemoryState::default(),
+            disagreements: Default::default(),
         };
         view.live_end = view.holdings_in(&walk.end);
         view.live_peak = view.holdings_in(at_peak.as_ref().unwrap_or(&walk.start));
+        view.start = walk.start;
+        view.disagreements = walk.disagreements;
         view
     }
 

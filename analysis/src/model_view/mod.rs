@@ -34,10 +34,12 @@ pub use steps::{
 };
 
 use vramscope_engine::{
-    name_call_site, EmptyCacheCall, GroupId, LiveBlock, MemoryState, Reconstruction, Runs,
-    SiteGroup, SiteGroups, SiteName, Usage, UsageSeries, NO_EVENT,
+    name_call_site, Disagreements, EmptyCacheCall, GroupId, LiveBlock, MemoryState, Reconstruction,
+    Runs, SiteGroup, SiteGroups, SiteName, Usage, UsageSeries, NO_EVENT,
 };
-use vramscope_model::{Event, Id, SiteId, Snapshot};
+use vramscope_model::{CategoryBytes, Event, Id, SiteId, Snapshot};
+
+use crate::categories::Categories;
 
 use build::ModelViewBuilder;
 pub use holdings::holdings_of;
@@ -293,6 +295,17 @@ pub struct ModelView<'a> {
     segments: SegmentSummary,
     step_source: StepSource,
     empty_cache_calls: Vec<EmptyCacheCall>,
+    /// What every allocation is made of (`crate::categories`).
+    categories: Categories,
+    /// The engine's state before the first event, where a walk of the categories starts.
+    start: MemoryState,
+    /// Where a walk forwards from `start` would part from the engine's states.
+    disagreements: Disagreements,
+    /// Bytes per category at the peak of allocated bytes and at the end, from the engine's
+    /// own states there: they add up to [`ModelView::peak_allocated`] and
+    /// [`ModelView::end_allocated`].
+    categories_at_peak: CategoryBytes,
+    categories_at_end: CategoryBytes,
 }
 
 impl<'a> ModelView<'a> {
@@ -323,10 +336,11 @@ impl<'a> ModelView<'a> {
             // The walk takes longer than the pass (at 10M events, 1.0 s and 0.5 s): what
             // needs no walk is worked out meanwhile.
             let summaries = builder.summarize();
+            let categories = Categories::classify(snapshot);
             let walk = walk
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            builder.finish(summaries, walk)
+            builder.finish(summaries, walk, categories)
         })
     }
 
@@ -592,6 +606,51 @@ impl<'a> ModelView<'a> {
     /// Figures about the segments of the snapshot.
     pub fn segments(&self) -> &SegmentSummary {
         &self.segments
+    }
+
+    /// What every allocation of the trace is made of: one pass of `crate::categories`.
+    pub fn categories(&self) -> &Categories {
+        &self.categories
+    }
+
+    /// Bytes per category at the peak of allocated bytes; they add up to
+    /// [`ModelView::peak_allocated`].
+    pub fn categories_at_peak(&self) -> &CategoryBytes {
+        &self.categories_at_peak
+    }
+
+    /// Bytes per category at the end; they add up to [`ModelView::end_allocated`].
+    pub fn categories_at_end(&self) -> &CategoryBytes {
+        &self.categories_at_end
+    }
+
+    /// Bytes per category just after each event of `events` (indices in increasing order),
+    /// from one walk from the engine's start state that stops after the last of them.
+    ///
+    /// Where the trace contradicts itself before the last of them (the engine's
+    /// `Disagreements`), a walk forwards would part from the engine's own states, so the
+    /// bytes are read from those states instead (`Reconstruction::states_after`, a walk back
+    /// from the end): either way they add up to the allocated bytes the view reports there.
+    pub fn categories_after(&self, events: &[u32]) -> Vec<CategoryBytes> {
+        let last = events.last().map_or(0, |&e| e as usize + 1);
+        if self.disagreements.none_in(0, last) {
+            return self
+                .categories
+                .after_events(self.snapshot, &self.start, events);
+        }
+        let mut at: rustc_hash::FxHashMap<u32, CategoryBytes> = Default::default();
+        Reconstruction::states_after(self.snapshot, events, |i, state| {
+            at.insert(i, self.categories.in_state(state));
+        });
+        events
+            .iter()
+            .map(|e| at.get(e).copied().unwrap_or(self.categories_at_end))
+            .collect()
+    }
+
+    /// Bytes per category before the first event: all from before the trace.
+    pub fn categories_at_start(&self) -> CategoryBytes {
+        Categories::at_start(&self.start)
     }
 
     /// Device capacity in bytes: `override_bytes` if given, else the snapshot's, else `None`.
