@@ -34,17 +34,21 @@ pub enum Panel {
     Findings,
     /// Every event.
     Events,
+    /// What the memory at the cursor is made of: the categories as a bar, and the live bytes
+    /// by the user's call tree.
+    Memory,
 }
 
 impl Panel {
     /// Every panel, in tab order (keys 1 to 6).
-    pub const ALL: [Panel; 6] = [
+    pub const ALL: [Panel; 7] = [
         Panel::Overview,
         Panel::Timeline,
         Panel::Segments,
         Panel::Sites,
         Panel::Findings,
         Panel::Events,
+        Panel::Memory,
     ];
 
     /// The tab title.
@@ -56,6 +60,7 @@ impl Panel {
             Panel::Sites => "Call sites",
             Panel::Findings => "Findings",
             Panel::Events => "Events",
+            Panel::Memory => "Memory",
         }
     }
 
@@ -209,6 +214,38 @@ pub struct EventsView {
     pub filter: String,
 }
 
+/// The memory panel's choices: the selected row of the call tree and the nodes the user folded
+/// or opened (by their path of labels), which stay so as the cursor moves.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemoryView {
+    /// The selected row.
+    pub selected: usize,
+    /// Nodes whose folding the user turned from its default (the largest nodes open while
+    /// their rows fit the panel, the rest folded), by [`MemoryRow::path`].
+    pub toggled: BTreeSet<String>,
+}
+
+/// One visible row of the memory panel's call tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryRow {
+    /// Depth below the root's children (0 for them).
+    pub depth: usize,
+    /// The node's label (`model.py:31 forward`, `GPT.h.3.attn`).
+    pub label: String,
+    /// Live bytes under the node.
+    pub bytes: u64,
+    /// Live blocks under the node.
+    pub blocks: u64,
+    /// The category holding most of the node's bytes.
+    pub main: Option<vramscope_model::Category>,
+    /// The labels from the root's child down to this node, joined by `\u{1f}`.
+    pub path: String,
+    /// Whether the node has children.
+    pub has_children: bool,
+    /// Whether its children are hidden.
+    pub folded: bool,
+}
+
 /// A text field being typed into.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Input {
@@ -279,6 +316,10 @@ pub struct CursorView {
     pub findings: Vec<usize>,
     /// Figures about the segments at the cursor.
     pub segments: SegmentFigures,
+    /// Allocated bytes at the cursor by category (the memory panel's bar; zero elsewhere).
+    pub categories: vramscope_model::CategoryBytes,
+    /// The memory panel's visible tree rows (empty elsewhere).
+    pub memory: Vec<MemoryRow>,
     /// Key of the choices it was computed with.
     pub(crate) key: String,
 }
@@ -384,6 +425,8 @@ pub struct ViewModel<'a> {
     pub events: &'a EventsView,
     /// First segment row shown.
     pub segment_scroll: usize,
+    /// The memory panel's choices.
+    pub memory: &'a MemoryView,
 }
 
 impl ViewModel<'_> {

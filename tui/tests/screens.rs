@@ -78,6 +78,64 @@ panel_screens! {
     call_sites: Panel::Sites,
     findings: Panel::Findings,
     events: Panel::Events,
+    memory: Panel::Memory,
+}
+
+/// A planted training program (`vramscope_testkit::planted`) marked as `attach()` marks it,
+/// dumped in its third forward after two of four layers.
+fn planted_mid_forward() -> App {
+    use vramscope_testkit::planted::cases::{Program, Shape};
+    use vramscope_testkit::planted::StackMode;
+    let mut p = Program::new(StackMode::All, Shape::default()).with_marks();
+    p.load_model();
+    p.train_step(1);
+    p.train_step(1);
+    p.zero_grad();
+    p.load_batch();
+    p.forward_interrupted(2);
+    let data = Dataset::new(
+        p.finish("mid_forward").snapshot,
+        Origin::File("train.pickle".into()),
+    );
+    let mut app = App::new(data);
+    app.theme = Theme::plain();
+    app.now_unix_ns = fixture::EPOCH_UNIX_NS;
+    app.cursor = Some(app.data.len());
+    app.panel = Panel::Memory;
+    app
+}
+
+#[test]
+fn the_memory_panel_shows_the_categories_and_the_models_tree() {
+    let mut app = planted_mid_forward();
+    let wide = screen(&mut app, 160, 48);
+    insta::assert_snapshot!("memory_planted_160x48", wide);
+    // The bar and its legend: parameters, optimizer state and the two layers' activations.
+    for needed in [
+        "activations 32.0 MiB",
+        "parameters 64.1 MiB",
+        "optimizer state 128 MiB",
+        "Model.layers.0",
+        "Model.layers.1",
+        "train.py:44 train",
+    ] {
+        assert!(wide.contains(needed), "{needed} in\n{wide}");
+    }
+    assert!(
+        !wide.contains("Model.layers.2"),
+        "the forward stopped at layer 2"
+    );
+    insta::assert_snapshot!("memory_planted_80x24", screen(&mut app, 80, 24));
+    // Enter folds the selected node (the largest of the root's children) and opens it again.
+    let rows = app.view().memory.len();
+    assert!(!app.view().memory[0].folded);
+    app.handle_key(KeyEvent::from(KeyCode::Enter));
+    assert!(app.view().memory[0].folded);
+    assert!(app.view().memory.len() < rows);
+    app.handle_key(KeyEvent::from(KeyCode::Enter));
+    assert_eq!(app.view().memory.len(), rows);
+    app.handle_key(KeyEvent::from(KeyCode::Char('7')));
+    assert_eq!(app.panel, Panel::Memory);
 }
 
 #[test]

@@ -71,9 +71,12 @@ impl App {
                 }
             }
             KeyCode::Char('?') | KeyCode::F(1) => self.help = true,
-            KeyCode::Tab => self.panel = Panel::ALL[(self.panel.index() + 1) % 6],
-            KeyCode::BackTab => self.panel = Panel::ALL[(self.panel.index() + 5) % 6],
-            KeyCode::Char(c @ '1'..='6') => {
+            KeyCode::Tab => self.panel = Panel::ALL[(self.panel.index() + 1) % Panel::ALL.len()],
+            KeyCode::BackTab => {
+                let n = Panel::ALL.len();
+                self.panel = Panel::ALL[(self.panel.index() + n - 1) % n]
+            }
+            KeyCode::Char(c @ '1'..='7') => {
                 self.panel = Panel::ALL[(c as u8 - b'1') as usize];
             }
             KeyCode::Char('p') | KeyCode::Char(' ') => self.toggle_pause(),
@@ -213,6 +216,9 @@ impl App {
                 let row = clamp(current, delta, list.len());
                 self.events.selected = Some(list[row]);
             }
+            Panel::Memory => {
+                self.memory.selected = clamp(self.memory.selected, delta, self.view.memory.len());
+            }
             Panel::Segments => {
                 let len = self.data.state_at(self.pos()).segments.len();
                 self.segment_scroll = clamp(self.segment_scroll, delta, len);
@@ -237,6 +243,15 @@ impl App {
                         self.sites.collapsed.insert(row.path.clone());
                     }
                     // The rows below moved: the next key of the same batch must see them.
+                    self.prepare();
+                }
+            }
+            Panel::Memory => {
+                // Fold or unfold the selected node of the call tree.
+                if let Some(row) = self.view.memory.get(self.memory.selected) {
+                    if row.has_children && !self.memory.toggled.remove(&row.path) {
+                        self.memory.toggled.insert(row.path.clone());
+                    }
                     self.prepare();
                 }
             }

@@ -35,8 +35,8 @@ use crate::data::{Dataset, Link, Origin};
 use crate::source::{unix_now_ns, Source, Update};
 use crate::theme::Theme;
 pub use crate::view::{
-    CursorView, EventsView, FindingsView, Input, KindFilter, Panel, SegmentFigures, SiteRow,
-    SiteSort, SitesView, TreeRow,
+    CursorView, EventsView, FindingsView, Input, KindFilter, MemoryRow, MemoryView, Panel,
+    SegmentFigures, SiteRow, SiteSort, SitesView, TreeRow,
 };
 use crate::view::{ViewModel, ViewSource};
 
@@ -75,6 +75,11 @@ pub struct App {
     pub events: EventsView,
     /// First segment row shown.
     pub segment_scroll: usize,
+    /// Memory panel choices.
+    pub memory: MemoryView,
+    /// What every allocation of the data is (`vramscope_analysis::categories`), made while
+    /// the memory panel is shown, with the data's version and epoch and when it was made.
+    categories: Option<prepare::Classified>,
     /// A message for the help bar, with the time it was set.
     pub status: Option<(String, u64)>,
     /// The time, in Unix nanoseconds (set by the loop; fixed in tests).
@@ -154,6 +159,8 @@ impl App {
                 filter: String::new(),
             },
             segment_scroll: 0,
+            memory: MemoryView::default(),
+            categories: None,
             status: None,
             now_unix_ns: unix_now_ns(),
             theme: Theme::from_env(),
@@ -494,6 +501,7 @@ impl App {
             findings: &self.findings,
             events: &self.events,
             segment_scroll: self.segment_scroll,
+            memory: &self.memory,
         }
     }
 }

@@ -12,21 +12,40 @@
 use std::collections::{BTreeSet, HashMap};
 
 use ratatui::layout::Rect;
+use std::time::{Duration, Instant};
+
 use rustc_hash::FxHashMap;
+use vramscope_analysis::call_tree::CallTree;
+use vramscope_analysis::categories::Categories;
 use vramscope_analysis::model_view::holdings_of;
 use vramscope_engine::{GroupId, LiveBlock, SiteGroups};
 use vramscope_import::sites::is_framework_frame;
-use vramscope_model::SiteId;
+use vramscope_model::{Category, CategoryBytes, SiteId};
 
 use super::event_rows::{self, RowsKey};
 use super::App;
 use crate::ui;
-use crate::view::{CursorView, Panel, SegmentFigures, SiteRow, SiteSort, TreeRow};
+use crate::view::{CursorView, MemoryRow, Panel, SegmentFigures, SiteRow, SiteSort, TreeRow};
+
+/// The most nodes the memory panel's call tree keeps (the rest summed into "other").
+pub const MEMORY_TREE_NODES: usize = 200;
+
+/// The classification of the data's allocations, and what it was made from.
+pub(crate) struct Classified {
+    version: u64,
+    epoch: u64,
+    at: Instant,
+    categories: Categories,
+}
+
+/// How long live data keeps a classification while only new events arrive: classifying costs
+/// a pass over every event, and the allocations it has not seen count as unknown meanwhile.
+const RECLASSIFY_LIVE: Duration = Duration::from_secs(1);
 
 impl App {
     fn view_key(&self) -> String {
         format!(
-            "{:?}|{}|{:?}|{}|{}|{}|{}|{:?}",
+            "{:?}|{}|{:?}|{}|{}|{}|{}|{:?}|{}|{:?}|{}",
             self.sites.sort,
             self.sites.tree,
             self.sites.collapsed,
@@ -35,7 +54,111 @@ impl App {
             self.findings.filter,
             self.analysis.as_ref().map_or(0, |a| a.version),
             self.analysis.as_ref().map(|a| a.cut),
+            self.panel == Panel::Memory,
+            self.memory.toggled,
+            self.tree_rows(),
         )
+    }
+
+    /// Classifies the data's allocations when they changed: a file once, live data at most
+    /// once every [`RECLASSIFY_LIVE`] while only new events arrive.
+    fn classify(&mut self) {
+        let (version, epoch) = (self.data.version(), self.data.epoch());
+        let fresh = self.categories.as_ref().is_some_and(|c| {
+            c.version == version
+                || (self.is_live() && c.epoch == epoch && c.at.elapsed() < RECLASSIFY_LIVE)
+        });
+        if !fresh {
+            self.categories = Some(Classified {
+                version,
+                epoch,
+                at: Instant::now(),
+                categories: Categories::classify(self.data.snapshot()),
+            });
+        }
+    }
+
+    /// The rows the memory panel's tree has on the screen (the panel less its border, the
+    /// bar, a legend of up to two rows, a gap and the header).
+    fn tree_rows(&self) -> usize {
+        if self.panel != Panel::Memory {
+            return 0;
+        }
+        usize::from(
+            ui::layout(self.area, Panel::Memory)
+                .body
+                .height
+                .saturating_sub(7),
+        )
+        .max(1)
+    }
+
+    /// The nodes of `tree` open unless the user toggled them: the largest first, each while
+    /// its children still fit the panel's rows beside the rows already shown.
+    fn open_by_default(&self, tree: &CallTree) -> rustc_hash::FxHashSet<u32> {
+        let mut open = rustc_hash::FxHashSet::default();
+        let Some(root) = tree.root() else {
+            return open;
+        };
+        let budget = self.tree_rows();
+        let mut shown = root.children.len();
+        let candidates = |n: &[u32]| {
+            n.iter()
+                .filter(|&&c| !tree.nodes[c as usize].children.is_empty())
+                .map(|&c| (tree.nodes[c as usize].bytes, std::cmp::Reverse(c)))
+                .collect::<Vec<_>>()
+        };
+        let mut heap: std::collections::BinaryHeap<_> = candidates(&root.children).into();
+        while let Some((_, std::cmp::Reverse(n))) = heap.pop() {
+            let children = &tree.nodes[n as usize].children;
+            if shown + children.len() > budget {
+                continue;
+            }
+            shown += children.len();
+            open.insert(n);
+            heap.extend(candidates(children));
+        }
+        open
+    }
+
+    /// The call tree's visible rows, from `tree`.
+    fn memory_rows(&self, tree: &CallTree) -> Vec<MemoryRow> {
+        let mut rows = Vec::new();
+        let Some(root) = tree.root() else {
+            return rows;
+        };
+        let defaults = self.open_by_default(tree);
+        // Depth first from the root's children, a node's children after it while it is open.
+        let mut stack: Vec<(u32, String)> = root
+            .children
+            .iter()
+            .rev()
+            .map(|&c| (c, String::new()))
+            .collect();
+        while let Some((n, parent)) = stack.pop() {
+            let node = &tree.nodes[n as usize];
+            let path = if parent.is_empty() {
+                node.label.clone()
+            } else {
+                format!("{parent}\u{1f}{}", node.label)
+            };
+            let open = defaults.contains(&n) != self.memory.toggled.contains(&path);
+            let has_children = !node.children.is_empty();
+            if open && has_children {
+                stack.extend(node.children.iter().rev().map(|&c| (c, path.clone())));
+            }
+            rows.push(MemoryRow {
+                depth: node.depth.saturating_sub(1) as usize,
+                label: node.label.clone(),
+                bytes: node.bytes,
+                blocks: node.blocks,
+                main: node.main_category(),
+                path,
+                has_children,
+                folded: has_children && !open,
+            });
+        }
+        rows
     }
 
     /// Prepares a frame of `area`: remembers the area (for the mouse), the rows a page of the
@@ -62,6 +185,9 @@ impl App {
         let key = self.view_key();
         if self.view.pos == pos && self.view.version == version && self.view.key == key {
             return;
+        }
+        if self.panel == Panel::Memory {
+            self.classify();
         }
         let growth = self.analysis.as_ref().map(|a| &a.growth);
         // Borrowed, not cloned: a copy of the groups here cost O(call sites) at every view
@@ -143,6 +269,17 @@ impl App {
         } else {
             Vec::new()
         };
+        let (categories, memory) = if self.panel == Panel::Memory {
+            let classified = self.categories.as_ref().map(|c| &c.categories);
+            let tree = CallTree::at(self.data.snapshot(), state, classified, MEMORY_TREE_NODES);
+            let mut categories = tree.categories();
+            // Memory from before the trace that no block describes (a profiler trace's
+            // totals), as the allocated figure counts it.
+            categories.add(Category::BeforeTrace, state.unattributed.allocated);
+            (categories, self.memory_rows(&tree))
+        } else {
+            (CategoryBytes::new(), Vec::new())
+        };
         let findings = self.filtered_findings();
         self.view = CursorView {
             pos,
@@ -153,6 +290,8 @@ impl App {
             events: std::mem::take(&mut self.view.events),
             findings,
             segments,
+            categories,
+            memory,
             key,
         };
         let rows = if self.sites.tree {
@@ -161,6 +300,10 @@ impl App {
             self.view.sites.len()
         };
         self.sites.selected = self.sites.selected.min(rows.saturating_sub(1));
+        self.memory.selected = self
+            .memory
+            .selected
+            .min(self.view.memory.len().saturating_sub(1));
         self.findings.selected = self
             .findings
             .selected

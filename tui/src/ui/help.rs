@@ -50,6 +50,13 @@ pub fn keys_for<S: ViewSource + ?Sized>(source: &S) -> Vec<(&'static str, &'stat
             ("/", "search"),
         ]),
         Panel::Findings => keys.extend([("↑↓", "select"), ("Enter", "site"), ("/", "filter")]),
+        Panel::Memory => keys.extend([
+            ("↑↓", "select"),
+            ("Enter", "fold"),
+            ("P", "peak"),
+            ("←→", "step"),
+            ("[ ]", "step"),
+        ]),
         Panel::Events => keys.extend([
             ("↑↓", "select"),
             ("Enter", "go to"),
@@ -119,7 +126,7 @@ impl Widget for HelpBar<'_> {
 pub const ALL_KEYS: &[(&str, &str)] = &[
     ("q  Ctrl-C", "quit (Esc too, when nothing is open)"),
     ("?  F1", "this help; any key closes it"),
-    ("Tab  1-6", "next panel; go to panel 1 to 6"),
+    ("Tab  1-7", "next panel; go to panel 1 to 7"),
     (
         "← → h l",
         "time cursor: a column in the timeline, a step elsewhere",

@@ -3,7 +3,8 @@
 //! [`draw`] lays the screen out with [`layout`] (header, tab bar, panel body, help bar; the
 //! overview panel is a grid that grows with the terminal) and renders each part with the
 //! widgets of the submodules, each an `impl Widget`: [`header`], [`timeline`], [`segments`],
-//! [`sites`] (its stacks folded by [`stack`]), [`findings`], [`events`] and [`help`];
+//! [`sites`] (its stacks folded by [`stack`]), [`findings`], [`events`], [`memory`] (the
+//! categories at the cursor and the call tree) and [`help`];
 //! [`fleet`] draws the table of several processes that `vramscope top ADDR ADDR...` shows.
 //! Widgets read a `crate::view::ViewModel` (plain data and references to the
 //! `crate::data::Dataset`, made by `crate::app::App` after `App::prepare`) and never change
@@ -16,6 +17,7 @@ pub mod findings;
 pub mod fleet;
 pub mod header;
 pub mod help;
+pub mod memory;
 pub mod segments;
 pub mod sites;
 pub mod stack;
@@ -127,11 +129,22 @@ fn split_h(r: Rect, left: u16) -> (Rect, Rect) {
 }
 
 /// The label of each tab and where it starts.
+/// Where the labels do not fit with a space either side, they go without.
 fn tab_spans(area: Rect) -> Vec<(Panel, u16, String)> {
     let mut x = area.x + 1;
     let mut out = Vec::new();
+    let wide: usize = Panel::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!(" {} {} ", i + 1, p.title()).chars().count() + 1)
+        .sum();
+    let roomy = wide < usize::from(area.width);
     for (i, p) in Panel::ALL.iter().enumerate() {
-        let label = format!(" {} {} ", i + 1, p.title());
+        let label = if roomy {
+            format!(" {} {} ", i + 1, p.title())
+        } else {
+            format!("{} {}", i + 1, p.title())
+        };
         let w = label.chars().count() as u16;
         out.push((*p, x, label));
         x += w + 1;
@@ -187,6 +200,7 @@ pub fn draw<S: ViewSource + ?Sized>(frame: &mut Frame<'_>, source: &S) {
             Panel::Sites => sites::SitesPanel { model, compact }.render(*rect, buf),
             Panel::Findings => findings::FindingsPanel { model, compact }.render(*rect, buf),
             Panel::Events => events::EventsPanel { model }.render(*rect, buf),
+            Panel::Memory => memory::MemoryPanel { model }.render(*rect, buf),
             Panel::Overview => {}
         }
     }
