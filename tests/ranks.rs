@@ -307,3 +307,168 @@ fn a_multi_device_file_is_its_devices_and_skipped_files_are_said() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Where the leaking rank keeps a buffer each step: this line.
+fn kept_for_logging(
+    alloc: &CachingAllocator<SimDevice>,
+) -> vramscope::allocator::DeviceBuffer<SimDevice> {
+    alloc.alloc(8 << 20).unwrap()
+}
+
+/// One rank of a 200-rank job: weights, activations freed each step with a little noise
+/// between ranks; the `leak` rank keeps 8 MiB a step at one site, the `batch` rank runs a
+/// batch half again as large.
+fn job_rank(rank: u32, leak: bool, batch: bool) -> Snapshot {
+    let alloc = CachingAllocator::new(SimDevice::phantom(1 << 36), AllocatorConfig::default());
+    let _weights = alloc.tagged("weights").alloc(512 << 20).unwrap();
+    let samples = if batch { 3 } else { 2 };
+    let wobble = u64::from(rank * 7919 % 97) * (16 << 10);
+    let mut kept = Vec::new();
+    for _ in 0..6 {
+        alloc.mark_step();
+        let activations: Vec<_> = (0..4)
+            .map(|_| alloc.alloc(samples * (32 << 20) + wobble).unwrap())
+            .collect();
+        if leak {
+            kept.push(kept_for_logging(&alloc));
+        }
+        drop(activations);
+    }
+    alloc.snapshot()
+}
+
+/// Runs `vramscope ranks --format json` (with `args` before the inputs) and returns its
+/// standard output and standard error; a file of the job is skipped, so it exits with 1.
+fn ranks_of(inputs: &[&Path]) -> (String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args(["ranks", "--format", "json"])
+        .args(inputs)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "a file was skipped: {stderr}"
+    );
+    (String::from_utf8(output.stdout).unwrap(), stderr)
+}
+
+/// Issue 48: 200 ranks with a little noise between them, one that leaks at one site, one
+/// that runs a larger batch, and a file that is no snapshot. `ranks` names exactly the two,
+/// lists the bad file as skipped with the reason, and says the same, byte for byte, from the
+/// snapshots, from their summaries (`vramscope summarize`) and from both mixed; the text
+/// prints the ranks alike and the distribution, not 200 rows.
+#[test]
+fn two_planted_ranks_of_200_are_named_from_snapshots_and_from_summaries() {
+    const LEAK: u32 = 17;
+    const BATCH: u32 = 143;
+    let dir = scratch("job200");
+    let job = dir.join("job");
+    let sums = dir.join("summaries");
+    std::fs::create_dir_all(&job).unwrap();
+    std::fs::create_dir_all(&sums).unwrap();
+    for rank in 0..200 {
+        job_rank(rank, rank == LEAK, rank == BATCH)
+            .save(job.join(format!("rank{rank}.json")))
+            .unwrap();
+    }
+    std::fs::write(job.join("rank200.json"), [0u8; 4096]).unwrap();
+    let (from_snapshots, stderr) = ranks_of(&[&job]);
+    assert!(stderr.contains("skipped rank 200: "), "{stderr}");
+    let json: Value = serde_json::from_str(&from_snapshots).unwrap();
+    let mut named: Vec<u64> = json["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["rank"].as_u64().unwrap())
+        .collect();
+    named.sort_unstable();
+    assert_eq!(
+        named,
+        [u64::from(LEAK), u64::from(BATCH)],
+        "{:#}",
+        json["findings"]
+    );
+    let finding = |rank: u32| {
+        json["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["rank"] == rank)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(finding(BATCH)["kind"], "rank_imbalance");
+    let leak = finding(LEAK);
+    assert_eq!(leak["kind"], "rank_retains_more", "{leak:#}");
+    assert!(
+        leak["sites_at_end"][0]["site"]
+            .as_str()
+            .unwrap()
+            .starts_with("tests/ranks.rs:"),
+        "{leak:#}"
+    );
+    assert_eq!(leak["sites_at_end"][0]["bytes"], 6 * (8 << 20));
+    assert_eq!(json["ranks"].as_array().unwrap().len(), 200);
+    assert_eq!(json["failed"][0]["rank"], 200);
+    assert_eq!(json["failed"][0]["skipped"], "unreadable");
+
+    // The map: one summary per file, kilobytes each, the bad file's saying why.
+    for rank in 0..=200 {
+        let output = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+            .arg("summarize")
+            .arg(job.join(format!("rank{rank}.json")))
+            .arg("-o")
+            .arg(sums.join(format!("rank{rank}.json")))
+            .output()
+            .unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(if rank == 200 { 1 } else { 0 }),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let size = std::fs::metadata(sums.join(format!("rank{rank}.json")))
+            .unwrap()
+            .len();
+        assert!(size < 16 << 10, "rank {rank}'s summary is {size} bytes");
+    }
+    // The reduce: from the summaries, and from summaries and snapshots mixed.
+    let (from_summaries, _) = ranks_of(&[&sums]);
+    assert_eq!(from_summaries, from_snapshots);
+    let mixed = dir.join("mixed");
+    std::fs::create_dir_all(&mixed).unwrap();
+    for rank in 0..=200 {
+        let from = if rank % 2 == 0 { &job } else { &sums };
+        let name = format!("rank{rank}.json");
+        std::fs::copy(from.join(&name), mixed.join(&name)).unwrap();
+    }
+    let (from_mixed, _) = ranks_of(&[&mixed]);
+    assert_eq!(
+        from_mixed.replace(&mixed.display().to_string(), &job.display().to_string()),
+        from_snapshots,
+        "the snapshots of the mixed folder are named by it"
+    );
+
+    // The text: which ranks are alike and the distribution, not a row per rank.
+    let text = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .arg("ranks")
+        .arg(&sums)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("ranks 0–200 alike but 17 and 143; 200 skipped"),
+        "{text}"
+    );
+    assert!(text.contains("peak allocated"), "{text}");
+    assert!(text.lines().count() < 40, "{text}");
+    let all = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args(["ranks", "--all"])
+        .arg(&sums)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&all.stdout).lines().count() > 200);
+    let _ = std::fs::remove_dir_all(&dir);
+}

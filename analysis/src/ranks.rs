@@ -443,7 +443,7 @@ pub fn expand_inputs(inputs: &[PathBuf]) -> std::io::Result<(Vec<PathBuf>, Vec<S
                 left_out.push(format!("{}: named more than once", shown(&path)));
             }
             Some(first) => left_out.push(format!(
-                "{}: the same file as {} (a link to it, or the same path): counted once",
+                "{}: the same file as {}: counted once",
                 shown(&path),
                 shown(first)
             )),
@@ -1202,6 +1202,7 @@ mod tests {
     #[test]
     fn a_folder_gives_its_snapshot_files_and_each_file_counts_once() {
         let dir = std::env::temp_dir().join(format!("vramscope-ranks-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
         for name in ["rank0.pickle", "rank1.json.gz", "README.md"] {
             std::fs::write(dir.join(name), b"x").expect("write");
@@ -1220,6 +1221,21 @@ mod tests {
             left_out[1].ends_with("rank0.pickle: named more than once"),
             "{left_out:?}"
         );
+        // A link to a file already taken is that file: counted once, and said so.
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink(dir.join("rank0.pickle"), dir.join("rank2.pickle"))
+                .expect("symlink");
+            let (files, left_out) = expand_inputs(std::slice::from_ref(&dir)).expect("expand");
+            assert_eq!(files, [dir.join("rank0.pickle"), dir.join("rank1.json.gz")]);
+            assert!(
+                left_out.iter().any(|l| l.ends_with(&format!(
+                    "rank2.pickle: the same file as {}: counted once",
+                    dir.join("rank0.pickle").display()
+                ))),
+                "{left_out:?}"
+            );
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -87,8 +87,11 @@ enum Command {
     Run(run::RunArgs),
     /// Print the memory summary table of any snapshot.
     Summary(summary::SummaryArgs),
-    /// Compare the snapshots of a job's ranks side by side and name the rank that stands out.
+    /// Compare the snapshots of a job's ranks side by side and name the ranks that stand out.
     Ranks(ranks::RanksArgs),
+    /// Reduce one rank's snapshot to its summary for `ranks` (versioned JSON, kilobytes): the
+    /// map of a big job, run where the snapshots are.
+    Summarize(ranks::SummarizeArgs),
     /// Compare two snapshots by call site: what grew and what shrank, with both runs' peaks.
     Diff(diff::DiffArgs),
 }
@@ -101,6 +104,7 @@ impl Command {
             Command::Convert(args) => args.limit,
             Command::Summary(args) => args.limit,
             Command::Ranks(args) => args.limit,
+            Command::Summarize(args) => args.limit,
             Command::Diff(args) => args.limit,
             Command::Report(args) => args.limit,
             Command::Replay(args) => args.limit,
@@ -124,6 +128,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Doctor => doctor::run(),
         Command::Summary(args) => summary::run(args),
         Command::Ranks(args) => ranks::run(args),
+        Command::Summarize(args) => ranks::run_summarize(args),
         Command::Diff(args) => diff::run(args),
     }
 }
