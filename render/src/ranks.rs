@@ -55,9 +55,10 @@ fn rank_count(comparison: &RankComparison) -> String {
     .filter(|(n, _)| *n > 0)
     .map(|(n, what)| format!("{n} {what}"))
     .collect();
+    let ranks = if all == 1 { "rank" } else { "ranks" };
     match skipped.as_slice() {
-        [] => format!("{all} ranks"),
-        parts => format!("{all} ranks ({})", parts.join(", ")),
+        [] => format!("{all} {ranks}"),
+        parts => format!("{all} {ranks} ({})", parts.join(", ")),
     }
 }
 
@@ -201,18 +202,18 @@ pub fn render_text_rows(comparison: &RankComparison, all: bool) -> String {
         let _ = writeln!(out, "{}", alike_phrase(comparison));
         let _ = writeln!(
             out,
-            "\n{:<40}  {:>11}  {:>11}  {:>11}  {:>11}",
-            "over the ranks", "min", "median", "p95", "max"
+            "\n{:>11}  {:>11}  {:>11}  {:>11}  over the ranks",
+            "min", "median", "p95", "max"
         );
         for (figure, s) in spread_lines(comparison) {
             let _ = writeln!(
                 out,
-                "{:<40}  {:>11}  {:>11}  {:>11}  {:>11}",
-                sanitize(&figure),
+                "{:>11}  {:>11}  {:>11}  {:>11}  {}",
                 format_bytes(s.min),
                 format_bytes(s.median),
                 format_bytes(s.p95),
-                format_bytes(s.max)
+                format_bytes(s.max),
+                sanitize(&figure),
             );
         }
         if let Some(line) = oom_line(comparison) {
