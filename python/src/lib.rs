@@ -22,6 +22,7 @@ mod live;
 mod metrics;
 mod native;
 mod pluggable;
+mod ranks;
 mod report;
 mod sim;
 mod stack;
@@ -311,6 +312,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<report::TopSite>()?;
     m.add_class::<live::LivePublisher>()?;
     m.add_function(wrap_pyfunction!(live::read_telemetry, m)?)?;
+    m.add_class::<ranks::RankSummary>()?;
+    m.add_class::<ranks::RankComparison>()?;
+    m.add_function(wrap_pyfunction!(ranks::rank_summary, m)?)?;
+    m.add_function(wrap_pyfunction!(ranks::compare_ranks, m)?)?;
     m.add_function(wrap_pyfunction!(file_findings, m)?)?;
     m.add_function(wrap_pyfunction!(file_report, m)?)?;
     m.add_function(wrap_pyfunction!(file_report_text, m)?)?;

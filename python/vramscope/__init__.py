@@ -20,13 +20,18 @@ Module-level ``scope()``, ``mark_step()``, ``snapshot()``, ``report()`` and
 vramscope snapshot, a profiler trace) into a :class:`Report`: the figures, findings and text
 of ``vramscope report``, the top call sites, and, in Jupyter or VS Code, the interactive
 explorer inline. Findings, reports and their rows are typed objects made by the Rust core.
+
+A big job's ranks: ``vramscope.rank_summary(path)`` reduces one rank's snapshot to a small,
+picklable :class:`RankSummary` where the file is (a Dask or Ray worker), and
+``vramscope.compare_ranks(summaries)`` compares them wherever they are gathered, as
+``vramscope summarize`` and ``vramscope ranks`` do.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Iterator, List, Optional, Union
+from typing import Any, Iterable, Iterator, List, Optional, Union
 
 from . import _native
 
@@ -37,6 +42,10 @@ __all__ = [
     "FindingSite",
     "Report",
     "TopSite",
+    "RankSummary",
+    "RankComparison",
+    "rank_summary",
+    "compare_ranks",
     "load",
     "report_file",
     "activate",
@@ -66,6 +75,10 @@ FindingSite = _native.FindingSite
 Report = _native.Report
 #: A row of :meth:`Report.top_sites`: a call site's bytes and blocks at the end or the peak.
 TopSite = _native.TopSite
+#: One rank's file reduced to what :func:`compare_ranks` needs; picklable.
+RankSummary = _native.RankSummary
+#: The comparison of a job's ranks (``json()``, ``text()``, ``stand_out``, ``skipped``).
+RankComparison = _native.RankComparison
 format_bytes = _native.format_bytes
 set_stack_depth = _native.set_stack_depth
 
@@ -211,6 +224,20 @@ def load(path: Union[str, "os.PathLike[str]"], device: Optional[int] = None) -> 
     ``vramscope report``.
     """
     return _native.load(os.fspath(path), device)
+
+
+def rank_summary(path: Union[str, "os.PathLike[str]"]) -> RankSummary:
+    """One rank's file (a snapshot, or a summary already) reduced to its summary: what
+    ``vramscope summarize`` writes. Run it where the snapshots are (``client.map`` on Dask, a
+    Ray task), each snapshot freed once summarized; a file that cannot be read gives a
+    summary that says why, so that :func:`compare_ranks` lists it as skipped."""
+    return _native.rank_summary(os.fspath(path))
+
+
+def compare_ranks(summaries: Iterable[RankSummary]) -> RankComparison:
+    """Compares the ranks of ``summaries`` as ``vramscope ranks`` does: ``json()`` is its
+    ``--format json`` output on the same files, byte for byte."""
+    return _native.compare_ranks(list(summaries))
 
 
 def use_allocator(**kwargs: Any) -> Any:
