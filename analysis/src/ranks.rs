@@ -934,10 +934,15 @@ pub fn stands_out(value: u64, values: &[u64], floor: u64) -> bool {
     value > median(values).saturating_add(outlier_margin(values, floor))
 }
 
-/// What each site holds over the rows (0 where a rank's summary does not list it).
+/// What each site holds over the rows. Where a rank's summary does not list a site, it held
+/// 0 if the list is whole, or at most the smallest listed if the list was cut at
+/// [`SUMMARY_SITES`]: `bound` takes that most (so that a site which falls just below one
+/// rank's cut and just above another's is not judged against a 0 it never held), else 0
+/// (the distribution says what the summaries hold).
 fn site_table(
     rows: &[RankRow],
     pick: fn(&RankRow) -> &Vec<(String, u64)>,
+    bound: bool,
 ) -> BTreeMap<&str, Vec<u64>> {
     let mut table: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
     for row in rows {
@@ -948,7 +953,15 @@ fn site_table(
         }
     }
     for (i, row) in rows.iter().enumerate() {
-        for (site, bytes) in pick(row) {
+        let listed = pick(row);
+        let cut = listed.len() >= SUMMARY_SITES;
+        if bound && cut {
+            let least = listed.iter().map(|(_, b)| *b).min().unwrap_or(0);
+            for values in table.values_mut() {
+                values[i] = least;
+            }
+        }
+        for (site, bytes) in listed {
             if let Some(values) = table.get_mut(site.as_str()) {
                 values[i] = *bytes;
             }
@@ -986,8 +999,8 @@ fn distribution(rows: &[RankRow]) -> Option<Distribution> {
         peak_reserved: Spread::of(&reserved),
         allocated_at_end: of(|r| r.allocated_at_end)?,
         ooms: of(|r| r.ooms)?,
-        sites_at_peak: top_spreads(&site_table(rows, |r| &r.at_peak)),
-        sites_at_end: top_spreads(&site_table(rows, |r| &r.at_end)),
+        sites_at_peak: top_spreads(&site_table(rows, |r| &r.at_peak, false)),
+        sites_at_end: top_spreads(&site_table(rows, |r| &r.at_end, false)),
     })
 }
 
@@ -1009,8 +1022,8 @@ fn outliers(rows: &[RankRow]) -> Vec<RankImbalance> {
     let oom_margin = outlier_margin(&ooms, 0);
     let median_ooms = median(&ooms);
     let site_floor = ((median_peak as f64 * SITE_THRESHOLD) as u64).max(ABSOLUTE_FLOOR);
-    let at_peak = site_table(rows, |r| &r.at_peak);
-    let at_end = site_table(rows, |r| &r.at_end);
+    let at_peak = site_table(rows, |r| &r.at_peak, true);
+    let at_end = site_table(rows, |r| &r.at_end, true);
     let site_medians = |table: &BTreeMap<&str, Vec<u64>>| -> BTreeMap<String, (u64, u64)> {
         table
             .iter()
@@ -1428,5 +1441,29 @@ mod tests {
         std::fs::write(&path, b"{\"format_version\": 1, \"events\": []}").expect("write");
         assert!(!is_summary_file(&path), "a snapshot's JSON is no summary");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_site_cut_from_some_summaries_is_no_outlier() {
+        // Forty sites of about 12 MiB at the end, each rank's noise deciding which sixteen its
+        // summary keeps: a site kept by few ranks is not judged against a 0 it never held.
+        let ranks: Vec<RankSummary> = (0..200)
+            .map(|rank| {
+                let sites: Vec<(String, u64)> = (0..40)
+                    .map(|k| {
+                        let bytes = (12 * MIB as i64 + noise(rank, 10 + k, MIB / 2)) as u64;
+                        (format!("model.py:{k}"), bytes)
+                    })
+                    .collect();
+                let refs: Vec<(&str, u64)> = sites.iter().map(|(s, b)| (s.as_str(), *b)).collect();
+                let mut summary = summary(rank, &refs, &refs);
+                let d = &mut summary.devices[0];
+                d.at_peak.truncate(SUMMARY_SITES);
+                d.at_end.truncate(SUMMARY_SITES);
+                summary
+            })
+            .collect();
+        let c = compare_summaries(&ranks);
+        assert!(c.findings.is_empty(), "{:#?}", c.findings);
     }
 }
