@@ -613,7 +613,14 @@ fn annotation_steps(annotations: &[Annotation], chosen: Option<&str>) -> Vec<(u6
                     .any(|a| a.name.starts_with(**p))
             })
             .map(|p| p.to_string())
-            .or_else(|| annotations.iter().find(is_start).map(|a| a.name.clone())),
+            // vramscope's own marks (`attach()`'s module calls and phases) are no steps.
+            .or_else(|| {
+                annotations
+                    .iter()
+                    .filter(is_start)
+                    .find(|a| !vramscope_model::marks::is_mark(&a.name))
+                    .map(|a| a.name.clone())
+            }),
     };
     let Some(family) = family else {
         return Vec::new();

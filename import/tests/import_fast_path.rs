@@ -596,3 +596,84 @@ fn cut_and_changed_bytes_give_the_same_result_through_either_path() {
         let _ = agree(&bytes, &format!("round {round}"));
     }
 }
+
+/// A snapshot as `attach()` leaves it under a newer torch, written by Python's pickler: each
+/// allocation carries PyTorch's custom allocation metadata (`user_metadata`), and the
+/// annotations are `attach()`'s phase and module marks only (an inference run: no optimizer
+/// step). The metadata becomes each event's tag, the same through the fast path, the generic
+/// machine and the whole document, so that `LiveMark::parse` and `Category::from_tag` read
+/// it; and the marks are no steps.
+#[test]
+fn user_metadata_is_the_events_tag_and_marks_are_no_steps() {
+    let code = r#"
+import pickle, sys
+fr = [{'filename': '/home/u/infer.py', 'line': 7, 'name': 'main'}]
+def alloc(addr, t, meta):
+    e = {'action': 'alloc', 'addr': addr, 'size': 1048576, 'stream': 0, 'time_us': t, 'frames': fr}
+    if meta is not None:
+        e['user_metadata'] = meta
+    return e
+def free(addr, t):
+    return {'action': 'free_completed', 'addr': addr, 'size': 1048576, 'stream': 0, 'time_us': t, 'frames': fr}
+entries = []
+for i in range(3):
+    base = 0x1000000 + i * 0x200000
+    entries.append(alloc(base, 100 * i + 1, 'vramscope:phase=forward_no_grad;module=Net.fc'))
+    entries.append(alloc(base + 0x100000, 100 * i + 2, 'weights'))
+    entries.append(alloc(base + 0x180000, 100 * i + 3, ''))
+    entries.append(alloc(base + 0x1c0000, 100 * i + 4, None))
+    entries.append(free(base, 100 * i + 5))
+marks = []
+for i in range(3):
+    for name in ['vramscope.phase#forward_no_grad', 'vramscope.module#Net', 'vramscope.module#Net.fc']:
+        marks.append({'name': name, 'stage': 'START', 'device': 0, 'time_us': 100 * i})
+        marks.append({'name': name, 'stage': 'END', 'device': 0, 'time_us': 100 * i + 6})
+sys.stdout.buffer.write(pickle.dumps({'segments': [], 'device_traces': [entries], 'external_annotations': marks}, protocol=4))
+"#;
+    let out = match std::process::Command::new("python3")
+        .arg("-c")
+        .arg(code)
+        .output()
+    {
+        Ok(out) if out.status.success() => out.stdout,
+        _ => {
+            println!("skipped: python3 not found, user_metadata pickle not written");
+            return;
+        }
+    };
+    let snapshot = agree(&out, "user_metadata").expect("imports");
+    let tags: Vec<Option<&str>> = snapshot
+        .events
+        .iter()
+        .filter(|e| e.kind == vramscope_model::EventKind::Alloc)
+        .map(|e| snapshot.tag(e.tag()))
+        .collect();
+    let forward = "vramscope:phase=forward_no_grad;module=Net.fc";
+    assert_eq!(
+        tags,
+        [Some(forward), Some("weights"), None, None].repeat(3),
+        "an empty or absent metadata is no tag"
+    );
+    assert_eq!(snapshot.tags.len(), 2, "each distinct metadata once");
+    let mark = vramscope_model::marks::LiveMark::parse(forward).expect("a mark");
+    assert_eq!(
+        mark.phase,
+        Some(vramscope_model::marks::MarkedPhase::ForwardNoGrad)
+    );
+    assert_eq!(
+        vramscope_model::Category::from_tag("weights"),
+        Some(vramscope_model::Category::Parameters)
+    );
+    // attach()'s marks say where the program is, never where a step begins: the fallback
+    // step family (the first START annotation) skips them.
+    assert!(
+        snapshot.steps.is_empty(),
+        "marks taken as steps: {:?}",
+        snapshot.steps
+    );
+    assert_eq!(
+        snapshot.annotations.len(),
+        18,
+        "the marks are kept as annotations"
+    );
+}

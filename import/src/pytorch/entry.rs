@@ -7,7 +7,7 @@
 use super::*;
 
 /// The keys of a trace entry that are read, in the order [`EntryKeys::fields`] returns them.
-pub(super) const ENTRY_KEYS: [&str; 7] = [
+pub(super) const ENTRY_KEYS: [&str; 8] = [
     "action",
     "addr",
     "size",
@@ -15,6 +15,7 @@ pub(super) const ENTRY_KEYS: [&str; 7] = [
     "time_us",
     "frames",
     "device_free",
+    "user_metadata",
 ];
 
 /// The places of the keys in [`ENTRY_KEYS`].
@@ -25,6 +26,7 @@ const STREAM: usize = 3;
 const TIME_US: usize = 4;
 const FRAMES: usize = 5;
 const DEVICE_FREE: usize = 6;
+const USER_METADATA: usize = 7;
 
 /// Where the key strings met so far are among [`ENTRY_KEYS`], by their identity: the pickle
 /// shares each key string among all entries, so each is compared with the key names once.
@@ -44,7 +46,7 @@ pub(super) struct EntryKeys {
     /// (`usize::MAX`: none): PyTorch writes every entry with the same key strings in the same
     /// order, so the next entry's fields are usually at the same places.
     shape: Vec<u32>,
-    shape_places: [usize; 7],
+    shape_places: [usize; 8],
 }
 
 impl EntryKeys {
@@ -52,8 +54,8 @@ impl EntryKeys {
     const REMEMBERED: usize = 16;
 
     /// [`fields`] of `entry` with [`ENTRY_KEYS`].
-    pub(super) fn fields<'d>(&mut self, entry: ValueRef<'d>) -> [Option<ValueRef<'d>>; 7] {
-        let mut found = [None; 7];
+    pub(super) fn fields<'d>(&mut self, entry: ValueRef<'d>) -> [Option<ValueRef<'d>>; 8] {
+        let mut found = [None; 8];
         if let Some(pairs) = entry.dict_items() {
             for (place, (k, v)) in pairs.enumerate() {
                 if let Some(slot) = self.position(place, k).and_then(|at| found.get_mut(at)) {
@@ -72,7 +74,7 @@ impl EntryKeys {
         let places = if !self.shape.is_empty() && entry.keys_are(&self.shape) {
             self.shape_places
         } else {
-            let mut found = [usize::MAX; 7];
+            let mut found = [usize::MAX; 8];
             for place in 0..entry.len() {
                 if let Some(slot) = self
                     .position(place, entry.key(place))
@@ -168,7 +170,7 @@ pub(super) trait EntryFields<'d> {
     fn field(&self, k: usize) -> Option<Self::Value>;
 }
 
-impl<'d> EntryFields<'d> for [Option<ValueRef<'d>>; 7] {
+impl<'d> EntryFields<'d> for [Option<ValueRef<'d>>; 8] {
     type Value = ValueRef<'d>;
     #[inline]
     fn field(&self, k: usize) -> Option<ValueRef<'d>> {
@@ -180,7 +182,7 @@ impl<'d> EntryFields<'d> for [Option<ValueRef<'d>>; 7] {
 /// last pair in it (`usize::MAX`: none), so that a value is looked at only when asked for.
 pub(super) struct FastFields<'e, 'd> {
     entry: &'e FastEntry<'d>,
-    places: [usize; 7],
+    places: [usize; 8],
 }
 
 impl<'d> EntryFields<'d> for FastFields<'_, 'd> {
@@ -429,8 +431,8 @@ pub(super) fn read_entry(
 ) -> Result<Option<Event>, Fault> {
     let entry = dict(entry, loc)?;
     let fields = keys.fields(entry);
-    entry_event(fields, device, loc, keys, figures, |frames| {
-        stacks.site(frames, loc)
+    entry_event(fields, device, loc, keys, figures, |frames, metadata| {
+        Ok((stacks.site(frames, loc)?, stacks.tag(metadata)))
     })
 }
 
@@ -445,20 +447,21 @@ pub(super) fn read_fast_entry(
     figures: &mut Figures,
 ) -> Result<Option<Event>, Fault> {
     let fields = keys.fast_fields(entry);
-    entry_event(fields, device, loc, keys, figures, |frames| {
-        stacks.fast_site(frames, loc)
+    entry_event(fields, device, loc, keys, figures, |frames, metadata| {
+        Ok((stacks.fast_site(frames, loc)?, stacks.tag(metadata)))
     })
 }
 
 /// The event of the trace entry whose [`ENTRY_KEYS`] hold `fields`, with `site` to find the
-/// call site of its `frames` (see [`read_entry`]).
+/// call site of its `frames` and the tag of its `user_metadata` (PyTorch's custom allocation
+/// metadata, a string; a value of another type is left unread) (see [`read_entry`]).
 pub(super) fn entry_event<'d, F: EntryFields<'d>>(
     fields: F,
     device: u16,
     loc: Loc,
     keys: &mut EntryKeys,
     figures: &mut Figures,
-    site: impl FnOnce(Option<F::Value>) -> Result<Option<SiteId>, Fault>,
+    site: impl FnOnce(Option<F::Value>, Option<&'d str>) -> Result<(Option<SiteId>, Option<Id>), Fault>,
 ) -> Result<Option<Event>, Fault> {
     let Some(kind) = keys.action(fields.field(ACTION), loc)? else {
         return Ok(None);
@@ -493,7 +496,8 @@ pub(super) fn entry_event<'d, F: EntryFields<'d>>(
         (addr, 0)
     };
     let stream = opt_stream(fields.field(STREAM), "stream", loc)?;
-    let site = site(fields.field(FRAMES))?;
+    let metadata = fields.field(USER_METADATA).and_then(EntryValue::as_str);
+    let (site, tag) = site(fields.field(FRAMES), metadata)?;
     let time_us = opt_time_us(fields.field(TIME_US), "time_us", loc)?;
     Ok(Some(Event {
         seq: u64::from(time_us.is_some()),
@@ -505,7 +509,7 @@ pub(super) fn entry_event<'d, F: EntryFields<'d>>(
         size,
         requested,
         site: Id::pack(site),
-        tag: None,
+        tag,
         scope: None,
         step: 0,
         thread: 0,

@@ -10,7 +10,7 @@
 //! sure they do not change.
 
 use rustc_hash::FxHashMap;
-use vramscope_model::{Frame, SiteId};
+use vramscope_model::{Frame, Id, SiteId};
 
 use super::{fields, Fault, Loc};
 use crate::sites::SiteTable;
@@ -65,6 +65,11 @@ pub(super) struct Stacks {
     elements: Vec<u32>,
     /// The bytes the keys of `by_elements` hold.
     element_bytes: usize,
+    /// The distinct `user_metadata` strings of the entries, by tag number: the snapshot's
+    /// tags ([`Stacks::tag`]).
+    pub(super) tags: Vec<String>,
+    /// The tag number of each of them.
+    by_tag: FxHashMap<String, u32>,
 }
 
 impl Stacks {
@@ -84,6 +89,23 @@ impl Stacks {
             .saturating_mul(8)
             .saturating_add(64 << 20)
             .min(Self::MAX_BYTES)
+    }
+
+    /// The tag of an entry's `user_metadata` string (PyTorch's custom allocation metadata,
+    /// which `attach()` sets to `vramscope:phase=...;module=...`), so that what reads tags
+    /// (`Category::from_tag`, `LiveMark::parse`) reads it: `None` for none or an empty one.
+    pub(super) fn tag(&mut self, metadata: Option<&str>) -> Option<Id> {
+        let text = metadata.filter(|t| !t.is_empty())?;
+        let next = self.tags.len() as u32;
+        let id = match self.by_tag.get(text) {
+            Some(&id) => id,
+            None => {
+                self.by_tag.insert(text.to_string(), next);
+                self.tags.push(text.to_string());
+                next
+            }
+        };
+        Id::new(id)
     }
 
     /// Stacks for a pickle of `input_bytes` bytes (see [`Stacks::max_bytes`]).
@@ -106,6 +128,8 @@ impl Stacks {
             standins: Vec::new(),
             elements: Vec::new(),
             element_bytes: 0,
+            tags: Vec::new(),
+            by_tag: FxHashMap::default(),
         };
         // Texts 0 and 1: the file and the function of a frame that lacks them.
         stacks.text_number("??");

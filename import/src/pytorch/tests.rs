@@ -63,12 +63,14 @@ fn entry_keys_are_found_in_any_order() {
     let mut keys = EntryKeys::default();
     let list = doc.root().as_seq().unwrap();
     for (entry, expected) in list.iter().zip(entries) {
-        let [action, addr, size, stream, time_us, frames, device_free] = keys.fields(entry);
+        let [action, addr, size, stream, time_us, frames, device_free, user_metadata] =
+            keys.fields(entry);
         let value = |key: &str| expected.iter().find(|(k, _)| *k == key).unwrap().1;
         assert_eq!(action.and_then(|v| v.as_str()), Some("alloc"));
         assert_eq!(addr.and_then(|v| v.as_u64()), Some(value("addr")));
         assert_eq!(size.and_then(|v| v.as_u64()), Some(value("size")));
         assert_eq!(stream.and_then(|v| v.as_u64()), Some(value("stream")));
         assert!(time_us.is_none() && frames.is_none() && device_free.is_none());
+        assert!(user_metadata.is_none());
     }
 }
