@@ -15,13 +15,21 @@
 //! the compact form of [`compact`], so that the page does not grow with the number of
 //! segments; the blocks name at most [`MAX_BLOCK_GROUPS`] groups, and the page carries at
 //! most [`MAX_STEPS`] step marks.
+//!
+//! What the memory is made of (issue 46): [`ExplorerData::categories`] holds the allocated bytes
+//! of every column by `vramscope_model::Category` (the model view's classification, read at
+//! each column's position, so each column's categories sum to its allocated bytes), and each
+//! [`Moment`] the live bytes by the user's call tree there (`crate::call_tree`, at most
+//! [`MAX_TREE_NODES`] nodes), which the page draws as an icicle.
 
 pub mod compact;
 
 use rustc_hash::FxHashMap;
 use serde::Serialize;
-use vramscope_model::{Event, Pool, Snapshot};
+use vramscope_model::{Category, CategoryBytes, Event, Pool, Snapshot};
 
+use crate::call_tree::CallTree;
+use crate::categories::Categories;
 use crate::model_view::ModelView;
 use vramscope_engine::{
     GroupId, GroupKind, LiveBlock, MemoryState, Reconstruction, SiteGroups, Usage,
@@ -61,6 +69,9 @@ const MAX_FRAMES: usize = 24;
 /// sites past them: each named group costs the page its label and function, and a trace
 /// with a distinct site for each of 50,000 live blocks would otherwise add megabytes.
 pub const MAX_BLOCK_GROUPS: usize = 10_000;
+
+/// The most nodes of a moment's call tree (the rest summed into "other" nodes).
+pub const MAX_TREE_NODES: usize = 150;
 
 /// The most groups whose stacks are kept.
 const MAX_STACKS: usize = 400;
@@ -119,6 +130,24 @@ pub struct SegmentRow {
     pub blocks: Vec<u64>,
 }
 
+/// One category's band of the chart of what the memory is made of.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CategoryBand {
+    /// The category's name in JSON (`optimizer_state`).
+    pub name: &'static str,
+    /// Its label (`optimizer state`).
+    pub label: &'static str,
+    /// Allocated bytes of the category at each column's position
+    /// ([`ExplorerData::bucket_pos`]).
+    pub values: Vec<u64>,
+}
+
+/// One node of a moment's call tree, in pre-order: `[label, parent, bytes, blocks, category]`
+/// as JSON, the parent an index into the list (-1 for the root) and the category the one
+/// holding most of the node's bytes, as its index in `Category::ALL` (-1 for none).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TreeNode(pub String, pub i64, pub u64, pub u64, pub i64);
+
 /// The state at one position: the site table and the segment map.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Moment {
@@ -145,6 +174,10 @@ pub struct Moment {
     pub blocks_left_out: u64,
     /// Live bytes in no segment the state knows (traces without segment data).
     pub orphan_bytes: u64,
+    /// The live bytes by the user's call tree, at most [`MAX_TREE_NODES`] nodes; the root
+    /// holds the allocated blocks (memory from before the trace that no block describes is
+    /// not in it).
+    pub tree: Vec<TreeNode>,
 }
 
 /// Everything the explorer draws. See the module documentation.
@@ -184,6 +217,9 @@ pub struct ExplorerData {
     pub reserved: Vec<u64>,
     /// Band values: `values[series][bucket]`.
     pub values: Vec<Vec<u64>>,
+    /// The allocated bytes of each column by category, bottom band first in the order of
+    /// `Category::ALL`; categories with no byte in any column are left out.
+    pub categories: Vec<CategoryBand>,
     /// Steps numbered 1 or more, with their first position. The page carries them as the
     /// string [`compact::encode_steps`] makes (their labels, which it does not show,
     /// left out), thinned to [`MAX_STEPS`] marks.
@@ -241,11 +277,19 @@ impl ExplorerData {
             .map(|(g, _)| g)
             .chain([SiteGroups::BEFORE_TRACE])
             .collect();
-        let moments = take_moments(snapshot, &walk, groups, &planned, &mut indexer);
+        let moments = take_moments(
+            snapshot,
+            &walk,
+            groups,
+            &planned,
+            &mut indexer,
+            view.categories(),
+        );
         let bands = Bands::choose(&start_bytes, &deltas, groups, &mut indexer);
         let clock = Clock::over(events);
         let columns = Columns::gather(&walk, &bands, &start_bytes, &deltas, &clock);
 
+        let categories = category_bands(view, &columns.bucket_pos);
         ExplorerData {
             events: n as u64,
             has_time: clock.has_time,
@@ -264,6 +308,7 @@ impl ExplorerData {
             allocated: columns.allocated,
             reserved: columns.reserved,
             values: columns.values,
+            categories,
             steps: step_positions(view),
             ooms: view.ooms().iter().map(|&e| u64::from(e) + 1).collect(),
             waits: wait_positions(view.snapshot()),
@@ -294,6 +339,56 @@ impl ExplorerData {
     pub fn peak_moment(&self) -> Option<&Moment> {
         self.moments.iter().find(|m| m.pos == self.peak_pos)
     }
+}
+
+/// The call tree of `state` as the page carries it.
+fn tree_of(snapshot: &Snapshot, state: &MemoryState, categories: &Categories) -> Vec<TreeNode> {
+    let tree = CallTree::at(snapshot, state, Some(categories), MAX_TREE_NODES);
+    tree.nodes
+        .iter()
+        .map(|n| {
+            TreeNode(
+                n.label.clone(),
+                n.parent.map_or(-1, i64::from),
+                n.bytes,
+                n.blocks,
+                n.main_category().map_or(-1, |c| c.index() as i64),
+            )
+        })
+        .collect()
+}
+
+/// The bytes by category at each position of `positions` (the state after that many events).
+fn category_bands(view: &ModelView<'_>, positions: &[u64]) -> Vec<CategoryBand> {
+    let mut after: Vec<u32> = positions
+        .iter()
+        .filter(|&&p| p > 0)
+        .map(|&p| (p - 1) as u32)
+        .collect();
+    after.sort_unstable();
+    after.dedup();
+    let read = view.categories_after(&after);
+    let start = view.categories_at_start();
+    let at: Vec<CategoryBytes> = positions
+        .iter()
+        .map(|&p| match p.checked_sub(1) {
+            None => start,
+            Some(e) => after
+                .binary_search(&(e as u32))
+                .ok()
+                .and_then(|k| read.get(k).copied())
+                .unwrap_or(start),
+        })
+        .collect();
+    Category::ALL
+        .iter()
+        .map(|&c| CategoryBand {
+            name: c.as_str(),
+            label: c.label(),
+            values: at.iter().map(|b| b[c]).collect(),
+        })
+        .filter(|band| band.values.iter().any(|&v| v > 0))
+        .collect()
 }
 
 /// The moments to take, in position order, for a trace of `n` events: the peaks, the end, the
@@ -363,14 +458,16 @@ fn take_moments(
     groups: &SiteGroups,
     planned: &[PlannedMoment],
     indexer: &mut GroupIndexer,
+    categories: &Categories,
 ) -> Vec<Moment> {
     let events: &[Event] = &snapshot.events;
     let mut moments = Vec::with_capacity(planned.len());
     for at_one_position in planned.chunk_by(|a, b| a.pos == b.pos) {
         let pos = at_one_position[0].pos;
         let state = walk.state_walked(events, pos as usize);
+        let tree = tree_of(snapshot, &state, categories);
         for plan in at_one_position {
-            moments.push(moment(
+            let mut m = moment(
                 plan.name.clone(),
                 pos,
                 &state,
@@ -381,7 +478,9 @@ fn take_moments(
                     rows: MAX_SEGMENT_ROWS,
                 },
                 indexer,
-            ));
+            );
+            m.tree = tree.clone();
+            moments.push(m);
         }
     }
     moments
@@ -882,6 +981,7 @@ fn moment(
         segment_count: state.segments.len() as u64,
         blocks_left_out: left_out,
         orphan_bytes: state.orphan_bytes(),
+        tree: Vec::new(),
     }
 }
 

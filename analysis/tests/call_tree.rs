@@ -242,3 +242,37 @@ fn the_gpt_steps_activations_at_the_peak_sit_under_the_models_forward() {
     assert_eq!(softmax[0].blocks, 24);
     assert_eq!(softmax[0].categories[Category::Activations], 24 * 64 * MIB);
 }
+
+/// The explorer's chart of categories adds up to its allocated bytes in every column, and each
+/// moment carries its call tree, whose root holds the moment's allocated blocks.
+#[test]
+fn the_explorers_categories_add_up_and_its_moments_carry_the_tree() {
+    use vramscope_analysis::explorer::{ExplorerData, MAX_TREE_NODES};
+    use vramscope_analysis::model_view::ModelView;
+    for case in [
+        cases::adamw_training(StackMode::All, 3),
+        cases::late_recording(StackMode::Python, 2, 2),
+    ] {
+        let view = ModelView::new(&case.snapshot);
+        let data = ExplorerData::build(&view, None);
+        for (k, &allocated) in data.allocated.iter().enumerate() {
+            let sum: u64 = data.categories.iter().map(|c| c.values[k]).sum();
+            assert_eq!(sum, allocated, "{}: column {k}", case.name);
+        }
+        let names: Vec<&str> = data.categories.iter().map(|c| c.name).collect();
+        assert!(
+            names.contains(&"activations") && names.contains(&"gradients"),
+            "{names:?}"
+        );
+        let peak = data.peak_moment().expect("the peak is a moment");
+        assert!(!peak.tree.is_empty() && peak.tree.len() <= MAX_TREE_NODES);
+        assert_eq!(peak.tree[0].1, -1, "the root first");
+        assert_eq!(peak.tree[0].2, peak.allocated, "{}", case.name);
+        for (i, node) in peak.tree.iter().enumerate().skip(1) {
+            assert!(
+                (0..i as i64).contains(&node.1),
+                "a parent comes before its child"
+            );
+        }
+    }
+}

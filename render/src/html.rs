@@ -1,5 +1,7 @@
 //! The HTML report: one self-contained page, the explorer, with memory over time stacked by
-//! call site, the live blocks and segments at a cursor, the findings and the top call sites.
+//! call site, the live blocks and segments at a cursor, what the memory is made of (stacked by
+//! category, and an icicle of the call tree at the moment), the findings and the top call
+//! sites.
 //! The page opens on the answer: the report's one-line verdict (`crate::text::verdict`) and the
 //! errors and warnings, each with its line and fix, stand above the figures and the chart.
 //!
@@ -8,7 +10,7 @@
 //! This module writes the page around it with `maud`'s `html!` templates: the data as JSON in a
 //! `<script type="application/json">` element (each moment's segment map as the base64 string of
 //! [`explorer::compact`], which the script decodes when the cursor first shows the moment), and
-//! a hand-written script (`html/explorer.js`, about 800 lines, no library) that draws on canvas.
+//! a hand-written script (`html/explorer.js`, about 950 lines, no library) that draws on canvas.
 //! The data keeps each column's highest position, and the script draws the columns that share a
 //! device pixel as one, with the bands of the highest (`poolColumns`), so that every spike and
 //! the peak are drawn at their height, where they are. The page loads nothing from the network.
@@ -417,6 +419,19 @@ fn explorer_section(data: &explorer::ExplorerData) -> Markup {
                 div id="segmap-note" class="muted" {}
             }
         }
+        h2 id="categories" { "What the memory is made of" }
+        p class="muted" {
+            "Allocated bytes by what they hold, from the trace alone: parameters, gradients, optimizer state, activations (kept by a forward for its backward), temporaries, inputs, memory from before the trace and unknown. The legend gives each one's bytes at the cursor."
+        }
+        div id="cat-wrap" {
+            canvas id="cat-chart" aria-label="allocated bytes over the trace, stacked by what the memory is" {}
+        }
+        div id="cat-legend" {}
+        h3 id="icicle-title" { "Live bytes by the call tree" }
+        p class="muted" {
+            "Each block of a row is a line of the program (a driver's line, a module's forward, a line in it; module names where attach() marked them), as wide as the live bytes under it and coloured by what most of them are. Hover for the path."
+        }
+        div id="icicle-wrap" { canvas id="icicle" aria-label="live bytes by the user's call tree" {} }
         pre id="tip" hidden {}
         ul id="errors" hidden {}
         div id="selftest" hidden {}

@@ -9,7 +9,11 @@
 //! The self-test also draws every moment's segment map, which the page decodes from its
 //! compact form (`vramscope_analysis::explorer::compact`): the rows it decoded must be the report's own, as JSON, and
 //! the note under each map must count its segments, blocks and rows left out as the report
-//! does; the step marks it decoded must be the report's. A 1400×900 screenshot of each page is kept under `target/html-browser/` beside the
+//! does; the step marks it decoded must be the report's; at the peak, the chart of categories
+//! must add up to the peak, its legend list every category the data holds, and the icicle of
+//! the peak's call tree must be drawn from its root. A 1400×900 screenshot of each page and
+//! one of the whole page at 1400×3200 (`NAME-whole.png`: the categories and the icicle) are
+//! kept under `target/html-browser/` beside the
 //! pages themselves. Where Chromium is not installed (`.ci/run` installs it where it can) or
 //! the traces are absent, the test says so in one `skipped:` line and passes.
 //!
@@ -435,6 +439,36 @@ fn check_page(browser: &Path, out: &Path, name: &str, snapshot: &Snapshot) {
         "{name}: E shows the end, whose table sums to the end figure"
     );
     assert_eq!(got("data-peak-total"), peak.to_string(), "{name}: P");
+    // What the memory is made of, at the peak: the categories add up to the peak, each band
+    // of the data has its legend entry, and the icicle of the peak's call tree is drawn with
+    // the peak moment's allocated blocks at its root.
+    assert_eq!(
+        got("data-cat-peak"),
+        peak.to_string(),
+        "{name}: categories at P"
+    );
+    let legend: Vec<String> = data
+        .categories
+        .iter()
+        .rev()
+        .map(|c| c.name.to_string())
+        .collect();
+    assert_eq!(
+        got("data-categories"),
+        legend.join(" "),
+        "{name}: the legend"
+    );
+    let moment = data.peak_moment().expect("the peak is a moment");
+    let (boxes, root) = got("data-icicle")
+        .split_once(':')
+        .map(|(a, b)| (a.parse::<usize>().unwrap(), b.to_string()))
+        .expect("boxes:root");
+    assert!(boxes >= 2, "{name}: the icicle has boxes ({boxes})");
+    assert_eq!(
+        root,
+        moment.tree[0].2.to_string(),
+        "{name}: the icicle's root"
+    );
     assert_eq!(got("data-zoomed"), "true", "{name}: the wheel zooms");
     // Zoomed out, the bands reach the peak under its dot: a spike narrower than a pixel is
     // drawn at its height (issue 42: drawn as a sliver, the peak's dot floated over a band).
@@ -480,6 +514,25 @@ fn check_page(browser: &Path, out: &Path, name: &str, snapshot: &Snapshot) {
             &format!("--screenshot={}", shot.display()),
             "--window-size=1400,900",
         ],
+    );
+    // The whole page, the categories and the icicle below the tables included.
+    let shot_categories = out.join(format!("{stem}-whole.png"));
+    let _ = std::fs::remove_file(&shot_categories);
+    let profile = tempdir(out, &format!("{stem}-shot-categories"));
+    run_browser(
+        browser,
+        &page,
+        "",
+        &profile,
+        &[
+            &format!("--screenshot={}", shot_categories.display()),
+            "--window-size=1400,3200",
+        ],
+    );
+    let png = std::fs::read(&shot_categories).expect("a screenshot was written");
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 10_000,
+        "{name}: the screenshot of the whole page is a picture"
     );
     let png = std::fs::read(&shot).expect("a screenshot was written");
     assert!(

@@ -405,6 +405,7 @@
       }
       ctx.textAlign = "left";
       ctx.fillText(useTime ? "time since the first event" : "event index", M.left, H - 4);
+      drawCategories();
       drawn += 1;
       document.getElementById("draw-ms").textContent = (performance.now() - t0).toFixed(1);
     }
@@ -499,6 +500,8 @@
       tr.appendChild(el("th", ""));
       foot.appendChild(tr);
       drawSegments(exact || nearestMoment(pos));
+      fillCategoryLegend();
+      drawIcicle(exact || nearestMoment(pos));
     }
 
     const seg = document.getElementById("segmap");
@@ -756,6 +759,151 @@
       });
     });
 
+    // What the memory is made of (issue 46): each column's allocated bytes by category,
+    // stacked over the chart's window, a legend with each category's bytes at the cursor, and
+    // an icicle of the live bytes by the user's call tree at the moment the tables show.
+    const CAT_COLORS = { activations: "#e15759", parameters: "#4e79a7", optimizer_state: "#b07aa1",
+      gradients: "#edc948", temporaries: "#76b7b2", inputs: "#59a14f", before_trace: "#b9a27a", unknown: "#c4c4c4" };
+    const CAT_ORDER = ["activations", "parameters", "optimizer_state", "gradients", "temporaries", "inputs", "before_trace", "unknown"];
+    const C = D.categories || [];
+    const catCum = [];
+    let catAcc = new Float64Array(nb);
+    for (const band of C) {
+      const next = new Float64Array(nb);
+      for (let k = 0; k < nb; k++) next[k] = catAcc[k] + band.values[k];
+      catCum.push(next);
+      catAcc = next;
+    }
+    const catCanvas = document.getElementById("cat-chart");
+    const cctx = catCanvas.getContext("2d");
+    function drawCategories() {
+      const dpr = window.devicePixelRatio || 1;
+      const w = catCanvas.clientWidth || 1000, h = catCanvas.clientHeight || 220;
+      catCanvas.width = Math.round(w * dpr); catCanvas.height = Math.round(h * dpr);
+      cctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+      cctx.clearRect(0, 0, w, h);
+      cctx.font = "11px system-ui, sans-serif";
+      if (!C.length) return;
+      const ph = h - M.top - M.bottom;
+      const k0 = bucketAtDomain(view[0]), k1 = bucketAtDomain(view[1]);
+      let top = 1;
+      for (let k = k0; k <= k1; k++) top = Math.max(top, catCum[C.length - 1][k]);
+      const step = tickStep(top);
+      const yMax = Math.ceil(top / step) * step;
+      const y = (b) => M.top + ph - b / yMax * ph;
+      cctx.textAlign = "right"; cctx.fillStyle = "#555";
+      for (let b = 0; b <= yMax; b += step) {
+        cctx.strokeStyle = "#ececec";
+        cctx.beginPath(); cctx.moveTo(M.left, y(b)); cctx.lineTo(w - M.right, y(b)); cctx.stroke();
+        cctx.fillText(fmt(b), M.left - 6, y(b) + 4);
+      }
+      const sx = (d) => M.left + (d - view[0]) / (view[1] - view[0]) * (w - M.left - M.right);
+      cctx.save();
+      cctx.beginPath(); cctx.rect(M.left, M.top, w - M.left - M.right, ph); cctx.clip();
+      const cols = poolColumns(k0, k1, (k) => sx(bucketLeft(k)), (k) => sx(bucketRight(k)),
+        (k) => D.allocated[k], null, dpr);
+      C.forEach((band, s) => {
+        if (!cols.length) return;
+        const upper = catCum[s], lower = s > 0 ? catCum[s - 1] : null;
+        cctx.fillStyle = CAT_COLORS[band.name] || "#999";
+        cctx.beginPath();
+        cctx.moveTo(cols[0].x0, y(lower ? lower[cols[0].k] : 0));
+        for (const c of cols) { cctx.lineTo(c.x0, y(upper[c.k])); cctx.lineTo(c.x1, y(upper[c.k])); }
+        for (let i = cols.length - 1; i >= 0; i--) {
+          const c = cols[i], yl = y(lower ? lower[c.k] : 0);
+          cctx.lineTo(c.x1, yl); cctx.lineTo(c.x0, yl);
+        }
+        cctx.closePath();
+        cctx.fill();
+      });
+      const cx = sx(bucketLeft(cursor));
+      cctx.strokeStyle = "#111"; cctx.setLineDash([2, 2]);
+      cctx.beginPath(); cctx.moveTo(cx, M.top); cctx.lineTo(cx, M.top + ph); cctx.stroke();
+      cctx.setLineDash([]);
+      cctx.restore();
+    }
+    function fillCategoryLegend() {
+      const box = document.getElementById("cat-legend");
+      box.textContent = "";
+      const total = C.reduce((a, band) => a + band.values[cursor], 0);
+      for (let s = C.length - 1; s >= 0; s--) {
+        const band = C[s], bytes = band.values[cursor];
+        const item = el("span", "", "item");
+        item.dataset.category = band.name;
+        item.dataset.bytes = String(bytes);
+        const sw = el("i", "", "swatch");
+        sw.style.background = CAT_COLORS[band.name] || "#999";
+        item.appendChild(sw);
+        item.appendChild(document.createTextNode(band.label + " " + fmt(bytes) +
+          (total > 0 ? " (" + Math.round(bytes * 100 / total) + " %)" : "")));
+        box.appendChild(item);
+      }
+      const sum = el("span", "at the cursor (after " + D.bucket_pos[cursor] + " events): " + fmt(total), "item muted");
+      sum.id = "cat-total";
+      sum.dataset.bytes = String(total);
+      box.appendChild(sum);
+    }
+    // The icicle: the root (every allocated block) on top, each node under its parent, as
+    // wide as its bytes, coloured by the category holding most of them.
+    const ice = document.getElementById("icicle");
+    const ictx = ice.getContext("2d");
+    let iceBoxes = [];
+    let iceMoment = null;
+    function drawIcicle(m) {
+      iceMoment = m;
+      const title = document.getElementById("icicle-title");
+      const nodes = m.tree || [];
+      title.textContent = "Live bytes by the call tree at the " +
+        (m.name.startsWith("event") ? "moment nearest the cursor" : m.name) + " (after " + m.pos + " events)";
+      const dpr = window.devicePixelRatio || 1;
+      const w = ice.clientWidth || 1000, rowH = 22;
+      let depth = 0;
+      const depthOf = new Int32Array(nodes.length);
+      nodes.forEach((n, i) => { depthOf[i] = n[1] < 0 ? 0 : depthOf[n[1]] + 1; depth = Math.max(depth, depthOf[i]); });
+      const h = nodes.length ? (depth + 1) * rowH + 2 : 0;
+      ice.style.height = h + "px";
+      ice.width = Math.round(w * dpr); ice.height = Math.round(h * dpr);
+      ictx.setTransform(dpr, 0, 0, dpr, 0, 0);
+      ictx.font = "11px system-ui, sans-serif";
+      iceBoxes = [];
+      if (!nodes.length || nodes[0][2] === 0) return;
+      const x0 = new Float64Array(nodes.length), next = new Float64Array(nodes.length);
+      const scale = (w - 2) / nodes[0][2];
+      nodes.forEach((n, i) => {
+        x0[i] = n[1] < 0 ? 1 : next[n[1]];
+        if (n[1] >= 0) next[n[1]] += n[2] * scale;
+        next[i] = x0[i];
+        const bw = n[2] * scale, yy = depthOf[i] * rowH;
+        if (bw < 0.5) return;
+        const cat = n[4] >= 0 ? CAT_ORDER[n[4]] : null;
+        ictx.fillStyle = i === 0 ? "#8a8a8a" : (cat ? CAT_COLORS[cat] : "#c4c4c4");
+        ictx.fillRect(x0[i], yy + 1, Math.max(bw - 1, 0.5), rowH - 2);
+        iceBoxes.push([x0[i], yy, bw, i]);
+        if (bw > 40) {
+          ictx.fillStyle = "#111";
+          const label = (i === 0 ? "all allocated blocks" : n[0]) + " " + fmt(n[2]);
+          ictx.save();
+          ictx.beginPath(); ictx.rect(x0[i], yy, bw - 2, rowH); ictx.clip();
+          ictx.fillText(label, x0[i] + 4, yy + 15);
+          ictx.restore();
+        }
+      });
+    }
+    ice.addEventListener("mousemove", (ev) => {
+      const r = ice.getBoundingClientRect();
+      const x = ev.clientX - r.left, y = ev.clientY - r.top;
+      const hit = iceBoxes.find((b) => x >= b[0] && x < b[0] + b[2] && y >= b[1] && y < b[1] + 22);
+      if (!hit || !iceMoment) { tip.hidden = true; return; }
+      const nodes = iceMoment.tree;
+      const path = [];
+      for (let i = hit[3]; i > 0; i = nodes[i][1]) path.unshift(nodes[i][0]);
+      const n = nodes[hit[3]];
+      showTip(ev, (path.join("\n  > ") || "all allocated blocks") + "\n" + fmt(n[2]) + " in " + n[3] +
+        " blocks (" + (n[2] * 100 / nodes[0][2]).toFixed(1) + " % of the moment's)" +
+        (n[4] >= 0 ? "\nmostly " + CAT_ORDER[n[4]].replace("_", " ") : ""));
+    });
+    ice.addEventListener("mouseleave", () => { tip.hidden = true; });
+
     window.addEventListener("resize", () => { resize(); draw(); fillTable(); });
     resize();
     draw();
@@ -780,6 +928,11 @@
       out.dataset.endTotal = document.getElementById("table-total").dataset.bytes;
       key("P");
       out.dataset.peakTotal = document.getElementById("table-total").dataset.bytes;
+      // What the memory is made of at the peak, and the icicle of the peak's call tree.
+      const catTotal = document.getElementById("cat-total");
+      out.dataset.catPeak = catTotal ? catTotal.dataset.bytes : "";
+      out.dataset.categories = Array.from(document.querySelectorAll("#cat-legend [data-category]")).map((e) => e.dataset.category).join(" ");
+      out.dataset.icicle = iceBoxes.length + ":" + (iceMoment && iceMoment.tree.length ? iceMoment.tree[0][2] : -1);
       const span = view[1] - view[0];
       canvas.dispatchEvent(new WheelEvent("wheel", { deltaY: -100, clientX: rect.left + W / 2, clientY: rect.top + H / 2, bubbles: true, cancelable: true }));
       out.dataset.zoomed = String(view[1] - view[0] < span);
