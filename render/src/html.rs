@@ -14,6 +14,7 @@
 //! The data keeps each column's highest position, and the script draws the columns that share a
 //! device pixel as one, with the bands of the highest (`poolColumns`), so that every spike and
 //! the peak are drawn at their height, where they are. The page loads nothing from the network.
+//! The findings and top-sites tables are `crate::table`'s, written once for every format.
 //!
 //! Escaping is by construction: a template escapes every string it is given, and a string
 //! that came from a file (paths, function names, device names, labels, the sentences that
@@ -32,6 +33,7 @@ use serde::Serialize;
 
 use vramscope_model::format_bytes;
 
+use crate::table::Table;
 use crate::text::{bytes_or_na, headline};
 use vramscope_analysis::detect::Severity;
 use vramscope_analysis::report::{Report, Timeline};
@@ -154,65 +156,13 @@ fn page(report: &Report, in_frame: bool) -> Markup {
                 @if report.findings.is_empty() {
                     p { "None." }
                 } @else {
-                    table id="findings" {
-                        tr { th { "severity" } th { "kind" } th { "site" } th { "what" } }
-                        @for (i, f) in report.findings.iter().enumerate() {
-                            tr id=(format!("finding-{i}")) data-finding=(i) {
-                                td { (severity_badge(f.severity)) }
-                                td { code { (Line(f.kind.as_str())) } }
-                                td {
-                                    code { (Line(f.site_label())) }
-                                    br;
-                                    span class="muted" { (Line(&f.function)) }
-                                }
-                                td {
-                                    (Line(&f.summary))
-                                    div class="ev" {
-                                        @for (n, (k, v)) in f.evidence.entries().iter().enumerate() {
-                                            @if n > 0 { ", " }
-                                            (Line(k)) "=" (Line(&v.to_string()))
-                                        }
-                                    }
-                                    div { b { "fix:" } " " (Line(&f.fix)) }
-                                }
-                            }
-                        }
-                    }
+                    (Table::findings(report).html())
                 }
                 h2 { "Top sites" }
                 @if report.top_sites.is_empty() {
                     p { "Nothing is live." }
                 } @else {
-                    table {
-                        tr {
-                            th { "live" } th { "blocks" } th { "at peak" } th { "blocks" }
-                            th { "allocations" } th { "site" }
-                        }
-                        @for t in &report.top_sites {
-                            tr {
-                                td class="num" { (format_bytes(t.live_bytes)) }
-                                td class="num" { (t.live_blocks) }
-                                td class="num" { (format_bytes(t.peak_bytes)) }
-                                td class="num" { (t.peak_blocks) }
-                                td class="num" { (t.allocations) }
-                                td {
-                                    code { (Line(&t.label)) }
-                                    " "
-                                    span class="muted" { (Line(&t.function)) }
-                                }
-                            }
-                        }
-                        @if let Some(o) = &report.other_sites {
-                            tr {
-                                td class="num" { (format_bytes(o.live_bytes)) }
-                                td class="num" { (o.live_blocks) }
-                                td class="num" { (format_bytes(o.peak_bytes)) }
-                                td class="num" { (o.peak_blocks) }
-                                td class="num" { (o.allocations) }
-                                td class="muted" { (Line(&o.label())) }
-                            }
-                        }
-                    }
+                    (Table::top_sites(report).html())
                 }
                 @if let Some(data) = &report.timeline.explorer {
                     (explorer_scripts(report, data))
@@ -223,7 +173,7 @@ fn page(report: &Report, in_frame: bool) -> Markup {
 }
 
 /// A severity as the coloured badge the page shows it as.
-fn severity_badge(severity: Severity) -> Markup {
+pub(crate) fn severity_badge(severity: Severity) -> Markup {
     let sev = severity_class(severity);
     html! { span class=(format!("sev sev-{sev}")) { (sev) } }
 }

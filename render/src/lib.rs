@@ -5,7 +5,8 @@
 //! [`render_file`] print a file's reports as text (optionally coloured), markdown, JSON, one
 //! HTML page ([`html`], the explorer), a SARIF log ([`render_sarif`]) or GitHub workflow
 //! commands ([`render_github`]); [`ranks`] prints a comparison of ranks. The words every format
-//! shares (the verdict, the headline, the evidence sentences) are written once, in `text`.
+//! shares (the verdict, the headline, the evidence sentences) are written once, in `text`, and
+//! each table once, in [`table`], with a writer per format.
 //! Every text that comes from a file goes through `vramscope_model::terminal` (text) or
 //! [`markdown`] (markdown) or the page templates' [`html::Line`] (HTML) on its way out.
 //!
@@ -23,6 +24,7 @@ mod location;
 pub mod markdown;
 pub mod ranks;
 mod sarif;
+pub mod table;
 mod text;
 
 pub use github::{escape_data, escape_property, render_github};

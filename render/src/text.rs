@@ -1,8 +1,9 @@
 //! The report as people read it: the text report (with colour on a terminal), markdown,
 //! and the short summary of `vramscope summary`, with the verdict and headline they open with.
 //! `super` builds the [`Report`] these render; JSON and HTML are rendered there and in
-//! `crate::html`. Every text that comes from a file goes through `vramscope_model::terminal` (text) or
-//! `crate::markdown` (markdown) on its way out.
+//! `crate::html`. The tables (top sites; markdown's findings) are `crate::table`'s, written
+//! once for every format. Every text that comes from a file goes through
+//! `vramscope_model::terminal` (text) or `crate::markdown` (markdown) on its way out.
 
 use std::fmt::Write as _;
 
@@ -10,6 +11,8 @@ use vramscope_model::format_bytes;
 
 use vramscope_analysis::detect::{Finding, Severity};
 use vramscope_analysis::report::{Report, ReportStats};
+
+use crate::table::Table;
 
 const RESET: &str = "\x1b[0m";
 const BOLD: &str = "\x1b[1m";
@@ -221,7 +224,9 @@ pub fn gap_sentences(s: &ReportStats) -> Vec<String> {
     lines
 }
 
-fn site_with_function(site: Option<&str>, function: &str) -> String {
+/// A site with its function (`train.py:33 (forward)`), escaped for a terminal; the function
+/// is left out where the site already names it.
+pub(crate) fn site_with_function(site: Option<&str>, function: &str) -> String {
     let site = vramscope_model::terminal::sanitize(site.unwrap_or("(unknown site)"));
     // A name that already says the function (an autograd node, a C++ function) needs it
     // once.
@@ -509,33 +514,7 @@ fn render_text_opening(report: &Report, color: bool, first_line: &str) -> String
             "\n{}",
             paint(BOLD, "Top sites (live at the end, at the peak)")
         );
-        let _ = writeln!(
-            out,
-            "  {:>10} {:>8} {:>10} {:>8}  site",
-            "live", "blocks", "peak", "blocks"
-        );
-        for t in &report.top_sites {
-            let _ = writeln!(
-                out,
-                "  {:>10} {:>8} {:>10} {:>8}  {}",
-                format_bytes(t.live_bytes),
-                t.live_blocks,
-                format_bytes(t.peak_bytes),
-                t.peak_blocks,
-                site_with_function(Some(&t.label), &t.function)
-            );
-        }
-        if let Some(o) = &report.other_sites {
-            let _ = writeln!(
-                out,
-                "  {:>10} {:>8} {:>10} {:>8}  {}",
-                format_bytes(o.live_bytes),
-                o.live_blocks,
-                format_bytes(o.peak_bytes),
-                o.peak_blocks,
-                o.label()
-            );
-        }
+        out.push_str(&Table::top_sites(report).text("  "));
     }
     header + &relative_to(out, prefix.as_deref())
 }
@@ -585,19 +564,7 @@ fn markdown_body(report: &Report, level: &str) -> String {
     if report.findings.is_empty() {
         let _ = writeln!(out, "None.");
     } else {
-        let _ = writeln!(out, "| severity | kind | site | summary | fix |");
-        let _ = writeln!(out, "|---|---|---|---|---|");
-        for f in &report.findings {
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} | {} | {} |",
-                f.severity,
-                f.kind,
-                md_escape(&site_with_function(f.site.as_deref(), &f.function)),
-                md_escape(&f.summary),
-                md_escape(&f.fix)
-            );
-        }
+        out.push_str(&Table::findings(report).markdown());
         let detailed: Vec<(&Finding, Vec<String>)> = report
             .findings
             .iter()
@@ -620,35 +587,7 @@ fn markdown_body(report: &Report, level: &str) -> String {
     }
     if !report.top_sites.is_empty() {
         let _ = writeln!(out, "\n{level}# Top sites\n");
-        let _ = writeln!(
-            out,
-            "| live | blocks | at peak | blocks | allocations | site |"
-        );
-        let _ = writeln!(out, "|---:|---:|---:|---:|---:|---|");
-        for t in &report.top_sites {
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} | {} | {} | {} |",
-                format_bytes(t.live_bytes),
-                t.live_blocks,
-                format_bytes(t.peak_bytes),
-                t.peak_blocks,
-                t.allocations,
-                md_escape(&site_with_function(Some(&t.label), &t.function))
-            );
-        }
-        if let Some(o) = &report.other_sites {
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} | {} | {} | {} |",
-                format_bytes(o.live_bytes),
-                o.live_blocks,
-                format_bytes(o.peak_bytes),
-                o.peak_blocks,
-                o.allocations,
-                o.label()
-            );
-        }
+        out.push_str(&Table::top_sites(report).markdown());
     }
     header + &relative_to(out, escaped_prefix.as_deref())
 }
