@@ -20,7 +20,8 @@
 //! deviations and by more than a floor (a share of the median and [`ABSOLUTE_FLOOR`]), so
 //! identical ranks, or ranks that differ by noise, name none. The figures judged are the
 //! peak of allocated bytes (`rank_imbalance`), the OOMs (`rank_oom`) and what each site
-//! still holds at the end (`rank_retains_more`: a leak on one rank). What a site holds at
+//! still holds at the end when the rank's allocated bytes at the end stand out too
+//! (`rank_retains_more`: a leak on one rank). What a site holds at
 //! the peak explains a peak that stands out but is not judged alone: it moves with the
 //! moment of the peak. The comparison is data: the render crate (`vramscope_render::ranks`)
 //! prints it as text, markdown, JSON or HTML for `vramscope ranks`.
@@ -1022,8 +1023,15 @@ fn outliers(rows: &[RankRow]) -> Vec<RankImbalance> {
     let oom_margin = outlier_margin(&ooms, 0);
     let median_ooms = median(&ooms);
     let site_floor = ((median_peak as f64 * SITE_THRESHOLD) as u64).max(ABSOLUTE_FLOOR);
-    let at_peak = site_table(rows, |r| &r.at_peak, true);
+    // What the sites hold at the peak explains a peak that stands out (what the summaries
+    // hold); what they hold at the end is judged (a site cut from a summary at the cut).
+    let at_peak = site_table(rows, |r| &r.at_peak, false);
     let at_end = site_table(rows, |r| &r.at_end, true);
+    // A site holds more at a rank's end only if the rank does: ranks whose code paths name
+    // their memory differently (the same optimizer state from another line) hold the same.
+    let ends: Vec<u64> = rows.iter().map(|r| r.allocated_at_end).collect();
+    let end_margin = outlier_margin(&ends, site_floor);
+    let median_end = median(&ends);
     let site_medians = |table: &BTreeMap<&str, Vec<u64>>| -> BTreeMap<String, (u64, u64)> {
         table
             .iter()
@@ -1041,8 +1049,10 @@ fn outliers(rows: &[RankRow]) -> Vec<RankImbalance> {
     for (i, r) in rows.iter().enumerate() {
         let peak_out = r.peak_allocated > median_peak.saturating_add(peak_margin);
         let oom_out = r.ooms > median_ooms.saturating_add(oom_margin);
+        let end_out = r.allocated_at_end > median_end.saturating_add(end_margin);
         let mut sites_at_end: Vec<SiteExcess> = at_end
             .iter()
+            .filter(|_| end_out)
             .filter_map(|(site, values)| {
                 let (m, margin) = end_medians[*site];
                 (values[i] > m.saturating_add(margin)).then(|| SiteExcess {
@@ -1463,6 +1473,20 @@ mod tests {
                 summary
             })
             .collect();
+        let c = compare_summaries(&ranks);
+        assert!(c.findings.is_empty(), "{:#?}", c.findings);
+    }
+
+    #[test]
+    fn the_same_memory_from_another_line_is_no_outlier() {
+        // Rank 5 keeps its optimizer state from another line (another code path): a site
+        // that no other rank has holds 512 MiB at its end, but the rank holds no more.
+        let mut ranks = job(false, false, 8 * MIB);
+        for (site, _) in &mut ranks[5].devices[0].at_end {
+            if site == "optim.py:5" {
+                *site = "optim.py:6".to_string();
+            }
+        }
         let c = compare_summaries(&ranks);
         assert!(c.findings.is_empty(), "{:#?}", c.findings);
     }
