@@ -193,6 +193,18 @@ impl SitePath {
     }
 }
 
+/// What decides a block's path: its site, its tag (where it names a module) and the modules
+/// open when it was made.
+type GroupKey = (Option<u32>, Option<u32>, Vec<u32>);
+
+/// Bytes, blocks and bytes by category of a group of blocks.
+#[derive(Default)]
+struct Sum {
+    bytes: u64,
+    blocks: u64,
+    categories: CategoryBytes,
+}
+
 /// A node while the tree grows.
 struct Growing {
     key: u32,
@@ -220,16 +232,52 @@ impl CallTree {
             "(no stack)".into()
         });
         let mut site_paths: Vec<Option<SitePath>> = vec![None; snapshot.sites.len()];
-        // The live blocks in the order they were made (those from before the trace first),
-        // so that one sweep over the module marks finds the modules open at each.
+        // The live blocks in the order they were made (those from before the trace first)
+        // where the trace has module marks, so that one sweep over the marks finds the
+        // modules open at each.
+        let mut marks = ModuleMarks::of(snapshot);
         let mut blocks: Vec<(u32, u64, &vramscope_engine::LiveBlock)> = state
             .blocks
             .unordered()
             .filter(|(_, b)| !b.pending)
             .map(|(&addr, b)| (b.alloc_event.wrapping_add(1), addr, b))
             .collect();
-        blocks.sort_unstable_by_key(|&(order, addr, _)| (order, addr));
-        let mut marks = ModuleMarks::of(snapshot);
+        if !marks.is_empty() {
+            blocks.sort_unstable_by_key(|&(order, addr, _)| (order, addr));
+        }
+        // The blocks summed by what decides their path: the site, the allocation's own module
+        // mark, and the modules open when it was made.
+        let mut groups: FxHashMap<GroupKey, Sum> = FxHashMap::default();
+        let mut open: Vec<u32> = Vec::new();
+        for &(_, _, block) in &blocks {
+            let category = if block.predates_trace() {
+                Category::BeforeTrace
+            } else {
+                categories.map_or(Category::Unknown, |c| {
+                    c.of_alloc(block.alloc_event as usize)
+                })
+            };
+            open.clear();
+            if !marks.is_empty() && !block.predates_trace() {
+                if let Some(e) = snapshot.events.get(block.alloc_event as usize) {
+                    open.extend_from_slice(marks.open_at(e.time_ns));
+                }
+            }
+            let site = block.site.filter(|&s| (s as usize) < snapshot.sites.len());
+            let own = block.tag.filter(|_| {
+                snapshot
+                    .tag(block.tag)
+                    .and_then(LiveMark::parse)
+                    .is_some_and(|m| m.module.is_some())
+            });
+            let sum = match groups.get_mut(&(site, own, open.clone())) {
+                Some(sum) => sum,
+                None => groups.entry((site, own, open.clone())).or_default(),
+            };
+            sum.bytes += block.size;
+            sum.blocks += 1;
+            sum.categories.add(category, block.size);
+        }
         let mut nodes = vec![Growing {
             key: u32::MAX,
             parent: u32::MAX,
@@ -240,24 +288,9 @@ impl CallTree {
         }];
         let mut child_of: FxHashMap<(u32, u32), u32> = FxHashMap::default();
         let mut path: Vec<u32> = Vec::new();
-        let mut open: Vec<u32> = Vec::new();
-        for &(_, _, block) in &blocks {
-            let category = if block.predates_trace() {
-                Category::BeforeTrace
-            } else {
-                categories.map_or(Category::Unknown, |c| {
-                    c.of_alloc(block.alloc_event as usize)
-                })
-            };
-            let event = (!block.predates_trace())
-                .then(|| snapshot.events.get(block.alloc_event as usize))
-                .flatten();
-            open.clear();
-            if let Some(e) = event {
-                open.extend_from_slice(marks.open_at(e.time_ns));
-            }
+        for ((site, own, open), sum) in &groups {
             path.clear();
-            match block.site.filter(|&s| (s as usize) < snapshot.sites.len()) {
+            match *site {
                 None => path.push(no_stack),
                 Some(s) => {
                     let site = site_paths[s as usize].get_or_insert_with(|| {
@@ -265,7 +298,7 @@ impl CallTree {
                     });
                     let by_marks = !open.is_empty() && open.len() == site.module_calls as usize;
                     let own = snapshot
-                        .tag(block.tag)
+                        .tag(*own)
                         .and_then(LiveMark::parse)
                         .and_then(|m| m.module);
                     for part in &site.parts {
@@ -314,9 +347,11 @@ impl CallTree {
                     });
                 }
                 let node = &mut nodes[at as usize];
-                node.bytes += block.size;
-                node.blocks += 1;
-                node.categories.add(category, block.size);
+                node.bytes += sum.bytes;
+                node.blocks += sum.blocks;
+                for (category, bytes) in sum.categories.nonzero() {
+                    node.categories.add(category, bytes);
+                }
             }
         }
         CallTree::bounded(nodes, &keys, max_nodes.max(2))
@@ -537,6 +572,10 @@ impl ModuleMarks {
             self.next += 1;
         }
         &self.open
+    }
+
+    fn is_empty(&self) -> bool {
+        self.marks.is_empty()
     }
 
     fn name(&self, id: u32) -> &str {

@@ -3,7 +3,10 @@
 //! [`App::prepare`] fills the app's `crate::view::CursorView`: live blocks grouped by call site
 //! (`crate::data::Dataset::groups`), filtered and sorted as the user chose, with growth per step
 //! from the analysis; the stack tree when it is shown; the indices of the findings that pass
-//! their filter; and figures about the segments. A key of the choices it was computed with lets
+//! their filter; figures about the segments; and, while the memory panel is shown, the
+//! categories at the cursor and the visible rows of the call tree there
+//! (`vramscope_analysis::call_tree`, from the classification of the data's allocations,
+//! made once per file and at most once a second for live data). A key of the choices it was computed with lets
 //! a redraw with nothing changed skip all of it. The event log's rows do not depend on the
 //! cursor: `crate::app::event_rows` keeps them from frame to frame and redoes them only when
 //! the filters or the events change. Nothing here costs a pass over every event on a cursor
