@@ -727,3 +727,35 @@ fn an_empty_dump_is_said_not_shown() {
         .unwrap();
     assert_eq!(error, words);
 }
+
+/// The memory panel's bar is the report's: at the peak of a planted training run, its
+/// categories are the model view's at the peak, byte for byte, and add up to the header's
+/// allocated figure.
+#[test]
+fn the_memory_panel_at_the_peak_is_the_reports() {
+    use vramscope_analysis::model_view::ModelView;
+    use vramscope_testkit::planted::{cases, StackMode};
+    for case in [
+        cases::adamw_training(StackMode::All, 3),
+        cases::late_recording(StackMode::Python, 2, 2),
+    ] {
+        let view = ModelView::new(&case.snapshot);
+        let expected = *view.categories_at_peak();
+        let mut app = App::new(Dataset::new(
+            case.snapshot.clone(),
+            Origin::File("train.pickle".into()),
+        ));
+        app.theme = Theme::plain();
+        app.panel = Panel::Memory;
+        app.cursor = Some(app.data.peak_allocated_pos());
+        app.area = Rect::new(0, 0, 120, 40);
+        app.prepare();
+        assert_eq!(app.view().categories, expected, "{}", case.name);
+        assert_eq!(
+            app.view().categories.total(),
+            app.data.usage_at(app.pos()).allocated,
+            "{}",
+            case.name
+        );
+    }
+}
