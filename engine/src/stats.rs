@@ -472,23 +472,7 @@ mod tests {
     #[test]
     fn a_block_or_segment_allocated_over_a_live_one_replaces_it() {
         let mib = 1u64 << 20;
-        let event = |kind, addr, size| {
-            vramscope_testkit::event(kind)
-                .addr(addr)
-                .size(size)
-                .requested(size)
-                .build()
-        };
-        let events = [
-            event(EventKind::SegmentAlloc, 0x1000_0000, 20 * mib),
-            event(EventKind::Alloc, 0x1000_0000, 4 * mib),
-            // The free of both, and of the segment, were lost.
-            event(EventKind::SegmentAlloc, 0x1000_0000, 20 * mib),
-            event(EventKind::Alloc, 0x1000_0000, 6 * mib),
-            event(EventKind::FreeRequested, 0x1000_0000, 6 * mib),
-            event(EventKind::FreeCompleted, 0x1000_0000, 6 * mib),
-        ];
-        let segments = [large_segment(0x1000_0000, 20 * mib)];
+        let (segments, events) = vramscope_testkit::lost_frees();
         let stats = compute_stats(&segments, &events, 0, &AllocatorConfig::default());
         let a = stats.allocated_bytes.all;
         assert_eq!(

@@ -3,40 +3,16 @@
 //! (`vramscope_engine::stats::compute_stats`) and of every view, on traces that lost frees,
 //! waited on other streams, emptied the cache and ran out of memory.
 
-use vramscope_model::{AllocatorConfig, EventKind, Pool, Segment, Snapshot, SnapshotSource};
+use vramscope_model::{AllocatorConfig, Snapshot, SnapshotSource};
 
 /// A trace that lost frees allocates where a block, or a segment, still is: through a pickle,
 /// the importer's statistics are the engine's, and the view's peak agrees.
 #[test]
 fn a_block_or_segment_allocated_over_a_live_one_replaces_it_through_a_pickle() {
     let mib = 1u64 << 20;
-    let event = |kind, addr, size| {
-        vramscope_testkit::event(kind)
-            .addr(addr)
-            .size(size)
-            .requested(size)
-            .build()
-    };
-    let events = [
-        event(EventKind::SegmentAlloc, 0x1000_0000, 20 * mib),
-        event(EventKind::Alloc, 0x1000_0000, 4 * mib),
-        // The free of both, and of the segment, were lost.
-        event(EventKind::SegmentAlloc, 0x1000_0000, 20 * mib),
-        event(EventKind::Alloc, 0x1000_0000, 6 * mib),
-        event(EventKind::FreeRequested, 0x1000_0000, 6 * mib),
-        event(EventKind::FreeCompleted, 0x1000_0000, 6 * mib),
-    ];
-    let segment = Segment {
-        device: 0,
-        address: 0x1000_0000,
-        total_size: 20 * mib,
-        stream: 0,
-        pool: Pool::Large,
-        expandable: false,
-        blocks: Vec::new(),
-    };
+    let (segments, events) = vramscope_testkit::lost_frees();
     let mut snapshot = Snapshot::empty(SnapshotSource::Vramscope, Default::default());
-    snapshot.segments = vec![segment];
+    snapshot.segments = segments;
     snapshot.events = events.iter().copied().collect();
     let own = vramscope_engine::stats::compute_stats(
         &snapshot.segments,

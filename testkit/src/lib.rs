@@ -262,6 +262,41 @@ pub fn merge_devices(runs: &[vramscope_model::Snapshot]) -> vramscope_model::Sna
     merged
 }
 
+/// A trace that lost frees: a 20 MiB large-pool segment at `0x1000_0000` holding a 4 MiB block,
+/// then a segment and a 6 MiB block allocated again at the same address (the frees of both were
+/// lost) and the 6 MiB block freed; the dump-time segment list holds the one segment. Every
+/// view takes an allocation over a live block or segment as replacing it, so the statistics'
+/// peaks are 6 MiB allocated and 20 MiB reserved, not the sums.
+pub fn lost_frees() -> (Vec<vramscope_model::Segment>, Vec<vramscope_model::Event>) {
+    use vramscope_model::EventKind;
+    let mib = 1u64 << 20;
+    let at = |kind, size| {
+        event(kind)
+            .addr(0x1000_0000)
+            .size(size)
+            .requested(size)
+            .build()
+    };
+    let events = vec![
+        at(EventKind::SegmentAlloc, 20 * mib),
+        at(EventKind::Alloc, 4 * mib),
+        at(EventKind::SegmentAlloc, 20 * mib),
+        at(EventKind::Alloc, 6 * mib),
+        at(EventKind::FreeRequested, 6 * mib),
+        at(EventKind::FreeCompleted, 6 * mib),
+    ];
+    let segment = vramscope_model::Segment {
+        device: 0,
+        address: 0x1000_0000,
+        total_size: 20 * mib,
+        stream: 0,
+        pool: vramscope_model::Pool::Large,
+        expandable: false,
+        blocks: Vec::new(),
+    };
+    (vec![segment], events)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
