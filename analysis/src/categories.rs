@@ -31,7 +31,10 @@
 //! [`Category::Unknown`], never a guess. The planted cases of `vramscope_testkit::planted`,
 //! whose generator knows every block, are classified exactly (`analysis/tests/categories.rs`).
 
-use vramscope_engine::{autograd_node, is_compiled_frame, AddrMap, MemoryState, NO_EVENT};
+use vramscope_engine::{
+    autograd_node, is_compiled_frame, AddrMap, GroupId, LiveBlock, MemoryState, SiteGroups,
+    NO_EVENT,
+};
 use vramscope_model::{Category, CategoryBytes, EventKind, Frame, SiteId, Snapshot};
 
 use crate::model_view::{default_framework_paths, is_module_call};
@@ -289,15 +292,43 @@ impl Categories {
             if block.pending {
                 continue;
             }
-            let category = if block.alloc_event == NO_EVENT {
-                Category::BeforeTrace
-            } else {
-                self.of_alloc(block.alloc_event as usize)
-            };
-            bytes.add(category, block.size);
+            bytes.add(self.of_block(block), block.size);
         }
         bytes.add(Category::BeforeTrace, state.unattributed.allocated);
         bytes
+    }
+
+    /// The category of `block`, a block of an engine state: its allocation's, or
+    /// [`Category::BeforeTrace`] for a block from before the trace.
+    pub fn of_block(&self, block: &LiveBlock) -> Category {
+        if block.alloc_event == NO_EVENT {
+            Category::BeforeTrace
+        } else {
+            self.of_alloc(block.alloc_event as usize)
+        }
+    }
+
+    /// [`Categories::in_state`] per call-site group of `groups` (the groups of
+    /// `ModelView::holdings_in`, the unattributed bytes under `SiteGroups::BEFORE_TRACE`).
+    pub fn by_group_in_state(
+        &self,
+        state: &MemoryState,
+        groups: &SiteGroups,
+    ) -> rustc_hash::FxHashMap<GroupId, CategoryBytes> {
+        let mut by: rustc_hash::FxHashMap<GroupId, CategoryBytes> = Default::default();
+        for (_, block) in state.blocks.unordered() {
+            if !block.pending {
+                by.entry(groups.of_block(block))
+                    .or_default()
+                    .add(self.of_block(block), block.size);
+            }
+        }
+        if state.unattributed.allocated > 0 {
+            by.entry(SiteGroups::BEFORE_TRACE)
+                .or_default()
+                .add(Category::BeforeTrace, state.unattributed.allocated);
+        }
+        by
     }
 
     /// The bytes per category just after each event of `events` (indices in increasing

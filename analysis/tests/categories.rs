@@ -278,3 +278,151 @@ proptest! {
         report_adds_up(&snap, "generated");
     }
 }
+
+/// A trace whose allocations are tagged `tags[i]` (none for `""`), `sizes[i]` MiB each, then
+/// an OOM of 64 MiB.
+fn tagged_then_oom(allocs: &[(&str, u64)]) -> vramscope_model::Snapshot {
+    let mut t = Trace::new();
+    let site = t.site("train.py", 3, "main");
+    for &(_, mib) in allocs {
+        t.alloc(site, mib * MIB);
+    }
+    t.oom(site, 64 * MIB, MIB);
+    let mut snap = t.finish();
+    for (i, &(tag, _)) in allocs.iter().enumerate() {
+        if !tag.is_empty() {
+            let id = snap.tags.len() as u32;
+            snap.tags.push(tag.to_string());
+            snap.events.to_mut()[i].tag = vramscope_model::Id::new(id);
+        }
+    }
+    snap
+}
+
+fn oom_finding(snap: &vramscope_model::Snapshot) -> vramscope_analysis::detect::Finding {
+    let report = vramscope_analysis::report::build_report(snap, &Default::default());
+    report
+        .findings
+        .into_iter()
+        .find(|f| f.kind == vramscope_analysis::detect::FindingKind::Oom)
+        .expect("an OOM finding")
+}
+
+/// An OOM says what the memory was made of at the failing request, and its fix follows the
+/// largest category the classifier knows, when that holds a fair share; never a fix from
+/// unknown memory.
+#[test]
+fn an_oom_says_what_the_memory_was_made_of_and_its_fix_follows_it() {
+    let f = oom_finding(&tagged_then_oom(&[("activations", 6), ("weights", 2)]));
+    assert!(
+        f.summary
+            .ends_with("; the memory allocated then was activations 75 %, parameters 25 %"),
+        "{}",
+        f.summary
+    );
+    assert!(
+        f.fix.starts_with(
+            "activations 75 % of the allocated memory: try activation checkpointing or a smaller micro-batch; "
+        ),
+        "{}",
+        f.fix
+    );
+    assert_eq!(
+        f.evidence
+            .get("activations_bytes_at_oom")
+            .map(|v| v.to_string()),
+        Some((6 * MIB).to_string())
+    );
+    // Mostly unknown: the composition is said, no category's fix is given.
+    let f = oom_finding(&tagged_then_oom(&[
+        ("", 12),
+        ("weights", 1),
+        ("activations", 1),
+    ]));
+    assert!(
+        f.summary
+            .contains("unknown 86 %, activations 7 %, parameters 7 %"),
+        "{}",
+        f.summary
+    );
+    assert!(f.fix.starts_with("lower the peak"), "{}", f.fix);
+    assert!(!f.fix.contains("of the allocated memory"), "{}", f.fix);
+}
+
+/// A loop whose weights (4 blocks at `model.py:10`, the first events) are tagged `weights`
+/// when `tag` says so, with a 512-byte block kept every step at `train.py:33`, tagged
+/// `grad` when `tag` says so.
+fn loop_with_leak(tag: bool) -> vramscope_model::Snapshot {
+    let mut t = vramscope_testkit::clean_loop(0);
+    let leak = t.site("train.py", 33, "train");
+    let mut kept = Vec::new();
+    for _ in 0..10 {
+        t.step();
+        t.alloc(leak, 512);
+        kept.push(t.snap.events.len() - 1);
+    }
+    let mut snap = t.finish();
+    if tag {
+        snap.tags = vec!["weights".to_string(), "grad".to_string()];
+        for i in 0..snap.events.len() {
+            let e = &snap.events[i];
+            if e.kind == EventKind::Alloc && e.size == 8 * MIB {
+                snap.events.to_mut()[i].tag = vramscope_model::Id::new(0);
+            }
+        }
+        for i in kept {
+            snap.events.to_mut()[i].tag = vramscope_model::Id::new(1);
+        }
+    }
+    snap
+}
+
+/// `top_holders` and `retained_per_step` say what the memory is made of by the classifier,
+/// and nothing where it says unknown.
+#[test]
+fn holders_and_retained_memory_say_the_classifiers_category() {
+    use vramscope_analysis::detect::FindingKind;
+    let findings =
+        |snap| vramscope_analysis::report::build_report(&snap, &Default::default()).findings;
+    let tagged = findings(loop_with_leak(true));
+    let holder = tagged
+        .iter()
+        .find(|f| f.kind == FindingKind::TopHolders && f.site.as_deref() == Some("model.py:10"))
+        .expect("the weights hold memory");
+    assert!(
+        holder
+            .summary
+            .contains("allocated in one step (parameters) held"),
+        "{}",
+        holder.summary
+    );
+    let leak = tagged
+        .iter()
+        .find(|f| f.kind == FindingKind::RetainedPerStep)
+        .expect("a leak");
+    assert!(
+        leak.summary
+            .contains("; by what made them they are gradients 4.00 KiB"),
+        "{}",
+        leak.summary
+    );
+    let plain = findings(loop_with_leak(false));
+    let holder = plain
+        .iter()
+        .find(|f| f.kind == FindingKind::TopHolders && f.site.as_deref() == Some("model.py:10"))
+        .expect("the weights hold memory");
+    assert!(
+        holder.summary.contains("allocated in one step held"),
+        "unknown memory gets no category: {}",
+        holder.summary
+    );
+    let leak = plain
+        .iter()
+        .find(|f| f.kind == FindingKind::RetainedPerStep)
+        .expect("a leak");
+    assert!(
+        !leak.summary.contains("by what made them"),
+        "{}",
+        leak.summary
+    );
+}

@@ -26,6 +26,7 @@
 use vramscope_engine::{MemoryState, Reconstruction};
 use vramscope_model::oom::{diagnose, OomCause, OomDiagnosis, OomFacts, SettingNames};
 use vramscope_model::{format_bytes, BlockState, Event, Pool, Snapshot, MIB};
+use vramscope_model::{Category, CategoryBytes};
 
 use super::{config_env_var, DetectOptions, Finding, FindingKind, FindingSink, Severity};
 use crate::model_view::{Holding, ModelView};
@@ -205,8 +206,14 @@ fn report_oom(
     f.last_step = same.iter().map(|c| u64::from(c.event.step)).max();
     // A group's name as every table prints it: `file:line`, or "(before the trace)".
     let site_of = |h: &Holding| view.group(h.group).label().to_string();
+    // What the memory was made of at the failing request, from the classifier over the
+    // engine's state there (`crate::categories`).
+    let made_of = view
+        .categories_after(&[worst.index])
+        .pop()
+        .unwrap_or_default();
     f.summary = format!(
-        "an allocation of {} failed: {}{}",
+        "an allocation of {} failed: {}{}{}",
         format_bytes(facts.request),
         d.explanation(),
         match &top {
@@ -215,6 +222,10 @@ fn report_oom(
                 site_of(h),
                 format_bytes(h.bytes)
             ),
+            None => String::new(),
+        },
+        match composition(&made_of) {
+            Some(text) => format!("; the memory allocated then was {text}"),
             None => String::new(),
         }
     );
@@ -245,9 +256,87 @@ fn report_oom(
     if let Some(setting) = d.setting() {
         evidence = evidence.text("setting", setting);
     }
+    for (category, bytes) in made_of.nonzero() {
+        evidence = evidence.int(&format!("{}_bytes_at_oom", category.as_str()), bytes);
+    }
     f.evidence = evidence;
     f.fix = d.fix(SettingNames::for_source(view.snapshot().source));
+    // Where the memory in use is the problem, the fix follows the largest category the
+    // classifier knows, when it holds a fair share; never one from unknown memory.
+    let in_use = matches!(d.cause, OomCause::InUse | OomCause::Cap { .. });
+    if let Some(advice) = in_use.then(|| category_advice(&made_of)).flatten() {
+        f.fix = format!("{advice}; {}", f.fix);
+    }
     sink.report(f);
+}
+
+/// The share of `bytes` that `part` is, as `61 %` (`<1 %` for a sliver).
+fn percent(part: u64, whole: u64) -> String {
+    let share = part as f64 / whole.max(1) as f64;
+    if share < 0.005 {
+        "<1 %".to_string()
+    } else {
+        format!("{:.0} %", share * 100.0)
+    }
+}
+
+/// What a moment's memory was made of, the largest category first (`activations 61 %,
+/// parameters 20 %, unknown 19 %`); `None` with no bytes.
+fn composition(bytes: &CategoryBytes) -> Option<String> {
+    let total = bytes.total();
+    if total == 0 {
+        return None;
+    }
+    let mut parts: Vec<(Category, u64)> = bytes.nonzero().collect();
+    parts.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    Some(
+        parts
+            .iter()
+            .map(|&(c, b)| format!("{} {}", c.label(), percent(b, total)))
+            .collect::<Vec<_>>()
+            .join(", "),
+    )
+}
+
+/// The smallest share of the allocated memory the largest known category must hold for an
+/// OOM's fix to follow it: below it, the category is not what filled the device.
+const ADVICE_MIN_SHARE: f64 = 0.25;
+
+/// What to do about the largest category the classifier knows in `bytes` (`activations 61 %:
+/// try activation checkpointing or a smaller micro-batch`), when it holds at least
+/// [`ADVICE_MIN_SHARE`] of them; never for unknown memory or memory from before the trace,
+/// whose kind the trace does not show.
+fn category_advice(bytes: &CategoryBytes) -> Option<String> {
+    let total = bytes.total();
+    let (category, held) = bytes
+        .nonzero()
+        .filter(|&(c, _)| !matches!(c, Category::Unknown | Category::BeforeTrace))
+        .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))?;
+    if (held as f64) < ADVICE_MIN_SHARE * total as f64 {
+        return None;
+    }
+    let remedy = match category {
+        Category::Activations => "try activation checkpointing or a smaller micro-batch",
+        Category::Parameters => {
+            "try lower-precision weights, sharding the parameters (FSDP) or offloading them"
+        }
+        Category::OptimizerState => {
+            "try a smaller optimizer state (8-bit or factored optimizers), sharding it (ZeRO, FSDP) or offloading it"
+        }
+        Category::Gradients => {
+            "try freeing gradients as soon as they are used (zero_grad(set_to_none=True)), lower-precision gradients or sharding them (ZeRO-2, FSDP)"
+        }
+        Category::Temporaries => {
+            "try computing in smaller chunks (a smaller batch, chunked attention or loss) so each step's scratch is smaller"
+        }
+        Category::Inputs => "try a smaller batch, or copying each batch to the device just before it is used",
+        Category::BeforeTrace | Category::Unknown => return None,
+    };
+    Some(format!(
+        "{} {} of the allocated memory: {remedy}",
+        category.label(),
+        percent(held, total)
+    ))
 }
 
 /// Free memory inside plain (not expandable) segments at the snapshot.

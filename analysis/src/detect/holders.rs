@@ -6,10 +6,11 @@
 //! into four kinds: memory from before the trace, memory allocated in one step, memory
 //! allocated across steps, and memory allocated under a module call in the step in progress
 //! at the dump (the forward in progress: a dump before `backward()` or at an OOM shows its
-//! activations, which is said as such and never as a leak). What the memory is (optimizer state, gradients, weights) is said
-//! only where the stacks show it (an optimizer's frames, an autograd node, `Module.to`), and
-//! memory of those kinds made across steps (AdamW state created as layers unfreeze) is called
-//! expected rather than a reference to drop. Each kind present is one finding that lists its largest sites (up to
+//! activations, which is said as such and never as a leak). What the memory is made of is the
+//! classifier's answer (`crate::categories`, one engine for every view), said only of the
+//! bytes it knows (never of those it calls unknown), and memory that is all parameters,
+//! optimizer state and gradients made across steps (AdamW state created as layers unfreeze)
+//! is called expected rather than a reference to drop. Each kind present is one finding that lists its largest sites (up to
 //! `top_holders`) with their bytes, names the largest, and gives its advice once. When nothing
 //! is live at the end, as in a profiler window that frees everything it allocates, the
 //! holders at the peak of allocated bytes are reported instead.
@@ -19,7 +20,7 @@ use vramscope_model::format_bytes;
 use super::{DetectOptions, Finding, FindingKind, FindingSink, FindingSite, Severity};
 use crate::model_view::{Holding, ModelView};
 use vramscope_engine::{GroupId, GroupKind, SiteGroups};
-use vramscope_model::{plural, SnapshotSource};
+use vramscope_model::{plural, Category, CategoryBytes, SnapshotSource};
 
 /// The kinds of holders, in report order.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -125,29 +126,37 @@ pub fn top_holders(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
         f.count = blocks;
         f.first_step = Some(first_step);
         f.last_step = Some(last_step);
-        // What the stacks say the memory is (optimizer state, gradients, weights); nothing is
-        // claimed where they say nothing.
-        let roles = roles_of(view, &members);
-        let expected = !roles.is_empty() && roles.len() == members_with_roles(view, &members);
-        // A role is said of the bytes whose stacks show it, never of the whole kind.
-        let said = if roles.is_empty() {
+        // What the memory is made of, from the classifier (`crate::categories`) over the
+        // engine's own state: nothing is claimed of the bytes it calls unknown, and memory
+        // from before the trace is said by its kind.
+        let mut made_of = CategoryBytes::new();
+        for h in &members {
+            made_of += view.group_categories(h.group, when == "peak");
+        }
+        let known: Vec<(Category, u64)> = made_of
+            .nonzero()
+            .filter(|&(c, _)| !matches!(c, Category::Unknown | Category::BeforeTrace))
+            .collect();
+        let known_bytes = super::sat_sum(known.iter().map(|&(_, b)| b));
+        let state_only = |c: Category| {
+            matches!(
+                c,
+                Category::Parameters | Category::OptimizerState | Category::Gradients
+            )
+        };
+        // Expected: every byte is parameters, optimizer state or gradients.
+        let expected =
+            !known.is_empty() && known_bytes == bytes && known.iter().all(|&(c, _)| state_only(c));
+        let said = if known.is_empty() || kind == Kind::Before {
             String::new()
-        } else if expected {
-            format!(" ({})", roles.join(", "))
+        } else if known_bytes == bytes && known.len() == 1 {
+            format!(" ({})", known[0].0.label())
         } else {
-            let parts: Vec<String> = roles
+            let parts: Vec<String> = known
                 .iter()
-                .map(|&role| {
-                    let bytes = super::sat_sum(
-                        members
-                            .iter()
-                            .filter(|h| role_of(view, h.group) == Some(role))
-                            .map(|h| h.bytes),
-                    );
-                    format!("{role} {}", format_bytes(bytes))
-                })
+                .map(|&(c, b)| format!("{} {}", c.label(), format_bytes(b)))
                 .collect();
-            format!(" (of which, by their stacks, {})", parts.join(", "))
+            format!(" (of which {})", parts.join(", "))
         };
         let caller = match kind {
             Kind::InProgress => members.iter().find_map(|h| model_caller(view, h.group)),
@@ -209,85 +218,6 @@ pub fn top_holders(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
         };
         f.sites = sites;
         sink.report(f);
-    }
-}
-
-/// What one group's stacks say its memory is: `optimizer state` (a frame of `torch/optim/`
-/// or an optimizer's `step`), `gradients` (made on the autograd thread: `AccumulateGrad` or
-/// another backward node), `weights` (`Module.to`/`cuda`/`_apply`, `load_state_dict`).
-fn role_of(view: &ModelView<'_>, group: GroupId) -> Option<&'static str> {
-    let sites = &view.snapshot().sites;
-    let mut role = None;
-    for &s in &view.group(group).sites {
-        let Some(site) = sites.get(s as usize) else {
-            continue;
-        };
-        let optimizer = made_by_optimizer(&site.frames);
-        let this = if optimizer {
-            "optimizer state"
-        } else if vramscope_engine::autograd_node(&site.frames).is_some() {
-            "gradients"
-        } else if site.frames.iter().any(|f| {
-            let file = f.file.replace('\\', "/");
-            (file.ends_with("nn/modules/module.py")
-                && matches!(f.function.as_str(), "_apply" | "to" | "cuda" | "convert"))
-                || f.function == "load_state_dict"
-        }) {
-            "weights"
-        } else {
-            return None;
-        };
-        match role {
-            None => role = Some(this),
-            Some(r) if r == this => {}
-            Some(_) => return None,
-        }
-    }
-    role
-}
-
-/// Whether the optimizer's own code made the memory of a stack (innermost first): a frame of
-/// `torch/optim/` (or an `Optimizer.step`) with only the optimizer's code inside it (a
-/// subclass's `step` included), never a forward or a loss that `optimizer.step(closure)` runs
-/// (Lightning): no module call, no closure and no other framework's frame inside it.
-fn made_by_optimizer(frames: &[vramscope_model::Frame]) -> bool {
-    let is_optim = |f: &vramscope_model::Frame| {
-        f.file.replace('\\', "/").contains("torch/optim/") || f.function.contains("Optimizer.step")
-    };
-    let framework = crate::model_view::default_framework_paths();
-    let python = || {
-        frames
-            .iter()
-            .filter(|f| !vramscope_engine::is_compiled_frame(f))
-    };
-    let Some(k) = python().position(is_optim) else {
-        return false;
-    };
-    !frames.iter().any(crate::model_view::is_module_call)
-        && python().take(k).all(|f| {
-            !f.function.contains("closure")
-                && !vramscope_import::sites::is_framework_frame(f, &framework)
-        })
-}
-
-/// The roles the stacks of `members` show, in a fixed order, each once.
-fn roles_of(view: &ModelView<'_>, members: &[&Holding]) -> Vec<&'static str> {
-    let mut roles: Vec<&'static str> = Vec::new();
-    for role in ["weights", "optimizer state", "gradients"] {
-        if members.iter().any(|h| role_of(view, h.group) == Some(role)) {
-            roles.push(role);
-        }
-    }
-    roles
-}
-
-/// How many distinct roles cover every member: the number of [`roles_of`] when each member
-/// has a role, else `usize::MAX` (some memory is of no known role).
-fn members_with_roles(view: &ModelView<'_>, members: &[&Holding]) -> usize {
-    if members.iter().all(|h| role_of(view, h.group).is_some()) {
-        roles_of(view, members).len()
-    } else {
-        usize::MAX
     }
 }
 

@@ -27,7 +27,7 @@
 //! autograd node.
 
 use rustc_hash::FxHashMap;
-use vramscope_model::{format_bytes, Frame, SiteId};
+use vramscope_model::{format_bytes, Category, CategoryBytes, Frame, SiteId};
 
 use vramscope_model::plural;
 
@@ -629,12 +629,14 @@ fn report_group(
         format!(" from {} lines", site_count)
     };
     let origin = naming.origin_phrase();
+    let made_of = retained_categories(view, units, leaks, members);
     let retained = format!(
-        "{} in {}{from_sites} allocated in {} between steps {first_step} and {last_step} are still live at the end ({} per step)",
+        "{} in {}{from_sites} allocated in {} between steps {first_step} and {last_step} are still live at the end ({} per step){}",
         format_bytes(total_bytes),
         plural(total_blocks, "block"),
         plural(steps.len() as u64, "step"),
         format_bytes(rate.bytes_per_step.round() as u64),
+        made_of_phrase(&made_of),
     );
     f.summary = match root {
         Some(root) => {
@@ -697,6 +699,55 @@ fn report_group(
         )
     };
     f
+}
+
+/// What the retained blocks of the leaks `members` are made of, by the classifier
+/// (`crate::categories`): their blocks still live at the end, allocated within the retaining
+/// steps' spans of retained allocations (`Leak::positions`).
+fn retained_categories(
+    view: &ModelView<'_>,
+    units: &[Unit],
+    leaks: &[Leak],
+    members: &[usize],
+) -> CategoryBytes {
+    let events = &view.snapshot().events;
+    let categories = view.categories();
+    let mut bytes = CategoryBytes::new();
+    for &k in members {
+        let leak = &leaks[k];
+        let Some(unit) = units.get(leak.unit) else {
+            continue;
+        };
+        let retained = |event: u32| {
+            leak.positions
+                .iter()
+                .any(|&(_, first, last)| first <= event && event <= last)
+        };
+        for i in unit.intervals(view) {
+            let interval = &view.intervals()[i as usize];
+            if interval.is_live_at_end() && retained(interval.alloc_event) {
+                let size = interval.alloc(events).size;
+                bytes.add(categories.of_alloc(interval.alloc_event as usize), size);
+            }
+        }
+    }
+    bytes
+}
+
+/// `; by what made them they are activations 12.0 MiB, unknown 1.0 MiB`: what retained blocks
+/// are made of, said only where it knows some of them (nothing for bytes all unknown).
+fn made_of_phrase(bytes: &CategoryBytes) -> String {
+    let known = bytes
+        .nonzero()
+        .any(|(c, _)| !matches!(c, Category::Unknown | Category::BeforeTrace));
+    if !known {
+        return String::new();
+    }
+    let parts: Vec<String> = bytes
+        .nonzero()
+        .map(|(c, b)| format!("{} {}", c.label(), format_bytes(b)))
+        .collect();
+    format!("; by what made them they are {}", parts.join(", "))
 }
 
 /// The stack that retained the most bytes among a leaking site's retained blocks, and the line

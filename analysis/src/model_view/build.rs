@@ -253,6 +253,9 @@ impl<'a> ModelViewBuilder<'a> {
             .event
             .map(|at| walk.state_walked(&self.snapshot.events, at as usize + 1));
         let known_reserved = |bytes: u64| if walk.reserved_known { bytes } else { 0 };
+        let group_categories_at_peak =
+            categories.by_group_in_state(at_peak.as_ref().unwrap_or(&walk.start), &self.groups);
+        let group_categories_at_end = categories.by_group_in_state(&walk.end, &self.groups);
         let mut view = ModelView {
             snapshot: self.snapshot,
             groups: self.groups,
@@ -281,6 +284,8 @@ impl<'a> ModelViewBuilder<'a> {
             empty_cache_calls,
             categories_at_peak: categories.in_state(at_peak.as_ref().unwrap_or(&walk.start)),
             categories_at_end: categories.in_state(&walk.end),
+            group_categories_at_peak,
+            group_categories_at_end,
             categories,
             start: MemoryState::default(),
             disagreements: Default::default(),

@@ -306,6 +306,10 @@ pub struct ModelView<'a> {
     /// [`ModelView::end_allocated`].
     categories_at_peak: CategoryBytes,
     categories_at_end: CategoryBytes,
+    /// The same per call-site group: what each [`Holding`] of `live_peak` and `live_end` is
+    /// made of.
+    group_categories_at_peak: rustc_hash::FxHashMap<GroupId, CategoryBytes>,
+    group_categories_at_end: rustc_hash::FxHashMap<GroupId, CategoryBytes>,
 }
 
 impl<'a> ModelView<'a> {
@@ -617,6 +621,17 @@ impl<'a> ModelView<'a> {
     /// [`ModelView::peak_allocated`].
     pub fn categories_at_peak(&self) -> &CategoryBytes {
         &self.categories_at_peak
+    }
+
+    /// What `group`'s holding at the peak (`at_peak`) or at the end is made of: its bytes per
+    /// category, adding up to the holding's bytes (none for a group that holds nothing).
+    pub fn group_categories(&self, group: GroupId, at_peak: bool) -> CategoryBytes {
+        let by = if at_peak {
+            &self.group_categories_at_peak
+        } else {
+            &self.group_categories_at_end
+        };
+        by.get(&group).copied().unwrap_or_default()
     }
 
     /// Bytes per category at the end; they add up to [`ModelView::end_allocated`].
