@@ -426,3 +426,75 @@ fn holders_and_retained_memory_say_the_classifiers_category() {
         leak.summary
     );
 }
+
+/// The parameters question on the shared GPT step (recorded after warm-up, so its
+/// parameters were live when recording began and come out `before_trace`). The evidence a
+/// rule naming them would rest on, measured here: the blocks from before the trace that live
+/// through it match the gradients live at the end one to one by *requested* size and count
+/// (219 = 2 of 10,000 × 1,024 fp32, 96 of 1,024², 72 of 1,024 × 4,096, 49 of 1,024: the
+/// model's configuration, see [`CS336_PARAMETERS`]), with 7 more blocks of other sizes; by
+/// *block* size they do not (one embedding-sized gradient got a 40,960,000-byte block where
+/// both embedding-sized parameters hold 40 MiB blocks: block sizes follow the segments'
+/// splits, not the tensors). So a rule must match requested sizes, exactly per size (an EMA
+/// copy of the weights, or SGD's momentum buffers, doubles every count and must make it
+/// abstain). Until such a rule is in the classifier, with its walk, its states and the
+/// series all naming the same blocks, the parameters stay `before_trace`: what the trace
+/// shows of them is that they were there, not what they are.
+#[test]
+fn the_gpt_steps_blocks_from_before_the_trace_against_its_gradients() {
+    let Some(path) = shared("cs336_medium_ctx512_train_step.pickle") else {
+        return;
+    };
+    let snap = vramscope_import::load(&path).unwrap();
+    let categories = Categories::classify(&snap);
+    let walk = Reconstruction::from_snapshot(&snap);
+    type Counts = std::collections::BTreeMap<u64, u64>;
+    let (mut gradients, mut before, mut gradient_blocks, mut before_blocks) =
+        (Counts::new(), Counts::new(), Counts::new(), Counts::new());
+    for (_, block) in walk.end.blocks.unordered() {
+        if block.pending {
+            continue;
+        }
+        let (by_request, by_block) = match categories.of_block(block) {
+            Category::Gradients => (&mut gradients, &mut gradient_blocks),
+            Category::BeforeTrace => (&mut before, &mut before_blocks),
+            _ => continue,
+        };
+        *by_request.entry(block.requested).or_default() += 1;
+        *by_block.entry(block.size).or_default() += 1;
+    }
+    let d = 1_024u64;
+    let expected: Counts = [
+        (4 * d, 49),
+        (4 * d * d, 96),
+        (16 * d * d, 72),
+        (4 * 10_000 * d, 2),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(gradients, expected);
+    assert_eq!(gradients.values().sum::<u64>(), 219);
+    for (size, n) in &gradients {
+        assert_eq!(
+            before.get(size),
+            Some(n),
+            "one to one at {size} bytes requested"
+        );
+    }
+    assert_eq!(
+        before.values().sum::<u64>(),
+        226,
+        "and 7 blocks of other sizes"
+    );
+    let by_block_size_matches = gradient_blocks
+        .iter()
+        .all(|(size, n)| before_blocks.get(size) == Some(n));
+    assert!(
+        !by_block_size_matches,
+        "block sizes do not match one to one: {gradient_blocks:?} against {before_blocks:?}"
+    );
+    // And the classifier says `before_trace` of them, never a guess.
+    let mut end = CategoryBytes::new();
+    categories.walk(&snap, &walk.start, |_, bytes| end = *bytes);
+    assert_eq!(end[Category::Parameters], 0);
+}
