@@ -21,7 +21,7 @@
 //! quote them) is given as a [`Line`], which also writes line breaks and `[` as character
 //! references so that it stays one line of the page's source with no `##[` in it. The only
 //! text written unescaped is the page's own constant style and scripts, and the embedded JSON,
-//! whose `<` is escaped by [`script_json`]; the script sets text, never markup. A report
+//! whose `<` is escaped by the private `script_json`; the script sets text, never markup. A report
 //! without explorer data (built by hand) gets the static inline SVG timeline instead.
 
 use std::fmt::Write as _;
