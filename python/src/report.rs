@@ -763,6 +763,16 @@ impl Report {
         data_to_py(py, &self.inner().stats)
     }
 
+    /// What the memory is made of, as `memory_by_category` of `vramscope report --format
+    /// json`: `peak` and `end`, bytes per category (`activations`, `parameters`,
+    /// `optimizer_state`, `gradients`, `temporaries`, `inputs`, `before_trace`, `unknown`)
+    /// that add up to `peak_allocated` and `allocated`, and `series`, the same over time
+    /// (`event` and a list per category). For a file of several devices, the worst device's.
+    #[getter]
+    fn memory_by_category<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        data_to_py(py, &self.inner().memory_by_category)
+    }
+
     /// The findings of every device, each device's most severe first, the worst device
     /// first; for a file of several devices each says its `device`.
     #[getter]

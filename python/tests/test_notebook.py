@@ -214,6 +214,35 @@ def test_a_pytorch_snapshot_has_pytorchs_own_peaks():
     assert sum(t.bytes for t in r.top_sites(at="peak", n=100_000)) == r.peak_allocated
 
 
+CATEGORIES = ["activations", "parameters", "optimizer_state", "gradients", "temporaries",
+              "inputs", "before_trace", "unknown"]
+
+
+def test_the_report_says_what_the_memory_is_made_of(tmp_path):
+    """``Report.memory_by_category``: at the peak and at the end every category is named and
+    they add up to the allocated bytes there; the series adds up to the same at the end, and
+    the text report says the same in its lines ``at the peak ...`` and ``at the end ...``."""
+    if not TORCH_PICKLE.is_file():
+        pytest.skip(f"{TORCH_PICKLE} is absent")
+    r = vramscope.load(TORCH_PICKLE)
+    by = r.memory_by_category
+    assert sorted(by["peak"]) == sorted(CATEGORIES) == sorted(by["end"])
+    assert sum(by["peak"].values()) == r.peak_allocated
+    assert sum(by["end"].values()) == r.allocated
+    series = by["series"]
+    assert sorted(series) == sorted(["event"] + CATEGORIES)
+    assert all(len(series[c]) == len(series["event"]) for c in CATEGORIES)
+    assert series["event"] == sorted(series["event"])
+    totals = [sum(series[c][i] for c in CATEGORIES) for i in range(len(series["event"]))]
+    assert max(totals) == r.peak_allocated
+    assert r.to_dict()["devices"][0]["memory_by_category"] == by
+    fb = vramscope.format_bytes
+    lines = [line.strip() for line in r.summary().splitlines()]
+    assert any(line.startswith(f"at the peak {fb(r.peak_allocated)}") for line in lines), lines
+    if r.allocated:
+        assert any(line.startswith(f"at the end {fb(r.allocated)}") for line in lines), lines
+
+
 def test_the_html_output_is_the_page_in_a_frame(tmp_path):
     path = tmp_path / "run.json"
     leaky_run(path)
