@@ -161,12 +161,14 @@ impl Categories {
         let python_only =
             !sites.is_empty() && sites.iter().all(|s| s.frames.iter().all(|f| f.line > 0));
         let events = &snapshot.events;
-        let mut made: Vec<Option<Made>> = vec![None; events.len()];
+        // One entry per allocation, in event order (a third of a big trace's events): the
+        // second pass counts allocations to find each one's.
+        let mut made: Vec<Made> = Vec::new();
         let mut live: AddrMap<usize> = AddrMap::default();
         let mut run = 0u32;
         let mut current = Phase::Other;
         let mut last_backward_run = None;
-        for (i, e) in events.iter().enumerate() {
+        for e in events.iter() {
             match e.kind {
                 EventKind::Alloc => {
                     let phase = match traits_of(e.site()) {
@@ -183,17 +185,17 @@ impl Categories {
                     if phase == Phase::Backward {
                         last_backward_run = Some(run);
                     }
-                    made[i] = Some(Made {
+                    live.insert(e.addr, made.len());
+                    made.push(Made {
                         phase,
                         run,
                         freed: None,
                         released: false,
                     });
-                    live.insert(e.addr, i);
                 }
                 // A completion ends a block only where the trace has no request for it.
                 EventKind::FreeRequested | EventKind::FreeCompleted => {
-                    if let Some(m) = live.remove(&e.addr).and_then(|a| made[a].as_mut()) {
+                    if let Some(m) = live.remove(&e.addr).and_then(|a| made.get_mut(a)) {
                         m.freed = Some((run, current));
                         m.released = match e.site() {
                             Some(_) => traits_of(e.site()).is_some_and(|t| t.released_by_backward),
@@ -208,9 +210,13 @@ impl Categories {
         // Per call site: whether its blocks were activations, and temporaries.
         let mut site_was: rustc_hash::FxHashMap<SiteId, (bool, bool)> = Default::default();
         let mut live_in_last_forward = Vec::new();
+        let mut allocation = made.iter();
         for (i, e) in events.iter().enumerate() {
-            let Some(m) = made[i] else {
+            if e.kind != EventKind::Alloc {
                 continue;
+            }
+            let Some(&m) = allocation.next() else {
+                break;
             };
             let named = snapshot
                 .tag(e.tag())
