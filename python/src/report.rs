@@ -660,9 +660,7 @@ impl Report {
     /// no same origin: the explorer runs, but nothing in the page (whose text comes from the
     /// file) can reach the notebook's document, cookies or kernel.
     fn frame(&self, height: u32) -> String {
-        let page = self
-            .page()
-            .replacen("<head>\n", "<head>\n<base href=\"about:srcdoc\">\n", 1);
+        let page = html::render_html_framed(&self.inners());
         format!(
             "<div class=\"vramscope-report\"><iframe sandbox=\"allow-scripts\" srcdoc=\"{}\" title=\"{}\" \
              style=\"width:100%;height:{height}px;border:1px solid #ddd;border-radius:4px;\

@@ -111,6 +111,17 @@ pub fn render_html(report: &Report) -> String {
     finish(page(report, false))
 }
 
+/// The page of one file's reports for an `<iframe srcdoc>` (a notebook's output): one device's
+/// page with a `<base>` of `about:srcdoc`, so that its links to its own findings stay in the
+/// frame (a `srcdoc` page resolves links against its parent's address), or the page of
+/// several devices, whose frames carry that `<base>` already.
+pub fn render_html_framed(reports: &[Report]) -> String {
+    match reports {
+        [one] => finish(page(one, true)),
+        many => render_html_file(many),
+    }
+}
+
 /// The page of [`render_html`]; `in_frame` adds the `<base>` of a page shown in an
 /// `<iframe srcdoc>`.
 fn page(report: &Report, in_frame: bool) -> Markup {
@@ -691,5 +702,17 @@ console.log(JSON.stringify(out));
                 );
             }
         }
+    }
+
+    /// A page for a frame keeps its links to its own findings in the frame; a page of its own
+    /// has no `<base>`.
+    #[test]
+    fn a_framed_page_has_the_base_of_a_srcdoc_page() {
+        let snapshot = vramscope_testkit::device_run(0, 64 << 20);
+        let built = vramscope_analysis::report::build_report(&snapshot, &Default::default());
+        let framed = render_html_framed(std::slice::from_ref(&built));
+        let head = &framed[..framed.find("</head>").expect("a head")];
+        assert!(head.contains("<base href=\"about:srcdoc\">"), "{head}");
+        assert!(!render_html(&built).contains("<base"));
     }
 }
