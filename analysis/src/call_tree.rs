@@ -274,8 +274,9 @@ impl CallTree {
                 Some(sum) => sum,
                 None => groups.entry((site, own, open.clone())).or_default(),
             };
-            sum.bytes += block.size;
-            sum.blocks += 1;
+            // Sizes come from the file: a hostile one sums past 2^64, which saturates.
+            sum.bytes = sum.bytes.saturating_add(block.size);
+            sum.blocks = sum.blocks.saturating_add(1);
             sum.categories.add(category, block.size);
         }
         let mut nodes = vec![Growing {
@@ -347,8 +348,8 @@ impl CallTree {
                     });
                 }
                 let node = &mut nodes[at as usize];
-                node.bytes += sum.bytes;
-                node.blocks += sum.blocks;
+                node.bytes = node.bytes.saturating_add(sum.bytes);
+                node.blocks = node.blocks.saturating_add(sum.blocks);
                 for (category, bytes) in sum.categories.nonzero() {
                     node.categories.add(category, bytes);
                 }
@@ -464,8 +465,8 @@ impl CallTree {
             } else {
                 let g = &nodes[c as usize];
                 other.0 += 1;
-                other.1 += g.bytes;
-                other.2 += g.blocks;
+                other.1 = other.1.saturating_add(g.bytes);
+                other.2 = other.2.saturating_add(g.blocks);
                 for (category, bytes) in g.categories.nonzero() {
                     other.3.add(category, bytes);
                 }
