@@ -163,9 +163,17 @@ fn stat_lines(report: &Report) -> Vec<String> {
 
 /// What the memory is made of at the peak and at the end, a line each
 /// (`at the peak 12.4 GiB: activations 7.1, parameters 1.9, ...`), the same in the text,
-/// markdown and summary reports; none for a moment with no bytes.
+/// markdown and summary reports; none for a moment with no bytes, and none at all when the
+/// trace says nothing of what any of its memory is (every byte `unknown`: a line that reads
+/// "unknown 1.9" tells a reader nothing; the JSON keeps the figures).
 pub fn category_lines(report: &Report) -> Vec<String> {
     let by = &report.memory_by_category;
+    let known = |bytes: &vramscope_model::CategoryBytes| {
+        bytes.total() > bytes.get(vramscope_model::Category::Unknown)
+    };
+    if !known(&by.peak) && !known(&by.end) {
+        return Vec::new();
+    }
     [("at the peak", &by.peak), ("at the end", &by.end)]
         .into_iter()
         .filter(|(_, bytes)| bytes.total() > 0)

@@ -489,3 +489,29 @@ fn every_format_says_what_the_memory_is_made_of() {
     assert_eq!(series["activations"], serde_json::json!([0, 2 * MIB, 0]));
     assert_eq!(series["unknown"], serde_json::json!([0, 0, 0]));
 }
+
+/// A trace that says nothing of what any of its memory is (no tags, no stacks) gets no line
+/// of categories in text or markdown, where "unknown 6.0" would tell a reader nothing; the
+/// JSON keeps the figures.
+#[test]
+fn memory_that_is_all_unknown_gets_no_line() {
+    let mut t = Trace::new();
+    let site = t.site("train.py", 3, "main");
+    let _kept = t.alloc(site, 4 * MIB);
+    let _also = t.alloc(site, 2 * MIB);
+    let report = report_of(&t.finish());
+    let peak = &report.memory_by_category.peak;
+    assert_eq!(peak.get(vramscope_model::Category::Unknown), 6 * MIB);
+    assert_eq!(peak.total(), 6 * MIB);
+    for format in [Format::Text, Format::Markdown] {
+        let out = render(&report, format, false);
+        assert!(!out.contains("at the peak 6.00 MiB:"), "{out}");
+        assert!(!out.contains("unknown"), "{out}");
+    }
+    let file: serde_json::Value =
+        serde_json::from_str(&render(&report, Format::Json, false)).expect("valid JSON");
+    assert_eq!(
+        file["devices"][0]["memory_by_category"]["peak"]["unknown"],
+        6 * MIB
+    );
+}
