@@ -116,11 +116,7 @@ impl StepPlan {
     pub(super) fn from_snapshot(snapshot: &Snapshot) -> StepPlan {
         let marked = !snapshot.steps.is_empty() || snapshot.events.iter().any(|e| e.step > 0);
         if marked {
-            let label = snapshot
-                .steps
-                .first()
-                .map(|m| m.label.clone())
-                .unwrap_or_default();
+            let label = first_mark_label(snapshot);
             if let Some((marked_steps, covered_events)) = prefix_marks(snapshot) {
                 return StepPlan {
                     source: StepSource::PrefixMarks {
@@ -169,18 +165,13 @@ impl StepPlan {
                 inferred: None,
                 flat: true,
             },
-            StepSource::Recorded { .. } | StepSource::Inferred { .. } => {
-                let label = snapshot
-                    .steps
-                    .first()
-                    .map(|m| m.label.clone())
-                    .unwrap_or_default();
-                StepPlan {
-                    source: StepSource::Recorded { label },
-                    inferred: None,
-                    flat: false,
-                }
-            }
+            StepSource::Recorded { .. } | StepSource::Inferred { .. } => StepPlan {
+                source: StepSource::Recorded {
+                    label: first_mark_label(snapshot),
+                },
+                inferred: None,
+                flat: false,
+            },
         }
     }
 
@@ -192,6 +183,16 @@ impl StepPlan {
             None => u64::from(event.step),
         }
     }
+}
+
+/// The label of `snapshot`'s first step mark, empty without marks: what a recorded step
+/// source names.
+fn first_mark_label(snapshot: &Snapshot) -> String {
+    snapshot
+        .steps
+        .first()
+        .map(|m| m.label.clone())
+        .unwrap_or_default()
 }
 
 /// Where the steps of `snapshot` come from, as a view of it says ([`super::ModelView::step_source`])
