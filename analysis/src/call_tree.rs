@@ -218,8 +218,8 @@ struct Growing {
 impl CallTree {
     /// The tree of the blocks allocated in `state` (a state of `snapshot`'s walk; blocks
     /// waiting for their free to complete are not allocated and left out), their categories
-    /// from `categories` (all `unknown` when `None`; blocks from before the trace are
-    /// `before_trace`), with at most `max_nodes` nodes (at least 2: the root and one "other").
+    /// from `categories` (when `None`, blocks from before the trace are `before_trace` and
+    /// the rest `unknown`), with at most `max_nodes` nodes (at least 2: the root and one "other").
     pub fn at(
         snapshot: &Snapshot,
         state: &MemoryState,
@@ -249,13 +249,11 @@ impl CallTree {
         // mark, and the modules open when it was made.
         let mut groups: FxHashMap<GroupKey, Sum> = FxHashMap::default();
         let mut open: Vec<u32> = Vec::new();
-        for &(_, _, block) in &blocks {
-            let category = if block.predates_trace() {
-                Category::BeforeTrace
-            } else {
-                categories.map_or(Category::Unknown, |c| {
-                    c.of_alloc(block.alloc_event as usize)
-                })
+        for &(_, addr, block) in &blocks {
+            let category = match categories {
+                Some(c) => c.of_block(addr, block),
+                None if block.predates_trace() => Category::BeforeTrace,
+                None => Category::Unknown,
             };
             open.clear();
             if !marks.is_empty() && !block.predates_trace() {

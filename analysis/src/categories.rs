@@ -27,7 +27,11 @@
 //!    activation where its call site's blocks were activations (and never temporaries) in the
 //!    forwards before, else unknown.
 //!
-//! Blocks live when the recording began are [`Category::BeforeTrace`]; the rest is
+//! Blocks live when the recording began are [`Category::BeforeTrace`], except where the trace
+//! shows them to be the parameters (a recording that began after warm-up): the blocks from
+//! before the trace that live through all of it match, one for one by requested size, the
+//! gradients one backward of the trace makes, and nothing else from before the trace has
+//! those sizes (see [`Categories::parameters_before_trace`]). The rest is
 //! [`Category::Unknown`], never a guess. The planted cases of `vramscope_testkit::planted`,
 //! whose generator knows every block, are classified exactly (`analysis/tests/categories.rs`).
 
@@ -35,7 +39,7 @@ use vramscope_engine::{
     autograd_node, is_compiled_frame, AddrMap, GroupId, LiveBlock, MemoryState, SiteGroups,
     NO_EVENT,
 };
-use vramscope_model::{Category, CategoryBytes, EventKind, Frame, SiteId, Snapshot};
+use vramscope_model::{BlockState, Category, CategoryBytes, EventKind, Frame, SiteId, Snapshot};
 
 use crate::model_view::{default_framework_paths, is_module_call};
 
@@ -133,6 +137,9 @@ pub struct Categories {
     /// For each event, the category of the block an allocation made (`Unknown` for every
     /// other event): one byte per event.
     of_event: Vec<Category>,
+    /// The addresses, in increasing order, of the blocks from before the trace that the
+    /// trace shows to be parameters ([`Categories::parameters_before_trace`]).
+    parameters_before_trace: Vec<u64>,
 }
 
 /// What the first pass learns of one allocation.
@@ -206,10 +213,25 @@ impl Categories {
                 _ => {}
             }
         }
+        // The blocks the dump holds that no allocation of the trace made: live from before the
+        // trace through all of it, with their requested bytes (a free of one in the trace
+        // would leave it out of the dump, or pending there).
+        let lived_through: AddrMap<u64> = snapshot
+            .segments
+            .iter()
+            .flat_map(|s| &s.blocks)
+            .filter(|b| b.state == BlockState::ActiveAllocated && !live.contains_key(&b.address))
+            .map(|b| (b.address, b.requested_size))
+            .collect();
+        drop(live);
         let mut of_event = vec![Category::Unknown; events.len()];
         // Per call site: whether its blocks were activations, and temporaries.
         let mut site_was: rustc_hash::FxHashMap<SiteId, (bool, bool)> = Default::default();
         let mut live_in_last_forward = Vec::new();
+        // The gradients each backward run made, by requested bytes, and whether the trace
+        // made parameters itself.
+        let mut gradients_by_run: rustc_hash::FxHashMap<u32, SizeCounts> = Default::default();
+        let mut made_parameters = false;
         let mut allocation = made.iter();
         for (i, e) in events.iter().enumerate() {
             if e.kind != EventKind::Alloc {
@@ -249,6 +271,17 @@ impl Categories {
                 Phase::Other if t.copy_in => Category::Inputs,
                 Phase::Other => Category::Unknown,
             };
+            match category {
+                Category::Gradients if m.phase == Phase::Backward => {
+                    *gradients_by_run
+                        .entry(m.run)
+                        .or_default()
+                        .entry(e.requested)
+                        .or_default() += 1;
+                }
+                Category::Parameters => made_parameters = true,
+                _ => {}
+            }
             if let Some(s) = e.site() {
                 let was = site_was.entry(s).or_default();
                 was.0 |= category == Category::Activations;
@@ -264,7 +297,36 @@ impl Categories {
                 of_event[i] = Category::Activations;
             }
         }
-        Categories { of_event }
+        let parameters_before_trace = if made_parameters {
+            Vec::new()
+        } else {
+            parameters_from_gradients(&lived_through, &gradients_by_run)
+        };
+        Categories {
+            of_event,
+            parameters_before_trace,
+        }
+    }
+
+    /// The addresses, in increasing order, of the blocks from before the trace that the trace
+    /// shows to be parameters: a recording that began after warm-up, whose model was loaded
+    /// before it. The evidence, all of which must hold:
+    ///
+    /// - the trace makes no parameters itself (else a block from before could be another
+    ///   model of the same shapes: a teacher, a reference model, an EMA copy);
+    /// - a backward run of the trace makes gradients, at least two, and every other run makes
+    ///   a part of the same (the first micro-batch of gradient accumulation makes them, the
+    ///   others add in place);
+    /// - for every requested size among those gradients, the blocks from before the trace
+    ///   that live through all of it (no event touches their address) have exactly as many
+    ///   of that size as the gradients: one parameter per gradient. Optimizer state updated
+    ///   in place (`torch.optim.AdamW`'s two tensors per parameter, SGD's momentum), or an
+    ///   EMA copy of the weights, doubles or triples those counts, and the rule abstains.
+    ///
+    /// Those blocks, and only they, are [`Category::Parameters`]; blocks of other sizes stay
+    /// [`Category::BeforeTrace`]. Empty where any part of the evidence is missing.
+    pub fn parameters_before_trace(&self) -> &[u64] {
+        &self.parameters_before_trace
     }
 
     /// The category of the block the allocation at event `event` made; `Unknown` for an
@@ -277,12 +339,13 @@ impl Categories {
     }
 
     /// Bytes per category of `start`'s allocated bytes (the state before the first event):
-    /// all of them from before the trace, its blocks and the bytes no block describes.
-    pub fn at_start(start: &MemoryState) -> CategoryBytes {
+    /// all of them from before the trace, its blocks ([`Categories::of_block_before_trace`])
+    /// and the bytes no block describes.
+    pub fn at_start(&self, start: &MemoryState) -> CategoryBytes {
         let mut bytes = CategoryBytes::new();
-        for (_, block) in start.blocks.unordered() {
+        for (&addr, block) in start.blocks.unordered() {
             if !block.pending {
-                bytes.add(Category::BeforeTrace, block.size);
+                bytes.add(self.of_block_before_trace(addr), block.size);
             }
         }
         bytes.add(Category::BeforeTrace, start.unattributed.allocated);
@@ -294,23 +357,34 @@ impl Categories {
     /// describes): they add up to `state.allocated`, the figure a report prints.
     pub fn in_state(&self, state: &MemoryState) -> CategoryBytes {
         let mut bytes = CategoryBytes::new();
-        for (_, block) in state.blocks.unordered() {
+        for (&addr, block) in state.blocks.unordered() {
             if block.pending {
                 continue;
             }
-            bytes.add(self.of_block(block), block.size);
+            bytes.add(self.of_block(addr, block), block.size);
         }
         bytes.add(Category::BeforeTrace, state.unattributed.allocated);
         bytes
     }
 
-    /// The category of `block`, a block of an engine state: its allocation's, or
-    /// [`Category::BeforeTrace`] for a block from before the trace.
-    pub fn of_block(&self, block: &LiveBlock) -> Category {
+    /// The category of `block`, the block at `addr` of an engine state: its allocation's, or
+    /// for a block from before the trace [`Categories::of_block_before_trace`].
+    pub fn of_block(&self, addr: u64, block: &LiveBlock) -> Category {
         if block.alloc_event == NO_EVENT {
-            Category::BeforeTrace
+            self.of_block_before_trace(addr)
         } else {
             self.of_alloc(block.alloc_event as usize)
+        }
+    }
+
+    /// The category of the block from before the trace at `addr`: [`Category::Parameters`]
+    /// where the trace shows it is one ([`Categories::parameters_before_trace`]), else
+    /// [`Category::BeforeTrace`].
+    pub fn of_block_before_trace(&self, addr: u64) -> Category {
+        if self.parameters_before_trace.binary_search(&addr).is_ok() {
+            Category::Parameters
+        } else {
+            Category::BeforeTrace
         }
     }
 
@@ -322,11 +396,11 @@ impl Categories {
         groups: &SiteGroups,
     ) -> rustc_hash::FxHashMap<GroupId, CategoryBytes> {
         let mut by: rustc_hash::FxHashMap<GroupId, CategoryBytes> = Default::default();
-        for (_, block) in state.blocks.unordered() {
+        for (&addr, block) in state.blocks.unordered() {
             if !block.pending {
                 by.entry(groups.of_block(block))
                     .or_default()
-                    .add(self.of_block(block), block.size);
+                    .add(self.of_block(addr, block), block.size);
             }
         }
         if state.unattributed.allocated > 0 {
@@ -357,10 +431,7 @@ impl Categories {
             }
         });
         // Indices past the last event read the end.
-        let fill = out
-            .last()
-            .copied()
-            .unwrap_or_else(|| Categories::at_start(start));
+        let fill = out.last().copied().unwrap_or_else(|| self.at_start(start));
         out.resize(events.len(), fill);
         out
     }
@@ -385,11 +456,11 @@ impl Categories {
         end: usize,
         mut visit: impl FnMut(usize, &CategoryBytes),
     ) {
-        let mut bytes = Categories::at_start(start);
+        let mut bytes = self.at_start(start);
         let mut live: AddrMap<(Category, u64)> = AddrMap::default();
         for (&addr, block) in start.blocks.unordered() {
             if !block.pending {
-                live.insert(addr, (Category::BeforeTrace, block.size));
+                live.insert(addr, (self.of_block_before_trace(addr), block.size));
             }
         }
         for (i, e) in snapshot.events[..end].iter().enumerate() {
@@ -411,4 +482,51 @@ impl Categories {
             visit(i, &bytes);
         }
     }
+}
+
+/// How many blocks there are of each requested size.
+type SizeCounts = std::collections::BTreeMap<u64, u32>;
+
+/// [`Categories::parameters_before_trace`] from the blocks that live through the trace
+/// (address to requested bytes) and the gradients of each backward run: the addresses, in
+/// increasing order, or none where the evidence does not hold.
+fn parameters_from_gradients(
+    lived_through: &AddrMap<u64>,
+    gradients_by_run: &rustc_hash::FxHashMap<u32, SizeCounts>,
+) -> Vec<u64> {
+    let total = |counts: &SizeCounts| counts.values().map(|&n| u64::from(n)).sum::<u64>();
+    // The run that made the most; the earliest of equals.
+    let Some((_, one_backward)) = gradients_by_run
+        .iter()
+        .max_by_key(|&(&run, counts)| (total(counts), std::cmp::Reverse(run)))
+    else {
+        return Vec::new();
+    };
+    if total(one_backward) < 2 {
+        return Vec::new();
+    }
+    let within = |counts: &SizeCounts| {
+        counts
+            .iter()
+            .all(|(size, &n)| one_backward.get(size).is_some_and(|&m| n <= m))
+    };
+    if !gradients_by_run.values().all(within) {
+        return Vec::new();
+    }
+    let mut before = SizeCounts::new();
+    for &requested in lived_through.values() {
+        if one_backward.contains_key(&requested) {
+            *before.entry(requested).or_default() += 1;
+        }
+    }
+    if &before != one_backward {
+        return Vec::new();
+    }
+    let mut parameters: Vec<u64> = lived_through
+        .iter()
+        .filter(|&(_, requested)| one_backward.contains_key(requested))
+        .map(|(&addr, _)| addr)
+        .collect();
+    parameters.sort_unstable();
+    parameters
 }

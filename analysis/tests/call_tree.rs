@@ -192,7 +192,7 @@ proptest! {
         let tree = CallTree::at(snap, &state, Some(&categories), 40);
         check_sums(&tree, allocated);
         let walk = Reconstruction::from_snapshot(snap);
-        let mut walked = Categories::at_start(&walk.start);
+        let mut walked = categories.at_start(&walk.start);
         categories.walk(snap, &walk.start, |i, bytes| if i + 1 == pos { walked = *bytes });
         prop_assert_eq!(tree.categories(), walked);
     }

@@ -47,11 +47,20 @@ fn check(case: &Planted) {
     let walk = Reconstruction::from_snapshot(snap);
     let truth = case.truth.after_each(snap);
     assert_eq!(
-        Categories::at_start(&walk.start),
+        categories.at_start(&walk.start),
         case.truth.at_start(),
         "{}",
         case.name
     );
+    for (&addr, block) in walk.start.blocks.unordered() {
+        assert_eq!(
+            Some(categories.of_block(addr, block)),
+            case.truth
+                .category(vramscope_testkit::planted::BlockKey::BeforeTrace(addr)),
+            "{}: the block from before the trace at {addr:#x}",
+            case.name
+        );
+    }
     let mut moments = 0;
     categories.walk(snap, &walk.start, |i, bytes| {
         assert_eq!(
@@ -183,13 +192,31 @@ fn the_gpt_steps_gradients_and_optimizer_state_are_what_its_configuration_implie
         made(Category::OptimizerState),
         (2 * 219, 8 * CS336_PARAMETERS)
     );
-    // At the end: the new optimizer state and the gradients, and the parameters among the
-    // blocks from before the trace.
+    // The parameters were live before the trace: the blocks from before it that its backward
+    // shows to be parameters (one per gradient, by requested size) are 219 tensors of 4
+    // bytes per parameter.
+    let requested: std::collections::HashMap<u64, u64> = snap
+        .segments
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .map(|b| (b.address, b.requested_size))
+        .collect();
+    let parameters = categories.parameters_before_trace();
+    assert_eq!(parameters.len(), 219);
+    assert_eq!(
+        parameters.iter().map(|a| requested[a]).sum::<u64>(),
+        4 * CS336_PARAMETERS
+    );
+    // At the end: the parameters, the new optimizer state and the gradients, in blocks at
+    // least as large as what was asked for.
     let walk = Reconstruction::from_snapshot(&snap);
     let mut end = CategoryBytes::new();
     categories.walk(&snap, &walk.start, |_, bytes| end = *bytes);
-    assert!(end[Category::BeforeTrace] >= 4 * CS336_PARAMETERS);
+    assert!(end[Category::Parameters] >= 4 * CS336_PARAMETERS);
+    assert!(end[Category::Gradients] >= 4 * CS336_PARAMETERS);
+    assert!(end[Category::OptimizerState] >= 8 * CS336_PARAMETERS);
     assert_eq!(end.total(), walk.usage_at(snap.events.len()).allocated);
+    assert_eq!(end, categories.in_state(&walk.end));
     // What the trace cannot say stays small: under 1 % of the bytes it allocated.
     let all: u64 = snap
         .events
@@ -427,21 +454,18 @@ fn holders_and_retained_memory_say_the_classifiers_category() {
     );
 }
 
-/// The parameters question on the shared GPT step (recorded after warm-up, so its
-/// parameters were live when recording began and come out `before_trace`). The evidence a
-/// rule naming them would rest on, measured here: the blocks from before the trace that live
+/// The evidence that names the shared GPT step's parameters (recorded after warm-up, so its
+/// parameters were live when recording began): the blocks from before the trace that live
 /// through it match the gradients live at the end one to one by *requested* size and count
 /// (219 = 2 of 10,000 × 1,024 fp32, 96 of 1,024², 72 of 1,024 × 4,096, 49 of 1,024: the
 /// model's configuration, see [`CS336_PARAMETERS`]), with 7 more blocks of other sizes; by
 /// *block* size they do not (one embedding-sized gradient got a 40,960,000-byte block where
 /// both embedding-sized parameters hold 40 MiB blocks: block sizes follow the segments'
-/// splits, not the tensors). So a rule must match requested sizes, exactly per size (an EMA
-/// copy of the weights, or SGD's momentum buffers, doubles every count and must make it
-/// abstain). Until such a rule is in the classifier, with its walk, its states and the
-/// series all naming the same blocks, the parameters stay `before_trace`: what the trace
-/// shows of them is that they were there, not what they are.
+/// splits, not the tensors). So the rule matches requested sizes, exactly per size, and the
+/// 7 others stay `before_trace`; the walk, the engine's states and the report name the same
+/// blocks.
 #[test]
-fn the_gpt_steps_blocks_from_before_the_trace_against_its_gradients() {
+fn the_gpt_steps_parameters_are_the_blocks_from_before_matching_its_gradients() {
     let Some(path) = shared("cs336_medium_ctx512_train_step.pickle") else {
         return;
     };
@@ -451,13 +475,13 @@ fn the_gpt_steps_blocks_from_before_the_trace_against_its_gradients() {
     type Counts = std::collections::BTreeMap<u64, u64>;
     let (mut gradients, mut before, mut gradient_blocks, mut before_blocks) =
         (Counts::new(), Counts::new(), Counts::new(), Counts::new());
-    for (_, block) in walk.end.blocks.unordered() {
+    for (&addr, block) in walk.end.blocks.unordered() {
         if block.pending {
             continue;
         }
-        let (by_request, by_block) = match categories.of_block(block) {
+        let (by_request, by_block) = match categories.of_block(addr, block) {
+            _ if block.predates_trace() => (&mut before, &mut before_blocks),
             Category::Gradients => (&mut gradients, &mut gradient_blocks),
-            Category::BeforeTrace => (&mut before, &mut before_blocks),
             _ => continue,
         };
         *by_request.entry(block.requested).or_default() += 1;
@@ -493,8 +517,91 @@ fn the_gpt_steps_blocks_from_before_the_trace_against_its_gradients() {
         !by_block_size_matches,
         "block sizes do not match one to one: {gradient_blocks:?} against {before_blocks:?}"
     );
-    // And the classifier says `before_trace` of them, never a guess.
+    // The classifier names exactly the matched blocks, and says `before_trace` of the 7.
+    let mut named: Vec<u64> = walk
+        .end
+        .blocks
+        .unordered()
+        .filter(|&(&addr, b)| !b.pending && categories.of_block(addr, b) == Category::Parameters)
+        .map(|(&addr, _)| addr)
+        .collect();
+    named.sort_unstable();
+    assert_eq!(named, categories.parameters_before_trace());
     let mut end = CategoryBytes::new();
     categories.walk(&snap, &walk.start, |_, bytes| end = *bytes);
-    assert_eq!(end[Category::Parameters], 0);
+    let before_bytes: u64 = walk
+        .end
+        .blocks
+        .unordered()
+        .filter(|&(&addr, b)| {
+            !b.pending
+                && b.predates_trace()
+                && categories.of_block(addr, b) == Category::BeforeTrace
+        })
+        .map(|(_, b)| b.size)
+        .sum();
+    assert_eq!(
+        before_bytes,
+        end[Category::BeforeTrace] - walk.end.unattributed.allocated
+    );
+    let report = vramscope_analysis::report::build_report(&snap, &Default::default());
+    assert_eq!(report.memory_by_category.end, end);
+    assert_eq!(
+        report.memory_by_category.end,
+        categories.in_state(&walk.end)
+    );
+}
+
+/// A late recording names its parameters only where the trace shows which blocks they are:
+/// one gradient of the recorded backward for each, by requested size, and nothing else from
+/// before the trace of those sizes.
+#[test]
+fn a_late_recording_names_its_parameters_only_where_the_gradients_show_them() {
+    let layers = vramscope_testkit::planted::cases::Shape::default().layers;
+    for mode in [StackMode::All, StackMode::Python] {
+        // The user's own optimizer replaces its state every step: the weights and biases
+        // alone live through the recording.
+        let case = cases::late_recording_own_optimizer(mode, 2, 2);
+        let categories = Categories::classify(&case.snapshot);
+        assert_eq!(categories.parameters_before_trace().len(), 2 * layers);
+        // torch's AdamW keeps two state tensors of each parameter's size: three blocks per
+        // gradient, so it abstains.
+        let case = cases::late_recording(mode, 2, 2);
+        let categories = Categories::classify(&case.snapshot);
+        assert!(categories.parameters_before_trace().is_empty());
+        // A recording with no backward shows no gradient to match.
+        let mut p = cases::Program::new(mode, Default::default())
+            .with_optimizer(cases::Optimizer::OutOfPlace);
+        p.load_model();
+        p.train_step(1);
+        p.rec.start_recording();
+        p.inference_step();
+        let case = p.finish("inference_after_warm_up");
+        let categories = Categories::classify(&case.snapshot);
+        assert!(categories.parameters_before_trace().is_empty());
+        check(&case);
+    }
+    // A copy of the weights from before the trace (an EMA model, a reference model) doubles
+    // every count: it abstains rather than pick one of two.
+    let mut case = cases::late_recording_own_optimizer(StackMode::All, 2, 2);
+    let named = Categories::classify(&case.snapshot)
+        .parameters_before_trace()
+        .to_vec();
+    let copies: Vec<_> = case
+        .snapshot
+        .segments
+        .iter()
+        .filter(|s| s.blocks.iter().any(|b| named.contains(&b.address)))
+        .map(|s| {
+            let mut copy = s.clone();
+            copy.address += 1 << 44;
+            for b in &mut copy.blocks {
+                b.address += 1 << 44;
+            }
+            copy
+        })
+        .collect();
+    case.snapshot.segments.extend(copies);
+    let categories = Categories::classify(&case.snapshot);
+    assert!(categories.parameters_before_trace().is_empty());
 }

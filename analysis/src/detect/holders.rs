@@ -147,7 +147,7 @@ pub fn top_holders(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
         // Expected: every byte is parameters, optimizer state or gradients.
         let expected =
             !known.is_empty() && known_bytes == bytes && known.iter().all(|&(c, _)| state_only(c));
-        let said = if known.is_empty() || kind == Kind::Before {
+        let said = if known.is_empty() {
             String::new()
         } else if known_bytes == bytes && known.len() == 1 {
             format!(" ({})", known[0].0.label())
@@ -166,7 +166,7 @@ pub fn top_holders(view: &ModelView<'_>, options: &DetectOptions, sink: &mut dyn
             Kind::Once if loop_started => format!("allocated in one step{said}"),
             Kind::Once => format!("allocated in the trace (it has no steps){said}"),
             Kind::Spread => format!("allocated across steps {first_step}..{last_step}{said}"),
-            Kind::Before => "allocated before the trace began".to_string(),
+            Kind::Before => format!("allocated before the trace began{said}"),
             Kind::InProgress => format!(
                 "allocated under the model call at {} in the step in progress at the dump",
                 caller.as_deref().unwrap_or("?")

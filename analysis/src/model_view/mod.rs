@@ -663,9 +663,10 @@ impl<'a> ModelView<'a> {
             .collect()
     }
 
-    /// Bytes per category before the first event: all from before the trace.
+    /// Bytes per category before the first event: all from before the trace (the
+    /// parameters among them where the trace shows which they are).
     pub fn categories_at_start(&self) -> CategoryBytes {
-        Categories::at_start(&self.start)
+        self.categories.at_start(&self.start)
     }
 
     /// Device capacity in bytes: `override_bytes` if given, else the snapshot's, else `None`.

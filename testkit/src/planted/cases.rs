@@ -639,6 +639,23 @@ pub fn late_recording(mode: StackMode, before: usize, after: usize) -> Planted {
     p.finish("late_recording")
 }
 
+/// A late recording of a program that steps with the user's own optimizer, which replaces
+/// its state every step (the shared `cs336` trace's shape): of the blocks from before the
+/// recording only the parameters live through it, and the recorded backward makes one
+/// gradient of each one's size, which shows which blocks they are ([`super::Truth`]).
+pub fn late_recording_own_optimizer(mode: StackMode, before: usize, after: usize) -> Planted {
+    let mut p = Program::new(mode, Shape::default()).with_optimizer(Optimizer::OutOfPlace);
+    p.load_model();
+    for _ in 0..before {
+        p.train_step(1);
+    }
+    p.rec.start_recording();
+    for _ in 0..after {
+        p.train_step(1);
+    }
+    p.finish("late_recording_own_optimizer")
+}
+
 /// Every case the issue names, and training with the user's own optimizer, with stacks as
 /// `mode` records them.
 pub fn all_cases(mode: StackMode) -> Vec<Planted> {
@@ -649,6 +666,7 @@ pub fn all_cases(mode: StackMode) -> Vec<Planted> {
         mid_forward(mode, 2),
         inference_no_grad(mode, 3),
         late_recording(mode, 2, 2),
+        late_recording_own_optimizer(mode, 2, 2),
         custom_optimizer(mode, 3),
     ]
 }

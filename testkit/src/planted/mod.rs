@@ -62,9 +62,14 @@ pub enum BlockKey {
 pub struct Truth {
     /// The category of each allocation, by its index in the snapshot's events.
     pub allocs: BTreeMap<usize, Category>,
-    /// The blocks live when recording began: address and block size. Their category is
-    /// [`Category::BeforeTrace`].
-    pub before_trace: BTreeMap<u64, u64>,
+    /// The blocks live when recording began, by address: block size, and the category the
+    /// trace shows. That is [`Category::BeforeTrace`], except for the parameters where the
+    /// recording shows which blocks they are (as `vramscope_analysis::categories` reads it):
+    /// its backward makes gradients (at least two; every planted parameter gets one), and
+    /// no other block from before it that lives through it has a parameter's requested size
+    /// (AdamW's state, updated in place, or gradients no recorded `zero_grad` frees). Then
+    /// each parameter that lives through the recording is [`Category::Parameters`].
+    pub before_trace: BTreeMap<u64, (u64, Category)>,
     /// The allocations (event indices) whose category the trace cannot show, because the
     /// evidence lies outside the recording: a batch's copy to the device under Python-only
     /// stacks (no C++ frame shows the copy, and the user's line alone does not say it is
@@ -80,18 +85,15 @@ impl Truth {
     pub fn category(&self, key: BlockKey) -> Option<Category> {
         match key {
             BlockKey::Alloc(i) => self.allocs.get(&i).copied(),
-            BlockKey::BeforeTrace(addr) => self
-                .before_trace
-                .contains_key(&addr)
-                .then_some(Category::BeforeTrace),
+            BlockKey::BeforeTrace(addr) => self.before_trace.get(&addr).map(|&(_, c)| c),
         }
     }
 
     /// Bytes per category when recording began.
     pub fn at_start(&self) -> CategoryBytes {
         let mut bytes = CategoryBytes::new();
-        for &size in self.before_trace.values() {
-            bytes.add(Category::BeforeTrace, size);
+        for &(size, category) in self.before_trace.values() {
+            bytes.add(category, size);
         }
         bytes
     }
@@ -104,7 +106,7 @@ impl Truth {
         let mut live: HashMap<u64, (Category, u64)> = self
             .before_trace
             .iter()
-            .map(|(&addr, &size)| (addr, (Category::BeforeTrace, size)))
+            .map(|(&addr, &(size, category))| (addr, (category, size)))
             .collect();
         let mut series = Vec::with_capacity(snapshot.events.len());
         for (i, e) in snapshot.events.iter().enumerate() {
@@ -132,12 +134,7 @@ impl Truth {
         let mut live: BTreeMap<u64, (BlockKey, u64, Category)> = self
             .before_trace
             .iter()
-            .map(|(&addr, &size)| {
-                (
-                    addr,
-                    (BlockKey::BeforeTrace(addr), size, Category::BeforeTrace),
-                )
-            })
+            .map(|(&addr, &(size, category))| (addr, (BlockKey::BeforeTrace(addr), size, category)))
             .collect();
         for (i, e) in snapshot.events.iter().enumerate() {
             match e.kind {
@@ -193,8 +190,9 @@ pub struct Recorder {
     freed_by_backward: HashSet<Option<SiteId>>,
     /// The index of the first recorded event, for a late recording.
     recording_from: usize,
-    /// The blocks live when recording began (address, size), for a late recording.
-    before_trace: BTreeMap<u64, u64>,
+    /// The blocks live when recording began (address, size and allocation index), for a
+    /// late recording.
+    before_trace: BTreeMap<u64, (u64, usize)>,
     /// Annotations recorded before recording began, dropped at the end.
     annotations_from: usize,
 }
@@ -372,8 +370,54 @@ impl Recorder {
         self.before_trace = self
             .live
             .iter()
-            .map(|(&addr, &(_, _, index))| (addr, self.snap.events[index].size))
+            .map(|(&addr, &(_, _, index))| (addr, (self.snap.events[index].size, index)))
             .collect();
+    }
+
+    /// The blocks live when recording began, with the category the trace shows of each
+    /// ([`Truth::before_trace`]).
+    fn before_trace_shown(&self) -> BTreeMap<u64, (u64, Category)> {
+        let category_of = |index: usize| self.allocs.get(&index).copied();
+        // Those that live through the recording: requested bytes and true category.
+        let lived_through: HashMap<u64, (u64, Option<Category>)> = self
+            .before_trace
+            .iter()
+            .filter(|&(addr, &(_, index))| self.live.get(addr).is_some_and(|l| l.2 == index))
+            .map(|(&addr, &(_, index))| {
+                (
+                    addr,
+                    (self.snap.events[index].requested, category_of(index)),
+                )
+            })
+            .collect();
+        let recorded_gradients = self
+            .allocs
+            .range(self.recording_from..)
+            .filter(|&(_, &c)| c == Category::Gradients)
+            .count();
+        let parameter_sizes: BTreeSet<u64> = lived_through
+            .values()
+            .filter(|(_, c)| *c == Some(Category::Parameters))
+            .map(|&(requested, _)| requested)
+            .collect();
+        let shown = recorded_gradients >= 2
+            && lived_through.values().all(|(requested, c)| {
+                *c == Some(Category::Parameters) || !parameter_sizes.contains(requested)
+            });
+        self.before_trace
+            .iter()
+            .map(|(&addr, &(size, _))| {
+                let parameter = lived_through
+                    .get(&addr)
+                    .is_some_and(|(_, c)| *c == Some(Category::Parameters));
+                let category = if shown && parameter {
+                    Category::Parameters
+                } else {
+                    Category::BeforeTrace
+                };
+                (addr, (size, category))
+            })
+            .collect()
     }
 
     /// The case named `name` as the importer gives it: the recorded part of the trace, its
@@ -383,6 +427,7 @@ impl Recorder {
     pub fn finish(mut self, name: &str) -> Planted {
         let end = self.alloc.snapshot();
         let from = self.recording_from;
+        let before_trace = self.before_trace_shown();
         let mut events = self.snap.events.split_off(from);
         let annotations = self.snap.annotations.split_off(self.annotations_from);
         let epoch = events
@@ -407,7 +452,7 @@ impl Recorder {
                 .range(from..)
                 .map(|(&i, &c)| (i - from, c))
                 .collect(),
-            before_trace: std::mem::take(&mut self.before_trace),
+            before_trace,
             hidden: self.hidden.range(from..).map(|&i| i - from).collect(),
         };
         // Each live block keeps the site and step of its allocation.
