@@ -608,6 +608,45 @@ fn convert_writes_pytorch_perfetto_and_json() {
     std::fs::remove_file(source).ok();
 }
 
+/// `convert --to pytorch` of a PyTorch pickle parses it once (issue 47), keeping what the
+/// model does not while it imports, and writes the very bytes the export writes from the
+/// file's whole document read again (`to_pytorch_pickle_from_file`): on PyTorch's own
+/// recordings (gzip, several streams, OOMs) and on the shared traces.
+#[test]
+fn convert_to_pytorch_writes_the_bytes_of_the_sources_document() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut sources: Vec<PathBuf> = ["default", "streams", "expandable_capped", "gc80_capped"]
+        .iter()
+        .map(|case| PathBuf::from(torch_h200(case)))
+        .collect();
+    for name in [
+        "decomfl_opt125m_zo_fedlearn.pickle",
+        "cs336_medium_ctx512_train_step.pickle",
+    ] {
+        sources.extend(vramscope_testkit::shared_trace(root, name));
+    }
+    for source in sources {
+        let out = temp("convert-once.pickle");
+        let output = vramscope(&[
+            "convert",
+            source.to_str().unwrap(),
+            "--to",
+            "pytorch",
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert!(output.status.success(), "{}", source.display());
+        let snapshot = vramscope::import::load(&source).unwrap();
+        let expected = vramscope::export::to_pytorch_pickle_from_file(&snapshot, &source).unwrap();
+        assert!(
+            std::fs::read(&out).unwrap() == expected.bytes,
+            "{}: not the bytes of the source's document",
+            source.display()
+        );
+        std::fs::remove_file(out).ok();
+    }
+}
+
 /// A profiler trace that starts late: 8 MiB allocated before it, known only from its totals,
 /// 20 MiB reserved, two steps labelled from 4.
 const LATE_CHROME_TRACE: &str = r#"{"deviceProperties": [{"id": 0, "name": "Test GPU", "totalGlobalMem": 34359738368}],

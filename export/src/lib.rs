@@ -6,9 +6,11 @@
 //! `ProfilerStep#N` annotations. The model does not keep everything a PyTorch snapshot holds
 //! (segment `frames`, `compile_context` and `user_metadata` on trace entries, entries of kinds
 //! it does not read, every `allocator_settings` key with its original type, the original
-//! times): [`PytorchExtras`] reads those again from the source pickle, and
-//! [`to_pytorch_pickle_with`] writes the model's values with them, so that a PyTorch pickle
-//! converted to PyTorch's format comes back key for key and value for value.
+//! times): [`PytorchExtras`] finds those in what the import kept of the source pickle while
+//! it streamed it ([`PytorchExtras::from_kept`], so that the file is parsed once) or in the
+//! source's whole document ([`PytorchExtras::from_document`]), and [`to_pytorch_pickle_with`]
+//! writes the model's values with them, so that a PyTorch pickle converted to PyTorch's format
+//! comes back key for key and value for value.
 //!
 //! A snapshot from another source is written so that the pickle imports again to the same
 //! figures (start state, usage and peaks, end state, step labels): without a dump-time state of
@@ -40,6 +42,7 @@ use vramscope_model::{
     SnapshotSource,
 };
 
+use vramscope_import::pytorch::{EntryShape, KeptValue};
 use vramscope_pickle::{Document, MemoRef, PickleWriter, ValueRef};
 
 /// Why an export failed: a figure of the snapshot out of range (with the field's path), or
@@ -271,10 +274,35 @@ pub struct PytorchExtras<'d> {
     root: ValueRef<'d>,
     segments: std::collections::HashMap<(u64, u64), SourceSegment<'d>, vramscope_engine::AddrState>,
     /// Per device, the trace's entries in order.
-    traces: Vec<Vec<Entry<'d>>>,
+    traces: SourceTraces<'d>,
     annotations: Vec<ValueRef<'d>>,
     /// The earliest time in the file in microseconds, which the model's times count from.
     epoch_us: u64,
+}
+
+/// The trace entries of a source: as values of its document, or as the shapes the import kept
+/// of them ([`vramscope_import::pytorch::KeptSource`]), each an entry the importer read.
+enum SourceTraces<'d> {
+    Doc(Vec<Vec<Entry<'d>>>),
+    Kept(&'d [Vec<u32>], &'d vramscope_import::pytorch::KeptSource),
+}
+
+impl SourceTraces<'_> {
+    /// The number of trace lists.
+    fn len(&self) -> usize {
+        match self {
+            SourceTraces::Doc(t) => t.len(),
+            SourceTraces::Kept(t, _) => t.len(),
+        }
+    }
+}
+
+/// A source entry to write an event with: a value of the source's document, or the shape the
+/// import kept of it.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    Doc(ValueRef<'a>),
+    Kept(&'a EntryShape),
 }
 
 /// Whether a trace entry is one the importer reads into an event.
@@ -310,6 +338,21 @@ impl<'d> PytorchExtras<'d> {
     /// Finds the extras in a PyTorch snapshot pickle, or `None` when `doc` is not one (a dict
     /// with `segments` or `device_traces`).
     pub fn from_document(doc: &'d Document) -> Option<PytorchExtras<'d>> {
+        Self::from_parts(doc, None)
+    }
+
+    /// Finds the extras in what the import kept of a PyTorch snapshot pickle it streamed
+    /// (`ImportOptions::keep_source`), without reading the file again: the same extras as
+    /// [`PytorchExtras::from_document`] of the file's whole document, so that the same pickle
+    /// is written.
+    pub fn from_kept(kept: &'d vramscope_import::pytorch::KeptSource) -> Option<PytorchExtras<'d>> {
+        Self::from_parts(kept.document(), Some(kept))
+    }
+
+    fn from_parts(
+        doc: &'d Document,
+        kept: Option<&'d vramscope_import::pytorch::KeptSource>,
+    ) -> Option<PytorchExtras<'d>> {
         let root = doc.root();
         if !root.is_dict()
             || (root.get("segments").is_none() && root.get("device_traces").is_none())
@@ -336,18 +379,27 @@ impl<'d> PytorchExtras<'d> {
                 epoch = Some(epoch.map_or(t, |e| e.min(t)));
             }
         };
-        let mut traces = Vec::new();
-        for trace in list_at(root, "device_traces") {
-            let mut entries = Vec::new();
-            for value in trace.as_seq().into_iter().flat_map(|s| s.iter()) {
-                let event = value.is_dict() && read_action(value);
-                if event {
-                    earliest(time_us_of(value));
-                }
-                entries.push(Entry { value, event });
+        let traces = match kept.and_then(|k| k.traces().map(|t| (t, k))) {
+            Some((lists, kept)) => {
+                earliest(kept.earliest_us());
+                SourceTraces::Kept(lists, kept)
             }
-            traces.push(entries);
-        }
+            None => {
+                let mut traces = Vec::new();
+                for trace in list_at(root, "device_traces") {
+                    let mut entries = Vec::new();
+                    for value in trace.as_seq().into_iter().flat_map(|s| s.iter()) {
+                        let event = value.is_dict() && read_action(value);
+                        if event {
+                            earliest(time_us_of(value));
+                        }
+                        entries.push(Entry { value, event });
+                    }
+                    traces.push(entries);
+                }
+                SourceTraces::Doc(traces)
+            }
+        };
         let mut annotations = Vec::new();
         for a in list_at(root, "external_annotations") {
             if a.is_dict() {
@@ -868,7 +920,7 @@ fn write_traces(
     let mut entries = EntryWriter::default();
     // An event, after a request of its own for a completed free with `pairs`.
     let mut write_event =
-        |out: &mut Out<'_>, i: usize, source: Option<ValueRef<'_>>| -> Result<(), ExportError> {
+        |out: &mut Out<'_>, i: usize, source: Option<Source<'_>>| -> Result<(), ExportError> {
             let event = &snapshot.events[i];
             let mut write = |out: &mut Out<'_>, kind, source| {
                 entries.write(out, frames, time_us, (i, event), kind, source)
@@ -896,19 +948,32 @@ fn write_traces(
             )
         };
         out.w.begin_list();
-        if let Some(entries) = extras.and_then(|x| x.traces.get(device)) {
-            for entry in entries {
-                if !entry.event {
-                    out.values.write(out.w, out.strings, entry.value);
+        match extras.map(|x| &x.traces) {
+            Some(SourceTraces::Doc(traces)) => {
+                for entry in traces.get(device).into_iter().flatten() {
+                    if !entry.event {
+                        out.values.write(out.w, out.strings, entry.value);
+                        out.spill()?;
+                        continue;
+                    }
+                    match events.next() {
+                        Some(i) => write_event(out, i, Some(Source::Doc(entry.value)))?,
+                        None => break,
+                    }
                     out.spill()?;
-                    continue;
                 }
-                match events.next() {
-                    Some(i) => write_event(out, i, Some(entry.value))?,
-                    None => break,
-                }
-                out.spill()?;
             }
+            // Every kept entry is one the importer read into an event.
+            Some(SourceTraces::Kept(lists, kept)) => {
+                for &shape in lists.get(device).into_iter().flatten() {
+                    match events.next() {
+                        Some(i) => write_event(out, i, Some(Source::Kept(kept.shape(shape))))?,
+                        None => break,
+                    }
+                    out.spill()?;
+                }
+            }
+            None => {}
         }
         for i in events {
             write_event(out, i, None)?;
@@ -922,15 +987,7 @@ fn write_traces(
 
 /// The keys of a trace entry the model writes, in the order PyTorch writes them (an OOM has
 /// `device_free` where the others have `addr`).
-const ENTRY_KEYS: [&str; 7] = [
-    "action",
-    "addr",
-    "device_free",
-    "size",
-    "stream",
-    "time_us",
-    "frames",
-];
+const ENTRY_KEYS: [&str; 7] = vramscope_import::pytorch::MODEL_ENTRY_KEYS;
 
 /// Writes trace entries, one dict each, with what repeats from one entry to the next known
 /// once: the memo slots of the keys, and the shape of the source's entries (the identities of
@@ -975,7 +1032,7 @@ impl EntryWriter {
         time_us: &TimeUs<'_>,
         (i, event): (usize, &Event),
         kind: EventKind,
-        source: Option<ValueRef<'_>>,
+        source: Option<Source<'_>>,
     ) -> Result<(), ExportError> {
         // PyTorch writes an OOM's free device memory in place of its address.
         let oom = event.kind == EventKind::Oom;
@@ -1005,8 +1062,31 @@ impl EntryWriter {
         let negative = |value: ValueRef<'_>| value.as_i64().is_some_and(|v| v < 0);
         out.w.begin_dict();
         match source {
+            // What the import kept: the keys once each, in Python's order, and the values the
+            // model has no place for, written as the source's values are.
+            Some(Source::Kept(shape)) => {
+                for (key, value) in shape.items() {
+                    match (model_key(key), value) {
+                        (Some(k), &KeptValue::Model { negative }) => {
+                            write_value(self, out, k, negative)?
+                        }
+                        // Kept as the model's but not the model's for this event: an OOM
+                        // matched with an entry that is not one, which the importer never
+                        // gives. The model's value then.
+                        (None, KeptValue::Model { .. }) => {
+                            out.w.shared_str(key, out.strings);
+                            out.w.none();
+                        }
+                        (Some(k), _) => write_value(self, out, k, false)?,
+                        (None, value) => {
+                            out.w.shared_str(key, out.strings);
+                            write_kept(out, value);
+                        }
+                    }
+                }
+            }
             // The same keys as the entry before, which repeated none: as they come.
-            Some(source) if self.same_shape(source) => {
+            Some(Source::Doc(source)) if self.same_shape(source) => {
                 for (key, value) in source.dict_items().into_iter().flatten() {
                     match key.as_str().and_then(model_key) {
                         Some(k) => write_value(self, out, k, negative(value))?,
@@ -1019,7 +1099,7 @@ impl EntryWriter {
             }
             // Each key once, as Python holds the dict: a key the model writes is written
             // once even when a hostile file repeats it thousands of times.
-            Some(source) => {
+            Some(Source::Doc(source)) => {
                 let items = source.python_dict_items().unwrap_or_default();
                 for &(key, value) in &items {
                     match key.as_str().and_then(model_key) {
@@ -1053,6 +1133,21 @@ impl EntryWriter {
         }
         out.w.end_dict();
         Ok(())
+    }
+}
+
+/// Writes a value the import kept of a source entry, as [`Values::write`] writes the same
+/// value of the source's document.
+fn write_kept(out: &mut Out<'_>, value: &KeptValue) {
+    match value {
+        KeptValue::Model { .. } | KeptValue::None => out.w.none(),
+        KeptValue::Bool(b) => out.w.bool(*b),
+        KeptValue::Int(i) => out.w.int(*i),
+        KeptValue::UInt(u) => out.w.uint(*u),
+        KeptValue::BigInt(b) => out.w.long_bytes(b),
+        KeptValue::Float(f) => out.w.float(*f),
+        KeptValue::Str(s) => out.w.shared_str(s, out.strings),
+        KeptValue::Bytes(b) => out.w.bytes(b),
     }
 }
 

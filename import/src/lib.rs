@@ -124,6 +124,11 @@ pub struct ImportOptions {
     /// PyTorch pickle, the trace events replayed for block sizes), for a display to show;
     /// `None` by default.
     pub progress: Option<Progress>,
+    /// Where the import of a PyTorch snapshot pickle puts what the model does not keep of it
+    /// (`pytorch::KeptSource`), for a writer of PyTorch's format that gives the file back
+    /// without reading it again; `None` by default. Left empty when the pickle was not
+    /// streamed or holds what cannot be kept so.
+    pub keep_source: Option<pytorch::SourceSlot>,
 }
 
 impl Default for ImportOptions {
@@ -138,6 +143,7 @@ impl Default for ImportOptions {
             max_file_bytes: default_max_input(),
             max_decompressed_bytes: default_max_input(),
             progress: None,
+            keep_source: None,
         }
     }
 }

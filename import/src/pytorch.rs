@@ -52,6 +52,8 @@ mod assemble;
 mod collect;
 mod entry;
 use entry::*;
+mod keep;
+pub use keep::{is_model_key, EntryShape, KeptSource, KeptValue, SourceSlot, MODEL_ENTRY_KEYS};
 mod stacks;
 mod stream;
 

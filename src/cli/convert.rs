@@ -4,8 +4,9 @@
 //!
 //! The export crate decides what is said before writing (what a pickle cannot carry,
 //! `PytorchPlan::not_carried`; a Perfetto trace past what its UI opens,
-//! `perfetto_size_warning`) and writes; this module reads the file, prints those warnings and
-//! picks where the bytes go (`super::sink`). A pickle is binary: like `gzip -c`, it is not
+//! `perfetto_size_warning`) and writes; this module reads the file (once: for a PyTorch pickle
+//! the import keeps what the model does not, `import::pytorch::KeptSource`), prints those
+//! warnings and picks where the bytes go (`super::sink`). A pickle is binary: like `gzip -c`, it is not
 //! written to a terminal.
 
 use std::io::{IsTerminal, Write};
@@ -19,7 +20,7 @@ use super::{loading, InputLimit};
 use crate::analysis::model_view;
 use crate::analysis::report::{self, ReportOptions};
 use crate::export;
-use crate::import::ImportOptions;
+use crate::import::{self, ImportOptions};
 use crate::model::terminal;
 use crate::render::{self, Format};
 
@@ -83,17 +84,15 @@ pub(super) fn run(args: ConvertArgs) -> Result<u8, Failure> {
              (`-o - > FILE`) or give -o FILE",
         ));
     }
-    // The source pickle read again for what the model does not keep, before the import, so
-    // that the file's bytes, held while the document is parsed, are gone before the snapshot
-    // is built (the two peaks do not add up). A file it cannot read is read again after the
-    // import, which names what is wrong first.
-    let early_source = match (to, steps) {
-        (ConvertTarget::Pytorch, None) => {
-            export::read_source(&file, &ImportOptions::default()).ok()
-        }
-        _ => None,
-    };
-    let mut snapshot = loading::load(&file).map_err(Failure::input)?;
+    // What the model does not keep of a PyTorch pickle is kept while the file is imported
+    // (`import::pytorch::KeptSource`), so that the file is parsed once; for the whole trace
+    // only, which is all it matches.
+    let keep =
+        (to == ConvertTarget::Pytorch && steps.is_none()).then(import::pytorch::SourceSlot::new);
+    let mut options = ImportOptions::default();
+    options.keep_source = keep.clone();
+    let mut snapshot = loading::load_with(&file, options).map_err(Failure::input)?;
+    let kept = keep.and_then(|slot| slot.take());
     // The events of the steps asked for, numbered as `report` numbers them: a trace without
     // marks of its own takes the steps the report infers.
     let window = match steps {
@@ -130,11 +129,11 @@ pub(super) fn run(args: ConvertArgs) -> Result<u8, Failure> {
         .map_err(|e| Failure::input(format!("{}: {e}", output_name(&output))))?;
     let written = match to {
         ConvertTarget::Pytorch => {
-            // What the model does not keep is read again from the source file, which matches
-            // only the whole trace.
-            let doc = match (&sliced, early_source) {
-                (Some(_), _) => Ok(None),
-                (None, Some(doc)) => Ok(doc),
+            // What the model does not keep, as the import kept it; else read again from the
+            // source file (a pickle that was not streamed, or with entries of actions the
+            // importer does not read), which matches only the whole trace.
+            let doc = match (&sliced, &kept) {
+                (Some(_), _) | (None, Some(_)) => Ok(None),
                 (None, None) => export::read_source(&file, &ImportOptions::default())
                     .map_err(std::io::Error::other),
             };
@@ -153,7 +152,10 @@ pub(super) fn run(args: ConvertArgs) -> Result<u8, Failure> {
                         terminal::sanitize(&line.to_string())
                     ));
                 }
-                let extras = doc.as_ref().and_then(export::PytorchExtras::from_document);
+                let extras = match &kept {
+                    Some(kept) => export::PytorchExtras::from_kept(kept),
+                    None => doc.as_ref().and_then(export::PytorchExtras::from_document),
+                };
                 plan.write(extras.as_ref(), &mut sink).map_err(export_io)?;
                 Ok(())
             })

@@ -24,12 +24,16 @@ const REDRAW_EVERY: Duration = Duration::from_millis(250);
 /// Imports `path` as `import::load` does, showing a progress line on standard error while a
 /// big file loads when standard error is a terminal.
 pub fn load(path: &Path) -> Result<Snapshot, ImportError> {
+    load_with(path, ImportOptions::default())
+}
+
+/// [`load`] with `options` (a progress record of their own is replaced by the line's).
+pub fn load_with(path: &Path, mut options: ImportOptions) -> Result<Snapshot, ImportError> {
     let big = std::fs::metadata(path).is_ok_and(|m| m.len() >= SHOW_PROGRESS_FROM_BYTES);
     if !big || !std::io::stderr().is_terminal() {
-        return import::load(path);
+        return import::load_with(path, &options);
     }
     let progress = Progress::new();
-    let mut options = ImportOptions::default();
     options.progress = Some(progress.clone());
     let done = AtomicBool::new(false);
     std::thread::scope(|scope| {

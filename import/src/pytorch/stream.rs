@@ -25,6 +25,7 @@ use rustc_hash::FxHashSet;
 use vramscope_model::{Event, Snapshot};
 
 use super::collect::{collecting, Collected, EventOut};
+use super::keep::Capture;
 use super::stacks::Stacks;
 use super::{
     check_entries, finish, limits, max_trace_entries, parts, read_entry, read_fast_entry,
@@ -56,6 +57,9 @@ struct EntryStream<'a> {
     /// Whether entries of the shape Python writes are decoded by the pickle reader's fast
     /// path (`vramscope_pickle::FastEntry`) rather than read into its document first.
     fast: bool,
+    /// What is kept of each entry beyond its event, when the import keeps the source
+    /// (`super::keep`).
+    capture: Option<Capture>,
 }
 
 impl EntryStream<'_> {
@@ -115,14 +119,18 @@ impl EntrySink for EntryStream<'_> {
         index: usize,
         transient_from: usize,
     ) -> bool {
-        self.convert(
+        let converted = self.convert(
             list,
             index,
             transient_from,
             |device, loc, keys, stacks, figures| {
                 read_entry(entry, device, loc, keys, stacks, figures)
             },
-        )
+        );
+        if let (true, Some(capture)) = (converted, self.capture.as_mut()) {
+            capture.entry(entry, list, index);
+        }
+        converted
     }
 
     fn takes_fast_entries(&self) -> bool {
@@ -136,14 +144,18 @@ impl EntrySink for EntryStream<'_> {
         index: usize,
         transient_from: usize,
     ) -> bool {
-        self.convert(
+        let converted = self.convert(
             list,
             index,
             transient_from,
             |device, loc, keys, stacks, figures| {
                 read_fast_entry(entry, device, loc, keys, stacks, figures)
             },
-        )
+        );
+        if let (true, Some(capture)) = (converted, self.capture.as_mut()) {
+            capture.fast_entry(entry, list, index);
+        }
+        converted
     }
 
     fn read(&mut self) -> &mut Vec<usize> {
@@ -162,6 +174,7 @@ impl EntrySink for EntryStream<'_> {
             + self.stacks.bytes
             + self.stacks.memory()
             + self.keys.memory()
+            + self.capture.as_ref().map_or(0, Capture::memory)
     }
 }
 
@@ -179,6 +192,9 @@ pub(super) struct Ready {
     /// The entries streamed, and how many of them the pickle reader's fast path decoded.
     pub(super) entries: usize,
     pub(super) fast_entries: usize,
+    /// What was kept of the streamed entries beyond their events, when the import keeps the
+    /// source.
+    capture: Option<Capture>,
 }
 
 /// Reads the snapshot pickle `bytes` with `options`, streaming its trace entries; `None` when
@@ -301,7 +317,7 @@ fn read_with_path(
     fast: bool,
     parse: impl FnOnce(&mut EntryStream<'_>) -> Option<Streamed>,
 ) -> Option<Ready> {
-    let ((streamed, stacks, figures), collected) = collecting(|events| {
+    let ((streamed, stacks, figures, capture), collected) = collecting(|events| {
         let mut sink = EntryStream {
             keys: EntryKeys::default(),
             stacks: Stacks::new(&options.framework_paths, input_bytes),
@@ -311,9 +327,10 @@ fn read_with_path(
             limit: max_trace_entries(input_bytes),
             arrived,
             fast,
+            capture: options.keep_source.as_ref().map(|_| Capture::default()),
         };
         let streamed = parse(&mut sink);
-        (streamed, sink.stacks, sink.figures)
+        (streamed, sink.stacks, sink.figures, sink.capture)
     });
     let streamed = streamed?;
     let mut stacks = stacks;
@@ -334,6 +351,7 @@ fn read_with_path(
         figures,
         collected,
         traces,
+        capture,
     })
 }
 
@@ -397,26 +415,43 @@ impl Ready {
             mut figures,
             collected,
             traces,
+            capture,
             ..
         } = self;
-        let root = doc.root();
-        // Streamed entries are within the limit (the sink stops past it) and `placed` found
-        // no others; without them, the document holds all.
-        if traces.is_none() {
-            check_entries(root, doc.input_bytes())?;
-        }
-        let parts = parts(root)?;
-        let traces = match traces {
-            Some((devices_with_events, first_device)) => TraceEvents {
-                events: collected.events,
-                earliest_us: collected.earliest_us,
-                devices_with_events,
-                first_device,
-                one_device: collected.one_device,
-            },
-            None => read_traces(parts.traces, &mut stacks, &mut figures)?,
+        let streamed = traces.is_some();
+        let snapshot = {
+            let root = doc.root();
+            // Streamed entries are within the limit (the sink stops past it) and `placed`
+            // found no others; without them, the document holds all.
+            if traces.is_none() {
+                check_entries(root, doc.input_bytes())?;
+            }
+            let parts = parts(root)?;
+            let traces = match traces {
+                Some((devices_with_events, first_device)) => TraceEvents {
+                    events: collected.events,
+                    earliest_us: collected.earliest_us,
+                    devices_with_events,
+                    first_device,
+                    one_device: collected.one_device,
+                },
+                None => read_traces(parts.traces, &mut stacks, &mut figures)?,
+            };
+            finish(parts, traces, stacks, figures, options)?
         };
-        finish(parts, traces, stacks, figures, options)
+        // The document and what was kept of the entries, for a writer of PyTorch's format.
+        if let (Some(slot), Some(capture)) = (&options.keep_source, capture) {
+            let lists = streamed.then(|| {
+                doc.root()
+                    .get(TRACES)
+                    .and_then(ValueRef::as_seq)
+                    .map_or(0, |s| s.len())
+            });
+            if let Some(kept) = capture.finish(doc, lists) {
+                slot.put(kept);
+            }
+        }
+        Ok(snapshot)
     }
 }
 
