@@ -28,6 +28,10 @@ use vramscope_telemetry::TablesFrame;
 
 use crate::pyramid::{higher, Extremes, Pyramid};
 
+mod sums;
+
+pub use sums::Sums;
+
 /// Past this many checkpoints of appended events, once they hold more than one block or segment
 /// per [`EVENTS_PER_ITEM`] events, every other one is dropped (a live source's memory).
 const MAX_CHECKPOINTS: usize = 64;
@@ -170,6 +174,14 @@ pub struct Dataset {
     groups: SiteGroups,
     /// The last state [`Dataset::state_at`] worked out, and its position.
     cache: Option<(usize, MemoryState)>,
+    /// The sums of `cache`, once asked for ([`Dataset::sums_at`]), moved with it.
+    cache_sums: Option<Sums>,
+    /// The sums of the checkpoints a move started from, by position, made the first time.
+    checkpoint_sums: rustc_hash::FxHashMap<usize, Sums>,
+    /// The sums of the head, once asked for, kept up to date as events are appended.
+    head_sums: Option<Sums>,
+    /// Whether sums were ever asked for: until then no state carries any.
+    sums_wanted: bool,
     /// The events that came from the engine's walk (the loaded snapshot's): the state after
     /// any of them is the walk's own, found by undoing from a later state, or by applying
     /// events from an earlier one where no disagreement lies between
@@ -216,6 +228,10 @@ impl Dataset {
             kinds: Vec::new(),
             groups: SiteGroups::new(),
             cache: None,
+            cache_sums: None,
+            checkpoint_sums: Default::default(),
+            head_sums: None,
+            sums_wanted: false,
             loaded: 0,
             disagreements: Disagreements::default(),
             version: 0,
@@ -307,6 +323,7 @@ impl Dataset {
             .collect();
         self.groups = SiteGroups::from_sites(&snapshot.sites);
         self.cache = None;
+        self.clear_sums();
         self.segments_current = true;
         // The analysis reads the events up to the time cursor: shared, they are not copied
         // for it (`cut_snapshot`).
@@ -332,7 +349,10 @@ impl Dataset {
         for e in events {
             let i = snapshot.events.len();
             self.link.push(self.pairing.push(i as u32, e).link().pack());
-            self.head.apply(e, i as u32);
+            match &mut self.head_sums {
+                Some(sums) => sums.track(&mut self.head, e, |s| s.apply(e, i as u32)),
+                None => self.head.apply(e, i as u32),
+            }
             let u = self.head.usage();
             self.usage.push(u);
             self.pyramid.push(u);
@@ -382,6 +402,8 @@ impl Dataset {
             let every = self.checkpoint_every;
             self.checkpoints
                 .retain(|(k, _)| k.is_multiple_of(every) || *k <= loaded);
+            self.checkpoint_sums
+                .retain(|k, _| k.is_multiple_of(every) || *k <= loaded);
         }
         self.segments_current = false;
         self.version += 1;
@@ -444,6 +466,8 @@ impl Dataset {
         }
         fix_blocks(&mut checkpoints[0].1);
         self.checkpoints = checkpoints;
+        // Blocks whose allocation was dropped count from before the trace now.
+        self.clear_sums();
         self.step_starts.retain(|&(_, i)| i >= count);
         for s in &mut self.step_starts {
             s.1 -= count;
@@ -720,18 +744,43 @@ impl Dataset {
         let best = best.unwrap_or((0, Start::Checkpoint(0)));
         match best.1 {
             Start::Cache => {}
-            Start::Checkpoint(c) => self.cache = Some(self.checkpoints[c].clone()),
-            Start::Head => self.cache = Some((n, self.head.clone())),
+            Start::Checkpoint(c) => {
+                self.cache = Some(self.checkpoints[c].clone());
+                self.cache_sums = None;
+                if self.sums_wanted {
+                    let (k, state) = &self.checkpoints[c];
+                    let sums = self
+                        .checkpoint_sums
+                        .entry(*k)
+                        .or_insert_with(|| Sums::of_state(state));
+                    self.cache_sums = Some(sums.clone());
+                }
+            }
+            Start::Head => {
+                self.cache = Some((n, self.head.clone()));
+                self.cache_sums = self.sums_wanted.then(|| self.head_sums().clone());
+            }
         }
         let events = &self.snapshot.events;
         if let Some((k, state)) = &mut self.cache {
+            let link = &self.link;
             if *k > pos {
                 for i in (pos..*k).rev() {
-                    vramscope_engine::undo(state, events, &self.link, i);
+                    let undo = |s: &mut MemoryState| {
+                        vramscope_engine::undo(s, events, link, i);
+                    };
+                    match &mut self.cache_sums {
+                        Some(sums) => sums.track(state, &events[i], undo),
+                        None => undo(state),
+                    }
                 }
             } else {
                 for (i, e) in events.iter().enumerate().take(pos).skip(*k) {
-                    state.apply(e, i as u32);
+                    let apply = |s: &mut MemoryState| s.apply(e, i as u32);
+                    match &mut self.cache_sums {
+                        Some(sums) => sums.track(state, e, apply),
+                        None => apply(state),
+                    }
                 }
             }
             *k = pos;
@@ -764,6 +813,55 @@ impl Dataset {
     /// The state at the end.
     pub fn head(&self) -> &MemoryState {
         &self.head
+    }
+
+    /// Forgets every state's sums (the blocks changed other than by events).
+    fn clear_sums(&mut self) {
+        self.cache_sums = None;
+        self.checkpoint_sums.clear();
+        self.head_sums = None;
+    }
+
+    /// The head's sums, made the first time (settled).
+    fn head_sums(&mut self) -> &Sums {
+        let head = &self.head;
+        let sums = self.head_sums.get_or_insert_with(|| Sums::of_state(head));
+        sums.settle(head);
+        sums
+    }
+
+    /// The sums of the state at position `pos` ([`Dataset::state_at`]'s): made whole the
+    /// first time a move starts from a checkpoint or the head, and moved with the state
+    /// after that, so that a move costs the blocks its events change (see `sums`). From the
+    /// first call on, every state the dataset works out carries its sums.
+    pub fn sums_at(&mut self, pos: usize) -> &Sums {
+        self.sums_wanted = true;
+        let pos = pos.min(self.len());
+        let _ = self.state_at(pos);
+        if pos == self.len() {
+            return self.head_sums();
+        }
+        let state = match &self.cache {
+            Some((_, state)) => state,
+            None => &self.head,
+        };
+        let sums = self.cache_sums.get_or_insert_with(|| Sums::of_state(state));
+        sums.settle(state);
+        sums
+    }
+
+    /// The sums at `pos` if [`Dataset::sums_at`] left them at hand (the head's, or the last
+    /// position's), settled.
+    pub fn cached_sums(&self, pos: usize) -> Option<&Sums> {
+        let sums = if pos >= self.len() {
+            self.head_sums.as_ref()
+        } else {
+            match &self.cache {
+                Some((k, _)) if *k == pos => self.cache_sums.as_ref(),
+                _ => None,
+            }
+        };
+        sums.filter(|s| s.settled())
     }
 }
 

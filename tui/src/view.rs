@@ -343,19 +343,31 @@ impl SegmentFigures {
             ..SegmentFigures::default()
         };
         for (&addr, seg) in &state.segments {
-            let mut live = 0;
-            let mut cursor = addr;
-            for (a, size) in state.block_extents_in(addr, seg.size) {
-                live += size;
-                f.largest_free = f.largest_free.max(a.saturating_sub(cursor));
-                cursor = cursor.max(a + size);
-            }
-            f.largest_free = f.largest_free.max((addr + seg.size).saturating_sub(cursor));
-            if live > 0 {
-                f.split_bytes += seg.size.saturating_sub(live);
-            }
+            let (split, largest_free) = SegmentFigures::of_segment(state, addr, seg.size);
+            f.largest_free = f.largest_free.max(largest_free);
+            f.split_bytes = f.split_bytes.wrapping_add(split);
         }
         f
+    }
+
+    /// One segment's part of the figures, the segment at `addr` of `size` bytes: its free
+    /// bytes when it holds live blocks (else 0), and its largest free range.
+    pub fn of_segment(state: &MemoryState, addr: u64, size: u64) -> (u64, u64) {
+        let mut live = 0u64;
+        let mut largest_free = 0;
+        let mut cursor = addr;
+        for (a, len) in state.block_extents_in(addr, size) {
+            live = live.wrapping_add(len);
+            largest_free = largest_free.max(a.saturating_sub(cursor));
+            cursor = cursor.max(a + len);
+        }
+        largest_free = largest_free.max((addr + size).saturating_sub(cursor));
+        let split = if live > 0 {
+            size.saturating_sub(live)
+        } else {
+            0
+        };
+        (split, largest_free)
     }
 }
 

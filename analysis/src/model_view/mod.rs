@@ -42,7 +42,7 @@ use vramscope_model::{CategoryBytes, Event, Id, SiteId, Snapshot};
 use crate::categories::Categories;
 
 use build::ModelViewBuilder;
-pub use holdings::holdings_of;
+pub use holdings::{holdings_of, HoldingSums};
 
 /// One allocation paired with its free, if the trace has one. Its allocation event holds its
 /// size, requested bytes, device and address ([`ModelView::interval_size`] reads them): a

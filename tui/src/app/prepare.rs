@@ -20,15 +20,15 @@ use std::time::{Duration, Instant};
 use rustc_hash::FxHashMap;
 use vramscope_analysis::call_tree::CallTree;
 use vramscope_analysis::categories::Categories;
-use vramscope_analysis::model_view::holdings_of;
-use vramscope_engine::{GroupId, LiveBlock, SiteGroups};
+use vramscope_engine::GroupId;
 use vramscope_import::sites::is_framework_frame;
 use vramscope_model::{Category, CategoryBytes, SiteId};
 
 use super::event_rows::{self, RowsKey};
 use super::App;
+use crate::data::Sums;
 use crate::ui;
-use crate::view::{CursorView, MemoryRow, Panel, SegmentFigures, SiteRow, SiteSort, TreeRow};
+use crate::view::{CursorView, MemoryRow, Panel, SiteRow, SiteSort, TreeRow};
 
 /// The most nodes the memory panel's call tree keeps (the rest summed into "other").
 pub const MEMORY_TREE_NODES: usize = 200;
@@ -195,35 +195,36 @@ impl App {
         let growth = self.analysis.as_ref().map(|a| &a.growth);
         // Borrowed, not cloned: a copy of the groups here cost O(call sites) at every view
         // change, which a publisher sending call sites made quadratic (issue 33). The state at
-        // the cursor was worked out above and is at hand.
-        let _ = self.data.state_at(pos);
+        // the cursor and its sums (`crate::data::Sums`, moved with the state event by event:
+        // a move costs the blocks it changes, not every live block, issue 47) are worked out
+        // here and are at hand below.
+        let _ = self.data.sums_at(pos);
         let groups = self.data.groups();
         let state = match self.data.cached_state(pos) {
             Some(state) => state,
             None => self.data.head(),
         };
-        // The rows hold allocated bytes by group, summed as the report sums its columns: a
-        // block whose free is requested is not among them, and memory from before the trace
-        // that no block describes (a profiler trace's totals) is the "before the trace" row.
-        let by_group = holdings_of(state, groups, &|b: &LiveBlock| b.step);
+        let fallback;
+        let sums = match self.data.cached_sums(pos) {
+            Some(sums) => sums,
+            None => {
+                fallback = Sums::of_state(state);
+                &fallback
+            }
+        };
+        // The rows hold allocated bytes by group, summed as the report sums its columns
+        // (`holdings_of`): a block whose free is requested is not among them, and memory
+        // from before the trace that no block describes (a profiler trace's totals) is the
+        // "before the trace" row.
+        let unattributed = state.unattributed.allocated;
+        let by_group = sums.holdings().holdings(groups, unattributed);
         // The tree's sums by site, the same bytes; a block without a site goes by its group
         // ("before the trace" or "unknown site"), as the table names it.
-        let mut by_site: FxHashMap<(Option<SiteId>, GroupId), (u64, u64)> = FxHashMap::default();
-        if self.sites.tree {
-            for (_, b) in state.blocks.unordered().filter(|(_, b)| !b.pending) {
-                let s = by_site
-                    .entry((b.site, groups.of_block(b)))
-                    .or_insert((0, 0));
-                s.0 += b.size;
-                s.1 += 1;
-            }
-            if state.unattributed.allocated > 0 {
-                let s = by_site
-                    .entry((None, SiteGroups::BEFORE_TRACE))
-                    .or_insert((0, 0));
-                s.0 += state.unattributed.allocated;
-            }
-        }
+        let by_site: FxHashMap<(Option<SiteId>, GroupId), (u64, u64)> = if self.sites.tree {
+            sums.holdings().by_site(groups, unattributed)
+        } else {
+            FxHashMap::default()
+        };
         let live_blocks = state.blocks.len() as u64;
         let filter = self.sites.filter.to_lowercase();
         let mut sites: Vec<SiteRow> = by_group
@@ -266,7 +267,7 @@ impl App {
             }),
             SiteSort::Name => sites.sort_by_key(label),
         }
-        let segments = SegmentFigures::from_state(state);
+        let segments = sums.segment_figures(state);
         let tree = if self.sites.tree {
             self.build_tree(&by_site, &filter)
         } else {

@@ -229,6 +229,10 @@ fn the_state_at_any_position_is_the_walks_own_on_a_trace_that_contradicts_itself
     for (i, pos) in cursor_walk(n, 600, 1).into_iter().enumerate() {
         assert_eq!(*data.state_at(pos), states[pos], "at {pos}");
         assert_eq!(data.usage_at(pos), states[pos].usage(), "at {pos}");
+        if i % 5 == 0 {
+            // The sums moved with the state, through the stretches that disagree too.
+            check_sums_at(&mut data, pos);
+        }
         let mut forwards = walk.start.clone();
         if i % 50 == 0 {
             for (j, e) in events.iter().enumerate().take(pos) {
@@ -437,4 +441,110 @@ fn the_host_waits_are_listed_for_the_timeline_as_loaded_and_as_grown() {
     assert_eq!(grown.waits(), &[1]);
     grown.append(&rest);
     assert_eq!(grown.waits(), whole.waits());
+}
+
+/// The sums [`Dataset::sums_at`] moved to `pos` (from wherever the last move left them, a
+/// checkpoint or the head) against those summed from the state there: the holdings as
+/// `holdings_of` sums them, the stack tree's sums by site and the segment figures.
+fn check_sums_at(data: &mut Dataset, pos: usize) {
+    use vramscope_analysis::model_view::holdings_of;
+    let sums = data.sums_at(pos).clone();
+    assert!(sums.settled());
+    let state = data.state_at(pos).clone();
+    let groups = data.groups();
+    let unattributed = state.unattributed.allocated;
+    assert_eq!(
+        sums.holdings().holdings(groups, unattributed),
+        holdings_of(&state, groups, &|b| b.step),
+        "holdings at {pos}"
+    );
+    let mut by_site: rustc_hash::FxHashMap<_, (u64, u64)> = Default::default();
+    for (_, b) in state.blocks.unordered().filter(|(_, b)| !b.pending) {
+        let s = by_site
+            .entry((b.site, groups.of_block(b)))
+            .or_insert((0, 0));
+        s.0 += b.size;
+        s.1 += 1;
+    }
+    if unattributed > 0 {
+        by_site
+            .entry((None, SiteGroups::BEFORE_TRACE))
+            .or_insert((0, 0))
+            .0 += unattributed;
+    }
+    assert_eq!(
+        sums.holdings().by_site(groups, unattributed),
+        by_site,
+        "by site at {pos}"
+    );
+    assert_eq!(
+        sums.segment_figures(&state),
+        crate::view::SegmentFigures::from_state(&state),
+        "segments at {pos}"
+    );
+    assert_eq!(*sums.holdings(), Sums::of_state(&state).holdings().clone());
+}
+
+/// Over a trace with many checkpoints, the sums at random cursors, each moved event by event
+/// from the last, equal the sums of the state there (issue 47).
+#[test]
+fn the_sums_moved_with_the_cursor_equal_the_states_own_over_many_checkpoints() {
+    let mut data = Dataset::new(
+        fixture::many_blocks_snapshot(30_000),
+        Origin::File("f".into()),
+    );
+    let n = data.len();
+    assert!(data.checkpoints.len() >= 3);
+    for pos in cursor_walk(n, 90, n / 190) {
+        check_sums_at(&mut data, pos);
+    }
+    assert!(
+        data.checkpoint_sums.len() >= 2,
+        "moves started from checkpoints: {}",
+        data.checkpoint_sums.len()
+    );
+}
+
+/// On the training fixture (call sites, steps, segments coming and going), cut in half and
+/// grown as a live source is: the sums at any cursor, the head's kept up to date as events
+/// come, equal the state's own.
+#[test]
+fn the_sums_equal_the_states_own_as_a_live_source_grows() {
+    let (mut whole, mut grown, rest) = halves();
+    let n = whole.len();
+    for pos in cursor_walk(n, 60, 3) {
+        check_sums_at(&mut whole, pos);
+    }
+    let half = grown.len();
+    check_sums_at(&mut grown, half);
+    for chunk in rest.chunks(7) {
+        grown.append(chunk);
+        let len = grown.len();
+        check_sums_at(&mut grown, len);
+        check_sums_at(&mut grown, len / 2);
+    }
+    grown.trim_front(grown.len() / 3);
+    for pos in cursor_walk(grown.len(), 30, 2) {
+        check_sums_at(&mut grown, pos);
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(vramscope_testkit::props::config(64))]
+
+    /// Whatever the trace, consistent or not, and wherever the cursor goes from wherever
+    /// it was, the sums moved with the cursor equal the state's own there.
+    #[test]
+    fn the_sums_at_any_cursor_of_any_trace_are_the_states_own(
+        ops in vramscope_testkit::generated::ops(1..5, 1..80),
+        live_at_dump in vramscope_testkit::generated::live_at_dump(),
+        cursor in proptest::collection::vec(0usize..100, 1..40),
+    ) {
+        let snapshot = vramscope_testkit::generated::trace_of_ops(&ops, &live_at_dump);
+        let n = snapshot.events.len();
+        let mut data = Dataset::new(snapshot, Origin::File("f".into()));
+        for pos in cursor.into_iter().map(|c| c % (n + 1)) {
+            check_sums_at(&mut data, pos);
+        }
+    }
 }

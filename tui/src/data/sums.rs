@@ -1,0 +1,186 @@
+//! What the dashboard's panels sum over the live blocks of a state, kept beside the states of
+//! `super::Dataset` (its checkpoints, the head and the state at the cursor) and moved with
+//! them event by event.
+//!
+//! Summing every live block at each cursor move cost a pass over 172,000 blocks on a replica
+//! of a real trace (issue 47). A [`Sums`] is made whole once for a checkpoint, the first time a
+//! move starts from it; a move then changes the sums by the blocks its events add, replace or
+//! take out, and works out again only the segments those blocks lie in. Every figure is a sum
+//! or a least or greatest over blocks or segments, kept so that a block or segment taken out
+//! takes its part out exactly (sums in 128 bits, extremes as multisets), so the figures equal
+//! those summed from the state itself, in any order of moves: the tests compare them at random
+//! cursors.
+
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
+use vramscope_analysis::model_view::HoldingSums;
+use vramscope_engine::MemoryState;
+use vramscope_model::{Event, EventKind};
+
+use crate::view::SegmentFigures;
+
+/// Past this many blocks changed since the segment figures were brought up to date, they are
+/// worked out again whole rather than segment by segment (and the list stops growing).
+const DIRTY_MAX: usize = 4096;
+
+/// The sums of one state. See the module documentation.
+#[derive(Clone, Debug, Default)]
+pub struct Sums {
+    holdings: HoldingSums,
+    segments: SegmentSums,
+    /// Addresses whose block changed since the segment figures were brought up to date.
+    dirty: Vec<u64>,
+    /// Whether the segments changed since then (every figure is worked out again).
+    segments_changed: bool,
+}
+
+/// The segment figures of a state, by segment.
+#[derive(Clone, Debug, Default)]
+struct SegmentSums {
+    /// Each segment's part: its split bytes and largest free range
+    /// ([`SegmentFigures::of_segment`]).
+    by_segment: FxHashMap<u64, (u64, u64)>,
+    /// How many segments have each largest free range.
+    largest: BTreeMap<u64, u64>,
+    /// The split bytes of every segment, wrapping as [`SegmentFigures::from_state`] sums them.
+    split: u64,
+    /// Whether two segments overlap (a trace that contradicts itself): then a block may lie
+    /// in more than one, and the figures are worked out whole.
+    overlap: bool,
+}
+
+impl SegmentSums {
+    fn of_state(state: &MemoryState) -> SegmentSums {
+        let mut sums = SegmentSums::default();
+        let mut end = None;
+        for (&addr, seg) in &state.segments {
+            sums.overlap |= end.is_some_and(|e| e > addr);
+            end = Some(addr.saturating_add(seg.size));
+            sums.put(addr, SegmentFigures::of_segment(state, addr, seg.size));
+        }
+        sums
+    }
+
+    /// Sets the part of the segment at `addr`, replacing the one it had.
+    fn put(&mut self, addr: u64, part: (u64, u64)) {
+        if let Some(old) = self.by_segment.insert(addr, part) {
+            self.split = self.split.wrapping_sub(old.0);
+            if let Some(n) = self.largest.get_mut(&old.1) {
+                *n -= 1;
+                if *n == 0 {
+                    self.largest.remove(&old.1);
+                }
+            }
+        }
+        self.split = self.split.wrapping_add(part.0);
+        *self.largest.entry(part.1).or_insert(0) += 1;
+    }
+}
+
+impl Sums {
+    /// The sums of `state`: a pass over its blocks and segments.
+    pub fn of_state(state: &MemoryState) -> Sums {
+        Sums {
+            holdings: HoldingSums::of_state(state),
+            segments: SegmentSums::of_state(state),
+            dirty: Vec::new(),
+            segments_changed: false,
+        }
+    }
+
+    /// Runs `step` (event `e` applied to `state` or undone from it) and takes its change into
+    /// the sums: the block at the event's address before and after it (an allocation, a free
+    /// request or a free changes that block alone), or, for an event about segments, that the
+    /// segments changed (they change no block).
+    pub fn track(
+        &mut self,
+        state: &mut MemoryState,
+        e: &Event,
+        step: impl FnOnce(&mut MemoryState),
+    ) {
+        match e.kind {
+            EventKind::Alloc | EventKind::FreeRequested | EventKind::FreeCompleted => {
+                let before = state.blocks.get(e.addr).copied();
+                step(state);
+                let after = state.blocks.get(e.addr).copied();
+                if before != after {
+                    self.holdings.change(before.as_ref(), after.as_ref());
+                    if !self.segments_changed {
+                        self.dirty.push(e.addr);
+                        if self.dirty.len() > DIRTY_MAX {
+                            self.segments_changed = true;
+                            self.dirty = Vec::new();
+                        }
+                    }
+                }
+            }
+            EventKind::SegmentAlloc
+            | EventKind::SegmentFree
+            | EventKind::SegmentMap
+            | EventKind::SegmentUnmap => {
+                step(state);
+                self.segments_changed = true;
+                self.dirty = Vec::new();
+            }
+            EventKind::EmptyCache
+            | EventKind::Oom
+            | EventKind::Transfer(_)
+            | EventKind::Sync
+            | EventKind::Step
+            | EventKind::Snapshot => step(state),
+        }
+    }
+
+    /// Brings the segment figures up to date with `state`, the state the sums are of: the
+    /// segments holding the blocks that changed, or all of them after the segments changed.
+    pub fn settle(&mut self, state: &MemoryState) {
+        if self.segments_changed || (self.segments.overlap && !self.dirty.is_empty()) {
+            self.segments = SegmentSums::of_state(state);
+        } else if !self.dirty.is_empty() {
+            let mut dirty = std::mem::take(&mut self.dirty);
+            dirty.sort_unstable();
+            let mut done = None;
+            for a in dirty {
+                let Some((&addr, seg)) = state.segments.range(..=a).next_back() else {
+                    continue;
+                };
+                if addr.saturating_add(seg.size) <= a || done == Some(addr) {
+                    continue;
+                }
+                done = Some(addr);
+                let part = SegmentFigures::of_segment(state, addr, seg.size);
+                self.segments.put(addr, part);
+            }
+        }
+        self.dirty.clear();
+        self.segments_changed = false;
+    }
+
+    /// Whether [`Sums::settle`] has nothing left to do.
+    pub fn settled(&self) -> bool {
+        self.dirty.is_empty() && !self.segments_changed
+    }
+
+    /// The allocated blocks by site.
+    pub fn holdings(&self) -> &HoldingSums {
+        &self.holdings
+    }
+
+    /// The segment figures of `state`, the state the sums are of, once settled: equal to
+    /// [`SegmentFigures::from_state`].
+    pub fn segment_figures(&self, state: &MemoryState) -> SegmentFigures {
+        debug_assert!(self.settled(), "the sums were not settled");
+        SegmentFigures {
+            count: state.segments.len() as u64,
+            split_bytes: self.segments.split,
+            largest_free: self
+                .segments
+                .largest
+                .keys()
+                .next_back()
+                .copied()
+                .unwrap_or(0),
+        }
+    }
+}
