@@ -5,13 +5,15 @@
 //! Summing every live block at each cursor move cost a pass over 172,000 blocks on a replica
 //! of a real trace (issue 47). A [`Sums`] is made whole once for a checkpoint, the first time a
 //! move starts from it; a move then changes the sums by the blocks its events add, replace or
-//! take out, and works out again only the segments those blocks lie in. Every figure is a sum
+//! take out, and works out again only the segments those blocks lie in and those its segment
+//! events add, free, map or unmap (all of them where two segments overlap). Every figure is a sum
 //! or a least or greatest over blocks or segments, kept so that a block or segment taken out
 //! takes its part out exactly (sums in 128 bits, extremes as multisets), so the figures equal
 //! those summed from the state itself, in any order of moves: the tests compare them at random
 //! cursors.
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 
 use rustc_hash::FxHashMap;
 use vramscope_analysis::model_view::HoldingSums;
@@ -31,8 +33,11 @@ pub struct Sums {
     segments: SegmentSums,
     /// Addresses whose block changed since the segment figures were brought up to date.
     dirty: Vec<u64>,
-    /// Whether the segments changed since then (every figure is worked out again).
-    segments_changed: bool,
+    /// The addresses of segments that an event about segments may have added, removed or
+    /// changed since then.
+    touched: Vec<u64>,
+    /// Whether every figure is to be worked out again (too many changes to go one by one).
+    whole: bool,
 }
 
 /// The segment figures of a state, by segment.
@@ -55,7 +60,7 @@ impl SegmentSums {
         let mut sums = SegmentSums::default();
         let mut end = None;
         for (&addr, seg) in &state.segments {
-            sums.overlap |= end.is_some_and(|e| e > addr);
+            sums.overlap |= end.is_some_and(|e: u64| e > addr);
             end = Some(addr.saturating_add(seg.size));
             sums.put(addr, SegmentFigures::of_segment(state, addr, seg.size));
         }
@@ -64,7 +69,15 @@ impl SegmentSums {
 
     /// Sets the part of the segment at `addr`, replacing the one it had.
     fn put(&mut self, addr: u64, part: (u64, u64)) {
-        if let Some(old) = self.by_segment.insert(addr, part) {
+        self.remove(addr);
+        self.by_segment.insert(addr, part);
+        self.split = self.split.wrapping_add(part.0);
+        *self.largest.entry(part.1).or_insert(0) += 1;
+    }
+
+    /// Takes out the part of the segment at `addr`, if it has one.
+    fn remove(&mut self, addr: u64) {
+        if let Some(old) = self.by_segment.remove(&addr) {
             self.split = self.split.wrapping_sub(old.0);
             if let Some(n) = self.largest.get_mut(&old.1) {
                 *n -= 1;
@@ -73,8 +86,6 @@ impl SegmentSums {
                 }
             }
         }
-        self.split = self.split.wrapping_add(part.0);
-        *self.largest.entry(part.1).or_insert(0) += 1;
     }
 }
 
@@ -85,7 +96,31 @@ impl Sums {
             holdings: HoldingSums::of_state(state),
             segments: SegmentSums::of_state(state),
             dirty: Vec::new(),
-            segments_changed: false,
+            touched: Vec::new(),
+            whole: false,
+        }
+    }
+
+    /// Notes the addresses of the segments an event about the range `[addr, addr + size)`
+    /// can add, remove or change (`MemoryState`'s segment events and their undoing): the
+    /// segment below `addr`, which a mapped range joins or an unmapped one cuts, and every
+    /// one from `addr` to the end of the range, where a segment is freed or a run joins.
+    fn touch_segments(&mut self, state: &MemoryState, addr: u64, size: u64) {
+        let below = state.segments.range(..addr).next_back().map(|(&a, _)| a);
+        let from = state
+            .segments
+            .range(addr..=addr.saturating_add(size))
+            .map(|(&a, _)| a);
+        self.touched.extend(below.into_iter().chain(from));
+    }
+
+    /// Whether the changes noted are too many to go one by one: then every figure is
+    /// worked out again at [`Sums::settle`], and no more are noted.
+    fn too_many(&mut self) {
+        if self.dirty.len() + self.touched.len() > DIRTY_MAX {
+            self.whole = true;
+            self.dirty = Vec::new();
+            self.touched = Vec::new();
         }
     }
 
@@ -106,12 +141,9 @@ impl Sums {
                 let after = state.blocks.get(e.addr).copied();
                 if before != after {
                     self.holdings.change(before.as_ref(), after.as_ref());
-                    if !self.segments_changed {
+                    if !self.whole {
                         self.dirty.push(e.addr);
-                        if self.dirty.len() > DIRTY_MAX {
-                            self.segments_changed = true;
-                            self.dirty = Vec::new();
-                        }
+                        self.too_many();
                     }
                 }
             }
@@ -119,9 +151,14 @@ impl Sums {
             | EventKind::SegmentFree
             | EventKind::SegmentMap
             | EventKind::SegmentUnmap => {
-                step(state);
-                self.segments_changed = true;
-                self.dirty = Vec::new();
+                if self.whole {
+                    step(state);
+                } else {
+                    self.touch_segments(state, e.addr, e.size);
+                    step(state);
+                    self.touch_segments(state, e.addr, e.size);
+                    self.too_many();
+                }
             }
             EventKind::EmptyCache
             | EventKind::Oom
@@ -135,9 +172,25 @@ impl Sums {
     /// Brings the segment figures up to date with `state`, the state the sums are of: the
     /// segments holding the blocks that changed, or all of them after the segments changed.
     pub fn settle(&mut self, state: &MemoryState) {
-        if self.segments_changed || (self.segments.overlap && !self.dirty.is_empty()) {
+        let changed = !self.dirty.is_empty() || !self.touched.is_empty();
+        if self.whole || (changed && (self.segments.overlap || self.overlaps(state))) {
             self.segments = SegmentSums::of_state(state);
-        } else if !self.dirty.is_empty() {
+        } else if changed {
+            // The segments noted, as they are now: each worked out again, or gone.
+            let mut redo = std::mem::take(&mut self.touched);
+            redo.sort_unstable();
+            redo.dedup();
+            for &addr in &redo {
+                match state.segments.get(&addr) {
+                    Some(seg) => {
+                        let part = SegmentFigures::of_segment(state, addr, seg.size);
+                        self.segments.put(addr, part);
+                    }
+                    None => self.segments.remove(addr),
+                }
+            }
+            // The segments holding the blocks that changed (no two segments overlap, so
+            // each block lies in one at most).
             let mut dirty = std::mem::take(&mut self.dirty);
             dirty.sort_unstable();
             let mut done = None;
@@ -145,7 +198,10 @@ impl Sums {
                 let Some((&addr, seg)) = state.segments.range(..=a).next_back() else {
                     continue;
                 };
-                if addr.saturating_add(seg.size) <= a || done == Some(addr) {
+                if addr.saturating_add(seg.size) <= a
+                    || done == Some(addr)
+                    || redo.binary_search(&addr).is_ok()
+                {
                     continue;
                 }
                 done = Some(addr);
@@ -154,12 +210,29 @@ impl Sums {
             }
         }
         self.dirty.clear();
-        self.segments_changed = false;
+        self.touched.clear();
+        self.whole = false;
+    }
+
+    /// Whether a segment noted as touched overlaps the one before or after it now.
+    fn overlaps(&self, state: &MemoryState) -> bool {
+        self.touched.iter().any(|&addr| {
+            let Some(seg) = state.segments.get(&addr) else {
+                return false;
+            };
+            let before = state.segments.range(..addr).next_back();
+            let after = state
+                .segments
+                .range((Bound::Excluded(addr), Bound::Unbounded))
+                .next();
+            before.is_some_and(|(&b, s)| b.saturating_add(s.size) > addr)
+                || after.is_some_and(|(&a, _)| addr.saturating_add(seg.size) > a)
+        })
     }
 
     /// Whether [`Sums::settle`] has nothing left to do.
     pub fn settled(&self) -> bool {
-        self.dirty.is_empty() && !self.segments_changed
+        self.dirty.is_empty() && self.touched.is_empty() && !self.whole
     }
 
     /// The allocated blocks by site.

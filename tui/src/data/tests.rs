@@ -548,3 +548,98 @@ proptest::proptest! {
         }
     }
 }
+
+proptest::proptest! {
+    #![proptest_config(vramscope_testkit::props::config(64))]
+
+    /// Any events at all, on a few addresses: blocks and segments allocated, freed, mapped
+    /// and unmapped over each other (segments that overlap, blocks outside any segment, frees
+    /// of nothing), a dump-time state of a few blocks. Wherever the cursor goes, the sums
+    /// moved with it equal the state's own.
+    #[test]
+    fn the_sums_at_any_cursor_of_any_events_are_the_states_own(
+        events in proptest::collection::vec((0usize..8, 0u64..12, 1u64..6, 0u32..3, 0u32..4), 1..200),
+        dump in proptest::collection::vec((0u64..12, 1u64..4, proptest::bool::ANY), 0..6),
+        cursor in proptest::collection::vec(0usize..400, 1..40),
+    ) {
+        let kinds = [
+            EventKind::Alloc,
+            EventKind::Alloc,
+            EventKind::FreeRequested,
+            EventKind::FreeCompleted,
+            EventKind::SegmentAlloc,
+            EventKind::SegmentFree,
+            EventKind::SegmentMap,
+            EventKind::SegmentUnmap,
+        ];
+        let mut snapshot = Snapshot::empty(Default::default(), Default::default());
+        snapshot.sites = (0..3)
+            .map(|i| vramscope_model::CallSite {
+                file: format!("f{}.py", i % 2),
+                line: 1,
+                column: 0,
+                function: String::new(),
+                frames: Vec::new(),
+            })
+            .collect();
+        let unit = 0x10_0000u64;
+        for (i, &(kind, slot, size, site, step)) in events.iter().enumerate() {
+            let kind = kinds[kind];
+            let size = if matches!(kind, EventKind::Alloc | EventKind::FreeRequested | EventKind::FreeCompleted) {
+                size * unit / 4
+            } else {
+                size * unit
+            };
+            snapshot.events.push(
+                vramscope_testkit::event(kind)
+                    .addr(slot * unit / 2)
+                    .size(size)
+                    .site(if site == 2 { None } else { Some(site) })
+                    .step(step)
+                    .seq(i as u64)
+                    .build(),
+            );
+        }
+        // The dump's segment, holding its blocks (overlapping ones dropped).
+        let mut blocks: Vec<vramscope_model::Block> = Vec::new();
+        let mut end = 0;
+        let mut sorted = dump.clone();
+        sorted.sort_unstable();
+        for (slot, size, pending) in sorted {
+            let addr = slot * unit / 2;
+            if addr < end {
+                continue;
+            }
+            end = addr + size * unit / 4;
+            blocks.push(vramscope_model::Block {
+                address: addr,
+                size: size * unit / 4,
+                requested_size: size,
+                state: if pending {
+                    vramscope_model::BlockState::ActivePendingFree
+                } else {
+                    vramscope_model::BlockState::ActiveAllocated
+                },
+                site: None,
+                tag: None,
+                scope: None,
+                step: 0,
+                thread: 0,
+            });
+        }
+        snapshot.segments.push(vramscope_model::Segment {
+            device: 0,
+            address: 0,
+            total_size: 8 * unit,
+            stream: 0,
+            pool: vramscope_model::Pool::Large,
+            expandable: false,
+            blocks,
+        });
+        let n = snapshot.events.len();
+        let mut data = Dataset::new(snapshot, Origin::File("f".into()));
+        for pos in cursor.into_iter().map(|c| c % (n + 1)) {
+            check_sums_at(&mut data, pos);
+        }
+    }
+}
