@@ -117,20 +117,46 @@ pub(crate) fn from_pickle_file(
     options: &ImportOptions,
 ) -> Option<Result<Snapshot, ImportError>> {
     let started = std::time::Instant::now();
+    let timed = std::env::var_os(IMPORT_TIMES_ENV).is_some();
     let ready = stream::read_file(file, size, options)?;
     let parsed = started.elapsed();
+    let parse_memory = if timed { phase_memory() } else { String::new() };
     let (entries, fast_entries) = (ready.entries, ready.fast_entries);
     let snapshot = ready.convert(origin, options);
-    if std::env::var_os(IMPORT_TIMES_ENV).is_some() {
+    if timed {
         let assembled = started.elapsed() - parsed;
         eprintln!(
-            "{origin}: parse and entry conversion {:.3} s ({:.0} MB/s of {size} bytes; {fast_entries} of {entries} trace entries by the fast path), assembly {:.3} s",
+            "{origin}: parse and entry conversion {:.3} s ({:.0} MB/s of {size} bytes; {fast_entries} of {entries} trace entries by the fast path{parse_memory}), assembly {:.3} s{}",
             parsed.as_secs_f64(),
             size as f64 / 1e6 / parsed.as_secs_f64(),
-            assembled.as_secs_f64()
+            assembled.as_secs_f64(),
+            phase_memory()
         );
     }
     Some(snapshot)
+}
+
+/// The process's memory as a phase ends, for the phase timings of [`IMPORT_TIMES_ENV`]: its
+/// resident memory now and its peak since the phase before (`, rss N MiB, peak M MiB`), the
+/// peak being reset after it is read so that the next phase's is its own; empty where
+/// `/proc/self/status` cannot be read. A reset peak is also what `getrusage` reports at exit:
+/// a run that prints phases is not one to take the process's peak from.
+pub fn phase_memory() -> String {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return String::new();
+    };
+    let mib = |key: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(key))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kib| kib / 1024)
+    };
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    match (mib("VmRSS:"), mib("VmHWM:")) {
+        (Some(rss), Some(peak)) => format!(", rss {rss} MiB, peak {peak} MiB"),
+        _ => String::new(),
+    }
 }
 
 /// The environment variable that, set, makes the import of a PyTorch snapshot file print on

@@ -97,7 +97,8 @@ pub(super) fn run(args: ReportArgs) -> Result<u8, Failure> {
     })
 }
 
-/// The wall time of each phase of `report`, printed on standard error when
+/// The wall time of each phase of `report`, with the process's memory at its end and its peak
+/// in it (`import::pytorch::phase_memory`), printed on standard error when
 /// `VRAMSCOPE_IMPORT_TIMES` is set (for benchmarks: the import prints its own phases, the
 /// parse and the assembly, under the same variable).
 struct PhaseTimes {
@@ -115,7 +116,11 @@ impl PhaseTimes {
     /// Prints how long the phase `what`, which ends now, took.
     fn done(&mut self, what: &str) {
         if let Some(last) = &mut self.last {
-            eprintln!("{what}: {:.3} s", last.elapsed().as_secs_f64());
+            eprintln!(
+                "{what}: {:.3} s{}",
+                last.elapsed().as_secs_f64(),
+                crate::import::pytorch::phase_memory()
+            );
             *last = std::time::Instant::now();
         }
     }

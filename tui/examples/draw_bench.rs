@@ -10,9 +10,13 @@
 //! # A decomfl-shaped trace of EVENTS events: the shared decomfl trace's events repeated in
 //! # memory, each copy shifted in sequence numbers, time and step (without the teardown
 //! # between copies that `bench/gen_pytorch_snapshot.py` writes), or any file the importers
-//! # read:
-//! cargo run --release -p vramscope-tui --example draw_bench -- --events 10000000 [--trace FILE]
+//! # read; several `--trace FILE` are measured one after the other (the generator's file and
+//! # replicas of real traces, `../shared/bench/replicate_trace.py`, side by side):
+//! cargo run --release -p vramscope-tui --example draw_bench -- --events 10000000 [--trace FILE]...
 //! ```
+//!
+//! Each dataset's first line says the load average as it was opened: the machine may be
+//! shared.
 //!
 //! With `--events`, the file opens as `vramscope view` opens it (at the peak of allocated
 //! bytes), and for every panel the bench reports the median and the largest of: a redraw with
@@ -53,13 +57,19 @@ fn main() {
                 .get(i + 1)
                 .and_then(|s| s.replace('_', "").parse().ok())
                 .expect("--events takes a number of events");
-            let trace = args
-                .iter()
-                .position(|a| a == "--trace")
-                .and_then(|j| args.get(j + 1))
-                .map(PathBuf::from)
-                .unwrap_or_else(decomfl);
-            trace_bench(&trace, events);
+            // Every `--trace FILE` in turn (the generator's shape and replicas of real traces
+            // side by side), the shared decomfl trace without one.
+            let mut traces: Vec<PathBuf> = args
+                .windows(2)
+                .filter(|w| w[0] == "--trace")
+                .map(|w| PathBuf::from(&w[1]))
+                .collect();
+            if traces.is_empty() {
+                traces.push(decomfl());
+            }
+            for trace in traces {
+                trace_bench(&trace, events);
+            }
         }
         None => {
             let blocks = args.first().and_then(|s| s.parse().ok()).unwrap_or(100_000);
@@ -239,6 +249,10 @@ fn frame(
 /// `vramscope view` opens a file (at the peak of allocated bytes, analysed), with what each
 /// step of getting there took.
 fn open_trace(trace: &Path, events: usize) -> App {
+    // The load average before the bench adds its own.
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".to_string());
     let t = Instant::now();
     let base = import::load_with(trace, &ImportOptions::default()).expect("the trace loads");
     let loaded = ms(t);
@@ -261,7 +275,7 @@ fn open_trace(trace: &Path, events: usize) -> App {
     app.analyze_now();
     let analysed = ms(t);
     println!(
-        "{} ({}): {} events, {} step starts, {} live blocks at the end",
+        "{} ({}): {} events, {} step starts, {} live blocks at the end (load {load})",
         trace.display(),
         if repeat { "repeated" } else { "as is" },
         app.data.len(),
