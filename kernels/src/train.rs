@@ -9,6 +9,14 @@
 //! element every step (`loss.item()`, `print(logits[0, i])`), [`TrainConfig::grad_accum`] adds
 //! gradient-accumulation buffers, and [`TrainConfig::bf16`] keeps activations and weight copies
 //! in bf16 with f32 master weights. The inspector's detectors should point at the marked lines.
+//!
+//! Each part of the step runs in an allocator scope that names what its blocks are
+//! (`vramscope_model::Category::from_scope`): `parameters`, `optimizer` (AdamW's moments),
+//! `gradients` (the weights' gradients and accumulation buffers), `inputs` (the batch),
+//! `activations` (what the forward keeps for the backward, the bf16 weight copies among it) and
+//! `temporaries` (the backward's intermediate gradients), so that every view can say what the
+//! memory is made of. The loss and the planted bugs' tensors are left in no such scope: what
+//! they are is what the findings say.
 
 use vramscope_model::Snapshot;
 
@@ -192,7 +200,12 @@ impl Param {
         config: &TrainConfig,
     ) -> Result<Param, TensorError> {
         let adam = config.optimizer == Optimizer::AdamW;
-        let value = Tensor::from_host(device, &init, shape, DType::F32)?;
+        let allocator = device.allocator();
+        let value = {
+            let _parameters = allocator.scope("parameters");
+            Tensor::from_host(device, &init, shape, DType::F32)?
+        };
+        let optimizer = allocator.scope("optimizer");
         let m = if adam {
             Some(Tensor::zeros(device, shape, DType::F32)?)
         } else {
@@ -203,6 +216,8 @@ impl Param {
         } else {
             None
         };
+        drop(optimizer);
+        let _gradients = allocator.scope("gradients");
         let accum = if config.grad_accum > 1 {
             Some(Tensor::zeros(device, shape, DType::F32)?)
         } else {
@@ -321,11 +336,15 @@ pub fn train_with(
         device.mark_step();
         let adam_step = step as u32 + 1;
         for _ in 0..accum_steps {
+            let allocator = device.allocator();
             let (xs, ys) = teacher.batch(b);
+            let inputs = allocator.scope("inputs");
             let x = Tensor::from_host(device, &xs, &[b, d], act)?;
             let labels = Tensor::from_host(device, &ys, &[b], DType::F32)?;
+            drop(inputs);
 
             // Forward. In bf16 mode the f32 master weights are cast for this micro-batch.
+            let activations = allocator.scope("activations");
             let w1c = if config.bf16 {
                 Some(w1.value.to_dtype(act)?)
             } else {
@@ -341,17 +360,22 @@ pub fn train_with(
             let pre1 = x.matmul(w1v)?.add_bias(&b1.value)?;
             let hidden = pre1.relu()?;
             let logits = hidden.matmul(w2v)?.add_bias(&b2.value)?;
+            drop(activations);
             // With `retain_loss`, the loss made on this line is kept alive below; an
             // allocation-site report names this line.
             let (loss, dlogits) = logits.softmax_cross_entropy(&labels)?;
 
             // Backward: gradients of the master weights in f32.
+            let gradients = allocator.scope("gradients");
             let dw2 = hidden.matmul_ex(&dlogits, true, false, DType::F32)?;
             let db2 = dlogits.sum_rows()?;
+            let temporaries = allocator.scope("temporaries");
             let dhidden = dlogits.matmul_ex(w2v, false, true, act)?;
             let dpre1 = Tensor::relu_backward(&dhidden, &pre1)?;
+            drop(temporaries);
             let dw1 = x.matmul_ex(&dpre1, true, false, DType::F32)?;
             let db1 = dpre1.sum_rows()?;
+            drop(gradients);
             w2.take_grad(dw2, config, adam_step)?;
             b2.take_grad(db2, config, adam_step)?;
             w1.take_grad(dw1, config, adam_step)?;
