@@ -18,15 +18,21 @@
 //! `max_nodes` nodes, the largest first, and sums each kept node's other children into one
 //! "other" child. Every node also splits its bytes by [`Category`], so the root holds the
 //! categories at that moment and the dashboard's bar reads them from it.
+//!
+//! The tree is made from the blocks summed by what decides their path ([`TreeSums`]: the
+//! site, the allocation's own module mark, the modules open when it was made, keyed with
+//! [`TreeKeys`]), never from the blocks themselves: the dashboard keeps those sums beside the
+//! state at its cursor and changes them by the blocks a move changes, so a move costs what
+//! changed, not every live block ([`CallTree::of_sums`]; [`CallTree::at`] sums a state whole).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use rustc_hash::FxHashMap;
 use serde::Serialize;
-use vramscope_engine::{autograd_node, is_compiled_frame, MemoryState};
+use vramscope_engine::{autograd_node, is_compiled_frame, LiveBlock, MemoryState};
 use vramscope_model::marks::{module_of_annotation, LiveMark};
-use vramscope_model::{Category, CategoryBytes, Frame, Snapshot};
+use vramscope_model::{Category, CategoryBytes, Event, Frame, Snapshot};
 
 use crate::categories::Categories;
 use crate::model_view::{default_framework_paths, is_module_call};
@@ -193,16 +199,160 @@ impl SitePath {
     }
 }
 
-/// What decides a block's path: its site, its tag (where it names a module) and the modules
-/// open when it was made.
-type GroupKey = (Option<u32>, Option<u32>, Vec<u32>);
+/// What decides a block's path: its site (within the table), its tag (where it names a
+/// module) and the modules open when it was made (an id of [`ModuleMarks`]' open lists).
+type GroupKey = (Option<u32>, Option<u32>, u32);
 
-/// Bytes, blocks and bytes by category of a group of blocks.
-#[derive(Default)]
+/// Bytes, blocks and bytes by category of a group of blocks: exact under additions and
+/// removals in any order (in 128 bits; a tree saturates them at 2^64 - 1, as a sum of a
+/// file's sizes does).
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Sum {
-    bytes: u64,
+    bytes: u128,
     blocks: u64,
-    categories: CategoryBytes,
+    categories: [u128; Category::COUNT],
+}
+
+impl Default for Sum {
+    fn default() -> Sum {
+        Sum {
+            bytes: 0,
+            blocks: 0,
+            categories: [0; Category::COUNT],
+        }
+    }
+}
+
+/// A sum past 2^64 - 1 at that figure.
+fn saturated(v: u128) -> u64 {
+    u64::try_from(v).unwrap_or(u64::MAX)
+}
+
+/// What a snapshot says about every block's place in a [`CallTree`], worked out once: the
+/// module calls open at any time (from `attach()`'s marks), the tags that name a module and
+/// the number of call sites. A block's group is a function of the block and these alone
+/// ([`TreeSums`]); the keys describe the tables of the snapshot they were made from.
+#[derive(Clone, Debug)]
+pub struct TreeKeys {
+    marks: ModuleMarks,
+    /// Whether each tag names a module (`module=...`).
+    module_tags: Vec<bool>,
+    sites: usize,
+}
+
+impl TreeKeys {
+    /// The keys of `snapshot`: a pass over its annotations and tags.
+    pub fn new(snapshot: &Snapshot) -> TreeKeys {
+        TreeKeys {
+            marks: ModuleMarks::of(snapshot),
+            module_tags: snapshot
+                .tags
+                .iter()
+                .map(|t| LiveMark::parse(t).is_some_and(|m| m.module.is_some()))
+                .collect(),
+            sites: snapshot.sites.len(),
+        }
+    }
+
+    /// The group and category of `block`, the block at `addr` (`events` are the trace's,
+    /// for the time of its allocation).
+    fn key_of(
+        &self,
+        categories: Option<&Categories>,
+        events: &[Event],
+        addr: u64,
+        block: &LiveBlock,
+    ) -> (GroupKey, Category) {
+        let category = match categories {
+            Some(c) => c.of_block(addr, block),
+            None if block.predates_trace() => Category::BeforeTrace,
+            None => Category::Unknown,
+        };
+        let open = if !self.marks.is_empty() && !block.predates_trace() {
+            events
+                .get(block.alloc_event as usize)
+                .map_or(0, |e| self.marks.open_at(e.time_ns))
+        } else {
+            0
+        };
+        let site = block.site.filter(|&s| (s as usize) < self.sites);
+        let own = block
+            .tag
+            .filter(|&t| self.module_tags.get(t as usize).copied().unwrap_or(false));
+        ((site, own, open), category)
+    }
+}
+
+/// The allocated blocks of a state summed by what decides their place in a [`CallTree`] (the
+/// site, the allocation's own module mark, the modules open when it was made), kept up to
+/// date block by block: a state that moves a few events at a time (the dashboard's cursor)
+/// changes them by the blocks it changes, and [`CallTree::of_sums`] makes the tree from them
+/// alone. Pending frees count nothing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TreeSums {
+    groups: FxHashMap<GroupKey, Sum>,
+}
+
+impl TreeSums {
+    /// The sums of every allocated block of `state`, a state of the trace of `events`, with
+    /// `keys` of its snapshot and categories from `categories` (see [`CallTree::at`]).
+    pub fn of_state(
+        keys: &TreeKeys,
+        categories: Option<&Categories>,
+        events: &[Event],
+        state: &MemoryState,
+    ) -> TreeSums {
+        let mut sums = TreeSums::default();
+        for (&addr, block) in state.blocks.unordered() {
+            sums.add(keys, categories, events, addr, block);
+        }
+        sums
+    }
+
+    /// Adds `block`, at `addr` (nothing when it is pending).
+    pub fn add(
+        &mut self,
+        keys: &TreeKeys,
+        categories: Option<&Categories>,
+        events: &[Event],
+        addr: u64,
+        block: &LiveBlock,
+    ) {
+        if block.pending {
+            return;
+        }
+        let (key, category) = keys.key_of(categories, events, addr, block);
+        let sum = self.groups.entry(key).or_default();
+        sum.bytes += u128::from(block.size);
+        sum.blocks += 1;
+        sum.categories[category.index()] += u128::from(block.size);
+    }
+
+    /// Takes out `block`, at `addr`, added before with the same keys and categories
+    /// (nothing when it is pending).
+    pub fn remove(
+        &mut self,
+        keys: &TreeKeys,
+        categories: Option<&Categories>,
+        events: &[Event],
+        addr: u64,
+        block: &LiveBlock,
+    ) {
+        if block.pending {
+            return;
+        }
+        let (key, category) = keys.key_of(categories, events, addr, block);
+        let Some(sum) = self.groups.get_mut(&key) else {
+            debug_assert!(false, "a block taken out that was never added");
+            return;
+        };
+        sum.bytes -= u128::from(block.size);
+        sum.blocks -= 1;
+        sum.categories[category.index()] -= u128::from(block.size);
+        if sum.blocks == 0 {
+            self.groups.remove(&key);
+        }
+    }
 }
 
 /// A node while the tree grows.
@@ -226,57 +376,26 @@ impl CallTree {
         categories: Option<&Categories>,
         max_nodes: usize,
     ) -> CallTree {
+        let keys = TreeKeys::new(snapshot);
+        let sums = TreeSums::of_state(&keys, categories, &snapshot.events, state);
+        CallTree::of_sums(snapshot, &keys, &sums, max_nodes)
+    }
+
+    /// The tree of the blocks `sums` holds, summed with `keys` of `snapshot`: what
+    /// [`CallTree::at`] gives for the state they are the sums of.
+    pub fn of_sums(
+        snapshot: &Snapshot,
+        tree_keys: &TreeKeys,
+        sums: &TreeSums,
+        max_nodes: usize,
+    ) -> CallTree {
         let framework = default_framework_paths();
+        let marks = &tree_keys.marks;
         let mut keys = Keys::default();
         let no_stack = keys.intern(NodeKind::NoStack, "(no stack)".into(), || {
             "(no stack)".into()
         });
         let mut site_paths: Vec<Option<SitePath>> = vec![None; snapshot.sites.len()];
-        // The live blocks in the order they were made (those from before the trace first)
-        // where the trace has module marks, so that one sweep over the marks finds the
-        // modules open at each.
-        let mut marks = ModuleMarks::of(snapshot);
-        let mut blocks: Vec<(u32, u64, &vramscope_engine::LiveBlock)> = state
-            .blocks
-            .unordered()
-            .filter(|(_, b)| !b.pending)
-            .map(|(&addr, b)| (b.alloc_event.wrapping_add(1), addr, b))
-            .collect();
-        if !marks.is_empty() {
-            blocks.sort_unstable_by_key(|&(order, addr, _)| (order, addr));
-        }
-        // The blocks summed by what decides their path: the site, the allocation's own module
-        // mark, and the modules open when it was made.
-        let mut groups: FxHashMap<GroupKey, Sum> = FxHashMap::default();
-        let mut open: Vec<u32> = Vec::new();
-        for &(_, addr, block) in &blocks {
-            let category = match categories {
-                Some(c) => c.of_block(addr, block),
-                None if block.predates_trace() => Category::BeforeTrace,
-                None => Category::Unknown,
-            };
-            open.clear();
-            if !marks.is_empty() && !block.predates_trace() {
-                if let Some(e) = snapshot.events.get(block.alloc_event as usize) {
-                    open.extend_from_slice(marks.open_at(e.time_ns));
-                }
-            }
-            let site = block.site.filter(|&s| (s as usize) < snapshot.sites.len());
-            let own = block.tag.filter(|_| {
-                snapshot
-                    .tag(block.tag)
-                    .and_then(LiveMark::parse)
-                    .is_some_and(|m| m.module.is_some())
-            });
-            let sum = match groups.get_mut(&(site, own, open.clone())) {
-                Some(sum) => sum,
-                None => groups.entry((site, own, open.clone())).or_default(),
-            };
-            // Sizes come from the file: a hostile one sums past 2^64, which saturates.
-            sum.bytes = sum.bytes.saturating_add(block.size);
-            sum.blocks = sum.blocks.saturating_add(1);
-            sum.categories.add(category, block.size);
-        }
         let mut nodes = vec![Growing {
             key: u32::MAX,
             parent: u32::MAX,
@@ -287,9 +406,10 @@ impl CallTree {
         }];
         let mut child_of: FxHashMap<(u32, u32), u32> = FxHashMap::default();
         let mut path: Vec<u32> = Vec::new();
-        for ((site, own, open), sum) in &groups {
+        for (&(site, own, open), sum) in &sums.groups {
+            let open = marks.open(open);
             path.clear();
-            match *site {
+            match site.filter(|&s| (s as usize) < snapshot.sites.len()) {
                 None => path.push(no_stack),
                 Some(s) => {
                     let site = site_paths[s as usize].get_or_insert_with(|| {
@@ -297,7 +417,7 @@ impl CallTree {
                     });
                     let by_marks = !open.is_empty() && open.len() == site.module_calls as usize;
                     let own = snapshot
-                        .tag(*own)
+                        .tag(own)
                         .and_then(LiveMark::parse)
                         .and_then(|m| m.module);
                     for part in &site.parts {
@@ -328,6 +448,7 @@ impl CallTree {
                     }
                 }
             }
+            let (bytes, blocks) = (saturated(sum.bytes), sum.blocks);
             let mut at = 0u32;
             for &key in std::iter::once(&u32::MAX).chain(path.iter()) {
                 if key != u32::MAX {
@@ -346,10 +467,12 @@ impl CallTree {
                     });
                 }
                 let node = &mut nodes[at as usize];
-                node.bytes = node.bytes.saturating_add(sum.bytes);
-                node.blocks = node.blocks.saturating_add(sum.blocks);
-                for (category, bytes) in sum.categories.nonzero() {
-                    node.categories.add(category, bytes);
+                node.bytes = node.bytes.saturating_add(bytes);
+                node.blocks = node.blocks.saturating_add(blocks);
+                for (category, &b) in Category::ALL.iter().zip(&sum.categories) {
+                    if b > 0 {
+                        node.categories.add(*category, saturated(b));
+                    }
                 }
             }
         }
@@ -518,13 +641,19 @@ impl CallTree {
     }
 }
 
-/// `attach()`'s module marks, swept forwards in time: which module calls are open.
+/// `attach()`'s module marks: which module calls are open at any time. The marks are gone
+/// through once, in time order; the module calls open after each prefix of them are kept
+/// (each distinct list once), so the list open at a time is a search away.
+#[derive(Clone, Debug, Default)]
 struct ModuleMarks {
-    /// (time, start, module id), in time order.
-    marks: Vec<(u64, bool, u32)>,
+    /// The marks' times, in order.
+    times: Vec<u64>,
+    /// For each prefix of the marks (none, the first, the first two, ...), the id of the
+    /// list of module calls open after it.
+    after: Vec<u32>,
+    /// The lists of open module calls (outermost first), by id; the first is empty.
+    lists: Vec<Vec<u32>>,
     names: Vec<String>,
-    next: usize,
-    open: Vec<u32>,
 }
 
 impl ModuleMarks {
@@ -549,32 +678,44 @@ impl ModuleMarks {
         }
         // A stable sort keeps the recorded order of marks at one time.
         marks.sort_by_key(|&(t, _, _)| t);
+        let mut lists = vec![Vec::new()];
+        let mut list_ids: FxHashMap<Vec<u32>, u32> = FxHashMap::default();
+        list_ids.insert(Vec::new(), 0);
+        let mut after = Vec::with_capacity(marks.len() + 1);
+        after.push(0);
+        let mut open: Vec<u32> = Vec::new();
+        for &(_, start, id) in &marks {
+            if start {
+                open.push(id);
+            } else if let Some(k) = open.iter().rposition(|&o| o == id) {
+                open.truncate(k);
+            }
+            let list = *list_ids.entry(open.clone()).or_insert_with(|| {
+                lists.push(open.clone());
+                lists.len() as u32 - 1
+            });
+            after.push(list);
+        }
         ModuleMarks {
-            marks,
+            times: marks.iter().map(|&(t, _, _)| t).collect(),
+            after,
+            lists,
             names,
-            next: 0,
-            open: Vec::new(),
         }
     }
 
-    /// The modules open at `time` (outermost first); times must not decrease between calls.
-    fn open_at(&mut self, time: u64) -> &[u32] {
-        while let Some(&(t, start, id)) = self.marks.get(self.next) {
-            if t > time {
-                break;
-            }
-            if start {
-                self.open.push(id);
-            } else if let Some(k) = self.open.iter().rposition(|&o| o == id) {
-                self.open.truncate(k);
-            }
-            self.next += 1;
-        }
-        &self.open
+    /// The id of the module calls open at `time`: after every mark at or before it.
+    fn open_at(&self, time: u64) -> u32 {
+        self.after[self.times.partition_point(|&t| t <= time)]
+    }
+
+    /// The module calls of list `id` (outermost first).
+    fn open(&self, id: u32) -> &[u32] {
+        &self.lists[id as usize]
     }
 
     fn is_empty(&self) -> bool {
-        self.marks.is_empty()
+        self.times.is_empty()
     }
 
     fn name(&self, id: u32) -> &str {

@@ -30,7 +30,7 @@ use crate::pyramid::{higher, Extremes, Pyramid};
 
 mod sums;
 
-pub use sums::Sums;
+pub use sums::{Sums, TreeContext};
 
 /// Past this many checkpoints of appended events, once they hold more than one block or segment
 /// per [`EVENTS_PER_ITEM`] events, every other one is dropped (a live source's memory).
@@ -182,6 +182,9 @@ pub struct Dataset {
     head_sums: Option<Sums>,
     /// Whether sums were ever asked for: until then no state carries any.
     sums_wanted: bool,
+    /// What the call tree's sums are made with, once set: from then on the sums of every
+    /// state the dataset works out include the tree's.
+    tree_context: Option<Arc<TreeContext>>,
     /// The events that came from the engine's walk (the loaded snapshot's): the state after
     /// any of them is the walk's own, found by undoing from a later state, or by applying
     /// events from an earlier one where no disagreement lies between
@@ -232,6 +235,7 @@ impl Dataset {
             checkpoint_sums: Default::default(),
             head_sums: None,
             sums_wanted: false,
+            tree_context: None,
             loaded: 0,
             disagreements: Disagreements::default(),
             version: 0,
@@ -349,8 +353,13 @@ impl Dataset {
         for e in events {
             let i = snapshot.events.len();
             self.link.push(self.pairing.push(i as u32, e).link().pack());
+            // The event is among the events before it is applied: the sums read the time of
+            // an allocation from its event.
+            snapshot.events.push(*e);
             match &mut self.head_sums {
-                Some(sums) => sums.track(&mut self.head, e, |s| s.apply(e, i as u32)),
+                Some(sums) => sums.track(&mut self.head, &snapshot.events, e, |s| {
+                    s.apply(e, i as u32)
+                }),
                 None => self.head.apply(e, i as u32),
             }
             let u = self.head.usage();
@@ -373,7 +382,6 @@ impl Dataset {
             }
             self.kinds.push(e.kind);
             note_ids(&mut self.named, e);
-            snapshot.events.push(*e);
             let len = i + 1;
             if len.is_multiple_of(self.checkpoint_every) {
                 self.checkpoints.push((len, self.head.clone()));
@@ -753,6 +761,9 @@ impl Dataset {
                         .checkpoint_sums
                         .entry(*k)
                         .or_insert_with(|| Sums::of_state(state));
+                    if let Some(context) = &self.tree_context {
+                        sums.ensure_tree(context, &self.snapshot.events, state);
+                    }
                     self.cache_sums = Some(sums.clone());
                 }
             }
@@ -770,7 +781,7 @@ impl Dataset {
                         vramscope_engine::undo(s, events, link, i);
                     };
                     match &mut self.cache_sums {
-                        Some(sums) => sums.track(state, &events[i], undo),
+                        Some(sums) => sums.track(state, events, &events[i], undo),
                         None => undo(state),
                     }
                 }
@@ -778,7 +789,7 @@ impl Dataset {
                 for (i, e) in events.iter().enumerate().take(pos).skip(*k) {
                     let apply = |s: &mut MemoryState| s.apply(e, i as u32);
                     match &mut self.cache_sums {
-                        Some(sums) => sums.track(state, e, apply),
+                        Some(sums) => sums.track(state, events, e, apply),
                         None => apply(state),
                     }
                 }
@@ -822,12 +833,21 @@ impl Dataset {
         self.head_sums = None;
     }
 
-    /// The head's sums, made the first time (settled).
+    /// The head's sums, made the first time (settled, the tree's included once asked for).
     fn head_sums(&mut self) -> &Sums {
         let head = &self.head;
         let sums = self.head_sums.get_or_insert_with(|| Sums::of_state(head));
         sums.settle(head);
+        if let Some(context) = &self.tree_context {
+            sums.ensure_tree(context, &self.snapshot.events, head);
+        }
         sums
+    }
+
+    /// Sets what the call tree's sums are made with: from then on [`Dataset::sums_at`]
+    /// includes them ([`Sums::tree`]), each state's made again with `context` the first time.
+    pub fn set_tree_context(&mut self, context: Arc<TreeContext>) {
+        self.tree_context = Some(context);
     }
 
     /// The sums of the state at position `pos` ([`Dataset::state_at`]'s): made whole the
@@ -847,6 +867,9 @@ impl Dataset {
         };
         let sums = self.cache_sums.get_or_insert_with(|| Sums::of_state(state));
         sums.settle(state);
+        if let Some(context) = &self.tree_context {
+            sums.ensure_tree(context, &self.snapshot.events, state);
+        }
         sums
     }
 

@@ -6,19 +6,22 @@
 //! their filter; figures about the segments; and, while the memory panel is shown, the
 //! categories at the cursor and the visible rows of the call tree there
 //! (`vramscope_analysis::call_tree`, from the classification of the data's allocations,
-//! made once per file and at most once a second for live data). A key of the choices it was computed with lets
-//! a redraw with nothing changed skip all of it. The event log's rows do not depend on the
+//! made once per file and at most once a second for live data). The sums behind the rows,
+//! the segment figures and the tree are the dataset's, moved with the cursor event by event
+//! (`crate::data::Sums`), so a move costs the blocks it changes, not every live block. A key
+//! of the choices it was computed with lets a redraw with nothing changed skip all of it. The event log's rows do not depend on the
 //! cursor: `crate::app::event_rows` keeps them from frame to frame and redoes them only when
 //! the filters or the events change. Nothing here costs a pass over every event on a cursor
 //! move. `crate::ui` then draws from that view through `App::view_model`.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use ratatui::layout::Rect;
 use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
-use vramscope_analysis::call_tree::CallTree;
+use vramscope_analysis::call_tree::{CallTree, TreeKeys};
 use vramscope_analysis::categories::Categories;
 use vramscope_engine::GroupId;
 use vramscope_import::sites::is_framework_frame;
@@ -26,7 +29,7 @@ use vramscope_model::{Category, CategoryBytes, SiteId};
 
 use super::event_rows::{self, RowsKey};
 use super::App;
-use crate::data::Sums;
+use crate::data::{Sums, TreeContext};
 use crate::ui;
 use crate::view::{CursorView, MemoryRow, Panel, SiteRow, SiteSort, TreeRow};
 
@@ -38,7 +41,7 @@ pub(crate) struct Classified {
     version: u64,
     epoch: u64,
     at: Instant,
-    categories: Categories,
+    categories: Arc<Categories>,
 }
 
 /// How long live data keeps a classification while only new events arrive: classifying costs
@@ -72,11 +75,18 @@ impl App {
                 || (self.is_live() && c.epoch == epoch && c.at.elapsed() < RECLASSIFY_LIVE)
         });
         if !fresh {
+            let categories = Arc::new(Categories::classify(self.data.snapshot()));
+            // The memory panel's tree is summed with this classification and the tables of
+            // the snapshot it was made from, moved with the cursor as the other sums are.
+            self.data.set_tree_context(Arc::new(TreeContext {
+                keys: TreeKeys::new(self.data.snapshot()),
+                categories: Some(Arc::clone(&categories)),
+            }));
             self.categories = Some(Classified {
                 version,
                 epoch,
                 at: Instant::now(),
-                categories: Categories::classify(self.data.snapshot()),
+                categories,
             });
         }
     }
@@ -274,8 +284,17 @@ impl App {
             Vec::new()
         };
         let (categories, memory) = if self.panel == Panel::Memory {
-            let classified = self.categories.as_ref().map(|c| &c.categories);
-            let tree = CallTree::at(self.data.snapshot(), state, classified, MEMORY_TREE_NODES);
+            // From the sums at the cursor, made with the classification above; the blocks
+            // themselves only where those are not at hand.
+            let tree = match sums.tree() {
+                Some((context, tree)) => {
+                    CallTree::of_sums(self.data.snapshot(), &context.keys, tree, MEMORY_TREE_NODES)
+                }
+                None => {
+                    let classified = self.categories.as_ref().map(|c| &*c.categories);
+                    CallTree::at(self.data.snapshot(), state, classified, MEMORY_TREE_NODES)
+                }
+            };
             let mut categories = tree.categories();
             // Memory from before the trace that no block describes (a profiler trace's
             // totals), as the allocated figure counts it.

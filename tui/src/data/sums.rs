@@ -14,10 +14,13 @@
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
+use vramscope_analysis::call_tree::{TreeKeys, TreeSums};
+use vramscope_analysis::categories::Categories;
 use vramscope_analysis::model_view::HoldingSums;
-use vramscope_engine::MemoryState;
+use vramscope_engine::{LiveBlock, MemoryState};
 use vramscope_model::{Event, EventKind};
 
 use crate::view::SegmentFigures;
@@ -26,10 +29,24 @@ use crate::view::SegmentFigures;
 /// worked out again whole rather than segment by segment (and the list stops growing).
 const DIRTY_MAX: usize = 4096;
 
+/// What the memory panel's call tree is summed with: the keys of the snapshot's tables and
+/// the classification of its allocations, made together (`crate::app` makes them when it
+/// classifies). Sums made with other ones are worked out again.
+#[derive(Debug)]
+pub struct TreeContext {
+    /// The snapshot's marks, tags and sites, as the tree reads them.
+    pub keys: TreeKeys,
+    /// What each block is, or `None` (blocks from before the trace `before_trace`, the rest
+    /// `unknown`).
+    pub categories: Option<Arc<Categories>>,
+}
+
 /// The sums of one state. See the module documentation.
 #[derive(Clone, Debug, Default)]
 pub struct Sums {
     holdings: HoldingSums,
+    /// The call tree's sums, with the context they were made with, once asked for.
+    tree: Option<(Arc<TreeContext>, TreeSums)>,
     segments: SegmentSums,
     /// Addresses whose block changed since the segment figures were brought up to date.
     dirty: Vec<u64>,
@@ -94,6 +111,7 @@ impl Sums {
     pub fn of_state(state: &MemoryState) -> Sums {
         Sums {
             holdings: HoldingSums::of_state(state),
+            tree: None,
             segments: SegmentSums::of_state(state),
             dirty: Vec::new(),
             touched: Vec::new(),
@@ -124,13 +142,15 @@ impl Sums {
         }
     }
 
-    /// Runs `step` (event `e` applied to `state` or undone from it) and takes its change into
-    /// the sums: the block at the event's address before and after it (an allocation, a free
-    /// request or a free changes that block alone), or, for an event about segments, that the
-    /// segments changed (they change no block).
+    /// Runs `step` (event `e` applied to `state` or undone from it; `events` are the trace's,
+    /// `e` among them) and takes its change into the sums: the block at the event's address
+    /// before and after it (an allocation, a free request or a free changes that block
+    /// alone), or, for an event about segments, the segments it may change (it changes no
+    /// block).
     pub fn track(
         &mut self,
         state: &mut MemoryState,
+        events: &[Event],
         e: &Event,
         step: impl FnOnce(&mut MemoryState),
     ) {
@@ -141,6 +161,9 @@ impl Sums {
                 let after = state.blocks.get(e.addr).copied();
                 if before != after {
                     self.holdings.change(before.as_ref(), after.as_ref());
+                    if let Some((context, tree)) = &mut self.tree {
+                        Sums::change_tree(context, tree, events, e.addr, before, after);
+                    }
                     if !self.whole {
                         self.dirty.push(e.addr);
                         self.too_many();
@@ -228,6 +251,46 @@ impl Sums {
             before.is_some_and(|(&b, s)| b.saturating_add(s.size) > addr)
                 || after.is_some_and(|(&a, _)| addr.saturating_add(seg.size) > a)
         })
+    }
+
+    /// Replaces `before` with `after`, the block at `addr`, in the call tree's sums.
+    fn change_tree(
+        context: &TreeContext,
+        tree: &mut TreeSums,
+        events: &[Event],
+        addr: u64,
+        before: Option<LiveBlock>,
+        after: Option<LiveBlock>,
+    ) {
+        let categories = context.categories.as_deref();
+        if let Some(b) = &before {
+            tree.remove(&context.keys, categories, events, addr, b);
+        }
+        if let Some(a) = &after {
+            tree.add(&context.keys, categories, events, addr, a);
+        }
+    }
+
+    /// Makes the call tree's sums of `state` (a state of the trace of `events`, the one these
+    /// sums are of) with `context`, unless they were made with it.
+    pub fn ensure_tree(
+        &mut self,
+        context: &Arc<TreeContext>,
+        events: &[Event],
+        state: &MemoryState,
+    ) {
+        if matches!(&self.tree, Some((c, _)) if Arc::ptr_eq(c, context)) {
+            return;
+        }
+        let categories = context.categories.as_deref();
+        let tree = TreeSums::of_state(&context.keys, categories, events, state);
+        self.tree = Some((Arc::clone(context), tree));
+    }
+
+    /// The call tree's sums and the context they were made with, once made
+    /// ([`Sums::ensure_tree`]).
+    pub fn tree(&self) -> Option<(&TreeContext, &TreeSums)> {
+        self.tree.as_ref().map(|(c, t)| (&**c, t))
     }
 
     /// Whether [`Sums::settle`] has nothing left to do.

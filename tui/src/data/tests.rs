@@ -483,6 +483,35 @@ fn check_sums_at(data: &mut Dataset, pos: usize) {
         "segments at {pos}"
     );
     assert_eq!(*sums.holdings(), Sums::of_state(&state).holdings().clone());
+    if let Some((context, tree)) = sums.tree() {
+        use vramscope_analysis::call_tree::{CallTree, TreeSums};
+        let snapshot = data.snapshot();
+        let categories = context.categories.as_deref();
+        assert_eq!(
+            *tree,
+            TreeSums::of_state(&context.keys, categories, &snapshot.events, &state),
+            "tree sums at {pos}"
+        );
+        for max in [3, 200] {
+            assert_eq!(
+                CallTree::of_sums(snapshot, &context.keys, tree, max),
+                CallTree::at(snapshot, &state, categories, max),
+                "tree at {pos}"
+            );
+        }
+    }
+}
+
+/// Sets `data`'s call-tree context from its snapshot as it is, classified.
+fn classify(data: &mut Dataset) {
+    let snapshot = data.snapshot();
+    let context = TreeContext {
+        keys: vramscope_analysis::call_tree::TreeKeys::new(snapshot),
+        categories: Some(Arc::new(
+            vramscope_analysis::categories::Categories::classify(snapshot),
+        )),
+    };
+    data.set_tree_context(Arc::new(context));
 }
 
 /// Over a trace with many checkpoints, the sums at random cursors, each moved event by event
@@ -495,8 +524,13 @@ fn the_sums_moved_with_the_cursor_equal_the_states_own_over_many_checkpoints() {
     );
     let n = data.len();
     assert!(data.checkpoints.len() >= 3);
-    for pos in cursor_walk(n, 90, n / 190) {
+    for (i, pos) in cursor_walk(n, 90, n / 190).into_iter().enumerate() {
+        if i == 30 {
+            // From here on, the call tree's sums too.
+            classify(&mut data);
+        }
         check_sums_at(&mut data, pos);
+        assert_eq!(data.sums_at(pos).tree().is_some(), i >= 30);
     }
     assert!(
         data.checkpoint_sums.len() >= 2,
@@ -511,6 +545,8 @@ fn the_sums_moved_with_the_cursor_equal_the_states_own_over_many_checkpoints() {
 #[test]
 fn the_sums_equal_the_states_own_as_a_live_source_grows() {
     let (mut whole, mut grown, rest) = halves();
+    classify(&mut whole);
+    classify(&mut grown);
     let n = whole.len();
     for pos in cursor_walk(n, 60, 3) {
         check_sums_at(&mut whole, pos);
@@ -543,6 +579,7 @@ proptest::proptest! {
         let snapshot = vramscope_testkit::generated::trace_of_ops(&ops, &live_at_dump);
         let n = snapshot.events.len();
         let mut data = Dataset::new(snapshot, Origin::File("f".into()));
+        classify(&mut data);
         for pos in cursor.into_iter().map(|c| c % (n + 1)) {
             check_sums_at(&mut data, pos);
         }
@@ -638,8 +675,49 @@ proptest::proptest! {
         });
         let n = snapshot.events.len();
         let mut data = Dataset::new(snapshot, Origin::File("f".into()));
+        classify(&mut data);
         for pos in cursor.into_iter().map(|c| c % (n + 1)) {
             check_sums_at(&mut data, pos);
         }
     }
+}
+
+/// A program recorded with `attach()`'s module marks (the tree names its module calls): the
+/// memory panel's tree from the sums moved with the cursor is the tree of the state there,
+/// wherever the cursor goes.
+#[test]
+fn the_call_tree_from_the_sums_is_the_states_own_with_module_marks() {
+    use vramscope_testkit::planted::cases::{Program, Shape};
+    use vramscope_testkit::planted::StackMode;
+    let mut p = Program::new(StackMode::All, Shape::default()).with_marks();
+    p.load_model();
+    for _ in 0..3 {
+        p.train_step(1);
+    }
+    p.zero_grad();
+    p.load_batch();
+    p.forward_interrupted(2);
+    let snapshot = p.finish("marked").snapshot;
+    assert!(!snapshot.annotations.is_empty());
+    let n = snapshot.events.len();
+    let mut data = Dataset::new(snapshot, Origin::File("f".into()));
+    classify(&mut data);
+    let mut modules = 0;
+    for pos in cursor_walk(n, 80, 5) {
+        check_sums_at(&mut data, pos);
+        let sums = data.sums_at(pos).clone();
+        let (context, tree) = sums.tree().expect("the tree's sums");
+        let tree = vramscope_analysis::call_tree::CallTree::of_sums(
+            data.snapshot(),
+            &context.keys,
+            tree,
+            200,
+        );
+        modules += tree
+            .nodes
+            .iter()
+            .filter(|n| n.kind == vramscope_analysis::call_tree::NodeKind::Module)
+            .count();
+    }
+    assert!(modules > 0, "no module call named by the marks");
 }
