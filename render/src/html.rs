@@ -34,7 +34,7 @@ use serde::Serialize;
 use vramscope_model::format_bytes;
 
 use crate::table::Table;
-use crate::text::{bytes_or_na, headline};
+use crate::text::headline;
 use vramscope_analysis::detect::Severity;
 use vramscope_analysis::report::{Report, Timeline};
 
@@ -126,7 +126,6 @@ pub fn render_html_framed(reports: &[Report]) -> String {
 /// `<iframe srcdoc>`.
 fn page(report: &Report, in_frame: bool) -> Markup {
     let headline = headline(report);
-    let s = &report.stats;
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -142,18 +141,11 @@ fn page(report: &Report, in_frame: bool) -> Markup {
                 h1 { "vramscope report" }
                 div class="muted" { (Line(&headline)) }
                 (verdict_section(report))
+                // The text report's lines, one for one: where the steps came from, the
+                // trace's caveats, the peak's event and what the memory is made of included.
                 ul class="stats" {
-                    li { (crate::text::counts_line(report)) }
-                    li {
-                        "peak allocated " (format_bytes(s.peak_allocated_bytes))
-                        ", peak reserved " (bytes_or_na(s.peak_reserved_bytes))
-                        "; at the end " (s.live_blocks) " live blocks, "
-                        (format_bytes(s.allocated_bytes)) " allocated, "
-                        (bytes_or_na(s.reserved_bytes)) " reserved"
-                    }
-                    li { (Line(&crate::text::activity_sentence(s))) }
-                    @for gap in crate::text::gap_sentences(s) {
-                        li { (Line(&gap)) }
+                    @for line in crate::text::stat_lines(report) {
+                        li { (Line(&line)) }
                     }
                 }
                 @match &report.timeline.explorer {

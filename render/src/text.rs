@@ -128,8 +128,8 @@ pub(crate) fn counts_line(report: &Report) -> String {
     )
 }
 
-/// Lines of headline statistics, shared by the text and markdown renderers.
-fn stat_lines(report: &Report) -> Vec<String> {
+/// Lines of headline statistics, shared by the text, markdown and HTML renderers.
+pub(crate) fn stat_lines(report: &Report) -> Vec<String> {
     let s = &report.stats;
     let mut lines = vec![counts_line(report)];
     if !report.step_source.is_empty() {

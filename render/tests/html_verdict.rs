@@ -103,3 +103,49 @@ fn a_clean_page_says_so_at_the_top_and_lists_nothing() {
     assert!(shown < at(&page, "<canvas id=\"chart\""));
     assert!(!page.contains("<ul id=\"problems\">"));
 }
+
+/// The page's figures are the text report's lines, one for one and in order: where the steps
+/// came from, the peak's event and what the memory is made of among them.
+#[test]
+fn the_pages_figures_are_the_text_reports_lines() {
+    let mut snapshot = leaky(6);
+    snapshot.tags = vec!["weights".to_string()];
+    if let Some(e) = snapshot
+        .events
+        .to_mut()
+        .iter_mut()
+        .find(|e| e.kind == vramscope_model::EventKind::Alloc)
+    {
+        e.tag = vramscope_model::Id::new(0);
+    }
+    let (page, _, report) = page_of(&snapshot);
+    let text = render(&report, Format::Text, false);
+    let start = at(&page, "<ul class=\"stats\">");
+    let end = start + at(&page[start..], "</ul>");
+    let unescape = |item: &str| {
+        item.trim_end_matches("</li>")
+            .replace("&#39;", "'")
+            .replace("&quot;", "\"")
+            .replace("&lt;", "<")
+            .replace("&gt;", ">")
+            .replace("&amp;", "&")
+    };
+    let listed: Vec<String> = page[start..end]
+        .split("<li>")
+        .skip(1)
+        .map(unescape)
+        .collect();
+    let header: Vec<&str> = text
+        .lines()
+        .skip(2)
+        .take_while(|line| line.starts_with("  "))
+        .map(str::trim)
+        .collect();
+    assert_eq!(listed, header, "{page}");
+    for needle in ["steps from", "(after event", "at the peak", "at the end"] {
+        assert!(
+            listed.iter().any(|line| line.contains(needle)),
+            "{needle}: {listed:?}"
+        );
+    }
+}
