@@ -627,7 +627,18 @@ pub fn inference_no_grad(mode: StackMode, steps: usize) -> Planted {
 /// The parameters, optimizer state and gradients from before are live when it begins
 /// (before-trace blocks); the first recorded `zero_grad` frees the gradients among them.
 pub fn late_recording(mode: StackMode, before: usize, after: usize) -> Planted {
-    let mut p = Program::new(mode, Shape::default());
+    late_recording_with(Optimizer::AdamW, mode, before, after, "late_recording")
+}
+
+/// A late recording of a program stepping with `optimizer`, named `name`.
+fn late_recording_with(
+    optimizer: Optimizer,
+    mode: StackMode,
+    before: usize,
+    after: usize,
+    name: &str,
+) -> Planted {
+    let mut p = Program::new(mode, Shape::default()).with_optimizer(optimizer);
     p.load_model();
     for _ in 0..before {
         p.train_step(1);
@@ -636,7 +647,7 @@ pub fn late_recording(mode: StackMode, before: usize, after: usize) -> Planted {
     for _ in 0..after {
         p.train_step(1);
     }
-    p.finish("late_recording")
+    p.finish(name)
 }
 
 /// A late recording of a program that steps with the user's own optimizer, which replaces
@@ -644,16 +655,13 @@ pub fn late_recording(mode: StackMode, before: usize, after: usize) -> Planted {
 /// recording only the parameters live through it, and the recorded backward makes one
 /// gradient of each one's size, which shows which blocks they are ([`super::Truth`]).
 pub fn late_recording_own_optimizer(mode: StackMode, before: usize, after: usize) -> Planted {
-    let mut p = Program::new(mode, Shape::default()).with_optimizer(Optimizer::OutOfPlace);
-    p.load_model();
-    for _ in 0..before {
-        p.train_step(1);
-    }
-    p.rec.start_recording();
-    for _ in 0..after {
-        p.train_step(1);
-    }
-    p.finish("late_recording_own_optimizer")
+    late_recording_with(
+        Optimizer::OutOfPlace,
+        mode,
+        before,
+        after,
+        "late_recording_own_optimizer",
+    )
 }
 
 /// Every case the issue names, and training with the user's own optimizer, with stacks as
