@@ -8,8 +8,8 @@
 //! snapshot comes from `crate::data::Dataset`, shared; to analyse the data up to the time
 //! cursor, [`analyze`] cuts it there itself (`crate::data::cut_snapshot`: the events before the
 //! cursor are a prefix of the dataset's shared events, not a copy, and the tables are copied),
-//! so that the dashboard's loop only hands over the shared snapshot and the segments at the
-//! cursor.
+//! so that the dashboard's loop only hands over the shared snapshot and the state at the
+//! cursor, whose segments it works out here too.
 
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
@@ -18,7 +18,7 @@ use rustc_hash::FxHashMap;
 use vramscope_analysis::detect::{self, DetectOptions, Finding};
 use vramscope_analysis::model_view::{step_source_of, ModelView, StepSource};
 use vramscope_engine::GroupId;
-use vramscope_model::Segment;
+use vramscope_engine::MemoryState;
 use vramscope_model::Snapshot;
 
 use crate::data::cut_snapshot;
@@ -45,9 +45,9 @@ pub struct Analysis {
 pub struct Job {
     /// All the data, shared with the dashboard.
     pub snapshot: Arc<Snapshot>,
-    /// The position to analyse the data up to, with the segments there (passed through to the
-    /// result); `None` analyses all of it.
-    pub cut: Option<(usize, Vec<Segment>)>,
+    /// The position to analyse the data up to, with the state there (whose segments the cut
+    /// snapshot takes); `None` analyses all of it.
+    pub cut: Option<(usize, Arc<MemoryState>)>,
     /// The dataset version, passed through to the result.
     pub version: u64,
 }
@@ -55,7 +55,7 @@ pub struct Job {
 /// Runs every detector on `job.snapshot` (cut where the job says) and measures growth per call
 /// site.
 pub fn analyze(job: &Job) -> Analysis {
-    analyze_with(job, &mut None)
+    analyze_with(job.clone(), &mut None)
 }
 
 /// Where the steps of a whole trace come from, kept for the analyses of its parts while the
@@ -70,10 +70,13 @@ pub struct WholeSteps {
 /// [`analyze`], with the whole trace's step source kept in `whole` between calls: a cut is
 /// analysed with the steps of the whole trace (`ModelView::new_part`), so the findings at a
 /// cursor number steps as the report on the whole file does, whatever the part alone shows.
-pub fn analyze_with(job: &Job, whole: &mut Option<WholeSteps>) -> Analysis {
+/// The state at the cut is let go as soon as its segments are taken: the dashboard changes it
+/// in place at its next move only while no one else holds it.
+pub fn analyze_with(job: Job, whole: &mut Option<WholeSteps>) -> Analysis {
     let cut;
-    let view = match &job.cut {
-        Some((pos, segments)) => {
+    let at = job.cut.as_ref().map(|(pos, _)| *pos);
+    let view = match job.cut {
+        Some((pos, state)) => {
             let key = (
                 Arc::as_ptr(&job.snapshot) as usize,
                 job.snapshot.events.len(),
@@ -87,7 +90,9 @@ pub fn analyze_with(job: &Job, whole: &mut Option<WholeSteps>) -> Analysis {
                 },
             };
             let kept = whole.insert(kept);
-            cut = cut_snapshot(&job.snapshot, *pos, segments.clone());
+            let segments = state.to_segments();
+            drop(state);
+            cut = cut_snapshot(&job.snapshot, pos, segments);
             ModelView::new_part(&cut, &kept.source)
         }
         None => ModelView::new(&job.snapshot),
@@ -95,7 +100,7 @@ pub fn analyze_with(job: &Job, whole: &mut Option<WholeSteps>) -> Analysis {
     let mut findings = Vec::new();
     detect::run_all_view(&view, &DetectOptions::default(), &mut findings);
     Analysis {
-        cut: job.cut.as_ref().map(|(pos, _)| *pos),
+        cut: at,
         version: job.version,
         findings,
         growth: growth(&view),
@@ -150,7 +155,7 @@ impl Analyzer {
                         answered += 1;
                     }
                     if outbox
-                        .send((analyze_with(&job, &mut whole), answered))
+                        .send((analyze_with(job, &mut whole), answered))
                         .is_err()
                     {
                         return;

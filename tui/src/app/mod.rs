@@ -373,8 +373,8 @@ impl App {
         // analysis thread's to make.
         let (snapshot, cut) = match cut {
             Some(pos) => {
-                let (snapshot, segments) = self.data.cut_at(pos);
-                (snapshot, Some((pos, segments)))
+                let (snapshot, state) = self.data.cut_state_at(pos);
+                (snapshot, Some((pos, state)))
             }
             None => (self.data.shared_snapshot(), None),
         };

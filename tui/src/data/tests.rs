@@ -721,3 +721,33 @@ fn the_call_tree_from_the_sums_is_the_states_own_with_module_marks() {
     }
     assert!(modules > 0, "no module call named by the marks");
 }
+
+/// The state handed to the analysis at a cut is the dataset's own, shared without a copy; a
+/// move while the analysis holds it changes a copy, never the state the analysis reads.
+#[test]
+fn the_state_at_a_cut_is_shared_and_kept_while_the_cursor_moves() {
+    let mut data = Dataset::new(fixture::training_snapshot(), Origin::File("f".into()));
+    let n = data.len();
+    let pos = n / 2;
+    let (full, state) = data.cut_state_at(pos);
+    assert!(std::ptr::eq(&*full, data.snapshot()));
+    assert!(std::ptr::eq(&*state, data.state_at(pos)), "not copied");
+    let (_, segments) = data.cut_at(pos);
+    assert_eq!(state.to_segments(), segments);
+    let kept = (*state).clone();
+    for to in [pos + 7, pos - 5, n - 1, 1] {
+        let moved = data.state_at(to).clone();
+        assert_eq!(moved.usage(), data.usage_at(to), "at {to}");
+        assert_eq!(
+            *state, kept,
+            "the analysis's state changed at a move to {to}"
+        );
+    }
+    drop(state);
+    // Once let go, moves change the state in place again.
+    let (_, again) = data.cut_state_at(3);
+    let address = Arc::as_ptr(&again);
+    drop(again);
+    let _ = data.state_at(4);
+    assert!(std::ptr::eq(address, data.state_at(4)));
+}
