@@ -30,6 +30,7 @@ use crate::pyramid::{higher, Extremes, Pyramid};
 
 mod sums;
 
+use sums::Batch;
 pub use sums::{Sums, TreeContext};
 
 /// Past this many checkpoints of appended events, once they hold more than one block or segment
@@ -779,24 +780,29 @@ impl Dataset {
         if let Some((k, state)) = self.cache.as_mut().filter(|(k, _)| *k != pos) {
             let state = Arc::make_mut(state);
             let link = &self.link;
+            // The sums take the run's changes once at its end, address by address.
+            let mut batch = self.cache_sums.as_ref().map(|_| Batch::default());
             if *k > pos {
                 for i in (pos..*k).rev() {
                     let undo = |s: &mut MemoryState| {
                         vramscope_engine::undo(s, events, link, i);
                     };
-                    match &mut self.cache_sums {
-                        Some(sums) => sums.track(state, events, &events[i], undo),
+                    match &mut batch {
+                        Some(batch) => batch.step(state, &events[i], undo),
                         None => undo(state),
                     }
                 }
             } else {
                 for (i, e) in events.iter().enumerate().take(pos).skip(*k) {
                     let apply = |s: &mut MemoryState| s.apply(e, i as u32);
-                    match &mut self.cache_sums {
-                        Some(sums) => sums.track(state, events, e, apply),
+                    match &mut batch {
+                        Some(batch) => batch.step(state, e, apply),
                         None => apply(state),
                     }
                 }
+            }
+            if let (Some(sums), Some(batch)) = (&mut self.cache_sums, batch) {
+                sums.take(batch, state, events);
             }
             *k = pos;
         }

@@ -25,9 +25,14 @@ use vramscope_model::{Event, EventKind};
 
 use crate::view::SegmentFigures;
 
-/// Past this many blocks changed since the segment figures were brought up to date, they are
-/// worked out again whole rather than segment by segment (and the list stops growing).
+/// Past this many blocks and segments changed since the segment figures were brought up to
+/// date, beyond a quarter of the live blocks, the figures are worked out again whole rather
+/// than segment by segment.
 const DIRTY_MAX: usize = 4096;
+
+/// Past this many changes noted one event at a time ([`Sums::track`]), they are no longer
+/// noted and the figures are worked out again whole: a bound on the list's memory.
+const NOTED_MAX: usize = 1 << 16;
 
 /// What the memory panel's call tree is summed with: the keys of the snapshot's tables and
 /// the classification of its allocations, made together (`crate::app` makes them when it
@@ -124,18 +129,13 @@ impl Sums {
     /// segment below `addr`, which a mapped range joins or an unmapped one cuts, and every
     /// one from `addr` to the end of the range, where a segment is freed or a run joins.
     fn touch_segments(&mut self, state: &MemoryState, addr: u64, size: u64) {
-        let below = state.segments.range(..addr).next_back().map(|(&a, _)| a);
-        let from = state
-            .segments
-            .range(addr..=addr.saturating_add(size))
-            .map(|(&a, _)| a);
-        self.touched.extend(below.into_iter().chain(from));
+        touch_segments(&mut self.touched, state, addr, size);
     }
 
     /// Whether the changes noted are too many to go one by one: then every figure is
     /// worked out again at [`Sums::settle`], and no more are noted.
     fn too_many(&mut self) {
-        if self.dirty.len() + self.touched.len() > DIRTY_MAX {
+        if self.dirty.len() + self.touched.len() > NOTED_MAX {
             self.whole = true;
             self.dirty = Vec::new();
             self.touched = Vec::new();
@@ -196,7 +196,8 @@ impl Sums {
     /// segments holding the blocks that changed, or all of them after the segments changed.
     pub fn settle(&mut self, state: &MemoryState) {
         let changed = !self.dirty.is_empty() || !self.touched.is_empty();
-        if self.whole || (changed && (self.segments.overlap || self.overlaps(state))) {
+        let many = self.dirty.len() + self.touched.len() > state.blocks.len() / 4 + DIRTY_MAX;
+        if self.whole || many || (changed && (self.segments.overlap || self.overlaps(state))) {
             self.segments = SegmentSums::of_state(state);
         } else if changed {
             // The segments noted, as they are now: each worked out again, or gone.
@@ -251,6 +252,29 @@ impl Sums {
             before.is_some_and(|(&b, s)| b.saturating_add(s.size) > addr)
                 || after.is_some_and(|(&a, _)| addr.saturating_add(seg.size) > a)
         })
+    }
+
+    /// Takes in the changes `batch` gathered, the events it saw having brought the state these
+    /// sums are of to `state` (`events` are the trace's): each address's block before the
+    /// first of them against its block now.
+    pub fn take(&mut self, batch: Batch, state: &MemoryState, events: &[Event]) {
+        for (addr, before) in batch.before {
+            let after = state.blocks.get(addr).copied();
+            if before == after {
+                continue;
+            }
+            self.holdings.change(before.as_ref(), after.as_ref());
+            if let Some((context, tree)) = &mut self.tree {
+                Sums::change_tree(context, tree, events, addr, before, after);
+            }
+            if !self.whole {
+                self.dirty.push(addr);
+            }
+        }
+        if !self.whole {
+            self.touched.extend(batch.segments);
+        }
+        self.too_many();
     }
 
     /// Replaces `before` with `after`, the block at `addr`, in the call tree's sums.
@@ -317,6 +341,61 @@ impl Sums {
                 .next_back()
                 .copied()
                 .unwrap_or(0),
+        }
+    }
+}
+
+/// Notes in `touched` the addresses of the segments an event about the range
+/// `[addr, addr + size)` can add, remove or change ([`Sums::track`]).
+fn touch_segments(touched: &mut Vec<u64>, state: &MemoryState, addr: u64, size: u64) {
+    let below = state.segments.range(..addr).next_back().map(|(&a, _)| a);
+    let from = state
+        .segments
+        .range(addr..=addr.saturating_add(size))
+        .map(|(&a, _)| a);
+    touched.extend(below.into_iter().chain(from));
+}
+
+/// The changes a run of events makes to a state, gathered while they are applied or undone
+/// and taken into its sums once at the end ([`Sums::take`]): the block each address held
+/// before the first event that touched it, and the segments the segment events touched. A
+/// long run (a jump of the cursor) touches the same addresses again and again; this costs a
+/// lookup in a small map per event and the sums' work once per address.
+#[derive(Debug, Default)]
+pub struct Batch {
+    before: FxHashMap<u64, Option<LiveBlock>>,
+    segments: Vec<u64>,
+}
+
+impl Batch {
+    /// Runs `step` (event `e` applied to `state` or undone from it), noting what it changes.
+    pub fn step(
+        &mut self,
+        state: &mut MemoryState,
+        e: &Event,
+        step: impl FnOnce(&mut MemoryState),
+    ) {
+        match e.kind {
+            EventKind::Alloc | EventKind::FreeRequested | EventKind::FreeCompleted => {
+                self.before
+                    .entry(e.addr)
+                    .or_insert_with(|| state.blocks.get(e.addr).copied());
+                step(state);
+            }
+            EventKind::SegmentAlloc
+            | EventKind::SegmentFree
+            | EventKind::SegmentMap
+            | EventKind::SegmentUnmap => {
+                touch_segments(&mut self.segments, state, e.addr, e.size);
+                step(state);
+                touch_segments(&mut self.segments, state, e.addr, e.size);
+            }
+            EventKind::EmptyCache
+            | EventKind::Oom
+            | EventKind::Transfer(_)
+            | EventKind::Sync
+            | EventKind::Step
+            | EventKind::Snapshot => step(state),
         }
     }
 }
