@@ -6,11 +6,12 @@
 //! of a real trace (issue 47). A [`Sums`] is made whole once for a checkpoint, the first time a
 //! move starts from it; a move then changes the sums by the blocks its events add, replace or
 //! take out, and works out again only the segments those blocks lie in and those its segment
-//! events add, free, map or unmap (all of them where two segments overlap). Every figure is a sum
-//! or a least or greatest over blocks or segments, kept so that a block or segment taken out
-//! takes its part out exactly (sums in 128 bits, extremes as multisets), so the figures equal
-//! those summed from the state itself, in any order of moves: the tests compare them at random
-//! cursors.
+//! events add, free, map or unmap (all of them where two segments overlap). A run of events (a
+//! jump of the cursor) is gathered first ([`Batch`]), so the sums take each address's change
+//! once, however many of its events touched it. Every figure is a sum or a least or greatest
+//! over blocks or segments, kept so that a block or segment taken out takes its part out
+//! exactly (sums in 128 bits, extremes as multisets), so the figures equal those summed from
+//! the state itself, in any order of moves: the tests compare them at random cursors.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
