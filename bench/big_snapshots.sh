@@ -99,10 +99,14 @@ first_screen() {
     while tmux has-session -t "$session" 2> /dev/null; do
         if tmux capture-pane -p -t "$session" | grep -q "Findings.* errors"; then
             end=$(date +%s.%N)
-            # The dashboard's peak memory so far: the high-water mark of the newest process
-            # named as the binary is (the one in the pane; names are cut at 15 characters).
+            # The dashboard's peak memory so far: the high-water mark of the process in the
+            # pane (the pane's own, or its child where a shell runs it), never another
+            # process of the same name on a shared machine.
             local pid peak
-            pid=$(pgrep -n -x "$(basename "$vramscope" | cut -c1-15)")
+            pid=$(tmux display -p -t "$session" '#{pane_pid}')
+            if ! grep -q "^Name:.*$(basename "$vramscope" | cut -c1-15)" "/proc/$pid/status" 2> /dev/null; then
+                pid=$(pgrep -n -P "$pid")
+            fi
             peak=$(awk '/VmHWM/ {print int($2 / 1024)}' "/proc/$pid/status" 2> /dev/null)
             tmux kill-session -t "$session"
             printf 'view, first full screen: %.2f s, %s MiB (%.2f× the file; load %s)\n' \
