@@ -215,6 +215,15 @@ pub struct Dataset {
 impl Dataset {
     /// A dataset of `snapshot`, whose segments are the state after its last event.
     pub fn new(snapshot: Snapshot, origin: Origin) -> Dataset {
+        let mut snapshot = snapshot;
+        snapshot.events.share();
+        Dataset::from_shared(Arc::new(snapshot), origin)
+    }
+
+    /// [`Dataset::new`] on a snapshot others read too (the analysis of the whole trace, on
+    /// another thread while this one walks it): its events are best shared already
+    /// (`Events::share`), else the analyses at a cursor copy the part they read.
+    pub fn from_shared(snapshot: Arc<Snapshot>, origin: Origin) -> Dataset {
         let mut d = Dataset {
             snapshot: Arc::new(Snapshot::empty(snapshot.source, snapshot.device.clone())),
             origin,
@@ -256,6 +265,13 @@ impl Dataset {
     /// Replaces everything with `snapshot` (a live source re-synchronised), keeping the origin,
     /// the live figures and the connection state.
     pub fn reset(&mut self, snapshot: Snapshot) {
+        let mut snapshot = snapshot;
+        snapshot.events.share();
+        self.load(Arc::new(snapshot));
+    }
+
+    /// [`Dataset::reset`] with a shared snapshot (see [`Dataset::from_shared`]).
+    pub fn reset_shared(&mut self, snapshot: Arc<Snapshot>) {
         self.load(snapshot);
     }
 
@@ -273,7 +289,7 @@ impl Dataset {
         *self = other;
     }
 
-    fn load(&mut self, snapshot: Snapshot) {
+    fn load(&mut self, snapshot: Arc<Snapshot>) {
         let n = snapshot.events.len();
         self.checkpoint_every = (n / 48).clamp(CHECKPOINT_MIN, 1 << 20);
         let widest = self.checkpoint_every;
@@ -332,11 +348,9 @@ impl Dataset {
         self.cache = None;
         self.clear_sums();
         self.segments_current = true;
-        // The analysis reads the events up to the time cursor: shared, they are not copied
-        // for it (`cut_snapshot`).
-        let mut snapshot = snapshot;
-        snapshot.events.share();
-        self.snapshot = Arc::new(snapshot);
+        // The analysis reads the events up to the time cursor: shared (by the caller), they
+        // are not copied for it (`cut_snapshot`).
+        self.snapshot = snapshot;
         self.step_starts = step_starts(&self.snapshot);
         self.version += 1;
         self.epoch += 1;

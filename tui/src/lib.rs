@@ -118,16 +118,34 @@ fn worst_key(findings: &[vramscope_analysis::detect::Finding]) -> WorstKey {
 /// A device's part with the steps the report infers written into it (one step numbering for
 /// every view: the header, the timeline's ticks and the findings at any cursor, analysed on
 /// the trace cut there, number steps as `report` does), and the analysis of its whole trace.
-pub(crate) fn analysed_part(mut part: Snapshot) -> (Snapshot, analysis::Analysis) {
+pub(crate) fn analysed_part(part: Snapshot) -> analysis::Analysis {
+    analysed_beside(part, |_| ()).1
+}
+
+/// [`analysed_part`], and `load` given the part with its steps written in (shared, its events
+/// shared too, as the dashboard's dataset keeps them), run at once on two threads: the
+/// dataset's walk ([`Dataset::from_shared`]) and the analysis of the whole trace read the
+/// same snapshot, so the first screen waits for the longer of the two, not for both in turn.
+pub(crate) fn analysed_beside<T>(
+    mut part: Snapshot,
+    load: impl FnOnce(std::sync::Arc<Snapshot>) -> T,
+) -> (T, analysis::Analysis) {
     vramscope_analysis::model_view::record_inferred_steps(&mut part);
+    part.events.share();
+    let shared = std::sync::Arc::new(part);
     let job = analysis::Job {
-        snapshot: std::sync::Arc::new(part),
+        snapshot: std::sync::Arc::clone(&shared),
         cut: None,
         version: 0,
     };
-    let whole = analysis::analyze(&job);
-    let part = std::sync::Arc::try_unwrap(job.snapshot).unwrap_or_else(|shared| (*shared).clone());
-    (part, whole)
+    std::thread::scope(|scope| {
+        let whole = scope.spawn(move || analysis::analyze(&job));
+        let loaded = load(shared);
+        let whole = whole
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (loaded, whole)
+    })
 }
 
 /// Puts the cursor of a file's dashboard where the question is, and says why when it is not
@@ -200,32 +218,34 @@ pub fn view_app(path: &Path, options: &ImportOptions) -> Result<App, TuiError> {
     // device's whole trace, the first device of equals); `D` shows the next.
     let devices = vramscope_engine::devices::devices_with_data(&snapshot);
     stage(Stage::Analysing);
-    let (shown, switch, whole) = if devices.len() > 1 {
+    let origin = Origin::File(path.display().to_string());
+    let (data, switch, whole) = if devices.len() > 1 {
         let mut worst: Option<(WorstKey, usize)> = None;
         for (i, &d) in devices.iter().enumerate() {
-            let (_, whole) = analysed_part(vramscope_engine::devices::only_device(&snapshot, d));
+            let whole = analysed_part(vramscope_engine::devices::only_device(&snapshot, d));
             let key = worst_key(&whole.findings);
             if worst.as_ref().is_none_or(|(k, _)| key > *k) {
                 worst = Some((key, i));
             }
         }
         let current = worst.map_or(0, |(_, i)| i);
-        let (part, whole) = analysed_part(vramscope_engine::devices::only_device(
-            &snapshot,
-            devices[current],
-        ));
+        stage(Stage::BuildingTimeline);
+        let (data, whole) = analysed_beside(
+            vramscope_engine::devices::only_device(&snapshot, devices[current]),
+            |part| Dataset::from_shared(part, origin),
+        );
         let switch = app::DeviceSwitch {
             full: snapshot,
             devices,
             current,
         };
-        (part, Some(switch), whole)
+        (data, Some(switch), whole)
     } else {
-        let (part, whole) = analysed_part(snapshot);
-        (part, None, whole)
+        // The timeline is built while the trace is analysed.
+        stage(Stage::BuildingTimeline);
+        let (data, whole) = analysed_beside(snapshot, |part| Dataset::from_shared(part, origin));
+        (data, None, whole)
     };
-    stage(Stage::BuildingTimeline);
-    let data = Dataset::new(shown, Origin::File(path.display().to_string()));
     let mut app = App::new(data).with_analyzer();
     app.devices = switch;
     open_at_the_question(&mut app, whole);
@@ -331,4 +351,40 @@ pub fn run_in_process_with_intro<B: Backend>(
     app.intro = intro;
     term::run(&mut app)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::data::{Dataset, Origin};
+    use vramscope_testkit::fixture;
+
+    /// The dataset built beside the analysis of the whole trace reads the very snapshot the
+    /// analysis read (no copy), and both are what they are when made one after the other.
+    #[test]
+    fn the_timeline_is_built_beside_the_analysis_from_one_snapshot() {
+        let snapshot = fixture::training_snapshot();
+        let mut with_steps = snapshot.clone();
+        vramscope_analysis::model_view::record_inferred_steps(&mut with_steps);
+        let alone = analysis::analyze(&analysis::Job {
+            snapshot: Arc::new(with_steps.clone()),
+            cut: None,
+            version: 0,
+        });
+        let mut apart = Dataset::new(with_steps, Origin::File("f".into()));
+        let ((mut data, read), whole) = analysed_beside(snapshot, |part| {
+            let read = Arc::clone(&part);
+            (Dataset::from_shared(part, Origin::File("f".into())), read)
+        });
+        assert!(Arc::ptr_eq(&data.shared_snapshot(), &read));
+        assert_eq!(whole.findings, alone.findings);
+        assert_eq!(data.len(), apart.len());
+        assert_eq!(data.peak_allocated_pos(), apart.peak_allocated_pos());
+        for pos in [0, data.len() / 3, data.len()] {
+            assert_eq!(data.usage_at(pos), apart.usage_at(pos));
+        }
+        assert_eq!(*data.shared_snapshot(), *apart.shared_snapshot());
+    }
 }

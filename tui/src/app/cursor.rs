@@ -93,8 +93,8 @@ impl App {
         let part = vramscope_engine::devices::only_device(&switch.full, device);
         // The device's own steps, numbered as the report on it numbers them, and the findings
         // of its whole trace, shown beside the cursor's.
-        let (part, whole) = crate::analysed_part(part);
-        self.data.reset(part);
+        let data = &mut self.data;
+        let ((), whole) = crate::analysed_beside(part, |part| data.reset_shared(part));
         self.analysis = None;
         self.file_findings = Some(whole.findings);
         self.cursor = Some(self.data.peak_allocated_pos());
