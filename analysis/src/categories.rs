@@ -39,7 +39,9 @@ use vramscope_engine::{
     autograd_node, is_compiled_frame, AddrMap, GroupId, LiveBlock, MemoryState, SiteGroups,
     NO_EVENT,
 };
-use vramscope_model::{BlockState, Category, CategoryBytes, EventKind, Frame, SiteId, Snapshot};
+use vramscope_model::{
+    BlockState, Category, CategoryBytes, Event, EventKind, Frame, SiteId, Snapshot,
+};
 
 use crate::model_view::{default_framework_paths, is_module_call};
 
@@ -142,15 +144,86 @@ pub struct Categories {
     parameters_before_trace: Vec<u64>,
 }
 
-/// What the first pass learns of one allocation.
+/// One allocation as the second pass sees it: the phase and run that made it, the run in
+/// progress and its phase when its block was freed, and whether the backward released it.
 #[derive(Clone, Copy, Debug)]
 struct Made {
     phase: Phase,
     run: u32,
-    /// The run in progress and its phase when the block was freed.
     freed: Option<(u32, Phase)>,
-    /// Whether the backward released it.
     released: bool,
+}
+
+/// What the first pass learns of one allocation, in eight bytes (a third of a big trace's
+/// events are allocations): the run in progress when its block was freed and, in `flags`,
+/// that run's phase, whether it was freed, and whether the backward released it. The
+/// allocation's own phase and run are worked out again by the second pass ([`Runs`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct Freed {
+    run: u32,
+    flags: u8,
+}
+
+impl Freed {
+    const FREED: u8 = 1 << 2;
+    const RELEASED: u8 = 1 << 3;
+
+    fn new(run: u32, phase: Phase, released: bool) -> Freed {
+        let phase = match phase {
+            Phase::Forward => 0,
+            Phase::Backward => 1,
+            Phase::Optimizer => 2,
+            Phase::Other => 3,
+        };
+        let released = if released { Freed::RELEASED } else { 0 };
+        Freed {
+            run,
+            flags: Freed::FREED | released | phase,
+        }
+    }
+
+    /// The run in progress and its phase when the block was freed; `None` for a block
+    /// never freed.
+    fn at(self) -> Option<(u32, Phase)> {
+        let phase = match self.flags & 3 {
+            0 => Phase::Forward,
+            1 => Phase::Backward,
+            2 => Phase::Optimizer,
+            _ => Phase::Other,
+        };
+        (self.flags & Freed::FREED != 0).then_some((self.run, phase))
+    }
+
+    /// Whether the backward released the block.
+    fn released(self) -> bool {
+        self.flags & Freed::RELEASED != 0
+    }
+}
+
+/// The runs of phases: consecutive allocations of one phase make one run, and allocations of
+/// no phase ([`Phase::Other`]) leave the run as it is.
+#[derive(Clone, Copy, Debug)]
+struct Runs {
+    run: u32,
+    current: Phase,
+}
+
+impl Runs {
+    fn new() -> Runs {
+        Runs {
+            run: 0,
+            current: Phase::Other,
+        }
+    }
+
+    /// Counts an allocation of `phase`; returns the run it is in.
+    fn push(&mut self, phase: Phase) -> u32 {
+        if phase != Phase::Other && phase != self.current {
+            self.run += 1;
+            self.current = phase;
+        }
+        self.run
+    }
 }
 
 impl Categories {
@@ -168,46 +241,39 @@ impl Categories {
         let python_only =
             !sites.is_empty() && sites.iter().all(|s| s.frames.iter().all(|f| f.line > 0));
         let events = &snapshot.events;
-        // One entry per allocation, in event order (a third of a big trace's events): the
-        // second pass counts allocations to find each one's.
-        let mut made: Vec<Made> = Vec::new();
-        let mut live: AddrMap<usize> = AddrMap::default();
-        let mut run = 0u32;
-        let mut current = Phase::Other;
+        // The phase an allocation's stack says made it.
+        let phase_of = |e: &Event| match traits_of(e.site()) {
+            Some(t) if t.autograd => Phase::Backward,
+            Some(t) if t.optimizer => Phase::Optimizer,
+            Some(t) if t.module => Phase::Forward,
+            None if python_only && e.site().is_none() => Phase::Backward,
+            _ => Phase::Other,
+        };
+        // One entry per allocation, in event order: the second pass counts allocations to
+        // find each one's.
+        let mut freed: Vec<Freed> = Vec::new();
+        let mut live: AddrMap<u32> = AddrMap::default();
+        let mut runs = Runs::new();
         let mut last_backward_run = None;
         for e in events.iter() {
             match e.kind {
                 EventKind::Alloc => {
-                    let phase = match traits_of(e.site()) {
-                        Some(t) if t.autograd => Phase::Backward,
-                        Some(t) if t.optimizer => Phase::Optimizer,
-                        Some(t) if t.module => Phase::Forward,
-                        None if python_only && e.site().is_none() => Phase::Backward,
-                        _ => Phase::Other,
-                    };
-                    if phase != Phase::Other && phase != current {
-                        run += 1;
-                        current = phase;
-                    }
+                    let phase = phase_of(e);
+                    let run = runs.push(phase);
                     if phase == Phase::Backward {
                         last_backward_run = Some(run);
                     }
-                    live.insert(e.addr, made.len());
-                    made.push(Made {
-                        phase,
-                        run,
-                        freed: None,
-                        released: false,
-                    });
+                    live.insert(e.addr, freed.len() as u32);
+                    freed.push(Freed::default());
                 }
                 // A completion ends a block only where the trace has no request for it.
                 EventKind::FreeRequested | EventKind::FreeCompleted => {
-                    if let Some(m) = live.remove(&e.addr).and_then(|a| made.get_mut(a)) {
-                        m.freed = Some((run, current));
-                        m.released = match e.site() {
+                    if let Some(f) = live.remove(&e.addr).and_then(|a| freed.get_mut(a as usize)) {
+                        let released = match e.site() {
                             Some(_) => traits_of(e.site()).is_some_and(|t| t.released_by_backward),
                             None => python_only,
                         };
+                        *f = Freed::new(runs.run, runs.current, released);
                     }
                 }
                 _ => {}
@@ -232,13 +298,21 @@ impl Categories {
         // made parameters itself.
         let mut gradients_by_run: rustc_hash::FxHashMap<u32, SizeCounts> = Default::default();
         let mut made_parameters = false;
-        let mut allocation = made.iter();
+        let mut allocation = freed.iter();
+        let mut runs = Runs::new();
         for (i, e) in events.iter().enumerate() {
             if e.kind != EventKind::Alloc {
                 continue;
             }
-            let Some(&m) = allocation.next() else {
+            let Some(&f) = allocation.next() else {
                 break;
+            };
+            let phase = phase_of(e);
+            let m = Made {
+                phase,
+                run: runs.push(phase),
+                freed: f.at(),
+                released: f.released(),
             };
             let named = snapshot
                 .tag(e.tag())
