@@ -169,12 +169,28 @@ impl Disagreements {
 /// [`Checkpoints::EVENTS_PER_ITEM`] times its blocks and segments: at most sixteen states,
 /// holding together at most one item per 16 events of the trace, so that what they add to a
 /// big trace's memory is a small fraction of its events'.
+///
+/// For a caller that asks only for the state at the peak of allocated bytes (the model view:
+/// [`Checkpoints::for_the_peak`]), only the one kept state that the peak's walk starts from
+/// stays: each is held until the walk has passed the events it serves (those between it and
+/// the next state kept below), and let go unless their most allocated bytes are the most so
+/// far (the earlier of equals, as the peak is the first event to reach them). At most two
+/// states are held at once, against up to sixteen; the walk to the peak is as short.
 struct Checkpoints {
     kept: Vec<(usize, MemoryState)>,
     /// The position of the last state kept, or the end (the walk goes backwards).
     above: usize,
     /// The fewest events between two kept states.
     gap: usize,
+    /// Keeping only the state the peak's walk starts from.
+    for_the_peak: bool,
+    /// With `for_the_peak`: the most allocated bytes after any event since the last state
+    /// kept (the events it serves, walked back from it), and the most of the events served by
+    /// the state held in `kept` (by the end while `kept` is empty).
+    since: u64,
+    best: u64,
+    /// With `for_the_peak`: the last state kept, whose events are still being walked.
+    pending: Option<(usize, MemoryState)>,
 }
 
 impl Checkpoints {
@@ -188,6 +204,19 @@ impl Checkpoints {
             kept: Vec::new(),
             above: events,
             gap: Self::gap_for(events),
+            for_the_peak: false,
+            since: 0,
+            best: 0,
+            pending: None,
+        }
+    }
+
+    /// Checkpoints that keep only the state the walk to the peak of allocated bytes starts
+    /// from (see [`Checkpoints`]).
+    fn for_the_peak(events: usize) -> Checkpoints {
+        Checkpoints {
+            for_the_peak: true,
+            ..Checkpoints::new(events)
         }
     }
 
@@ -197,18 +226,49 @@ impl Checkpoints {
         (events / 16).max(Self::MIN_GAP)
     }
 
-    /// Keeps `state`, the state after `pos` events, when it is far enough from the last.
-    fn offer(&mut self, pos: usize, state: &MemoryState) {
+    /// Keeps `state`, the state after `pos` events, when it is far enough from the last;
+    /// `allocated` is the most allocated bytes after any event walked since the last offer.
+    fn offer(&mut self, pos: usize, state: &MemoryState, allocated: u64) {
+        self.since = self.since.max(allocated);
         let items = state.blocks.len() + state.segments.len();
         let gap = items.saturating_mul(Self::EVENTS_PER_ITEM).max(self.gap);
-        if self.above.saturating_sub(pos) >= gap {
-            self.kept.push((pos, state.clone()));
-            self.above = pos;
+        if self.above.saturating_sub(pos) < gap {
+            return;
         }
+        self.above = pos;
+        if !self.for_the_peak {
+            self.kept.push((pos, state.clone()));
+            return;
+        }
+        self.settle();
+        self.pending = Some((pos, state.clone()));
     }
 
-    /// The kept states in increasing position.
-    fn into_increasing(mut self) -> Vec<(usize, MemoryState)> {
+    /// With `for_the_peak`: the events served by the pending state (or by the end, before
+    /// any) are all walked; keeps it in place of the best so far where they reach as many
+    /// allocated bytes or more.
+    fn settle(&mut self) {
+        match self.pending.take() {
+            Some(pending) if self.since >= self.best => {
+                self.kept = vec![pending];
+                self.best = self.since;
+            }
+            Some(_) => {}
+            // The events above the first state kept are served by the end.
+            None => self.best = self.since,
+        }
+        self.since = 0;
+    }
+
+    /// The kept states in increasing position; `allocated` is the most allocated bytes after
+    /// any event walked since the last offer.
+    fn into_increasing(mut self, allocated: u64) -> Vec<(usize, MemoryState)> {
+        if self.for_the_peak {
+            self.since = self.since.max(allocated);
+            if self.pending.is_some() {
+                self.settle();
+            }
+        }
         self.kept.reverse();
         self.kept
     }
@@ -225,7 +285,13 @@ impl Reconstruction {
         checkpoint_every: usize,
         checkpoint: &mut dyn FnMut(usize, &MemoryState),
     ) -> Reconstruction {
-        Reconstruction::walk(snapshot, checkpoint_every, checkpoint, None)
+        Reconstruction::walk(
+            snapshot,
+            checkpoint_every,
+            &mut |pos, state, _| checkpoint(pos, state),
+            None,
+        )
+        .0
     }
 
     /// The walk of `snapshot` without its links (`links` is empty), for a caller that reads
@@ -233,37 +299,47 @@ impl Reconstruction {
     /// walk lets go of each stretch of links once it has undone those events, so that at the
     /// peak of a big trace's memory they are not beside the usage (four bytes an event).
     pub fn without_links(snapshot: &Snapshot) -> Reconstruction {
-        Reconstruction::keeping_states(snapshot, Some(RELEASE_LINKS_EVERY))
+        Reconstruction::keeping_states(
+            snapshot,
+            Checkpoints::for_the_peak(snapshot.events.len()),
+            Some(RELEASE_LINKS_EVERY),
+        )
     }
 
     /// [`Reconstruction::from_snapshot`], also keeping a few states on the way back, for a caller that
     /// asks for the walk's state at several events ([`Reconstruction::state_walked`]: the
     /// HTML explorer's moments).
     pub fn with_states(snapshot: &Snapshot) -> Reconstruction {
-        Reconstruction::keeping_states(snapshot, None)
+        Reconstruction::keeping_states(snapshot, Checkpoints::new(snapshot.events.len()), None)
     }
 
-    /// The walk, keeping states as [`Checkpoints`] chooses them.
-    fn keeping_states(snapshot: &Snapshot, release_links_every: Option<usize>) -> Reconstruction {
-        let mut checkpoints = Checkpoints::new(snapshot.events.len());
-        let mut walk = Reconstruction::walk(
+    /// The walk, keeping states as `checkpoints` choose them.
+    fn keeping_states(
+        snapshot: &Snapshot,
+        mut checkpoints: Checkpoints,
+        release_links_every: Option<usize>,
+    ) -> Reconstruction {
+        let (mut walk, allocated) = Reconstruction::walk(
             snapshot,
             Checkpoints::MIN_GAP,
-            &mut |pos, state| checkpoints.offer(pos, state),
+            &mut |pos, state, allocated| checkpoints.offer(pos, state, allocated),
             release_links_every,
         );
-        walk.checkpoints = checkpoints.into_increasing();
+        walk.checkpoints = checkpoints.into_increasing(allocated);
         walk
     }
 
     /// [`Reconstruction::new`], keeping the links, or, with `release_links_every`, letting go
     /// of those behind the walk every so many events and of all of them at the start.
+    /// `checkpoint` also gets the most allocated bytes after any event walked since its last
+    /// call (the event just before its position not among them: it is the state's own), and
+    /// the walk returns the most after any event walked since the last call.
     fn walk(
         snapshot: &Snapshot,
         checkpoint_every: usize,
-        checkpoint: &mut dyn FnMut(usize, &MemoryState),
+        checkpoint: &mut dyn FnMut(usize, &MemoryState, u64),
         release_links_every: Option<usize>,
-    ) -> Reconstruction {
+    ) -> (Reconstruction, u64) {
         let events: &[Event] = &snapshot.events;
         let n = events.len();
         let EndOfTrace {
@@ -275,11 +351,14 @@ impl Reconstruction {
         } = EndOfTrace::from_snapshot(snapshot, release_links_every.is_some());
         let mut state = end.clone();
         let mut disagreements = Disagreements::default();
+        let mut most_since = 0;
         let usage = UsageSeries::from_last(n, |i| {
             let after = state.usage();
             if checkpoint_every > 0 && (i + 1).is_multiple_of(checkpoint_every) && i + 1 < n {
-                checkpoint(i + 1, &state);
+                checkpoint(i + 1, &state, most_since);
+                most_since = 0;
             }
+            most_since = most_since.max(after.allocated);
             if !undo(&mut state, events, &links, i) {
                 disagreements.note(i);
             }
@@ -309,7 +388,7 @@ impl Reconstruction {
         };
         let peak_allocated = peak(|u| u.allocated);
         let peak_reserved = peak(|u| u.reserved);
-        Reconstruction {
+        let walk = Reconstruction {
             start,
             end,
             usage,
@@ -321,12 +400,13 @@ impl Reconstruction {
             checkpoints: Vec::new(),
             pairings,
             disagreements,
-        }
+        };
+        (walk, most_since)
     }
 
     /// The walk of `snapshot` without checkpoints.
     pub fn from_snapshot(snapshot: &Snapshot) -> Reconstruction {
-        Reconstruction::walk(snapshot, 0, &mut |_, _| {}, None)
+        Reconstruction::walk(snapshot, 0, &mut |_, _, _| {}, None).0
     }
 
     /// Only the state before the first event: the same backward walk as [`Reconstruction::from_snapshot`]
@@ -875,7 +955,7 @@ mod tests {
         let kept = Reconstruction::from_snapshot(&snapshot);
         assert_eq!(kept.links.len(), snapshot.events.len());
         for every in [1, 7, 64, 1 << 20] {
-            let lean = Reconstruction::walk(&snapshot, 0, &mut |_, _| {}, Some(every));
+            let (lean, _) = Reconstruction::walk(&snapshot, 0, &mut |_, _, _| {}, Some(every));
             assert!(lean.links.is_empty(), "every {every}");
             assert_eq!(lean.start, kept.start, "every {every}");
             assert_eq!(lean.end, kept.end, "every {every}");
@@ -907,7 +987,7 @@ mod tests {
 
     /// The walk's own state at any event, from the states the lean walk keeps and the links
     /// it finds again, is the one the full walk has there, on a trace with blocks from before
-    /// it; and at most sixteen states are kept however long the trace.
+    /// it; and the lean walk keeps one state at most.
     #[test]
     fn the_states_kept_on_the_way_back_give_the_walks_state_at_any_event() {
         let snapshot = cycling_trace(37, &[0, 1, 2], |k| 512 * (1 + k % 11));
@@ -918,10 +998,12 @@ mod tests {
         });
         let lean = Reconstruction::without_links(&snapshot);
         assert!(
-            (2..=16).contains(&lean.checkpoints.len()),
+            lean.checkpoints.len() <= 1,
             "{} states kept",
             lean.checkpoints.len()
         );
+        let kept = Reconstruction::with_states(&snapshot).checkpoints.len();
+        assert!((2..=16).contains(&kept), "{kept} states kept");
         assert!(full.checkpoints.is_empty());
         // The links found again start from the pairings the lean walk kept.
         assert_eq!(
@@ -951,6 +1033,40 @@ mod tests {
         assert_eq!(lean.state_walked(&snapshot.events, n), lean.end);
     }
 
+    /// The lean walk keeps only the state the walk to the peak of allocated bytes starts from:
+    /// the one the walk keeping every state would start it from, wherever the peak falls
+    /// (after the last state kept, the end serves and none is kept), and the earliest of equal
+    /// stretches, as the peak is the first event to reach its bytes.
+    #[test]
+    fn the_lean_walk_keeps_the_state_the_peak_is_walked_from() {
+        for large_at in [4_998u64, 19_998, 39_999, 54_999] {
+            // With `again`, a second large block 189 periods of the trace's cycle (111
+            // events) later: the same bytes again, exactly.
+            for again in [None, Some(large_at + 111 * 189)] {
+                let large = |k: u64| k == large_at || Some(k) == again;
+                let size = |k: u64| if large(k) { 512 << 16 } else { 512 };
+                let snapshot = cycling_trace(37, &[0, 1, 2], size);
+                let full = Reconstruction::with_states(&snapshot);
+                let lean = Reconstruction::without_links(&snapshot);
+                let peak = lean.peak_allocated.event.expect("a peak") as usize;
+                assert!(
+                    (large_at as usize..large_at as usize + 111).contains(&peak),
+                    "{large_at}: {peak}"
+                );
+                assert!(lean.checkpoints.len() <= 1, "{large_at}");
+                let at = peak + 1;
+                let from = |walk: &Reconstruction| {
+                    walk.checkpoints.iter().map(|(k, _)| *k).find(|&k| k >= at)
+                };
+                assert_eq!(from(&lean), from(&full), "{large_at} {again:?}");
+                assert_eq!(
+                    lean.state_walked(&snapshot.events, at),
+                    full.state_walked(&snapshot.events, at)
+                );
+            }
+        }
+    }
+
     /// On a trace that contradicts itself (blocks freed twice, free requests repeated), the
     /// walk's own state at every event adds up to the usage the walk found there, wherever
     /// the kept states fall, while the walk forwards from the start does not.
@@ -958,7 +1074,7 @@ mod tests {
     fn the_walks_state_adds_up_to_its_usage_on_a_trace_that_contradicts_itself() {
         let snapshot = cycling_trace(13, &[0, 1, 1, 2, 2], |_| 512);
         let lean = Reconstruction::without_links(&snapshot);
-        assert!(!lean.checkpoints.is_empty());
+        assert!(lean.checkpoints.len() <= 1);
         let n = snapshot.events.len();
         let mut forwards_differ = false;
         for pos in (0..=n).step_by(211).chain([n]) {
