@@ -61,18 +61,25 @@ pub fn holdings_of(
             step_of(block),
         );
     }
-    if state.unattributed.allocated > 0 {
-        let h = by_group.entry(SiteGroups::BEFORE_TRACE).or_insert(Holding {
-            group: SiteGroups::BEFORE_TRACE,
-            bytes: 0,
-            blocks: 0,
-            requested: 0,
-            first_step: 0,
-            last_step: 0,
-        });
-        h.bytes = h.bytes.saturating_add(state.unattributed.allocated);
-    }
+    add_unattributed(&mut by_group, state.unattributed.allocated);
     sorted_holdings(by_group)
+}
+
+/// Adds `bytes` from before the trace that no block describes to the holding of
+/// [`SiteGroups::BEFORE_TRACE`] (none when there are none).
+fn add_unattributed(by_group: &mut FxHashMap<GroupId, Holding>, bytes: u64) {
+    if bytes == 0 {
+        return;
+    }
+    let h = by_group.entry(SiteGroups::BEFORE_TRACE).or_insert(Holding {
+        group: SiteGroups::BEFORE_TRACE,
+        bytes: 0,
+        blocks: 0,
+        requested: 0,
+        first_step: 0,
+        last_step: 0,
+    });
+    h.bytes = h.bytes.saturating_add(bytes);
 }
 
 /// The holdings of `by_group`, largest first (more blocks first on equal bytes, then by group
@@ -212,17 +219,7 @@ impl HoldingSums {
                 (group, h)
             })
             .collect();
-        if unattributed > 0 {
-            let h = holdings.entry(SiteGroups::BEFORE_TRACE).or_insert(Holding {
-                group: SiteGroups::BEFORE_TRACE,
-                bytes: 0,
-                blocks: 0,
-                requested: 0,
-                first_step: 0,
-                last_step: 0,
-            });
-            h.bytes = h.bytes.saturating_add(unattributed);
-        }
+        add_unattributed(&mut holdings, unattributed);
         sorted_holdings(holdings)
     }
 
