@@ -67,6 +67,14 @@ pub fn value_to_py<'py>(py: Python<'py>, value: &serde_json::Value) -> PyResult<
     })
 }
 
+/// The JSON document `json` as Python objects, by Python's own `json.loads`: its objects
+/// become dicts with their keys in the document's order (the order `vramscope report
+/// --format json` writes, categories as the legend lists them), which a `serde_json::Value`
+/// would sort.
+fn json_to_py<'py>(py: Python<'py>, json: &str) -> PyResult<Bound<'py, PyAny>> {
+    py.import("json")?.call_method1("loads", (json,))
+}
+
 /// `value` (plain data) as a Python object, through [`value_to_py`].
 fn data_to_py<'py, T: Serialize>(py: Python<'py>, value: &T) -> PyResult<Bound<'py, PyAny>> {
     let value = serde_json::to_value(value)
@@ -768,7 +776,9 @@ impl Report {
     /// (`event` and a list per category). For a file of several devices, the worst device's.
     #[getter]
     fn memory_by_category<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        data_to_py(py, &self.inner().memory_by_category)
+        let json = serde_json::to_string(&self.inner().memory_by_category)
+            .map_err(|e| PyValueError::new_err(format!("could not convert the figures: {e}")))?;
+        json_to_py(py, &json)
     }
 
     /// The findings of every device, each device's most severe first, the worst device
@@ -866,10 +876,7 @@ impl Report {
 
     /// The report as `vramscope report --format json` writes it, as a dictionary.
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let json = render_file_json(&self.inners());
-        let value: serde_json::Value = serde_json::from_str(&json)
-            .map_err(|e| PyValueError::new_err(format!("could not convert the report: {e}")))?;
-        value_to_py(py, &value)
+        json_to_py(py, &render_file_json(&self.inners()))
     }
 
     /// The HTML page `vramscope report --format html` writes: the explorer.

@@ -110,6 +110,9 @@ def test_load_has_the_figures_of_the_command_line(tmp_path, request):
         return
     theirs = json.loads(out.stdout)
     ours = r.to_dict()
+    # The same keys in the same order as the command line writes them.
+    assert list(ours) == list(theirs)
+    assert list(ours["devices"][0]) == list(theirs["devices"][0])
     for key in ("format_version", "source", "input", "verdict", "worst_device"):
         assert ours[key] == theirs[key], key
     assert theirs["verdict"] == r.verdict
@@ -226,16 +229,18 @@ def test_the_report_says_what_the_memory_is_made_of(tmp_path):
         pytest.skip(f"{TORCH_PICKLE} is absent")
     r = vramscope.load(TORCH_PICKLE)
     by = r.memory_by_category
-    assert sorted(by["peak"]) == sorted(CATEGORIES) == sorted(by["end"])
+    # In the legend's order, as the JSON report writes them.
+    assert list(by["peak"]) == CATEGORIES == list(by["end"])
     assert sum(by["peak"].values()) == r.peak_allocated
     assert sum(by["end"].values()) == r.allocated
     series = by["series"]
-    assert sorted(series) == sorted(["event"] + CATEGORIES)
+    assert list(series) == ["event"] + CATEGORIES
     assert all(len(series[c]) == len(series["event"]) for c in CATEGORIES)
     assert series["event"] == sorted(series["event"])
     totals = [sum(series[c][i] for c in CATEGORIES) for i in range(len(series["event"]))]
     assert max(totals) == r.peak_allocated
     assert r.to_dict()["devices"][0]["memory_by_category"] == by
+    assert list(r.to_dict()["devices"][0]["memory_by_category"]["peak"]) == CATEGORIES
     fb = vramscope.format_bytes
     lines = [line.strip() for line in r.summary().splitlines()]
     # The text says it when the trace tells what some of the memory is; memory that is all
