@@ -13,7 +13,7 @@ use ratatui::style::Style;
 use ratatui::widgets::Widget;
 use vramscope_model::{format_bytes, Event, EventKind};
 
-use super::{clip, clip_left, panel_block, put, seconds, thousands};
+use super::{clip, clip_left, inside_border, panel_block, put, seconds, thousands};
 use crate::view::{Panel, ViewModel};
 
 /// The row of `list` (event indices, ascending) for the last event before position `pos`.
@@ -51,12 +51,7 @@ impl Widget for EventsPanel<'_> {
             title.push_str(&format!("· /{} ", model.events.filter));
         }
         panel_block(title, theme, model.panel == Panel::Events).render(area, buf);
-        let inner = Rect::new(
-            area.x + 1,
-            area.y + 1,
-            area.width.saturating_sub(2),
-            area.height.saturating_sub(2),
-        );
+        let inner = inside_border(area);
         if inner.height < 2 || inner.width < 30 {
             return;
         }

@@ -11,7 +11,7 @@ use ratatui::style::Style;
 use ratatui::widgets::Widget;
 use vramscope_analysis::detect::{Finding, Severity};
 
-use super::{clip, clip_left, panel_block, put, Theme};
+use super::{clip, clip_left, inside_border, panel_block, put, Theme};
 use crate::ui::sites::scroll_for;
 use crate::view::{Panel, ViewModel};
 
@@ -103,12 +103,7 @@ impl Widget for FindingsPanel<'_> {
         }
         let focused = model.panel == Panel::Findings;
         panel_block(title, theme, focused).render(area, buf);
-        let inner = Rect::new(
-            area.x + 1,
-            area.y + 1,
-            area.width.saturating_sub(2),
-            area.height.saturating_sub(2),
-        );
+        let inner = inside_border(area);
         if inner.height == 0 || inner.width < 20 {
             return;
         }

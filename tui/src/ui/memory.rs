@@ -15,7 +15,7 @@ use ratatui::widgets::Widget;
 use vramscope_model::{format_bytes, Category, CategoryBytes};
 
 use super::sites::scroll_for;
-use super::{clip, panel_block, put, thousands, Theme};
+use super::{clip, inside_border, panel_block, put, thousands, Theme};
 use crate::view::{Panel, ViewModel};
 
 /// The glyph that stands for `category` in the bar and the legend.
@@ -173,12 +173,7 @@ impl Widget for MemoryPanel<'_> {
             format_bytes(view.categories.total())
         );
         panel_block(title, theme, true).render(area, buf);
-        let inner = Rect::new(
-            area.x + 1,
-            area.y + 1,
-            area.width.saturating_sub(2),
-            area.height.saturating_sub(2),
-        );
+        let inner = inside_border(area);
         if inner.height == 0 || inner.width < 20 {
             return;
         }

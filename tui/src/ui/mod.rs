@@ -223,6 +223,17 @@ pub(crate) fn panel_block(title: String, theme: Theme, focused: bool) -> Block<'
         .title(ratatui::text::Span::styled(title, style))
 }
 
+/// The room inside the border of a panel drawn over `area` ([`panel_block`]): one cell in
+/// from each side, none where the area is too small to hold one.
+pub(crate) fn inside_border(area: Rect) -> Rect {
+    Rect::new(
+        area.x + 1,
+        area.y + 1,
+        area.width.saturating_sub(2),
+        area.height.saturating_sub(2),
+    )
+}
+
 /// Writes `text` at `(x, y)`, cut to the area's right edge.
 pub(crate) fn put(buf: &mut Buffer, area: Rect, x: u16, y: u16, text: &str, style: Style) -> u16 {
     if y < area.y || y >= area.bottom() || x >= area.right() {

@@ -13,7 +13,7 @@ use ratatui::style::Style;
 use ratatui::widgets::Widget;
 use vramscope_model::{format_bytes, Pool};
 
-use super::{panel_block, put, thousands, Theme};
+use super::{inside_border, panel_block, put, thousands, Theme};
 use crate::view::{Panel, ViewModel};
 use vramscope_engine::{MemoryState, SegmentInfo};
 
@@ -130,12 +130,7 @@ impl Widget for SegmentsPanel<'_> {
         );
         let focused = model.panel == Panel::Segments;
         panel_block(title, theme, focused).render(area, buf);
-        let inner = Rect::new(
-            area.x + 1,
-            area.y + 1,
-            area.width.saturating_sub(2),
-            area.height.saturating_sub(2),
-        );
+        let inner = inside_border(area);
         if inner.height == 0 || inner.width < 10 {
             return;
         }

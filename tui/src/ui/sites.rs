@@ -23,7 +23,7 @@ use vramscope_import::sites::DEFAULT_FRAMEWORK_PATHS;
 use vramscope_model::format_bytes;
 
 use super::stack::{folded_text, stack_lines, StackLine};
-use super::{clip, clip_left, panel_block, put, thousands};
+use super::{clip, clip_left, inside_border, panel_block, put, thousands};
 use crate::view::{Panel, ViewModel};
 
 /// The call-site panel.
@@ -77,12 +77,7 @@ impl Widget for SitesPanel<'_> {
         }
         let focused = model.panel == Panel::Sites;
         panel_block(title, theme, focused).render(area, buf);
-        let inner = Rect::new(
-            area.x + 1,
-            area.y + 1,
-            area.width.saturating_sub(2),
-            area.height.saturating_sub(2),
-        );
+        let inner = inside_border(area);
         if inner.height == 0 || inner.width < 20 {
             return;
         }

@@ -17,7 +17,7 @@ use ratatui::style::{Modifier, Style};
 use ratatui::widgets::Widget;
 use vramscope_model::format_bytes;
 
-use super::{panel_block, put, thousands};
+use super::{inside_border, panel_block, put, thousands};
 use crate::data::Dataset;
 use crate::view::{Panel, ViewModel};
 use vramscope_engine::Usage;
@@ -27,12 +27,7 @@ const AXIS_W: u16 = 10;
 
 /// The plot inside a timeline panel's area: without border, axis labels and the step row.
 pub fn plot_area(area: Rect) -> Rect {
-    let inner = Rect::new(
-        area.x + 1,
-        area.y + 1,
-        area.width.saturating_sub(2),
-        area.height.saturating_sub(2),
-    );
+    let inner = inside_border(area);
     Rect::new(
         inner.x + AXIS_W.min(inner.width),
         inner.y,
