@@ -212,12 +212,17 @@ pub struct Dataset {
     pub link_state: Link,
 }
 
+/// `snapshot` to share between the dataset and the analyses that read it: its events made
+/// shareable first (`Events::share`), so that a cut at any cursor copies none of them.
+pub fn shared(mut snapshot: Snapshot) -> Arc<Snapshot> {
+    snapshot.events.share();
+    Arc::new(snapshot)
+}
+
 impl Dataset {
     /// A dataset of `snapshot`, whose segments are the state after its last event.
     pub fn new(snapshot: Snapshot, origin: Origin) -> Dataset {
-        let mut snapshot = snapshot;
-        snapshot.events.share();
-        Dataset::from_shared(Arc::new(snapshot), origin)
+        Dataset::from_shared(shared(snapshot), origin)
     }
 
     /// [`Dataset::new`] on a snapshot others read too (the analysis of the whole trace, on
@@ -265,9 +270,7 @@ impl Dataset {
     /// Replaces everything with `snapshot` (a live source re-synchronised), keeping the origin,
     /// the live figures and the connection state.
     pub fn reset(&mut self, snapshot: Snapshot) {
-        let mut snapshot = snapshot;
-        snapshot.events.share();
-        self.load(Arc::new(snapshot));
+        self.load(shared(snapshot));
     }
 
     /// [`Dataset::reset`] with a shared snapshot (see [`Dataset::from_shared`]).

@@ -131,8 +131,7 @@ pub(crate) fn analysed_beside<T>(
     load: impl FnOnce(std::sync::Arc<Snapshot>) -> T,
 ) -> (T, analysis::Analysis) {
     vramscope_analysis::model_view::record_inferred_steps(&mut part);
-    part.events.share();
-    let shared = std::sync::Arc::new(part);
+    let shared = data::shared(part);
     let job = analysis::Job {
         snapshot: std::sync::Arc::clone(&shared),
         cut: None,
