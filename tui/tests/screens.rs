@@ -728,6 +728,42 @@ fn an_empty_dump_is_said_not_shown() {
     assert_eq!(error, words);
 }
 
+/// The nodes the memory panel opens by default are the ones its rows show: at every size, the
+/// legend packed into one, two or more rows, the open tree fits the rows left below the bar
+/// (the panel's own geometry, which the drawing uses), so no row opened by default is hidden.
+#[test]
+fn the_memory_trees_default_opening_fits_the_panels_rows() {
+    use vramscope_tui::ui::layout;
+    use vramscope_tui::ui::memory::{CategoryBar, MemoryGeometry};
+    let mut app = planted_mid_forward();
+    let mut legends = std::collections::BTreeSet::new();
+    for width in [40u16, 52, 60, 70, 80, 100, 120, 160] {
+        for height in [14u16, 18, 20, 24, 30, 48] {
+            let shown = screen(&mut app, width, height);
+            let area = layout(Rect::new(0, 0, width, height), Panel::Memory).body;
+            let bar = CategoryBar {
+                bytes: &app.view().categories,
+                theme: app.theme,
+            };
+            legends.insert(bar.legend_rows(area.width.saturating_sub(2)));
+            let rows = MemoryGeometry::of(area, &bar).tree_list_rows();
+            let memory = &app.view().memory;
+            if rows == 0 {
+                continue;
+            }
+            assert!(
+                memory.len() <= rows.max(memory.iter().filter(|r| r.depth == 0).count()),
+                "{width}x{height}: {} rows opened for {rows} on the screen\n{shown}",
+                memory.len()
+            );
+        }
+    }
+    assert!(
+        legends.len() >= 2,
+        "the sizes pack the legend into different numbers of rows: {legends:?}"
+    );
+}
+
 /// The memory panel's bar is the report's: at the peak of a planted training run, its
 /// categories are the model view's at the peak, byte for byte, and add up to the header's
 /// allocated figure.

@@ -51,7 +51,7 @@ const RECLASSIFY_LIVE: Duration = Duration::from_secs(1);
 impl App {
     fn view_key(&self) -> String {
         format!(
-            "{:?}|{}|{:?}|{}|{}|{}|{}|{:?}|{}|{:?}|{}",
+            "{:?}|{}|{:?}|{}|{}|{}|{}|{:?}|{}|{:?}|{:?}",
             self.sites.sort,
             self.sites.tree,
             self.sites.collapsed,
@@ -62,7 +62,7 @@ impl App {
             self.analysis.as_ref().map(|a| a.cut),
             self.panel == Panel::Memory,
             self.memory.toggled,
-            self.tree_rows(),
+            self.memory_area(),
         )
     }
 
@@ -91,29 +91,40 @@ impl App {
         }
     }
 
-    /// The rows the memory panel's tree has on the screen (the panel less its border, the
-    /// bar, a legend of up to two rows, a gap and the header).
-    fn tree_rows(&self) -> usize {
-        if self.panel != Panel::Memory {
+    /// The memory panel's area on the screen, border included, while it is shown.
+    fn memory_area(&self) -> Option<Rect> {
+        (self.panel == Panel::Memory).then(|| ui::layout(self.area, Panel::Memory).body)
+    }
+
+    /// The rows the memory panel's tree has on the screen with `categories` at the cursor:
+    /// what is left below the bar and its legend, as the panel draws them
+    /// ([`ui::memory::MemoryGeometry`]), and at least one.
+    fn tree_rows(&self, categories: &CategoryBytes) -> usize {
+        let Some(area) = self.memory_area() else {
             return 0;
-        }
-        usize::from(
-            ui::layout(self.area, Panel::Memory)
-                .body
-                .height
-                .saturating_sub(7),
-        )
-        .max(1)
+        };
+        let bar = ui::memory::CategoryBar {
+            bytes: categories,
+            theme: self.theme,
+        };
+        ui::memory::MemoryGeometry::of(area, &bar)
+            .tree_list_rows()
+            .max(1)
     }
 
     /// The nodes of `tree` open unless the user toggled them: the largest first, each while
-    /// its children still fit the panel's rows beside the rows already shown.
-    fn open_by_default(&self, tree: &CallTree) -> rustc_hash::FxHashSet<u32> {
+    /// its children still fit the panel's rows (with `categories` at the cursor) beside the
+    /// rows already shown.
+    fn open_by_default(
+        &self,
+        tree: &CallTree,
+        categories: &CategoryBytes,
+    ) -> rustc_hash::FxHashSet<u32> {
         let mut open = rustc_hash::FxHashSet::default();
         let Some(root) = tree.root() else {
             return open;
         };
-        let budget = self.tree_rows();
+        let budget = self.tree_rows(categories);
         let mut shown = root.children.len();
         let candidates = |n: &[u32]| {
             n.iter()
@@ -134,13 +145,14 @@ impl App {
         open
     }
 
-    /// The call tree's visible rows, from `tree`.
-    fn memory_rows(&self, tree: &CallTree) -> Vec<MemoryRow> {
+    /// The call tree's visible rows, from `tree`, with `categories` at the cursor (the bar
+    /// above the tree, whose legend takes rows of the panel).
+    fn memory_rows(&self, tree: &CallTree, categories: &CategoryBytes) -> Vec<MemoryRow> {
         let mut rows = Vec::new();
         let Some(root) = tree.root() else {
             return rows;
         };
-        let defaults = self.open_by_default(tree);
+        let defaults = self.open_by_default(tree, categories);
         // Depth first from the root's children, a node's children after it while it is open.
         let mut stack: Vec<(u32, String)> = root
             .children
@@ -299,7 +311,8 @@ impl App {
             // Memory from before the trace that no block describes (a profiler trace's
             // totals), as the allocated figure counts it.
             categories.add(Category::BeforeTrace, state.unattributed.allocated);
-            (categories, self.memory_rows(&tree))
+            let rows = self.memory_rows(&tree, &categories);
+            (categories, rows)
         } else {
             (CategoryBytes::new(), Vec::new())
         };

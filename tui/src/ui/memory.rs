@@ -152,6 +152,46 @@ impl Widget for CategoryBar<'_> {
     }
 }
 
+/// Where the memory panel drawn in `area` puts its parts, with the legend of `bar` packed
+/// into the room inside the border: the drawing and the tree's default opening
+/// (`crate::app::App`, which opens as many nodes as the list has rows) both read it, so that
+/// the nodes opened are the ones the rows show.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryGeometry {
+    /// The bar and its legend; empty when the panel is too small to draw anything.
+    pub bar: Rect,
+    /// The call tree, its header row included; empty when no row is left for it.
+    pub tree: Rect,
+}
+
+impl MemoryGeometry {
+    /// The parts of a memory panel drawn in `area` (its border included) with `bar`.
+    pub fn of(area: Rect, bar: &CategoryBar<'_>) -> MemoryGeometry {
+        let inner = inside_border(area);
+        if inner.height == 0 || inner.width < 20 {
+            return MemoryGeometry::default();
+        }
+        let bar_h = (1 + bar.legend_rows(inner.width)).min(inner.height);
+        let bar_area = Rect::new(inner.x, inner.y, inner.width, bar_h);
+        // One blank row between the legend and the tree.
+        let top = inner.y + bar_h + 1;
+        let tree = if top < inner.bottom() {
+            Rect::new(inner.x, top, inner.width, inner.bottom() - top)
+        } else {
+            Rect::default()
+        };
+        MemoryGeometry {
+            bar: bar_area,
+            tree,
+        }
+    }
+
+    /// The tree's rows below its header: how many nodes one screen of the list shows.
+    pub fn tree_list_rows(&self) -> usize {
+        usize::from(self.tree.height.saturating_sub(1))
+    }
+}
+
 /// The memory panel.
 pub struct MemoryPanel<'a> {
     /// What the frame shows.
@@ -173,21 +213,19 @@ impl Widget for MemoryPanel<'_> {
             format_bytes(view.categories.total())
         );
         panel_block(title, theme, true).render(area, buf);
-        let inner = inside_border(area);
-        if inner.height == 0 || inner.width < 20 {
-            return;
-        }
         let bar = CategoryBar {
             bytes: &view.categories,
             theme,
         };
-        let bar_h = (1 + bar.legend_rows(inner.width)).min(inner.height);
-        bar.render(Rect::new(inner.x, inner.y, inner.width, bar_h), buf);
-        let top = inner.y + bar_h + 1;
-        if top >= inner.bottom() {
+        let geometry = MemoryGeometry::of(area, &bar);
+        if geometry.bar.is_empty() {
             return;
         }
-        let tree = Rect::new(inner.x, top, inner.width, inner.bottom() - top);
+        bar.render(geometry.bar, buf);
+        let tree = geometry.tree;
+        if tree.is_empty() {
+            return;
+        }
         let header = format!(
             "{:>10} {:>7}  {:<17} By the call tree",
             "Bytes", "Blocks", "Mostly"
