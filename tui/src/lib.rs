@@ -119,17 +119,12 @@ fn worst_key(findings: &[vramscope_analysis::detect::Finding]) -> WorstKey {
 /// every view: the header, the timeline's ticks and the findings at any cursor, analysed on
 /// the trace cut there, number steps as `report` does), and the analysis of its whole trace.
 pub(crate) fn analysed_part(part: Snapshot) -> analysis::Analysis {
-    analysed_beside(part, |_| ()).1
+    analysis::analyze(&whole_trace_job(part).1)
 }
 
-/// [`analysed_part`], and `load` given the part with its steps written in (shared, its events
-/// shared too, as the dashboard's dataset keeps them), run at once on two threads: the
-/// dataset's walk ([`Dataset::from_shared`]) and the analysis of the whole trace read the
-/// same snapshot, so the first screen waits for the longer of the two, not for both in turn.
-pub(crate) fn analysed_beside<T>(
-    mut part: Snapshot,
-    load: impl FnOnce(std::sync::Arc<Snapshot>) -> T,
-) -> (T, analysis::Analysis) {
+/// `part` with its inferred steps written in, shared (its events shared too, as the
+/// dashboard's dataset keeps them), and the job that analyses its whole trace.
+fn whole_trace_job(mut part: Snapshot) -> (std::sync::Arc<Snapshot>, analysis::Job) {
     vramscope_analysis::model_view::record_inferred_steps(&mut part);
     let shared = data::shared(part);
     let job = analysis::Job {
@@ -137,6 +132,18 @@ pub(crate) fn analysed_beside<T>(
         cut: None,
         version: 0,
     };
+    (shared, job)
+}
+
+/// [`analysed_part`], and `load` given the part with its steps written in (shared, its events
+/// shared too, as the dashboard's dataset keeps them), run at once on two threads: the
+/// dataset's walk ([`Dataset::from_shared`]) and the analysis of the whole trace read the
+/// same snapshot, so the first screen waits for the longer of the two, not for both in turn.
+pub(crate) fn analysed_beside<T>(
+    part: Snapshot,
+    load: impl FnOnce(std::sync::Arc<Snapshot>) -> T,
+) -> (T, analysis::Analysis) {
+    let (shared, job) = whole_trace_job(part);
     std::thread::scope(|scope| {
         let whole = scope.spawn(move || analysis::analyze(&job));
         let loaded = load(shared);
