@@ -136,15 +136,22 @@ pub(crate) fn from_pickle_file(
     Some(snapshot)
 }
 
-/// The process's memory as a phase ends, for the phase timings of [`IMPORT_TIMES_ENV`]: its
-/// resident memory now and its peak since the phase before (`, rss N MiB, peak M MiB`), the
-/// peak being reset after it is read so that the next phase's is its own; empty where
-/// `/proc/self/status` cannot be read. A reset peak is also what `getrusage` reports at exit:
-/// a run that prints phases is not one to take the process's peak from.
+/// The process's memory as a phase ends, for the phase timings of [`IMPORT_TIMES_ENV`]: the
+/// CPU time all its threads spent since the phase before (`, cpu C s`: against the phase's
+/// wall time, how many cores it kept busy), its resident memory now and its peak since the
+/// phase before (`, rss N MiB, peak M MiB`), the peak being reset after it is read so that the
+/// next phase's is its own; empty where `/proc/self/status` cannot be read. A reset peak is
+/// also what `getrusage` reports at exit: a run that prints phases is not one to take the
+/// process's peak from.
 pub fn phase_memory() -> String {
     let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
         return String::new();
     };
+    let cpu = process_cpu_ticks().map_or(String::new(), |ticks| {
+        let before = CPU_TICKS_AT_PHASE.swap(ticks, std::sync::atomic::Ordering::Relaxed);
+        // The kernel's clock ticks, 100 a second on Linux (`USER_HZ`).
+        format!(", cpu {:.2} s", ticks.saturating_sub(before) as f64 / 100.0)
+    });
     let mib = |key: &str| {
         status
             .lines()
@@ -154,9 +161,24 @@ pub fn phase_memory() -> String {
     };
     let _ = std::fs::write("/proc/self/clear_refs", "5");
     match (mib("VmRSS:"), mib("VmHWM:")) {
-        (Some(rss), Some(peak)) => format!(", rss {rss} MiB, peak {peak} MiB"),
-        _ => String::new(),
+        (Some(rss), Some(peak)) => format!("{cpu}, rss {rss} MiB, peak {peak} MiB"),
+        _ => cpu,
     }
+}
+
+/// The process's CPU time at the end of the phase before, in clock ticks ([`phase_memory`]).
+static CPU_TICKS_AT_PHASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The user and system time of every thread of this process so far, in clock ticks: the 14th
+/// and 15th fields of `/proc/self/stat`, counted after the command name, which is in
+/// parentheses and may hold spaces.
+fn process_cpu_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let mut fields = after_name.split_whitespace().skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    Some(user + system)
 }
 
 /// The environment variable that, set, makes the import of a PyTorch snapshot file print on

@@ -74,3 +74,27 @@ fn entry_keys_are_found_in_any_order() {
         assert!(user_metadata.is_none());
     }
 }
+
+/// The phase timings' CPU figure reads this process's user and system time from
+/// `/proc/self/stat`, which grows as the process works.
+#[test]
+fn the_process_cpu_time_is_read_and_grows() {
+    if !std::path::Path::new("/proc/self/stat").exists() {
+        println!("skipped: no /proc/self/stat on this system, so the phases print no CPU time");
+        return;
+    }
+    let before = process_cpu_ticks().expect("/proc/self/stat holds utime and stime");
+    // Work until a clock tick (10 ms) has been counted, or give up after a generous bound.
+    let started = std::time::Instant::now();
+    let mut sum = 0u64;
+    let mut after = before;
+    while after == before && started.elapsed() < std::time::Duration::from_secs(30) {
+        for k in 0..100_000u64 {
+            sum = sum.wrapping_add(std::hint::black_box(k * k));
+        }
+        after = process_cpu_ticks().expect("read again");
+    }
+    std::hint::black_box(sum);
+    assert!(after > before, "the CPU time grew: {before} -> {after}");
+    assert!(phase_memory().contains(", cpu "), "{}", phase_memory());
+}
