@@ -114,6 +114,21 @@ fn bin_of(size: u64) -> (usize, usize) {
     (level & (LEVEL_SLOTS - 1), sub)
 }
 
+/// Makes room in a full bin vector before a push: from 4 entries (`Vec`'s first allocation)
+/// straight to 16, then to [`LONG_BIN`], instead of doubling through 8 and 32. An allocator's
+/// bins start empty, and a trace's first pass grows every bin it fills: each growth is a
+/// reallocation and a copy of the entries, and doubling from 4 to 64 made four of them.
+#[cold]
+#[inline(never)]
+fn grow_bin(bin: &mut Vec<Entry>) {
+    let wanted = match bin.capacity() {
+        0 => 4,
+        cap if cap < 16 => 16,
+        cap => (cap * 2).max(LONG_BIN),
+    };
+    bin.reserve_exact(wanted - bin.len());
+}
+
 /// The slot of a bin in `FreeIndex::bins`.
 #[inline]
 fn slot(level: usize, sub: usize) -> usize {
@@ -146,10 +161,15 @@ impl FreeIndex {
         if at.wrapping_sub(self.base) >= self.bins.len() {
             self.add_bins(at);
         }
-        let bin = &mut self.bins[at - self.base];
+        // SAFETY: `add_bins` made the bins reach slot `at`, and `base <= at` (the wrapping
+        // subtraction above is below `bins.len()` only then), so the index is in bounds.
+        let bin = unsafe { self.bins.get_unchecked_mut(at - self.base) };
         // The length test keeps every vector at `LONG_BIN` entries at most, so that taking an
         // entry out of its middle never shifts more than that.
         if bin.len() < LONG_BIN && bin.last().is_none_or(|last| last.key() > key) {
+            if bin.len() == bin.capacity() {
+                grow_bin(bin);
+            }
             bin.push(Entry::new(key, id));
         } else {
             self.insert_within(at, key, id);
@@ -266,7 +286,10 @@ impl FreeIndex {
     #[inline(always)]
     pub fn take(&mut self, at: Found, key: u128) -> (u128, u32) {
         let at_slot = slot(at.level, at.sub);
-        let bin = &mut self.bins[at_slot - self.base];
+        debug_assert!(at_slot >= self.base && at_slot - self.base < self.bins.len());
+        // SAFETY: `at` came from `find_from`, which found it in an existing bin (a bin whose
+        // mask bit is set exists), and nothing has changed since: bins are never removed.
+        let bin = unsafe { self.bins.get_unchecked_mut(at_slot - self.base) };
         // `IN_OVERFLOW + 1` wraps to 0, never the length of a bin that has a position, so
         // the common case (the last entry) tests nothing else.
         let entry = if at.index.wrapping_add(1) == bin.len() {
@@ -364,9 +387,15 @@ impl FreeIndex {
     pub fn find_from(&self, key: u128) -> Option<(Found, u128, u32)> {
         let (level, sub) = bin_of(key_size(key));
         if self.bin_masks[level & (LEVEL_SLOTS - 1)] & (1 << sub) != 0 {
-            let bin = &self.bins[slot(level, sub) - self.base];
-            let last = bin.len() - 1;
-            let smallest = bin[last];
+            debug_assert!(!self.bins[slot(level, sub) - self.base].is_empty());
+            // SAFETY: a bin whose mask bit is set exists (so its slot is at or after `base`
+            // and within `bins`) and has a non-empty vector (the masks' invariant, kept by
+            // `insert` and `take`), so both indices are in bounds.
+            let (bin, last, smallest) = unsafe {
+                let bin = self.bins.get_unchecked(slot(level, sub) - self.base);
+                let last = bin.len() - 1;
+                (bin, last, *bin.get_unchecked(last))
+            };
             if smallest.key() >= key {
                 let at = Found {
                     level,
