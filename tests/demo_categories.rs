@@ -79,3 +79,45 @@ fn the_demos_trainer_names_what_its_memory_is() {
         assert!(most[Category::Temporaries] >= block(4 * b * h));
     }
 }
+
+/// The demo's recording names the line that allocated each block, without a stack: the
+/// call tree (the dashboard's Memory panel, the HTML page's moments) is built from those
+/// lines, so its nodes are the trainer's lines, not one "(no line of the user's)".
+#[test]
+fn the_demos_call_tree_is_the_trainers_lines() {
+    use vramscope::analysis::call_tree::{CallTree, NodeKind};
+    let config = TrainConfig {
+        steps: 4,
+        batch: 32,
+        inputs: 16,
+        hidden: 32,
+        classes: 4,
+        log_every: 2,
+        ..TrainConfig::default()
+    };
+    let settings = AllocatorConfig {
+        record_events: true,
+        ..AllocatorConfig::default()
+    };
+    let device = Device::new(CachingAllocator::new(
+        DeviceBackend::sim(256 << 20),
+        settings,
+    ));
+    let snap = train(&device, &config).unwrap().snapshot;
+    let categories = Categories::classify(&snap);
+    let walk = Reconstruction::from_snapshot(&snap);
+    let tree = CallTree::at(&snap, &walk.end, Some(&categories), 64);
+    let root = tree.root().expect("a root");
+    assert_eq!(root.bytes, walk.end.allocated);
+    assert!(!root.children.is_empty());
+    for &c in &root.children {
+        let node = &tree.nodes[c as usize];
+        assert_eq!(node.kind, NodeKind::Line, "{node:?}");
+        let line = node.label.strip_prefix("train.rs:").expect(&node.label);
+        assert!(line.parse::<u32>().is_ok(), "{}", node.label);
+    }
+    // The largest node is the first layer's weight line, where `Param::new` makes the
+    // weight and AdamW's two moments: optimizer state is most of it.
+    let first = &tree.nodes[root.children[0] as usize];
+    assert_eq!(first.main_category(), Some(Category::OptimizerState));
+}

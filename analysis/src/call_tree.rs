@@ -32,7 +32,7 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 use vramscope_engine::{autograd_node, is_compiled_frame, LiveBlock, MemoryState};
 use vramscope_model::marks::{module_of_annotation, LiveMark};
-use vramscope_model::{Category, CategoryBytes, Event, Frame, Snapshot};
+use vramscope_model::{CallSite, Category, CategoryBytes, Event, Frame, Snapshot};
 
 use crate::categories::Categories;
 use crate::model_view::{default_framework_paths, is_module_call};
@@ -157,6 +157,23 @@ fn file_name(path: &str) -> &str {
 }
 
 impl SitePath {
+    /// The path of a call site: of its stack where it has one, else of its primary location
+    /// alone (a recording of vramscope's own allocator names the line that allocated, without
+    /// a stack, and that line is the user's unless the same rules as a stack's frames say it
+    /// is compiled code or the framework's).
+    fn of_site(site: &CallSite, framework: &[String], keys: &mut Keys) -> SitePath {
+        if !site.frames.is_empty() {
+            return SitePath::of(&site.frames, framework, keys);
+        }
+        // An unknown location (`??`, line 0) is a native frame, which the rules skip.
+        let primary = Frame {
+            file: site.file.clone(),
+            line: site.line,
+            function: site.function.clone(),
+        };
+        SitePath::of(std::slice::from_ref(&primary), framework, keys)
+    }
+
     /// The path of a stack (innermost frame first).
     fn of(frames: &[Frame], framework: &[String], keys: &mut Keys) -> SitePath {
         let mut path = SitePath::default();
@@ -179,7 +196,12 @@ impl SitePath {
             }
             let full = format!("{}:{} in {}", f.file, f.line, f.function);
             let id = keys.intern(NodeKind::Line, full, || {
-                format!("{}:{} {}", file_name(&f.file), f.line, f.function)
+                let at = format!("{}:{}", file_name(&f.file), f.line);
+                if f.function.is_empty() {
+                    at
+                } else {
+                    format!("{at} {}", f.function)
+                }
             });
             path.parts.push(Part::Line(id));
         }
@@ -413,7 +435,7 @@ impl CallTree {
                 None => path.push(no_stack),
                 Some(s) => {
                     let site = site_paths[s as usize].get_or_insert_with(|| {
-                        SitePath::of(&snapshot.sites[s as usize].frames, &framework, &mut keys)
+                        SitePath::of_site(&snapshot.sites[s as usize], &framework, &mut keys)
                     });
                     let by_marks = !open.is_empty() && open.len() == site.module_calls as usize;
                     let own = snapshot
