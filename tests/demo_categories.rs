@@ -8,11 +8,24 @@ use vramscope::allocator::{CachingAllocator, DeviceBackend};
 use vramscope::analysis::categories::Categories;
 use vramscope::engine::Reconstruction;
 use vramscope::kernels::{train, Device, TrainConfig};
-use vramscope::model::{AllocatorConfig, Category, CategoryBytes};
+use vramscope::model::{AllocatorConfig, Category, CategoryBytes, Snapshot};
 
 /// A request's block size: PyTorch's rounding to 512 bytes, as the allocator applies it.
 fn block(bytes: u64) -> u64 {
     bytes.div_ceil(512).max(1) * 512
+}
+
+/// The demo trainer's recording of `config` on a simulated device of 256 MiB.
+fn recorded(config: &TrainConfig) -> Snapshot {
+    let settings = AllocatorConfig {
+        record_events: true,
+        ..AllocatorConfig::default()
+    };
+    let device = Device::new(CachingAllocator::new(
+        DeviceBackend::sim(256 << 20),
+        settings,
+    ));
+    train(&device, config).unwrap().snapshot
 }
 
 #[test]
@@ -28,15 +41,7 @@ fn the_demos_trainer_names_what_its_memory_is() {
             grad_accum,
             ..TrainConfig::default()
         };
-        let settings = AllocatorConfig {
-            record_events: true,
-            ..AllocatorConfig::default()
-        };
-        let device = Device::new(CachingAllocator::new(
-            DeviceBackend::sim(256 << 20),
-            settings,
-        ));
-        let snap = train(&device, &config).unwrap().snapshot;
+        let snap = recorded(&config);
         let categories = Categories::classify(&snap);
         let walk = Reconstruction::from_snapshot(&snap);
         let (d, h, c, b) = (
@@ -95,15 +100,7 @@ fn the_demos_call_tree_is_the_trainers_lines() {
         log_every: 2,
         ..TrainConfig::default()
     };
-    let settings = AllocatorConfig {
-        record_events: true,
-        ..AllocatorConfig::default()
-    };
-    let device = Device::new(CachingAllocator::new(
-        DeviceBackend::sim(256 << 20),
-        settings,
-    ));
-    let snap = train(&device, &config).unwrap().snapshot;
+    let snap = recorded(&config);
     let categories = Categories::classify(&snap);
     let walk = Reconstruction::from_snapshot(&snap);
     let tree = CallTree::at(&snap, &walk.end, Some(&categories), 64);
