@@ -155,6 +155,63 @@ impl Clone for LiveBlocks {
             since_order: None,
         }
     }
+
+    /// The same copy, made in the memory `self` already holds where it is large enough: a
+    /// state of 172,000 blocks copied into fresh memory spent more time faulting its pages in
+    /// than copying (the dashboard's jumps copy a checkpoint into the state at the cursor).
+    fn clone_from(&mut self, source: &LiveBlocks) {
+        self.map.clone_from(&source.map);
+        let mut spare = self
+            .order
+            .take()
+            .or_else(|| self.since_order.take().map(|since| since.base))
+            .unwrap_or_default();
+        self.since_order = None;
+        if let Some(order) = source.order.get() {
+            spare.clear();
+            spare.extend_from_slice(order);
+            let _ = self.order.set(spare);
+        }
+    }
+}
+
+/// Past this many blocks the address order is sorted by radix rather than by comparison.
+const RADIX_FROM: usize = 1024;
+
+/// Sorts `order` by address (addresses are distinct): for a large one a least significant
+/// digit radix sort, a byte per pass, skipping the bytes every address shares (the high
+/// bytes of a device's addresses and the low bytes of aligned ones). On 172,000 blocks it
+/// took 2 ms where the comparison sort took 8 (issue 47).
+fn sort_by_address(order: &mut Vec<(u64, u64)>) {
+    if order.len() < RADIX_FROM {
+        order.sort_unstable_by_key(|&(addr, _)| addr);
+        return;
+    }
+    let mut counts = vec![[0usize; 256]; 8];
+    for &(addr, _) in order.iter() {
+        for (byte, count) in counts.iter_mut().enumerate() {
+            count[((addr >> (8 * byte)) & 0xff) as usize] += 1;
+        }
+    }
+    let n = order.len();
+    let mut other = vec![(0u64, 0u64); n];
+    for (byte, count) in counts.iter().enumerate() {
+        if count.contains(&n) {
+            continue;
+        }
+        let mut at = [0usize; 256];
+        let mut sum = 0;
+        for (slot, &c) in at.iter_mut().zip(count.iter()) {
+            *slot = sum;
+            sum += c;
+        }
+        for &entry in order.iter() {
+            let digit = ((entry.0 >> (8 * byte)) & 0xff) as usize;
+            other[at[digit]] = entry;
+            at[digit] += 1;
+        }
+        std::mem::swap(order, &mut other);
+    }
 }
 
 impl PartialEq for LiveBlocks {
@@ -241,7 +298,7 @@ impl LiveBlocks {
             None => {
                 let mut order: Vec<(u64, u64)> =
                     self.map.iter().map(|(&addr, b)| (addr, b.size)).collect();
-                order.sort_unstable_by_key(|&(addr, _)| addr);
+                sort_by_address(&mut order);
                 order
             }
         })
@@ -295,6 +352,20 @@ impl LiveBlocks {
         }
     }
 
+    /// Puts `block` at `addr`, or takes the block there out for `None`: a change recorded
+    /// between two states, replayed as a whole (the dashboard's jumps). The state's totals
+    /// are the caller's to set; the address order follows as for any other change.
+    pub fn set(&mut self, addr: u64, block: Option<LiveBlock>) {
+        match block {
+            Some(block) => {
+                self.insert(addr, block);
+            }
+            None => {
+                self.remove(addr);
+            }
+        }
+    }
+
     /// The blocks at the addresses of `order` (all of them in the map).
     fn with_addresses<'a>(
         &'a self,
@@ -343,7 +414,7 @@ pub struct Usage {
 }
 
 /// Segments and live blocks at one moment, with their totals.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct MemoryState {
     /// Segments (mapped runs) by address.
     pub segments: BTreeMap<u64, SegmentInfo>,
@@ -360,6 +431,32 @@ pub struct MemoryState {
     /// Bytes allocated and reserved before the trace that no block or segment of the state
     /// describes (a format that records totals but not the dump-time state).
     pub unattributed: Usage,
+}
+
+impl Clone for MemoryState {
+    fn clone(&self) -> MemoryState {
+        MemoryState {
+            segments: self.segments.clone(),
+            blocks: self.blocks.clone(),
+            allocated: self.allocated,
+            active: self.active,
+            reserved: self.reserved,
+            requested: self.requested,
+            unattributed: self.unattributed,
+        }
+    }
+
+    /// The same copy, the blocks made in the memory `self` already holds
+    /// (`LiveBlocks::clone_from`).
+    fn clone_from(&mut self, source: &MemoryState) {
+        self.segments.clone_from(&source.segments);
+        self.blocks.clone_from(&source.blocks);
+        self.allocated = source.allocated;
+        self.active = source.active;
+        self.reserved = source.reserved;
+        self.requested = source.requested;
+        self.unattributed = source.unattributed;
+    }
 }
 
 impl MemoryState {
@@ -832,6 +929,34 @@ pub(crate) mod tests {
                 assert_eq!(ours, theirs, "step {step}: extents in [{from:#x}, {to:#x})");
             }
             assert_eq!(blocks.len(), model.len());
+        }
+    }
+
+    /// The radix sort of the address order agrees with a comparison sort, on addresses that
+    /// share their high and low bytes (as a device's aligned addresses do) and on any.
+    #[test]
+    fn the_radix_sort_orders_as_a_comparison_sort_does() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for (len, mask, base) in [
+            (RADIX_FROM, u64::MAX, 0),
+            (5000, 0xff_ffff << 9, 0x7f00_0000_0000),
+            (3000, 0xffff_ffff, 0),
+        ] {
+            let mut seen = std::collections::HashSet::new();
+            let mut order = Vec::new();
+            while order.len() < len {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let addr = base | (x & mask);
+                if seen.insert(addr) {
+                    order.push((addr, x >> 40));
+                }
+            }
+            let mut expect = order.clone();
+            expect.sort_unstable_by_key(|&(a, _)| a);
+            sort_by_address(&mut order);
+            assert_eq!(order, expect, "{len} addresses under {mask:#x}");
         }
     }
 

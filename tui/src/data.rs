@@ -15,8 +15,10 @@
 //! Positions are counts of events applied: position `k` is the state after the first `k`
 //! events, so `0` is the state before the first event and `len()` the latest. The states kept
 //! along the way (checkpoints, from which a jump replays or undoes the events between) hold
-//! together at most one block or segment per 16 events and two states of the largest size:
-//! the dataset's memory is O(events + live blocks), whatever the trace.
+//! together at most one block or segment per 16 events and two states of the largest size,
+//! and the changes kept between evenly spaced states (`deltas`, which a long jump crosses
+//! instead of replaying every event) at most one block per block event: the dataset's memory
+//! is O(events + live blocks), whatever the trace.
 
 use std::sync::Arc;
 
@@ -28,8 +30,10 @@ use vramscope_telemetry::TablesFrame;
 
 use crate::pyramid::{higher, Extremes, Pyramid};
 
+mod deltas;
 mod sums;
 
+use deltas::{DeltaBuilder, Deltas};
 use sums::Batch;
 pub use sums::{Sums, TreeContext};
 
@@ -69,6 +73,24 @@ fn checkpoint_gap(items: usize, every: usize, events: usize, budget: usize) -> u
     by_size.max(by_budget)
 }
 
+/// Events between the bounds of the changes kept for jumps ([`Deltas`]): a jump replays at
+/// most half of them at each end, and the changes between the bounds in between. In the tests,
+/// a few, so that small traces cross changes too.
+const DELTA_EVERY: usize = if cfg!(test) { 16 } else { 65_536 };
+
+/// What crossing one kept change costs a jump, counted in events replayed: a change sets a
+/// block in the state and in the sums moved with it (which sum it by site and step), where
+/// most events of a run touch a few addresses again and again (on the 10M-event replica of
+/// decomfl, 290 ns a change against 30 ns an event). In the tests, one, so that their small
+/// traces cross changes too.
+const CHANGE_COST: usize = if cfg!(test) { 1 } else { 10 };
+
+/// What summing a checkpoint the first time costs a jump that starts there, per block or
+/// segment, counted in events replayed: the blocks sorted by address and summed by site
+/// (14 ms for 150,000 blocks on the replica, against 2 ms to copy them). In the tests, none,
+/// so that moves start from checkpoints not summed yet too.
+const FIRST_SUMS_COST: usize = if cfg!(test) { 0 } else { 3 };
+
 /// Where [`Dataset::state_at`] starts from.
 #[derive(Clone, Copy)]
 enum Start {
@@ -78,6 +100,61 @@ enum Start {
     Checkpoint(usize),
     /// The state after the last event.
     Head,
+}
+
+/// How [`Dataset::state_at`] goes from where it starts to the position asked for.
+#[derive(Clone, Copy)]
+enum Route {
+    /// Event by event.
+    Events,
+    /// Event by event to bound `.0` of the kept changes, across the changes to bound `.1`,
+    /// then event by event.
+    Across(usize, usize),
+}
+
+/// Makes `cache` a copy of `state`, the state at `pos`: in the memory of the state it held
+/// where nothing else holds that one (the analysis of a cut may), so that the copy finds its
+/// pages in place.
+fn copy_into(cache: &mut Option<(usize, Arc<MemoryState>)>, pos: usize, state: &MemoryState) {
+    if let Some((k, held)) = cache {
+        if let Some(held) = Arc::get_mut(held) {
+            held.clone_from(state);
+            *k = pos;
+            return;
+        }
+    }
+    *cache = Some((pos, Arc::new(state.clone())));
+}
+
+/// Applies events `from..to` to `state` (the state at `from`) or undoes events `to..from`,
+/// noting the changes in `batch` where there is one.
+fn replay(
+    state: &mut MemoryState,
+    mut batch: Option<&mut Batch>,
+    events: &[Event],
+    link: &[u32],
+    from: usize,
+    to: usize,
+) {
+    if from > to {
+        for i in (to..from).rev() {
+            let undo = |s: &mut MemoryState| {
+                vramscope_engine::undo(s, events, link, i);
+            };
+            match batch.as_deref_mut() {
+                Some(batch) => batch.step(state, &events[i], undo),
+                None => undo(state),
+            }
+        }
+    } else {
+        for (i, e) in events.iter().enumerate().take(to).skip(from) {
+            let apply = |s: &mut MemoryState| s.apply(e, i as u32);
+            match batch.as_deref_mut() {
+                Some(batch) => batch.step(state, e, apply),
+                None => apply(state),
+            }
+        }
+    }
 }
 
 /// Raises `named` (one past the highest call-site, tag and scope ids seen) to the ids `e`
@@ -164,6 +241,12 @@ pub struct Dataset {
     dropped_peak: Usage,
     checkpoints: Vec<(usize, MemoryState)>,
     checkpoint_every: usize,
+    /// The changes between the walk's states at evenly spaced positions of the loaded
+    /// events, which a long jump crosses instead of replaying every event.
+    deltas: Deltas,
+    /// How many moves crossed kept changes (the tests' evidence that they were taken).
+    #[cfg(test)]
+    crossings: usize,
     link: Vec<u32>,
     pairing: Pairing,
     step_starts: Vec<(u64, usize)>,
@@ -240,6 +323,9 @@ impl Dataset {
             dropped_peak: Usage::default(),
             checkpoints: Vec::new(),
             checkpoint_every: 16_384,
+            deltas: Deltas::default(),
+            #[cfg(test)]
+            crossings: 0,
             link: Vec::new(),
             pairing: Pairing::new(),
             step_starts: Vec::new(),
@@ -304,7 +390,13 @@ impl Dataset {
         // The largest state so far: the budget only grows, so every checkpoint kept fits the
         // final one.
         let mut largest = 0;
-        let walk = vramscope_engine::Reconstruction::new(&snapshot, CHECKPOINT_MIN, &mut |k, s| {
+        let mut deltas = DeltaBuilder::new(&snapshot.events, DELTA_EVERY);
+        let step = CHECKPOINT_MIN.min(DELTA_EVERY);
+        let walk = vramscope_engine::Reconstruction::new(&snapshot, step, &mut |k, s| {
+            deltas.observe(k, s);
+            if !k.is_multiple_of(CHECKPOINT_MIN) {
+                return;
+            }
             let size = items(s);
             largest = largest.max(size);
             let gap = checkpoint_gap(size, widest, n, checkpoint_budget(n, largest));
@@ -316,6 +408,9 @@ impl Dataset {
         // The walk found the peaks (the first event reaching each); a pass over the usage
         // would find them again.
         self.peak = Peak::of_walk(&walk);
+        deltas.observe(0, &walk.start);
+        deltas.observe(n, &walk.end);
+        self.deltas = deltas.finish();
         self.head = walk.end;
         self.start_usage = walk.start.usage();
         checkpoints.push((0, walk.start));
@@ -484,6 +579,7 @@ impl Dataset {
         // are.
         self.loaded = 0;
         self.disagreements = Disagreements::default();
+        self.deltas = Deltas::default();
         fix_blocks(&mut self.head);
         let mut checkpoints = vec![(0, start)];
         for (k, mut s) in std::mem::take(&mut self.checkpoints) {
@@ -726,55 +822,46 @@ impl Dataset {
         if pos == n {
             return &self.head;
         }
-        // Start from the cached state or a checkpoint, at or after `pos` (undoing events, the
-        // walk's own step: only from a state of the walk, at or before `loaded`) or before it
-        // (applying events, where that keeps to the walk's states), whichever touches fewer
-        // events and blocks. The checkpoint at or before `pos` with the events applied is
-        // always at hand, which the head (undone) beats only before any event was appended.
-        let loaded = self.loaded;
-        let keeps = |from: usize| self.forward_keeps(from, pos);
-        // A state at `pos` itself needs neither.
-        let undoes = |from: usize| from <= loaded || from == pos;
+        // Start from the cached state, a checkpoint or the head, whichever costs least: a
+        // copy of the state (but for the cached one) and the route from there. The route
+        // undoes events (the walk's own step: only from a state of the walk, at or before
+        // `loaded`), applies them (where that keeps to the walk's states), or goes to the
+        // nearest bound of the kept changes and crosses them (within the loaded events).
+        // The checkpoint at or before `pos` with the events applied is always at hand, which
+        // the head (undone) beats only before any event was appended.
         let above = self.checkpoints.partition_point(|(k, _)| *k < pos);
         let below = above
             .checked_sub(1)
             .filter(|&b| self.checkpoints[b].0 < pos);
-        let mut best: Option<(usize, Start)> = None;
-        let mut consider = |cost: usize, start: Start| {
-            if best.is_none_or(|(c, _)| cost < c) {
-                best = Some((cost, start));
+        let mut best: Option<(usize, Start, Route)> = None;
+        let mut consider = |copy: usize, from: usize, start: Start| {
+            if let Some((cost, route)) = self.route(from, pos) {
+                let cost = copy + cost;
+                if best.is_none_or(|(c, _, _)| cost < c) {
+                    best = Some((cost, start, route));
+                }
             }
         };
         if let Some((k, _)) = &self.cache {
-            if *k >= pos && undoes(*k) {
-                consider(k - pos, Start::Cache);
-            } else if *k < pos && keeps(*k) {
-                consider(pos - k, Start::Cache);
+            consider(0, *k, Start::Cache);
+        }
+        let unsummed = |k: usize| self.sums_wanted && !self.checkpoint_sums.contains_key(&k);
+        for c in [Some(above), below].into_iter().flatten() {
+            if let Some((k, state)) = self.checkpoints.get(c) {
+                let first = if unsummed(*k) { FIRST_SUMS_COST } else { 0 };
+                consider(items(state) * (1 + first), *k, Start::Checkpoint(c));
             }
         }
-        if let Some((k, state)) = self.checkpoints.get(above) {
-            if undoes(*k) {
-                consider(items(state) + (k - pos), Start::Checkpoint(above));
-            }
-        }
-        if let Some(b) = below {
-            let (k, state) = &self.checkpoints[b];
-            if keeps(*k) {
-                consider(items(state) + (pos - k), Start::Checkpoint(b));
-            }
-        }
-        if undoes(n) {
-            consider(items(&self.head) + (n - pos), Start::Head);
-        }
+        consider(items(&self.head), n, Start::Head);
         // Nothing else keeps to the walk: the first checkpoint, walked forwards (the events
         // before `loaded` agree with the walk wherever a checkpoint at or before `loaded` is
         // missing, which only a trimmed live source has, and it walks forwards throughout).
-        let best = best.unwrap_or((0, Start::Checkpoint(0)));
-        match best.1 {
+        let (_, start, route) = best.unwrap_or((0, Start::Checkpoint(0), Route::Events));
+        match start {
             Start::Cache => {}
             Start::Checkpoint(c) => {
                 let (k, state) = &self.checkpoints[c];
-                self.cache = Some((*k, Arc::new(state.clone())));
+                copy_into(&mut self.cache, *k, state);
                 self.cache_sums = None;
                 if self.sums_wanted {
                     let (k, state) = &self.checkpoints[c];
@@ -789,7 +876,7 @@ impl Dataset {
                 }
             }
             Start::Head => {
-                self.cache = Some((n, Arc::new(self.head.clone())));
+                copy_into(&mut self.cache, n, &self.head);
                 self.cache_sums = self.sums_wanted.then(|| self.head_sums().clone());
             }
         }
@@ -799,22 +886,16 @@ impl Dataset {
             let link = &self.link;
             // The sums take the run's changes once at its end, address by address.
             let mut batch = self.cache_sums.as_ref().map(|_| Batch::default());
-            if *k > pos {
-                for i in (pos..*k).rev() {
-                    let undo = |s: &mut MemoryState| {
-                        vramscope_engine::undo(s, events, link, i);
-                    };
-                    match &mut batch {
-                        Some(batch) => batch.step(state, &events[i], undo),
-                        None => undo(state),
-                    }
-                }
-            } else {
-                for (i, e) in events.iter().enumerate().take(pos).skip(*k) {
-                    let apply = |s: &mut MemoryState| s.apply(e, i as u32);
-                    match &mut batch {
-                        Some(batch) => batch.step(state, e, apply),
-                        None => apply(state),
+            match route {
+                Route::Events => replay(state, batch.as_mut(), events, link, *k, pos),
+                Route::Across(i, j) => {
+                    let (from, to) = (self.deltas.bound(i), self.deltas.bound(j));
+                    replay(state, batch.as_mut(), events, link, *k, from);
+                    self.deltas.cross(state, batch.as_mut(), i, j);
+                    replay(state, batch.as_mut(), events, link, to, pos);
+                    #[cfg(test)]
+                    {
+                        self.crossings += usize::from(i != j);
                     }
                 }
             }
@@ -827,6 +908,45 @@ impl Dataset {
             Some((_, state)) => state,
             None => &self.head,
         }
+    }
+
+    /// The cheapest way from the state at `from` to the state at `pos` that keeps to the
+    /// states [`Dataset::state_at`] stands for, and its cost in events replayed (a kept change
+    /// counts [`CHANGE_COST`]); `None` where there is none.
+    fn route(&self, from: usize, pos: usize) -> Option<(usize, Route)> {
+        let loaded = self.loaded;
+        // Event by event: undoing only from a state of the walk, applying only where no
+        // loaded event between disagrees with it.
+        let walks = |a: usize, b: usize| {
+            if a >= b {
+                a <= loaded || a == b
+            } else {
+                self.forward_keeps(a, b)
+            }
+        };
+        let mut best = walks(from, pos).then(|| (from.abs_diff(pos), Route::Events));
+        if from > loaded || pos > loaded {
+            return best;
+        }
+        let (Some(near_from), Some(near_pos)) = (self.deltas.around(from), self.deltas.around(pos))
+        else {
+            return best;
+        };
+        for i in near_from {
+            for j in near_pos {
+                let (a, b) = (self.deltas.bound(i), self.deltas.bound(j));
+                if !walks(from, a) || !walks(b, pos) {
+                    continue;
+                }
+                let cost = from.abs_diff(a)
+                    + CHANGE_COST.saturating_mul(self.deltas.changes(i, j))
+                    + b.abs_diff(pos);
+                if best.is_none_or(|(c, _)| cost < c) {
+                    best = Some((cost, Route::Across(i, j)));
+                }
+            }
+        }
+        best
     }
 
     /// Whether applying the events from position `from` to `pos` keeps to the states

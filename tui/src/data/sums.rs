@@ -399,4 +399,18 @@ impl Batch {
             | EventKind::Snapshot => step(state),
         }
     }
+
+    /// Puts `block` at `addr` in `state` (or takes the block there out), a change recorded
+    /// between two states (`super::deltas`), noting the block it replaces.
+    pub fn set_block(&mut self, state: &mut MemoryState, addr: u64, block: Option<LiveBlock>) {
+        self.before
+            .entry(addr)
+            .or_insert_with(|| state.blocks.get(addr).copied());
+        state.blocks.set(addr, block);
+    }
+
+    /// Notes that the segment at `addr` was added, removed or changed.
+    pub fn segment_changed(&mut self, addr: u64) {
+        self.segments.push(addr);
+    }
 }

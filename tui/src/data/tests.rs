@@ -1,6 +1,7 @@
 //! Tests of the dataset: checkpoints, random access, cuts and their memory bound.
 
 use super::*;
+use vramscope_engine::LiveBlock;
 use vramscope_testkit::fixture;
 
 #[test]
@@ -171,7 +172,27 @@ fn random_access_agrees_with_the_usage_series_over_many_checkpoints() {
     );
     for pos in cursor_walk(n, 120, n / 190) {
         assert_eq!(data.state_at(pos).usage(), data.usage_at(pos), "at {pos}");
+        check_order(data.state_at(pos), pos);
     }
+    assert!(
+        data.crossings > 10,
+        "jumps crossed kept changes {} times",
+        data.crossings
+    );
+}
+
+/// The blocks of `state` in address order, and their extents, are those of its blocks
+/// sorted afresh: the order a state moved by events and kept changes merges from the order
+/// it had is the order it has.
+fn check_order(state: &MemoryState, pos: usize) {
+    let mut fresh: Vec<(u64, LiveBlock)> =
+        state.blocks.unordered().map(|(&a, &b)| (a, b)).collect();
+    fresh.sort_unstable_by_key(|&(a, _)| a);
+    let ours: Vec<(u64, LiveBlock)> = state.blocks.by_address().map(|(&a, &b)| (a, b)).collect();
+    assert_eq!(ours, fresh, "address order at {pos}");
+    let extents: Vec<(u64, u64)> = state.blocks.extents_in(0, u64::MAX).collect();
+    let sizes: Vec<(u64, u64)> = fresh.iter().map(|&(a, b)| (a, b.size)).collect();
+    assert_eq!(extents, sizes, "extents at {pos}");
 }
 
 /// On a trace that contradicts itself (blocks freed twice, free requests repeated), where
@@ -228,6 +249,7 @@ fn the_state_at_any_position_is_the_walks_own_on_a_trace_that_contradicts_itself
     // Stepping forwards one event at a time, as a held arrow key does.
     for (i, pos) in cursor_walk(n, 600, 1).into_iter().enumerate() {
         assert_eq!(*data.state_at(pos), states[pos], "at {pos}");
+        check_order(data.state_at(pos), pos);
         assert_eq!(data.usage_at(pos), states[pos].usage(), "at {pos}");
         if i % 5 == 0 {
             // The sums moved with the state, through the stretches that disagree too.
@@ -242,6 +264,11 @@ fn the_state_at_any_position_is_the_walks_own_on_a_trace_that_contradicts_itself
         }
     }
     assert!(forwards_differs, "the trace does part the two directions");
+    assert!(
+        data.crossings > 10,
+        "jumps crossed kept changes {} times",
+        data.crossings
+    );
 }
 
 proptest::proptest! {
@@ -264,6 +291,33 @@ proptest::proptest! {
             let own = walk.state_walked(events, pos);
             proptest::prop_assert_eq!(data.state_at(pos), &own, "at {}", pos);
             proptest::prop_assert_eq!(data.usage_at(pos), own.usage(), "at {}", pos);
+            check_order(data.state_at(pos), pos);
+        }
+    }
+
+    /// Whatever the trace, crossing the changes kept between any two bounds, forwards or
+    /// backwards, from the walk's own state at one gives the walk's own state at the other:
+    /// blocks, segments and totals.
+    #[test]
+    fn crossing_the_kept_changes_gives_the_walks_own_state(
+        ops in vramscope_testkit::generated::ops(1..5, 1..80),
+        live_at_dump in vramscope_testkit::generated::live_at_dump(),
+    ) {
+        let snapshot = vramscope_testkit::generated::trace_of_ops(&ops, &live_at_dump);
+        let walk = vramscope_engine::Reconstruction::from_snapshot(&snapshot);
+        let events: &[Event] = &snapshot.events;
+        let data = Dataset::new(snapshot.clone(), Origin::File("f".into()));
+        let deltas = &data.deltas;
+        let bounds = deltas.bounds();
+        proptest::prop_assert!(bounds >= 3 || events.len() <= DELTA_EVERY, "{} bounds", bounds);
+        let states: Vec<MemoryState> =
+            (0..bounds).map(|b| walk.state_walked(events, deltas.bound(b))).collect();
+        for i in 0..bounds {
+            for j in 0..bounds {
+                let mut state = states[i].clone();
+                deltas.cross(&mut state, None, i, j);
+                proptest::prop_assert_eq!(&state, &states[j], "from bound {} to {}", i, j);
+            }
         }
     }
 }
@@ -536,6 +590,11 @@ fn the_sums_moved_with_the_cursor_equal_the_states_own_over_many_checkpoints() {
         data.checkpoint_sums.len() >= 2,
         "moves started from checkpoints: {}",
         data.checkpoint_sums.len()
+    );
+    assert!(
+        data.crossings > 10,
+        "jumps crossed kept changes {} times",
+        data.crossings
     );
 }
 
