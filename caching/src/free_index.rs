@@ -381,6 +381,14 @@ impl FreeIndex {
         self.find_from(key).map(|(_, key, id)| (key, id))
     }
 
+    /// The first entry at or after `key` (best fit), taken out: [`FreeIndex::find_from`] and
+    /// [`FreeIndex::take`] with nothing in between, for a caller that takes whatever fits.
+    #[inline(always)]
+    pub fn take_from(&mut self, key: u128) -> Option<(u128, u32)> {
+        let (at, found, _) = self.find_from(key)?;
+        Some(self.take(at, found))
+    }
+
     /// The first entry at or after `key` (best fit) with its position, for
     /// [`FreeIndex::take`].
     #[inline(always)]

@@ -256,6 +256,18 @@ impl<'a, B: Backend> Books<'a, B> {
         let max_split = self.shared.max_split;
         let state = &mut *self.state;
         let list = state.find_list(stream, pool)?;
+        if max_split == u64::MAX && !self.shared.expandable_segments {
+            // No rule below looks at the best fit before it is taken (the split limit is
+            // unset and no segment is expandable): find it and take it in one step, which
+            // keeps its position in registers instead of across the checks.
+            let (_, id) = state.free_lists[list as usize]
+                .blocks
+                .take_from(free_key(rounded, 0))?;
+            return Some(Found {
+                block: id,
+                uncounted: true,
+            });
+        }
         let (mut at, mut key, mut id) = state.free_lists[list as usize]
             .blocks
             .find_from(free_key(rounded, 0))?;
