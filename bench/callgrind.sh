@@ -6,9 +6,10 @@
 # Usage (from the workspace root, after `cargo build --release --manifest-path bench/Cargo.toml`):
 #   bash bench/callgrind.sh [traces...] [-- subjects...]
 # Prints a markdown table; the callgrind files stay in ${CALLGRIND_OUT:-/tmp/vramscope-callgrind}.
+# BENCH_BIN names another build of the benchmark to count (a copy of the build before a change).
 set -euo pipefail
 
-bin="$(dirname "$0")/target/release/vramscope-bench"
+bin="${BENCH_BIN:-$(dirname "$0")/target/release/vramscope-bench}"
 out="${CALLGRIND_OUT:-/tmp/vramscope-callgrind}"
 mkdir -p "$out"
 
