@@ -9,7 +9,7 @@
 //! `crate::provenance`. `crate::buffer::DeviceBuffer`, the other thing handed out, has its own
 //! module.
 
-use std::num::NonZeroU32;
+use std::num::NonZeroU64;
 use std::panic::Location;
 use std::sync::atomic::Ordering;
 
@@ -30,16 +30,32 @@ use crate::sync::MutexGuard;
 #[must_use = "a block handle that is dropped without `free_block` leaks its block"]
 pub struct BlockHandle {
     pub(super) addr: u64,
-    pub(super) block: u32,
-    /// The handle tag of the allocator that handed it out, so that another allocator refuses
-    /// it (a `NonZeroU32`, which keeps `Option<BlockHandle>` at 16 bytes).
-    allocator: NonZeroU32,
+    /// The handle tag of the allocator that handed it out in the low 32 bits, so that another
+    /// allocator refuses it, and the block id in the high 32. The tag is not zero, so neither
+    /// is this, which keeps `Option<BlockHandle>` at 16 bytes; and two 8-byte fields make
+    /// the handle a pair of registers, returned in registers: as three fields (8, 4 and 4
+    /// bytes) it was returned through memory, written as three stores that a caller's one
+    /// 16-byte copy of it could not take from the store buffer, and waited for them (issue
+    /// 47: about 5 % of a replay's time on the peer benchmark).
+    id: NonZeroU64,
 }
 
 impl BlockHandle {
     /// The device address of the block (0 for a zero-byte allocation).
     pub fn addr(&self) -> u64 {
         self.addr
+    }
+
+    /// The block's id in its allocator's slab.
+    #[inline]
+    pub(super) fn block(&self) -> u32 {
+        (self.id.get() >> 32) as u32
+    }
+
+    /// The handle tag of the allocator that handed it out.
+    #[inline]
+    fn allocator(&self) -> u32 {
+        self.id.get() as u32
     }
 }
 
@@ -61,15 +77,14 @@ impl<B: Backend> CachingAllocator<B> {
     pub(super) fn handle(&self, (addr, block): (u64, u32)) -> BlockHandle {
         BlockHandle {
             addr,
-            block,
-            allocator: self.shared.handle_tag,
+            id: NonZeroU64::from(self.shared.handle_tag) | (block as u64) << 32,
         }
     }
 
     /// Refuses a handle that another allocator handed out.
     #[inline]
     pub(super) fn check_handle(&self, handle: &BlockHandle) -> Result<(), AllocError> {
-        if handle.allocator == self.shared.handle_tag {
+        if handle.allocator() == self.shared.handle_tag.get() {
             Ok(())
         } else {
             Err(AllocError::UnknownPointer { addr: handle.addr })
@@ -213,7 +228,7 @@ impl<B: Backend> Exclusive<'_, B> {
         if handle.addr == 0 {
             return Ok(());
         }
-        self.books().deallocate_owned(handle.block, handle.addr)
+        self.books().deallocate_owned(handle.block(), handle.addr)
     }
 
     /// The policy over the held lock's state.

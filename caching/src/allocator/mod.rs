@@ -266,7 +266,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// Frees a block from [`CachingAllocator::alloc_block`].
     pub fn free_block(&self, handle: BlockHandle) -> Result<(), AllocError> {
         self.check_handle(&handle)?;
-        self.deallocate_buffer(handle.block, handle.addr)
+        self.deallocate_buffer(handle.block(), handle.addr)
     }
 
     /// Allocates a block; `for_buffer` marks it as owned by a `DeviceBuffer` (freed by id)
@@ -536,6 +536,7 @@ mod tests {
     use super::state::BlockMeta;
     use super::*;
     use crate::config::MIB;
+    use crate::SimDevice;
 
     #[test]
     fn block_metadata_fits_64_bytes_with_its_map_entry() {
@@ -546,6 +547,25 @@ mod tests {
     #[test]
     fn an_optional_block_handle_is_16_bytes() {
         assert_eq!(std::mem::size_of::<Option<BlockHandle>>(), 16);
+    }
+
+    #[test]
+    fn a_handle_keeps_its_block_and_allocator_apart() {
+        let alloc = CachingAllocator::new(SimDevice::phantom(1 << 30), AllocatorConfig::default());
+        let other = CachingAllocator::new(SimDevice::phantom(1 << 30), AllocatorConfig::default());
+        for block in [0, 1, 0x1234_5678, u32::MAX - 1] {
+            let handle = alloc.handle((0x7f00_0000_0200, block));
+            assert_eq!(handle.block(), block);
+            assert_eq!(handle.addr(), 0x7f00_0000_0200);
+            assert!(alloc.check_handle(&handle).is_ok());
+            assert!(matches!(
+                other.check_handle(&handle),
+                Err(AllocError::UnknownPointer {
+                    addr: 0x7f00_0000_0200
+                })
+            ));
+            drop(handle);
+        }
     }
 
     #[test]
