@@ -20,7 +20,7 @@
 //! instead of replaying every event) at most one block per block event: the dataset's memory
 //! is O(events + live blocks), whatever the trace.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use vramscope_engine::{
     Disagreements, FreeLink, MemoryState, Pairing, SiteGroups, Usage, UsageSeries,
@@ -54,8 +54,10 @@ const EVENTS_PER_ITEM: usize = 16;
 /// [`EVENTS_PER_ITEM`] events: together they hold at most [`checkpoint_budget`] blocks and
 /// segments, so that the dataset's memory is O(events + live blocks) whatever the trace
 /// (issue 33: a million allocations never freed once kept 48 copies of a state that grew to a
-/// million blocks, 5.3 GB, and two million aborted).
-const FULL_STATES: usize = 2;
+/// million blocks, 5.3 GB, and two million aborted). One since the changes kept for jumps
+/// (`deltas`) took the second one's memory: a jump crosses them from a checkpoint further
+/// away at the cost of the blocks that differ, not of every event (issue 47).
+const FULL_STATES: usize = 1;
 
 /// The most blocks and segments the checkpoints of `events` events hold together, when the
 /// largest state among them has `largest`.
@@ -90,6 +92,56 @@ const CHANGE_COST: usize = if cfg!(test) { 1 } else { 10 };
 /// (14 ms for 150,000 blocks on the replica, against 2 ms to copy them). In the tests, none,
 /// so that moves start from checkpoints not summed yet too.
 const FIRST_SUMS_COST: usize = if cfg!(test) { 0 } else { 3 };
+
+/// Checkpoints of at least this many blocks and segments are summed off the dashboard's loop
+/// once sums are asked for ([`sum_off_the_loop`]): summed at a jump's first visit, one of
+/// 150,000 blocks took the frame 14-22 ms. In the tests, every one that holds anything, so
+/// that the sums made there are compared too.
+const SUM_OFF_LOOP_FROM: usize = if cfg!(test) { 1 } else { 16_384 };
+
+/// Sums made off the loop, by checkpoint position, waiting to be taken.
+type MadeOffLoop = Arc<Mutex<Vec<(usize, Sums)>>>;
+
+/// Sums the checkpoints of at least [`SUM_OFF_LOOP_FROM`] blocks and segments on a thread of
+/// their own, the largest first, sorting their blocks by address on the way (kept in the
+/// checkpoints, as a jump's first visit kept them), with the call tree's sums where `tree`
+/// gives their context and the snapshot the checkpoints are of: what it hands back, which
+/// the dataset takes at its next move. The thread stops once the dataset lets go of it.
+fn sum_off_the_loop(
+    checkpoints: &[(usize, Arc<MemoryState>)],
+    tree: Option<(Arc<TreeContext>, Arc<Snapshot>)>,
+) -> MadeOffLoop {
+    let made = MadeOffLoop::default();
+    let mut todo: Vec<(usize, Arc<MemoryState>)> = checkpoints
+        .iter()
+        .filter(|(_, s)| items(s) >= SUM_OFF_LOOP_FROM)
+        .map(|(k, s)| (*k, Arc::clone(s)))
+        .collect();
+    if todo.is_empty() {
+        return made;
+    }
+    todo.sort_by_key(|(k, s)| (std::cmp::Reverse(items(s)), *k));
+    let sink = Arc::clone(&made);
+    let spawned = std::thread::Builder::new()
+        .name("vramscope-sums".into())
+        .spawn(move || {
+            for (k, state) in todo {
+                if Arc::strong_count(&sink) == 1 {
+                    return;
+                }
+                let mut sums = Sums::of_state(&state);
+                if let Some((context, snapshot)) = &tree {
+                    sums.ensure_tree(context, &snapshot.events, &state);
+                }
+                if let Ok(mut made) = sink.lock() {
+                    made.push((k, sums));
+                }
+            }
+        });
+    // Without a thread, a jump sums a checkpoint at its first visit, as before.
+    drop(spawned);
+    made
+}
 
 /// Where [`Dataset::state_at`] starts from.
 #[derive(Clone, Copy)]
@@ -239,7 +291,9 @@ pub struct Dataset {
     /// live source's oldest), and the states before them: the peak up to any position counts
     /// them, since they came before it.
     dropped_peak: Usage,
-    checkpoints: Vec<(usize, MemoryState)>,
+    /// The states kept along the way, shared with the thread that sums them
+    /// ([`sum_off_the_loop`]).
+    checkpoints: Vec<(usize, Arc<MemoryState>)>,
     checkpoint_every: usize,
     /// The changes between the walk's states at evenly spaced positions of the loaded
     /// events, which a long jump crosses instead of replaying every event.
@@ -262,8 +316,11 @@ pub struct Dataset {
     cache: Option<(usize, Arc<MemoryState>)>,
     /// The sums of `cache`, once asked for ([`Dataset::sums_at`]), moved with it.
     cache_sums: Option<Sums>,
-    /// The sums of the checkpoints a move started from, by position, made the first time.
+    /// The sums of the checkpoints a move started from, by position, made the first time
+    /// or off the loop.
     checkpoint_sums: rustc_hash::FxHashMap<usize, Sums>,
+    /// The checkpoints' sums made off the loop since the dataset was loaded, not taken yet.
+    made_off_loop: MadeOffLoop,
     /// The sums of the head, once asked for, kept up to date as events are appended.
     head_sums: Option<Sums>,
     /// Whether sums were ever asked for: until then no state carries any.
@@ -336,6 +393,7 @@ impl Dataset {
             cache: None,
             cache_sums: None,
             checkpoint_sums: Default::default(),
+            made_off_loop: Default::default(),
             head_sums: None,
             sums_wanted: false,
             tree_context: None,
@@ -401,7 +459,7 @@ impl Dataset {
             largest = largest.max(size);
             let gap = checkpoint_gap(size, widest, n, checkpoint_budget(n, largest));
             if above - k >= gap {
-                checkpoints.push((k, s.clone()));
+                checkpoints.push((k, Arc::new(s.clone())));
                 above = k;
             }
         });
@@ -413,7 +471,7 @@ impl Dataset {
         self.deltas = deltas.finish();
         self.head = walk.end;
         self.start_usage = walk.start.usage();
-        checkpoints.push((0, walk.start));
+        checkpoints.push((0, Arc::new(walk.start)));
         checkpoints.reverse();
         self.usage = walk.usage;
         self.pyramid = Pyramid::new(&self.usage);
@@ -445,6 +503,9 @@ impl Dataset {
         self.groups = SiteGroups::from_sites(&snapshot.sites);
         self.cache = None;
         self.clear_sums();
+        if self.sums_wanted {
+            self.made_off_loop = self.sum_checkpoints_off_the_loop();
+        }
         self.segments_current = true;
         // The analysis reads the events up to the time cursor: shared (by the caller), they
         // are not copied for it (`cut_snapshot`).
@@ -462,7 +523,8 @@ impl Dataset {
         if self.len() == self.loaded && self.checkpoints.last().map(|c| c.0) != Some(self.loaded) {
             // The walk's state after the loaded events, which the head leaves behind now: the
             // state from which the loaded events are undone.
-            self.checkpoints.push((self.loaded, self.head.clone()));
+            self.checkpoints
+                .push((self.loaded, Arc::new(self.head.clone())));
         }
         let snapshot = Arc::make_mut(&mut self.snapshot);
         for e in events {
@@ -499,7 +561,7 @@ impl Dataset {
             note_ids(&mut self.named, e);
             let len = i + 1;
             if len.is_multiple_of(self.checkpoint_every) {
-                self.checkpoints.push((len, self.head.clone()));
+                self.checkpoints.push((len, Arc::new(self.head.clone())));
             }
         }
         snapshot.events.share();
@@ -581,14 +643,14 @@ impl Dataset {
         self.disagreements = Disagreements::default();
         self.deltas = Deltas::default();
         fix_blocks(&mut self.head);
-        let mut checkpoints = vec![(0, start)];
+        let mut checkpoints = vec![(0, Arc::new(start))];
         for (k, mut s) in std::mem::take(&mut self.checkpoints) {
             if k > count {
-                fix_blocks(&mut s);
+                fix_blocks(Arc::make_mut(&mut s));
                 checkpoints.push((k - count, s));
             }
         }
-        fix_blocks(&mut checkpoints[0].1);
+        fix_blocks(Arc::make_mut(&mut checkpoints[0].1));
         self.checkpoints = checkpoints;
         // Blocks whose allocation was dropped count from before the trace now.
         self.clear_sums();
@@ -829,6 +891,9 @@ impl Dataset {
         // nearest bound of the kept changes and crosses them (within the loaded events).
         // The checkpoint at or before `pos` with the events applied is always at hand, which
         // the head (undone) beats only before any event was appended.
+        if self.sums_wanted {
+            self.take_sums_made_off_the_loop();
+        }
         let above = self.checkpoints.partition_point(|(k, _)| *k < pos);
         let below = above
             .checked_sub(1)
@@ -845,7 +910,7 @@ impl Dataset {
         if let Some((k, _)) = &self.cache {
             consider(0, *k, Start::Cache);
         }
-        let unsummed = |k: usize| self.sums_wanted && !self.checkpoint_sums.contains_key(&k);
+        let unsummed = |k: usize| self.sums_wanted && !self.summed(k);
         for c in [Some(above), below].into_iter().flatten() {
             if let Some((k, state)) = self.checkpoints.get(c) {
                 let first = if unsummed(*k) { FIRST_SUMS_COST } else { 0 };
@@ -949,6 +1014,41 @@ impl Dataset {
         best
     }
 
+    /// Takes the checkpoints' sums made off the loop so far into `checkpoint_sums`, unless
+    /// the thread holds them just now.
+    fn take_sums_made_off_the_loop(&mut self) {
+        let Ok(mut made) = self.made_off_loop.try_lock() else {
+            return;
+        };
+        let made: Vec<(usize, Sums)> = made.drain(..).collect();
+        for (k, sums) in made {
+            // Sums made with an older tree context (or none) give way; those of the
+            // current one are kept.
+            match self.checkpoint_sums.get(&k) {
+                Some(held) if self.current(held) || !self.current(&sums) => {}
+                _ => {
+                    self.checkpoint_sums.insert(k, sums);
+                }
+            }
+        }
+    }
+
+    /// Whether `sums` hold the call tree's sums of the current context, or none where there is
+    /// none: what a move from their state would otherwise make whole.
+    fn current(&self, sums: &Sums) -> bool {
+        match (sums.tree(), &self.tree_context) {
+            (Some((made_with, _)), Some(context)) => std::ptr::eq(made_with, Arc::as_ptr(context)),
+            (_, context) => context.is_none(),
+        }
+    }
+
+    /// Whether the checkpoint at `k` has its sums, current ([`Dataset::current`]).
+    fn summed(&self, k: usize) -> bool {
+        self.checkpoint_sums
+            .get(&k)
+            .is_some_and(|s| self.current(s))
+    }
+
     /// Whether applying the events from position `from` to `pos` keeps to the states
     /// [`Dataset::state_at`] stands for: no loaded event among them disagrees with the walk.
     fn forward_keeps(&self, from: usize, pos: usize) -> bool {
@@ -986,10 +1086,12 @@ impl Dataset {
         (Arc::clone(&self.snapshot), state)
     }
 
-    /// Forgets every state's sums (the blocks changed other than by events).
+    /// Forgets every state's sums (the blocks changed other than by events), those being
+    /// made off the loop too.
     fn clear_sums(&mut self) {
         self.cache_sums = None;
         self.checkpoint_sums.clear();
+        self.made_off_loop = MadeOffLoop::default();
         self.head_sums = None;
     }
 
@@ -1006,8 +1108,23 @@ impl Dataset {
 
     /// Sets what the call tree's sums are made with: from then on [`Dataset::sums_at`]
     /// includes them ([`Sums::tree`]), each state's made again with `context` the first time.
+    /// The checkpoints' sums, the tree's included, are made off the loop again with it.
     pub fn set_tree_context(&mut self, context: Arc<TreeContext>) {
         self.tree_context = Some(context);
+        if self.sums_wanted {
+            self.made_off_loop = self.sum_checkpoints_off_the_loop();
+        }
+    }
+
+    /// [`sum_off_the_loop`] of the loaded checkpoints (a live source's later ones are summed
+    /// at their first visit), with the call tree's sums once their context is set.
+    fn sum_checkpoints_off_the_loop(&self) -> MadeOffLoop {
+        let loaded = self.checkpoints.partition_point(|(k, _)| *k <= self.loaded);
+        let tree = self
+            .tree_context
+            .as_ref()
+            .map(|context| (Arc::clone(context), Arc::clone(&self.snapshot)));
+        sum_off_the_loop(&self.checkpoints[..loaded], tree)
     }
 
     /// The sums of the state at position `pos` ([`Dataset::state_at`]'s): made whole the
@@ -1015,7 +1132,13 @@ impl Dataset {
     /// after that, so that a move costs the blocks its events change (see `sums`). From the
     /// first call on, every state the dataset works out carries its sums.
     pub fn sums_at(&mut self, pos: usize) -> &Sums {
-        self.sums_wanted = true;
+        if !self.sums_wanted {
+            // From the first ask on, the checkpoints are summed off the loop: not before, so
+            // that a dataset nobody draws (and the analysis of the trace, at its opening)
+            // is not kept company by their sums.
+            self.sums_wanted = true;
+            self.made_off_loop = self.sum_checkpoints_off_the_loop();
+        }
         let pos = pos.min(self.len());
         let _ = self.state_at(pos);
         if pos == self.len() {
