@@ -426,20 +426,20 @@ pub fn build_report(snapshot: &Snapshot, options: &ReportOptions) -> Report {
 pub fn build_report_view(view: &ModelView<'_>, options: &ReportOptions) -> Report {
     let snapshot = view.snapshot();
     // How many blocks from before the trace have estimated sizes takes a pass of its own over
-    // the events that needs nothing of the view: a second thread counts them while this one
-    // builds the rest (here, when no thread can be started).
+    // the events, from the view's start state (its walk's, not walked again): a second thread
+    // counts them while this one builds the rest (here, when no thread can be started).
+    let count =
+        || vramscope_replay::estimated_before_trace_blocks_from(snapshot, view.start_state());
     std::thread::scope(|scope| {
         let counting = std::thread::Builder::new()
             .name("vramscope-estimated".to_string())
-            .spawn_scoped(scope, || {
-                vramscope_replay::estimated_before_trace_blocks(snapshot)
-            });
+            .spawn_scoped(scope, count);
         let mut report = build_report_parts(view, options);
         report.stats.baseline_estimated_blocks = match counting {
             Ok(handle) => handle
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-            Err(_) => vramscope_replay::estimated_before_trace_blocks(snapshot),
+            Err(_) => count(),
         };
         report
     })

@@ -49,8 +49,8 @@ pub use capacity::{infer_capacity, InferredCapacity};
 pub use plan::{ReplayOutcome, ReplayPlan, ReplayRequest};
 pub use render::{render_sweep_text, render_text};
 pub use sizing::{
-    block_sizing, estimated_before_trace_blocks, size_blocks, size_blocks_visiting,
-    size_blocks_with_progress, BlockSizing,
+    block_sizing, estimated_before_trace_blocks, estimated_before_trace_blocks_from, size_blocks,
+    size_blocks_visiting, size_blocks_with_progress, BlockSizing,
 };
 use sweep::*;
 pub use sweep::{

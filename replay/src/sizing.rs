@@ -497,30 +497,39 @@ pub fn estimated_before_trace_blocks(snapshot: &Snapshot) -> u64 {
     if snapshot.source != SnapshotSource::Pytorch {
         return 0;
     }
+    // The walk to the start is taken only where the dump leaves some unknown: the room a
+    // block had at the start only ever makes a size known.
+    match count_estimated(snapshot, &BeforeTraceSizes::new(snapshot, None)) {
+        0 => 0,
+        _ => estimated_before_trace_blocks_from(snapshot, &Reconstruction::start_of(snapshot)),
+    }
+}
+
+/// [`estimated_before_trace_blocks`] with the trace's start state at hand (`start`, the
+/// engine walk's state before the first event, as [`Reconstruction::start_of`] gives it): one
+/// pass over the events, without the walk back to the start and its links (four bytes an
+/// event), which a caller that has walked the trace already need not pay again.
+pub fn estimated_before_trace_blocks_from(snapshot: &Snapshot, start: &MemoryState) -> u64 {
+    if snapshot.source != SnapshotSource::Pytorch {
+        return 0;
+    }
+    count_estimated(snapshot, &BeforeTraceSizes::new(snapshot, Some(start)))
+}
+
+/// The frees of blocks from before the trace whose size `known` does not show.
+fn count_estimated(snapshot: &Snapshot, known: &BeforeTraceSizes) -> u64 {
     let divisions = snapshot.config.roundup_power2_divisions;
-    let count = |known: &BeforeTraceSizes| {
-        let mut pairing = Pairing::new();
-        let mut estimated = 0;
-        for (i, e) in snapshot.events.iter().enumerate() {
-            if let Pair::Free(link) = pairing.push(i as u32, e) {
-                if link.alloc.is_none()
-                    && link.ends_allocation
-                    && !known.shown(i as u32, e, divisions)
-                {
-                    estimated += 1;
-                }
+    let mut pairing = Pairing::new();
+    let mut estimated = 0;
+    for (i, e) in snapshot.events.iter().enumerate() {
+        if let Pair::Free(link) = pairing.push(i as u32, e) {
+            if link.alloc.is_none() && link.ends_allocation && !known.shown(i as u32, e, divisions)
+            {
+                estimated += 1;
             }
         }
-        estimated
-    };
-    // The walk to the start is taken only where the dump leaves some unknown.
-    match count(&BeforeTraceSizes::new(snapshot, None)) {
-        0 => 0,
-        _ => count(&BeforeTraceSizes::new(
-            snapshot,
-            Some(&Reconstruction::start_of(snapshot)),
-        )),
     }
+    estimated
 }
 
 /// Whether PyTorch's allocator could hand a request rounded to `rounded` bytes a free block of

@@ -539,7 +539,7 @@ fn staircase(
         }
         let size = i128::from(view.interval_size(iv));
         delta[slot(iv.alloc_step)] += size;
-        if let Some(f) = iv.free_step().filter(|&f| f < loop_steps.end) {
+        if let Some(f) = view.free_step(iv).filter(|&f| f < loop_steps.end) {
             delta[slot(f)] -= size;
         }
     }

@@ -22,7 +22,7 @@ use vramscope_engine::{
 use vramscope_model::{BlockState, Event, EventKind, Id, Snapshot, TransferDirection};
 
 use super::steps::{collect_steps, StepPlan};
-use super::{Interval, ModelView, SegmentSummary, StepInfo, StepTally, TraceTotals};
+use super::{ByGroup, Interval, ModelView, SegmentSummary, StepInfo, StepTally, TraceTotals};
 use crate::categories::Categories;
 use vramscope_engine::MemoryState;
 
@@ -132,7 +132,6 @@ impl<'a> ModelViewBuilder<'a> {
             // The trace lost the free of the previous block at this address.
             let old = &mut self.intervals[old as usize];
             old.free_event = Id::new(event_index);
-            old.free_step = Id::new(step);
         }
         self.open_intervals
             .insert(event_index, self.intervals.len() as u32);
@@ -141,7 +140,6 @@ impl<'a> ModelViewBuilder<'a> {
             alloc_event: event_index,
             free_event: None,
             alloc_step: step,
-            free_step: None,
         });
         let tally = self.tallies.entry((group, step)).or_default();
         tally.allocs += 1;
@@ -156,7 +154,6 @@ impl<'a> ModelViewBuilder<'a> {
             Some(at) => {
                 let interval = &mut self.intervals[at as usize];
                 interval.free_event = Id::new(event_index);
-                interval.free_step = Id::new(step);
                 let tally = self.tallies.entry((interval.group, step)).or_default();
                 tally.frees += 1;
                 let size = interval.alloc(&self.snapshot.events).size;
@@ -311,21 +308,19 @@ impl<'a> ModelViewBuilder<'a> {
     }
 
     /// Indices into the intervals of each group's allocations, in order, by group id.
-    fn intervals_by_group(&self) -> Vec<Vec<u32>> {
-        let mut by_group = vec![Vec::new(); self.groups.len()];
-        for (i, interval) in self.intervals.iter().enumerate() {
-            by_group[interval.group as usize].push(i as u32);
-        }
-        by_group
+    fn intervals_by_group(&self) -> ByGroup {
+        ByGroup::new(self.groups.len(), || {
+            self.intervals
+                .iter()
+                .enumerate()
+                .map(|(i, interval)| (interval.group, i as u32))
+        })
     }
 
     /// Indices of each group's events besides its allocations, in order, by group id.
-    fn extra_events_by_group(&mut self) -> Vec<Vec<u32>> {
-        let mut by_group = vec![Vec::new(); self.groups.len()];
-        for (group, event_index) in std::mem::take(&mut self.group_extra_events) {
-            by_group[group as usize].push(event_index);
-        }
-        by_group
+    fn extra_events_by_group(&mut self) -> ByGroup {
+        let extra = std::mem::take(&mut self.group_extra_events);
+        ByGroup::new(self.groups.len(), || extra.iter().copied())
     }
 
     /// The tallies summed per step (by step index), and per group as `(step index, tally)`
@@ -347,8 +342,8 @@ impl<'a> ModelViewBuilder<'a> {
 /// What [`ModelViewBuilder::summarize`] derives before the engine's walk is needed, for
 /// [`ModelViewBuilder::finish`].
 pub(super) struct Summaries {
-    group_intervals: Vec<Vec<u32>>,
-    group_events: Vec<Vec<u32>>,
+    group_intervals: ByGroup,
+    group_events: ByGroup,
     step_totals: Vec<StepTally>,
     group_steps: Vec<Vec<(u32, StepTally)>>,
     empty_cache_calls: Vec<vramscope_engine::EmptyCacheCall>,

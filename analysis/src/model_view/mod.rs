@@ -56,10 +56,9 @@ pub struct Interval {
     /// Index of the first free event of the block, `None` when it is live at the end
     /// ([`Interval::free_event`] reads it; four bytes, as a big trace keeps millions).
     pub free_event: Option<Id>,
-    /// Step index (into [`ModelView::steps`]) of the allocation.
+    /// Step index (into [`ModelView::steps`]) of the allocation. The free's is that of its
+    /// event ([`ModelView::free_step`]): kept here it was four bytes more an allocation.
     pub alloc_step: u32,
-    /// Step index of the free ([`Interval::free_step`] reads it).
-    pub free_step: Option<Id>,
 }
 
 impl Interval {
@@ -72,11 +71,6 @@ impl Interval {
     /// Index of the first free event of the block, `None` when it is live at the end.
     pub fn free_event(&self) -> Option<u32> {
         self.free_event.map(Id::get)
-    }
-
-    /// Step index (into [`ModelView::steps`]) of the free, `None` when it is live at the end.
-    pub fn free_step(&self) -> Option<u32> {
-        self.free_step.map(Id::get)
     }
 
     /// Whether the block is still allocated at the end of the trace.
@@ -260,14 +254,62 @@ fn step_of_event(runs: &Runs<u32>, event: u32) -> u32 {
     runs.get(event as usize).or(runs.last()).unwrap_or(0)
 }
 
+/// Indices listed by call-site group, in one flat list: each group's indices, in the order
+/// they were given, lie together, and `starts` says where each group's begin. A big trace has
+/// millions of allocations; a list of its own per group grew each by doubling (up to twice the
+/// indices, plus a header per group), where this holds four bytes an index and a group.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ByGroup {
+    /// Where each group's indices begin in `items`, by group id, and the end of the last.
+    starts: Vec<u32>,
+    /// The indices, group after group.
+    items: Vec<u32>,
+}
+
+impl ByGroup {
+    /// The indices of `entries` (each `(group, index)`, in order) by group, for `groups`
+    /// groups: `entries` is walked twice, once to count each group's indices and once to place
+    /// them. A group id at or past `groups` is a fault of the caller (a panic).
+    pub(crate) fn new<I>(groups: usize, entries: impl Fn() -> I) -> ByGroup
+    where
+        I: Iterator<Item = (GroupId, u32)>,
+    {
+        let mut starts = vec![0u32; groups + 1];
+        for (group, _) in entries() {
+            starts[group as usize + 1] += 1;
+        }
+        for g in 0..groups {
+            starts[g + 1] += starts[g];
+        }
+        let mut next = starts.clone();
+        let mut items = vec![0u32; starts[groups] as usize];
+        for (group, index) in entries() {
+            let at = &mut next[group as usize];
+            items[*at as usize] = index;
+            *at += 1;
+        }
+        ByGroup { starts, items }
+    }
+
+    /// The indices of `group`, in the order they were given; none for a group it does not
+    /// have.
+    pub(crate) fn of(&self, group: GroupId) -> &[u32] {
+        let g = group as usize;
+        match (self.starts.get(g), self.starts.get(g + 1)) {
+            (Some(&a), Some(&b)) => &self.items[a as usize..b as usize],
+            _ => &[],
+        }
+    }
+}
+
 /// The analysis view of one snapshot. See the module documentation.
 #[derive(Clone, Debug)]
 pub struct ModelView<'a> {
     snapshot: &'a Snapshot,
     groups: SiteGroups,
     intervals: Vec<Interval>,
-    group_intervals: Vec<Vec<u32>>,
-    group_events: Vec<Vec<u32>>,
+    group_intervals: ByGroup,
+    group_events: ByGroup,
     steps: Vec<StepInfo>,
     /// The step index of every event, as runs: events come a step at a time, so a trace of
     /// millions of events has as many runs as steps (a list of every event's step index was
@@ -338,9 +380,12 @@ impl<'a> ModelView<'a> {
                 builder.push(index, event);
             }
             // The walk takes longer than the pass (at 10M events, 1.0 s and 0.5 s): what
-            // needs no walk is worked out meanwhile.
-            let summaries = builder.summarize();
+            // needs no walk is worked out meanwhile. The classification first: its pass over
+            // the allocations (eight bytes each) ends before the summaries' lists by group
+            // are made, which stay to the end, so the two are never held at once (the
+            // analysis's peak on a 10M-event trace).
             let categories = Categories::classify(snapshot);
+            let summaries = builder.summarize();
             let walk = walk
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
@@ -421,15 +466,23 @@ impl<'a> ModelView<'a> {
         &self.intervals
     }
 
+    /// Step index (into [`ModelView::steps`]) of the free of `interval`, one of this view's
+    /// intervals: the step of its free event; `None` when it is live at the end.
+    pub fn free_step(&self, interval: &Interval) -> Option<u32> {
+        interval
+            .free_event()
+            .map(|event| step_of_event(&self.event_step, event))
+    }
+
     /// Indices into [`ModelView::intervals`] of one group's allocations, in order.
     pub fn group_intervals(&self, group: GroupId) -> &[u32] {
-        &self.group_intervals[group as usize]
+        self.group_intervals.of(group)
     }
 
     /// Indices into [`Snapshot::events`] of one group's transfers, syncs, `empty_cache()` calls,
     /// segment events and OOMs, in order.
     pub fn group_events(&self, group: GroupId) -> &[u32] {
-        &self.group_events[group as usize]
+        self.group_events.of(group)
     }
 
     /// The steps in increasing order; positions in this list are "step indices".
@@ -477,7 +530,7 @@ impl<'a> ModelView<'a> {
         let mut bytes = 0u64;
         for &i in self.group_intervals(group) {
             let iv = &self.intervals[i as usize];
-            if iv.alloc_step <= step && iv.free_step().is_none_or(|f| f > step) {
+            if iv.alloc_step <= step && self.free_step(iv).is_none_or(|f| f > step) {
                 blocks += 1;
                 bytes = bytes.saturating_add(self.interval_size(iv));
             }
@@ -663,6 +716,12 @@ impl<'a> ModelView<'a> {
             .collect()
     }
 
+    /// The engine walk's state before the first event (the one
+    /// `vramscope_engine::Reconstruction::start_of` gives).
+    pub fn start_state(&self) -> &MemoryState {
+        &self.start
+    }
+
     /// Bytes per category before the first event: all from before the trace (the
     /// parameters among them where the trace shows which they are).
     pub fn categories_at_start(&self) -> CategoryBytes {
@@ -681,6 +740,32 @@ impl<'a> ModelView<'a> {
 mod tests {
     use super::*;
     use vramscope_testkit::{Trace, MIB};
+
+    proptest::proptest! {
+        #![proptest_config(vramscope_testkit::props::config(64))]
+
+        /// The flat index by group gives each group the indices a list per group would hold,
+        /// in the order given; a group past the last has none.
+        #[test]
+        fn by_group_lists_each_groups_indices_in_order(
+            groups in 1usize..12,
+            picks in proptest::collection::vec((0usize..64, 0u32..1_000_000), 0..300),
+        ) {
+            let entries: Vec<(GroupId, u32)> = picks
+                .iter()
+                .map(|&(g, i)| ((g % groups) as GroupId, i))
+                .collect();
+            let flat = ByGroup::new(groups, || entries.iter().copied());
+            let mut lists = vec![Vec::new(); groups];
+            for &(g, i) in &entries {
+                lists[g as usize].push(i);
+            }
+            for (g, list) in lists.iter().enumerate() {
+                proptest::prop_assert_eq!(flat.of(g as GroupId), list.as_slice());
+            }
+            proptest::prop_assert!(flat.of(groups as GroupId).is_empty());
+        }
+    }
 
     #[test]
     fn step_runs_give_every_events_step() {
@@ -703,10 +788,11 @@ mod tests {
 
     /// The view keeps an interval per allocation, a third of a big trace's events: 48 bytes
     /// each until the free's event and step took four bytes each and the size and requested
-    /// bytes were read from the allocation event; a field that grows it shows here.
+    /// bytes were read from the allocation event, 20 until the free's step was read from its
+    /// event; a field that grows it shows here.
     #[test]
-    fn an_interval_takes_20_bytes() {
-        assert_eq!(std::mem::size_of::<Interval>(), 20);
+    fn an_interval_takes_16_bytes() {
+        assert_eq!(std::mem::size_of::<Interval>(), 16);
     }
 
     #[test]
@@ -724,7 +810,8 @@ mod tests {
         let view = ModelView::new(&snapshot);
         let iv = view.intervals();
         assert_eq!(iv.len(), 3);
-        assert_eq!(iv[0].free_step(), Some(1));
+        assert_eq!(view.free_step(&iv[0]), Some(1));
+        assert_eq!(view.free_step(&iv[1]), None);
         assert!(iv[1].is_live_at_end());
         assert!(iv[2].is_live_at_end());
         let addr_of = |interval: &Interval| interval.alloc(&snapshot.events).addr;
