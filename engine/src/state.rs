@@ -960,6 +960,40 @@ pub(crate) mod tests {
         }
     }
 
+    /// A state copied into another, larger or smaller, in turn, is the state copied, its
+    /// blocks in the same address order.
+    #[test]
+    fn a_copy_into_a_state_of_any_size_is_the_state() {
+        let sized = |n: u64| {
+            let mut state = MemoryState::default();
+            for i in 0..n {
+                state.apply(
+                    &ev(EventKind::Alloc, 0x10_0000 + (i * 7919 % n) * 512, 512),
+                    0,
+                );
+            }
+            state
+        };
+        let states = [sized(3000), sized(10), sized(500), sized(3000), sized(0)];
+        let mut copy = MemoryState::default();
+        for (i, state) in states.iter().enumerate() {
+            if i % 2 == 0 {
+                // Sorted already, so that the copy takes its order too.
+                let _ = state.blocks.by_address().count();
+            }
+            copy.clone_from(state);
+            assert_eq!(&copy, state, "copy {i}");
+            let ours: Vec<u64> = copy.blocks.by_address().map(|(&a, _)| a).collect();
+            let theirs: Vec<u64> = state.blocks.by_address().map(|(&a, _)| a).collect();
+            assert_eq!(ours, theirs, "copy {i}");
+            copy.apply(&ev(EventKind::Alloc, 0x1000, 64), 1);
+            assert_eq!(
+                copy.blocks.by_address().next().map(|(&a, _)| a),
+                Some(0x1000)
+            );
+        }
+    }
+
     #[test]
     fn forwards_then_backwards_returns_to_the_start() {
         let events = [
