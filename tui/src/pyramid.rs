@@ -12,10 +12,11 @@
 
 use vramscope_engine::{Usage, UsageSeries};
 
-/// The lowest level's buckets hold `2^BASE` events: the pyramid takes `4 / 2^BASE` of the usage
-/// series' memory (about 40 MB at ten million events) and a query scans at most
-/// `2 * (2^BASE - 1)` events.
-const BASE: u32 = 4;
+/// The lowest level's buckets hold `2^BASE` events: the pyramid takes two buckets of 32 bytes
+/// per `2^BASE` events (10 MB at ten million events; 40 MB with buckets of 16, a tenth of the
+/// dashboard's memory beyond the events on a replica of decomfl, issue 47) and a query scans
+/// at most `2 * (2^BASE - 1)` events, 126, a fraction of a millisecond for a whole timeline.
+const BASE: u32 = 6;
 
 /// The higher of each figure of `a` and `b` (allocated and reserved bytes each on its own).
 pub fn higher(a: Usage, b: Usage) -> Usage {
