@@ -310,8 +310,9 @@ pub struct CursorView {
     /// Live blocks at the cursor.
     pub live_blocks: u64,
     /// Indices of events passing the event log's filters, ascending (kept up to date while the
-    /// event log is shown; the cursor does not change them).
-    pub events: Vec<usize>,
+    /// event log is shown; the cursor does not change them): four bytes each, as a trace's
+    /// event indices are.
+    pub events: Vec<u32>,
     /// Indices into the analysis findings passing the findings filter.
     pub findings: Vec<usize>,
     /// Figures about the segments at the cursor.

@@ -615,7 +615,7 @@ fn enter_on_a_sync_finding_shows_its_waits() {
     let rows = app.view().events.clone();
     assert!(!rows.is_empty(), "the waits at {site} are listed");
     for i in rows {
-        let e = app.data.snapshot().events[i];
+        let e = app.data.snapshot().events[i as usize];
         assert!(
             matches!(e.kind, EventKind::Sync | EventKind::Transfer(_)),
             "event {i} is a wait or a copy: {:?}",

@@ -211,10 +211,11 @@ impl App {
                 let current = self
                     .events
                     .selected
+                    .and_then(|s| u32::try_from(s).ok())
                     .and_then(|s| list.binary_search(&s).ok())
                     .unwrap_or_else(|| ui::events::cursor_row(list, self.pos()));
                 let row = clamp(current, delta, list.len());
-                self.events.selected = Some(list[row]);
+                self.events.selected = Some(list[row] as usize);
             }
             Panel::Memory => {
                 self.memory.selected = clamp(self.memory.selected, delta, self.view.memory.len());

@@ -17,8 +17,9 @@ use super::{clip, clip_left, inside_border, panel_block, put, seconds, thousands
 use crate::view::{Panel, ViewModel};
 
 /// The row of `list` (event indices, ascending) for the last event before position `pos`.
-pub fn cursor_row(list: &[usize], pos: usize) -> usize {
-    list.partition_point(|&i| i < pos).saturating_sub(1)
+pub fn cursor_row(list: &[u32], pos: usize) -> usize {
+    list.partition_point(|&i| (i as usize) < pos)
+        .saturating_sub(1)
 }
 
 /// The event log panel.
@@ -85,6 +86,7 @@ impl Widget for EventsPanel<'_> {
         let selected = model
             .events
             .selected
+            .and_then(|s| u32::try_from(s).ok())
             .and_then(|s| view.events.binary_search(&s).ok());
         let focus = selected.unwrap_or(cursor);
         let first = focus
@@ -94,7 +96,7 @@ impl Widget for EventsPanel<'_> {
         let groups = data.groups();
         let width = usize::from(inner.width);
         for (row, &i) in view.events.iter().enumerate().skip(first).take(rows) {
-            let e = &events[i];
+            let e = &events[i as usize];
             let y = inner.y + 1 + (row - first) as u16;
             let site = snapshot
                 .site(e.site())
@@ -134,7 +136,7 @@ impl Widget for EventsPanel<'_> {
             };
             let style = if selected == Some(row) {
                 theme.selected()
-            } else if row == cursor && i < pos {
+            } else if row == cursor && (i as usize) < pos {
                 theme.cursor()
             } else {
                 match e.kind {
