@@ -95,12 +95,7 @@ impl<'a> Filter<'a> {
             // Every event passes: no need to look at them.
             rows.extend(from as u32..len as u32);
         } else {
-            rows.extend(in_parallel(len - from, |range| {
-                (from + range.start..from + range.end)
-                    .filter(|&i| self.passes(i))
-                    .map(|i| i as u32)
-                    .collect()
-            }));
+            extend_filtered(rows, from..len, |i| self.passes(i));
         }
     }
 }
@@ -109,44 +104,149 @@ impl<'a> Filter<'a> {
 /// kind filter on ten million events took 33 ms on one core, past a frame's 16 (issue 47).
 const PARALLEL_FROM: usize = 1 << 20;
 
-/// The rows `pass` keeps of `0..len`, in order: `pass` is given ranges of it that together
-/// cover it, in order, on as many threads as the machine has cores (up to 8) when `len` is
-/// [`PARALLEL_FROM`] or more, else one range here. What each range keeps is joined in the
-/// ranges' order, so the result is the same on any number of threads.
-fn in_parallel(len: usize, pass: impl Fn(std::ops::Range<usize>) -> Vec<u32> + Sync) -> Vec<u32> {
-    let threads = if len < PARALLEL_FROM {
+/// How many parts a pass over `len` events or rows is split into: one below
+/// [`PARALLEL_FROM`], else one per core (up to 8).
+fn parts_for(len: usize) -> usize {
+    if len < PARALLEL_FROM {
         1
     } else {
         std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
-    };
-    if threads <= 1 {
-        return pass(0..len);
     }
-    let chunk = len.div_ceil(threads);
-    let parts: Vec<Vec<u32>> = std::thread::scope(|scope| {
-        let pass = &pass;
-        let handles: Vec<_> = (1..threads)
+}
+
+/// Runs every job of `jobs` and gives back what each returned, in order: the first on this
+/// thread, the others on threads of their own, or on this one where none could be started.
+fn run_all<T: Send, F: FnOnce() -> T + Send>(jobs: Vec<F>) -> Vec<T> {
+    let slots: Vec<std::sync::Mutex<Option<F>>> = jobs
+        .into_iter()
+        .map(|job| std::sync::Mutex::new(Some(job)))
+        .collect();
+    let run = |k: usize| {
+        let job = slots[k]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        job.map(|job| job())
+    };
+    let run = &run;
+    let done: Vec<Option<T>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (1..slots.len())
             .map(|k| {
-                let (start, end) = ((k * chunk).min(len), ((k + 1) * chunk).min(len));
                 std::thread::Builder::new()
                     .name(format!("vramscope-rows-{k}"))
-                    .spawn_scoped(scope, move || pass(start..end))
-                    .map_err(|_| start..end)
+                    .spawn_scoped(scope, move || run(k))
+                    .ok()
             })
             .collect();
-        let mut parts = vec![pass(0..chunk.min(len))];
+        let mut done = vec![run(0)];
         for handle in handles {
-            parts.push(match handle {
-                Ok(handle) => handle
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-                // No thread could be started: this one takes the range.
-                Err(range) => pass(range),
-            });
+            done.push(handle.and_then(|h| {
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            }));
         }
-        parts
+        done
     });
-    parts.concat()
+    done.into_iter()
+        .enumerate()
+        .map(|(k, result)| match result {
+            Some(result) => result,
+            // Its thread never started: the job is still in its slot.
+            None => run(k).expect("a job runs once"),
+        })
+        .collect()
+}
+
+/// The parts of `range` for [`parts_for`] of its length, in order.
+fn split(range: std::ops::Range<usize>) -> Vec<std::ops::Range<usize>> {
+    let len = range.len();
+    let chunk = len.div_ceil(parts_for(len)).max(1);
+    (0..len.div_ceil(chunk))
+        .map(|k| range.start + k * chunk..range.start + ((k + 1) * chunk).min(len))
+        .collect()
+}
+
+/// Appends to `rows` the events of `range` that `keep` keeps, in order. A long range is
+/// counted part by part on every core, then each part writes its rows into its own place of
+/// `rows`, so that the list is the one a single pass makes, in the memory it already holds.
+fn extend_filtered(
+    rows: &mut Vec<u32>,
+    range: std::ops::Range<usize>,
+    keep: impl Fn(usize) -> bool + Sync,
+) {
+    let parts = split(range.clone());
+    if parts.len() <= 1 {
+        rows.extend(range.filter(|&i| keep(i)).map(|i| i as u32));
+        return;
+    }
+    let keep = &keep;
+    let counts = run_all(
+        parts
+            .iter()
+            .map(|part| {
+                let part = part.clone();
+                move || part.filter(|&i| keep(i)).count()
+            })
+            .collect(),
+    );
+    let base = rows.len();
+    rows.resize(base + counts.iter().sum::<usize>(), 0);
+    let mut places = Vec::with_capacity(parts.len());
+    let mut rest = &mut rows[base..];
+    for &count in &counts {
+        let (place, after) = rest.split_at_mut(count);
+        places.push(place);
+        rest = after;
+    }
+    run_all(
+        parts
+            .into_iter()
+            .zip(places)
+            .map(|(part, place)| {
+                move || {
+                    for (slot, i) in place.iter_mut().zip(part.filter(|&i| keep(i))) {
+                        *slot = i as u32;
+                    }
+                }
+            })
+            .collect(),
+    );
+}
+
+/// Keeps the rows of `rows` that `keep` keeps, in order, in place: a long list is narrowed
+/// part by part on every core, each part to its front, and the parts' rows are then moved
+/// together.
+fn retain_filtered(rows: &mut Vec<u32>, keep: impl Fn(u32) -> bool + Sync) {
+    let parts = split(0..rows.len());
+    if parts.len() <= 1 {
+        rows.retain(|&i| keep(i));
+        return;
+    }
+    let keep = &keep;
+    let chunk = parts[0].len();
+    let kept = run_all(
+        rows.chunks_mut(chunk)
+            .map(|part| {
+                move || {
+                    let mut kept = 0;
+                    for k in 0..part.len() {
+                        if keep(part[k]) {
+                            part[kept] = part[k];
+                            kept += 1;
+                        }
+                    }
+                    kept
+                }
+            })
+            .collect(),
+    );
+    let mut write = 0;
+    for (k, &count) in kept.iter().enumerate() {
+        let start = k * chunk;
+        rows.copy_within(start..start + count, write);
+        write += count;
+    }
+    rows.truncate(write);
 }
 
 /// The rows for `key`, made from `old` (the rows for `old_key`) where that saves work. See the
@@ -157,13 +257,7 @@ pub fn rows(data: &Dataset, old: Vec<u32>, old_key: Option<&RowsKey>, key: &Rows
         Some(o) if o.epoch == key.epoch && o.len <= key.len && key.within(o) => {
             let mut rows = old;
             if o.kind != key.kind || o.filter != key.filter {
-                rows = in_parallel(rows.len(), |range| {
-                    rows[range]
-                        .iter()
-                        .copied()
-                        .filter(|&i| filter.passes(i as usize))
-                        .collect()
-                });
+                retain_filtered(&mut rows, |i| filter.passes(i as usize));
             }
             filter.extend(&mut rows, o.len);
             rows
@@ -237,19 +331,26 @@ mod tests {
         assert_eq!(step(&data, KindFilter::All, ""), data.len());
     }
 
-    /// A pass split across threads keeps what one pass over the whole keeps, in order,
-    /// whatever the number of threads and wherever the kept rows fall (the split's ranges
-    /// end mid-run, some keep nothing).
+    /// Passes split across threads keep what one pass over the whole keeps, in order,
+    /// whatever the number of threads and wherever the kept rows fall (the parts end mid-run,
+    /// some keep nothing), appending after rows already there and narrowing in place.
     #[test]
     fn a_split_pass_keeps_what_one_pass_keeps() {
         let len = 3 * super::PARALLEL_FROM + 7;
+        assert!(super::split(0..len).iter().map(|r| r.len()).sum::<usize>() == len);
         for every in [1usize, 7, 1_000_003, len] {
             let keep = |i: usize| i % every == every / 2;
-            let split = super::in_parallel(len, |range| {
-                range.filter(|&i| keep(i)).map(|i| i as u32).collect()
-            });
             let one: Vec<u32> = (0..len).filter(|&i| keep(i)).map(|i| i as u32).collect();
-            assert_eq!(split, one, "every {every}");
+            let mut rows = vec![u32::MAX; 3];
+            super::extend_filtered(&mut rows, 5..len, keep);
+            let expected: Vec<u32> = [u32::MAX; 3]
+                .into_iter()
+                .chain(one.iter().copied().filter(|&i| i >= 5))
+                .collect();
+            assert_eq!(rows, expected, "extend, every {every}");
+            let mut all: Vec<u32> = (0..len as u32).collect();
+            super::retain_filtered(&mut all, |i| keep(i as usize));
+            assert_eq!(all, one, "retain, every {every}");
         }
     }
 
