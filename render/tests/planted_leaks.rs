@@ -803,13 +803,21 @@ fn a_late_recording_starts_from_the_blocks_it_finds() {
         t.free(b);
     }
     let (late, _) = recorded_from_line_55(&t.finish());
-    let report =
-        vramscope_analysis::report::build_report(&through_pickle(&late), &Default::default());
+    let back = through_pickle(&late);
+    let report = vramscope_analysis::report::build_report(&back, &Default::default());
     // The six kept blocks and their six neighbours: none is shown by the dump, but the
     // segment at the start leaves each one size (a kept block's 1 MiB remainder is too
     // small to be a block of its own; each neighbour is followed by the next kept block)
     // except the last neighbour, followed by free memory that it may have been handed whole.
     assert_eq!(report.stats.baseline_estimated_blocks, 1);
+    // The report counts from its view's start state; the walk back to the start on its own
+    // finds the same state, and so the same count.
+    assert_eq!(vramscope_replay::estimated_before_trace_blocks(&back), 1);
+    let view = ModelView::new(&back);
+    assert_eq!(
+        *view.start_state(),
+        vramscope_engine::Reconstruction::start_of(&back)
+    );
     let text = vramscope_render::render_text(&report, false);
     assert!(
         text.contains("is an estimate: 1 block from before it"),
