@@ -129,6 +129,9 @@ fn run_all<T: Send, F: FnOnce() -> T + Send>(jobs: Vec<F>) -> Vec<T> {
         job.map(|job| job())
     };
     let run = &run;
+    if slots.is_empty() {
+        return Vec::new();
+    }
     let done: Vec<Option<T>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (1..slots.len())
             .map(|k| {
