@@ -15,7 +15,7 @@
 //! Positions are counts of events applied: position `k` is the state after the first `k`
 //! events, so `0` is the state before the first event and `len()` the latest. The states kept
 //! along the way (checkpoints, from which a jump replays or undoes the events between) hold
-//! together at most one block or segment per 16 events and two states of the largest size,
+//! together at most one block or segment per 16 events and one state of the largest size,
 //! and the changes kept between evenly spaced states (`deltas`, which a long jump crosses
 //! instead of replaying every event) at most one block per block event: the dataset's memory
 //! is O(events + live blocks), whatever the trace.
@@ -503,9 +503,6 @@ impl Dataset {
         self.groups = SiteGroups::from_sites(&snapshot.sites);
         self.cache = None;
         self.clear_sums();
-        if self.sums_wanted {
-            self.made_off_loop = self.sum_checkpoints_off_the_loop();
-        }
         self.segments_current = true;
         // The analysis reads the events up to the time cursor: shared (by the caller), they
         // are not copied for it (`cut_snapshot`).
@@ -513,6 +510,11 @@ impl Dataset {
         self.step_starts = step_starts(&self.snapshot);
         self.version += 1;
         self.epoch += 1;
+        // After the snapshot is in: the call tree's sums read the events the checkpoints'
+        // blocks index, this snapshot's, not the one it replaces.
+        if self.sums_wanted {
+            self.made_off_loop = self.sum_checkpoints_off_the_loop();
+        }
     }
 
     /// Appends events that happened after the last one (a live source).

@@ -889,3 +889,54 @@ fn the_checkpoints_are_summed_off_the_loop() {
     }
     check(&data);
 }
+
+/// A reload keeps the call tree's context until the next is set, and sums the new
+/// checkpoints off the loop with the new snapshot's events, the ones their blocks index: not
+/// the events of the snapshot it replaces (here shorter, so that its events would not even
+/// reach the new blocks' allocations).
+#[test]
+fn a_reload_sums_its_checkpoints_with_its_own_events() {
+    let mut data = Dataset::new(
+        fixture::many_blocks_snapshot(2_000),
+        Origin::File("f".into()),
+    );
+    let _ = data.sums_at(data.len());
+    classify(&mut data);
+    data.reset(fixture::many_blocks_snapshot(30_000));
+    let n = data.len();
+    let _ = data.sums_at(n);
+    let off_loop: Vec<usize> = data
+        .checkpoints
+        .iter()
+        .filter(|(_, s)| items(s) >= SUM_OFF_LOOP_FROM)
+        .map(|(k, _)| *k)
+        .collect();
+    assert!(!off_loop.is_empty());
+    let waited = std::time::Instant::now();
+    while !off_loop.iter().all(|&k| data.summed(k)) {
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(60),
+            "{} of {} checkpoints summed after the reload",
+            data.checkpoint_sums.len(),
+            off_loop.len()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        let _ = data.state_at(n - 1);
+    }
+    let context = data.tree_context.clone().expect("the context stays");
+    for (k, state) in &data.checkpoints {
+        let Some((_, tree)) = data.checkpoint_sums.get(k).and_then(|s| s.tree()) else {
+            continue;
+        };
+        assert_eq!(
+            *tree,
+            vramscope_analysis::call_tree::TreeSums::of_state(
+                &context.keys,
+                context.categories.as_deref(),
+                &data.snapshot().events,
+                state
+            ),
+            "tree sums at {k}"
+        );
+    }
+}
